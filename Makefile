@@ -1,0 +1,159 @@
+# refit - top-level build.
+#
+#   make            build everything into build/ (binaries in build/bin/)
+#   make check      deps, -Werror build, unit tests, CLI tests, the same
+#                   tests under ASan + UBSan, fuzz smoke runs; ends with
+#                   the summary line
+#   make demo       a worked example, end to end
+#   make bench      planner benchmarks
+#   make install    PREFIX=/usr/local DESTDIR=
+#   make deps       install missing Debian packages (apt-get)
+#   V=1             show full commands
+#
+# CUDA and NCCL are optional: nothing here needs them to build or run.
+
+BUILD   ?= build
+PREFIX  ?= /usr/local
+DESTDIR ?=
+CC      ?= gcc
+CUDA_HOME ?= /usr/local/cuda
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+PKGS        := libcjson
+PKG_CFLAGS  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lcjson)
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS  := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
+
+# CUDA / NCCL headers are detected, never required.
+HAVE_CUDA_H := $(shell test -f $(CUDA_HOME)/include/cuda_runtime_api.h && echo 1)
+HAVE_NCCL_H := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
+
+WERROR  ?= -Werror
+OPT     ?= -O2
+CFLAGS_COMMON := -std=gnu11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -g -MMD -MP \
+		 -I. $(PKG_CFLAGS) -fno-strict-aliasing
+CFLAGS  ?=
+CFLAGS  += $(CFLAGS_COMMON) $(OPT)
+LDLIBS  := $(PKG_LIBS) -lm -lpthread
+
+SAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
+	     -fno-omit-frame-pointer
+
+COMMON_SRC := $(wildcard common/*.c)
+PLAN_SRC   := $(wildcard plan/*.c)
+CODEC_SRC  := $(wildcard codec/*.c)
+LIB_SRC    := $(COMMON_SRC) $(PLAN_SRC) $(CODEC_SRC)
+UNIT_SRC   := $(wildcard tests/unit/*.c)
+
+# $(call objs,variant-dir,sources)
+objs = $(patsubst %.c,$(1)/obj/%.o,$(2))
+
+LIB      := $(BUILD)/lib/librefit-core.a
+BIN      := $(BUILD)/bin/refit-plan
+UNIT     := $(BUILD)/tests/unit
+BENCH    := $(BUILD)/bin/bench-plan
+ASAN     := $(BUILD)/asan
+ASAN_LIB := $(ASAN)/lib/librefit-core.a
+ASAN_BIN := $(ASAN)/bin/refit-plan
+ASAN_UNIT := $(ASAN)/tests/unit
+
+.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test
+all: $(BIN) $(UNIT) $(BENCH)
+
+deps:
+	$(Q)sh scripts/deps.sh
+
+config:
+	@echo "cuda headers: $(if $(HAVE_CUDA_H),yes ($(CUDA_HOME)),no)"
+	@echo "nccl headers: $(if $(HAVE_NCCL_H),yes ($(CUDA_HOME)),no)"
+
+# ---- normal build -------------------------------------------------------
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(call objs,$(BUILD),$(LIB_SRC))
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(call objs,$(BUILD),client/refit_plan.c) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BENCH): $(call objs,$(BUILD),bench/bench_plan.c) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/tests/unit/%.o: tests/unit/%.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) -c $< -o $@
+
+$(UNIT): $(call objs,$(BUILD),$(UNIT_SRC)) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+# ---- ASan + UBSan build -------------------------------------------------
+$(ASAN)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC-SAN  $<")
+	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(CHECK_CFLAGS) -c $< -o $@
+
+$(ASAN_LIB): $(call objs,$(ASAN),$(LIB_SRC))
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(ASAN_BIN): $(call objs,$(ASAN),client/refit_plan.c) $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(LDLIBS)
+
+$(ASAN_UNIT): $(call objs,$(ASAN),$(UNIT_SRC)) $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+asan: $(ASAN_BIN) $(ASAN_UNIT)
+
+# ---- tests --------------------------------------------------------------
+check: deps
+	$(Q)$(MAKE) --no-print-directory all asan
+	$(Q)sh tests/run-check.sh $(BUILD)
+
+unit: $(UNIT)
+	$(Q)$(UNIT)
+
+cli-test: $(BIN)
+	$(Q)sh tests/cli/run.sh $(BIN)
+
+fuzz: deps
+	$(Q)sh tests/fuzz/run.sh $(BUILD) $${FUZZ_SECONDS:-60}
+
+# ---- demo, bench, install -----------------------------------------------
+demo: deps
+	$(Q)$(MAKE) --no-print-directory $(BIN)
+	$(Q)sh scripts/demo.sh $(BIN)
+
+bench: deps
+	$(Q)$(MAKE) --no-print-directory $(BENCH)
+	$(Q)$(BENCH)
+
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/refit-plan
+	install -d $(DESTDIR)$(PREFIX)/share/refit/examples
+	install -m 0644 config/examples/*.json $(DESTDIR)$(PREFIX)/share/refit/examples/
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,330 @@
+/*
+ * refit_plan.c - `refit-plan`, the planner offline.
+ *
+ * One binary, a table of subcommands that drives both dispatch and --help.
+ * Exit codes: 0 success, 1 internal failure (e.g. a plan the validator
+ * rejects: a bug), 2 bad input or usage.  Errors go to stderr.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec/json.h"
+#include "common/parse.h"
+
+#define EXIT_BADINPUT 2
+
+typedef struct cmd {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *args;
+	const char *help;
+} cmd_t;
+
+static const char *progname = "refit-plan";
+
+static int
+die_input(const refit_err_t *err)
+{
+	fprintf(stderr, "%s: %s\n", progname, err->msg);
+	return err->status == REFIT_ERR_INTERNAL ? 1 : EXIT_BADINPUT;
+}
+
+static void
+put(strbuf_t *sb)
+{
+	fwrite(sb->s, 1, sb->len, stdout);
+}
+
+/* ---- boxes ---------------------------------------------------------- */
+
+static int
+cmd_boxes(int argc, char **argv)
+{
+	plan_layout_set_t set;
+	refit_err_t err;
+	strbuf_t sb;
+	int list = 0, rc;
+
+	if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+		printf("usage: %s boxes LAYOUT.json\n"
+		       "  prints {\"name\", \"shards\": [{\"rank\", \"offset\", \"size\"}]} per tensor:\n"
+		       "  one entry per mesh rank, replicas included, empty shards with size 0;\n"
+		       "  a rank holding several boxes (_StridedShard) gets one entry per box\n"
+		       "  with its \"local_offset\" inside the rank's local tensor\n", progname);
+		return 0;
+	}
+	if (argc != 2 || argv[1][0] == '-') {
+		fprintf(stderr, "usage: %s boxes LAYOUT.json\n", progname);
+		return EXIT_BADINPUT;
+	}
+	refit_err_clear(&err);
+	plan_layout_set_init(&set);
+	if (codec_layouts_load(argv[1], &set, &list, &err) != REFIT_OK)
+		return die_input(&err);
+	strbuf_init(&sb);
+	if (list)
+		strbuf_puts(&sb, "{\"tensors\": [\n");
+	for (size_t i = 0; i < set.n; i++) {
+		if (i)
+			strbuf_puts(&sb, ",\n");
+		codec_boxes_json(&set.v[i], &sb);
+	}
+	strbuf_puts(&sb, list ? "\n]}\n" : "\n");
+	put(&sb);
+	rc = 0;
+	strbuf_fini(&sb);
+	plan_layout_set_fini(&set);
+	return rc;
+}
+
+/* ---- plan / explain ------------------------------------------------- */
+
+typedef struct inputs {
+	const char *src, *dst, *topo;
+	plan_opts_t opts;
+	int json, validate;
+	plan_layout_set_t s, d;
+	plan_topo_t t;
+} inputs_t;
+
+static const struct option plan_longopts[] = {
+	{"src", required_argument, NULL, 's'},
+	{"dst", required_argument, NULL, 'd'},
+	{"topology", required_argument, NULL, 't'},
+	{"chunk-bytes", required_argument, NULL, 'c'},
+	{"staging-bytes", required_argument, NULL, 'b'},
+	{"mode", required_argument, NULL, 'm'},
+	{"json", no_argument, NULL, 'j'},
+	{"no-validate", no_argument, NULL, 'n'},
+	{"help", no_argument, NULL, 'h'},
+	{NULL, 0, NULL, 0},
+};
+
+static void
+plan_usage(const char *sub)
+{
+	fprintf(stderr,
+		"usage: %s %s --src S.json --dst D.json --topology T.json|PRESET:RANKS\n"
+		"          [--chunk-bytes N] [--staging-bytes N] [--mode reshard|broadcast]\n"
+		"          [--json] [--no-validate]\n"
+		"  --chunk-bytes    largest message (default 4MiB)\n"
+		"  --staging-bytes  per-rank bound on relayed data held (default 256MiB)\n"
+		"  --mode           reshard (default) or broadcast (gather-and-broadcast)\n"
+		"  --json           machine-readable output\n"
+		"  --no-validate    skip the independent validator\n",
+		progname, sub);
+}
+
+/* 0 parsed, -1 help printed, >0 exit code */
+static int
+parse_inputs(int argc, char **argv, inputs_t *in)
+{
+	refit_err_t err;
+	int c;
+
+	memset(in, 0, sizeof(*in));
+	plan_opts_default(&in->opts);
+	in->validate = 1;
+	refit_err_clear(&err);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", plan_longopts, NULL)) != -1) {
+		switch (c) {
+		case 's': in->src = optarg; break;
+		case 'd': in->dst = optarg; break;
+		case 't': in->topo = optarg; break;
+		case 'j': in->json = 1; break;
+		case 'n': in->validate = 0; break;
+		case 'c':
+			if (refit_parse_size(optarg, &in->opts.chunk_bytes, "--chunk-bytes", &err))
+				return die_input(&err);
+			break;
+		case 'b':
+			if (refit_parse_size(optarg, &in->opts.staging_bytes, "--staging-bytes",
+					     &err))
+				return die_input(&err);
+			break;
+		case 'm':
+			if (plan_mode_parse(optarg, &in->opts.mode) != REFIT_OK) {
+				fprintf(stderr, "%s: --mode \"%s\": expected reshard or "
+					"broadcast\n", progname, optarg);
+				return EXIT_BADINPUT;
+			}
+			break;
+		case 'h':
+			plan_usage(argv[0]);
+			return -1;
+		default:
+			plan_usage(argv[0]);
+			return EXIT_BADINPUT;
+		}
+	}
+	if (optind != argc || !in->src || !in->dst || !in->topo) {
+		fprintf(stderr, "%s %s: --src, --dst and --topology are required\n",
+			progname, argv[0]);
+		plan_usage(argv[0]);
+		return EXIT_BADINPUT;
+	}
+	plan_layout_set_init(&in->s);
+	plan_layout_set_init(&in->d);
+	if (codec_layouts_load(in->src, &in->s, NULL, &err) != REFIT_OK ||
+	    codec_layouts_load(in->dst, &in->d, NULL, &err) != REFIT_OK ||
+	    codec_topo_load(in->topo, &in->t, &err) != REFIT_OK)
+		return die_input(&err);
+	return 0;
+}
+
+static void
+free_inputs(inputs_t *in)
+{
+	plan_layout_set_fini(&in->s);
+	plan_layout_set_fini(&in->d);
+	plan_topo_fini(&in->t);
+}
+
+/* Build, validate and cost one plan; exit code on failure, else 0. */
+static int
+make_plan(inputs_t *in, const plan_opts_t *o, plan_t *p, plan_cost_t *c)
+{
+	refit_err_t err;
+	plan_check_t chk;
+
+	refit_err_clear(&err);
+	if (plan_build(&in->s, &in->d, &in->t, o, p, &err) != REFIT_OK)
+		return die_input(&err);
+	if (in->validate && plan_validate(p, &in->s, &in->d, &chk, &err) != REFIT_OK)
+		return die_input(&err);
+	if (plan_cost(p, &in->s, &in->d, &in->t, c, &err) != REFIT_OK)
+		return die_input(&err);
+	return 0;
+}
+
+static int
+cmd_plan(int argc, char **argv)
+{
+	inputs_t in;
+	plan_t p;
+	plan_cost_t c;
+	strbuf_t sb;
+	int rc = parse_inputs(argc, argv, &in);
+
+	if (rc != 0)
+		return rc < 0 ? 0 : rc;
+	rc = make_plan(&in, &in.opts, &p, &c);
+	if (rc == 0) {
+		strbuf_init(&sb);
+		if (in.json)
+			codec_plan_json(&p, &c, &sb);
+		else
+			codec_plan_summary(&p, &c, &in.t, &sb);
+		if (!in.json && in.validate)
+			strbuf_puts(&sb, "validated: every needed element arrives exactly "
+				    "once; senders hold what they send; staging bound kept\n");
+		put(&sb);
+		strbuf_fini(&sb);
+		plan_fini(&p);
+	}
+	free_inputs(&in);
+	return rc;
+}
+
+static int
+cmd_explain(int argc, char **argv)
+{
+	inputs_t in;
+	plan_t rp, bp;
+	plan_cost_t rc_, bc;
+	plan_opts_t o;
+	strbuf_t sb;
+	int rc = parse_inputs(argc, argv, &in);
+
+	if (rc != 0)
+		return rc < 0 ? 0 : rc;
+	o = in.opts;
+	o.mode = PLAN_MODE_RESHARD;
+	rc = make_plan(&in, &o, &rp, &rc_);
+	if (rc == 0) {
+		o.mode = PLAN_MODE_BROADCAST;
+		rc = make_plan(&in, &o, &bp, &bc);
+		if (rc == 0) {
+			strbuf_init(&sb);
+			if (in.json) {
+				strbuf_puts(&sb, "{\"reshard\": ");
+				codec_plan_json(&rp, &rc_, &sb);
+				strbuf_puts(&sb, ", \"broadcast\": ");
+				codec_plan_json(&bp, &bc, &sb);
+				strbuf_puts(&sb, "}\n");
+			} else {
+				codec_explain_table(&rp, &rc_, &bp, &bc, &in.t, &sb);
+			}
+			put(&sb);
+			strbuf_fini(&sb);
+			plan_fini(&bp);
+		}
+		plan_fini(&rp);
+	}
+	free_inputs(&in);
+	return rc;
+}
+
+/* ---- dispatch ------------------------------------------------------- */
+
+static int cmd_help(int argc, char **argv);
+
+static const cmd_t cmds[] = {
+	{"boxes", cmd_boxes, "LAYOUT.json",
+	 "print the box every rank holds, one entry per mesh rank"},
+	{"plan", cmd_plan, "--src S --dst D --topology T [...]",
+	 "build, validate and cost a plan; --json prints every transfer"},
+	{"explain", cmd_explain, "--src S --dst D --topology T [...]",
+	 "reshard next to gather-and-broadcast: bytes, busiest links, time, bound"},
+	{"help", cmd_help, "[COMMAND]", "this text, or a command's options"},
+};
+
+#define NCMDS (sizeof(cmds) / sizeof(cmds[0]))
+
+static void
+usage(FILE *f)
+{
+	fprintf(f, "usage: %s COMMAND [ARGS]\n\nthe refit planner, offline\n\n", progname);
+	for (size_t i = 0; i < NCMDS; i++)
+		fprintf(f, "  %-8s %-38s %s\n", cmds[i].name, cmds[i].args, cmds[i].help);
+	fprintf(f, "\ntopology presets (use as NAME:RANKS):");
+	for (const char *const *p = plan_topo_preset_names(); *p; p++)
+		fprintf(f, " %s", *p);
+	fprintf(f, "\n");
+}
+
+static int
+cmd_help(int argc, char **argv)
+{
+	if (argc >= 2) {
+		char *hargv[] = {argv[1], "--help", NULL};
+
+		for (size_t i = 0; i < NCMDS; i++)
+			if (strcmp(cmds[i].name, argv[1]) == 0 && cmds[i].run != cmd_help)
+				return cmds[i].run(2, hargv);
+	}
+	usage(stdout);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return EXIT_BADINPUT;
+	}
+	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+		usage(stdout);
+		return 0;
+	}
+	for (size_t i = 0; i < NCMDS; i++)
+		if (strcmp(cmds[i].name, argv[1]) == 0)
+			return cmds[i].run(argc - 1, argv + 1);
+	fprintf(stderr, "%s: unknown command \"%s\"\n", progname, argv[1]);
+	usage(stderr);
+	return EXIT_BADINPUT;
+}

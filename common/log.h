@@ -1,0 +1,47 @@
+/*
+ * log.h - logging with levels, a subsystem mask and context.
+ *
+ * log_warn appends strerror(errno); log_warnx does not.  Every line carries
+ * the context set with log_set_context (node, rank, epoch, refit id) where
+ * known.  Thread-safe: each line is formatted then written with one write(2).
+ * Output goes to stderr (journald picks it up under systemd).
+ */
+#ifndef REFIT_COMMON_LOG_H
+#define REFIT_COMMON_LOG_H
+
+#include <stdint.h>
+
+enum log_level { LOG_LVL_ERROR, LOG_LVL_WARN, LOG_LVL_INFO, LOG_LVL_DEBUG };
+
+enum log_subsys {
+	LOG_SUB_MAIN = 1u << 0,
+	LOG_SUB_PLAN = 1u << 1,
+	LOG_SUB_RPC = 1u << 2,
+	LOG_SUB_COORD = 1u << 3,
+	LOG_SUB_NODE = 1u << 4,
+	LOG_SUB_XPORT = 1u << 5,
+	LOG_SUB_ALL = 0xffffffffu,
+};
+
+typedef struct log_context {
+	const char *node;  /* NULL when unknown */
+	int32_t rank;      /* -1 when unknown */
+	uint64_t epoch;    /* 0 when unknown */
+	uint64_t refit_id; /* 0 when unknown */
+} log_context_t;
+
+void log_init(const char *progname, enum log_level level, uint32_t submask);
+/* Parse "error|warn|info|debug"; returns -1 on unknown names. */
+int log_level_parse(const char *s);
+void log_set_context(const log_context_t *ctx);
+
+void log_emit(enum log_level lvl, uint32_t sub, int with_errno,
+	      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+#define log_warn(...) log_emit(LOG_LVL_WARN, LOG_SUB_ALL, 1, __VA_ARGS__)
+#define log_warnx(...) log_emit(LOG_LVL_WARN, LOG_SUB_ALL, 0, __VA_ARGS__)
+#define log_errorx(...) log_emit(LOG_LVL_ERROR, LOG_SUB_ALL, 0, __VA_ARGS__)
+#define log_info(...) log_emit(LOG_LVL_INFO, LOG_SUB_ALL, 0, __VA_ARGS__)
+#define log_debug(sub, ...) log_emit(LOG_LVL_DEBUG, (sub), 0, __VA_ARGS__)
+
+#endif

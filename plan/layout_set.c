@@ -1,0 +1,305 @@
+/*
+ * layout_set.c - source coverage, tensor matching and layout sets.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/strbuf.h"
+#include "plan/layout.h"
+
+/* bound on the pieces the coverage check may track at once */
+#define COVER_MAX_PIECES (1 << 18)
+
+typedef VEC(plan_box_t) boxvec_t;
+
+/* Boxes keep unused dims zeroed, so comparing all dims orders them by ndim. */
+static int
+cmp_box_all(const void *a, const void *b)
+{
+	return plan_box_cmp(a, b, PLAN_MAX_DIMS);
+}
+
+/* Distinct non-empty boxes of l, sorted. */
+static void
+distinct_boxes(const plan_layout_t *l, boxvec_t *out)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < l->nshards; i++)
+		if (!plan_box_is_empty(&l->shards[i].box, l->ndim))
+			VEC_PUSH(out, l->shards[i].box);
+	qsort(out->v, out->n, sizeof(*out->v), cmp_box_all);
+	for (size_t i = 0; i < out->n; i++)
+		if (k == 0 || !plan_box_equal(&out->v[k - 1], &out->v[i], l->ndim))
+			out->v[k++] = out->v[i];
+	out->n = k;
+}
+
+/* boxes sorted by off[0]: only neighbours that start before one ends can
+ * overlap it */
+static bool
+pairwise_disjoint(const boxvec_t *b, int ndim)
+{
+	for (size_t i = 0; i < b->n; i++) {
+		int64_t end = ndim ? b->v[i].off[0] + b->v[i].size[0] : 1;
+
+		for (size_t j = i + 1; j < b->n && (ndim == 0 || b->v[j].off[0] < end); j++)
+			if (plan_box_overlaps(&b->v[i], &b->v[j], ndim))
+				return false;
+	}
+	return true;
+}
+
+/* rem := rem - box, piecewise; false when the piece bound is exceeded. */
+static bool
+subtract_all(boxvec_t *rem, boxvec_t *tmp, const plan_box_t *box, int ndim)
+{
+	boxvec_t t;
+
+	tmp->n = 0;
+	for (size_t j = 0; j < rem->n; j++) {
+		plan_box_t pieces[PLAN_BOX_SUB_MAX];
+		int np = plan_box_subtract(&rem->v[j], box, ndim, pieces);
+
+		for (int k = 0; k < np; k++)
+			VEC_PUSH(tmp, pieces[k]);
+	}
+	t = *rem;
+	*rem = *tmp;
+	*tmp = t;
+	return rem->n <= COVER_MAX_PIECES;
+}
+
+refit_status_t
+plan_layout_check_coverage(const plan_layout_t *l, refit_err_t *err)
+{
+	boxvec_t boxes = {0}, rem = {0}, tmp = {0};
+	int64_t total = 0, missing = 0, numel = plan_layout_numel(l);
+	refit_status_t rc = REFIT_OK;
+	plan_box_t full;
+	strbuf_t sb;
+
+	if (numel == 0)
+		return REFIT_OK;
+	distinct_boxes(l, &boxes);
+	for (size_t i = 0; i < boxes.n; i++)
+		total += plan_box_volume(&boxes.v[i], l->ndim);
+	if (total == numel && pairwise_disjoint(&boxes, l->ndim))
+		goto out;
+	plan_box_full(&full, l->shape, l->ndim);
+	VEC_PUSH(&rem, full);
+	for (size_t i = 0; i < boxes.n && rem.n > 0; i++) {
+		if (!subtract_all(&rem, &tmp, &boxes.v[i], l->ndim)) {
+			rc = refit_err_set(err, REFIT_ERR_LIMIT,
+					   "layout \"%s\": shards too fragmented to check "
+					   "coverage", l->name);
+			goto out;
+		}
+	}
+	if (rem.n == 0)
+		goto out;
+	for (size_t j = 0; j < rem.n; j++)
+		missing += plan_box_volume(&rem.v[j], l->ndim);
+	strbuf_init(&sb);
+	strbuf_i64_list(&sb, rem.v[0].off, l->ndim);
+	rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
+			   "layout \"%s\": the shards leave %" PRId64 " of %" PRId64
+			   " elements uncovered, e.g. element %s",
+			   l->name, missing, numel, sb.s);
+	strbuf_fini(&sb);
+out:
+	VEC_FREE(&boxes);
+	VEC_FREE(&rem);
+	VEC_FREE(&tmp);
+	return rc;
+}
+
+static void
+shape_str(strbuf_t *sb, const plan_layout_t *l)
+{
+	strbuf_i64_list(sb, l->shape, l->ndim);
+}
+
+refit_status_t
+plan_layout_check_same_tensor(const plan_layout_t *src, const plan_layout_t *dst,
+			      refit_err_t *err)
+{
+	bool same_shape = src->ndim == dst->ndim;
+	strbuf_t a, b;
+	refit_status_t rc = REFIT_OK;
+
+	if (strcmp(src->name, dst->name) != 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "tensor names differ: source \"%s\", destination \"%s\"",
+				     src->name, dst->name);
+	if (src->dtype != dst->dtype)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "tensor \"%s\": dtype differs: source %s, destination %s",
+				     src->name, plan_dtype_name(src->dtype),
+				     plan_dtype_name(dst->dtype));
+	for (int d = 0; same_shape && d < src->ndim; d++)
+		same_shape = src->shape[d] == dst->shape[d];
+	if (same_shape)
+		return REFIT_OK;
+	strbuf_init(&a);
+	strbuf_init(&b);
+	shape_str(&a, src);
+	shape_str(&b, dst);
+	rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
+			   "tensor \"%s\": shape differs: source %s, destination %s",
+			   src->name, a.s, b.s);
+	strbuf_fini(&a);
+	strbuf_fini(&b);
+	return rc;
+}
+
+void
+plan_layout_set_init(plan_layout_set_t *s)
+{
+	memset(s, 0, sizeof(*s));
+}
+
+void
+plan_layout_set_fini(plan_layout_set_t *s)
+{
+	if (s == NULL)
+		return;
+	for (size_t i = 0; i < s->n; i++)
+		plan_layout_fini(&s->v[i]);
+	free(s->v);
+	memset(s, 0, sizeof(*s));
+}
+
+ssize_t
+plan_layout_set_find(const plan_layout_set_t *s, const char *name)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (strcmp(s->v[i].name, name) == 0)
+			return (ssize_t)i;
+	return -1;
+}
+
+/* name-sorted index of a set, for O(log n) lookups */
+typedef struct name_idx {
+	const char *name;
+	size_t i;
+} name_idx_t;
+
+static int
+cmp_name(const void *a, const void *b)
+{
+	return strcmp(((const name_idx_t *)a)->name, ((const name_idx_t *)b)->name);
+}
+
+static name_idx_t *
+index_names(const plan_layout_set_t *s)
+{
+	name_idx_t *ix = xmalloc((s->n ? s->n : 1) * sizeof(*ix));
+
+	for (size_t i = 0; i < s->n; i++)
+		ix[i] = (name_idx_t){s->v[i].name, i};
+	qsort(ix, s->n, sizeof(*ix), cmp_name);
+	return ix;
+}
+
+void
+plan_layout_set_add(plan_layout_set_t *s, plan_layout_t *l)
+{
+	VEC_PUSH(s, *l);
+	memset(l, 0, sizeof(*l));
+}
+
+refit_status_t
+plan_layout_set_check_unique(const plan_layout_set_t *s, refit_err_t *err)
+{
+	name_idx_t *ix = index_names(s);
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 1; i < s->n; i++) {
+		if (strcmp(ix[i].name, ix[i - 1].name) == 0) {
+			rc = refit_err_set(err, REFIT_ERR_EXISTS,
+					   "layout \"%s\": tensor listed twice", ix[i].name);
+			break;
+		}
+	}
+	free(ix);
+	return rc;
+}
+
+/* Append one mismatch to the list, keeping the message bounded. */
+static void
+note_problem(strbuf_t *sb, int *count, const char *what)
+{
+	if (*count < 4)
+		strbuf_printf(sb, "%s%s", *count ? "; " : "", what);
+	(*count)++;
+}
+
+refit_status_t
+plan_match(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+	   size_t **map, refit_err_t *err)
+{
+	name_idx_t *ix = index_names(src);
+	bool *used = xcalloc(src->n ? src->n : 1, sizeof(*used));
+	size_t *m = xmalloc((dst->n ? dst->n : 1) * sizeof(*m));
+	strbuf_t sb;
+	int problems = 0;
+	refit_status_t rc = REFIT_OK;
+
+	*map = NULL;
+	if (plan_layout_set_check_unique(src, err) != REFIT_OK ||
+	    plan_layout_set_check_unique(dst, err) != REFIT_OK) {
+		free(ix);
+		free(used);
+		free(m);
+		return REFIT_ERR_INVALID_ARG;
+	}
+	strbuf_init(&sb);
+	for (size_t i = 0; i < dst->n; i++) {
+		name_idx_t key = {dst->v[i].name, 0}, *hit;
+		refit_err_t e;
+
+		hit = bsearch(&key, ix, src->n, sizeof(*ix), cmp_name);
+		if (hit == NULL) {
+			strbuf_t t;
+
+			strbuf_init(&t);
+			strbuf_printf(&t, "tensor \"%s\" is in the destination but not "
+				      "in the source", dst->v[i].name);
+			note_problem(&sb, &problems, t.s);
+			strbuf_fini(&t);
+			continue;
+		}
+		used[hit->i] = true;
+		m[i] = hit->i;
+		refit_err_clear(&e);
+		if (plan_layout_check_same_tensor(&src->v[hit->i], &dst->v[i], &e) != REFIT_OK)
+			note_problem(&sb, &problems, e.msg);
+	}
+	for (size_t i = 0; i < src->n; i++) {
+		if (!used[i]) {
+			strbuf_t t;
+
+			strbuf_init(&t);
+			strbuf_printf(&t, "tensor \"%s\" is in the source but not in the "
+				      "destination", src->v[i].name);
+			note_problem(&sb, &problems, t.s);
+			strbuf_fini(&t);
+		}
+	}
+	if (problems > 0) {
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				   "source and destination differ in %d tensor%s: %s%s",
+				   problems, problems == 1 ? "" : "s", sb.s,
+				   problems > 4 ? "; ..." : "");
+		free(m);
+		m = NULL;
+	}
+	strbuf_fini(&sb);
+	free(ix);
+	free(used);
+	*map = m;
+	return rc;
+}

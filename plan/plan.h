@@ -1,0 +1,178 @@
+/*
+ * plan.h - refit plans: the planner, the validator and the cost model.
+ *
+ * A plan is a deterministic list of transfers grouped into stages.  A
+ * transfer moves one box of one tensor from rank `from` to rank `to`; a
+ * stage-s transfer may only send what its sender holds at the start of stage
+ * s (its source shards plus whatever it received in earlier stages of the
+ * same round).  Transfers are grouped into messages of at most chunk_bytes
+ * per (stage, from, to).  from == to is a local copy (colocated training and
+ * inference on one GPU).
+ *
+ * Two planners share this format:
+ *   reshard   - exact box intersections; each element needed in a domain
+ *               enters it over the network once (stage 0), receivers are
+ *               balanced and split large pieces, and stage 1 forwards pieces
+ *               over NVLink to the other ranks of the domain that need them.
+ *   broadcast - the gather-and-broadcast baseline: gather each tensor on one
+ *               training rank, pass the full tensor along a chain through one
+ *               receiver per destination domain, and copy it to every
+ *               destination rank of the domain, in rounds that fit the
+ *               staging bound.
+ *
+ * The validator (validate.c) is written independently of both planners and
+ * proves a plan correct by simulation.  The cost model (cost.c) gives bytes
+ * per link class and rank, a modelled time and the bandwidth lower bound.
+ *
+ * Pure: no I/O, no clocks, no globals.  Thread: any, one plan per thread.
+ */
+#ifndef REFIT_PLAN_PLAN_H
+#define REFIT_PLAN_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/sha256.h"
+#include "plan/box.h"
+#include "plan/layout.h"
+#include "plan/topo.h"
+
+#define PLAN_DEFAULT_CHUNK_BYTES (4ull << 20)
+#define PLAN_DEFAULT_STAGING_BYTES (256ull << 20)
+
+typedef enum plan_mode {
+	PLAN_MODE_RESHARD,
+	PLAN_MODE_BROADCAST,
+} plan_mode_t;
+
+typedef struct plan_opts {
+	plan_mode_t mode;
+	uint64_t chunk_bytes;   /* largest message */
+	uint64_t staging_bytes; /* per-rank bound on relayed data held */
+} plan_opts_t;
+
+typedef enum plan_link {
+	PLAN_LINK_LOCAL,   /* from == to */
+	PLAN_LINK_NVLINK,  /* same domain */
+	PLAN_LINK_NETWORK, /* different domains */
+	PLAN_LINK_COUNT
+} plan_link_t;
+
+typedef struct plan_xfer {
+	uint32_t stage;
+	int32_t from, to;
+	uint32_t tensor; /* index into plan->tensors */
+	uint32_t msg;    /* index into plan->msgs */
+	plan_box_t box;
+} plan_xfer_t;
+
+typedef struct plan_msg {
+	uint32_t stage;
+	int32_t from, to;
+	uint64_t bytes;
+	uint32_t first, count; /* its transfers: xfers[first .. first+count) */
+} plan_msg_t;
+
+typedef struct plan_tensor_ref {
+	char *name;
+	plan_dtype_t dtype;
+	int ndim;
+	uint32_t elem;   /* bytes per element */
+} plan_tensor_ref_t;
+
+typedef struct plan {
+	plan_opts_t opts;
+	plan_tensor_ref_t *tensors; /* destination order */
+	uint32_t ntensors;
+	plan_xfer_t *xfers;         /* sorted by (stage, from, to, tensor, box) */
+	size_t nxfers;
+	plan_msg_t *msgs;
+	size_t nmsgs;
+	uint32_t nstages;
+	uint32_t stages_per_round;  /* stage s belongs to round s / this */
+	uint8_t digest[SHA256_DIGEST_LEN];
+	char digest_hex[SHA256_HEX_LEN];
+} plan_t;
+
+void plan_opts_default(plan_opts_t *o);
+const char *plan_mode_name(plan_mode_t m);
+refit_status_t plan_mode_parse(const char *s, plan_mode_t *out);
+
+/*
+ * Build the plan moving every tensor of src into the layout of dst on topo.
+ * Checks the inputs first: the two sets describe the same tensors, every
+ * source covers its tensor, every rank is in the topology, options sane.
+ * On success *p is caller-owned (plan_fini); on error *p is zeroed.
+ */
+refit_status_t plan_build(const plan_layout_set_t *src,
+			  const plan_layout_set_t *dst, const plan_topo_t *topo,
+			  const plan_opts_t *opts, plan_t *p, refit_err_t *err);
+void plan_fini(plan_t *p);
+
+static inline uint64_t
+plan_xfer_bytes(const plan_t *p, const plan_xfer_t *x)
+{
+	const plan_tensor_ref_t *t = &p->tensors[x->tensor];
+
+	return (uint64_t)plan_box_volume(&x->box, t->ndim) * t->elem;
+}
+
+plan_link_t plan_link_of(const plan_topo_t *topo, int32_t from, int32_t to);
+const char *plan_link_name(plan_link_t l);
+
+/*
+ * Canonical serialisation (what the digest covers), appended to *out as
+ * text: options, tensor table, then one line per transfer in plan order.
+ */
+struct strbuf;
+void plan_canonical(const plan_t *p, struct strbuf *out);
+
+/* ---- validator ----------------------------------------------------- */
+
+typedef struct plan_check {
+	uint64_t needed_bytes;   /* bytes destination ranks must end up with */
+	uint64_t delivered_bytes;/* of those, delivered (== needed when valid) */
+	uint64_t relay_bytes;    /* received by ranks that do not need them */
+	uint64_t max_staging;    /* largest relay bytes held by one rank */
+	int32_t max_staging_rank;
+} plan_check_t;
+
+/*
+ * Simulate p on (src, dst) and prove: every transfer's sender holds its box
+ * at the start of its stage; every element each destination rank needs
+ * arrives exactly once; messages respect chunk_bytes; relayed data held by
+ * a rank in a round stays within staging_bytes.  The first violation is
+ * returned as REFIT_ERR_INTERNAL naming stage, ranks, tensor and box.
+ */
+refit_status_t plan_validate(const plan_t *p, const plan_layout_set_t *src,
+			     const plan_layout_set_t *dst, plan_check_t *out,
+			     refit_err_t *err);
+
+/* ---- cost model ---------------------------------------------------- */
+
+typedef struct plan_cost {
+	uint64_t payload_bytes;              /* sum of destination needs */
+	uint64_t bytes[PLAN_LINK_COUNT];     /* by link class */
+	uint64_t msgs[PLAN_LINK_COUNT];
+	uint64_t max_nic_bytes;              /* busiest NIC, one direction */
+	int32_t max_nic_rank;
+	uint64_t max_nvl_bytes;              /* busiest NVLink port */
+	int32_t max_nvl_rank;
+	uint32_t stages_used;
+	double time_s;                       /* modelled */
+	/* lower bound for these inputs and topology, independent of the plan */
+	uint64_t lb_network_bytes;           /* minimum bytes over the network */
+	double lb_time_s;
+	double ratio;                        /* time_s / lb_time_s */
+} plan_cost_t;
+
+/*
+ * Cost of p on topo, and the lower bound for (src, dst, topo).  Links run
+ * in parallel; each message costs the link latency; consecutive stages are
+ * pipelined so each extra stage adds one chunk's fill time.
+ */
+refit_status_t plan_cost(const plan_t *p, const plan_layout_set_t *src,
+			 const plan_layout_set_t *dst, const plan_topo_t *topo,
+			 plan_cost_t *out, refit_err_t *err);
+
+#endif

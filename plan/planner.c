@@ -1,0 +1,236 @@
+/*
+ * planner.c - the reshard planner.
+ *
+ * Phase A walks every tensor's destination needs (needs.c) and records one
+ * work item per (domain, region, source group) piece.  Phase B assigns the
+ * items, largest first, to senders and receivers so that bytes per NIC and
+ * per NVLink port stay balanced:
+ *   - a piece with a holder in its destination domain is copied from the
+ *     least-loaded such holder over NVLink (or locally, when the rank that
+ *     needs it holds it as a source) in stage 0;
+ *   - any other piece crosses the network once: it is split into up to
+ *     max(#ranks needing it, #holders) parts; each part goes from the
+ *     least-loaded holder NIC to the least-loaded needing rank's NIC in
+ *     stage 0, and that rank forwards it over NVLink to the other needing
+ *     ranks of the domain in stage 1.
+ * Ties are broken by rank id, so the plan is deterministic.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan/internal.h"
+
+typedef struct work {
+	plan_box_t box;
+	uint64_t bytes;
+	uint32_t tensor, seq;
+	int32_t domain;
+	uint32_t h0, nh;  /* holders in the arena */
+	uint32_t n0, nn;  /* ranks needing it, in the arena */
+	bool local;
+} work_t;
+
+typedef struct loads {
+	uint64_t *net_send, *net_recv, *nvl_send, *nvl_recv; /* per rank id */
+} loads_t;
+
+typedef struct reshard {
+	const plan_layout_set_t *dst;
+	const plan_topo_t *topo;
+	const plan_opts_t *opts;
+	VEC(work_t) work;
+	i32vec_t arena;
+	uint32_t *group_off;  /* per source group of the current tensor */
+	loads_t ld;
+	xfervec_t *out;
+} reshard_t;
+
+static void
+on_item(void *ctx, const needs_item_t *it)
+{
+	reshard_t *rs = ctx;
+	const plan_layout_t *t = &rs->dst->v[it->tensor];
+	const srcgroup_t *g = &it->src->g[it->group];
+	work_t w = {
+		.box = *it->box, .tensor = it->tensor, .domain = it->domain,
+		.seq = (uint32_t)rs->work.n, .nh = g->nh, .nn = it->nneed,
+		.local = it->local,
+	};
+
+	w.bytes = (uint64_t)plan_box_volume(it->box, t->ndim) *
+		  plan_dtype_size(t->dtype);
+	if (rs->group_off[it->group] == UINT32_MAX) {
+		rs->group_off[it->group] = (uint32_t)rs->arena.n;
+		for (uint32_t k = 0; k < g->nh; k++)
+			VEC_PUSH(&rs->arena, it->src->holders[g->h0 + k]);
+	}
+	w.h0 = rs->group_off[it->group];
+	w.n0 = (uint32_t)rs->arena.n;
+	for (uint32_t k = 0; k < it->nneed; k++)
+		VEC_PUSH(&rs->arena, it->need[k]);
+	VEC_PUSH(&rs->work, w);
+}
+
+static int
+cmp_work(const void *a, const void *b)
+{
+	const work_t *x = a, *y = b;
+
+	if (x->bytes != y->bytes)
+		return x->bytes < y->bytes ? 1 : -1;
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* Least-loaded rank of ranks[0..n) by load[], lowest rank on ties. */
+static int32_t
+least(const int32_t *ranks, uint32_t n, const uint64_t *load)
+{
+	int32_t best = ranks[0];
+
+	for (uint32_t i = 1; i < n; i++)
+		if (load[ranks[i]] < load[best] ||
+		    (load[ranks[i]] == load[best] && ranks[i] < best))
+			best = ranks[i];
+	return best;
+}
+
+static void
+emit(reshard_t *rs, uint32_t stage, int32_t from, int32_t to, uint32_t tensor,
+     const plan_box_t *box)
+{
+	plan_xfer_t x = {.stage = stage, .from = from, .to = to,
+			 .tensor = tensor, .box = *box};
+
+	VEC_PUSH(rs->out, x);
+}
+
+/* A piece held inside its destination domain: NVLink or local copies. */
+static void
+assign_local(reshard_t *rs, const work_t *w)
+{
+	const int32_t *h = rs->arena.v + w->h0, *need = rs->arena.v + w->n0;
+	int32_t *in_dom = xmalloc(w->nh * sizeof(*in_dom));
+	uint32_t nin = 0;
+
+	for (uint32_t k = 0; k < w->nh; k++)
+		if (plan_topo_domain(rs->topo, h[k]) == w->domain)
+			in_dom[nin++] = h[k];
+	for (uint32_t k = 0; k < w->nn; k++) {
+		int32_t n = need[k], s;
+
+		if (bsearch(&n, h, w->nh, sizeof(*h), cmp_i32v) != NULL) {
+			emit(rs, 0, n, n, w->tensor, &w->box);
+			continue;
+		}
+		s = least(in_dom, nin, rs->ld.nvl_send);
+		rs->ld.nvl_send[s] += w->bytes;
+		rs->ld.nvl_recv[n] += w->bytes;
+		emit(rs, 0, s, n, w->tensor, &w->box);
+	}
+	free(in_dom);
+}
+
+/* How many parts to cut a network piece into, and along which dim. */
+static int64_t
+part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
+{
+	uint64_t min_part = rs->opts->chunk_bytes / 16;
+	int64_t want = w->nn > (w->nh < 8 ? w->nh : 8) ? w->nn : (w->nh < 8 ? w->nh : 8);
+	int64_t cap;
+
+	if (min_part < (64u << 10))
+		min_part = 64u << 10;
+	cap = (int64_t)(w->bytes / min_part);
+	if (want > cap)
+		want = cap;
+	if (want < 2 || ndim == 0)
+		return 1;
+	*dim = -1;
+	for (int d = 0; d < ndim; d++) {
+		if (w->box.size[d] >= want) {
+			*dim = d;
+			return want;
+		}
+	}
+	*dim = 0;
+	for (int d = 1; d < ndim; d++)
+		if (w->box.size[d] > w->box.size[*dim])
+			*dim = d;
+	return w->box.size[*dim];
+}
+
+/* A piece that must cross the network into its domain. */
+static void
+assign_network(reshard_t *rs, const work_t *w)
+{
+	const plan_layout_t *t = &rs->dst->v[w->tensor];
+	const int32_t *h = rs->arena.v + w->h0, *need = rs->arena.v + w->n0;
+	int dim = 0;
+	int64_t np = part_count(rs, w, t->ndim, &dim);
+	plan_box_t *parts = xmalloc((size_t)np * sizeof(*parts));
+
+	if (np == 1)
+		parts[0] = w->box;
+	else
+		plan_box_split(&w->box, dim, np, parts);
+	for (int64_t p = 0; p < np; p++) {
+		uint64_t b = (uint64_t)plan_box_volume(&parts[p], t->ndim) *
+			     plan_dtype_size(t->dtype);
+		int32_t r = least(need, w->nn, rs->ld.net_recv);
+		int32_t s = least(h, w->nh, rs->ld.net_send);
+
+		rs->ld.net_send[s] += b;
+		rs->ld.net_recv[r] += b;
+		emit(rs, 0, s, r, w->tensor, &parts[p]);
+		for (uint32_t k = 0; k < w->nn; k++) {
+			if (need[k] == r)
+				continue;
+			rs->ld.nvl_send[r] += b;
+			rs->ld.nvl_recv[need[k]] += b;
+			emit(rs, 1, r, need[k], w->tensor, &parts[p]);
+		}
+	}
+	free(parts);
+}
+
+refit_status_t
+plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+	     const size_t *map, const plan_topo_t *topo, const plan_opts_t *opts,
+	     xfervec_t *out, refit_err_t *err)
+{
+	reshard_t rs = {.dst = dst, .topo = topo, .opts = opts, .out = out};
+	needs_visitor_t v = {.item = on_item, .ctx = &rs};
+	size_t ns = (size_t)topo->nslots;
+	refit_status_t rc = REFIT_OK;
+
+	rs.ld.net_send = xcalloc(ns, sizeof(uint64_t));
+	rs.ld.net_recv = xcalloc(ns, sizeof(uint64_t));
+	rs.ld.nvl_send = xcalloc(ns, sizeof(uint64_t));
+	rs.ld.nvl_recv = xcalloc(ns, sizeof(uint64_t));
+	for (size_t i = 0; i < dst->n && rc == REFIT_OK; i++) {
+		srcidx_t ix;
+
+		srcidx_build(&ix, &src->v[map[i]]);
+		rs.group_off = xmalloc((ix.ng ? ix.ng : 1) * sizeof(uint32_t));
+		memset(rs.group_off, 0xff, (ix.ng ? ix.ng : 1) * sizeof(uint32_t));
+		rc = needs_walk(&ix, &dst->v[i], (uint32_t)i, topo, &v, err);
+		free(rs.group_off);
+		srcidx_fini(&ix);
+	}
+	if (rc == REFIT_OK) {
+		qsort(rs.work.v, rs.work.n, sizeof(*rs.work.v), cmp_work);
+		for (size_t i = 0; i < rs.work.n; i++) {
+			if (rs.work.v[i].local)
+				assign_local(&rs, &rs.work.v[i]);
+			else
+				assign_network(&rs, &rs.work.v[i]);
+		}
+	}
+	VEC_FREE(&rs.work);
+	VEC_FREE(&rs.arena);
+	free(rs.ld.net_send);
+	free(rs.ld.net_recv);
+	free(rs.ld.nvl_send);
+	free(rs.ld.nvl_recv);
+	return rc;
+}

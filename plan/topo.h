@@ -1,0 +1,77 @@
+/*
+ * topo.h - the machines a refit runs on: ranks, nodes, NVLink domains, links.
+ *
+ * Every rank belongs to one node and one domain (an NVLink domain; defaults
+ * to its node).  Each rank has one NIC of network_gbps and one NVLink port
+ * of nvlink_gbps per direction.  Named presets build regular clusters
+ * ("dgx-h100", "gb200-nvl72").  Pure: the JSON form is parsed in codec/.
+ */
+#ifndef REFIT_PLAN_TOPO_H
+#define REFIT_PLAN_TOPO_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct plan_topo {
+	int32_t nslots;       /* rank ids 0..nslots-1 may be present */
+	int32_t *rank_node;   /* node index per rank id, -1 when absent */
+	int32_t *rank_domain; /* domain index per rank id, -1 when absent */
+	int32_t nranks;       /* ranks present */
+	char **nodes;         /* node names by index */
+	int32_t nnodes;
+	char **domains;       /* domain names by index */
+	int32_t ndomains;
+	int32_t *domain_size; /* ranks per domain */
+	double network_gbps;  /* per NIC (one per rank), Gbit/s per direction */
+	double nvlink_gbps;   /* per rank, Gbit/s per direction */
+	double latency_network_us;
+	double latency_nvlink_us;
+} plan_topo_t;
+
+/* Empty topology with the dgx-h100 link figures. */
+void plan_topo_init(plan_topo_t *t);
+void plan_topo_fini(plan_topo_t *t);
+/*
+ * Add a rank; domain NULL means "same as node".  Fails on a duplicate or
+ * out-of-range rank.
+ */
+refit_status_t plan_topo_add_rank(plan_topo_t *t, int32_t rank, const char *node,
+				  const char *domain, refit_err_t *err);
+/*
+ * Build a named preset "NAME:RANKS" (or NAME with nranks given separately,
+ * nranks > 0 overriding).  Known: dgx-h100, gb200-nvl72, hgx-h200, host.
+ */
+refit_status_t plan_topo_preset(plan_topo_t *t, const char *spec, int32_t nranks,
+				refit_err_t *err);
+/* Names of the presets, NULL-terminated, for help text. */
+const char *const *plan_topo_preset_names(void);
+/* Check link figures are positive and finite. */
+refit_status_t plan_topo_check(const plan_topo_t *t, refit_err_t *err);
+
+static inline int32_t
+plan_topo_domain(const plan_topo_t *t, int32_t rank)
+{
+	return rank >= 0 && rank < t->nslots ? t->rank_domain[rank] : -1;
+}
+
+static inline int32_t
+plan_topo_node(const plan_topo_t *t, int32_t rank)
+{
+	return rank >= 0 && rank < t->nslots ? t->rank_node[rank] : -1;
+}
+
+/* network bandwidth per NIC in bytes/s, NVLink likewise */
+static inline double
+plan_topo_net_Bps(const plan_topo_t *t)
+{
+	return t->network_gbps * 1e9 / 8.0;
+}
+
+static inline double
+plan_topo_nvl_Bps(const plan_topo_t *t)
+{
+	return t->nvlink_gbps * 1e9 / 8.0;
+}
+
+#endif

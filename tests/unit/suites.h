@@ -1,0 +1,18 @@
+/*
+ * suites.h - the unit-test suites (Check), run by main.c.
+ */
+#ifndef REFIT_TESTS_SUITES_H
+#define REFIT_TESTS_SUITES_H
+
+#include <check.h>
+
+Suite *suite_common(void);
+Suite *suite_box(void);
+Suite *suite_layout(void);
+Suite *suite_topo(void);
+Suite *suite_codec(void);
+Suite *suite_planner(void);
+Suite *suite_validate(void);
+Suite *suite_property(void);
+
+#endif

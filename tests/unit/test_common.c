@@ -1,0 +1,144 @@
+/*
+ * test_common.c - status, errors, sha256, strbuf, parsing.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/parse.h"
+#include "common/sha256.h"
+#include "common/strbuf.h"
+#include "tests/unit/suites.h"
+
+START_TEST(sha256_vectors)
+{
+	char hex[SHA256_HEX_LEN];
+	sha256_ctx_t c;
+	uint8_t d[SHA256_DIGEST_LEN];
+	char *million = xmalloc(1000000);
+
+	sha256_hex("", 0, hex);
+	ck_assert_str_eq(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+	sha256_hex("abc", 3, hex);
+	ck_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", 56, hex);
+	ck_assert_str_eq(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+	/* the million-'a' vector, fed in uneven pieces */
+	memset(million, 'a', 1000000);
+	sha256_init(&c);
+	for (size_t off = 0, step = 1; off < 1000000; off += step, step = step * 3 % 997 + 1)
+		sha256_update(&c, million + off, off + step > 1000000 ? 1000000 - off : step);
+	sha256_final(&c, d);
+	sha256_to_hex(d, hex);
+	ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+	free(million);
+}
+END_TEST
+
+START_TEST(err_first_wins)
+{
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	ck_assert_int_eq(refit_err_set(&e, REFIT_ERR_INVALID_ARG, "first %d", 1),
+			 REFIT_ERR_INVALID_ARG);
+	ck_assert_int_eq(refit_err_set(&e, REFIT_ERR_SYS, "second"), REFIT_ERR_SYS);
+	ck_assert_int_eq(e.status, REFIT_ERR_INVALID_ARG);
+	ck_assert_str_eq(e.msg, "first 1");
+	refit_err_prefix(&e, "file %s", "x.json");
+	ck_assert_str_eq(e.msg, "file x.json: first 1");
+	ck_assert_int_eq(refit_err_set(NULL, REFIT_ERR_SYS, "ignored"), REFIT_ERR_SYS);
+	ck_assert_str_eq(refit_status_str(REFIT_ERR_STALE_EPOCH), "ERR_STALE_EPOCH");
+	ck_assert_str_eq(refit_status_str((refit_status_t)999), "ERR_UNKNOWN");
+}
+END_TEST
+
+START_TEST(err_prefix_truncates)
+{
+	refit_err_t e;
+	char big[600];
+
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	refit_err_clear(&e);
+	refit_err_set(&e, REFIT_ERR_INVALID_ARG, "%s", big);
+	refit_err_prefix(&e, "pre");
+	ck_assert_uint_eq(strlen(e.msg), REFIT_ERR_MSG_MAX - 1);
+	ck_assert(strncmp(e.msg, "pre: xxx", 8) == 0);
+}
+END_TEST
+
+START_TEST(strbuf_grows_and_escapes)
+{
+	strbuf_t sb;
+	int64_t v[3] = {1, -2, 3};
+
+	strbuf_init(&sb);
+	for (int i = 0; i < 1000; i++)
+		strbuf_printf(&sb, "%d,", i);
+	ck_assert_uint_eq(sb.len, strlen(sb.s));
+	strbuf_reset(&sb);
+	strbuf_json_str(&sb, "a\"b\\c\n");
+	ck_assert_str_eq(sb.s, "\"a\\\"b\\\\c\\u000a\"");
+	strbuf_reset(&sb);
+	strbuf_i64_list(&sb, v, 3);
+	ck_assert_str_eq(sb.s, "[1, -2, 3]");
+	strbuf_fini(&sb);
+}
+END_TEST
+
+START_TEST(parse_sizes)
+{
+	uint64_t v;
+	refit_err_t e;
+
+	ck_assert_int_eq(refit_parse_size("4194304", &v, "x", NULL), REFIT_OK);
+	ck_assert_uint_eq(v, 4194304);
+	ck_assert_int_eq(refit_parse_size("4M", &v, "x", NULL), REFIT_OK);
+	ck_assert_uint_eq(v, 4u << 20);
+	ck_assert_int_eq(refit_parse_size("2GiB", &v, "x", NULL), REFIT_OK);
+	ck_assert_uint_eq(v, 2ull << 30);
+	ck_assert_int_eq(refit_parse_size("64kb", &v, "x", NULL), REFIT_OK);
+	ck_assert_uint_eq(v, 64u << 10);
+	refit_err_clear(&e);
+	ck_assert_int_eq(refit_parse_size("4X", &v, "--chunk-bytes", &e), REFIT_ERR_INVALID_ARG);
+	ck_assert_str_eq(e.msg, "--chunk-bytes: \"4X\" is not a size (e.g. 4194304, 4M, 4MiB)");
+	ck_assert_int_eq(refit_parse_size("-1", &v, "x", NULL), REFIT_ERR_INVALID_ARG);
+	ck_assert_int_eq(refit_parse_size("99999999999999999999T", &v, "x", NULL),
+			 REFIT_ERR_INVALID_ARG);
+	ck_assert_int_eq(refit_parse_u64("17", 1, 20, &v, "n", NULL), REFIT_OK);
+	ck_assert_uint_eq(v, 17);
+	ck_assert_int_eq(refit_parse_u64("21", 1, 20, &v, "n", NULL), REFIT_ERR_INVALID_ARG);
+	ck_assert_int_eq(refit_parse_u64("1x", 1, 20, &v, "n", NULL), REFIT_ERR_INVALID_ARG);
+}
+END_TEST
+
+START_TEST(vec_push)
+{
+	VEC(int) v = {0};
+
+	for (int i = 0; i < 10000; i++)
+		VEC_PUSH(&v, i);
+	ck_assert_uint_eq(v.n, 10000);
+	ck_assert_int_eq(v.v[9999], 9999);
+	VEC_FREE(&v);
+	ck_assert_ptr_null(v.v);
+}
+END_TEST
+
+Suite *
+suite_common(void)
+{
+	Suite *s = suite_create("common");
+	TCase *tc = tcase_create("core");
+
+	tcase_add_test(tc, sha256_vectors);
+	tcase_add_test(tc, err_first_wins);
+	tcase_add_test(tc, err_prefix_truncates);
+	tcase_add_test(tc, strbuf_grows_and_escapes);
+	tcase_add_test(tc, parse_sizes);
+	tcase_add_test(tc, vec_push);
+	suite_add_tcase(s, tc);
+	return s;
+}

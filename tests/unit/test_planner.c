@@ -1,0 +1,300 @@
+/*
+ * test_planner.c - the reshard and broadcast planners on hand-made cases,
+ * with exact byte counts, and the cost model.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "plan/internal.h"
+#include "tests/unit/helpers.h"
+
+typedef struct tcase_ctx {
+	plan_layout_set_t s, d;
+	plan_topo_t t;
+	plan_t p;
+	plan_cost_t c;
+	plan_check_t chk;
+} ctx_t;
+
+/* Build, validate and cost; the test fails on any error. */
+static void
+run(ctx_t *x, const char *src, const char *dst, const char *topo, plan_mode_t mode,
+    uint64_t chunk, uint64_t staging)
+{
+	plan_opts_t o;
+	refit_err_t e;
+
+	th_layouts(src, &x->s);
+	th_layouts(dst, &x->d);
+	th_topo(topo, &x->t);
+	plan_opts_default(&o);
+	o.mode = mode;
+	if (chunk)
+		o.chunk_bytes = chunk;
+	if (staging)
+		o.staging_bytes = staging;
+	refit_err_clear(&e);
+	ck_assert_msg(plan_build(&x->s, &x->d, &x->t, &o, &x->p, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_validate(&x->p, &x->s, &x->d, &x->chk, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_cost(&x->p, &x->s, &x->d, &x->t, &x->c, &e) == REFIT_OK, "%s", e.msg);
+}
+
+static void
+done(ctx_t *x)
+{
+	plan_fini(&x->p);
+	plan_topo_fini(&x->t);
+	plan_layout_set_fini(&x->s);
+	plan_layout_set_fini(&x->d);
+}
+
+#define W(name, shape, mesh, pl) \
+	"{\"name\":\"" name "\",\"dtype\":\"fp32\",\"shape\":" shape ",\"mesh\":" mesh \
+	",\"placements\":" pl "}"
+
+START_TEST(tp2_to_tp4_other_node)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[8,4]", "[0,1]", "[\"Shard(0)\"]"),
+	    W("w", "[8,4]", "[8,9,10,11]", "[\"Shard(0)\"]"), "dgx-h100:16",
+	    PLAN_MODE_RESHARD, 0, 0);
+	ck_assert_uint_eq(x.p.nxfers, 4);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 128);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 0);
+	ck_assert_uint_eq(x.c.lb_network_bytes, 128);
+	ck_assert_uint_eq(x.chk.needed_bytes, 128);
+	ck_assert_uint_eq(x.chk.relay_bytes, 0);
+	for (size_t i = 0; i < x.p.nxfers; i++) {
+		ck_assert_int_eq(x.p.xfers[i].from, x.p.xfers[i].to < 10 ? 0 : 1);
+		ck_assert_int_eq(x.p.xfers[i].stage, 0);
+	}
+	done(&x);
+}
+END_TEST
+
+/* DP2 x TP2 inside one node: each element enters the node once. */
+START_TEST(replicas_in_domain_enter_once)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[64,64]", "[0,1]", "[\"Shard(1)\"]"),
+	    W("w", "[64,64]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"),
+	    "dgx-h100:16", PLAN_MODE_RESHARD, 4096, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 64 * 64 * 4);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 64 * 64 * 4);
+	ck_assert_uint_eq(x.c.payload_bytes, 2 * 64 * 64 * 4);
+	ck_assert_uint_eq(x.c.lb_network_bytes, 64 * 64 * 4);
+	ck_assert_uint_eq(x.chk.relay_bytes, 0);
+	/* both replicas' NICs share the work */
+	ck_assert_uint_le(x.c.max_nic_bytes, 64 * 64 * 4 / 2);
+	for (size_t m = 0; m < x.p.nmsgs; m++)
+		ck_assert_uint_le(x.p.msgs[m].bytes, 4096);
+	done(&x);
+}
+END_TEST
+
+START_TEST(replicas_across_domains)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[16]", "[0]", "[\"Replicate()\"]"),
+	    W("w", "[16]", "[[8,9],[16,17]]", "[\"Replicate()\",\"Shard(0)\"]"),
+	    "dgx-h100:24", PLAN_MODE_RESHARD, 0, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 2 * 16 * 4);
+	ck_assert_uint_eq(x.c.lb_network_bytes, 2 * 16 * 4);
+	done(&x);
+}
+END_TEST
+
+/* Training and inference on the same GPUs: nothing crosses the network. */
+START_TEST(colocated_no_network)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[8,8]", "[[0,1],[2,3]]", "[\"Shard(0)\",\"Shard(1)\"]"),
+	    W("w", "[8,8]", "[0,1,2,3]", "[\"Shard(1)\"]"), "dgx-h100:8",
+	    PLAN_MODE_RESHARD, 0, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 0);
+	ck_assert_uint_eq(x.c.lb_network_bytes, 0);
+	ck_assert_uint_gt(x.c.bytes[PLAN_LINK_LOCAL], 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_LOCAL] + x.c.bytes[PLAN_LINK_NVLINK], 8 * 8 * 4);
+	done(&x);
+}
+END_TEST
+
+/* A source replicated on four nodes: sends spread over the replicas. */
+START_TEST(source_replicas_balanced)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[64,1024]", "[0,8,16,24]", "[\"Replicate()\"]"),
+	    W("w", "[64,1024]", "[32,33,34,35,36,37,38,39]", "[\"Shard(0)\"]"),
+	    "dgx-h100:40", PLAN_MODE_RESHARD, 64 << 10, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 64 * 1024 * 4);
+	ck_assert_uint_eq(x.c.max_nic_bytes, 64 * 1024 * 4 / 4);
+	done(&x);
+}
+END_TEST
+
+START_TEST(broadcast_baseline)
+{
+	ctx_t x, r;
+
+	run(&x, W("w", "[32,8]", "[0,1]", "[\"Shard(0)\"]"),
+	    W("w", "[32,8]", "[[8,9],[16,17]]", "[\"Replicate()\",\"Shard(1)\"]"),
+	    "dgx-h100:24", PLAN_MODE_BROADCAST, 256, 0);
+	run(&r, W("w", "[32,8]", "[0,1]", "[\"Shard(0)\"]"),
+	    W("w", "[32,8]", "[[8,9],[16,17]]", "[\"Replicate()\",\"Shard(1)\"]"),
+	    "dgx-h100:24", PLAN_MODE_RESHARD, 256, 0);
+	/* gather (half the tensor) + full tensor into each of two domains */
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 2 * 32 * 8 * 4);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 32 * 8 * 4 / 2 + 2 * 32 * 8 * 4);
+	ck_assert_uint_gt(x.chk.relay_bytes, 0);
+	ck_assert_uint_eq(r.c.bytes[PLAN_LINK_NETWORK], 2 * 32 * 8 * 4);
+	ck_assert_uint_eq(r.chk.relay_bytes, 0);
+	ck_assert(x.c.time_s > r.c.time_s);
+	done(&x);
+	done(&r);
+}
+END_TEST
+
+START_TEST(broadcast_rounds_respect_staging)
+{
+	ctx_t x;
+
+	run(&x, "{\"tensors\":[" W("a", "[64,16]", "[0,1]", "[\"Shard(0)\"]") ","
+		W("b", "[64,16]", "[0,1]", "[\"Shard(1)\"]") "]}",
+	    "{\"tensors\":[" W("a", "[64,16]", "[8,16]", "[\"Shard(1)\"]") ","
+		W("b", "[64,16]", "[8,16]", "[\"Replicate()\"]") "]}",
+	    "dgx-h100:24", PLAN_MODE_BROADCAST, 512, 1024);
+	ck_assert_uint_le(x.chk.max_staging, 1024);
+	ck_assert_uint_gt(x.p.nstages, x.p.stages_per_round); /* several rounds */
+	done(&x);
+}
+END_TEST
+
+START_TEST(small_tensors_batched)
+{
+	ctx_t x;
+	char src[8192] = "{\"tensors\":[", dst[8192] = "{\"tensors\":[";
+
+	for (int i = 0; i < 50; i++) {
+		char n[16], buf[256];
+
+		snprintf(n, sizeof(n), "t%02d", i);
+		snprintf(buf, sizeof(buf), "%s{\"name\":\"%s\",\"dtype\":\"fp32\",\"shape\":[4],"
+			 "\"mesh\":[0],\"placements\":[\"R\"]}", i ? "," : "", n);
+		strcat(src, buf);
+		snprintf(buf, sizeof(buf), "%s{\"name\":\"%s\",\"dtype\":\"fp32\",\"shape\":[4],"
+			 "\"mesh\":[8],\"placements\":[\"R\"]}", i ? "," : "", n);
+		strcat(dst, buf);
+	}
+	strcat(src, "]}");
+	strcat(dst, "]}");
+	run(&x, src, dst, "dgx-h100:16", PLAN_MODE_RESHARD, 1024, 0);
+	ck_assert_uint_eq(x.p.nxfers, 50);
+	ck_assert_uint_eq(x.p.nmsgs, 1);
+	ck_assert_uint_eq(x.p.msgs[0].bytes, 800);
+	done(&x);
+}
+END_TEST
+
+START_TEST(deterministic_digest)
+{
+	ctx_t a, b, c;
+	const char *s = W("w", "[30,7]", "[[0,1,2],[3,4,5]]", "[\"Shard(0)\",\"_S(0, 2)\"]");
+	const char *d = W("w", "[30,7]", "[[9,8],[12,20]]", "[\"Shard(1)\",\"Replicate()\"]");
+
+	run(&a, s, d, "dgx-h100:24", PLAN_MODE_RESHARD, 64, 0);
+	run(&b, s, d, "dgx-h100:24", PLAN_MODE_RESHARD, 64, 0);
+	run(&c, s, d, "dgx-h100:24", PLAN_MODE_RESHARD, 128, 0);
+	ck_assert_str_eq(a.p.digest_hex, b.p.digest_hex);
+	ck_assert_uint_eq(a.p.nxfers, b.p.nxfers);
+	ck_assert(memcmp(a.p.xfers, b.p.xfers, a.p.nxfers * sizeof(plan_xfer_t)) == 0);
+	ck_assert_str_ne(a.p.digest_hex, c.p.digest_hex);
+	done(&a);
+	done(&b);
+	done(&c);
+}
+END_TEST
+
+static const char *
+build_err(const char *src, const char *dst, const char *topo, uint64_t chunk,
+	  uint64_t staging)
+{
+	static refit_err_t e;
+	plan_layout_set_t s, d;
+	plan_topo_t t;
+	plan_opts_t o;
+	plan_t p;
+
+	th_layouts(src, &s);
+	th_layouts(dst, &d);
+	th_topo(topo, &t);
+	plan_opts_default(&o);
+	if (chunk)
+		o.chunk_bytes = chunk;
+	if (staging)
+		o.staging_bytes = staging;
+	refit_err_clear(&e);
+	ck_assert_int_ne(plan_build(&s, &d, &t, &o, &p, &e), REFIT_OK);
+	plan_topo_fini(&t);
+	plan_layout_set_fini(&s);
+	plan_layout_set_fini(&d);
+	return e.msg;
+}
+
+START_TEST(build_errors)
+{
+	ck_assert_str_eq(build_err(W("w", "[4]", "[0]", "[\"R\"]"),
+				   W("w", "[4]", "[40]", "[\"R\"]"), "dgx-h100:16", 0, 0),
+			 "destination layout \"w\": rank 40 is not in the topology (16 ranks)");
+	ck_assert_str_eq(build_err("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[4],\"shards\":"
+				   "[{\"rank\":0,\"offset\":[0],\"size\":[3]}]}",
+				   W("w", "[4]", "[8]", "[\"R\"]"), "dgx-h100:16", 0, 0),
+			 "source: layout \"w\": the shards leave 1 of 4 elements uncovered, "
+			 "e.g. element [3]");
+	ck_assert_str_eq(build_err(W("w", "[4]", "[0]", "[\"R\"]"),
+				   W("w", "[4]", "[8]", "[\"R\"]"), "dgx-h100:16", 4096, 1024),
+			 "staging bytes 1024 is smaller than chunk bytes 4096: a message must "
+			 "fit in staging");
+}
+END_TEST
+
+/* Scalars (0-d tensors) and empty tensors plan like any other. */
+START_TEST(scalars_and_empty)
+{
+	ctx_t x;
+
+	run(&x, "{\"tensors\":[" W("s", "[]", "[0,1]", "[\"Replicate()\"]") ","
+		W("e", "[0,3]", "[0,1]", "[\"Shard(0)\"]") "]}",
+	    "{\"tensors\":[" W("s", "[]", "[8,9,16]", "[\"Replicate()\"]") ","
+		W("e", "[0,3]", "[8]", "[\"Shard(1)\"]") "]}",
+	    "dgx-h100:24", PLAN_MODE_RESHARD, 0, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 2 * 4);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 4);
+	done(&x);
+}
+END_TEST
+
+Suite *
+suite_planner(void)
+{
+	Suite *s = suite_create("planner");
+	TCase *tc = tcase_create("cases");
+
+	tcase_add_test(tc, tp2_to_tp4_other_node);
+	tcase_add_test(tc, replicas_in_domain_enter_once);
+	tcase_add_test(tc, replicas_across_domains);
+	tcase_add_test(tc, colocated_no_network);
+	tcase_add_test(tc, source_replicas_balanced);
+	tcase_add_test(tc, broadcast_baseline);
+	tcase_add_test(tc, broadcast_rounds_respect_staging);
+	tcase_add_test(tc, small_tensors_batched);
+	tcase_add_test(tc, deterministic_digest);
+	tcase_add_test(tc, build_errors);
+	tcase_add_test(tc, scalars_and_empty);
+	suite_add_tcase(s, tc);
+	return s;
+}

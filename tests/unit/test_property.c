@@ -1,0 +1,345 @@
+/*
+ * test_property.c - thousands of random layout pairs, each planned in both
+ * modes and checked three ways: the validator, the cost model's lower
+ * bound, and a dense element-by-element oracle written here from scratch
+ * (holdings and arrivals as arrays of counters, no boxes at all).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "plan/internal.h"
+#include "tests/unit/helpers.h"
+
+#define MAXR 16
+#define MAXE 512 /* elements per tensor in these tests */
+
+static int
+rnd(unsigned *s, int n)
+{
+	return n > 0 ? rand_r(s) % n : 0;
+}
+
+static void
+gen_topo(unsigned *s, int nranks, plan_topo_t *t)
+{
+	static const int sizes[] = {1, 2, 3, 4, 8};
+	int ds = sizes[rnd(s, 5)], split = rnd(s, 3) == 0 && ds % 2 == 0;
+
+	plan_topo_init(t);
+	for (int r = 0; r < nranks; r++) {
+		char node[16], dom[16];
+
+		snprintf(dom, sizeof(dom), "d%d", r / ds);
+		snprintf(node, sizeof(node), "n%d", split ? r / (ds / 2) : r / ds);
+		ck_assert_int_eq(plan_topo_add_rank(t, r, node, dom, NULL), REFIT_OK);
+	}
+}
+
+/* Random distinct ranks, in random order. */
+static void
+pick_ranks(unsigned *s, int nranks, int n, int32_t *out)
+{
+	int32_t pool[MAXR];
+
+	for (int i = 0; i < nranks; i++)
+		pool[i] = i;
+	for (int i = 0; i < n; i++) {
+		int j = i + rnd(s, nranks - i);
+		int32_t t = pool[i];
+
+		pool[i] = pool[j];
+		pool[j] = t;
+		out[i] = pool[i];
+	}
+}
+
+static void
+gen_dtensor(unsigned *s, const char *name, plan_dtype_t dt, int ndim,
+	    const int64_t *shape, int nranks, plan_layout_t *l)
+{
+	int64_t msh[3];
+	int mdim, total;
+	plan_placement_t pl[3];
+	int32_t mesh[MAXR];
+
+	do {
+		mdim = 1 + rnd(s, 3);
+		total = 1;
+		for (int i = 0; i < mdim; i++) {
+			msh[i] = 1 + rnd(s, 3);
+			total *= (int)msh[i];
+		}
+	} while (total > nranks);
+	for (int i = 0; i < mdim; i++) {
+		int k = ndim == 0 ? 0 : rnd(s, 5);
+
+		pl[i].kind = k == 0 ? PLAN_PL_REPLICATE :
+			     k == 4 ? PLAN_PL_STRIDED_SHARD : PLAN_PL_SHARD;
+		pl[i].dim = ndim ? rnd(s, ndim) - (rnd(s, 2) ? ndim : 0) : 0;
+		pl[i].split_factor = 1 + rnd(s, 3);
+	}
+	pick_ranks(s, nranks, total, mesh);
+	ck_assert_int_eq(plan_layout_init_dtensor(l, name, dt, ndim, shape, mdim, msh,
+						  mesh, pl, NULL), REFIT_OK);
+}
+
+/* Cut b into random boxes (depth-limited); keep each with prob keep/4. */
+static void
+cut(unsigned *s, const plan_box_t *b, int ndim, int depth, boxvec_t *out)
+{
+	int d = ndim ? rnd(s, ndim) : 0;
+
+	if (depth == 0 || ndim == 0 || b->size[d] < 2 || rnd(s, 4) == 0) {
+		VEC_PUSH(out, *b);
+		return;
+	}
+	plan_box_t lo = *b, hi = *b;
+	int64_t at = 1 + rnd(s, (int)b->size[d] - 1);
+
+	lo.size[d] = at;
+	hi.off[d] += at;
+	hi.size[d] -= at;
+	cut(s, &lo, ndim, depth - 1, out);
+	cut(s, &hi, ndim, depth - 1, out);
+}
+
+static void
+gen_explicit(unsigned *s, const char *name, plan_dtype_t dt, int ndim,
+	     const int64_t *shape, int nranks, bool cover, plan_layout_t *l)
+{
+	boxvec_t boxes = {0};
+	VEC(plan_shard_t) sh = {0};
+	plan_box_t full;
+
+	plan_box_full(&full, shape, ndim);
+	cut(s, &full, ndim, 4, &boxes);
+	for (size_t i = 0; i < boxes.n; i++) {
+		int copies = 1 + (rnd(s, 3) == 0);
+
+		if (!cover && rnd(s, 5) == 0)
+			continue;
+		for (int c = 0; c < copies; c++) {
+			plan_shard_t x;
+
+			memset(&x, 0, sizeof(x));
+			x.rank = rnd(s, nranks);
+			x.box = boxes.v[i];
+			VEC_PUSH(&sh, x);
+		}
+	}
+	ck_assert_int_eq(plan_layout_init_explicit(l, name, dt, ndim, shape, sh.v, sh.n,
+						   NULL), REFIT_OK);
+	VEC_FREE(&boxes);
+	VEC_FREE(&sh);
+}
+
+/* Linear index of an element inside shape. */
+static int
+lin(const int64_t *idx, const int64_t *shape, int ndim)
+{
+	int64_t k = 0;
+
+	for (int d = 0; d < ndim; d++)
+		k = k * shape[d] + idx[d];
+	return (int)k;
+}
+
+/* Mark every element of box b in row[] (shape-sized). */
+static void
+mark(uint8_t *row, const plan_box_t *b, const int64_t *shape, int ndim, int add)
+{
+	int64_t idx[PLAN_MAX_DIMS];
+	int64_t n = plan_box_volume(b, ndim);
+
+	for (int64_t k = 0; k < n; k++) {
+		int64_t rem = k;
+
+		for (int d = ndim - 1; d >= 0; d--) {
+			idx[d] = b->off[d] + rem % b->size[d];
+			rem /= b->size[d];
+		}
+		row[lin(idx, shape, ndim)] += (uint8_t)add;
+	}
+}
+
+typedef struct dense {
+	uint8_t hold[MAXR][MAXE], need[MAXR][MAXE], got[MAXR][MAXE];
+	int32_t got_stage[MAXR][MAXE];
+} dense_t;
+
+/* Replay plan p for tensor t element by element; returns network bytes
+ * the layouts force (sum over domains of needed-not-held elements). */
+static uint64_t
+dense_check(const plan_t *p, uint32_t t, const plan_layout_t *src,
+	    const plan_layout_t *dst, const plan_topo_t *topo, int nranks,
+	    bool reshard, dense_t *D)
+{
+	int ndim = dst->ndim, numel = (int)plan_layout_numel(dst);
+	uint64_t forced = 0;
+
+	memset(D, 0, sizeof(*D));
+	for (size_t i = 0; i < src->nshards; i++)
+		mark(D->hold[src->shards[i].rank], &src->shards[i].box, src->shape, ndim, 1);
+	for (size_t i = 0; i < dst->nshards; i++)
+		mark(D->need[dst->shards[i].rank], &dst->shards[i].box, dst->shape, ndim, 1);
+	for (size_t i = 0; i < p->nxfers;) {
+		size_t j = i;
+
+		/* sends of a stage use what was held before it */
+		for (; j < p->nxfers && p->xfers[j].stage == p->xfers[i].stage; j++) {
+			const plan_xfer_t *x = &p->xfers[j];
+			uint8_t tmp[MAXE] = {0};
+
+			if (x->tensor != t)
+				continue;
+			mark(tmp, &x->box, dst->shape, ndim, 1);
+			for (int e = 0; e < numel; e++)
+				ck_assert_msg(!tmp[e] || D->hold[x->from][e] ||
+					      (D->got[x->from][e] &&
+					       D->got_stage[x->from][e] < (int32_t)x->stage),
+					      "rank %d sends element %d it lacks", x->from, e);
+		}
+		for (size_t k = i; k < j; k++) {
+			const plan_xfer_t *x = &p->xfers[k];
+			uint8_t tmp[MAXE] = {0};
+
+			if (x->tensor != t)
+				continue;
+			mark(tmp, &x->box, dst->shape, ndim, 1);
+			for (int e = 0; e < numel; e++) {
+				if (!tmp[e])
+					continue;
+				D->got[x->to][e]++;
+				D->got_stage[x->to][e] = (int32_t)x->stage;
+			}
+		}
+		i = j;
+	}
+	for (int r = 0; r < nranks; r++)
+		for (int e = 0; e < numel; e++) {
+			if (D->need[r][e])
+				ck_assert_msg(D->got[r][e] == 1, "rank %d element %d arrived "
+					      "%d times", r, e, D->got[r][e]);
+			else if (reshard)
+				ck_assert_int_eq(D->got[r][e], 0);
+		}
+	for (int dom = 0; dom < topo->ndomains; dom++)
+		for (int e = 0; e < numel; e++) {
+			bool needed = false, held = false;
+
+			for (int r = 0; r < nranks; r++) {
+				if (plan_topo_domain(topo, r) != dom)
+					continue;
+				needed |= D->need[r][e] != 0;
+				held |= D->hold[r][e] != 0;
+			}
+			if (needed && !held)
+				forced += plan_dtype_size(dst->dtype);
+		}
+	return forced;
+}
+
+static void
+one_case(unsigned *s, dense_t *D)
+{
+	static const plan_dtype_t dts[] = {PLAN_DT_BF16, PLAN_DT_FP32, PLAN_DT_INT8,
+					   PLAN_DT_FP64};
+	int nranks = 2 + rnd(s, MAXR - 1), nt = 1 + rnd(s, 3);
+	plan_layout_set_t src, dst;
+	plan_topo_t topo;
+	plan_opts_t o;
+
+	gen_topo(s, nranks, &topo);
+	plan_layout_set_init(&src);
+	plan_layout_set_init(&dst);
+	for (int t = 0; t < nt; t++) {
+		int ndim = rnd(s, 5) == 0 ? 0 : 1 + rnd(s, 3);
+		int64_t shape[3];
+		plan_dtype_t dt = dts[rnd(s, 4)];
+		plan_layout_t a, b;
+		char name[16];
+
+		for (int d = 0; d < ndim; d++)
+			shape[d] = rnd(s, 8);
+		snprintf(name, sizeof(name), "t%d", t);
+		if (rnd(s, 3))
+			gen_dtensor(s, name, dt, ndim, shape, nranks, &a);
+		else
+			gen_explicit(s, name, dt, ndim, shape, nranks, true, &a);
+		if (rnd(s, 3))
+			gen_dtensor(s, name, dt, ndim, shape, nranks, &b);
+		else
+			gen_explicit(s, name, dt, ndim, shape, nranks, false, &b);
+		plan_layout_set_add(&src, &a);
+		plan_layout_set_add(&dst, &b);
+	}
+	plan_opts_default(&o);
+	o.chunk_bytes = (uint64_t)64 << rnd(s, 5);
+	o.staging_bytes = o.chunk_bytes << rnd(s, 4);
+	for (int mode = 0; mode < 2; mode++) {
+		plan_t p;
+		plan_cost_t c;
+		plan_check_t chk;
+		refit_err_t e;
+		uint64_t forced = 0;
+
+		o.mode = mode ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
+		refit_err_clear(&e);
+		ck_assert_msg(plan_build(&src, &dst, &topo, &o, &p, &e) == REFIT_OK, "%s", e.msg);
+		ck_assert_msg(plan_validate(&p, &src, &dst, &chk, &e) == REFIT_OK, "%s: %s",
+			      plan_mode_name(o.mode), e.msg);
+		ck_assert_int_eq(plan_cost(&p, &src, &dst, &topo, &c, &e), REFIT_OK);
+		ck_assert_uint_eq(chk.delivered_bytes, chk.needed_bytes);
+		ck_assert_uint_eq(chk.needed_bytes, c.payload_bytes);
+		ck_assert_uint_le(chk.max_staging, o.staging_bytes);
+		for (uint32_t t = 0; t < p.ntensors; t++)
+			forced += dense_check(&p, t, &src.v[t], &dst.v[t], &topo, nranks,
+					      mode == 0, D);
+		ck_assert_uint_eq(c.lb_network_bytes, forced);
+		if (mode == 0) {
+			/* reshard: minimum network bytes, nothing relayed */
+			ck_assert_uint_eq(c.bytes[PLAN_LINK_NETWORK], forced);
+			ck_assert_uint_eq(chk.relay_bytes, 0);
+			ck_assert(c.time_s >= c.lb_time_s * 0.999);
+		} else {
+			ck_assert_uint_ge(c.bytes[PLAN_LINK_NETWORK], forced);
+		}
+		if (rnd(s, 8) == 0) {
+			plan_t q;
+
+			ck_assert_int_eq(plan_build(&src, &dst, &topo, &o, &q, NULL), REFIT_OK);
+			ck_assert_str_eq(p.digest_hex, q.digest_hex);
+			plan_fini(&q);
+		}
+		plan_fini(&p);
+	}
+	plan_layout_set_fini(&src);
+	plan_layout_set_fini(&dst);
+	plan_topo_fini(&topo);
+}
+
+START_TEST(random_pairs)
+{
+	unsigned seed = 0x5eed0000u + (unsigned)_i;
+	dense_t *D = xmalloc(sizeof(*D));
+
+	for (int k = 0; k < 500; k++)
+		one_case(&seed, D);
+	free(D);
+}
+END_TEST
+
+Suite *
+suite_property(void)
+{
+	Suite *s = suite_create("property");
+	TCase *tc = tcase_create("random");
+
+	/* 4 x 500 = 2000 random layout pairs, each in both modes */
+	tcase_add_loop_test(tc, random_pairs, 0, 4);
+	tcase_set_timeout(tc, 300);
+	suite_add_tcase(s, tc);
+	return s;
+}
