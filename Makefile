@@ -36,7 +36,9 @@ HAVE_NCCL_H := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
 
 WERROR  ?= -Werror
 OPT     ?= -O2
+# error messages are bounded on purpose: truncating them is not a bug
 CFLAGS_COMMON := -std=gnu11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -g -MMD -MP \
+		 -Wno-format-truncation \
 		 -I. $(PKG_CFLAGS) -fno-strict-aliasing
 CFLAGS  ?=
 CFLAGS  += $(CFLAGS_COMMON) $(OPT)

@@ -53,4 +53,22 @@ char *xstrdup(const char *s);
 		(vec)->n = (vec)->cap = 0;                                 \
 	} while (0)
 
+/*
+ * qsort/bsearch that accept an empty array with a NULL base (the libc
+ * functions declare the base nonnull even when n is 0).
+ */
+static inline void
+xqsort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *))
+{
+	if (n > 1)
+		qsort(base, n, size, cmp);
+}
+
+static inline void *
+xbsearch(const void *key, const void *base, size_t n, size_t size,
+	 int (*cmp)(const void *, const void *))
+{
+	return n ? bsearch(key, base, n, size, cmp) : NULL;
+}
+
 #endif

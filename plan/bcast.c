@@ -72,7 +72,7 @@ participants(const plan_layout_t *dst, const plan_topo_t *topo,
 			VEC_PUSH(out, ((part_t){plan_topo_domain(topo,
 						 dst->shards[i].rank),
 						 dst->shards[i].rank}));
-	qsort(out->v, out->n, sizeof(*out->v), cmp_part);
+	xqsort(out->v, out->n, sizeof(*out->v), cmp_part);
 	for (size_t i = 0; i < out->n; i++)
 		if (k == 0 || out->v[i].rank != out->v[k - 1].rank)
 			out->v[k++] = out->v[i];

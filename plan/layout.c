@@ -128,10 +128,10 @@ plan_placement_parse(const char *s, plan_placement_t *out, const char *what,
 	if (strcmp(name, "_StridedShard") == 0 || strcmp(name, "_S") == 0) {
 		if (open == NULL || !have_dim || !have_sf)
 			goto bad;
-		if (args[1] < 1)
+		if (args[1] < 1 || args[1] > PLAN_MAX_RANK_BOXES)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
-					     "%s \"%s\": split_factor must be >= 1, got %" PRId64,
-					     what, s, args[1]);
+					     "%s \"%s\": split_factor must be from 1 to %d, "
+					     "got %" PRId64, what, s, PLAN_MAX_RANK_BOXES, args[1]);
 		out->kind = PLAN_PL_STRIDED_SHARD;
 		out->dim = (int)args[0];
 		out->split_factor = args[1];
@@ -235,8 +235,9 @@ chunk_of(int64_t E, int64_t n, int64_t c, int64_t *a, int64_t *b)
 	*b = *a + chunk < E ? *a + chunk : E;
 }
 
-/* Apply one Shard / _StridedShard along a dim for mesh coordinate c of n. */
-static void
+/* Apply one Shard / _StridedShard along a dim for mesh coordinate c of n.
+ * Fails when the rank's runs along the dim would exceed the box bound. */
+static bool
 apply_split(const plan_placement_t *p, int64_t n, int64_t c, ivals_t *cur)
 {
 	ivals_t next = {0};
@@ -253,6 +254,12 @@ apply_split(const plan_placement_t *p, int64_t n, int64_t c, ivals_t *cur)
 			int64_t sa, sb, ta, tb;
 
 			chunk_of(E, k, j, &sa, &sb);
+			if (sa == E && j > 0)
+				break; /* the rest are empty */
+			if (next.n > PLAN_MAX_RANK_BOXES) {
+				VEC_FREE(&next);
+				return false;
+			}
 			chunk_of(sb - sa, n, c, &ta, &tb);
 			ivals_slice(cur, sa + ta, sa + tb, &next);
 			if (first_empty < 0)
@@ -263,6 +270,7 @@ apply_split(const plan_placement_t *p, int64_t n, int64_t c, ivals_t *cur)
 		VEC_PUSH(&next, ((ival_t){ivals_pos(cur, first_empty), 0}));
 	VEC_FREE(cur);
 	*cur = next;
+	return true;
 }
 
 static int
@@ -331,14 +339,21 @@ resolve_dtensor(plan_layout_t *l, refit_err_t *err)
 			memset(&runs[d], 0, sizeof(runs[d]));
 			VEC_PUSH(&runs[d], ((ival_t){0, l->shape[d]}));
 		}
-		for (int i = 0; i < l->mesh_ndim; i++) {
+		for (int i = 0; i < l->mesh_ndim && rc == REFIT_OK; i++) {
 			const plan_placement_t *p = &l->placements[i];
 
-			if (p->kind != PLAN_PL_REPLICATE)
-				apply_split(p, l->mesh_shape[i], coord[i],
-					    &runs[norm_dim(p->dim, l->ndim)]);
+			if (p->kind != PLAN_PL_REPLICATE &&
+			    !apply_split(p, l->mesh_shape[i], coord[i],
+					 &runs[norm_dim(p->dim, l->ndim)]))
+				rc = refit_err_set(err, REFIT_ERR_LIMIT,
+						   "layout \"%s\": rank %d would hold more than "
+						   "%d separate runs of dim %d; the placements "
+						   "fragment the tensor too much", l->name,
+						   l->mesh[r], PLAN_MAX_RANK_BOXES,
+						   norm_dim(p->dim, l->ndim));
 		}
-		rc = emit_rank_boxes(l, l->mesh[r], runs, &out, err);
+		if (rc == REFIT_OK)
+			rc = emit_rank_boxes(l, l->mesh[r], runs, &out, err);
 		for (int d = 0; d < l->ndim; d++)
 			VEC_FREE(&runs[d]);
 	}
@@ -399,6 +414,13 @@ check_mesh(const char *name, int ndim, int mesh_ndim, const int64_t *mesh_shape,
 	for (int i = 0; i < mesh_ndim; i++) {
 		int d = norm_dim(pl[i].dim, ndim);
 
+		if (pl[i].kind == PLAN_PL_STRIDED_SHARD &&
+		    (pl[i].split_factor < 1 || pl[i].split_factor > PLAN_MAX_RANK_BOXES))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+					     "layout \"%s\": placement %d: split_factor %" PRId64
+					     " is not from 1 to %d", name, i,
+					     pl[i].split_factor, PLAN_MAX_RANK_BOXES);
+
 		if (pl[i].kind != PLAN_PL_REPLICATE && (d < 0 || d >= ndim)) {
 			char buf[64];
 
@@ -416,7 +438,7 @@ check_mesh(const char *name, int ndim, int mesh_ndim, const int64_t *mesh_shape,
 					     "(0 to %d)", name, mesh[r], PLAN_MAX_RANK_ID - 1);
 	sorted = xmalloc(n * sizeof(*sorted));
 	memcpy(sorted, mesh, n * sizeof(*sorted));
-	qsort(sorted, n, sizeof(*sorted), cmp_i32);
+	xqsort(sorted, n, sizeof(*sorted), cmp_i32);
 	for (size_t r = 1; r < n; r++) {
 		if (sorted[r] == sorted[r - 1]) {
 			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,

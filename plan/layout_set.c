@@ -30,7 +30,7 @@ distinct_boxes(const plan_layout_t *l, boxvec_t *out)
 	for (size_t i = 0; i < l->nshards; i++)
 		if (!plan_box_is_empty(&l->shards[i].box, l->ndim))
 			VEC_PUSH(out, l->shards[i].box);
-	qsort(out->v, out->n, sizeof(*out->v), cmp_box_all);
+	xqsort(out->v, out->n, sizeof(*out->v), cmp_box_all);
 	for (size_t i = 0; i < out->n; i++)
 		if (k == 0 || !plan_box_equal(&out->v[k - 1], &out->v[i], l->ndim))
 			out->v[k++] = out->v[i];
@@ -200,7 +200,7 @@ index_names(const plan_layout_set_t *s)
 
 	for (size_t i = 0; i < s->n; i++)
 		ix[i] = (name_idx_t){s->v[i].name, i};
-	qsort(ix, s->n, sizeof(*ix), cmp_name);
+	xqsort(ix, s->n, sizeof(*ix), cmp_name);
 	return ix;
 }
 
@@ -261,7 +261,7 @@ plan_match(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		name_idx_t key = {dst->v[i].name, 0}, *hit;
 		refit_err_t e;
 
-		hit = bsearch(&key, ix, src->n, sizeof(*ix), cmp_name);
+		hit = xbsearch(&key, ix, src->n, sizeof(*ix), cmp_name);
 		if (hit == NULL) {
 			strbuf_t t;
 

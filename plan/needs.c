@@ -44,7 +44,7 @@ pick_index_dim(const srcgroup_t *g, size_t ng, int ndim)
 
 		for (size_t i = 0; i < ng; i++)
 			offs[i] = g[i].box.off[d];
-		qsort(offs, ng, sizeof(*offs), cmp_i64);
+		xqsort(offs, ng, sizeof(*offs), cmp_i64);
 		for (size_t i = 0; i < ng; i++)
 			distinct += i == 0 || offs[i] != offs[i - 1];
 		if (distinct > best) {
@@ -80,7 +80,7 @@ sort_by_dim(srcidx_t *ix)
 
 	for (size_t i = 0; i < ix->ng; i++)
 		k[i] = (keyidx_t){ix->ndim ? ix->g[i].box.off[ix->idim] : 0, i};
-	qsort(k, ix->ng, sizeof(*k), cmp_keyidx);
+	xqsort(k, ix->ng, sizeof(*k), cmp_keyidx);
 	for (size_t i = 0; i < ix->ng; i++)
 		g[i] = ix->g[k[i].i];
 	free(ix->g);
@@ -117,7 +117,7 @@ srcidx_build(srcidx_t *ix, const plan_layout_t *src)
 	for (size_t i = 0; i < src->nshards; i++)
 		if (!plan_box_is_empty(&src->shards[i].box, src->ndim))
 			br[n++] = (boxrank_t){src->shards[i].box, src->shards[i].rank};
-	qsort(br, n, sizeof(*br), cmp_boxrank);
+	xqsort(br, n, sizeof(*br), cmp_boxrank);
 	ix->g = xmalloc((n ? n : 1) * sizeof(*ix->g));
 	ix->holders = xmalloc((n ? n : 1) * sizeof(*ix->holders));
 	for (size_t i = 0, nh = 0; i < n; i++) {
@@ -176,7 +176,7 @@ srcidx_query(const srcidx_t *ix, const plan_box_t *q, i32vec_t *out)
 bool
 srcidx_holds(const srcidx_t *ix, const srcgroup_t *g, int32_t rank)
 {
-	return bsearch(&rank, ix->holders + g->h0, g->nh, sizeof(int32_t),
+	return xbsearch(&rank, ix->holders + g->h0, g->nh, sizeof(int32_t),
 		       cmp_i32v) != NULL;
 }
 
@@ -409,7 +409,7 @@ needs_walk(const srcidx_t *src, const plan_layout_t *dst, uint32_t tensor,
 		if (!plan_box_is_empty(&s->box, dst->ndim))
 			e[n++] = (dentry_t){d, s->rank, s->box};
 	}
-	qsort(e, n, sizeof(*e), cmp_dentry);
+	xqsort(e, n, sizeof(*e), cmp_dentry);
 	for (size_t i = 0; i < n;) {
 		size_t j = i;
 

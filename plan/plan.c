@@ -242,7 +242,7 @@ plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw)
 		chunk_xfer(&raw[i], t->ndim, t->elem, p->opts.chunk_bytes, &out, &tmp);
 	}
 	VEC_FREE(&tmp);
-	qsort(out.v, out.n, sizeof(*out.v), cmp_xfer);
+	xqsort(out.v, out.n, sizeof(*out.v), cmp_xfer);
 	p->xfers = out.v;
 	p->nxfers = out.n;
 	p->nstages = out.n ? out.v[out.n - 1].stage + 1 : 0;

@@ -118,7 +118,7 @@ assign_local(reshard_t *rs, const work_t *w)
 	for (uint32_t k = 0; k < w->nn; k++) {
 		int32_t n = need[k], s;
 
-		if (bsearch(&n, h, w->nh, sizeof(*h), cmp_i32v) != NULL) {
+		if (xbsearch(&n, h, w->nh, sizeof(*h), cmp_i32v) != NULL) {
 			emit(rs, 0, n, n, w->tensor, &w->box);
 			continue;
 		}
@@ -218,7 +218,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	if (rc == REFIT_OK) {
-		qsort(rs.work.v, rs.work.n, sizeof(*rs.work.v), cmp_work);
+		xqsort(rs.work.v, rs.work.n, sizeof(*rs.work.v), cmp_work);
 		for (size_t i = 0; i < rs.work.n; i++) {
 			if (rs.work.v[i].local)
 				assign_local(&rs, &rs.work.v[i]);

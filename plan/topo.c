@@ -60,19 +60,23 @@ plan_topo_fini(plan_topo_t *t)
 	free_names(t->nodes, t->nnodes);
 	free_names(t->domains, t->ndomains);
 	free(t->domain_size);
+	strmap_fini(&t->node_ix);
+	strmap_fini(&t->domain_ix);
 	memset(t, 0, sizeof(*t));
 }
 
-/* Index of name in names, appending it when new.  Linear from the end:
- * ranks usually arrive grouped by node. */
+/* Index of name in names, appending it when new. */
 static int32_t
-intern(char ***names, int32_t *n, const char *name)
+intern(strmap_t *ix, char ***names, int32_t *n, const char *name)
 {
-	for (int32_t i = *n - 1; i >= 0; i--)
-		if (strcmp((*names)[i], name) == 0)
-			return i;
-	*names = xreallocarray(*names, (size_t)*n + 1, sizeof(**names));
+	int32_t i = strmap_get(ix, name);
+
+	if (i >= 0)
+		return i;
+	if (*n == 0 || (*n >= 8 && (*n & (*n - 1)) == 0)) /* grow geometrically */
+		*names = xreallocarray(*names, *n ? (size_t)*n * 2 : 8, sizeof(**names));
 	(*names)[*n] = xstrdup(name);
+	strmap_put(ix, name, *n);
 	return (*n)++;
 }
 
@@ -103,12 +107,14 @@ plan_topo_add_rank(plan_topo_t *t, int32_t rank, const char *node,
 	if (t->rank_node[rank] >= 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
 				     "topology: rank %d is listed twice", rank);
-	t->rank_node[rank] = intern(&t->nodes, &t->nnodes, node);
+	t->rank_node[rank] = intern(&t->node_ix, &t->nodes, &t->nnodes, node);
 	old = t->ndomains;
-	d = intern(&t->domains, &t->ndomains, domain ? domain : node);
+	d = intern(&t->domain_ix, &t->domains, &t->ndomains, domain ? domain : node);
 	if (t->ndomains != old) {
-		t->domain_size = xreallocarray(t->domain_size, (size_t)t->ndomains,
-					       sizeof(int32_t));
+		if (old == 0 || (old >= 8 && (old & (old - 1)) == 0))
+			t->domain_size = xreallocarray(t->domain_size,
+						       old ? (size_t)old * 2 : 8,
+						       sizeof(int32_t));
 		t->domain_size[d] = 0;
 	}
 	t->rank_domain[rank] = d;

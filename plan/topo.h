@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/strmap.h"
 
 typedef struct plan_topo {
 	int32_t nslots;       /* rank ids 0..nslots-1 may be present */
@@ -23,6 +24,7 @@ typedef struct plan_topo {
 	char **domains;       /* domain names by index */
 	int32_t ndomains;
 	int32_t *domain_size; /* ranks per domain */
+	strmap_t node_ix, domain_ix; /* name -> index */
 	double network_gbps;  /* per NIC (one per rank), Gbit/s per direction */
 	double nvlink_gbps;   /* per rank, Gbit/s per direction */
 	double latency_network_us;

@@ -94,7 +94,7 @@ find_rs(vctx_t *v, int32_t rank)
 {
 	rstate_t key = {.rank = rank};
 
-	return bsearch(&key, v->rs, v->nrs, sizeof(*v->rs), cmp_rs);
+	return xbsearch(&key, v->rs, v->nrs, sizeof(*v->rs), cmp_rs);
 }
 
 /* One state per rank that appears in the layouts or the transfers. */
@@ -112,7 +112,7 @@ build_states(vctx_t *v, const size_t *xi, size_t nx)
 		VEC_PUSH(&ranks, v->p->xfers[xi[i]].from);
 		VEC_PUSH(&ranks, v->p->xfers[xi[i]].to);
 	}
-	qsort(ranks.v, ranks.n, sizeof(int32_t), cmp_i32v);
+	xqsort(ranks.v, ranks.n, sizeof(int32_t), cmp_i32v);
 	v->rs = xcalloc(ranks.n ? ranks.n : 1, sizeof(*v->rs));
 	for (size_t i = 0; i < ranks.n; i++)
 		if (k == 0 || v->rs[k - 1].rank != ranks.v[i])
@@ -303,7 +303,7 @@ check_arrivals(vctx_t *v, rstate_t *r)
 	for (size_t i = 0; i < r->held.n; i++)
 		if (r->held.v[i].stage >= 0)
 			VEC_PUSH(&got, r->held.v[i]);
-	qsort(got.v, got.n, sizeof(*got.v), cmp_held);
+	xqsort(got.v, got.n, sizeof(*got.v), cmp_held);
 	rc = check_no_duplicates(v, r, &got);
 	disjoint_needs(r, v->ndim, &need);
 	for (size_t i = 0; i < got.n; i++)
@@ -449,7 +449,7 @@ cmp_relay(const void *a, const void *b)
 static refit_status_t
 check_staging(vctx_t *v)
 {
-	qsort(v->relays.v, v->relays.n, sizeof(relay_t), cmp_relay);
+	xqsort(v->relays.v, v->relays.n, sizeof(relay_t), cmp_relay);
 	for (size_t i = 0; i < v->relays.n;) {
 		size_t j = i;
 		uint64_t sum = 0;
@@ -528,7 +528,8 @@ plan_validate(const plan_t *p, const plan_layout_set_t *src,
 	for (uint32_t t = 0; t < p->ntensors && rc == REFIT_OK; t++) {
 		size_t *xi = order + start[t], nx = start[t + 1] - start[t];
 
-		qsort_r(xi, nx, sizeof(*xi), cmp_stage_idx, (void *)p);
+		if (nx > 1)
+			qsort_r(xi, nx, sizeof(*xi), cmp_stage_idx, (void *)p);
 		v.tensor = t;
 		v.dst = &dst->v[t];
 		v.src = &src->v[map[t]];

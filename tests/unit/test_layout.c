@@ -179,7 +179,7 @@ START_TEST(placement_parsing)
 	ck_assert_ptr_nonnull(strstr(e.msg, "Partial placements hold unreduced values"));
 	refit_err_clear(&e);
 	plan_placement_parse("_S(0, 0)", &p, "placement 0", &e);
-	ck_assert_str_eq(e.msg, "placement 0 \"_S(0, 0)\": split_factor must be >= 1, got 0");
+	ck_assert_str_eq(e.msg, "placement 0 \"_S(0, 0)\": split_factor must be from 1 to 4096, got 0");
 }
 END_TEST
 

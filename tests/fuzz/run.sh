@@ -1,0 +1,52 @@
+#!/bin/sh
+# Build the fuzz harnesses with clang's libFuzzer (+ ASan/UBSan) and run
+# each for SECONDS seconds from its seed corpus; without libFuzzer, replay
+# the corpus through the same harness.  Prints "fuzz: N passed, N failed".
+set -u
+BUILD=${1:-build}
+SECONDS_EACH=${2:-10}
+OUT=$BUILD/fuzz
+mkdir -p "$OUT"
+LIBS="$(pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lm"
+CFLAGS="-std=gnu11 -D_GNU_SOURCE -g -O1 -I. $(pkg-config --cflags libcjson 2>/dev/null)"
+SRC="$(ls common/*.c plan/*.c codec/*.c)"
+passed=0
+failed=0
+have_fuzzer=0
+if command -v clang >/dev/null 2>&1 &&
+   echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long s){return 0;}' |
+   clang -x c -fsanitize=fuzzer - -o "$OUT/.probe" >/dev/null 2>&1; then
+	have_fuzzer=1
+fi
+for h in layout topo placement; do
+	corpus=tests/fuzz/corpus/$h
+	work=$OUT/corpus-$h
+	mkdir -p "$work"
+	if [ $have_fuzzer = 1 ]; then
+		if ! clang $CFLAGS -fsanitize=fuzzer,address,undefined \
+			-fno-sanitize-recover=all -o "$OUT/fuzz-$h" \
+			tests/fuzz/fuzz_$h.c $SRC $LIBS; then
+			failed=$((failed + 1)); continue
+		fi
+		if "$OUT/fuzz-$h" -max_total_time="$SECONDS_EACH" -max_len=4096 \
+			-timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
+			"$work" "$corpus" >"$OUT/fuzz-$h.log" 2>&1; then
+			echo "fuzz $h: ok ($(grep -c . "$OUT/fuzz-$h.log") log lines, $SECONDS_EACH s)"
+			passed=$((passed + 1))
+		else
+			echo "fuzz $h: FAILED, see $OUT/fuzz-$h.log"; tail -20 "$OUT/fuzz-$h.log"
+			failed=$((failed + 1))
+		fi
+	else
+		if ${CC:-gcc} $CFLAGS -fsanitize=address,undefined -o "$OUT/replay-$h" \
+			tests/fuzz/replay.c tests/fuzz/fuzz_$h.c $SRC $LIBS &&
+		   "$OUT/replay-$h" "$corpus"/*; then
+			echo "fuzz $h: corpus replayed (no libFuzzer here)"
+			passed=$((passed + 1))
+		else
+			failed=$((failed + 1))
+		fi
+	fi
+done
+echo "fuzz: $passed passed, $failed failed"
+[ $failed = 0 ]
