@@ -117,7 +117,15 @@ plan_usage(const char *sub)
 		progname, sub);
 }
 
-/* 0 parsed, -1 help printed, >0 exit code */
+static void
+free_inputs(inputs_t *in)
+{
+	plan_layout_set_fini(&in->s);
+	plan_layout_set_fini(&in->d);
+	plan_topo_fini(&in->t);
+}
+
+/* 0 parsed, -1 help printed, >0 exit code; on >0 nothing is left to free */
 static int
 parse_inputs(int argc, char **argv, inputs_t *in)
 {
@@ -170,17 +178,11 @@ parse_inputs(int argc, char **argv, inputs_t *in)
 	plan_layout_set_init(&in->d);
 	if (codec_layouts_load(in->src, &in->s, NULL, &err) != REFIT_OK ||
 	    codec_layouts_load(in->dst, &in->d, NULL, &err) != REFIT_OK ||
-	    codec_topo_load(in->topo, &in->t, &err) != REFIT_OK)
+	    codec_topo_load(in->topo, &in->t, &err) != REFIT_OK) {
+		free_inputs(in);
 		return die_input(&err);
+	}
 	return 0;
-}
-
-static void
-free_inputs(inputs_t *in)
-{
-	plan_layout_set_fini(&in->s);
-	plan_layout_set_fini(&in->d);
-	plan_topo_fini(&in->t);
 }
 
 /* Build, validate and cost one plan; exit code on failure, else 0. */
@@ -193,10 +195,11 @@ make_plan(inputs_t *in, const plan_opts_t *o, plan_t *p, plan_cost_t *c)
 	refit_err_clear(&err);
 	if (plan_build(&in->s, &in->d, &in->t, o, p, &err) != REFIT_OK)
 		return die_input(&err);
-	if (in->validate && plan_validate(p, &in->s, &in->d, &chk, &err) != REFIT_OK)
+	if ((in->validate && plan_validate(p, &in->s, &in->d, &chk, &err) != REFIT_OK) ||
+	    plan_cost(p, &in->s, &in->d, &in->t, c, &err) != REFIT_OK) {
+		plan_fini(p);
 		return die_input(&err);
-	if (plan_cost(p, &in->s, &in->d, &in->t, c, &err) != REFIT_OK)
-		return die_input(&err);
+	}
 	return 0;
 }
 

@@ -75,7 +75,7 @@ codec_plan_json(const plan_t *p, const plan_cost_t *cost, strbuf_t *out)
 		strbuf_i64_list(out, x->box.off, nd);
 		strbuf_puts(out, ", \"size\": ");
 		strbuf_i64_list(out, x->box.size, nd);
-		strbuf_printf(out, ", \"message\": %u}", x->msg);
+		strbuf_puts(out, "}");
 	}
 	strbuf_puts(out, "\n]}\n");
 }

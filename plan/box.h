@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/alloc.h"
 #include "common/err.h"
 
 #define PLAN_MAX_DIMS 8
@@ -23,6 +24,8 @@ typedef struct plan_box {
 	int64_t off[PLAN_MAX_DIMS];
 	int64_t size[PLAN_MAX_DIMS];
 } plan_box_t;
+
+typedef VEC(plan_box_t) plan_boxvec_t;
 
 typedef enum plan_dtype {
 	PLAN_DT_BOOL, PLAN_DT_UINT8, PLAN_DT_INT8, PLAN_DT_INT16, PLAN_DT_INT32,

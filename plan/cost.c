@@ -134,63 +134,94 @@ lower_bound(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	return rc;
 }
 
-/* Busy time of every resource, and the fill time of every used stage. */
+typedef struct tm {
+	size_t ns;
+	double *busy;       /* 4 per rank: net tx, net rx, nvl tx, nvl rx */
+	uint64_t *nic, *port; /* 2 per rank: tx, rx */
+	double bw[PLAN_LINK_COUNT], lat[PLAN_LINK_COUNT];
+} tm_t;
+
+/* Charge n messages carrying b bytes from -> to on link l. */
+static void
+charge(tm_t *m, plan_link_t l, int32_t from, int32_t to, uint64_t b, uint64_t n)
+{
+	double t = (double)b / m->bw[l] + (double)n * m->lat[l];
+	size_t base = l == PLAN_LINK_NETWORK ? 0 : 2;
+	uint64_t *cnt = l == PLAN_LINK_NETWORK ? m->nic : m->port;
+
+	m->busy[base * m->ns + (size_t)from] += t;
+	m->busy[(base + 1) * m->ns + (size_t)to] += t;
+	cnt[(size_t)from] += b;
+	cnt[m->ns + (size_t)to] += b;
+}
+
+/*
+ * Busy time of every resource under the message rule (plan.h), and the
+ * pipeline fill of every used stage: one message of the stage before.
+ */
 static void
 model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 {
-	size_t ns = (size_t)topo->nslots;
-	double *busy = xcalloc(4 * ns, sizeof(double)); /* net tx, rx, nvl tx, rx */
-	uint64_t *nic = xcalloc(2 * ns, sizeof(uint64_t)), *port = xcalloc(2 * ns, sizeof(uint64_t));
-	double bw[PLAN_LINK_COUNT] = {0, plan_topo_nvl_Bps(topo), plan_topo_net_Bps(topo)};
-	double lat[PLAN_LINK_COUNT] = {0, topo->latency_nvlink_us * 1e-6,
-				       topo->latency_network_us * 1e-6};
+	tm_t m = {.ns = (size_t)topo->nslots,
+		  .bw = {1, plan_topo_nvl_Bps(topo), plan_topo_net_Bps(topo)},
+		  .lat = {0, topo->latency_nvlink_us * 1e-6, topo->latency_network_us * 1e-6}};
+	uint64_t chunk = p->opts.chunk_bytes, fill_bytes = 0;
 	double tmax = 0, fill_sum = 0, fill_max = 0, fill = 0;
 	int64_t cur_stage = -1;
 
-	for (size_t m = 0; m < p->nmsgs; m++) {
-		const plan_msg_t *msg = &p->msgs[m];
-		plan_link_t l = plan_link_of(topo, msg->from, msg->to);
-		double t;
+	m.busy = xcalloc(4 * m.ns, sizeof(double));
+	m.nic = xcalloc(2 * m.ns, sizeof(uint64_t));
+	m.port = xcalloc(2 * m.ns, sizeof(uint64_t));
+	for (size_t i = 0; i < p->nxfers; i++) {
+		const plan_xfer_t *x = &p->xfers[i];
+		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
+		plan_link_t l = plan_link_of(topo, x->from, x->to);
+		uint64_t b = plan_xfer_bytes(p, x), n = 0;
+		bool new_group = i == 0 || x->stage != p->xfers[i - 1].stage ||
+				 x->from != p->xfers[i - 1].from || x->to != p->xfers[i - 1].to;
 
-		out->bytes[l] += msg->bytes;
-		out->msgs[l]++;
+		if (b > chunk) {
+			n = plan_box_chunk_count(&x->box, t->ndim, t->elem, chunk);
+			fill_bytes = chunk + 1;
+		} else if (new_group || fill_bytes + b > chunk) {
+			n = 1;
+			fill_bytes = b;
+		} else {
+			fill_bytes += b;
+		}
+		out->bytes[l] += b;
+		out->msgs[l] += n;
 		if (l == PLAN_LINK_LOCAL)
 			continue;
-		if ((int64_t)msg->stage != cur_stage) {
+		if ((int64_t)x->stage != cur_stage) {
 			fill_sum += fill;
 			fill_max = fmax(fill_max, fill);
 			fill = 0;
-			cur_stage = msg->stage;
+			cur_stage = x->stage;
 			out->stages_used++;
 		}
-		t = (double)msg->bytes / bw[l] + lat[l];
-		fill = fmax(fill, t);
-		size_t base = l == PLAN_LINK_NETWORK ? 0 : 2;
-		busy[base * ns + (size_t)msg->from] += t;
-		busy[(base + 1) * ns + (size_t)msg->to] += t;
-		uint64_t *cnt = l == PLAN_LINK_NETWORK ? nic : port;
-		cnt[(size_t)msg->from] += msg->bytes;
-		cnt[ns + (size_t)msg->to] += msg->bytes;
+		fill = fmax(fill, (double)(b < chunk ? b : chunk) / m.bw[l] + m.lat[l]);
+		charge(&m, l, x->from, x->to, b, n);
 	}
 	fill_sum += fill;
 	fill_max = fmax(fill_max, fill);
-	for (size_t i = 0; i < 4 * ns; i++)
-		tmax = fmax(tmax, busy[i]);
-	for (size_t i = 0; i < 2 * ns; i++) {
-		if (nic[i] > out->max_nic_bytes) {
-			out->max_nic_bytes = nic[i];
-			out->max_nic_rank = (int32_t)(i % ns);
+	for (size_t i = 0; i < 4 * m.ns; i++)
+		tmax = fmax(tmax, m.busy[i]);
+	for (size_t i = 0; i < 2 * m.ns; i++) {
+		if (m.nic[i] > out->max_nic_bytes) {
+			out->max_nic_bytes = m.nic[i];
+			out->max_nic_rank = (int32_t)(i % m.ns);
 		}
-		if (port[i] > out->max_nvl_bytes) {
-			out->max_nvl_bytes = port[i];
-			out->max_nvl_rank = (int32_t)(i % ns);
+		if (m.port[i] > out->max_nvl_bytes) {
+			out->max_nvl_bytes = m.port[i];
+			out->max_nvl_rank = (int32_t)(i % m.ns);
 		}
 	}
 	/* each stage after the first waits for one message of the one before */
 	out->time_s = tmax + (fill_sum - fill_max);
-	free(busy);
-	free(nic);
-	free(port);
+	free(m.busy);
+	free(m.nic);
+	free(m.port);
 }
 
 refit_status_t

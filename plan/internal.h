@@ -16,7 +16,7 @@
 #include "common/alloc.h"
 #include "plan/plan.h"
 
-typedef VEC(plan_box_t) boxvec_t;
+typedef plan_boxvec_t boxvec_t;
 typedef VEC(int32_t) i32vec_t;
 
 typedef struct srcgroup {

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/strbuf.h"
 #include "plan/internal.h"
 
 void
@@ -112,25 +111,109 @@ plan_box_chunk(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max,
 	}
 }
 
-/* Split x into transfers of at most chunk bytes, appended to out. */
-static void
-chunk_xfer(const plan_xfer_t *x, int ndim, uint64_t elem, uint64_t chunk,
-	   xfervec_t *out, boxvec_t *tmp)
+uint64_t
+plan_box_chunk_count(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max)
 {
-	tmp->n = 0;
-	plan_box_chunk(&x->box, ndim, elem, chunk, tmp);
-	for (size_t i = 0; i < tmp->n; i++) {
-		plan_xfer_t c = *x;
+	uint64_t slab = elem, count = 1;
+	int d;
 
-		c.box = tmp->v[i];
-		VEC_PUSH(out, c);
+	for (d = ndim - 1; d >= 0; d--) {
+		if (slab * (uint64_t)box->size[d] <= max)
+			slab *= (uint64_t)box->size[d];
+		else
+			break;
 	}
+	if (d < 0)
+		return 1;
+	for (int i = 0; i < d; i++)
+		count *= (uint64_t)box->size[i];
+	return count * (((uint64_t)box->size[d] + max / slab - 1) / (max / slab));
 }
 
-static int
-cmp_xfer(const void *a, const void *b)
+/* ---- messages ---------------------------------------------------------- */
+
+void
+plan_msgs_init(plan_msgs_t *it, const plan_t *p, size_t first, size_t end)
 {
-	const plan_xfer_t *x = a, *y = b;
+	memset(it, 0, sizeof(*it));
+	it->p = p;
+	it->x = first;
+	it->end = end;
+}
+
+void
+plan_msgs_fini(plan_msgs_t *it)
+{
+	VEC_FREE(&it->chunks);
+	VEC_FREE(&it->parts);
+}
+
+static bool
+same_group(const plan_xfer_t *a, const plan_xfer_t *b)
+{
+	return a->stage == b->stage && a->from == b->from && a->to == b->to;
+}
+
+bool
+plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
+{
+	const plan_t *p = it->p;
+	uint64_t chunk = p->opts.chunk_bytes;
+
+	it->parts.n = 0;
+	if (it->chunk_i < it->chunks.n) {
+		/* the next chunk of a large transfer */
+		const plan_xfer_t *x = &p->xfers[it->x - 1];
+		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
+		plan_part_t part = {(uint32_t)(it->x - 1), it->chunks.v[it->chunk_i++], 0};
+
+		part.bytes = (uint64_t)plan_box_volume(&part.box, t->ndim) * t->elem;
+		VEC_PUSH(&it->parts, part);
+		*m = (plan_msg_t){x->stage, x->from, x->to, part.bytes, it->parts.v, 1};
+		return true;
+	}
+	if (it->x >= it->end)
+		return false;
+	const plan_xfer_t *first = &p->xfers[it->x];
+	const plan_tensor_ref_t *t = &p->tensors[first->tensor];
+	uint64_t b = plan_xfer_bytes(p, first);
+
+	if (b > chunk) {
+		it->chunks.n = 0;
+		it->chunk_i = 0;
+		plan_box_chunk(&first->box, t->ndim, t->elem, chunk, &it->chunks);
+		it->x++;
+		return plan_msgs_next(it, m);
+	}
+	*m = (plan_msg_t){first->stage, first->from, first->to, 0, NULL, 0};
+	while (it->x < it->end && same_group(&p->xfers[it->x], first)) {
+		const plan_xfer_t *x = &p->xfers[it->x];
+		uint64_t xb = plan_xfer_bytes(p, x);
+
+		if (xb > chunk || m->bytes + xb > chunk)
+			break;
+		VEC_PUSH(&it->parts, ((plan_part_t){(uint32_t)it->x, x->box, xb}));
+		m->bytes += xb;
+		it->x++;
+	}
+	m->parts = it->parts.v;
+	m->nparts = (uint32_t)it->parts.n;
+	return true;
+}
+
+/* ---- sorting, digest ---------------------------------------------------- */
+
+/* Sort key of a transfer: (stage, from, to, tensor) packed into 64 bits. */
+typedef struct xkey {
+	uint64_t key;
+	uint32_t idx;
+} xkey_t;
+
+static int
+cmp_full(const void *a, const void *b, void *ctx)
+{
+	const plan_xfer_t *v = ctx;
+	const plan_xfer_t *x = &v[((const xkey_t *)a)->idx], *y = &v[((const xkey_t *)b)->idx];
 
 	if (x->stage != y->stage)
 		return x->stage < y->stage ? -1 : 1;
@@ -143,112 +226,240 @@ cmp_xfer(const void *a, const void *b)
 	return plan_box_cmp(&x->box, &y->box, PLAN_MAX_DIMS);
 }
 
-static void
-build_msgs(plan_t *p)
+static int
+cmp_box_idx(const void *a, const void *b, void *ctx)
 {
-	VEC(plan_msg_t) m = {0};
+	const plan_xfer_t *v = ctx;
 
-	for (size_t i = 0; i < p->nxfers; i++) {
-		plan_xfer_t *x = &p->xfers[i];
-		uint64_t b = plan_xfer_bytes(p, x);
-		plan_msg_t *last = m.n ? &m.v[m.n - 1] : NULL;
+	return plan_box_cmp(&v[((const xkey_t *)a)->idx].box,
+			    &v[((const xkey_t *)b)->idx].box, PLAN_MAX_DIMS);
+}
 
-		if (last == NULL || last->stage != x->stage || last->from != x->from ||
-		    last->to != x->to || last->bytes + b > p->opts.chunk_bytes) {
-			plan_msg_t nm = {x->stage, x->from, x->to, 0, (uint32_t)i, 0};
+/* LSD radix sort of k[0..n) on the low `bits` bits of key (stable). */
+static void
+radix_sort(xkey_t *k, size_t n, int bits)
+{
+	xkey_t *tmp = xmalloc(n * sizeof(*tmp));
+	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
 
-			VEC_PUSH(&m, nm);
-			last = &m.v[m.n - 1];
+	for (int shift = 0; shift < bits; shift += 16) {
+		memset(cnt, 0, 65536 * sizeof(*cnt));
+		for (size_t i = 0; i < n; i++)
+			cnt[(k[i].key >> shift) & 0xffff]++;
+		for (size_t i = 0, sum = 0; i < 65536; i++) {
+			size_t c = cnt[i];
+
+			cnt[i] = sum;
+			sum += c;
 		}
-		last->bytes += b;
-		last->count++;
-		x->msg = (uint32_t)(m.n - 1);
+		for (size_t i = 0; i < n; i++)
+			tmp[cnt[(k[i].key >> shift) & 0xffff]++] = k[i];
+		memcpy(k, tmp, n * sizeof(*k));
 	}
-	p->msgs = m.v;
-	p->nmsgs = m.n;
+	free(tmp);
+	free(cnt);
+}
+
+static int
+bits_for(uint64_t n)
+{
+	int b = 0;
+
+	while (b < 64 && (n >> b) != 0)
+		b++;
+	return b;
+}
+
+/*
+ * Order raw transfers by (stage, from, to, tensor, box): a radix sort on
+ * the packed key (each field takes the bits its largest value needs, which
+ * fits 64 bits for any realistic plan; else qsort), then equal keys by box.
+ */
+static xkey_t *
+sort_xfers(const plan_xfer_t *raw, size_t n)
+{
+	xkey_t *k = xmalloc((n ? n : 1) * sizeof(*k));
+	uint64_t ms = 0, mf = 0, mt = 0, mx = 0;
+	int bs, bf, bt, bx;
+
+	for (size_t i = 0; i < n; i++) {
+		ms = raw[i].stage > ms ? raw[i].stage : ms;
+		mf = (uint64_t)raw[i].from > mf ? (uint64_t)raw[i].from : mf;
+		mt = (uint64_t)raw[i].to > mt ? (uint64_t)raw[i].to : mt;
+		mx = raw[i].tensor > mx ? raw[i].tensor : mx;
+	}
+	bs = bits_for(ms), bf = bits_for(mf), bt = bits_for(mt), bx = bits_for(mx);
+	if (bs + bf + bt + bx > 64) {
+		for (size_t i = 0; i < n; i++)
+			k[i] = (xkey_t){0, (uint32_t)i};
+		/* fall back: compare whole transfers (rare: huge ids) */
+		if (n > 1)
+			qsort_r(k, n, sizeof(*k), cmp_full, (void *)raw);
+		return k;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const plan_xfer_t *x = &raw[i];
+
+		k[i].key = ((((uint64_t)x->stage << bf | (uint64_t)x->from) << bt |
+			     (uint64_t)x->to) << bx) | x->tensor;
+		k[i].idx = (uint32_t)i;
+	}
+	radix_sort(k, n, bs + bf + bt + bx);
+	for (size_t i = 0; i < n;) {
+		size_t j = i + 1;
+
+		while (j < n && k[j].key == k[i].key)
+			j++;
+		if (j - i > 1)
+			qsort_r(k + i, j - i, sizeof(*k), cmp_box_idx, (void *)raw);
+		i = j;
+	}
+	return k;
+}
+
+/* Little-endian framing into a SHA-256 context through a small buffer. */
+typedef struct hw {
+	sha256_ctx_t c;
+	uint8_t buf[4096];
+	size_t n;
+} hw_t;
+
+static void
+hw_bytes(hw_t *w, const void *p, size_t n)
+{
+	if (w->n + n > sizeof(w->buf)) {
+		sha256_update(&w->c, w->buf, w->n);
+		w->n = 0;
+	}
+	if (n > sizeof(w->buf)) {
+		sha256_update(&w->c, p, n);
+		return;
+	}
+	memcpy(w->buf + w->n, p, n);
+	w->n += n;
 }
 
 static void
-canonical_head(const plan_t *p, strbuf_t *out)
+hw_u64(hw_t *w, uint64_t v)
 {
-	strbuf_printf(out, "refit-plan v1\nmode %s\nchunk %" PRIu64 "\nstaging %" PRIu64
-		      "\nstages %u per-round %u\ntensors %u\n",
-		      plan_mode_name(p->opts.mode), p->opts.chunk_bytes,
-		      p->opts.staging_bytes, p->nstages, p->stages_per_round,
-		      p->ntensors);
-	for (uint32_t i = 0; i < p->ntensors; i++) {
-		strbuf_printf(out, "t %u ", i);
-		strbuf_json_str(out, p->tensors[i].name);
-		strbuf_printf(out, " %s %d\n", plan_dtype_name(p->tensors[i].dtype),
-			      p->tensors[i].ndim);
-	}
+	uint8_t b[8];
+
+	for (int i = 0; i < 8; i++)
+		b[i] = (uint8_t)(v >> (8 * i));
+	hw_bytes(w, b, 8);
 }
 
 static void
-canonical_xfers(const plan_t *p, size_t from, size_t to, strbuf_t *out)
+hw_u32(hw_t *w, uint32_t v)
 {
-	for (size_t i = from; i < to; i++) {
-		const plan_xfer_t *x = &p->xfers[i];
-		int nd = p->tensors[x->tensor].ndim;
+	uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
 
-		strbuf_printf(out, "x %u %d %d %u %u", x->stage, x->from, x->to,
-			      x->tensor, x->msg);
-		for (int d = 0; d < nd; d++)
-			strbuf_printf(out, " %" PRId64 "+%" PRId64, x->box.off[d],
-				      x->box.size[d]);
-		strbuf_puts(out, "\n");
-	}
+	hw_bytes(w, b, 4);
 }
 
-void
-plan_canonical(const plan_t *p, strbuf_t *out)
+/* LEB128 of a zigzag-coded signed value: small deltas cost one byte. */
+static void
+hw_var(hw_t *w, int64_t v)
 {
-	canonical_head(p, out);
-	canonical_xfers(p, 0, p->nxfers, out);
+	uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+	uint8_t b[10];
+	size_t n = 0;
+
+	do {
+		b[n++] = (uint8_t)((z & 0x7f) | (z > 0x7f ? 0x80 : 0));
+		z >>= 7;
+	} while (z);
+	hw_bytes(w, b, n);
 }
 
-/* SHA-256 of the canonical form, streamed in bounded pieces. */
+/* The canonical form (see plan.h), hashed as it is written. */
 static void
 compute_digest(plan_t *p)
 {
-	strbuf_t sb;
-	sha256_ctx_t c;
+	hw_t w;
 
-	strbuf_init(&sb);
-	sha256_init(&c);
-	canonical_head(p, &sb);
-	sha256_update(&c, sb.s, sb.len);
-	for (size_t i = 0; i < p->nxfers; i += 4096) {
-		size_t end = p->nxfers - i < 4096 ? p->nxfers : i + 4096;
+	sha256_init(&w.c);
+	w.n = 0;
+	hw_bytes(&w, "refit-plan/1", 12);
+	hw_u32(&w, (uint32_t)p->opts.mode);
+	hw_u64(&w, p->opts.chunk_bytes);
+	hw_u64(&w, p->opts.staging_bytes);
+	hw_u32(&w, p->nstages);
+	hw_u32(&w, p->stages_per_round);
+	hw_u32(&w, p->ntensors);
+	for (uint32_t i = 0; i < p->ntensors; i++) {
+		size_t n = strlen(p->tensors[i].name);
 
-		strbuf_reset(&sb);
-		canonical_xfers(p, i, end, &sb);
-		sha256_update(&c, sb.s, sb.len);
+		hw_u32(&w, (uint32_t)n);
+		hw_bytes(&w, p->tensors[i].name, n);
+		hw_u32(&w, (uint32_t)p->tensors[i].dtype);
+		hw_u32(&w, (uint32_t)p->tensors[i].ndim);
 	}
-	sha256_final(&c, p->digest);
+	hw_u64(&w, p->nxfers);
+	/* transfers: every field as the zigzag-varint delta from the previous
+	 * transfer's (a bijective encoding, so the digest still covers all) */
+	plan_xfer_t prev;
+
+	memset(&prev, 0, sizeof(prev));
+	for (size_t i = 0; i < p->nxfers; i++) {
+		const plan_xfer_t *x = &p->xfers[i];
+
+		hw_var(&w, (int64_t)x->stage - (int64_t)prev.stage);
+		hw_var(&w, (int64_t)x->from - prev.from);
+		hw_var(&w, (int64_t)x->to - prev.to);
+		hw_var(&w, (int64_t)x->tensor - (int64_t)prev.tensor);
+		for (int d = 0; d < p->tensors[x->tensor].ndim; d++) {
+			hw_var(&w, x->box.off[d] - prev.box.off[d]);
+			hw_var(&w, x->box.size[d] - prev.box.size[d]);
+		}
+		prev = *x;
+	}
+	sha256_update(&w.c, w.buf, w.n);
+	sha256_final(&w.c, p->digest);
 	sha256_to_hex(p->digest, p->digest_hex);
-	strbuf_fini(&sb);
+}
+
+/* Messages the rule makes, counted without building them. */
+static size_t
+count_msgs(const plan_t *p)
+{
+	uint64_t chunk = p->opts.chunk_bytes, fill = 0;
+	size_t n = 0;
+
+	for (size_t i = 0; i < p->nxfers; i++) {
+		const plan_xfer_t *x = &p->xfers[i];
+		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
+		uint64_t b = plan_xfer_bytes(p, x);
+		bool new_group = i == 0 || !same_group(&p->xfers[i - 1], x);
+
+		if (b > chunk) {
+			n += plan_box_chunk_count(&x->box, t->ndim, t->elem, chunk);
+			fill = chunk + 1; /* nothing packs after a chunked transfer */
+			continue;
+		}
+		if (new_group || fill + b > chunk) {
+			n++;
+			fill = 0;
+		}
+		fill += b;
+	}
+	return n;
 }
 
 void
 plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw)
 {
-	xfervec_t out = {0};
-	boxvec_t tmp = {0};
+	xkey_t *k = sort_xfers(raw, nraw);
 
-	for (size_t i = 0; i < nraw; i++) {
-		const plan_tensor_ref_t *t = &p->tensors[raw[i].tensor];
-
-		chunk_xfer(&raw[i], t->ndim, t->elem, p->opts.chunk_bytes, &out, &tmp);
-	}
-	VEC_FREE(&tmp);
-	xqsort(out.v, out.n, sizeof(*out.v), cmp_xfer);
-	p->xfers = out.v;
-	p->nxfers = out.n;
-	p->nstages = out.n ? out.v[out.n - 1].stage + 1 : 0;
+	p->xfers = xmalloc((nraw ? nraw : 1) * sizeof(*p->xfers));
+	for (size_t i = 0; i < nraw; i++)
+		p->xfers[i] = raw[k[i].idx];
+	free(k);
+	p->nxfers = nraw;
+	p->nstages = nraw ? p->xfers[nraw - 1].stage + 1 : 0;
 	if (p->stages_per_round == 0)
 		p->stages_per_round = p->nstages ? p->nstages : 1;
-	build_msgs(p);
+	p->nmsgs = count_msgs(p);
 	compute_digest(p);
 }
 
@@ -261,7 +472,6 @@ plan_fini(plan_t *p)
 		free(p->tensors[i].name);
 	free(p->tensors);
 	free(p->xfers);
-	free(p->msgs);
 	memset(p, 0, sizeof(*p));
 }
 

@@ -5,9 +5,9 @@
  * transfer moves one box of one tensor from rank `from` to rank `to`; a
  * stage-s transfer may only send what its sender holds at the start of stage
  * s (its source shards plus whatever it received in earlier stages of the
- * same round).  Transfers are grouped into messages of at most chunk_bytes
- * per (stage, from, to).  from == to is a local copy (colocated training and
- * inference on one GPU).
+ * same round).  Transfers become messages of at most chunk_bytes by the
+ * rule described at plan_msgs_t.  from == to is a local copy (colocated
+ * training and inference on one GPU).
  *
  * Two planners share this format:
  *   reshard   - exact box intersections; each element needed in a domain
@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/alloc.h"
 #include "common/sha256.h"
 #include "plan/box.h"
 #include "plan/layout.h"
@@ -62,16 +63,8 @@ typedef struct plan_xfer {
 	uint32_t stage;
 	int32_t from, to;
 	uint32_t tensor; /* index into plan->tensors */
-	uint32_t msg;    /* index into plan->msgs */
 	plan_box_t box;
 } plan_xfer_t;
-
-typedef struct plan_msg {
-	uint32_t stage;
-	int32_t from, to;
-	uint64_t bytes;
-	uint32_t first, count; /* its transfers: xfers[first .. first+count) */
-} plan_msg_t;
 
 typedef struct plan_tensor_ref {
 	char *name;
@@ -86,13 +79,53 @@ typedef struct plan {
 	uint32_t ntensors;
 	plan_xfer_t *xfers;         /* sorted by (stage, from, to, tensor, box) */
 	size_t nxfers;
-	plan_msg_t *msgs;
-	size_t nmsgs;
+	size_t nmsgs;               /* messages the message rule makes */
 	uint32_t nstages;
 	uint32_t stages_per_round;  /* stage s belongs to round s / this */
 	uint8_t digest[SHA256_DIGEST_LEN];
 	char digest_hex[SHA256_HEX_LEN];
 } plan_t;
+
+/*
+ * Messages.  Transfers are logical box moves; what travels is messages,
+ * made from the transfers by one fixed rule that the executor, the
+ * validator and the cost model all use:
+ *   - a transfer larger than chunk_bytes is cut into chunks of at most
+ *     chunk_bytes (plan_box_chunk: outer dims first, near-equal runs), and
+ *     each chunk is a message of its own;
+ *   - consecutive smaller transfers of the same (stage, from, to) are
+ *     packed, in plan order, into messages of at most chunk_bytes.
+ */
+typedef struct plan_part {
+	uint32_t xfer;   /* index into plan->xfers */
+	plan_box_t box;  /* the whole transfer's box, or one chunk of it */
+	uint64_t bytes;
+} plan_part_t;
+
+typedef struct plan_msg {
+	uint32_t stage;
+	int32_t from, to;
+	uint64_t bytes;
+	const plan_part_t *parts; /* valid until the next plan_msgs_next */
+	uint32_t nparts;
+} plan_msg_t;
+
+typedef struct plan_msgs {
+	const plan_t *p;
+	size_t x, end;            /* next transfer, end of the range */
+	plan_boxvec_t chunks;     /* chunks of the large transfer under way */
+	size_t chunk_i;
+	VEC(plan_part_t) parts;
+} plan_msgs_t;
+
+/* Iterate the messages of transfers [first, end) (one or more groups). */
+void plan_msgs_init(plan_msgs_t *it, const plan_t *p, size_t first, size_t end);
+/* Next message into *m; false at the end. */
+bool plan_msgs_next(plan_msgs_t *it, plan_msg_t *m);
+void plan_msgs_fini(plan_msgs_t *it);
+/* Number of chunks plan_box_chunk cuts box into (1 when it fits). */
+uint64_t plan_box_chunk_count(const plan_box_t *box, int ndim, uint64_t elem,
+			      uint64_t max);
 
 void plan_opts_default(plan_opts_t *o);
 const char *plan_mode_name(plan_mode_t m);
@@ -121,11 +154,11 @@ plan_link_t plan_link_of(const plan_topo_t *topo, int32_t from, int32_t to);
 const char *plan_link_name(plan_link_t l);
 
 /*
- * Canonical serialisation (what the digest covers), appended to *out as
- * text: options, tensor table, then one line per transfer in plan order.
+ * The digest covers the plan's canonical form: a fixed little-endian
+ * binary encoding of the options, the tensor table (name, dtype, ndim) and
+ * every transfer in plan order (stage, from, to, tensor, then offset and
+ * size per dim), framed by lengths.  See plan.c.
  */
-struct strbuf;
-void plan_canonical(const plan_t *p, struct strbuf *out);
 
 /* ---- validator ----------------------------------------------------- */
 

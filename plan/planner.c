@@ -71,10 +71,16 @@ on_item(void *ctx, const needs_item_t *it)
 	VEC_PUSH(&rs->work, w);
 }
 
+/* Order of assignment: largest first, creation order on ties. */
+typedef struct wkey {
+	uint64_t bytes;
+	uint32_t seq;
+} wkey_t;
+
 static int
-cmp_work(const void *a, const void *b)
+cmp_wkey(const void *a, const void *b)
 {
-	const work_t *x = a, *y = b;
+	const wkey_t *x = a, *y = b;
 
 	if (x->bytes != y->bytes)
 		return x->bytes < y->bytes ? 1 : -1;
@@ -130,13 +136,17 @@ assign_local(reshard_t *rs, const work_t *w)
 	free(in_dom);
 }
 
-/* How many parts to cut a network piece into, and along which dim. */
+/*
+ * How many parts to cut a network piece into, and along which dim: one per
+ * rank of the domain that needs it (each part enters through a different
+ * NIC, then is forwarded over NVLink), but no part smaller than min_part.
+ * Sender balance comes from assigning pieces largest first, not from cuts.
+ */
 static int64_t
 part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 {
 	uint64_t min_part = rs->opts->chunk_bytes / 16;
-	int64_t want = w->nn > (w->nh < 8 ? w->nh : 8) ? w->nn : (w->nh < 8 ? w->nh : 8);
-	int64_t cap;
+	int64_t want = w->nn, cap;
 
 	if (min_part < (64u << 10))
 		min_part = 64u << 10;
@@ -145,7 +155,6 @@ part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 		want = cap;
 	if (want < 2 || ndim == 0)
 		return 1;
-	*dim = -1;
 	for (int d = 0; d < ndim; d++) {
 		if (w->box.size[d] >= want) {
 			*dim = d;
@@ -218,13 +227,20 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	if (rc == REFIT_OK) {
-		xqsort(rs.work.v, rs.work.n, sizeof(*rs.work.v), cmp_work);
+		wkey_t *k = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*k));
+
+		for (size_t i = 0; i < rs.work.n; i++)
+			k[i] = (wkey_t){rs.work.v[i].bytes, (uint32_t)i};
+		xqsort(k, rs.work.n, sizeof(*k), cmp_wkey);
 		for (size_t i = 0; i < rs.work.n; i++) {
-			if (rs.work.v[i].local)
-				assign_local(&rs, &rs.work.v[i]);
+			const work_t *w = &rs.work.v[k[i].seq];
+
+			if (w->local)
+				assign_local(&rs, w);
 			else
-				assign_network(&rs, &rs.work.v[i]);
+				assign_network(&rs, w);
 		}
+		free(k);
 	}
 	VEC_FREE(&rs.work);
 	VEC_FREE(&rs.arena);

@@ -341,47 +341,61 @@ check_arrivals(vctx_t *v, rstate_t *r)
 	return rc;
 }
 
-/* Messages: consistent with their transfers and within chunk_bytes. */
+/*
+ * Messages, made by the rule: each within chunk_bytes and of one (stage,
+ * from, to); together they carry every transfer exactly (volume of the
+ * parts of each transfer, each part inside its transfer's box).
+ */
 static refit_status_t
 check_msgs(const plan_t *p, refit_err_t *err)
 {
-	size_t seen = 0;
+	plan_msgs_t it;
+	plan_msg_t m;
+	int64_t *carried = xcalloc(p->nxfers ? p->nxfers : 1, sizeof(*carried));
+	refit_status_t rc = REFIT_OK;
+	size_t n = 0;
 
-	for (size_t m = 0; m < p->nmsgs; m++) {
-		const plan_msg_t *msg = &p->msgs[m];
+	plan_msgs_init(&it, p, 0, p->nxfers);
+	while (rc == REFIT_OK && plan_msgs_next(&it, &m)) {
 		uint64_t sum = 0;
 
-		if (msg->count == 0 || (size_t)msg->first + msg->count > p->nxfers)
-			return refit_err_set(err, REFIT_ERR_INTERNAL,
-					     "plan invalid: message %zu has no transfers", m);
-		if (msg->bytes > p->opts.chunk_bytes)
-			return refit_err_set(err, REFIT_ERR_INTERNAL,
-					     "plan invalid: message %zu (stage %u, rank %d -> %d) "
-					     "carries %" PRIu64 " bytes, over the chunk size %" PRIu64,
-					     m, msg->stage, msg->from, msg->to, msg->bytes,
-					     p->opts.chunk_bytes);
-		for (uint32_t k = 0; k < msg->count; k++) {
-			const plan_xfer_t *x = &p->xfers[msg->first + k];
+		n++;
+		if (m.bytes > p->opts.chunk_bytes)
+			rc = refit_err_set(err, REFIT_ERR_INTERNAL,
+					   "plan invalid: a message (stage %u, rank %d -> %d) "
+					   "carries %" PRIu64 " bytes, over the chunk size %" PRIu64,
+					   m.stage, m.from, m.to, m.bytes, p->opts.chunk_bytes);
+		for (uint32_t k = 0; k < m.nparts && rc == REFIT_OK; k++) {
+			const plan_part_t *pt = &m.parts[k];
+			const plan_xfer_t *x = &p->xfers[pt->xfer];
+			int nd = p->tensors[x->tensor].ndim;
 
-			if (x->msg != m || x->stage != msg->stage || x->from != msg->from ||
-			    x->to != msg->to)
-				return refit_err_set(err, REFIT_ERR_INTERNAL,
-						     "plan invalid: transfer %u does not match "
-						     "its message %zu", msg->first + k, m);
-			sum += plan_xfer_bytes(p, x);
+			if (x->stage != m.stage || x->from != m.from || x->to != m.to ||
+			    !plan_box_contains(&x->box, &pt->box, nd))
+				rc = refit_err_set(err, REFIT_ERR_INTERNAL,
+						   "plan invalid: a message part does not match "
+						   "transfer %u", pt->xfer);
+			carried[pt->xfer] += plan_box_volume(&pt->box, nd);
+			sum += pt->bytes;
 		}
-		if (sum != msg->bytes)
-			return refit_err_set(err, REFIT_ERR_INTERNAL,
-					     "plan invalid: message %zu says %" PRIu64
-					     " bytes, its transfers carry %" PRIu64, m,
-					     msg->bytes, sum);
-		seen += msg->count;
+		if (rc == REFIT_OK && sum != m.bytes)
+			rc = refit_err_set(err, REFIT_ERR_INTERNAL,
+					   "plan invalid: a message says %" PRIu64 " bytes, its "
+					   "parts carry %" PRIu64, m.bytes, sum);
 	}
-	if (seen != p->nxfers)
-		return refit_err_set(err, REFIT_ERR_INTERNAL,
-				     "plan invalid: %zu transfers, %zu in messages",
-				     p->nxfers, seen);
-	return REFIT_OK;
+	for (size_t i = 0; i < p->nxfers && rc == REFIT_OK; i++)
+		if (carried[i] != plan_box_volume(&p->xfers[i].box,
+						  p->tensors[p->xfers[i].tensor].ndim))
+			rc = refit_err_set(err, REFIT_ERR_INTERNAL,
+					   "plan invalid: transfer %zu is not carried exactly "
+					   "once by its messages", i);
+	if (rc == REFIT_OK && n != p->nmsgs)
+		rc = refit_err_set(err, REFIT_ERR_INTERNAL,
+				   "plan invalid: it counts %zu messages, the rule makes %zu",
+				   p->nmsgs, n);
+	plan_msgs_fini(&it);
+	free(carried);
+	return rc;
 }
 
 static int

@@ -1,0 +1,70 @@
+#!/bin/sh
+# CLI tests for refit-plan: exit codes, error messages, output formats.
+# Usage: run.sh path/to/refit-plan.  Prints "cli: N passed, N failed".
+set -u
+BIN=$1
+EX=config/examples
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+passed=0
+failed=0
+
+# expect NAME EXIT SUBSTRING -- CMD...  (SUBSTRING searched in stdout+stderr)
+expect() {
+	name=$1 want=$2 sub=$3
+	shift 4
+	"$@" >"$TMP/out" 2>&1
+	got=$?
+	if [ "$got" -ne "$want" ]; then
+		echo "FAIL $name: exit $got, expected $want"; sed 's/^/    /' "$TMP/out" | head -5
+		failed=$((failed + 1)); return
+	fi
+	if [ -n "$sub" ] && ! grep -qF -- "$sub" "$TMP/out"; then
+		echo "FAIL $name: output lacks \"$sub\""; sed 's/^/    /' "$TMP/out" | head -5
+		failed=$((failed + 1)); return
+	fi
+	passed=$((passed + 1))
+}
+
+P="--src $EX/train-tp2pp2dp2.json --dst $EX/infer-tp4x2.json --topology $EX/topology-small.json"
+
+expect help 0 "refit planner" -- "$BIN" --help
+expect help-cmd 0 "--chunk-bytes" -- "$BIN" help plan
+expect boxes-help 0 "local_offset" -- "$BIN" boxes --help
+expect no-args 2 "usage:" -- "$BIN"
+expect unknown-cmd 2 "unknown command \"frobnicate\"" -- "$BIN" frobnicate
+expect boxes 0 '{"rank": 4, "offset": [64, 0, 0], "size": [64, 4096, 1536]}' -- "$BIN" boxes $EX/layout-dtensor.json
+expect boxes-strided 0 '{"rank": 1, "offset": [8, 0], "size": [4, 8]}' -- "$BIN" boxes $EX/layout-fsdp-tp.json
+expect boxes-list 0 '{"tensors": [' -- "$BIN" boxes $EX/train-tp2pp2dp2.json
+expect boxes-missing 2 "nope.json: No such file or directory" -- "$BIN" boxes "$TMP/nope.json"
+printf '{"name": "w", "dtype": "bf16", "shape": [4], "mesh": [0, 1], "placements": ["Shard(1)"]}' >"$TMP/bad.json"
+expect boxes-bad-dim 2 'bad.json: layout "w": placement 0 "Shard(1)" names dim 1 but the tensor has 1 dims' -- "$BIN" boxes "$TMP/bad.json"
+printf '{"name": "w", "dtype": "bf16",' >"$TMP/trunc.json"
+expect boxes-malformed 2 "malformed JSON near line 1" -- "$BIN" boxes "$TMP/trunc.json"
+expect plan 0 "validated: every needed element arrives exactly once" -- "$BIN" plan $P
+expect plan-json 0 '"transfers": [' -- "$BIN" plan $P --json
+expect plan-broadcast 0 "(broadcast)" -- "$BIN" plan $P --mode broadcast --staging-bytes 64K --chunk-bytes 16K
+expect plan-preset 0 "topology: 16 ranks, 2 nodes" -- "$BIN" plan $P --topology dgx-h100:16
+expect plan-bad-mode 2 '--mode "fast": expected reshard or broadcast' -- "$BIN" plan $P --mode fast
+expect plan-bad-size 2 '--chunk-bytes: "4Q" is not a size' -- "$BIN" plan $P --chunk-bytes 4Q
+expect plan-missing-arg 2 "--src, --dst and --topology are required" -- "$BIN" plan --src $EX/train-tp2pp2dp2.json
+expect plan-small-topo 2 'rank 8 is not in the topology (8 ranks)' -- "$BIN" plan $P --topology dgx-h100:8
+expect plan-bad-preset 2 'unknown preset' -- "$BIN" plan $P --topology dgx-a100:8
+expect plan-mismatch 2 'is in the destination but not in the source' -- "$BIN" plan --src $EX/layout-dtensor.json --dst $EX/infer-tp4x2.json --topology dgx-h100:16
+expect explain 0 "reshard speed-up" -- "$BIN" explain $P
+expect explain-json 0 '"broadcast": {"digest"' -- "$BIN" explain $P --json
+
+# the same inputs give the same digest, run after run
+"$BIN" plan $P --json | head -1 >"$TMP/d1"
+"$BIN" plan $P --json | head -1 >"$TMP/d2"
+expect digest-stable 0 "" -- cmp "$TMP/d1" "$TMP/d2"
+# JSON output is well-formed, where a Python is at hand to say so
+if [ -x /usr/bin/python3 ]; then
+	"$BIN" plan $P --json >"$TMP/plan.json"
+	expect json-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['transfers'] and len(d['digest']) == 64" "$TMP/plan.json"
+	"$BIN" boxes $EX/train-tp2pp2dp2.json >"$TMP/boxes.json"
+	expect boxes-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['tensors']) == 23" "$TMP/boxes.json"
+fi
+
+echo "cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

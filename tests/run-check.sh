@@ -1,0 +1,50 @@
+#!/bin/sh
+# What `make check` runs once everything is built: unit tests and CLI tests
+# with the normal build, the same under ASan + UBSan, then the fuzz
+# harnesses briefly.  Ends with one summary line "check: N passed, N failed".
+set -u
+BUILD=${1:-build}
+FUZZ_SECONDS=${FUZZ_SECONDS:-8}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-120}
+total_pass=0
+total_fail=0
+log=$BUILD/check.log
+: >"$log"
+
+add() { total_pass=$((total_pass + $1)); total_fail=$((total_fail + $2)); }
+
+# run a Check binary; count from its "Checks: N, Failures: F, Errors: E" line
+unit() {
+	echo "== $1"
+	"$2" 2>&1 | tee -a "$log" | grep -E "^[0-9]+%: Checks|:[EF]:" || true
+	line=$(grep -E "^[0-9]+%: Checks" "$log" | tail -1)
+	n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
+	f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+).*/\1/')
+	e=$(echo "$line" | sed -E 's/.*Errors: ([0-9]+).*/\1/')
+	if [ -z "$line" ]; then add 0 1; return; fi
+	add $((n - f - e)) $((f + e))
+}
+
+# run a script that ends with "...: N passed, N failed"
+script() {
+	echo "== $1"
+	shift
+	out=$("$@" 2>&1)
+	echo "$out" | tee -a "$log" | grep -E "FAIL|passed, [0-9]+ failed" || true
+	line=$(echo "$out" | grep -E "[0-9]+ passed, [0-9]+ failed" | tail -1)
+	if [ -z "$line" ]; then add 0 1; return; fi
+	p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/; s/^([0-9]+) passed.*/\1/')
+	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+	add "$p" "$f"
+}
+
+unit "unit tests" "$BUILD/tests/unit"
+script "CLI tests" sh tests/cli/run.sh "$BUILD/bin/refit-plan"
+unit "unit tests, ASan + UBSan" "$BUILD/asan/tests/unit"
+script "CLI tests, ASan + UBSan" sh tests/cli/run.sh "$BUILD/asan/bin/refit-plan"
+script "fuzz (${FUZZ_SECONDS}s per harness)" sh tests/fuzz/run.sh "$BUILD" "$FUZZ_SECONDS"
+
+echo "check: $total_pass passed, $total_fail failed"
+[ "$total_fail" -eq 0 ]
