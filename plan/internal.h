@@ -78,6 +78,17 @@ refit_status_t needs_walk(const srcidx_t *src, const plan_layout_t *dst,
  * outer dims first, appended to out (plan.c). */
 void plan_box_chunk(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max,
 		    boxvec_t *out);
+/* A 64-bit sort key and the index of what it sorts. */
+typedef struct xkey {
+	uint64_t key;
+	uint32_t idx;
+} xkey_t;
+
+/* Stable LSD radix sort of k[0..n) on the low `bits` bits of key. */
+void plan_radix_sort(xkey_t *k, size_t n, int bits);
+/* Bits needed to write n (0 for 0). */
+int plan_bits_for(uint64_t n);
+
 /* Lay out chunked, sorted transfers, messages and the digest (plan.c). */
 void plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw);
 /* Tensor table and options from the destination set (plan.c). */

@@ -203,11 +203,6 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 
 /* ---- sorting, digest ---------------------------------------------------- */
 
-/* Sort key of a transfer: (stage, from, to, tensor) packed into 64 bits. */
-typedef struct xkey {
-	uint64_t key;
-	uint32_t idx;
-} xkey_t;
 
 static int
 cmp_full(const void *a, const void *b, void *ctx)
@@ -235,9 +230,8 @@ cmp_box_idx(const void *a, const void *b, void *ctx)
 			    &v[((const xkey_t *)b)->idx].box, PLAN_MAX_DIMS);
 }
 
-/* LSD radix sort of k[0..n) on the low `bits` bits of key (stable). */
-static void
-radix_sort(xkey_t *k, size_t n, int bits)
+void
+plan_radix_sort(xkey_t *k, size_t n, int bits)
 {
 	xkey_t *tmp = xmalloc(n * sizeof(*tmp));
 	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
@@ -260,8 +254,8 @@ radix_sort(xkey_t *k, size_t n, int bits)
 	free(cnt);
 }
 
-static int
-bits_for(uint64_t n)
+int
+plan_bits_for(uint64_t n)
 {
 	int b = 0;
 
@@ -288,7 +282,8 @@ sort_xfers(const plan_xfer_t *raw, size_t n)
 		mt = (uint64_t)raw[i].to > mt ? (uint64_t)raw[i].to : mt;
 		mx = raw[i].tensor > mx ? raw[i].tensor : mx;
 	}
-	bs = bits_for(ms), bf = bits_for(mf), bt = bits_for(mt), bx = bits_for(mx);
+	bs = plan_bits_for(ms), bf = plan_bits_for(mf), bt = plan_bits_for(mt),
+	bx = plan_bits_for(mx);
 	if (bs + bf + bt + bx > 64) {
 		for (size_t i = 0; i < n; i++)
 			k[i] = (xkey_t){0, (uint32_t)i};
@@ -304,7 +299,7 @@ sort_xfers(const plan_xfer_t *raw, size_t n)
 			     (uint64_t)x->to) << bx) | x->tensor;
 		k[i].idx = (uint32_t)i;
 	}
-	radix_sort(k, n, bs + bf + bt + bx);
+	plan_radix_sort(k, n, bs + bf + bt + bx);
 	for (size_t i = 0; i < n;) {
 		size_t j = i + 1;
 

@@ -71,22 +71,6 @@ on_item(void *ctx, const needs_item_t *it)
 	VEC_PUSH(&rs->work, w);
 }
 
-/* Order of assignment: largest first, creation order on ties. */
-typedef struct wkey {
-	uint64_t bytes;
-	uint32_t seq;
-} wkey_t;
-
-static int
-cmp_wkey(const void *a, const void *b)
-{
-	const wkey_t *x = a, *y = b;
-
-	if (x->bytes != y->bytes)
-		return x->bytes < y->bytes ? 1 : -1;
-	return (x->seq > y->seq) - (x->seq < y->seq);
-}
-
 /* Least-loaded rank of ranks[0..n) by load[], lowest rank on ties. */
 static int32_t
 least(const int32_t *ranks, uint32_t n, const uint64_t *load)
@@ -227,13 +211,18 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	if (rc == REFIT_OK) {
-		wkey_t *k = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*k));
+		/* largest first, creation order on ties: a stable radix sort on
+		 * (max - bytes) */
+		xkey_t *k = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*k));
+		uint64_t max = 0;
 
 		for (size_t i = 0; i < rs.work.n; i++)
-			k[i] = (wkey_t){rs.work.v[i].bytes, (uint32_t)i};
-		xqsort(k, rs.work.n, sizeof(*k), cmp_wkey);
+			max = rs.work.v[i].bytes > max ? rs.work.v[i].bytes : max;
+		for (size_t i = 0; i < rs.work.n; i++)
+			k[i] = (xkey_t){max - rs.work.v[i].bytes, (uint32_t)i};
+		plan_radix_sort(k, rs.work.n, plan_bits_for(max));
 		for (size_t i = 0; i < rs.work.n; i++) {
-			const work_t *w = &rs.work.v[k[i].seq];
+			const work_t *w = &rs.work.v[k[i].idx];
 
 			if (w->local)
 				assign_local(&rs, w);
