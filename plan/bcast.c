@@ -116,19 +116,8 @@ box_minus(const plan_box_t *u, const plan_box_t *cut, size_t ncut, int ndim,
 
 	out->n = 0;
 	VEC_PUSH(out, *u);
-	for (size_t i = 0; i < ncut && out->n; i++) {
-		tmp.n = 0;
-		for (size_t j = 0; j < out->n; j++) {
-			plan_box_t sub[PLAN_BOX_SUB_MAX];
-			int ns = plan_box_subtract(&out->v[j], &cut[i], ndim, sub);
-
-			for (int k = 0; k < ns; k++)
-				VEC_PUSH(&tmp, sub[k]);
-		}
-		boxvec_t t = *out;
-		*out = tmp;
-		tmp = t;
-	}
+	for (size_t i = 0; i < ncut && out->n; i++)
+		plan_boxvec_subtract(out, &cut[i], ndim, &tmp);
 	VEC_FREE(&tmp);
 }
 

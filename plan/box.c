@@ -160,6 +160,25 @@ plan_box_subtract(const plan_box_t *a, const plan_box_t *b, int ndim,
 	return n;
 }
 
+void
+plan_boxvec_subtract(plan_boxvec_t *rem, const plan_box_t *cut, int ndim,
+		     plan_boxvec_t *tmp)
+{
+	plan_boxvec_t t;
+
+	tmp->n = 0;
+	for (size_t j = 0; j < rem->n; j++) {
+		plan_box_t sub[PLAN_BOX_SUB_MAX];
+		int ns = plan_box_subtract(&rem->v[j], cut, ndim, sub);
+
+		for (int k = 0; k < ns; k++)
+			VEC_PUSH(tmp, sub[k]);
+	}
+	t = *rem;
+	*rem = *tmp;
+	*tmp = t;
+}
+
 bool
 plan_box_equal(const plan_box_t *a, const plan_box_t *b, int ndim)
 {

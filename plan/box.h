@@ -57,6 +57,12 @@ bool plan_box_contains(const plan_box_t *outer, const plan_box_t *inner, int ndi
  */
 int plan_box_subtract(const plan_box_t *a, const plan_box_t *b, int ndim,
 		      plan_box_t *out);
+/*
+ * rem := rem - cut, piece by piece (the pieces stay disjoint when they
+ * were); tmp is scratch storage owned by the caller.
+ */
+void plan_boxvec_subtract(plan_boxvec_t *rem, const plan_box_t *cut, int ndim,
+			  plan_boxvec_t *tmp);
 bool plan_box_equal(const plan_box_t *a, const plan_box_t *b, int ndim);
 /* Total order: offsets lexicographically, then sizes. */
 int plan_box_cmp(const plan_box_t *a, const plan_box_t *b, int ndim);

@@ -12,7 +12,7 @@
 /* bound on the pieces the coverage check may track at once */
 #define COVER_MAX_PIECES (1 << 18)
 
-typedef VEC(plan_box_t) boxvec_t;
+typedef plan_boxvec_t boxvec_t;
 
 /* Boxes keep unused dims zeroed, so comparing all dims orders them by ndim. */
 static int
@@ -52,26 +52,6 @@ pairwise_disjoint(const boxvec_t *b, int ndim)
 	return true;
 }
 
-/* rem := rem - box, piecewise; false when the piece bound is exceeded. */
-static bool
-subtract_all(boxvec_t *rem, boxvec_t *tmp, const plan_box_t *box, int ndim)
-{
-	boxvec_t t;
-
-	tmp->n = 0;
-	for (size_t j = 0; j < rem->n; j++) {
-		plan_box_t pieces[PLAN_BOX_SUB_MAX];
-		int np = plan_box_subtract(&rem->v[j], box, ndim, pieces);
-
-		for (int k = 0; k < np; k++)
-			VEC_PUSH(tmp, pieces[k]);
-	}
-	t = *rem;
-	*rem = *tmp;
-	*tmp = t;
-	return rem->n <= COVER_MAX_PIECES;
-}
-
 refit_status_t
 plan_layout_check_coverage(const plan_layout_t *l, refit_err_t *err)
 {
@@ -91,7 +71,8 @@ plan_layout_check_coverage(const plan_layout_t *l, refit_err_t *err)
 	plan_box_full(&full, l->shape, l->ndim);
 	VEC_PUSH(&rem, full);
 	for (size_t i = 0; i < boxes.n && rem.n > 0; i++) {
-		if (!subtract_all(&rem, &tmp, &boxes.v[i], l->ndim)) {
+		plan_boxvec_subtract(&rem, &boxes.v[i], l->ndim, &tmp);
+		if (rem.n > COVER_MAX_PIECES) {
 			rc = refit_err_set(err, REFIT_ERR_LIMIT,
 					   "layout \"%s\": shards too fragmented to check "
 					   "coverage", l->name);

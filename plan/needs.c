@@ -226,24 +226,15 @@ srcidx_cover(const srcidx_t *ix, const plan_topo_t *topo, const plan_box_t *q,
 				continue;
 			if (prefer_domain < 0 && pass == 1)
 				continue;
-			next.n = 0;
 			for (size_t j = 0; j < rem.n; j++) {
-				plan_box_t in, sub[PLAN_BOX_SUB_MAX];
-				int ns;
+				plan_box_t in;
 
-				if (!plan_box_intersect(&rem.v[j], &g->box, ix->ndim, &in)) {
-					VEC_PUSH(&next, rem.v[j]);
-					continue;
+				if (plan_box_intersect(&rem.v[j], &g->box, ix->ndim, &in)) {
+					VEC_PUSH(pieces, in);
+					VEC_PUSH(groups, cand.v[i]);
 				}
-				VEC_PUSH(pieces, in);
-				VEC_PUSH(groups, cand.v[i]);
-				ns = plan_box_subtract(&rem.v[j], &g->box, ix->ndim, sub);
-				for (int k = 0; k < ns; k++)
-					VEC_PUSH(&next, sub[k]);
 			}
-			boxvec_t t = rem;
-			rem = next;
-			next = t;
+			plan_boxvec_subtract(&rem, &g->box, ix->ndim, &next);
 		}
 	}
 	VEC_FREE(&cand);
@@ -346,15 +337,7 @@ build_regions(const dentry_t *e, size_t n, int ndim, i32vec_t *arena,
 				ns = plan_box_subtract(&old.box, &r.box, ndim, sub);
 				for (int s = 0; s < ns; s++)
 					VEC_PUSH(out, ((region_t){sub[s], old.r0, old.nr}));
-				tmp.n = 0;
-				for (size_t f = 0; f < fresh.n; f++) {
-					ns = plan_box_subtract(&fresh.v[f], &in, ndim, sub);
-					for (int s = 0; s < ns; s++)
-						VEC_PUSH(&tmp, sub[s]);
-				}
-				boxvec_t t = fresh;
-				fresh = tmp;
-				tmp = t;
+				plan_boxvec_subtract(&fresh, &in, ndim, &tmp);
 			}
 			for (size_t f = 0; f < fresh.n; f++)
 				VEC_PUSH(out, ((region_t){fresh.v[f], r.r0, r.nr}));

@@ -66,20 +66,33 @@ plan_init_tensors(plan_t *p, const plan_layout_set_t *dst, const plan_opts_t *op
 	}
 }
 
+/*
+ * The outermost dim that must be cut for pieces of at most max bytes (-1
+ * when the box fits), and the bytes of one index step along it (*slab).
+ */
+static int
+chunk_dim(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max,
+	  uint64_t *slab)
+{
+	int d;
+
+	*slab = elem;
+	for (d = ndim - 1; d >= 0; d--) {
+		if (*slab * (uint64_t)box->size[d] > max)
+			break;
+		*slab *= (uint64_t)box->size[d];
+	}
+	return d;
+}
+
 void
 plan_box_chunk(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max,
 	       boxvec_t *out)
 {
 	int64_t count[PLAN_MAX_DIMS], idx[PLAN_MAX_DIMS] = {0};
-	uint64_t slab = elem;
-	int d;
+	uint64_t slab;
+	int d = chunk_dim(box, ndim, elem, max, &slab);
 
-	for (d = ndim - 1; d >= 0; d--) {
-		if (slab * (uint64_t)box->size[d] <= max)
-			slab *= (uint64_t)box->size[d];
-		else
-			break;
-	}
 	if (d < 0) {
 		VEC_PUSH(out, *box);
 		return;
@@ -114,15 +127,9 @@ plan_box_chunk(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max,
 uint64_t
 plan_box_chunk_count(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max)
 {
-	uint64_t slab = elem, count = 1;
-	int d;
+	uint64_t slab, count = 1;
+	int d = chunk_dim(box, ndim, elem, max, &slab);
 
-	for (d = ndim - 1; d >= 0; d--) {
-		if (slab * (uint64_t)box->size[d] <= max)
-			slab *= (uint64_t)box->size[d];
-		else
-			break;
-	}
 	if (d < 0)
 		return 1;
 	for (int i = 0; i < d; i++)

@@ -178,19 +178,8 @@ covers(const plan_box_t *b, const plan_box_t *boxes, size_t n, int ndim,
 		if (plan_box_contains(&boxes[i], b, ndim))
 			return true;
 	VEC_PUSH(&rem, *b);
-	for (size_t i = 0; i < n && rem.n; i++) {
-		tmp.n = 0;
-		for (size_t j = 0; j < rem.n; j++) {
-			plan_box_t sub[PLAN_BOX_SUB_MAX];
-			int ns = plan_box_subtract(&rem.v[j], &boxes[i], ndim, sub);
-
-			for (int k = 0; k < ns; k++)
-				VEC_PUSH(&tmp, sub[k]);
-		}
-		boxvec_t t = rem;
-		rem = tmp;
-		tmp = t;
-	}
+	for (size_t i = 0; i < n && rem.n; i++)
+		plan_boxvec_subtract(&rem, &boxes[i], ndim, &tmp);
 	ok = rem.n == 0;
 	if (!ok)
 		memcpy(missing, rem.v[0].off, sizeof(rem.v[0].off));
@@ -233,19 +222,8 @@ disjoint_needs(const rstate_t *r, int ndim, boxvec_t *out)
 		boxvec_t add = {0};
 
 		VEC_PUSH(&add, r->need.v[i]);
-		for (size_t k = 0; k < out->n && add.n; k++) {
-			tmp.n = 0;
-			for (size_t j = 0; j < add.n; j++) {
-				plan_box_t sub[PLAN_BOX_SUB_MAX];
-				int ns = plan_box_subtract(&add.v[j], &out->v[k], ndim, sub);
-
-				for (int q = 0; q < ns; q++)
-					VEC_PUSH(&tmp, sub[q]);
-			}
-			boxvec_t t = add;
-			add = tmp;
-			tmp = t;
-		}
+		for (size_t k = 0; k < out->n && add.n; k++)
+			plan_boxvec_subtract(&add, &out->v[k], ndim, &tmp);
 		for (size_t j = 0; j < add.n; j++)
 			VEC_PUSH(out, add.v[j]);
 		VEC_FREE(&add);
