@@ -2,10 +2,13 @@
  * test_common.c - status, errors, sha256, strbuf, parsing.
  */
 #include <stdio.h>
+#include <errno.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/log.h"
+#include "common/strmap.h"
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "common/strbuf.h"
@@ -127,6 +130,45 @@ START_TEST(vec_push)
 }
 END_TEST
 
+START_TEST(strmap_intern)
+{
+	strmap_t m;
+	char key[32];
+
+	strmap_init(&m);
+	ck_assert_int_eq(strmap_get(&m, "absent"), -1);
+	for (int i = 0; i < 5000; i++) {
+		snprintf(key, sizeof(key), "node%d", i);
+		strmap_put(&m, key, i);
+	}
+	for (int i = 0; i < 5000; i++) {
+		snprintf(key, sizeof(key), "node%d", i);
+		ck_assert_int_eq(strmap_get(&m, key), i);
+	}
+	strmap_put(&m, "node7", 70);
+	ck_assert_int_eq(strmap_get(&m, "node7"), 70);
+	ck_assert_uint_eq(m.n, 5000);
+	ck_assert_int_eq(strmap_get(&m, "node5000"), -1);
+	strmap_fini(&m);
+}
+END_TEST
+
+START_TEST(log_levels)
+{
+	ck_assert_int_eq(log_level_parse("debug"), LOG_LVL_DEBUG);
+	ck_assert_int_eq(log_level_parse("warn"), LOG_LVL_WARN);
+	ck_assert_int_eq(log_level_parse("verbose"), -1);
+	/* emitting at any level must not crash, with and without context */
+	log_init("test", LOG_LVL_DEBUG, LOG_SUB_ALL);
+	log_set_context(&(log_context_t){"node1", 3, 7, 42});
+	log_info("hello %d", 1);
+	log_debug(LOG_SUB_PLAN, "debug line");
+	errno = ENOENT;
+	log_warn("with errno");
+	ck_assert_int_eq(errno, ENOENT);
+}
+END_TEST
+
 Suite *
 suite_common(void)
 {
@@ -139,6 +181,8 @@ suite_common(void)
 	tcase_add_test(tc, strbuf_grows_and_escapes);
 	tcase_add_test(tc, parse_sizes);
 	tcase_add_test(tc, vec_push);
+	tcase_add_test(tc, strmap_intern);
+	tcase_add_test(tc, log_levels);
 	suite_add_tcase(s, tc);
 	return s;
 }
