@@ -89,7 +89,8 @@ void plan_radix_sort(xkey_t *k, size_t n, int bits);
 /* Bits needed to write n (0 for 0). */
 int plan_bits_for(uint64_t n);
 
-/* Lay out chunked, sorted transfers, messages and the digest (plan.c). */
+/* Sort the transfers into plan order, count messages, digest (plan.c).
+ * Takes ownership of raw (heap, from VEC or xmalloc). */
 void plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw);
 /* Tensor table and options from the destination set (plan.c). */
 void plan_init_tensors(plan_t *p, const plan_layout_set_t *dst,

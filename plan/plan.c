@@ -453,10 +453,27 @@ plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw)
 {
 	xkey_t *k = sort_xfers(raw, nraw);
 
-	p->xfers = xmalloc((nraw ? nraw : 1) * sizeof(*p->xfers));
-	for (size_t i = 0; i < nraw; i++)
-		p->xfers[i] = raw[k[i].idx];
+	/* apply the order in place, cycle by cycle: no second copy of what
+	 * may be millions of transfers */
+	for (size_t i = 0; i < nraw; i++) {
+		plan_xfer_t tmp;
+		size_t j = i;
+
+		if (k[i].idx == i)
+			continue;
+		tmp = raw[i];
+		while (k[j].idx != i) {
+			size_t next = k[j].idx;
+
+			raw[j] = raw[next];
+			k[j].idx = (uint32_t)j;
+			j = next;
+		}
+		raw[j] = tmp;
+		k[j].idx = (uint32_t)j;
+	}
 	free(k);
+	p->xfers = raw;
 	p->nxfers = nraw;
 	p->nstages = nraw ? p->xfers[nraw - 1].stage + 1 : 0;
 	if (p->stages_per_round == 0)
@@ -542,6 +559,8 @@ plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	plan_init_tensors(p, dst, opts);
 	p->stages_per_round = per_round;
 	plan_finalize(p, raw.v, raw.n);
+	raw.v = NULL; /* the plan owns it now */
+	raw.n = raw.cap = 0;
 out:
 	VEC_FREE(&raw);
 	free(map);

@@ -34,6 +34,15 @@ setup(vx_t *x, plan_mode_t mode)
 			 REFIT_OK);
 }
 
+static plan_xfer_t *
+copy_of(const plan_xfer_t *v, size_t n)
+{
+	plan_xfer_t *c = xmalloc((n ? n : 1) * sizeof(*c));
+
+	memcpy(c, v, n * sizeof(*c));
+	return c;
+}
+
 /* Replace x->p by a plan of the given transfers; return the validator's text. */
 static const char *
 revalidate(vx_t *x, plan_xfer_t *raw, size_t n)
@@ -45,7 +54,7 @@ revalidate(vx_t *x, plan_xfer_t *raw, size_t n)
 	memset(&q, 0, sizeof(q));
 	plan_init_tensors(&q, &x->d, &x->p.opts);
 	q.stages_per_round = x->p.stages_per_round;
-	plan_finalize(&q, raw, n);
+	plan_finalize(&q, copy_of(raw, n), n);
 	refit_err_clear(&e);
 	ck_assert_int_eq(plan_validate(&q, &x->s, &x->d, &chk, &e), REFIT_ERR_INTERNAL);
 	plan_fini(&q);
