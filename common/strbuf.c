@@ -106,12 +106,3 @@ strbuf_json_str(strbuf_t *sb, const char *s)
 	}
 	strbuf_add(sb, "\"", 1);
 }
-
-char *
-strbuf_detach(strbuf_t *sb)
-{
-	char *s = sb->s;
-
-	strbuf_init(sb);
-	return s;
-}

@@ -26,7 +26,5 @@ void strbuf_printf(strbuf_t *sb, const char *fmt, ...)
 void strbuf_i64_list(strbuf_t *sb, const int64_t *v, int n);
 /* Append s as a JSON string literal, quotes included. */
 void strbuf_json_str(strbuf_t *sb, const char *s);
-/* Take ownership of the buffer; sb is left empty but initialised. */
-char *strbuf_detach(strbuf_t *sb);
 
 #endif

@@ -541,23 +541,6 @@ plan_layout_fini(plan_layout_t *l)
 	memset(l, 0, sizeof(*l));
 }
 
-void
-plan_layout_copy(plan_layout_t *dst, const plan_layout_t *src)
-{
-	size_t n = 1;
-
-	*dst = *src;
-	dst->name = xstrdup(src->name);
-	if (src->mesh != NULL) {
-		for (int i = 0; i < src->mesh_ndim; i++)
-			n *= (size_t)src->mesh_shape[i];
-		dst->mesh = xmalloc(n * sizeof(*dst->mesh));
-		memcpy(dst->mesh, src->mesh, n * sizeof(*dst->mesh));
-	}
-	dst->shards = xmalloc((src->nshards ? src->nshards : 1) * sizeof(*dst->shards));
-	memcpy(dst->shards, src->shards, src->nshards * sizeof(*dst->shards));
-}
-
 int64_t
 plan_layout_numel(const plan_layout_t *l)
 {

@@ -98,8 +98,6 @@ refit_status_t plan_layout_init_explicit(plan_layout_t *l, const char *name,
 					 const plan_shard_t *shards,
 					 size_t nshards, refit_err_t *err);
 void plan_layout_fini(plan_layout_t *l);
-/* Deep copy. */
-void plan_layout_copy(plan_layout_t *dst, const plan_layout_t *src);
 
 int64_t plan_layout_numel(const plan_layout_t *l);
 uint64_t plan_layout_bytes(const plan_layout_t *l);
@@ -127,8 +125,6 @@ void plan_layout_set_add(plan_layout_set_t *s, plan_layout_t *l);
 /* Fail naming a tensor that appears twice. */
 refit_status_t plan_layout_set_check_unique(const plan_layout_set_t *s,
 					    refit_err_t *err);
-/* Index of the tensor called name, or -1.  Linear; see plan_match. */
-ssize_t plan_layout_set_find(const plan_layout_set_t *s, const char *name);
 
 /*
  * Pair every tensor of dst with the src tensor of the same name (map[i] =

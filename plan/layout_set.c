@@ -153,15 +153,6 @@ plan_layout_set_fini(plan_layout_set_t *s)
 	memset(s, 0, sizeof(*s));
 }
 
-ssize_t
-plan_layout_set_find(const plan_layout_set_t *s, const char *name)
-{
-	for (size_t i = 0; i < s->n; i++)
-		if (strcmp(s->v[i].name, name) == 0)
-			return (ssize_t)i;
-	return -1;
-}
-
 /* name-sorted index of a set, for O(log n) lookups */
 typedef struct name_idx {
 	const char *name;

@@ -300,6 +300,43 @@ START_TEST(scalars_and_empty)
 }
 END_TEST
 
+START_TEST(names_and_links)
+{
+	plan_mode_t m;
+	plan_topo_t t;
+	plan_layout_t l;
+	plan_placement_t p, q;
+	char buf[64];
+
+	ck_assert_int_eq(plan_mode_parse("broadcast", &m), REFIT_OK);
+	ck_assert_str_eq(plan_mode_name(m), "broadcast");
+	ck_assert_int_eq(plan_mode_parse("reshard", &m), REFIT_OK);
+	ck_assert_str_eq(plan_mode_name(m), "reshard");
+	ck_assert_int_eq(plan_mode_parse("gather", &m), REFIT_ERR_INVALID_ARG);
+	th_topo("dgx-h100:16", &t);
+	ck_assert_int_eq(plan_link_of(&t, 3, 3), PLAN_LINK_LOCAL);
+	ck_assert_int_eq(plan_link_of(&t, 3, 4), PLAN_LINK_NVLINK);
+	ck_assert_int_eq(plan_link_of(&t, 3, 12), PLAN_LINK_NETWORK);
+	ck_assert_str_eq(plan_link_name(PLAN_LINK_NETWORK), "network");
+	ck_assert_str_eq(plan_link_name(PLAN_LINK_COUNT), "?");
+	plan_topo_fini(&t);
+	th_layout(W("w", "[3,5]", "[0,1]", "[\"Shard(0)\"]"), &l);
+	ck_assert_int_eq(plan_layout_numel(&l), 15);
+	ck_assert_uint_eq(plan_layout_bytes(&l), 60);
+	plan_layout_fini(&l);
+	plan_layout_fini(NULL);
+	static const char *const pls[] = {"Replicate()", "Shard(-1)",
+					  "_StridedShard(dim=2, split_factor=3)"};
+	for (size_t i = 0; i < 3; i++) {
+		ck_assert_int_eq(plan_placement_parse(pls[i], &p, "p", NULL), REFIT_OK);
+		plan_placement_format(&p, buf, sizeof(buf));
+		ck_assert_str_eq(buf, pls[i]);
+		ck_assert_int_eq(plan_placement_parse(buf, &q, "p", NULL), REFIT_OK);
+		ck_assert(memcmp(&p, &q, sizeof(p)) == 0);
+	}
+}
+END_TEST
+
 Suite *
 suite_planner(void)
 {
@@ -317,6 +354,7 @@ suite_planner(void)
 	tcase_add_test(tc, deterministic_digest);
 	tcase_add_test(tc, build_errors);
 	tcase_add_test(tc, scalars_and_empty);
+	tcase_add_test(tc, names_and_links);
 	suite_add_tcase(s, tc);
 	return s;
 }
