@@ -25,6 +25,11 @@ Q := @
 endif
 
 PKGS        := libcjson
+RPC_PKGS    := grpc libprotobuf-c libuv
+RPC_CFLAGS  := $(shell pkg-config --cflags $(RPC_PKGS) 2>/dev/null)
+RPC_LIBS    := $(shell pkg-config --libs $(RPC_PKGS) 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c -luv)
+GEN         := $(BUILD)/gen
+PROTO_C     := $(GEN)/refit/v1/refit.pb-c.c
 PKG_CFLAGS  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lcjson)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
@@ -47,6 +52,7 @@ LDLIBS  := $(PKG_LIBS) -lm -lpthread
 SAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
 	     -fno-omit-frame-pointer
 
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 COMMON_SRC := $(wildcard common/*.c)
 PLAN_SRC   := $(wildcard plan/*.c)
 CODEC_SRC  := $(wildcard codec/*.c)
@@ -57,7 +63,10 @@ UNIT_SRC   := $(wildcard tests/unit/*.c)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))
 
 LIB      := $(BUILD)/lib/librefit-core.a
+RPCLIB   := $(BUILD)/lib/librefit-rpc.a
 BIN      := $(BUILD)/bin/refit-plan
+REFITD   := $(BUILD)/bin/refitd
+REFITCTL := $(BUILD)/bin/refitctl
 UNIT     := $(BUILD)/tests/unit
 BENCH    := $(BUILD)/bin/bench-plan
 ASAN     := $(BUILD)/asan
@@ -66,7 +75,7 @@ ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
 .PHONY: all check demo bench install deps clean fuzz config unit asan cli-test
-all: $(BIN) $(UNIT) $(BENCH)
+all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL)
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -74,6 +83,13 @@ deps:
 config:
 	@echo "cuda headers: $(if $(HAVE_CUDA_H),yes ($(CUDA_HOME)),no)"
 	@echo "nccl headers: $(if $(HAVE_NCCL_H),yes ($(CUDA_HOME)),no)"
+
+# ---- generated protobuf code (build/gen only) ----------------------------
+$(PROTO_C): proto/refit/v1/refit.proto
+	@mkdir -p $(GEN)
+	@$(if $(Q),echo "  PROTOC  $<")
+	$(Q)protoc-c --c_out=$(GEN) -Iproto $<
+$(PROTO_C:.c=.h): $(PROTO_C)
 
 # ---- normal build -------------------------------------------------------
 $(BUILD)/obj/%.o: %.c
@@ -85,6 +101,36 @@ $(LIB): $(call objs,$(BUILD),$(LIB_SRC))
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(BUILD)/obj/client/refitctl.o: client/refitctl.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(BUILD)/obj/gen/refit.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(filter-out $(WERROR),$(CFLAGS)) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(RPCLIB): $(call objs,$(BUILD),$(DAEMON_SRC)) $(BUILD)/obj/gen/refit.pb-c.o
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(REFITD): $(call objs,$(BUILD),daemon/main.c) $(RPCLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
+
+$(REFITCTL): $(BUILD)/obj/client/refitctl.o $(RPCLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
 $(BIN): $(call objs,$(BUILD),client/refit_plan.c) $(LIB)
 	@mkdir -p $(dir $@)
@@ -124,7 +170,28 @@ $(ASAN_UNIT): $(call objs,$(ASAN),$(UNIT_SRC)) $(ASAN_LIB)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
-asan: $(ASAN_BIN) $(ASAN_UNIT)
+$(ASAN)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC-SAN  $<")
+	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(ASAN)/obj/client/refitctl.o: client/refitctl.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(ASAN)/obj/gen/refit.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(filter-out $(WERROR),$(CFLAGS_COMMON)) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(ASAN)/bin/refitd: $(call objs,$(ASAN),daemon/main.c $(DAEMON_SRC)) $(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
+
+$(ASAN)/bin/refitctl: $(ASAN)/obj/client/refitctl.o $(call objs,$(ASAN),$(DAEMON_SRC)) $(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
+
+asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl
 
 # ---- tests --------------------------------------------------------------
 check: deps

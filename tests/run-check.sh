@@ -44,6 +44,10 @@ unit "unit tests" "$BUILD/tests/unit"
 script "CLI tests" sh tests/cli/run.sh "$BUILD/bin/refit-plan"
 unit "unit tests, ASan + UBSan" "$BUILD/asan/tests/unit"
 script "CLI tests, ASan + UBSan" sh tests/cli/run.sh "$BUILD/asan/bin/refit-plan"
+script "control plane (coordinator + Python gRPC + refitctl)" \
+	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD"
+script "control plane, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD/asan"
 script "fuzz (${FUZZ_SECONDS}s per harness)" sh tests/fuzz/run.sh "$BUILD" "$FUZZ_SECONDS"
 
 echo "check: $total_pass passed, $total_fail failed"

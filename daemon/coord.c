@@ -1,0 +1,707 @@
+/*
+ * coord.c - the coordinator: membership (leases, epochs) and the layout
+ * registry (validation, composition of inference instances, matching
+ * against the trainer), and the read-only operator methods.
+ *
+ * Epoch: bumped on every join, leave and lease expiry.  Models: one TRAIN
+ * instance (the source) and any number of INFER instances (replicas, whose
+ * layouts compose into one destination layout).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec/json.h"
+#include "common/alloc.h"
+#include "common/log.h"
+#include "daemon/coord.h"
+#include "daemon/proto_conv.h"
+
+typedef struct rank_info {
+	int32_t rank;
+	char *domain;
+} rank_info_t;
+
+typedef struct member {
+	uint64_t id, joined_epoch;
+	char *node_id, *host, *rpc_ep, *data_ep;
+	rank_info_t *ranks;
+	size_t nranks;
+	uint64_t last_beat_ms;
+} member_t;
+
+typedef struct instance {
+	char *name;
+	int role;              /* REFIT__V1__ROLE__TRAIN / __INFER */
+	uint64_t member_id;
+	plan_layout_set_t layouts;
+	char digest[SHA256_HEX_LEN];
+} instance_t;
+
+typedef struct model {
+	char *name;
+	VEC(instance_t) inst;
+	uint64_t latest_version, installed_version;
+} model_t;
+
+struct coord {
+	uv_loop_t *loop;
+	uv_timer_t lease_timer;
+	coord_opts_t o;
+	uint64_t epoch, next_member;
+	VEC(member_t) members;
+	VEC(model_t) models;
+};
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static void
+member_fini(member_t *m)
+{
+	free(m->node_id);
+	free(m->host);
+	free(m->rpc_ep);
+	free(m->data_ep);
+	for (size_t i = 0; i < m->nranks; i++)
+		free(m->ranks[i].domain);
+	free(m->ranks);
+}
+
+static void
+instance_fini(instance_t *in)
+{
+	free(in->name);
+	plan_layout_set_fini(&in->layouts);
+}
+
+static member_t *
+find_member(coord_t *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->members.n; i++)
+		if (c->members.v[i].id == id)
+			return &c->members.v[i];
+	return NULL;
+}
+
+static model_t *
+find_model(coord_t *c, const char *name)
+{
+	for (size_t i = 0; i < c->models.n; i++)
+		if (strcmp(c->models.v[i].name, name) == 0)
+			return &c->models.v[i];
+	return NULL;
+}
+
+static instance_t *
+find_instance(model_t *m, int role, const char *name)
+{
+	for (size_t i = 0; i < m->inst.n; i++)
+		if (m->inst.v[i].role == role && strcmp(m->inst.v[i].name, name) == 0)
+			return &m->inst.v[i];
+	return NULL;
+}
+
+static instance_t *
+train_instance(model_t *m)
+{
+	for (size_t i = 0; i < m->inst.n; i++)
+		if (m->inst.v[i].role == REFIT__V1__ROLE__TRAIN)
+			return &m->inst.v[i];
+	return NULL;
+}
+
+static const char *
+nz(const char *s)
+{
+	return s ? s : "";
+}
+
+static void
+bump_epoch(coord_t *c, const char *why)
+{
+	c->epoch++;
+	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
+}
+
+static void
+remove_member(coord_t *c, size_t i, const char *why)
+{
+	char what[256];
+
+	snprintf(what, sizeof(what), "%s: member %" PRIu64 " (%s)", why, c->members.v[i].id,
+		 c->members.v[i].node_id);
+	member_fini(&c->members.v[i]);
+	c->members.v[i] = c->members.v[--c->members.n];
+	bump_epoch(c, what);
+}
+
+static void
+on_lease_timer(uv_timer_t *t)
+{
+	coord_t *c = t->data;
+	uint64_t now = uv_now(c->loop);
+
+	for (size_t i = 0; i < c->members.n;) {
+		if (now - c->members.v[i].last_beat_ms > c->o.lease_ttl_ms)
+			remove_member(c, i, "lease expired");
+		else
+			i++;
+	}
+}
+
+/* ---- membership ----------------------------------------------------------- */
+
+static void
+h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__JoinRequest *rq = (const void *)msg;
+	Refit__V1__JoinResponse rsp = REFIT__V1__JOIN_RESPONSE__INIT;
+	member_t m;
+
+	if (rq->node_id == NULL || rq->node_id[0] == '\0')
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "Join: node_id is empty");
+	if (rq->n_ranks == 0)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "Join \"%s\": no ranks",
+				     rq->node_id);
+	for (size_t i = 0; i < rq->n_ranks; i++) {
+		int32_t r = rq->ranks[i]->rank;
+
+		if (r < 0 || r >= PLAN_MAX_RANK_ID)
+			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG,
+					     "Join \"%s\": rank %d is out of range", rq->node_id, r);
+		for (size_t k = 0; k < c->members.n; k++) {
+			member_t *o = &c->members.v[k];
+
+			if (strcmp(o->node_id, rq->node_id) == 0)
+				continue; /* a rejoin replaces it below */
+			for (size_t j = 0; j < o->nranks; j++)
+				if (o->ranks[j].rank == r)
+					return rpc_call_fail(call, REFIT_ERR_EXISTS,
+							     "Join \"%s\": rank %d already "
+							     "belongs to node \"%s\"",
+							     rq->node_id, r, o->node_id);
+		}
+		for (size_t j = 0; j < i; j++)
+			if (rq->ranks[j]->rank == r)
+				return rpc_call_fail(call, REFIT_ERR_INVALID_ARG,
+						     "Join \"%s\": rank %d listed twice",
+						     rq->node_id, r);
+	}
+	for (size_t k = 0; k < c->members.n; k++)
+		if (strcmp(c->members.v[k].node_id, rq->node_id) == 0) {
+			remove_member(c, k, "rejoin");
+			break;
+		}
+	memset(&m, 0, sizeof(m));
+	m.id = ++c->next_member;
+	m.node_id = xstrdup(rq->node_id);
+	m.host = xstrdup(nz(rq->host));
+	m.rpc_ep = xstrdup(nz(rq->rpc_endpoint));
+	m.data_ep = xstrdup(nz(rq->data_endpoint));
+	m.nranks = rq->n_ranks;
+	m.ranks = xcalloc(m.nranks, sizeof(*m.ranks));
+	for (size_t i = 0; i < m.nranks; i++) {
+		const char *d = rq->ranks[i]->domain;
+
+		m.ranks[i].rank = rq->ranks[i]->rank;
+		m.ranks[i].domain = xstrdup(d && d[0] ? d : rq->node_id);
+	}
+	m.last_beat_ms = uv_now(c->loop);
+	bump_epoch(c, "join");
+	m.joined_epoch = c->epoch;
+	VEC_PUSH(&c->members, m);
+	rsp.member_id = m.id;
+	rsp.lease_ttl_ms = c->o.lease_ttl_ms;
+	rsp.heartbeat_ms = c->o.heartbeat_ms;
+	rsp.epoch = c->epoch;
+	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+h_heartbeat(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__HeartbeatRequest *rq = (const void *)msg;
+	Refit__V1__HeartbeatResponse rsp = REFIT__V1__HEARTBEAT_RESPONSE__INIT;
+	member_t *m = find_member(c, rq->member_id);
+
+	if (m == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "Heartbeat: member %" PRIu64
+				     " is not a member (lease expired or never joined): "
+				     "join again", rq->member_id);
+	m->last_beat_ms = uv_now(c->loop);
+	rsp.epoch = c->epoch;
+	rsp.epoch_changed = rq->epoch != c->epoch;
+	rsp.lease_ttl_ms = c->o.lease_ttl_ms;
+	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+h_leave(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__LeaveRequest *rq = (const void *)msg;
+	Refit__V1__LeaveResponse rsp = REFIT__V1__LEAVE_RESPONSE__INIT;
+
+	for (size_t i = 0; i < c->members.n; i++) {
+		if (c->members.v[i].id == rq->member_id) {
+			remove_member(c, i, "leave");
+			rsp.epoch = c->epoch;
+			return rpc_call_reply(call, &rsp.base);
+		}
+	}
+	rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "Leave: member %" PRIu64 " is not a member",
+		      rq->member_id);
+}
+
+/* ---- layouts --------------------------------------------------------------- */
+
+/* Every rank of s must belong to some member. */
+static refit_status_t
+check_ranks_known(coord_t *c, const plan_layout_set_t *s, refit_err_t *err)
+{
+	for (size_t i = 0; i < s->n; i++)
+		for (size_t k = 0; k < s->v[i].nshards; k++) {
+			int32_t r = s->v[i].shards[k].rank;
+			bool found = false;
+
+			for (size_t m = 0; m < c->members.n && !found; m++)
+				for (size_t j = 0; j < c->members.v[m].nranks && !found; j++)
+					found = c->members.v[m].ranks[j].rank == r;
+			if (!found)
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+						     "layout \"%s\": rank %d belongs to no member "
+						     "node", s->v[i].name, r);
+		}
+	return REFIT_OK;
+}
+
+/* A new instance must describe the same tensors as the other side. */
+static refit_status_t
+check_against(model_t *m, int role, const plan_layout_set_t *s, refit_err_t *err)
+{
+	size_t *map = NULL;
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < m->inst.n && rc == REFIT_OK; i++) {
+		instance_t *o = &m->inst.v[i];
+
+		if (o->role == role)
+			continue;
+		rc = role == REFIT__V1__ROLE__TRAIN ? plan_match(s, &o->layouts, &map, err)
+						     : plan_match(&o->layouts, s, &map, err);
+		free(map);
+		map = NULL;
+		if (rc != REFIT_OK)
+			refit_err_prefix(err, "instance \"%s\"", o->name);
+	}
+	return rc;
+}
+
+static void
+h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__RegisterLayoutRequest *rq = (const void *)msg;
+	Refit__V1__RegisterLayoutResponse rsp = REFIT__V1__REGISTER_LAYOUT_RESPONSE__INIT;
+	const char *iname = nz(rq->instance);
+	plan_layout_set_t set;
+	refit_err_t err;
+	instance_t in, *old;
+	model_t *m;
+
+	refit_err_clear(&err);
+	if (find_member(c, rq->member_id) == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "RegisterLayout: member %"
+				     PRIu64 " is not a member: join first", rq->member_id);
+	if (rq->model == NULL || rq->model[0] == '\0')
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout: model is empty");
+	if (rq->role != REFIT__V1__ROLE__TRAIN && rq->role != REFIT__V1__ROLE__INFER)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": role "
+				     "must be TRAIN or INFER", rq->model);
+	if (conv_layouts_from_proto(rq->tensors, rq->n_tensors, &set, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "RegisterLayout \"%s\": %s", rq->model,
+				     err.msg);
+	for (size_t i = 0; i < set.n && err.status == REFIT_OK; i++)
+		if (rq->role == REFIT__V1__ROLE__TRAIN)
+			plan_layout_check_coverage(&set.v[i], &err);
+	if (err.status == REFIT_OK)
+		check_ranks_known(c, &set, &err);
+	m = find_model(c, rq->model);
+	if (err.status == REFIT_OK && m != NULL)
+		check_against(m, rq->role, &set, &err);
+	if (err.status != REFIT_OK) {
+		plan_layout_set_fini(&set);
+		return rpc_call_fail(call, err.status, "RegisterLayout \"%s\": %s", rq->model,
+				     err.msg);
+	}
+	if (m == NULL) {
+		model_t nm = {.name = xstrdup(rq->model)};
+
+		VEC_PUSH(&c->models, nm);
+		m = &c->models.v[c->models.n - 1];
+	}
+	/* a model has one trainer; an inference instance is replaced by name */
+	old = rq->role == REFIT__V1__ROLE__TRAIN ? train_instance(m)
+						: find_instance(m, (int)rq->role, iname);
+	if (old != NULL) {
+		instance_fini(old);
+		*old = m->inst.v[--m->inst.n];
+	}
+	memset(&in, 0, sizeof(in));
+	in.name = xstrdup(iname);
+	in.role = (int)rq->role;
+	in.member_id = rq->member_id;
+	in.layouts = set;
+	conv_layouts_digest(&set, in.digest);
+	VEC_PUSH(&m->inst, in);
+	log_info("coordinator: model \"%s\": %s instance \"%s\" registered (%zu tensors, %.12s)",
+		 m->name, rq->role == REFIT__V1__ROLE__TRAIN ? "train" : "infer", iname,
+		 set.n, in.digest);
+	rsp.layout_digest = m->inst.v[m->inst.n - 1].digest;
+	rsp.tensors = (uint32_t)set.n;
+	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__UnregisterLayoutRequest *rq = (const void *)msg;
+	Refit__V1__UnregisterLayoutResponse rsp = REFIT__V1__UNREGISTER_LAYOUT_RESPONSE__INIT;
+	model_t *m = find_model(c, nz(rq->model));
+	instance_t *in = m ? find_instance(m, (int)rq->role, nz(rq->instance)) : NULL;
+
+	if (in == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "UnregisterLayout: model \"%s\" "
+				     "has no such instance \"%s\"", nz(rq->model),
+				     nz(rq->instance));
+	instance_fini(in);
+	*in = m->inst.v[--m->inst.n];
+	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__WeightsReadyRequest *rq = (const void *)msg;
+	Refit__V1__WeightsReadyResponse rsp = REFIT__V1__WEIGHTS_READY_RESPONSE__INIT;
+	model_t *m = find_model(c, nz(rq->model));
+	instance_t *t = m ? train_instance(m) : NULL;
+
+	if (t == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "WeightsReady: model \"%s\" has "
+				     "no registered trainer", nz(rq->model));
+	if (rq->layout_digest && rq->layout_digest[0] &&
+	    strcmp(rq->layout_digest, t->digest) != 0)
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "WeightsReady \"%s\": layout "
+				     "digest %.12s is not the registered %.12s: register again",
+				     m->name, rq->layout_digest, t->digest);
+	if (rq->version <= m->latest_version)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "WeightsReady \"%s\": version "
+				     "%" PRIu64 " is not newer than %" PRIu64, m->name,
+				     rq->version, m->latest_version);
+	m->latest_version = rq->version;
+	rsp.latest_version = m->latest_version;
+	rpc_call_reply(call, &rsp.base);
+}
+
+/* ---- operator views -------------------------------------------------------- */
+
+static void
+h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	Refit__V1__ListMembersResponse rsp = REFIT__V1__LIST_MEMBERS_RESPONSE__INIT;
+	size_t n = c->members.n, nr = 0;
+	Refit__V1__Member *mv = xcalloc(n ? n : 1, sizeof(*mv));
+	Refit__V1__Member **mp = xcalloc(n ? n : 1, sizeof(*mp));
+	Refit__V1__RankInfo *rv, **rp;
+	uint64_t now = uv_now(c->loop);
+
+	(void)msg;
+	for (size_t i = 0; i < n; i++)
+		nr += c->members.v[i].nranks;
+	rv = xcalloc(nr ? nr : 1, sizeof(*rv));
+	rp = xcalloc(nr ? nr : 1, sizeof(*rp));
+	nr = 0;
+	for (size_t i = 0; i < n; i++) {
+		const member_t *m = &c->members.v[i];
+
+		refit__v1__member__init(&mv[i]);
+		mv[i].member_id = m->id;
+		mv[i].node_id = m->node_id;
+		mv[i].host = m->host;
+		mv[i].rpc_endpoint = m->rpc_ep;
+		mv[i].data_endpoint = m->data_ep;
+		mv[i].joined_epoch = m->joined_epoch;
+		mv[i].lease_age_ms = now - m->last_beat_ms;
+		mv[i].lease_ttl_ms = c->o.lease_ttl_ms;
+		mv[i].ranks = rp + nr;
+		mv[i].n_ranks = m->nranks;
+		for (size_t k = 0; k < m->nranks; k++, nr++) {
+			refit__v1__rank_info__init(&rv[nr]);
+			rv[nr].rank = m->ranks[k].rank;
+			rv[nr].domain = m->ranks[k].domain;
+			rp[nr] = &rv[nr];
+		}
+		mp[i] = &mv[i];
+	}
+	rsp.epoch = c->epoch;
+	rsp.members = mp;
+	rsp.n_members = n;
+	rpc_call_reply(call, &rsp.base);
+	free(mv);
+	free(mp);
+	free(rv);
+	free(rp);
+}
+
+/* Fill *out for model m; its arrays go to *iv and *ip, freed by the caller. */
+static void
+model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__Instance **iv,
+	  Refit__V1__Instance ***ip)
+{
+	*iv = xcalloc(m->inst.n ? m->inst.n : 1, sizeof(**iv));
+	*ip = xcalloc(m->inst.n ? m->inst.n : 1, sizeof(**ip));
+	refit__v1__model__init(out);
+	out->name = m->name;
+	out->latest_version = m->latest_version;
+	out->installed_version = m->installed_version;
+	for (size_t i = 0; i < m->inst.n; i++) {
+		const instance_t *in = &m->inst.v[i];
+
+		refit__v1__instance__init(&(*iv)[i]);
+		(*iv)[i].instance = in->name;
+		(*iv)[i].role = (Refit__V1__Role)in->role;
+		(*iv)[i].layout_digest = (char *)in->digest;
+		(*iv)[i].tensors = (uint32_t)in->layouts.n;
+		(*iv)[i].member_id = in->member_id;
+		(*ip)[i] = &(*iv)[i];
+		out->tensors = (uint32_t)in->layouts.n;
+	}
+	out->instances = *ip;
+	out->n_instances = m->inst.n;
+}
+
+static void
+h_list_models(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	Refit__V1__ListModelsResponse rsp = REFIT__V1__LIST_MODELS_RESPONSE__INIT;
+	size_t n = c->models.n;
+	Refit__V1__Model *mv = xcalloc(n ? n : 1, sizeof(*mv));
+	Refit__V1__Model **mp = xcalloc(n ? n : 1, sizeof(*mp));
+	Refit__V1__Instance **iv = xcalloc(n ? n : 1, sizeof(*iv));
+	Refit__V1__Instance ***ip = xcalloc(n ? n : 1, sizeof(*ip));
+
+	(void)msg;
+	for (size_t i = 0; i < n; i++) {
+		model_msg(&c->models.v[i], &mv[i], &iv[i], &ip[i]);
+		mp[i] = &mv[i];
+	}
+	rsp.models = mp;
+	rsp.n_models = n;
+	rpc_call_reply(call, &rsp.base);
+	for (size_t i = 0; i < n; i++) {
+		free(iv[i]);
+		free(ip[i]);
+	}
+	free(iv);
+	free(ip);
+	free(mv);
+	free(mp);
+}
+
+static void
+h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__GetModelRequest *rq = (const void *)msg;
+	model_t *m = find_model(c, nz(rq->model));
+	Refit__V1__Model out;
+	Refit__V1__Instance *iv, **ip;
+
+	if (m == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetModel: no model \"%s\"",
+				     nz(rq->model));
+	model_msg(m, &out, &iv, &ip);
+	rpc_call_reply(call, &out.base);
+	free(iv);
+	free(ip);
+}
+
+/* The topology of the current members. */
+static refit_status_t
+members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
+{
+	plan_topo_init(t);
+	for (size_t i = 0; i < c->members.n; i++)
+		for (size_t k = 0; k < c->members.v[i].nranks; k++)
+			CHECK(plan_topo_add_rank(t, c->members.v[i].ranks[k].rank,
+						 c->members.v[i].node_id,
+						 c->members.v[i].ranks[k].domain, err));
+	return REFIT_OK;
+}
+
+/*
+ * Inference instances are replicas: compose them into one destination
+ * layout, tensor by tensor, as explicit layouts holding every instance's
+ * shards.
+ */
+static refit_status_t
+compose_dst(const model_t *m, plan_layout_set_t *out, refit_err_t *err)
+{
+	const instance_t *first = NULL;
+
+	plan_layout_set_init(out);
+	for (size_t i = 0; i < m->inst.n && first == NULL; i++)
+		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER)
+			first = &m->inst.v[i];
+	if (first == NULL)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no inference "
+				     "instance", m->name);
+	for (size_t t = 0; t < first->layouts.n; t++) {
+		const plan_layout_t *l0 = &first->layouts.v[t];
+		VEC(plan_shard_t) sh = {0};
+		plan_layout_t l;
+		refit_status_t rc;
+
+		for (size_t i = 0; i < m->inst.n; i++) {
+			const instance_t *in = &m->inst.v[i];
+
+			if (in->role != REFIT__V1__ROLE__INFER)
+				continue;
+			for (size_t k = 0; k < in->layouts.v[t].nshards; k++)
+				VEC_PUSH(&sh, in->layouts.v[t].shards[k]);
+		}
+		rc = plan_layout_init_explicit(&l, l0->name, l0->dtype, l0->ndim, l0->shape,
+					       sh.v, sh.n, err);
+		VEC_FREE(&sh);
+		if (rc != REFIT_OK) {
+			plan_layout_set_fini(out);
+			return rc;
+		}
+		plan_layout_set_add(out, &l);
+	}
+	return REFIT_OK;
+}
+
+static void
+h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__ExplainPlanRequest *rq = (const void *)msg;
+	Refit__V1__ExplainPlanResponse rsp = REFIT__V1__EXPLAIN_PLAN_RESPONSE__INIT;
+	model_t *m = find_model(c, nz(rq->model));
+	instance_t *t = m ? train_instance(m) : NULL;
+	plan_layout_set_t dst;
+	plan_topo_t topo;
+	plan_opts_t o;
+	plan_t rp, bp;
+	plan_cost_t rc_, bc;
+	refit_err_t err;
+	strbuf_t sb;
+
+	refit_err_clear(&err);
+	if (t == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "ExplainPlan: model \"%s\" has "
+				     "no registered trainer", nz(rq->model));
+	if (compose_dst(m, &dst, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "ExplainPlan: %s", err.msg);
+	plan_opts_default(&o);
+	if (rq->chunk_bytes)
+		o.chunk_bytes = rq->chunk_bytes;
+	if (rq->staging_bytes)
+		o.staging_bytes = rq->staging_bytes;
+	memset(&rp, 0, sizeof(rp));
+	memset(&bp, 0, sizeof(bp));
+	if (members_topo(c, &topo, &err) == REFIT_OK &&
+	    plan_build(&t->layouts, &dst, &topo, &o, &rp, &err) == REFIT_OK &&
+	    plan_cost(&rp, &t->layouts, &dst, &topo, &rc_, &err) == REFIT_OK) {
+		o.mode = PLAN_MODE_BROADCAST;
+		if (plan_build(&t->layouts, &dst, &topo, &o, &bp, &err) == REFIT_OK)
+			plan_cost(&bp, &t->layouts, &dst, &topo, &bc, &err);
+	}
+	if (err.status == REFIT_OK) {
+		strbuf_init(&sb);
+		codec_explain_table(&rp, &rc_, &bp, &bc, &topo, &sb);
+		rsp.table = sb.s;
+		rsp.reshard_digest = rp.digest_hex;
+		rsp.reshard_seconds = rc_.time_s;
+		rsp.broadcast_seconds = bc.time_s;
+		rsp.lower_bound_seconds = rc_.lb_time_s;
+		rpc_call_reply(call, &rsp.base);
+		strbuf_fini(&sb);
+	} else {
+		rpc_call_fail(call, err.status, "ExplainPlan \"%s\": %s", m->name, err.msg);
+	}
+	plan_fini(&rp);
+	plan_fini(&bp);
+	plan_topo_fini(&topo);
+	plan_layout_set_fini(&dst);
+}
+
+/* ---- setup ------------------------------------------------------------------ */
+
+static const rpc_method_cfg_t methods[] = {
+	{"Join", h_join, false},
+	{"Heartbeat", h_heartbeat, false},
+	{"Leave", h_leave, false},
+	{"RegisterLayout", h_register, false},
+	{"UnregisterLayout", h_unregister, false},
+	{"WeightsReady", h_weights_ready, false},
+	{"ListMembers", h_list_members, true},
+	{"ListModels", h_list_models, true},
+	{"GetModel", h_get_model, true},
+	{"ExplainPlan", h_explain, true},
+};
+
+coord_t *
+coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t *err)
+{
+	coord_t *c = xcalloc(1, sizeof(*c));
+
+	c->loop = loop;
+	c->o = *o;
+	if (rpc_server_add_service(srv, &refit__v1__coordinator__descriptor, methods,
+				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK) {
+		free(c);
+		return NULL;
+	}
+	uv_timer_init(loop, &c->lease_timer);
+	c->lease_timer.data = c;
+	uv_timer_start(&c->lease_timer, on_lease_timer, o->lease_ttl_ms / 4 + 1,
+		       o->lease_ttl_ms / 4 + 1);
+	return c;
+}
+
+static void
+on_timer_closed(uv_handle_t *h)
+{
+	coord_t *c = h->data;
+
+	for (size_t i = 0; i < c->members.n; i++)
+		member_fini(&c->members.v[i]);
+	VEC_FREE(&c->members);
+	for (size_t i = 0; i < c->models.n; i++) {
+		for (size_t k = 0; k < c->models.v[i].inst.n; k++)
+			instance_fini(&c->models.v[i].inst.v[k]);
+		VEC_FREE(&c->models.v[i].inst);
+		free(c->models.v[i].name);
+	}
+	VEC_FREE(&c->models);
+	free(c);
+}
+
+void
+coord_close(coord_t *c)
+{
+	if (c == NULL)
+		return;
+	uv_timer_stop(&c->lease_timer);
+	uv_close((uv_handle_t *)&c->lease_timer, on_timer_closed);
+}

@@ -1,0 +1,26 @@
+/*
+ * coord.h - the coordinator role: membership with leases and epochs, and
+ * the layout registry.  All state is owned by the daemon's libuv loop
+ * thread; RPC handlers run there (see rpc.h).
+ */
+#ifndef REFIT_DAEMON_COORD_H
+#define REFIT_DAEMON_COORD_H
+
+#include <uv.h>
+
+#include "daemon/rpc.h"
+
+typedef struct coord_opts {
+	uint32_t lease_ttl_ms;  /* a member is removed this long after its last beat */
+	uint32_t heartbeat_ms;  /* what members are told to use */
+} coord_opts_t;
+
+typedef struct coord coord_t;
+
+/* Create on loop and register the Coordinator service on srv. */
+coord_t *coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o,
+		   refit_err_t *err);
+/* Stop timers and free (async: run the loop after). NULL is a no-op. */
+void coord_close(coord_t *c);
+
+#endif

@@ -1,0 +1,136 @@
+/*
+ * proto_conv.c - see proto_conv.h.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/strbuf.h"
+#include "daemon/proto_conv.h"
+
+static refit_status_t
+one_layout(const Refit__V1__TensorLayout *t, size_t idx, plan_layout_t *l,
+	   refit_err_t *err)
+{
+	plan_placement_t pl[PLAN_MAX_DIMS];
+	plan_dtype_t dt;
+	const char *name = t->name && t->name[0] ? t->name : NULL;
+	char what[192];
+
+	if (name == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "layout tensors[%zu]: \"name\" is empty", idx);
+	if (t->n_shape > PLAN_MAX_DIMS)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "layout \"%s\": shape has %zu dims (at most %d)", name,
+				     t->n_shape, PLAN_MAX_DIMS);
+	if (plan_dtype_parse(t->dtype ? t->dtype : "", &dt) != REFIT_OK)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "layout \"%s\": unknown dtype \"%s\"", name,
+				     t->dtype ? t->dtype : "");
+	if (t->n_mesh_shape > 0) {
+		size_t nr = 1;
+
+		if (t->n_mesh_shape > PLAN_MAX_DIMS)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+					     "layout \"%s\": mesh has %zu dims (at most %d)",
+					     name, t->n_mesh_shape, PLAN_MAX_DIMS);
+		for (size_t i = 0; i < t->n_mesh_shape; i++) {
+			if (t->mesh_shape[i] < 1 || t->mesh_shape[i] > PLAN_MAX_RANK_ID)
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+						     "layout \"%s\": mesh_shape[%zu] = %" PRId64
+						     " is out of range", name, i, t->mesh_shape[i]);
+			nr *= (size_t)t->mesh_shape[i];
+			if (nr > PLAN_MAX_RANK_ID)
+				break;
+		}
+		if (nr != t->n_mesh_ranks)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+					     "layout \"%s\": mesh_shape holds %zu ranks but "
+					     "mesh_ranks lists %zu", name, nr, t->n_mesh_ranks);
+		if (t->n_placements != t->n_mesh_shape)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+					     "layout \"%s\": %zu placements for a %zu-D mesh",
+					     name, t->n_placements, t->n_mesh_shape);
+		for (size_t i = 0; i < t->n_placements; i++) {
+			snprintf(what, sizeof(what), "layout \"%s\": placement %zu", name, i);
+			CHECK(plan_placement_parse(t->placements[i], &pl[i], what, err));
+		}
+		return plan_layout_init_dtensor(l, name, dt, (int)t->n_shape, t->shape,
+						(int)t->n_mesh_shape, t->mesh_shape,
+						t->mesh_ranks, pl, err);
+	}
+	plan_shard_t *sh = xcalloc(t->n_shards ? t->n_shards : 1, sizeof(*sh));
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < t->n_shards && rc == REFIT_OK; i++) {
+		const Refit__V1__Shard *s = t->shards[i];
+
+		if (s->box == NULL || s->box->n_offset != t->n_shape ||
+		    s->box->n_size != t->n_shape) {
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
+					   "layout \"%s\": shards[%zu]: the box needs %zu offsets "
+					   "and sizes", name, i, t->n_shape);
+			break;
+		}
+		sh[i].rank = s->rank;
+		memcpy(sh[i].box.off, s->box->offset, t->n_shape * sizeof(int64_t));
+		memcpy(sh[i].box.size, s->box->size, t->n_shape * sizeof(int64_t));
+	}
+	if (rc == REFIT_OK)
+		rc = plan_layout_init_explicit(l, name, dt, (int)t->n_shape, t->shape, sh,
+					       t->n_shards, err);
+	free(sh);
+	return rc;
+}
+
+refit_status_t
+conv_layouts_from_proto(Refit__V1__TensorLayout *const *t, size_t n,
+			plan_layout_set_t *out, refit_err_t *err)
+{
+	plan_layout_set_t tmp;
+	refit_status_t rc = REFIT_OK;
+
+	plan_layout_set_init(&tmp);
+	if (n == 0)
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout: no tensors");
+	for (size_t i = 0; i < n && rc == REFIT_OK; i++) {
+		plan_layout_t l;
+
+		rc = one_layout(t[i], i, &l, err);
+		if (rc == REFIT_OK)
+			plan_layout_set_add(&tmp, &l);
+	}
+	if (rc == REFIT_OK)
+		rc = plan_layout_set_check_unique(&tmp, err);
+	if (rc != REFIT_OK) {
+		plan_layout_set_fini(&tmp);
+		return rc;
+	}
+	*out = tmp;
+	return REFIT_OK;
+}
+
+void
+conv_layouts_digest(const plan_layout_set_t *s, char hex[SHA256_HEX_LEN])
+{
+	strbuf_t sb;
+
+	strbuf_init(&sb);
+	for (size_t i = 0; i < s->n; i++) {
+		const plan_layout_t *l = &s->v[i];
+
+		strbuf_json_str(&sb, l->name);
+		strbuf_printf(&sb, " %s ", plan_dtype_name(l->dtype));
+		strbuf_i64_list(&sb, l->shape, l->ndim);
+		strbuf_puts(&sb, "\n");
+		for (size_t k = 0; k < l->nshards; k++) {
+			strbuf_printf(&sb, "%d ", l->shards[k].rank);
+			strbuf_i64_list(&sb, l->shards[k].box.off, l->ndim);
+			strbuf_i64_list(&sb, l->shards[k].box.size, l->ndim);
+			strbuf_puts(&sb, "\n");
+		}
+	}
+	sha256_hex(sb.s, sb.len, hex);
+	strbuf_fini(&sb);
+}

@@ -1,0 +1,23 @@
+/*
+ * proto_conv.h - protobuf messages <-> plan/ structs, at the RPC edge.
+ *
+ * Requests are validated here with the planner's own checks, so an RPC
+ * carrying a bad layout is answered with the same precise message a layout
+ * file would get.  Nothing protobuf passes this file.
+ */
+#ifndef REFIT_DAEMON_PROTO_CONV_H
+#define REFIT_DAEMON_PROTO_CONV_H
+
+#include "plan/plan.h"
+#include "refit/v1/refit.pb-c.h"
+
+/* Convert and validate tensors into *out (initialised by the caller). */
+refit_status_t conv_layouts_from_proto(Refit__V1__TensorLayout *const *t, size_t n,
+				       plan_layout_set_t *out, refit_err_t *err);
+/*
+ * SHA-256 over the canonical form of a layout set (tensor name, dtype,
+ * shape, then every shard's rank and box, in order), as hex.
+ */
+void conv_layouts_digest(const plan_layout_set_t *s, char hex[SHA256_HEX_LEN]);
+
+#endif

@@ -1,0 +1,114 @@
+/*
+ * rpc.h - a small generic unary RPC layer over gRPC core and protobuf-c.
+ *
+ * There is no C code generator for gRPC services, so methods are found by
+ * protobuf-c's service descriptors: the path of method i of a service is
+ * "/" + desc->name + "/" + desc->methods[i].name ("/refit.v1.Coordinator/Join")
+ * and its messages are desc->methods[i].input / .output.  Adding a method is
+ * one table entry and one handler.
+ *
+ * Server threads: one completion-queue thread receives calls, decodes the
+ * request, checks the bearer token of operator methods, and hands the call
+ * to the daemon's libuv loop through a queue + uv_async_send.  Handlers run
+ * on the loop thread, own nothing of gRPC, and answer with rpc_call_reply or
+ * rpc_call_fail (at once or later, from the loop thread).  A call the
+ * client cancelled, or whose deadline passed, is noticed and reported by
+ * rpc_call_cancelled; answering it is harmless.
+ *
+ * Client: rpc_client_call is synchronous with a deadline; connection
+ * errors are explained (which address, which reason).
+ */
+#ifndef REFIT_DAEMON_RPC_H
+#define REFIT_DAEMON_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <protobuf-c/protobuf-c.h>
+#include <uv.h>
+
+#include "common/err.h"
+
+#define RPC_DEFAULT_MAX_MSG (64u << 20)
+
+typedef struct rpc_server rpc_server_t;
+typedef struct rpc_call rpc_call_t;
+
+/* Runs on the loop thread; req is owned by the call. */
+typedef void (*rpc_handler_fn)(void *ctx, rpc_call_t *call, const ProtobufCMessage *req);
+
+typedef struct rpc_method_cfg {
+	const char *name;      /* method name in the service descriptor */
+	rpc_handler_fn fn;
+	bool operator_only;    /* needs the bearer token when one is set */
+} rpc_method_cfg_t;
+
+typedef struct rpc_tls {
+	const char *cert_file;      /* PEM; NULL = plaintext */
+	const char *key_file;       /* PEM (server) */
+	const char *ca_file;        /* PEM: server: client CA (mutual TLS);
+				       client: roots to verify the server */
+	bool require_client_cert;   /* server: mutual TLS */
+} rpc_tls_t;
+
+typedef struct rpc_server_opts {
+	const char *listen;    /* "host:port" or "unix:/path" */
+	size_t max_msg_bytes;  /* 0 = RPC_DEFAULT_MAX_MSG */
+	rpc_tls_t tls;
+	const char *token;     /* bearer token for operator methods; NULL = none */
+} rpc_server_opts_t;
+
+/* Create a server whose handlers run on loop.  Thread: the loop's. */
+rpc_server_t *rpc_server_new(const rpc_server_opts_t *o, uv_loop_t *loop,
+			     refit_err_t *err);
+/* Register handlers for some methods of a service; ctx is passed back. */
+refit_status_t rpc_server_add_service(rpc_server_t *s,
+				      const ProtobufCServiceDescriptor *svc,
+				      const rpc_method_cfg_t *methods, size_t n,
+				      void *ctx, refit_err_t *err);
+/* Bind and start; *port gets the bound TCP port (0 for unix sockets). */
+refit_status_t rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err);
+/* Stop accepting, cancel calls, join the thread, free.  NULL is a no-op. */
+void rpc_server_free(rpc_server_t *s);
+
+/* Answer OK with resp (not freed here).  Loop thread. */
+void rpc_call_reply(rpc_call_t *c, const ProtobufCMessage *resp);
+/* Answer with an error; the status maps to a gRPC code (rpc_status.c). */
+void rpc_call_fail(rpc_call_t *c, refit_status_t st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+bool rpc_call_cancelled(const rpc_call_t *c);
+/* Milliseconds until the client's deadline (INT64_MAX when none). */
+int64_t rpc_call_ms_left(const rpc_call_t *c);
+/* "ipv4:127.0.0.1:5432" style; valid until the call is answered. */
+const char *rpc_call_peer(const rpc_call_t *c);
+
+/* ---- client ---------------------------------------------------------- */
+
+typedef struct rpc_client rpc_client_t;
+
+typedef struct rpc_client_opts {
+	size_t max_msg_bytes;  /* 0 = RPC_DEFAULT_MAX_MSG */
+	rpc_tls_t tls;         /* cert/key for mutual TLS, ca to verify */
+	const char *token;     /* sent as "authorization: Bearer <token>" */
+} rpc_client_opts_t;
+
+rpc_client_t *rpc_client_new(const char *target, const rpc_client_opts_t *o,
+			     refit_err_t *err);
+/*
+ * Call svc.method with req; on success *resp is a new message of the
+ * method's output type (free with protobuf_c_message_free_unpacked).  Never
+ * waits past timeout_ms.  Thread: any; one call at a time per thread.
+ */
+refit_status_t rpc_client_call(rpc_client_t *c, const ProtobufCServiceDescriptor *svc,
+			       const char *method, const ProtobufCMessage *req,
+			       ProtobufCMessage **resp, int64_t timeout_ms,
+			       refit_err_t *err);
+void rpc_client_free(rpc_client_t *c);
+const char *rpc_client_target(const rpc_client_t *c);
+
+/* ---- status mapping (rpc_status.c, the one place) ---------------------- */
+int rpc_status_to_grpc(refit_status_t st);
+refit_status_t rpc_status_from_grpc(int code);
+const char *rpc_grpc_code_name(int code);
+
+#endif

@@ -1,0 +1,20 @@
+/*
+ * rpc_internal.h - helpers shared by the RPC server and client.
+ */
+#ifndef REFIT_DAEMON_RPC_INTERNAL_H
+#define REFIT_DAEMON_RPC_INTERNAL_H
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+
+#include "daemon/rpc.h"
+
+grpc_arg rpc_arg_int(const char *key, int value);
+/* Server credentials from tls (insecure when no cert file). */
+refit_status_t rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out,
+				refit_err_t *err);
+/* Channel credentials from tls (insecure when no ca file). */
+refit_status_t rpc_channel_creds(const rpc_tls_t *tls, grpc_channel_credentials **out,
+				 refit_err_t *err);
+
+#endif

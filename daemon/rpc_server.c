@@ -1,0 +1,560 @@
+/*
+ * rpc_server.c - the unary gRPC server (see rpc.h for the threading).
+ *
+ * A call holds references: one for its RECV_CLOSE_ON_SERVER batch (started
+ * at once, so cancellation is noticed), one for the batch in flight (the
+ * request read, or the final send), and one while a handler owns it.  The
+ * completion-queue thread destroys a call when the last goes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "daemon/rpc.h"
+#include "daemon/rpc_internal.h"
+
+typedef enum tag_kind { TAG_NEW, TAG_RECV, TAG_CLOSE, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
+
+typedef struct tag {
+	rpc_call_t *call;
+	tag_kind_t kind;
+} tag_t;
+
+typedef struct method_ent {
+	char *path;
+	const ProtobufCMethodDescriptor *md;
+	rpc_handler_fn fn;
+	bool operator_only;
+	void *ctx;
+} method_ent_t;
+
+struct rpc_call {
+	rpc_server_t *srv;
+	grpc_call *gc;
+	grpc_call_details details;
+	grpc_metadata_array md;
+	grpc_byte_buffer *recv_buf, *send_buf;
+	grpc_slice status_details;
+	int close_cancelled;
+	atomic_int cancelled;
+	atomic_int refs;
+	tag_t t_new, t_recv, t_close, t_sent;
+	const method_ent_t *m;
+	ProtobufCMessage *req;
+	char *peer;
+	rpc_call_t *next;
+};
+
+struct rpc_server {
+	grpc_server *srv;
+	grpc_completion_queue *cq;
+	pthread_t th;
+	bool started;
+	uv_loop_t *loop;
+	uv_async_t async;
+	pthread_mutex_t mu;
+	rpc_call_t *qhead, *qtail;
+	bool stopping;              /* under mu */
+	VEC(method_ent_t) methods;
+	char *listen, *token;
+	size_t max_msg;
+	rpc_tls_t tls;
+	int lockfd;
+	tag_t t_shutdown;
+};
+
+/* ---- calls ---------------------------------------------------------------- */
+
+static void request_new(rpc_server_t *s);
+
+static void
+call_destroy(rpc_call_t *c)
+{
+	if (c->gc != NULL)
+		grpc_call_unref(c->gc);
+	grpc_call_details_destroy(&c->details);
+	grpc_metadata_array_destroy(&c->md);
+	if (c->recv_buf)
+		grpc_byte_buffer_destroy(c->recv_buf);
+	if (c->send_buf)
+		grpc_byte_buffer_destroy(c->send_buf);
+	grpc_slice_unref(c->status_details);
+	if (c->req)
+		protobuf_c_message_free_unpacked(c->req, NULL);
+	if (c->peer)
+		gpr_free(c->peer);
+	free(c);
+}
+
+static void
+call_unref(rpc_call_t *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) == 1)
+		call_destroy(c);
+}
+
+/* Start the final batch: status, and a message when resp is given. */
+static void
+send_final(rpc_call_t *c, int code, const char *msg, const ProtobufCMessage *resp)
+{
+	grpc_op ops[3];
+	size_t n = 0;
+
+	memset(ops, 0, sizeof(ops));
+	ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+	n++;
+	if (resp != NULL) {
+		size_t len = protobuf_c_message_get_packed_size(resp);
+		grpc_slice sl = grpc_slice_malloc(len);
+
+		protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(sl));
+		c->send_buf = grpc_raw_byte_buffer_create(&sl, 1);
+		grpc_slice_unref(sl);
+		ops[n].op = GRPC_OP_SEND_MESSAGE;
+		ops[n].data.send_message.send_message = c->send_buf;
+		n++;
+	}
+	grpc_slice_unref(c->status_details);
+	c->status_details = grpc_slice_from_copied_string(msg ? msg : "");
+	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[n].data.send_status_from_server.status = (grpc_status_code)code;
+	ops[n].data.send_status_from_server.status_details = &c->status_details;
+	n++;
+	atomic_fetch_add(&c->refs, 1);
+	if (grpc_call_start_batch(c->gc, ops, n, &c->t_sent, NULL) != GRPC_CALL_OK) {
+		log_warnx("rpc: cannot answer a call from %s", c->peer ? c->peer : "?");
+		call_unref(c);
+	}
+}
+
+static void
+fail_now(rpc_call_t *c, int code, const char *fmt, ...)
+{
+	char msg[REFIT_ERR_MSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	send_final(c, code, msg, NULL);
+}
+
+void
+rpc_call_reply(rpc_call_t *c, const ProtobufCMessage *resp)
+{
+	send_final(c, GRPC_STATUS_OK, NULL, resp);
+	call_unref(c); /* the handler's reference */
+}
+
+void
+rpc_call_fail(rpc_call_t *c, refit_status_t st, const char *fmt, ...)
+{
+	char msg[REFIT_ERR_MSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	send_final(c, rpc_status_to_grpc(st), msg, NULL);
+	call_unref(c);
+}
+
+bool
+rpc_call_cancelled(const rpc_call_t *c)
+{
+	return atomic_load(&c->cancelled) != 0;
+}
+
+int64_t
+rpc_call_ms_left(const rpc_call_t *c)
+{
+	gpr_timespec dl = gpr_convert_clock_type(c->details.deadline, GPR_CLOCK_MONOTONIC);
+	gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+
+	if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0)
+		return INT64_MAX;
+	return (int64_t)gpr_time_to_millis(gpr_time_sub(dl, now));
+}
+
+const char *
+rpc_call_peer(const rpc_call_t *c)
+{
+	return c->peer ? c->peer : "?";
+}
+
+/* ---- completion-queue thread --------------------------------------------- */
+
+static const method_ent_t *
+find_method(const rpc_server_t *s, grpc_slice path)
+{
+	for (size_t i = 0; i < s->methods.n; i++)
+		if (grpc_slice_str_cmp(path, s->methods.v[i].path) == 0)
+			return &s->methods.v[i];
+	return NULL;
+}
+
+static bool
+token_ok(const rpc_server_t *s, const rpc_call_t *c)
+{
+	char want[512];
+	int diff = 0;
+
+	if (s->token == NULL || !c->m->operator_only)
+		return true;
+	snprintf(want, sizeof(want), "Bearer %s", s->token);
+	for (size_t i = 0; i < c->md.count; i++) {
+		const grpc_metadata *m = &c->md.metadata[i];
+		size_t n = GRPC_SLICE_LENGTH(m->value);
+
+		if (grpc_slice_str_cmp(m->key, "authorization") != 0 || n != strlen(want))
+			continue;
+		for (size_t k = 0; k < n; k++) /* no early exit: constant time */
+			diff |= GRPC_SLICE_START_PTR(m->value)[k] ^ (uint8_t)want[k];
+		return diff == 0;
+	}
+	return false;
+}
+
+static void
+on_new(rpc_server_t *s, rpc_call_t *c)
+{
+	grpc_op op;
+
+	request_new(s); /* keep one request outstanding */
+	c->peer = grpc_call_get_peer(c->gc);
+	atomic_store(&c->refs, 2); /* close batch + recv batch */
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+	if (grpc_call_start_batch(c->gc, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
+		call_unref(c);
+	memset(&op, 0, sizeof(op));
+	op.op = GRPC_OP_RECV_MESSAGE;
+	op.data.recv_message.recv_message = &c->recv_buf;
+	if (grpc_call_start_batch(c->gc, &op, 1, &c->t_recv, NULL) != GRPC_CALL_OK)
+		call_unref(c);
+}
+
+/* Decode and check a request; then hand it to the loop. */
+static void
+on_recv(rpc_server_t *s, rpc_call_t *c, bool ok)
+{
+	grpc_byte_buffer_reader rd;
+	grpc_slice all;
+	bool queued = false;
+
+	c->m = find_method(s, c->details.method);
+	if (!ok || c->recv_buf == NULL) {
+		if (c->m == NULL)
+			goto unknown;
+		fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: no request message",
+			 c->m->path);
+		goto out;
+	}
+	if (c->m == NULL)
+		goto unknown;
+	grpc_byte_buffer_reader_init(&rd, c->recv_buf);
+	all = grpc_byte_buffer_reader_readall(&rd);
+	grpc_byte_buffer_reader_destroy(&rd);
+	c->req = protobuf_c_message_unpack(c->m->md->input, NULL, GRPC_SLICE_LENGTH(all),
+					   GRPC_SLICE_START_PTR(all));
+	if (c->req == NULL) {
+		fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: malformed request: %zu bytes "
+			 "that do not decode as %s", c->m->path, GRPC_SLICE_LENGTH(all),
+			 c->m->md->input->name);
+		grpc_slice_unref(all);
+		goto out;
+	}
+	grpc_slice_unref(all);
+	if (!token_ok(s, c)) {
+		fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "%s needs the operator token "
+			 "(metadata \"authorization: Bearer <token>\")", c->m->path);
+		goto out;
+	}
+	pthread_mutex_lock(&s->mu);
+	if (!s->stopping) {
+		atomic_fetch_add(&c->refs, 1); /* the handler's */
+		c->next = NULL;
+		if (s->qtail)
+			s->qtail->next = c;
+		else
+			s->qhead = c;
+		s->qtail = c;
+		queued = true;
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (queued)
+		uv_async_send(&s->async);
+	else
+		fail_now(c, GRPC_STATUS_UNAVAILABLE, "server is shutting down");
+	goto out;
+unknown:
+	{
+		char *path = grpc_slice_to_c_string(c->details.method);
+
+		fail_now(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", path);
+		gpr_free(path);
+	}
+out:
+	call_unref(c); /* the recv batch's */
+}
+
+static void *
+cq_thread(void *arg)
+{
+	rpc_server_t *s = arg;
+
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(s->cq,
+							   gpr_inf_future(GPR_CLOCK_REALTIME),
+							   NULL);
+		tag_t *t;
+
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (ev.type != GRPC_OP_COMPLETE)
+			continue;
+		t = ev.tag;
+		switch (t->kind) {
+		case TAG_SHUTDOWN:
+			grpc_completion_queue_shutdown(s->cq);
+			break;
+		case TAG_NEW:
+			if (ev.success)
+				on_new(s, t->call);
+			else
+				call_destroy(t->call); /* the server stopped */
+			break;
+		case TAG_RECV:
+			on_recv(s, t->call, ev.success);
+			break;
+		case TAG_CLOSE:
+			atomic_store(&t->call->cancelled, t->call->close_cancelled ? 1 : 0);
+			call_unref(t->call);
+			break;
+		case TAG_SENT:
+			call_unref(t->call);
+			break;
+		}
+	}
+	return NULL;
+}
+
+static void
+request_new(rpc_server_t *s)
+{
+	rpc_call_t *c = xcalloc(1, sizeof(*c));
+
+	c->srv = s;
+	grpc_call_details_init(&c->details);
+	grpc_metadata_array_init(&c->md);
+	c->status_details = grpc_empty_slice();
+	c->t_new = (tag_t){c, TAG_NEW};
+	c->t_recv = (tag_t){c, TAG_RECV};
+	c->t_close = (tag_t){c, TAG_CLOSE};
+	c->t_sent = (tag_t){c, TAG_SENT};
+	if (grpc_server_request_call(s->srv, &c->gc, &c->details, &c->md, s->cq, s->cq,
+				     &c->t_new) != GRPC_CALL_OK)
+		call_destroy(c);
+}
+
+/* ---- loop side ----------------------------------------------------------- */
+
+static void
+on_async(uv_async_t *a)
+{
+	rpc_server_t *s = a->data;
+
+	for (;;) {
+		rpc_call_t *c;
+
+		pthread_mutex_lock(&s->mu);
+		c = s->qhead;
+		if (c) {
+			s->qhead = c->next;
+			if (s->qhead == NULL)
+				s->qtail = NULL;
+		}
+		pthread_mutex_unlock(&s->mu);
+		if (c == NULL)
+			break;
+		if (rpc_call_cancelled(c)) {
+			rpc_call_fail(c, REFIT_ERR_ABORTED, "cancelled before it ran");
+			continue;
+		}
+		c->m->fn(c->m->ctx, c, c->req);
+	}
+}
+
+/* ---- setup and teardown -------------------------------------------------- */
+
+rpc_server_t *
+rpc_server_new(const rpc_server_opts_t *o, uv_loop_t *loop, refit_err_t *err)
+{
+	rpc_server_t *s;
+
+	if (o->listen == NULL || o->listen[0] == '\0') {
+		refit_err_set(err, REFIT_ERR_INVALID_ARG, "rpc: no listen address");
+		return NULL;
+	}
+	grpc_init();
+	s = xcalloc(1, sizeof(*s));
+	s->loop = loop;
+	s->listen = xstrdup(o->listen);
+	s->token = o->token && o->token[0] ? xstrdup(o->token) : NULL;
+	s->max_msg = o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
+	s->tls = o->tls;
+	s->lockfd = -1;
+	s->t_shutdown = (tag_t){NULL, TAG_SHUTDOWN};
+	pthread_mutex_init(&s->mu, NULL);
+	uv_async_init(loop, &s->async, on_async);
+	s->async.data = s;
+	return s;
+}
+
+refit_status_t
+rpc_server_add_service(rpc_server_t *s, const ProtobufCServiceDescriptor *svc,
+		       const rpc_method_cfg_t *methods, size_t n, void *ctx,
+		       refit_err_t *err)
+{
+	for (size_t i = 0; i < n; i++) {
+		const ProtobufCMethodDescriptor *md = NULL;
+		method_ent_t e;
+		size_t len;
+
+		for (unsigned k = 0; k < svc->n_methods; k++)
+			if (strcmp(svc->methods[k].name, methods[i].name) == 0)
+				md = &svc->methods[k];
+		if (md == NULL)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+					     "rpc: service %s has no method %s", svc->name,
+					     methods[i].name);
+		len = strlen(svc->name) + strlen(md->name) + 3;
+		e.path = xmalloc(len);
+		snprintf(e.path, len, "/%s/%s", svc->name, md->name);
+		e.md = md;
+		e.fn = methods[i].fn;
+		e.operator_only = methods[i].operator_only;
+		e.ctx = ctx;
+		VEC_PUSH(&s->methods, e);
+	}
+	return REFIT_OK;
+}
+
+/* Guard a unix socket path: gRPC unlinks an existing socket file, so a
+ * second daemon would steal the first one's path without this lock. */
+static refit_status_t
+lock_unix_path(rpc_server_t *s, refit_err_t *err)
+{
+	char lock[4096];
+
+	if (strncmp(s->listen, "unix:", 5) != 0)
+		return REFIT_OK;
+	snprintf(lock, sizeof(lock), "%s.lock", s->listen + 5);
+	s->lockfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (s->lockfd < 0)
+		return refit_err_set(err, REFIT_ERR_SYS, "rpc: %s: %s", lock, strerror(errno));
+	if (flock(s->lockfd, LOCK_EX | LOCK_NB) < 0)
+		return refit_err_set(err, errno == EWOULDBLOCK ? REFIT_ERR_EXISTS : REFIT_ERR_SYS,
+				     "rpc: %s is in use by another process (lock %s held)",
+				     s->listen + 5, lock);
+	return REFIT_OK;
+}
+
+refit_status_t
+rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
+{
+	grpc_arg args[3];
+	grpc_channel_args ca = {3, args};
+	grpc_server_credentials *creds;
+	int p;
+
+	CHECK(lock_unix_path(s, err));
+	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)s->max_msg);
+	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)s->max_msg);
+	args[2] = rpc_arg_int(GRPC_ARG_ALLOW_REUSEPORT, 0);
+	CHECK(rpc_server_creds(&s->tls, &creds, err));
+	s->srv = grpc_server_create(&ca, NULL);
+	s->cq = grpc_completion_queue_create_for_next(NULL);
+	grpc_server_register_completion_queue(s->srv, s->cq, NULL);
+	p = grpc_server_add_http2_port(s->srv, s->listen, creds);
+	grpc_server_credentials_release(creds);
+	if (p == 0)
+		return refit_err_set(err, REFIT_ERR_SYS, "rpc: cannot listen on %s (address "
+				     "in use, or not an address)", s->listen);
+	grpc_server_start(s->srv);
+	s->started = true;
+	request_new(s);
+	if (pthread_create(&s->th, NULL, cq_thread, s) != 0)
+		return refit_err_set(err, REFIT_ERR_SYS, "rpc: cannot start a thread");
+	if (port)
+		*port = strncmp(s->listen, "unix:", 5) == 0 ? 0 : p;
+	return REFIT_OK;
+}
+
+static void
+on_closed(uv_handle_t *h)
+{
+	rpc_server_t *s = h->data;
+
+	for (size_t i = 0; i < s->methods.n; i++)
+		free(s->methods.v[i].path);
+	VEC_FREE(&s->methods);
+	pthread_mutex_destroy(&s->mu);
+	free(s->listen);
+	free(s->token);
+	free(s);
+	grpc_shutdown();
+}
+
+void
+rpc_server_free(rpc_server_t *s)
+{
+	rpc_call_t *q;
+
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&s->mu);
+	s->stopping = true;
+	q = s->qhead;
+	s->qhead = s->qtail = NULL;
+	pthread_mutex_unlock(&s->mu);
+	while (q) {
+		rpc_call_t *next = q->next;
+
+		rpc_call_fail(q, REFIT_ERR_UNAVAILABLE, "server is shutting down");
+		q = next;
+	}
+	if (s->started) {
+		grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
+		grpc_server_cancel_all_calls(s->srv);
+		pthread_join(s->th, NULL);
+		grpc_server_destroy(s->srv);
+		grpc_completion_queue_destroy(s->cq);
+	} else if (s->srv) {
+		grpc_server_destroy(s->srv);
+		grpc_completion_queue_shutdown(s->cq);
+		while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+						  NULL).type != GRPC_QUEUE_SHUTDOWN)
+			;
+		grpc_completion_queue_destroy(s->cq);
+	}
+	if (s->lockfd >= 0)
+		close(s->lockfd);
+	uv_close((uv_handle_t *)&s->async, on_closed);
+}

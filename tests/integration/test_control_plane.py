@@ -1,0 +1,262 @@
+#!/usr/bin/python3
+"""Control-plane integration test: a real coordinator process on loopback,
+called from Debian's Python gRPC (stubs generated from proto/ at test time,
+which proves the coordinator speaks standard gRPC) and through refitctl.
+
+Usage: test_control_plane.py BUILD_DIR.  Prints "control-plane: N passed,
+N failed" last; exit status 1 when anything failed.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+TMP = tempfile.mkdtemp(prefix="refit-cp-")
+subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
+                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
+                "proto/refit/v1/refit.proto"], check=True)
+sys.path.insert(0, TMP)
+import grpc  # noqa: E402
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
+
+TOKEN = "s3cret-operator-token"
+passed = failed = 0
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def check(name, fn):
+    global passed, failed
+    try:
+        fn()
+        passed += 1
+    except Exception:  # noqa: BLE001 - report every failure and go on
+        failed += 1
+        print(f"FAIL {name}")
+        traceback.print_exc()
+
+
+def expect_error(fn, code, text):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        assert e.code() == code, f"{e.code()} != {code}: {e.details()}"
+        assert text in e.details(), f"{text!r} not in {e.details()!r}"
+        return e.details()
+    raise AssertionError(f"no error, expected {code}")
+
+
+def layout_to_proto(t):
+    """A layout JSON object (DTensor form) as a TensorLayout message."""
+    mesh, shape = t["mesh"], []
+    m = mesh
+    while isinstance(m, list):
+        shape.append(len(m))
+        m = m[0]
+    flat = []
+
+    def walk(x):
+        if isinstance(x, list):
+            for y in x:
+                walk(y)
+        else:
+            flat.append(x)
+    walk(mesh)
+    return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                           mesh_shape=shape, mesh_ranks=flat,
+                           placements=t["placements"])
+
+
+def infer_instance(t, ranks):
+    return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                           mesh_shape=[len(ranks)], mesh_ranks=ranks,
+                           placements=[t["placements"][1]])
+
+
+port = free_port()
+addr = f"127.0.0.1:{port}"
+tokfile = os.path.join(TMP, "token")
+with open(tokfile, "w") as f:
+    f.write(TOKEN + "\n")
+coord = subprocess.Popen([f"{BUILD}/bin/refitd", "--role", "coordinator",
+                          "--listen", addr, "--lease-ttl-ms", "1500",
+                          "--heartbeat-ms", "300", "--token-file", tokfile,
+                          "--max-msg-bytes", "1MiB"],
+                         stderr=subprocess.PIPE, text=True)
+chan = grpc.insecure_channel(addr)
+grpc.channel_ready_future(chan).result(timeout=10)
+stub = pbg.CoordinatorStub(chan)
+op = [("authorization", f"Bearer {TOKEN}")]
+train = json.load(open("config/examples/train-tp2pp2dp2.json"))["tensors"]
+infer = json.load(open("config/examples/infer-tp4x2.json"))["tensors"]
+ids = {}
+
+
+def join_nodes():
+    a = stub.Join(pb.JoinRequest(node_id="train0", host="127.0.0.1", ranks=[
+        pb.RankInfo(rank=r, domain="train0") for r in range(8)]), timeout=5)
+    b = stub.Join(pb.JoinRequest(node_id="infer0", host="127.0.0.1", ranks=[
+        pb.RankInfo(rank=r) for r in range(8, 16)]), timeout=5)
+    assert b.epoch == a.epoch + 1, (a.epoch, b.epoch)
+    assert a.lease_ttl_ms == 1500 and a.heartbeat_ms == 300
+    ids["train"], ids["infer"] = a.member_id, b.member_id
+    expect_error(lambda: stub.Join(pb.JoinRequest(node_id="thief", ranks=[
+        pb.RankInfo(rank=3)]), timeout=5), grpc.StatusCode.ALREADY_EXISTS,
+        'rank 3 already belongs to node "train0"')
+    expect_error(lambda: stub.Join(pb.JoinRequest(node_id=""), timeout=5),
+                 grpc.StatusCode.INVALID_ARGUMENT, "node_id is empty")
+
+
+def register():
+    r = stub.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=ids["train"], model="tiny", role=pb.TRAIN,
+        tensors=[layout_to_proto(t) for t in train]), timeout=5)
+    assert len(r.layout_digest) == 64 and r.tensors == 23
+    ids["digest"] = r.layout_digest
+    for name, ranks in (("i0", [8, 9, 10, 11]), ("i1", [12, 13, 14, 15])):
+        r = stub.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=ids["infer"], model="tiny", role=pb.INFER, instance=name,
+            tensors=[infer_instance(t, ranks) for t in infer]), timeout=5)
+        assert r.tensors == 23
+
+
+def bad_layouts():
+    bad = layout_to_proto(train[0])
+    bad.placements[1] = "Shard(7)"
+    expect_error(lambda: stub.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=ids["train"], model="other", role=pb.TRAIN, tensors=[bad]),
+        timeout=5), grpc.StatusCode.INVALID_ARGUMENT,
+        'placement 1 "Shard(7)" names dim 7 but the tensor has 2 dims')
+    wrong = [infer_instance(t, [8, 9, 10, 11]) for t in infer]
+    wrong[3].shape[0] += 1
+    expect_error(lambda: stub.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=ids["infer"], model="tiny", role=pb.INFER, instance="i2",
+        tensors=wrong), timeout=5), grpc.StatusCode.INVALID_ARGUMENT,
+        f'tensor "{infer[3]["name"]}": shape differs')
+    expect_error(lambda: stub.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=999, model="tiny", role=pb.INFER, tensors=wrong), timeout=5),
+        grpc.StatusCode.NOT_FOUND, "member 999 is not a member")
+    far = [infer_instance(t, [40, 41, 42, 43]) for t in infer]
+    expect_error(lambda: stub.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=ids["infer"], model="tiny", role=pb.INFER, instance="i3",
+        tensors=far), timeout=5), grpc.StatusCode.INVALID_ARGUMENT,
+        "rank 40 belongs to no member node")
+
+
+def operator_views():
+    expect_error(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5),
+                 grpc.StatusCode.UNAUTHENTICATED, "needs the operator token")
+    expect_error(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5,
+                                          metadata=[("authorization", "Bearer no")]),
+                 grpc.StatusCode.UNAUTHENTICATED, "operator token")
+    m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
+    assert len(m.members) == 2 and m.epoch >= 2
+    g = stub.GetModel(pb.GetModelRequest(model="tiny"), timeout=5, metadata=op)
+    assert sorted(i.instance for i in g.instances) == ["", "i0", "i1"], g
+    e = stub.ExplainPlan(pb.ExplainPlanRequest(model="tiny"), timeout=10, metadata=op)
+    assert "reshard speed-up" in e.table and len(e.reshard_digest) == 64
+    assert 0 < e.lower_bound_seconds <= e.reshard_seconds < e.broadcast_seconds
+
+
+def weights_ready():
+    r = stub.WeightsReady(pb.WeightsReadyRequest(
+        member_id=ids["train"], model="tiny", version=5,
+        layout_digest=ids["digest"]), timeout=5)
+    assert r.latest_version == 5
+    expect_error(lambda: stub.WeightsReady(pb.WeightsReadyRequest(
+        member_id=ids["train"], model="tiny", version=5), timeout=5),
+        grpc.StatusCode.INVALID_ARGUMENT, "version 5 is not newer than 5")
+    expect_error(lambda: stub.WeightsReady(pb.WeightsReadyRequest(
+        member_id=ids["train"], model="tiny", version=6, layout_digest="ab" * 32),
+        timeout=5), grpc.StatusCode.FAILED_PRECONDITION, "register again")
+
+
+def garbage_and_limits():
+    raw = chan.unary_unary("/refit.v1.Coordinator/Join",
+                           request_serializer=lambda b: b,
+                           response_deserializer=lambda b: b)
+    expect_error(lambda: raw(b"\xff\xff\xff\xff\x0f", timeout=5),
+                 grpc.StatusCode.INVALID_ARGUMENT, "malformed request")
+    nope = chan.unary_unary("/refit.v1.Coordinator/Frobnicate",
+                            request_serializer=lambda b: b,
+                            response_deserializer=lambda b: b)
+    expect_error(lambda: nope(b"", timeout=5), grpc.StatusCode.UNIMPLEMENTED,
+                 "unknown method /refit.v1.Coordinator/Frobnicate")
+    big = pb.JoinRequest(node_id="x" * (2 << 20), ranks=[pb.RankInfo(rank=99)])
+    expect_error(lambda: stub.Join(big, timeout=5),
+                 grpc.StatusCode.RESOURCE_EXHAUSTED, "")
+
+
+def refitctl():
+    ctl = [f"{BUILD}/bin/refitctl", "--coordinator", addr, "--token-file", tokfile]
+    out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
+    assert out.returncode == 0 and "train0" in out.stdout and "infer0" in out.stdout, out
+    out = subprocess.run(ctl + ["--json", "models"], capture_output=True, text=True)
+    assert out.returncode == 0, out
+    models = json.loads(out.stdout)["models"]
+    assert models[0]["name"] == "tiny" and models[0]["latest_version"] == 5, models
+    out = subprocess.run(ctl + ["plan", "tiny"], capture_output=True, text=True)
+    assert out.returncode == 0 and "gather-and-broadcast" in out.stdout, out
+    out = subprocess.run(ctl + ["model", "nope"], capture_output=True, text=True)
+    assert out.returncode == 1 and 'no model "nope"' in out.stderr, out
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", addr, "members"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "UNAUTHENTICATED" in out.stderr, out
+    out = subprocess.run(ctl[:1] + ["--coordinator", f"127.0.0.1:{free_port()}",
+                                    "--timeout-ms", "2000", "members"],
+                         capture_output=True, text=True)
+    assert out.returncode == 3 and "Connection refused" in out.stderr, out
+
+
+def lease_expiry():
+    before = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op).epoch
+    deadline = time.time() + 2.6
+    while time.time() < deadline:  # keep train0 alive, let infer0 lapse
+        hb = stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["train"], epoch=before),
+                            timeout=5)
+        time.sleep(0.3)
+    m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
+    assert [x.node_id for x in m.members] == ["train0"], m
+    assert m.epoch == before + 1 and hb.epoch_changed
+    expect_error(lambda: stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["infer"]),
+                                        timeout=5),
+                 grpc.StatusCode.NOT_FOUND, "join again")
+    r = stub.Leave(pb.LeaveRequest(member_id=ids["train"]), timeout=5)
+    assert r.epoch == before + 2
+
+
+def clean_stop():
+    coord.send_signal(signal.SIGTERM)
+    rc = coord.wait(timeout=10)
+    err = coord.stderr.read()
+    assert rc == 0, (rc, err)
+    assert "stopped" in err, err
+
+
+try:
+    for name, fn in [("join", join_nodes), ("register", register),
+                     ("bad layouts", bad_layouts), ("operator views", operator_views),
+                     ("weights ready", weights_ready),
+                     ("garbage and limits", garbage_and_limits),
+                     ("refitctl", refitctl), ("lease expiry", lease_expiry),
+                     ("clean stop", clean_stop)]:
+        check(name, fn)
+finally:
+    if coord.poll() is None:
+        coord.kill()
+        coord.wait()
+print(f"control-plane: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
