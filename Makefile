@@ -216,11 +216,19 @@ bench: deps
 	$(Q)$(MAKE) --no-print-directory $(BENCH)
 	$(Q)$(BENCH)
 
-install: $(BIN)
+SYSTEMD_DIR ?= /lib/systemd/system
+
+install: $(BIN) $(REFITD) $(REFITCTL)
 	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/refit-plan
-	install -d $(DESTDIR)$(PREFIX)/share/refit/examples
+	install -m 0755 $(BIN) $(REFITD) $(REFITCTL) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/refit/examples $(DESTDIR)$(PREFIX)/share/doc/refit
 	install -m 0644 config/examples/*.json $(DESTDIR)$(PREFIX)/share/refit/examples/
+	install -m 0644 config/coordinator.json config/node.json $(DESTDIR)$(PREFIX)/share/refit/
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/refit/
+	install -d $(DESTDIR)$(SYSTEMD_DIR)
+	sed 's|@PREFIX@|$(PREFIX)|g' systemd/refit-coordinator.service.in \
+		>$(DESTDIR)$(SYSTEMD_DIR)/refit-coordinator.service
+	chmod 0644 $(DESTDIR)$(SYSTEMD_DIR)/refit-coordinator.service
 
 clean:
 	rm -rf $(BUILD)

@@ -6,7 +6,6 @@
  * Runs one libuv loop that owns all state; SIGTERM/SIGINT stop it cleanly;
  * under systemd (NOTIFY_SOCKET set) it reports READY=1 and STOPPING=1.
  */
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +16,7 @@
 
 #include "codec/json.h"
 #include "common/log.h"
-#include "common/parse.h"
+#include "daemon/config.h"
 #include "daemon/coord.h"
 
 typedef struct daemon_state {
@@ -70,14 +69,12 @@ static void
 usage(FILE *f)
 {
 	fprintf(f,
-		"usage: refitd --role coordinator --listen ADDR [options]\n"
-		"  --listen ADDR        host:port or unix:/path (default 127.0.0.1:7070)\n"
-		"  --lease-ttl-ms N     member lease (default 10000)\n"
-		"  --heartbeat-ms N     heartbeat interval told to members (default 2000)\n"
-		"  --token-file F       bearer token required for operator methods\n"
-		"  --tls-cert F --tls-key F [--tls-client-ca F]   TLS (mutual with a CA)\n"
-		"  --max-msg-bytes N    largest RPC message (default 64MiB)\n"
-		"  --log-level L        error|warn|info|debug (default info)\n");
+		"usage: refitd [--config FILE] [--KEY VALUE ...]\n"
+		"       refitd --check-config FILE   validate FILE, print the effective config\n"
+		"Every config key is also a flag (--lease-ttl-ms 5000 sets lease_ttl_ms);\n"
+		"flags override the file.  Keys: role, listen, coordinator, tls_cert, tls_key,\n"
+		"tls_client_ca, tls_ca, token_file, lease_ttl_ms, heartbeat_ms, transport,\n"
+		"staging_bytes, max_msg_bytes, state_file, log_level.  See config/*.json.\n");
 }
 
 static char *
@@ -98,89 +95,108 @@ read_token(const char *path, refit_err_t *err)
 	return buf;
 }
 
+/*
+ * Options: --config FILE and --check-config FILE are read first; every
+ * other --key-name VALUE sets config key key_name, after the file.
+ */
+static int
+parse_args(int argc, char **argv, refitd_config_t *cfg, bool *check_only,
+	   refit_err_t *err)
+{
+	const char *file = NULL;
+
+	*check_only = false;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return 0;
+		}
+		if ((strcmp(argv[i], "--config") == 0 ||
+		     strcmp(argv[i], "--check-config") == 0) && i + 1 < argc) {
+			*check_only |= strcmp(argv[i], "--check-config") == 0;
+			file = argv[++i];
+		}
+	}
+	if (file && config_load(cfg, file, err) != REFIT_OK)
+		return 2;
+	for (int i = 1; i < argc; i++) {
+		char key[64];
+
+		if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "--check-config") == 0) {
+			i++;
+			continue;
+		}
+		if (strncmp(argv[i], "--", 2) != 0 || i + 1 >= argc ||
+		    strlen(argv[i]) - 2 >= sizeof(key)) {
+			refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: expected --key value "
+				      "(see --help)", argv[i]);
+			return 2;
+		}
+		snprintf(key, sizeof(key), "%s", argv[i] + 2);
+		for (char *p = key; *p; p++)
+			if (*p == '-')
+				*p = '_';
+		if (config_set(cfg, key, argv[++i], err) != REFIT_OK)
+			return 2;
+	}
+	if (config_check(cfg, err) != REFIT_OK)
+		return 2;
+	return -1;
+}
+
 int
 main(int argc, char **argv)
 {
-	static const struct option lo[] = {
-		{"role", required_argument, NULL, 'r'},
-		{"listen", required_argument, NULL, 'l'},
-		{"lease-ttl-ms", required_argument, NULL, 'L'},
-		{"heartbeat-ms", required_argument, NULL, 'H'},
-		{"token-file", required_argument, NULL, 't'},
-		{"tls-cert", required_argument, NULL, 'c'},
-		{"tls-key", required_argument, NULL, 'k'},
-		{"tls-client-ca", required_argument, NULL, 'a'},
-		{"max-msg-bytes", required_argument, NULL, 'm'},
-		{"log-level", required_argument, NULL, 'v'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
-	const char *role = NULL, *token_file = NULL;
-	rpc_server_opts_t so = {.listen = "127.0.0.1:7070"};
-	coord_opts_t co = {.lease_ttl_ms = 10000, .heartbeat_ms = 2000};
+	refitd_config_t cfg;
+	rpc_server_opts_t so;
+	coord_opts_t co;
 	daemon_state_t d;
 	refit_err_t err;
-	uint64_t v;
+	bool check_only;
 	char *token = NULL;
-	int c, lvl = LOG_LVL_INFO, port = 0;
+	int rc, port = 0;
 
 	refit_err_clear(&err);
-	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-		switch (c) {
-		case 'r': role = optarg; break;
-		case 'l': so.listen = optarg; break;
-		case 't': token_file = optarg; break;
-		case 'c': so.tls.cert_file = optarg; break;
-		case 'k': so.tls.key_file = optarg; break;
-		case 'a': so.tls.ca_file = optarg; so.tls.require_client_cert = true; break;
-		case 'L':
-			if (refit_parse_u64(optarg, 100, 3600000, &v, "--lease-ttl-ms", &err))
-				goto bad;
-			co.lease_ttl_ms = (uint32_t)v;
-			break;
-		case 'H':
-			if (refit_parse_u64(optarg, 10, 600000, &v, "--heartbeat-ms", &err))
-				goto bad;
-			co.heartbeat_ms = (uint32_t)v;
-			break;
-		case 'm':
-			if (refit_parse_size(optarg, &v, "--max-msg-bytes", &err) ||
-			    v < 4096 || v > (1u << 30)) {
-				refit_err_set(&err, REFIT_ERR_INVALID_ARG, "--max-msg-bytes: "
-					      "\"%s\" must be from 4KiB to 1GiB", optarg);
-				goto bad;
-			}
-			so.max_msg_bytes = (size_t)v;
-			break;
-		case 'v':
-			if ((lvl = log_level_parse(optarg)) < 0) {
-				refit_err_set(&err, REFIT_ERR_INVALID_ARG, "--log-level: \"%s\" is "
-					      "not error, warn, info or debug", optarg);
-				goto bad;
-			}
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
+	config_init(&cfg);
+	rc = parse_args(argc, argv, &cfg, &check_only, &err);
+	if (rc >= 0) {
+		if (rc)
+			fprintf(stderr, "refitd: %s\n", err.msg);
+		config_fini(&cfg);
+		return rc;
 	}
-	if (role == NULL || strcmp(role, "coordinator") != 0) {
-		fprintf(stderr, "refitd: --role %s: this build serves --role coordinator; "
-			"the node role arrives with the data plane\n", role ? role : "(missing)");
+	if (check_only) {
+		strbuf_t sb;
+
+		strbuf_init(&sb);
+		config_dump(&cfg, &sb);
+		fputs(sb.s, stdout);
+		strbuf_fini(&sb);
+		config_fini(&cfg);
+		return 0;
+	}
+	if (strcmp(cfg.role, "coordinator") != 0) {
+		fprintf(stderr, "refitd: role \"%s\": this build serves the coordinator role; "
+			"the node role arrives with the data plane\n", cfg.role);
+		config_fini(&cfg);
 		return 2;
 	}
-	if (co.heartbeat_ms >= co.lease_ttl_ms) {
-		refit_err_set(&err, REFIT_ERR_INVALID_ARG, "--heartbeat-ms %u must be shorter "
-			      "than --lease-ttl-ms %u", co.heartbeat_ms, co.lease_ttl_ms);
-		goto bad;
+	if (cfg.token_file && (token = read_token(cfg.token_file, &err)) == NULL) {
+		fprintf(stderr, "refitd: %s\n", err.msg);
+		config_fini(&cfg);
+		return 2;
 	}
-	if (token_file && (token = read_token(token_file, &err)) == NULL)
-		goto bad;
+	memset(&so, 0, sizeof(so));
+	so.listen = cfg.listen;
+	so.max_msg_bytes = (size_t)cfg.max_msg_bytes;
+	so.tls.cert_file = cfg.tls_cert;
+	so.tls.key_file = cfg.tls_key;
+	so.tls.ca_file = cfg.tls_client_ca;
+	so.tls.require_client_cert = cfg.tls_client_ca != NULL;
 	so.token = token;
-	log_init("refitd", (enum log_level)lvl, LOG_SUB_ALL);
+	co.lease_ttl_ms = (uint32_t)cfg.lease_ttl_ms;
+	co.heartbeat_ms = (uint32_t)cfg.heartbeat_ms;
+	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	signal(SIGPIPE, SIG_IGN);
 	memset(&d, 0, sizeof(d));
 	uv_loop_init(&d.loop);
@@ -193,6 +209,7 @@ main(int argc, char **argv)
 		uv_run(&d.loop, UV_RUN_DEFAULT);
 		uv_loop_close(&d.loop);
 		free(token);
+		config_fini(&cfg);
 		return 1;
 	}
 	uv_signal_init(&d.loop, &d.sigterm);
@@ -200,16 +217,13 @@ main(int argc, char **argv)
 	d.sigterm.data = d.sigint.data = &d;
 	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
-	log_info("refitd: coordinator listening on %s (port %d), lease %u ms", so.listen,
+	log_info("refitd: coordinator listening on %s (port %d), lease %u ms", cfg.listen,
 		 port, co.lease_ttl_ms);
 	sd_notify_msg("READY=1\nSTATUS=coordinator serving");
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	uv_loop_close(&d.loop);
 	free(token);
+	config_fini(&cfg);
 	log_info("refitd: stopped");
 	return 0;
-bad:
-	fprintf(stderr, "refitd: %s\n", err.msg);
-	free(token);
-	return 2;
 }

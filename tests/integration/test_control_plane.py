@@ -238,6 +238,61 @@ def lease_expiry():
     assert r.epoch == before + 2
 
 
+def config_files():
+    refitd = f"{BUILD}/bin/refitd"
+    out = subprocess.run([refitd, "--check-config", "config/coordinator.json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out
+    eff = json.loads(out.stdout)
+    assert eff["lease_ttl_ms"] == 10000 and eff["max_msg_bytes"] == 64 << 20, eff
+    out = subprocess.run([refitd, "--check-config", "config/node.json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and json.loads(out.stdout)["transport"] == "nccl", out
+    bad = os.path.join(TMP, "bad.json")
+    cases = [
+        ('{"role": "coordinator", "lease_ttl": 5}',
+         'unknown key "lease_ttl" (did you mean "lease_ttl_ms"?)'),
+        ('{"transport": "rdma"}', '"rdma" is not one of tcp|nccl'),
+        ('{"staging_bytes": "lots"}', '"lots" is not a size'),
+        ('{"heartbeat_ms": 5000, "lease_ttl_ms": 4000}',
+         "heartbeat_ms 5000 must be shorter than lease_ttl_ms 4000"),
+        ('{"tls_cert": "/x.pem"}', "tls_cert and tls_key go together"),
+        ('{"listen": ', "not a JSON object"),
+    ]
+    for text, msg in cases:
+        with open(bad, "w") as f:
+            f.write(text)
+        out = subprocess.run([refitd, "--check-config", bad], capture_output=True, text=True)
+        assert out.returncode == 2 and msg in out.stderr, (text, out)
+    out = subprocess.run([refitd, "--config", "config/coordinator.json",
+                          "--check-config", "config/coordinator.json", "--lease-ttl-ms", "7000"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and json.loads(out.stdout)["lease_ttl_ms"] == 7000, out
+    out = subprocess.run([refitd, "--role", "node"], capture_output=True, text=True)
+    assert out.returncode == 2 and "node role arrives" in out.stderr, out
+
+
+def unix_socket_lock():
+    sock = os.path.join(TMP, "coord.sock")
+    a = subprocess.Popen([f"{BUILD}/bin/refitd", "--role", "coordinator",
+                          "--listen", f"unix:{sock}"], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        b = subprocess.run([f"{BUILD}/bin/refitd", "--role", "coordinator",
+                            "--listen", f"unix:{sock}"], capture_output=True, text=True,
+                           timeout=10)
+        assert b.returncode == 1 and "in use by another process" in b.stderr, b
+        ctl = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", f"unix:{sock}",
+                              "members"], capture_output=True, text=True)
+        assert ctl.returncode == 0 and "0 members" in ctl.stdout, ctl
+    finally:
+        a.send_signal(signal.SIGTERM)
+        assert a.wait(timeout=10) == 0
+
+
 def clean_stop():
     coord.send_signal(signal.SIGTERM)
     rc = coord.wait(timeout=10)
@@ -252,6 +307,8 @@ try:
                      ("weights ready", weights_ready),
                      ("garbage and limits", garbage_and_limits),
                      ("refitctl", refitctl), ("lease expiry", lease_expiry),
+                     ("config files", config_files),
+                     ("unix socket lock", unix_socket_lock),
                      ("clean stop", clean_stop)]:
         check(name, fn)
 finally:

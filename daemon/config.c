@@ -1,0 +1,290 @@
+/*
+ * config.c - the configuration table (see config.h).
+ */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+
+#include "codec/json.h"
+#include "common/alloc.h"
+#include "common/parse.h"
+#include "daemon/config.h"
+
+typedef enum { K_STR, K_MS, K_SIZE, K_ENUM } ktype_t;
+
+typedef struct key {
+	const char *name;
+	ktype_t type;
+	size_t off;
+	const char *def;            /* default, as text; NULL = unset */
+	uint64_t lo, hi;            /* numbers */
+	const char *choices;        /* enums: "a|b|c" */
+	bool reloadable;
+	const char *help;
+} key_t_;
+
+#define F(field) offsetof(refitd_config_t, field)
+
+static const key_t_ keys[] = {
+	{"role", K_ENUM, F(role), "node", 0, 0, "coordinator|node", false,
+	 "which role this daemon plays"},
+	{"listen", K_STR, F(listen), "127.0.0.1:7070", 0, 0, NULL, false,
+	 "gRPC address: host:port or unix:/path"},
+	{"coordinator", K_STR, F(coordinator), "127.0.0.1:7070", 0, 0, NULL, false,
+	 "node role: the coordinator's address"},
+	{"tls_cert", K_STR, F(tls_cert), NULL, 0, 0, NULL, false, "PEM certificate"},
+	{"tls_key", K_STR, F(tls_key), NULL, 0, 0, NULL, false, "PEM private key"},
+	{"tls_client_ca", K_STR, F(tls_client_ca), NULL, 0, 0, NULL, false,
+	 "server: CA for client certificates (mutual TLS)"},
+	{"tls_ca", K_STR, F(tls_ca), NULL, 0, 0, NULL, false,
+	 "client: CA to verify the coordinator"},
+	{"token_file", K_STR, F(token_file), NULL, 0, 0, NULL, true,
+	 "bearer token required for operator methods"},
+	{"lease_ttl_ms", K_MS, F(lease_ttl_ms), "10000", 100, 3600000, NULL, true,
+	 "member lease"},
+	{"heartbeat_ms", K_MS, F(heartbeat_ms), "2000", 10, 600000, NULL, true,
+	 "heartbeat interval"},
+	{"transport", K_ENUM, F(transport), "tcp", 0, 0, "tcp|nccl", false,
+	 "data-plane backend"},
+	{"staging_bytes", K_SIZE, F(staging_bytes), "256MiB", 1 << 20, 1ull << 40, NULL,
+	 false, "staging memory per rank"},
+	{"max_msg_bytes", K_SIZE, F(max_msg_bytes), "64MiB", 4096, 1 << 30, NULL, false,
+	 "largest RPC message"},
+	{"state_file", K_STR, F(state_file), NULL, 0, 0, NULL, false,
+	 "coordinator state file"},
+	{"log_level", K_ENUM, F(log_level), "info", 0, 0, "error|warn|info|debug", true,
+	 "log level"},
+};
+
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+static char **
+str_at(refitd_config_t *c, const key_t_ *k)
+{
+	return (char **)((char *)c + k->off);
+}
+
+static uint64_t *
+num_at(refitd_config_t *c, const key_t_ *k)
+{
+	return (uint64_t *)((char *)c + k->off);
+}
+
+static const key_t_ *
+find_key(const char *name)
+{
+	for (size_t i = 0; i < NKEYS; i++)
+		if (strcmp(keys[i].name, name) == 0)
+			return &keys[i];
+	return NULL;
+}
+
+/* A known key sharing the longest prefix with name, for "did you mean". */
+static const char *
+suggest(const char *name)
+{
+	size_t best = 0;
+	const char *hit = NULL;
+
+	for (size_t i = 0; i < NKEYS; i++) {
+		size_t n = 0;
+
+		while (name[n] && name[n] == keys[i].name[n])
+			n++;
+		if (n > best) {
+			best = n;
+			hit = keys[i].name;
+		}
+	}
+	return best >= 3 ? hit : NULL;
+}
+
+static bool
+in_choices(const char *choices, const char *v)
+{
+	size_t n = strlen(v);
+
+	for (const char *p = choices; *p;) {
+		const char *e = strchr(p, '|');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+
+		if (len == n && strncmp(p, v, n) == 0)
+			return true;
+		p += len + (e != NULL);
+	}
+	return false;
+}
+
+static refit_status_t
+set_key(refitd_config_t *c, const key_t_ *k, const char *v, refit_err_t *err)
+{
+	uint64_t n = 0;
+
+	switch (k->type) {
+	case K_ENUM:
+		if (!in_choices(k->choices, v))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": "
+					     "\"%s\" is not one of %s", k->name, v, k->choices);
+		/* fall through */
+	case K_STR:
+		free(*str_at(c, k));
+		*str_at(c, k) = v[0] ? xstrdup(v) : NULL;
+		return REFIT_OK;
+	case K_MS:
+		CHECK(refit_parse_u64(v, k->lo, k->hi, &n, k->name, err));
+		break;
+	case K_SIZE:
+		CHECK(refit_parse_size(v, &n, k->name, err));
+		if (n < k->lo || n > k->hi)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": "
+					     "%" PRIu64 " bytes is outside %" PRIu64 " to %"
+					     PRIu64, k->name, n, k->lo, k->hi);
+		break;
+	}
+	*num_at(c, k) = n;
+	return REFIT_OK;
+}
+
+void
+config_init(refitd_config_t *c)
+{
+	memset(c, 0, sizeof(*c));
+	for (size_t i = 0; i < NKEYS; i++)
+		if (keys[i].def && set_key(c, &keys[i], keys[i].def, NULL) != REFIT_OK)
+			abort(); /* a bad default is a bug in this table */
+}
+
+void
+config_fini(refitd_config_t *c)
+{
+	for (size_t i = 0; i < NKEYS; i++)
+		if (keys[i].type == K_STR || keys[i].type == K_ENUM)
+			free(*str_at(c, &keys[i]));
+	memset(c, 0, sizeof(*c));
+}
+
+refit_status_t
+config_set(refitd_config_t *c, const char *name, const char *value, refit_err_t *err)
+{
+	const key_t_ *k = find_key(name);
+	const char *s;
+
+	if (k == NULL) {
+		s = suggest(name);
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: unknown key \"%s\"%s%s%s",
+				     name, s ? " (did you mean \"" : "", s ? s : "", s ? "\"?)" : "");
+	}
+	return set_key(c, k, value, err);
+}
+
+/* Copy *c so a failed parse leaves the original untouched. */
+static void
+config_copy(refitd_config_t *dst, const refitd_config_t *src)
+{
+	*dst = *src;
+	for (size_t i = 0; i < NKEYS; i++) {
+		if (keys[i].type != K_STR && keys[i].type != K_ENUM)
+			continue;
+		char **p = str_at(dst, &keys[i]);
+
+		*p = *p ? xstrdup(*p) : NULL;
+	}
+}
+
+refit_status_t
+config_parse(refitd_config_t *c, const char *text, size_t len, refit_err_t *err)
+{
+	cJSON *root = cJSON_ParseWithLength(text, len);
+	const cJSON *it;
+	refitd_config_t tmp;
+	refit_status_t rc = REFIT_OK;
+
+	if (root == NULL || !cJSON_IsObject(root)) {
+		cJSON_Delete(root);
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "config: not a JSON object (malformed JSON?)");
+	}
+	config_copy(&tmp, c);
+	cJSON_ArrayForEach(it, root) {
+		char num[64];
+		const char *v = NULL;
+
+		if (cJSON_IsString(it)) {
+			v = it->valuestring;
+		} else if (cJSON_IsNumber(it) && it->valuedouble >= 0 &&
+			   it->valuedouble < 1e18 && it->valuedouble == (double)(uint64_t)it->valuedouble) {
+			snprintf(num, sizeof(num), "%" PRIu64, (uint64_t)it->valuedouble);
+			v = num;
+		} else {
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": expected "
+					   "a string or a whole number", it->string);
+			break;
+		}
+		if ((rc = config_set(&tmp, it->string, v, err)) != REFIT_OK)
+			break;
+	}
+	cJSON_Delete(root);
+	if (rc != REFIT_OK) {
+		config_fini(&tmp);
+		return rc;
+	}
+	config_fini(c);
+	*c = tmp;
+	return REFIT_OK;
+}
+
+refit_status_t
+config_load(refitd_config_t *c, const char *path, refit_err_t *err)
+{
+	char *buf;
+	size_t len;
+	refit_status_t rc;
+
+	CHECK(codec_read_file(path, &buf, &len, err));
+	rc = config_parse(c, buf, len, err);
+	free(buf);
+	if (rc != REFIT_OK)
+		refit_err_prefix(err, "%s", path);
+	return rc;
+}
+
+refit_status_t
+config_check(const refitd_config_t *c, refit_err_t *err)
+{
+	if (c->heartbeat_ms >= c->lease_ttl_ms)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: heartbeat_ms %" PRIu64
+				     " must be shorter than lease_ttl_ms %" PRIu64,
+				     c->heartbeat_ms, c->lease_ttl_ms);
+	if ((c->tls_cert == NULL) != (c->tls_key == NULL))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: tls_cert and tls_key "
+				     "go together");
+	if (c->tls_client_ca && c->tls_cert == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: tls_client_ca needs "
+				     "tls_cert and tls_key (mutual TLS is TLS first)");
+	return REFIT_OK;
+}
+
+void
+config_dump(const refitd_config_t *c, strbuf_t *out)
+{
+	strbuf_puts(out, "{");
+	for (size_t i = 0; i < NKEYS; i++) {
+		const key_t_ *k = &keys[i];
+
+		strbuf_printf(out, "%s\n  \"%s\": ", i ? "," : "", k->name);
+		if (k->type == K_STR || k->type == K_ENUM) {
+			const char *v = *str_at((refitd_config_t *)c, k);
+
+			if (v)
+				strbuf_json_str(out, v);
+			else
+				strbuf_puts(out, "null");
+		} else {
+			strbuf_printf(out, "%" PRIu64, *num_at((refitd_config_t *)c, k));
+		}
+	}
+	strbuf_puts(out, "\n}\n");
+}

@@ -1,0 +1,45 @@
+/*
+ * config.h - refitd's configuration: one table of keys (type, default,
+ * bounds, reloadable) drives parsing, validation, defaults and the
+ * --check-config printout.  Files are JSON objects with flat keys; unknown
+ * keys and bad values are errors that name the key.
+ */
+#ifndef REFIT_DAEMON_CONFIG_H
+#define REFIT_DAEMON_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/strbuf.h"
+
+typedef struct refitd_config {
+	char *role;           /* "coordinator" | "node" */
+	char *listen;         /* host:port or unix:/path */
+	char *coordinator;    /* node role: the coordinator's address */
+	char *tls_cert, *tls_key, *tls_client_ca, *tls_ca;
+	char *token_file;
+	uint64_t lease_ttl_ms, heartbeat_ms;
+	char *transport;      /* "tcp" | "nccl" */
+	uint64_t staging_bytes;
+	uint64_t max_msg_bytes;
+	char *state_file;
+	char *log_level;      /* error | warn | info | debug */
+} refitd_config_t;
+
+/* All keys at their defaults. */
+void config_init(refitd_config_t *c);
+void config_fini(refitd_config_t *c);
+/* Apply a JSON document on top of *c; nothing changes on error. */
+refit_status_t config_parse(refitd_config_t *c, const char *text, size_t len,
+			    refit_err_t *err);
+refit_status_t config_load(refitd_config_t *c, const char *path, refit_err_t *err);
+/* Set one key from text (command-line flags use the same table). */
+refit_status_t config_set(refitd_config_t *c, const char *key, const char *value,
+			  refit_err_t *err);
+/* Cross-key checks (heartbeat < lease, TLS pairs, ...). */
+refit_status_t config_check(const refitd_config_t *c, refit_err_t *err);
+/* The effective configuration as JSON, every key. */
+void config_dump(const refitd_config_t *c, strbuf_t *out);
+
+#endif
