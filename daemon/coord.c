@@ -18,41 +18,7 @@
 #include "daemon/coord.h"
 #include "daemon/proto_conv.h"
 
-typedef struct rank_info {
-	int32_t rank;
-	char *domain;
-} rank_info_t;
-
-typedef struct member {
-	uint64_t id, joined_epoch;
-	char *node_id, *host, *rpc_ep, *data_ep;
-	rank_info_t *ranks;
-	size_t nranks;
-	uint64_t last_beat_ms;
-} member_t;
-
-typedef struct instance {
-	char *name;
-	int role;              /* REFIT__V1__ROLE__TRAIN / __INFER */
-	uint64_t member_id;
-	plan_layout_set_t layouts;
-	char digest[SHA256_HEX_LEN];
-} instance_t;
-
-typedef struct model {
-	char *name;
-	VEC(instance_t) inst;
-	uint64_t latest_version, installed_version;
-} model_t;
-
-struct coord {
-	uv_loop_t *loop;
-	uv_timer_t lease_timer;
-	coord_opts_t o;
-	uint64_t epoch, next_member;
-	VEC(member_t) members;
-	VEC(model_t) models;
-};
+#include "daemon/coord_internal.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -68,8 +34,8 @@ member_fini(member_t *m)
 	free(m->ranks);
 }
 
-static void
-instance_fini(instance_t *in)
+void
+coord_instance_fini(instance_t *in)
 {
 	free(in->name);
 	plan_layout_set_fini(&in->layouts);
@@ -115,6 +81,17 @@ static const char *
 nz(const char *s)
 {
 	return s ? s : "";
+}
+
+/* Persist after a change; a failed write is logged, the change stands. */
+static void
+save(coord_t *c)
+{
+	refit_err_t err;
+
+	refit_err_clear(&err);
+	if (coord_state_save(c, &err) != REFIT_OK)
+		log_warnx("coordinator: %s", err.msg);
 }
 
 static void
@@ -347,7 +324,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	old = rq->role == REFIT__V1__ROLE__TRAIN ? train_instance(m)
 						: find_instance(m, (int)rq->role, iname);
 	if (old != NULL) {
-		instance_fini(old);
+		coord_instance_fini(old);
 		*old = m->inst.v[--m->inst.n];
 	}
 	memset(&in, 0, sizeof(in));
@@ -360,6 +337,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	log_info("coordinator: model \"%s\": %s instance \"%s\" registered (%zu tensors, %.12s)",
 		 m->name, rq->role == REFIT__V1__ROLE__TRAIN ? "train" : "infer", iname,
 		 set.n, in.digest);
+	save(c);
 	rsp.layout_digest = m->inst.v[m->inst.n - 1].digest;
 	rsp.tensors = (uint32_t)set.n;
 	rpc_call_reply(call, &rsp.base);
@@ -378,8 +356,9 @@ h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "UnregisterLayout: model \"%s\" "
 				     "has no such instance \"%s\"", nz(rq->model),
 				     nz(rq->instance));
-	instance_fini(in);
+	coord_instance_fini(in);
 	*in = m->inst.v[--m->inst.n];
+	save(c);
 	rpc_call_reply(call, &rsp.base);
 }
 
@@ -405,6 +384,7 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     "%" PRIu64 " is not newer than %" PRIu64, m->name,
 				     rq->version, m->latest_version);
 	m->latest_version = rq->version;
+	save(c);
 	rsp.latest_version = m->latest_version;
 	rpc_call_reply(call, &rsp.base);
 }
@@ -660,6 +640,8 @@ static const rpc_method_cfg_t methods[] = {
 	{"ExplainPlan", h_explain, true},
 };
 
+static void on_timer_closed_free(coord_t *c);
+
 coord_t *
 coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t *err)
 {
@@ -667,9 +649,14 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 
 	c->loop = loop;
 	c->o = *o;
+	c->state_file = o->state_file ? xstrdup(o->state_file) : NULL;
+	if (coord_state_load(c, err) != REFIT_OK) {
+		on_timer_closed_free(c);
+		return NULL;
+	}
 	if (rpc_server_add_service(srv, &refit__v1__coordinator__descriptor, methods,
 				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK) {
-		free(c);
+		on_timer_closed_free(c);
 		return NULL;
 	}
 	uv_timer_init(loop, &c->lease_timer);
@@ -680,21 +667,26 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 }
 
 static void
-on_timer_closed(uv_handle_t *h)
+on_timer_closed_free(coord_t *c)
 {
-	coord_t *c = h->data;
-
 	for (size_t i = 0; i < c->members.n; i++)
 		member_fini(&c->members.v[i]);
 	VEC_FREE(&c->members);
 	for (size_t i = 0; i < c->models.n; i++) {
 		for (size_t k = 0; k < c->models.v[i].inst.n; k++)
-			instance_fini(&c->models.v[i].inst.v[k]);
+			coord_instance_fini(&c->models.v[i].inst.v[k]);
 		VEC_FREE(&c->models.v[i].inst);
 		free(c->models.v[i].name);
 	}
 	VEC_FREE(&c->models);
+	free(c->state_file);
 	free(c);
+}
+
+static void
+on_timer_closed(uv_handle_t *h)
+{
+	on_timer_closed_free(h->data);
 }
 
 void

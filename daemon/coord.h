@@ -13,6 +13,7 @@
 typedef struct coord_opts {
 	uint32_t lease_ttl_ms;  /* a member is removed this long after its last beat */
 	uint32_t heartbeat_ms;  /* what members are told to use */
+	const char *state_file; /* NULL: nothing survives a restart */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -196,6 +196,7 @@ main(int argc, char **argv)
 	so.token = token;
 	co.lease_ttl_ms = (uint32_t)cfg.lease_ttl_ms;
 	co.heartbeat_ms = (uint32_t)cfg.heartbeat_ms;
+	co.state_file = cfg.state_file;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	signal(SIGPIPE, SIG_IGN);
 	memset(&d, 0, sizeof(d));

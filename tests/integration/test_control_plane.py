@@ -293,6 +293,61 @@ def unix_socket_lock():
         assert a.wait(timeout=10) == 0
 
 
+def restart_keeps_registrations():
+    """SIGKILL a coordinator with a state file; the restarted one still has
+    every model, instance, digest and version, and higher epochs."""
+    state = os.path.join(TMP, "state", "coord.state")
+    os.makedirs(os.path.dirname(state), exist_ok=True)
+    p2 = free_port()
+    a2 = f"127.0.0.1:{p2}"
+    args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", a2,
+            "--state-file", state]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    try:
+        ch = grpc.insecure_channel(a2)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        j = st.Join(pb.JoinRequest(node_id="n0", ranks=[pb.RankInfo(rank=r)
+                                                        for r in range(16)]), timeout=5)
+        r = st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="m", role=pb.TRAIN,
+            tensors=[layout_to_proto(t) for t in train]), timeout=5)
+        st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="m", role=pb.INFER, instance="i0",
+            tensors=[infer_instance(t, [8, 9, 10, 11]) for t in infer]), timeout=5)
+        st.WeightsReady(pb.WeightsReadyRequest(member_id=j.member_id, model="m",
+                                               version=3), timeout=5)
+        before = st.GetModel(pb.GetModelRequest(model="m"), timeout=5)
+        ch.close()
+        proc.kill()  # no chance to flush anything
+        proc.wait()
+        proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        ch = grpc.insecure_channel(a2)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        after = st.GetModel(pb.GetModelRequest(model="m"), timeout=5)
+        assert after.latest_version == 3, after
+        assert sorted((i.instance, i.layout_digest) for i in before.instances) == \
+            sorted((i.instance, i.layout_digest) for i in after.instances)
+        assert any(i.layout_digest == r.layout_digest for i in after.instances)
+        expect_error(lambda: st.Heartbeat(pb.HeartbeatRequest(member_id=j.member_id),
+                                          timeout=5), grpc.StatusCode.NOT_FOUND,
+                     "join again")
+        j2 = st.Join(pb.JoinRequest(node_id="n0", ranks=[pb.RankInfo(rank=r)
+                                                         for r in range(16)]), timeout=5)
+        assert j2.epoch > j.epoch and j2.member_id > j.member_id, (j, j2)
+        e = st.ExplainPlan(pb.ExplainPlanRequest(model="m"), timeout=10)
+        assert "reshard speed-up" in e.table
+        with open(state, "w") as f:
+            f.write('{"version": 7}')
+        ch.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    bad = subprocess.run(args, capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 1 and "not a version-1 refit state file" in bad.stderr, bad
+
+
 def clean_stop():
     coord.send_signal(signal.SIGTERM)
     rc = coord.wait(timeout=10)
@@ -309,6 +364,7 @@ try:
                      ("refitctl", refitctl), ("lease expiry", lease_expiry),
                      ("config files", config_files),
                      ("unix socket lock", unix_socket_lock),
+                     ("restart keeps registrations", restart_keeps_registrations),
                      ("clean stop", clean_stop)]:
         check(name, fn)
 finally:

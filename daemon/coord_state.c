@@ -1,0 +1,263 @@
+/*
+ * coord_state.c - the coordinator's state file: models (every instance's
+ * layouts, digests), versions, member id counter and the epoch generation,
+ * written atomically (temp file, fsync, rename, fsync of the directory) on
+ * every change, read back at start.
+ *
+ * Members are leases and are not kept: after a restart nodes find their
+ * member id unknown on the next heartbeat and join again.  Epochs stay
+ * monotonic across restarts: the high 32 bits are a generation counter
+ * stored here and bumped at every start.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+
+#include "codec/json.h"
+#include "common/log.h"
+#include "daemon/coord_internal.h"
+#include "daemon/proto_conv.h"
+
+#define STATE_VERSION 1
+
+static cJSON *
+layouts_json(const plan_layout_set_t *s)
+{
+	strbuf_t sb;
+	cJSON *arr;
+
+	strbuf_init(&sb);
+	strbuf_puts(&sb, "[");
+	for (size_t i = 0; i < s->n; i++) {
+		const plan_layout_t *l = &s->v[i];
+
+		strbuf_puts(&sb, i ? ",{\"name\":" : "{\"name\":");
+		strbuf_json_str(&sb, l->name);
+		strbuf_printf(&sb, ",\"dtype\":\"%s\",\"shape\":", plan_dtype_name(l->dtype));
+		strbuf_i64_list(&sb, l->shape, l->ndim);
+		strbuf_puts(&sb, ",\"shards\":[");
+		for (size_t k = 0; k < l->nshards; k++) {
+			strbuf_printf(&sb, "%s{\"rank\":%d,\"offset\":", k ? "," : "",
+				      l->shards[k].rank);
+			strbuf_i64_list(&sb, l->shards[k].box.off, l->ndim);
+			strbuf_puts(&sb, ",\"size\":");
+			strbuf_i64_list(&sb, l->shards[k].box.size, l->ndim);
+			strbuf_puts(&sb, "}");
+		}
+		strbuf_puts(&sb, "]}");
+	}
+	strbuf_puts(&sb, "]");
+	arr = cJSON_Parse(sb.s);
+	strbuf_fini(&sb);
+	return arr;
+}
+
+static char *
+state_text(const coord_t *c)
+{
+	cJSON *root = cJSON_CreateObject(), *models = cJSON_AddArrayToObject(root, "models");
+	char *text;
+
+	cJSON_AddNumberToObject(root, "version", STATE_VERSION);
+	cJSON_AddNumberToObject(root, "generation", (double)(c->epoch >> 32));
+	cJSON_AddNumberToObject(root, "next_member", (double)c->next_member);
+	for (size_t i = 0; i < c->models.n; i++) {
+		const model_t *m = &c->models.v[i];
+		cJSON *mo = cJSON_CreateObject(), *insts;
+
+		cJSON_AddStringToObject(mo, "name", m->name);
+		cJSON_AddNumberToObject(mo, "latest_version", (double)m->latest_version);
+		cJSON_AddNumberToObject(mo, "installed_version", (double)m->installed_version);
+		insts = cJSON_AddArrayToObject(mo, "instances");
+		for (size_t k = 0; k < m->inst.n; k++) {
+			const instance_t *in = &m->inst.v[k];
+			cJSON *io = cJSON_CreateObject();
+
+			cJSON_AddStringToObject(io, "name", in->name);
+			cJSON_AddStringToObject(io, "role", in->role == REFIT__V1__ROLE__TRAIN ?
+						"train" : "infer");
+			cJSON_AddNumberToObject(io, "member_id", (double)in->member_id);
+			cJSON_AddStringToObject(io, "digest", in->digest);
+			cJSON_AddItemToObject(io, "tensors", layouts_json(&in->layouts));
+			cJSON_AddItemToArray(insts, io);
+		}
+		cJSON_AddItemToArray(models, mo);
+	}
+	text = cJSON_PrintUnformatted(root);
+	cJSON_Delete(root);
+	return text;
+}
+
+static refit_status_t
+write_atomic(const char *path, const char *text, refit_err_t *err)
+{
+	char tmp[4096], dir[4096];
+	size_t len = strlen(text), off = 0;
+	int fd;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return refit_err_set(err, REFIT_ERR_SYS, "state file %s: %s", tmp, strerror(errno));
+	while (off < len) {
+		ssize_t n = write(fd, text + off, len - off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			close(fd);
+			unlink(tmp);
+			return refit_err_set(err, REFIT_ERR_SYS, "state file %s: write: %s", tmp,
+					     strerror(errno));
+		}
+		off += (size_t)n;
+	}
+	if (fsync(fd) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
+		unlink(tmp);
+		return refit_err_set(err, REFIT_ERR_SYS, "state file %s: %s", path,
+				     strerror(errno));
+	}
+	snprintf(dir, sizeof(dir), "%s", path);
+	fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0) {
+		fsync(fd);
+		close(fd);
+	}
+	return REFIT_OK;
+}
+
+refit_status_t
+coord_state_save(coord_t *c, refit_err_t *err)
+{
+	char *text;
+	refit_status_t rc;
+
+	if (c->state_file == NULL)
+		return REFIT_OK;
+	text = state_text(c);
+	rc = write_atomic(c->state_file, text, err);
+	cJSON_free(text);
+	return rc;
+}
+
+static uint64_t
+num(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	return cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint64_t)v->valuedouble : 0;
+}
+
+static const char *
+str(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static refit_status_t
+load_instance(model_t *m, const cJSON *io, refit_err_t *err)
+{
+	const char *name = str(io, "name"), *role = str(io, "role"), *dg = str(io, "digest");
+	const cJSON *t = cJSON_GetObjectItemCaseSensitive(io, "tensors");
+	cJSON *wrap;
+	char *text;
+	instance_t in;
+	refit_status_t rc;
+
+	if (name == NULL || role == NULL || dg == NULL || !cJSON_IsArray(t))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "model \"%s\": an instance "
+				     "lacks name, role, digest or tensors", m->name);
+	memset(&in, 0, sizeof(in));
+	plan_layout_set_init(&in.layouts);
+	wrap = cJSON_CreateObject();
+	cJSON_AddItemReferenceToObject(wrap, "tensors", (cJSON *)t);
+	text = cJSON_PrintUnformatted(wrap);
+	cJSON_Delete(wrap);
+	rc = codec_layouts_parse(text, strlen(text), &in.layouts, NULL, err);
+	cJSON_free(text);
+	if (rc != REFIT_OK)
+		return rc;
+	conv_layouts_digest(&in.layouts, in.digest);
+	if (strcmp(in.digest, dg) != 0) {
+		plan_layout_set_fini(&in.layouts);
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "model \"%s\" instance \"%s\": "
+				     "layouts do not match their digest (file damaged?)",
+				     m->name, name);
+	}
+	in.name = xstrdup(name);
+	in.role = strcmp(role, "train") == 0 ? REFIT__V1__ROLE__TRAIN : REFIT__V1__ROLE__INFER;
+	in.member_id = num(io, "member_id");
+	VEC_PUSH(&m->inst, in);
+	return REFIT_OK;
+}
+
+static refit_status_t
+load_models(coord_t *c, const cJSON *models, refit_err_t *err)
+{
+	const cJSON *mo, *io;
+
+	cJSON_ArrayForEach(mo, models) {
+		model_t m;
+		const char *name = str(mo, "name");
+
+		if (name == NULL)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "a model has no name");
+		memset(&m, 0, sizeof(m));
+		m.name = xstrdup(name);
+		m.latest_version = num(mo, "latest_version");
+		m.installed_version = num(mo, "installed_version");
+		VEC_PUSH(&c->models, m);
+		cJSON_ArrayForEach(io, cJSON_GetObjectItemCaseSensitive(mo, "instances"))
+			CHECK(load_instance(&c->models.v[c->models.n - 1], io, err));
+	}
+	return REFIT_OK;
+}
+
+refit_status_t
+coord_state_load(coord_t *c, refit_err_t *err)
+{
+	char *buf;
+	size_t len;
+	cJSON *root;
+	refit_status_t rc;
+	uint64_t gen = 0;
+
+	if (c->state_file == NULL)
+		return REFIT_OK;
+	rc = codec_read_file(c->state_file, &buf, &len, err);
+	if (rc == REFIT_ERR_NOT_FOUND) {
+		refit_err_clear(err);
+		log_info("coordinator: no state file %s yet: starting empty", c->state_file);
+		rc = REFIT_OK;
+	} else if (rc == REFIT_OK) {
+		root = cJSON_ParseWithLength(buf, len);
+		free(buf);
+		if (root == NULL || num(root, "version") != STATE_VERSION) {
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "state file %s: not a "
+					   "version-%d refit state file", c->state_file,
+					   STATE_VERSION);
+		} else {
+			gen = num(root, "generation");
+			c->next_member = num(root, "next_member");
+			rc = load_models(c, cJSON_GetObjectItemCaseSensitive(root, "models"), err);
+			if (rc != REFIT_OK)
+				refit_err_prefix(err, "state file %s", c->state_file);
+		}
+		cJSON_Delete(root);
+	}
+	if (rc != REFIT_OK)
+		return rc;
+	/* a new generation: every epoch from now on is above all earlier ones */
+	c->epoch = (gen + 1) << 32;
+	log_info("coordinator: state loaded: %zu models, epoch generation %" PRIu64,
+		 c->models.n, gen + 1);
+	return coord_state_save(c, err);
+}
