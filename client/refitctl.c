@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codec/json.h"
 #include "common/parse.h"
@@ -151,6 +152,9 @@ cmd_model(ctl_t *c, int argc, char **argv)
 	Refit__V1__Model *r;
 	int rc;
 
+	argc--; /* argv[0] is the command */
+	argv++;
+
 	if (argc != 1) {
 		fprintf(stderr, "usage: refitctl model NAME\n");
 		return 2;
@@ -172,6 +176,9 @@ cmd_plan(ctl_t *c, int argc, char **argv)
 	Refit__V1__ExplainPlanResponse *r;
 	int rc;
 
+	argc--; /* argv[0] is the command */
+	argv++;
+
 	if (argc != 1) {
 		fprintf(stderr, "usage: refitctl plan MODEL\n");
 		return 2;
@@ -190,6 +197,270 @@ cmd_plan(ctl_t *c, int argc, char **argv)
 	return 0;
 }
 
+static const char *
+state_str(Refit__V1__RefitState s)
+{
+	static const char *const n[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
+					"FAILED", "ABORTED"};
+
+	return (unsigned)s <= 5 ? n[s] : "?";
+}
+
+static bool
+final_state(Refit__V1__RefitState s)
+{
+	return s == REFIT__V1__REFIT_STATE__COMMITTED || s == REFIT__V1__REFIT_STATE__FAILED ||
+	       s == REFIT__V1__REFIT_STATE__ABORTED;
+}
+
+static void
+print_refit(const Refit__V1__Refit *r, int json)
+{
+	if (json) {
+		printf("{\"id\": %" PRIu64 ", \"model\": \"%s\", \"version\": %" PRIu64
+		       ", \"epoch\": %" PRIu64 ", \"mode\": \"%s\", \"verify\": %s, "
+		       "\"state\": \"%s\", \"plan_digest\": \"%s\", \"bytes\": %" PRIu64
+		       ", \"created_unix_ms\": %" PRIu64 ", \"finished_unix_ms\": %" PRIu64 ", "
+		       "\"failure\": ", r->id, r->model, r->version, r->epoch,
+		       r->mode == REFIT__V1__MODE__BROADCAST ? "broadcast" : "reshard",
+		       r->verify ? "true" : "false", state_str(r->state), r->plan_digest,
+		       r->bytes, r->created_unix_ms, r->finished_unix_ms);
+		strbuf_t sb;
+
+		strbuf_init(&sb);
+		strbuf_json_str(&sb, r->failure);
+		printf("%s}", sb.s);
+		strbuf_fini(&sb);
+		return;
+	}
+	printf("%-6" PRIu64 " %-16s v%-7" PRIu64 " %-10s %-9s epoch %-12" PRIu64 " %.12s %s%s\n",
+	       r->id, r->model, r->version, state_str(r->state),
+	       r->mode == REFIT__V1__MODE__BROADCAST ? "broadcast" : "reshard", r->epoch,
+	       r->plan_digest[0] ? r->plan_digest : "-", r->failure[0] ? "  " : "", r->failure);
+}
+
+/* exit status for a refit in a final state */
+static int
+refit_exit(const Refit__V1__Refit *r)
+{
+	return r->state == REFIT__V1__REFIT_STATE__COMMITTED ? 0 : 4;
+}
+
+static int
+get_refit(ctl_t *c, uint64_t id, Refit__V1__Refit **out)
+{
+	Refit__V1__GetRefitRequest rq = REFIT__V1__GET_REFIT_REQUEST__INIT;
+
+	rq.refit_id = id;
+	return call(c, "GetRefit", &rq.base, (ProtobufCMessage **)out);
+}
+
+/* Poll until the refit is final; prints state changes. */
+static int
+watch(ctl_t *c, uint64_t id)
+{
+	int last = -1, rc;
+
+	for (;;) {
+		Refit__V1__Refit *r;
+
+		if ((rc = get_refit(c, id, &r)) != 0)
+			return rc;
+		if ((int)r->state != last || final_state(r->state)) {
+			if (!c->json || final_state(r->state)) {
+				print_refit(r, c->json);
+				if (c->json)
+					printf("\n");
+			}
+			last = (int)r->state;
+		}
+		if (final_state(r->state)) {
+			rc = refit_exit(r);
+			protobuf_c_message_free_unpacked(&r->base, NULL);
+			return rc;
+		}
+		protobuf_c_message_free_unpacked(&r->base, NULL);
+		usleep(200 * 1000);
+	}
+}
+
+static int
+parse_id(const char *s, uint64_t *id)
+{
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	if (refit_parse_u64(s, 1, UINT64_MAX, id, "refit id", &e) != REFIT_OK) {
+		fprintf(stderr, "refitctl: %s\n", e.msg);
+		return 2;
+	}
+	return 0;
+}
+
+static int
+cmd_trigger(ctl_t *c, int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{"version", required_argument, NULL, 'v'},
+		{"mode", required_argument, NULL, 'm'},
+		{"verify", no_argument, NULL, 'V'},
+		{"wait", no_argument, NULL, 'w'},
+		{"key", required_argument, NULL, 'k'},
+		{NULL, 0, NULL, 0},
+	};
+	Refit__V1__TriggerRefitRequest rq = REFIT__V1__TRIGGER_REFIT_REQUEST__INIT;
+	Refit__V1__TriggerRefitResponse *r;
+	refit_err_t e;
+	uint64_t v;
+	int o, wait = 0, rc;
+
+	refit_err_clear(&e);
+	optind = 0; /* reinitialise GNU getopt for the subcommand */
+	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (o) {
+		case 'v':
+			if (refit_parse_u64(optarg, 1, UINT64_MAX, &v, "--version", &e)) {
+				fprintf(stderr, "refitctl: %s\n", e.msg);
+				return 2;
+			}
+			rq.version = v;
+			break;
+		case 'm':
+			if (strcmp(optarg, "reshard") == 0) {
+				rq.mode = REFIT__V1__MODE__RESHARD;
+			} else if (strcmp(optarg, "broadcast") == 0) {
+				rq.mode = REFIT__V1__MODE__BROADCAST;
+			} else {
+				fprintf(stderr, "refitctl: --mode \"%s\": reshard or broadcast\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'V': rq.verify = 1; break;
+		case 'w': wait = 1; break;
+		case 'k': rq.idempotency_key = optarg; break;
+		default:
+			fprintf(stderr, "usage: refitctl trigger MODEL [--version N] [--mode "
+				"reshard|broadcast] [--verify] [--key K] [--wait]\n");
+			return 2;
+		}
+	}
+	if (optind != argc - 1) {
+		fprintf(stderr, "usage: refitctl trigger MODEL [--version N] [--mode "
+			"reshard|broadcast] [--verify] [--key K] [--wait]\n");
+		return 2;
+	}
+	rq.model = argv[optind];
+	if ((rc = call(c, "TriggerRefit", &rq.base, (ProtobufCMessage **)&r)) != 0)
+		return rc;
+	v = r->refit_id;
+	if (c->json && !wait)
+		printf("{\"refit_id\": %" PRIu64 ", \"existing\": %s}\n", v,
+		       r->existing ? "true" : "false");
+	else if (!c->json)
+		printf("refit %" PRIu64 "%s\n", v, r->existing ? " (existing, same key)" : "");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return wait ? watch(c, v) : 0;
+}
+
+static int
+cmd_status(ctl_t *c, int argc, char **argv)
+{
+	Refit__V1__Refit *r;
+	uint64_t id;
+	int rc;
+
+	argc--; /* argv[0] is the command */
+	argv++;
+
+	if (argc != 1) {
+		fprintf(stderr, "usage: refitctl status ID\n");
+		return 2;
+	}
+	if ((rc = parse_id(argv[0], &id)) != 0 || (rc = get_refit(c, id, &r)) != 0)
+		return rc;
+	print_refit(r, c->json);
+	if (c->json)
+		printf("\n");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return 0;
+}
+
+static int
+cmd_watch(ctl_t *c, int argc, char **argv)
+{
+	uint64_t id;
+	int rc;
+
+	argc--; /* argv[0] is the command */
+	argv++;
+
+	if (argc != 1) {
+		fprintf(stderr, "usage: refitctl watch ID\n");
+		return 2;
+	}
+	if ((rc = parse_id(argv[0], &id)) != 0)
+		return rc;
+	return watch(c, id);
+}
+
+static int
+cmd_list(ctl_t *c, int argc, char **argv)
+{
+	Refit__V1__ListRefitsRequest rq = REFIT__V1__LIST_REFITS_REQUEST__INIT;
+	Refit__V1__ListRefitsResponse *r;
+	int rc;
+
+	argc--; /* argv[0] is the command */
+	argv++;
+
+	if (argc > 1) {
+		fprintf(stderr, "usage: refitctl list [MODEL]\n");
+		return 2;
+	}
+	rq.model = argc ? argv[0] : "";
+	if ((rc = call(c, "ListRefits", &rq.base, (ProtobufCMessage **)&r)) != 0)
+		return rc;
+	if (c->json)
+		printf("{\"refits\": [");
+	for (size_t i = 0; i < r->n_refits; i++) {
+		if (c->json && i)
+			printf(", ");
+		print_refit(r->refits[i], c->json);
+	}
+	printf(c->json ? "]}\n" : r->n_refits ? "" : "no refits\n");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return 0;
+}
+
+static int
+cmd_abort(ctl_t *c, int argc, char **argv)
+{
+	Refit__V1__AbortRefitRequest rq = REFIT__V1__ABORT_REFIT_REQUEST__INIT;
+	Refit__V1__Refit *r;
+	uint64_t id;
+	int rc;
+
+	argc--; /* argv[0] is the command */
+	argv++;
+
+	if (argc < 1 || argc > 2) {
+		fprintf(stderr, "usage: refitctl abort ID [REASON]\n");
+		return 2;
+	}
+	if ((rc = parse_id(argv[0], &id)) != 0)
+		return rc;
+	rq.refit_id = id;
+	rq.reason = argc > 1 ? argv[1] : "refitctl abort";
+	if ((rc = call(c, "AbortRefit", &rq.base, (ProtobufCMessage **)&r)) != 0)
+		return rc;
+	print_refit(r, c->json);
+	if (c->json)
+		printf("\n");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return 0;
+}
+
 typedef struct cmd {
 	const char *name, *args, *help;
 	int (*run)(ctl_t *c, int argc, char **argv);
@@ -200,6 +471,12 @@ static const cmd_t cmds[] = {
 	{"models", "", "registered models, instances, versions, digests", cmd_models},
 	{"model", "NAME", "one model", cmd_model},
 	{"plan", "MODEL", "the planner's explain table for MODEL's layouts", cmd_plan},
+	{"trigger", "MODEL", "start a refit [--version N] [--mode M] [--verify] [--key K] [--wait]",
+	 cmd_trigger},
+	{"status", "ID", "one refit: state, epoch, plan, bytes, failure", cmd_status},
+	{"list", "[MODEL]", "refits, newest first", cmd_list},
+	{"watch", "ID", "follow a refit until it is final", cmd_watch},
+	{"abort", "ID", "stop a refit [REASON]", cmd_abort},
 };
 
 static void
@@ -208,10 +485,10 @@ usage(FILE *f)
 	fprintf(f, "usage: refitctl [--coordinator ADDR] [--token-file F] [--tls-ca F]\n"
 		"                [--timeout-ms N] [--json] COMMAND [ARGS]\n\n");
 	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
-		fprintf(f, "  %-8s %-7s %s\n", cmds[i].name, cmds[i].args, cmds[i].help);
+		fprintf(f, "  %-8s %-8s %s\n", cmds[i].name, cmds[i].args, cmds[i].help);
 	fprintf(f, "\nADDR defaults to $REFIT_COORDINATOR, else 127.0.0.1:7070.\n"
 		"Exit codes: 0 ok, 1 error from the coordinator, 2 usage or bad input,\n"
-		"3 coordinator unreachable.\n");
+		"3 coordinator unreachable, 4 the refit waited for ended FAILED or ABORTED.\n");
 }
 
 int
@@ -280,7 +557,7 @@ main(int argc, char **argv)
 			free(token);
 			return 2;
 		}
-		rc = cmds[i].run(&c, argc - optind - 1, argv + optind + 1);
+		rc = cmds[i].run(&c, argc - optind, argv + optind); /* argv[0]: the command */
 		rpc_client_free(c.cli);
 		free(token);
 		return rc;

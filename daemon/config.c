@@ -57,6 +57,14 @@ static const key_t_ keys[] = {
 	 "coordinator state file"},
 	{"log_level", K_ENUM, F(log_level), "info", 0, 0, "error|warn|info|debug", true,
 	 "log level"},
+	{"node_id", K_STR, F(node_id), NULL, 0, 0, NULL, false,
+	 "node role: this node's name (default: the hostname)"},
+	{"ranks", K_STR, F(ranks), NULL, 0, 0, NULL, false,
+	 "node role: global ranks served here, e.g. 0-7"},
+	{"domain", K_STR, F(domain), NULL, 0, 0, NULL, false,
+	 "node role: NVLink domain (default: node_id)"},
+	{"advertise", K_STR, F(advertise), NULL, 0, 0, NULL, false,
+	 "node role: address the coordinator calls (default: listen)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -261,6 +269,14 @@ config_check(const refitd_config_t *c, refit_err_t *err)
 	if ((c->tls_cert == NULL) != (c->tls_key == NULL))
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: tls_cert and tls_key "
 				     "go together");
+	if (strcmp(c->role, "node") == 0) {
+		int32_t *r = NULL;
+		size_t n = 0;
+		refit_status_t rc = config_parse_ranks(c->ranks, &r, &n, err);
+
+		free(r);
+		CHECK(rc);
+	}
 	if (c->tls_client_ca && c->tls_cert == NULL)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: tls_client_ca needs "
 				     "tls_cert and tls_key (mutual TLS is TLS first)");
@@ -287,4 +303,44 @@ config_dump(const refitd_config_t *c, strbuf_t *out)
 		}
 	}
 	strbuf_puts(out, "\n}\n");
+}
+
+refit_status_t
+config_parse_ranks(const char *spec, int32_t **out, size_t *n, refit_err_t *err)
+{
+	VEC(int32_t) v = {0};
+	const char *p = spec;
+
+	*out = NULL;
+	*n = 0;
+	if (spec == NULL || spec[0] == '\0')
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: the node role needs "
+				     "\"ranks\" (e.g. \"0-7\")");
+	while (*p) {
+		char *end;
+		long a = strtol(p, &end, 10), b = a;
+
+		if (end == p || a < 0 || a >= (1 << 24))
+			goto bad;
+		p = end;
+		if (*p == '-') {
+			b = strtol(p + 1, &end, 10);
+			if (end == p + 1 || b < a || b >= (1 << 24) || b - a > 65536)
+				goto bad;
+			p = end;
+		}
+		for (long r = a; r <= b; r++)
+			VEC_PUSH(&v, (int32_t)r);
+		if (*p == ',')
+			p++;
+		else if (*p != '\0')
+			goto bad;
+	}
+	*out = v.v;
+	*n = v.n;
+	return REFIT_OK;
+bad:
+	VEC_FREE(&v);
+	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"ranks\": \"%s\" is not "
+			     "a list of ranks and ranges such as 0-7 or 0,2,4-5", spec);
 }

@@ -25,6 +25,10 @@ typedef struct refitd_config {
 	uint64_t max_msg_bytes;
 	char *state_file;
 	char *log_level;      /* error | warn | info | debug */
+	char *node_id;        /* node role: this node's name (default: hostname) */
+	char *ranks;          /* node role: "0-7" or "0,2,4-5" */
+	char *domain;         /* node role: NVLink domain (default: node_id) */
+	char *advertise;      /* node role: address the coordinator calls (default: listen) */
 } refitd_config_t;
 
 /* All keys at their defaults. */
@@ -39,6 +43,9 @@ refit_status_t config_set(refitd_config_t *c, const char *key, const char *value
 			  refit_err_t *err);
 /* Cross-key checks (heartbeat < lease, TLS pairs, ...). */
 refit_status_t config_check(const refitd_config_t *c, refit_err_t *err);
+/* "0-3,8" -> {0,1,2,3,8}; *out is heap memory the caller frees. */
+refit_status_t config_parse_ranks(const char *spec, int32_t **out, size_t *n,
+				  refit_err_t *err);
 /* The effective configuration as JSON, every key. */
 void config_dump(const refitd_config_t *c, strbuf_t *out);
 

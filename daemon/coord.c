@@ -41,8 +41,8 @@ coord_instance_fini(instance_t *in)
 	plan_layout_set_fini(&in->layouts);
 }
 
-static member_t *
-find_member(coord_t *c, uint64_t id)
+member_t *
+coord_find_member(coord_t *c, uint64_t id)
 {
 	for (size_t i = 0; i < c->members.n; i++)
 		if (c->members.v[i].id == id)
@@ -50,8 +50,8 @@ find_member(coord_t *c, uint64_t id)
 	return NULL;
 }
 
-static model_t *
-find_model(coord_t *c, const char *name)
+model_t *
+coord_find_model(coord_t *c, const char *name)
 {
 	for (size_t i = 0; i < c->models.n; i++)
 		if (strcmp(c->models.v[i].name, name) == 0)
@@ -68,8 +68,8 @@ find_instance(model_t *m, int role, const char *name)
 	return NULL;
 }
 
-static instance_t *
-train_instance(model_t *m)
+instance_t *
+coord_train_instance(model_t *m)
 {
 	for (size_t i = 0; i < m->inst.n; i++)
 		if (m->inst.v[i].role == REFIT__V1__ROLE__TRAIN)
@@ -99,6 +99,7 @@ bump_epoch(coord_t *c, const char *why)
 {
 	c->epoch++;
 	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
+	coord_refits_on_epoch(c, c->epoch - 1);
 }
 
 static void
@@ -202,7 +203,7 @@ h_heartbeat(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	coord_t *c = ctx;
 	const Refit__V1__HeartbeatRequest *rq = (const void *)msg;
 	Refit__V1__HeartbeatResponse rsp = REFIT__V1__HEARTBEAT_RESPONSE__INIT;
-	member_t *m = find_member(c, rq->member_id);
+	member_t *m = coord_find_member(c, rq->member_id);
 
 	if (m == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "Heartbeat: member %" PRIu64
@@ -290,7 +291,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	model_t *m;
 
 	refit_err_clear(&err);
-	if (find_member(c, rq->member_id) == NULL)
+	if (coord_find_member(c, rq->member_id) == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "RegisterLayout: member %"
 				     PRIu64 " is not a member: join first", rq->member_id);
 	if (rq->model == NULL || rq->model[0] == '\0')
@@ -306,7 +307,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 			plan_layout_check_coverage(&set.v[i], &err);
 	if (err.status == REFIT_OK)
 		check_ranks_known(c, &set, &err);
-	m = find_model(c, rq->model);
+	m = coord_find_model(c, rq->model);
 	if (err.status == REFIT_OK && m != NULL)
 		check_against(m, rq->role, &set, &err);
 	if (err.status != REFIT_OK) {
@@ -321,7 +322,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		m = &c->models.v[c->models.n - 1];
 	}
 	/* a model has one trainer; an inference instance is replaced by name */
-	old = rq->role == REFIT__V1__ROLE__TRAIN ? train_instance(m)
+	old = rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
 						: find_instance(m, (int)rq->role, iname);
 	if (old != NULL) {
 		coord_instance_fini(old);
@@ -349,7 +350,7 @@ h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	coord_t *c = ctx;
 	const Refit__V1__UnregisterLayoutRequest *rq = (const void *)msg;
 	Refit__V1__UnregisterLayoutResponse rsp = REFIT__V1__UNREGISTER_LAYOUT_RESPONSE__INIT;
-	model_t *m = find_model(c, nz(rq->model));
+	model_t *m = coord_find_model(c, nz(rq->model));
 	instance_t *in = m ? find_instance(m, (int)rq->role, nz(rq->instance)) : NULL;
 
 	if (in == NULL)
@@ -368,8 +369,8 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	coord_t *c = ctx;
 	const Refit__V1__WeightsReadyRequest *rq = (const void *)msg;
 	Refit__V1__WeightsReadyResponse rsp = REFIT__V1__WEIGHTS_READY_RESPONSE__INIT;
-	model_t *m = find_model(c, nz(rq->model));
-	instance_t *t = m ? train_instance(m) : NULL;
+	model_t *m = coord_find_model(c, nz(rq->model));
+	instance_t *t = m ? coord_train_instance(m) : NULL;
 
 	if (t == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "WeightsReady: model \"%s\" has "
@@ -501,7 +502,7 @@ h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	coord_t *c = ctx;
 	const Refit__V1__GetModelRequest *rq = (const void *)msg;
-	model_t *m = find_model(c, nz(rq->model));
+	model_t *m = coord_find_model(c, nz(rq->model));
 	Refit__V1__Model out;
 	Refit__V1__Instance *iv, **ip;
 
@@ -515,8 +516,8 @@ h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 }
 
 /* The topology of the current members. */
-static refit_status_t
-members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
+refit_status_t
+coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
 {
 	plan_topo_init(t);
 	for (size_t i = 0; i < c->members.n; i++)
@@ -532,8 +533,8 @@ members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
  * layout, tensor by tensor, as explicit layouts holding every instance's
  * shards.
  */
-static refit_status_t
-compose_dst(const model_t *m, plan_layout_set_t *out, refit_err_t *err)
+refit_status_t
+coord_compose_dst(const model_t *m, plan_layout_set_t *out, refit_err_t *err)
 {
 	const instance_t *first = NULL;
 
@@ -576,8 +577,8 @@ h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	coord_t *c = ctx;
 	const Refit__V1__ExplainPlanRequest *rq = (const void *)msg;
 	Refit__V1__ExplainPlanResponse rsp = REFIT__V1__EXPLAIN_PLAN_RESPONSE__INIT;
-	model_t *m = find_model(c, nz(rq->model));
-	instance_t *t = m ? train_instance(m) : NULL;
+	model_t *m = coord_find_model(c, nz(rq->model));
+	instance_t *t = m ? coord_train_instance(m) : NULL;
 	plan_layout_set_t dst;
 	plan_topo_t topo;
 	plan_opts_t o;
@@ -590,7 +591,7 @@ h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (t == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "ExplainPlan: model \"%s\" has "
 				     "no registered trainer", nz(rq->model));
-	if (compose_dst(m, &dst, &err) != REFIT_OK)
+	if (coord_compose_dst(m, &dst, &err) != REFIT_OK)
 		return rpc_call_fail(call, err.status, "ExplainPlan: %s", err.msg);
 	plan_opts_default(&o);
 	if (rq->chunk_bytes)
@@ -599,7 +600,7 @@ h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		o.staging_bytes = rq->staging_bytes;
 	memset(&rp, 0, sizeof(rp));
 	memset(&bp, 0, sizeof(bp));
-	if (members_topo(c, &topo, &err) == REFIT_OK &&
+	if (coord_members_topo(c, &topo, &err) == REFIT_OK &&
 	    plan_build(&t->layouts, &dst, &topo, &o, &rp, &err) == REFIT_OK &&
 	    plan_cost(&rp, &t->layouts, &dst, &topo, &rc_, &err) == REFIT_OK) {
 		o.mode = PLAN_MODE_BROADCAST;
@@ -655,7 +656,9 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 		return NULL;
 	}
 	if (rpc_server_add_service(srv, &refit__v1__coordinator__descriptor, methods,
-				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK) {
+				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK ||
+	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,
+				   coord_refit_methods, coord_refit_nmethods, c, err) != REFIT_OK) {
 		on_timer_closed_free(c);
 		return NULL;
 	}
@@ -679,14 +682,25 @@ on_timer_closed_free(coord_t *c)
 		free(c->models.v[i].name);
 	}
 	VEC_FREE(&c->models);
+	coord_refits_fini(c);
 	free(c->state_file);
 	free(c);
+}
+
+void
+coord_maybe_free(coord_t *c)
+{
+	if (c->closing && c->timer_closed && c->inflight == 0)
+		on_timer_closed_free(c);
 }
 
 static void
 on_timer_closed(uv_handle_t *h)
 {
-	on_timer_closed_free(h->data);
+	coord_t *c = h->data;
+
+	c->timer_closed = true;
+	coord_maybe_free(c);
 }
 
 void
@@ -694,6 +708,7 @@ coord_close(coord_t *c)
 {
 	if (c == NULL)
 		return;
+	c->closing = true;
 	uv_timer_stop(&c->lease_timer);
 	uv_close((uv_handle_t *)&c->lease_timer, on_timer_closed);
 }

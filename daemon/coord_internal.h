@@ -8,6 +8,7 @@
 #include "common/alloc.h"
 #include "daemon/coord.h"
 #include "plan/plan.h"
+#include "refit/v1/refit.pb-c.h"
 
 typedef struct rank_info {
 	int32_t rank;
@@ -36,6 +37,25 @@ typedef struct model {
 	uint64_t latest_version, installed_version;
 } model_t;
 
+typedef struct refit_rec {
+	uint64_t id, version, epoch, created_ms, finished_ms, bytes;
+	char *model, *key, *failure;
+	int mode, state;            /* REFIT__V1__MODE__*, REFIT__V1__REFIT_STATE__* */
+	bool verify;
+	char plan_digest[SHA256_HEX_LEN];
+	uint64_t *nodes;            /* member ids taking part */
+	size_t nnodes;
+	uint32_t pending;           /* node calls outstanding in this phase */
+	uint32_t phase;             /* bumped per phase; stale answers are ignored */
+} refit_rec_t;
+
+/* The last plan built for a model, reused while its inputs stay the same. */
+typedef struct plan_cache {
+	char *model;
+	char key[SHA256_HEX_LEN];   /* digest of layouts, members, options */
+	plan_t plan;
+} plan_cache_t;
+
 struct coord {
 	char *state_file;         /* NULL: state lives in memory only */
 	uv_loop_t *loop;
@@ -44,6 +64,11 @@ struct coord {
 	uint64_t epoch, next_member;
 	VEC(member_t) members;
 	VEC(model_t) models;
+	VEC(refit_rec_t *) refits;  /* oldest first */
+	uint64_t next_refit;
+	VEC(plan_cache_t) plans;
+	uint32_t inflight;          /* async node calls not yet answered */
+	bool closing, timer_closed;
 };
 
 /* Write the state file (when configured); logs and returns on failure. */
@@ -51,5 +76,22 @@ refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
 /* Read the state file into c (models, versions, epoch, ids). */
 refit_status_t coord_state_load(coord_t *c, refit_err_t *err);
 void coord_instance_fini(instance_t *in);
+
+/* coord.c helpers used by coord_refit.c */
+model_t *coord_find_model(coord_t *c, const char *name);
+instance_t *coord_train_instance(model_t *m);
+member_t *coord_find_member(coord_t *c, uint64_t id);
+refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
+refit_status_t coord_compose_dst(const model_t *m, plan_layout_set_t *out,
+				 refit_err_t *err);
+/* free c once closing and nothing is in flight */
+void coord_maybe_free(coord_t *c);
+
+/* coord_refit.c: the refit methods and state machine */
+extern const rpc_method_cfg_t coord_refit_methods[];
+extern const size_t coord_refit_nmethods;
+/* membership changed: refits in flight fail */
+void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch);
+void coord_refits_fini(coord_t *c);
 
 #endif

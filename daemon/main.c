@@ -18,12 +18,14 @@
 #include "common/log.h"
 #include "daemon/config.h"
 #include "daemon/coord.h"
+#include "daemon/node.h"
 
 typedef struct daemon_state {
 	uv_loop_t loop;
 	uv_signal_t sigterm, sigint;
 	rpc_server_t *srv;
 	coord_t *coord;
+	node_t *node;
 } daemon_state_t;
 
 /* systemd's notify protocol: one datagram to $NOTIFY_SOCKET. */
@@ -59,6 +61,8 @@ on_signal(uv_signal_t *h, int signum)
 	sd_notify_msg("STOPPING=1");
 	coord_close(d->coord);
 	d->coord = NULL;
+	node_close(d->node);
+	d->node = NULL;
 	rpc_server_free(d->srv);
 	d->srv = NULL;
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -93,6 +97,41 @@ read_token(const char *path, refit_err_t *err)
 		return NULL;
 	}
 	return buf;
+}
+
+static char hostname_buf[256];
+
+/* The role's state on the loop: coordinator or node. */
+static refit_status_t
+start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co,
+	   const char *token, refit_err_t *err)
+{
+	node_opts_t no;
+	int32_t *ranks = NULL;
+	size_t nranks = 0;
+	refit_status_t rc;
+
+	if (strcmp(cfg->role, "coordinator") == 0)
+		return (d->coord = coord_new(&d->loop, d->srv, co, err)) ? REFIT_OK : err->status;
+	CHECK(config_parse_ranks(cfg->ranks, &ranks, &nranks, err));
+	memset(&no, 0, sizeof(no));
+	if (cfg->node_id == NULL && gethostname(hostname_buf, sizeof(hostname_buf) - 1) < 0)
+		snprintf(hostname_buf, sizeof(hostname_buf), "node");
+	no.node_id = cfg->node_id ? cfg->node_id : hostname_buf;
+	no.coordinator = cfg->coordinator;
+	no.advertise = cfg->advertise ? cfg->advertise : cfg->listen;
+	no.domain = cfg->domain;
+	no.ranks = ranks;
+	no.nranks = nranks;
+	no.heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
+	no.client.tls.ca_file = cfg->tls_ca;
+	no.client.tls.cert_file = cfg->tls_cert;
+	no.client.tls.key_file = cfg->tls_key;
+	no.client.token = token;
+	d->node = node_new(&d->loop, d->srv, &no, err);
+	rc = d->node ? REFIT_OK : err->status;
+	free(ranks);
+	return rc;
 }
 
 /*
@@ -175,12 +214,6 @@ main(int argc, char **argv)
 		config_fini(&cfg);
 		return 0;
 	}
-	if (strcmp(cfg.role, "coordinator") != 0) {
-		fprintf(stderr, "refitd: role \"%s\": this build serves the coordinator role; "
-			"the node role arrives with the data plane\n", cfg.role);
-		config_fini(&cfg);
-		return 2;
-	}
 	if (cfg.token_file && (token = read_token(cfg.token_file, &err)) == NULL) {
 		fprintf(stderr, "refitd: %s\n", err.msg);
 		config_fini(&cfg);
@@ -202,10 +235,11 @@ main(int argc, char **argv)
 	memset(&d, 0, sizeof(d));
 	uv_loop_init(&d.loop);
 	if ((d.srv = rpc_server_new(&so, &d.loop, &err)) == NULL ||
-	    (d.coord = coord_new(&d.loop, d.srv, &co, &err)) == NULL ||
+	    start_role(&d, &cfg, &co, token, &err) != REFIT_OK ||
 	    rpc_server_start(d.srv, &port, &err) != REFIT_OK) {
 		fprintf(stderr, "refitd: %s\n", err.msg);
 		coord_close(d.coord);
+		node_close(d.node);
 		rpc_server_free(d.srv);
 		uv_run(&d.loop, UV_RUN_DEFAULT);
 		uv_loop_close(&d.loop);
@@ -218,9 +252,9 @@ main(int argc, char **argv)
 	d.sigterm.data = d.sigint.data = &d;
 	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
-	log_info("refitd: coordinator listening on %s (port %d), lease %u ms", cfg.listen,
-		 port, co.lease_ttl_ms);
-	sd_notify_msg("READY=1\nSTATUS=coordinator serving");
+	log_info("refitd: %s listening on %s (port %d)", cfg.role, cfg.listen, port);
+	sd_notify_msg(d.coord ? "READY=1\nSTATUS=coordinator serving" :
+		      "READY=1\nSTATUS=node serving");
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	uv_loop_close(&d.loop);
 	free(token);

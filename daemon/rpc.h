@@ -106,6 +106,20 @@ refit_status_t rpc_client_call(rpc_client_t *c, const ProtobufCServiceDescriptor
 void rpc_client_free(rpc_client_t *c);
 const char *rpc_client_target(const rpc_client_t *c);
 
+/*
+ * The same call without blocking loop: it runs on libuv's thread pool and
+ * done(arg, status, message, resp) runs on the loop thread afterwards (resp
+ * is freed after done returns).  req is copied; the caller keeps it.
+ * Options are copied too (files named in tls must still exist then).
+ */
+typedef void (*rpc_done_fn)(void *arg, refit_status_t st, const char *msg,
+			    ProtobufCMessage *resp);
+refit_status_t rpc_call_async(uv_loop_t *loop, const char *target,
+			      const rpc_client_opts_t *o,
+			      const ProtobufCServiceDescriptor *svc, const char *method,
+			      const ProtobufCMessage *req, int64_t timeout_ms,
+			      rpc_done_fn done, void *arg, refit_err_t *err);
+
 /* ---- status mapping (rpc_status.c, the one place) ---------------------- */
 int rpc_status_to_grpc(refit_status_t st);
 refit_status_t rpc_status_from_grpc(int code);

@@ -269,7 +269,7 @@ def config_files():
                          capture_output=True, text=True)
     assert out.returncode == 0 and json.loads(out.stdout)["lease_ttl_ms"] == 7000, out
     out = subprocess.run([refitd, "--role", "node"], capture_output=True, text=True)
-    assert out.returncode == 2 and "node role arrives" in out.stderr, out
+    assert out.returncode == 2 and 'the node role needs "ranks"' in out.stderr, out
 
 
 def unix_socket_lock():
@@ -348,6 +348,106 @@ def restart_keeps_registrations():
     assert bad.returncode == 1 and "not a version-1 refit state file" in bad.stderr, bad
 
 
+def nodes_and_refits():
+    """Node daemons join by themselves; a triggered refit runs the state
+    machine through real Node RPCs and fails, naming the node, because this
+    build has no data plane; epochs fence stale Node calls; SIGTERM leaves."""
+    pc = free_port()
+    ca = f"127.0.0.1:{pc}"
+    procs = []
+
+    def spawn(args):
+        p = subprocess.Popen([f"{BUILD}/bin/refitd"] + args, stderr=subprocess.PIPE,
+                             text=True)
+        procs.append(p)
+        return p
+
+    spawn(["--role", "coordinator", "--listen", ca, "--lease-ttl-ms", "1500",
+           "--heartbeat-ms", "300"])
+    pa, pb_ = free_port(), free_port()
+    node_a = spawn(["--role", "node", "--listen", f"127.0.0.1:{pa}", "--coordinator", ca,
+                    "--node-id", "train0", "--ranks", "0-7", "--heartbeat-ms", "300"])
+    node_b = spawn(["--role", "node", "--listen", f"127.0.0.1:{pb_}", "--coordinator", ca,
+                    "--node-id", "infer0", "--ranks", "8-15", "--heartbeat-ms", "300"])
+    try:
+        ch = grpc.insecure_channel(ca)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        for _ in range(100):
+            mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
+            if len(mem.members) == 2:
+                break
+            time.sleep(0.1)
+        ids = {m.node_id: m.member_id for m in mem.members}
+        assert set(ids) == {"train0", "infer0"}, mem
+        st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=ids["train0"], model="tiny", role=pb.TRAIN,
+            tensors=[layout_to_proto(t) for t in train]), timeout=5)
+        for name, ranks in (("i0", [8, 9, 10, 11]), ("i1", [12, 13, 14, 15])):
+            st.RegisterLayout(pb.RegisterLayoutRequest(
+                member_id=ids["infer0"], model="tiny", role=pb.INFER, instance=name,
+                tensors=[infer_instance(t, ranks) for t in infer]), timeout=5)
+        expect_error(lambda: st.TriggerRefit(pb.TriggerRefitRequest(model="tiny"),
+                                             timeout=5),
+                     grpc.StatusCode.NOT_FOUND, "no weights are ready yet")
+        st.WeightsReady(pb.WeightsReadyRequest(member_id=ids["train0"], model="tiny",
+                                               version=1), timeout=5)
+        ctl = [f"{BUILD}/bin/refitctl", "--coordinator", ca]
+        out = subprocess.run(ctl + ["trigger", "tiny", "--key", "k1", "--wait"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 4 and "FAILED" in out.stdout, out
+        assert "no librefit client has registered memory" in out.stdout, out
+        rid = int(out.stdout.split()[1])
+        out = subprocess.run(ctl + ["trigger", "tiny", "--key", "k1"], capture_output=True,
+                             text=True)
+        assert out.returncode == 0 and f"refit {rid} (existing, same key)" in out.stdout, out
+        out = subprocess.run(ctl + ["--json", "status", str(rid)], capture_output=True,
+                             text=True)
+        r = json.loads(out.stdout)
+        assert r["state"] == "FAILED" and len(r["plan_digest"]) == 64, r
+        assert r["failure"].startswith("node "), r
+        out = subprocess.run(ctl + ["list", "tiny"], capture_output=True, text=True)
+        assert out.returncode == 0 and str(rid) in out.stdout, out
+        out = subprocess.run(ctl + ["abort", str(rid)], capture_output=True, text=True)
+        assert out.returncode == 1 and "is already FAILED" in out.stderr, out
+        # a second trigger gets a new id and reuses the cached plan
+        r2 = st.TriggerRefit(pb.TriggerRefitRequest(model="tiny", mode=pb.RESHARD),
+                             timeout=5)
+        assert r2.refit_id == rid + 1 and not r2.existing
+        # epochs fence the Node service
+        nch = grpc.insecure_channel(f"127.0.0.1:{pb_}")
+        node = pbg.NodeStub(nch)
+        ep = st.ListMembers(pb.ListMembersRequest(), timeout=5).epoch
+        node.PrepareEpoch(pb.PrepareEpochRequest(epoch=ep + 5, token=b"t" * 16), timeout=5)
+        expect_error(lambda: node.PrepareEpoch(pb.PrepareEpochRequest(epoch=ep), timeout=5),
+                     grpc.StatusCode.FAILED_PRECONDITION, "is older than epoch")
+        expect_error(lambda: node.RunSlice(pb.RunSliceRequest(refit_id=9, epoch=ep),
+                                           timeout=5),
+                     grpc.StatusCode.FAILED_PRECONDITION, f"this node prepared epoch {ep + 5}")
+        nch.close()
+        # SIGTERM: the node leaves at once, long before its lease would lapse
+        node_a.send_signal(signal.SIGTERM)
+        assert node_a.wait(timeout=10) == 0
+        mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
+        assert [m.node_id for m in mem.members] == ["infer0"] and mem.epoch == ep + 1, mem
+        # SIGKILL: the lease lapses
+        node_b.kill()
+        node_b.wait()
+        time.sleep(2.2)
+        mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
+        assert len(mem.members) == 0 and mem.epoch == ep + 2, mem
+        ch.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        assert procs[0].returncode == 0, procs[0].stderr.read()
+
+
 def clean_stop():
     coord.send_signal(signal.SIGTERM)
     rc = coord.wait(timeout=10)
@@ -365,6 +465,7 @@ try:
                      ("config files", config_files),
                      ("unix socket lock", unix_socket_lock),
                      ("restart keeps registrations", restart_keeps_registrations),
+                     ("nodes and refits", nodes_and_refits),
                      ("clean stop", clean_stop)]:
         check(name, fn)
 finally:

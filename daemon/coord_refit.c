@@ -1,0 +1,534 @@
+/*
+ * coord_refit.c - refits: TriggerRefit, GetRefit, ListRefits, AbortRefit
+ * and the state machine that drives the nodes.
+ *
+ *   PENDING -> PREPARING  plan taken (from the cache when layouts, members
+ *                         and options are unchanged); every node taking part
+ *                         is told the epoch (Node.PrepareEpoch)
+ *           -> RUNNING    every node runs its slice (Node.RunSlice)
+ *           -> COMMITTED  every node succeeded: the model's installed
+ *                         version moves
+ *   any non-final state -> FAILED  (a node failed, could not be reached, or
+ *                         membership changed) or ABORTED (AbortRefit)
+ *
+ * Node calls run off the loop (rpc_call_async); an answer for a refit that
+ * has moved on (phase counter) is ignored.  Triggers are idempotent per
+ * (model, key).  The last REFIT_KEEP records are kept for ListRefits.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <stdarg.h>
+
+#include "codec/json.h"
+#include "common/log.h"
+#include "daemon/coord_internal.h"
+
+#define REFIT_KEEP 256
+#define NODE_CALL_MS 30000
+
+typedef struct nctx {
+	coord_t *c;
+	uint64_t refit_id, member_id;
+	uint32_t phase;
+} nctx_t;
+
+static uint64_t
+unix_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static refit_rec_t *
+find_refit(coord_t *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->refits.n; i++)
+		if (c->refits.v[i]->id == id)
+			return c->refits.v[i];
+	return NULL;
+}
+
+static bool
+is_final(int st)
+{
+	return st == REFIT__V1__REFIT_STATE__COMMITTED || st == REFIT__V1__REFIT_STATE__FAILED ||
+	       st == REFIT__V1__REFIT_STATE__ABORTED;
+}
+
+static const char *
+state_name(int st)
+{
+	static const char *const n[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
+					"FAILED", "ABORTED"};
+
+	return st >= 0 && st <= 5 ? n[st] : "?";
+}
+
+static void
+rec_free(refit_rec_t *r)
+{
+	free(r->model);
+	free(r->key);
+	free(r->failure);
+	free(r->nodes);
+	free(r);
+}
+
+static void
+finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void
+finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
+{
+	char msg[REFIT_ERR_MSG_MAX] = "";
+	va_list ap;
+
+	if (fmt != NULL) {
+		va_start(ap, fmt);
+		vsnprintf(msg, sizeof(msg), fmt, ap);
+		va_end(ap);
+	}
+	r->state = state;
+	r->phase++;
+	r->pending = 0;
+	r->finished_ms = unix_ms();
+	free(r->failure);
+	r->failure = msg[0] ? xstrdup(msg) : NULL;
+	if (state == REFIT__V1__REFIT_STATE__COMMITTED) {
+		model_t *m = coord_find_model(c, r->model);
+
+		if (m != NULL && r->version > m->installed_version)
+			m->installed_version = r->version;
+	}
+	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
+		 r->version, state_name(state), msg[0] ? ": " : "", msg);
+}
+
+/* ---- node calls ----------------------------------------------------------- */
+
+static void on_node_done(void *arg, refit_status_t st, const char *msg,
+			 ProtobufCMessage *resp);
+
+/* Call method on every node of r; fails r when a call cannot start. */
+static void
+call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessage *req)
+{
+	refit_err_t err;
+
+	r->pending = 0;
+	for (size_t i = 0; i < r->nnodes; i++) {
+		member_t *m = coord_find_member(c, r->nodes[i]);
+		nctx_t *x;
+
+		refit_err_clear(&err);
+		if (m == NULL || m->rpc_ep[0] == '\0') {
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s",
+			       m ? m->node_id : "?", m ? "advertised no rpc_endpoint" :
+			       "left the membership");
+			return;
+		}
+		x = xcalloc(1, sizeof(*x));
+		*x = (nctx_t){c, r->id, m->id, r->phase};
+		if (rpc_call_async(c->loop, m->rpc_ep, NULL, &refit__v1__node__descriptor,
+				   method, req, NODE_CALL_MS, on_node_done, x, &err) != REFIT_OK) {
+			free(x);
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s", m->node_id,
+			       err.msg);
+			return;
+		}
+		c->inflight++;
+		r->pending++;
+	}
+}
+
+static void
+start_running(coord_t *c, refit_rec_t *r)
+{
+	Refit__V1__RunSliceRequest rq = REFIT__V1__RUN_SLICE_REQUEST__INIT;
+
+	r->state = REFIT__V1__REFIT_STATE__RUNNING;
+	r->phase++;
+	rq.refit_id = r->id;
+	rq.epoch = r->epoch;
+	rq.plan_digest = r->plan_digest;
+	rq.model = r->model;
+	rq.version = r->version;
+	rq.verify = r->verify;
+	call_nodes(c, r, "RunSlice", &rq.base);
+}
+
+static void
+on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	nctx_t *x = arg;
+	coord_t *c = x->c;
+	refit_rec_t *r = c->closing ? NULL : find_refit(c, x->refit_id);
+	member_t *m = c->closing ? NULL : coord_find_member(c, x->member_id);
+
+	c->inflight--;
+	if (r != NULL && r->phase == x->phase && !is_final(r->state)) {
+		const char *what = r->state == REFIT__V1__REFIT_STATE__PREPARING ? "PrepareEpoch"
+										   : "RunSlice";
+
+		if (st != REFIT_OK) {
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s",
+			       m ? m->node_id : "?", what, msg);
+		} else {
+			if (r->state == REFIT__V1__REFIT_STATE__RUNNING && resp != NULL)
+				r->bytes += ((Refit__V1__RunSliceResponse *)resp)->bytes;
+			if (--r->pending == 0) {
+				if (r->state == REFIT__V1__REFIT_STATE__PREPARING)
+					start_running(c, r);
+				else
+					finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL);
+			}
+		}
+	}
+	free(x);
+	coord_maybe_free(c);
+}
+
+/* ---- plans ----------------------------------------------------------------- */
+
+/* Digest of everything a plan depends on. */
+static void
+plan_key(coord_t *c, const model_t *m, const plan_opts_t *o, char hex[SHA256_HEX_LEN])
+{
+	strbuf_t sb;
+
+	strbuf_init(&sb);
+	strbuf_printf(&sb, "mode %d chunk %" PRIu64 " staging %" PRIu64 "\n", (int)o->mode,
+		      o->chunk_bytes, o->staging_bytes);
+	for (size_t i = 0; i < m->inst.n; i++)
+		strbuf_printf(&sb, "inst %d %s %s\n", m->inst.v[i].role, m->inst.v[i].name,
+			      m->inst.v[i].digest);
+	for (size_t i = 0; i < c->members.n; i++) {
+		strbuf_printf(&sb, "node %s", c->members.v[i].node_id);
+		for (size_t k = 0; k < c->members.v[i].nranks; k++)
+			strbuf_printf(&sb, " %d@%s", c->members.v[i].ranks[k].rank,
+				      c->members.v[i].ranks[k].domain);
+		strbuf_puts(&sb, "\n");
+	}
+	sha256_hex(sb.s, sb.len, hex);
+	strbuf_fini(&sb);
+}
+
+/* The plan for m now, from the cache when its inputs are unchanged. */
+static refit_status_t
+get_plan(coord_t *c, model_t *m, const plan_opts_t *o, const plan_t **out,
+	 refit_err_t *err)
+{
+	char key[SHA256_HEX_LEN];
+	plan_cache_t *pc = NULL;
+	plan_layout_set_t dst;
+	plan_topo_t topo;
+	plan_t p;
+	refit_status_t rc;
+
+	plan_key(c, m, o, key);
+	for (size_t i = 0; i < c->plans.n; i++)
+		if (strcmp(c->plans.v[i].model, m->name) == 0)
+			pc = &c->plans.v[i];
+	if (pc != NULL && strcmp(pc->key, key) == 0) {
+		*out = &pc->plan;
+		return REFIT_OK;
+	}
+	CHECK(coord_compose_dst(m, &dst, err));
+	rc = coord_members_topo(c, &topo, err);
+	if (rc == REFIT_OK)
+		rc = plan_build(&coord_train_instance(m)->layouts, &dst, &topo, o, &p, err);
+	plan_topo_fini(&topo);
+	plan_layout_set_fini(&dst);
+	if (rc != REFIT_OK)
+		return rc;
+	if (pc == NULL) {
+		plan_cache_t n = {.model = xstrdup(m->name)};
+
+		VEC_PUSH(&c->plans, n);
+		pc = &c->plans.v[c->plans.n - 1];
+	} else {
+		plan_fini(&pc->plan);
+	}
+	memcpy(pc->key, key, sizeof(key));
+	pc->plan = p;
+	log_info("coordinator: model \"%s\": plan %.12s built (%zu transfers)", m->name,
+		 p.digest_hex, p.nxfers);
+	*out = &pc->plan;
+	return REFIT_OK;
+}
+
+/* Members owning a rank that sends or receives in p. */
+static void
+involved_nodes(coord_t *c, const plan_t *p, refit_rec_t *r)
+{
+	r->nodes = xcalloc(c->members.n ? c->members.n : 1, sizeof(*r->nodes));
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+		bool used = false;
+
+		for (size_t k = 0; k < m->nranks && !used; k++)
+			for (size_t x = 0; x < p->nxfers && !used; x++)
+				used = p->xfers[x].from == m->ranks[k].rank ||
+				       p->xfers[x].to == m->ranks[k].rank;
+		if (used)
+			r->nodes[r->nnodes++] = m->id;
+	}
+}
+
+static void
+start_refit(coord_t *c, model_t *m, refit_rec_t *r)
+{
+	Refit__V1__PrepareEpochRequest rq = REFIT__V1__PREPARE_EPOCH_REQUEST__INIT;
+	uint8_t token[16] = {0};
+	const plan_t *p;
+	plan_opts_t o;
+	refit_err_t err;
+
+	refit_err_clear(&err);
+	plan_opts_default(&o);
+	o.mode = r->mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
+	if (get_plan(c, m, &o, &p, &err) != REFIT_OK) {
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", err.msg);
+		return;
+	}
+	memcpy(r->plan_digest, p->digest_hex, sizeof(r->plan_digest));
+	involved_nodes(c, p, r);
+	r->epoch = c->epoch;
+	r->state = REFIT__V1__REFIT_STATE__PREPARING;
+	r->phase++;
+	if (getrandom(token, sizeof(token), 0) != (ssize_t)sizeof(token))
+		log_warn("coordinator: getrandom");
+	rq.epoch = r->epoch;
+	rq.token.data = token;
+	rq.token.len = sizeof(token);
+	if (r->nnodes == 0) {
+		finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL); /* nothing moves */
+		return;
+	}
+	call_nodes(c, r, "PrepareEpoch", &rq.base);
+}
+
+void
+coord_refits_on_epoch(coord_t *c, uint64_t old_epoch)
+{
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (!is_final(r->state) && r->state != REFIT__V1__REFIT_STATE__PENDING &&
+		    r->epoch == old_epoch)
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "membership changed (epoch %"
+			       PRIu64 " -> %" PRIu64 ") during the refit", old_epoch, c->epoch);
+	}
+}
+
+/* ---- handlers --------------------------------------------------------------- */
+
+static void
+fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
+{
+	refit__v1__refit__init(o);
+	o->id = r->id;
+	o->model = r->model;
+	o->version = r->version;
+	o->epoch = r->epoch;
+	o->mode = (Refit__V1__Mode)r->mode;
+	o->verify = r->verify;
+	o->state = (Refit__V1__RefitState)r->state;
+	o->plan_digest = (char *)r->plan_digest;
+	o->created_unix_ms = r->created_ms;
+	o->finished_unix_ms = r->finished_ms;
+	o->bytes = r->bytes;
+	o->failure = r->failure ? r->failure : "";
+	o->idempotency_key = r->key ? r->key : "";
+}
+
+static void
+trim_records(coord_t *c)
+{
+	for (size_t i = 0; c->refits.n > REFIT_KEEP && i < c->refits.n;) {
+		if (is_final(c->refits.v[i]->state)) {
+			rec_free(c->refits.v[i]);
+			memmove(&c->refits.v[i], &c->refits.v[i + 1],
+				(c->refits.n - i - 1) * sizeof(*c->refits.v));
+			c->refits.n--;
+		} else {
+			i++;
+		}
+	}
+}
+
+static void
+h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__TriggerRefitRequest *rq = (const void *)msg;
+	Refit__V1__TriggerRefitResponse rsp = REFIT__V1__TRIGGER_REFIT_RESPONSE__INIT;
+	const char *key = rq->idempotency_key && rq->idempotency_key[0] ? rq->idempotency_key : NULL;
+	model_t *m = coord_find_model(c, rq->model ? rq->model : "");
+	refit_rec_t *r;
+
+	if (m == NULL || coord_train_instance(m) == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "TriggerRefit: model \"%s\" has "
+				     "no registered trainer", rq->model ? rq->model : "");
+	for (size_t i = 0; key && i < c->refits.n; i++) {
+		r = c->refits.v[i];
+		if (r->key && strcmp(r->key, key) == 0 && strcmp(r->model, m->name) == 0) {
+			rsp.refit_id = r->id;
+			rsp.existing = true;
+			return rpc_call_reply(call, &rsp.base);
+		}
+	}
+	if (m->latest_version == 0)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "TriggerRefit \"%s\": no weights "
+				     "are ready yet (no WeightsReady)", m->name);
+	if (rq->version > m->latest_version)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "TriggerRefit \"%s\": version %"
+				     PRIu64 " is newer than the latest ready %" PRIu64, m->name,
+				     rq->version, m->latest_version);
+	if (rq->mode != REFIT__V1__MODE__RESHARD && rq->mode != REFIT__V1__MODE__BROADCAST)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "TriggerRefit: unknown mode %d",
+				     (int)rq->mode);
+	for (size_t i = 0; i < c->refits.n; i++)
+		if (!is_final(c->refits.v[i]->state) && strcmp(c->refits.v[i]->model, m->name) == 0)
+			return rpc_call_fail(call, REFIT_ERR_EXISTS, "TriggerRefit \"%s\": refit %"
+					     PRIu64 " is still %s", m->name, c->refits.v[i]->id,
+					     state_name(c->refits.v[i]->state));
+	r = xcalloc(1, sizeof(*r));
+	r->id = ++c->next_refit;
+	r->model = xstrdup(m->name);
+	r->key = key ? xstrdup(key) : NULL;
+	r->version = rq->version ? rq->version : m->latest_version;
+	r->mode = (int)rq->mode;
+	r->verify = rq->verify;
+	r->created_ms = unix_ms();
+	r->state = REFIT__V1__REFIT_STATE__PENDING;
+	VEC_PUSH(&c->refits, r);
+	trim_records(c);
+	rsp.refit_id = r->id;
+	rpc_call_reply(call, &rsp.base);
+	start_refit(c, m, r);
+}
+
+static void
+h_get(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__GetRefitRequest *rq = (const void *)msg;
+	refit_rec_t *r = find_refit(c, rq->refit_id);
+	Refit__V1__Refit o;
+
+	if (r == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetRefit: no refit %" PRIu64,
+				     rq->refit_id);
+	fill_refit(r, &o);
+	rpc_call_reply(call, &o.base);
+}
+
+static void
+h_list(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__ListRefitsRequest *rq = (const void *)msg;
+	Refit__V1__ListRefitsResponse rsp = REFIT__V1__LIST_REFITS_RESPONSE__INIT;
+	Refit__V1__Refit *v = xcalloc(c->refits.n ? c->refits.n : 1, sizeof(*v));
+	Refit__V1__Refit **p = xcalloc(c->refits.n ? c->refits.n : 1, sizeof(*p));
+	size_t n = 0;
+
+	for (size_t i = c->refits.n; i-- > 0;) { /* newest first */
+		const refit_rec_t *r = c->refits.v[i];
+
+		if (rq->model && rq->model[0] && strcmp(rq->model, r->model) != 0)
+			continue;
+		if (rq->limit && n == rq->limit)
+			break;
+		fill_refit(r, &v[n]);
+		p[n] = &v[n];
+		n++;
+	}
+	rsp.refits = p;
+	rsp.n_refits = n;
+	rpc_call_reply(call, &rsp.base);
+	free(v);
+	free(p);
+}
+
+static void
+on_abort_sent(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	nctx_t *x = arg;
+	coord_t *c = x->c;
+
+	(void)resp;
+	if (st != REFIT_OK)
+		log_warnx("coordinator: refit %" PRIu64 ": Node.Abort to member %" PRIu64 ": %s",
+			  x->refit_id, x->member_id, msg);
+	c->inflight--;
+	free(x);
+	coord_maybe_free(c);
+}
+
+static void
+h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__AbortRefitRequest *rq = (const void *)msg;
+	Refit__V1__AbortRequest ab = REFIT__V1__ABORT_REQUEST__INIT;
+	refit_rec_t *r = find_refit(c, rq->refit_id);
+	Refit__V1__Refit o;
+
+	if (r == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "AbortRefit: no refit %" PRIu64,
+				     rq->refit_id);
+	if (is_final(r->state))
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "AbortRefit: refit %" PRIu64
+				     " is already %s", r->id, state_name(r->state));
+	finish(c, r, REFIT__V1__REFIT_STATE__ABORTED, "aborted: %s",
+	       rq->reason && rq->reason[0] ? rq->reason : "by request");
+	ab.refit_id = r->id;
+	ab.epoch = r->epoch;
+	ab.reason = r->failure;
+	for (size_t i = 0; i < r->nnodes; i++) {
+		member_t *m = coord_find_member(c, r->nodes[i]);
+		nctx_t *x;
+
+		if (m == NULL || m->rpc_ep[0] == '\0')
+			continue;
+		x = xcalloc(1, sizeof(*x));
+		*x = (nctx_t){c, r->id, m->id, r->phase};
+		if (rpc_call_async(c->loop, m->rpc_ep, NULL, &refit__v1__node__descriptor,
+				   "Abort", &ab.base, 5000, on_abort_sent, x, NULL) == REFIT_OK)
+			c->inflight++;
+		else
+			free(x);
+	}
+	fill_refit(r, &o);
+	rpc_call_reply(call, &o.base);
+}
+
+const rpc_method_cfg_t coord_refit_methods[] = {
+	{"TriggerRefit", h_trigger, true},
+	{"GetRefit", h_get, true},
+	{"ListRefits", h_list, true},
+	{"AbortRefit", h_abort, true},
+};
+const size_t coord_refit_nmethods = sizeof(coord_refit_methods) / sizeof(coord_refit_methods[0]);
+
+void
+coord_refits_fini(coord_t *c)
+{
+	for (size_t i = 0; i < c->refits.n; i++)
+		rec_free(c->refits.v[i]);
+	VEC_FREE(&c->refits);
+	for (size_t i = 0; i < c->plans.n; i++) {
+		free(c->plans.v[i].model);
+		plan_fini(&c->plans.v[i].plan);
+	}
+	VEC_FREE(&c->plans);
+}

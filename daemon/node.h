@@ -1,0 +1,29 @@
+/*
+ * node.h - the node role: joins the coordinator, keeps its lease, and
+ * serves refit.v1.Node (epoch preparation with fencing, slices, aborts).
+ * State is owned by the daemon's loop thread.
+ */
+#ifndef REFIT_DAEMON_NODE_H
+#define REFIT_DAEMON_NODE_H
+
+#include "daemon/rpc.h"
+
+typedef struct node_opts {
+	const char *coordinator;  /* coordinator address */
+	const char *node_id;
+	const char *advertise;    /* where the coordinator reaches our Node service */
+	const char *domain;       /* NULL = node_id */
+	const int32_t *ranks;
+	size_t nranks;
+	uint32_t heartbeat_ms;    /* until the coordinator says otherwise */
+	rpc_client_opts_t client; /* TLS / token towards the coordinator */
+} node_opts_t;
+
+typedef struct node node_t;
+
+node_t *node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o,
+		 refit_err_t *err);
+/* Leave the membership (best effort, bounded) and free when done. */
+void node_close(node_t *n);
+
+#endif
