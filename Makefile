@@ -75,7 +75,7 @@ ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
 .PHONY: all check demo bench install deps clean fuzz config unit asan cli-test
-all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL)
+all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -128,6 +128,18 @@ $(REFITD): $(call objs,$(BUILD),daemon/main.c) $(RPCLIB) $(LIB)
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
 $(REFITCTL): $(BUILD)/obj/client/refitctl.o $(RPCLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
+
+BENCH_RPC := $(BUILD)/bin/bench-rpc
+
+$(BUILD)/obj/bench/bench_rpc.o: bench/bench_rpc.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(BENCH_RPC): $(BUILD)/obj/bench/bench_rpc.o $(RPCLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
@@ -213,8 +225,10 @@ demo: deps
 	$(Q)sh scripts/demo.sh $(BIN)
 
 bench: deps
-	$(Q)$(MAKE) --no-print-directory $(BENCH)
+	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(REFITD)
 	$(Q)$(BENCH)
+	@echo
+	$(Q)$(BENCH_RPC) $(REFITD)
 
 SYSTEMD_DIR ?= /lib/systemd/system
 
