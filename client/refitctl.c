@@ -482,7 +482,8 @@ static const cmd_t cmds[] = {
 static void
 usage(FILE *f)
 {
-	fprintf(f, "usage: refitctl [--coordinator ADDR] [--token-file F] [--tls-ca F]\n"
+	fprintf(f, "usage: refitctl [--coordinator ADDR] [--token-file F]\n"
+		"                [--tls-ca F [--tls-cert F --tls-key F]]\n"
 		"                [--timeout-ms N] [--json] COMMAND [ARGS]\n\n");
 	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
 		fprintf(f, "  %-8s %-8s %s\n", cmds[i].name, cmds[i].args, cmds[i].help);
@@ -498,6 +499,8 @@ main(int argc, char **argv)
 		{"coordinator", required_argument, NULL, 'c'},
 		{"token-file", required_argument, NULL, 't'},
 		{"tls-ca", required_argument, NULL, 'a'},
+		{"tls-cert", required_argument, NULL, 'C'},
+		{"tls-key", required_argument, NULL, 'K'},
 		{"timeout-ms", required_argument, NULL, 'T'},
 		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
@@ -516,6 +519,8 @@ main(int argc, char **argv)
 		switch (o) {
 		case 'c': addr = optarg; break;
 		case 'a': co.tls.ca_file = optarg; break;
+		case 'C': co.tls.cert_file = optarg; break;
+		case 'K': co.tls.key_file = optarg; break;
 		case 'j': c.json = 1; break;
 		case 't': {
 			size_t len;

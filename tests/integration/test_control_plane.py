@@ -448,6 +448,66 @@ def nodes_and_refits():
         assert procs[0].returncode == 0, procs[0].stderr.read()
 
 
+def tls_and_mutual_tls():
+    """TLS with a test CA, then mutual TLS: a client without a certificate
+    is refused, one with a certificate the CA signed gets in."""
+    d = os.path.join(TMP, "pki")
+    os.makedirs(d, exist_ok=True)
+
+    def sh(*args):
+        subprocess.run(args, check=True, capture_output=True, cwd=d)
+
+    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+       "-out", "ca.pem", "-days", "2", "-subj", "/CN=refit-test-ca")
+    for who in ("server", "client"):
+        with open(os.path.join(d, f"{who}.ext"), "w") as f:
+            f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key",
+           "-out", f"{who}.csr", "-subj", f"/CN={who}")
+        sh("openssl", "x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey",
+           "ca.key", "-CAcreateserial", "-out", f"{who}.pem", "-days", "2",
+           "-extfile", f"{who}.ext")
+    rd = lambda n: open(os.path.join(d, n), "rb").read()  # noqa: E731
+    for mutual in (False, True):
+        port = free_port()
+        args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
+                f"127.0.0.1:{port}", "--tls-cert", f"{d}/server.pem",
+                "--tls-key", f"{d}/server.key"]
+        if mutual:
+            args += ["--tls-client-ca", f"{d}/ca.pem"]
+        proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        try:
+            creds = grpc.ssl_channel_credentials(root_certificates=rd("ca.pem"))
+            target = f"localhost:{port}"
+            ch = grpc.secure_channel(target, creds)
+            if mutual:
+                try:
+                    grpc.channel_ready_future(ch).result(timeout=3)
+                    pbg.CoordinatorStub(ch).ListMembers(pb.ListMembersRequest(), timeout=3)
+                    raise AssertionError("mutual TLS let a client without a cert in")
+                except (grpc.FutureTimeoutError, grpc.RpcError):
+                    pass
+                ch.close()
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates=rd("ca.pem"), private_key=rd("client.key"),
+                    certificate_chain=rd("client.pem"))
+                ch = grpc.secure_channel(target, creds)
+            grpc.channel_ready_future(ch).result(timeout=10)
+            m = pbg.CoordinatorStub(ch).ListMembers(pb.ListMembersRequest(), timeout=5)
+            assert len(m.members) == 0
+            ch.close()
+            ctl = [f"{BUILD}/bin/refitctl", "--coordinator", target, "--tls-ca",
+                   f"{d}/ca.pem"]
+            if mutual:
+                ctl += ["--tls-cert", f"{d}/client.pem", "--tls-key", f"{d}/client.key"]
+            out = subprocess.run(ctl + ["members"], capture_output=True, text=True,
+                                 timeout=30)
+            assert out.returncode == 0 and "0 members" in out.stdout, out
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+
+
 def clean_stop():
     coord.send_signal(signal.SIGTERM)
     rc = coord.wait(timeout=10)
@@ -466,6 +526,7 @@ try:
                      ("unix socket lock", unix_socket_lock),
                      ("restart keeps registrations", restart_keeps_registrations),
                      ("nodes and refits", nodes_and_refits),
+                     ("tls and mutual tls", tls_and_mutual_tls),
                      ("clean stop", clean_stop)]:
         check(name, fn)
 finally:
