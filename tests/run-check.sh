@@ -6,6 +6,7 @@ set -u
 BUILD=${1:-build}
 FUZZ_SECONDS=${FUZZ_SECONDS:-8}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-120}
 total_pass=0
