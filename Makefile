@@ -240,9 +240,11 @@ install: $(BIN) $(REFITD) $(REFITCTL)
 	install -m 0644 config/coordinator.json config/node.json $(DESTDIR)$(PREFIX)/share/refit/
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/refit/
 	install -d $(DESTDIR)$(SYSTEMD_DIR)
-	sed 's|@PREFIX@|$(PREFIX)|g' systemd/refit-coordinator.service.in \
-		>$(DESTDIR)$(SYSTEMD_DIR)/refit-coordinator.service
-	chmod 0644 $(DESTDIR)$(SYSTEMD_DIR)/refit-coordinator.service
+	for u in refit-coordinator refitd; do \
+		sed 's|@PREFIX@|$(PREFIX)|g' systemd/$$u.service.in \
+			>$(DESTDIR)$(SYSTEMD_DIR)/$$u.service && \
+		chmod 0644 $(DESTDIR)$(SYSTEMD_DIR)/$$u.service || exit 1; \
+	done
 
 clean:
 	rm -rf $(BUILD)

@@ -344,3 +344,43 @@ bad:
 	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"ranks\": \"%s\" is not "
 			     "a list of ranks and ranges such as 0-7 or 0,2,4-5", spec);
 }
+
+void
+config_diff(const refitd_config_t *a, const refitd_config_t *b,
+	    void (*fn)(void *ctx, const char *key, bool reloadable), void *ctx)
+{
+	for (size_t i = 0; i < NKEYS; i++) {
+		const key_t_ *k = &keys[i];
+		bool same;
+
+		if (k->type == K_STR || k->type == K_ENUM) {
+			const char *x = *str_at((refitd_config_t *)a, k);
+			const char *y = *str_at((refitd_config_t *)b, k);
+
+			same = (x == NULL && y == NULL) || (x && y && strcmp(x, y) == 0);
+		} else {
+			same = *num_at((refitd_config_t *)a, k) == *num_at((refitd_config_t *)b, k);
+		}
+		if (!same)
+			fn(ctx, k->name, k->reloadable);
+	}
+}
+
+void
+config_apply_reloadable(refitd_config_t *running, const refitd_config_t *fresh)
+{
+	for (size_t i = 0; i < NKEYS; i++) {
+		const key_t_ *k = &keys[i];
+
+		if (!k->reloadable)
+			continue;
+		if (k->type == K_STR || k->type == K_ENUM) {
+			const char *v = *str_at((refitd_config_t *)fresh, k);
+
+			free(*str_at(running, k));
+			*str_at(running, k) = v ? xstrdup(v) : NULL;
+		} else {
+			*num_at(running, k) = *num_at((refitd_config_t *)fresh, k);
+		}
+	}
+}

@@ -46,6 +46,14 @@ refit_status_t config_check(const refitd_config_t *c, refit_err_t *err);
 /* "0-3,8" -> {0,1,2,3,8}; *out is heap memory the caller frees. */
 refit_status_t config_parse_ranks(const char *spec, int32_t **out, size_t *n,
 				  refit_err_t *err);
+/*
+ * Call fn for every key whose value differs between a and b, saying
+ * whether it may change while the daemon runs (SIGHUP).
+ */
+void config_diff(const refitd_config_t *a, const refitd_config_t *b,
+		 void (*fn)(void *ctx, const char *key, bool reloadable), void *ctx);
+/* Copy the reloadable keys of fresh into running. */
+void config_apply_reloadable(refitd_config_t *running, const refitd_config_t *fresh);
 /* The effective configuration as JSON, every key. */
 void config_dump(const refitd_config_t *c, strbuf_t *out);
 

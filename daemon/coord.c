@@ -712,3 +712,13 @@ coord_close(coord_t *c)
 	uv_timer_stop(&c->lease_timer);
 	uv_close((uv_handle_t *)&c->lease_timer, on_timer_closed);
 }
+
+void
+coord_set_timing(coord_t *c, uint32_t lease_ttl_ms, uint32_t heartbeat_ms)
+{
+	c->o.lease_ttl_ms = lease_ttl_ms;
+	c->o.heartbeat_ms = heartbeat_ms;
+	uv_timer_stop(&c->lease_timer);
+	uv_timer_start(&c->lease_timer, on_lease_timer, lease_ttl_ms / 4 + 1,
+		       lease_ttl_ms / 4 + 1);
+}

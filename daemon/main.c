@@ -22,7 +22,10 @@
 
 typedef struct daemon_state {
 	uv_loop_t loop;
-	uv_signal_t sigterm, sigint;
+	uv_signal_t sigterm, sigint, sighup;
+	int argc;
+	char **argv;
+	refitd_config_t *cfg;
 	rpc_server_t *srv;
 	coord_t *coord;
 	node_t *node;
@@ -67,6 +70,59 @@ on_signal(uv_signal_t *h, int signum)
 	d->srv = NULL;
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
+	uv_close((uv_handle_t *)&d->sighup, NULL);
+}
+
+static int parse_args(int argc, char **argv, refitd_config_t *cfg, bool *check_only,
+		      refit_err_t *err);
+static char *read_token(const char *path, refit_err_t *err);
+
+static void
+note_change(void *ctx, const char *key, bool reloadable)
+{
+	int *restart_needed = ctx;
+
+	if (reloadable) {
+		log_info("refitd: reload: %s changed", key);
+	} else {
+		log_warnx("refitd: reload: %s changed, but it applies only at start: "
+			  "restart to use it", key);
+		*restart_needed = 1;
+	}
+}
+
+/* SIGHUP: read the file and flags again; apply the reloadable keys. */
+static void
+on_hup(uv_signal_t *h, int signum)
+{
+	daemon_state_t *d = h->data;
+	refitd_config_t n;
+	refit_err_t err;
+	bool check_only;
+	int restart = 0;
+	char *token = NULL;
+
+	(void)signum;
+	refit_err_clear(&err);
+	config_init(&n);
+	if (parse_args(d->argc, d->argv, &n, &check_only, &err) >= 0 ||
+	    (n.token_file && (token = read_token(n.token_file, &err)) == NULL)) {
+		log_warnx("refitd: reload refused, configuration unchanged: %s", err.msg);
+		config_fini(&n);
+		return;
+	}
+	config_diff(d->cfg, &n, note_change, &restart);
+	log_init("refitd", (enum log_level)log_level_parse(n.log_level), LOG_SUB_ALL);
+	if (d->srv)
+		rpc_server_set_token(d->srv, token);
+	if (d->coord)
+		coord_set_timing(d->coord, (uint32_t)n.lease_ttl_ms, (uint32_t)n.heartbeat_ms);
+	if (d->node)
+		node_set_heartbeat(d->node, (uint32_t)n.heartbeat_ms);
+	free(token);
+	config_apply_reloadable(d->cfg, &n); /* start-only keys keep their running value */
+	config_fini(&n);
+	log_info("refitd: configuration reloaded%s", restart ? " (some keys need a restart)" : "");
 }
 
 static void
@@ -249,9 +305,14 @@ main(int argc, char **argv)
 	}
 	uv_signal_init(&d.loop, &d.sigterm);
 	uv_signal_init(&d.loop, &d.sigint);
-	d.sigterm.data = d.sigint.data = &d;
+	uv_signal_init(&d.loop, &d.sighup);
+	d.sigterm.data = d.sigint.data = d.sighup.data = &d;
+	d.argc = argc;
+	d.argv = argv;
+	d.cfg = &cfg;
 	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
+	uv_signal_start(&d.sighup, on_hup, SIGHUP);
 	log_info("refitd: %s listening on %s (port %d)", cfg.role, cfg.listen, port);
 	sd_notify_msg(d.coord ? "READY=1\nSTATUS=coordinator serving" :
 		      "READY=1\nSTATUS=node serving");

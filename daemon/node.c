@@ -291,3 +291,9 @@ node_close(node_t *n)
 	uv_timer_stop(&n->beat);
 	uv_close((uv_handle_t *)&n->beat, on_timer_closed);
 }
+
+void
+node_set_heartbeat(node_t *n, uint32_t heartbeat_ms)
+{
+	uv_timer_set_repeat(&n->beat, heartbeat_ms);
+}

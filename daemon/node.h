@@ -23,6 +23,8 @@ typedef struct node node_t;
 
 node_t *node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o,
 		 refit_err_t *err);
+/* New heartbeat interval (SIGHUP). */
+void node_set_heartbeat(node_t *n, uint32_t heartbeat_ms);
 /* Leave the membership (best effort, bounded) and free when done. */
 void node_close(node_t *n);
 

@@ -68,6 +68,8 @@ refit_status_t rpc_server_add_service(rpc_server_t *s,
 				      void *ctx, refit_err_t *err);
 /* Bind and start; *port gets the bound TCP port (0 for unix sockets). */
 refit_status_t rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err);
+/* Replace the operator token (NULL: none) while serving.  Any thread. */
+void rpc_server_set_token(rpc_server_t *s, const char *token);
 /* Stop accepting, cancel calls, join the thread, free.  NULL is a no-op. */
 void rpc_server_free(rpc_server_t *s);
 

@@ -209,14 +209,20 @@ find_method(const rpc_server_t *s, grpc_slice path)
 }
 
 static bool
-token_ok(const rpc_server_t *s, const rpc_call_t *c)
+token_ok(rpc_server_t *s, const rpc_call_t *c)
 {
 	char want[512];
 	int diff = 0;
 
-	if (s->token == NULL || !c->m->operator_only)
+	if (!c->m->operator_only)
 		return true;
+	pthread_mutex_lock(&s->mu);
+	if (s->token == NULL) {
+		pthread_mutex_unlock(&s->mu);
+		return true;
+	}
 	snprintf(want, sizeof(want), "Bearer %s", s->token);
+	pthread_mutex_unlock(&s->mu);
 	for (size_t i = 0; i < c->md.count; i++) {
 		const grpc_metadata *m = &c->md.metadata[i];
 		size_t n = GRPC_SLICE_LENGTH(m->value);
@@ -557,4 +563,16 @@ rpc_server_free(rpc_server_t *s)
 	if (s->lockfd >= 0)
 		close(s->lockfd);
 	uv_close((uv_handle_t *)&s->async, on_closed);
+}
+
+void
+rpc_server_set_token(rpc_server_t *s, const char *token)
+{
+	char *t = token && token[0] ? xstrdup(token) : NULL, *old;
+
+	pthread_mutex_lock(&s->mu);
+	old = s->token;
+	s->token = t;
+	pthread_mutex_unlock(&s->mu);
+	free(old);
 }

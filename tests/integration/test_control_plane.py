@@ -195,6 +195,10 @@ def garbage_and_limits():
                             response_deserializer=lambda b: b)
     expect_error(lambda: nope(b"", timeout=5), grpc.StatusCode.UNIMPLEMENTED,
                  "unknown method /refit.v1.Coordinator/Frobnicate")
+    whole = pb.JoinRequest(node_id="truncated", host="h" * 40,
+                           ranks=[pb.RankInfo(rank=99, domain="d")]).SerializeToString()
+    expect_error(lambda: raw(whole[:len(whole) // 2], timeout=5),
+                 grpc.StatusCode.INVALID_ARGUMENT, "do not decode as refit.v1.JoinRequest")
     big = pb.JoinRequest(node_id="x" * (2 << 20), ranks=[pb.RankInfo(rank=99)])
     expect_error(lambda: stub.Join(big, timeout=5),
                  grpc.StatusCode.RESOURCE_EXHAUSTED, "")
@@ -219,6 +223,33 @@ def refitctl():
                                     "--timeout-ms", "2000", "members"],
                          capture_output=True, text=True)
     assert out.returncode == 3 and "Connection refused" in out.stderr, out
+
+
+def reload_on_sighup():
+    """SIGHUP re-reads the configuration: a new token applies at once."""
+    with open(tokfile, "w") as f:
+        f.write("rotated-token\n")
+    coord.send_signal(signal.SIGHUP)
+    new = [("authorization", "Bearer rotated-token")]
+    for _ in range(50):
+        try:
+            stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new)
+            break
+        except grpc.RpcError:
+            time.sleep(0.1)
+    stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new)
+    expect_error(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op),
+                 grpc.StatusCode.UNAUTHENTICATED, "operator token")
+    with open(tokfile, "w") as f:
+        f.write(TOKEN + "\n")
+    coord.send_signal(signal.SIGHUP)
+    for _ in range(50):
+        try:
+            stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
+            return
+        except grpc.RpcError:
+            time.sleep(0.1)
+    raise AssertionError("the old token did not come back after a second reload")
 
 
 def lease_expiry():
@@ -368,24 +399,28 @@ def nodes_and_refits():
     node_a = spawn(["--role", "node", "--listen", f"127.0.0.1:{pa}", "--coordinator", ca,
                     "--node-id", "train0", "--ranks", "0-7", "--heartbeat-ms", "300"])
     node_b = spawn(["--role", "node", "--listen", f"127.0.0.1:{pb_}", "--coordinator", ca,
-                    "--node-id", "infer0", "--ranks", "8-15", "--heartbeat-ms", "300"])
+                    "--node-id", "infer0", "--ranks", "8-11", "--heartbeat-ms", "300"])
+    pc_ = free_port()
+    node_c = spawn(["--role", "node", "--listen", f"127.0.0.1:{pc_}", "--coordinator", ca,
+                    "--node-id", "infer1", "--ranks", "12-15", "--heartbeat-ms", "300"])
     try:
         ch = grpc.insecure_channel(ca)
         grpc.channel_ready_future(ch).result(timeout=10)
         st = pbg.CoordinatorStub(ch)
         for _ in range(100):
             mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-            if len(mem.members) == 2:
+            if len(mem.members) == 3:
                 break
             time.sleep(0.1)
         ids = {m.node_id: m.member_id for m in mem.members}
-        assert set(ids) == {"train0", "infer0"}, mem
+        assert set(ids) == {"train0", "infer0", "infer1"}, mem
         st.RegisterLayout(pb.RegisterLayoutRequest(
             member_id=ids["train0"], model="tiny", role=pb.TRAIN,
             tensors=[layout_to_proto(t) for t in train]), timeout=5)
-        for name, ranks in (("i0", [8, 9, 10, 11]), ("i1", [12, 13, 14, 15])):
+        for name, node, ranks in (("i0", "infer0", [8, 9, 10, 11]),
+                                  ("i1", "infer1", [12, 13, 14, 15])):
             st.RegisterLayout(pb.RegisterLayoutRequest(
-                member_id=ids["infer0"], model="tiny", role=pb.INFER, instance=name,
+                member_id=ids[node], model="tiny", role=pb.INFER, instance=name,
                 tensors=[infer_instance(t, ranks) for t in infer]), timeout=5)
         expect_error(lambda: st.TriggerRefit(pb.TriggerRefitRequest(model="tiny"),
                                              timeout=5),
@@ -429,13 +464,21 @@ def nodes_and_refits():
         node_a.send_signal(signal.SIGTERM)
         assert node_a.wait(timeout=10) == 0
         mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-        assert [m.node_id for m in mem.members] == ["infer0"] and mem.epoch == ep + 1, mem
+        assert sorted(m.node_id for m in mem.members) == ["infer0", "infer1"], mem
+        assert mem.epoch == ep + 1, mem
+        # an instance going away
+        st.UnregisterLayout(pb.UnregisterLayoutRequest(
+            member_id=ids["infer1"], model="tiny", role=pb.INFER, instance="i1"), timeout=5)
+        g = st.GetModel(pb.GetModelRequest(model="tiny"), timeout=5)
+        assert sorted(i.instance for i in g.instances) == ["", "i0"], g
         # SIGKILL: the lease lapses
         node_b.kill()
         node_b.wait()
+        node_c.kill()
+        node_c.wait()
         time.sleep(2.2)
         mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-        assert len(mem.members) == 0 and mem.epoch == ep + 2, mem
+        assert len(mem.members) == 0 and mem.epoch == ep + 3, mem
         ch.close()
     finally:
         for p in procs:
@@ -521,7 +564,8 @@ try:
                      ("bad layouts", bad_layouts), ("operator views", operator_views),
                      ("weights ready", weights_ready),
                      ("garbage and limits", garbage_and_limits),
-                     ("refitctl", refitctl), ("lease expiry", lease_expiry),
+                     ("refitctl", refitctl), ("reload on SIGHUP", reload_on_sighup),
+                     ("lease expiry", lease_expiry),
                      ("config files", config_files),
                      ("unix socket lock", unix_socket_lock),
                      ("restart keeps registrations", restart_keeps_registrations),
