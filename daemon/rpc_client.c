@@ -47,6 +47,18 @@ read_pem(const char *path, char **out, refit_err_t *err)
 	return REFIT_OK;
 }
 
+/* The PEM files tls names (NULL where none); freed by the caller. */
+static refit_status_t
+read_pems(const rpc_tls_t *tls, char **cert, char **key, char **ca, refit_err_t *err)
+{
+	*cert = *key = *ca = NULL;
+	if (read_pem(tls->cert_file, cert, err) != REFIT_OK ||
+	    read_pem(tls->key_file, key, err) != REFIT_OK ||
+	    read_pem(tls->ca_file, ca, err) != REFIT_OK)
+		return REFIT_ERR_INVALID_ARG;
+	return REFIT_OK;
+}
+
 refit_status_t
 rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out, refit_err_t *err)
 {
@@ -58,9 +70,7 @@ rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out, refit_err_
 		*out = grpc_insecure_server_credentials_create();
 		return REFIT_OK;
 	}
-	if ((rc = read_pem(tls->cert_file, &cert, err)) != REFIT_OK ||
-	    (rc = read_pem(tls->key_file, &key, err)) != REFIT_OK ||
-	    (rc = read_pem(tls->ca_file, &ca, err)) != REFIT_OK)
+	if ((rc = read_pems(tls, &cert, &key, &ca, err)) != REFIT_OK)
 		goto out;
 	if (key == NULL || (tls->require_client_cert && ca == NULL)) {
 		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
@@ -96,9 +106,7 @@ rpc_channel_creds(const rpc_tls_t *tls, grpc_channel_credentials **out, refit_er
 		*out = grpc_insecure_credentials_create();
 		return REFIT_OK;
 	}
-	if ((rc = read_pem(tls->ca_file, &ca, err)) != REFIT_OK ||
-	    (rc = read_pem(tls->cert_file, &cert, err)) != REFIT_OK ||
-	    (rc = read_pem(tls->key_file, &key, err)) != REFIT_OK)
+	if ((rc = read_pems(tls, &cert, &key, &ca, err)) != REFIT_OK)
 		goto out;
 	pair.private_key = key;
 	pair.cert_chain = cert;

@@ -164,13 +164,14 @@ rpc_call_reply(rpc_call_t *c, const ProtobufCMessage *resp)
 void
 rpc_call_fail(rpc_call_t *c, refit_status_t st, const char *fmt, ...)
 {
-	char msg[REFIT_ERR_MSG_MAX];
+	refit_err_t e;
 	va_list ap;
 
+	refit_err_clear(&e);
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	refit_err_vset(&e, st, fmt, ap);
 	va_end(ap);
-	send_final(c, rpc_status_to_grpc(st), msg, NULL);
+	send_final(c, rpc_status_to_grpc(st), e.msg, NULL);
 	call_unref(c);
 }
 

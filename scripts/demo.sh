@@ -27,5 +27,5 @@ step "5. the same on two DGX H100 nodes per side (topology preset)" \
      "refit-plan explain ... --topology dgx-h100:16"
 "$BIN" explain --src $EX/train-tp2pp2dp2.json --dst $EX/infer-tp4x2.json --topology dgx-h100:16
 
-printf '\nThe node daemon, coordinator and data plane are not built yet: this demo\n'
-printf 'runs the planner offline.  See README.md for what exists today.\n'
+printf '\nThe coordinator and node daemons exist (README.md, docs/control-plane.md);\n'
+printf 'the data plane does not yet, so this demo runs the planner offline.\n'
