@@ -56,7 +56,8 @@ DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 COMMON_SRC := $(wildcard common/*.c)
 PLAN_SRC   := $(wildcard plan/*.c)
 CODEC_SRC  := $(wildcard codec/*.c)
-LIB_SRC    := $(COMMON_SRC) $(PLAN_SRC) $(CODEC_SRC)
+DP_SRC     := $(wildcard dataplane/*.c)
+LIB_SRC    := $(COMMON_SRC) $(PLAN_SRC) $(CODEC_SRC) $(DP_SRC)
 UNIT_SRC   := $(wildcard tests/unit/*.c)
 
 # $(call objs,variant-dir,sources)
@@ -75,7 +76,8 @@ ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
 .PHONY: all check demo bench install deps clean fuzz config unit asan cli-test
-all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc
+all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
+     $(BUILD)/bin/bench-dataplane
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -133,6 +135,12 @@ $(REFITCTL): $(BUILD)/obj/client/refitctl.o $(RPCLIB) $(LIB)
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
 BENCH_RPC := $(BUILD)/bin/bench-rpc
+BENCH_DP  := $(BUILD)/bin/bench-dataplane
+
+$(BENCH_DP): $(call objs,$(BUILD),bench/bench_dataplane.c) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/obj/bench/bench_rpc.o: bench/bench_rpc.c $(PROTO_C)
 	@mkdir -p $(dir $@)
@@ -225,10 +233,12 @@ demo: deps
 	$(Q)sh scripts/demo.sh $(BIN)
 
 bench: deps
-	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(REFITD)
+	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(REFITD)
 	$(Q)$(BENCH)
 	@echo
 	$(Q)$(BENCH_RPC) $(REFITD)
+	@echo
+	$(Q)$(BENCH_DP)
 
 SYSTEMD_DIR ?= /lib/systemd/system
 

@@ -14,5 +14,6 @@ Suite *suite_codec(void);
 Suite *suite_planner(void);
 Suite *suite_validate(void);
 Suite *suite_property(void);
+Suite *suite_dataplane(void);
 
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/crc32c.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/strmap.h"
@@ -169,6 +170,30 @@ START_TEST(log_levels)
 }
 END_TEST
 
+START_TEST(crc32c_vectors)
+{
+	uint8_t buf[1000];
+	uint32_t a, b;
+
+	ck_assert_uint_eq(crc32c(0, "123456789", 9), 0xE3069283u);
+	ck_assert_uint_eq(crc32c_sw(0, "123456789", 9), 0xE3069283u);
+	ck_assert_uint_eq(crc32c(0, "", 0), 0);
+	memset(buf, 0, 32);
+	ck_assert_uint_eq(crc32c(0, buf, 32), 0x8A9136AAu); /* RFC 3720 B.4 */
+	memset(buf, 0xff, 32);
+	ck_assert_uint_eq(crc32c(0, buf, 32), 0x62A8AB43u);
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (uint8_t)(i * 31 + 7);
+	for (size_t n = 0; n < sizeof(buf); n += 37) {
+		a = crc32c(0, buf, n);
+		b = crc32c_sw(0, buf, n);
+		ck_assert_uint_eq(a, b);
+		/* streaming equals one shot */
+		ck_assert_uint_eq(crc32c(crc32c(0, buf, n / 3), buf + n / 3, n - n / 3), a);
+	}
+}
+END_TEST
+
 Suite *
 suite_common(void)
 {
@@ -183,6 +208,7 @@ suite_common(void)
 	tcase_add_test(tc, vec_push);
 	tcase_add_test(tc, strmap_intern);
 	tcase_add_test(tc, log_levels);
+	tcase_add_test(tc, crc32c_vectors);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -10,130 +10,11 @@
 
 #include "common/alloc.h"
 #include "plan/internal.h"
+#include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
 
-#define MAXR 16
+#define MAXR GEN_MAXR
 #define MAXE 512 /* elements per tensor in these tests */
-
-static int
-rnd(unsigned *s, int n)
-{
-	return n > 0 ? rand_r(s) % n : 0;
-}
-
-static void
-gen_topo(unsigned *s, int nranks, plan_topo_t *t)
-{
-	static const int sizes[] = {1, 2, 3, 4, 8};
-	int ds = sizes[rnd(s, 5)], split = rnd(s, 3) == 0 && ds % 2 == 0;
-
-	plan_topo_init(t);
-	for (int r = 0; r < nranks; r++) {
-		char node[16], dom[16];
-
-		snprintf(dom, sizeof(dom), "d%d", r / ds);
-		snprintf(node, sizeof(node), "n%d", split ? r / (ds / 2) : r / ds);
-		ck_assert_int_eq(plan_topo_add_rank(t, r, node, dom, NULL), REFIT_OK);
-	}
-}
-
-/* Random distinct ranks, in random order. */
-static void
-pick_ranks(unsigned *s, int nranks, int n, int32_t *out)
-{
-	int32_t pool[MAXR];
-
-	for (int i = 0; i < nranks; i++)
-		pool[i] = i;
-	for (int i = 0; i < n; i++) {
-		int j = i + rnd(s, nranks - i);
-		int32_t t = pool[i];
-
-		pool[i] = pool[j];
-		pool[j] = t;
-		out[i] = pool[i];
-	}
-}
-
-static void
-gen_dtensor(unsigned *s, const char *name, plan_dtype_t dt, int ndim,
-	    const int64_t *shape, int nranks, plan_layout_t *l)
-{
-	int64_t msh[3];
-	int mdim, total;
-	plan_placement_t pl[3];
-	int32_t mesh[MAXR];
-
-	do {
-		mdim = 1 + rnd(s, 3);
-		total = 1;
-		for (int i = 0; i < mdim; i++) {
-			msh[i] = 1 + rnd(s, 3);
-			total *= (int)msh[i];
-		}
-	} while (total > nranks);
-	for (int i = 0; i < mdim; i++) {
-		int k = ndim == 0 ? 0 : rnd(s, 5);
-
-		pl[i].kind = k == 0 ? PLAN_PL_REPLICATE :
-			     k == 4 ? PLAN_PL_STRIDED_SHARD : PLAN_PL_SHARD;
-		pl[i].dim = ndim ? rnd(s, ndim) - (rnd(s, 2) ? ndim : 0) : 0;
-		pl[i].split_factor = 1 + rnd(s, 3);
-	}
-	pick_ranks(s, nranks, total, mesh);
-	ck_assert_int_eq(plan_layout_init_dtensor(l, name, dt, ndim, shape, mdim, msh,
-						  mesh, pl, NULL), REFIT_OK);
-}
-
-/* Cut b into random boxes (depth-limited); keep each with prob keep/4. */
-static void
-cut(unsigned *s, const plan_box_t *b, int ndim, int depth, boxvec_t *out)
-{
-	int d = ndim ? rnd(s, ndim) : 0;
-
-	if (depth == 0 || ndim == 0 || b->size[d] < 2 || rnd(s, 4) == 0) {
-		VEC_PUSH(out, *b);
-		return;
-	}
-	plan_box_t lo = *b, hi = *b;
-	int64_t at = 1 + rnd(s, (int)b->size[d] - 1);
-
-	lo.size[d] = at;
-	hi.off[d] += at;
-	hi.size[d] -= at;
-	cut(s, &lo, ndim, depth - 1, out);
-	cut(s, &hi, ndim, depth - 1, out);
-}
-
-static void
-gen_explicit(unsigned *s, const char *name, plan_dtype_t dt, int ndim,
-	     const int64_t *shape, int nranks, bool cover, plan_layout_t *l)
-{
-	boxvec_t boxes = {0};
-	VEC(plan_shard_t) sh = {0};
-	plan_box_t full;
-
-	plan_box_full(&full, shape, ndim);
-	cut(s, &full, ndim, 4, &boxes);
-	for (size_t i = 0; i < boxes.n; i++) {
-		int copies = 1 + (rnd(s, 3) == 0);
-
-		if (!cover && rnd(s, 5) == 0)
-			continue;
-		for (int c = 0; c < copies; c++) {
-			plan_shard_t x;
-
-			memset(&x, 0, sizeof(x));
-			x.rank = rnd(s, nranks);
-			x.box = boxes.v[i];
-			VEC_PUSH(&sh, x);
-		}
-	}
-	ck_assert_int_eq(plan_layout_init_explicit(l, name, dt, ndim, shape, sh.v, sh.n,
-						   NULL), REFIT_OK);
-	VEC_FREE(&boxes);
-	VEC_FREE(&sh);
-}
 
 /* Linear index of an element inside shape. */
 static int
@@ -244,40 +125,15 @@ dense_check(const plan_t *p, uint32_t t, const plan_layout_t *src,
 static void
 one_case(unsigned *s, dense_t *D)
 {
-	static const plan_dtype_t dts[] = {PLAN_DT_BF16, PLAN_DT_FP32, PLAN_DT_INT8,
-					   PLAN_DT_FP64};
-	int nranks = 2 + rnd(s, MAXR - 1), nt = 1 + rnd(s, 3);
 	plan_layout_set_t src, dst;
 	plan_topo_t topo;
 	plan_opts_t o;
+	int nranks;
 
-	gen_topo(s, nranks, &topo);
-	plan_layout_set_init(&src);
-	plan_layout_set_init(&dst);
-	for (int t = 0; t < nt; t++) {
-		int ndim = rnd(s, 5) == 0 ? 0 : 1 + rnd(s, 3);
-		int64_t shape[3];
-		plan_dtype_t dt = dts[rnd(s, 4)];
-		plan_layout_t a, b;
-		char name[16];
-
-		for (int d = 0; d < ndim; d++)
-			shape[d] = rnd(s, 8);
-		snprintf(name, sizeof(name), "t%d", t);
-		if (rnd(s, 3))
-			gen_dtensor(s, name, dt, ndim, shape, nranks, &a);
-		else
-			gen_explicit(s, name, dt, ndim, shape, nranks, true, &a);
-		if (rnd(s, 3))
-			gen_dtensor(s, name, dt, ndim, shape, nranks, &b);
-		else
-			gen_explicit(s, name, dt, ndim, shape, nranks, false, &b);
-		plan_layout_set_add(&src, &a);
-		plan_layout_set_add(&dst, &b);
-	}
+	gen_case(s, &src, &dst, &topo, &nranks);
 	plan_opts_default(&o);
-	o.chunk_bytes = (uint64_t)64 << rnd(s, 5);
-	o.staging_bytes = o.chunk_bytes << rnd(s, 4);
+	o.chunk_bytes = (uint64_t)64 << gen_rnd(s, 5);
+	o.staging_bytes = o.chunk_bytes << gen_rnd(s, 4);
 	for (int mode = 0; mode < 2; mode++) {
 		plan_t p;
 		plan_cost_t c;
@@ -306,7 +162,7 @@ one_case(unsigned *s, dense_t *D)
 		} else {
 			ck_assert_uint_ge(c.bytes[PLAN_LINK_NETWORK], forced);
 		}
-		if (rnd(s, 8) == 0) {
+		if (gen_rnd(s, 8) == 0) {
 			plan_t q;
 
 			ck_assert_int_eq(plan_build(&src, &dst, &topo, &o, &q, NULL), REFIT_OK);

@@ -1,0 +1,275 @@
+/*
+ * exec.c - the executor core (see exec.h).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/crc32c.h"
+#include "common/strbuf.h"
+#include "dataplane/exec.h"
+
+typedef struct staged {
+	int32_t rank;
+	uint32_t tensor;
+	plan_box_t box;
+	uint8_t *data;   /* contiguous, exactly box */
+} staged_t;
+
+struct dp_exec {
+	const plan_t *p;
+	const plan_layout_set_t *src, *dst;
+	size_t *map;     /* plan tensor -> src index */
+	dp_mem_ops_t mem;
+	dp_exec_opts_t o;
+	VEC(staged_t) staged;
+	uint64_t staged_bytes, staged_max;
+};
+
+refit_status_t
+dp_exec_new(const plan_t *p, const plan_layout_set_t *src, const plan_layout_set_t *dst,
+	    const dp_mem_ops_t *mem, const dp_exec_opts_t *o, dp_exec_t **out,
+	    refit_err_t *err)
+{
+	dp_exec_t *x = xcalloc(1, sizeof(*x));
+
+	*out = NULL;
+	if (plan_match(src, dst, &x->map, err) != REFIT_OK) {
+		free(x);
+		return REFIT_ERR_INVALID_ARG;
+	}
+	if (p->ntensors != dst->n) {
+		free(x->map);
+		free(x);
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "executor: the plan has %u "
+				     "tensors, the layouts %zu", p->ntensors, dst->n);
+	}
+	x->p = p;
+	x->src = src;
+	x->dst = dst;
+	x->mem = *mem;
+	if (o)
+		x->o = *o;
+	else
+		x->o.corrupt_msg = -1;
+	*out = x;
+	return REFIT_OK;
+}
+
+void
+dp_exec_free(dp_exec_t *x)
+{
+	if (x == NULL)
+		return;
+	for (size_t i = 0; i < x->staged.n; i++)
+		free(x->staged.v[i].data);
+	VEC_FREE(&x->staged);
+	free(x->map);
+	free(x);
+}
+
+static void
+box_text(strbuf_t *sb, const plan_box_t *b, int nd)
+{
+	strbuf_puts(sb, "offset ");
+	strbuf_i64_list(sb, b->off, nd);
+	strbuf_puts(sb, " size ");
+	strbuf_i64_list(sb, b->size, nd);
+}
+
+/* Copy from one holding into the part buffer what rem still lacks of it. */
+static void
+take(const dp_view_t *hv, const plan_shard_t *hs, const dp_view_t *bv,
+     const plan_shard_t *bs, plan_boxvec_t *rem, plan_boxvec_t *tmp, int nd)
+{
+	for (size_t i = 0; i < rem->n; i++) {
+		plan_box_t in;
+
+		if (plan_box_intersect(&rem->v[i], &hs->box, nd, &in))
+			dp_copy_box(hv, hs, bv, bs, &in);
+	}
+	plan_boxvec_subtract(rem, &hs->box, nd, tmp);
+}
+
+/* Fill bv (a buffer holding exactly part box b) from rank's holdings. */
+static refit_status_t
+gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
+	    const dp_view_t *bv, const plan_shard_t *bs, refit_err_t *err)
+{
+	const plan_layout_t *ls[2] = {&x->src->v[x->map[t]], &x->dst->v[t]};
+	plan_boxvec_t rem = {0}, tmp = {0};
+	int nd = x->dst->v[t].ndim;
+	refit_status_t rc = REFIT_OK;
+
+	VEC_PUSH(&rem, *b);
+	for (int side = 0; side < 2 && rem.n && rc == REFIT_OK; side++) {
+		for (size_t i = 0; i < ls[side]->nshards && rem.n && rc == REFIT_OK; i++) {
+			const plan_shard_t *s = &ls[side]->shards[i];
+			dp_view_t v;
+
+			if (s->rank != rank || !plan_box_overlaps(&s->box, b, nd))
+				continue;
+			rc = x->mem.view(x->mem.ctx, rank, t, side == 1, s->piece, &v, err);
+			if (rc == REFIT_OK)
+				take(&v, s, bv, bs, &rem, &tmp, nd);
+		}
+	}
+	for (size_t i = 0; i < x->staged.n && rem.n && rc == REFIT_OK; i++) {
+		const staged_t *st = &x->staged.v[i];
+		plan_shard_t ss;
+		dp_view_t v;
+
+		if (st->rank != rank || st->tensor != t)
+			continue;
+		dp_shard_of_box(&ss, &st->box);
+		dp_view_contiguous(&v, st->data, nd, st->box.size, bv->elem);
+		take(&v, &ss, bv, bs, &rem, &tmp, nd);
+	}
+	if (rc == REFIT_OK && rem.n) {
+		strbuf_t sb;
+
+		strbuf_init(&sb);
+		box_text(&sb, b, nd);
+		rc = refit_err_set(err, REFIT_ERR_INTERNAL, "executor: rank %d does not hold "
+				   "tensor \"%s\" %s", rank, x->dst->v[t].name, sb.s);
+		strbuf_fini(&sb);
+	}
+	VEC_FREE(&rem);
+	VEC_FREE(&tmp);
+	return rc;
+}
+
+refit_status_t
+dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf, refit_err_t *err)
+{
+	uint64_t off = 0;
+
+	for (uint32_t k = 0; k < m->nparts; k++) {
+		const plan_part_t *pt = &m->parts[k];
+		const plan_xfer_t *xf = &x->p->xfers[pt->xfer];
+		const plan_tensor_ref_t *t = &x->p->tensors[xf->tensor];
+		plan_shard_t bs;
+		dp_view_t bv;
+
+		dp_shard_of_box(&bs, &pt->box);
+		dp_view_contiguous(&bv, buf + off, t->ndim, pt->box.size, t->elem);
+		CHECK(gather_part(x, m->from, xf->tensor, &pt->box, &bv, &bs, err));
+		off += pt->bytes;
+	}
+	if (x->o.verify) {
+		uint32_t c = crc32c(0, buf, m->bytes);
+
+		for (int i = 0; i < 4; i++)
+			buf[m->bytes + i] = (uint8_t)(c >> (8 * i));
+	}
+	return REFIT_OK;
+}
+
+static refit_status_t
+crc_mismatch(dp_exec_t *x, const plan_msg_t *m, uint32_t want, uint32_t got,
+	     refit_err_t *err)
+{
+	const plan_xfer_t *xf = &x->p->xfers[m->parts[0].xfer];
+	const plan_tensor_ref_t *t = &x->p->tensors[xf->tensor];
+	strbuf_t sb;
+	refit_status_t rc;
+
+	strbuf_init(&sb);
+	box_text(&sb, &m->parts[0].box, t->ndim);
+	rc = refit_err_set(err, REFIT_ERR_REMOTE, "verify: message from rank %d to rank %d "
+			   "(stage %u, %" PRIu64 " bytes, %u parts) fails its CRC-32C "
+			   "(sent %08x, received %08x); it carries tensor \"%s\" %s%s",
+			   m->from, m->to, m->stage, m->bytes, m->nparts, want, got, t->name,
+			   sb.s, m->nparts > 1 ? " and more" : "");
+	strbuf_fini(&sb);
+	return rc;
+}
+
+/* Keep a part the receiver must pass on but does not wholly keep. */
+static void
+stage_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b, const uint8_t *data,
+	   uint64_t bytes)
+{
+	staged_t s = {rank, t, *b, xmalloc(bytes ? bytes : 1)};
+
+	memcpy(s.data, data, bytes);
+	VEC_PUSH(&x->staged, s);
+	x->staged_bytes += bytes;
+	if (x->staged_bytes > x->staged_max)
+		x->staged_max = x->staged_bytes;
+}
+
+refit_status_t
+dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t *err)
+{
+	uint64_t off = 0;
+
+	if (x->o.verify) {
+		uint32_t want = 0, got = crc32c(0, buf, m->bytes);
+
+		for (int i = 0; i < 4; i++)
+			want |= (uint32_t)buf[m->bytes + i] << (8 * i);
+		if (want != got)
+			return crc_mismatch(x, m, want, got, err);
+	}
+	for (uint32_t k = 0; k < m->nparts; k++) {
+		const plan_part_t *pt = &m->parts[k];
+		const plan_xfer_t *xf = &x->p->xfers[pt->xfer];
+		const plan_layout_t *d = &x->dst->v[xf->tensor];
+		const plan_tensor_ref_t *t = &x->p->tensors[xf->tensor];
+		int64_t covered = 0;
+		plan_shard_t ps;
+		dp_view_t pv;
+
+		dp_shard_of_box(&ps, &pt->box);
+		dp_view_contiguous(&pv, (uint8_t *)buf + off, t->ndim, pt->box.size, t->elem);
+		for (size_t i = 0; i < d->nshards; i++) {
+			const plan_shard_t *s = &d->shards[i];
+			plan_box_t in;
+			dp_view_t v;
+
+			if (s->rank != m->to ||
+			    !plan_box_intersect(&s->box, &pt->box, t->ndim, &in))
+				continue;
+			CHECK(x->mem.view(x->mem.ctx, m->to, xf->tensor, true, s->piece, &v, err));
+			dp_copy_box(&pv, &ps, &v, s, &in);
+			covered += plan_box_volume(&in, t->ndim);
+		}
+		if (covered < plan_box_volume(&pt->box, t->ndim))
+			stage_part(x, m->to, xf->tensor, &pt->box, buf + off, pt->bytes);
+		off += pt->bytes;
+	}
+	return REFIT_OK;
+}
+
+refit_status_t
+dp_exec_local(dp_exec_t *x, dp_exec_stats_t *st, refit_err_t *err)
+{
+	plan_msgs_t it;
+	plan_msg_t m;
+	uint8_t *buf = xmalloc(x->p->opts.chunk_bytes + 4);
+	refit_status_t rc = REFIT_OK;
+	int64_t idx = 0;
+
+	memset(st, 0, sizeof(*st));
+	plan_msgs_init(&it, x->p, 0, x->p->nxfers);
+	while (rc == REFIT_OK && plan_msgs_next(&it, &m)) {
+		rc = dp_pack_msg(x, &m, buf, err);
+		if (rc == REFIT_OK && idx == x->o.corrupt_msg && m.bytes > 0)
+			buf[m.bytes / 2] ^= 0x5a;
+		if (rc == REFIT_OK)
+			rc = dp_unpack_msg(x, &m, buf, err);
+		st->msgs++;
+		if (m.from == m.to)
+			st->local_bytes += m.bytes;
+		else
+			st->bytes += m.bytes;
+		idx++;
+	}
+	st->staged_bytes_max = x->staged_max;
+	plan_msgs_fini(&it);
+	free(buf);
+	return rc;
+}

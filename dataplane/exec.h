@@ -1,0 +1,62 @@
+/*
+ * exec.h - the executor core: a plan's messages packed from the senders'
+ * memory, checked, and unpacked into the receivers' memory.
+ *
+ * Messages are made by the plan's one rule (plan_msgs_next).  A part is
+ * packed from what its sender holds: its training memory, the inference
+ * memory it has already received into, or relay data in staging.  On
+ * arrival a part is written into every inference box of the receiver it
+ * meets, and kept in staging when the receiver must pass on more than it
+ * keeps (gather-and-broadcast relays).  Verify mode appends a CRC-32C to
+ * every message and checks it on arrival; a mismatch fails the run naming
+ * the peers, the stage, the tensor and the box.
+ *
+ * Memory is reached through callbacks, so the same core serves host
+ * memory in tests and, later, client memory registered through librefit.
+ * dp_exec_local runs every rank of a plan in this process (in-process
+ * refits and tests); transports reuse dp_pack_msg/dp_unpack_msg.
+ */
+#ifndef REFIT_DATAPLANE_EXEC_H
+#define REFIT_DATAPLANE_EXEC_H
+
+#include "dataplane/view.h"
+#include "plan/plan.h"
+
+typedef struct dp_mem_ops {
+	/* The view of rank's piece of tensor (plan index): its training memory
+	 * (dst false) or its inference memory (dst true). */
+	refit_status_t (*view)(void *ctx, int32_t rank, uint32_t tensor, bool dst,
+			       int32_t piece, dp_view_t *out, refit_err_t *err);
+	void *ctx;
+} dp_mem_ops_t;
+
+typedef struct dp_exec_opts {
+	bool verify;          /* CRC-32C per message */
+	int64_t corrupt_msg;  /* tests: flip a byte of this message (-1: none) */
+} dp_exec_opts_t;
+
+typedef struct dp_exec_stats {
+	uint64_t msgs, bytes, local_bytes, staged_bytes_max;
+} dp_exec_stats_t;
+
+typedef struct dp_exec dp_exec_t;
+
+/*
+ * An executor for plan p over (src, dst) — the layout sets p was built
+ * from.  Borrowed, must outlive it.
+ */
+refit_status_t dp_exec_new(const plan_t *p, const plan_layout_set_t *src,
+			   const plan_layout_set_t *dst, const dp_mem_ops_t *mem,
+			   const dp_exec_opts_t *o, dp_exec_t **out, refit_err_t *err);
+void dp_exec_free(dp_exec_t *x);
+
+/* Pack message m into buf (m->bytes, plus 4 CRC bytes in verify mode). */
+refit_status_t dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf,
+			   refit_err_t *err);
+/* Check and unpack a received message into the receiver's memory. */
+refit_status_t dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf,
+			     refit_err_t *err);
+/* Run every message of the plan in this process, in plan order. */
+refit_status_t dp_exec_local(dp_exec_t *x, dp_exec_stats_t *st, refit_err_t *err);
+
+#endif
