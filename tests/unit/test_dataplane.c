@@ -81,6 +81,27 @@ START_TEST(copy_box_strided)
 }
 END_TEST
 
+/*
+ * Element k (row-major) of shard s: its global linear index *g and its
+ * element offset *lo inside view v.
+ */
+static void
+elem_at(const plan_layout_t *l, const plan_shard_t *s, const dp_view_t *v, int64_t k,
+	int64_t *g, int64_t *lo)
+{
+	int64_t gi[PLAN_MAX_DIMS];
+
+	*g = *lo = 0;
+	for (int d = l->ndim - 1; d >= 0; d--) {
+		gi[d] = s->box.off[d] + k % s->box.size[d];
+		k /= s->box.size[d];
+	}
+	for (int d = 0; d < l->ndim; d++) {
+		*g = *g * l->shape[d] + gi[d];
+		*lo += (s->local_off[d] + gi[d] - s->box.off[d]) * v->stride[d];
+	}
+}
+
 /* Host memory for every (rank, tensor, side, piece), made on demand. */
 typedef struct buf {
 	int32_t rank, piece;
@@ -125,16 +146,9 @@ mem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_t
 			if (s->rank != rank || s->piece != piece)
 				continue;
 			for (int64_t k = 0; k < n; k++) {
-				int64_t rem = k, g = 0, lo = 0, gi[PLAN_MAX_DIMS];
+				int64_t g, lo;
 
-				for (int d = l->ndim - 1; d >= 0; d--) {
-					gi[d] = s->box.off[d] + rem % s->box.size[d];
-					rem /= s->box.size[d];
-				}
-				for (int d = 0; d < l->ndim; d++) {
-					g = g * l->shape[d] + gi[d];
-					lo += (s->local_off[d] + gi[d] - s->box.off[d]) * b.v.stride[d];
-				}
+				elem_at(l, s, &b.v, k, &g, &lo);
 				for (uint32_t j = 0; j < b.v.elem; j++)
 					b.v.base[lo * b.v.elem + j] = pattern(t, g, j);
 			}
@@ -163,16 +177,9 @@ count_bad(mem_t *m)
 				continue;
 			ck_assert_int_eq(mem_view(m, s->rank, t, true, s->piece, &v, NULL), REFIT_OK);
 			for (int64_t k = 0; k < n; k++) {
-				int64_t rem = k, g = 0, lo = 0, gi[PLAN_MAX_DIMS];
+				int64_t g, lo;
 
-				for (int d = l->ndim - 1; d >= 0; d--) {
-					gi[d] = s->box.off[d] + rem % s->box.size[d];
-					rem /= s->box.size[d];
-				}
-				for (int d = 0; d < l->ndim; d++) {
-					g = g * l->shape[d] + gi[d];
-					lo += (s->local_off[d] + gi[d] - s->box.off[d]) * v.stride[d];
-				}
+				elem_at(l, s, &v, k, &g, &lo);
 				for (uint32_t j = 0; j < v.elem; j++)
 					bad += v.base[lo * v.elem + j] != pattern(t, g, j);
 			}
