@@ -264,22 +264,35 @@ get_plan(coord_t *c, model_t *m, const plan_opts_t *o, const plan_t **out,
 	return REFIT_OK;
 }
 
-/* Members owning a rank that sends or receives in p. */
+/* Members owning a rank that sends or receives in p: one pass over p. */
 static void
 involved_nodes(coord_t *c, const plan_t *p, refit_rec_t *r)
 {
+	int32_t maxr = -1;
+	uint8_t *used;
+
+	for (size_t i = 0; i < c->members.n; i++)
+		for (size_t k = 0; k < c->members.v[i].nranks; k++)
+			if (c->members.v[i].ranks[k].rank > maxr)
+				maxr = c->members.v[i].ranks[k].rank;
+	used = xcalloc((size_t)maxr + 2, 1);
+	for (size_t x = 0; x < p->nxfers; x++) {
+		if (p->xfers[x].from <= maxr)
+			used[p->xfers[x].from] = 1;
+		if (p->xfers[x].to <= maxr)
+			used[p->xfers[x].to] = 1;
+	}
 	r->nodes = xcalloc(c->members.n ? c->members.n : 1, sizeof(*r->nodes));
 	for (size_t i = 0; i < c->members.n; i++) {
 		const member_t *m = &c->members.v[i];
-		bool used = false;
+		bool any = false;
 
-		for (size_t k = 0; k < m->nranks && !used; k++)
-			for (size_t x = 0; x < p->nxfers && !used; x++)
-				used = p->xfers[x].from == m->ranks[k].rank ||
-				       p->xfers[x].to == m->ranks[k].rank;
-		if (used)
+		for (size_t k = 0; k < m->nranks && !any; k++)
+			any = used[m->ranks[k].rank];
+		if (any)
 			r->nodes[r->nnodes++] = m->id;
 	}
+	free(used);
 }
 
 static void
