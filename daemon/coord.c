@@ -572,58 +572,48 @@ coord_compose_dst(const model_t *m, plan_layout_set_t *out, refit_err_t *err)
 }
 
 static void
+on_explained(planjob_t *j)
+{
+	Refit__V1__ExplainPlanResponse rsp = REFIT__V1__EXPLAIN_PLAN_RESPONSE__INIT;
+	strbuf_t sb;
+
+	if (j->rc != REFIT_OK) {
+		rpc_call_fail(j->call, j->err.status, "ExplainPlan \"%s\": %s", j->model,
+			      j->err.msg);
+		return;
+	}
+	strbuf_init(&sb);
+	codec_explain_table(&j->plan, &j->cost, &j->bplan, &j->bcost, &j->topo, &sb);
+	rsp.table = sb.s;
+	rsp.reshard_digest = j->plan.digest_hex;
+	rsp.reshard_seconds = j->cost.time_s;
+	rsp.broadcast_seconds = j->bcost.time_s;
+	rsp.lower_bound_seconds = j->cost.lb_time_s;
+	rpc_call_reply(j->call, &rsp.base);
+	strbuf_fini(&sb);
+}
+
+/* Plans are built off the loop; the call is answered when they are. */
+static void
 h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	coord_t *c = ctx;
 	const Refit__V1__ExplainPlanRequest *rq = (const void *)msg;
-	Refit__V1__ExplainPlanResponse rsp = REFIT__V1__EXPLAIN_PLAN_RESPONSE__INIT;
 	model_t *m = coord_find_model(c, nz(rq->model));
-	instance_t *t = m ? coord_train_instance(m) : NULL;
-	plan_layout_set_t dst;
-	plan_topo_t topo;
 	plan_opts_t o;
-	plan_t rp, bp;
-	plan_cost_t rc_, bc;
 	refit_err_t err;
-	strbuf_t sb;
 
 	refit_err_clear(&err);
-	if (t == NULL)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "ExplainPlan: model \"%s\" has "
-				     "no registered trainer", nz(rq->model));
-	if (coord_compose_dst(m, &dst, &err) != REFIT_OK)
-		return rpc_call_fail(call, err.status, "ExplainPlan: %s", err.msg);
+	if (m == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "ExplainPlan: no model \"%s\"",
+				     nz(rq->model));
 	plan_opts_default(&o);
 	if (rq->chunk_bytes)
 		o.chunk_bytes = rq->chunk_bytes;
 	if (rq->staging_bytes)
 		o.staging_bytes = rq->staging_bytes;
-	memset(&rp, 0, sizeof(rp));
-	memset(&bp, 0, sizeof(bp));
-	if (coord_members_topo(c, &topo, &err) == REFIT_OK &&
-	    plan_build(&t->layouts, &dst, &topo, &o, &rp, &err) == REFIT_OK &&
-	    plan_cost(&rp, &t->layouts, &dst, &topo, &rc_, &err) == REFIT_OK) {
-		o.mode = PLAN_MODE_BROADCAST;
-		if (plan_build(&t->layouts, &dst, &topo, &o, &bp, &err) == REFIT_OK)
-			plan_cost(&bp, &t->layouts, &dst, &topo, &bc, &err);
-	}
-	if (err.status == REFIT_OK) {
-		strbuf_init(&sb);
-		codec_explain_table(&rp, &rc_, &bp, &bc, &topo, &sb);
-		rsp.table = sb.s;
-		rsp.reshard_digest = rp.digest_hex;
-		rsp.reshard_seconds = rc_.time_s;
-		rsp.broadcast_seconds = bc.time_s;
-		rsp.lower_bound_seconds = rc_.lb_time_s;
-		rpc_call_reply(call, &rsp.base);
-		strbuf_fini(&sb);
-	} else {
+	if (coord_plan_async(c, m, &o, true, on_explained, 0, call, &err) != REFIT_OK)
 		rpc_call_fail(call, err.status, "ExplainPlan \"%s\": %s", m->name, err.msg);
-	}
-	plan_fini(&rp);
-	plan_fini(&bp);
-	plan_topo_fini(&topo);
-	plan_layout_set_fini(&dst);
 }
 
 /* ---- setup ------------------------------------------------------------------ */
@@ -690,8 +680,14 @@ on_timer_closed_free(coord_t *c)
 void
 coord_maybe_free(coord_t *c)
 {
-	if (c->closing && c->timer_closed && c->inflight == 0)
-		on_timer_closed_free(c);
+	void (*cb)(void *) = c->closed_cb;
+	void *arg = c->closed_arg;
+
+	if (!c->closing || !c->timer_closed || c->inflight != 0)
+		return;
+	on_timer_closed_free(c);
+	if (cb)
+		cb(arg);
 }
 
 static void
@@ -704,11 +700,16 @@ on_timer_closed(uv_handle_t *h)
 }
 
 void
-coord_close(coord_t *c)
+coord_close(coord_t *c, void (*done)(void *arg), void *arg)
 {
-	if (c == NULL)
+	if (c == NULL) {
+		if (done)
+			done(arg);
 		return;
+	}
 	c->closing = true;
+	c->closed_cb = done;
+	c->closed_arg = arg;
 	uv_timer_stop(&c->lease_timer);
 	uv_close((uv_handle_t *)&c->lease_timer, on_timer_closed);
 }

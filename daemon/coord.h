@@ -23,7 +23,10 @@ coord_t *coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o,
 		   refit_err_t *err);
 /* New lease and heartbeat figures (SIGHUP). */
 void coord_set_timing(coord_t *c, uint32_t lease_ttl_ms, uint32_t heartbeat_ms);
-/* Stop timers and free (async: run the loop after). NULL is a no-op. */
-void coord_close(coord_t *c);
+/*
+ * Stop timers, wait for node calls and plans in flight, free, then call
+ * done(arg) on the loop (run the loop after).  NULL: done is called at once.
+ */
+void coord_close(coord_t *c, void (*done)(void *arg), void *arg);
 
 #endif

@@ -69,6 +69,8 @@ struct coord {
 	VEC(plan_cache_t) plans;
 	uint32_t inflight;          /* async node calls not yet answered */
 	bool closing, timer_closed;
+	void (*closed_cb)(void *arg);
+	void *closed_arg;
 };
 
 /* Write the state file (when configured); logs and returns on failure. */
@@ -86,6 +88,30 @@ refit_status_t coord_compose_dst(const model_t *m, plan_layout_set_t *out,
 				 refit_err_t *err);
 /* free c once closing and nothing is in flight */
 void coord_maybe_free(coord_t *c);
+
+/* Planning off the loop (coord_refit.c): a job with its own copies of the
+ * inputs; done runs on the loop when the plan is built. */
+typedef struct planjob {
+	uv_work_t w;
+	coord_t *c;
+	char *model;
+	char key[SHA256_HEX_LEN];   /* plan_key of the inputs, taken at queue time */
+	plan_layout_set_t src, dst;
+	plan_topo_t topo;
+	plan_opts_t opts;
+	bool explain;               /* also cost it and build/cost broadcast */
+	plan_t plan, bplan;
+	plan_cost_t cost, bcost;
+	refit_err_t err;
+	refit_status_t rc;
+	void (*done)(struct planjob *j);
+	uint64_t refit_id;
+	rpc_call_t *call;           /* held until done answers it */
+} planjob_t;
+
+refit_status_t coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o,
+				bool explain, void (*done)(planjob_t *j),
+				uint64_t refit_id, rpc_call_t *call, refit_err_t *err);
 
 /* coord_refit.c: the refit methods and state machine */
 extern const rpc_method_cfg_t coord_refit_methods[];

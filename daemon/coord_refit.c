@@ -220,48 +220,122 @@ plan_key(coord_t *c, const model_t *m, const plan_opts_t *o, char hex[SHA256_HEX
 	strbuf_fini(&sb);
 }
 
-/* The plan for m now, from the cache when its inputs are unchanged. */
-static refit_status_t
-get_plan(coord_t *c, model_t *m, const plan_opts_t *o, const plan_t **out,
-	 refit_err_t *err)
+/* ---- planning off the loop ---------------------------------------------- */
+
+static void
+planjob_work(uv_work_t *w)
 {
-	char key[SHA256_HEX_LEN];
-	plan_cache_t *pc = NULL;
-	plan_layout_set_t dst;
-	plan_topo_t topo;
-	plan_t p;
+	planjob_t *j = w->data;
+
+	refit_err_clear(&j->err);
+	j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
+	if (j->rc != REFIT_OK || !j->explain)
+		return;
+	j->rc = plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &j->err);
+	if (j->rc != REFIT_OK)
+		return;
+	j->opts.mode = PLAN_MODE_BROADCAST;
+	j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->bplan, &j->err);
+	if (j->rc == REFIT_OK)
+		j->rc = plan_cost(&j->bplan, &j->src, &j->dst, &j->topo, &j->bcost, &j->err);
+}
+
+static void
+planjob_free(planjob_t *j)
+{
+	plan_fini(&j->plan);
+	plan_fini(&j->bplan);
+	plan_layout_set_fini(&j->src);
+	plan_layout_set_fini(&j->dst);
+	plan_topo_fini(&j->topo);
+	free(j->model);
+	free(j);
+}
+
+static void
+planjob_after(uv_work_t *w, int status)
+{
+	planjob_t *j = w->data;
+	coord_t *c = j->c;
+
+	(void)status;
+	c->inflight--;
+	if (!c->closing)
+		j->done(j);
+	else if (j->call != NULL)
+		rpc_call_fail(j->call, REFIT_ERR_UNAVAILABLE, "coordinator is shutting down");
+	planjob_free(j);
+	coord_maybe_free(c);
+}
+
+refit_status_t
+coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o, bool explain,
+		 void (*done)(planjob_t *j), uint64_t refit_id, rpc_call_t *call,
+		 refit_err_t *err)
+{
+	planjob_t *j = xcalloc(1, sizeof(*j));
+	instance_t *t = coord_train_instance(m);
 	refit_status_t rc;
 
-	plan_key(c, m, o, key);
-	for (size_t i = 0; i < c->plans.n; i++)
-		if (strcmp(c->plans.v[i].model, m->name) == 0)
-			pc = &c->plans.v[i];
-	if (pc != NULL && strcmp(pc->key, key) == 0) {
-		*out = &pc->plan;
-		return REFIT_OK;
+	if (t == NULL) {
+		free(j);
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no registered "
+				     "trainer", m->name);
 	}
-	CHECK(coord_compose_dst(m, &dst, err));
-	rc = coord_members_topo(c, &topo, err);
+	rc = coord_compose_dst(m, &j->dst, err);
 	if (rc == REFIT_OK)
-		rc = plan_build(&coord_train_instance(m)->layouts, &dst, &topo, o, &p, err);
-	plan_topo_fini(&topo);
-	plan_layout_set_fini(&dst);
-	if (rc != REFIT_OK)
+		rc = coord_members_topo(c, &j->topo, err);
+	if (rc != REFIT_OK) {
+		planjob_free(j);
 		return rc;
+	}
+	plan_layout_set_copy(&j->src, &t->layouts);
+	plan_key(c, m, o, j->key);
+	j->c = c;
+	j->model = xstrdup(m->name);
+	j->opts = *o;
+	j->explain = explain;
+	j->done = done;
+	j->refit_id = refit_id;
+	j->call = call;
+	j->w.data = j;
+	if (uv_queue_work(c->loop, &j->w, planjob_work, planjob_after) != 0) {
+		planjob_free(j);
+		return refit_err_set(err, REFIT_ERR_SYS, "cannot queue planning work");
+	}
+	c->inflight++;
+	return REFIT_OK;
+}
+
+static plan_cache_t *
+cache_of(coord_t *c, const char *model)
+{
+	for (size_t i = 0; i < c->plans.n; i++)
+		if (strcmp(c->plans.v[i].model, model) == 0)
+			return &c->plans.v[i];
+	return NULL;
+}
+
+/* Keep j's plan as the model's cached plan (the job gives it up). */
+static const plan_t *
+cache_store(coord_t *c, planjob_t *j)
+{
+	plan_cache_t *pc = cache_of(c, j->model);
+
 	if (pc == NULL) {
-		plan_cache_t n = {.model = xstrdup(m->name)};
+		plan_cache_t n = {.model = xstrdup(j->model)};
 
 		VEC_PUSH(&c->plans, n);
 		pc = &c->plans.v[c->plans.n - 1];
 	} else {
 		plan_fini(&pc->plan);
 	}
-	memcpy(pc->key, key, sizeof(key));
-	pc->plan = p;
-	log_info("coordinator: model \"%s\": plan %.12s built (%zu transfers)", m->name,
-		 p.digest_hex, p.nxfers);
-	*out = &pc->plan;
-	return REFIT_OK;
+	memcpy(pc->key, j->key, sizeof(pc->key));
+	pc->plan = j->plan;
+	memset(&j->plan, 0, sizeof(j->plan));
+	log_info("coordinator: model \"%s\": plan %.12s built (%zu transfers)", j->model,
+		 pc->plan.digest_hex, pc->plan.nxfers);
+	return &pc->plan;
 }
 
 /* Members owning a rank that sends or receives in p: one pass over p. */
@@ -295,22 +369,13 @@ involved_nodes(coord_t *c, const plan_t *p, refit_rec_t *r)
 	free(used);
 }
 
+/* With the plan in hand: tell every node taking part the epoch. */
 static void
-start_refit(coord_t *c, model_t *m, refit_rec_t *r)
+prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 {
 	Refit__V1__PrepareEpochRequest rq = REFIT__V1__PREPARE_EPOCH_REQUEST__INIT;
 	uint8_t token[16] = {0};
-	const plan_t *p;
-	plan_opts_t o;
-	refit_err_t err;
 
-	refit_err_clear(&err);
-	plan_opts_default(&o);
-	o.mode = r->mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
-	if (get_plan(c, m, &o, &p, &err) != REFIT_OK) {
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", err.msg);
-		return;
-	}
 	memcpy(r->plan_digest, p->digest_hex, sizeof(r->plan_digest));
 	involved_nodes(c, p, r);
 	r->epoch = c->epoch;
@@ -326,6 +391,55 @@ start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 		return;
 	}
 	call_nodes(c, r, "PrepareEpoch", &rq.base);
+}
+
+static void start_refit(coord_t *c, model_t *m, refit_rec_t *r);
+
+static void
+on_refit_planned(planjob_t *j)
+{
+	coord_t *c = j->c;
+	refit_rec_t *r = find_refit(c, j->refit_id);
+	model_t *m = coord_find_model(c, j->model);
+	char key[SHA256_HEX_LEN];
+
+	if (r == NULL || r->state != REFIT__V1__REFIT_STATE__PENDING)
+		return; /* aborted while planning */
+	if (j->rc != REFIT_OK) {
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", j->err.msg);
+		return;
+	}
+	if (m == NULL) {
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "model \"%s\" went away while "
+		       "planning", j->model);
+		return;
+	}
+	plan_key(c, m, &j->opts, key);
+	if (strcmp(key, j->key) != 0) {
+		start_refit(c, m, r); /* layouts or members changed: plan again */
+		return;
+	}
+	prepare(c, r, cache_store(c, j));
+}
+
+static void
+start_refit(coord_t *c, model_t *m, refit_rec_t *r)
+{
+	plan_cache_t *pc = cache_of(c, m->name);
+	plan_opts_t o;
+	refit_err_t err;
+	char key[SHA256_HEX_LEN];
+
+	refit_err_clear(&err);
+	plan_opts_default(&o);
+	o.mode = r->mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
+	plan_key(c, m, &o, key);
+	if (pc != NULL && strcmp(pc->key, key) == 0) {
+		prepare(c, r, &pc->plan);
+		return;
+	}
+	if (coord_plan_async(c, m, &o, false, on_refit_planned, r->id, NULL, &err) != REFIT_OK)
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", err.msg);
 }
 
 void

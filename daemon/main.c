@@ -29,6 +29,7 @@ typedef struct daemon_state {
 	rpc_server_t *srv;
 	coord_t *coord;
 	node_t *node;
+	bool stopping;
 } daemon_state_t;
 
 /* systemd's notify protocol: one datagram to $NOTIFY_SOCKET. */
@@ -55,6 +56,16 @@ sd_notify_msg(const char *msg)
 	close(fd);
 }
 
+/* The coordinator has finished its work in flight: the server can go. */
+static void
+on_coord_closed(void *arg)
+{
+	daemon_state_t *d = arg;
+
+	rpc_server_free(d->srv);
+	d->srv = NULL;
+}
+
 static void
 on_signal(uv_signal_t *h, int signum)
 {
@@ -62,12 +73,14 @@ on_signal(uv_signal_t *h, int signum)
 
 	log_info("refitd: signal %d, stopping", signum);
 	sd_notify_msg("STOPPING=1");
-	coord_close(d->coord);
-	d->coord = NULL;
+	if (d->stopping)
+		return; /* already on its way out */
+	d->stopping = true;
+	rpc_server_drain(d->srv);
 	node_close(d->node);
 	d->node = NULL;
-	rpc_server_free(d->srv);
-	d->srv = NULL;
+	coord_close(d->coord, on_coord_closed, d); /* frees the server when done */
+	d->coord = NULL;
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sighup, NULL);
@@ -294,9 +307,10 @@ main(int argc, char **argv)
 	    start_role(&d, &cfg, &co, token, &err) != REFIT_OK ||
 	    rpc_server_start(d.srv, &port, &err) != REFIT_OK) {
 		fprintf(stderr, "refitd: %s\n", err.msg);
-		coord_close(d.coord);
+		if (d.srv)
+			rpc_server_drain(d.srv);
 		node_close(d.node);
-		rpc_server_free(d.srv);
+		coord_close(d.coord, on_coord_closed, &d);
 		uv_run(&d.loop, UV_RUN_DEFAULT);
 		uv_loop_close(&d.loop);
 		free(token);

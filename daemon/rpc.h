@@ -70,7 +70,13 @@ refit_status_t rpc_server_add_service(rpc_server_t *s,
 refit_status_t rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err);
 /* Replace the operator token (NULL: none) while serving.  Any thread. */
 void rpc_server_set_token(rpc_server_t *s, const char *token);
-/* Stop accepting, cancel calls, join the thread, free.  NULL is a no-op. */
+/*
+ * Stop handing new calls to handlers (they are answered UNAVAILABLE);
+ * calls handlers already hold may still be answered.  Loop thread.
+ */
+void rpc_server_drain(rpc_server_t *s);
+/* Stop accepting, cancel calls, join the thread, free.  NULL is a no-op.
+ * Handlers must not hold calls any more (drain first, wait for them). */
 void rpc_server_free(rpc_server_t *s);
 
 /* Answer OK with resp (not freed here).  Loop thread. */

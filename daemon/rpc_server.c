@@ -530,12 +530,10 @@ on_closed(uv_handle_t *h)
 }
 
 void
-rpc_server_free(rpc_server_t *s)
+rpc_server_drain(rpc_server_t *s)
 {
 	rpc_call_t *q;
 
-	if (s == NULL)
-		return;
 	pthread_mutex_lock(&s->mu);
 	s->stopping = true;
 	q = s->qhead;
@@ -547,6 +545,14 @@ rpc_server_free(rpc_server_t *s)
 		rpc_call_fail(q, REFIT_ERR_UNAVAILABLE, "server is shutting down");
 		q = next;
 	}
+}
+
+void
+rpc_server_free(rpc_server_t *s)
+{
+	if (s == NULL)
+		return;
+	rpc_server_drain(s);
 	if (s->started) {
 		grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
 		grpc_server_cancel_all_calls(s->srv);

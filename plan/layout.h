@@ -122,6 +122,8 @@ void plan_layout_set_init(plan_layout_set_t *s);
 void plan_layout_set_fini(plan_layout_set_t *s);
 /* Move *l into the set (the set now owns its memory, *l is zeroed). */
 void plan_layout_set_add(plan_layout_set_t *s, plan_layout_t *l);
+/* Deep copy of a set into *dst (initialised here). */
+void plan_layout_set_copy(plan_layout_set_t *dst, const plan_layout_set_t *src);
 /* Fail naming a tensor that appears twice. */
 refit_status_t plan_layout_set_check_unique(const plan_layout_set_t *s,
 					    refit_err_t *err);

@@ -183,6 +183,28 @@ plan_layout_set_add(plan_layout_set_t *s, plan_layout_t *l)
 	memset(l, 0, sizeof(*l));
 }
 
+void
+plan_layout_set_copy(plan_layout_set_t *dst, const plan_layout_set_t *src)
+{
+	plan_layout_set_init(dst);
+	for (size_t i = 0; i < src->n; i++) {
+		const plan_layout_t *s = &src->v[i];
+		plan_layout_t l = *s;
+		size_t nmesh = 1;
+
+		l.name = xstrdup(s->name);
+		if (s->mesh != NULL) {
+			for (int k = 0; k < s->mesh_ndim; k++)
+				nmesh *= (size_t)s->mesh_shape[k];
+			l.mesh = xmalloc(nmesh * sizeof(*l.mesh));
+			memcpy(l.mesh, s->mesh, nmesh * sizeof(*l.mesh));
+		}
+		l.shards = xmalloc((s->nshards ? s->nshards : 1) * sizeof(*l.shards));
+		memcpy(l.shards, s->shards, s->nshards * sizeof(*l.shards));
+		plan_layout_set_add(dst, &l);
+	}
+}
+
 refit_status_t
 plan_layout_set_check_unique(const plan_layout_set_t *s, refit_err_t *err)
 {

@@ -313,7 +313,17 @@ START_TEST(match_reports_differences)
 	ck_assert_uint_eq(map[2], 0);
 	free(map);
 	plan_layout_set_fini(&d);
-	plan_layout_set_fini(&s);
+	{
+		plan_layout_set_t c;
+
+		plan_layout_set_copy(&c, &s);
+		plan_layout_set_fini(&s); /* the copy owns its own memory */
+		ck_assert_uint_eq(c.n, 3);
+		ck_assert_str_eq(c.v[1].name, "b");
+		ck_assert_int_eq(c.v[2].mesh[0], 0);
+		ck_assert_int_eq(c.v[2].shards[0].box.size[0], 4);
+		plan_layout_set_fini(&c);
+	}
 }
 END_TEST
 
