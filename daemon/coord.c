@@ -84,8 +84,8 @@ nz(const char *s)
 }
 
 /* Persist after a change; a failed write is logged, the change stands. */
-static void
-save(coord_t *c)
+void
+coord_save(coord_t *c)
 {
 	refit_err_t err;
 
@@ -338,7 +338,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	log_info("coordinator: model \"%s\": %s instance \"%s\" registered (%zu tensors, %.12s)",
 		 m->name, rq->role == REFIT__V1__ROLE__TRAIN ? "train" : "infer", iname,
 		 set.n, in.digest);
-	save(c);
+	coord_save(c);
 	rsp.layout_digest = m->inst.v[m->inst.n - 1].digest;
 	rsp.tensors = (uint32_t)set.n;
 	rpc_call_reply(call, &rsp.base);
@@ -359,7 +359,7 @@ h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     nz(rq->instance));
 	coord_instance_fini(in);
 	*in = m->inst.v[--m->inst.n];
-	save(c);
+	coord_save(c);
 	rpc_call_reply(call, &rsp.base);
 }
 
@@ -385,7 +385,7 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     "%" PRIu64 " is not newer than %" PRIu64, m->name,
 				     rq->version, m->latest_version);
 	m->latest_version = rq->version;
-	save(c);
+	coord_save(c);
 	rsp.latest_version = m->latest_version;
 	rpc_call_reply(call, &rsp.base);
 }

@@ -79,6 +79,9 @@ refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
 refit_status_t coord_state_load(coord_t *c, refit_err_t *err);
 void coord_instance_fini(instance_t *in);
 
+/* Persist the state now (coord.c; failures are logged). */
+void coord_save(coord_t *c);
+
 /* coord.c helpers used by coord_refit.c */
 model_t *coord_find_model(coord_t *c, const char *name);
 instance_t *coord_train_instance(model_t *m);

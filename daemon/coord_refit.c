@@ -109,6 +109,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	}
 	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
 		 r->version, state_name(state), msg[0] ? ": " : "", msg);
+	coord_save(c);
 }
 
 /* ---- node calls ----------------------------------------------------------- */
@@ -155,6 +156,7 @@ start_running(coord_t *c, refit_rec_t *r)
 
 	r->state = REFIT__V1__REFIT_STATE__RUNNING;
 	r->phase++;
+	coord_save(c);
 	rq.refit_id = r->id;
 	rq.epoch = r->epoch;
 	rq.plan_digest = r->plan_digest;
@@ -381,6 +383,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 	r->epoch = c->epoch;
 	r->state = REFIT__V1__REFIT_STATE__PREPARING;
 	r->phase++;
+	coord_save(c);
 	if (getrandom(token, sizeof(token), 0) != (ssize_t)sizeof(token))
 		log_warn("coordinator: getrandom");
 	rq.epoch = r->epoch;
@@ -538,6 +541,7 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	r->state = REFIT__V1__REFIT_STATE__PENDING;
 	VEC_PUSH(&c->refits, r);
 	trim_records(c);
+	coord_save(c);
 	rsp.refit_id = r->id;
 	rpc_call_reply(call, &rsp.base);
 	start_refit(c, m, r);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
 
@@ -58,6 +59,30 @@ layouts_json(const plan_layout_set_t *s)
 	return arr;
 }
 
+static void
+refits_json(const coord_t *c, cJSON *arr)
+{
+	for (size_t i = 0; i < c->refits.n; i++) {
+		const refit_rec_t *r = c->refits.v[i];
+		cJSON *o = cJSON_CreateObject();
+
+		cJSON_AddNumberToObject(o, "id", (double)r->id);
+		cJSON_AddStringToObject(o, "model", r->model);
+		cJSON_AddNumberToObject(o, "version", (double)r->version);
+		cJSON_AddNumberToObject(o, "epoch", (double)r->epoch);
+		cJSON_AddNumberToObject(o, "mode", r->mode);
+		cJSON_AddBoolToObject(o, "verify", r->verify);
+		cJSON_AddNumberToObject(o, "state", r->state);
+		cJSON_AddStringToObject(o, "plan_digest", r->plan_digest);
+		cJSON_AddNumberToObject(o, "created_unix_ms", (double)r->created_ms);
+		cJSON_AddNumberToObject(o, "finished_unix_ms", (double)r->finished_ms);
+		cJSON_AddNumberToObject(o, "bytes", (double)r->bytes);
+		cJSON_AddStringToObject(o, "failure", r->failure ? r->failure : "");
+		cJSON_AddStringToObject(o, "key", r->key ? r->key : "");
+		cJSON_AddItemToArray(arr, o);
+	}
+}
+
 static char *
 state_text(const coord_t *c)
 {
@@ -89,6 +114,8 @@ state_text(const coord_t *c)
 		}
 		cJSON_AddItemToArray(models, mo);
 	}
+	refits_json(c, cJSON_AddArrayToObject(root, "refits"));
+	cJSON_AddNumberToObject(root, "next_refit", (double)c->next_refit);
 	text = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return text;
@@ -221,6 +248,52 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 	return REFIT_OK;
 }
 
+static const char *const state_names[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
+					  "FAILED", "ABORTED"};
+
+/*
+ * Refit records come back as they were, except that one a crash cut short
+ * is FAILED now: it never silently disappears.
+ */
+static void
+load_refits(coord_t *c, const cJSON *arr)
+{
+	const cJSON *o;
+
+	cJSON_ArrayForEach(o, arr) {
+		refit_rec_t *r = xcalloc(1, sizeof(*r));
+		const char *model = str(o, "model"), *dg = str(o, "plan_digest");
+		const char *failure = str(o, "failure"), *key = str(o, "key");
+		int st = (int)num(o, "state");
+
+		r->id = num(o, "id");
+		r->model = xstrdup(model ? model : "");
+		r->version = num(o, "version");
+		r->epoch = num(o, "epoch");
+		r->mode = (int)num(o, "mode");
+		r->verify = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "verify"));
+		r->created_ms = num(o, "created_unix_ms");
+		r->finished_ms = num(o, "finished_unix_ms");
+		r->bytes = num(o, "bytes");
+		snprintf(r->plan_digest, sizeof(r->plan_digest), "%s", dg ? dg : "");
+		r->key = key && key[0] ? xstrdup(key) : NULL;
+		r->failure = failure && failure[0] ? xstrdup(failure) : NULL;
+		r->state = st;
+		if (st < REFIT__V1__REFIT_STATE__COMMITTED) {
+			char msg[128];
+
+			snprintf(msg, sizeof(msg), "the coordinator restarted while the refit "
+				 "was %s", state_names[st >= 0 && st <= 2 ? st : 0]);
+			free(r->failure);
+			r->failure = xstrdup(msg);
+			r->state = REFIT__V1__REFIT_STATE__FAILED;
+			r->finished_ms = (uint64_t)time(NULL) * 1000;
+			log_warnx("coordinator: refit %" PRIu64 " (%s): %s", r->id, r->model, msg);
+		}
+		VEC_PUSH(&c->refits, r);
+	}
+}
+
 refit_status_t
 coord_state_load(coord_t *c, refit_err_t *err)
 {
@@ -247,7 +320,10 @@ coord_state_load(coord_t *c, refit_err_t *err)
 		} else {
 			gen = num(root, "generation");
 			c->next_member = num(root, "next_member");
+			c->next_refit = num(root, "next_refit");
 			rc = load_models(c, cJSON_GetObjectItemCaseSensitive(root, "models"), err);
+			if (rc == REFIT_OK)
+				load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"));
 			if (rc != REFIT_OK)
 				refit_err_prefix(err, "state file %s", c->state_file);
 		}

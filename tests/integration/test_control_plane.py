@@ -334,12 +334,18 @@ def restart_keeps_registrations():
     args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", a2,
             "--state-file", state]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    # a "node" that accepts connections and never answers: a refit waits on it
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)
+    mute_ep = f"127.0.0.1:{mute.getsockname()[1]}"
     try:
         ch = grpc.insecure_channel(a2)
         grpc.channel_ready_future(ch).result(timeout=10)
         st = pbg.CoordinatorStub(ch)
-        j = st.Join(pb.JoinRequest(node_id="n0", ranks=[pb.RankInfo(rank=r)
-                                                        for r in range(16)]), timeout=5)
+        j = st.Join(pb.JoinRequest(node_id="n0", rpc_endpoint=mute_ep,
+                                   ranks=[pb.RankInfo(rank=r) for r in range(16)]),
+                    timeout=5)
         r = st.RegisterLayout(pb.RegisterLayoutRequest(
             member_id=j.member_id, model="m", role=pb.TRAIN,
             tensors=[layout_to_proto(t) for t in train]), timeout=5)
@@ -349,6 +355,15 @@ def restart_keeps_registrations():
         st.WeightsReady(pb.WeightsReadyRequest(member_id=j.member_id, model="m",
                                                version=3), timeout=5)
         before = st.GetModel(pb.GetModelRequest(model="m"), timeout=5)
+        rf = st.TriggerRefit(pb.TriggerRefitRequest(model="m", idempotency_key="x"),
+                             timeout=5)
+        for _ in range(50):
+            if st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
+                           timeout=5).state == pb.PREPARING:
+                break
+            time.sleep(0.1)
+        assert st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
+                           timeout=5).state == pb.PREPARING
         ch.close()
         proc.kill()  # no chance to flush anything
         proc.wait()
@@ -361,6 +376,12 @@ def restart_keeps_registrations():
         assert sorted((i.instance, i.layout_digest) for i in before.instances) == \
             sorted((i.instance, i.layout_digest) for i in after.instances)
         assert any(i.layout_digest == r.layout_digest for i in after.instances)
+        lost = st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id), timeout=5)
+        assert lost.state == pb.FAILED, lost
+        assert "coordinator restarted while the refit was PREPARING" in lost.failure
+        again = st.TriggerRefit(pb.TriggerRefitRequest(model="m", idempotency_key="x"),
+                                timeout=5)
+        assert again.existing and again.refit_id == rf.refit_id
         expect_error(lambda: st.Heartbeat(pb.HeartbeatRequest(member_id=j.member_id),
                                           timeout=5), grpc.StatusCode.NOT_FOUND,
                      "join again")
@@ -375,6 +396,7 @@ def restart_keeps_registrations():
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
+        mute.close()
     bad = subprocess.run(args, capture_output=True, text=True, timeout=10)
     assert bad.returncode == 1 and "not a version-1 refit state file" in bad.stderr, bad
 
