@@ -46,7 +46,7 @@ CFLAGS_COMMON := -std=gnu11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -g -MMD -MP \
 		 -Wno-format-truncation \
 		 -I. $(PKG_CFLAGS) -fno-strict-aliasing
 CFLAGS  ?=
-CFLAGS  += $(CFLAGS_COMMON) $(OPT)
+CFLAGS  += $(CFLAGS_COMMON) $(OPT) -DREFIT_DATADIR=\"$(PREFIX)/share/refit\"
 LDLIBS  := $(PKG_LIBS) -lm -lpthread
 
 SAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \

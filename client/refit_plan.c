@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codec/json.h"
 #include "common/parse.h"
@@ -271,6 +272,175 @@ cmd_explain(int argc, char **argv)
 	return rc;
 }
 
+/* ---- model ---------------------------------------------------------- */
+
+#ifndef REFIT_DATADIR
+#define REFIT_DATADIR "/usr/local/share/refit"
+#endif
+
+static double
+seconds(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void
+model_usage(FILE *f)
+{
+	fprintf(f, "usage: %s model --model NAME|FILE --train SPEC --infer SPEC\n"
+		"          [--topology PRESET] [--chunk-bytes N] [--json]\n"
+		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
+		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
+		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
+		"         --infer tp8,dp16 (inference: dp instances of tp, ep = tp optional)\n"
+		"  PRESET a topology preset name (default dgx-h100), sized to both worlds\n",
+		progname);
+}
+
+typedef struct model_run {
+	plan_t p;
+	plan_cost_t c;
+	double secs;
+} model_run_t;
+
+static int
+model_plan(plan_layout_set_t *s, plan_layout_set_t *d, plan_topo_t *t, plan_opts_t *o,
+	   plan_mode_t mode, model_run_t *r)
+{
+	refit_err_t e;
+	double t0 = seconds();
+
+	refit_err_clear(&e);
+	o->mode = mode;
+	if (plan_build(s, d, t, o, &r->p, &e) != REFIT_OK ||
+	    plan_cost(&r->p, s, d, t, &r->c, &e) != REFIT_OK) {
+		plan_fini(&r->p);
+		return die_input(&e);
+	}
+	r->secs = seconds() - t0;
+	return 0;
+}
+
+static void
+model_row(const char *label, const model_run_t *r, strbuf_t *sb)
+{
+	char pay[32], net[32], nvl[32], nic[32], tm[32], lb[32];
+
+	codec_fmt_bytes((double)r->c.payload_bytes, pay, sizeof(pay));
+	codec_fmt_bytes((double)r->c.bytes[PLAN_LINK_NETWORK], net, sizeof(net));
+	codec_fmt_bytes((double)r->c.bytes[PLAN_LINK_NVLINK], nvl, sizeof(nvl));
+	codec_fmt_bytes((double)r->c.max_nic_bytes, nic, sizeof(nic));
+	snprintf(tm, sizeof(tm), "%.3f s", r->c.time_s);
+	snprintf(lb, sizeof(lb), "%.3f s", r->c.lb_time_s);
+	strbuf_printf(sb, "%-21s %-12s %-12s %-12s %-12s %-10s %-11s %.3f\n", label, pay, net,
+		      nvl, nic, tm, lb, r->c.ratio);
+}
+
+static int
+cmd_model(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{"model", required_argument, NULL, 'M'}, {"train", required_argument, NULL, 'T'},
+		{"infer", required_argument, NULL, 'I'}, {"topology", required_argument, NULL, 't'},
+		{"chunk-bytes", required_argument, NULL, 'c'}, {"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
+	};
+	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
+	const char *name = NULL, *tr = NULL, *inf = NULL, *topo = "dgx-h100";
+	plan_arch_t a;
+	plan_par_t pt, pi;
+	plan_layout_set_t s, d;
+	plan_topo_t t;
+	plan_opts_t o;
+	model_run_t rs, bc;
+	refit_err_t e;
+	strbuf_t sb;
+	int c, json = 0, rc;
+
+	refit_err_clear(&e);
+	plan_opts_default(&o);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 'M': name = optarg; break;
+		case 'T': tr = optarg; break;
+		case 'I': inf = optarg; break;
+		case 't': topo = optarg; break;
+		case 'j': json = 1; break;
+		case 'c':
+			if (refit_parse_size(optarg, &o.chunk_bytes, "--chunk-bytes", &e))
+				return die_input(&e);
+			break;
+		case 'h': model_usage(stdout); return 0;
+		default: model_usage(stderr); return EXIT_BADINPUT;
+		}
+	}
+	if (!name || !tr || !inf || optind != argc) {
+		model_usage(stderr);
+		return EXIT_BADINPUT;
+	}
+	if (codec_arch_load(name, dirs, &a, &e) != REFIT_OK ||
+	    plan_par_parse(tr, true, &pt, &e) != REFIT_OK ||
+	    plan_par_parse(inf, false, &pi, &e) != REFIT_OK)
+		return die_input(&e);
+	plan_layout_set_init(&s);
+	plan_layout_set_init(&d);
+	if (plan_model_layouts(&a, &pt, &pi, &s, &d, &e) != REFIT_OK ||
+	    plan_topo_preset(&t, topo, (int32_t)(plan_par_world(&pt) + plan_par_world(&pi)),
+			     &e) != REFIT_OK) {
+		plan_layout_set_fini(&s);
+		plan_layout_set_fini(&d);
+		return die_input(&e);
+	}
+	rc = model_plan(&s, &d, &t, &o, PLAN_MODE_RESHARD, &rs);
+	if (rc == 0 && (rc = model_plan(&s, &d, &t, &o, PLAN_MODE_BROADCAST, &bc)) != 0)
+		plan_fini(&rs.p);
+	if (rc == 0) {
+		strbuf_init(&sb);
+		if (json) {
+			strbuf_printf(&sb, "{\"model\": \"%s\", \"params\": %lld, \"tensors\": %zu, "
+				      "\"train\": \"%s\", \"infer\": \"%s\", \"topology\": \"%s\", "
+				      "\"ranks\": %d, \"reshard\": ", a.name,
+				      (long long)plan_arch_params(&a), s.n, tr, inf, topo, t.nranks);
+			codec_cost_json(&rs.c, &sb);
+			strbuf_puts(&sb, ", \"broadcast\": ");
+			codec_cost_json(&bc.c, &sb);
+			strbuf_printf(&sb, ", \"speedup\": %.4g, \"plan_seconds\": %.3f}\n",
+				      bc.c.time_s / rs.c.time_s, rs.secs);
+		} else {
+			char bytes[32];
+
+			codec_fmt_bytes((double)plan_arch_params(&a) * plan_dtype_size(a.dtype),
+					bytes, sizeof(bytes));
+			strbuf_printf(&sb, "model %s: %.1f B parameters (%s %s), %zu tensors\n",
+				      a.name, (double)plan_arch_params(&a) / 1e9, bytes,
+				      plan_dtype_name(a.dtype), s.n);
+			strbuf_printf(&sb, "training %s on %lld ranks -> inference %s on %lld ranks; "
+				      "%s, %d nodes, %d domains\n\n", tr,
+				      (long long)plan_par_world(&pt), inf,
+				      (long long)plan_par_world(&pi), topo, t.nnodes, t.ndomains);
+			strbuf_printf(&sb, "%-21s %-12s %-12s %-12s %-12s %-10s %-11s %s\n", "",
+				      "payload", "network", "nvlink", "busiest NIC", "modelled",
+				      "lower bound", "ratio");
+			model_row("reshard", &rs, &sb);
+			model_row("gather-and-broadcast", &bc, &sb);
+			strbuf_printf(&sb, "\nreshard speed-up x%.2f; planned in %.2f s (%zu transfers)\n",
+				      bc.c.time_s / rs.c.time_s, rs.secs, rs.p.nxfers);
+		}
+		put(&sb);
+		strbuf_fini(&sb);
+		plan_fini(&rs.p);
+		plan_fini(&bc.p);
+	}
+	plan_topo_fini(&t);
+	plan_layout_set_fini(&s);
+	plan_layout_set_fini(&d);
+	return rc;
+}
+
 /* ---- dispatch ------------------------------------------------------- */
 
 static int cmd_help(int argc, char **argv);
@@ -282,6 +452,8 @@ static const cmd_t cmds[] = {
 	 "build, validate and cost a plan; --json prints every transfer"},
 	{"explain", cmd_explain, "--src S --dst D --topology T [...]",
 	 "reshard next to gather-and-broadcast: bytes, busiest links, time, bound"},
+	{"model", cmd_model, "--model M --train SPEC --infer SPEC",
+	 "a whole model from the catalogue: reshard vs broadcast, time vs bound"},
 	{"help", cmd_help, "[COMMAND]", "this text, or a command's options"},
 };
 

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "common/strbuf.h"
+#include "plan/model.h"
 #include "plan/plan.h"
 
 /* Read a whole file (at most 1 GiB) into a NUL-terminated heap buffer. */
@@ -46,6 +47,9 @@ void codec_boxes_json(const plan_layout_t *l, strbuf_t *out);
 /* The plan as JSON: digest, options, transfers, and cost when given. */
 void codec_plan_json(const plan_t *p, const plan_cost_t *cost, strbuf_t *out);
 
+/* The cost of a plan as a JSON object. */
+void codec_cost_json(const plan_cost_t *c, strbuf_t *out);
+
 /* A readable one-screen summary of a plan and its cost. */
 void codec_plan_summary(const plan_t *p, const plan_cost_t *c,
 			const plan_topo_t *topo, strbuf_t *out);
@@ -57,6 +61,13 @@ void codec_plan_summary(const plan_t *p, const plan_cost_t *c,
 void codec_explain_table(const plan_t *rs, const plan_cost_t *rc,
 			 const plan_t *bc, const plan_cost_t *bcc,
 			 const plan_topo_t *topo, strbuf_t *out);
+
+/* An architecture file (config/models/NAME.json). */
+refit_status_t codec_arch_parse(const char *text, size_t len, plan_arch_t *a,
+				refit_err_t *err);
+/* From a path, or NAME looked up as DIR/NAME.json in dirs (NULL-ended). */
+refit_status_t codec_arch_load(const char *spec, const char *const *dirs, plan_arch_t *a,
+			       refit_err_t *err);
 
 /* "1.50 GiB" style size into buf. */
 void codec_fmt_bytes(double bytes, char *buf, size_t n);

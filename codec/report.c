@@ -31,8 +31,8 @@ fmt_time(double s, char *buf, size_t n)
 		snprintf(buf, n, "%.1f us", s * 1e6);
 }
 
-static void
-cost_json(const plan_cost_t *c, strbuf_t *out)
+void
+codec_cost_json(const plan_cost_t *c, strbuf_t *out)
 {
 	strbuf_printf(out,
 		      "{\"payload_bytes\": %" PRIu64 ", \"network_bytes\": %" PRIu64
@@ -61,7 +61,7 @@ codec_plan_json(const plan_t *p, const plan_cost_t *cost, strbuf_t *out)
 		      p->opts.staging_bytes, p->nstages, p->stages_per_round, p->nmsgs);
 	if (cost != NULL) {
 		strbuf_puts(out, ",\n \"cost\": ");
-		cost_json(cost, out);
+		codec_cost_json(cost, out);
 	}
 	strbuf_puts(out, ",\n \"transfers\": [");
 	for (size_t i = 0; i < p->nxfers; i++) {

@@ -54,6 +54,11 @@ expect plan-mismatch 2 'is in the destination but not in the source' -- "$BIN" p
 expect explain 0 "reshard speed-up" -- "$BIN" explain $P
 expect explain-json 0 '"broadcast": {"digest"' -- "$BIN" explain $P --json
 
+expect model 0 "reshard speed-up" -- "$BIN" model --model llama-3-70b --train tp8,pp4,dp2 --infer tp16,dp4
+expect model-json 0 '"model": "qwen3-30b-a3b"' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --json
+expect model-unknown 2 'model "gpt-9": no such file' -- "$BIN" model --model gpt-9 --train tp8 --infer tp8
+expect model-bad-spec 2 'parallel spec "tp8,zz2"' -- "$BIN" model --model llama-3-70b --train tp8,zz2 --infer tp8
+
 # the same inputs give the same digest, run after run
 "$BIN" plan $P --json | head -1 >"$TMP/d1"
 "$BIN" plan $P --json | head -1 >"$TMP/d2"

@@ -15,5 +15,6 @@ Suite *suite_planner(void);
 Suite *suite_validate(void);
 Suite *suite_property(void);
 Suite *suite_dataplane(void);
+Suite *suite_model(void);
 
 #endif
