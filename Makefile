@@ -248,6 +248,8 @@ install: $(BIN) $(REFITD) $(REFITCTL)
 	install -d $(DESTDIR)$(PREFIX)/share/refit/examples $(DESTDIR)$(PREFIX)/share/doc/refit
 	install -m 0644 config/examples/*.json $(DESTDIR)$(PREFIX)/share/refit/examples/
 	install -m 0644 config/coordinator.json config/node.json $(DESTDIR)$(PREFIX)/share/refit/
+	install -d $(DESTDIR)$(PREFIX)/share/refit/models
+	install -m 0644 config/models/*.json $(DESTDIR)$(PREFIX)/share/refit/models/
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/refit/
 	install -d $(DESTDIR)$(SYSTEMD_DIR)
 	for u in refit-coordinator refitd; do \
