@@ -18,7 +18,7 @@ if command -v clang >/dev/null 2>&1 &&
    clang -x c -fsanitize=fuzzer - -o "$OUT/.probe" >/dev/null 2>&1; then
 	have_fuzzer=1
 fi
-for h in layout topo placement; do
+for h in layout topo placement arch; do
 	corpus=tests/fuzz/corpus/$h
 	work=$OUT/corpus-$h
 	mkdir -p "$work"
