@@ -43,6 +43,7 @@ typedef struct reshard {
 	uint32_t *group_off;  /* per source group of the current tensor */
 	loads_t ld;
 	xfervec_t *out;
+	size_t rotate;        /* spreads relay roots over domains */
 } reshard_t;
 
 static void
@@ -152,38 +153,166 @@ part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 	return w->box.size[*dim];
 }
 
-/* A piece that must cross the network into its domain. */
+/* How a piece reached a domain: its parts and who received each. */
+typedef struct served {
+	plan_box_t *parts;
+	int32_t *recv;
+	int64_t np;
+	uint32_t stage;  /* the stage its parts crossed the network */
+} served_t;
+
 static void
-assign_network(reshard_t *rs, const work_t *w)
+served_fini(served_t *s)
+{
+	free(s->parts);
+	free(s->recv);
+}
+
+/* The least-loaded sender of part p among the domains in pool[0..n). */
+static int32_t
+least_relay(const reshard_t *rs, const served_t *pool, size_t n, int64_t p)
+{
+	int32_t best = pool[0].recv[p];
+
+	for (size_t i = 1; i < n; i++) {
+		int32_t r = pool[i].recv[p];
+
+		if (rs->ld.net_send[r] < rs->ld.net_send[best] ||
+		    (rs->ld.net_send[r] == rs->ld.net_send[best] && r < best))
+			best = r;
+	}
+	return best;
+}
+
+/*
+ * A piece that must cross the network into its domain: from the holders in
+ * stage 0, or, relayed in stage `stage`, from whichever domain of pool
+ * (served in earlier stages) has the least-loaded NIC for each part.
+ * Inside the domain the receiver of each part forwards it over NVLink in
+ * the next stage.
+ */
+static void
+assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
+	       uint32_t stage, served_t *out)
 {
 	const plan_layout_t *t = &rs->dst->v[w->tensor];
 	const int32_t *h = rs->arena.v + w->h0, *need = rs->arena.v + w->n0;
+	const served_t *from = npool ? pool : NULL;
 	int dim = 0;
-	int64_t np = part_count(rs, w, t->ndim, &dim);
-	plan_box_t *parts = xmalloc((size_t)np * sizeof(*parts));
 
-	if (np == 1)
-		parts[0] = w->box;
-	else
-		plan_box_split(&w->box, dim, np, parts);
-	for (int64_t p = 0; p < np; p++) {
-		uint64_t b = (uint64_t)plan_box_volume(&parts[p], t->ndim) *
+	if (from != NULL) {
+		out->np = from->np;
+		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
+		memcpy(out->parts, from->parts, (size_t)out->np * sizeof(*out->parts));
+	} else {
+		out->np = part_count(rs, w, t->ndim, &dim);
+		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
+		if (out->np == 1)
+			out->parts[0] = w->box;
+		else
+			plan_box_split(&w->box, dim, out->np, out->parts);
+	}
+	out->recv = xmalloc((size_t)out->np * sizeof(*out->recv));
+	out->stage = stage;
+	for (int64_t p = 0; p < out->np; p++) {
+		uint64_t b = (uint64_t)plan_box_volume(&out->parts[p], t->ndim) *
 			     plan_dtype_size(t->dtype);
 		int32_t r = least(need, w->nn, rs->ld.net_recv);
-		int32_t s = least(h, w->nh, rs->ld.net_send);
+		int32_t s = from ? least_relay(rs, pool, npool, p) : least(h, w->nh, rs->ld.net_send);
 
 		rs->ld.net_send[s] += b;
 		rs->ld.net_recv[r] += b;
-		emit(rs, 0, s, r, w->tensor, &parts[p]);
+		out->recv[p] = r;
+		emit(rs, stage, s, r, w->tensor, &out->parts[p]);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
 				continue;
 			rs->ld.nvl_send[r] += b;
 			rs->ld.nvl_recv[need[k]] += b;
-			emit(rs, 1, r, need[k], w->tensor, &parts[p]);
+			emit(rs, stage + 1, r, need[k], w->tensor, &out->parts[p]);
 		}
 	}
-	free(parts);
+}
+
+/*
+ * The same piece needed by K domains while only H < K ranks hold it: the
+ * holders serve H domains in stage 0; in each later stage every domain
+ * served so far can pass it on, so the served set doubles, each holder
+ * sends the piece once instead of K / H times, and the destination NICs,
+ * otherwise idle in that direction, carry the rest.  Which domains come
+ * first rotates from run to run so no domain relays everything.
+ */
+static void
+assign_relayed(reshard_t *rs, const size_t *run, size_t k)
+{
+	served_t *sv = xcalloc(k, sizeof(*sv));
+	size_t nh = rs->work.v[run[0]].nh, done = 0, off = rs->rotate++ % k;
+	uint32_t stage = 0;
+
+	while (done < k) {
+		size_t take = stage == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
+
+		for (size_t i = done; i < done + take; i++)
+			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
+				       stage ? done : 0, stage, &sv[i]);
+		done += take;
+		stage++;
+	}
+	for (size_t i = 0; i < k; i++)
+		served_fini(&sv[i]);
+	free(sv);
+}
+
+/* Order of network pieces by source group and box, to find runs. */
+static int
+cmp_piece(const void *a, const void *b, void *ctx)
+{
+	const work_t *v = ctx, *x = &v[*(const size_t *)a], *y = &v[*(const size_t *)b];
+	int c;
+
+	if (x->h0 != y->h0)
+		return x->h0 < y->h0 ? -1 : 1;
+	c = plan_box_cmp(&x->box, &y->box, PLAN_MAX_DIMS);
+	if (c)
+		return c;
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/*
+ * For every network piece, the first index of its run (same source group,
+ * same box, other domains) in *run_of, and runs laid out in *runs; a run
+ * is relayed when it has more domains than holders.
+ */
+static void
+find_runs(reshard_t *rs, size_t **runs_out, size_t **start_out, size_t **len_out)
+{
+	size_t n = rs->work.n, m = 0;
+	size_t *idx = xmalloc((n ? n : 1) * sizeof(*idx));
+	size_t *start = xmalloc((n ? n : 1) * sizeof(*start));
+	size_t *len = xcalloc(n ? n : 1, sizeof(*len));
+
+	for (size_t i = 0; i < n; i++)
+		if (!rs->work.v[i].local)
+			idx[m++] = i;
+	if (m > 1)
+		qsort_r(idx, m, sizeof(*idx), cmp_piece, rs->work.v);
+	for (size_t i = 0; i < n; i++)
+		start[i] = SIZE_MAX;
+	for (size_t i = 0; i < m;) {
+		size_t j = i;
+		const work_t *w = &rs->work.v[idx[i]];
+
+		while (j < m && rs->work.v[idx[j]].h0 == w->h0 &&
+		       plan_box_equal(&rs->work.v[idx[j]].box, &w->box, PLAN_MAX_DIMS))
+			j++;
+		for (size_t k = i; k < j; k++)
+			start[idx[k]] = i;
+		len[i] = j - i;
+		i = j;
+	}
+	*runs_out = idx;
+	*start_out = start;
+	*len_out = len;
 }
 
 refit_status_t
@@ -221,14 +350,27 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		for (size_t i = 0; i < rs.work.n; i++)
 			k[i] = (xkey_t){max - rs.work.v[i].bytes, (uint32_t)i};
 		plan_radix_sort(k, rs.work.n, plan_bits_for(max));
-		for (size_t i = 0; i < rs.work.n; i++) {
-			const work_t *w = &rs.work.v[k[i].idx];
+		size_t *runs, *start, *len;
 
-			if (w->local)
+		find_runs(&rs, &runs, &start, &len);
+		for (size_t i = 0; i < rs.work.n; i++) {
+			size_t wi = k[i].idx, st = start[wi];
+			const work_t *w = &rs.work.v[wi];
+			served_t one;
+
+			if (w->local) {
 				assign_local(&rs, w);
-			else
-				assign_network(&rs, w);
+			} else if (len[st] > w->nh) {
+				assign_relayed(&rs, runs + st, len[st]); /* the whole run */
+				len[st] = 0;
+			} else if (len[st] != 0) {
+				assign_network(&rs, w, NULL, 0, 0, &one);
+				served_fini(&one);
+			}
 		}
+		free(runs);
+		free(start);
+		free(len);
 		free(k);
 	}
 	VEC_FREE(&rs.work);
