@@ -149,6 +149,33 @@ START_TEST(source_replicas_balanced)
 }
 END_TEST
 
+/* One holder, eight domains: the holder sends once, domains relay. */
+START_TEST(relays_between_domains)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[1024,64]", "[0]", "[\"Replicate()\"]"),
+	    W("w", "[1024,64]", "[8,16,24,32,40,48,56,64]", "[\"Replicate()\"]"),
+	    "dgx-h100:72", PLAN_MODE_RESHARD, 64 << 10, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 8 * 1024 * 64 * 4);
+	ck_assert_uint_eq(x.c.lb_network_bytes, 8 * 1024 * 64 * 4);
+	/* rank 0 sends the tensor once; relays double the served domains:
+	 * 1, 2, 4, 8 -> stages 0..3 */
+	{
+		uint64_t sent0 = 0;
+
+		for (size_t i = 0; i < x.p.nxfers; i++)
+			if (x.p.xfers[i].from == 0)
+				sent0 += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
+		ck_assert_uint_eq(sent0, 1024 * 64 * 4);
+	}
+	ck_assert_uint_eq(x.p.nstages, 4);
+	/* the busiest NIC sends at most twice (log2(8) - 1), not eight times */
+	ck_assert_uint_le(x.c.max_nic_bytes, 2 * 1024 * 64 * 4);
+	done(&x);
+}
+END_TEST
+
 START_TEST(broadcast_baseline)
 {
 	ctx_t x, r;
@@ -348,6 +375,7 @@ suite_planner(void)
 	tcase_add_test(tc, replicas_across_domains);
 	tcase_add_test(tc, colocated_no_network);
 	tcase_add_test(tc, source_replicas_balanced);
+	tcase_add_test(tc, relays_between_domains);
 	tcase_add_test(tc, broadcast_baseline);
 	tcase_add_test(tc, broadcast_rounds_respect_staging);
 	tcase_add_test(tc, small_tensors_batched);
