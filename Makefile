@@ -229,7 +229,7 @@ fuzz: deps
 
 # ---- demo, bench, install -----------------------------------------------
 demo: deps
-	$(Q)$(MAKE) --no-print-directory $(BIN)
+	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL)
 	$(Q)sh scripts/demo.sh $(BIN)
 
 bench: deps
