@@ -301,6 +301,9 @@ main(int argc, char **argv)
 	co.state_file = cfg.state_file;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	signal(SIGPIPE, SIG_IGN);
+	/* node calls and planning run on libuv's pool: 4 threads by default
+	 * would prepare a 64-node refit four nodes at a time */
+	setenv("UV_THREADPOOL_SIZE", "64", 0);
 	memset(&d, 0, sizeof(d));
 	uv_loop_init(&d.loop);
 	if ((d.srv = rpc_server_new(&so, &d.loop, &err)) == NULL ||
