@@ -74,8 +74,10 @@ one_layout(const Refit__V1__TensorLayout *t, size_t idx, plan_layout_t *l,
 			break;
 		}
 		sh[i].rank = s->rank;
-		memcpy(sh[i].box.off, s->box->offset, t->n_shape * sizeof(int64_t));
-		memcpy(sh[i].box.size, s->box->size, t->n_shape * sizeof(int64_t));
+		for (size_t d = 0; d < t->n_shape; d++) { /* arrays are NULL when empty */
+			sh[i].box.off[d] = s->box->offset[d];
+			sh[i].box.size[d] = s->box->size[d];
+		}
 	}
 	if (rc == REFIT_OK)
 		rc = plan_layout_init_explicit(l, name, dt, (int)t->n_shape, t->shape, sh,

@@ -468,7 +468,8 @@ plan_layout_init_dtensor(plan_layout_t *l, const char *name, plan_dtype_t dtype,
 	l->name = xstrdup(name);
 	l->dtype = dtype;
 	l->ndim = ndim;
-	memcpy(l->shape, shape, (size_t)ndim * sizeof(*shape));
+	for (int d = 0; d < ndim; d++) /* shape may be NULL for a scalar */
+		l->shape[d] = shape[d];
 	l->is_dtensor = true;
 	l->mesh_ndim = mesh_ndim;
 	memcpy(l->mesh_shape, mesh_shape, (size_t)mesh_ndim * sizeof(*mesh_shape));
@@ -515,7 +516,8 @@ plan_layout_init_explicit(plan_layout_t *l, const char *name, plan_dtype_t dtype
 	l->name = xstrdup(name);
 	l->dtype = dtype;
 	l->ndim = ndim;
-	memcpy(l->shape, shape, (size_t)ndim * sizeof(*shape));
+	for (int d = 0; d < ndim; d++) /* shape may be NULL for a scalar */
+		l->shape[d] = shape[d];
 	l->nshards = nshards;
 	l->shards = xcalloc(nshards ? nshards : 1, sizeof(*l->shards));
 	for (size_t i = 0; i < nshards; i++) {

@@ -18,14 +18,21 @@ if command -v clang >/dev/null 2>&1 &&
    clang -x c -fsanitize=fuzzer - -o "$OUT/.probe" >/dev/null 2>&1; then
 	have_fuzzer=1
 fi
-for h in layout topo placement arch; do
+for h in layout topo placement arch rpc; do
+	extra=""
+	if [ "$h" = rpc ]; then
+		# the RPC edge: generated protobuf-c code and the conversion layer
+		[ -f "$BUILD/gen/refit/v1/refit.pb-c.c" ] ||
+			{ echo "fuzz rpc: build first (make)"; failed=$((failed + 1)); continue; }
+		extra="-I$BUILD/gen $BUILD/gen/refit/v1/refit.pb-c.c daemon/proto_conv.c -lprotobuf-c"
+	fi
 	corpus=tests/fuzz/corpus/$h
 	work=$OUT/corpus-$h
 	mkdir -p "$work"
 	if [ $have_fuzzer = 1 ]; then
 		if ! clang $CFLAGS -fsanitize=fuzzer,address,undefined \
 			-fno-sanitize-recover=all -o "$OUT/fuzz-$h" \
-			tests/fuzz/fuzz_$h.c $SRC $LIBS; then
+			tests/fuzz/fuzz_$h.c $SRC $extra $LIBS; then
 			failed=$((failed + 1)); continue
 		fi
 		if "$OUT/fuzz-$h" -max_total_time="$SECONDS_EACH" -max_len=4096 \
@@ -39,7 +46,7 @@ for h in layout topo placement arch; do
 		fi
 	else
 		if ${CC:-gcc} $CFLAGS -fsanitize=address,undefined -o "$OUT/replay-$h" \
-			tests/fuzz/replay.c tests/fuzz/fuzz_$h.c $SRC $LIBS &&
+			tests/fuzz/replay.c tests/fuzz/fuzz_$h.c $SRC $extra $LIBS &&
 		   "$OUT/replay-$h" "$corpus"/*; then
 			echo "fuzz $h: corpus replayed (no libFuzzer here)"
 			passed=$((passed + 1))
