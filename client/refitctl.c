@@ -461,6 +461,37 @@ cmd_abort(ctl_t *c, int argc, char **argv)
 	return 0;
 }
 
+static int
+cmd_drain(ctl_t *c, int argc, char **argv)
+{
+	Refit__V1__DrainMemberRequest rq = REFIT__V1__DRAIN_MEMBER_REQUEST__INIT;
+	Refit__V1__DrainMemberResponse *r;
+	int rc;
+
+	if (argc < 2 || argc > 3) {
+		fprintf(stderr, "usage: refitctl drain NODE [REASON]\n");
+		return 2;
+	}
+	rq.node_id = argv[1];
+	rq.reason = argc > 2 ? argv[2] : "refitctl drain";
+	if ((rc = call(c, "DrainMember", &rq.base, (ProtobufCMessage **)&r)) != 0)
+		return rc;
+	if (c->json) {
+		printf("{\"member_id\": %" PRIu64 ", \"aborted_refits\": [", r->member_id);
+		for (size_t i = 0; i < r->n_aborted_refits; i++)
+			printf("%s%" PRIu64, i ? ", " : "", r->aborted_refits[i]);
+		printf("]}\n");
+	} else {
+		printf("node %s (member %" PRIu64 ") drained; it leaves at its next heartbeat",
+		       argv[1], r->member_id);
+		for (size_t i = 0; i < r->n_aborted_refits; i++)
+			printf("%s%" PRIu64, i ? ", " : "; refits aborted: ", r->aborted_refits[i]);
+		printf("\n");
+	}
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return 0;
+}
+
 typedef struct cmd {
 	const char *name, *args, *help;
 	int (*run)(ctl_t *c, int argc, char **argv);
@@ -477,6 +508,8 @@ static const cmd_t cmds[] = {
 	{"list", "[MODEL]", "refits, newest first", cmd_list},
 	{"watch", "ID", "follow a refit until it is final", cmd_watch},
 	{"abort", "ID", "stop a refit [REASON]", cmd_abort},
+	{"drain", "NODE", "abort the node's refits, have it leave and stay out [REASON]",
+	 cmd_drain},
 };
 
 static void

@@ -213,7 +213,40 @@ h_heartbeat(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rsp.epoch = c->epoch;
 	rsp.epoch_changed = rq->epoch != c->epoch;
 	rsp.lease_ttl_ms = c->o.lease_ttl_ms;
+	rsp.drain = m->draining;
 	rpc_call_reply(call, &rsp.base);
+}
+
+/*
+ * An operator drains a node: refits in flight that use it are aborted now;
+ * the node is told at its next heartbeat to leave and stay out, and leaves
+ * (its lease lapses if it does not).
+ */
+static void
+h_drain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__DrainMemberRequest *rq = (const void *)msg;
+	Refit__V1__DrainMemberResponse rsp = REFIT__V1__DRAIN_MEMBER_RESPONSE__INIT;
+	uint64_t ids[64];
+	char why[256];
+
+	for (size_t i = 0; i < c->members.n; i++) {
+		member_t *m = &c->members.v[i];
+
+		if (strcmp(m->node_id, nz(rq->node_id)) != 0)
+			continue;
+		snprintf(why, sizeof(why), "node %s drained: %s", m->node_id,
+			 rq->reason && rq->reason[0] ? rq->reason : "by request");
+		m->draining = true;
+		rsp.member_id = m->id;
+		rsp.aborted_refits = ids;
+		rsp.n_aborted_refits = coord_refits_abort_member(c, m->id, why, ids, 64);
+		log_info("coordinator: %s (%zu refits aborted)", why, rsp.n_aborted_refits);
+		return rpc_call_reply(call, &rsp.base);
+	}
+	rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "DrainMember: no member node \"%s\"",
+		      nz(rq->node_id));
 }
 
 static void
@@ -626,6 +659,7 @@ static const rpc_method_cfg_t methods[] = {
 	{"UnregisterLayout", h_unregister, false},
 	{"WeightsReady", h_weights_ready, false},
 	{"ListMembers", h_list_members, true},
+	{"DrainMember", h_drain, true},
 	{"ListModels", h_list_models, true},
 	{"GetModel", h_get_model, true},
 	{"ExplainPlan", h_explain, true},

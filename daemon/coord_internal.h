@@ -21,6 +21,7 @@ typedef struct member {
 	rank_info_t *ranks;
 	size_t nranks;
 	uint64_t last_beat_ms;
+	bool draining;          /* told to leave at its next heartbeat */
 } member_t;
 
 typedef struct instance {
@@ -119,6 +120,9 @@ refit_status_t coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o,
 /* coord_refit.c: the refit methods and state machine */
 extern const rpc_method_cfg_t coord_refit_methods[];
 extern const size_t coord_refit_nmethods;
+/* Abort the refits in flight that use member id; their ids into *ids. */
+size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
+				 size_t max);
 /* membership changed: refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch);
 void coord_refits_fini(coord_t *c);

@@ -445,6 +445,30 @@ start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", err.msg);
 }
 
+static void abort_on_nodes(coord_t *c, refit_rec_t *r);
+
+size_t
+coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
+			  size_t max)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+		bool uses = r->state == REFIT__V1__REFIT_STATE__PENDING;
+
+		for (size_t k = 0; k < r->nnodes && !uses; k++)
+			uses = r->nodes[k] == id;
+		if (is_final(r->state) || !uses)
+			continue;
+		finish(c, r, REFIT__V1__REFIT_STATE__ABORTED, "aborted: %s", why);
+		abort_on_nodes(c, r);
+		if (n < max)
+			ids[n++] = r->id;
+	}
+	return n;
+}
+
 void
 coord_refits_on_epoch(coord_t *c, uint64_t old_epoch)
 {
@@ -605,23 +629,12 @@ on_abort_sent(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 	coord_maybe_free(c);
 }
 
+/* Tell every node of r that it was aborted (best effort). */
 static void
-h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+abort_on_nodes(coord_t *c, refit_rec_t *r)
 {
-	coord_t *c = ctx;
-	const Refit__V1__AbortRefitRequest *rq = (const void *)msg;
 	Refit__V1__AbortRequest ab = REFIT__V1__ABORT_REQUEST__INIT;
-	refit_rec_t *r = find_refit(c, rq->refit_id);
-	Refit__V1__Refit o;
 
-	if (r == NULL)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "AbortRefit: no refit %" PRIu64,
-				     rq->refit_id);
-	if (is_final(r->state))
-		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "AbortRefit: refit %" PRIu64
-				     " is already %s", r->id, state_name(r->state));
-	finish(c, r, REFIT__V1__REFIT_STATE__ABORTED, "aborted: %s",
-	       rq->reason && rq->reason[0] ? rq->reason : "by request");
 	ab.refit_id = r->id;
 	ab.epoch = r->epoch;
 	ab.reason = r->failure;
@@ -639,6 +652,25 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		else
 			free(x);
 	}
+}
+
+static void
+h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__AbortRefitRequest *rq = (const void *)msg;
+	refit_rec_t *r = find_refit(c, rq->refit_id);
+	Refit__V1__Refit o;
+
+	if (r == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "AbortRefit: no refit %" PRIu64,
+				     rq->refit_id);
+	if (is_final(r->state))
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "AbortRefit: refit %" PRIu64
+				     " is already %s", r->id, state_name(r->state));
+	finish(c, r, REFIT__V1__REFIT_STATE__ABORTED, "aborted: %s",
+	       rq->reason && rq->reason[0] ? rq->reason : "by request");
+	abort_on_nodes(c, r);
 	fill_refit(r, &o);
 	rpc_call_reply(call, &o.base);
 }

@@ -33,6 +33,7 @@ struct node {
 	uint8_t token[64];
 	size_t token_len;
 	bool busy;                    /* a Join or Heartbeat is in flight */
+	bool drained;                 /* an operator drained us: stay out */
 	uint32_t inflight;
 	bool closing, timer_closed;
 };
@@ -77,6 +78,8 @@ on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 	maybe_free(n);
 }
 
+static void leave(node_t *n);
+
 static void
 on_beat_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
@@ -90,6 +93,11 @@ on_beat_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 			n->member_id = 0;
 		} else if (st != REFIT_OK) {
 			log_warnx("node %s: Heartbeat: %s", n->node_id, msg);
+		} else if (((const Refit__V1__HeartbeatResponse *)resp)->drain) {
+			log_info("node %s: drained by the operator: leaving the membership and "
+				 "staying out until restarted", n->node_id);
+			n->drained = true;
+			leave(n);
 		} else {
 			const Refit__V1__HeartbeatResponse *r = (const void *)resp;
 
@@ -108,7 +116,7 @@ on_tick(uv_timer_t *t)
 	node_t *n = t->data;
 	refit_err_t err;
 
-	if (n->busy || n->closing)
+	if (n->busy || n->closing || n->drained)
 		return;
 	refit_err_clear(&err);
 	if (n->member_id == 0) {
@@ -272,22 +280,30 @@ on_left(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 	maybe_free(n);
 }
 
-void
-node_close(node_t *n)
+/* Leave the membership (bounded, best effort). */
+static void
+leave(node_t *n)
 {
 	Refit__V1__LeaveRequest rq = REFIT__V1__LEAVE_REQUEST__INIT;
 
+	if (n->member_id == 0)
+		return;
+	rq.member_id = n->member_id;
+	rq.reason = n->drained ? "drained" : "shutdown";
+	n->member_id = 0;
+	if (rpc_call_async(n->loop, n->coordinator, &n->client,
+			   &refit__v1__coordinator__descriptor, "Leave", &rq.base, 2000,
+			   on_left, n, NULL) == REFIT_OK)
+		n->inflight++;
+}
+
+void
+node_close(node_t *n)
+{
 	if (n == NULL)
 		return;
 	n->closing = true;
-	if (n->member_id != 0) {
-		rq.member_id = n->member_id;
-		rq.reason = "shutdown";
-		if (rpc_call_async(n->loop, n->coordinator, &n->client,
-				   &refit__v1__coordinator__descriptor, "Leave", &rq.base, 2000,
-				   on_left, n, NULL) == REFIT_OK)
-			n->inflight++;
-	}
+	leave(n);
 	uv_timer_stop(&n->beat);
 	uv_close((uv_handle_t *)&n->beat, on_timer_closed);
 }

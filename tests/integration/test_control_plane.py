@@ -482,11 +482,28 @@ def nodes_and_refits():
                                            timeout=5),
                      grpc.StatusCode.FAILED_PRECONDITION, f"this node prepared epoch {ep + 5}")
         nch.close()
+        # drain: the node leaves at its next heartbeat and stays out, alive
+        out = subprocess.run(ctl + ["drain", "infer1", "maintenance"], capture_output=True,
+                             text=True)
+        assert out.returncode == 0 and "node infer1" in out.stdout and "drained" in out.stdout, out
+        for _ in range(50):
+            mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
+            if "infer1" not in [m.node_id for m in mem.members]:
+                break
+            time.sleep(0.1)
+        assert sorted(m.node_id for m in mem.members) == ["infer0", "train0"], mem
+        time.sleep(1.0)  # several heartbeat periods: no rejoin
+        mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
+        assert sorted(m.node_id for m in mem.members) == ["infer0", "train0"], mem
+        assert node_c.poll() is None
+        out = subprocess.run(ctl + ["drain", "nope"], capture_output=True, text=True)
+        assert out.returncode == 1 and 'no member node "nope"' in out.stderr, out
+        ep = mem.epoch
         # SIGTERM: the node leaves at once, long before its lease would lapse
         node_a.send_signal(signal.SIGTERM)
         assert node_a.wait(timeout=10) == 0
         mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-        assert sorted(m.node_id for m in mem.members) == ["infer0", "infer1"], mem
+        assert [m.node_id for m in mem.members] == ["infer0"], mem
         assert mem.epoch == ep + 1, mem
         # an instance going away
         st.UnregisterLayout(pb.UnregisterLayoutRequest(
@@ -500,7 +517,7 @@ def nodes_and_refits():
         node_c.wait()
         time.sleep(2.2)
         mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-        assert len(mem.members) == 0 and mem.epoch == ep + 3, mem
+        assert len(mem.members) == 0 and mem.epoch == ep + 2, mem
         ch.close()
     finally:
         for p in procs:
