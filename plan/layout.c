@@ -376,11 +376,20 @@ check_common(const char *name, int ndim, const int64_t *shape, refit_err_t *err)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
 				     "layout \"%s\": shape has %d dims (at most %d supported)",
 				     name, ndim, PLAN_MAX_DIMS);
-	for (int d = 0; d < ndim; d++)
+	int64_t n = 1;
+
+	for (int d = 0; d < ndim; d++) {
 		if (shape[d] < 0 || shape[d] > ((int64_t)1 << 48))
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
 					     "layout \"%s\": shape[%d] = %" PRId64 " is out of range",
 					     name, d, shape[d]);
+		/* bound the element count so sizes in bytes never overflow */
+		if (shape[d] != 0 && n > PLAN_MAX_NUMEL / shape[d])
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+					     "layout \"%s\": shape has more than 2^56 elements",
+					     name);
+		n *= shape[d];
+	}
 	return REFIT_OK;
 }
 

@@ -26,6 +26,8 @@
 
 /* bound on the boxes one rank may hold for one tensor (strided shards) */
 #define PLAN_MAX_RANK_BOXES 4096
+/* bound on a tensor's elements (bytes then fit 64 bits for any dtype) */
+#define PLAN_MAX_NUMEL ((int64_t)1 << 56)
 /* bound on mesh size and on rank ids */
 #define PLAN_MAX_RANK_ID (1 << 24)
 

@@ -4,7 +4,7 @@
 # harnesses briefly.  Ends with one summary line "check: N passed, N failed".
 set -u
 BUILD=${1:-build}
-FUZZ_SECONDS=${FUZZ_SECONDS:-8}
+FUZZ_RUNS=${FUZZ_RUNS:-20000}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -49,7 +49,8 @@ script "control plane (coordinator + Python gRPC + refitctl)" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD"
 script "control plane, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD/asan"
-script "fuzz (${FUZZ_SECONDS}s per harness)" sh tests/fuzz/run.sh "$BUILD" "$FUZZ_SECONDS"
+script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
+	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
 
 echo "check: $total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]

@@ -238,6 +238,10 @@ START_TEST(validation_messages)
 	ck_assert_ptr_nonnull(strstr(th_layout_error("{\"tensors\": [1, 2"),
 				     "malformed JSON"));
 	ck_assert_str_eq(th_layout_error(
+		"{\"name\":\"w\",\"dtype\":\"bf16\",\"shape\":[1099511627776,1099511627776],"
+		"\"mesh\":[0],\"placements\":[\"R\"]}"),
+		"layout \"w\": shape has more than 2^56 elements");
+	ck_assert_str_eq(th_layout_error(
 		"{\"name\":\"w\",\"dtype\":\"bf16\",\"shape\":[1,1,1,1,1,1,1,1,1],\"mesh\":[0],"
 		"\"placements\":[\"R\"]}"),
 		"layout \"w\": shape: more than 8 entries");
