@@ -59,7 +59,7 @@ parse_arch(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s is missing", what);
 			continue;
 		}
-		CHECK(json_int(v, 0, (int64_t)1 << 40, (int64_t *)((char *)a + nums[i].off),
+		CHECK(json_int(v, 0, (int64_t)1 << 24, (int64_t *)((char *)a + nums[i].off),
 			       what, err));
 	}
 	if (a->q_lora_rank == 0 && (a->kv_heads == 0 || a->head_dim == 0))

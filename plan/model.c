@@ -329,25 +329,26 @@ plan_model_layouts(const plan_arch_t *a, const plan_par_t *train, const plan_par
 int64_t
 plan_arch_params(const plan_arch_t *a)
 {
-	int64_t n = a->vocab * a->hidden * (a->tie_embeddings ? 1 : 2) + a->hidden;
+	/* 128-bit arithmetic: an architecture file may hold absurd sizes */
+	__int128 n = (__int128)a->vocab * a->hidden * (a->tie_embeddings ? 1 : 2) + a->hidden;
+	__int128 attn, mlp_dense, mlp_moe;
 
-	for (int64_t l = 0; l < a->layers; l++) {
-		n += 2 * a->hidden;
-		if (a->q_lora_rank > 0) {
-			n += a->q_lora_rank * a->hidden + a->q_lora_rank +
-			     a->heads * (a->qk_nope_dim + a->qk_rope_dim) * a->q_lora_rank +
-			     (a->kv_lora_rank + a->qk_rope_dim) * a->hidden + a->kv_lora_rank +
-			     a->heads * (a->qk_nope_dim + a->v_head_dim) * a->kv_lora_rank +
-			     a->hidden * a->heads * a->v_head_dim;
-		} else {
-			n += (a->heads + 2 * a->kv_heads) * a->head_dim * a->hidden +
-			     a->hidden * a->heads * a->head_dim + (a->qk_norm ? 2 * a->head_dim : 0);
-		}
-		if (a->experts > 0 && l >= a->first_dense_layers)
-			n += a->experts * a->hidden + 3 * a->experts * a->expert_intermediate * a->hidden +
-			     3 * a->shared_experts * a->expert_intermediate * a->hidden;
-		else
-			n += 3 * a->intermediate * a->hidden;
-	}
-	return n;
+	if (a->q_lora_rank > 0)
+		attn = (__int128)a->q_lora_rank * a->hidden + a->q_lora_rank +
+		       (__int128)a->heads * (a->qk_nope_dim + a->qk_rope_dim) * a->q_lora_rank +
+		       (__int128)(a->kv_lora_rank + a->qk_rope_dim) * a->hidden + a->kv_lora_rank +
+		       (__int128)a->heads * (a->qk_nope_dim + a->v_head_dim) * a->kv_lora_rank +
+		       (__int128)a->hidden * a->heads * a->v_head_dim;
+	else
+		attn = (__int128)(a->heads + 2 * a->kv_heads) * a->head_dim * a->hidden +
+		       (__int128)a->hidden * a->heads * a->head_dim +
+		       (a->qk_norm ? 2 * a->head_dim : 0);
+	mlp_dense = (__int128)3 * a->intermediate * a->hidden;
+	mlp_moe = (__int128)a->experts * a->hidden +
+		  (__int128)3 * a->experts * a->expert_intermediate * a->hidden +
+		  (__int128)3 * a->shared_experts * a->expert_intermediate * a->hidden;
+	for (int64_t l = 0; l < a->layers && n < INT64_MAX; l++)
+		n += 2 * (__int128)a->hidden + attn +
+		     (a->experts > 0 && l >= a->first_dense_layers ? mlp_moe : mlp_dense);
+	return n > INT64_MAX ? INT64_MAX : (int64_t)n;
 }
