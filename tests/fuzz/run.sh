@@ -46,7 +46,7 @@ for h in layout topo placement arch rpc; do
 		else
 			limit="-max_total_time=$SECONDS_EACH"
 		fi
-		if "$OUT/fuzz-$h" $limit -max_len=4096 \
+		if "$OUT/fuzz-$h" $limit -max_len=4096 -artifact_prefix="$OUT/" \
 			-timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
 			"$work" "$corpus" >"$OUT/fuzz-$h.log" 2>&1; then
 			if [ -n "$RUNS" ]; then
