@@ -52,7 +52,7 @@ LDLIBS  := $(PKG_LIBS) -lm -lpthread
 SAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
 	     -fno-omit-frame-pointer
 
-DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/transport/*.c))
 COMMON_SRC := $(wildcard common/*.c)
 PLAN_SRC   := $(wildcard plan/*.c)
 CODEC_SRC  := $(wildcard codec/*.c)
@@ -76,8 +76,11 @@ ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
 .PHONY: all check demo bench install deps clean fuzz config unit asan cli-test
+LIBREFIT := $(BUILD)/lib/librefit.a
+REFITCLI := $(BUILD)/bin/refit-client
+
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
-     $(BUILD)/bin/bench-dataplane
+     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI)
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -109,10 +112,23 @@ $(BUILD)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
 
-$(BUILD)/obj/client/refitctl.o: client/refitctl.c $(PROTO_C)
+$(BUILD)/obj/client/%.o: client/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+# librefit: the client library, with everything it needs but gRPC, protobuf-c,
+# libuv and cJSON (link those: see docs/librefit.md)
+$(LIBREFIT): $(BUILD)/obj/client/librefit.o $(call objs,$(BUILD),$(DAEMON_SRC) $(LIB_SRC)) \
+	     $(BUILD)/obj/gen/refit.pb-c.o
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
 $(BUILD)/obj/gen/refit.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
@@ -195,9 +211,14 @@ $(ASAN)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
 	@$(if $(Q),echo "  CC-SAN  $<")
 	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
 
-$(ASAN)/obj/client/refitctl.o: client/refitctl.c $(PROTO_C)
+$(ASAN)/obj/client/%.o: client/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(ASAN)/bin/refit-client: $(ASAN)/obj/client/refit_client.o $(ASAN)/obj/client/librefit.o \
+			  $(call objs,$(ASAN),$(DAEMON_SRC)) $(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
 $(ASAN)/obj/gen/refit.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
@@ -211,7 +232,7 @@ $(ASAN)/bin/refitctl: $(ASAN)/obj/client/refitctl.o $(call objs,$(ASAN),$(DAEMON
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
-asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl
+asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl $(ASAN)/bin/refit-client
 
 # ---- tests --------------------------------------------------------------
 check: deps

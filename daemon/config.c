@@ -65,6 +65,14 @@ static const key_t_ keys[] = {
 	 "node role: NVLink domain (default: node_id)"},
 	{"advertise", K_STR, F(advertise), NULL, 0, 0, NULL, false,
 	 "node role: address the coordinator calls (default: listen)"},
+	{"data_listen", K_STR, F(data_listen), "127.0.0.1:0", 0, 0, NULL, false,
+	 "node role: tcp data plane host:port (port 0: any free port)"},
+	{"data_advertise", K_STR, F(data_advertise), NULL, 0, 0, NULL, false,
+	 "node role: data endpoint peers connect to (default: the bound data_listen)"},
+	{"local_socket", K_STR, F(local_socket), "/run/refit/refitd.sock", 0, 0, NULL, false,
+	 "node role: unix socket librefit clients connect to"},
+	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), "600000", 100, 86400000, NULL, true,
+	 "node role: a plan slice that runs longer fails"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

@@ -29,6 +29,10 @@ typedef struct refitd_config {
 	char *ranks;          /* node role: "0-7" or "0,2,4-5" */
 	char *domain;         /* node role: NVLink domain (default: node_id) */
 	char *advertise;      /* node role: address the coordinator calls (default: listen) */
+	char *data_listen;    /* node role: tcp data plane host:port */
+	char *data_advertise; /* node role: data endpoint peers use (default: bound data_listen) */
+	char *local_socket;   /* node role: unix socket for librefit */
+	uint64_t slice_timeout_ms;
 } refitd_config_t;
 
 /* All keys at their defaults. */

@@ -348,6 +348,28 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, err.status, "RegisterLayout \"%s\": %s", rq->model,
 				     err.msg);
 	}
+	/* an instance spread over several nodes: each node registers the same
+	 * layout for it; another node registering a different one is refused */
+	old = m == NULL ? NULL : rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
+					: find_instance(m, (int)rq->role, iname);
+	if (old != NULL && old->member_id != rq->member_id &&
+	    coord_find_member(c, old->member_id) != NULL) {
+		char dg[SHA256_HEX_LEN];
+		member_t *om = coord_find_member(c, old->member_id);
+
+		conv_layouts_digest(&set, dg);
+		plan_layout_set_fini(&set);
+		if (strcmp(dg, old->digest) != 0 && (old->role == REFIT__V1__ROLE__TRAIN ||
+						     strcmp(old->name, iname) == 0))
+			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": "
+					     "%s \"%s\" is registered by node %s with another "
+					     "layout (%.12s, this one %.12s)", rq->model,
+					     rq->role == REFIT__V1__ROLE__TRAIN ? "the trainer" :
+					     "instance", iname, om->node_id, old->digest, dg);
+		rsp.layout_digest = old->digest;
+		rsp.tensors = (uint32_t)old->layouts.n;
+		return rpc_call_reply(call, &rsp.base);
+	}
 	if (m == NULL) {
 		model_t nm = {.name = xstrdup(rq->model)};
 
@@ -413,7 +435,11 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "WeightsReady \"%s\": layout "
 				     "digest %.12s is not the registered %.12s: register again",
 				     m->name, rq->layout_digest, t->digest);
-	if (rq->version <= m->latest_version)
+	if (rq->version == m->latest_version) { /* another node of the same trainer */
+		rsp.latest_version = m->latest_version;
+		return rpc_call_reply(call, &rsp.base);
+	}
+	if (rq->version < m->latest_version)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "WeightsReady \"%s\": version "
 				     "%" PRIu64 " is not newer than %" PRIu64, m->name,
 				     rq->version, m->latest_version);
@@ -569,39 +595,24 @@ coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
 refit_status_t
 coord_compose_dst(const model_t *m, plan_layout_set_t *out, refit_err_t *err)
 {
-	const instance_t *first = NULL;
+	const plan_layout_set_t **sets = xcalloc(m->inst.n + 1, sizeof(*sets));
+	size_t n = 0;
+	refit_status_t rc;
 
-	plan_layout_set_init(out);
-	for (size_t i = 0; i < m->inst.n && first == NULL; i++)
+	for (size_t i = 0; i < m->inst.n; i++)
 		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER)
-			first = &m->inst.v[i];
-	if (first == NULL)
+			sets[n++] = &m->inst.v[i].layouts;
+	if (n == 0) {
+		free(sets);
+		plan_layout_set_init(out);
 		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no inference "
 				     "instance", m->name);
-	for (size_t t = 0; t < first->layouts.n; t++) {
-		const plan_layout_t *l0 = &first->layouts.v[t];
-		VEC(plan_shard_t) sh = {0};
-		plan_layout_t l;
-		refit_status_t rc;
-
-		for (size_t i = 0; i < m->inst.n; i++) {
-			const instance_t *in = &m->inst.v[i];
-
-			if (in->role != REFIT__V1__ROLE__INFER)
-				continue;
-			for (size_t k = 0; k < in->layouts.v[t].nshards; k++)
-				VEC_PUSH(&sh, in->layouts.v[t].shards[k]);
-		}
-		rc = plan_layout_init_explicit(&l, l0->name, l0->dtype, l0->ndim, l0->shape,
-					       sh.v, sh.n, err);
-		VEC_FREE(&sh);
-		if (rc != REFIT_OK) {
-			plan_layout_set_fini(out);
-			return rc;
-		}
-		plan_layout_set_add(out, &l);
 	}
-	return REFIT_OK;
+	rc = plan_layout_compose(sets, n, out, err);
+	free(sets);
+	if (rc != REFIT_OK)
+		refit_err_prefix(err, "model \"%s\"", m->name);
+	return rc;
 }
 
 static void

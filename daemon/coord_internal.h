@@ -47,6 +47,11 @@ typedef struct refit_rec {
 	uint64_t *nodes;            /* member ids taking part */
 	size_t nnodes;
 	uint32_t pending;           /* node calls outstanding in this phase */
+	bool committing;            /* RUNNING: every slice ran, Commit sent */
+	int64_t corrupt;            /* tests: TriggerRefit.test_corrupt_msg */
+	uint32_t nstages;
+	uint64_t stage_us[64];      /* slowest node's time to the end of each stage */
+	uint64_t stage_bytes[64];   /* bytes moved in each stage, all nodes */
 	uint32_t phase;             /* bumped per phase; stale answers are ignored */
 } refit_rec_t;
 

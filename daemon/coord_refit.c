@@ -26,9 +26,11 @@
 #include "codec/json.h"
 #include "common/log.h"
 #include "daemon/coord_internal.h"
+#include "daemon/proto_conv.h"
 
 #define REFIT_KEEP 256
 #define NODE_CALL_MS 30000
+#define SLICE_CALL_MS 3600000  /* RunSlice: a node's slice_timeout_ms bounds it first */
 
 typedef struct nctx {
 	coord_t *c;
@@ -119,7 +121,8 @@ static void on_node_done(void *arg, refit_status_t st, const char *msg,
 
 /* Call method on every node of r; fails r when a call cannot start. */
 static void
-call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessage *req)
+call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessage *req,
+	   int64_t timeout_ms)
 {
 	refit_err_t err;
 
@@ -138,7 +141,7 @@ call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessag
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
 		if (rpc_call_async(c->loop, m->rpc_ep, NULL, &refit__v1__node__descriptor,
-				   method, req, NODE_CALL_MS, on_node_done, x, &err) != REFIT_OK) {
+				   method, req, timeout_ms, on_node_done, x, &err) != REFIT_OK) {
 			free(x);
 			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s", m->node_id,
 			       err.msg);
@@ -153,18 +156,71 @@ static void
 start_running(coord_t *c, refit_rec_t *r)
 {
 	Refit__V1__RunSliceRequest rq = REFIT__V1__RUN_SLICE_REQUEST__INIT;
+	model_t *m = coord_find_model(c, r->model);
+	Refit__V1__InstanceLayouts *iv, **ip;
+	plan_opts_t o;
+	size_t n = 0;
 
+	if (m == NULL) {
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "model \"%s\" went away", r->model);
+		return;
+	}
 	r->state = REFIT__V1__REFIT_STATE__RUNNING;
 	r->phase++;
 	coord_save(c);
+	plan_opts_default(&o);
+	iv = xcalloc(m->inst.n + 1, sizeof(*iv));
+	ip = xcalloc(m->inst.n + 1, sizeof(*ip));
+	/* the trainer first, then the instances in the order the plan composed them */
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < m->inst.n; i++) {
+			instance_t *in = &m->inst.v[i];
+
+			if ((pass == 0) != (in->role == REFIT__V1__ROLE__TRAIN))
+				continue;
+			refit__v1__instance_layouts__init(&iv[n]);
+			iv[n].instance = in->name;
+			iv[n].role = (Refit__V1__Role)in->role;
+			iv[n].tensors = conv_layouts_to_proto(&in->layouts);
+			iv[n].n_tensors = in->layouts.n;
+			ip[n] = &iv[n];
+			n++;
+		}
 	rq.refit_id = r->id;
 	rq.epoch = r->epoch;
 	rq.plan_digest = r->plan_digest;
 	rq.model = r->model;
 	rq.version = r->version;
 	rq.verify = r->verify;
-	call_nodes(c, r, "RunSlice", &rq.base);
+	rq.mode = (Refit__V1__Mode)r->mode;
+	rq.chunk_bytes = o.chunk_bytes;
+	rq.staging_bytes = o.staging_bytes;
+	rq.instances = ip;
+	rq.n_instances = n;
+	rq.corrupt_msg = r->corrupt;
+	call_nodes(c, r, "RunSlice", &rq.base, SLICE_CALL_MS);
+	for (size_t i = 0; i < n; i++)
+		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
+	free(iv);
+	free(ip);
 }
+
+/* Every slice ran: install the version everywhere. */
+static void
+start_commit(coord_t *c, refit_rec_t *r)
+{
+	Refit__V1__CommitRequest rq = REFIT__V1__COMMIT_REQUEST__INIT;
+
+	r->committing = true;
+	r->phase++;
+	rq.refit_id = r->id;
+	rq.epoch = r->epoch;
+	rq.model = r->model;
+	rq.version = r->version;
+	call_nodes(c, r, "Commit", &rq.base, NODE_CALL_MS);
+}
+
+static void abort_on_nodes(coord_t *c, refit_rec_t *r);
 
 static void
 on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
@@ -177,17 +233,37 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 	c->inflight--;
 	if (r != NULL && r->phase == x->phase && !is_final(r->state)) {
 		const char *what = r->state == REFIT__V1__REFIT_STATE__PREPARING ? "PrepareEpoch"
-										   : "RunSlice";
+				   : r->committing ? "Commit" : "RunSlice";
 
 		if (st != REFIT_OK) {
+			/* a failed Commit leaves the nodes that did commit at the new
+			 * version: the refit is FAILED and says which node did not */
 			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s",
 			       m ? m->node_id : "?", what, msg);
+			if (!r->committing)
+				abort_on_nodes(c, r);
 		} else {
-			if (r->state == REFIT__V1__REFIT_STATE__RUNNING && resp != NULL)
-				r->bytes += ((Refit__V1__RunSliceResponse *)resp)->bytes;
+			if (r->state == REFIT__V1__REFIT_STATE__RUNNING && !r->committing &&
+			    resp != NULL) {
+				const Refit__V1__RunSliceResponse *rs = (const void *)resp;
+
+				r->bytes += rs->bytes;
+				for (size_t k = 0; k < rs->n_stages; k++) {
+					uint32_t sk = rs->stages[k]->stage < 64 ?
+						      rs->stages[k]->stage : 63;
+
+					if (rs->stages[k]->micros > r->stage_us[sk])
+						r->stage_us[sk] = rs->stages[k]->micros;
+					r->stage_bytes[sk] += rs->stages[k]->bytes;
+					if (sk + 1 > r->nstages)
+						r->nstages = sk + 1;
+				}
+			}
 			if (--r->pending == 0) {
 				if (r->state == REFIT__V1__REFIT_STATE__PREPARING)
 					start_running(c, r);
+				else if (!r->committing)
+					start_commit(c, r);
 				else
 					finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL);
 			}
@@ -342,7 +418,7 @@ cache_store(coord_t *c, planjob_t *j)
 
 /* Members owning a rank that sends or receives in p: one pass over p. */
 static void
-involved_nodes(coord_t *c, const plan_t *p, refit_rec_t *r)
+involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 {
 	int32_t maxr = -1;
 	uint8_t *used;
@@ -358,6 +434,16 @@ involved_nodes(coord_t *c, const plan_t *p, refit_rec_t *r)
 		if (p->xfers[x].to <= maxr)
 			used[p->xfers[x].to] = 1;
 	}
+	/* every node holding inference memory installs, even one receiving nothing */
+	for (size_t i = 0; md != NULL && i < md->inst.n; i++)
+		for (size_t t = 0; md->inst.v[i].role == REFIT__V1__ROLE__INFER &&
+				   t < md->inst.v[i].layouts.n; t++)
+			for (size_t k = 0; k < md->inst.v[i].layouts.v[t].nshards; k++) {
+				int32_t rk = md->inst.v[i].layouts.v[t].shards[k].rank;
+
+				if (rk <= maxr)
+					used[rk] = 1;
+			}
 	r->nodes = xcalloc(c->members.n ? c->members.n : 1, sizeof(*r->nodes));
 	for (size_t i = 0; i < c->members.n; i++) {
 		const member_t *m = &c->members.v[i];
@@ -376,10 +462,11 @@ static void
 prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 {
 	Refit__V1__PrepareEpochRequest rq = REFIT__V1__PREPARE_EPOCH_REQUEST__INIT;
+	Refit__V1__Member *mv, **mp;
 	uint8_t token[16] = {0};
 
 	memcpy(r->plan_digest, p->digest_hex, sizeof(r->plan_digest));
-	involved_nodes(c, p, r);
+	involved_nodes(c, p, coord_find_model(c, r->model), r);
 	r->epoch = c->epoch;
 	r->state = REFIT__V1__REFIT_STATE__PREPARING;
 	r->phase++;
@@ -389,11 +476,43 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 	rq.epoch = r->epoch;
 	rq.token.data = token;
 	rq.token.len = sizeof(token);
+	mv = xcalloc(c->members.n + 1, sizeof(*mv));
+	mp = xcalloc(c->members.n + 1, sizeof(*mp));
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+
+		refit__v1__member__init(&mv[i]);
+		mv[i].member_id = m->id;
+		mv[i].node_id = m->node_id;
+		mv[i].host = m->host;
+		mv[i].rpc_endpoint = m->rpc_ep;
+		mv[i].data_endpoint = m->data_ep;
+		mv[i].ranks = xcalloc(m->nranks + 1, sizeof(*mv[i].ranks));
+		mv[i].n_ranks = m->nranks;
+		for (size_t k = 0; k < m->nranks; k++) {
+			mv[i].ranks[k] = xmalloc(sizeof(*mv[i].ranks[k]));
+			refit__v1__rank_info__init(mv[i].ranks[k]);
+			mv[i].ranks[k]->rank = m->ranks[k].rank;
+			mv[i].ranks[k]->domain = m->ranks[k].domain;
+		}
+		mp[i] = &mv[i];
+	}
 	if (r->nnodes == 0) {
+		free(mv);
+		free(mp);
 		finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL); /* nothing moves */
 		return;
 	}
-	call_nodes(c, r, "PrepareEpoch", &rq.base);
+	rq.members = mp;
+	rq.n_members = c->members.n;
+	call_nodes(c, r, "PrepareEpoch", &rq.base, NODE_CALL_MS);
+	for (size_t i = 0; i < c->members.n; i++) {
+		for (size_t k = 0; k < mv[i].n_ranks; k++)
+			free(mv[i].ranks[k]);
+		free(mv[i].ranks);
+	}
+	free(mv);
+	free(mp);
 }
 
 static void start_refit(coord_t *c, model_t *m, refit_rec_t *r);
@@ -445,7 +564,6 @@ start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", err.msg);
 }
 
-static void abort_on_nodes(coord_t *c, refit_rec_t *r);
 
 size_t
 coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
@@ -501,6 +619,22 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->bytes = r->bytes;
 	o->failure = r->failure ? r->failure : "";
 	o->idempotency_key = r->key ? r->key : "";
+}
+
+/* fill_refit's stage timings (caller storage). */
+static void
+fill_stages(const refit_rec_t *r, Refit__V1__Refit *o, Refit__V1__StageTiming *tv,
+	    Refit__V1__StageTiming **tp)
+{
+	for (uint32_t k = 0; k < r->nstages; k++) {
+		refit__v1__stage_timing__init(&tv[k]);
+		tv[k].stage = k;
+		tv[k].micros = r->stage_us[k];
+		tv[k].bytes = r->stage_bytes[k];
+		tp[k] = &tv[k];
+	}
+	o->stages = tp;
+	o->n_stages = r->nstages;
 }
 
 static void
@@ -561,6 +695,7 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	r->version = rq->version ? rq->version : m->latest_version;
 	r->mode = (int)rq->mode;
 	r->verify = rq->verify;
+	r->corrupt = rq->test_corrupt_msg;
 	r->created_ms = unix_ms();
 	r->state = REFIT__V1__REFIT_STATE__PENDING;
 	VEC_PUSH(&c->refits, r);
@@ -579,10 +714,13 @@ h_get(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	refit_rec_t *r = find_refit(c, rq->refit_id);
 	Refit__V1__Refit o;
 
+	Refit__V1__StageTiming tv[64], *tp[64];
+
 	if (r == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetRefit: no refit %" PRIu64,
 				     rq->refit_id);
 	fill_refit(r, &o);
+	fill_stages(r, &o, tv, tp);
 	rpc_call_reply(call, &o.base);
 }
 

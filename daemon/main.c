@@ -197,6 +197,11 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.client.tls.cert_file = cfg->tls_cert;
 	no.client.tls.key_file = cfg->tls_key;
 	no.client.token = token;
+	no.transport = cfg->transport;
+	no.data_listen = cfg->data_listen;
+	no.data_advertise = cfg->data_advertise;
+	no.local_socket = cfg->local_socket;
+	no.slice_timeout_ms = cfg->slice_timeout_ms;
 	d->node = node_new(&d->loop, d->srv, &no, err);
 	rc = d->node ? REFIT_OK : err->status;
 	free(ranks);

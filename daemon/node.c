@@ -16,38 +16,34 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "daemon/node.h"
+#include "daemon/node_internal.h"
 #include "refit/v1/refit.pb-c.h"
 
 #define CALL_MS 5000
 
-struct node {
-	uv_loop_t *loop;
-	uv_timer_t beat;
-	char *coordinator, *node_id, *advertise, *domain;
-	int32_t *ranks;
-	size_t nranks;
-	rpc_client_opts_t client;
-	uint64_t member_id, epoch;    /* membership epoch from the coordinator */
-	uint64_t prepared_epoch;      /* last epoch PrepareEpoch set up */
-	uint8_t token[64];
-	size_t token_len;
-	bool busy;                    /* a Join or Heartbeat is in flight */
-	bool drained;                 /* an operator drained us: stay out */
-	uint32_t inflight;
-	bool closing, timer_closed;
-};
-
-static void
-maybe_free(node_t *n)
+void
+node_maybe_free(node_t *n)
 {
-	if (!n->closing || !n->timer_closed || n->inflight)
+	if (!n->closing || n->handles || n->inflight || n->jobs.n)
 		return;
+	node_local_stop(n);
+	if (n->x)
+		n->xo->stop(n->x);
+	for (size_t i = 0; i < n->world.n; i++) {
+		free(n->world.v[i].node_id);
+		free(n->world.v[i].data_ep);
+		free(n->world.v[i].ranks);
+		for (size_t k = 0; k < n->world.v[i].nranks; k++)
+			free(n->world.v[i].domains[k]);
+		free(n->world.v[i].domains);
+	}
+	VEC_FREE(&n->world);
 	free(n->coordinator);
 	free(n->node_id);
 	free(n->advertise);
 	free(n->domain);
 	free(n->ranks);
+	free(n->data_ep);
 	free(n);
 }
 
@@ -75,7 +71,7 @@ on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 				uv_timer_set_repeat(&n->beat, r->heartbeat_ms);
 		}
 	}
-	maybe_free(n);
+	node_maybe_free(n);
 }
 
 static void leave(node_t *n);
@@ -107,7 +103,7 @@ on_beat_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 			n->epoch = r->epoch;
 		}
 	}
-	maybe_free(n);
+	node_maybe_free(n);
 }
 
 static void
@@ -133,6 +129,7 @@ on_tick(uv_timer_t *t)
 		rq.node_id = n->node_id;
 		rq.host = n->advertise;
 		rq.rpc_endpoint = n->advertise;
+		rq.data_endpoint = n->data_ep;
 		rq.ranks = rp;
 		rq.n_ranks = n->nranks;
 		if (rpc_call_async(n->loop, n->coordinator, &n->client,
@@ -159,6 +156,12 @@ on_tick(uv_timer_t *t)
 		log_warnx("node %s: %s", n->node_id, err.msg);
 }
 
+static void
+on_sweep(uv_timer_t *t)
+{
+	node_waiters_sweep(t->data);
+}
+
 /* ---- Node service -------------------------------------------------------- */
 
 static void
@@ -177,57 +180,55 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: token "
 				     "of %zu bytes (at most %zu)", n->node_id, rq->token.len,
 				     sizeof(n->token));
+	for (size_t i = 0; i < rq->n_members; i++)
+		if (rq->members[i]->data_endpoint == NULL || !rq->members[i]->data_endpoint[0])
+			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: "
+					     "member \"%s\" has no data endpoint", n->node_id,
+					     rq->members[i]->node_id);
+	if (rq->epoch != n->prepared_epoch)
+		node_run_abort_all(n, "a new epoch was prepared");
+	for (size_t i = 0; i < n->world.n; i++) {
+		free(n->world.v[i].node_id);
+		free(n->world.v[i].data_ep);
+		free(n->world.v[i].ranks);
+		for (size_t k = 0; k < n->world.v[i].nranks; k++)
+			free(n->world.v[i].domains[k]);
+		free(n->world.v[i].domains);
+	}
+	n->world.n = 0;
+	for (size_t i = 0; i < rq->n_members; i++) {
+		const Refit__V1__Member *m = rq->members[i];
+		epoch_member_t em = {xstrdup(m->node_id ? m->node_id : ""),
+				     xstrdup(m->data_endpoint), NULL, NULL, m->n_ranks};
+
+		em.ranks = xcalloc(m->n_ranks ? m->n_ranks : 1, sizeof(int32_t));
+		em.domains = xcalloc(m->n_ranks ? m->n_ranks : 1, sizeof(char *));
+		for (size_t k = 0; k < m->n_ranks; k++) {
+			em.ranks[k] = m->ranks[k]->rank;
+			em.domains[k] = xstrdup(m->ranks[k]->domain && m->ranks[k]->domain[0] ?
+						m->ranks[k]->domain : em.node_id);
+		}
+		VEC_PUSH(&n->world, em);
+	}
 	n->prepared_epoch = rq->epoch;
 	memcpy(n->token, rq->token.data, rq->token.len);
 	n->token_len = rq->token.len;
+	n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
 	rsp.epoch = rq->epoch;
 	rsp.micros = (uv_hrtime() - t0) / 1000;
 	log_info("node %s: epoch %" PRIu64 " prepared", n->node_id, rq->epoch);
 	rpc_call_reply(call, &rsp.base);
 }
 
-static void
-h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
-{
-	node_t *n = ctx;
-	const Refit__V1__RunSliceRequest *rq = (const void *)msg;
-
-	if (rq->epoch != n->prepared_epoch)
-		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: RunSlice for refit %"
-				     PRIu64 " carries epoch %" PRIu64 ", this node prepared epoch %"
-				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
-				     n->prepared_epoch);
-	rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "node %s: no librefit client has registered "
-		      "memory for model \"%s\" on this node (this build has no data plane)",
-		      n->node_id, rq->model ? rq->model : "");
-}
-
-static void
-h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
-{
-	node_t *n = ctx;
-	const Refit__V1__AbortRequest *rq = (const void *)msg;
-	Refit__V1__AbortResponse rsp = REFIT__V1__ABORT_RESPONSE__INIT;
-
-	if (rq->epoch != n->prepared_epoch)
-		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: Abort for refit %"
-				     PRIu64 " carries epoch %" PRIu64 ", this node prepared epoch %"
-				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
-				     n->prepared_epoch);
-	log_info("node %s: refit %" PRIu64 " aborted: %s", n->node_id, rq->refit_id,
-		 rq->reason ? rq->reason : "");
-	rpc_call_reply(call, &rsp.base);
-}
-
-static const rpc_method_cfg_t methods[] = {
+static const rpc_method_cfg_t prep_methods[] = {
 	{"PrepareEpoch", h_prepare, false},
-	{"RunSlice", h_run, false},
-	{"Abort", h_abort, false},
 };
 
 node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
 {
+	xport_cfg_t xc = {o->data_listen ? o->data_listen : "127.0.0.1:0", o->node_id};
+	const char *why;
 	node_t *n;
 
 	if (o->nranks == 0 || o->node_id == NULL || o->advertise == NULL) {
@@ -245,15 +246,43 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	memcpy(n->ranks, o->ranks, o->nranks * sizeof(*n->ranks));
 	n->nranks = o->nranks;
 	n->client = o->client;
-	if (rpc_server_add_service(srv, &refit__v1__node__descriptor, methods,
-				   sizeof(methods) / sizeof(methods[0]), n, err) != REFIT_OK) {
-		n->closing = n->timer_closed = true;
-		maybe_free(n);
+	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
+	n->closing = true; /* until started: node_maybe_free frees */
+	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
+	if (n->xo == NULL) {
+		refit_err_set(err, REFIT_ERR_UNAVAILABLE, "node: transport \"%s\" is not built "
+			      "in (this build has: %s)", o->transport, xport_names());
+		node_maybe_free(n);
 		return NULL;
 	}
+	if ((why = n->xo->unavailable()) != NULL) {
+		refit_err_set(err, REFIT_ERR_UNAVAILABLE, "node: transport \"%s\" cannot run "
+			      "here: %s", n->xo->name, why);
+		node_maybe_free(n);
+		return NULL;
+	}
+	if (n->xo->start(&xc, &n->x, err) != REFIT_OK) {
+		node_maybe_free(n);
+		return NULL;
+	}
+	n->data_ep = xstrdup(o->data_advertise ? o->data_advertise : n->xo->endpoint(n->x));
+	if (rpc_server_add_service(srv, &refit__v1__node__descriptor, prep_methods, 1, n,
+				   err) != REFIT_OK ||
+	    rpc_server_add_service(srv, &refit__v1__node__descriptor, node_run_methods,
+				   node_run_nmethods, n, err) != REFIT_OK ||
+	    node_local_start(n, o, err) != REFIT_OK) {
+		node_maybe_free(n);
+		return NULL;
+	}
+	n->closing = false;
 	uv_timer_init(loop, &n->beat);
-	n->beat.data = n;
+	uv_timer_init(loop, &n->sweep);
+	n->beat.data = n->sweep.data = n;
+	n->handles = 2;
 	uv_timer_start(&n->beat, on_tick, 0, o->heartbeat_ms);
+	uv_timer_start(&n->sweep, on_sweep, 50, 50);
+	log_info("node %s: data plane %s on %s, librefit socket %s", n->node_id, n->xo->name,
+		 n->data_ep, o->local_socket);
 	return n;
 }
 
@@ -262,8 +291,8 @@ on_timer_closed(uv_handle_t *h)
 {
 	node_t *n = h->data;
 
-	n->timer_closed = true;
-	maybe_free(n);
+	n->handles--;
+	node_maybe_free(n);
 }
 
 static void
@@ -277,7 +306,7 @@ on_left(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 	else
 		log_info("node %s: left the membership", n->node_id);
 	n->inflight--;
-	maybe_free(n);
+	node_maybe_free(n);
 }
 
 /* Leave the membership (bounded, best effort). */
@@ -304,8 +333,12 @@ node_close(node_t *n)
 		return;
 	n->closing = true;
 	leave(n);
+	node_run_abort_all(n, "the node daemon is shutting down");
+	node_waiters_fail_all(n, "the node daemon is shutting down");
 	uv_timer_stop(&n->beat);
+	uv_timer_stop(&n->sweep);
 	uv_close((uv_handle_t *)&n->beat, on_timer_closed);
+	uv_close((uv_handle_t *)&n->sweep, on_timer_closed);
 }
 
 void

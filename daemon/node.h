@@ -17,6 +17,11 @@ typedef struct node_opts {
 	size_t nranks;
 	uint32_t heartbeat_ms;    /* until the coordinator says otherwise */
 	rpc_client_opts_t client; /* TLS / token towards the coordinator */
+	const char *transport;    /* data-plane backend: "tcp" */
+	const char *data_listen;  /* tcp: host:port */
+	const char *data_advertise; /* NULL: the bound data_listen */
+	const char *local_socket; /* unix socket path for librefit */
+	uint64_t slice_timeout_ms;
 } node_opts_t;
 
 typedef struct node node_t;

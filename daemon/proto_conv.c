@@ -3,8 +3,10 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/strbuf.h"
 #include "daemon/proto_conv.h"
 
@@ -135,4 +137,91 @@ conv_layouts_digest(const plan_layout_set_t *s, char hex[SHA256_HEX_LEN])
 	}
 	sha256_hex(sb.s, sb.len, hex);
 	strbuf_fini(&sb);
+}
+
+static void
+to_proto_one(const plan_layout_t *l, Refit__V1__TensorLayout *t)
+{
+	refit__v1__tensor_layout__init(t);
+	t->name = l->name;
+	t->dtype = (char *)plan_dtype_name(l->dtype);
+	t->n_shape = (size_t)l->ndim;
+	t->shape = xcalloc(l->ndim ? (size_t)l->ndim : 1, sizeof(*t->shape));
+	memcpy(t->shape, l->shape, (size_t)l->ndim * sizeof(*t->shape));
+	if (l->is_dtensor) {
+		size_t nr = 1;
+
+		for (int i = 0; i < l->mesh_ndim; i++)
+			nr *= (size_t)l->mesh_shape[i];
+		t->n_mesh_shape = (size_t)l->mesh_ndim;
+		t->mesh_shape = xcalloc((size_t)l->mesh_ndim, sizeof(*t->mesh_shape));
+		memcpy(t->mesh_shape, l->mesh_shape, (size_t)l->mesh_ndim * sizeof(int64_t));
+		t->n_mesh_ranks = nr;
+		t->mesh_ranks = xcalloc(nr, sizeof(*t->mesh_ranks));
+		memcpy(t->mesh_ranks, l->mesh, nr * sizeof(int32_t));
+		t->n_placements = (size_t)l->mesh_ndim;
+		t->placements = xcalloc((size_t)l->mesh_ndim, sizeof(char *));
+		for (int i = 0; i < l->mesh_ndim; i++) {
+			char buf[96];
+
+			plan_placement_format(&l->placements[i], buf, sizeof(buf));
+			t->placements[i] = xstrdup(buf);
+		}
+		return;
+	}
+	t->n_shards = l->nshards;
+	t->shards = xcalloc(l->nshards ? l->nshards : 1, sizeof(*t->shards));
+	for (size_t k = 0; k < l->nshards; k++) {
+		Refit__V1__Shard *s = xcalloc(1, sizeof(*s));
+		Refit__V1__Box *b = xcalloc(1, sizeof(*b));
+
+		refit__v1__shard__init(s);
+		refit__v1__box__init(b);
+		s->rank = l->shards[k].rank;
+		s->box = b;
+		b->n_offset = b->n_size = (size_t)l->ndim;
+		b->offset = xcalloc(l->ndim ? (size_t)l->ndim : 1, sizeof(int64_t));
+		b->size = xcalloc(l->ndim ? (size_t)l->ndim : 1, sizeof(int64_t));
+		memcpy(b->offset, l->shards[k].box.off, (size_t)l->ndim * sizeof(int64_t));
+		memcpy(b->size, l->shards[k].box.size, (size_t)l->ndim * sizeof(int64_t));
+		t->shards[k] = s;
+	}
+}
+
+Refit__V1__TensorLayout **
+conv_layouts_to_proto(const plan_layout_set_t *s)
+{
+	Refit__V1__TensorLayout **v = xcalloc(s->n ? s->n : 1, sizeof(*v));
+
+	for (size_t i = 0; i < s->n; i++) {
+		v[i] = xmalloc(sizeof(*v[i]));
+		to_proto_one(&s->v[i], v[i]);
+	}
+	return v;
+}
+
+void
+conv_layouts_proto_free(Refit__V1__TensorLayout **v, size_t n)
+{
+	if (v == NULL)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		Refit__V1__TensorLayout *t = v[i];
+
+		free(t->shape);
+		free(t->mesh_shape);
+		free(t->mesh_ranks);
+		for (size_t k = 0; k < t->n_placements; k++)
+			free(t->placements[k]);
+		free(t->placements);
+		for (size_t k = 0; k < t->n_shards; k++) {
+			free(t->shards[k]->box->offset);
+			free(t->shards[k]->box->size);
+			free(t->shards[k]->box);
+			free(t->shards[k]);
+		}
+		free(t->shards);
+		free(t);
+	}
+	free(v);
 }

@@ -20,4 +20,12 @@ refit_status_t conv_layouts_from_proto(Refit__V1__TensorLayout *const *t, size_t
  */
 void conv_layouts_digest(const plan_layout_set_t *s, char hex[SHA256_HEX_LEN]);
 
+/*
+ * Layouts as protobuf messages (DTensor form kept); the strings of the
+ * names point into s, which must outlive the result.  Free with
+ * conv_layouts_proto_free.
+ */
+Refit__V1__TensorLayout **conv_layouts_to_proto(const plan_layout_set_t *s);
+void conv_layouts_proto_free(Refit__V1__TensorLayout **v, size_t n);
+
 #endif

@@ -129,6 +129,14 @@ void plan_layout_set_copy(plan_layout_set_t *dst, const plan_layout_set_t *src);
 /* Fail naming a tensor that appears twice. */
 refit_status_t plan_layout_set_check_unique(const plan_layout_set_t *s,
 					    refit_err_t *err);
+/*
+ * Compose replicas (inference instances, each a set with the same tensors
+ * on ranks of its own) into one explicit destination set; every shard keeps
+ * its instance's piece number and local offset, so memory registered per
+ * instance is found from the composed set.
+ */
+refit_status_t plan_layout_compose(const plan_layout_set_t *const *sets, size_t nsets,
+				   plan_layout_set_t *out, refit_err_t *err);
 
 /*
  * Pair every tensor of dst with the src tensor of the same name (map[i] =

@@ -297,3 +297,92 @@ plan_match(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	*map = m;
 	return rc;
 }
+
+static int
+cmp_i32(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Replicas live on ranks of their own: memory is found by rank. */
+static refit_status_t
+check_disjoint(const plan_layout_set_t *const *sets, size_t nsets, refit_err_t *err)
+{
+	VEC(int32_t) *rk = xcalloc(nsets, sizeof(*rk));
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < nsets; i++) {
+		size_t w = 0;
+
+		for (size_t t = 0; t < sets[i]->n; t++)
+			for (size_t k = 0; k < sets[i]->v[t].nshards; k++)
+				VEC_PUSH(&rk[i], sets[i]->v[t].shards[k].rank);
+		xqsort(rk[i].v, rk[i].n, sizeof(int32_t), cmp_i32);
+		for (size_t k = 0; k < rk[i].n; k++)
+			if (w == 0 || rk[i].v[w - 1] != rk[i].v[k])
+				rk[i].v[w++] = rk[i].v[k];
+		rk[i].n = w;
+	}
+	for (size_t i = 0; i < nsets && rc == REFIT_OK; i++)
+		for (size_t j = 0; j < i && rc == REFIT_OK; j++) {
+			size_t a = 0, b = 0;
+
+			while (a < rk[i].n && b < rk[j].n && rc == REFIT_OK) {
+				if (rk[i].v[a] == rk[j].v[b])
+					rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
+							   "instances %zu and %zu both use rank "
+							   "%d: replicas need ranks of their own",
+							   j, i, rk[i].v[a]);
+				else if (rk[i].v[a] < rk[j].v[b])
+					a++;
+				else
+					b++;
+			}
+		}
+	for (size_t i = 0; i < nsets; i++)
+		VEC_FREE(&rk[i]);
+	free(rk);
+	return rc;
+}
+
+refit_status_t
+plan_layout_compose(const plan_layout_set_t *const *sets, size_t nsets,
+		    plan_layout_set_t *out, refit_err_t *err)
+{
+	plan_layout_set_init(out);
+	if (nsets == 0)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "no inference instance");
+	for (size_t i = 1; i < nsets; i++) {
+		if (sets[i]->n != sets[0]->n)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "instances %zu and 0 "
+					     "have %zu and %zu tensors", i, sets[i]->n,
+					     sets[0]->n);
+		for (size_t t = 0; t < sets[0]->n; t++)
+			CHECK(plan_layout_check_same_tensor(&sets[0]->v[t], &sets[i]->v[t],
+							    err));
+	}
+	CHECK(check_disjoint(sets, nsets, err));
+	for (size_t t = 0; t < sets[0]->n; t++) {
+		const plan_layout_t *l0 = &sets[0]->v[t];
+		VEC(plan_shard_t) sh = {0};
+		plan_layout_t l;
+		refit_status_t rc;
+
+		for (size_t i = 0; i < nsets; i++)
+			for (size_t k = 0; k < sets[i]->v[t].nshards; k++)
+				VEC_PUSH(&sh, sets[i]->v[t].shards[k]);
+		rc = plan_layout_init_explicit(&l, l0->name, l0->dtype, l0->ndim, l0->shape,
+					       sh.v, sh.n, err);
+		if (rc == REFIT_OK) /* keep each instance's pieces and local offsets */
+			memcpy(l.shards, sh.v, sh.n * sizeof(*sh.v));
+		VEC_FREE(&sh);
+		if (rc != REFIT_OK) {
+			plan_layout_set_fini(out);
+			return rc;
+		}
+		plan_layout_set_add(out, &l);
+	}
+	return REFIT_OK;
+}

@@ -1,0 +1,98 @@
+/*
+ * refit.h - librefit: how a training job and an inference server talk to
+ * the refit node daemon on their machine.
+ *
+ * See docs/librefit.md for the manual.  In short:
+ *
+ *   refit_t *h;
+ *   refit_open("/run/refit/refitd.sock", 5000, &h, errbuf, sizeof(errbuf));
+ *   refit_register(h, &reg, &client);      layouts (JSON) + memory per piece
+ *   trainer:   refit_weights_ready(h, client, step, timeout_ms);
+ *              refit_begin_write(h, client, timeout_ms);   before the next step writes
+ *   inference: refit_wait_version(h, client, step, timeout_ms, &state);
+ *   refit_close(h);
+ *
+ * Every call returns REFIT_OK (0) or a refit status (see refit_status_name)
+ * and leaves a message naming the problem in refit_errmsg(h).  No call
+ * blocks longer than its timeout.  A handle is not thread-safe: use one per
+ * thread, or lock around it.
+ */
+#ifndef REFIT_CLIENT_REFIT_H
+#define REFIT_CLIENT_REFIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct refit refit_t;
+
+enum { REFIT_ROLE_TRAIN = 1, REFIT_ROLE_INFER = 2 };
+enum { REFIT_INSTALL_DOUBLE_BUFFER = 0, REFIT_INSTALL_IN_PLACE = 1 };
+
+/* Memory of one piece (a rank's local tensor, or one explicit box) of a tensor. */
+typedef struct refit_mem {
+	const char *tensor;      /* tensor name, as in the layouts */
+	int32_t rank;            /* global rank; must be served by this node */
+	int32_t piece;           /* 0 for DTensor layouts; explicit: the box's index
+				    among the rank's boxes of that tensor */
+	const char *shm_name;    /* POSIX shared memory ("/name") */
+	uint64_t offset[2];      /* byte offset of copy 0 (and copy 1: double buffer) */
+	const int64_t *strides;  /* in elements, one per dim; NULL: contiguous */
+} refit_mem_t;
+
+typedef struct refit_registration {
+	const char *model;
+	int role;                /* REFIT_ROLE_* */
+	const char *instance;    /* inference instance name (replicas differ); trainer: "" */
+	int install;             /* inference: REFIT_INSTALL_* */
+	const char *layouts_json;/* the tensors' layouts, layout-file JSON (README) */
+	const refit_mem_t *mem;
+	size_t nmem;
+} refit_registration_t;
+
+typedef struct refit_state {
+	uint64_t version;        /* trainer: ready version; inference: installed version */
+	uint32_t active;         /* double buffer: the copy (0/1) holding version */
+	int valid;               /* 0 while in-place weights are being written or after
+				    a failed in-place refit */
+	int reading;             /* trainer: a refit reads the buffers now */
+	char failure[512];       /* the last refit that failed on this node, and why */
+} refit_state_t;
+
+/* Connect to the node daemon's socket; errbuf gets the reason on failure. */
+int refit_open(const char *socket_path, int timeout_ms, refit_t **out, char *errbuf,
+	       size_t errlen);
+void refit_close(refit_t *h);
+const char *refit_errmsg(const refit_t *h);
+const char *refit_status_name(int status);
+
+/* The node's name and the global ranks it serves (valid until refit_close). */
+int refit_node_info(refit_t *h, const char **node_id, const int32_t **ranks, size_t *n);
+
+/* Register a model's tensors and their memory; *client names it afterwards. */
+int refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client);
+int refit_unregister(refit_t *h, uint64_t client);
+
+/* Trainer: the buffers now hold version (it must grow). */
+int refit_weights_ready(refit_t *h, uint64_t client, uint64_t version, int timeout_ms);
+/* Trainer: wait until no refit reads the buffers, then mark them being written
+ * (refits of the old version fail cleanly until the next weights_ready). */
+int refit_begin_write(refit_t *h, uint64_t client, int timeout_ms);
+
+/* Inference: wait until version >= min_version is installed and valid. */
+int refit_wait_version(refit_t *h, uint64_t client, uint64_t min_version, int timeout_ms,
+		       refit_state_t *st);
+int refit_get_state(refit_t *h, uint64_t client, refit_state_t *st);
+
+/* Helper: create (or open) POSIX shared memory of bytes and map it. */
+int refit_shm_create(const char *name, uint64_t bytes, void **ptr, char *errbuf,
+		     size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

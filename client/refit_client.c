@@ -1,0 +1,363 @@
+/*
+ * refit_client.c - refit-client: an example librefit program, used by
+ * `make demo` and the end-to-end tests.
+ *
+ *   refit-client --socket PATH --model M --role train|infer --layouts FILE
+ *                [--instance NAME] [--install double-buffer|in-place]
+ *                [--version V] [--pad N] [--wait V] [--timeout-ms T]
+ *
+ * It asks the node daemon which ranks it serves, puts the pieces of every
+ * tensor on those ranks into one POSIX shared-memory segment (two copies
+ * for a double-buffered instance; --pad N adds N elements to every row, so
+ * memory is strided), and registers.  A trainer fills its pieces with a
+ * pattern derived from (tensor, global element index, version) and says
+ * the version is ready; an instance starts from 0xEE bytes.  Then it reads
+ * commands on stdin, one per line, and answers one line each on stdout:
+ *
+ *   next V        trainer: begin_write, fill version V, weights_ready(V)
+ *   wait V MS     instance: wait for version >= V, then check every byte
+ *   check V       instance: check every byte of the active copy against V
+ *   state         the client state
+ *   quit
+ *
+ * With --wait V an instance waits for V, checks, prints and exits (0 when
+ * every byte matches).  Exit codes: 0 fine, 1 refit error, 2 bad usage.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client/refit.h"
+#include "codec/json.h"
+#include "common/alloc.h"
+#include "dataplane/view.h"
+
+typedef struct piece {
+	uint32_t tensor;
+	int32_t rank, piece;
+	int ndim;
+	int64_t shape[PLAN_MAX_DIMS], stride[PLAN_MAX_DIMS];
+	uint64_t off, bytes;
+} piece_t;
+
+static struct {
+	const char *socket, *model, *layouts, *instance;
+	int role, install;
+	uint64_t version, wait;
+	int64_t pad;
+	int timeout_ms;
+} o = {.instance = "", .timeout_ms = 60000, .version = 1};
+
+static plan_layout_set_t set;
+static VEC(piece_t) pieces;
+static uint8_t *mem;
+static uint64_t copy_bytes;
+static char shm_name[128];
+
+static uint64_t
+mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* Fill (fill true) or check one piece of copy base against version v. */
+static uint64_t
+walk(const piece_t *p, uint8_t *base, uint64_t v, bool fill)
+{
+	const plan_layout_t *l = &set.v[p->tensor];
+	uint32_t elem = plan_dtype_size(l->dtype);
+	uint64_t bad = 0;
+
+	for (size_t s = 0; s < l->nshards; s++) {
+		const plan_shard_t *sh = &l->shards[s];
+		int64_t idx[PLAN_MAX_DIMS] = {0};
+		int64_t n = plan_box_volume(&sh->box, l->ndim);
+
+		if (sh->rank != p->rank || sh->piece != p->piece)
+			continue;
+		for (int64_t e = 0; e < n; e++) {
+			uint64_t g = 0, loc = 0, h;
+			uint8_t *q;
+
+			for (int d = 0; d < l->ndim; d++) {
+				g = g * (uint64_t)l->shape[d] + (uint64_t)(sh->box.off[d] + idx[d]);
+				loc += (uint64_t)(sh->local_off[d] + idx[d]) * (uint64_t)p->stride[d];
+			}
+			h = mix(g ^ ((uint64_t)p->tensor << 48) ^ (v << 32) ^ v);
+			q = base + p->off + loc * elem;
+			for (uint32_t b = 0; b < elem; b++) {
+				uint8_t want = (uint8_t)(h >> (8 * (b % 8)));
+
+				if (fill)
+					q[b] = want;
+				else if (q[b] != want)
+					bad++;
+			}
+			for (int d = l->ndim - 1; d >= 0; d--)
+				if (++idx[d] < sh->box.size[d])
+					break;
+				else
+					idx[d] = 0;
+		}
+	}
+	return bad;
+}
+
+static uint64_t
+walk_all(uint8_t *base, uint64_t v, bool fill)
+{
+	uint64_t bad = 0;
+
+	for (size_t i = 0; i < pieces.n; i++)
+		bad += walk(&pieces.v[i], base, v, fill);
+	return bad;
+}
+
+static bool
+served(const int32_t *r, size_t n, int32_t x)
+{
+	for (size_t i = 0; i < n; i++)
+		if (r[i] == x)
+			return true;
+	return false;
+}
+
+static int
+usage(void)
+{
+	fprintf(stderr, "usage: refit-client --socket PATH --model M --role train|infer "
+		"--layouts FILE [--instance NAME] [--install double-buffer|in-place] "
+		"[--version V] [--pad N] [--wait V] [--timeout-ms T]\n");
+	return 2;
+}
+
+static void
+cleanup(void)
+{
+	if (shm_name[0])
+		shm_unlink(shm_name);
+}
+
+static void
+on_signal(int sig)
+{
+	cleanup();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{"socket", 1, 0, 's'}, {"model", 1, 0, 'm'}, {"role", 1, 0, 'r'},
+		{"layouts", 1, 0, 'l'}, {"instance", 1, 0, 'i'}, {"install", 1, 0, 'I'},
+		{"version", 1, 0, 'v'}, {"pad", 1, 0, 'p'}, {"wait", 1, 0, 'w'},
+		{"timeout-ms", 1, 0, 't'}, {0, 0, 0, 0}};
+	char errbuf[512], line[256];
+	refit_t *h;
+	const int32_t *ranks;
+	size_t nranks;
+	const char *node_id;
+	refit_err_t err;
+	VEC(refit_mem_t) rm = {0};
+	VEC(int64_t *) strides = {0};
+	refit_registration_t reg;
+	uint64_t client, off = 0;
+	char *text;
+	size_t len;
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 's': o.socket = optarg; break;
+		case 'm': o.model = optarg; break;
+		case 'l': o.layouts = optarg; break;
+		case 'i': o.instance = optarg; break;
+		case 'v': o.version = strtoull(optarg, NULL, 10); break;
+		case 'p': o.pad = strtoll(optarg, NULL, 10); break;
+		case 'w': o.wait = strtoull(optarg, NULL, 10); break;
+		case 't': o.timeout_ms = atoi(optarg); break;
+		case 'r':
+			o.role = strcmp(optarg, "train") == 0 ? REFIT_ROLE_TRAIN :
+				 strcmp(optarg, "infer") == 0 ? REFIT_ROLE_INFER : 0;
+			break;
+		case 'I':
+			o.install = strcmp(optarg, "in-place") == 0 ? REFIT_INSTALL_IN_PLACE :
+				    strcmp(optarg, "double-buffer") == 0 ?
+				    REFIT_INSTALL_DOUBLE_BUFFER : -1;
+			break;
+		default: return usage();
+		}
+	}
+	if (!o.socket || !o.model || !o.layouts || !o.role || o.install < 0 || o.pad < 0)
+		return usage();
+	refit_err_clear(&err);
+	if (codec_read_file(o.layouts, &text, &len, &err) != REFIT_OK ||
+	    codec_layouts_parse(text, len, &set, NULL, &err) != REFIT_OK) {
+		fprintf(stderr, "refit-client: %s\n", err.msg);
+		return 2;
+	}
+	if ((rc = refit_open(o.socket, 10000, &h, errbuf, sizeof(errbuf))) != 0) {
+		fprintf(stderr, "refit-client: %s\n", errbuf);
+		return 1;
+	}
+	refit_node_info(h, &node_id, &ranks, &nranks);
+	/* the pieces this node serves, one after the other */
+	for (uint32_t t = 0; t < set.n; t++) {
+		const plan_layout_t *l = &set.v[t];
+
+		for (size_t s = 0; s < l->nshards; s++) {
+			piece_t p = {.tensor = t, .rank = l->shards[s].rank,
+				     .piece = l->shards[s].piece, .ndim = l->ndim};
+			bool seen = false;
+			int64_t st = 1;
+
+			if (!served(ranks, nranks, p.rank))
+				continue;
+			for (size_t k = 0; k < pieces.n && !seen; k++)
+				seen = pieces.v[k].tensor == t && pieces.v[k].rank == p.rank &&
+				       pieces.v[k].piece == p.piece;
+			if (seen)
+				continue;
+			dp_local_shape(l, p.rank, p.piece, p.shape, &err);
+			for (int d = l->ndim - 1; d >= 0; d--) {
+				p.stride[d] = st;
+				st *= p.shape[d] + (d == l->ndim - 1 ? o.pad : 0);
+			}
+			p.off = off;
+			p.bytes = (uint64_t)st * plan_dtype_size(l->dtype);
+			off += (p.bytes + 63) & ~63ull;
+			VEC_PUSH(&pieces, p);
+		}
+	}
+	copy_bytes = off ? off : 64;
+	snprintf(shm_name, sizeof(shm_name), "/refit-client-%d", (int)getpid());
+	atexit(cleanup);
+	signal(SIGTERM, on_signal);
+	signal(SIGINT, on_signal);
+	if (refit_shm_create(shm_name, 2 * copy_bytes, (void **)&mem, errbuf,
+			     sizeof(errbuf)) != 0) {
+		fprintf(stderr, "refit-client: %s\n", errbuf);
+		return 1;
+	}
+	memset(mem, 0xee, 2 * copy_bytes);
+	for (size_t i = 0; i < pieces.n; i++) {
+		const piece_t *p = &pieces.v[i];
+		refit_mem_t m = {set.v[p->tensor].name, p->rank, p->piece, shm_name,
+				 {p->off, copy_bytes + p->off}, NULL};
+
+		if (o.pad) {
+			int64_t *s = xmalloc(PLAN_MAX_DIMS * sizeof(*s));
+
+			memcpy(s, p->stride, sizeof(p->stride));
+			VEC_PUSH(&strides, s);
+			m.strides = s;
+		}
+		VEC_PUSH(&rm, m);
+	}
+	if (o.role == REFIT_ROLE_TRAIN)
+		walk_all(mem, o.version, true);
+	memset(&reg, 0, sizeof(reg));
+	reg.model = o.model;
+	reg.role = o.role;
+	reg.instance = o.instance;
+	reg.install = o.install;
+	reg.layouts_json = text;
+	reg.mem = rm.v;
+	reg.nmem = rm.n;
+	if ((rc = refit_register(h, &reg, &client)) != 0) {
+		printf("ERROR %s %s\n", refit_status_name(rc), refit_errmsg(h));
+		fprintf(stderr, "refit-client: %s\n", refit_errmsg(h));
+		return 1;
+	}
+	if (o.role == REFIT_ROLE_TRAIN) {
+		if ((rc = refit_weights_ready(h, client, o.version, o.timeout_ms)) != 0) {
+			printf("ERROR %s %s\n", refit_status_name(rc), refit_errmsg(h));
+			return 1;
+		}
+		printf("READY %" PRIu64 " %" PRIu64 " pieces=%zu bytes=%" PRIu64 " node=%s\n",
+		       client, o.version, pieces.n, off, node_id);
+	} else {
+		printf("REGISTERED %" PRIu64 " pieces=%zu bytes=%" PRIu64 " node=%s\n", client,
+		       pieces.n, off, node_id);
+	}
+	fflush(stdout);
+	if (o.wait) {
+		refit_state_t st;
+
+		rc = refit_wait_version(h, client, o.wait, o.timeout_ms, &st);
+		if (rc != 0) {
+			printf("ERROR %s %s\n", refit_status_name(rc), refit_errmsg(h));
+			return 1;
+		}
+		uint64_t bad = walk_all(mem + (st.active ? copy_bytes : 0), st.version, false);
+
+		printf("INSTALLED %" PRIu64 " active=%u valid=%d mismatches=%" PRIu64
+		       " bytes=%" PRIu64 "\n", st.version, st.active, st.valid, bad, off);
+		refit_unregister(h, client);
+		refit_close(h);
+		return bad ? 1 : 0;
+	}
+	while (fgets(line, sizeof(line), stdin)) {
+		refit_state_t st;
+		uint64_t v = 0;
+		int ms = 0;
+
+		memset(&st, 0, sizeof(st));
+		if (sscanf(line, "next %" SCNu64, &v) == 1) {
+			rc = refit_begin_write(h, client, o.timeout_ms);
+			if (rc == 0) {
+				walk_all(mem, v, true);
+				rc = refit_weights_ready(h, client, v, o.timeout_ms);
+			}
+			if (rc == 0)
+				printf("READY %" PRIu64 " %" PRIu64 "\n", client, v);
+		} else if (sscanf(line, "wait %" SCNu64 " %d", &v, &ms) >= 1) {
+			rc = refit_wait_version(h, client, v, ms ? ms : o.timeout_ms, &st);
+			if (rc == 0)
+				printf("INSTALLED %" PRIu64 " active=%u valid=%d mismatches=%" PRIu64
+				       "\n", st.version, st.active, st.valid,
+				       walk_all(mem + (st.active ? copy_bytes : 0), st.version,
+						false));
+		} else if (sscanf(line, "check %" SCNu64, &v) == 1) {
+			rc = refit_get_state(h, client, &st);
+			if (rc == 0)
+				printf("CHECK %" PRIu64 " mismatches=%" PRIu64 "\n", v,
+				       walk_all(mem + (st.active ? copy_bytes : 0), v, false));
+		} else if (strncmp(line, "state", 5) == 0) {
+			rc = refit_get_state(h, client, &st);
+			if (rc == 0)
+				printf("STATE version=%" PRIu64 " active=%u valid=%d reading=%d "
+				       "failure=%s\n", st.version, st.active, st.valid, st.reading,
+				       st.failure);
+		} else if (strncmp(line, "quit", 4) == 0) {
+			break;
+		} else {
+			printf("ERROR INVALID_ARG unknown command\n");
+			fflush(stdout);
+			continue;
+		}
+		if (rc != 0)
+			printf("ERROR %s %s\n", refit_status_name(rc), refit_errmsg(h));
+		fflush(stdout);
+	}
+	refit_unregister(h, client);
+	refit_close(h);
+	for (size_t i = 0; i < strides.n; i++)
+		free(strides.v[i]);
+	VEC_FREE(&strides);
+	VEC_FREE(&rm);
+	VEC_FREE(&pieces);
+	plan_layout_set_fini(&set);
+	free(text);
+	return 0;
+}

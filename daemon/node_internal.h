@@ -1,0 +1,137 @@
+/*
+ * node_internal.h - the node daemon's state, shared by node.c (membership
+ * and the Node service), node_local.c (librefit clients and their memory,
+ * the Local service) and node_run.c (plan slices).  Loop thread only,
+ * except where a field says otherwise.
+ */
+#ifndef REFIT_DAEMON_NODE_INTERNAL_H
+#define REFIT_DAEMON_NODE_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "common/alloc.h"
+#include "daemon/node.h"
+#include "daemon/transport/transport.h"
+#include "plan/plan.h"
+#include "refit/v1/refit.pb-c.h"
+
+/* One shared-memory segment a client named, mapped here. */
+typedef struct seg {
+	char *name;
+	uint8_t *base;
+	uint64_t size;
+} seg_t;
+
+/* Memory of one piece of one tensor on one rank. */
+typedef struct piece_mem {
+	uint32_t tensor;        /* index into the client's layouts */
+	int32_t rank, piece;
+	uint8_t *base[2];       /* copy 0, copy 1 (double buffer) */
+	int ndim;
+	int64_t shape[PLAN_MAX_DIMS];
+	int64_t stride[PLAN_MAX_DIMS];
+	uint32_t elem;
+} piece_mem_t;
+
+typedef struct client {
+	uint64_t id;
+	char *model, *instance;
+	int role;               /* REFIT__V1__ROLE__* */
+	int install;            /* REFIT__V1__INSTALL_MODE__* */
+	int pid, pidfd;
+	uv_poll_t pidpoll;
+	bool polling;
+	plan_layout_set_t layouts;
+	char digest[SHA256_HEX_LEN];
+	VEC(seg_t) segs;
+	VEC(piece_mem_t) mem;
+	/* state */
+	uint64_t version;       /* trainer: ready version; inference: installed */
+	uint32_t active;        /* double buffer: the copy holding version */
+	bool valid;             /* in place: false while being written */
+	bool readable;          /* trainer: buffers hold `version` */
+	uint32_t reading;       /* trainer: slices reading now */
+	uint32_t busy;          /* slices using this memory */
+	char *failure;
+	bool dead;              /* unregistered or exited: freed when not busy */
+} client_t;
+
+/* A held WaitVersion or BeginWrite call. */
+typedef struct waiter {
+	rpc_call_t *call;
+	uint64_t client_id, min_version;
+	int64_t deadline_ms;
+	bool begin_write;
+} waiter_t;
+
+typedef struct epoch_member {
+	char *node_id, *data_ep;
+	int32_t *ranks;
+	char **domains;
+	size_t nranks;
+} epoch_member_t;
+
+/* A slice that ran and waits for the coordinator's commit. */
+typedef struct prepared {
+	uint64_t refit_id, version;
+	char *model;
+	uint64_t *clients;
+	size_t nclients;
+} prepared_t;
+
+typedef struct slice_job slice_job_t;
+
+struct node {
+	uv_loop_t *loop;
+	uv_timer_t beat, sweep;
+	char *coordinator, *node_id, *advertise, *domain;
+	int32_t *ranks;
+	size_t nranks;
+	rpc_client_opts_t client;
+	uint64_t member_id, epoch;    /* membership epoch from the coordinator */
+	uint64_t prepared_epoch;      /* last epoch PrepareEpoch set up */
+	uint8_t token[XPORT_TOKEN_MAX];
+	size_t token_len;
+	VEC(epoch_member_t) world;    /* members of the prepared epoch */
+	bool busy;                    /* a Join or Heartbeat is in flight */
+	bool drained;                 /* an operator drained us: stay out */
+	uint32_t inflight;
+	bool closing;
+	int handles;                  /* uv handles not yet closed */
+	/* data plane */
+	const xport_ops_t *xo;
+	xport_t *x;
+	char *data_ep;                /* advertised data endpoint */
+	rpc_server_t *local;          /* the librefit socket */
+	char *local_path;
+	uint64_t slice_timeout_ms;
+	VEC(client_t *) clients;
+	uint64_t next_client;
+	VEC(waiter_t) waiters;
+	VEC(prepared_t) prepared;
+	VEC(slice_job_t *) jobs;      /* slices running */
+};
+
+/* node_local.c */
+refit_status_t node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err);
+void node_local_stop(node_t *n);
+client_t *node_client(node_t *n, uint64_t id);
+/* Drop a client (its memory goes when no slice uses it). */
+void node_client_drop(node_t *n, client_t *c, const char *why);
+void node_client_release(node_t *n, client_t *c);
+/* The memory of (client tensor, rank, piece), or NULL. */
+const piece_mem_t *node_client_piece(const client_t *c, uint32_t tensor, int32_t rank,
+				     int32_t piece);
+/* Answer the waiters that can be answered now (and the ones past deadline). */
+void node_waiters_sweep(node_t *n);
+void node_waiters_fail_all(node_t *n, const char *why);
+
+/* node_run.c */
+extern const rpc_method_cfg_t node_run_methods[];
+extern const size_t node_run_nmethods;
+void node_run_abort_all(node_t *n, const char *why);
+/* The client died: abort slices using it. */
+void node_run_client_gone(node_t *n, uint64_t client_id, const char *why);
+void node_maybe_free(node_t *n);
+
+#endif

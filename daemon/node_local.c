@@ -1,0 +1,698 @@
+/*
+ * node_local.c - librefit clients on a node: the Local service on the
+ * node's unix socket, the clients' shared memory, and their state.
+ *
+ * RegisterClient checks a client's memory before anything is forwarded:
+ * every piece of every tensor on the ranks this node serves needs memory,
+ * each shared-memory segment must exist and be large enough for the piece
+ * at its offset and strides (both copies for a double-buffered inference
+ * client).  Only then is the layout registered with the coordinator, and
+ * the client exists here only once the coordinator accepted it: nothing
+ * is half-registered.  A client whose process exits is dropped (the sweep
+ * timer looks every 50 ms), and slices using its memory fail naming it;
+ * the mapping stays valid until they stop.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "daemon/node_internal.h"
+#include "daemon/proto_conv.h"
+#include "daemon/transport/transport.h"
+#include "dataplane/view.h"
+
+#define CALL_MS 10000
+
+static const char *
+nz(const char *s)
+{
+	return s ? s : "";
+}
+
+static bool
+serves(const node_t *n, int32_t r)
+{
+	for (size_t i = 0; i < n->nranks; i++)
+		if (n->ranks[i] == r)
+			return true;
+	return false;
+}
+
+static int
+cmp_mem(const void *a, const void *b)
+{
+	const piece_mem_t *x = a, *y = b;
+
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return (x->piece > y->piece) - (x->piece < y->piece);
+}
+
+static void
+client_free(client_t *c)
+{
+	for (size_t i = 0; i < c->segs.n; i++) {
+		munmap(c->segs.v[i].base, c->segs.v[i].size ? c->segs.v[i].size : 1);
+		free(c->segs.v[i].name);
+	}
+	VEC_FREE(&c->segs);
+	VEC_FREE(&c->mem);
+	plan_layout_set_fini(&c->layouts);
+	free(c->model);
+	free(c->instance);
+	free(c->failure);
+	free(c);
+}
+
+client_t *
+node_client(node_t *n, uint64_t id)
+{
+	for (size_t i = 0; i < n->clients.n; i++)
+		if (n->clients.v[i]->id == id)
+			return n->clients.v[i];
+	return NULL;
+}
+
+void
+node_client_release(node_t *n, client_t *c)
+{
+	(void)n;
+	if (c->busy > 0)
+		c->busy--;
+	if (c->dead && c->busy == 0)
+		client_free(c);
+}
+
+void
+node_client_drop(node_t *n, client_t *c, const char *why)
+{
+	for (size_t i = 0; i < n->clients.n; i++)
+		if (n->clients.v[i] == c) {
+			n->clients.v[i] = n->clients.v[--n->clients.n];
+			break;
+		}
+	log_info("node %s: librefit client %" PRIu64 " (model \"%s\", %s \"%s\", pid %d) "
+		 "dropped: %s", n->node_id, c->id, c->model,
+		 c->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance", c->instance,
+		 c->pid, why);
+	c->dead = true;
+	node_run_client_gone(n, c->id, why);
+	c->busy++;
+	node_client_release(n, c);
+}
+
+/* ---- memory ------------------------------------------------------------------ */
+
+static refit_status_t
+map_seg(client_t *c, const char *name, seg_t **out, refit_err_t *err)
+{
+	struct stat sb;
+	seg_t s;
+	int fd;
+
+	for (size_t i = 0; i < c->segs.n; i++)
+		if (strcmp(c->segs.v[i].name, name) == 0) {
+			*out = &c->segs.v[i];
+			return REFIT_OK;
+		}
+	if (name[0] != '/' || strchr(name + 1, '/') != NULL || strlen(name) > 250)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "shared memory name \"%s\" must "
+				     "be \"/name\" (one leading slash, no other)", name);
+	fd = shm_open(name, O_RDWR, 0);
+	if (fd < 0)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "shared memory \"%s\": %s", name,
+				     strerror(errno));
+	if (fstat(fd, &sb) < 0) {
+		close(fd);
+		return refit_err_set(err, REFIT_ERR_SYS, "shared memory \"%s\": fstat: %s", name,
+				     strerror(errno));
+	}
+	s.name = xstrdup(name);
+	s.size = (uint64_t)sb.st_size;
+	s.base = sb.st_size ? mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE,
+				   MAP_SHARED, fd, 0) : NULL;
+	close(fd);
+	if (s.base == MAP_FAILED) {
+		free(s.name);
+		return refit_err_set(err, REFIT_ERR_SYS, "shared memory \"%s\": mmap: %s", name,
+				     strerror(errno));
+	}
+	VEC_PUSH(&c->segs, s);
+	*out = &c->segs.v[c->segs.n - 1];
+	return REFIT_OK;
+}
+
+/* Bytes a view spans from its base (0 for an empty piece). */
+static uint64_t
+span(const piece_mem_t *m)
+{
+	uint64_t last = 0;
+
+	for (int d = 0; d < m->ndim; d++) {
+		if (m->shape[d] == 0)
+			return 0;
+		last += (uint64_t)(m->shape[d] - 1) * (uint64_t)m->stride[d];
+	}
+	return (last + 1) * m->elem;
+}
+
+static refit_status_t
+add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
+	  refit_err_t *err)
+{
+	const plan_layout_t *l = &c->layouts.v[t];
+	size_t copies = c->role == REFIT__V1__ROLE__INFER &&
+			c->install == REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER ? 2 : 1;
+	piece_mem_t m = {.tensor = t, .rank = pm->rank, .piece = pm->piece, .ndim = l->ndim,
+			 .elem = plan_dtype_size(l->dtype)};
+	seg_t *seg = NULL;
+	uint64_t need;
+
+	if (!serves(n, pm->rank))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\": memory for rank "
+				     "%d, which this node does not serve", l->name, pm->rank);
+	CHECK(dp_local_shape(l, pm->rank, pm->piece, m.shape, err));
+	if (pm->n_offsets != copies)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: %zu "
+				     "offsets, %s needs %zu", l->name, pm->rank, pm->n_offsets,
+				     copies == 2 ? "double-buffer install" : "this client",
+				     copies);
+	if (pm->n_strides != 0 && pm->n_strides != (size_t)l->ndim)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: %zu "
+				     "strides for %d dims", l->name, pm->rank, pm->n_strides,
+				     l->ndim);
+	for (int d = l->ndim - 1, s = 1; d >= 0; d--) {
+		m.stride[d] = pm->n_strides ? pm->strides[d] : s;
+		if (m.stride[d] < 0 || m.stride[d] > PLAN_MAX_NUMEL)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
+					     "stride %" PRId64 " of dim %d is out of range",
+					     l->name, pm->rank, m.stride[d], d);
+		s *= (int)(m.shape[d] ? m.shape[d] : 1);
+	}
+	if (pm->n_strides == 0) /* contiguous: recompute in 64 bits */
+		for (int d = l->ndim - 1; d >= 0; d--)
+			m.stride[d] = d == l->ndim - 1 ? 1 : m.stride[d + 1] *
+				(m.shape[d + 1] ? m.shape[d + 1] : 1);
+	CHECK(map_seg(c, nz(pm->shm_name), &seg, err));
+	need = span(&m);
+	for (size_t k = 0; k < copies; k++) {
+		if (pm->offsets[k] > seg->size || need > seg->size - pm->offsets[k])
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
+					     "copy %zu at offset %" PRIu64 " needs %" PRIu64
+					     " bytes, but shared memory \"%s\" has %" PRIu64,
+					     l->name, pm->rank, k, pm->offsets[k], need,
+					     seg->name, seg->size);
+		m.base[k] = seg->base + pm->offsets[k];
+	}
+	if (copies == 1)
+		m.base[1] = m.base[0];
+	VEC_PUSH(&c->mem, m);
+	return REFIT_OK;
+}
+
+/* Memory of every piece this node serves, and nothing else. */
+static refit_status_t
+check_memory(node_t *n, client_t *c, const Refit__V1__LocalRegisterRequest *rq,
+	     refit_err_t *err)
+{
+	for (uint32_t t = 0; t < c->layouts.n; t++) {
+		const Refit__V1__LocalTensor *lt = rq->tensors[t];
+
+		for (size_t k = 0; k < lt->n_memory; k++)
+			CHECK(add_piece(n, c, lt->memory[k], t, err));
+	}
+	xqsort(c->mem.v, c->mem.n, sizeof(*c->mem.v), cmp_mem);
+	for (size_t i = 1; i < c->mem.n; i++)
+		if (cmp_mem(&c->mem.v[i - 1], &c->mem.v[i]) == 0)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d "
+					     "piece %d: memory given twice",
+					     c->layouts.v[c->mem.v[i].tensor].name, c->mem.v[i].rank,
+					     c->mem.v[i].piece);
+	for (uint32_t t = 0; t < c->layouts.n; t++) {
+		const plan_layout_t *l = &c->layouts.v[t];
+
+		for (size_t k = 0; k < l->nshards; k++) {
+			piece_mem_t key = {.tensor = t, .rank = l->shards[k].rank,
+					   .piece = l->shards[k].piece};
+
+			if (!serves(n, key.rank))
+				continue;
+			if (xbsearch(&key, c->mem.v, c->mem.n, sizeof(key), cmp_mem) == NULL)
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\": "
+						     "rank %d (served by this node) holds piece %d "
+						     "but no memory was given for it", l->name,
+						     key.rank, key.piece);
+		}
+	}
+	return REFIT_OK;
+}
+
+const piece_mem_t *
+node_client_piece(const client_t *c, uint32_t tensor, int32_t rank, int32_t piece)
+{
+	piece_mem_t key = {.tensor = tensor, .rank = rank, .piece = piece};
+
+	return xbsearch(&key, c->mem.v, c->mem.n, sizeof(key), cmp_mem);
+}
+
+/* ---- state ------------------------------------------------------------------ */
+
+static void
+state_msg(const client_t *c, Refit__V1__ClientState *s)
+{
+	refit__v1__client_state__init(s);
+	s->version = c->version;
+	s->active = c->active;
+	s->valid = c->valid;
+	s->reading = c->reading > 0;
+	s->failure = c->failure ? c->failure : "";
+}
+
+static void
+reply_state(rpc_call_t *call, const client_t *c)
+{
+	Refit__V1__ClientState s;
+
+	state_msg(c, &s);
+	rpc_call_reply(call, &s.base);
+}
+
+/* ---- Local service ------------------------------------------------------------ */
+
+static void
+h_hello(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	Refit__V1__HelloResponse rsp = REFIT__V1__HELLO_RESPONSE__INIT;
+
+	(void)msg;
+	rsp.node_id = n->node_id;
+	rsp.ranks = n->ranks;
+	rsp.n_ranks = n->nranks;
+	rsp.epoch = n->epoch;
+	rsp.joined = n->member_id != 0;
+	rpc_call_reply(call, &rsp.base);
+}
+
+typedef struct regjob {
+	node_t *n;
+	rpc_call_t *call;
+	client_t *c;
+} regjob_t;
+
+static void
+on_registered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	regjob_t *j = arg;
+	node_t *n = j->n;
+	client_t *c = j->c;
+
+	n->inflight--;
+	if (st != REFIT_OK || n->closing) {
+		rpc_call_fail(j->call, st != REFIT_OK ? st : REFIT_ERR_UNAVAILABLE,
+			      "register model \"%s\": %s", c->model,
+			      st != REFIT_OK ? msg : "the node daemon is shutting down");
+		client_free(c);
+	} else {
+		Refit__V1__LocalRegisterResponse rsp = REFIT__V1__LOCAL_REGISTER_RESPONSE__INIT;
+		const Refit__V1__RegisterLayoutResponse *r = (const void *)resp;
+
+		snprintf(c->digest, sizeof(c->digest), "%s", nz(r->layout_digest));
+		c->id = ++n->next_client;
+		VEC_PUSH(&n->clients, c);
+		log_info("node %s: librefit client %" PRIu64 " (pid %d): model \"%s\" %s \"%s\", "
+			 "%zu tensors, %zu pieces here, %s", n->node_id, c->id, c->pid,
+			 c->model, c->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance",
+			 c->instance, c->layouts.n, c->mem.n,
+			 c->role == REFIT__V1__ROLE__TRAIN ? "source" :
+			 c->install == REFIT__V1__INSTALL_MODE__IN_PLACE ? "in-place" :
+			 "double-buffer");
+		rsp.client_id = c->id;
+		rsp.layout_digest = c->digest;
+		rpc_call_reply(j->call, &rsp.base);
+	}
+	free(j);
+	node_maybe_free(n);
+}
+
+static void
+h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__LocalRegisterRequest *rq = (const void *)msg;
+	Refit__V1__RegisterLayoutRequest fw = REFIT__V1__REGISTER_LAYOUT_REQUEST__INIT;
+	Refit__V1__TensorLayout **tl;
+	client_t *c;
+	regjob_t *j;
+	refit_err_t err;
+
+	refit_err_clear(&err);
+	if (rq->model == NULL || !rq->model[0])
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register: model is empty");
+	if (rq->role != REFIT__V1__ROLE__TRAIN && rq->role != REFIT__V1__ROLE__INFER)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": role must be "
+				     "TRAIN or INFER", rq->model);
+	if (rq->install != REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER &&
+	    rq->install != REFIT__V1__INSTALL_MODE__IN_PLACE)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": unknown "
+				     "install mode %d", rq->model, (int)rq->install);
+	if (rq->pid == 0 || kill((pid_t)rq->pid, 0) < 0)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": pid %u is "
+				     "not a running process", rq->model, rq->pid);
+	if (n->member_id == 0)
+		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "register \"%s\": node %s has "
+				     "not joined the coordinator yet: retry", rq->model,
+				     n->node_id);
+	c = xcalloc(1, sizeof(*c));
+	c->model = xstrdup(rq->model);
+	c->instance = xstrdup(nz(rq->instance));
+	c->role = (int)rq->role;
+	c->install = (int)rq->install;
+	c->pid = (int)rq->pid;
+	c->valid = true;
+	{
+		Refit__V1__TensorLayout **v = xcalloc(rq->n_tensors ? rq->n_tensors : 1,
+						      sizeof(*v));
+		refit_status_t rc = REFIT_OK;
+
+		for (size_t i = 0; i < rq->n_tensors && rc == REFIT_OK; i++) {
+			v[i] = rq->tensors[i]->layout;
+			if (v[i] == NULL)
+				rc = refit_err_set(&err, REFIT_ERR_INVALID_ARG, "tensors[%zu] has "
+						   "no layout", i);
+		}
+		if (rc == REFIT_OK)
+			rc = conv_layouts_from_proto(v, rq->n_tensors, &c->layouts, &err);
+		free(v);
+		if (rc == REFIT_OK)
+			check_memory(n, c, rq, &err);
+	}
+	if (err.status != REFIT_OK) {
+		rpc_call_fail(call, err.status, "register \"%s\": %s", rq->model, err.msg);
+		client_free(c);
+		return;
+	}
+	/* forward the layout; the client exists once the coordinator agrees */
+	tl = conv_layouts_to_proto(&c->layouts);
+	fw.member_id = n->member_id;
+	fw.model = c->model;
+	fw.role = rq->role;
+	fw.instance = c->instance;
+	fw.tensors = tl;
+	fw.n_tensors = c->layouts.n;
+	j = xcalloc(1, sizeof(*j));
+	*j = (regjob_t){n, call, c};
+	if (rpc_call_async(n->loop, n->coordinator, &n->client,
+			   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw.base,
+			   CALL_MS, on_registered, j, &err) != REFIT_OK) {
+		rpc_call_fail(call, err.status, "register \"%s\": %s", rq->model, err.msg);
+		client_free(c);
+		free(j);
+	} else {
+		n->inflight++;
+	}
+	conv_layouts_proto_free(tl, c->layouts.n);
+}
+
+static client_t *
+find_or_fail(node_t *n, rpc_call_t *call, uint64_t id, int role)
+{
+	client_t *c = node_client(n, id);
+
+	if (c == NULL) {
+		rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "node %s: no librefit client %" PRIu64
+			      " (never registered, unregistered, or the node restarted)",
+			      n->node_id, id);
+		return NULL;
+	}
+	if (role && c->role != role) {
+		rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "client %" PRIu64 " is %s: this call "
+			      "is for %s clients", id, c->role == REFIT__V1__ROLE__TRAIN ?
+			      "a trainer" : "an inference instance",
+			      role == REFIT__V1__ROLE__TRAIN ? "trainer" : "inference");
+		return NULL;
+	}
+	return c;
+}
+
+typedef struct readyjob {
+	node_t *n;
+	rpc_call_t *call;
+	uint64_t client_id, version;
+} readyjob_t;
+
+static void
+on_ready_fw(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	readyjob_t *j = arg;
+	node_t *n = j->n;
+	client_t *c = node_client(n, j->client_id);
+
+	(void)resp;
+	n->inflight--;
+	if (st != REFIT_OK)
+		rpc_call_fail(j->call, st, "weights ready: %s", msg);
+	else if (c == NULL)
+		rpc_call_fail(j->call, REFIT_ERR_NOT_FOUND, "client %" PRIu64 " went away",
+			      j->client_id);
+	else
+		reply_state(j->call, c);
+	free(j);
+	node_maybe_free(n);
+}
+
+static void
+h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__ClientRequest *rq = (const void *)msg;
+	Refit__V1__WeightsReadyRequest fw = REFIT__V1__WEIGHTS_READY_REQUEST__INIT;
+	client_t *c = find_or_fail(n, call, rq->client_id, REFIT__V1__ROLE__TRAIN);
+	readyjob_t *j;
+	refit_err_t err;
+
+	if (c == NULL)
+		return;
+	if (rq->version <= c->version && c->readable)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "weights ready: version %"
+				     PRIu64 " is not newer than %" PRIu64, rq->version,
+				     c->version);
+	c->version = rq->version;
+	c->readable = true;
+	refit_err_clear(&err);
+	fw.member_id = n->member_id;
+	fw.model = c->model;
+	fw.version = rq->version;
+	fw.layout_digest = c->digest;
+	j = xcalloc(1, sizeof(*j));
+	*j = (readyjob_t){n, call, c->id, rq->version};
+	if (rpc_call_async(n->loop, n->coordinator, &n->client,
+			   &refit__v1__coordinator__descriptor, "WeightsReady", &fw.base,
+			   CALL_MS, on_ready_fw, j, &err) != REFIT_OK) {
+		free(j);
+		return rpc_call_fail(call, err.status, "weights ready: %s", err.msg);
+	}
+	n->inflight++;
+}
+
+static void
+add_waiter(node_t *n, rpc_call_t *call, const Refit__V1__ClientRequest *rq, bool bw)
+{
+	waiter_t w = {call, rq->client_id, rq->version,
+		      xport_now_ms() + (int64_t)rq->timeout_ms, bw};
+
+	VEC_PUSH(&n->waiters, w);
+	node_waiters_sweep(n);
+}
+
+static void
+h_begin_write(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__ClientRequest *rq = (const void *)msg;
+
+	if (find_or_fail(n, call, rq->client_id, REFIT__V1__ROLE__TRAIN) == NULL)
+		return;
+	add_waiter(n, call, rq, true);
+}
+
+static void
+h_wait(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__ClientRequest *rq = (const void *)msg;
+
+	if (find_or_fail(n, call, rq->client_id, REFIT__V1__ROLE__INFER) == NULL)
+		return;
+	add_waiter(n, call, rq, false);
+}
+
+static void
+h_state(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__ClientRequest *rq = (const void *)msg;
+	client_t *c = find_or_fail(n, call, rq->client_id, 0);
+
+	if (c != NULL)
+		reply_state(call, c);
+}
+
+static void
+h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__ClientRequest *rq = (const void *)msg;
+	client_t *c = find_or_fail(n, call, rq->client_id, 0);
+
+	if (c == NULL)
+		return;
+	reply_state(call, c);
+	node_client_drop(n, c, "unregistered by the client");
+}
+
+static const rpc_method_cfg_t local_methods[] = {
+	{"Hello", h_hello, false},
+	{"RegisterClient", h_register, false},
+	{"WeightsReady", h_ready, false},
+	{"BeginWrite", h_begin_write, false},
+	{"WaitVersion", h_wait, false},
+	{"GetState", h_state, false},
+	{"Unregister", h_unregister, false},
+};
+
+/* ---- waiters ---------------------------------------------------------------- */
+
+/* A process is gone when kill() says so or it is a zombie. */
+static bool
+pid_gone(int pid)
+{
+	char path[64], buf[256];
+	FILE *f;
+	bool zombie = false;
+
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return true;
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	if ((f = fopen(path, "r")) != NULL) {
+		if (fgets(buf, sizeof(buf), f)) {
+			char *p = strrchr(buf, ')');
+
+			zombie = p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+		}
+		fclose(f);
+	}
+	return zombie;
+}
+
+void
+node_waiters_sweep(node_t *n)
+{
+	int64_t now = xport_now_ms();
+
+	for (size_t i = 0; i < n->clients.n;) {
+		client_t *c = n->clients.v[i];
+
+		if (pid_gone(c->pid)) {
+			char why[96];
+
+			snprintf(why, sizeof(why), "its process (pid %d) exited", c->pid);
+			node_client_drop(n, c, why);
+		} else {
+			i++;
+		}
+	}
+	for (size_t i = 0; i < n->waiters.n;) {
+		waiter_t *w = &n->waiters.v[i];
+		client_t *c = node_client(n, w->client_id);
+		bool done = true;
+
+		if (c == NULL) {
+			rpc_call_fail(w->call, REFIT_ERR_NOT_FOUND, "client %" PRIu64 " was "
+				      "dropped while waiting", w->client_id);
+		} else if (w->begin_write && c->reading == 0) {
+			c->readable = false;
+			reply_state(w->call, c);
+		} else if (!w->begin_write && c->version >= w->min_version && c->valid &&
+			   c->version > 0) {
+			reply_state(w->call, c);
+		} else if (rpc_call_cancelled(w->call)) {
+			rpc_call_fail(w->call, REFIT_ERR_ABORTED, "cancelled by the client");
+		} else if (now >= w->deadline_ms) {
+			if (w->begin_write)
+				rpc_call_fail(w->call, REFIT_ERR_TIMEOUT, "begin write: a refit "
+					      "still reads the trainer's buffers");
+			else
+				rpc_call_fail(w->call, REFIT_ERR_TIMEOUT, "version %" PRIu64
+					      " not installed in time (installed %" PRIu64
+					      "%s%s%s)", w->min_version, c->version,
+					      c->valid ? "" : ", weights invalid",
+					      c->failure ? "; last failure: " : "",
+					      c->failure ? c->failure : "");
+		} else {
+			done = false;
+		}
+		if (done)
+			n->waiters.v[i] = n->waiters.v[--n->waiters.n];
+		else
+			i++;
+	}
+}
+
+void
+node_waiters_fail_all(node_t *n, const char *why)
+{
+	for (size_t i = 0; i < n->waiters.n; i++)
+		rpc_call_fail(n->waiters.v[i].call, REFIT_ERR_UNAVAILABLE, "%s", why);
+	n->waiters.n = 0;
+}
+
+/* ---- start / stop ----------------------------------------------------------- */
+
+refit_status_t
+node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err)
+{
+	rpc_server_opts_t so = {0};
+	char addr[300];
+
+	if (o->local_socket == NULL || o->local_socket[0] != '/')
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "node: local_socket \"%s\" must "
+				     "be an absolute path", nz(o->local_socket));
+	snprintf(addr, sizeof(addr), "unix:%s", o->local_socket);
+	so.listen = addr;
+	n->local = rpc_server_new(&so, n->loop, err);
+	if (n->local == NULL)
+		return err->status;
+	n->local_path = xstrdup(o->local_socket);
+	CHECK(rpc_server_add_service(n->local, &refit__v1__local__descriptor, local_methods,
+				     sizeof(local_methods) / sizeof(local_methods[0]), n, err));
+	return rpc_server_start(n->local, NULL, err);
+}
+
+void
+node_local_stop(node_t *n)
+{
+	if (n->local) {
+		rpc_server_drain(n->local);
+		rpc_server_free(n->local);
+		n->local = NULL;
+	}
+	while (n->clients.n)
+		node_client_drop(n, n->clients.v[0], "the node daemon stopped");
+	VEC_FREE(&n->clients);
+	VEC_FREE(&n->waiters);
+	VEC_FREE(&n->prepared);
+	VEC_FREE(&n->jobs);
+	free(n->local_path);
+}

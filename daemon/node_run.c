@@ -1,0 +1,572 @@
+/*
+ * node_run.c - the Node service's RunSlice, Commit and Abort: a node's
+ * slice of a refit, run off the loop, and the install that follows.
+ *
+ * RunSlice checks on the loop that this node holds what the plan needs:
+ * the epoch prepared, a trainer client with memory for every training
+ * piece on its ranks (holding the refit's version, not being written), an
+ * inference client for every inference piece, and that the layouts the
+ * coordinator sent are the ones registered here (digests).  In-place
+ * clients are marked invalid before the first byte is written.  The slice
+ * then runs on libuv's pool: the plan is rebuilt from the same inputs as
+ * the coordinator's and must have the same digest, and slice_run moves the
+ * data.  Double-buffered clients are written in their inactive copy.
+ * Commit flips them (or marks in-place weights valid) and moves the
+ * installed version; a slice that fails or is aborted installs nothing.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/node_internal.h"
+#include "daemon/proto_conv.h"
+#include "daemon/slice.h"
+
+
+typedef struct jclient {
+	client_t *c;
+	int32_t *tmap;   /* plan tensor -> client tensor (-1: none) */
+	uint32_t copy;   /* the copy this slice reads or writes */
+} jclient_t;
+
+struct slice_job {
+	uv_work_t w;
+	node_t *n;
+	rpc_call_t *call;
+	uint64_t refit_id, epoch, version;
+	char *model;
+	char digest[SHA256_HEX_LEN];
+	plan_opts_t opts;
+	bool verify;
+	int64_t corrupt;
+	plan_layout_set_t src, dst;
+	plan_topo_t topo;
+	slice_node_t *nodes;
+	size_t nnodes, self;
+	VEC(jclient_t) cl[2];   /* [0] trainers, [1] inference clients */
+	atomic_int abort;
+	char abort_why[256];
+	int64_t deadline_ms;
+	slice_stats_t st;
+	refit_err_t err;
+	refit_status_t rc;
+};
+
+static const char *
+nz(const char *s)
+{
+	return s ? s : "";
+}
+
+/* ---- memory for the executor -------------------------------------------------- */
+
+static refit_status_t
+job_view(void *ctx, int32_t rank, uint32_t tensor, bool dst, int32_t piece, dp_view_t *out,
+	 refit_err_t *err)
+{
+	slice_job_t *j = ctx;
+
+	for (size_t i = 0; i < j->cl[dst].n; i++) {
+		const jclient_t *jc = &j->cl[dst].v[i];
+		const piece_mem_t *m;
+
+		if (jc->tmap[tensor] < 0)
+			continue;
+		m = node_client_piece(jc->c, (uint32_t)jc->tmap[tensor], rank, piece);
+		if (m == NULL)
+			continue;
+		memset(out, 0, sizeof(*out));
+		out->base = m->base[jc->copy];
+		out->ndim = m->ndim;
+		out->elem = m->elem;
+		memcpy(out->shape, m->shape, sizeof(out->shape));
+		memcpy(out->stride, m->stride, sizeof(out->stride));
+		return REFIT_OK;
+	}
+	return refit_err_set(err, REFIT_ERR_NOT_FOUND, "no %s memory for tensor \"%s\" rank %d "
+			     "piece %d on this node", dst ? "inference" : "training",
+			     j->dst.v[tensor].name, rank, piece);
+}
+
+/* ---- the job -------------------------------------------------------------------- */
+
+static void
+job_free(slice_job_t *j)
+{
+	for (int s = 0; s < 2; s++) {
+		for (size_t i = 0; i < j->cl[s].n; i++)
+			free(j->cl[s].v[i].tmap);
+		VEC_FREE(&j->cl[s]);
+	}
+	for (size_t i = 0; i < j->nnodes; i++)
+		free((void *)j->nodes[i].ranks);
+	free(j->nodes);
+	plan_layout_set_fini(&j->src);
+	plan_layout_set_fini(&j->dst);
+	plan_topo_fini(&j->topo);
+	free(j->model);
+	free(j);
+}
+
+static void
+job_work(uv_work_t *w)
+{
+	slice_job_t *j = w->data;
+	plan_t p;
+	dp_mem_ops_t mem = {job_view, j};
+	slice_cfg_t sc;
+
+	refit_err_clear(&j->err);
+	j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &p, &j->err);
+	if (j->rc != REFIT_OK)
+		return;
+	if (strcmp(p.digest_hex, j->digest) != 0) {
+		j->rc = refit_err_set(&j->err, REFIT_ERR_INTERNAL, "the plan built here (%.12s) "
+				      "is not the coordinator's (%.12s): versions differ?",
+				      p.digest_hex, j->digest);
+		plan_fini(&p);
+		return;
+	}
+	memset(&sc, 0, sizeof(sc));
+	sc.plan = &p;
+	sc.src = &j->src;
+	sc.dst = &j->dst;
+	sc.mem = &mem;
+	sc.verify = j->verify;
+	sc.corrupt = j->corrupt;
+	sc.nodes = j->nodes;
+	sc.nnodes = j->nnodes;
+	sc.self = j->self;
+	sc.xo = j->n->xo;
+	sc.x = j->n->x;
+	sc.refit_id = j->refit_id;
+	sc.epoch = j->epoch;
+	sc.deadline_ms = j->deadline_ms;
+	sc.abort = &j->abort;
+	j->rc = slice_run(&sc, &j->st, &j->err);
+	plan_fini(&p);
+}
+
+static void
+set_failure(client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+set_failure(client_t *c, const char *fmt, ...)
+{
+	char buf[REFIT_ERR_MSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	free(c->failure);
+	c->failure = xstrdup(buf);
+}
+
+static void
+job_after(uv_work_t *w, int status)
+{
+	slice_job_t *j = w->data;
+	node_t *n = j->n;
+	bool ok = j->rc == REFIT_OK && status == 0;
+
+	for (size_t i = 0; i < n->jobs.n; i++)
+		if (n->jobs.v[i] == j) {
+			n->jobs.v[i] = n->jobs.v[--n->jobs.n];
+			break;
+		}
+	if (ok && atomic_load(&j->abort)) {
+		ok = false;
+		j->rc = refit_err_set(&j->err, REFIT_ERR_ABORTED, "aborted: %s", j->abort_why);
+	} else if (!ok && atomic_load(&j->abort) && j->abort_why[0]) {
+		refit_err_prefix(&j->err, "%s", j->abort_why);
+	}
+	if (ok) {
+		prepared_t pr = {j->refit_id, j->version, xstrdup(j->model), NULL, 0};
+
+		pr.clients = xcalloc(j->cl[1].n + 1, sizeof(*pr.clients));
+		for (size_t i = 0; i < j->cl[1].n; i++)
+			pr.clients[pr.nclients++] = j->cl[1].v[i].c->id;
+		VEC_PUSH(&n->prepared, pr);
+	}
+	for (int s = 0; s < 2; s++)
+		for (size_t i = 0; i < j->cl[s].n; i++) {
+			client_t *c = j->cl[s].v[i].c;
+
+			if (s == 0 && c->reading)
+				c->reading--;
+			if (!ok && !c->dead)
+				set_failure(c, "refit %" PRIu64 " (version %" PRIu64 "): %s",
+					    j->refit_id, j->version, j->err.msg);
+			node_client_release(n, c);
+		}
+	if (ok) {
+		Refit__V1__RunSliceResponse rsp = REFIT__V1__RUN_SLICE_RESPONSE__INIT;
+		Refit__V1__StageTiming tv[SLICE_MAX_STAGES], *tp[SLICE_MAX_STAGES];
+
+		for (uint32_t k = 0; k < j->st.nstages; k++) {
+			refit__v1__stage_timing__init(&tv[k]);
+			tv[k].stage = k;
+			tv[k].micros = j->st.stage_us[k];
+			tv[k].bytes = j->st.stage_bytes[k];
+			tp[k] = &tv[k];
+		}
+		rsp.refit_id = j->refit_id;
+		rsp.stages = tp;
+		rsp.n_stages = j->st.nstages;
+		rsp.bytes = j->st.bytes_out;
+		rsp.local_bytes = j->st.bytes_local;
+		rsp.micros = j->st.total_us;
+		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms: %" PRIu64 " bytes "
+			 "sent in %" PRIu64 " messages, %" PRIu64 " received, %" PRIu64
+			 " copied locally", n->node_id, j->refit_id, j->st.total_us / 1e3,
+			 j->st.bytes_out, j->st.msgs_out, j->st.bytes_in, j->st.bytes_local);
+		rpc_call_reply(j->call, &rsp.base);
+	} else {
+		log_warnx("node %s: refit %" PRIu64 ": slice failed: %s", n->node_id,
+			  j->refit_id, j->err.msg);
+		rpc_call_fail(j->call, j->err.status ? j->err.status : REFIT_ERR_INTERNAL,
+			      "node %s: %s", n->node_id, j->err.msg[0] ? j->err.msg :
+			      "the slice did not run");
+	}
+	job_free(j);
+	node_waiters_sweep(n);
+	node_maybe_free(n);
+}
+
+/* ---- RunSlice --------------------------------------------------------------- */
+
+static bool
+serves(const node_t *n, int32_t r)
+{
+	for (size_t i = 0; i < n->nranks; i++)
+		if (n->ranks[i] == r)
+			return true;
+	return false;
+}
+
+/* The client registered here for (model, role, instance), if any. */
+static client_t *
+find_client(node_t *n, const char *model, int role, const char *instance)
+{
+	for (size_t i = 0; i < n->clients.n; i++) {
+		client_t *c = n->clients.v[i];
+
+		if (strcmp(c->model, model) == 0 && c->role == role &&
+		    (role == REFIT__V1__ROLE__TRAIN || strcmp(c->instance, instance) == 0))
+			return c;
+	}
+	return NULL;
+}
+
+/* Take instance set s of role into the job: its client here, if it has ranks here. */
+static refit_status_t
+take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set_t *s,
+	      uint64_t version, refit_err_t *err)
+{
+	node_t *n = j->n;
+	bool here = false;
+	client_t *c;
+	jclient_t jc;
+	char dg[SHA256_HEX_LEN];
+
+	for (size_t t = 0; t < s->n && !here; t++)
+		for (size_t k = 0; k < s->v[t].nshards && !here; k++)
+			here = serves(n, s->v[t].shards[k].rank) &&
+			       plan_box_volume(&s->v[t].shards[k].box, s->v[t].ndim) > 0;
+	if (!here)
+		return REFIT_OK;
+	c = find_client(n, j->model, role, iname);
+	if (c == NULL)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\": %s \"%s\" has ranks "
+				     "on this node but no librefit client registered its memory "
+				     "here", j->model, role == REFIT__V1__ROLE__TRAIN ? "trainer" :
+				     "inference instance", iname);
+	conv_layouts_digest(s, dg);
+	conv_layouts_digest(&c->layouts, c->digest);
+	if (strcmp(dg, c->digest) != 0)
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "model \"%s\" %s \"%s\": the "
+				     "coordinator's layout (%.12s) is not the one registered on "
+				     "this node (%.12s): register again", j->model,
+				     role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance", iname,
+				     dg, c->digest);
+	if (role == REFIT__V1__ROLE__TRAIN && (!c->readable || c->version != version))
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "model \"%s\": the trainer's "
+				     "buffers on this node hold %s %" PRIu64 ", not version %"
+				     PRIu64, j->model, c->readable ? "version" :
+				     "(being written) version", c->version, version);
+	jc.c = c;
+	jc.copy = role == REFIT__V1__ROLE__INFER &&
+		  c->install == REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER ? c->active ^ 1 : 0;
+	jc.tmap = xmalloc((j->dst.n ? j->dst.n : 1) * sizeof(*jc.tmap));
+	for (size_t t = 0; t < j->dst.n; t++) {
+		jc.tmap[t] = -1;
+		for (size_t k = 0; k < c->layouts.n; k++)
+			if (strcmp(c->layouts.v[k].name, j->dst.v[t].name) == 0)
+				jc.tmap[t] = (int32_t)k;
+	}
+	VEC_PUSH(&j->cl[role == REFIT__V1__ROLE__INFER], jc);
+	return REFIT_OK;
+}
+
+static refit_status_t
+job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err)
+{
+	node_t *n = j->n;
+	VEC(plan_layout_set_t) inf = {0};
+	const plan_layout_set_t **ptrs = NULL;
+	bool have_train = false;
+	refit_status_t rc = REFIT_OK;
+
+	plan_layout_set_init(&j->src);
+	plan_layout_set_init(&j->dst);
+	plan_topo_init(&j->topo);
+	for (size_t i = 0; i < rq->n_instances && rc == REFIT_OK; i++) {
+		const Refit__V1__InstanceLayouts *il = rq->instances[i];
+		plan_layout_set_t s;
+
+		rc = conv_layouts_from_proto(il->tensors, il->n_tensors, &s, err);
+		if (rc != REFIT_OK)
+			break;
+		if (il->role == REFIT__V1__ROLE__TRAIN && !have_train) {
+			j->src = s;
+			have_train = true;
+		} else if (il->role == REFIT__V1__ROLE__INFER) {
+			VEC_PUSH(&inf, s);
+		} else {
+			plan_layout_set_fini(&s);
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "instance \"%s\": bad role",
+					   nz(il->instance));
+		}
+	}
+	if (rc == REFIT_OK && (!have_train || inf.n == 0))
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "RunSlice needs the trainer's and "
+				   "at least one instance's layouts");
+	if (rc == REFIT_OK) {
+		ptrs = xcalloc(inf.n, sizeof(*ptrs));
+		for (size_t i = 0; i < inf.n; i++)
+			ptrs[i] = &inf.v[i];
+		rc = plan_layout_compose(ptrs, inf.n, &j->dst, err);
+	}
+	/* the clients on this node, in the coordinator's instance order */
+	for (size_t i = 0, k = 0; i < rq->n_instances && rc == REFIT_OK; i++) {
+		const Refit__V1__InstanceLayouts *il = rq->instances[i];
+
+		if (il->role == REFIT__V1__ROLE__TRAIN)
+			rc = take_instance(j, "", REFIT__V1__ROLE__TRAIN, &j->src, rq->version,
+					   err);
+		else
+			rc = take_instance(j, nz(il->instance), REFIT__V1__ROLE__INFER,
+					   &inf.v[k++], rq->version, err);
+	}
+	for (size_t i = 0; i < inf.n; i++)
+		plan_layout_set_fini(&inf.v[i]);
+	VEC_FREE(&inf);
+	free(ptrs);
+	if (rc != REFIT_OK)
+		return rc;
+	/* the world of the epoch, in the coordinator's member order */
+	j->nodes = xcalloc(n->world.n ? n->world.n : 1, sizeof(*j->nodes));
+	j->self = SIZE_MAX;
+	for (size_t i = 0; i < n->world.n; i++) {
+		const epoch_member_t *m = &n->world.v[i];
+		int32_t *r = xmalloc((m->nranks ? m->nranks : 1) * sizeof(*r));
+
+		memcpy(r, m->ranks, m->nranks * sizeof(*r));
+		j->nodes[i] = (slice_node_t){m->node_id, m->data_ep, r, m->nranks};
+		if (strcmp(m->node_id, n->node_id) == 0)
+			j->self = i;
+		for (size_t k = 0; k < m->nranks && rc == REFIT_OK; k++)
+			rc = plan_topo_add_rank(&j->topo, m->ranks[k], m->node_id,
+						m->domains[k], err);
+	}
+	j->nnodes = n->world.n;
+	if (rc == REFIT_OK && j->self == SIZE_MAX)
+		rc = refit_err_set(err, REFIT_ERR_STALE_EPOCH, "this node is not a member of "
+				   "epoch %" PRIu64, j->epoch);
+	return rc;
+}
+
+static void
+h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__RunSliceRequest *rq = (const void *)msg;
+	slice_job_t *j;
+	refit_err_t err;
+
+	if (rq->epoch != n->prepared_epoch)
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: RunSlice for refit %"
+				     PRIu64 " carries epoch %" PRIu64 ", this node prepared epoch %"
+				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
+				     n->prepared_epoch);
+	for (size_t i = 0; i < n->jobs.n; i++)
+		if (n->jobs.v[i]->refit_id == rq->refit_id)
+			return rpc_call_fail(call, REFIT_ERR_EXISTS, "node %s: refit %" PRIu64
+					     " is already running here", n->node_id, rq->refit_id);
+	refit_err_clear(&err);
+	j = xcalloc(1, sizeof(*j));
+	j->n = n;
+	j->call = call;
+	j->refit_id = rq->refit_id;
+	j->epoch = rq->epoch;
+	j->version = rq->version;
+	j->model = xstrdup(nz(rq->model));
+	snprintf(j->digest, sizeof(j->digest), "%s", nz(rq->plan_digest));
+	plan_opts_default(&j->opts);
+	j->opts.mode = rq->mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST :
+								  PLAN_MODE_RESHARD;
+	if (rq->chunk_bytes)
+		j->opts.chunk_bytes = rq->chunk_bytes;
+	if (rq->staging_bytes)
+		j->opts.staging_bytes = rq->staging_bytes;
+	j->verify = rq->verify;
+	j->corrupt = rq->corrupt_msg > 0 ? rq->corrupt_msg - 1 : -1;
+	j->deadline_ms = xport_now_ms() + (int64_t)(rq->timeout_ms ? rq->timeout_ms :
+						    n->slice_timeout_ms);
+	if (job_setup(j, rq, &err) != REFIT_OK) {
+		log_warnx("node %s: refit %" PRIu64 ": %s", n->node_id, rq->refit_id, err.msg);
+		rpc_call_fail(call, err.status, "node %s: %s", n->node_id, err.msg);
+		job_free(j);
+		return;
+	}
+	for (int s = 0; s < 2; s++)
+		for (size_t i = 0; i < j->cl[s].n; i++) {
+			client_t *c = j->cl[s].v[i].c;
+
+			c->busy++;
+			if (s == 0)
+				c->reading++;
+			else if (c->install == REFIT__V1__INSTALL_MODE__IN_PLACE)
+				c->valid = false; /* before the first byte lands */
+		}
+	j->w.data = j;
+	VEC_PUSH(&n->jobs, j);
+	if (uv_queue_work(n->loop, &j->w, job_work, job_after) != 0) {
+		j->rc = refit_err_set(&j->err, REFIT_ERR_SYS, "cannot queue the slice");
+		job_after(&j->w, -1);
+	}
+}
+
+/* ---- Commit and Abort ---------------------------------------------------------- */
+
+static prepared_t *
+find_prepared(node_t *n, uint64_t id)
+{
+	for (size_t i = 0; i < n->prepared.n; i++)
+		if (n->prepared.v[i].refit_id == id)
+			return &n->prepared.v[i];
+	return NULL;
+}
+
+static void
+drop_prepared(node_t *n, prepared_t *p)
+{
+	free(p->model);
+	free(p->clients);
+	*p = n->prepared.v[--n->prepared.n];
+}
+
+static void
+h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__CommitRequest *rq = (const void *)msg;
+	Refit__V1__CommitResponse rsp = REFIT__V1__COMMIT_RESPONSE__INIT;
+	prepared_t *p = find_prepared(n, rq->refit_id);
+
+	if (rq->epoch != n->prepared_epoch)
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: Commit for refit %"
+				     PRIu64 " carries epoch %" PRIu64 ", this node is at %" PRIu64,
+				     n->node_id, rq->refit_id, rq->epoch, n->prepared_epoch);
+	if (p == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "node %s: refit %" PRIu64 " has "
+				     "no finished slice here to commit", n->node_id,
+				     rq->refit_id);
+	for (size_t i = 0; i < p->nclients; i++) {
+		client_t *c = node_client(n, p->clients[i]);
+
+		if (c == NULL)
+			continue;
+		if (c->install == REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER)
+			c->active ^= 1;
+		c->valid = true;
+		c->version = p->version;
+		free(c->failure);
+		c->failure = NULL;
+	}
+	log_info("node %s: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " installed",
+		 n->node_id, p->refit_id, p->model, p->version);
+	drop_prepared(n, p);
+	node_waiters_sweep(n);
+	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+abort_job(slice_job_t *j, const char *why)
+{
+	snprintf(j->abort_why, sizeof(j->abort_why), "%s", why);
+	atomic_store(&j->abort, 1);
+}
+
+static void
+h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__AbortRequest *rq = (const void *)msg;
+	Refit__V1__AbortResponse rsp = REFIT__V1__ABORT_RESPONSE__INIT;
+	prepared_t *p = find_prepared(n, rq->refit_id);
+	char why[300];
+
+	if (rq->epoch != n->prepared_epoch)
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: Abort for refit %"
+				     PRIu64 " carries epoch %" PRIu64 ", this node prepared epoch %"
+				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
+				     n->prepared_epoch);
+	snprintf(why, sizeof(why), "aborted by the coordinator: %s", nz(rq->reason));
+	for (size_t i = 0; i < n->jobs.n; i++)
+		if (n->jobs.v[i]->refit_id == rq->refit_id)
+			abort_job(n->jobs.v[i], why);
+	if (p != NULL)
+		drop_prepared(n, p);
+	log_info("node %s: refit %" PRIu64 " aborted: %s", n->node_id, rq->refit_id,
+		 nz(rq->reason));
+	rpc_call_reply(call, &rsp.base);
+}
+
+void
+node_run_abort_all(node_t *n, const char *why)
+{
+	for (size_t i = 0; i < n->jobs.n; i++)
+		abort_job(n->jobs.v[i], why);
+	while (n->prepared.n)
+		drop_prepared(n, &n->prepared.v[0]);
+}
+
+void
+node_run_client_gone(node_t *n, uint64_t client_id, const char *why)
+{
+	char buf[300];
+
+	for (size_t i = 0; i < n->jobs.n; i++) {
+		slice_job_t *j = n->jobs.v[i];
+
+		for (int s = 0; s < 2; s++)
+			for (size_t k = 0; k < j->cl[s].n; k++)
+				if (j->cl[s].v[k].c->id == client_id) {
+					snprintf(buf, sizeof(buf), "librefit client %" PRIu64
+						 " (model \"%s\") went away: %s", client_id,
+						 j->model, why);
+					abort_job(j, buf);
+				}
+	}
+}
+
+const rpc_method_cfg_t node_run_methods[] = {
+	{"RunSlice", h_run, false},
+	{"Commit", h_commit, false},
+	{"Abort", h_abort, false},
+};
+const size_t node_run_nmethods = sizeof(node_run_methods) / sizeof(node_run_methods[0]);

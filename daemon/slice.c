@@ -1,0 +1,299 @@
+/*
+ * slice.c - one node's slice of a plan over a transport (see slice.h).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "daemon/slice.h"
+
+typedef struct smsg {
+	plan_msg_t m;        /* parts point into the slice's part table */
+	size_t part0;
+} smsg_t;
+
+typedef VEC(size_t) idxvec_t;
+
+typedef struct slice {
+	const slice_cfg_t *c;
+	dp_exec_t *x;
+	VEC(smsg_t) msgs;
+	VEC(plan_part_t) parts;
+	idxvec_t *out, *in;  /* per node: message indices, plan order */
+	size_t *out_i, *in_i;
+	idxvec_t local;
+	size_t local_i;
+	uint64_t *recv_left; /* per stage: arrivals still expected */
+	uint32_t allowed;    /* stages <= allowed may be packed */
+	uint8_t **buf;       /* per node: packed outgoing message */
+	uint64_t out_left, in_left, sent;
+	slice_stats_t *st;
+	int64_t t0;
+	uint64_t trail;      /* verify: 4 CRC bytes after each message */
+} slice_t;
+
+static int64_t
+now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void
+stage_done(slice_t *s, uint32_t stage)
+{
+	uint32_t k = stage < SLICE_MAX_STAGES ? stage : SLICE_MAX_STAGES - 1;
+
+	s->st->stage_us[k] = (uint64_t)(now_us() - s->t0);
+	if (k + 1 > s->st->nstages)
+		s->st->nstages = k + 1;
+}
+
+/* Node of rank r (SIZE_MAX: none). */
+static size_t
+node_of(const slice_cfg_t *c, int32_t r)
+{
+	for (size_t i = 0; i < c->nnodes; i++)
+		for (size_t k = 0; k < c->nodes[i].nranks; k++)
+			if (c->nodes[i].ranks[k] == r)
+				return i;
+	return SIZE_MAX;
+}
+
+static const plan_msg_t *
+msg_at(slice_t *s, size_t i)
+{
+	smsg_t *m = &s->msgs.v[i];
+
+	m->m.parts = &s->parts.v[m->part0];
+	return &m->m;
+}
+
+/* Run local messages of stages <= allowed, then move allowed on. */
+static refit_status_t
+advance(slice_t *s, refit_err_t *err)
+{
+	for (;;) {
+		while (s->local_i < s->local.n) {
+			const plan_msg_t *m = msg_at(s, s->local.v[s->local_i]);
+			uint8_t *b;
+
+			if (m->stage > s->allowed)
+				break;
+			b = s->buf[s->c->self];
+			CHECK(dp_pack_msg(s->x, m, b, err));
+			CHECK(dp_unpack_msg(s->x, m, b, err));
+			s->st->msgs_local++;
+			s->st->bytes_local += m->bytes;
+			s->st->stage_bytes[m->stage < SLICE_MAX_STAGES ? m->stage :
+					   SLICE_MAX_STAGES - 1] += m->bytes;
+			s->local_i++;
+		}
+		if (s->allowed + 1 >= s->c->plan->nstages || s->recv_left[s->allowed] != 0)
+			return REFIT_OK;
+		stage_done(s, s->allowed);
+		s->allowed++;
+	}
+}
+
+static refit_status_t
+pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, refit_err_t *err)
+{
+	slice_t *s = arg;
+	const plan_msg_t *m;
+
+	*len = UINT64_MAX;
+	if (s->out_i[peer] >= s->out[peer].n)
+		return REFIT_OK;
+	m = msg_at(s, s->out[peer].v[s->out_i[peer]]);
+	if (m->stage > s->allowed)
+		return REFIT_OK;
+	CHECK(dp_pack_msg(s->x, m, s->buf[peer], err));
+	if (s->c->corrupt >= 0 && s->sent == (uint64_t)s->c->corrupt && m->bytes > 0)
+		s->buf[peer][m->bytes / 2] ^= 0x5a;
+	s->sent++;
+	s->out_i[peer]++;
+	s->out_left--;
+	s->st->msgs_out++;
+	s->st->bytes_out += m->bytes;
+	s->st->stage_bytes[m->stage < SLICE_MAX_STAGES ? m->stage : SLICE_MAX_STAGES - 1] +=
+		m->bytes;
+	*buf = s->buf[peer];
+	*len = m->bytes + s->trail;
+	return REFIT_OK;
+}
+
+static refit_status_t
+push(void *arg, size_t peer, const uint8_t *buf, uint64_t len, refit_err_t *err)
+{
+	slice_t *s = arg;
+	const slice_cfg_t *c = s->c;
+	const plan_msg_t *m;
+
+	if (s->in_i[peer] >= s->in[peer].n)
+		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent a message this "
+				     "node does not expect (it expected %zu)",
+				     c->nodes[peer].node_id, s->in[peer].n);
+	m = msg_at(s, s->in[peer].v[s->in_i[peer]]);
+	if (len != m->bytes + s->trail)
+		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent %" PRIu64 " bytes "
+				     "for the message from rank %d to rank %d (stage %u), which "
+				     "has %" PRIu64 ": do both nodes run the same plan?",
+				     c->nodes[peer].node_id, len, m->from, m->to, m->stage,
+				     m->bytes + s->trail);
+	CHECK(dp_unpack_msg(s->x, m, buf, err));
+	s->in_i[peer]++;
+	s->in_left--;
+	s->recv_left[m->stage]--;
+	s->st->msgs_in++;
+	s->st->bytes_in += m->bytes;
+	return advance(s, err);
+}
+
+static bool
+done(void *arg)
+{
+	slice_t *s = arg;
+
+	return s->out_left == 0 && s->in_left == 0 && s->local_i == s->local.n;
+}
+
+static bool
+peer_done(void *arg, size_t peer)
+{
+	slice_t *s = arg;
+
+	return s->in_i[peer] >= s->in[peer].n;
+}
+
+/* Keep the messages this node sends or receives. */
+static refit_status_t
+collect(slice_t *s, refit_err_t *err)
+{
+	const slice_cfg_t *c = s->c;
+	int32_t maxr = -1;
+	size_t *where;
+	plan_msgs_t it;
+	plan_msg_t m;
+
+	for (size_t i = 0; i < c->nnodes; i++)
+		for (size_t k = 0; k < c->nodes[i].nranks; k++)
+			if (c->nodes[i].ranks[k] > maxr)
+				maxr = c->nodes[i].ranks[k];
+	where = xmalloc(((size_t)maxr + 1) * sizeof(*where));
+	for (int32_t r = 0; r <= maxr; r++)
+		where[r] = node_of(c, r);
+	plan_msgs_init(&it, c->plan, 0, c->plan->nxfers);
+	while (plan_msgs_next(&it, &m)) {
+		size_t f = m.from <= maxr ? where[m.from] : SIZE_MAX;
+		size_t t = m.to <= maxr ? where[m.to] : SIZE_MAX;
+		smsg_t sm = {m, s->parts.n};
+
+		if (f == SIZE_MAX || t == SIZE_MAX) {
+			plan_msgs_fini(&it);
+			free(where);
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "the plan moves data from "
+					     "rank %d to rank %d, and one of them belongs to no "
+					     "node of the epoch", m.from, m.to);
+		}
+		if (f != c->self && t != c->self)
+			continue;
+		for (uint32_t k = 0; k < m.nparts; k++)
+			VEC_PUSH(&s->parts, m.parts[k]);
+		sm.m.parts = NULL;
+		VEC_PUSH(&s->msgs, sm);
+		if (f == c->self && t == c->self) {
+			VEC_PUSH(&s->local, s->msgs.n - 1);
+		} else if (f == c->self) {
+			VEC_PUSH(&s->out[t], s->msgs.n - 1);
+			s->out_left++;
+		} else {
+			VEC_PUSH(&s->in[f], s->msgs.n - 1);
+			s->in_left++;
+			s->recv_left[m.stage]++;
+		}
+	}
+	plan_msgs_fini(&it);
+	free(where);
+	return REFIT_OK;
+}
+
+refit_status_t
+slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
+{
+	slice_t s = {.c = c, .st = st, .t0 = now_us()};
+	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1};
+	xport_peer_t *peers = xcalloc(c->nnodes, sizeof(*peers));
+	xport_session_t *sess = NULL;
+	bool any = false;
+	refit_status_t rc;
+	uint64_t maxmsg;
+
+	memset(st, 0, sizeof(*st));
+	s.trail = c->verify ? 4 : 0;
+	maxmsg = c->plan->opts.chunk_bytes + s.trail;
+	s.out = xcalloc(c->nnodes, sizeof(*s.out));
+	s.in = xcalloc(c->nnodes, sizeof(*s.in));
+	s.out_i = xcalloc(c->nnodes, sizeof(*s.out_i));
+	s.in_i = xcalloc(c->nnodes, sizeof(*s.in_i));
+	s.buf = xcalloc(c->nnodes, sizeof(*s.buf));
+	s.recv_left = xcalloc(c->plan->nstages + 1, sizeof(*s.recv_left));
+	rc = dp_exec_new(c->plan, c->src, c->dst, c->mem, &eo, &s.x, err);
+	if (rc == REFIT_OK)
+		rc = collect(&s, err);
+	for (size_t i = 0; i < c->nnodes && rc == REFIT_OK; i++) {
+		peers[i].node_id = c->nodes[i].node_id;
+		peers[i].endpoint = c->nodes[i].endpoint;
+		peers[i].send_to = i != c->self && s.out[i].n > 0;
+		peers[i].recv_from = i != c->self && s.in[i].n > 0;
+		any |= peers[i].send_to || peers[i].recv_from;
+		if (s.out[i].n || (i == c->self && s.local.n))
+			s.buf[i] = xmalloc(maxmsg);
+	}
+	if (rc == REFIT_OK)
+		rc = advance(&s, err);
+	if (rc == REFIT_OK && any) {
+		xport_session_cfg_t sc = {
+			.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers,
+			.npeers = c->nnodes, .max_msg_bytes = maxmsg,
+			.deadline_ms = c->deadline_ms, .abort = c->abort,
+		};
+		xport_io_t io = {&s, pull, push, done, peer_done};
+
+		rc = c->xo->open(c->x, &sc, &sess, err);
+		if (rc == REFIT_OK)
+			rc = c->xo->exchange(sess, &io, err);
+		c->xo->close(sess);
+	}
+	if (rc == REFIT_OK && !done(&s))
+		rc = refit_err_set(err, REFIT_ERR_INTERNAL, "slice: %" PRIu64 " messages never "
+				   "became ready (plan stages out of order?)",
+				   s.out_left + (uint64_t)(s.local.n - s.local_i));
+	if (rc == REFIT_OK)
+		for (uint32_t k = s.allowed; k < c->plan->nstages; k++)
+			stage_done(&s, k);
+	st->total_us = (uint64_t)(now_us() - s.t0);
+	for (size_t i = 0; i < c->nnodes; i++) {
+		VEC_FREE(&s.out[i]);
+		VEC_FREE(&s.in[i]);
+		free(s.buf[i]);
+	}
+	free(s.out);
+	free(s.in);
+	free(s.out_i);
+	free(s.in_i);
+	free(s.buf);
+	free(s.recv_left);
+	free(peers);
+	VEC_FREE(&s.local);
+	VEC_FREE(&s.msgs);
+	VEC_FREE(&s.parts);
+	dp_exec_free(s.x);
+	return rc;
+}

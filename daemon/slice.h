@@ -1,0 +1,53 @@
+/*
+ * slice.h - one node's slice of a plan, run over a transport.
+ *
+ * The node enumerates the plan's messages with the plan's one rule and
+ * keeps those its ranks send or receive.  Messages between its own ranks
+ * are copied in place; the others travel over one transport session, in
+ * plan order per (sender node, receiver node).  A stage's messages are
+ * packed only once every message of the earlier stages has arrived here
+ * (forwards and relays send what they received); arrivals are unpacked the
+ * moment they land, whatever their stage.  Staging: one packed message per
+ * peer each way, plus relay data the plan keeps (exec.h).
+ */
+#ifndef REFIT_DAEMON_SLICE_H
+#define REFIT_DAEMON_SLICE_H
+
+#include "daemon/transport/transport.h"
+#include "dataplane/exec.h"
+
+typedef struct slice_node {
+	const char *node_id, *endpoint;
+	const int32_t *ranks;
+	size_t nranks;
+} slice_node_t;
+
+typedef struct slice_cfg {
+	const plan_t *plan;
+	const plan_layout_set_t *src, *dst;
+	const dp_mem_ops_t *mem;
+	bool verify;
+	int64_t corrupt;          /* tests: flip a byte of this outgoing message (-1: none) */
+	const slice_node_t *nodes;/* every node of the epoch */
+	size_t nnodes, self;      /* nodes[self] is this node */
+	const xport_ops_t *xo;
+	xport_t *x;
+	uint64_t refit_id, epoch;
+	int64_t deadline_ms;
+	atomic_int *abort;
+} slice_cfg_t;
+
+#define SLICE_MAX_STAGES 64
+
+typedef struct slice_stats {
+	uint64_t msgs_out, msgs_in, msgs_local;
+	uint64_t bytes_out, bytes_in, bytes_local;
+	uint32_t nstages;
+	uint64_t stage_us[SLICE_MAX_STAGES];   /* from the start to the stage's end */
+	uint64_t stage_bytes[SLICE_MAX_STAGES];/* sent + copied locally */
+	uint64_t total_us;
+} slice_stats_t;
+
+refit_status_t slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err);
+
+#endif

@@ -1,0 +1,724 @@
+/*
+ * tcp.c - the tcp transport: host memory over TCP (see transport.h).
+ *
+ * One connection per (sender, receiver, refit): the sender connects to the
+ * receiver's listener and sends a handshake (magic, epoch, token, refit id,
+ * its node id); the listener thread checks epoch and token against what the
+ * node prepared, answers one byte (accepted or why not) and parks the
+ * connection until the receiver's session for that refit picks it up.  A
+ * connection with a wrong token or epoch is logged and closed.
+ *
+ * On the wire every message is a 24-byte frame header (magic, length,
+ * sequence number) and the payload.  A session's exchange polls all its
+ * connections: outgoing ones write whatever the executor pulls, incoming
+ * ones read frames and push them, so both directions of every pair move at
+ * once and a slow peer never stalls the others.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "daemon/transport/transport.h"
+
+#define HS_MAGIC 0x31544652u    /* "RFT1" */
+#define FRAME_MAGIC 0x4d544652u /* "RFTM" */
+#define HS_TIMEOUT_MS 5000
+#define PARK_MAX 1024
+
+enum { HS_OK = 0, HS_BAD_EPOCH = 1, HS_BAD_TOKEN = 2, HS_BAD_MAGIC = 3, HS_FULL = 4 };
+
+typedef struct hs {
+	uint32_t magic, token_len;
+	uint64_t epoch, refit_id;
+	uint8_t token[XPORT_TOKEN_MAX];
+	char node_id[128];
+} hs_t;
+
+typedef struct parked {
+	int fd;
+	uint64_t refit_id;
+	char node_id[128];
+	int64_t at_ms;
+} parked_t;
+
+struct xport {
+	int lfd, wake[2];
+	pthread_t thr;
+	char endpoint[300];
+	char *node_id;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t epoch;
+	uint8_t token[XPORT_TOKEN_MAX];
+	size_t token_len;
+	VEC(parked_t) parked;
+	bool stopping;
+};
+
+typedef struct conn {
+	int fd;
+	/* outgoing */
+	uint8_t hdr[24];
+	const uint8_t *buf;
+	uint64_t len, off;      /* off counts header + payload */
+	bool busy, idle;        /* idle: pull said nothing now */
+	uint64_t seq;
+	/* incoming */
+	uint8_t rhdr[24];
+	uint8_t *rbuf;
+	uint64_t rlen, roff;
+	uint64_t rseq;
+} conn_t;
+
+struct xport_session {
+	xport_t *x;
+	xport_session_cfg_t cfg;
+	xport_peer_t *peers;
+	conn_t *out, *in;       /* per peer; fd -1 when unused */
+};
+
+int64_t
+xport_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t
+get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < 8; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* Read or write exactly n bytes on a blocking fd with a deadline. */
+static int
+io_full(int fd, void *buf, size_t n, bool wr, int64_t deadline)
+{
+	uint8_t *p = buf;
+
+	while (n) {
+		struct pollfd pf = {fd, wr ? POLLOUT : POLLIN, 0};
+		int64_t left = deadline - xport_now_ms();
+		ssize_t k;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if (poll(&pf, 1, (int)left) <= 0)
+			continue;
+		k = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+		if (k == 0)
+			return -ECONNRESET;
+		if (k < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			return -errno;
+		}
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+static refit_status_t
+split_endpoint(const char *ep, char *host, size_t hn, char *port, size_t pn,
+	       refit_err_t *err)
+{
+	const char *c = strrchr(ep, ':');
+
+	if (c == NULL || c == ep || c[1] == '\0' || (size_t)(c - ep) >= hn ||
+	    strlen(c + 1) >= pn)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tcp: endpoint \"%s\" is not "
+				     "host:port", ep);
+	memcpy(host, ep, (size_t)(c - ep));
+	host[c - ep] = '\0';
+	if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+		memmove(host, host + 1, strlen(host));
+		host[strlen(host) - 1] = '\0';
+	}
+	strcpy(port, c + 1);
+	return REFIT_OK;
+}
+
+/* ---- the listener --------------------------------------------------------- */
+
+static void
+handshake(xport_t *x, int fd)
+{
+	hs_t h;
+	uint8_t ans = HS_OK;
+	int rc = io_full(fd, &h, sizeof(h), false, xport_now_ms() + HS_TIMEOUT_MS);
+
+	if (rc != 0) {
+		log_warnx("tcp: a peer connected but sent no handshake (%s): closed",
+			  strerror(-rc));
+		close(fd);
+		return;
+	}
+	h.node_id[sizeof(h.node_id) - 1] = '\0';
+	pthread_mutex_lock(&x->mu);
+	if (h.magic != HS_MAGIC || h.token_len > XPORT_TOKEN_MAX)
+		ans = HS_BAD_MAGIC;
+	else if (h.epoch != x->epoch)
+		ans = HS_BAD_EPOCH;
+	else if (h.token_len != x->token_len || memcmp(h.token, x->token, h.token_len) != 0)
+		ans = HS_BAD_TOKEN;
+	else if (x->parked.n >= PARK_MAX)
+		ans = HS_FULL;
+	if (ans == HS_OK) {
+		parked_t p = {fd, h.refit_id, "", xport_now_ms()};
+
+		memcpy(p.node_id, h.node_id, sizeof(p.node_id));
+		VEC_PUSH(&x->parked, p);
+		pthread_cond_broadcast(&x->cv);
+	}
+	pthread_mutex_unlock(&x->mu);
+	(void)!send(fd, &ans, 1, MSG_NOSIGNAL);
+	if (ans == HS_OK)
+		return;
+	if (ans == HS_BAD_MAGIC)
+		log_warnx("tcp: connection from a peer that does not speak refit tcp: closed");
+	else if (ans == HS_BAD_EPOCH)
+		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: this "
+			  "node is at epoch %" PRIu64, h.node_id, h.epoch, x->epoch);
+	else if (ans == HS_BAD_TOKEN)
+		log_warnx("tcp: connection from node \"%s\" refused: wrong token for epoch %"
+			  PRIu64, h.node_id, h.epoch);
+	else
+		log_warnx("tcp: connection from node \"%s\" refused: %d connections parked",
+			  h.node_id, PARK_MAX);
+	close(fd);
+}
+
+static void *
+listener(void *arg)
+{
+	xport_t *x = arg;
+
+	for (;;) {
+		struct pollfd pf[2] = {{x->lfd, POLLIN, 0}, {x->wake[0], POLLIN, 0}};
+		int fd;
+
+		if (poll(pf, 2, 1000) < 0 && errno != EINTR)
+			break;
+		if (pf[1].revents)
+			break;
+		/* connections nobody picked up within a handshake timeout go */
+		pthread_mutex_lock(&x->mu);
+		for (size_t i = 0; i < x->parked.n;) {
+			if (xport_now_ms() - x->parked.v[i].at_ms > 60000) {
+				log_warnx("tcp: connection from node \"%s\" for refit %" PRIu64
+					  " was never used: closed", x->parked.v[i].node_id,
+					  x->parked.v[i].refit_id);
+				close(x->parked.v[i].fd);
+				x->parked.v[i] = x->parked.v[--x->parked.n];
+			} else {
+				i++;
+			}
+		}
+		pthread_mutex_unlock(&x->mu);
+		if (!(pf[0].revents & POLLIN))
+			continue;
+		fd = accept4(x->lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd < 0)
+			continue;
+		handshake(x, fd);
+	}
+	return NULL;
+}
+
+static const char *
+tcp_unavailable(void)
+{
+	return NULL;
+}
+
+static refit_status_t
+tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
+{
+	char host[256], port[32];
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	xport_t *x;
+	int one = 1, fd, rc;
+
+	CHECK(split_endpoint(cfg->listen, host, sizeof(host), port, sizeof(port), err));
+	rc = getaddrinfo(host, port, &hints, &ai);
+	if (rc != 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tcp: data endpoint \"%s\": %s",
+				     cfg->listen, gai_strerror(rc));
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 256) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		int e = errno;
+
+		if (fd >= 0)
+			close(fd);
+		freeaddrinfo(ai);
+		return refit_err_set(err, REFIT_ERR_SYS, "tcp: cannot listen on \"%s\": %s",
+				     cfg->listen, strerror(e));
+	}
+	freeaddrinfo(ai);
+	x = xcalloc(1, sizeof(*x));
+	x->lfd = fd;
+	x->node_id = xstrdup(cfg->node_id);
+	snprintf(x->endpoint, sizeof(x->endpoint), "%s%s%s:%u", strchr(host, ':') ? "[" : "",
+		 host, strchr(host, ':') ? "]" : "",
+		 ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						: ((struct sockaddr_in *)&ss)->sin_port));
+	pthread_mutex_init(&x->mu, NULL);
+	pthread_cond_init(&x->cv, NULL);
+	if (pipe2(x->wake, O_CLOEXEC) < 0 || pthread_create(&x->thr, NULL, listener, x) != 0) {
+		close(fd);
+		free(x->node_id);
+		free(x);
+		return refit_err_set(err, REFIT_ERR_SYS, "tcp: cannot start the listener");
+	}
+	*out = x;
+	return REFIT_OK;
+}
+
+static const char *
+tcp_endpoint(xport_t *x)
+{
+	return x->endpoint;
+}
+
+static void
+tcp_set_epoch(xport_t *x, uint64_t epoch, const uint8_t *token, size_t len)
+{
+	if (len > XPORT_TOKEN_MAX)
+		len = XPORT_TOKEN_MAX;
+	pthread_mutex_lock(&x->mu);
+	x->epoch = epoch;
+	memcpy(x->token, token, len);
+	x->token_len = len;
+	/* connections of older epochs are dropped */
+	for (size_t i = 0; i < x->parked.n; i++)
+		close(x->parked.v[i].fd);
+	x->parked.n = 0;
+	pthread_mutex_unlock(&x->mu);
+}
+
+static void
+tcp_stop(xport_t *x)
+{
+	if (x == NULL)
+		return;
+	(void)!write(x->wake[1], "x", 1);
+	pthread_join(x->thr, NULL);
+	close(x->wake[0]);
+	close(x->wake[1]);
+	close(x->lfd);
+	for (size_t i = 0; i < x->parked.n; i++)
+		close(x->parked.v[i].fd);
+	VEC_FREE(&x->parked);
+	pthread_mutex_destroy(&x->mu);
+	pthread_cond_destroy(&x->cv);
+	free(x->node_id);
+	free(x);
+}
+
+/* ---- sessions -------------------------------------------------------------- */
+
+static refit_status_t
+dial(xport_session_t *s, size_t i, refit_err_t *err)
+{
+	const xport_peer_t *p = &s->peers[i];
+	char host[256], port[32];
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	hs_t h;
+	uint8_t ans = 0xff;
+	int fd, rc, one = 1;
+	int64_t dl = s->cfg.deadline_ms;
+
+	CHECK(split_endpoint(p->endpoint, host, sizeof(host), port, sizeof(port), err));
+	rc = getaddrinfo(host, port, &hints, &ai);
+	if (rc != 0)
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" at \"%s\": %s",
+				     p->node_id, p->endpoint, gai_strerror(rc));
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		freeaddrinfo(ai);
+		return refit_err_set(err, REFIT_ERR_SYS, "tcp: socket: %s", strerror(errno));
+	}
+	rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	freeaddrinfo(ai);
+	if (rc < 0 && errno == EINPROGRESS) {
+		struct pollfd pf = {fd, POLLOUT, 0};
+		int e = 0;
+		socklen_t el = sizeof(e);
+		int64_t left = dl - xport_now_ms();
+
+		rc = poll(&pf, 1, left > 0 ? (int)left : 0) == 1 ? 0 : -1;
+		errno = ETIMEDOUT;
+		if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e != 0) {
+			rc = -1;
+			errno = e;
+		}
+	}
+	if (rc < 0) {
+		int e = errno;
+
+		close(fd);
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: cannot reach node \"%s\" "
+				     "at %s: %s", p->node_id, p->endpoint, strerror(e));
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	memset(&h, 0, sizeof(h));
+	h.magic = HS_MAGIC;
+	h.epoch = s->cfg.epoch;
+	h.refit_id = s->cfg.refit_id;
+	pthread_mutex_lock(&s->x->mu);
+	h.token_len = (uint32_t)s->x->token_len;
+	memcpy(h.token, s->x->token, s->x->token_len);
+	pthread_mutex_unlock(&s->x->mu);
+	snprintf(h.node_id, sizeof(h.node_id), "%s", s->x->node_id);
+	rc = io_full(fd, &h, sizeof(h), true, dl);
+	if (rc == 0)
+		rc = io_full(fd, &ans, 1, false, dl);
+	if (rc != 0 || ans != HS_OK) {
+		static const char *const why[] = {"", "it is at another epoch", "wrong token",
+						  "bad handshake", "too many connections"};
+
+		close(fd);
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" refused the "
+				     "data connection for epoch %" PRIu64 ": %s", p->node_id,
+				     s->cfg.epoch, rc != 0 ? strerror(-rc) :
+				     ans < 5 ? why[ans] : "unknown answer");
+	}
+	s->out[i].fd = fd;
+	return REFIT_OK;
+}
+
+/* Wait for the connections of every peer that sends to us. */
+static refit_status_t
+collect(xport_session_t *s, refit_err_t *err)
+{
+	xport_t *x = s->x;
+	size_t want = 0, got = 0;
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < s->cfg.npeers; i++)
+		want += s->peers[i].recv_from;
+	pthread_mutex_lock(&x->mu);
+	while (rc == REFIT_OK) {
+		for (size_t k = 0; k < x->parked.n;) {
+			parked_t *p = &x->parked.v[k];
+			size_t i = s->cfg.npeers;
+
+			if (p->refit_id == s->cfg.refit_id)
+				for (i = 0; i < s->cfg.npeers; i++)
+					if (s->peers[i].recv_from && s->in[i].fd < 0 &&
+					    strcmp(s->peers[i].node_id, p->node_id) == 0)
+						break;
+			if (i < s->cfg.npeers) {
+				s->in[i].fd = p->fd;
+				got++;
+				*p = x->parked.v[--x->parked.n];
+			} else {
+				k++;
+			}
+		}
+		if (got == want)
+			break;
+		if (atomic_load(s->cfg.abort)) {
+			rc = refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted while waiting "
+					   "for peers to connect");
+		} else if (xport_now_ms() >= s->cfg.deadline_ms) {
+			for (size_t i = 0; i < s->cfg.npeers; i++)
+				if (s->peers[i].recv_from && s->in[i].fd < 0) {
+					rc = refit_err_set(err, REFIT_ERR_TIMEOUT, "tcp: node \"%s\" "
+							   "never connected for refit %" PRIu64,
+							   s->peers[i].node_id, s->cfg.refit_id);
+					break;
+				}
+		} else {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += 50 * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+		}
+	}
+	pthread_mutex_unlock(&x->mu);
+	return rc;
+}
+
+static void
+tcp_close(xport_session_t *s)
+{
+	if (s == NULL)
+		return;
+	for (size_t i = 0; i < s->cfg.npeers; i++) {
+		if (s->out[i].fd >= 0)
+			close(s->out[i].fd);
+		if (s->in[i].fd >= 0)
+			close(s->in[i].fd);
+		free(s->in[i].rbuf);
+	}
+	free(s->out);
+	free(s->in);
+	free(s->peers);
+	free(s);
+}
+
+static refit_status_t
+tcp_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
+	 refit_err_t *err)
+{
+	xport_session_t *s = xcalloc(1, sizeof(*s));
+	refit_status_t rc = REFIT_OK;
+
+	s->x = x;
+	s->cfg = *cfg;
+	s->peers = xcalloc(cfg->npeers ? cfg->npeers : 1, sizeof(*s->peers));
+	memcpy(s->peers, cfg->peers, cfg->npeers * sizeof(*s->peers));
+	s->cfg.peers = s->peers;
+	s->out = xcalloc(cfg->npeers ? cfg->npeers : 1, sizeof(*s->out));
+	s->in = xcalloc(cfg->npeers ? cfg->npeers : 1, sizeof(*s->in));
+	for (size_t i = 0; i < cfg->npeers; i++)
+		s->out[i].fd = s->in[i].fd = -1;
+	for (size_t i = 0; i < cfg->npeers && rc == REFIT_OK; i++)
+		if (cfg->peers[i].send_to)
+			rc = dial(s, i, err);
+	if (rc == REFIT_OK)
+		rc = collect(s, err);
+	for (size_t i = 0; i < cfg->npeers && rc == REFIT_OK; i++) {
+		if (s->out[i].fd >= 0)
+			fcntl(s->out[i].fd, F_SETFL, O_NONBLOCK);
+		if (s->in[i].fd >= 0)
+			fcntl(s->in[i].fd, F_SETFL, O_NONBLOCK);
+	}
+	if (rc != REFIT_OK) {
+		tcp_close(s);
+		return rc;
+	}
+	*out = s;
+	return REFIT_OK;
+}
+
+/* Write what the outgoing connection to peer i can take now. */
+static refit_status_t
+do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
+{
+	conn_t *c = &s->out[i];
+
+	for (;;) {
+		ssize_t k;
+
+		if (!c->busy) {
+			const uint8_t *b = NULL;
+			uint64_t n = UINT64_MAX;
+
+			CHECK(io->pull(io->arg, i, &b, &n, err));
+			if (n == UINT64_MAX) {
+				c->idle = true;
+				return REFIT_OK;
+			}
+			c->idle = false;
+			c->busy = true;
+			c->buf = b;
+			c->len = n;
+			c->off = 0;
+			put64(c->hdr, FRAME_MAGIC);
+			put64(c->hdr + 8, n);
+			put64(c->hdr + 16, c->seq++);
+		}
+		if (c->off < 24) {
+			struct iovec iov[2] = {{c->hdr + c->off, 24 - c->off},
+					       {(void *)c->buf, c->len}};
+			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = c->len ? 2 : 1};
+
+			k = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+		} else {
+			k = send(c->fd, c->buf + (c->off - 24), c->len - (c->off - 24),
+				 MSG_NOSIGNAL);
+		}
+		if (k < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				return REFIT_OK;
+			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: sending to node "
+					     "\"%s\": %s (message %" PRIu64 ")",
+					     s->peers[i].node_id, strerror(errno), c->seq - 1);
+		}
+		c->off += (uint64_t)k;
+		if (c->off < 24 + c->len)
+			return REFIT_OK;
+		c->busy = false;
+	}
+}
+
+/* Read what the incoming connection from peer i has; push whole frames. */
+static refit_status_t
+do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
+{
+	conn_t *c = &s->in[i];
+
+	for (int rounds = 0; rounds < 64; rounds++) {
+		ssize_t k;
+
+		if (c->roff < 24)
+			k = recv(c->fd, c->rhdr + c->roff, 24 - c->roff, 0);
+		else
+			k = recv(c->fd, c->rbuf + (c->roff - 24), c->rlen - (c->roff - 24), 0);
+		if (k == 0 && c->roff == 0 && io->peer_done(io->arg, i)) {
+			close(c->fd); /* the peer sent everything and left */
+			c->fd = -1;
+			return REFIT_OK;
+		}
+		if (k == 0)
+			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" closed "
+					     "the connection after %" PRIu64 " messages",
+					     s->peers[i].node_id, c->rseq);
+		if (k < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				return REFIT_OK;
+			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: receiving from "
+					     "node \"%s\": %s", s->peers[i].node_id,
+					     strerror(errno));
+		}
+		c->roff += (uint64_t)k;
+		if (c->roff == 24) {
+			uint64_t magic = get64(c->rhdr), len = get64(c->rhdr + 8);
+			uint64_t seq = get64(c->rhdr + 16);
+
+			if (magic != FRAME_MAGIC || seq != c->rseq)
+				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" sent "
+						     "a bad frame (message %" PRIu64 ")",
+						     s->peers[i].node_id, c->rseq);
+			if (len > s->cfg.max_msg_bytes)
+				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" "
+						     "announced a %" PRIu64 "-byte message (at "
+						     "most %" PRIu64 ")", s->peers[i].node_id,
+						     len, s->cfg.max_msg_bytes);
+			if (c->rbuf == NULL)
+				c->rbuf = xmalloc(s->cfg.max_msg_bytes ? s->cfg.max_msg_bytes : 1);
+			c->rlen = len;
+		}
+		if (c->roff >= 24 && c->roff == 24 + c->rlen) {
+			CHECK(io->push(io->arg, i, c->rbuf, c->rlen, err));
+			c->rseq++;
+			c->roff = 0;
+			if (io->peer_done(io->arg, i))
+				return REFIT_OK;
+		}
+	}
+	return REFIT_OK;
+}
+
+static bool
+sending(const xport_session_t *s)
+{
+	for (size_t i = 0; i < s->cfg.npeers; i++)
+		if (s->out[i].fd >= 0 && s->out[i].busy)
+			return true;
+	return false;
+}
+
+static refit_status_t
+tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
+{
+	size_t n = s->cfg.npeers;
+	struct pollfd *pf = xcalloc(2 * n + 1, sizeof(*pf));
+	size_t *who = xcalloc(2 * n + 1, sizeof(*who));
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < n && rc == REFIT_OK; i++)
+		if (s->out[i].fd >= 0)
+			rc = do_send(s, io, i, err);
+	while (rc == REFIT_OK && (!io->done(io->arg) || sending(s))) {
+		size_t np = 0;
+		int64_t left = s->cfg.deadline_ms - xport_now_ms();
+
+		if (atomic_load(s->cfg.abort)) {
+			rc = refit_err_set(err, REFIT_ERR_ABORTED, "aborted");
+			break;
+		}
+		if (left <= 0) {
+			rc = refit_err_set(err, REFIT_ERR_TIMEOUT, "tcp: refit %" PRIu64 " ran past "
+					   "its deadline with messages outstanding",
+					   s->cfg.refit_id);
+			break;
+		}
+		/* an idle sender may have something now: received data can unblock it */
+		for (size_t i = 0; i < n && rc == REFIT_OK; i++)
+			if (s->out[i].fd >= 0 && s->out[i].idle)
+				rc = do_send(s, io, i, err);
+		if (rc != REFIT_OK || (io->done(io->arg) && !sending(s)))
+			break;
+		for (size_t i = 0; i < n; i++) {
+			if (s->out[i].fd >= 0 && s->out[i].busy) {
+				pf[np] = (struct pollfd){s->out[i].fd, POLLOUT, 0};
+				who[np++] = i;
+			}
+			if (s->in[i].fd >= 0) {
+				pf[np] = (struct pollfd){s->in[i].fd, POLLIN, 0};
+				who[np++] = n + i;
+			}
+		}
+		if (poll(pf, np, left < 50 ? (int)left : 50) < 0 && errno != EINTR) {
+			rc = refit_err_set(err, REFIT_ERR_SYS, "tcp: poll: %s", strerror(errno));
+			break;
+		}
+		for (size_t k = 0; k < np && rc == REFIT_OK; k++) {
+			if (!pf[k].revents)
+				continue;
+			if (who[k] < n)
+				rc = do_send(s, io, who[k], err);
+			else
+				rc = do_recv(s, io, who[k] - n, err);
+		}
+	}
+	free(pf);
+	free(who);
+	return rc;
+}
+
+const xport_ops_t xport_tcp_ops = {
+	.name = "tcp",
+	.unavailable = tcp_unavailable,
+	.start = tcp_start,
+	.endpoint = tcp_endpoint,
+	.set_epoch = tcp_set_epoch,
+	.open = tcp_open,
+	.exchange = tcp_exchange,
+	.close = tcp_close,
+	.stop = tcp_stop,
+};
