@@ -71,8 +71,10 @@ static const key_t_ keys[] = {
 	 "node role: data endpoint peers connect to (default: the bound data_listen)"},
 	{"local_socket", K_STR, F(local_socket), "/run/refit/refitd.sock", 0, 0, NULL, false,
 	 "node role: unix socket librefit clients connect to"},
-	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), "600000", 100, 86400000, NULL, true,
+	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), "600000", 100, 86400000, NULL, false,
 	 "node role: a plan slice that runs longer fails"},
+	{"test_msg_delay_ms", K_MS, F(test_msg_delay_ms), "0", 0, 10000, NULL, false,
+	 "tests only: sleep this long before each message a node sends"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

@@ -33,6 +33,7 @@ typedef struct refitd_config {
 	char *data_advertise; /* node role: data endpoint peers use (default: bound data_listen) */
 	char *local_socket;   /* node role: unix socket for librefit */
 	uint64_t slice_timeout_ms;
+	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
 } refitd_config_t;
 
 /* All keys at their defaults. */

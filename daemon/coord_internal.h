@@ -48,6 +48,8 @@ typedef struct refit_rec {
 	size_t nnodes;
 	uint32_t pending;           /* node calls outstanding in this phase */
 	bool committing;            /* RUNNING: every slice ran, Commit sent */
+	bool failing, failing_symptom;               /* RUNNING: a slice failed; the rest are aborted
+				       and their answers collected for the cause */
 	int64_t corrupt;            /* tests: TriggerRefit.test_corrupt_msg */
 	uint32_t nstages;
 	uint64_t stage_us[64];      /* slowest node's time to the end of each stage */

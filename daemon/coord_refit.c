@@ -235,7 +235,29 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 		const char *what = r->state == REFIT__V1__REFIT_STATE__PREPARING ? "PrepareEpoch"
 				   : r->committing ? "Commit" : "RunSlice";
 
-		if (st != REFIT_OK) {
+		if (st != REFIT_OK && r->state == REFIT__V1__REFIT_STATE__RUNNING &&
+		    !r->committing) {
+			/* one slice failed: the others are told to stop, and the
+			 * refit fails once all have answered, naming the likeliest
+			 * cause (peers of a failed node only see it disappear) */
+			char buf[REFIT_ERR_MSG_MAX];
+			bool symptom = strstr(msg, "tcp: ") != NULL || /* the transport saw it */
+				       strstr(msg, "aborted by the coordinator") != NULL;
+
+			snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", m ? m->node_id : "?",
+				 msg);
+			if (r->failure == NULL || (!symptom && r->failing_symptom)) {
+				free(r->failure);
+				r->failure = xstrdup(buf);
+				r->failing_symptom = symptom;
+			}
+			if (!r->failing) {
+				r->failing = true;
+				abort_on_nodes(c, r);
+			}
+			if (--r->pending == 0)
+				finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s", r->failure);
+		} else if (st != REFIT_OK) {
 			/* a failed Commit leaves the nodes that did commit at the new
 			 * version: the refit is FAILED and says which node did not */
 			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s",
@@ -259,7 +281,9 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 						r->nstages = sk + 1;
 				}
 			}
-			if (--r->pending == 0) {
+			if (--r->pending == 0 && r->failing) {
+				finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s", r->failure);
+			} else if (r->pending == 0) {
 				if (r->state == REFIT__V1__REFIT_STATE__PREPARING)
 					start_running(c, r);
 				else if (!r->committing)

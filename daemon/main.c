@@ -202,6 +202,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.data_advertise = cfg->data_advertise;
 	no.local_socket = cfg->local_socket;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
+	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
 	d->node = node_new(&d->loop, d->srv, &no, err);
 	rc = d->node ? REFIT_OK : err->status;
 	free(ranks);

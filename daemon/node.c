@@ -247,6 +247,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->nranks = o->nranks;
 	n->client = o->client;
 	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
+	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->closing = true; /* until started: node_maybe_free frees */
 	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
 	if (n->xo == NULL) {

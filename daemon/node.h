@@ -22,6 +22,7 @@ typedef struct node_opts {
 	const char *data_advertise; /* NULL: the bound data_listen */
 	const char *local_socket; /* unix socket path for librefit */
 	uint64_t slice_timeout_ms;
+	uint64_t test_msg_delay_ms;
 } node_opts_t;
 
 typedef struct node node_t;

@@ -104,7 +104,7 @@ struct node {
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
 	char *local_path;
-	uint64_t slice_timeout_ms;
+	uint64_t slice_timeout_ms, test_msg_delay_ms;
 	VEC(client_t *) clients;
 	uint64_t next_client;
 	VEC(waiter_t) waiters;

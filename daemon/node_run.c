@@ -145,6 +145,7 @@ job_work(uv_work_t *w)
 	sc.epoch = j->epoch;
 	sc.deadline_ms = j->deadline_ms;
 	sc.abort = &j->abort;
+	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
 	j->rc = slice_run(&sc, &j->st, &j->err);
 	plan_fini(&p);
 }
@@ -274,8 +275,7 @@ take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set
 
 	for (size_t t = 0; t < s->n && !here; t++)
 		for (size_t k = 0; k < s->v[t].nshards && !here; k++)
-			here = serves(n, s->v[t].shards[k].rank) &&
-			       plan_box_volume(&s->v[t].shards[k].box, s->v[t].ndim) > 0;
+			here = serves(n, s->v[t].shards[k].rank);
 	if (!here)
 		return REFIT_OK;
 	c = find_client(n, j->model, role, iname);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -114,6 +115,8 @@ pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, refit_err_t *er
 	m = msg_at(s, s->out[peer].v[s->out_i[peer]]);
 	if (m->stage > s->allowed)
 		return REFIT_OK;
+	if (s->c->test_delay_ms)
+		usleep(s->c->test_delay_ms * 1000u);
 	CHECK(dp_pack_msg(s->x, m, s->buf[peer], err));
 	if (s->c->corrupt >= 0 && s->sent == (uint64_t)s->c->corrupt && m->bytes > 0)
 		s->buf[peer][m->bytes / 2] ^= 0x5a;

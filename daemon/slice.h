@@ -35,6 +35,7 @@ typedef struct slice_cfg {
 	uint64_t refit_id, epoch;
 	int64_t deadline_ms;
 	atomic_int *abort;
+	uint32_t test_delay_ms;   /* tests: sleep before each message sent */
 } slice_cfg_t;
 
 #define SLICE_MAX_STAGES 64

@@ -49,6 +49,10 @@ script "control plane (coordinator + Python gRPC + refitctl)" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD"
 script "control plane, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD/asan"
+script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs)" \
+	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
+script "data plane, ASan + UBSan (8 layout pairs)" \
+	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD/asan" 8
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
 

@@ -176,9 +176,13 @@ def weights_ready():
         member_id=ids["train"], model="tiny", version=5,
         layout_digest=ids["digest"]), timeout=5)
     assert r.latest_version == 5
+    # the same version again (another node of the trainer) is fine; older is not
+    r = stub.WeightsReady(pb.WeightsReadyRequest(
+        member_id=ids["train"], model="tiny", version=5), timeout=5)
+    assert r.latest_version == 5
     expect_error(lambda: stub.WeightsReady(pb.WeightsReadyRequest(
-        member_id=ids["train"], model="tiny", version=5), timeout=5),
-        grpc.StatusCode.INVALID_ARGUMENT, "version 5 is not newer than 5")
+        member_id=ids["train"], model="tiny", version=4), timeout=5),
+        grpc.StatusCode.INVALID_ARGUMENT, "version 4 is not newer than 5")
     expect_error(lambda: stub.WeightsReady(pb.WeightsReadyRequest(
         member_id=ids["train"], model="tiny", version=6, layout_digest="ab" * 32),
         timeout=5), grpc.StatusCode.FAILED_PRECONDITION, "register again")
@@ -403,8 +407,9 @@ def restart_keeps_registrations():
 
 def nodes_and_refits():
     """Node daemons join by themselves; a triggered refit runs the state
-    machine through real Node RPCs and fails, naming the node, because this
-    build has no data plane; epochs fence stale Node calls; SIGTERM leaves."""
+    machine through real Node RPCs and fails, naming the node, because no
+    librefit client registered memory there; epochs fence stale Node calls;
+    SIGTERM leaves."""
     pc = free_port()
     ca = f"127.0.0.1:{pc}"
     procs = []
@@ -419,12 +424,15 @@ def nodes_and_refits():
            "--heartbeat-ms", "300"])
     pa, pb_ = free_port(), free_port()
     node_a = spawn(["--role", "node", "--listen", f"127.0.0.1:{pa}", "--coordinator", ca,
-                    "--node-id", "train0", "--ranks", "0-7", "--heartbeat-ms", "300"])
+                    "--node-id", "train0", "--ranks", "0-7", "--heartbeat-ms", "300",
+                    "--local-socket", f"{TMP}/train0.local"])
     node_b = spawn(["--role", "node", "--listen", f"127.0.0.1:{pb_}", "--coordinator", ca,
-                    "--node-id", "infer0", "--ranks", "8-11", "--heartbeat-ms", "300"])
+                    "--node-id", "infer0", "--ranks", "8-11", "--heartbeat-ms", "300",
+                    "--local-socket", f"{TMP}/infer0.local"])
     pc_ = free_port()
     node_c = spawn(["--role", "node", "--listen", f"127.0.0.1:{pc_}", "--coordinator", ca,
-                    "--node-id", "infer1", "--ranks", "12-15", "--heartbeat-ms", "300"])
+                    "--node-id", "infer1", "--ranks", "12-15", "--heartbeat-ms", "300",
+                    "--local-socket", f"{TMP}/infer1.local"])
     try:
         ch = grpc.insecure_channel(ca)
         grpc.channel_ready_future(ch).result(timeout=10)
@@ -453,7 +461,7 @@ def nodes_and_refits():
         out = subprocess.run(ctl + ["trigger", "tiny", "--key", "k1", "--wait"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 4 and "FAILED" in out.stdout, out
-        assert "no librefit client has registered memory" in out.stdout, out
+        assert "no librefit client registered its memory" in out.stdout, out
         rid = int(out.stdout.split()[1])
         out = subprocess.run(ctl + ["trigger", "tiny", "--key", "k1"], capture_output=True,
                              text=True)
