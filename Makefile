@@ -4,8 +4,8 @@
 #   make check      deps, -Werror build, unit tests, CLI tests, the same
 #                   tests under ASan + UBSan, fuzz smoke runs; ends with
 #                   the summary line
-#   make demo       a worked example, end to end
-#   make bench      planner benchmarks
+#   make demo       a real refit end to end on loopback (tcp data plane)
+#   make bench      planner, RPC, data-plane and refit benchmarks
 #   make install    PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages (apt-get)
 #   V=1             show full commands
@@ -250,22 +250,27 @@ fuzz: deps
 
 # ---- demo, bench, install -----------------------------------------------
 demo: deps
-	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL)
+	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI)
 	$(Q)sh scripts/demo.sh $(BIN)
 
 bench: deps
-	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(REFITD)
+	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(REFITD) \
+		$(REFITCTL) $(REFITCLI)
 	$(Q)$(BENCH)
 	@echo
 	$(Q)$(BENCH_RPC) $(REFITD)
 	@echo
 	$(Q)$(BENCH_DP)
+	@echo
+	$(Q)/usr/bin/python3 bench/bench_refit.py $(BUILD)
 
 SYSTEMD_DIR ?= /lib/systemd/system
 
-install: $(BIN) $(REFITD) $(REFITCTL)
-	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 0755 $(BIN) $(REFITD) $(REFITCTL) $(DESTDIR)$(PREFIX)/bin/
+install: $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI) $(LIBREFIT)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+	install -m 0755 $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(LIBREFIT) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 client/refit.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(PREFIX)/share/refit/examples $(DESTDIR)$(PREFIX)/share/doc/refit
 	install -m 0644 config/examples/*.json $(DESTDIR)$(PREFIX)/share/refit/examples/
 	install -m 0644 config/coordinator.json config/node.json $(DESTDIR)$(PREFIX)/share/refit/

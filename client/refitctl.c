@@ -229,7 +229,12 @@ print_refit(const Refit__V1__Refit *r, int json)
 
 		strbuf_init(&sb);
 		strbuf_json_str(&sb, r->failure);
-		printf("%s}", sb.s);
+		printf("%s, \"stages\": [", sb.s);
+		for (size_t k = 0; k < r->n_stages; k++)
+			printf("%s{\"stage\": %u, \"micros\": %" PRIu64 ", \"bytes\": %" PRIu64
+			       "}", k ? ", " : "", r->stages[k]->stage, r->stages[k]->micros,
+			       r->stages[k]->bytes);
+		printf("]}");
 		strbuf_fini(&sb);
 		return;
 	}
@@ -237,6 +242,20 @@ print_refit(const Refit__V1__Refit *r, int json)
 	       r->id, r->model, r->version, state_str(r->state),
 	       r->mode == REFIT__V1__MODE__BROADCAST ? "broadcast" : "reshard", r->epoch,
 	       r->plan_digest[0] ? r->plan_digest : "-", r->failure[0] ? "  " : "", r->failure);
+	if (r->state == REFIT__V1__REFIT_STATE__COMMITTED && r->finished_unix_ms) {
+		uint64_t data_us = 0;
+
+		for (size_t k = 0; k < r->n_stages; k++)
+			if (r->stages[k]->micros > data_us)
+				data_us = r->stages[k]->micros;
+		printf("       %" PRIu64 " bytes over the transport; %.1f ms end to end, %.1f ms "
+		       "moving data (%zu stages:", r->bytes,
+		       (double)(r->finished_unix_ms - r->created_unix_ms), data_us / 1e3,
+		       r->n_stages);
+		for (size_t k = 0; k < r->n_stages && k < 8; k++)
+			printf(" %.1f ms", r->stages[k]->micros / 1e3);
+		printf("%s)\n", r->n_stages > 8 ? " ..." : "");
+	}
 }
 
 /* exit status for a refit in a final state */
