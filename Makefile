@@ -39,6 +39,11 @@ CHECK_LIBS  := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsub
 HAVE_CUDA_H := $(shell test -f $(CUDA_HOME)/include/cuda_runtime_api.h && echo 1)
 HAVE_NCCL_H := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
 
+# the nccl transport is compiled where both headers exist (loaded with dlopen)
+ifeq ($(HAVE_CUDA_H)$(HAVE_NCCL_H),11)
+GPU_CFLAGS := -DREFIT_HAVE_NCCL -isystem $(CUDA_HOME)/include
+endif
+
 WERROR  ?= -Werror
 OPT     ?= -O2
 # error messages are bounded on purpose: truncating them is not a bug
@@ -88,6 +93,7 @@ deps:
 config:
 	@echo "cuda headers: $(if $(HAVE_CUDA_H),yes ($(CUDA_HOME)),no)"
 	@echo "nccl headers: $(if $(HAVE_NCCL_H),yes ($(CUDA_HOME)),no)"
+	@echo "nccl transport: $(if $(GPU_CFLAGS),compiled in (libraries loaded at run time),not compiled (headers missing))"
 
 # ---- generated protobuf code (build/gen only) ----------------------------
 $(PROTO_C): proto/refit/v1/refit.proto
@@ -110,7 +116,7 @@ $(LIB): $(call objs,$(BUILD),$(LIB_SRC))
 $(BUILD)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
 
 $(BUILD)/obj/client/%.o: client/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
@@ -209,7 +215,7 @@ $(ASAN_UNIT): $(call objs,$(ASAN),$(UNIT_SRC)) $(ASAN_LIB)
 $(ASAN)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC-SAN  $<")
-	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
 
 $(ASAN)/obj/client/%.o: client/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)

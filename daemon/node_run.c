@@ -115,7 +115,7 @@ job_work(uv_work_t *w)
 {
 	slice_job_t *j = w->data;
 	plan_t p;
-	dp_mem_ops_t mem = {job_view, j};
+	dp_mem_ops_t mem = {job_view, j, NULL};
 	slice_cfg_t sc;
 
 	refit_err_clear(&j->err);

@@ -64,7 +64,10 @@ dp_exec_free(dp_exec_t *x)
 	if (x == NULL)
 		return;
 	for (size_t i = 0; i < x->staged.n; i++)
-		free(x->staged.v[i].data);
+		if (x->mem.dev)
+			x->mem.dev->free(x->mem.dev->ctx, x->staged.v[i].data);
+		else
+			free(x->staged.v[i].data);
 	VEC_FREE(&x->staged);
 	free(x->map);
 	free(x);
@@ -79,16 +82,42 @@ box_text(strbuf_t *sb, const plan_box_t *b, int nd)
 	strbuf_i64_list(sb, b->size, nd);
 }
 
+static void
+copy_box(const dp_exec_t *x, const dp_view_t *sv, const plan_shard_t *ss,
+	 const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box)
+{
+	if (x->mem.dev)
+		x->mem.dev->copy_box(x->mem.dev->ctx, sv, ss, dv, ds, box);
+	else
+		dp_copy_box(sv, ss, dv, ds, box);
+}
+
+/* CRC-32C of n bytes at buf (device memory: through a host copy). */
+static uint32_t
+crc_of(const dp_exec_t *x, const uint8_t *buf, uint64_t n)
+{
+	uint8_t *h;
+	uint32_t c;
+
+	if (x->mem.dev == NULL)
+		return crc32c(0, buf, n);
+	h = xmalloc(n ? n : 1);
+	x->mem.dev->to_host(x->mem.dev->ctx, h, buf, n);
+	c = crc32c(0, h, n);
+	free(h);
+	return c;
+}
+
 /* Copy from one holding into the part buffer what rem still lacks of it. */
 static void
-take(const dp_view_t *hv, const plan_shard_t *hs, const dp_view_t *bv,
+take(const dp_exec_t *x, const dp_view_t *hv, const plan_shard_t *hs, const dp_view_t *bv,
      const plan_shard_t *bs, plan_boxvec_t *rem, plan_boxvec_t *tmp, int nd)
 {
 	for (size_t i = 0; i < rem->n; i++) {
 		plan_box_t in;
 
 		if (plan_box_intersect(&rem->v[i], &hs->box, nd, &in))
-			dp_copy_box(hv, hs, bv, bs, &in);
+			copy_box(x, hv, hs, bv, bs, &in);
 	}
 	plan_boxvec_subtract(rem, &hs->box, nd, tmp);
 }
@@ -113,7 +142,7 @@ gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
 				continue;
 			rc = x->mem.view(x->mem.ctx, rank, t, side == 1, s->piece, &v, err);
 			if (rc == REFIT_OK)
-				take(&v, s, bv, bs, &rem, &tmp, nd);
+				take(x, &v, s, bv, bs, &rem, &tmp, nd);
 		}
 	}
 	for (size_t i = 0; i < x->staged.n && rem.n && rc == REFIT_OK; i++) {
@@ -125,7 +154,7 @@ gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
 			continue;
 		dp_shard_of_box(&ss, &st->box);
 		dp_view_contiguous(&v, st->data, nd, st->box.size, bv->elem);
-		take(&v, &ss, bv, bs, &rem, &tmp, nd);
+		take(x, &v, &ss, bv, bs, &rem, &tmp, nd);
 	}
 	if (rc == REFIT_OK && rem.n) {
 		strbuf_t sb;
@@ -159,10 +188,18 @@ dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf, refit_err_t *err)
 		off += pt->bytes;
 	}
 	if (x->o.verify) {
-		uint32_t c = crc32c(0, buf, m->bytes);
+		uint8_t t[4];
+		uint32_t c;
 
+		if (x->mem.dev)
+			CHECK(x->mem.dev->sync(x->mem.dev->ctx, err));
+		c = crc_of(x, buf, m->bytes);
 		for (int i = 0; i < 4; i++)
-			buf[m->bytes + i] = (uint8_t)(c >> (8 * i));
+			t[i] = (uint8_t)(c >> (8 * i));
+		if (x->mem.dev)
+			x->mem.dev->from_host(x->mem.dev->ctx, buf + m->bytes, t, 4);
+		else
+			memcpy(buf + m->bytes, t, 4);
 	}
 	return REFIT_OK;
 }
@@ -188,17 +225,27 @@ crc_mismatch(dp_exec_t *x, const plan_msg_t *m, uint32_t want, uint32_t got,
 }
 
 /* Keep a part the receiver must pass on but does not wholly keep. */
-static void
+static refit_status_t
 stage_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b, const uint8_t *data,
-	   uint64_t bytes)
+	   uint64_t bytes, refit_err_t *err)
 {
-	staged_t s = {rank, t, *b, xmalloc(bytes ? bytes : 1)};
+	staged_t s = {rank, t, *b, NULL};
 
-	memcpy(s.data, data, bytes);
+	if (x->mem.dev) {
+		s.data = x->mem.dev->alloc(x->mem.dev->ctx, bytes ? bytes : 1);
+		if (s.data == NULL)
+			return refit_err_set(err, REFIT_ERR_NOMEM, "executor: cannot allocate "
+					     "%" PRIu64 " bytes of device staging", bytes);
+		x->mem.dev->copy(x->mem.dev->ctx, s.data, data, bytes);
+	} else {
+		s.data = xmalloc(bytes ? bytes : 1);
+		memcpy(s.data, data, bytes);
+	}
 	VEC_PUSH(&x->staged, s);
 	x->staged_bytes += bytes;
 	if (x->staged_bytes > x->staged_max)
 		x->staged_max = x->staged_bytes;
+	return REFIT_OK;
 }
 
 refit_status_t
@@ -207,10 +254,15 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 	uint64_t off = 0;
 
 	if (x->o.verify) {
-		uint32_t want = 0, got = crc32c(0, buf, m->bytes);
+		uint32_t want = 0, got = crc_of(x, buf, m->bytes);
+		uint8_t t[4];
 
+		if (x->mem.dev)
+			x->mem.dev->to_host(x->mem.dev->ctx, t, buf + m->bytes, 4);
+		else
+			memcpy(t, buf + m->bytes, 4);
 		for (int i = 0; i < 4; i++)
-			want |= (uint32_t)buf[m->bytes + i] << (8 * i);
+			want |= (uint32_t)t[i] << (8 * i);
 		if (want != got)
 			return crc_mismatch(x, m, want, got, err);
 	}
@@ -234,11 +286,12 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 			    !plan_box_intersect(&s->box, &pt->box, t->ndim, &in))
 				continue;
 			CHECK(x->mem.view(x->mem.ctx, m->to, xf->tensor, true, s->piece, &v, err));
-			dp_copy_box(&pv, &ps, &v, s, &in);
+			copy_box(x, &pv, &ps, &v, s, &in);
 			covered += plan_box_volume(&in, t->ndim);
 		}
 		if (covered < plan_box_volume(&pt->box, t->ndim))
-			stage_part(x, m->to, xf->tensor, &pt->box, buf + off, pt->bytes);
+			CHECK(stage_part(x, m->to, xf->tensor, &pt->box, buf + off, pt->bytes,
+					 err));
 		off += pt->bytes;
 	}
 	return REFIT_OK;

@@ -22,12 +22,30 @@
 #include "dataplane/view.h"
 #include "plan/plan.h"
 
+/*
+ * Device memory (the nccl transport): views and message buffers are device
+ * pointers the host never dereferences; these operations move bytes.
+ * Copies may be queued; errors surface at sync.
+ */
+typedef struct dp_dev_ops {
+	void (*copy_box)(void *ctx, const dp_view_t *sv, const plan_shard_t *ss,
+			 const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box);
+	void *(*alloc)(void *ctx, uint64_t bytes);   /* NULL on failure */
+	void (*free)(void *ctx, void *p);
+	void (*copy)(void *ctx, void *dst, const void *src, uint64_t n);
+	void (*to_host)(void *ctx, void *host, const void *dev, uint64_t n);   /* synchronous */
+	void (*from_host)(void *ctx, void *dev, const void *host, uint64_t n); /* synchronous */
+	refit_status_t (*sync)(void *ctx, refit_err_t *err);
+	void *ctx;
+} dp_dev_ops_t;
+
 typedef struct dp_mem_ops {
 	/* The view of rank's piece of tensor (plan index): its training memory
 	 * (dst false) or its inference memory (dst true). */
 	refit_status_t (*view)(void *ctx, int32_t rank, uint32_t tensor, bool dst,
 			       int32_t piece, dp_view_t *out, refit_err_t *err);
 	void *ctx;
+	const dp_dev_ops_t *dev;  /* NULL: host memory */
 } dp_mem_ops_t;
 
 typedef struct dp_exec_opts {

@@ -5,7 +5,7 @@
 
 #include "daemon/transport/transport.h"
 
-static const xport_ops_t *const backends[] = {&xport_tcp_ops};
+static const xport_ops_t *const backends[] = {&xport_tcp_ops, &xport_nccl_ops};
 
 const xport_ops_t *
 xport_lookup(const char *name)
@@ -19,5 +19,5 @@ xport_lookup(const char *name)
 const char *
 xport_names(void)
 {
-	return "tcp";
+	return "tcp, nccl";
 }

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "dataplane/exec.h"
 
 #define XPORT_TOKEN_MAX 64
 
@@ -73,6 +74,25 @@ typedef struct xport_io {
 	bool (*peer_done)(void *arg, size_t peer);
 } xport_io_t;
 
+/* The ranks of an epoch (grouped backends: communicator rank = index). */
+typedef struct xport_world {
+	uint64_t epoch;
+	const int32_t *ranks;     /* every rank of the epoch, ascending */
+	size_t nranks;
+	const int32_t *local;     /* this node's ranks */
+	size_t nlocal;
+	const uint8_t *id;        /* nccl: the unique id from the lowest rank's node */
+	size_t id_len;
+} xport_world_t;
+
+/* One point-to-point operation of a group (grouped backends). */
+typedef struct xport_op {
+	bool send;
+	int32_t rank, peer;       /* global ranks: ours and the other end */
+	void *buf;                /* device memory */
+	uint64_t bytes;
+} xport_op_t;
+
 typedef struct xport_ops {
 	const char *name;
 	/* NULL when the backend can run here, else why it cannot */
@@ -87,6 +107,23 @@ typedef struct xport_ops {
 				   refit_err_t *err);
 	void (*close)(xport_session_t *s);
 	void (*stop)(xport_t *x);
+	/*
+	 * Grouped backends (nccl) only; NULL for stream backends (tcp).
+	 * set_world: the epoch's ranks and id (at PrepareEpoch).  unique_id:
+	 * a new communicator id (on the lowest rank's node).  group: run ops as
+	 * one group, to completion, bounded by the session's deadline and abort
+	 * flag (a failure aborts the communicators).  dev: the session's device
+	 * memory operations.  mem_open/mem_close: client memory from a CUDA IPC
+	 * handle, on rank's device.
+	 */
+	void (*set_world)(xport_t *x, const xport_world_t *w);
+	refit_status_t (*unique_id)(xport_t *x, uint8_t *out, size_t *len, refit_err_t *err);
+	refit_status_t (*group)(xport_session_t *s, const xport_op_t *ops, size_t n,
+				refit_err_t *err);
+	const dp_dev_ops_t *(*dev)(xport_session_t *s);
+	refit_status_t (*mem_open)(xport_t *x, int32_t rank, const void *ipc, size_t len,
+				   void **base, refit_err_t *err);
+	void (*mem_close)(xport_t *x, void *base);
 } xport_ops_t;
 
 /* The backend called name, or NULL (then *known lists the names). */

@@ -211,7 +211,7 @@ START_TEST(random_plans_byte_exact)
 			plan_opts_t o;
 			plan_t p;
 			mem_t m = {&src, &dst, NULL, {0}};
-			dp_mem_ops_t ops = {mem_view, &m};
+			dp_mem_ops_t ops = {mem_view, &m, NULL};
 			dp_exec_opts_t eo = {.verify = gen_rnd(&seed, 2), .corrupt_msg = -1};
 			dp_exec_stats_t st;
 			dp_exec_t *x;
@@ -259,7 +259,7 @@ START_TEST(verify_catches_corruption)
 	ck_assert_int_eq(plan_build(&s, &d, &t, &o, &p, NULL), REFIT_OK);
 	for (int verify = 0; verify < 2; verify++) {
 		mem_t m = {&s, &d, NULL, {0}};
-		dp_mem_ops_t ops = {mem_view, &m};
+		dp_mem_ops_t ops = {mem_view, &m, NULL};
 		dp_exec_opts_t eo = {.verify = verify, .corrupt_msg = 3};
 		dp_exec_stats_t st;
 		dp_exec_t *x;
