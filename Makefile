@@ -85,7 +85,7 @@ LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
-     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI)
+     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -130,6 +130,17 @@ $(LIBREFIT): $(BUILD)/obj/client/librefit.o $(call objs,$(BUILD),$(DAEMON_SRC) $
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
+
+# GPU tests: compiled in every build (a skip where the headers are missing)
+$(BUILD)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(BUILD)/tests/gpu-test: $(BUILD)/obj/tests/gpu/gpu_test.o $(RPCLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
 
 $(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT)
 	@mkdir -p $(dir $@)

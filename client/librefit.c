@@ -184,7 +184,10 @@ refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client)
 			refit__v1__piece_memory__init(&pm[k]);
 			pm[k].rank = m->rank;
 			pm[k].piece = m->piece;
-			pm[k].shm_name = (char *)m->shm_name;
+			pm[k].shm_name = (char *)(m->shm_name ? m->shm_name : "");
+			pm[k].cuda_ipc.data = (uint8_t *)m->cuda_ipc;
+			pm[k].cuda_ipc.len = m->cuda_ipc ? m->cuda_ipc_len : 0;
+			pm[k].cuda_bytes = m->cuda_bytes;
 			pm[k].offsets = (uint64_t *)m->offset;
 			pm[k].n_offsets = r->role == REFIT_ROLE_INFER &&
 					  r->install == REFIT_INSTALL_DOUBLE_BUFFER ? 2 : 1;

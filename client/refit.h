@@ -41,6 +41,12 @@ typedef struct refit_mem {
 	const char *shm_name;    /* POSIX shared memory ("/name") */
 	uint64_t offset[2];      /* byte offset of copy 0 (and copy 1: double buffer) */
 	const int64_t *strides;  /* in elements, one per dim; NULL: contiguous */
+	/* GPU memory (nccl transport), instead of shm_name: the
+	 * cudaIpcMemHandle_t of the allocation (cuda_ipc_len bytes) and its size;
+	 * offsets are within it */
+	const void *cuda_ipc;
+	size_t cuda_ipc_len;
+	uint64_t cuda_bytes;
 } refit_mem_t;
 
 typedef struct refit_registration {

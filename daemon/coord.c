@@ -29,6 +29,7 @@ member_fini(member_t *m)
 	free(m->host);
 	free(m->rpc_ep);
 	free(m->data_ep);
+	free(m->transport);
 	for (size_t i = 0; i < m->nranks; i++)
 		free(m->ranks[i].domain);
 	free(m->ranks);
@@ -178,6 +179,7 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	m.host = xstrdup(nz(rq->host));
 	m.rpc_ep = xstrdup(nz(rq->rpc_endpoint));
 	m.data_ep = xstrdup(nz(rq->data_endpoint));
+	m.transport = xstrdup(rq->transport && rq->transport[0] ? rq->transport : "tcp");
 	m.nranks = rq->n_ranks;
 	m.ranks = xcalloc(m.nranks, sizeof(*m.ranks));
 	for (size_t i = 0; i < m.nranks; i++) {
@@ -477,6 +479,7 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		mv[i].host = m->host;
 		mv[i].rpc_endpoint = m->rpc_ep;
 		mv[i].data_endpoint = m->data_ep;
+		mv[i].transport = m->transport;
 		mv[i].joined_epoch = m->joined_epoch;
 		mv[i].lease_age_ms = now - m->last_beat_ms;
 		mv[i].lease_ttl_ms = c->o.lease_ttl_ms;

@@ -17,7 +17,7 @@ typedef struct rank_info {
 
 typedef struct member {
 	uint64_t id, joined_epoch;
-	char *node_id, *host, *rpc_ep, *data_ep;
+	char *node_id, *host, *rpc_ep, *data_ep, *transport;
 	rank_info_t *ranks;
 	size_t nranks;
 	uint64_t last_beat_ms;
@@ -54,6 +54,9 @@ typedef struct refit_rec {
 	uint32_t nstages;
 	uint64_t stage_us[64];      /* slowest node's time to the end of each stage */
 	uint64_t stage_bytes[64];   /* bytes moved in each stage, all nodes */
+	bool nccl;                  /* the nodes use the nccl transport */
+	uint8_t nccl_id[128];       /* from the lowest rank's node */
+	size_t nccl_id_len;
 	uint32_t phase;             /* bumped per phase; stale answers are ignored */
 } refit_rec_t;
 

@@ -481,25 +481,125 @@ involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 	free(used);
 }
 
-/* With the plan in hand: tell every node taking part the epoch. */
+static void send_prepare(coord_t *c, refit_rec_t *r);
+
+static void
+on_nccl_id(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	nctx_t *x = arg;
+	coord_t *c = x->c;
+	refit_rec_t *r = c->closing ? NULL : find_refit(c, x->refit_id);
+	member_t *m = c->closing ? NULL : coord_find_member(c, x->member_id);
+
+	c->inflight--;
+	if (r != NULL && r->phase == x->phase && !is_final(r->state)) {
+		const Refit__V1__NcclIdResponse *rs = (const void *)resp;
+
+		if (st != REFIT_OK) {
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: NcclId: %s",
+			       m ? m->node_id : "?", msg);
+		} else if (rs->nccl_unique_id.len == 0 ||
+			   rs->nccl_unique_id.len > sizeof(r->nccl_id)) {
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: NcclId: an id of "
+			       "%zu bytes", m ? m->node_id : "?", rs->nccl_unique_id.len);
+		} else {
+			memcpy(r->nccl_id, rs->nccl_unique_id.data, rs->nccl_unique_id.len);
+			r->nccl_id_len = rs->nccl_unique_id.len;
+			send_prepare(c, r);
+		}
+	}
+	free(x);
+	coord_maybe_free(c);
+}
+
+/*
+ * With the plan in hand: tell every node taking part the epoch.  On the
+ * nccl transport every member takes part (the communicators span the whole
+ * epoch) and the unique id comes first from the node of the lowest rank.
+ */
 static void
 prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 {
-	Refit__V1__PrepareEpochRequest rq = REFIT__V1__PREPARE_EPOCH_REQUEST__INIT;
-	Refit__V1__Member *mv, **mp;
-	uint8_t token[16] = {0};
+	const member_t *low = NULL, *other = NULL;
+	int32_t lowr = INT32_MAX;
+	size_t nn = 0;
 
 	memcpy(r->plan_digest, p->digest_hex, sizeof(r->plan_digest));
 	involved_nodes(c, p, coord_find_model(c, r->model), r);
 	r->epoch = c->epoch;
 	r->state = REFIT__V1__REFIT_STATE__PREPARING;
 	r->phase++;
+	r->nccl = false;
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+
+		if (strcmp(m->transport, "nccl") == 0)
+			r->nccl = true;
+		else
+			other = m;
+		for (size_t k = 0; k < m->nranks; k++)
+			if (m->ranks[k].rank < lowr) {
+				lowr = m->ranks[k].rank;
+				low = m;
+			}
+	}
 	coord_save(c);
+	if (r->nccl && other != NULL) {
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "mixed transports: node %s uses "
+		       "%s while others use nccl; every node of an epoch needs the same",
+		       other->node_id, other->transport);
+		return;
+	}
+	if (r->nnodes == 0) {
+		finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL); /* nothing moves */
+		return;
+	}
+	if (!r->nccl) {
+		send_prepare(c, r);
+		return;
+	}
+	free(r->nodes);
+	r->nodes = xcalloc(c->members.n + 1, sizeof(*r->nodes));
+	for (size_t i = 0; i < c->members.n; i++)
+		r->nodes[nn++] = c->members.v[i].id;
+	r->nnodes = nn;
+	{
+		Refit__V1__NcclIdRequest rq = REFIT__V1__NCCL_ID_REQUEST__INIT;
+		nctx_t *x = xcalloc(1, sizeof(*x));
+		refit_err_t err;
+
+		refit_err_clear(&err);
+		*x = (nctx_t){c, r->id, low->id, r->phase};
+		rq.epoch = r->epoch;
+		if (rpc_call_async(c->loop, low->rpc_ep, NULL, &refit__v1__node__descriptor,
+				   "NcclId", &rq.base, NODE_CALL_MS, on_nccl_id, x, &err) !=
+		    REFIT_OK) {
+			free(x);
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s", low->node_id,
+			       err.msg);
+			return;
+		}
+		c->inflight++;
+	}
+}
+
+static void
+send_prepare(coord_t *c, refit_rec_t *r)
+{
+	Refit__V1__PrepareEpochRequest rq = REFIT__V1__PREPARE_EPOCH_REQUEST__INIT;
+	Refit__V1__Member *mv, **mp;
+	uint8_t token[16] = {0};
+
+	r->phase++;
 	if (getrandom(token, sizeof(token), 0) != (ssize_t)sizeof(token))
 		log_warn("coordinator: getrandom");
 	rq.epoch = r->epoch;
 	rq.token.data = token;
 	rq.token.len = sizeof(token);
+	if (r->nccl) {
+		rq.nccl_unique_id.data = r->nccl_id;
+		rq.nccl_unique_id.len = r->nccl_id_len;
+	}
 	mv = xcalloc(c->members.n + 1, sizeof(*mv));
 	mp = xcalloc(c->members.n + 1, sizeof(*mp));
 	for (size_t i = 0; i < c->members.n; i++) {
@@ -511,6 +611,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 		mv[i].host = m->host;
 		mv[i].rpc_endpoint = m->rpc_ep;
 		mv[i].data_endpoint = m->data_ep;
+		mv[i].transport = m->transport;
 		mv[i].ranks = xcalloc(m->nranks + 1, sizeof(*mv[i].ranks));
 		mv[i].n_ranks = m->nranks;
 		for (size_t k = 0; k < m->nranks; k++) {
@@ -520,12 +621,6 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 			mv[i].ranks[k]->domain = m->ranks[k].domain;
 		}
 		mp[i] = &mv[i];
-	}
-	if (r->nnodes == 0) {
-		free(mv);
-		free(mp);
-		finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL); /* nothing moves */
-		return;
 	}
 	rq.members = mp;
 	rq.n_members = c->members.n;

@@ -130,6 +130,7 @@ on_tick(uv_timer_t *t)
 		rq.host = n->advertise;
 		rq.rpc_endpoint = n->advertise;
 		rq.data_endpoint = n->data_ep;
+		rq.transport = (char *)n->xo->name;
 		rq.ranks = rp;
 		rq.n_ranks = n->nranks;
 		if (rpc_call_async(n->loop, n->coordinator, &n->client,
@@ -163,6 +164,36 @@ on_sweep(uv_timer_t *t)
 }
 
 /* ---- Node service -------------------------------------------------------- */
+
+static int
+cmp_i32(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* NcclId: a fresh communicator id, made here (the node of the lowest rank). */
+static void
+h_nccl_id(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	Refit__V1__NcclIdResponse rsp = REFIT__V1__NCCL_ID_RESPONSE__INIT;
+	uint8_t id[256];
+	size_t len = sizeof(id);
+	refit_err_t err;
+
+	(void)msg;
+	refit_err_clear(&err);
+	if (n->xo->unique_id == NULL)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: NcclId: this node "
+				     "uses the %s transport", n->node_id, n->xo->name);
+	if (n->xo->unique_id(n->x, id, &len, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "node %s: %s", n->node_id, err.msg);
+	rsp.nccl_unique_id.data = id;
+	rsp.nccl_unique_id.len = len;
+	rpc_call_reply(call, &rsp.base);
+}
 
 static void
 h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
@@ -214,6 +245,20 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	memcpy(n->token, rq->token.data, rq->token.len);
 	n->token_len = rq->token.len;
 	n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
+	if (n->xo->set_world) {
+		VEC(int32_t) all = {0};
+		xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
+				   rq->nccl_unique_id.data, rq->nccl_unique_id.len};
+
+		for (size_t i = 0; i < n->world.n; i++)
+			for (size_t k = 0; k < n->world.v[i].nranks; k++)
+				VEC_PUSH(&all, n->world.v[i].ranks[k]);
+		xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
+		w.ranks = all.v;
+		w.nranks = all.n;
+		n->xo->set_world(n->x, &w);
+		VEC_FREE(&all);
+	}
 	rsp.epoch = rq->epoch;
 	rsp.micros = (uv_hrtime() - t0) / 1000;
 	log_info("node %s: epoch %" PRIu64 " prepared", n->node_id, rq->epoch);
@@ -222,6 +267,7 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 
 static const rpc_method_cfg_t prep_methods[] = {
 	{"PrepareEpoch", h_prepare, false},
+	{"NcclId", h_nccl_id, false},
 };
 
 node_t *
@@ -267,7 +313,8 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 		return NULL;
 	}
 	n->data_ep = xstrdup(o->data_advertise ? o->data_advertise : n->xo->endpoint(n->x));
-	if (rpc_server_add_service(srv, &refit__v1__node__descriptor, prep_methods, 1, n,
+	if (rpc_server_add_service(srv, &refit__v1__node__descriptor, prep_methods,
+				   sizeof(prep_methods) / sizeof(prep_methods[0]), n,
 				   err) != REFIT_OK ||
 	    rpc_server_add_service(srv, &refit__v1__node__descriptor, node_run_methods,
 				   node_run_nmethods, n, err) != REFIT_OK ||

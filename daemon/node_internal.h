@@ -20,6 +20,7 @@ typedef struct seg {
 	char *name;
 	uint8_t *base;
 	uint64_t size;
+	bool cuda;              /* a CUDA IPC mapping, not shared memory */
 } seg_t;
 
 /* Memory of one piece of one tensor on one rank. */
@@ -54,6 +55,8 @@ typedef struct client {
 	uint32_t busy;          /* slices using this memory */
 	char *failure;
 	bool dead;              /* unregistered or exited: freed when not busy */
+	const xport_ops_t *xo;  /* to close CUDA IPC mappings */
+	xport_t *x;
 } client_t;
 
 /* A held WaitVersion or BeginWrite call. */

@@ -63,7 +63,10 @@ static void
 client_free(client_t *c)
 {
 	for (size_t i = 0; i < c->segs.n; i++) {
-		munmap(c->segs.v[i].base, c->segs.v[i].size ? c->segs.v[i].size : 1);
+		if (c->segs.v[i].cuda)
+			c->xo->mem_close(c->x, c->segs.v[i].base);
+		else if (c->segs.v[i].base)
+			munmap(c->segs.v[i].base, c->segs.v[i].size ? c->segs.v[i].size : 1);
 		free(c->segs.v[i].name);
 	}
 	VEC_FREE(&c->segs);
@@ -204,7 +207,33 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 		for (int d = l->ndim - 1; d >= 0; d--)
 			m.stride[d] = d == l->ndim - 1 ? 1 : m.stride[d + 1] *
 				(m.shape[d + 1] ? m.shape[d + 1] : 1);
-	CHECK(map_seg(c, nz(pm->shm_name), &seg, err));
+	if (pm->cuda_ipc.len) {
+		seg_t sg = {xstrdup("(CUDA IPC)"), NULL, pm->cuda_bytes, true};
+		void *b = NULL;
+
+		if (n->xo->mem_open == NULL) {
+			free(sg.name);
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
+					     "GPU memory (a CUDA IPC handle) needs the nccl "
+					     "transport; this node uses %s", l->name, pm->rank,
+					     n->xo->name);
+		}
+		if (n->xo->mem_open(n->x, pm->rank, pm->cuda_ipc.data, pm->cuda_ipc.len, &b,
+				    err) != REFIT_OK) {
+			free(sg.name);
+			refit_err_prefix(err, "tensor \"%s\" rank %d", l->name, pm->rank);
+			return err->status;
+		}
+		sg.base = b;
+		VEC_PUSH(&c->segs, sg);
+		seg = &c->segs.v[c->segs.n - 1];
+	} else if (n->xo->mem_open != NULL) {
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: the %s "
+				     "transport moves GPU memory: give a CUDA IPC handle, not "
+				     "shared memory", l->name, pm->rank, n->xo->name);
+	} else {
+		CHECK(map_seg(c, nz(pm->shm_name), &seg, err));
+	}
 	need = span(&m);
 	for (size_t k = 0; k < copies; k++) {
 		if (pm->offsets[k] > seg->size || need > seg->size - pm->offsets[k])
@@ -381,6 +410,8 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	c->install = (int)rq->install;
 	c->pid = (int)rq->pid;
 	c->valid = true;
+	c->xo = n->xo;
+	c->x = n->x;
 	{
 		Refit__V1__TensorLayout **v = xcalloc(rq->n_tensors ? rq->n_tensors : 1,
 						      sizeof(*v));

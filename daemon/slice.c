@@ -227,6 +227,201 @@ collect(slice_t *s, refit_err_t *err)
 	return REFIT_OK;
 }
 
+/* ---- grouped backends (nccl) --------------------------------------------------
+
+ * Every message gets a bucket, computed identically on every node from the
+ * global message order: per stage, each rank fills buckets of at most
+ * staging_bytes (one larger message alone); a message goes to the later of
+ * its two ranks' current buckets.  Nodes run (stage, bucket) in order, all
+ * their ranks' sends and receives of one bucket in one NCCL group, so both
+ * ends of every message sit in the same group and no cycle of waits can form.
+ */
+
+typedef struct gmsg {
+	size_t idx;          /* into s->msgs */
+	uint32_t stage;
+	uint64_t bucket;
+	size_t order;
+} gmsg_t;
+
+static int
+cmp_gmsg(const void *a, const void *b)
+{
+	const gmsg_t *x = a, *y = b;
+
+	if (x->stage != y->stage)
+		return x->stage < y->stage ? -1 : 1;
+	if (x->bucket != y->bucket)
+		return x->bucket < y->bucket ? -1 : 1;
+	return (x->order > y->order) - (x->order < y->order);
+}
+
+static bool
+is_local(const slice_cfg_t *c, int32_t r)
+{
+	const slice_node_t *me = &c->nodes[c->self];
+
+	for (size_t k = 0; k < me->nranks; k++)
+		if (me->ranks[k] == r)
+			return true;
+	return false;
+}
+
+static refit_status_t
+run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
+{
+	const slice_cfg_t *c = s->c;
+	const dp_dev_ops_t *dev = c->xo->dev(sess);
+	uint64_t W = c->plan->opts.staging_bytes;
+	int32_t maxr = 0;
+	uint64_t *cur, *fill;
+	VEC(gmsg_t) mine = {0};
+	plan_msgs_t it;
+	plan_msg_t m;
+	size_t order = 0, mi = 0;
+	uint32_t stage = UINT32_MAX;
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < c->plan->nxfers; i++) {
+		if (c->plan->xfers[i].from > maxr)
+			maxr = c->plan->xfers[i].from;
+		if (c->plan->xfers[i].to > maxr)
+			maxr = c->plan->xfers[i].to;
+	}
+	cur = xcalloc((size_t)maxr + 1, sizeof(*cur));
+	fill = xcalloc((size_t)maxr + 1, sizeof(*fill));
+	plan_msgs_init(&it, c->plan, 0, c->plan->nxfers);
+	while (plan_msgs_next(&it, &m)) {
+		uint64_t k;
+
+		if (m.stage != stage) {
+			memset(cur, 0, ((size_t)maxr + 1) * sizeof(*cur));
+			memset(fill, 0, ((size_t)maxr + 1) * sizeof(*fill));
+			stage = m.stage;
+		}
+		k = cur[m.from] > cur[m.to] ? cur[m.from] : cur[m.to];
+		if (cur[m.from] < k)
+			cur[m.from] = k, fill[m.from] = 0;
+		if (cur[m.to] < k)
+			cur[m.to] = k, fill[m.to] = 0;
+		if ((fill[m.from] || fill[m.to]) &&
+		    (fill[m.from] + m.bytes > W || fill[m.to] + m.bytes > W)) {
+			k++;
+			cur[m.from] = cur[m.to] = k;
+			fill[m.from] = fill[m.to] = 0;
+		}
+		fill[m.from] += m.bytes;
+		if (m.to != m.from)
+			fill[m.to] += m.bytes;
+		if (is_local(c, m.from) || is_local(c, m.to)) {
+			gmsg_t g = {mi++, m.stage, k, order};
+
+			VEC_PUSH(&mine, g);
+		}
+		order++;
+	}
+	plan_msgs_fini(&it);
+	free(cur);
+	free(fill);
+	/* mine[i].idx counts this node's messages in plan order, as collect() kept them */
+	xqsort(mine.v, mine.n, sizeof(*mine.v), cmp_gmsg);
+	for (size_t a = 0; a < mine.n && rc == REFIT_OK;) {
+		size_t b = a;
+		VEC(xport_op_t) ops = {0};
+		VEC(size_t) opmsg = {0};  /* the message of each op */
+		VEC(void *) bufs = {0};
+
+		while (b < mine.n && mine.v[b].stage == mine.v[a].stage &&
+		       mine.v[b].bucket == mine.v[a].bucket)
+			b++;
+		for (size_t i = a; i < b && rc == REFIT_OK; i++) {
+			const plan_msg_t *pm = msg_at(s, mine.v[i].idx);
+			bool from = is_local(c, pm->from), to = is_local(c, pm->to);
+			uint8_t *buf = dev->alloc(dev->ctx, pm->bytes + s->trail);
+
+			if (buf == NULL) {
+				rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot allocate %"
+						   PRIu64 " bytes of device staging",
+						   pm->bytes + s->trail);
+				break;
+			}
+			VEC_PUSH(&bufs, buf);
+			if (from)
+				rc = dp_pack_msg(s->x, pm, buf, err);
+			if (rc == REFIT_OK && from && c->corrupt >= 0 && pm->from != pm->to &&
+			    s->sent++ == (uint64_t)c->corrupt && pm->bytes > 0) {
+				uint8_t b1;
+
+				dev->to_host(dev->ctx, &b1, buf + pm->bytes / 2, 1);
+				b1 ^= 0x5a;
+				dev->from_host(dev->ctx, buf + pm->bytes / 2, &b1, 1);
+			}
+			if (rc != REFIT_OK)
+				break;
+			if (pm->from == pm->to) {   /* the same rank: a copy */
+				CHECK_GOTO(dev->sync(dev->ctx, err), rc, next);
+				rc = dp_unpack_msg(s->x, pm, buf, err);
+				s->st->msgs_local++;
+				s->st->bytes_local += pm->bytes;
+				continue;
+			}
+			if (from) {
+				xport_op_t o = {true, pm->from, pm->to, buf, pm->bytes + s->trail};
+
+				VEC_PUSH(&ops, o);
+				VEC_PUSH(&opmsg, mine.v[i].idx);
+				s->st->msgs_out++;
+				s->st->bytes_out += pm->bytes;
+			}
+			if (to) {
+				xport_op_t o = {false, pm->to, pm->from, to && from ? NULL : buf,
+						pm->bytes + s->trail};
+
+				if (from) { /* both ranks here: receive into a buffer of its own */
+					o.buf = dev->alloc(dev->ctx, pm->bytes + s->trail);
+					if (o.buf == NULL) {
+						rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: "
+								   "cannot allocate device staging");
+						break;
+					}
+					VEC_PUSH(&bufs, o.buf);
+				}
+				VEC_PUSH(&ops, o);
+				VEC_PUSH(&opmsg, mine.v[i].idx);
+			}
+			s->st->stage_bytes[pm->stage < SLICE_MAX_STAGES ? pm->stage :
+					   SLICE_MAX_STAGES - 1] += pm->bytes;
+		}
+		if (rc == REFIT_OK)
+			rc = dev->sync(dev->ctx, err);
+		if (rc == REFIT_OK && ops.n)
+			rc = c->xo->group(sess, ops.v, ops.n, err);
+		for (size_t i = 0; i < ops.n && rc == REFIT_OK; i++) {
+			const plan_msg_t *pm;
+
+			if (ops.v[i].send)
+				continue;
+			pm = msg_at(s, opmsg.v[i]);
+			rc = dp_unpack_msg(s->x, pm, ops.v[i].buf, err);
+			s->st->msgs_in++;
+			s->st->bytes_in += pm->bytes;
+		}
+		if (rc == REFIT_OK)
+			rc = dev->sync(dev->ctx, err);
+next:
+		for (size_t i = 0; i < bufs.n; i++)
+			dev->free(dev->ctx, bufs.v[i]);
+		VEC_FREE(&bufs);
+		VEC_FREE(&ops);
+		VEC_FREE(&opmsg);
+		if (rc == REFIT_OK)
+			stage_done(s, mine.v[a].stage);
+		a = b;
+	}
+	VEC_FREE(&mine);
+	return rc;
+}
+
 refit_status_t
 slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 {
@@ -259,7 +454,29 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		if (s.out[i].n || (i == c->self && s.local.n))
 			s.buf[i] = xmalloc(maxmsg);
 	}
-	if (rc == REFIT_OK)
+	if (rc == REFIT_OK && c->xo->group) { /* grouped backend: every node takes part */
+		xport_session_cfg_t sc = {
+			.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers,
+			.npeers = c->nnodes, .max_msg_bytes = maxmsg,
+			.deadline_ms = c->deadline_ms, .abort = c->abort,
+		};
+		dp_mem_ops_t dm = *c->mem;
+
+		rc = c->xo->open(c->x, &sc, &sess, err);
+		if (rc == REFIT_OK) {
+			dm.dev = c->xo->dev(sess);
+			dp_exec_free(s.x);
+			s.x = NULL;
+			rc = dp_exec_new(c->plan, c->src, c->dst, &dm, &eo, &s.x, err);
+		}
+		if (rc == REFIT_OK)
+			rc = run_grouped(&s, sess, err);
+		c->xo->close(sess);
+		s.out_left = s.in_left = 0;
+		s.local_i = s.local.n;
+		any = false;
+	}
+	if (rc == REFIT_OK && !c->xo->group)
 		rc = advance(&s, err);
 	if (rc == REFIT_OK && any) {
 		xport_session_cfg_t sc = {

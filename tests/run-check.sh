@@ -56,5 +56,8 @@ script "data plane, ASan + UBSan (8 layout pairs)" \
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
 
+echo "== GPU tests (tests/gpu/run.sh: they run where a GPU is, else say why not)"
+sh tests/gpu/run.sh "$BUILD" | tee -a "$log" | tail -3
+
 echo "check: $total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]

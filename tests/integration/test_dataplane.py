@@ -519,6 +519,28 @@ def wrong_token_connection():
     assert len(g.members) == NODES
 
 
+def mixed_transports_refused():
+    rng = random.Random(9)
+    train = [{"name": "w", "dtype": "fp32", "shape": [16], "mesh": [0],
+              "placements": ["Replicate()"]}]
+    inf = [{"name": "w", "dtype": "fp32", "shape": [16], "mesh": [4],
+            "placements": ["Replicate()"]}]
+    cls = start_model(MAIN, "mix", train, [("i0", inf)], rng, {"i0": "double-buffer"})
+    j = MAIN.stub.Join(pb.JoinRequest(node_id="gpu-node", host="127.0.0.1",
+                                      rpc_endpoint="127.0.0.1:1", data_endpoint="nccl",
+                                      transport="nccl",
+                                      ranks=[pb.RankInfo(rank=999)]), timeout=5)
+    try:
+        g = MAIN.refit("mix", 1)
+        assert g.state == pb.FAILED and "mixed transports" in g.failure, g
+    finally:
+        MAIN.stub.Leave(pb.LeaveRequest(member_id=j.member_id, reason="test"), timeout=5)
+    g = MAIN.refit("mix", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    stop(cls)
+
+
 try:
     check("random layout pairs, reshard and broadcast, byte-exact", random_pairs)
     check("verify mode catches a corrupted message; nothing installed",
@@ -530,6 +552,8 @@ try:
     check("bad registrations get clear errors", bad_registrations)
     check("a data connection with a wrong token or no handshake is refused",
           wrong_token_connection)
+    check("an epoch mixing tcp and nccl nodes is refused, naming the node",
+          mixed_transports_refused)
 finally:
     for p in reversed(PROCS):
         if p.poll() is None:
