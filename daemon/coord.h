@@ -14,6 +14,7 @@ typedef struct coord_opts {
 	uint32_t lease_ttl_ms;  /* a member is removed this long after its last beat */
 	uint32_t heartbeat_ms;  /* what members are told to use */
 	const char *state_file; /* NULL: nothing survives a restart */
+	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -123,6 +123,7 @@ typedef struct planjob {
 	rpc_call_t *call;           /* held until done answers it */
 } planjob_t;
 
+void coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o);
 refit_status_t coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o,
 				bool explain, void (*done)(planjob_t *j),
 				uint64_t refit_id, rpc_call_t *call, refit_err_t *err);

@@ -114,6 +114,16 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	coord_save(c);
 }
 
+/* The options of a refit's plan: the same when planning and in RunSlice. */
+void
+coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o)
+{
+	plan_opts_default(o);
+	o->mode = mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
+	if (c->o.staging_bytes)
+		o->staging_bytes = c->o.staging_bytes;
+}
+
 /* ---- node calls ----------------------------------------------------------- */
 
 static void on_node_done(void *arg, refit_status_t st, const char *msg,
@@ -168,7 +178,7 @@ start_running(coord_t *c, refit_rec_t *r)
 	r->state = REFIT__V1__REFIT_STATE__RUNNING;
 	r->phase++;
 	coord_save(c);
-	plan_opts_default(&o);
+	coord_plan_opts(c, r->mode, &o);
 	iv = xcalloc(m->inst.n + 1, sizeof(*iv));
 	ip = xcalloc(m->inst.n + 1, sizeof(*ip));
 	/* the trainer first, then the instances in the order the plan composed them */
@@ -672,8 +682,7 @@ start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 	char key[SHA256_HEX_LEN];
 
 	refit_err_clear(&err);
-	plan_opts_default(&o);
-	o.mode = r->mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
+	coord_plan_opts(c, r->mode, &o);
 	plan_key(c, m, &o, key);
 	if (pc != NULL && strcmp(pc->key, key) == 0) {
 		prepare(c, r, &pc->plan);

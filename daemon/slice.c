@@ -32,6 +32,8 @@ typedef struct slice {
 	uint32_t allowed;    /* stages <= allowed may be packed */
 	uint8_t **buf;       /* per node: packed outgoing message */
 	uint64_t out_left, in_left, sent;
+	bool *held;          /* per node: its packed buffer may still be on the wire */
+	size_t nheld, cap;   /* buffers held; at most cap (staging_bytes) */
 	slice_stats_t *st;
 	int64_t t0;
 	uint64_t trail;      /* verify: 4 CRC bytes after each message */
@@ -110,11 +112,17 @@ pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, refit_err_t *er
 	const plan_msg_t *m;
 
 	*len = UINT64_MAX;
+	if (s->held[peer]) { /* the transport asks again: the last one is written */
+		s->held[peer] = false;
+		s->nheld--;
+	}
 	if (s->out_i[peer] >= s->out[peer].n)
 		return REFIT_OK;
 	m = msg_at(s, s->out[peer].v[s->out_i[peer]]);
-	if (m->stage > s->allowed)
+	if (m->stage > s->allowed || s->nheld >= s->cap)
 		return REFIT_OK;
+	s->held[peer] = true;
+	s->nheld++;
 	if (s->c->test_delay_ms)
 		usleep(s->c->test_delay_ms * 1000u);
 	CHECK(dp_pack_msg(s->x, m, s->buf[peer], err));
@@ -442,6 +450,12 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	s.in_i = xcalloc(c->nnodes, sizeof(*s.in_i));
 	s.buf = xcalloc(c->nnodes, sizeof(*s.buf));
 	s.recv_left = xcalloc(c->plan->nstages + 1, sizeof(*s.recv_left));
+	s.held = xcalloc(c->nnodes, sizeof(*s.held));
+	/* half the staging bytes for packed outgoing messages, the rest for
+	 * arrivals (one buffer per sending peer) and relays */
+	s.cap = c->plan->opts.staging_bytes / 2 / maxmsg;
+	if (s.cap < 1)
+		s.cap = 1;
 	rc = dp_exec_new(c->plan, c->src, c->dst, c->mem, &eo, &s.x, err);
 	if (rc == REFIT_OK)
 		rc = collect(&s, err);
@@ -510,6 +524,7 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	free(s.in_i);
 	free(s.buf);
 	free(s.recv_left);
+	free(s.held);
 	free(peers);
 	VEC_FREE(&s.local);
 	VEC_FREE(&s.msgs);

@@ -70,14 +70,14 @@ def spawn(args, **kw):
 class Cluster:
     """A coordinator and n node daemons; node k serves ranks k*RPN..."""
 
-    def __init__(self, name, n, extra=()):
+    def __init__(self, name, n, extra=(), coord_extra=()):
         self.name, self.n = name, n
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.log = open(f"{TMP}/{name}.log", "w")
         self.coord = spawn([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
                             self.addr, "--heartbeat-ms", "300", "--lease-ttl-ms", "3000",
-                            "--log-level", "warn"], stderr=self.log)
+                            "--log-level", "warn"] + list(coord_extra), stderr=self.log)
         self.nodes = []
         for k in range(n):
             np_ = free_port()
@@ -349,7 +349,8 @@ SLOW = None
 
 def slow_cluster():
     global SLOW
-    SLOW = Cluster("s", 3, ["--test-msg-delay-ms", "30"])
+    # small staging: one packed message in flight per node (the cap path)
+    SLOW = Cluster("s", 3, ["--test-msg-delay-ms", "30"], ["--staging-bytes", "4MiB"])
 
 
 def slow_model(name, rng):
