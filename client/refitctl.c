@@ -110,11 +110,20 @@ print_model(const Refit__V1__Model *m, int json)
 			       "\"%s\", \"member_id\": %" PRIu64 "}", i ? ", " : "",
 			       m->instances[i]->instance, role_name(m->instances[i]->role),
 			       m->instances[i]->layout_digest, m->instances[i]->member_id);
-		printf("]}");
+		printf("]");
+		if (m->policy)
+			printf(", \"policy\": {\"retries\": %u, \"retry_backoff_ms\": %u, "
+			       "\"catch_up\": %s}", m->policy->retries, m->policy->retry_backoff_ms,
+			       m->policy->catch_up ? "true" : "false");
+		printf("}");
 		return;
 	}
-	printf("%-24s tensors %-6u latest v%-8" PRIu64 " installed v%" PRIu64 "\n", m->name,
+	printf("%-24s tensors %-6u latest v%-8" PRIu64 " installed v%" PRIu64, m->name,
 	       m->tensors, m->latest_version, m->installed_version);
+	if (m->policy)
+		printf("  retries %u (backoff %u ms), catch-up %s", m->policy->retries,
+		       m->policy->retry_backoff_ms, m->policy->catch_up ? "on" : "off");
+	printf("\n");
 	for (size_t i = 0; i < m->n_instances; i++)
 		printf("  %-5s %-16s layout %.16s  member %" PRIu64 "\n",
 		       role_name(m->instances[i]->role), m->instances[i]->instance[0] ?
@@ -234,6 +243,16 @@ print_refit(const Refit__V1__Refit *r, int json)
 			printf("%s{\"stage\": %u, \"micros\": %" PRIu64 ", \"bytes\": %" PRIu64
 			       "}", k ? ", " : "", r->stages[k]->stage, r->stages[k]->micros,
 			       r->stages[k]->bytes);
+		printf("], \"attempt\": %u, \"instance\": \"%s\", \"attempts\": [",
+		       r->attempt, r->instance ? r->instance : "");
+		for (size_t k = 0; k < r->n_attempts; k++) {
+			strbuf_t a;
+
+			strbuf_init(&a);
+			strbuf_json_str(&a, r->attempts[k]);
+			printf("%s%s", k ? ", " : "", a.s);
+			strbuf_fini(&a);
+		}
 		printf("]}");
 		strbuf_fini(&sb);
 		return;
@@ -242,6 +261,10 @@ print_refit(const Refit__V1__Refit *r, int json)
 	       r->id, r->model, r->version, state_str(r->state),
 	       r->mode == REFIT__V1__MODE__BROADCAST ? "broadcast" : "reshard", r->epoch,
 	       r->plan_digest[0] ? r->plan_digest : "-", r->failure[0] ? "  " : "", r->failure);
+	if (r->instance && r->instance[0])
+		printf("       catch-up of instance \"%s\"\n", r->instance);
+	for (size_t k = 0; k < r->n_attempts; k++)
+		printf("       attempt %zu failed: %s\n", k + 1, r->attempts[k]);
 	if (r->state == REFIT__V1__REFIT_STATE__COMMITTED && r->finished_unix_ms) {
 		uint64_t data_us = 0;
 
@@ -481,6 +504,76 @@ cmd_abort(ctl_t *c, int argc, char **argv)
 }
 
 static int
+cmd_policy(ctl_t *c, int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{"retries", required_argument, NULL, 'r'},
+		{"backoff-ms", required_argument, NULL, 'b'},
+		{"catch-up", required_argument, NULL, 'c'},
+		{NULL, 0, NULL, 0},
+	};
+	Refit__V1__GetModelRequest gq = REFIT__V1__GET_MODEL_REQUEST__INIT;
+	Refit__V1__SetRefitPolicyRequest rq = REFIT__V1__SET_REFIT_POLICY_REQUEST__INIT;
+	Refit__V1__RefitPolicy p = REFIT__V1__REFIT_POLICY__INIT;
+	Refit__V1__Model *m;
+	refit_err_t e;
+	uint64_t v;
+	int o, rc;
+
+	if (argc < 2) {
+		fprintf(stderr, "usage: refitctl policy MODEL [--retries N] [--backoff-ms MS] "
+			"[--catch-up on|off]\n");
+		return 2;
+	}
+	gq.model = argv[1];
+	if ((rc = call(c, "GetModel", &gq.base, (ProtobufCMessage **)&m)) != 0)
+		return rc;
+	p.model = argv[1];
+	if (m->policy) {
+		p.retries = m->policy->retries;
+		p.retry_backoff_ms = m->policy->retry_backoff_ms;
+		p.catch_up = m->policy->catch_up;
+	}
+	protobuf_c_message_free_unpacked(&m->base, NULL);
+	refit_err_clear(&e);
+	optind = 0;
+	while ((o = getopt_long(argc - 1, argv + 1, "", lo, NULL)) != -1) {
+		switch (o) {
+		case 'r':
+		case 'b':
+			if (refit_parse_u64(optarg, 0, o == 'r' ? 100 : 3600000, &v,
+					    o == 'r' ? "--retries" : "--backoff-ms", &e)) {
+				fprintf(stderr, "refitctl: %s\n", e.msg);
+				return 2;
+			}
+			if (o == 'r')
+				p.retries = (uint32_t)v;
+			else
+				p.retry_backoff_ms = (uint32_t)v;
+			break;
+		case 'c':
+			if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
+				fprintf(stderr, "refitctl: --catch-up takes on or off, not \"%s\"\n",
+					optarg);
+				return 2;
+			}
+			p.catch_up = strcmp(optarg, "on") == 0;
+			break;
+		default:
+			return 2;
+		}
+	}
+	rq.policy = &p;
+	if ((rc = call(c, "SetRefitPolicy", &rq.base, (ProtobufCMessage **)&m)) != 0)
+		return rc;
+	print_model(m, c->json);
+	if (c->json)
+		printf("\n");
+	protobuf_c_message_free_unpacked(&m->base, NULL);
+	return 0;
+}
+
+static int
 cmd_drain(ctl_t *c, int argc, char **argv)
 {
 	Refit__V1__DrainMemberRequest rq = REFIT__V1__DRAIN_MEMBER_REQUEST__INIT;
@@ -529,6 +622,8 @@ static const cmd_t cmds[] = {
 	{"abort", "ID", "stop a refit [REASON]", cmd_abort},
 	{"drain", "NODE", "abort the node's refits, have it leave and stay out [REASON]",
 	 cmd_drain},
+	{"policy", "MODEL", "retries and catch-up [--retries N] [--backoff-ms MS] "
+	 "[--catch-up on|off]", cmd_policy},
 };
 
 static void

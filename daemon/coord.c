@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codec/json.h"
 #include "common/alloc.h"
@@ -95,6 +96,9 @@ coord_save(coord_t *c)
 		log_warnx("coordinator: %s", err.msg);
 }
 
+/* leases, retries and catch-ups are checked this often */
+#define TICK_MS(ttl) ((ttl) / 4 + 1 < 100 ? (ttl) / 4 + 1 : 100)
+
 static void
 bump_epoch(coord_t *c, const char *why)
 {
@@ -127,6 +131,7 @@ on_lease_timer(uv_timer_t *t)
 		else
 			i++;
 	}
+	coord_refits_tick(c);
 }
 
 /* ---- membership ----------------------------------------------------------- */
@@ -370,6 +375,8 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 					     "instance", iname, om->node_id, old->digest, dg);
 		rsp.layout_digest = old->digest;
 		rsp.tensors = (uint32_t)old->layouts.n;
+		if (old->catch_up_at_ms) /* wait for every node of the instance */
+			old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 		return rpc_call_reply(call, &rsp.base);
 	}
 	if (m == NULL) {
@@ -391,6 +398,8 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	in.member_id = rq->member_id;
 	in.layouts = set;
 	conv_layouts_digest(&set, in.digest);
+	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up)
+		in.catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 	VEC_PUSH(&m->inst, in);
 	log_info("coordinator: model \"%s\": %s instance \"%s\" registered (%zu tensors, %.12s)",
 		 m->name, rq->role == REFIT__V1__ROLE__TRAIN ? "train" : "infer", iname,
@@ -399,6 +408,48 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rsp.layout_digest = m->inst.v[m->inst.n - 1].digest;
 	rsp.tensors = (uint32_t)set.n;
 	rpc_call_reply(call, &rsp.base);
+}
+
+static void model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
+		      Refit__V1__Instance **iv, Refit__V1__Instance ***ip);
+
+uint64_t
+coord_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void
+h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__SetRefitPolicyRequest *rq = (const void *)msg;
+	const Refit__V1__RefitPolicy *p = rq->policy;
+	model_t *m = p ? coord_find_model(c, nz(p->model)) : NULL;
+	Refit__V1__Model out;
+	Refit__V1__RefitPolicy pol;
+	Refit__V1__Instance *iv, **ip;
+
+	if (p == NULL)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy: no policy");
+	if (m == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "SetRefitPolicy: no model \"%s\"",
+				     nz(p->model));
+	if (p->retries > 100 || p->retry_backoff_ms > 3600000)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": retries "
+				     "%u (at most 100), backoff %u ms (at most 3600000)", m->name,
+				     p->retries, p->retry_backoff_ms);
+	m->retries = p->retries;
+	m->retry_backoff_ms = p->retry_backoff_ms;
+	m->no_catch_up = !p->catch_up;
+	coord_save(c);
+	model_msg(m, &out, &pol, &iv, &ip);
+	rpc_call_reply(call, &out.base);
+	free(iv);
+	free(ip);
 }
 
 static void
@@ -503,14 +554,21 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(rp);
 }
 
-/* Fill *out for model m; its arrays go to *iv and *ip, freed by the caller. */
+/* Fill *out for model m (policy in *pol); its arrays go to *iv and *ip,
+ * freed by the caller. */
 static void
-model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__Instance **iv,
-	  Refit__V1__Instance ***ip)
+model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
+	  Refit__V1__Instance **iv, Refit__V1__Instance ***ip)
 {
 	*iv = xcalloc(m->inst.n ? m->inst.n : 1, sizeof(**iv));
 	*ip = xcalloc(m->inst.n ? m->inst.n : 1, sizeof(**ip));
+	refit__v1__refit_policy__init(pol);
+	pol->model = m->name;
+	pol->retries = m->retries;
+	pol->retry_backoff_ms = m->retry_backoff_ms;
+	pol->catch_up = !m->no_catch_up;
 	refit__v1__model__init(out);
+	out->policy = pol;
 	out->name = m->name;
 	out->latest_version = m->latest_version;
 	out->installed_version = m->installed_version;
@@ -540,10 +598,11 @@ h_list_models(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	Refit__V1__Model **mp = xcalloc(n ? n : 1, sizeof(*mp));
 	Refit__V1__Instance **iv = xcalloc(n ? n : 1, sizeof(*iv));
 	Refit__V1__Instance ***ip = xcalloc(n ? n : 1, sizeof(*ip));
+	Refit__V1__RefitPolicy *pv = xcalloc(n ? n : 1, sizeof(*pv));
 
 	(void)msg;
 	for (size_t i = 0; i < n; i++) {
-		model_msg(&c->models.v[i], &mv[i], &iv[i], &ip[i]);
+		model_msg(&c->models.v[i], &mv[i], &pv[i], &iv[i], &ip[i]);
 		mp[i] = &mv[i];
 	}
 	rsp.models = mp;
@@ -556,6 +615,7 @@ h_list_models(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(iv);
 	free(ip);
 	free(mv);
+	free(pv);
 	free(mp);
 }
 
@@ -566,12 +626,13 @@ h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	const Refit__V1__GetModelRequest *rq = (const void *)msg;
 	model_t *m = coord_find_model(c, nz(rq->model));
 	Refit__V1__Model out;
+	Refit__V1__RefitPolicy pol;
 	Refit__V1__Instance *iv, **ip;
 
 	if (m == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetModel: no model \"%s\"",
 				     nz(rq->model));
-	model_msg(m, &out, &iv, &ip);
+	model_msg(m, &out, &pol, &iv, &ip);
 	rpc_call_reply(call, &out.base);
 	free(iv);
 	free(ip);
@@ -596,14 +657,16 @@ coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
  * shards.
  */
 refit_status_t
-coord_compose_dst(const model_t *m, plan_layout_set_t *out, refit_err_t *err)
+coord_compose_dst(const model_t *m, const char *only, plan_layout_set_t *out,
+		  refit_err_t *err)
 {
 	const plan_layout_set_t **sets = xcalloc(m->inst.n + 1, sizeof(*sets));
 	size_t n = 0;
 	refit_status_t rc;
 
 	for (size_t i = 0; i < m->inst.n; i++)
-		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER)
+		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER &&
+		    (only == NULL || strcmp(only, m->inst.v[i].name) == 0))
 			sets[n++] = &m->inst.v[i].layouts;
 	if (n == 0) {
 		free(sets);
@@ -659,7 +722,7 @@ h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		o.chunk_bytes = rq->chunk_bytes;
 	if (rq->staging_bytes)
 		o.staging_bytes = rq->staging_bytes;
-	if (coord_plan_async(c, m, &o, true, on_explained, 0, call, &err) != REFIT_OK)
+	if (coord_plan_async(c, m, NULL, &o, true, on_explained, 0, call, &err) != REFIT_OK)
 		rpc_call_fail(call, err.status, "ExplainPlan \"%s\": %s", m->name, err.msg);
 }
 
@@ -670,6 +733,7 @@ static const rpc_method_cfg_t methods[] = {
 	{"Heartbeat", h_heartbeat, false},
 	{"Leave", h_leave, false},
 	{"RegisterLayout", h_register, false},
+	{"SetRefitPolicy", h_set_policy, true},
 	{"UnregisterLayout", h_unregister, false},
 	{"WeightsReady", h_weights_ready, false},
 	{"ListMembers", h_list_members, true},
@@ -702,8 +766,8 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	}
 	uv_timer_init(loop, &c->lease_timer);
 	c->lease_timer.data = c;
-	uv_timer_start(&c->lease_timer, on_lease_timer, o->lease_ttl_ms / 4 + 1,
-		       o->lease_ttl_ms / 4 + 1);
+	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(o->lease_ttl_ms),
+		       TICK_MS(o->lease_ttl_ms));
 	return c;
 }
 
@@ -768,6 +832,6 @@ coord_set_timing(coord_t *c, uint32_t lease_ttl_ms, uint32_t heartbeat_ms)
 	c->o.lease_ttl_ms = lease_ttl_ms;
 	c->o.heartbeat_ms = heartbeat_ms;
 	uv_timer_stop(&c->lease_timer);
-	uv_timer_start(&c->lease_timer, on_lease_timer, lease_ttl_ms / 4 + 1,
-		       lease_ttl_ms / 4 + 1);
+	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(lease_ttl_ms),
+		       TICK_MS(lease_ttl_ms));
 }

@@ -30,12 +30,15 @@ typedef struct instance {
 	uint64_t member_id;
 	plan_layout_set_t layouts;
 	char digest[SHA256_HEX_LEN];
+	uint64_t catch_up_at_ms;  /* catch-up refit due (0: none) */
 } instance_t;
 
 typedef struct model {
 	char *name;
 	VEC(instance_t) inst;
 	uint64_t latest_version, installed_version;
+	uint32_t retries, retry_backoff_ms;  /* the refit policy */
+	bool no_catch_up;
 } model_t;
 
 typedef struct refit_rec {
@@ -55,6 +58,11 @@ typedef struct refit_rec {
 	uint64_t stage_us[64];      /* slowest node's time to the end of each stage */
 	uint64_t stage_bytes[64];   /* bytes moved in each stage, all nodes */
 	bool nccl;                  /* the nodes use the nccl transport */
+	uint32_t attempt, retries, backoff_ms;
+	uint64_t retry_at_ms;       /* PENDING: the next attempt starts then */
+	char **attempts;            /* why earlier attempts failed */
+	size_t nattempts;
+	char *only;                 /* catch-up: the one instance installed */
 	uint8_t nccl_id[128];       /* from the lowest rank's node */
 	size_t nccl_id_len;
 	uint32_t phase;             /* bumped per phase; stale answers are ignored */
@@ -79,6 +87,8 @@ struct coord {
 	uint64_t next_refit;
 	VEC(plan_cache_t) plans;
 	uint32_t inflight;          /* async node calls not yet answered */
+	uint8_t token[16];          /* data-plane token of token_epoch */
+	uint64_t token_epoch;
 	bool closing, timer_closed;
 	void (*closed_cb)(void *arg);
 	void *closed_arg;
@@ -90,6 +100,10 @@ refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
 refit_status_t coord_state_load(coord_t *c, refit_err_t *err);
 void coord_instance_fini(instance_t *in);
 
+/* an instance's catch-up refit waits this long for its other nodes */
+#define CATCH_UP_DELAY_MS 500
+uint64_t coord_now_ms(void);
+
 /* Persist the state now (coord.c; failures are logged). */
 void coord_save(coord_t *c);
 
@@ -98,8 +112,8 @@ model_t *coord_find_model(coord_t *c, const char *name);
 instance_t *coord_train_instance(model_t *m);
 member_t *coord_find_member(coord_t *c, uint64_t id);
 refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
-refit_status_t coord_compose_dst(const model_t *m, plan_layout_set_t *out,
-				 refit_err_t *err);
+refit_status_t coord_compose_dst(const model_t *m, const char *only,
+				 plan_layout_set_t *out, refit_err_t *err);
 /* free c once closing and nothing is in flight */
 void coord_maybe_free(coord_t *c);
 
@@ -109,6 +123,7 @@ typedef struct planjob {
 	uv_work_t w;
 	coord_t *c;
 	char *model;
+	char *only;                 /* catch-up: the one inference instance */
 	char key[SHA256_HEX_LEN];   /* plan_key of the inputs, taken at queue time */
 	plan_layout_set_t src, dst;
 	plan_topo_t topo;
@@ -124,8 +139,8 @@ typedef struct planjob {
 } planjob_t;
 
 void coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o);
-refit_status_t coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o,
-				bool explain, void (*done)(planjob_t *j),
+refit_status_t coord_plan_async(coord_t *c, model_t *m, const char *only,
+				const plan_opts_t *o, bool explain, void (*done)(planjob_t *j),
 				uint64_t refit_id, rpc_call_t *call, refit_err_t *err);
 
 /* coord_refit.c: the refit methods and state machine */
@@ -137,5 +152,7 @@ size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint6
 /* membership changed: refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch);
 void coord_refits_fini(coord_t *c);
+/* Timer: retries and catch-up refits that are due. */
+void coord_refits_tick(coord_t *c);
 
 #endif

@@ -75,6 +75,10 @@ state_name(int st)
 static void
 rec_free(refit_rec_t *r)
 {
+	for (size_t i = 0; i < r->nattempts; i++)
+		free(r->attempts[i]);
+	free(r->attempts);
+	free(r->only);
 	free(r->model);
 	free(r->key);
 	free(r->failure);
@@ -97,16 +101,33 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		vsnprintf(msg, sizeof(msg), fmt, ap);
 		va_end(ap);
 	}
-	r->state = state;
 	r->phase++;
 	r->pending = 0;
-	r->finished_ms = unix_ms();
 	free(r->failure);
 	r->failure = msg[0] ? xstrdup(msg) : NULL;
+	if (state == REFIT__V1__REFIT_STATE__FAILED && r->attempt <= r->retries) {
+		/* the model's retry policy: plan again later, with the members of then */
+		uint64_t wait = (uint64_t)r->backoff_ms << (r->attempt - 1 < 16 ? r->attempt - 1 : 16);
+
+		r->attempts = xreallocarray(r->attempts, r->nattempts + 1, sizeof(char *));
+		r->attempts[r->nattempts++] = xstrdup(msg);
+		log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): attempt %u failed: %s; "
+			 "retrying in %" PRIu64 " ms", r->id, r->model, r->version, r->attempt, msg,
+			 wait);
+		r->attempt++;
+		r->state = REFIT__V1__REFIT_STATE__PENDING;
+		r->retry_at_ms = unix_ms() + (wait ? wait : 1);
+		r->committing = r->failing = r->failing_symptom = false;
+		coord_save(c);
+		return;
+	}
+	r->state = state;
+	r->retry_at_ms = 0;
+	r->finished_ms = unix_ms();
 	if (state == REFIT__V1__REFIT_STATE__COMMITTED) {
 		model_t *m = coord_find_model(c, r->model);
 
-		if (m != NULL && r->version > m->installed_version)
+		if (m != NULL && r->only == NULL && r->version > m->installed_version)
 			m->installed_version = r->version;
 	}
 	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
@@ -187,6 +208,9 @@ start_running(coord_t *c, refit_rec_t *r)
 			instance_t *in = &m->inst.v[i];
 
 			if ((pass == 0) != (in->role == REFIT__V1__ROLE__TRAIN))
+				continue;
+			if (in->role == REFIT__V1__ROLE__INFER && r->only &&
+			    strcmp(r->only, in->name) != 0)
 				continue;
 			refit__v1__instance_layouts__init(&iv[n]);
 			iv[n].instance = in->name;
@@ -311,11 +335,14 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 
 /* Digest of everything a plan depends on. */
 static void
-plan_key(coord_t *c, const model_t *m, const plan_opts_t *o, char hex[SHA256_HEX_LEN])
+plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
+	 char hex[SHA256_HEX_LEN])
 {
 	strbuf_t sb;
 
 	strbuf_init(&sb);
+	if (only)
+		strbuf_printf(&sb, "only %s\n", only);
 	strbuf_printf(&sb, "mode %d chunk %" PRIu64 " staging %" PRIu64 "\n", (int)o->mode,
 		      o->chunk_bytes, o->staging_bytes);
 	for (size_t i = 0; i < m->inst.n; i++)
@@ -361,6 +388,7 @@ planjob_free(planjob_t *j)
 	plan_layout_set_fini(&j->dst);
 	plan_topo_fini(&j->topo);
 	free(j->model);
+	free(j->only);
 	free(j);
 }
 
@@ -381,7 +409,8 @@ planjob_after(uv_work_t *w, int status)
 }
 
 refit_status_t
-coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o, bool explain,
+coord_plan_async(coord_t *c, model_t *m, const char *only, const plan_opts_t *o,
+		 bool explain,
 		 void (*done)(planjob_t *j), uint64_t refit_id, rpc_call_t *call,
 		 refit_err_t *err)
 {
@@ -394,7 +423,7 @@ coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o, bool explain,
 		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no registered "
 				     "trainer", m->name);
 	}
-	rc = coord_compose_dst(m, &j->dst, err);
+	rc = coord_compose_dst(m, only, &j->dst, err);
 	if (rc == REFIT_OK)
 		rc = coord_members_topo(c, &j->topo, err);
 	if (rc != REFIT_OK) {
@@ -402,7 +431,8 @@ coord_plan_async(coord_t *c, model_t *m, const plan_opts_t *o, bool explain,
 		return rc;
 	}
 	plan_layout_set_copy(&j->src, &t->layouts);
-	plan_key(c, m, o, j->key);
+	plan_key(c, m, only, o, j->key);
+	j->only = only ? xstrdup(only) : NULL;
 	j->c = c;
 	j->model = xstrdup(m->name);
 	j->opts = *o;
@@ -471,6 +501,7 @@ involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 	/* every node holding inference memory installs, even one receiving nothing */
 	for (size_t i = 0; md != NULL && i < md->inst.n; i++)
 		for (size_t t = 0; md->inst.v[i].role == REFIT__V1__ROLE__INFER &&
+				   (r->only == NULL || strcmp(r->only, md->inst.v[i].name) == 0) &&
 				   t < md->inst.v[i].layouts.n; t++)
 			for (size_t k = 0; k < md->inst.v[i].layouts.v[t].nshards; k++) {
 				int32_t rk = md->inst.v[i].layouts.v[t].shards[k].rank;
@@ -478,6 +509,8 @@ involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 				if (rk <= maxr)
 					used[rk] = 1;
 			}
+	free(r->nodes);
+	r->nnodes = 0;
 	r->nodes = xcalloc(c->members.n ? c->members.n : 1, sizeof(*r->nodes));
 	for (size_t i = 0; i < c->members.n; i++) {
 		const member_t *m = &c->members.v[i];
@@ -598,14 +631,17 @@ send_prepare(coord_t *c, refit_rec_t *r)
 {
 	Refit__V1__PrepareEpochRequest rq = REFIT__V1__PREPARE_EPOCH_REQUEST__INIT;
 	Refit__V1__Member *mv, **mp;
-	uint8_t token[16] = {0};
 
 	r->phase++;
-	if (getrandom(token, sizeof(token), 0) != (ssize_t)sizeof(token))
-		log_warn("coordinator: getrandom");
+	/* one token per epoch: refits of several models share the epoch */
+	if (c->token_epoch != r->epoch) {
+		if (getrandom(c->token, sizeof(c->token), 0) != (ssize_t)sizeof(c->token))
+			log_warn("coordinator: getrandom");
+		c->token_epoch = r->epoch;
+	}
 	rq.epoch = r->epoch;
-	rq.token.data = token;
-	rq.token.len = sizeof(token);
+	rq.token.data = c->token;
+	rq.token.len = sizeof(c->token);
 	if (r->nccl) {
 		rq.nccl_unique_id.data = r->nccl_id;
 		rq.nccl_unique_id.len = r->nccl_id_len;
@@ -665,33 +701,38 @@ on_refit_planned(planjob_t *j)
 		       "planning", j->model);
 		return;
 	}
-	plan_key(c, m, &j->opts, key);
+	plan_key(c, m, j->only, &j->opts, key);
 	if (strcmp(key, j->key) != 0) {
 		start_refit(c, m, r); /* layouts or members changed: plan again */
 		return;
 	}
-	prepare(c, r, cache_store(c, j));
+	if (j->only == NULL) {
+		prepare(c, r, cache_store(c, j));
+		return;
+	}
+	/* a catch-up plan is used once: keep it with the refit until prepared */
+	prepare(c, r, &j->plan);
 }
 
 static void
 start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 {
-	plan_cache_t *pc = cache_of(c, m->name);
+	plan_cache_t *pc = r->only ? NULL : cache_of(c, m->name);
 	plan_opts_t o;
 	refit_err_t err;
 	char key[SHA256_HEX_LEN];
 
 	refit_err_clear(&err);
 	coord_plan_opts(c, r->mode, &o);
-	plan_key(c, m, &o, key);
+	plan_key(c, m, r->only, &o, key);
 	if (pc != NULL && strcmp(pc->key, key) == 0) {
 		prepare(c, r, &pc->plan);
 		return;
 	}
-	if (coord_plan_async(c, m, &o, false, on_refit_planned, r->id, NULL, &err) != REFIT_OK)
+	if (coord_plan_async(c, m, r->only, &o, false, on_refit_planned, r->id, NULL, &err) !=
+	    REFIT_OK)
 		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", err.msg);
 }
-
 
 size_t
 coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
@@ -722,9 +763,15 @@ coord_refits_on_epoch(coord_t *c, uint64_t old_epoch)
 		refit_rec_t *r = c->refits.v[i];
 
 		if (!is_final(r->state) && r->state != REFIT__V1__REFIT_STATE__PENDING &&
-		    r->epoch == old_epoch)
+		    r->epoch == old_epoch) {
+			uint32_t a = r->attempt;
+
 			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "membership changed (epoch %"
 			       PRIu64 " -> %" PRIu64 ") during the refit", old_epoch, c->epoch);
+			/* the surviving nodes stop now, not at their slice deadline */
+			if (r->state == REFIT__V1__REFIT_STATE__FAILED || r->attempt != a)
+				abort_on_nodes(c, r);
+		}
 	}
 }
 
@@ -747,6 +794,10 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->bytes = r->bytes;
 	o->failure = r->failure ? r->failure : "";
 	o->idempotency_key = r->key ? r->key : "";
+	o->attempt = r->attempt;
+	o->attempts = r->attempts;
+	o->n_attempts = r->nattempts;
+	o->instance = r->only ? r->only : "";
 }
 
 /* fill_refit's stage timings (caller storage). */
@@ -824,6 +875,9 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	r->mode = (int)rq->mode;
 	r->verify = rq->verify;
 	r->corrupt = rq->test_corrupt_msg;
+	r->attempt = 1;
+	r->retries = m->retries;
+	r->backoff_ms = m->retry_backoff_ms;
 	r->created_ms = unix_ms();
 	r->state = REFIT__V1__REFIT_STATE__PENDING;
 	VEC_PUSH(&c->refits, r);
@@ -948,6 +1002,75 @@ const rpc_method_cfg_t coord_refit_methods[] = {
 	{"AbortRefit", h_abort, true},
 };
 const size_t coord_refit_nmethods = sizeof(coord_refit_methods) / sizeof(coord_refit_methods[0]);
+
+static bool
+model_busy(coord_t *c, const char *model)
+{
+	for (size_t i = 0; i < c->refits.n; i++)
+		if (!is_final(c->refits.v[i]->state) && strcmp(c->refits.v[i]->model, model) == 0 &&
+		    c->refits.v[i]->retry_at_ms == 0)
+			return true;
+	return false;
+}
+
+void
+coord_refits_tick(coord_t *c)
+{
+	uint64_t now = unix_ms();
+
+	if (c->closing)
+		return;
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+		model_t *m;
+
+		if (r->state != REFIT__V1__REFIT_STATE__PENDING || r->retry_at_ms == 0 ||
+		    now < r->retry_at_ms)
+			continue;
+		r->retry_at_ms = 0;
+		if ((m = coord_find_model(c, r->model)) == NULL)
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "model \"%s\" went away",
+			       r->model);
+		else
+			start_refit(c, m, r);
+	}
+	/* catch-up: an instance that registered after a version was ready gets it */
+	for (size_t k = 0; k < c->models.n; k++) {
+		model_t *m = &c->models.v[k];
+
+		for (size_t i = 0; i < m->inst.n; i++) {
+			instance_t *in = &m->inst.v[i];
+			refit_rec_t *r;
+
+			if (in->catch_up_at_ms == 0 || now < in->catch_up_at_ms)
+				continue;
+			if (model_busy(c, m->name))
+				continue;   /* after the refit in flight */
+			in->catch_up_at_ms = 0;
+			if (m->latest_version == 0 || coord_train_instance(m) == NULL)
+				continue;
+			r = xcalloc(1, sizeof(*r));
+			r->id = ++c->next_refit;
+			r->model = xstrdup(m->name);
+			r->only = xstrdup(in->name);
+			r->version = m->latest_version;
+			r->mode = REFIT__V1__MODE__RESHARD;
+			r->created_ms = now;
+			r->state = REFIT__V1__REFIT_STATE__PENDING;
+			r->attempt = 1;
+			r->retries = m->retries;
+			r->backoff_ms = m->retry_backoff_ms;
+			VEC_PUSH(&c->refits, r);
+			trim_records(c);
+			log_info("coordinator: refit %" PRIu64 ": catch-up of instance \"%s\" of "
+				 "model \"%s\" to version %" PRIu64, r->id, in->name, m->name,
+				 r->version);
+			coord_save(c);
+			start_refit(c, m, r);
+			return; /* the vectors may have moved */
+		}
+	}
+}
 
 void
 coord_refits_fini(coord_t *c)

@@ -99,6 +99,9 @@ state_text(const coord_t *c)
 		cJSON_AddStringToObject(mo, "name", m->name);
 		cJSON_AddNumberToObject(mo, "latest_version", (double)m->latest_version);
 		cJSON_AddNumberToObject(mo, "installed_version", (double)m->installed_version);
+		cJSON_AddNumberToObject(mo, "retries", (double)m->retries);
+		cJSON_AddNumberToObject(mo, "retry_backoff_ms", (double)m->retry_backoff_ms);
+		cJSON_AddBoolToObject(mo, "catch_up", !m->no_catch_up);
 		insts = cJSON_AddArrayToObject(mo, "instances");
 		for (size_t k = 0; k < m->inst.n; k++) {
 			const instance_t *in = &m->inst.v[k];
@@ -241,6 +244,9 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 		m.name = xstrdup(name);
 		m.latest_version = num(mo, "latest_version");
 		m.installed_version = num(mo, "installed_version");
+		m.retries = (uint32_t)num(mo, "retries");
+		m.retry_backoff_ms = (uint32_t)num(mo, "retry_backoff_ms");
+		m.no_catch_up = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(mo, "catch_up"));
 		VEC_PUSH(&c->models, m);
 		cJSON_ArrayForEach(io, cJSON_GetObjectItemCaseSensitive(mo, "instances"))
 			CHECK(load_instance(&c->models.v[c->models.n - 1], io, err));

@@ -100,8 +100,11 @@ job_free(slice_job_t *j)
 			free(j->cl[s].v[i].tmap);
 		VEC_FREE(&j->cl[s]);
 	}
-	for (size_t i = 0; i < j->nnodes; i++)
+	for (size_t i = 0; i < j->nnodes; i++) {
 		free((void *)j->nodes[i].ranks);
+		free((void *)j->nodes[i].node_id);
+		free((void *)j->nodes[i].endpoint);
+	}
 	free(j->nodes);
 	plan_layout_set_fini(&j->src);
 	plan_layout_set_fini(&j->dst);
@@ -375,7 +378,9 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 		int32_t *r = xmalloc((m->nranks ? m->nranks : 1) * sizeof(*r));
 
 		memcpy(r, m->ranks, m->nranks * sizeof(*r));
-		j->nodes[i] = (slice_node_t){m->node_id, m->data_ep, r, m->nranks};
+		/* copies: a PrepareEpoch for another refit may replace the world */
+		j->nodes[i] = (slice_node_t){xstrdup(m->node_id), xstrdup(m->data_ep), r,
+					     m->nranks};
 		if (strcmp(m->node_id, n->node_id) == 0)
 			j->self = i;
 		for (size_t k = 0; k < m->nranks && rc == REFIT_OK; k++)
