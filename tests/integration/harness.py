@@ -1,0 +1,318 @@
+"""Shared pieces of the end-to-end tests (test_dataplane.py, test_faults.py):
+a coordinator and node daemons as real processes on loopback, refit-client
+processes as librefit trainers and instances, random layouts.
+
+init(build, tmp) first; the caller has put the generated refit_pb2 modules
+on sys.path.
+"""
+import json
+import signal
+import socket
+import subprocess
+import time
+import traceback
+
+import grpc
+from refit.v1 import refit_pb2 as pb
+from refit.v1 import refit_pb2_grpc as pbg
+
+BUILD = "build"
+TMP = "/tmp"
+
+
+def init(build, tmp):
+    global BUILD, TMP
+    BUILD, TMP = build, tmp
+
+
+counts = {"passed": 0, "failed": 0}
+PROCS = []
+NODES = 6
+RPN = 4  # ranks per node
+DTYPES = ["bf16", "fp32", "u8", "fp64", "fp16"]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def check(name, fn):
+    t0 = time.time()
+    try:
+        fn()
+        counts["passed"] += 1
+        print(f"ok   {name} ({time.time() - t0:.1f} s)")
+    except Exception:  # noqa: BLE001 - report every failure and go on
+        counts["failed"] += 1
+        print(f"FAIL {name}")
+        traceback.print_exc()
+
+
+def spawn(args, **kw):
+    p = subprocess.Popen(args, **kw)
+    PROCS.append(p)
+    return p
+
+
+class Cluster:
+    """A coordinator and n node daemons; node k serves ranks k*RPN..."""
+
+    def __init__(self, name, n, extra=(), coord_extra=(), lease_ms=3000):
+        self.name, self.n = name, n
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.log = open(f"{TMP}/{name}.log", "w")
+        self.coord_args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
+                           self.addr, "--heartbeat-ms", str(max(50, lease_ms // 10)),
+                           "--lease-ttl-ms", str(lease_ms), "--log-level", "warn"] + \
+            list(coord_extra)
+        self.coord = spawn(self.coord_args, stderr=self.log)
+        self.node_args = []
+        self.nodes = []
+        for k in range(n):
+            np_ = free_port()
+            ranks = f"{k * RPN}-{k * RPN + RPN - 1}"
+            self.node_args.append(
+                [f"{BUILD}/bin/refitd", "--role", "node", "--listen",
+                 f"127.0.0.1:{np_}", "--coordinator", self.addr, "--node-id",
+                 f"{name}{k}", "--ranks", ranks, "--heartbeat-ms", "300",
+                 "--local-socket", self.sock(k), "--log-level", "warn"] + list(extra))
+            self.nodes.append(spawn(self.node_args[k], stderr=self.log))
+        self.ch = grpc.insecure_channel(self.addr)
+        grpc.channel_ready_future(self.ch).result(timeout=10)
+        self.stub = pbg.CoordinatorStub(self.ch)
+        self.wait_members(n)
+
+    def wait_members(self, n, timeout=10):
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                mem = self.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
+                if len(mem.members) == n:
+                    return mem
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}: {n} nodes did not join")
+
+    def restart_node(self, k):
+        """Start node k again (after it was killed), same address and socket."""
+        self.nodes[k] = spawn(self.node_args[k], stderr=self.log)
+        return self.nodes[k]
+
+    def restart_coord(self):
+        self.coord = spawn(self.coord_args, stderr=self.log)
+        grpc.channel_ready_future(self.ch).result(timeout=10)
+
+    def sock(self, k):
+        return f"{TMP}/{self.name}{k}.local"
+
+    def node_of(self, rank):
+        return rank // RPN
+
+    def refit(self, model, version, mode=pb.RESHARD, verify=False, corrupt=0,
+              timeout=120):
+        r = self.stub.TriggerRefit(pb.TriggerRefitRequest(
+            model=model, version=version, mode=mode, verify=verify,
+            test_corrupt_msg=corrupt), timeout=10)
+        return self.wait_final(r.refit_id, timeout)
+
+    def wait_final(self, rid, timeout=120):
+        end = time.time() + timeout
+        while time.time() < end:
+            g = self.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=10)
+            if g.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED):
+                return g
+            time.sleep(0.02)
+        raise AssertionError(f"refit {rid} did not finish")
+
+
+class Client:
+    """One refit-client process, driven over its stdin/stdout."""
+
+    def __init__(self, cl, node, model, role, layouts, instance="", install=None,
+                 pad=0):
+        args = [f"{BUILD}/bin/refit-client", "--socket", cl.sock(node), "--model", model,
+                "--role", role, "--layouts", layouts, "--timeout-ms", "30000"]
+        if instance:
+            args += ["--instance", instance]
+        if install:
+            args += ["--install", install]
+        if pad:
+            args += ["--pad", str(pad)]
+        self.p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.first = self.p.stdout.readline().strip()
+
+    def ok(self):
+        return self.first.startswith(("READY", "REGISTERED"))
+
+    def cmd(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        out = self.p.stdout.readline().strip()
+        assert out, f"client died: {self.p.stderr.read()}"
+        return out
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.write("quit\n")
+                self.p.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+
+
+# ---- random layouts ----------------------------------------------------------
+
+def dtensor(name, dt, shape, ranks, rng, strided=True):
+    """A DTensor layout over a 1-D or 2-D mesh of the given ranks."""
+    n = len(ranks)
+    if n >= 4 and n % 2 == 0 and rng.random() < 0.5:
+        mesh = [ranks[:n // 2], ranks[n // 2:]]
+        ndm = 2
+    else:
+        mesh = list(ranks)
+        ndm = 1
+    pl = []
+    for _ in range(ndm):
+        c = rng.random()
+        d = rng.randrange(len(shape))
+        if c < 0.3:
+            pl.append("Replicate()")
+        elif c < 0.85 or not strided:
+            pl.append(f"Shard({d})")
+        else:
+            pl.append(f"_StridedShard(dim={d}, split_factor=2)")
+    if ndm == 2 and pl[1].startswith("_Strided"):
+        pl[1] = "Replicate()"  # strided shards come before the shard they pair with
+    return {"name": name, "dtype": dt, "shape": shape, "mesh": mesh, "placements": pl}
+
+
+def explicit(name, dt, shape, ranks, rng, cover=True):
+    """Boxes along dim 0, uneven, some ranks holding several, maybe replicated."""
+    cuts = sorted(set([0, shape[0]] + [rng.randrange(1, shape[0]) for _ in range(
+        rng.randrange(0, 4))] if shape[0] > 1 else [0, shape[0]]))
+    shards = []
+    for a, b in zip(cuts, cuts[1:]):
+        for r in rng.sample(ranks, min(len(ranks), rng.choice([1, 1, 2]))):
+            shards.append({"rank": r, "offset": [a] + [0] * (len(shape) - 1),
+                           "size": [b - a] + shape[1:]})
+    return {"name": name, "dtype": dt, "shape": shape, "shards": shards}
+
+
+def rand_pair(i, rng, total_ranks):
+    """(trainer layouts, [(instance, layouts)]) for pair i."""
+    kind = i % 5
+    if kind == 3:
+        specs = [([rng.randrange(1, 9)], rng.choice(DTYPES)) for _ in range(40)]
+    elif kind == 4:
+        specs = [([512, 2048 + rng.randrange(64)], "fp32")]  # ~4 MiB: chunked
+    else:
+        specs = [([rng.randrange(1, 40) for _ in range(rng.randrange(1, 4))],
+                  rng.choice(DTYPES)) for _ in range(rng.randrange(1, 7))]
+    all_r = list(range(total_ranks))
+    tr = sorted(rng.sample(all_r, rng.randrange(1, 9)))
+    ninst = rng.choice([1, 2])
+    free = list(all_r)
+    rng.shuffle(free)
+    insts = []
+    for k in range(ninst):
+        n = rng.randrange(1, 7)
+        insts.append(sorted(free[:n]))
+        free = free[n:]
+    train, infs = [], [[] for _ in insts]
+    for t, (shape, dt) in enumerate(specs):
+        name = f"t{t}"
+        use_explicit = rng.random() < 0.3
+        train.append(explicit(name, dt, shape, tr, rng) if use_explicit
+                     else dtensor(name, dt, shape, tr, rng))
+        for k, ir in enumerate(insts):
+            infs[k].append(explicit(name, dt, shape, ir, rng) if rng.random() < 0.3
+                           else dtensor(name, dt, shape, ir, rng))
+    return train, [(f"i{k}", infs[k]) for k in range(len(insts))]
+
+
+def write(path, tensors):
+    with open(path, "w") as f:
+        json.dump({"tensors": tensors}, f)
+    return path
+
+
+def ranks_of(tensors):
+    rs = set()
+    for t in tensors:
+        if "mesh" in t:
+            m = t["mesh"]
+            for x in (m if isinstance(m[0], int) else [y for row in m for y in row]):
+                rs.add(x)
+        else:
+            rs.update(s["rank"] for s in t["shards"])
+    return rs
+
+
+def start_model(cl, model, train, insts, rng, installs=None):
+    """Clients for a model on every node its ranks touch; returns them."""
+    tp = write(f"{TMP}/{model}-train.json", train)
+    clients = {"train": [], "infer": []}
+    for node in sorted({cl.node_of(r) for r in ranks_of(train)}):
+        c = Client(cl, node, model, "train", tp)
+        assert c.ok(), f"{model}: trainer on node {node}: {c.first} {c.p.stderr.read()}"
+        clients["train"].append(c)
+    for k, (iname, tensors) in enumerate(insts):
+        ip = write(f"{TMP}/{model}-{iname}.json", tensors)
+        for node in sorted({cl.node_of(r) for r in ranks_of(tensors)}):
+            inst = (installs or {}).get(iname) or rng.choice(["double-buffer", "in-place"])
+            c = Client(cl, node, model, "infer", ip, instance=iname, install=inst,
+                       pad=rng.choice([0, 0, 3]))
+            assert c.ok(), f"{model}: {iname} on node {node}: {c.first} {c.p.stderr.read()}"
+            clients["infer"].append(c)
+    return clients
+
+
+def expect_installed(clients, version):
+    for c in clients["infer"]:
+        out = c.cmd(f"wait {version} 20000")
+        assert out.startswith(f"INSTALLED {version} ") and "mismatches=0" in out, out
+
+
+def stop(clients):
+    for c in clients["train"] + clients["infer"]:
+        c.close()
+
+
+
+
+def stop_all():
+    """SIGTERM every process started here (reverse order), then wait."""
+    for p in reversed(PROCS):
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            p.send_signal(signal.SIGTERM)
+    for p in PROCS:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def expect_error(fn, code, text):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        assert e.code() == code, f"{e.code()} != {code}: {e.details()}"
+        assert text in e.details(), f"{text!r} not in {e.details()!r}"
+        return e.details()
+    raise AssertionError(f"no error, expected {code}")
