@@ -206,7 +206,11 @@ main(int argc, char **argv)
 		fprintf(stderr, "refit-client: %s\n", err.msg);
 		return 2;
 	}
-	if ((rc = refit_open(o.socket, 10000, &h, errbuf, sizeof(errbuf))) != 0) {
+	/* the daemon may be (re)starting: retry an unreachable socket */
+	for (int tries = 0; (rc = refit_open(o.socket, 2000, &h, errbuf, sizeof(errbuf))) ==
+			    REFIT_ERR_UNAVAILABLE && tries < o.timeout_ms / 100; tries++)
+		usleep(100 * 1000);
+	if (rc != 0) {
 		fprintf(stderr, "refit-client: %s\n", errbuf);
 		return 1;
 	}
@@ -274,7 +278,11 @@ main(int argc, char **argv)
 	reg.layouts_json = text;
 	reg.mem = rm.v;
 	reg.nmem = rm.n;
-	if ((rc = refit_register(h, &reg, &client)) != 0) {
+	/* a node daemon that just started may not have joined yet: retry that */
+	for (int tries = 0; (rc = refit_register(h, &reg, &client)) == REFIT_ERR_UNAVAILABLE &&
+			    tries < o.timeout_ms / 100; tries++)
+		usleep(100 * 1000);
+	if (rc != 0) {
 		printf("ERROR %s %s\n", refit_status_name(rc), refit_errmsg(h));
 		fprintf(stderr, "refit-client: %s\n", refit_errmsg(h));
 		return 1;

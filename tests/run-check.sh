@@ -53,6 +53,10 @@ script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs)" 
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
 script "data plane, ASan + UBSan (8 layout pairs)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD/asan" 8
+script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 30 s soak)" \
+	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
+script "faults, ASan + UBSan (5 s soak)" \
+	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
 

@@ -104,9 +104,24 @@ class Cluster:
         self.nodes[k] = spawn(self.node_args[k], stderr=self.log)
         return self.nodes[k]
 
-    def restart_coord(self):
-        self.coord = spawn(self.coord_args, stderr=self.log)
-        grpc.channel_ready_future(self.ch).result(timeout=10)
+    def restart_coord(self, spawned=False):
+        if not spawned:
+            self.coord = spawn(self.coord_args, stderr=self.log)
+        self.ch.close()
+        self.ch = grpc.insecure_channel(self.addr, options=[
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 500)])
+        self.stub = pbg.CoordinatorStub(self.ch)
+        end = time.time() + 10
+        while True:
+            try:
+                self.stub.ListMembers(pb.ListMembersRequest(), timeout=0.3)
+                return
+            except grpc.RpcError:
+                if time.time() > end:
+                    raise
+                time.sleep(0.05)
 
     def sock(self, k):
         return f"{TMP}/{self.name}{k}.local"
@@ -135,7 +150,7 @@ class Client:
     """One refit-client process, driven over its stdin/stdout."""
 
     def __init__(self, cl, node, model, role, layouts, instance="", install=None,
-                 pad=0):
+                 pad=0, version=1):
         args = [f"{BUILD}/bin/refit-client", "--socket", cl.sock(node), "--model", model,
                 "--role", role, "--layouts", layouts, "--timeout-ms", "30000"]
         if instance:
@@ -144,6 +159,8 @@ class Client:
             args += ["--install", install]
         if pad:
             args += ["--pad", str(pad)]
+        if version != 1:
+            args += ["--version", str(version)]
         self.p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, bufsize=1)
         self.first = self.p.stdout.readline().strip()

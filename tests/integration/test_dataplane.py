@@ -305,9 +305,10 @@ try:
           mixed_transports_refused)
 finally:
     harness.stop_all()
-    for p in [MAIN.coord] + MAIN.nodes:
-        if p.returncode not in (0, -15):
-            harness.counts["failed"] += 1
-            print(f"FAIL daemon {p.args[:3]} exited {p.returncode}; see {TMP}/n.log")
+    bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
+           if p.returncode not in (0, -9, -15)]
+    if bad:
+        harness.counts["failed"] += 1
+        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
 print(f"dataplane: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
 sys.exit(1 if harness.counts["failed"] else 0)

@@ -1,0 +1,402 @@
+#!/usr/bin/python3
+"""Fault injection, end to end: a coordinator and node daemons as real
+processes on loopback, librefit clients, and faults during refits.
+
+Usage: test_faults.py BUILD_DIR [SOAK_SECONDS].  Scenarios: a node killed
+(SIGKILL) mid-refit, a node stopped (SIGSTOP) mid-refit, data connections
+cut (ss -K), a retry after a membership change, a catch-up refit for a late
+instance, a trainer restart, a coordinator restart mid-refit, a drain
+mid-refit; then a soak alternating refits with kills and restarts for
+SOAK_SECONDS (default 40).  Each asserts the detection bound, the state
+refitctl reports, that nothing is half-applied (double buffer keeps the old
+version byte-exact, in place stays invalid), and that the next refit is
+byte-exact.  Prints the measured detection and recovery times, and
+"faults: N passed, N failed" last.
+"""
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+SOAK = float(sys.argv[2]) if len(sys.argv) > 2 else 40
+TMP = tempfile.mkdtemp(prefix="refit-ft-")
+subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
+                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
+                "proto/refit/v1/refit.proto"], check=True)
+sys.path.insert(0, TMP)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grpc  # noqa: E402
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+import harness  # noqa: E402
+from harness import Client, Cluster, check, spawn, write  # noqa: E402
+
+harness.init(BUILD, TMP)
+LEASE_MS = 1000
+FIG = {}
+
+
+def tensors(ranks, placement):
+    return [{"name": f"w{k}", "dtype": "fp32", "shape": [256, 64], "mesh": ranks,
+             "placements": [placement]} for k in range(8)]
+
+
+class Model:
+    """Trainer on node 0 (ranks 0, 1), instance db (double buffer) on node 1,
+    instance ip (in place) on node 2."""
+
+    def __init__(self, cl, name):
+        self.cl, self.name = cl, name
+        self.tl = write(f"{TMP}/{name}-t.json", tensors([0, 1], "Shard(0)"))
+        self.lay = {"db": (1, write(f"{TMP}/{name}-db.json", tensors([4, 5], "Shard(1)")),
+                           "double-buffer"),
+                    "ip": (2, write(f"{TMP}/{name}-ip.json", tensors([8, 9], "Shard(1)")),
+                           "in-place")}
+        self.version = 1
+        self.trainer = Client(cl, 0, name, "train", self.tl)
+        assert self.trainer.ok(), self.trainer.first
+        self.inst = {}
+        for i in self.lay:
+            self.start(i)
+
+    def start(self, inst):
+        node, lay, mode = self.lay[inst]
+        c = Client(self.cl, node, self.name, "infer", lay, instance=inst, install=mode)
+        assert c.ok(), c.first
+        self.inst[inst] = c
+        return c
+
+    def policy(self, **kw):
+        self.cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+            model=self.name, **kw)), timeout=5)
+
+    def step(self):
+        self.version += 1
+        out = self.trainer.cmd(f"next {self.version}")
+        assert out.startswith("READY"), out
+
+    def installed(self, v=None, insts=None):
+        for i in insts or self.inst:
+            out = self.inst[i].cmd(f"wait {v or self.version} 20000")
+            assert "mismatches=0" in out and out.startswith("INSTALLED"), (i, out)
+
+    def state(self, inst):
+        return self.inst[inst].cmd("state")
+
+    def trigger(self):
+        return self.cl.stub.TriggerRefit(pb.TriggerRefitRequest(
+            model=self.name, version=self.version), timeout=5).refit_id
+
+
+def wait_running(cl, rid):
+    for _ in range(1000):
+        g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+        if g.state == pb.RUNNING:
+            return g
+        time.sleep(0.005)
+    raise AssertionError(f"refit {rid} never ran: {g}")
+
+
+def final_after(cl, rid, t0, bound):
+    g = cl.wait_final(rid, 60)
+    took = time.time() - t0
+    assert took <= bound, f"refit {rid} took {took:.2f} s to fail (bound {bound} s)"
+    return g, took
+
+
+def old_version_intact(m, v):
+    st = m.state("db")
+    assert f"version={v} " in st and "valid=1" in st, st
+    assert m.inst["db"].cmd(f"check {v}").endswith("mismatches=0")
+
+
+CL = None
+M = None
+
+
+def setup():
+    global CL, M
+    CL = Cluster("f", 3, ["--test-msg-delay-ms", "25", "--slice-timeout-ms", "30000"],
+                 ["--state-file", f"{TMP}/coord.state"], lease_ms=LEASE_MS)
+    M = Model(CL, "fm")
+    M.policy(retries=0, retry_backoff_ms=0, catch_up=False)
+    g = CL.refit("fm", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+
+
+def sigkill_node():
+    M.step()
+    rid = M.trigger()
+    wait_running(CL, rid)
+    t0 = time.time()
+    CL.nodes[2].kill()
+    CL.nodes[2].wait()
+    g, took = final_after(CL, rid, t0, LEASE_MS / 1000 + 2)
+    FIG["SIGKILL detection"] = took
+    assert g.state == pb.FAILED and "f2" in g.failure, g
+    old_version_intact(M, M.version - 1)
+    # recovery: restart the node and its client, the next refit is byte-exact
+    t1 = time.time()
+    M.inst["ip"].p.kill()
+    CL.restart_node(2)
+    CL.wait_members(3)
+    M.start("ip")
+    g = CL.refit("fm", M.version)
+    assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+    FIG["SIGKILL recovery (restart node + client, refit)"] = time.time() - t1
+
+
+def sigstop_node():
+    M.step()
+    rid = M.trigger()
+    wait_running(CL, rid)
+    t0 = time.time()
+    CL.nodes[1].send_signal(signal.SIGSTOP)
+    try:
+        g, took = final_after(CL, rid, t0, LEASE_MS / 1000 + 2)
+        FIG["SIGSTOP detection (lease)"] = took
+        assert g.state == pb.FAILED and ("f1" in g.failure or "membership" in g.failure), g
+        st = M.state("ip")
+        assert "valid=0" in st, st   # in place: invalid until the next good refit
+    finally:
+        CL.nodes[1].send_signal(signal.SIGCONT)
+    t1 = time.time()
+    CL.wait_members(3)
+    old_version_intact(M, M.version - 1)
+    g = CL.refit("fm", M.version)
+    assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+    FIG["SIGSTOP recovery (rejoin, refit)"] = time.time() - t1
+
+
+def connection_cut():
+    M.step()
+    rid = M.trigger()
+    wait_running(CL, rid)
+    mem = CL.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
+    ep = [m.data_endpoint for m in mem.members if m.node_id == "f1"][0]
+    port = ep.rsplit(":", 1)[1]
+    t0 = time.time()
+    subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", port],
+                   capture_output=True)
+    subprocess.run(["ss", "-K", "src", "127.0.0.1", "sport", "=", port],
+                   capture_output=True)
+    g, took = final_after(CL, rid, t0, 5)
+    if g.state == pb.COMMITTED:
+        # the cut came after the last byte to f1: nothing to detect
+        FIG["connection cut"] = "refit had finished"
+    else:
+        FIG["connection cut detection"] = took
+        assert g.state == pb.FAILED and "tcp" in g.failure, g
+        old_version_intact(M, M.version - 1)
+        g = CL.refit("fm", M.version)
+        assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+
+
+def retry_after_membership_change():
+    M.policy(retries=2, retry_backoff_ms=200, catch_up=False)
+    M.step()
+    rid = M.trigger()
+    wait_running(CL, rid)
+    extra = spawn([f"{BUILD}/bin/refitd", "--role", "node", "--listen",
+                   f"127.0.0.1:{harness.free_port()}", "--coordinator", CL.addr,
+                   "--node-id", "f9", "--ranks", "90-91", "--heartbeat-ms", "100",
+                   "--local-socket", f"{TMP}/f9.local", "--log-level", "warn"],
+                  stderr=CL.log)
+    try:
+        g = CL.wait_final(rid, 60)
+        assert g.state == pb.COMMITTED, g
+        assert g.attempt == 2 and "membership changed" in g.attempts[0], g
+        M.installed()
+    finally:
+        extra.send_signal(signal.SIGTERM)
+        extra.wait(timeout=10)
+    CL.wait_members(3)
+    M.policy(retries=0, retry_backoff_ms=0, catch_up=False)
+
+
+def catch_up_late_instance():
+    M.policy(retries=1, retry_backoff_ms=200, catch_up=True)
+    before = M.state("db")
+    lay = write(f"{TMP}/fm-late.json", tensors([2, 3], "Shard(0)"))
+    M.lay["late"] = (0, lay, "double-buffer")
+    t0 = time.time()
+    M.start("late")
+    M.installed(insts=["late"])
+    FIG["catch-up (register -> installed)"] = time.time() - t0
+    refs = CL.stub.ListRefits(pb.ListRefitsRequest(model="fm", limit=1), timeout=5)
+    assert refs.refits[0].instance == "late" and refs.refits[0].state == pb.COMMITTED, refs
+    assert M.state("db") == before, (before, M.state("db"))  # the others untouched
+
+
+def trainer_restart():
+    M.trainer.p.kill()
+    M.trainer.p.wait()
+    time.sleep(0.2)
+    M.version += 5
+    M.trainer = Client(CL, 0, "fm", "train", M.tl, version=M.version)
+    assert M.trainer.ok(), M.trainer.first
+    g = CL.refit("fm", M.version)
+    assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+
+
+def coordinator_restart():
+    M.step()
+    rid = M.trigger()
+    wait_running(CL, rid)
+    CL.coord.kill()
+    CL.coord.wait()
+    t0 = time.time()
+    CL.coord = spawn(CL.coord_args, stderr=CL.log)
+    # timed from outside this process (its gRPC channel has its own back-off)
+    ctl = [f"{BUILD}/bin/refitctl", "--coordinator", CL.addr]
+    for _ in range(200):
+        out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
+        if "3 members" in out.stdout:
+            break
+        time.sleep(0.02)
+    FIG["coordinator restart -> all nodes rejoined"] = time.time() - t0
+    out = subprocess.run(ctl + ["trigger", "fm", "--version", str(M.version), "--wait"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "COMMITTED" in out.stdout, out
+    FIG["coordinator restart -> next refit committed"] = time.time() - t0
+    M.installed()
+    out = subprocess.run(ctl + ["--json", "status", str(rid)], capture_output=True, text=True)
+    assert '"state": "FAILED"' in out.stdout and "restarted" in out.stdout, out
+    CL.restart_coord(spawned=True)
+
+
+def drain_midway():
+    M.step()
+    rid = M.trigger()
+    wait_running(CL, rid)
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", CL.addr, "drain", "f2"],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0 and str(rid) in out.stdout, out
+    g = CL.wait_final(rid, 20)
+    assert g.state == pb.ABORTED, g
+    old_version_intact(M, M.version - 1)
+    CL.wait_members(2)
+    # the instance on the drained node goes away; the rest refits
+    CL.stub.UnregisterLayout(pb.UnregisterLayoutRequest(model="fm", role=pb.INFER,
+                                                        instance="ip"), timeout=5)
+    M.inst.pop("ip").close()
+    g = CL.refit("fm", M.version)
+    assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+
+
+def fds(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def trigger_when_idle(cl, model, v):
+    """Trigger, waiting out a refit already running (a catch-up, a retry)."""
+    for _ in range(600):
+        try:
+            return cl.stub.TriggerRefit(pb.TriggerRefitRequest(model=model, version=v),
+                                        timeout=5).refit_id
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+            time.sleep(0.05)
+    raise AssertionError(f"{model}: a refit never ended")
+
+
+def soak():
+    cl = Cluster("k", 4, ["--slice-timeout-ms", "20000"], lease_ms=LEASE_MS)
+    rng = random.Random(11)
+    tl = write(f"{TMP}/soak-t.json", tensors([0, 1, 2, 3], "Shard(0)"))
+    lays = {f"i{k}": (k, write(f"{TMP}/soak-i{k}.json",
+                               tensors([4 * k, 4 * k + 1], "Shard(1)")))
+            for k in (1, 2, 3)}
+    trainer = Client(cl, 0, "soak", "train", tl)
+    assert trainer.ok(), trainer.first
+    inst = {i: Client(cl, n, "soak", "infer", lay, instance=i, install="double-buffer")
+            for i, (n, lay) in lays.items()}
+    cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="soak", retries=1, retry_backoff_ms=100, catch_up=True)), timeout=5)
+    base_fd = (fds(cl.coord.pid), fds(cl.nodes[0].pid))
+    v, committed, failed, kills = 1, 0, 0, 0
+    end = time.time() + SOAK
+    while time.time() < end:
+        rid = trigger_when_idle(cl, "soak", v)
+        victim = None
+        if rng.random() < 0.35:
+            time.sleep(rng.random() * 0.02)
+            k = rng.choice([1, 2, 3])
+            victim = k
+            cl.nodes[k].kill()
+            cl.nodes[k].wait()
+            kills += 1
+        g = cl.wait_final(rid, 60)
+        if victim is not None:
+            inst[f"i{victim}"].p.kill()
+            cl.restart_node(victim)
+            cl.wait_members(4)
+            inst[f"i{victim}"] = Client(cl, victim, "soak", "infer", lays[f"i{victim}"][1],
+                                        instance=f"i{victim}", install="double-buffer")
+            assert inst[f"i{victim}"].ok(), inst[f"i{victim}"].first
+        if g.state == pb.COMMITTED:
+            committed += 1
+        else:
+            failed += 1
+            g = cl.wait_final(trigger_when_idle(cl, "soak", v))  # after recovery: through
+            assert g.state == pb.COMMITTED, g.failure
+        for c in inst.values():
+            out = c.cmd(f"wait {v} 20000")
+            assert out.startswith("INSTALLED") and "mismatches=0" in out, out
+        v += 1
+        out = trainer.cmd(f"next {v}")
+        assert out.startswith("READY"), out
+    end_fd = (fds(cl.coord.pid), fds(cl.nodes[0].pid))
+    FIG["soak"] = (f"{v - 1} versions, {committed} committed first time, {failed} failed "
+                   f"and redone, {kills} node kills; fds coordinator {base_fd[0]}->"
+                   f"{end_fd[0]}, node k0 {base_fd[1]}->{end_fd[1]}")
+    assert end_fd[0] <= base_fd[0] + 8 and end_fd[1] <= base_fd[1] + 8, FIG["soak"]
+
+
+try:
+    check("cluster, model and first refit", setup)
+    if CL is not None and M is not None:
+        check("SIGKILL a node mid-refit: bounded failure naming it, old version kept",
+              sigkill_node)
+        check("SIGSTOP a node mid-refit: the lease catches it; in place marked invalid",
+              sigstop_node)
+        check("data connections cut mid-refit (ss -K)", connection_cut)
+        check("retry policy: a membership change mid-refit, second attempt commits",
+              retry_after_membership_change)
+        check("catch-up: a late instance gets the installed version at once",
+              catch_up_late_instance)
+        check("trainer restart: re-registers, the next WeightsReady works", trainer_restart)
+        check("coordinator restart mid-refit: reported FAILED, next refit works",
+              coordinator_restart)
+        check("drain mid-refit: ABORTED, old version kept, node stays out", drain_midway)
+    check(f"soak: refits with random node kills for {SOAK:.0f} s", soak)
+finally:
+    harness.stop_all()
+    leaked = [p.args[:3] for p in harness.PROCS if p.poll() is None]
+    if leaked:
+        harness.counts["failed"] += 1
+        print(f"FAIL processes left running: {leaked}")
+    # killed on purpose: -9; stopped: 0 (or -15 when a client was mid-call);
+    # anything else (a sanitizer abort, a crash) fails
+    bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
+           if p.returncode not in (0, -9, -15)]
+    if bad:
+        harness.counts["failed"] += 1
+        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+for k, v in FIG.items():
+    print(f"     {k}: {v if isinstance(v, str) else f'{v:.2f} s'}")
+print(f"faults: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
+sys.exit(1 if harness.counts["failed"] else 0)
