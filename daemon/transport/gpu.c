@@ -108,6 +108,7 @@ load(void)
 	SYM(nccl, ncclGroupEnd);
 	SYM(nccl, ncclGetErrorString);
 	SYM(nccl, ncclGetVersion);
+	*(void **)&api.ncclCommShrink = dlsym(nccl, "ncclCommShrink"); /* optional */
 	return 1;
 }
 

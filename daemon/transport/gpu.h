@@ -49,6 +49,7 @@ typedef struct gpu_api {
 	GPU_FN(ncclGroupEnd);
 	GPU_FN(ncclGetErrorString);
 	GPU_FN(ncclGetVersion);
+	GPU_FN(ncclCommShrink);   /* NULL where the NCCL loaded has none */
 	int ndevices;
 } gpu_api_t;
 #undef GPU_FN

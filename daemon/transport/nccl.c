@@ -57,8 +57,10 @@ struct xport {
 	size_t nranks, nlocal;
 	ncclUniqueId id;
 	bool have_id;
-	/* communicators of comm_epoch (0: none) */
+	/* communicators of comm_epoch (0: none), over the ranks comm_ranks */
 	uint64_t comm_epoch;
+	int32_t *comm_ranks;
+	size_t ncomm_ranks;
 	ncclComm_t *comms;
 	cudaStream_t *streams;
 	int *devs;
@@ -265,9 +267,12 @@ drop_comms(xport_t *x, bool abort)
 	free(x->comms);
 	free(x->streams);
 	free(x->devs);
+	free(x->comm_ranks);
 	x->comms = NULL;
 	x->streams = NULL;
 	x->devs = NULL;
+	x->comm_ranks = NULL;
+	x->ncomm_ranks = 0;
 	x->comm_epoch = 0;
 }
 
@@ -275,8 +280,8 @@ static void
 nccl_set_world(xport_t *x, const xport_world_t *w)
 {
 	pthread_mutex_lock(&x->mu);
-	if (!x->busy && x->comm_epoch && x->comm_epoch != w->epoch)
-		drop_comms(x, false);
+	/* the communicators of the old epoch stay until the next session: it
+	 * shrinks them when members only left, or recreates them */
 	free(x->ranks);
 	free(x->local);
 	x->epoch = w->epoch;
@@ -367,15 +372,103 @@ wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_e
 	}
 }
 
+/*
+ * Members only left (the new world is a subset of the old one, this node's
+ * ranks unchanged) and NCCL has ncclCommShrink: shrink instead of
+ * recreating.  false when it does not apply or failed (then recreate).
+ * Locked.
+ */
+static bool
+try_shrink(xport_t *x, const xport_session_cfg_t *cfg)
+{
+	const gpu_api_t *a = x->api;
+	int *excl;
+	size_t nex = 0, k = 0;
+	ncclComm_t *nc;
+	refit_err_t err;
+	bool ok = true;
+
+	if (a->ncclCommShrink == NULL || x->comms == NULL || x->nranks >= x->ncomm_ranks)
+		return false;
+	excl = xcalloc(x->ncomm_ranks, sizeof(*excl));
+	for (size_t i = 0; i < x->ncomm_ranks; i++) {
+		while (k < x->nranks && x->ranks[k] < x->comm_ranks[i])
+			k++;
+		if (k < x->nranks && x->ranks[k] == x->comm_ranks[i])
+			continue;
+		excl[nex++] = (int)i;
+	}
+	if (x->ncomm_ranks - nex != x->nranks) { /* someone new joined */
+		free(excl);
+		return false;
+	}
+	nc = xcalloc(x->nlocal + 1, sizeof(*nc));
+	a->ncclGroupStart();
+	for (size_t i = 0; i < x->nlocal && ok; i++) {
+		ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+		ncclResult_t r;
+
+		c.blocking = 0;
+		a->cudaSetDevice(x->devs[i]);
+		r = a->ncclCommShrink(x->comms[i], excl, (int)nex, &nc[i], &c, NCCL_SHRINK_DEFAULT);
+		ok = r == ncclSuccess || r == ncclInProgress;
+	}
+	{
+		ncclResult_t ge = a->ncclGroupEnd();
+
+		if (ge != ncclSuccess && ge != ncclInProgress)
+			ok = false;
+	}
+	free(excl);
+	if (!ok) {
+		for (size_t i = 0; i < x->nlocal; i++)
+			if (nc[i])
+				a->ncclCommAbort(nc[i]);
+		free(nc);
+		return false;
+	}
+	{
+		ncclComm_t *old = x->comms;
+
+		x->comms = nc;
+		refit_err_clear(&err);
+		ok = wait_comms(x, cfg, "shrinking the communicators", &err) == REFIT_OK;
+		if (ok) {
+			for (size_t i = 0; i < x->nlocal; i++)
+				a->ncclCommDestroy(old[i]);
+			free(old);
+		} else {
+			for (size_t i = 0; i < x->nlocal; i++) /* wait_comms aborted the new ones */
+				a->ncclCommAbort(old[i]);
+			free(old);
+			log_warnx("nccl: node %s: %s; recreating", x->node_id, err.msg);
+			return false;
+		}
+	}
+	return true;
+}
+
 /* The epoch's communicators, created if needed.  Locked. */
 static refit_status_t
 ensure_comms(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
 {
 	const gpu_api_t *a = x->api;
 	ncclResult_t r;
+	int64_t t0 = xport_now_ms();
 
 	if (x->comm_epoch == cfg->epoch && x->comms)
 		return REFIT_OK;
+	if (x->comm_epoch && try_shrink(x, cfg)) {
+		x->comm_epoch = cfg->epoch;
+		free(x->comm_ranks);
+		x->comm_ranks = xmalloc((x->nranks + 1) * sizeof(int32_t));
+		memcpy(x->comm_ranks, x->ranks, x->nranks * sizeof(int32_t));
+		x->ncomm_ranks = x->nranks;
+		log_info("nccl: node %s: communicators shrunk to epoch %" PRIu64 " (%zu ranks) "
+			 "in %" PRId64 " ms", x->node_id, cfg->epoch, x->nranks,
+			 xport_now_ms() - t0);
+		return REFIT_OK;
+	}
 	if (x->comm_epoch)
 		drop_comms(x, false);
 	if (x->epoch != cfg->epoch || !x->have_id)
@@ -416,8 +509,12 @@ ensure_comms(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
 	}
 	CHECK(wait_comms(x, cfg, "creating the communicators", err));
 	x->comm_epoch = cfg->epoch;
-	log_info("nccl: node %s: %zu communicators of epoch %" PRIu64 " (world of %zu ranks)",
-		 x->node_id, x->nlocal, cfg->epoch, x->nranks);
+	x->comm_ranks = xmalloc((x->nranks + 1) * sizeof(int32_t));
+	memcpy(x->comm_ranks, x->ranks, x->nranks * sizeof(int32_t));
+	x->ncomm_ranks = x->nranks;
+	log_info("nccl: node %s: %zu communicators of epoch %" PRIu64 " (world of %zu ranks) "
+		 "in %" PRId64 " ms", x->node_id, x->nlocal, cfg->epoch, x->nranks,
+		 xport_now_ms() - t0);
 	return REFIT_OK;
 }
 
