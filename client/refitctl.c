@@ -243,8 +243,9 @@ print_refit(const Refit__V1__Refit *r, int json)
 			printf("%s{\"stage\": %u, \"micros\": %" PRIu64 ", \"bytes\": %" PRIu64
 			       "}", k ? ", " : "", r->stages[k]->stage, r->stages[k]->micros,
 			       r->stages[k]->bytes);
-		printf("], \"attempt\": %u, \"instance\": \"%s\", \"attempts\": [",
-		       r->attempt, r->instance ? r->instance : "");
+		printf("], \"comm_micros\": %" PRIu64 ", \"attempt\": %u, \"instance\": \"%s\", "
+		       "\"attempts\": [", r->comm_micros, r->attempt,
+		       r->instance ? r->instance : "");
 		for (size_t k = 0; k < r->n_attempts; k++) {
 			strbuf_t a;
 
@@ -278,6 +279,8 @@ print_refit(const Refit__V1__Refit *r, int json)
 		for (size_t k = 0; k < r->n_stages && k < 8; k++)
 			printf(" %.1f ms", r->stages[k]->micros / 1e3);
 		printf("%s)\n", r->n_stages > 8 ? " ..." : "");
+		printf("       transport sessions ready in %.1f ms (slowest node)\n",
+		       r->comm_micros / 1e3);
 	}
 }
 

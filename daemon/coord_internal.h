@@ -57,6 +57,7 @@ typedef struct refit_rec {
 	uint32_t nstages;
 	uint64_t stage_us[64];      /* slowest node's time to the end of each stage */
 	uint64_t stage_bytes[64];   /* bytes moved in each stage, all nodes */
+	uint64_t comm_us;           /* slowest node's time to a usable session */
 	bool nccl;                  /* the nodes use the nccl transport */
 	uint32_t attempt, retries, backoff_ms;
 	uint64_t retry_at_ms;       /* PENDING: the next attempt starts then */

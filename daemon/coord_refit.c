@@ -118,6 +118,10 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		r->state = REFIT__V1__REFIT_STATE__PENDING;
 		r->retry_at_ms = unix_ms() + (wait ? wait : 1);
 		r->committing = r->failing = r->failing_symptom = false;
+		r->bytes = r->comm_us = 0;   /* figures are the last attempt's */
+		r->nstages = 0;
+		memset(r->stage_us, 0, sizeof(r->stage_us));
+		memset(r->stage_bytes, 0, sizeof(r->stage_bytes));
 		coord_save(c);
 		return;
 	}
@@ -304,6 +308,8 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 				const Refit__V1__RunSliceResponse *rs = (const void *)resp;
 
 				r->bytes += rs->bytes;
+				if (rs->comm_micros > r->comm_us)
+					r->comm_us = rs->comm_micros;
 				for (size_t k = 0; k < rs->n_stages; k++) {
 					uint32_t sk = rs->stages[k]->stage < 64 ?
 						      rs->stages[k]->stage : 63;
@@ -798,6 +804,7 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->attempts = r->attempts;
 	o->n_attempts = r->nattempts;
 	o->instance = r->only ? r->only : "";
+	o->comm_micros = r->comm_us;
 }
 
 /* fill_refit's stage timings (caller storage). */

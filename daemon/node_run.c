@@ -223,6 +223,7 @@ job_after(uv_work_t *w, int status)
 		rsp.bytes = j->st.bytes_out;
 		rsp.local_bytes = j->st.bytes_local;
 		rsp.micros = j->st.total_us;
+		rsp.comm_micros = j->st.comm_us;
 		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms: %" PRIu64 " bytes "
 			 "sent in %" PRIu64 " messages, %" PRIu64 " received, %" PRIu64
 			 " copied locally", n->node_id, j->refit_id, j->st.total_us / 1e3,

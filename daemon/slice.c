@@ -475,8 +475,10 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 			.deadline_ms = c->deadline_ms, .abort = c->abort,
 		};
 		dp_mem_ops_t dm = *c->mem;
+		int64_t t0 = now_us();
 
 		rc = c->xo->open(c->x, &sc, &sess, err);
+		st->comm_us = (uint64_t)(now_us() - t0);
 		if (rc == REFIT_OK) {
 			dm.dev = c->xo->dev(sess);
 			dp_exec_free(s.x);
@@ -499,8 +501,10 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 			.deadline_ms = c->deadline_ms, .abort = c->abort,
 		};
 		xport_io_t io = {&s, pull, push, done, peer_done};
+		int64_t t0 = now_us();
 
 		rc = c->xo->open(c->x, &sc, &sess, err);
+		st->comm_us = (uint64_t)(now_us() - t0);
 		if (rc == REFIT_OK)
 			rc = c->xo->exchange(sess, &io, err);
 		c->xo->close(sess);

@@ -47,6 +47,7 @@ typedef struct slice_stats {
 	uint64_t stage_us[SLICE_MAX_STAGES];   /* from the start to the stage's end */
 	uint64_t stage_bytes[SLICE_MAX_STAGES];/* sent + copied locally */
 	uint64_t total_us;
+	uint64_t comm_us;       /* opening the session: connections or communicators */
 } slice_stats_t;
 
 refit_status_t slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err);
