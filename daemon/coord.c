@@ -99,8 +99,8 @@ coord_save(coord_t *c)
 /* leases, retries and catch-ups are checked this often */
 #define TICK_MS(ttl) ((ttl) / 4 + 1 < 100 ? (ttl) / 4 + 1 : 100)
 
-static void
-bump_epoch(coord_t *c, const char *why)
+void
+coord_bump_epoch(coord_t *c, const char *why)
 {
 	c->epoch++;
 	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
@@ -116,7 +116,7 @@ remove_member(coord_t *c, size_t i, const char *why)
 		 c->members.v[i].node_id);
 	member_fini(&c->members.v[i]);
 	c->members.v[i] = c->members.v[--c->members.n];
-	bump_epoch(c, what);
+	coord_bump_epoch(c, what);
 }
 
 static void
@@ -194,7 +194,7 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		m.ranks[i].domain = xstrdup(d && d[0] ? d : rq->node_id);
 	}
 	m.last_beat_ms = uv_now(c->loop);
-	bump_epoch(c, "join");
+	coord_bump_epoch(c, "join");
 	m.joined_epoch = c->epoch;
 	VEC_PUSH(&c->members, m);
 	rsp.member_id = m.id;

@@ -88,6 +88,7 @@ struct coord {
 	uint64_t next_refit;
 	VEC(plan_cache_t) plans;
 	uint32_t inflight;          /* async node calls not yet answered */
+	bool bumping;               /* inside a failure's epoch bump */
 	uint8_t token[16];          /* data-plane token of token_epoch */
 	uint64_t token_epoch;
 	bool closing, timer_closed;
@@ -115,6 +116,8 @@ member_t *coord_find_member(coord_t *c, uint64_t id);
 refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
 refit_status_t coord_compose_dst(const model_t *m, const char *only,
 				 plan_layout_set_t *out, refit_err_t *err);
+/* A new epoch (refits in flight of the old one fail). */
+void coord_bump_epoch(coord_t *c, const char *why);
 /* free c once closing and nothing is in flight */
 void coord_maybe_free(coord_t *c);
 

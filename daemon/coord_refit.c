@@ -86,6 +86,18 @@ rec_free(refit_rec_t *r)
 	free(r);
 }
 
+/*
+ * nccl: a failure may have aborted the communicators on some nodes only; a
+ * new epoch makes every node build fresh ones for the next refit.
+ */
+static void
+nccl_failed_epoch(coord_t *c)
+{
+	c->bumping = true;
+	coord_bump_epoch(c, "a refit on nccl failed");
+	c->bumping = false;
+}
+
 static void
 finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -95,12 +107,14 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 {
 	char msg[REFIT_ERR_MSG_MAX] = "";
 	va_list ap;
+	bool bump;
 
 	if (fmt != NULL) {
 		va_start(ap, fmt);
 		vsnprintf(msg, sizeof(msg), fmt, ap);
 		va_end(ap);
 	}
+	bump = state == REFIT__V1__REFIT_STATE__FAILED && r->nccl && !c->bumping;
 	r->phase++;
 	r->pending = 0;
 	free(r->failure);
@@ -122,12 +136,16 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		r->nstages = 0;
 		memset(r->stage_us, 0, sizeof(r->stage_us));
 		memset(r->stage_bytes, 0, sizeof(r->stage_bytes));
+		if (bump)
+			nccl_failed_epoch(c);
 		coord_save(c);
 		return;
 	}
 	r->state = state;
 	r->retry_at_ms = 0;
 	r->finished_ms = unix_ms();
+	if (bump)
+		nccl_failed_epoch(c);
 	if (state == REFIT__V1__REFIT_STATE__COMMITTED) {
 		model_t *m = coord_find_model(c, r->model);
 
