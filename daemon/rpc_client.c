@@ -138,9 +138,10 @@ rpc_client_new(const char *target, const rpc_client_opts_t *o, refit_err_t *err)
 	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)max);
 	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)max);
 	/* a restarted peer is found again within a second, not after gRPC's
-	 * default back-off (up to two minutes) */
+	 * default back-off (up to two minutes); the minimum is also the time a
+	 * connection attempt gets (TLS over a slow link needs a few seconds) */
 	args[2] = rpc_arg_int(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
 	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
 	c->ch = grpc_channel_create(target, creds, &ca);
 	grpc_channel_credentials_release(creds);

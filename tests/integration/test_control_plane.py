@@ -382,7 +382,7 @@ def restart_keeps_registrations():
         assert any(i.layout_digest == r.layout_digest for i in after.instances)
         lost = st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id), timeout=5)
         assert lost.state == pb.FAILED, lost
-        assert "coordinator restarted while the refit was PREPARING" in lost.failure
+        assert "coordinator restarted while the refit was PREPARING" in lost.failure, lost
         again = st.TriggerRefit(pb.TriggerRefitRequest(model="m", idempotency_key="x"),
                                 timeout=5)
         assert again.existing and again.refit_id == rf.refit_id
