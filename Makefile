@@ -80,7 +80,7 @@ ASAN_LIB := $(ASAN)/lib/librefit-core.a
 ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
-.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test
+.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed
 LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
@@ -280,6 +280,12 @@ bench: deps
 	$(Q)$(BENCH_DP)
 	@echo
 	$(Q)/usr/bin/python3 bench/bench_refit.py $(BUILD)
+
+# the emulated-topology testbed: network namespaces, tc, needs root
+testbed:
+	$(Q)sh scripts/deps.sh iproute2 gnuplot-nox
+	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI)
+	$(Q)/usr/bin/python3 bench/testbed/testbed.py $(BUILD) $(TESTBED_ARGS)
 
 SYSTEMD_DIR ?= /lib/systemd/system
 

@@ -43,7 +43,7 @@ static refit_status_t
 parse_topo(const cJSON *root, plan_topo_t *t, refit_err_t *err)
 {
 	static const char *const keys[] = {"ranks", "network_gbps", "nvlink_gbps",
-					   "latency_us", NULL};
+					   "latency_us", "nic", NULL};
 	static const char *const lat_keys[] = {"network", "nvlink", NULL};
 	const cJSON *v;
 
@@ -54,6 +54,14 @@ parse_topo(const cJSON *root, plan_topo_t *t, refit_err_t *err)
 	CHECK(parse_ranks(cJSON_GetObjectItemCaseSensitive(root, "ranks"), t, err));
 	if ((v = cJSON_GetObjectItemCaseSensitive(root, "network_gbps")) != NULL)
 		CHECK(json_num(v, &t->network_gbps, "topology: network_gbps", err));
+	if ((v = cJSON_GetObjectItemCaseSensitive(root, "nic")) != NULL) {
+		if (!cJSON_IsString(v) || (strcmp(v->valuestring, "rank") != 0 &&
+					   strcmp(v->valuestring, "node") != 0))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "topology: \"nic\" must "
+					     "be \"rank\" (one NIC per rank) or \"node\" (one "
+					     "per node, shared)");
+		t->nic_per_node = strcmp(v->valuestring, "node") == 0;
+	}
 	if ((v = cJSON_GetObjectItemCaseSensitive(root, "nvlink_gbps")) != NULL)
 		CHECK(json_num(v, &t->nvlink_gbps, "topology: nvlink_gbps", err));
 	if ((v = cJSON_GetObjectItemCaseSensitive(root, "latency_us")) != NULL) {

@@ -47,6 +47,8 @@ static const key_t_ keys[] = {
 	 "member lease"},
 	{"heartbeat_ms", K_MS, F(heartbeat_ms), "2000", 10, 600000, NULL, true,
 	 "heartbeat interval"},
+	{"nic", K_ENUM, F(nic), "rank", 0, 0, "rank|node", false,
+	 "coordinator: one NIC per rank (DGX/HGX) or one per node shared by its ranks"},
 	{"transport", K_ENUM, F(transport), "tcp", 0, 0, "tcp|nccl", false,
 	 "data-plane backend"},
 	{"staging_bytes", K_SIZE, F(staging_bytes), "256MiB", 1 << 20, 1ull << 40, NULL,

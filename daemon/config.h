@@ -21,6 +21,7 @@ typedef struct refitd_config {
 	char *token_file;
 	uint64_t lease_ttl_ms, heartbeat_ms;
 	char *transport;      /* "tcp" | "nccl" */
+	char *nic;            /* coordinator: "rank" | "node" (plans' NIC model) */
 	uint64_t staging_bytes;
 	uint64_t max_msg_bytes;
 	char *state_file;

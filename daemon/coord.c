@@ -643,6 +643,7 @@ refit_status_t
 coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
 {
 	plan_topo_init(t);
+	t->nic_per_node = c->o.nic_per_node;
 	for (size_t i = 0; i < c->members.n; i++)
 		for (size_t k = 0; k < c->members.v[i].nranks; k++)
 			CHECK(plan_topo_add_rank(t, c->members.v[i].ranks[k].rank,

@@ -15,6 +15,7 @@ typedef struct coord_opts {
 	uint32_t heartbeat_ms;  /* what members are told to use */
 	const char *state_file; /* NULL: nothing survives a restart */
 	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */
+	bool nic_per_node;      /* plans: one NIC per node, shared by its ranks */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -254,6 +254,7 @@ start_running(coord_t *c, refit_rec_t *r)
 	rq.instances = ip;
 	rq.n_instances = n;
 	rq.corrupt_msg = r->corrupt;
+	rq.nic_per_node = c->o.nic_per_node;
 	call_nodes(c, r, "RunSlice", &rq.base, SLICE_CALL_MS);
 	for (size_t i = 0; i < n; i++)
 		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
@@ -367,8 +368,8 @@ plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
 	strbuf_init(&sb);
 	if (only)
 		strbuf_printf(&sb, "only %s\n", only);
-	strbuf_printf(&sb, "mode %d chunk %" PRIu64 " staging %" PRIu64 "\n", (int)o->mode,
-		      o->chunk_bytes, o->staging_bytes);
+	strbuf_printf(&sb, "mode %d chunk %" PRIu64 " staging %" PRIu64 " nic %d\n", (int)o->mode,
+		      o->chunk_bytes, o->staging_bytes, (int)c->o.nic_per_node);
 	for (size_t i = 0; i < m->inst.n; i++)
 		strbuf_printf(&sb, "inst %d %s %s\n", m->inst.v[i].role, m->inst.v[i].name,
 			      m->inst.v[i].digest);

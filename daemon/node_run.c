@@ -327,6 +327,7 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 	plan_layout_set_init(&j->src);
 	plan_layout_set_init(&j->dst);
 	plan_topo_init(&j->topo);
+	j->topo.nic_per_node = rq->nic_per_node;
 	for (size_t i = 0; i < rq->n_instances && rc == REFIT_OK; i++) {
 		const Refit__V1__InstanceLayouts *il = rq->instances[i];
 		plan_layout_set_t s;

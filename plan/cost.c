@@ -1,7 +1,8 @@
 /*
  * cost.c - the cost model and the bandwidth lower bound.
  *
- * Model: every rank has a NIC (network_gbps each way) and an NVLink port
+ * Model: every rank has a NIC (network_gbps each way; or every node has one,
+ * shared by its ranks, when the topology says "nic": "node") and an NVLink port
  * (nvlink_gbps each way); links work in parallel.  A resource (one
  * direction of one NIC or port) is busy bytes/bandwidth plus one latency
  * per message it carries.  Stages are pipelined through chunks, so the
@@ -89,6 +90,22 @@ lb_tensor_end(lbctx_t *c, const srcidx_t *ix)
 	}
 }
 
+/* Nodes with a rank in domain d (NICs of the domain when shared per node). */
+static double
+nodes_in_domain(const plan_topo_t *t, int32_t d)
+{
+	uint8_t *seen = xcalloc((size_t)t->nnodes + 1, 1);
+	double n = 0;
+
+	for (int32_t r = 0; r < t->nslots; r++)
+		if (t->rank_domain[r] == d && !seen[t->rank_node[r]]) {
+			seen[t->rank_node[r]] = 1;
+			n++;
+		}
+	free(seen);
+	return n;
+}
+
 static refit_status_t
 lower_bound(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	    const size_t *map, const plan_topo_t *topo, plan_cost_t *out,
@@ -118,13 +135,15 @@ lower_bound(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	}
 	out->lb_network_bytes = 0;
 	for (size_t d = 0; d < nd; d++) {
-		double n = topo->domain_size[d];
+		double n = topo->nic_per_node ? nodes_in_domain(topo, (int32_t)d)
+					      : topo->domain_size[d];
+		double nr = topo->domain_size[d];
 		double nvl_bytes = c.x_need[d] > c.b_in[d] ? (double)(c.x_need[d] - c.b_in[d]) : 0;
 
 		out->lb_network_bytes += c.b_in[d];
 		t = fmax(t, (double)c.b_in[d] / (n * net));
 		t = fmax(t, (double)c.b_out[d] / (n * net));
-		t = fmax(t, nvl_bytes / (n * nvl));
+		t = fmax(t, nvl_bytes / (nr * nvl));
 	}
 	out->payload_bytes = c.payload;
 	out->lb_time_s = t + (out->lb_network_bytes ? topo->latency_network_us * 1e-6 : 0);
@@ -135,6 +154,7 @@ lower_bound(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 }
 
 typedef struct tm {
+	const plan_topo_t *topo;
 	size_t ns;
 	double *busy;       /* 4 per rank: net tx, net rx, nvl tx, nvl rx */
 	uint64_t *nic, *port; /* 2 per rank: tx, rx */
@@ -149,6 +169,10 @@ charge(tm_t *m, plan_link_t l, int32_t from, int32_t to, uint64_t b, uint64_t n)
 	size_t base = l == PLAN_LINK_NETWORK ? 0 : 2;
 	uint64_t *cnt = l == PLAN_LINK_NETWORK ? m->nic : m->port;
 
+	if (l == PLAN_LINK_NETWORK) { /* a node's ranks may share one NIC */
+		from = plan_topo_nic(m->topo, from);
+		to = plan_topo_nic(m->topo, to);
+	}
 	m->busy[base * m->ns + (size_t)from] += t;
 	m->busy[(base + 1) * m->ns + (size_t)to] += t;
 	cnt[(size_t)from] += b;
@@ -162,7 +186,7 @@ charge(tm_t *m, plan_link_t l, int32_t from, int32_t to, uint64_t b, uint64_t n)
 static void
 model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 {
-	tm_t m = {.ns = (size_t)topo->nslots,
+	tm_t m = {.topo = topo, .ns = (size_t)topo->nslots,
 		  .bw = {1, plan_topo_nvl_Bps(topo), plan_topo_net_Bps(topo)},
 		  .lat = {0, topo->latency_nvlink_us * 1e-6, topo->latency_network_us * 1e-6}};
 	uint64_t chunk = p->opts.chunk_bytes, fill_bytes = 0;
@@ -209,8 +233,14 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 		tmax = fmax(tmax, m.busy[i]);
 	for (size_t i = 0; i < 2 * m.ns; i++) {
 		if (m.nic[i] > out->max_nic_bytes) {
+			int32_t r = (int32_t)(i % m.ns);
+
 			out->max_nic_bytes = m.nic[i];
-			out->max_nic_rank = (int32_t)(i % m.ns);
+			if (topo->nic_per_node) /* a NIC index is a node: name its first rank */
+				for (r = 0; r < topo->nslots && topo->rank_node[r] != (int32_t)(i % m.ns);
+				     r++)
+					;
+			out->max_nic_rank = r;
 		}
 		if (m.port[i] > out->max_nvl_bytes) {
 			out->max_nvl_bytes = m.port[i];

@@ -72,6 +72,40 @@ on_item(void *ctx, const needs_item_t *it)
 	VEC_PUSH(&rs->work, w);
 }
 
+/* Least-loaded rank of ranks[0..n) by its NIC's load, lowest rank on ties. */
+static int32_t
+least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t *load)
+{
+	int32_t best = ranks[0];
+
+	for (uint32_t i = 1; i < n; i++) {
+		uint64_t a = load[plan_topo_nic(t, ranks[i])], b = load[plan_topo_nic(t, best)];
+
+		if (a < b || (a == b && ranks[i] < best))
+			best = ranks[i];
+	}
+	return best;
+}
+
+/* How many NICs hold a piece: its holders, or their nodes when NICs are shared. */
+static uint32_t
+holder_nics(const reshard_t *rs, const work_t *w)
+{
+	const int32_t *h = rs->arena.v + w->h0;
+	uint32_t n = 0;
+
+	if (!rs->topo->nic_per_node)
+		return w->nh;
+	for (uint32_t k = 0; k < w->nh; k++) {
+		bool seen = false;
+
+		for (uint32_t j = 0; j < k && !seen; j++)
+			seen = rs->topo->rank_node[h[j]] == rs->topo->rank_node[h[k]];
+		n += !seen;
+	}
+	return n;
+}
+
 /* Least-loaded rank of ranks[0..n) by load[], lowest rank on ties. */
 static int32_t
 least(const int32_t *ranks, uint32_t n, const uint64_t *load)
@@ -176,9 +210,10 @@ least_relay(const reshard_t *rs, const served_t *pool, size_t n, int64_t p)
 
 	for (size_t i = 1; i < n; i++) {
 		int32_t r = pool[i].recv[p];
+		uint64_t a = rs->ld.net_send[plan_topo_nic(rs->topo, r)];
+		uint64_t c = rs->ld.net_send[plan_topo_nic(rs->topo, best)];
 
-		if (rs->ld.net_send[r] < rs->ld.net_send[best] ||
-		    (rs->ld.net_send[r] == rs->ld.net_send[best] && r < best))
+		if (a < c || (a == c && r < best))
 			best = r;
 	}
 	return best;
@@ -217,11 +252,12 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 	for (int64_t p = 0; p < out->np; p++) {
 		uint64_t b = (uint64_t)plan_box_volume(&out->parts[p], t->ndim) *
 			     plan_dtype_size(t->dtype);
-		int32_t r = least(need, w->nn, rs->ld.net_recv);
-		int32_t s = from ? least_relay(rs, pool, npool, p) : least(h, w->nh, rs->ld.net_send);
+		int32_t r = least_nic(rs->topo, need, w->nn, rs->ld.net_recv);
+		int32_t s = from ? least_relay(rs, pool, npool, p)
+				 : least_nic(rs->topo, h, w->nh, rs->ld.net_send);
 
-		rs->ld.net_send[s] += b;
-		rs->ld.net_recv[r] += b;
+		rs->ld.net_send[plan_topo_nic(rs->topo, s)] += b;
+		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		out->recv[p] = r;
 		emit(rs, stage, s, r, w->tensor, &out->parts[p]);
 		for (uint32_t k = 0; k < w->nn; k++) {
@@ -246,7 +282,7 @@ static void
 assign_relayed(reshard_t *rs, const size_t *run, size_t k)
 {
 	served_t *sv = xcalloc(k, sizeof(*sv));
-	size_t nh = rs->work.v[run[0]].nh, done = 0, off = rs->rotate++ % k;
+	size_t nh = holder_nics(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
 	uint32_t stage = 0;
 
 	while (done < k) {
@@ -360,7 +396,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (len[st] > w->nh) {
+			} else if (len[st] > holder_nics(&rs, w)) {
 				assign_relayed(&rs, runs + st, len[st]); /* the whole run */
 				len[st] = 0;
 			} else if (len[st] != 0) {

@@ -9,6 +9,7 @@
 #ifndef REFIT_PLAN_TOPO_H
 #define REFIT_PLAN_TOPO_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -25,7 +26,9 @@ typedef struct plan_topo {
 	int32_t ndomains;
 	int32_t *domain_size; /* ranks per domain */
 	strmap_t node_ix, domain_ix; /* name -> index */
-	double network_gbps;  /* per NIC (one per rank), Gbit/s per direction */
+	double network_gbps;  /* per NIC, Gbit/s per direction */
+	bool nic_per_node;    /* one NIC per node, shared by its ranks (default:
+				 one per rank, as on DGX/HGX machines) */
 	double nvlink_gbps;   /* per rank, Gbit/s per direction */
 	double latency_network_us;
 	double latency_nvlink_us;
@@ -64,6 +67,13 @@ plan_topo_node(const plan_topo_t *t, int32_t rank)
 }
 
 /* network bandwidth per NIC in bytes/s, NVLink likewise */
+/* The NIC a rank sends and receives through: its own, or its node's. */
+static inline int32_t
+plan_topo_nic(const plan_topo_t *t, int32_t rank)
+{
+	return t->nic_per_node ? t->rank_node[rank] : rank;
+}
+
 static inline double
 plan_topo_net_Bps(const plan_topo_t *t)
 {

@@ -2,11 +2,12 @@
 # Install the Debian packages refit needs to build and test, when missing.
 # Idempotent and quiet when everything is there.  Needs root (or sudo) only
 # when something is missing.  REFIT_NO_DEPS=1 skips it (offline builds).
+# Extra package names as arguments are installed too (make testbed).
 set -eu
 [ "${REFIT_NO_DEPS:-0}" = 1 ] && exit 0
 pkgs="gcc make pkg-config check libsubunit-dev libcjson-dev clang libclang-rt-14-dev
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev
-      python3 python3-grpcio python3-grpc-tools openssl"
+      python3 python3-grpcio python3-grpc-tools openssl $*"
 missing=""
 for p in $pkgs; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "codec/json.h"
 #include "plan/internal.h"
 #include "tests/unit/helpers.h"
 
@@ -173,6 +174,67 @@ START_TEST(relays_between_domains)
 	/* the busiest NIC sends at most twice (log2(8) - 1), not eight times */
 	ck_assert_uint_le(x.c.max_nic_bytes, 2 * 1024 * 64 * 4);
 	done(&x);
+}
+END_TEST
+
+/* 2 source nodes x 4 ranks holding a replicated tensor, 4 destination nodes
+ * (domains) needing all of it, in the topology's NIC mode. */
+static void
+run_nic(ctx_t *x, const char *nic)
+{
+	char topo[4096], *p = topo;
+	plan_opts_t o;
+	refit_err_t e;
+
+	p += sprintf(p, "{\"nic\": \"%s\", \"network_gbps\": 1, \"ranks\": [", nic);
+	for (int r = 0; r < 24; r++)
+		p += sprintf(p, "%s{\"rank\": %d, \"node\": \"n%d\"}", r ? "," : "", r, r / 4);
+	sprintf(p, "]}");
+	th_layouts(W("w", "[1024,64]", "[0,1,2,3,4,5,6,7]", "[\"Replicate()\"]"), &x->s);
+	th_layouts(W("w", "[1024,64]", "[[8,9,10,11],[12,13,14,15],[16,17,18,19],[20,21,22,23]]",
+		     "[\"Replicate()\", \"Replicate()\"]"), &x->d);
+	refit_err_clear(&e);
+	ck_assert_msg(codec_topo_parse(topo, strlen(topo), &x->t, &e) == REFIT_OK, "%s", e.msg);
+	plan_opts_default(&o);
+	o.chunk_bytes = 64 << 10;
+	ck_assert_msg(plan_build(&x->s, &x->d, &x->t, &o, &x->p, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_validate(&x->p, &x->s, &x->d, &x->chk, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_cost(&x->p, &x->s, &x->d, &x->t, &x->c, &e) == REFIT_OK, "%s", e.msg);
+}
+
+START_TEST(shared_nics_relay)
+{
+	const uint64_t tb = 1024 * 64 * 4;
+	uint64_t out_rank[2] = {0}, out_node[2] = {0}, relayed = 0;
+	ctx_t x, y;
+
+	/* a NIC per rank: 8 holders serve the 4 domains directly */
+	run_nic(&x, "rank");
+	for (size_t i = 0; i < x.p.nxfers; i++)
+		if (x.p.xfers[i].from < 8)
+			out_rank[x.p.xfers[i].from / 4] += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
+	ck_assert_uint_eq(out_rank[0] + out_rank[1], 4 * tb);
+	/* one NIC per node: the 2 source nodes send the tensor once each and
+	 * the served domains relay it to the other two */
+	run_nic(&y, "node");
+	for (size_t i = 0; i < y.p.nxfers; i++) {
+		const plan_xfer_t *f = &y.p.xfers[i];
+
+		if (f->from < 8)
+			out_node[f->from / 4] += plan_xfer_bytes(&y.p, f);
+		else if (f->from / 4 != f->to / 4)
+			relayed += plan_xfer_bytes(&y.p, f);
+	}
+	ck_assert_uint_eq(out_node[0], tb);
+	ck_assert_uint_eq(out_node[1], tb);
+	ck_assert_uint_eq(relayed, 2 * tb);
+	ck_assert_uint_eq(y.c.bytes[PLAN_LINK_NETWORK], 4 * tb);
+	/* the busiest NIC (a node's) carries one copy each way, and the bound
+	 * counts a domain's one shared NIC */
+	ck_assert_uint_le(y.c.max_nic_bytes, 2 * tb);
+	ck_assert(y.c.lb_time_s >= (double)tb / (1e9 / 8));
+	done(&x);
+	done(&y);
 }
 END_TEST
 
@@ -376,6 +438,7 @@ suite_planner(void)
 	tcase_add_test(tc, colocated_no_network);
 	tcase_add_test(tc, source_replicas_balanced);
 	tcase_add_test(tc, relays_between_domains);
+	tcase_add_test(tc, shared_nics_relay);
 	tcase_add_test(tc, broadcast_baseline);
 	tcase_add_test(tc, broadcast_rounds_respect_staging);
 	tcase_add_test(tc, small_tensors_batched);

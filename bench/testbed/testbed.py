@@ -1,0 +1,375 @@
+#!/usr/bin/python3
+"""The emulated-topology testbed (`make testbed`).
+
+"Nodes" are Linux network namespaces joined by veth pairs to a bridge; each
+node's link is rate-limited with tc (token bucket, both directions), ranks
+inside a node share it and copy among themselves in memory (the NVLink
+stand-in: unlimited).  Every node runs its own refitd (tcp backend); the
+coordinator and the librefit clients run in the root namespace (clients
+reach their node daemon through its unix socket).
+
+A scaled-down MoE model (Megatron-style training layout: 8 ranks on 2
+nodes, TP2 x EP4 with an uneven expert count; inference: 4 replicas of TP4,
+one per node) is refit at several sizes, reshard and gather-and-broadcast
+in the same run.  For each: wall time, achieved bandwidth as a fraction of
+the link limit (the cost model's lower bound for these links), the speed-up,
+and the cost model's prediction.  Writes build/testbed/results.json and,
+when gnuplot is there, build/testbed/time-vs-bytes.png.
+
+Usage: testbed.py BUILD_DIR [--rate-mbit N] [--sizes MiB,MiB,...]
+Needs root, ip and tc; prints a skip line and exits 0 otherwise.  Removes
+every namespace, link and process it made, also after a failure.
+"""
+import argparse
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("build", nargs="?", default="build")
+ap.add_argument("--rate-mbit", type=int, default=1000)
+ap.add_argument("--sizes", default="64,128,256")
+ap.add_argument("--chunk", default="4MiB")
+A = ap.parse_args()
+BUILD = A.build
+TAG = f"rtb{os.getpid() % 100000}"
+TMP = tempfile.mkdtemp(prefix="refit-testbed-")
+OUT = os.path.join(BUILD, "testbed")
+NODES = 6            # train0, train1, infer0..3
+RPN = 4              # ranks per node
+PROCS = []
+MADE = {"ns": [], "links": []}
+
+
+def sh(*args, ns=None, check=True):
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return r
+
+
+def skip(why):
+    print(f"testbed: skipped: {why}")
+    sys.exit(0)
+
+
+def cleanup():
+    for p in reversed(PROCS):
+        if p.poll() is None:
+            p.terminate()
+    for p in PROCS:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for ns in MADE["ns"]:
+        sh("ip", "netns", "del", ns, check=False)
+    for link in MADE["links"]:
+        sh("ip", "link", "del", link, check=False)
+    shutil.rmtree(TMP, ignore_errors=True)
+
+
+def on_signal(sig, frame):
+    cleanup()
+    sys.exit(1)
+
+
+# ---- the network ------------------------------------------------------------------
+
+def build_net(rate):
+    br = f"{TAG}br"
+    sh("ip", "link", "add", br, "type", "bridge")
+    MADE["links"].append(br)
+    sh("ip", "addr", "add", "10.77.0.1/24", "dev", br)
+    sh("ip", "link", "set", br, "up")
+    ips = []
+    for k in range(NODES):
+        ns, host, peer = f"{TAG}n{k}", f"{TAG}h{k}", f"{TAG}p{k}"
+        sh("ip", "netns", "add", ns)
+        MADE["ns"].append(ns)
+        sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer)
+        MADE["links"].append(host)
+        sh("ip", "link", "set", peer, "netns", ns)
+        sh("ip", "link", "set", host, "master", br)
+        sh("ip", "link", "set", host, "up")
+        ip = f"10.77.0.{10 + k}"
+        sh("ip", "addr", "add", f"{ip}/24", "dev", peer, ns=ns)
+        sh("ip", "link", "set", peer, "up", ns=ns)
+        sh("ip", "link", "set", "lo", "up", ns=ns)
+        # the node's NIC: rate-limited both ways (upload in the namespace,
+        # download on the bridge side)
+        tbf = ["tbf", "rate", f"{rate}mbit", "burst", "512kb", "latency", "100ms"]
+        sh("tc", "qdisc", "add", "dev", peer, "root", *tbf, ns=ns)
+        sh("tc", "qdisc", "add", "dev", host, "root", *tbf)
+        ips.append(ip)
+    return ips
+
+
+# ---- daemons and clients ------------------------------------------------------------
+
+NAMES = ["train0", "train1", "infer0", "infer1", "infer2", "infer3"]
+
+
+def start(ips):
+    log = open(os.path.join(TMP, "daemons.log"), "w")
+    coord = "10.77.0.1:7700"
+    PROCS.append(subprocess.Popen(
+        [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", coord,
+         "--log-level", "warn", "--heartbeat-ms", "500", "--nic", "node"], stderr=log))
+    for k, ip in enumerate(ips):
+        PROCS.append(subprocess.Popen(
+            ["ip", "netns", "exec", f"{TAG}n{k}", f"{BUILD}/bin/refitd", "--role", "node",
+             "--node-id", NAMES[k], "--ranks", f"{k * RPN}-{k * RPN + RPN - 1}",
+             "--listen", f"{ip}:7701", "--coordinator", coord,
+             "--data-listen", f"{ip}:0", "--local-socket", f"{TMP}/{NAMES[k]}.sock",
+             "--heartbeat-ms", "500", "--log-level", "warn"], stderr=log))
+    for _ in range(200):
+        out = ctl("members").stdout
+        if f"{NODES} members" in out:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("testbed: the nodes did not join: " + open(log.name).read()[-2000:])
+
+
+def ctl(*args):
+    return subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", "10.77.0.1:7700"] +
+                          list(args), capture_output=True, text=True, timeout=900)
+
+
+def client(node, model, role, layouts, inst=""):
+    args = [f"{BUILD}/bin/refit-client", "--socket", f"{TMP}/{NAMES[node]}.sock",
+            "--model", model, "--role", role, "--layouts", layouts,
+            "--timeout-ms", "900000"]
+    if inst:
+        args += ["--instance", inst, "--install", "double-buffer"]
+    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         bufsize=1)
+    PROCS.append(p)
+    line = p.stdout.readline()
+    if not line.startswith(("READY", "REGISTERED")):
+        raise RuntimeError(f"client on {NAMES[node]}: {line}")
+    return p
+
+
+def cmd(p, line):
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+    return p.stdout.readline()
+
+
+# ---- the model ----------------------------------------------------------------------
+
+def moe(layers, H=1024, F=2048, E=10, Fe=512, V=16000):
+    """(name, shape, kind) of a small MoE: kind says how it is sharded."""
+    t = [("embed", [V, H], "row"), ("head", [V, H], "row"), ("norm", [H], "rep")]
+    for i in range(layers):
+        p = f"layers.{i}."
+        t += [(p + "qkv", [3 * H, H], "row"), (p + "o", [H, H], "col"),
+              (p + "ln1", [H], "rep"), (p + "ln2", [H], "rep"),
+              (p + "router", [E, H], "rep"),
+              (p + "experts.w13", [E, 2 * Fe, H], "exp_row"),
+              (p + "experts.w2", [E, H, Fe], "exp_col"),
+              (p + "shared.w13", [2 * F, H], "row"), (p + "shared.w2", [H, F], "col")]
+    return t
+
+
+def bytes_of(tensors):
+    n = 0
+    for _, shape, _ in tensors:
+        k = 2
+        for d in shape:
+            k *= d
+        n += k
+    return n
+
+
+def train_layout(tensors):
+    """8 ranks on train0/train1: mesh (EP4 x TP2); dense weights replicated over
+    EP, experts split over EP (10 experts on 4 ranks: uneven)."""
+    mesh = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    out = []
+    for name, shape, kind in tensors:
+        pl = {"row": ["Replicate()", "Shard(0)"], "col": ["Replicate()", "Shard(1)"],
+              "rep": ["Replicate()", "Replicate()"],
+              "exp_row": ["Shard(0)", "Shard(1)"], "exp_col": ["Shard(0)", "Shard(2)"]}[kind]
+        out.append({"name": name, "dtype": "bf16", "shape": shape, "mesh": mesh,
+                    "placements": pl})
+    return out
+
+
+def infer_layout(tensors, ranks):
+    """One replica: TP4 over its node's ranks (vLLM style, experts TP-sharded)."""
+    out = []
+    for name, shape, kind in tensors:
+        pl = {"row": "Shard(0)", "col": "Shard(1)", "rep": "Replicate()",
+              "exp_row": "Shard(1)", "exp_col": "Shard(2)"}[kind]
+        out.append({"name": name, "dtype": "bf16", "shape": shape, "mesh": ranks,
+                    "placements": [pl]})
+    return out
+
+
+def write(path, tensors):
+    with open(path, "w") as f:
+        json.dump({"tensors": tensors}, f)
+    return path
+
+
+def topology(rate):
+    """The cost model's picture of this testbed: one NIC per node, shared."""
+    ranks = [{"rank": r, "node": NAMES[r // RPN]} for r in range(NODES * RPN)]
+    path = os.path.join(TMP, "topology.json")
+    with open(path, "w") as f:
+        json.dump({"ranks": ranks, "nic": "node", "network_gbps": rate / 1000,
+                   "nvlink_gbps": 400, "latency_us": {"network": 50, "nvlink": 5}}, f)
+    return path
+
+
+UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def secs(text, label):
+    m = re.search(label + r"\s+([0-9.]+) (ns|us|ms|s)\b", text)
+    return float(m.group(1)) * UNIT[m.group(2)] if m else None
+
+
+def predict(src, dst, topo, mode):
+    out = subprocess.run([f"{BUILD}/bin/refit-plan", "plan", "--src", src, "--dst", dst,
+                          "--topology", topo, "--mode", mode, "--chunk-bytes", A.chunk,
+                          "--no-validate"], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    m = re.search(r"time:\s+([0-9.]+) (ns|us|ms|s) modelled, lower bound ([0-9.]+) "
+                  r"(ns|us|ms|s)", out.stdout)
+    return float(m.group(1)) * UNIT[m.group(2)], float(m.group(3)) * UNIT[m.group(4)]
+
+
+def refit(model, version, mode):
+    out = ctl("--json", "trigger", model, "--version", str(version), "--mode", mode, "--wait")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if r["state"] != "COMMITTED":
+        raise RuntimeError(f"refit {model} v{version} {mode}: {r['failure']}")
+    data = max((s["micros"] for s in r["stages"]), default=0) / 1e6
+    return r, data, (r["finished_unix_ms"] - r["created_unix_ms"]) / 1e3
+
+
+def main():
+    if os.geteuid() != 0:
+        skip("needs root (network namespaces, tc)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            skip(f"{tool} is not installed (iproute2)")
+    if sh("ip", "netns", "list", check=False).returncode != 0:
+        skip("network namespaces are not available here")
+    atexit.register(cleanup)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    os.makedirs(OUT, exist_ok=True)
+    ips = build_net(A.rate_mbit)
+    start(ips)
+    topo = topology(A.rate_mbit)
+    rows = []
+    print(f"testbed: {NODES} nodes in network namespaces, {RPN} ranks each, links "
+          f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}")
+    print(f"{'model':>9} {'mode':>9} {'net MiB':>8} {'measured':>9} {'e2e':>8} "
+          f"{'limit':>8} {'of limit':>8} {'model':>8} {'err':>6}")
+    for size in [int(s) for s in A.sizes.split(",")]:
+        layers = 1
+        while bytes_of(moe(layers + 1)) <= size << 20:
+            layers += 1
+        tensors = moe(layers)
+        name = f"tb{size}"
+        src = write(os.path.join(TMP, f"{name}-train.json"), train_layout(tensors))
+        insts = [write(os.path.join(TMP, f"{name}-i{k}.json"),
+                       infer_layout(tensors, list(range(8 + 4 * k, 12 + 4 * k))))
+                 for k in range(4)]
+        # the composed destination, for the cost model
+        dst_all = []
+        for t in range(len(tensors)):
+            shards = []
+            for k in range(4):
+                lay = json.load(open(insts[k]))["tensors"][t]
+                shards.append(lay)
+            dst_all.append(shards)
+        dst = write(os.path.join(TMP, f"{name}-dst.json"),
+                    [{"name": s[0]["name"], "dtype": "bf16", "shape": s[0]["shape"],
+                      "mesh": [x["mesh"] for x in s],
+                      "placements": ["Replicate()", s[0]["placements"][0]]}
+                     for s in dst_all])
+        trainers = [client(0, name, "train", src), client(1, name, "train", src)]
+        infer = [client(2 + k, name, "infer", insts[k], f"i{k}") for k in range(4)]
+        v = 1
+        for mode in ("reshard", "broadcast"):
+            if v > 1:
+                for p in trainers:
+                    assert cmd(p, f"next {v}").startswith("READY")
+            r, data, e2e = refit(name, v, mode)
+            for p in infer:
+                out = cmd(p, f"wait {v} 900000")
+                assert "mismatches=0" in out, out
+            pred, bound = predict(src, dst, topo, mode)
+            row = {"model_mib": bytes_of(tensors) / 2**20, "layers": layers, "mode": mode,
+                   "net_bytes": r["bytes"], "measured_s": data, "e2e_s": e2e,
+                   "bound_s": bound, "modelled_s": pred}
+            rows.append(row)
+            print(f"{row['model_mib']:8.0f}M {mode:>9} {r['bytes'] / 2**20:8.0f} "
+                  f"{data:8.2f}s {e2e:7.2f}s {bound:7.2f}s {bound / data * 100:7.0f}% "
+                  f"{pred:7.2f}s {(pred - data) / data * 100:+5.0f}%")
+            v += 1
+        for p in trainers + infer:
+            p.stdin.close()
+            p.wait(timeout=30)
+    res = {"rate_mbit": A.rate_mbit, "ranks_per_node": RPN, "rows": rows}
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    for size in sorted({r["model_mib"] for r in rows}):
+        rs = [r for r in rows if r["model_mib"] == size]
+        a = {r["mode"]: r for r in rs}
+        print(f"{size:8.0f}M  broadcast / reshard: x{a['broadcast']['measured_s'] / a['reshard']['measured_s']:.2f} measured, "
+              f"x{a['broadcast']['modelled_s'] / a['reshard']['modelled_s']:.2f} modelled")
+    plot(rows)
+
+
+def plot(rows):
+    if shutil.which("gnuplot") is None:
+        print("testbed: gnuplot not installed: no plot (apt-get install gnuplot-nox)")
+        return
+    dat = os.path.join(OUT, "time-vs-bytes.dat")
+    with open(dat, "w") as f:
+        f.write("# model_MiB reshard_s broadcast_s limit_s reshard_model_s broadcast_model_s\n")
+        for size in sorted({r["model_mib"] for r in rows}):
+            a = {r["mode"]: r for r in rows if r["model_mib"] == size}
+            f.write(f"{size:.1f} {a['reshard']['measured_s']:.4f} "
+                    f"{a['broadcast']['measured_s']:.4f} {a['reshard']['bound_s']:.4f} "
+                    f"{a['reshard']['modelled_s']:.4f} {a['broadcast']['modelled_s']:.4f}\n")
+    png = os.path.join(OUT, "time-vs-bytes.png")
+    script = f"""
+set terminal pngcairo size 800,500 noenhanced
+set output '{png}'
+set title 'refit on the emulated testbed: 2 training nodes -> 4 inference nodes, {A.rate_mbit} Mbit/s links'
+set xlabel 'model size (MiB)'
+set ylabel 'time moving data (s)'
+set key left top
+set grid
+plot '{dat}' u 1:3 w lp lw 2 t 'gather-and-broadcast (measured)', \\
+     '' u 1:6 w l dt 2 t 'gather-and-broadcast (cost model)', \\
+     '' u 1:2 w lp lw 2 t 'reshard (measured)', \\
+     '' u 1:5 w l dt 2 t 'reshard (cost model)', \\
+     '' u 1:4 w l lw 2 t 'link limit (lower bound)'
+"""
+    r = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True)
+    if r.returncode != 0:
+        r = subprocess.run(["gnuplot"], input=script.replace("pngcairo", "png"),
+                           capture_output=True, text=True)
+    print(f"testbed: plot {png}" if r.returncode == 0 else f"testbed: gnuplot: {r.stderr}")
+
+
+if __name__ == "__main__":
+    main()
