@@ -12,9 +12,17 @@
 #include "common/log.h"
 #include "daemon/slice.h"
 
+enum { M_OUT, M_IN, M_LOCAL };
+
 typedef struct smsg {
 	plan_msg_t m;        /* parts point into the slice's part table */
 	size_t part0;
+	uint8_t kind;        /* M_OUT, M_IN, M_LOCAL */
+	bool done;
+	uint32_t peer;       /* the other node (M_OUT, M_IN) */
+	uint32_t pos;        /* index in its (sender, receiver) list: the wire's seq */
+	uint32_t ndeps;      /* arrivals it still waits for (M_OUT, M_LOCAL) */
+	uint32_t dep0, ndep; /* its dependents in the slice's dependents table */
 } smsg_t;
 
 typedef VEC(size_t) idxvec_t;
@@ -24,14 +32,14 @@ typedef struct slice {
 	dp_exec_t *x;
 	VEC(smsg_t) msgs;
 	VEC(plan_part_t) parts;
+	VEC(uint32_t) deps;  /* dependents, grouped per message */
 	idxvec_t *out, *in;  /* per node: message indices, plan order */
-	size_t *out_i, *in_i;
-	idxvec_t local;
-	size_t local_i;
-	uint64_t *recv_left; /* per stage: arrivals still expected */
-	uint32_t allowed;    /* stages <= allowed may be packed */
+	idxvec_t *ready;     /* per node: outgoing messages whose data is here */
+	size_t *ready_i, *in_got;
+	idxvec_t work;       /* local messages ready to run */
 	uint8_t **buf;       /* per node: packed outgoing message */
-	uint64_t out_left, in_left, sent;
+	uint64_t out_left, in_left, local_left, sent;
+	uint64_t *stage_left;/* per stage: this node's messages not done */
 	bool *held;          /* per node: its packed buffer may still be on the wire */
 	size_t nheld, cap;   /* buffers held; at most cap (staging_bytes) */
 	slice_stats_t *st;
@@ -78,49 +86,70 @@ msg_at(slice_t *s, size_t i)
 	return &m->m;
 }
 
-/* Run local messages of stages <= allowed, then move allowed on. */
-static refit_status_t
-advance(slice_t *s, refit_err_t *err)
+static void
+count_stage(slice_t *s, uint32_t stage, uint64_t bytes)
 {
-	for (;;) {
-		while (s->local_i < s->local.n) {
-			const plan_msg_t *m = msg_at(s, s->local.v[s->local_i]);
-			uint8_t *b;
+	s->st->stage_bytes[stage < SLICE_MAX_STAGES ? stage : SLICE_MAX_STAGES - 1] += bytes;
+	if (--s->stage_left[stage] == 0)
+		stage_done(s, stage);
+}
 
-			if (m->stage > s->allowed)
-				break;
-			b = s->buf[s->c->self];
-			CHECK(dp_pack_msg(s->x, m, b, err));
-			CHECK(dp_unpack_msg(s->x, m, b, err));
+/*
+ * Message i is done (arrived, sent, or copied): its dependents may be
+ * ready now.  Local messages that become ready run here, which may make
+ * more ready.
+ */
+static refit_status_t
+finished(slice_t *s, size_t i, refit_err_t *err)
+{
+	VEC_PUSH(&s->work, i);
+	while (s->work.n) {
+		size_t k = s->work.v[--s->work.n];
+		smsg_t *m = &s->msgs.v[k];
+
+		if (!m->done) { /* a local message whose data is here: copy it */
+			const plan_msg_t *pm = msg_at(s, k);
+			uint8_t *b = s->buf[s->c->self];
+
+			CHECK(dp_pack_msg(s->x, pm, b, err));
+			CHECK(dp_unpack_msg(s->x, pm, b, err));
+			m->done = true;
+			s->local_left--;
 			s->st->msgs_local++;
-			s->st->bytes_local += m->bytes;
-			s->st->stage_bytes[m->stage < SLICE_MAX_STAGES ? m->stage :
-					   SLICE_MAX_STAGES - 1] += m->bytes;
-			s->local_i++;
+			s->st->bytes_local += pm->bytes;
+			count_stage(s, pm->stage, pm->bytes);
 		}
-		if (s->allowed + 1 >= s->c->plan->nstages || s->recv_left[s->allowed] != 0)
-			return REFIT_OK;
-		stage_done(s, s->allowed);
-		s->allowed++;
+		for (uint32_t d = m->dep0; d < m->dep0 + m->ndep; d++) {
+			smsg_t *t = &s->msgs.v[s->deps.v[d]];
+
+			if (--t->ndeps != 0)
+				continue;
+			if (t->kind == M_OUT)
+				VEC_PUSH(&s->ready[t->peer], s->deps.v[d]);
+			else
+				VEC_PUSH(&s->work, s->deps.v[d]);
+		}
 	}
+	return REFIT_OK;
 }
 
 static refit_status_t
-pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, refit_err_t *err)
+pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, uint64_t *seq,
+     refit_err_t *err)
 {
 	slice_t *s = arg;
 	const plan_msg_t *m;
+	size_t i;
 
 	*len = UINT64_MAX;
 	if (s->held[peer]) { /* the transport asks again: the last one is written */
 		s->held[peer] = false;
 		s->nheld--;
 	}
-	if (s->out_i[peer] >= s->out[peer].n)
+	if (s->ready_i[peer] >= s->ready[peer].n || s->nheld >= s->cap)
 		return REFIT_OK;
-	m = msg_at(s, s->out[peer].v[s->out_i[peer]]);
-	if (m->stage > s->allowed || s->nheld >= s->cap)
-		return REFIT_OK;
+	i = s->ready[peer].v[s->ready_i[peer]++];
+	m = msg_at(s, i);
 	s->held[peer] = true;
 	s->nheld++;
 	if (s->c->test_delay_ms)
@@ -129,29 +158,33 @@ pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, refit_err_t *er
 	if (s->c->corrupt >= 0 && s->sent == (uint64_t)s->c->corrupt && m->bytes > 0)
 		s->buf[peer][m->bytes / 2] ^= 0x5a;
 	s->sent++;
-	s->out_i[peer]++;
 	s->out_left--;
 	s->st->msgs_out++;
 	s->st->bytes_out += m->bytes;
-	s->st->stage_bytes[m->stage < SLICE_MAX_STAGES ? m->stage : SLICE_MAX_STAGES - 1] +=
-		m->bytes;
+	s->msgs.v[i].done = true;
+	count_stage(s, m->stage, m->bytes);
 	*buf = s->buf[peer];
 	*len = m->bytes + s->trail;
-	return REFIT_OK;
+	*seq = s->msgs.v[i].pos;
+	return finished(s, i, err);
 }
 
 static refit_status_t
-push(void *arg, size_t peer, const uint8_t *buf, uint64_t len, refit_err_t *err)
+push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
+     refit_err_t *err)
 {
 	slice_t *s = arg;
 	const slice_cfg_t *c = s->c;
 	const plan_msg_t *m;
+	size_t i;
 
-	if (s->in_i[peer] >= s->in[peer].n)
-		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent a message this "
-				     "node does not expect (it expected %zu)",
-				     c->nodes[peer].node_id, s->in[peer].n);
-	m = msg_at(s, s->in[peer].v[s->in_i[peer]]);
+	if (seq >= s->in[peer].n || s->msgs.v[s->in[peer].v[seq]].done)
+		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent message %" PRIu64
+				     ", which this node does not expect (it expects %zu, %zu "
+				     "arrived)", c->nodes[peer].node_id, seq, s->in[peer].n,
+				     s->in_got[peer]);
+	i = s->in[peer].v[seq];
+	m = msg_at(s, i);
 	if (len != m->bytes + s->trail)
 		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent %" PRIu64 " bytes "
 				     "for the message from rank %d to rank %d (stage %u), which "
@@ -159,12 +192,13 @@ push(void *arg, size_t peer, const uint8_t *buf, uint64_t len, refit_err_t *err)
 				     c->nodes[peer].node_id, len, m->from, m->to, m->stage,
 				     m->bytes + s->trail);
 	CHECK(dp_unpack_msg(s->x, m, buf, err));
-	s->in_i[peer]++;
+	s->msgs.v[i].done = true;
+	s->in_got[peer]++;
 	s->in_left--;
-	s->recv_left[m->stage]--;
 	s->st->msgs_in++;
 	s->st->bytes_in += m->bytes;
-	return advance(s, err);
+	count_stage(s, m->stage, 0);
+	return finished(s, i, err);
 }
 
 static bool
@@ -172,7 +206,7 @@ done(void *arg)
 {
 	slice_t *s = arg;
 
-	return s->out_left == 0 && s->in_left == 0 && s->local_i == s->local.n;
+	return s->out_left == 0 && s->in_left == 0 && s->local_left == 0;
 }
 
 static bool
@@ -180,7 +214,98 @@ peer_done(void *arg, size_t peer)
 {
 	slice_t *s = arg;
 
-	return s->in_i[peer] >= s->in[peer].n;
+	return s->in_got[peer] >= s->in[peer].n;
+}
+
+/* A received part: which rank holds which box after which message. */
+typedef struct held {
+	int32_t rank;
+	uint32_t tensor, stage;
+	uint32_t msg;
+	plan_box_t box;
+} held_t;
+
+static int
+cmp_held(const void *a, const void *b)
+{
+	const held_t *x = a, *y = b;
+
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return (x->tensor > y->tensor) - (x->tensor < y->tensor);
+}
+
+/*
+ * Dependencies: a message sent (or copied) by rank r in stage s > 0 packs
+ * data r received earlier (forwards, relays); it waits for exactly the
+ * arrivals at r, of earlier stages, whose boxes overlap its parts.  Data
+ * from r's own training or inference memory needs nothing.  So a relay
+ * goes as soon as its piece is here, not when the whole stage is: the
+ * stages pipeline.  Edges follow stages upwards: no cycle, no deadlock.
+ */
+static void
+link_deps(slice_t *s)
+{
+	VEC(held_t) h = {0};
+	VEC(uint32_t) *adj = xcalloc(s->msgs.n + 1, sizeof(*adj));
+	uint32_t *stamp = xcalloc(s->msgs.n + 1, sizeof(*stamp));
+
+	for (size_t i = 0; i < s->msgs.n; i++) {
+		smsg_t *m = &s->msgs.v[i];
+		const plan_msg_t *pm = msg_at(s, i);
+
+		if (m->kind == M_OUT)
+			continue;
+		for (uint32_t k = 0; k < pm->nparts; k++) {
+			held_t e = {pm->to, s->c->plan->xfers[pm->parts[k].xfer].tensor,
+				    pm->stage, (uint32_t)i, pm->parts[k].box};
+
+			VEC_PUSH(&h, e);
+		}
+	}
+	xqsort(h.v, h.n, sizeof(*h.v), cmp_held);
+	for (size_t i = 0; i < s->msgs.n; i++) {
+		smsg_t *m = &s->msgs.v[i];
+		const plan_msg_t *pm = msg_at(s, i);
+
+		if (m->kind == M_IN || pm->stage == 0)
+			continue;
+		for (uint32_t k = 0; k < pm->nparts; k++) {
+			uint32_t t = s->c->plan->xfers[pm->parts[k].xfer].tensor;
+			held_t key = {.rank = pm->from, .tensor = t};
+			int nd = s->c->plan->tensors[t].ndim;
+			size_t lo = 0, hi = h.n;
+
+			while (lo < hi) { /* first entry of (rank, tensor) */
+				size_t mid = (lo + hi) / 2;
+
+				if (cmp_held(&h.v[mid], &key) < 0)
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			for (size_t e = lo; e < h.n && cmp_held(&h.v[e], &key) == 0; e++) {
+				uint32_t src = h.v[e].msg;
+
+				if (h.v[e].stage >= pm->stage || stamp[src] == i + 1 ||
+				    !plan_box_overlaps(&h.v[e].box, &pm->parts[k].box, nd))
+					continue;
+				stamp[src] = (uint32_t)i + 1;
+				VEC_PUSH(&adj[src], (uint32_t)i);
+				m->ndeps++;
+			}
+		}
+	}
+	for (size_t i = 0; i < s->msgs.n; i++) {
+		s->msgs.v[i].dep0 = (uint32_t)s->deps.n;
+		s->msgs.v[i].ndep = (uint32_t)adj[i].n;
+		for (size_t k = 0; k < adj[i].n; k++)
+			VEC_PUSH(&s->deps, adj[i].v[k]);
+		VEC_FREE(&adj[i]);
+	}
+	free(adj);
+	free(stamp);
+	VEC_FREE(&h);
 }
 
 /* Keep the messages this node sends or receives. */
@@ -204,7 +329,7 @@ collect(slice_t *s, refit_err_t *err)
 	while (plan_msgs_next(&it, &m)) {
 		size_t f = m.from <= maxr ? where[m.from] : SIZE_MAX;
 		size_t t = m.to <= maxr ? where[m.to] : SIZE_MAX;
-		smsg_t sm = {m, s->parts.n};
+		smsg_t sm = {.m = m, .part0 = s->parts.n};
 
 		if (f == SIZE_MAX || t == SIZE_MAX) {
 			plan_msgs_fini(&it);
@@ -218,21 +343,54 @@ collect(slice_t *s, refit_err_t *err)
 		for (uint32_t k = 0; k < m.nparts; k++)
 			VEC_PUSH(&s->parts, m.parts[k]);
 		sm.m.parts = NULL;
-		VEC_PUSH(&s->msgs, sm);
 		if (f == c->self && t == c->self) {
-			VEC_PUSH(&s->local, s->msgs.n - 1);
+			sm.kind = M_LOCAL;
+			s->local_left++;
 		} else if (f == c->self) {
-			VEC_PUSH(&s->out[t], s->msgs.n - 1);
+			sm.kind = M_OUT;
+			sm.peer = (uint32_t)t;
+			sm.pos = (uint32_t)s->out[t].n;
+			VEC_PUSH(&s->out[t], s->msgs.n);
 			s->out_left++;
 		} else {
-			VEC_PUSH(&s->in[f], s->msgs.n - 1);
+			sm.kind = M_IN;
+			sm.peer = (uint32_t)f;
+			sm.pos = (uint32_t)s->in[f].n;
+			VEC_PUSH(&s->in[f], s->msgs.n);
 			s->in_left++;
-			s->recv_left[m.stage]++;
 		}
+		s->stage_left[m.stage]++;
+		VEC_PUSH(&s->msgs, sm);
 	}
 	plan_msgs_fini(&it);
 	free(where);
+	link_deps(s);
 	return REFIT_OK;
+}
+
+/* Start: everything whose data is here already (a snapshot: what becomes
+ * ready while local copies run is queued by finished()). */
+static refit_status_t
+start_ready(slice_t *s, refit_err_t *err)
+{
+	idxvec_t local = {0};
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < s->msgs.n; i++) {
+		smsg_t *m = &s->msgs.v[i];
+
+		if (m->ndeps != 0 || m->kind == M_IN)
+			continue;
+		if (m->kind == M_OUT)
+			VEC_PUSH(&s->ready[m->peer], i);
+		else
+			VEC_PUSH(&local, i);
+	}
+	for (size_t k = 0; k < local.n && rc == REFIT_OK; k++)
+		if (!s->msgs.v[local.v[k]].done)
+			rc = finished(s, local.v[k], err);
+	VEC_FREE(&local);
+	return rc;
 }
 
 /* ---- grouped backends (nccl) --------------------------------------------------
@@ -446,10 +604,11 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	maxmsg = c->plan->opts.chunk_bytes + s.trail;
 	s.out = xcalloc(c->nnodes, sizeof(*s.out));
 	s.in = xcalloc(c->nnodes, sizeof(*s.in));
-	s.out_i = xcalloc(c->nnodes, sizeof(*s.out_i));
-	s.in_i = xcalloc(c->nnodes, sizeof(*s.in_i));
+	s.ready = xcalloc(c->nnodes, sizeof(*s.ready));
+	s.ready_i = xcalloc(c->nnodes, sizeof(*s.ready_i));
+	s.in_got = xcalloc(c->nnodes, sizeof(*s.in_got));
 	s.buf = xcalloc(c->nnodes, sizeof(*s.buf));
-	s.recv_left = xcalloc(c->plan->nstages + 1, sizeof(*s.recv_left));
+	s.stage_left = xcalloc(c->plan->nstages + 1, sizeof(*s.stage_left));
 	s.held = xcalloc(c->nnodes, sizeof(*s.held));
 	/* half the staging bytes for packed outgoing messages, the rest for
 	 * arrivals (one buffer per sending peer) and relays */
@@ -465,7 +624,7 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		peers[i].send_to = i != c->self && s.out[i].n > 0;
 		peers[i].recv_from = i != c->self && s.in[i].n > 0;
 		any |= peers[i].send_to || peers[i].recv_from;
-		if (s.out[i].n || (i == c->self && s.local.n))
+		if (s.out[i].n || (i == c->self && s.local_left))
 			s.buf[i] = xmalloc(maxmsg);
 	}
 	if (rc == REFIT_OK && c->xo->group) { /* grouped backend: every node takes part */
@@ -488,12 +647,11 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		if (rc == REFIT_OK)
 			rc = run_grouped(&s, sess, err);
 		c->xo->close(sess);
-		s.out_left = s.in_left = 0;
-		s.local_i = s.local.n;
+		s.out_left = s.in_left = s.local_left = 0;
 		any = false;
 	}
 	if (rc == REFIT_OK && !c->xo->group)
-		rc = advance(&s, err);
+		rc = start_ready(&s, err);
 	if (rc == REFIT_OK && any) {
 		xport_session_cfg_t sc = {
 			.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers,
@@ -511,26 +669,26 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	}
 	if (rc == REFIT_OK && !done(&s))
 		rc = refit_err_set(err, REFIT_ERR_INTERNAL, "slice: %" PRIu64 " messages never "
-				   "became ready (plan stages out of order?)",
-				   s.out_left + (uint64_t)(s.local.n - s.local_i));
-	if (rc == REFIT_OK)
-		for (uint32_t k = s.allowed; k < c->plan->nstages; k++)
-			stage_done(&s, k);
+				   "became ready (a dependency that never arrives)",
+				   s.out_left + s.local_left);
 	st->total_us = (uint64_t)(now_us() - s.t0);
 	for (size_t i = 0; i < c->nnodes; i++) {
 		VEC_FREE(&s.out[i]);
 		VEC_FREE(&s.in[i]);
+		VEC_FREE(&s.ready[i]);
 		free(s.buf[i]);
 	}
 	free(s.out);
 	free(s.in);
-	free(s.out_i);
-	free(s.in_i);
+	free(s.ready);
+	free(s.ready_i);
+	free(s.in_got);
 	free(s.buf);
-	free(s.recv_left);
+	free(s.stage_left);
+	VEC_FREE(&s.deps);
+	VEC_FREE(&s.work);
 	free(s.held);
 	free(peers);
-	VEC_FREE(&s.local);
 	VEC_FREE(&s.msgs);
 	VEC_FREE(&s.parts);
 	dp_exec_free(s.x);

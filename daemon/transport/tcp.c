@@ -8,8 +8,8 @@
  * connection until the receiver's session for that refit picks it up.  A
  * connection with a wrong token or epoch is logged and closed.
  *
- * On the wire every message is a 24-byte frame header (magic, length,
- * sequence number) and the payload.  A session's exchange polls all its
+ * On the wire every message is a 24-byte frame header (magic, length, the
+ * sequence number the executor gave it) and the payload.  A session's exchange polls all its
  * connections: outgoing ones write whatever the executor pulls, incoming
  * ones read frames and push them, so both directions of every pair move at
  * once and a slow peer never stalls the others.
@@ -81,7 +81,8 @@ typedef struct conn {
 	uint8_t rhdr[24];
 	uint8_t *rbuf;
 	uint64_t rlen, roff;
-	uint64_t rseq;
+	uint64_t rseq;          /* messages received */
+	uint64_t rmsg;          /* the seq of the one arriving */
 } conn_t;
 
 struct xport_session {
@@ -545,9 +546,9 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 
 		if (!c->busy) {
 			const uint8_t *b = NULL;
-			uint64_t n = UINT64_MAX;
+			uint64_t n = UINT64_MAX, seq = 0;
 
-			CHECK(io->pull(io->arg, i, &b, &n, err));
+			CHECK(io->pull(io->arg, i, &b, &n, &seq, err));
 			if (n == UINT64_MAX) {
 				c->idle = true;
 				return REFIT_OK;
@@ -559,7 +560,8 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			c->off = 0;
 			put64(c->hdr, FRAME_MAGIC);
 			put64(c->hdr + 8, n);
-			put64(c->hdr + 16, c->seq++);
+			put64(c->hdr + 16, seq);
+			c->seq++;
 		}
 		if (c->off < 24) {
 			struct iovec iov[2] = {{c->hdr + c->off, 24 - c->off},
@@ -619,7 +621,7 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			uint64_t magic = get64(c->rhdr), len = get64(c->rhdr + 8);
 			uint64_t seq = get64(c->rhdr + 16);
 
-			if (magic != FRAME_MAGIC || seq != c->rseq)
+			if (magic != FRAME_MAGIC)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" sent "
 						     "a bad frame (message %" PRIu64 ")",
 						     s->peers[i].node_id, c->rseq);
@@ -631,9 +633,10 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			if (c->rbuf == NULL)
 				c->rbuf = xmalloc(s->cfg.max_msg_bytes ? s->cfg.max_msg_bytes : 1);
 			c->rlen = len;
+			c->rmsg = seq;
 		}
 		if (c->roff >= 24 && c->roff == 24 + c->rlen) {
-			CHECK(io->push(io->arg, i, c->rbuf, c->rlen, err));
+			CHECK(io->push(io->arg, i, c->rmsg, c->rbuf, c->rlen, err));
 			c->rseq++;
 			c->roff = 0;
 			if (io->peer_done(io->arg, i))

@@ -10,8 +10,8 @@
  * receives from, run with xport_exchange until the executor says it is
  * done, then closed (or aborted).
  *
- * Messages on a session are whole: the sender hands a packed buffer, the
- * receiver gets the same bytes, in the order sent per (sender, receiver).
+ * Messages on a session are whole: the sender hands a packed buffer and a
+ * sequence number naming it, the receiver gets the same bytes and number.
  * Both directions of every pair move at once.  Everything is bounded by the
  * session's deadline and its abort flag; nothing waits forever.
  *
@@ -61,13 +61,14 @@ typedef struct xport_io {
 	/*
 	 * The next message for peer, if one may go now: buf and len point at the
 	 * packed bytes (owned by the executor, valid until the next pull for
-	 * that peer); *len == UINT64_MAX: nothing now.
+	 * that peer), seq names it for the receiver (messages may go in any
+	 * order); *len == UINT64_MAX: nothing now.
 	 */
 	refit_status_t (*pull)(void *arg, size_t peer, const uint8_t **buf, uint64_t *len,
-			       refit_err_t *err);
-	/* A whole message arrived from peer. */
-	refit_status_t (*push)(void *arg, size_t peer, const uint8_t *buf, uint64_t len,
-			       refit_err_t *err);
+			       uint64_t *seq, refit_err_t *err);
+	/* A whole message arrived from peer, with the seq its sender gave it. */
+	refit_status_t (*push)(void *arg, size_t peer, uint64_t seq, const uint8_t *buf,
+			       uint64_t len, refit_err_t *err);
 	/* Everything sent and received: the exchange returns. */
 	bool (*done)(void *arg);
 	/* Every message expected from peer has arrived (its end may close). */
