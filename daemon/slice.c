@@ -40,6 +40,7 @@ typedef struct slice {
 	uint8_t **buf;       /* per node: packed outgoing message */
 	uint64_t out_left, in_left, local_left, sent;
 	uint64_t *stage_left;/* per stage: this node's messages not done */
+	uint32_t round;      /* rounds before it are done here: relay data freed */
 	bool *held;          /* per node: its packed buffer may still be on the wire */
 	size_t nheld, cap;   /* buffers held; at most cap (staging_bytes) */
 	slice_stats_t *st;
@@ -89,9 +90,26 @@ msg_at(slice_t *s, size_t i)
 static void
 count_stage(slice_t *s, uint32_t stage, uint64_t bytes)
 {
+	const plan_t *p = s->c->plan;
+
 	s->st->stage_bytes[stage < SLICE_MAX_STAGES ? stage : SLICE_MAX_STAGES - 1] += bytes;
-	if (--s->stage_left[stage] == 0)
-		stage_done(s, stage);
+	if (--s->stage_left[stage] != 0)
+		return;
+	stage_done(s, stage);
+	/* every stage of the oldest open round done here: its relays are spent */
+	for (;;) {
+		uint32_t first = s->round * p->stages_per_round, end = first + p->stages_per_round;
+		bool open = false;
+
+		if (first >= p->nstages)
+			return;
+		for (uint32_t k = first; k < end && k < p->nstages && !open; k++)
+			open = s->stage_left[k] != 0;
+		if (open)
+			return;
+		dp_exec_release(s->x, s->round);
+		s->round++;
+	}
 }
 
 /*

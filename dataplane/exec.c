@@ -13,9 +13,9 @@
 
 typedef struct staged {
 	int32_t rank;
-	uint32_t tensor;
+	uint32_t tensor, round;
 	plan_box_t box;
-	uint8_t *data;   /* contiguous, exactly box */
+	uint8_t *data;   /* contiguous, exactly box; NULL once released */
 } staged_t;
 
 struct dp_exec {
@@ -26,7 +26,27 @@ struct dp_exec {
 	dp_exec_opts_t o;
 	VEC(staged_t) staged;
 	uint64_t staged_bytes, staged_max;
+	uint64_t *fwd;   /* sorted (rank << 32 | tensor): ranks that send a
+			    tensor in a later stage (forwards, relays, chains) */
+	size_t nfwd;
 };
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Does rank send tensor t on after receiving it (then it must stage it)? */
+static bool
+forwards(const dp_exec_t *x, int32_t rank, uint32_t t)
+{
+	uint64_t k = (uint64_t)(uint32_t)rank << 32 | t;
+
+	return xbsearch(&k, x->fwd, x->nfwd, sizeof(k), cmp_u64) != NULL;
+}
 
 refit_status_t
 dp_exec_new(const plan_t *p, const plan_layout_set_t *src, const plan_layout_set_t *dst,
@@ -49,6 +69,12 @@ dp_exec_new(const plan_t *p, const plan_layout_set_t *src, const plan_layout_set
 	x->p = p;
 	x->src = src;
 	x->dst = dst;
+	x->fwd = xmalloc((p->nxfers ? p->nxfers : 1) * sizeof(*x->fwd));
+	for (size_t i = 0; i < p->nxfers; i++)
+		if (p->xfers[i].stage > 0)
+			x->fwd[x->nfwd++] = (uint64_t)(uint32_t)p->xfers[i].from << 32 |
+					    p->xfers[i].tensor;
+	xqsort(x->fwd, x->nfwd, sizeof(*x->fwd), cmp_u64);
 	x->mem = *mem;
 	if (o)
 		x->o = *o;
@@ -63,14 +89,29 @@ dp_exec_free(dp_exec_t *x)
 {
 	if (x == NULL)
 		return;
-	for (size_t i = 0; i < x->staged.n; i++)
-		if (x->mem.dev)
-			x->mem.dev->free(x->mem.dev->ctx, x->staged.v[i].data);
-		else
-			free(x->staged.v[i].data);
+	dp_exec_release(x, UINT32_MAX);
 	VEC_FREE(&x->staged);
+	free(x->fwd);
 	free(x->map);
 	free(x);
+}
+
+void
+dp_exec_release(dp_exec_t *x, uint32_t round)
+{
+	for (size_t i = 0; i < x->staged.n; i++) {
+		staged_t *s = &x->staged.v[i];
+
+		if (s->data == NULL || s->round > round)
+			continue;
+		if (x->mem.dev)
+			x->mem.dev->free(x->mem.dev->ctx, s->data);
+		else
+			free(s->data);
+		x->staged_bytes -= (uint64_t)plan_box_volume(&s->box, x->dst->v[s->tensor].ndim) *
+				   x->p->tensors[s->tensor].elem;
+		s->data = NULL;
+	}
 }
 
 static void
@@ -150,7 +191,7 @@ gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
 		plan_shard_t ss;
 		dp_view_t v;
 
-		if (st->rank != rank || st->tensor != t)
+		if (st->rank != rank || st->tensor != t || st->data == NULL)
 			continue;
 		dp_shard_of_box(&ss, &st->box);
 		dp_view_contiguous(&v, st->data, nd, st->box.size, bv->elem);
@@ -226,10 +267,10 @@ crc_mismatch(dp_exec_t *x, const plan_msg_t *m, uint32_t want, uint32_t got,
 
 /* Keep a part the receiver must pass on but does not wholly keep. */
 static refit_status_t
-stage_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b, const uint8_t *data,
-	   uint64_t bytes, refit_err_t *err)
+stage_part(dp_exec_t *x, int32_t rank, uint32_t t, uint32_t round, const plan_box_t *b,
+	   const uint8_t *data, uint64_t bytes, refit_err_t *err)
 {
-	staged_t s = {rank, t, *b, NULL};
+	staged_t s = {rank, t, round, *b, NULL};
 
 	if (x->mem.dev) {
 		s.data = x->mem.dev->alloc(x->mem.dev->ctx, bytes ? bytes : 1);
@@ -289,9 +330,10 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 			copy_box(x, &pv, &ps, &v, s, &in);
 			covered += plan_box_volume(&in, t->ndim);
 		}
-		if (covered < plan_box_volume(&pt->box, t->ndim))
-			CHECK(stage_part(x, m->to, xf->tensor, &pt->box, buf + off, pt->bytes,
-					 err));
+		/* kept when the receiver passes on more than it keeps */
+		if (covered < plan_box_volume(&pt->box, t->ndim) && forwards(x, m->to, xf->tensor))
+			CHECK(stage_part(x, m->to, xf->tensor, m->stage / x->p->stages_per_round,
+					 &pt->box, buf + off, pt->bytes, err));
 		off += pt->bytes;
 	}
 	return REFIT_OK;

@@ -74,6 +74,11 @@ refit_status_t dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf,
 /* Check and unpack a received message into the receiver's memory. */
 refit_status_t dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf,
 			     refit_err_t *err);
+/*
+ * Free the relay data kept for rounds <= round (the broadcast planner's
+ * staging rounds: a round's relays are used inside that round only).
+ */
+void dp_exec_release(dp_exec_t *x, uint32_t round);
 /* Run every message of the plan in this process, in plan order. */
 refit_status_t dp_exec_local(dp_exec_t *x, dp_exec_stats_t *st, refit_err_t *err);
 
