@@ -260,6 +260,62 @@ def refit(model, version, mode):
     return r, data, (r["finished_unix_ms"] - r["created_unix_ms"]) / 1e3
 
 
+# inference layouts: replicas of TP4 on one node each (a replica per
+# domain), or of TP8 over two nodes (each node needs half the model)
+SCENARIOS = [
+    {"name": "tp4x4", "what": "4 replicas of TP4, one node (domain) each",
+     "insts": [list(range(8 + 4 * k, 12 + 4 * k)) for k in range(4)]},
+    {"name": "tp8x2", "what": "2 replicas of TP8, each over two nodes",
+     "insts": [list(range(8 + 8 * k, 16 + 8 * k)) for k in range(2)]},
+]
+
+
+def run_case(sc, size, topo):
+    layers = 1
+    while bytes_of(moe(layers + 1)) <= size << 20:
+        layers += 1
+    tensors = moe(layers)
+    name = f"{sc['name']}-{size}"
+    src = write(os.path.join(TMP, f"{name}-train.json"), train_layout(tensors))
+    insts = [write(os.path.join(TMP, f"{name}-i{k}.json"), infer_layout(tensors, ranks))
+             for k, ranks in enumerate(sc["insts"])]
+    # the composed destination, for the cost model: replicas as a 2-D mesh
+    dst = write(os.path.join(TMP, f"{name}-dst.json"),
+                [{"name": t["name"], "dtype": "bf16", "shape": t["shape"],
+                  "mesh": sc["insts"], "placements": ["Replicate()", t["placements"][0]]}
+                 for t in json.load(open(insts[0]))["tensors"]])
+    trainers = [client(0, name, "train", src), client(1, name, "train", src)]
+    infer = [client(node, name, "infer", insts[k], f"i{k}")
+             for k, ranks in enumerate(sc["insts"])
+             for node in sorted({r // RPN for r in ranks})]
+    rows = []
+    v = 1
+    for mode in ("reshard", "broadcast"):
+        if v > 1:
+            for p in trainers:
+                assert cmd(p, f"next {v}").startswith("READY")
+        r, data, e2e = refit(name, v, mode)
+        for p in infer:
+            out = cmd(p, f"wait {v} 900000")
+            assert "mismatches=0" in out, out
+        pred, bound = predict(src, dst, topo, mode)
+        row = {"scenario": sc["name"], "model_mib": bytes_of(tensors) / 2**20,
+               "layers": layers, "mode": mode, "net_bytes": r["bytes"],
+               "measured_s": data, "e2e_s": e2e, "bound_s": bound, "modelled_s": pred}
+        rows.append(row)
+        print(f"{row['model_mib']:8.0f}M {mode:>9} {r['bytes'] / 2**20:8.0f} "
+              f"{data:8.2f}s {e2e:7.2f}s {bound:7.2f}s {bound / data * 100:7.0f}% "
+              f"{pred:7.2f}s {(pred - data) / data * 100:+5.0f}%")
+        v += 1
+    for p in trainers + infer:
+        p.stdin.close()
+        p.wait(timeout=30)
+    a = {x["mode"]: x for x in rows}
+    print(f"{'':9} broadcast / reshard: x{a['broadcast']['measured_s'] / a['reshard']['measured_s']:.2f}"
+          f" measured, x{a['broadcast']['modelled_s'] / a['reshard']['modelled_s']:.2f} modelled")
+    return rows
+
+
 def main():
     if os.geteuid() != 0:
         skip("needs root (network namespaces, tc)")
@@ -280,60 +336,13 @@ def main():
           f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}")
     print(f"{'model':>9} {'mode':>9} {'net MiB':>8} {'measured':>9} {'e2e':>8} "
           f"{'limit':>8} {'of limit':>8} {'model':>8} {'err':>6}")
-    for size in [int(s) for s in A.sizes.split(",")]:
-        layers = 1
-        while bytes_of(moe(layers + 1)) <= size << 20:
-            layers += 1
-        tensors = moe(layers)
-        name = f"tb{size}"
-        src = write(os.path.join(TMP, f"{name}-train.json"), train_layout(tensors))
-        insts = [write(os.path.join(TMP, f"{name}-i{k}.json"),
-                       infer_layout(tensors, list(range(8 + 4 * k, 12 + 4 * k))))
-                 for k in range(4)]
-        # the composed destination, for the cost model
-        dst_all = []
-        for t in range(len(tensors)):
-            shards = []
-            for k in range(4):
-                lay = json.load(open(insts[k]))["tensors"][t]
-                shards.append(lay)
-            dst_all.append(shards)
-        dst = write(os.path.join(TMP, f"{name}-dst.json"),
-                    [{"name": s[0]["name"], "dtype": "bf16", "shape": s[0]["shape"],
-                      "mesh": [x["mesh"] for x in s],
-                      "placements": ["Replicate()", s[0]["placements"][0]]}
-                     for s in dst_all])
-        trainers = [client(0, name, "train", src), client(1, name, "train", src)]
-        infer = [client(2 + k, name, "infer", insts[k], f"i{k}") for k in range(4)]
-        v = 1
-        for mode in ("reshard", "broadcast"):
-            if v > 1:
-                for p in trainers:
-                    assert cmd(p, f"next {v}").startswith("READY")
-            r, data, e2e = refit(name, v, mode)
-            for p in infer:
-                out = cmd(p, f"wait {v} 900000")
-                assert "mismatches=0" in out, out
-            pred, bound = predict(src, dst, topo, mode)
-            row = {"model_mib": bytes_of(tensors) / 2**20, "layers": layers, "mode": mode,
-                   "net_bytes": r["bytes"], "measured_s": data, "e2e_s": e2e,
-                   "bound_s": bound, "modelled_s": pred}
-            rows.append(row)
-            print(f"{row['model_mib']:8.0f}M {mode:>9} {r['bytes'] / 2**20:8.0f} "
-                  f"{data:8.2f}s {e2e:7.2f}s {bound:7.2f}s {bound / data * 100:7.0f}% "
-                  f"{pred:7.2f}s {(pred - data) / data * 100:+5.0f}%")
-            v += 1
-        for p in trainers + infer:
-            p.stdin.close()
-            p.wait(timeout=30)
+    for sc in SCENARIOS:
+        print(f"-- {sc['name']}: {sc['what']}")
+        for size in [int(x) for x in A.sizes.split(",")]:
+            rows += run_case(sc, size, topo)
     res = {"rate_mbit": A.rate_mbit, "ranks_per_node": RPN, "rows": rows}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
-    for size in sorted({r["model_mib"] for r in rows}):
-        rs = [r for r in rows if r["model_mib"] == size]
-        a = {r["mode"]: r for r in rs}
-        print(f"{size:8.0f}M  broadcast / reshard: x{a['broadcast']['measured_s'] / a['reshard']['measured_s']:.2f} measured, "
-              f"x{a['broadcast']['modelled_s'] / a['reshard']['modelled_s']:.2f} modelled")
     plot(rows)
 
 
@@ -342,27 +351,34 @@ def plot(rows):
         print("testbed: gnuplot not installed: no plot (apt-get install gnuplot-nox)")
         return
     dat = os.path.join(OUT, "time-vs-bytes.dat")
+    names = [sc["name"] for sc in SCENARIOS]
     with open(dat, "w") as f:
-        f.write("# model_MiB reshard_s broadcast_s limit_s reshard_model_s broadcast_model_s\n")
-        for size in sorted({r["model_mib"] for r in rows}):
-            a = {r["mode"]: r for r in rows if r["model_mib"] == size}
-            f.write(f"{size:.1f} {a['reshard']['measured_s']:.4f} "
-                    f"{a['broadcast']['measured_s']:.4f} {a['reshard']['bound_s']:.4f} "
-                    f"{a['reshard']['modelled_s']:.4f} {a['broadcast']['modelled_s']:.4f}\n")
+        for name in names:  # one gnuplot data block per scenario
+            f.write(f"# {name}: model_MiB reshard_s broadcast_s limit_s reshard_model_s "
+                    "broadcast_model_s\n")
+            for size in sorted({r["model_mib"] for r in rows if r["scenario"] == name}):
+                a = {r["mode"]: r for r in rows
+                     if r["model_mib"] == size and r["scenario"] == name}
+                f.write(f"{size:.1f} {a['reshard']['measured_s']:.4f} "
+                        f"{a['broadcast']['measured_s']:.4f} {a['reshard']['bound_s']:.4f} "
+                        f"{a['reshard']['modelled_s']:.4f} {a['broadcast']['modelled_s']:.4f}\n")
+            f.write("\n\n")
     png = os.path.join(OUT, "time-vs-bytes.png")
+    plots = []
+    for i, name in enumerate(names):
+        plots += [f"'{dat}' index {i} u 1:3 w lp lw 2 t '{name}: gather-and-broadcast'",
+                  f"'{dat}' index {i} u 1:2 w lp lw 2 t '{name}: reshard'",
+                  f"'{dat}' index {i} u 1:5 w l dt 2 t '{name}: reshard, cost model'",
+                  f"'{dat}' index {i} u 1:4 w l lw 1 t '{name}: link limit'"]
     script = f"""
-set terminal pngcairo size 800,500 noenhanced
+set terminal pngcairo size 900,550 noenhanced
 set output '{png}'
-set title 'refit on the emulated testbed: 2 training nodes -> 4 inference nodes, {A.rate_mbit} Mbit/s links'
+set title 'refit on the emulated testbed: 2 training nodes -> 4 inference nodes, {A.rate_mbit} Mbit/s per node'
 set xlabel 'model size (MiB)'
 set ylabel 'time moving data (s)'
 set key left top
 set grid
-plot '{dat}' u 1:3 w lp lw 2 t 'gather-and-broadcast (measured)', \\
-     '' u 1:6 w l dt 2 t 'gather-and-broadcast (cost model)', \\
-     '' u 1:2 w lp lw 2 t 'reshard (measured)', \\
-     '' u 1:5 w l dt 2 t 'reshard (cost model)', \\
-     '' u 1:4 w l lw 2 t 'link limit (lower bound)'
+plot {", ".join(plots)}
 """
     r = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True)
     if r.returncode != 0:
