@@ -6,6 +6,7 @@
 #                   the summary line
 #   make demo       a real refit end to end on loopback (tcp data plane)
 #   make bench      planner, RPC, data-plane and refit benchmarks
+#   make testbed    the emulated-topology testbed (root: network namespaces)
 #   make install    PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages (apt-get)
 #   V=1             show full commands
