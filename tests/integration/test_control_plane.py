@@ -26,6 +26,9 @@ import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import expect_error  # noqa: E402
+
 TOKEN = "s3cret-operator-token"
 passed = failed = 0
 
@@ -47,16 +50,6 @@ def check(name, fn):
         failed += 1
         print(f"FAIL {name}")
         traceback.print_exc()
-
-
-def expect_error(fn, code, text):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        assert e.code() == code, f"{e.code()} != {code}: {e.details()}"
-        assert text in e.details(), f"{text!r} not in {e.details()!r}"
-        return e.details()
-    raise AssertionError(f"no error, expected {code}")
 
 
 def layout_to_proto(t):
