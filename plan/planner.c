@@ -285,6 +285,10 @@ assign_relayed(reshard_t *rs, const size_t *run, size_t k)
 	size_t nh = holder_nics(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
 	uint32_t stage = 0;
 
+	/* shared NICs: the sources serve at most half the domains and the served
+	 * ones relay the rest, so a source NIC sends each piece about once */
+	if (rs->topo->nic_per_node && nh > (k + 1) / 2)
+		nh = (k + 1) / 2;
 	while (done < k) {
 		size_t take = stage == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
 
@@ -396,7 +400,8 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (len[st] > holder_nics(&rs, w)) {
+			} else if (len[st] > holder_nics(&rs, w) ||
+				   (topo->nic_per_node && len[st] > 1)) {
 				assign_relayed(&rs, runs + st, len[st]); /* the whole run */
 				len[st] = 0;
 			} else if (len[st] != 0) {
