@@ -222,10 +222,11 @@ def write(path, tensors):
     return path
 
 
-def topology(rate):
-    """The cost model's picture of this testbed: one NIC per node, shared."""
+def topology(rate, name="topology"):
+    """The cost model's picture of this testbed: one NIC per node, shared;
+    rate in Mbit/s (nominal, or calibrated)."""
     ranks = [{"rank": r, "node": NAMES[r // RPN]} for r in range(NODES * RPN)]
-    path = os.path.join(TMP, "topology.json")
+    path = os.path.join(TMP, f"{name}.json")
     with open(path, "w") as f:
         json.dump({"ranks": ranks, "nic": "node", "network_gbps": rate / 1000,
                    "nvlink_gbps": 400, "latency_us": {"network": 50, "nvlink": 5}}, f)
@@ -270,7 +271,28 @@ SCENARIOS = [
 ]
 
 
-def run_case(sc, size, topo):
+def calibrate():
+    """One node pair, one large tensor: the link's payload rate (Mbit/s)
+    the cost model is then given.  Stage fill and latency stay modelled."""
+    t = [{"name": "w", "dtype": "bf16", "shape": [8192, 8192], "mesh": [0],
+          "placements": ["Replicate()"]}]
+    i = [{"name": "w", "dtype": "bf16", "shape": [8192, 8192], "mesh": [8],
+          "placements": ["Replicate()"]}]
+    tr = client(0, "calib", "train", write(os.path.join(TMP, "calib-t.json"), t))
+    inf = client(2, "calib", "infer", write(os.path.join(TMP, "calib-i.json"), i), "c")
+    r, data, _ = refit("calib", 1, "reshard")
+    assert "mismatches=0" in cmd(inf, "wait 1 900000")
+    for p in (tr, inf):
+        p.stdin.close()
+        p.wait(timeout=30)
+    rate = r["bytes"] * 8 / data / 1e6
+    print(f"calibration: one pair, {r['bytes'] / 2**20:.0f} MiB in {data:.2f} s: "
+          f"{rate:.0f} Mbit/s of payload on a {A.rate_mbit} Mbit/s link "
+          f"({rate / A.rate_mbit * 100:.1f} %)")
+    return rate
+
+
+def run_case(sc, size, topo, ctopo):
     layers = 1
     while bytes_of(moe(layers + 1)) <= size << 20:
         layers += 1
@@ -299,13 +321,16 @@ def run_case(sc, size, topo):
             out = cmd(p, f"wait {v} 900000")
             assert "mismatches=0" in out, out
         pred, bound = predict(src, dst, topo, mode)
+        cpred, _ = predict(src, dst, ctopo, mode)
         row = {"scenario": sc["name"], "model_mib": bytes_of(tensors) / 2**20,
                "layers": layers, "mode": mode, "net_bytes": r["bytes"],
-               "measured_s": data, "e2e_s": e2e, "bound_s": bound, "modelled_s": pred}
+               "measured_s": data, "e2e_s": e2e, "bound_s": bound, "modelled_s": pred,
+               "calibrated_s": cpred}
         rows.append(row)
         print(f"{row['model_mib']:8.0f}M {mode:>9} {r['bytes'] / 2**20:8.0f} "
               f"{data:8.2f}s {e2e:7.2f}s {bound:7.2f}s {bound / data * 100:7.0f}% "
-              f"{pred:7.2f}s {(pred - data) / data * 100:+5.0f}%")
+              f"{pred:7.2f}s {(pred - data) / data * 100:+5.0f}% "
+              f"{cpred:7.2f}s {(cpred - data) / data * 100:+5.0f}%")
         v += 1
     for p in trainers + infer:
         p.stdin.close()
@@ -330,17 +355,20 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     ips = build_net(A.rate_mbit)
     start(ips)
-    topo = topology(A.rate_mbit)
-    rows = []
     print(f"testbed: {NODES} nodes in network namespaces, {RPN} ranks each, links "
           f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}")
+    topo = topology(A.rate_mbit)
+    cal = calibrate()
+    ctopo = topology(cal, "calibrated")
+    rows = []
     print(f"{'model':>9} {'mode':>9} {'net MiB':>8} {'measured':>9} {'e2e':>8} "
-          f"{'limit':>8} {'of limit':>8} {'model':>8} {'err':>6}")
+          f"{'limit':>8} {'of limit':>8} {'model':>8} {'err':>6} {'calib.':>8} {'err':>6}")
     for sc in SCENARIOS:
         print(f"-- {sc['name']}: {sc['what']}")
         for size in [int(x) for x in A.sizes.split(",")]:
-            rows += run_case(sc, size, topo)
-    res = {"rate_mbit": A.rate_mbit, "ranks_per_node": RPN, "rows": rows}
+            rows += run_case(sc, size, topo, ctopo)
+    res = {"rate_mbit": A.rate_mbit, "calibrated_mbit": cal, "ranks_per_node": RPN,
+           "rows": rows}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(rows)
@@ -354,21 +382,22 @@ def plot(rows):
     names = [sc["name"] for sc in SCENARIOS]
     with open(dat, "w") as f:
         for name in names:  # one gnuplot data block per scenario
-            f.write(f"# {name}: model_MiB reshard_s broadcast_s limit_s reshard_model_s "
-                    "broadcast_model_s\n")
+            f.write(f"# {name}: model_MiB reshard_s broadcast_s limit_s "
+                    "reshard_model_s broadcast_model_s (calibrated cost model)\n")
             for size in sorted({r["model_mib"] for r in rows if r["scenario"] == name}):
                 a = {r["mode"]: r for r in rows
                      if r["model_mib"] == size and r["scenario"] == name}
                 f.write(f"{size:.1f} {a['reshard']['measured_s']:.4f} "
                         f"{a['broadcast']['measured_s']:.4f} {a['reshard']['bound_s']:.4f} "
-                        f"{a['reshard']['modelled_s']:.4f} {a['broadcast']['modelled_s']:.4f}\n")
+                        f"{a['reshard']['calibrated_s']:.4f} "
+                        f"{a['broadcast']['calibrated_s']:.4f}\n")
             f.write("\n\n")
     png = os.path.join(OUT, "time-vs-bytes.png")
     plots = []
     for i, name in enumerate(names):
         plots += [f"'{dat}' index {i} u 1:3 w lp lw 2 t '{name}: gather-and-broadcast'",
                   f"'{dat}' index {i} u 1:2 w lp lw 2 t '{name}: reshard'",
-                  f"'{dat}' index {i} u 1:5 w l dt 2 t '{name}: reshard, cost model'",
+                  f"'{dat}' index {i} u 1:5 w l dt 2 t '{name}: reshard, calibrated cost model'",
                   f"'{dat}' index {i} u 1:4 w l lw 1 t '{name}: link limit'"]
     script = f"""
 set terminal pngcairo size 900,550 noenhanced
