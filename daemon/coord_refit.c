@@ -38,15 +38,6 @@ typedef struct nctx {
 	uint32_t phase;
 } nctx_t;
 
-static uint64_t
-unix_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static refit_rec_t *
 find_refit(coord_t *c, uint64_t id)
 {
@@ -130,7 +121,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 			 wait);
 		r->attempt++;
 		r->state = REFIT__V1__REFIT_STATE__PENDING;
-		r->retry_at_ms = unix_ms() + (wait ? wait : 1);
+		r->retry_at_ms = coord_now_ms() + (wait ? wait : 1);
 		r->committing = r->failing = r->failing_symptom = false;
 		r->bytes = r->comm_us = 0;   /* figures are the last attempt's */
 		r->nstages = 0;
@@ -143,7 +134,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	}
 	r->state = state;
 	r->retry_at_ms = 0;
-	r->finished_ms = unix_ms();
+	r->finished_ms = coord_now_ms();
 	if (bump)
 		nccl_failed_epoch(c);
 	if (state == REFIT__V1__REFIT_STATE__COMMITTED) {
@@ -279,16 +270,31 @@ start_commit(coord_t *c, refit_rec_t *r)
 
 static void abort_on_nodes(coord_t *c, refit_rec_t *r);
 
+/*
+ * A node answered: the refit it belongs to, if the answer is still wanted
+ * (the refit is in the phase the call was made in, and not final), and the
+ * member that answered.  Counts the call as done.
+ */
+static refit_rec_t *
+answer_of(const nctx_t *x, member_t **m)
+{
+	coord_t *c = x->c;
+	refit_rec_t *r = c->closing ? NULL : find_refit(c, x->refit_id);
+
+	c->inflight--;
+	*m = c->closing ? NULL : coord_find_member(c, x->member_id);
+	return r != NULL && r->phase == x->phase && !is_final(r->state) ? r : NULL;
+}
+
 static void
 on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
 	nctx_t *x = arg;
 	coord_t *c = x->c;
-	refit_rec_t *r = c->closing ? NULL : find_refit(c, x->refit_id);
-	member_t *m = c->closing ? NULL : coord_find_member(c, x->member_id);
+	member_t *m;
+	refit_rec_t *r = answer_of(x, &m);
 
-	c->inflight--;
-	if (r != NULL && r->phase == x->phase && !is_final(r->state)) {
+	if (r != NULL) {
 		const char *what = r->state == REFIT__V1__REFIT_STATE__PREPARING ? "PrepareEpoch"
 				   : r->committing ? "Commit" : "RunSlice";
 
@@ -551,16 +557,16 @@ involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 
 static void send_prepare(coord_t *c, refit_rec_t *r);
 
+
 static void
 on_nccl_id(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
 	nctx_t *x = arg;
 	coord_t *c = x->c;
-	refit_rec_t *r = c->closing ? NULL : find_refit(c, x->refit_id);
-	member_t *m = c->closing ? NULL : coord_find_member(c, x->member_id);
+	member_t *m;
+	refit_rec_t *r = answer_of(x, &m);
 
-	c->inflight--;
-	if (r != NULL && r->phase == x->phase && !is_final(r->state)) {
+	if (r != NULL) {
 		const Refit__V1__NcclIdResponse *rs = (const void *)resp;
 
 		if (st != REFIT_OK) {
@@ -904,7 +910,7 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	r->attempt = 1;
 	r->retries = m->retries;
 	r->backoff_ms = m->retry_backoff_ms;
-	r->created_ms = unix_ms();
+	r->created_ms = coord_now_ms();
 	r->state = REFIT__V1__REFIT_STATE__PENDING;
 	VEC_PUSH(&c->refits, r);
 	trim_records(c);
@@ -1042,7 +1048,7 @@ model_busy(coord_t *c, const char *model)
 void
 coord_refits_tick(coord_t *c)
 {
-	uint64_t now = unix_ms();
+	uint64_t now = coord_now_ms();
 
 	if (c->closing)
 		return;
