@@ -32,7 +32,8 @@ struct CUstream_st {
 	emu_op_t *head, *tail;
 	uint64_t queued, done;
 	bool stop, idle;
-	struct CUstream_st *next; /* registry */
+	bool destroyed;           /* the handle is dead; queued work still runs */
+	struct CUstream_st *next; /* registry, until the worker ends */
 };
 
 struct CUevent_st {
@@ -98,6 +99,14 @@ worker(void *arg)
 		pthread_mutex_lock(&s->mu);
 	}
 	pthread_mutex_unlock(&s->mu);
+	pthread_mutex_lock(&reg_mu); /* out of the registry: its reference */
+	for (struct CUstream_st **pp = &streams; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	s->refs--;
+	pthread_mutex_unlock(&reg_mu);
 	stream_unref(s);
 	return NULL;
 }
@@ -142,7 +151,7 @@ emu_stream_get(cudaStream_t h, struct CUstream_st **out)
 			defaults[dev] = stream_new(dev, 0);
 		s = defaults[dev];
 	} else {
-		for (s = streams; s && s != h; s = s->next)
+		for (s = streams; s && (s != h || s->destroyed); s = s->next)
 			;
 	}
 	pthread_mutex_unlock(&reg_mu);
@@ -257,7 +266,7 @@ cudaError_t
 cudaStreamDestroy(cudaStream_t h)
 {
 	cudaError_t e = emu_enter();
-	struct CUstream_st **pp, *s = NULL;
+	struct CUstream_st *s = NULL;
 
 	if (e)
 		return e;
@@ -265,22 +274,21 @@ cudaStreamDestroy(cudaStream_t h)
 	for (int d = 0; d < REFIT_EMU_MAX_DEVICES; d++)
 		if (h && defaults[d] == h)
 			h = NULL;
-	for (pp = &streams; h && *pp; pp = &(*pp)->next)
-		if (*pp == h) {
-			s = *pp;
-			*pp = s->next;
-			break;
-		}
+	for (s = streams; h && s && (s != h || s->destroyed); s = s->next)
+		;
+	if (h == NULL)
+		s = NULL;
+	if (s)
+		s->destroyed = true;
 	pthread_mutex_unlock(&reg_mu);
 	if (s == NULL)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p): not a "
 				"live stream", (void *)h);
 	emu_count_streams(-1);
-	pthread_mutex_lock(&s->mu);
+	pthread_mutex_lock(&s->mu); /* the worker ends once the queue is empty */
 	s->stop = true;
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
-	stream_unref(s);
 	return cudaSuccess;
 }
 

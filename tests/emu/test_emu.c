@@ -921,8 +921,8 @@ t_nccl_unmatched_blocks_until_abort(void)
 {
 	const int devs[2] = {0, 1};
 	ncclComm_t c[2];
-	cudaStream_t s0 = stream_on(0);
-	void *b0 = dev_buf(0, 256, 1);
+	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
+	void *b0 = dev_buf(0, 256, 1), *b1 = dev_buf(1, 256, 1);
 	ncclResult_t r;
 
 	make_comms(2, devs, c, false);
@@ -933,8 +933,16 @@ t_nccl_unmatched_blocks_until_abort(void)
 	CK(r == ncclSuccess, "error %d while waiting", r);
 	NCIS(ncclCommAbort(c[0]), ncclSuccess);
 	CK(wait_stream(s0, 10000) == cudaSuccess, "abort did not release the stream");
-	NCIS(ncclCommDestroy(c[1]), ncclSuccess);
+	/* a receive that nobody sends to, released the same way (rank 0's
+	 * announced send would match a receive from rank 0: take one from
+	 * rank 1 itself, which never sends) */
+	NCIS(ncclRecv(b1, 256, ncclUint8, 1, c[1], s1), ncclInProgress);
+	CK(wait_comm(c[1], 20000) == ncclSuccess, "launch");
+	CK(wait_stream(s1, 500) == cudaErrorNotReady, "an unmatched receive completed");
+	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+	CK(wait_stream(s1, 10000) == cudaSuccess, "abort did not release the receive");
 	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+	CU(cudaSetDevice(0));
 	CU(cudaFree(b0));
 }
 
@@ -1096,6 +1104,44 @@ t_nccl_peer_death_remote_error(void)
 	reap_ok(a);
 }
 
+
+static void
+t_nccl_abort_during_init(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	ncclConfig_t cfg = nonblocking();
+
+	NC(ncclGetUniqueId(&id));
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress); /* rank 1 never comes */
+	CK(wait_comm(c, 200) == ncclInProgress, "init finished alone");
+	NCIS(ncclCommAbort(c), ncclSuccess);
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+	CK(counters().ids_unconsumed == 1, "the root must still wait (NCCL leaks it too)");
+}
+
+static void
+t_stream_destroy_and_free_sync(void)
+{
+	uint8_t src[4096], dst[4096];
+	uint8_t *d;
+	cudaStream_t s;
+
+	/* REFIT_EMU_DELAY_US=100000 */
+	memset(src, 3, sizeof(src));
+	memset(dst, 0, sizeof(dst));
+	CU(cudaMalloc((void **)&d, sizeof(src)));
+	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CU(cudaMemcpyAsync(d, src, sizeof(src), cudaMemcpyHostToDevice, s));
+	CU(cudaMemcpyAsync(dst, d, sizeof(dst), cudaMemcpyDeviceToHost, s));
+	CU(cudaStreamDestroy(s)); /* returns at once; the work still runs */
+	CK(counters().streams_live == 0, "streams %lld", (long long)counters().streams_live);
+	CUIS(cudaStreamQuery(s), cudaErrorInvalidResourceHandle);
+	CK(dst[0] == 0, "the copy ran before its delay");
+	CU(cudaFree(d)); /* synchronises the device first */
+	CK(dst[0] == 3 && dst[4095] == 3, "cudaFree did not wait for the queued copies");
+}
+
 /* ---- the driver ------------------------------------------------------------------------------ */
 
 typedef struct test {
@@ -1133,6 +1179,9 @@ static const test_t tests[] = {
 	{"nccl_group_in_progress_until_launched", t_nccl_group_in_progress_until_launched,
 	 "REFIT_EMU_DELAY_US=300000"},
 	{"nccl_peer_death_remote_error", t_nccl_peer_death_remote_error, NULL},
+	{"nccl_abort_during_init", t_nccl_abort_during_init, NULL},
+	{"stream_destroy_and_free_sync", t_stream_destroy_and_free_sync,
+	 "REFIT_EMU_DELAY_US=100000"},
 };
 
 static int
