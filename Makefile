@@ -300,7 +300,8 @@ $(EMU_CUDART): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_RT_SRC))
 $(EMU_NCCL): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_NCCL_SRC)) $(EMU_CUDART)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) -shared -Wl,-soname,libnccl.so.2 -Wl,-z,defs -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR) -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+		-L$(EMU_DIR) -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
+		-lpthread
 
 $(EMU_DIR)/test-emu: $(EMU_DIR)/obj/test_emu.o $(EMU_NCCL) $(EMU_CUDART)
 	@$(if $(Q),echo "  LD      $@")
@@ -319,7 +320,8 @@ $(EMU_DIR)/asan/libcudart.so.13: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.
 $(EMU_DIR)/asan/libnccl.so.2: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_NCCL_SRC)) \
 			      $(EMU_DIR)/asan/libcudart.so.13
 	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR)/asan -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+		-L$(EMU_DIR)/asan -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
+		-lpthread
 
 $(EMU_DIR)/asan/test-emu: $(EMU_DIR)/asan/obj/test_emu.o $(EMU_DIR)/asan/libnccl.so.2
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $(filter %.o,$^) -L$(EMU_DIR)/asan -l:libnccl.so.2 \
