@@ -82,13 +82,13 @@ parse_delay(const char *s, unsigned *lo, unsigned *hi)
 	char *end;
 	unsigned long a = strtoul(s, &end, 10), b = a;
 
-	if (end == s)
+	if (end == s || *s < '0' || *s > '9')
 		return -1;
 	if (*end == '-') {
 		const char *t = end + 1;
 
 		b = strtoul(t, &end, 10);
-		if (end == t)
+		if (end == t || *t < '0' || *t > '9')
 			return -1;
 	}
 	if (*end || a > b || b > 10000000)
@@ -141,7 +141,7 @@ env_parse(void)
 	if (s && *s) {
 		unsigned long long n = strtoull(s, &end, 10);
 
-		if (*end || n == 0) {
+		if (*end || n == 0 || *s < '0' || *s > '9') {
 			emu_say("REFIT_EMU_DEVICE_MEM=\"%s\": want bytes > 0", s);
 			return -1;
 		}

@@ -1142,6 +1142,222 @@ t_stream_destroy_and_free_sync(void)
 	CK(dst[0] == 3 && dst[4095] == 3, "cudaFree did not wait for the queued copies");
 }
 
+
+static void
+exporter_of_id(int arg)
+{
+	ncclUniqueId id;
+
+	(void)arg;
+	NC(ncclGetUniqueId(&id));
+	put(id_pipe[1], &id, sizeof(id));
+	exit(0);
+}
+
+static void
+bad_env_child(int which)
+{
+	static const char *const bad[][2] = {
+		{"REFIT_EMU_DEVICES", "0"}, {"REFIT_EMU_DEVICES", "3x"},
+		{"REFIT_EMU_DEVICE_MEM", "-1"}, {"REFIT_EMU_DELAY_US", "9-2"},
+		{"REFIT_EMU_DIR", "/tmp/a-directory-name-that-is-far-too-long-for-the-unix-socket-"
+				  "paths-that-live-in-it"},
+	};
+	int n;
+	void *p;
+	ncclUniqueId id;
+
+	setenv(bad[which][0], bad[which][1], 1);
+	CUIS(cudaGetDeviceCount(&n), cudaErrorInitializationError);
+	CUIS(cudaMalloc(&p, 16), cudaErrorInitializationError);
+	NCIS(ncclGetUniqueId(&id), ncclSystemError);
+}
+
+static void
+t_bad_environment(void)
+{
+	for (int i = 0; i < 5; i++)
+		reap_ok(spawn(bad_env_child, i, NULL));
+}
+
+static void
+t_cuda_argument_errors(void)
+{
+	void *d, *m;
+	cudaStream_t s0, s1;
+	cudaEvent_t ev;
+	cudaIpcMemHandle_t h;
+	struct cudaPointerAttributes at;
+	uint8_t host[16];
+
+	CUIS(cudaMalloc(NULL, 16), cudaErrorInvalidValue);
+	CUIS(cudaGetDeviceCount(NULL), cudaErrorInvalidValue);
+	CUIS(cudaStreamCreateWithFlags(&s0, 8), cudaErrorInvalidValue);
+	CUIS(cudaEventCreateWithFlags(&ev, 16), cudaErrorInvalidValue);
+	CU(cudaMalloc(&d, 64));
+	CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+	CU(cudaSetDevice(1));
+	CU(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+	CU(cudaEventCreate(&ev));
+	CUIS(cudaEventRecord(ev, s0), cudaErrorInvalidResourceHandle); /* device 0's stream */
+	CU(cudaEventRecord(ev, s1));
+	CU(cudaEventSynchronize(ev));
+	CU(cudaEventDestroy(ev));
+	CUIS(cudaEventDestroy(ev), cudaErrorInvalidResourceHandle);
+	CUIS(cudaEventQuery(ev), cudaErrorInvalidResourceHandle);
+	CU(cudaStreamDestroy(s1));
+	CUIS(cudaStreamDestroy(s1), cudaErrorInvalidResourceHandle);
+	CUIS(cudaStreamDestroy(NULL), cudaErrorInvalidResourceHandle); /* a default stream */
+	CUIS(cudaIpcGetMemHandle(&h, host), cudaErrorInvalidValue);
+	CUIS(cudaIpcCloseMemHandle(d), cudaErrorInvalidValue); /* not an IPC mapping */
+	CU(cudaSetDevice(0));
+	CU(cudaMalloc(&m, 64));
+	CU(cudaFree(m));
+	CUIS(cudaPointerGetAttributes(&at, m), cudaErrorInvalidValue); /* freed */
+	CUIS(cudaPointerGetAttributes(NULL, d), cudaErrorInvalidValue);
+	CUIS(cudaMemcpy3DAsync(NULL, s0), cudaErrorInvalidValue);
+	{
+		int v = 0;
+
+		CU(cudaDriverGetVersion(&v));
+		CK(v >= 13000, "driver %d", v);
+		CK(strcmp(cudaGetErrorName(cudaErrorIllegalAddress), "cudaErrorIllegalAddress") == 0,
+		   "name");
+	}
+	CU(cudaStreamSynchronize(s0));
+	CU(cudaDeviceSynchronize());
+	CK(counters().sticky[0] == 0, "an argument error became sticky: %s", counters().sticky);
+}
+
+static void
+freed_exporter(int arg)
+{
+	cudaIpcMemHandle_t h;
+	void *d;
+
+	(void)arg;
+	CU(cudaMalloc(&d, 64));
+	CU(cudaIpcGetMemHandle(&h, d));
+	CU(cudaFree(d));
+	put(chan_a[1], &h, sizeof(h));
+}
+
+static void
+t_ipc_of_freed_memory(void)
+{
+	cudaIpcMemHandle_t h;
+	void *p;
+
+	CK(pipe(chan_a) == 0, "pipe");
+	reap_ok(spawn(freed_exporter, 0, NULL));
+	get(chan_a[0], &h, sizeof(h));
+	CUIS(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+	     cudaErrorMapBufferObjectFailed);
+}
+
+static void
+t_nccl_argument_errors(void)
+{
+	const int devs[3] = {0, 1, 2};
+	ncclComm_t c[3], n = NULL, x;
+	ncclUniqueId junk;
+	int v = 0, dup[2] = {2, 2}, far[1] = {7}, all[2] = {1, 2};
+	ncclConfig_t cfg = nonblocking();
+
+	NCIS(ncclGetVersion(&v), ncclSuccess);
+	CK(v == 22809, "version %d", v);
+	memset(&junk, 0x42, sizeof(junk));
+	NCIS(ncclCommInitRankConfig(&x, 2, junk, 0, NULL), ncclInvalidArgument);
+	NCIS(ncclCommInitRankConfig(NULL, 2, junk, 0, NULL), ncclInvalidArgument);
+	cfg.blocking = 5;
+	NCIS(ncclCommInitRankConfig(&x, 1, junk, 0, &cfg), ncclInvalidArgument);
+	make_comms(3, devs, c, true);
+	NCIS(ncclCommShrink(c[0], dup, 2, &n, NULL, 0), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], far, 1, &n, NULL, 0), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], all, 2, NULL, NULL, 0), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], far, 1, &n, NULL, 4), ncclInvalidArgument);
+	NCIS(ncclCommCuDevice(c[2], &v), ncclSuccess);
+	CK(v == 2, "device %d", v);
+	NCIS(ncclCommUserRank(c[2], NULL), ncclInvalidArgument);
+	NCIS(ncclSend(NULL, 4, ncclUint8, 1, c[0], NULL), ncclInvalidArgument);
+	for (int i = 0; i < 3; i++)
+		NCIS(ncclCommDestroy(c[i]), ncclSuccess);
+	NCIS(ncclCommAbort(c[0]), ncclInvalidArgument); /* destroyed */
+	NCIS(ncclCommDestroy(NULL), ncclSuccess);
+	NCIS(ncclCommAbort(NULL), ncclSuccess);
+	CK(strcmp(ncclGetErrorString(ncclInProgress), "NCCL operation in progress") == 0, "text");
+}
+
+static void
+wrong_size_rank(int rank)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+
+	get(id_pipe[0], &id, sizeof(id));
+	CU(cudaSetDevice(rank));
+	/* claims a world of 3 where rank 0 said 2 (or joins as rank 0 again) */
+	NCIS(ncclCommInitRankConfig(&c, rank == 1 ? 3 : 2, id, rank == 1 ? 1 : 0, NULL),
+	     ncclInvalidUsage);
+	NCIS(ncclCommAbort(c), ncclSuccess);
+}
+
+static void
+t_nccl_inconsistent_ranks(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	ncclConfig_t cfg = nonblocking();
+	pid_t a, b;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	a = spawn(wrong_size_rank, 1, "hostB");
+	b = spawn(wrong_size_rank, 2, "hostC");
+	NC(ncclGetUniqueId(&id));
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress);
+	usleep(100000); /* not a synchronisation: rank 0 only has to be first */
+	put(id_pipe[1], &id, sizeof(id));
+	put(id_pipe[1], &id, sizeof(id));
+	reap_ok(a);
+	reap_ok(b);
+	CK(wait_comm(c, 200) == ncclInProgress, "the wrong ranks completed the world");
+	NCIS(ncclCommAbort(c), ncclSuccess);
+}
+
+static void
+t_nccl_root_gone(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	int64_t t0;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	reap_ok(spawn(exporter_of_id, 0, NULL)); /* makes an id and exits */
+	get(id_pipe[0], &id, sizeof(id));
+	t0 = now_ms();
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 1, NULL), ncclSystemError);
+	CK(now_ms() - t0 >= 5000, "gave up after %lld ms", (long long)(now_ms() - t0));
+	NCIS(ncclCommAbort(c), ncclSuccess);
+}
+
+static void
+t_nccl_peer_gone_before_send(void)
+{
+	const int devs[2] = {0, 1};
+	ncclComm_t c[2];
+	cudaStream_t s0 = stream_on(0);
+	void *b0 = dev_buf(0, 64, 1);
+	ncclResult_t r;
+
+	make_comms(2, devs, c, true);
+	NCIS(ncclCommDestroy(c[1]), ncclSuccess);
+	NCIS(ncclSend(b0, 64, ncclUint8, 1, c[0], s0), ncclSuccess);
+	CK(wait_stream(s0, 20000) == cudaSuccess, "a send to a destroyed peer hung");
+	NCIS(ncclCommGetAsyncError(c[0], &r), ncclSuccess);
+	CK(r == ncclRemoteError, "async %d", r);
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+}
+
 /* ---- the driver ------------------------------------------------------------------------------ */
 
 typedef struct test {
@@ -1182,6 +1398,13 @@ static const test_t tests[] = {
 	{"nccl_abort_during_init", t_nccl_abort_during_init, NULL},
 	{"stream_destroy_and_free_sync", t_stream_destroy_and_free_sync,
 	 "REFIT_EMU_DELAY_US=100000"},
+	{"bad_environment", t_bad_environment, NULL},
+	{"cuda_argument_errors", t_cuda_argument_errors, NULL},
+	{"ipc_of_freed_memory", t_ipc_of_freed_memory, NULL},
+	{"nccl_argument_errors", t_nccl_argument_errors, NULL},
+	{"nccl_inconsistent_ranks", t_nccl_inconsistent_ranks, NULL},
+	{"nccl_root_gone", t_nccl_root_gone, NULL},
+	{"nccl_peer_gone_before_send", t_nccl_peer_gone_before_send, NULL},
 };
 
 static int
