@@ -96,7 +96,7 @@ t_async_stale_notready(void)
 	cudaStream_t s;
 	cudaEvent_t ev;
 
-	/* set by the driver: REFIT_EMU_DELAY_US=200000 */
+	/* set by the driver: REFIT_EMU_DELAY_US=1000000 */
 	memset(src, 7, sizeof(src));
 	CU(cudaMalloc((void **)&d, 64));
 	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -477,7 +477,7 @@ t_stream_destroy_and_free_sync(void)
 	uint8_t *d;
 	cudaStream_t s;
 
-	/* REFIT_EMU_DELAY_US=100000 */
+	/* REFIT_EMU_DELAY_US=1000000 */
 	memset(src, 3, sizeof(src));
 	memset(dst, 0, sizeof(dst));
 	CU(cudaMalloc((void **)&d, sizeof(src)));
@@ -597,7 +597,7 @@ const test_t cuda_tests[] = {
 	{"devices", t_devices, NULL},
 	{"host_deref_segv", t_host_deref_segv, NULL},
 	{"copies_exact", t_copies_exact, NULL},
-	{"async_stale_notready", t_async_stale_notready, "REFIT_EMU_DELAY_US=200000"},
+	{"async_stale_notready", t_async_stale_notready, "REFIT_EMU_DELAY_US=1000000"},
 	{"cross_device_copy_sticky", t_cross_device_copy_sticky, NULL},
 	{"out_of_allocation_sticky", t_out_of_allocation_sticky, NULL},
 	{"use_after_free_sticky", t_use_after_free_sticky, NULL},
@@ -611,7 +611,7 @@ const test_t cuda_tests[] = {
 	{"ipc_mapping_device", t_ipc_mapping_device, NULL},
 	{"ipc_refused", t_ipc_refused, NULL},
 	{"stream_destroy_and_free_sync", t_stream_destroy_and_free_sync,
-	 "REFIT_EMU_DELAY_US=100000"},
+	 "REFIT_EMU_DELAY_US=1000000"},
 	{"bad_environment", t_bad_environment, NULL},
 	{"cuda_argument_errors", t_cuda_argument_errors, NULL},
 	{"ipc_of_freed_memory", t_ipc_of_freed_memory, NULL},

@@ -406,7 +406,7 @@ t_nccl_group_in_progress_until_launched(void)
 	uint8_t *b0 = dev_buf(0, 128, 4), *b1 = dev_buf(1, 128, 0), got[128], want[128];
 	ncclResult_t st;
 
-	/* REFIT_EMU_DELAY_US=300000: the launch takes that long */
+	/* REFIT_EMU_DELAY_US=1000000: the launch takes that long */
 	make_comms(2, devs, c, false);
 	NCIS(ncclGroupStart(), ncclSuccess);
 	NC(ncclSend(b0, 128, ncclUint8, 1, c[0], s0));
@@ -607,7 +607,7 @@ const test_t nccl_tests[] = {
 	{"nccl_buffer_of_another_device", t_nccl_buffer_of_another_device, NULL},
 	{"nccl_stream_of_another_device", t_nccl_stream_of_another_device, NULL},
 	{"nccl_group_in_progress_until_launched", t_nccl_group_in_progress_until_launched,
-	 "REFIT_EMU_DELAY_US=300000"},
+	 "REFIT_EMU_DELAY_US=1000000"},
 	{"nccl_peer_death_remote_error", t_nccl_peer_death_remote_error, NULL},
 	{"nccl_abort_during_init", t_nccl_abort_during_init, NULL},
 	{"nccl_argument_errors", t_nccl_argument_errors, NULL},
