@@ -474,18 +474,24 @@ comm_join_main(void *arg)
 }
 
 void
-comm_shutdown_fds(ncclComm_t c)
+comm_shutdown_data(ncclComm_t c)
 {
-	if (c->listen_fd >= 0)
-		shutdown(c->listen_fd, SHUT_RDWR);
-	if (c->join_fd >= 0)
-		shutdown(c->join_fd, SHUT_RDWR);
 	for (int i = 0; c->out_fd && i < c->nranks; i++) {
 		if (c->out_fd[i] >= 0)
 			shutdown(c->out_fd[i], SHUT_RDWR);
 		if (c->in_fd[i] >= 0)
 			shutdown(c->in_fd[i], SHUT_RDWR);
 	}
+}
+
+void
+comm_shutdown_fds(ncclComm_t c)
+{
+	if (c->listen_fd >= 0)
+		shutdown(c->listen_fd, SHUT_RDWR);
+	if (c->join_fd >= 0)
+		shutdown(c->join_fd, SHUT_RDWR);
+	comm_shutdown_data(c);
 }
 
 void

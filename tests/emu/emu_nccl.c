@@ -418,8 +418,15 @@ ncclCommShrink(ncclComm_t comm, int *excl, int nex, ncclComm_t *newcomm, ncclCon
 	char why[300];
 
 	if ((r = comm_check(comm, "ncclCommShrink")) != ncclSuccess ||
-	    (r = shrink_check(comm, excl, nex, newcomm, flags)) != ncclSuccess ||
-	    (r = comm_ready(comm, "ncclCommShrink")) != ncclSuccess ||
+	    (r = shrink_check(comm, excl, nex, newcomm, flags)) != ncclSuccess)
+		return r;
+	if (flags & NCCL_SHRINK_ABORT) { /* first end the parent's operations */
+		pthread_mutex_lock(&comm->mu);
+		comm->terminated = true;
+		comm_shutdown_data(comm);
+		pthread_mutex_unlock(&comm->mu);
+	}
+	if ((r = comm_ready(comm, "ncclCommShrink")) != ncclSuccess ||
 	    (r = config_blocking(config, comm->blocking, &blocking)) != ncclSuccess)
 		return r;
 	*newcomm = NULL; /* NCCL: NULL until the shrink completes */
@@ -731,6 +738,10 @@ p2p_post(bool send, void *buf, size_t count, ncclDataType_t type, int peer, nccl
 
 	if (r != ncclSuccess)
 		return r;
+	if (c->terminated)
+		return nccl_fail(ncclInvalidUsage, "%s: rank %d: ncclCommShrink(NCCL_SHRINK_ABORT) "
+				 "ended this communicator's operations: destroy or abort it", w,
+				 c->rank);
 	if (type_size(type) == 0)
 		return nccl_fail(ncclInvalidArgument, "%s: datatype %d", w, (int)type);
 	if (peer < 0 || peer >= c->nranks)

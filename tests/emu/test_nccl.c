@@ -596,7 +596,36 @@ t_nccl_peer_gone_before_send(void)
 	NCIS(ncclCommAbort(c[0]), ncclSuccess);
 }
 
+
+static void
+t_nccl_shrink_abort_ends_operations(void)
+{
+	const int devs[3] = {0, 1, 2};
+	ncclComm_t c[3], n0 = NULL, n1 = NULL;
+	int ex[1] = {2};
+	cudaStream_t s0 = stream_on(0);
+	void *b0 = dev_buf(0, 64, 1);
+
+	make_comms(3, devs, c, true);
+	/* rank 0 waits for rank 2, which is leaving and never sends */
+	NCIS(ncclRecv(b0, 64, ncclUint8, 2, c[0], s0), ncclSuccess);
+	CK(wait_stream(s0, 300) == cudaErrorNotReady, "an unmatched receive completed");
+	NC(ncclGroupStart());
+	NC(ncclCommShrink(c[0], ex, 1, &n0, NULL, NCCL_SHRINK_ABORT));
+	NC(ncclCommShrink(c[1], ex, 1, &n1, NULL, NCCL_SHRINK_ABORT));
+	NCIS(ncclGroupEnd(), ncclSuccess); /* blocking, like the parents */
+	CK(n0 && n1, "no new communicators");
+	CK(wait_stream(s0, 10000) == cudaSuccess, "NCCL_SHRINK_ABORT left the receive waiting");
+	NCIS(ncclSend(b0, 64, ncclUint8, 1, c[0], s0), ncclInvalidUsage);
+	for (int i = 0; i < 3; i++)
+		NCIS(ncclCommDestroy(c[i]), ncclSuccess);
+	NCIS(ncclCommDestroy(n0), ncclSuccess);
+	NCIS(ncclCommDestroy(n1), ncclSuccess);
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+}
+
 const test_t nccl_tests[] = {
+	{"nccl_shrink_abort_ends_operations", t_nccl_shrink_abort_ends_operations, NULL},
 	{"nccl_exchange_4_ranks_2_processes", t_nccl_exchange_4_ranks_2_processes, NULL},
 	{"nccl_nonblocking_init", t_nccl_nonblocking_init, NULL},
 	{"nccl_unconsumed_id", t_nccl_unconsumed_id, NULL},
