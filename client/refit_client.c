@@ -257,7 +257,7 @@ main(int argc, char **argv)
 	for (size_t i = 0; i < pieces.n; i++) {
 		const piece_t *p = &pieces.v[i];
 		refit_mem_t m = {set.v[p->tensor].name, p->rank, p->piece, shm_name,
-				 {p->off, copy_bytes + p->off}, NULL, NULL, 0, 0};
+				 {p->off, copy_bytes + p->off}, NULL, NULL, 0, 0, 0, 0};
 
 		if (o.pad) {
 			int64_t *s = xmalloc(PLAN_MAX_DIMS * sizeof(*s));

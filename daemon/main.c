@@ -147,7 +147,8 @@ usage(FILE *f)
 		"Every config key is also a flag (--lease-ttl-ms 5000 sets lease_ttl_ms);\n"
 		"flags override the file.  Keys: role, listen, coordinator, tls_cert, tls_key,\n"
 		"tls_client_ca, tls_ca, token_file, lease_ttl_ms, heartbeat_ms, transport,\n"
-		"staging_bytes, max_msg_bytes, state_file, log_level.  See config/*.json.\n");
+		"staging_bytes, max_msg_bytes, state_file, log_level, cuda_library,\n"
+		"nccl_library, gpu_kernels_library, gpu_devices.  See config/*.json.\n");
 }
 
 static char *
@@ -203,6 +204,10 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.local_socket = cfg->local_socket;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
 	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
+	no.cuda_library = cfg->cuda_library;
+	no.nccl_library = cfg->nccl_library;
+	no.gpu_kernels_library = cfg->gpu_kernels_library;
+	no.gpu_devices = cfg->gpu_devices;
 	d->node = node_new(&d->loop, d->srv, &no, err);
 	rc = d->node ? REFIT_OK : err->status;
 	free(ranks);

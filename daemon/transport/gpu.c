@@ -1,13 +1,30 @@
 /*
- * gpu.c - dlopen of the CUDA runtime and NCCL (see gpu.h).
+ * gpu.c - dlopen of the CUDA runtime, NCCL and refit's kernels (see gpu.h).
  */
 #include <dlfcn.h>
+#include <link.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/log.h"
 #include "daemon/transport/gpu.h"
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static char cfg_cuda[PATH_MAX], cfg_nccl[PATH_MAX], cfg_kernels[PATH_MAX];
+
+void
+gpu_configure(const gpu_paths_t *p)
+{
+	pthread_mutex_lock(&mu);
+	snprintf(cfg_cuda, sizeof(cfg_cuda), "%s", p && p->cuda ? p->cuda : "");
+	snprintf(cfg_nccl, sizeof(cfg_nccl), "%s", p && p->nccl ? p->nccl : "");
+	snprintf(cfg_kernels, sizeof(cfg_kernels), "%s", p && p->kernels ? p->kernels : "");
+	pthread_mutex_unlock(&mu);
+}
 
 #ifndef REFIT_HAVE_NCCL
 const gpu_api_t *
@@ -20,32 +37,69 @@ gpu_load(int need_device, char *why, size_t n)
 }
 #else
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static gpu_api_t api;
 static int state;          /* 0 not tried, 1 loaded, -1 failed */
-static char load_why[512];
+static char load_why[1024];
 
-static void *
-open_first(const char *const *names, char *tried, size_t n)
+/* The file a handle was loaded from. */
+static void
+path_of(void *h, const char *fallback, char *out, size_t n)
 {
+	struct link_map *lm = NULL;
+
+	if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
+		snprintf(out, n, "%s", lm->l_name);
+	else
+		snprintf(out, n, "%s", fallback);
+}
+
+/*
+ * The configured path, else the environment's, else the first of names
+ * that loads.  what names the library in errors; key and env the settings.
+ */
+static void *
+open_lib(const char *cfg, const char *env, const char *key, const char *const *names,
+	 const char *what, char *path_out, size_t pn)
+{
+	const char *ev = getenv(env);
 	const char *home = getenv("CUDA_HOME");
-	char path[512];
+	char path[PATH_MAX], tried[600] = "";
+	void *h;
 
+	if ((cfg && cfg[0]) || (ev && ev[0])) {
+		const char *p = cfg && cfg[0] ? cfg : ev;
+
+		if ((h = dlopen(p, RTLD_NOW | RTLD_LOCAL)) == NULL) {
+			snprintf(load_why, sizeof(load_why), "cannot load %s from \"%s\" (set by %s): "
+				 "%s", what, p, cfg && cfg[0] ? key : env, dlerror());
+			return NULL;
+		}
+		path_of(h, p, path_out, pn);
+		return h;
+	}
 	for (size_t i = 0; names[i]; i++) {
-		void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-
-		if (h)
+		if ((h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL)) != NULL) {
+			path_of(h, names[i], path_out, pn);
 			return h;
+		}
+		snprintf(tried + strlen(tried), sizeof(tried) - strlen(tried), "%s%s",
+			 tried[0] ? ", " : "", names[i]);
 		if (home) {
 			snprintf(path, sizeof(path), "%s/lib64/%s", home, names[i]);
-			if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL)
+			if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+				path_of(h, path, path_out, pn);
 				return h;
+			}
 		}
 		snprintf(path, sizeof(path), "/usr/local/cuda/lib64/%s", names[i]);
-		if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL)
+		if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+			path_of(h, path, path_out, pn);
 			return h;
+		}
 	}
-	snprintf(tried, n, "%s", dlerror());
+	snprintf(load_why, sizeof(load_why), "cannot load %s: tried %s (in the loader's path, "
+		 "$CUDA_HOME/lib64 and /usr/local/cuda/lib64); set %s or %s", what, tried, key,
+		 env);
 	return NULL;
 }
 
@@ -54,30 +108,77 @@ open_first(const char *const *names, char *tried, size_t n)
 		*(void **)&api.name = dlsym(lib, #name);                             \
 		if (api.name == NULL) {                                              \
 			snprintf(load_why, sizeof(load_why), "%s has no symbol %s",  \
-				 lib == cudart ? "libcudart" : "libnccl", #name);     \
+				 lib == cudart ? api.cuda_path : api.nccl_path, #name); \
 			return -1;                                                   \
 		}                                                                    \
 	} while (0)
 
+/* The kernel library: configured, else next to the executable, else the
+ * loader's path, else the CUDA runtime itself (the emulator's). */
+static int
+load_kernels(void *cudart)
+{
+	const char *ev = getenv("REFIT_GPU_KERNELS_LIBRARY");
+	const char *p = cfg_kernels[0] ? cfg_kernels : (ev && ev[0] ? ev : NULL);
+	char exe[PATH_MAX], cand[PATH_MAX + 64];
+	void *h = NULL;
+
+	if (p != NULL) {
+		if ((h = dlopen(p, RTLD_NOW | RTLD_LOCAL)) == NULL) {
+			snprintf(load_why, sizeof(load_why), "cannot load the GPU kernels from "
+				 "\"%s\" (set by %s): %s", p, cfg_kernels[0] ?
+				 "gpu_kernels_library" : "REFIT_GPU_KERNELS_LIBRARY", dlerror());
+			return -1;
+		}
+	} else {
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+
+		if (n > 0) {
+			char *slash;
+
+			exe[n] = '\0';
+			if ((slash = strrchr(exe, '/')) != NULL) {
+				*slash = '\0';
+				snprintf(cand, sizeof(cand), "%s/../lib/librefit-gpu-kernels.so", exe);
+				h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
+			}
+		}
+		if (h == NULL)
+			h = dlopen("librefit-gpu-kernels.so", RTLD_NOW | RTLD_LOCAL);
+	}
+	if (h != NULL) {
+		*(void **)&api.copy_strided = dlsym(h, "refitGpuCopyStrided");
+		if (api.copy_strided == NULL) {
+			snprintf(load_why, sizeof(load_why), "the GPU kernel library has no symbol "
+				 "refitGpuCopyStrided");
+			return -1;
+		}
+		path_of(h, p ? p : "librefit-gpu-kernels.so", api.kernels_path,
+			sizeof(api.kernels_path));
+		return 0;
+	}
+	*(void **)&api.copy_strided = dlsym(cudart, "refitGpuCopyStrided");
+	if (api.copy_strided != NULL)
+		snprintf(api.kernels_path, sizeof(api.kernels_path), "%s", api.cuda_path);
+	return 0;
+}
+
 static int
 load(void)
 {
-	static const char *const cudart_names[] = {"libcudart.so", "libcudart.so.13",
-						   "libcudart.so.12", NULL};
+	static const char *const cudart_names[] = {"libcudart.so.13", "libcudart.so.12",
+						   "libcudart.so", NULL};
 	static const char *const nccl_names[] = {"libnccl.so.2", "libnccl.so", NULL};
-	char tried[300];
 	void *cudart, *nccl;
+	ncclResult_t r;
 
-	if ((cudart = open_first(cudart_names, tried, sizeof(tried))) == NULL) {
-		snprintf(load_why, sizeof(load_why), "cannot load the CUDA runtime (libcudart): "
-			 "%s", tried);
+	if ((cudart = open_lib(cfg_cuda, "REFIT_CUDA_LIBRARY", "cuda_library", cudart_names,
+			       "the CUDA runtime (libcudart)", api.cuda_path,
+			       sizeof(api.cuda_path))) == NULL)
 		return -1;
-	}
-	if ((nccl = open_first(nccl_names, tried, sizeof(tried))) == NULL) {
-		snprintf(load_why, sizeof(load_why), "cannot load NCCL (libnccl.so.2): %s",
-			 tried);
+	if ((nccl = open_lib(cfg_nccl, "REFIT_NCCL_LIBRARY", "nccl_library", nccl_names,
+			     "NCCL (libnccl)", api.nccl_path, sizeof(api.nccl_path))) == NULL)
 		return -1;
-	}
 	SYM(cudart, cudaGetDeviceCount);
 	SYM(cudart, cudaSetDevice);
 	SYM(cudart, cudaGetDevice);
@@ -97,6 +198,7 @@ load(void)
 	SYM(cudart, cudaGetErrorString);
 	SYM(cudart, cudaGetLastError);
 	SYM(cudart, cudaDriverGetVersion);
+	SYM(cudart, cudaPointerGetAttributes);
 	SYM(nccl, ncclGetUniqueId);
 	SYM(nccl, ncclCommInitRankConfig);
 	SYM(nccl, ncclCommGetAsyncError);
@@ -108,7 +210,33 @@ load(void)
 	SYM(nccl, ncclGroupEnd);
 	SYM(nccl, ncclGetErrorString);
 	SYM(nccl, ncclGetVersion);
-	*(void **)&api.ncclCommShrink = dlsym(nccl, "ncclCommShrink"); /* optional */
+	if ((r = api.ncclGetVersion(&api.nccl_version)) != ncclSuccess) {
+		snprintf(load_why, sizeof(load_why), "%s: ncclGetVersion: %s", api.nccl_path,
+			 api.ncclGetErrorString(r));
+		return -1;
+	}
+	/*
+	 * 2.27: ncclCommShrink.  When members leave, the survivors shrink their
+	 * communicators and the coordinator sends no new unique id for that
+	 * epoch, so every node must be able to shrink.  (Non-blocking
+	 * communicators, ncclCommInitRankConfig and ncclCommGetAsyncError date
+	 * from 2.14.)
+	 */
+	if (api.nccl_version < GPU_NCCL_MIN_VERSION) {
+		snprintf(load_why, sizeof(load_why), "%s is NCCL %d.%d.%d; refit needs %d.%d or "
+			 "newer (ncclCommShrink, used when nodes leave an epoch)", api.nccl_path,
+			 api.nccl_version / 10000, api.nccl_version / 100 % 100,
+			 api.nccl_version % 100, GPU_NCCL_MIN_VERSION / 10000,
+			 GPU_NCCL_MIN_VERSION / 100 % 100);
+		return -1;
+	}
+	SYM(nccl, ncclCommShrink);
+	if (load_kernels(cudart) != 0)
+		return -1;
+	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s",
+		 api.cuda_path, api.nccl_version / 10000, api.nccl_version / 100 % 100,
+		 api.nccl_version % 100, api.nccl_path,
+		 api.copy_strided ? api.kernels_path : "none (row-by-row copies)");
 	return 1;
 }
 
@@ -127,9 +255,10 @@ gpu_load(int need_device, char *why, size_t n)
 		cudaError_t e = api.cudaGetDeviceCount(&cnt);
 
 		if (e != cudaSuccess)
-			snprintf(why, n, "CUDA: %s", api.cudaGetErrorString(e));
-		else if (cnt == 0)
-			snprintf(why, n, "CUDA: no device");
+			snprintf(why, n, "CUDA (%s): cudaGetDeviceCount: %s", api.cuda_path,
+				 api.cudaGetErrorString(e));
+		else if (cnt <= 0)
+			snprintf(why, n, "CUDA (%s): no device", api.cuda_path);
 		else
 			api.ndevices = cnt;
 		if (api.ndevices)

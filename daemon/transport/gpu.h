@@ -6,12 +6,28 @@
  * it starts on machines without them.  gpu_load() loads both libraries
  * once and checks that a device is usable; when anything is missing it
  * returns NULL and says exactly what (library not found, symbol missing,
- * driver too old, no device).
+ * NCCL too old, no device).
+ *
+ * Where the libraries come from (gpu_configure, before the first
+ * gpu_load): the config keys cuda_library, nccl_library and
+ * gpu_kernels_library; when empty, the environment variables
+ * REFIT_CUDA_LIBRARY, REFIT_NCCL_LIBRARY and REFIT_GPU_KERNELS_LIBRARY;
+ * when those are empty too, the usual search (libcudart.so.13, .so.12,
+ * libcudart.so; libnccl.so.2, libnccl.so; librefit-gpu-kernels.so next
+ * to the executable's ../lib, then the loader's path).  The strided-copy
+ * kernel may also come from the CUDA runtime library itself (the test
+ * emulator exports it there).  A path that is configured and cannot be
+ * loaded is an error, never a silent fallback.
  */
 #ifndef REFIT_DAEMON_GPU_H
 #define REFIT_DAEMON_GPU_H
 
 #include <stddef.h>
+
+#include "daemon/transport/gpu_kernels.h"
+
+/* The oldest NCCL refit runs on (see gpu.c for why). */
+#define GPU_NCCL_MIN_VERSION 22700
 
 #ifdef REFIT_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -38,6 +54,7 @@ typedef struct gpu_api {
 	GPU_FN(cudaGetErrorString);
 	GPU_FN(cudaGetLastError);
 	GPU_FN(cudaDriverGetVersion);
+	GPU_FN(cudaPointerGetAttributes);
 	GPU_FN(ncclGetUniqueId);
 	GPU_FN(ncclCommInitRankConfig);
 	GPU_FN(ncclCommGetAsyncError);
@@ -49,13 +66,24 @@ typedef struct gpu_api {
 	GPU_FN(ncclGroupEnd);
 	GPU_FN(ncclGetErrorString);
 	GPU_FN(ncclGetVersion);
-	GPU_FN(ncclCommShrink);   /* NULL where the NCCL loaded has none */
+	GPU_FN(ncclCommShrink);
+	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
 	int ndevices;
+	int nccl_version;         /* ncclGetVersion's code, e.g. 22809 */
+	char cuda_path[256], nccl_path[256], kernels_path[256];
 } gpu_api_t;
 #undef GPU_FN
 #else
 typedef struct gpu_api gpu_api_t;
 #endif
+
+/* Library paths (NULL or "": the environment, then the search). */
+typedef struct gpu_paths {
+	const char *cuda, *nccl, *kernels;
+} gpu_paths_t;
+
+/* Where to load from; only before the first gpu_load (later: ignored). */
+void gpu_configure(const gpu_paths_t *p);
 
 /*
  * The loaded API (NULL when unusable; why says why).  need_device: also

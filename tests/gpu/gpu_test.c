@@ -60,7 +60,8 @@ static xport_session_t *
 open_loopback(xport_t **xp)
 {
 	const xport_ops_t *o = &xport_nccl_ops;
-	xport_cfg_t xc = {"", "gpu-test"};
+	int32_t r0c = 0;
+	xport_cfg_t xc = {"", "gpu-test", &r0c, 1, NULL};
 	uint8_t id[256];
 	size_t len = sizeof(id);
 	int32_t r0 = 0;
@@ -130,10 +131,10 @@ test_pack(const dp_dev_ops_t *dev)
 			src[i] = (uint8_t)rand_r(&seed);
 		memset(dst, 0xee, n);
 		memset(ref, 0xee, n);
-		gs = dev->alloc(dev->ctx, n);
-		gd = dev->alloc(dev->ctx, n);
-		dev->from_host(dev->ctx, gs, src, n);
-		dev->from_host(dev->ctx, gd, dst, n);
+		gs = dev->alloc(dev->ctx, 0, n);
+		gd = dev->alloc(dev->ctx, 0, n);
+		dev->from_host(dev->ctx, 0, gs, src, n);
+		dev->from_host(dev->ctx, 0, gd, dst, n);
 		hs.base = src;
 		hd.base = ref;
 		dp_copy_box(&hs, &sh, &hd, &sh, &box);
@@ -141,12 +142,12 @@ test_pack(const dp_dev_ops_t *dev)
 		dd = hd;
 		ds.base = gs;
 		dd.base = gd;
-		dev->copy_box(dev->ctx, &ds, &sh, &dd, &sh, &box);
-		dev->to_host(dev->ctx, dst, gd, n);
+		dev->copy_box(dev->ctx, 0, &ds, &sh, &dd, &sh, &box);
+		dev->to_host(dev->ctx, 0, dst, gd, n);
 		EXPECT(memcmp(dst, ref, n) == 0, "box copy %d (nd %d, elem %u, pad %" PRId64
 		       ") differs", iter, nd, elem, pad);
-		dev->free(dev->ctx, gs);
-		dev->free(dev->ctx, gd);
+		dev->free(dev->ctx, 0, gs);
+		dev->free(dev->ctx, 0, gd);
 		free(src);
 		free(dst);
 		free(ref);
@@ -160,7 +161,7 @@ test_loopback(xport_session_t *s)
 {
 	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
 	uint64_t n = 256ull << 20;
-	uint8_t *a = dev->alloc(dev->ctx, n), *b = dev->alloc(dev->ctx, n);
+	uint8_t *a = dev->alloc(dev->ctx, 0, n), *b = dev->alloc(dev->ctx, 0, n);
 	uint8_t *h = malloc(n), *g = malloc(n);
 	refit_err_t err;
 	double t0, t;
@@ -168,12 +169,12 @@ test_loopback(xport_session_t *s)
 
 	for (uint64_t i = 0; i < n; i++)
 		h[i] = (uint8_t)(i * 131 + 7);
-	dev->from_host(dev->ctx, a, h, n);
+	dev->from_host(dev->ctx, 0, a, h, n);
 	xport_op_t ops[2] = {{true, 0, 0, a, n}, {false, 0, 0, b, n}};
 
 	refit_err_clear(&err);
 	EXPECT(xport_nccl_ops.group(s, ops, 2, &err) == REFIT_OK, "group: %s", err.msg);
-	dev->to_host(dev->ctx, g, b, n);
+	dev->to_host(dev->ctx, 0, g, b, n);
 	EXPECT(memcmp(g, h, n) == 0, "loopback send/recv changed the bytes");
 	t0 = now_s();
 	for (int i = 0; i < reps; i++)
@@ -182,8 +183,8 @@ test_loopback(xport_session_t *s)
 	t = now_s() - t0;
 	printf("ok   loopback communicator: 256 MiB send/recv to itself byte-exact; "
 	       "%.1f GB/s over %d reps\n", n * reps / t / 1e9, reps);
-	dev->free(dev->ctx, a);
-	dev->free(dev->ctx, b);
+	dev->free(dev->ctx, 0, a);
+	dev->free(dev->ctx, 0, b);
 	free(h);
 	free(g);
 }
@@ -195,7 +196,8 @@ child_ipc(int rfd)
 	const xport_ops_t *o = &xport_nccl_ops;
 	uint8_t handle[64];
 	xport_t *x = NULL;
-	xport_cfg_t xc = {"", "gpu-test-child"};
+	int32_t r0c = 0;
+	xport_cfg_t xc = {"", "gpu-test-child", &r0c, 1, NULL};
 	refit_err_t err;
 	void *base = NULL;
 	uint8_t buf[4096];
@@ -204,7 +206,7 @@ child_ipc(int rfd)
 		return 2;
 	refit_err_clear(&err);
 	if (o->start(&xc, &x, &err) != REFIT_OK ||
-	    o->mem_open(x, 0, handle, sizeof(handle), &base, &err) != REFIT_OK) {
+	    o->mem_open(x, 0, handle, sizeof(handle), 0, 4096, &base, &err) != REFIT_OK) {
 		printf("FAIL child: %s\n", err.msg);
 		return 1;
 	}
