@@ -45,6 +45,13 @@ ifeq ($(HAVE_CUDA_H)$(HAVE_NCCL_H),11)
 GPU_CFLAGS := -DREFIT_HAVE_NCCL -isystem $(CUDA_HOME)/include
 endif
 
+# refit's strided-copy kernel: built where nvcc exists, loaded at run time
+NVCC        ?= $(CUDA_HOME)/bin/nvcc
+HAVE_NVCC   := $(shell test -x $(NVCC) && echo 1)
+GPU_KERNELS := $(BUILD)/lib/librefit-gpu-kernels.so
+NVCC_ARCH   ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	       -gencode arch=compute_90,code=compute_90
+
 WERROR  ?= -Werror
 OPT     ?= -O2
 # error messages are bounded on purpose: truncating them is not a bug
@@ -86,7 +93,8 @@ LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
-     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test
+     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
+     $(if $(HAVE_NVCC),$(GPU_KERNELS))
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -95,6 +103,7 @@ config:
 	@echo "cuda headers: $(if $(HAVE_CUDA_H),yes ($(CUDA_HOME)),no)"
 	@echo "nccl headers: $(if $(HAVE_NCCL_H),yes ($(CUDA_HOME)),no)"
 	@echo "nccl transport: $(if $(GPU_CFLAGS),compiled in (libraries loaded at run time),not compiled (headers missing))"
+	@echo "gpu kernels: $(if $(HAVE_NVCC),$(GPU_KERNELS) (nvcc $(NVCC)),not built (no nvcc: strided boxes go row by row))"
 
 # ---- generated protobuf code (build/gen only) ----------------------------
 $(PROTO_C): proto/refit/v1/refit.proto
@@ -142,6 +151,12 @@ $(BUILD)/tests/gpu-test: $(BUILD)/obj/tests/gpu/gpu_test.o $(RPCLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
+
+# the shared CUDA runtime: one runtime (one current device per thread) with refitd's
+$(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -O2 -shared -Xcompiler -fPIC -cudart shared -I. $(NVCC_ARCH) -o $@ $<
 
 $(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT)
 	@mkdir -p $(dir $@)
