@@ -5,6 +5,8 @@
 #                   tests under ASan + UBSan, fuzz smoke runs; ends with
 #                   the summary line
 #   make demo       a real refit end to end on loopback (tcp data plane)
+#   make demo-nccl  the same over the nccl transport on the CUDA + NCCL emulator
+#   make check-nccl the emulator's rules, the e2e and fault suites over nccl on it
 #   make bench      planner, RPC, data-plane and refit benchmarks
 #   make testbed    the emulated-topology testbed (root: network namespaces)
 #   make install    PREFIX=/usr/local DESTDIR=
@@ -88,7 +90,8 @@ ASAN_LIB := $(ASAN)/lib/librefit-core.a
 ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
-.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed
+.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed \
+	check-nccl demo-nccl
 LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
@@ -265,12 +268,29 @@ $(ASAN)/bin/refitctl: $(ASAN)/obj/client/refitctl.o $(call objs,$(ASAN),$(DAEMON
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
-asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl $(ASAN)/bin/refit-client
+$(ASAN)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(ASAN)/tests/gpu-test: $(ASAN)/obj/tests/gpu/gpu_test.o $(call objs,$(ASAN),$(DAEMON_SRC)) \
+			$(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
+
+asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl $(ASAN)/bin/refit-client \
+      $(ASAN)/tests/gpu-test
 
 # ---- tests --------------------------------------------------------------
 check: deps
 	$(Q)$(MAKE) --no-print-directory all asan
 	$(Q)sh tests/run-check.sh $(BUILD)
+
+# the nccl transport on the CUDA + NCCL emulator (tests/emu): its rule tests, the
+# GPU test program, the e2e and fault suites over nccl, normal and ASan
+check-nccl: deps
+	$(Q)$(MAKE) --no-print-directory all asan
+	$(Q)$(MAKE) --no-print-directory emu
+	$(Q)sh tests/run-check-nccl.sh $(BUILD)
 
 unit: $(UNIT)
 	$(Q)$(UNIT)
@@ -285,6 +305,11 @@ fuzz: deps
 demo: deps
 	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI)
 	$(Q)sh scripts/demo.sh $(BIN)
+
+# the demo over the nccl transport on the CUDA + NCCL emulator
+demo-nccl: deps
+	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI) emu
+	$(Q)DEMO_TRANSPORT=nccl sh scripts/demo.sh $(BIN)
 
 bench: deps
 	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(REFITD) \
