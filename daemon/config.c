@@ -88,7 +88,7 @@ static const key_t_ keys[] = {
 	 "node role, nccl: CUDA device of each local rank in rank order, e.g. 0,1,2,3 "
 	 "(default: local rank i on device i)"},
 	{"test_msg_delay_ms", K_MS, F(test_msg_delay_ms), "0", 0, 10000, NULL, false,
-	 "tests only: sleep this long before each message a node sends"},
+	 "tests only: sleep this long before each message a node sends (nccl: each group)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

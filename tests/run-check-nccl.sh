@@ -8,7 +8,8 @@
 #   3. the data-plane end-to-end suite and the fault suite with
 #      REFIT_TEST_TRANSPORT=nccl (node daemons on emulated hosts with 4
 #      devices each, clients registering GPU memory by CUDA IPC handle,
-#      the emulator's leak counters checked after each suite);
+#      the emulator's leak counters checked after each suite), and the
+#      GPU machine's e2e script (tests/gpu/test_gpu_e2e.py) on the emulator;
 # 2 and 3 once with the normal build and once under ASan + UBSan.
 # Ends with "check-nccl: N passed, N failed".
 # Usage: sh tests/run-check-nccl.sh [BUILD_DIR]  (NCCL_PAIRS, NCCL_SOAK, NCCL_ASAN_PAIRS)
@@ -72,6 +73,9 @@ for v in normal asan; do
 	script "faults over nccl on the emulator (${soak} s soak)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak"
+	script "tests/gpu/test_gpu_e2e.py (one rank per daemon) on the emulator$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/gpu/test_gpu_e2e.py "$b"
 done
 
 echo "check-nccl: $total_pass passed, $total_fail failed"
