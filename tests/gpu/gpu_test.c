@@ -246,6 +246,9 @@ box_copies(xport_session_t *s, const int32_t *ranks, size_t nranks)
 	       gpu_load(0, NULL, 0) && gpu_load(0, NULL, 0)->copy_strided ? "yes" : "no",
 	       bcast, nranks);
 	EXPECT(inner_strided > 20 && bcast > 20, "too few interesting boxes");
+	/* refit's own kernel library where it was built, the emulator's on the emulator */
+	EXPECT(gpu_load(0, NULL, 0)->copy_strided != NULL, "no strided-copy kernel loaded: "
+	       "strided innermost dims went row by row");
 	return bad;
 }
 
