@@ -575,13 +575,14 @@ drop_comms(xport_t *x, bool abort)
 			log_warnx("nccl: node %s: cudaSetDevice(%d): %s", x->node_id, cm->dev[i],
 				  a->cudaGetErrorString(e));
 		if (cm->comm[i] != NULL) {
-			/* a communicator in progress cannot be destroyed: abort it */
-			if (!abort && comm_state(a, cm->comm[i]) == ncclInProgress)
-				abort = true;
-			r = abort ? a->ncclCommAbort(cm->comm[i]) : a->ncclCommDestroy(cm->comm[i]);
+			/* a communicator in progress or with an error cannot be
+			 * destroyed (NCCL refuses): abort it */
+			bool ab = abort || comm_state(a, cm->comm[i]) != ncclSuccess;
+
+			r = ab ? a->ncclCommAbort(cm->comm[i]) : a->ncclCommDestroy(cm->comm[i]);
 			if (r != ncclSuccess)
 				log_warnx("nccl: node %s: %s (rank %d): %s", x->node_id,
-					  abort ? "ncclCommAbort" : "ncclCommDestroy", cm->local[i],
+					  ab ? "ncclCommAbort" : "ncclCommDestroy", cm->local[i],
 					  a->ncclGetErrorString(r));
 		}
 		if (cm->stream && cm->stream[i] &&
