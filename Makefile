@@ -301,6 +301,62 @@ cli-test: $(BIN)
 fuzz: deps
 	$(Q)sh tests/fuzz/run.sh $(BUILD) $${FUZZ_SECONDS:-60}
 
+# ---- CUDA + NCCL emulator (tests/emu) -----------------------------------
+# Two shared libraries with the SONAMEs of the real ones, loaded by refitd
+# through its usual dlopen path (REFIT_CUDA_LIBRARY, REFIT_NCCL_LIBRARY,
+# REFIT_GPU_KERNELS_LIBRARY), their rule tests and the ABI check against the
+# real headers where they exist (tests/emu/README.md).
+EMU_DIR      := $(BUILD)/emu
+EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
+		tests/emu/emu_copy.c
+EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c
+EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
+EMU_NCCL     := $(EMU_DIR)/libnccl.so.2
+EMU_CFLAGS   := $(CFLAGS_COMMON) $(OPT) -fPIC
+EMU_OUT      := $(EMU_CUDART) $(EMU_NCCL) $(EMU_DIR)/test-emu $(EMU_DIR)/abi-dump
+ifeq ($(HAVE_CUDA_H)$(HAVE_NCCL_H),11)
+EMU_OUT      += $(EMU_DIR)/abi-dump-real $(EMU_DIR)/real-headers.ok
+endif
+
+.PHONY: emu
+emu: $(EMU_OUT)
+check: emu
+
+$(EMU_DIR)/obj/%.o: tests/emu/%.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(EMU_CFLAGS) -c $< -o $@
+
+$(EMU_CUDART): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_RT_SRC))
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,libcudart.so.13 -Wl,-z,defs -o $@ $^ -lpthread
+
+$(EMU_NCCL): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_NCCL_SRC)) $(EMU_CUDART)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,libnccl.so.2 -Wl,-z,defs -o $@ $(filter %.o,$^) \
+		-L$(EMU_DIR) -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+
+$(EMU_DIR)/test-emu: $(EMU_DIR)/obj/test_emu.o $(EMU_NCCL) $(EMU_CUDART)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -o $@ $(filter %.o,$^) -L$(EMU_DIR) -l:libnccl.so.2 -l:libcudart.so.13 \
+		-Wl,-rpath,'$$ORIGIN' -lpthread
+
+$(EMU_DIR)/abi-dump: tests/emu/abi_dump.c tests/emu/cuda_abi.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(EMU_CFLAGS) -o $@ $<
+
+$(EMU_DIR)/abi-dump-real: tests/emu/abi_dump.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(EMU_CFLAGS) -DEMU_REAL_HEADERS -isystem $(CUDA_HOME)/include -o $@ $<
+
+# the emulator's definitions compiled against the real prototypes
+$(EMU_DIR)/real-headers.ok: $(EMU_RT_SRC) $(EMU_NCCL_SRC) tests/emu/cuda_abi.h
+	@mkdir -p $(dir $@)
+	$(Q)for f in $(EMU_RT_SRC) $(EMU_NCCL_SRC); do \
+		$(CC) $(filter-out -MMD -MP,$(EMU_CFLAGS)) -DEMU_REAL_HEADERS \
+			-isystem $(CUDA_HOME)/include -fsyntax-only $$f || exit 1; done
+	$(Q)touch $@
+
 # ---- demo, bench, install -----------------------------------------------
 demo: deps
 	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI)

@@ -1,0 +1,102 @@
+/*
+ * emu_internal.h - the state the emulated libcudart.so.13 and libnccl.so.2
+ * share inside one process (not for tests: see emu.h).
+ *
+ * libcudart.so.13 holds everything here (emu_mem.c, emu_stream.c); the
+ * emu_* functions are exported from it so that libnccl.so.2 (which has it
+ * as DT_NEEDED) uses the same device table, streams and sticky error.
+ */
+#ifndef REFIT_EMU_INTERNAL_H
+#define REFIT_EMU_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tests/emu/cuda_abi.h"
+#include "tests/emu/emu.h"
+
+#define EMU_API __attribute__((visibility("default")))
+#define EMU_PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+/* ---- process state (emu_mem.c) ------------------------------------------ */
+
+typedef struct emu_env {
+	int ndev;
+	char dir[200];            /* REFIT_EMU_DIR */
+	char host[64];            /* NCCL_HOSTID or the hostname */
+	uint64_t host_hash;
+	uint64_t dev_mem;         /* bytes per device */
+	unsigned delay_min_us, delay_max_us;
+} emu_env_t;
+
+/* Initialise once (environment, address space); NULL when that failed (and
+ * said why on stderr).  Thread-safe. */
+EMU_API const emu_env_t *emu_env(void);
+
+/* The entry check of every CUDA call: initialised, no sticky error.
+ * cudaSuccess, or the error to return. */
+EMU_API cudaError_t emu_enter(void);
+/* Return a non-sticky error: remembered for cudaGetLastError, said on
+ * stderr with the call's reason. */
+EMU_API cudaError_t emu_fail(cudaError_t e, const char *fmt, ...) EMU_PRINTF(2, 3);
+/* The device context dies: e (cudaErrorIllegalAddress) is returned by every
+ * later CUDA call of the process.  Says why on stderr (first time). */
+EMU_API void emu_fault(cudaError_t e, const char *fmt, ...) EMU_PRINTF(2, 3);
+EMU_API cudaError_t emu_sticky(void);
+EMU_API int emu_cur_dev(void);
+EMU_API void emu_say(const char *fmt, ...) EMU_PRINTF(1, 2);
+/* Sleep the randomized execution delay (REFIT_EMU_DELAY_US). */
+EMU_API void emu_delay(void);
+EMU_API uint64_t emu_rand(void);
+EMU_API uint64_t emu_hash(const void *p, size_t n, uint64_t h);
+
+/* ---- device memory (emu_mem.c) ------------------------------------------- */
+
+typedef struct emu_alloc emu_alloc_t;
+
+enum emu_where { EMU_HOST, EMU_DEVICE, EMU_BAD };
+
+/*
+ * Where [p, p + len) lies: EMU_HOST (outside the device address space),
+ * EMU_DEVICE (inside one live allocation: *dev, *mem = its host-writable
+ * view, *a pinned until emu_mem_unpin) or EMU_BAD (device addresses that are
+ * not inside one allocation).  pin = false: only classify.
+ */
+EMU_API enum emu_where emu_mem_find(const void *p, size_t len, bool pin, int *dev,
+				    uint8_t **mem, emu_alloc_t **a);
+EMU_API void emu_mem_unpin(emu_alloc_t *a);
+EMU_API bool emu_is_dev_addr(const void *p);
+/* Reserve the device address space (once, from emu_env). */
+void emu_mem_init(const emu_env_t *e);
+
+/* ---- counters (emu_mem.c) ------------------------------------------------- */
+
+EMU_API void emu_count_pair(int src, int dst, uint64_t bytes);
+EMU_API void emu_count_alloc(int dev, int64_t n, int64_t bytes);
+EMU_API void emu_count_ipc(int delta);
+EMU_API void emu_count_streams(int delta);
+EMU_API void emu_count_comms(int delta);
+EMU_API void emu_count_ids(int delta);
+
+/* ---- streams (emu_stream.c) ----------------------------------------------- */
+
+typedef struct emu_op emu_op_t;
+struct emu_op {
+	emu_op_t *next;
+	/* executed by the stream's worker, in order; the op is freed by fini */
+	void (*run)(emu_op_t *op, struct CUstream_st *s);
+	void (*fini)(emu_op_t *op);
+};
+
+/* The stream behind a handle (NULL: the current device's default stream);
+ * cudaErrorInvalidResourceHandle for a handle that is not a live stream. */
+EMU_API cudaError_t emu_stream_get(cudaStream_t h, struct CUstream_st **out);
+EMU_API int emu_stream_dev(const struct CUstream_st *s);
+/* Queue op on s; it runs after everything queued before it. */
+EMU_API void emu_stream_push(struct CUstream_st *s, emu_op_t *op);
+/* Wait until every op queued so far on the streams of dev (-1: all) ran. */
+EMU_API void emu_streams_sync(int dev);
+
+#endif

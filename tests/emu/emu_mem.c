@@ -1,0 +1,516 @@
+/*
+ * emu_mem.c - emulated device memory and CUDA IPC.
+ *
+ * Each device owns a slice of one address range reserved PROT_NONE at start:
+ * device pointers point there, so host code that dereferences one gets
+ * SIGSEGV as on a GPU.  The bytes live in a file per allocation under
+ * $REFIT_EMU_DIR/mem (<pid>.<seq>), mapped read-write elsewhere; the table
+ * below translates a device range to that mapping for the stream workers.
+ * Addresses are not reused until the slice wraps around, so a freed pointer
+ * stays invalid.  IPC handles name the exporter's (host, device, pid, seq);
+ * opening one maps the same file into the importer's slice of that device.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/emu/emu_internal.h"
+
+#define SLICE (64ULL << 30)        /* address space per device */
+#define GRAIN (64ULL << 10)        /* allocation granularity and guard gap */
+#define IPC_MAGIC 0x52454d49u      /* "REMI" */
+
+struct emu_alloc {
+	uintptr_t va;
+	size_t size;
+	uint8_t *mem;          /* the host-writable view */
+	size_t maplen;
+	int dev;
+	bool ipc;              /* opened from another process's handle */
+	int ipc_refs;
+	int pid;               /* the exporter (this process unless ipc) */
+	uint64_t seq;
+	int pins;
+	bool dying;
+	char path[240];
+};
+
+struct ipc_handle {
+	uint32_t magic;
+	int32_t dev;
+	uint64_t host_hash;
+	int32_t pid;
+	int32_t pad;
+	uint64_t seq;
+	uint64_t offset;       /* of the allocation in its file (always 0 here) */
+	uint64_t size;
+};
+_Static_assert(sizeof(struct ipc_handle) <= CUDA_IPC_HANDLE_SIZE, "IPC handle too big");
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t unpinned = PTHREAD_COND_INITIALIZER;
+static uintptr_t arena;
+static size_t arena_len;
+static uintptr_t cursor[REFIT_EMU_MAX_DEVICES];
+static uint64_t dev_used[REFIT_EMU_MAX_DEVICES];
+static emu_alloc_t **tab;   /* sorted by va */
+static size_t ntab, captab;
+static _Atomic uint64_t seqno;
+
+void
+emu_mem_init(const emu_env_t *e)
+{
+	void *p;
+
+	arena_len = (size_t)e->ndev * SLICE;
+	p = mmap(NULL, arena_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED) {
+		emu_say("cannot reserve %zu bytes of address space: %s", arena_len,
+			strerror(errno));
+		arena_len = 0;
+		return;
+	}
+	arena = (uintptr_t)p;
+	for (int d = 0; d < e->ndev; d++)
+		cursor[d] = arena + (uintptr_t)d * SLICE + GRAIN;
+}
+
+bool
+emu_is_dev_addr(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+
+	return arena_len && a >= arena && a < arena + arena_len;
+}
+
+/* index of the last entry with va <= a, or -1.  Locked. */
+static long
+tab_find(uintptr_t a)
+{
+	long lo = 0, hi = (long)ntab - 1, r = -1;
+
+	while (lo <= hi) {
+		long mid = (lo + hi) / 2;
+
+		if (tab[mid]->va <= a) {
+			r = mid;
+			lo = mid + 1;
+		} else {
+			hi = mid - 1;
+		}
+	}
+	return r;
+}
+
+static void
+tab_insert(emu_alloc_t *a)
+{
+	long i = tab_find(a->va) + 1;
+
+	if (ntab == captab) {
+		captab = captab ? captab * 2 : 64;
+		tab = realloc(tab, captab * sizeof(*tab));
+		if (tab == NULL)
+			abort();
+	}
+	memmove(&tab[i + 1], &tab[i], (ntab - (size_t)i) * sizeof(*tab));
+	tab[i] = a;
+	ntab++;
+}
+
+static void
+tab_remove(emu_alloc_t *a)
+{
+	long i = tab_find(a->va);
+
+	if (i < 0 || tab[i] != a)
+		abort();
+	memmove(&tab[i], &tab[i + 1], (ntab - (size_t)i - 1) * sizeof(*tab));
+	ntab--;
+}
+
+/* A free range of len bytes in dev's slice: bump, then first fit from the
+ * start once the slice is used up.  0 when none.  Locked. */
+static uintptr_t
+va_take(int dev, size_t len)
+{
+	uintptr_t lo = arena + (uintptr_t)dev * SLICE, hi = lo + SLICE;
+	size_t span = (len + GRAIN - 1) / GRAIN * GRAIN + GRAIN;
+	uintptr_t at = lo + GRAIN;
+
+	if (cursor[dev] + span <= hi) {
+		at = cursor[dev];
+		cursor[dev] += span;
+		return at;
+	}
+	for (size_t i = 0; i < ntab; i++) {
+		if (tab[i]->va < lo || tab[i]->va >= hi)
+			continue;
+		if (at + span <= tab[i]->va)
+			break;
+		at = tab[i]->va + (tab[i]->size + GRAIN - 1) / GRAIN * GRAIN + GRAIN;
+	}
+	return at + span <= hi ? at : 0;
+}
+
+enum emu_where
+emu_mem_find(const void *p, size_t len, bool pin, int *dev, uint8_t **mem, emu_alloc_t **out)
+{
+	uintptr_t a = (uintptr_t)p;
+	enum emu_where w = EMU_BAD;
+	long i;
+
+	if (!emu_is_dev_addr(p))
+		return EMU_HOST;
+	pthread_mutex_lock(&mu);
+	i = tab_find(a);
+	if (i >= 0 && !tab[i]->dying && a - tab[i]->va < tab[i]->size &&
+	    len <= tab[i]->size - (a - tab[i]->va)) {
+		emu_alloc_t *x = tab[i];
+
+		w = EMU_DEVICE;
+		if (dev)
+			*dev = x->dev;
+		if (mem)
+			*mem = x->mem + (a - x->va);
+		if (pin) {
+			x->pins++;
+			*out = x;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return w;
+}
+
+void
+emu_mem_unpin(emu_alloc_t *a)
+{
+	if (a == NULL)
+		return;
+	pthread_mutex_lock(&mu);
+	if (--a->pins == 0)
+		pthread_cond_broadcast(&unpinned);
+	pthread_mutex_unlock(&mu);
+}
+
+/* Take a out of the table once nothing uses it; then unmap it. */
+static void
+alloc_drop(emu_alloc_t *a)
+{
+	pthread_mutex_lock(&mu);
+	a->dying = true;
+	while (a->pins > 0)
+		pthread_cond_wait(&unpinned, &mu);
+	tab_remove(a);
+	if (!a->ipc)
+		dev_used[a->dev] -= a->size;
+	pthread_mutex_unlock(&mu);
+	munmap(a->mem, a->maplen);
+	if (!a->ipc) {
+		unlink(a->path);
+		emu_count_alloc(a->dev, -1, -(int64_t)a->size);
+	} else {
+		emu_count_ipc(-1);
+	}
+	free(a);
+}
+
+static int
+map_file(emu_alloc_t *a, int flags)
+{
+	int fd = open(a->path, flags, 0600);
+
+	if (fd < 0)
+		return -1;
+	if ((flags & O_CREAT) && ftruncate(fd, (off_t)a->size) != 0) {
+		close(fd);
+		unlink(a->path);
+		return -1;
+	}
+	a->maplen = a->size;
+	a->mem = mmap(NULL, a->maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (a->mem == MAP_FAILED) {
+		if (flags & O_CREAT)
+			unlink(a->path);
+		return -1;
+	}
+	return 0;
+}
+
+/* Register a at a fresh address of its device; cudaSuccess or why not. */
+static cudaError_t
+alloc_place(emu_alloc_t *a)
+{
+	const emu_env_t *e = emu_env();
+
+	pthread_mutex_lock(&mu);
+	if (!a->ipc && dev_used[a->dev] + a->size > e->dev_mem) {
+		pthread_mutex_unlock(&mu);
+		return emu_fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu) on device %d: %llu "
+				"of %llu bytes in use (REFIT_EMU_DEVICE_MEM)", a->size, a->dev,
+				(unsigned long long)dev_used[a->dev],
+				(unsigned long long)e->dev_mem);
+	}
+	a->va = va_take(a->dev, a->size);
+	if (a->va == 0) {
+		pthread_mutex_unlock(&mu);
+		return emu_fail(cudaErrorMemoryAllocation, "device %d: address space used up",
+				a->dev);
+	}
+	if (!a->ipc)
+		dev_used[a->dev] += a->size;
+	tab_insert(a);
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+cudaError_t
+cudaMalloc(void **p, size_t size)
+{
+	cudaError_t e = emu_enter();
+	emu_alloc_t *a;
+
+	if (e)
+		return e;
+	if (p == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaMalloc(NULL, %zu)", size);
+	*p = NULL;
+	if (size == 0)
+		return cudaSuccess;
+	if (arena_len == 0)
+		return emu_fail(cudaErrorMemoryAllocation, "no device address space");
+	if ((a = calloc(1, sizeof(*a))) == NULL)
+		return emu_fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu): out of host memory",
+				size);
+	a->size = size;
+	a->dev = emu_cur_dev();
+	a->pid = (int)getpid();
+	a->seq = atomic_fetch_add(&seqno, 1) + 1;
+	snprintf(a->path, sizeof(a->path), "%s/mem/%d.%llu", emu_env()->dir, a->pid,
+		 (unsigned long long)a->seq);
+	if (map_file(a, O_RDWR | O_CREAT | O_EXCL) != 0) {
+		e = emu_fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu): backing file %s: %s",
+			     size, a->path, strerror(errno));
+		free(a);
+		return e;
+	}
+	if ((e = alloc_place(a)) != cudaSuccess) {
+		munmap(a->mem, a->maplen);
+		unlink(a->path);
+		free(a);
+		return e;
+	}
+	emu_count_alloc(a->dev, 1, (int64_t)size);
+	*p = (void *)a->va;
+	return cudaSuccess;
+}
+
+/* The entry whose base is p, or NULL.  Locked. */
+static emu_alloc_t *
+base_of(const void *p)
+{
+	long i = tab_find((uintptr_t)p);
+
+	return i >= 0 && tab[i]->va == (uintptr_t)p && !tab[i]->dying ? tab[i] : NULL;
+}
+
+cudaError_t
+cudaFree(void *p)
+{
+	cudaError_t e = emu_enter();
+	emu_alloc_t *a;
+
+	if (e)
+		return e;
+	if (p == NULL)
+		return cudaSuccess;
+	pthread_mutex_lock(&mu);
+	a = base_of(p);
+	if (a && a->ipc)
+		a = NULL;
+	pthread_mutex_unlock(&mu);
+	if (a == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaFree(%p): not the base of a live "
+				"cudaMalloc allocation", p);
+	/* cudaFree synchronises the device, as CUDA does */
+	emu_streams_sync(a->dev);
+	alloc_drop(a);
+	return emu_sticky();
+}
+
+cudaError_t
+cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p)
+{
+	cudaError_t e = emu_enter();
+	int dev = -1;
+
+	if (e)
+		return e;
+	if (at == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaPointerGetAttributes(NULL)");
+	memset(at, 0, sizeof(*at));
+	switch (emu_mem_find(p, 1, false, &dev, NULL, NULL)) {
+	case EMU_HOST:
+		at->type = cudaMemoryTypeUnregistered;
+		at->device = -2;
+		at->hostPointer = (void *)p;
+		return cudaSuccess;
+	case EMU_DEVICE:
+		at->type = cudaMemoryTypeDevice;
+		at->device = dev;
+		at->devicePointer = (void *)p;
+		return cudaSuccess;
+	default:
+		return emu_fail(cudaErrorInvalidValue, "cudaPointerGetAttributes(%p): device "
+				"address outside every allocation", p);
+	}
+}
+
+/* ---- CUDA IPC --------------------------------------------------------------- */
+
+cudaError_t
+cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+	cudaError_t e = emu_enter();
+	struct ipc_handle ih = {0};
+	emu_alloc_t *a = NULL;
+	long i;
+
+	if (e)
+		return e;
+	if (h == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaIpcGetMemHandle(NULL, %p)", p);
+	pthread_mutex_lock(&mu);
+	i = emu_is_dev_addr(p) ? tab_find((uintptr_t)p) : -1;
+	if (i >= 0 && (uintptr_t)p - tab[i]->va < tab[i]->size && !tab[i]->dying)
+		a = tab[i];
+	if (a && !a->ipc) {
+		/* like CUDA: the handle names the whole allocation, whatever p is */
+		ih = (struct ipc_handle){IPC_MAGIC, a->dev, emu_env()->host_hash, a->pid, 0,
+					 a->seq, 0, a->size};
+	}
+	pthread_mutex_unlock(&mu);
+	if (a == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaIpcGetMemHandle(%p): not device "
+				"memory of a live allocation", p);
+	if (a->ipc)
+		return emu_fail(cudaErrorInvalidValue, "cudaIpcGetMemHandle(%p): memory opened "
+				"from another process's handle cannot be exported again", p);
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &ih, sizeof(ih));
+	return cudaSuccess;
+}
+
+/* An open mapping of (pid, seq), reference counted; NULL if none.  Locked. */
+static emu_alloc_t *
+ipc_find(int pid, uint64_t seq)
+{
+	for (size_t i = 0; i < ntab; i++)
+		if (tab[i]->ipc && tab[i]->pid == pid && tab[i]->seq == seq && !tab[i]->dying)
+			return tab[i];
+	return NULL;
+}
+
+static cudaError_t
+ipc_check(const struct ipc_handle *ih, unsigned flags)
+{
+	const emu_env_t *env = emu_env();
+	int cur = emu_cur_dev();
+
+	if (ih->magic != IPC_MAGIC || ih->dev < 0 || ih->size == 0)
+		return emu_fail(cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle: not a "
+				"handle from cudaIpcGetMemHandle");
+	if (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess)
+		return emu_fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: flags 0x%x", flags);
+	if (ih->host_hash != env->host_hash)
+		return emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: the "
+				"memory is on another host than \"%s\" (CUDA IPC works within "
+				"one host only)", env->host);
+	if (ih->dev >= env->ndev)
+		return emu_fail(cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle: device "
+				"%d of %d", ih->dev, env->ndev);
+	if (ih->pid == (int)getpid())
+		return emu_fail(cudaErrorDeviceUninitialized, "cudaIpcOpenMemHandle: the "
+				"handle is of this process's own allocation");
+	if (ih->dev != cur && !(flags & cudaIpcMemLazyEnablePeerAccess))
+		return emu_fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: memory of device "
+				"%d opened on device %d without "
+				"cudaIpcMemLazyEnablePeerAccess", ih->dev, cur);
+	return cudaSuccess;
+}
+
+cudaError_t
+cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
+{
+	cudaError_t e = emu_enter();
+	struct ipc_handle ih;
+	emu_alloc_t *a;
+
+	if (e)
+		return e;
+	if (p == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle(NULL)");
+	memcpy(&ih, h.reserved, sizeof(ih));
+	if ((e = ipc_check(&ih, flags)) != cudaSuccess)
+		return e;
+	pthread_mutex_lock(&mu);
+	if ((a = ipc_find(ih.pid, ih.seq)) != NULL) { /* CUDA: same pointer, one more ref */
+		a->ipc_refs++;
+		*p = (void *)a->va;
+		pthread_mutex_unlock(&mu);
+		emu_count_ipc(1);
+		return cudaSuccess;
+	}
+	pthread_mutex_unlock(&mu);
+	if ((a = calloc(1, sizeof(*a))) == NULL)
+		return emu_fail(cudaErrorMemoryAllocation, "cudaIpcOpenMemHandle: out of memory");
+	*a = (emu_alloc_t){.size = ih.size, .dev = ih.dev, .ipc = true, .ipc_refs = 1,
+			   .pid = ih.pid, .seq = ih.seq};
+	snprintf(a->path, sizeof(a->path), "%s/mem/%d.%llu", emu_env()->dir, ih.pid,
+		 (unsigned long long)ih.seq);
+	if (map_file(a, O_RDWR) != 0) {
+		e = emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: %s: %s (freed "
+			     "by its process, or another REFIT_EMU_DIR)", a->path, strerror(errno));
+		free(a);
+		return e;
+	}
+	if ((e = alloc_place(a)) != cudaSuccess) {
+		munmap(a->mem, a->maplen);
+		free(a);
+		return e;
+	}
+	emu_count_ipc(1);
+	*p = (void *)a->va;
+	return cudaSuccess;
+}
+
+cudaError_t
+cudaIpcCloseMemHandle(void *p)
+{
+	cudaError_t e = emu_enter();
+	emu_alloc_t *a;
+	bool last;
+
+	if (e)
+		return e;
+	pthread_mutex_lock(&mu);
+	a = base_of(p);
+	if (a && !a->ipc)
+		a = NULL;
+	last = a && --a->ipc_refs == 0;
+	pthread_mutex_unlock(&mu);
+	if (a == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaIpcCloseMemHandle(%p): not a pointer "
+				"from cudaIpcOpenMemHandle", p);
+	if (last)
+		alloc_drop(a);
+	else
+		emu_count_ipc(-1);
+	return cudaSuccess;
+}

@@ -1,0 +1,802 @@
+/*
+ * emu_nccl.c - the emulated NCCL API (libnccl.so.2): unique ids,
+ * communicators (init, shrink, destroy, abort, asynchronous errors) and
+ * groups.  Rendezvous in emu_boot.c, the send/recv data path in emu_p2p.c.
+ *
+ * Non-blocking communicators (config->blocking = 0) behave as NCCL 2.28's:
+ * the init and shrink calls return ncclInProgress, the work goes on in a
+ * thread, ncclCommGetAsyncError says ncclInProgress until it ends, a shrink
+ * writes *newcomm only then; ncclGroupEnd returns ncclInProgress and queues
+ * the operations on their streams only later (cudaStreamQuery on an empty
+ * stream says nothing about a group still being launched).  Using a
+ * communicator before it is ready, or destroying it, is refused with
+ * ncclInvalidArgument (ncclCommEnsureReady); a communicator with an
+ * asynchronous error can only be aborted.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/emu/emu_nccl.h"
+
+typedef struct uid_wire {
+	uint32_t magic, pad;
+	uint64_t nonce;
+	char path[PATH_MAX_UN];
+} uid_wire_t;
+_Static_assert(sizeof(uid_wire_t) <= sizeof(ncclUniqueId), "unique id too big");
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static ncclComm_t comms;                 /* live handles */
+static char last_msg[400];
+
+static __thread int group_depth;
+static __thread p2p_t *gops;
+static __thread size_t ngops, capgops;
+static __thread ncclComm_t *ginits;
+static __thread size_t nginits, capginits;
+
+/* ---- small things ---------------------------------------------------------------- */
+
+static const char *const type_names[] = {"int8", "uint8", "int32", "uint32", "int64",
+					 "uint64", "float16", "float32", "float64", "bfloat16",
+					 "float8e4m3", "float8e5m2"};
+static const size_t type_sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+
+const char *
+type_name(ncclDataType_t t)
+{
+	return (unsigned)t < ncclNumTypes ? type_names[t] : "?";
+}
+
+size_t
+type_size(ncclDataType_t t)
+{
+	return (unsigned)t < ncclNumTypes ? type_sizes[t] : 0;
+}
+
+static ncclResult_t EMU_PRINTF(2, 3)
+nccl_fail(ncclResult_t r, const char *fmt, ...)
+{
+	char buf[400];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	emu_say("NCCL WARN %s (%s)", buf, ncclGetErrorString(r));
+	pthread_mutex_lock(&reg_mu);
+	snprintf(last_msg, sizeof(last_msg), "%s", buf);
+	pthread_mutex_unlock(&reg_mu);
+	return r;
+}
+
+void
+comm_set_err(ncclComm_t c, ncclResult_t r, const char *fmt, ...)
+{
+	char buf[400];
+	va_list ap;
+	bool first;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	pthread_mutex_lock(&c->mu);
+	first = c->err == ncclSuccess;
+	if (first)
+		c->err = r;
+	pthread_mutex_unlock(&c->mu);
+	if (first)
+		nccl_fail(r, "%s", buf);
+}
+
+/* ---- communicators ------------------------------------------------------------------ */
+
+void
+comm_ref(ncclComm_t c)
+{
+	pthread_mutex_lock(&c->mu);
+	c->refs++;
+	pthread_mutex_unlock(&c->mu);
+}
+
+void
+comm_unref(ncclComm_t c)
+{
+	bool last;
+
+	pthread_mutex_lock(&c->mu);
+	last = --c->refs == 0;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (!last)
+		return;
+	comm_close_fds(c);
+	root_unref(c->own_root);
+	free(c->peers);
+	free(c->out_fd);
+	free(c->in_fd);
+	free(c->send_next);
+	free(c->send_turn);
+	free(c->recv_next);
+	free(c->recv_turn);
+	pthread_mutex_destroy(&c->mu);
+	pthread_mutex_destroy(&c->accept_mu);
+	pthread_cond_destroy(&c->cv);
+	c->magic = 0;
+	free(c);
+}
+
+static ncclComm_t
+comm_new(int rank, int nranks, int dev, bool blocking)
+{
+	ncclComm_t c = calloc(1, sizeof(*c));
+
+	if (c == NULL)
+		return NULL;
+	c->magic = COMM_MAGIC;
+	c->rank = rank;
+	c->nranks = nranks;
+	c->dev = dev;
+	c->blocking = blocking;
+	c->refs = 1;
+	c->pending = 1;
+	c->listen_fd = c->join_fd = -1;
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_mutex_init(&c->accept_mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	pthread_mutex_lock(&reg_mu);
+	c->reg_next = comms;
+	comms = c;
+	pthread_mutex_unlock(&reg_mu);
+	emu_count_comms(1);
+	return c;
+}
+
+/* Take c out of the registry (its handle dies); false if it was not in. */
+static bool
+comm_unregister(ncclComm_t c)
+{
+	ncclComm_t *pp;
+	bool found = false;
+
+	pthread_mutex_lock(&reg_mu);
+	for (pp = &comms; *pp; pp = &(*pp)->reg_next)
+		if (*pp == c) {
+			*pp = c->reg_next;
+			found = true;
+			break;
+		}
+	pthread_mutex_unlock(&reg_mu);
+	if (found)
+		emu_count_comms(-1);
+	return found;
+}
+
+static bool
+comm_live(ncclComm_t c)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&reg_mu);
+	for (ncclComm_t x = comms; x && !found; x = x->reg_next)
+		found = x == c;
+	pthread_mutex_unlock(&reg_mu);
+	return found;
+}
+
+static ncclResult_t
+comm_check(ncclComm_t c, const char *what)
+{
+	if (c == NULL)
+		return nccl_fail(ncclInvalidArgument, "%s: comm is NULL", what);
+	if (!comm_live(c))
+		return nccl_fail(ncclInvalidArgument, "%s: comm %p is not a live communicator "
+				 "(destroyed, aborted, or never created)", what, (void *)c);
+	return ncclSuccess;
+}
+
+static bool
+comm_busy(ncclComm_t c)
+{
+	return c->pending || c->launching || c->children;
+}
+
+/* NCCL's ncclCommEnsureReady: live, not in progress, no asynchronous error. */
+static ncclResult_t
+comm_ready(ncclComm_t c, const char *what)
+{
+	ncclResult_t r = comm_check(c, what);
+	bool busy;
+
+	if (r != ncclSuccess)
+		return r;
+	pthread_mutex_lock(&c->mu);
+	busy = comm_busy(c);
+	r = c->err;
+	pthread_mutex_unlock(&c->mu);
+	if (busy)
+		return nccl_fail(ncclInvalidArgument, "%s: rank %d: attempt to use communicator "
+				 "before the previous operation returned ncclSuccess", what,
+				 c->rank);
+	if (r != ncclSuccess)
+		return nccl_fail(r, "%s: rank %d: the communicator has an asynchronous error "
+				 "(abort it)", what, c->rank);
+	if (emu_sticky() != cudaSuccess)
+		return nccl_fail(ncclUnhandledCudaError, "%s: %s", what,
+				 cudaGetErrorString(emu_sticky()));
+	return ncclSuccess;
+}
+
+static ncclResult_t
+start_join(ncclComm_t c)
+{
+	pthread_attr_t at;
+	pthread_t th;
+	int rc;
+
+	comm_ref(c); /* the thread's */
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&at, 256 << 10);
+	rc = pthread_create(&th, &at, comm_join_main, c);
+	pthread_attr_destroy(&at);
+	if (rc != 0) {
+		comm_unref(c);
+		pthread_mutex_lock(&c->mu);
+		c->pending = 0;
+		pthread_mutex_unlock(&c->mu);
+		comm_set_err(c, ncclSystemError, "cannot start a thread for rank %d", c->rank);
+		return ncclSystemError;
+	}
+	return ncclSuccess;
+}
+
+static ncclResult_t
+wait_ready(ncclComm_t c)
+{
+	ncclResult_t r;
+
+	pthread_mutex_lock(&c->mu);
+	while (c->pending)
+		pthread_cond_wait(&c->cv, &c->mu);
+	r = c->err;
+	pthread_mutex_unlock(&c->mu);
+	return r;
+}
+
+/* After starting c's init or shrink: defer to ncclGroupEnd, wait, or return
+ * ncclInProgress. */
+static ncclResult_t
+init_started(ncclComm_t c)
+{
+	if (group_depth > 0) {
+		if (nginits == capginits) {
+			capginits = capginits ? capginits * 2 : 8;
+			ginits = realloc(ginits, capginits * sizeof(*ginits));
+			if (ginits == NULL)
+				abort();
+		}
+		comm_ref(c);
+		ginits[nginits++] = c;
+		return ncclSuccess;
+	}
+	return c->blocking ? wait_ready(c) : ncclInProgress;
+}
+
+static ncclResult_t
+config_blocking(const ncclConfig_t *cfg, bool dflt, bool *out)
+{
+	*out = dflt;
+	if (cfg == NULL)
+		return ncclSuccess;
+	if (cfg->magic != 0xcafebeef || cfg->size < offsetof(ncclConfig_t, cgaClusterSize))
+		return nccl_fail(ncclInvalidArgument, "config was not set with "
+				 "NCCL_CONFIG_INITIALIZER (magic 0x%x)", cfg->magic);
+	if (cfg->blocking == NCCL_CONFIG_UNDEF_INT)
+		return ncclSuccess;
+	if (cfg->blocking != 0 && cfg->blocking != 1)
+		return nccl_fail(ncclInvalidArgument, "config->blocking %d", cfg->blocking);
+	*out = cfg->blocking == 1;
+	return ncclSuccess;
+}
+
+/* ---- the API ---------------------------------------------------------------------------- */
+
+ncclResult_t
+ncclGetVersion(int *version)
+{
+	if (version == NULL)
+		return nccl_fail(ncclInvalidArgument, "ncclGetVersion(NULL)");
+	*version = NCCL_VERSION_CODE;
+	return ncclSuccess;
+}
+
+ncclResult_t
+ncclGetUniqueId(ncclUniqueId *id)
+{
+	const emu_env_t *env = emu_env();
+	static _Atomic uint64_t seq;
+	uid_wire_t w = {WIRE_MAGIC, 0, emu_rand(), ""};
+	char why[300];
+
+	if (id == NULL)
+		return nccl_fail(ncclInvalidArgument, "ncclGetUniqueId(NULL)");
+	if (env == NULL)
+		return nccl_fail(ncclSystemError, "ncclGetUniqueId: the emulator did not start");
+	snprintf(w.path, sizeof(w.path), "%s/r.%d.%llu.sock", env->dir, (int)getpid(),
+		 (unsigned long long)atomic_fetch_add(&seq, 1));
+	if (root_start(w.path, true, why, sizeof(why)) == NULL)
+		return nccl_fail(ncclSystemError, "ncclGetUniqueId: %s", why);
+	memset(id, 0, sizeof(*id));
+	memcpy(id->internal, &w, sizeof(w));
+	return ncclSuccess;
+}
+
+ncclResult_t
+ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
+		       ncclConfig_t *config)
+{
+	const char *w = "ncclCommInitRankConfig";
+	uid_wire_t u;
+	bool blocking;
+	ncclComm_t c;
+	ncclResult_t r;
+
+	if (out == NULL)
+		return nccl_fail(ncclInvalidArgument, "%s: comm is NULL", w);
+	if (nranks < 1 || rank < 0 || rank >= nranks)
+		return nccl_fail(ncclInvalidArgument, "%s: rank %d of %d", w, rank, nranks);
+	memcpy(&u, id.internal, sizeof(u));
+	u.path[sizeof(u.path) - 1] = 0;
+	if (u.magic != WIRE_MAGIC)
+		return nccl_fail(ncclInvalidArgument, "%s: the id is not from ncclGetUniqueId", w);
+	if ((r = config_blocking(config, true, &blocking)) != ncclSuccess)
+		return r;
+	if (emu_enter() != cudaSuccess)
+		return nccl_fail(ncclUnhandledCudaError, "%s: %s", w,
+				 cudaGetErrorString(emu_enter()));
+	if ((c = comm_new(rank, nranks, emu_cur_dev(), blocking)) == NULL)
+		return nccl_fail(ncclSystemError, "%s: out of memory", w);
+	snprintf(c->root_path, sizeof(c->root_path), "%s", u.path);
+	*out = c; /* NCCL: the handle is valid at once, in progress until ready */
+	if ((r = start_join(c)) != ncclSuccess)
+		return r;
+	return init_started(c);
+}
+
+ncclResult_t
+ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank)
+{
+	return ncclCommInitRankConfig(out, nranks, id, rank, NULL);
+}
+
+static int
+cmp_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The sorted exclusion list (sorted in place, as NCCL does) is valid. */
+static ncclResult_t
+shrink_check(ncclComm_t c, int *excl, int nex, ncclComm_t *newcomm, int flags)
+{
+	const char *w = "ncclCommShrink";
+
+	if (newcomm == NULL || excl == NULL || nex <= 0)
+		return nccl_fail(ncclInvalidArgument, "%s: newcomm %p, excludeRanksList %p, "
+				 "excludeRanksCount %d", w, (void *)newcomm, (void *)excl, nex);
+	if (flags & ~NCCL_SHRINK_ABORT)
+		return nccl_fail(ncclInvalidArgument, "%s: flags 0x%x", w, flags);
+	qsort(excl, (size_t)nex, sizeof(int), cmp_int);
+	for (int i = 0; i < nex; i++) {
+		if (excl[i] < 0 || excl[i] >= c->nranks || (i && excl[i] == excl[i - 1]))
+			return nccl_fail(ncclInvalidArgument, "%s: excluded rank %d (of %d, or "
+					 "twice)", w, excl[i], c->nranks);
+		if (excl[i] == c->rank)
+			return nccl_fail(ncclInvalidArgument, "%s: rank %d excludes itself", w,
+					 c->rank);
+	}
+	if (nex >= c->nranks)
+		return nccl_fail(ncclInvalidArgument, "%s: excludes all %d ranks", w, c->nranks);
+	return ncclSuccess;
+}
+
+ncclResult_t
+ncclCommShrink(ncclComm_t comm, int *excl, int nex, ncclComm_t *newcomm, ncclConfig_t *config,
+	       int flags)
+{
+	ncclResult_t r;
+	bool blocking;
+	ncclComm_t c;
+	int newrank;
+	uint64_t uid;
+	char why[300];
+
+	if ((r = comm_check(comm, "ncclCommShrink")) != ncclSuccess ||
+	    (r = shrink_check(comm, excl, nex, newcomm, flags)) != ncclSuccess ||
+	    (r = comm_ready(comm, "ncclCommShrink")) != ncclSuccess ||
+	    (r = config_blocking(config, comm->blocking, &blocking)) != ncclSuccess)
+		return r;
+	*newcomm = NULL; /* NCCL: NULL until the shrink completes */
+	newrank = comm->rank;
+	for (int i = 0; i < nex; i++)
+		newrank -= excl[i] < comm->rank;
+	if ((c = comm_new(newrank, comm->nranks - nex, comm->dev, blocking)) == NULL)
+		return nccl_fail(ncclSystemError, "ncclCommShrink: out of memory");
+	pthread_mutex_lock(&comm->mu);
+	uid = emu_hash(&comm->shrinks, sizeof(comm->shrinks), comm->uid);
+	comm->shrinks++;
+	comm->children++;
+	comm->refs++;
+	pthread_mutex_unlock(&comm->mu);
+	c->uid = emu_hash(excl, (size_t)nex * sizeof(int), uid);
+	c->parent = comm;
+	c->publish = newcomm;
+	c->root_wait = true;
+	snprintf(c->root_path, sizeof(c->root_path), "%s/s.%016llx.sock", emu_env()->dir,
+		 (unsigned long long)c->uid);
+	if (newrank == 0 && (c->own_root = root_start(c->root_path, false, why,
+						      sizeof(why))) == NULL)
+		comm_set_err(c, ncclSystemError, "ncclCommShrink: %s", why);
+	cudaSetDevice(comm->dev); /* as NCCL does */
+	if ((r = start_join(c)) != ncclSuccess)
+		return r;
+	return init_started(c);
+}
+
+ncclResult_t
+ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *out)
+{
+	ncclResult_t r = comm_check(c, "ncclCommGetAsyncError");
+
+	if (r != ncclSuccess)
+		return r;
+	if (out == NULL)
+		return nccl_fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+	pthread_mutex_lock(&c->mu);
+	r = c->err;
+	if (r == ncclSuccess && comm_busy(c))
+		r = ncclInProgress;
+	pthread_mutex_unlock(&c->mu);
+	if (r == ncclSuccess && emu_sticky() != cudaSuccess)
+		r = ncclUnhandledCudaError;
+	*out = r;
+	return ncclSuccess;
+}
+
+ncclResult_t
+ncclCommDestroy(ncclComm_t c)
+{
+	ncclResult_t r;
+	bool busy;
+
+	if (c == NULL)
+		return ncclSuccess;
+	if ((r = comm_check(c, "ncclCommDestroy")) != ncclSuccess)
+		return r;
+	pthread_mutex_lock(&c->mu);
+	busy = comm_busy(c);
+	r = c->err;
+	pthread_mutex_unlock(&c->mu);
+	if (busy)
+		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: rank %d: attempt to use "
+				 "communicator before the previous operation returned "
+				 "ncclSuccess", c->rank);
+	if (r != ncclSuccess)
+		return nccl_fail(r, "ncclCommDestroy: rank %d has an asynchronous error: abort "
+				 "it instead", c->rank);
+	if (!comm_unregister(c))
+		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: comm %p destroyed twice",
+				 (void *)c);
+	/* NCCL completes what was issued before it frees the communicator */
+	pthread_mutex_lock(&c->mu);
+	c->gone = true;
+	while (c->refs > 1)
+		pthread_cond_wait(&c->cv, &c->mu);
+	pthread_mutex_unlock(&c->mu);
+	comm_unref(c);
+	return ncclSuccess;
+}
+
+ncclResult_t
+ncclCommAbort(ncclComm_t c)
+{
+	ncclResult_t r;
+
+	if (c == NULL)
+		return ncclSuccess;
+	if ((r = comm_check(c, "ncclCommAbort")) != ncclSuccess)
+		return r;
+	if (!comm_unregister(c))
+		return nccl_fail(ncclInvalidArgument, "ncclCommAbort: comm %p freed twice",
+				 (void *)c);
+	pthread_mutex_lock(&c->mu);
+	c->gone = true;
+	c->aborted = true;
+	comm_shutdown_fds(c);
+	root_cancel(c->own_root);
+	pthread_cond_broadcast(&c->cv);
+	while (c->pending) /* the init thread sees the abort and ends */
+		pthread_cond_wait(&c->cv, &c->mu);
+	pthread_mutex_unlock(&c->mu);
+	comm_unref(c); /* operations still queued hold theirs and end at once */
+	return ncclSuccess;
+}
+
+static ncclResult_t
+comm_query(ncclComm_t c, const void *out, const char *what)
+{
+	if (out == NULL)
+		return nccl_fail(ncclInvalidArgument, "%s: output is NULL", what);
+	return comm_ready(c, what);
+}
+
+ncclResult_t
+ncclCommCount(const ncclComm_t c, int *count)
+{
+	ncclResult_t r = comm_query(c, count, "ncclCommCount");
+
+	if (r == ncclSuccess)
+		*count = c->nranks;
+	return r;
+}
+
+ncclResult_t
+ncclCommCuDevice(const ncclComm_t c, int *device)
+{
+	ncclResult_t r = comm_query(c, device, "ncclCommCuDevice");
+
+	if (r == ncclSuccess)
+		*device = c->dev;
+	return r;
+}
+
+ncclResult_t
+ncclCommUserRank(const ncclComm_t c, int *rank)
+{
+	ncclResult_t r = comm_query(c, rank, "ncclCommUserRank");
+
+	if (r == ncclSuccess)
+		*rank = c->rank;
+	return r;
+}
+
+/* ---- groups ------------------------------------------------------------------------------ */
+
+static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t launch_cv = PTHREAD_COND_INITIALIZER;
+typedef struct job {
+	struct job *next;
+	p2p_t *ops;
+	size_t n;
+} job_t;
+static job_t *jobs, *jobs_tail;
+static bool launcher_up;
+
+/* The launcher queues non-blocking groups on their streams, later. */
+static void *
+launcher(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&launch_mu);
+	for (;;) {
+		job_t *j;
+
+		while (jobs == NULL)
+			pthread_cond_wait(&launch_cv, &launch_mu);
+		j = jobs;
+		jobs = j->next;
+		if (jobs == NULL)
+			jobs_tail = NULL;
+		pthread_mutex_unlock(&launch_mu);
+		emu_delay();
+		p2p_launch(j->ops, j->n);
+		for (size_t i = 0; i < j->n; i++) {
+			ncclComm_t c = j->ops[i].comm;
+
+			pthread_mutex_lock(&c->mu);
+			c->launching--;
+			pthread_cond_broadcast(&c->cv);
+			pthread_mutex_unlock(&c->mu);
+			comm_unref(c); /* the job's reference */
+		}
+		free(j->ops);
+		free(j);
+		pthread_mutex_lock(&launch_mu);
+	}
+	return NULL;
+}
+
+static ncclResult_t
+launch_later(p2p_t *ops, size_t n)
+{
+	job_t *j = calloc(1, sizeof(*j));
+	pthread_t th;
+
+	if (j == NULL)
+		abort();
+	j->ops = ops;
+	j->n = n;
+	for (size_t i = 0; i < n; i++) {
+		pthread_mutex_lock(&ops[i].comm->mu);
+		ops[i].comm->launching++;
+		ops[i].comm->refs++;
+		pthread_mutex_unlock(&ops[i].comm->mu);
+	}
+	pthread_mutex_lock(&launch_mu);
+	if (!launcher_up) {
+		if (pthread_create(&th, NULL, launcher, NULL) != 0)
+			abort();
+		pthread_detach(th);
+		launcher_up = true;
+	}
+	if (jobs_tail)
+		jobs_tail->next = j;
+	else
+		jobs = j;
+	jobs_tail = j;
+	pthread_cond_broadcast(&launch_cv);
+	pthread_mutex_unlock(&launch_mu);
+	return ncclInProgress;
+}
+
+ncclResult_t
+ncclGroupStart(void)
+{
+	group_depth++;
+	return ncclSuccess;
+}
+
+/* Tickets fix the order per ordered pair: the order of the calls. */
+static ncclResult_t
+flush_ops(void)
+{
+	p2p_t *ops = gops;
+	size_t n = ngops;
+	bool later = false;
+
+	gops = NULL;
+	ngops = capgops = 0;
+	if (n == 0) {
+		free(ops);
+		return ncclSuccess;
+	}
+	for (size_t i = 0; i < n; i++) {
+		ncclComm_t c = ops[i].comm;
+
+		pthread_mutex_lock(&c->mu);
+		ops[i].ticket = ops[i].send ? c->send_next[ops[i].peer]++ :
+					      c->recv_next[ops[i].peer]++;
+		pthread_mutex_unlock(&c->mu);
+		later |= !c->blocking;
+	}
+	if (later)
+		return launch_later(ops, n);
+	p2p_launch(ops, n);
+	free(ops);
+	return ncclSuccess;
+}
+
+static ncclResult_t
+flush_inits(void)
+{
+	ncclResult_t res = ncclSuccess;
+
+	for (size_t i = 0; i < nginits; i++) {
+		ncclComm_t c = ginits[i];
+		ncclResult_t r = ncclInProgress;
+
+		if (c->blocking)
+			r = wait_ready(c);
+		if (r != ncclSuccess && (res == ncclSuccess || res == ncclInProgress))
+			res = r;
+		comm_unref(c);
+	}
+	free(ginits);
+	ginits = NULL;
+	nginits = capginits = 0;
+	return res;
+}
+
+ncclResult_t
+ncclGroupEnd(void)
+{
+	ncclResult_t a, b;
+
+	if (group_depth == 0)
+		return nccl_fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+	if (--group_depth > 0)
+		return ncclSuccess;
+	a = flush_ops();
+	b = flush_inits();
+	if (a != ncclSuccess && a != ncclInProgress)
+		return a;
+	if (b != ncclSuccess && b != ncclInProgress)
+		return b;
+	return a == ncclInProgress || b == ncclInProgress ? ncclInProgress : ncclSuccess;
+}
+
+static ncclResult_t
+p2p_post(bool send, void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t c,
+	 cudaStream_t stream)
+{
+	const char *w = send ? "ncclSend" : "ncclRecv";
+	struct CUstream_st *s;
+	ncclResult_t r = comm_ready(c, w);
+
+	if (r != ncclSuccess)
+		return r;
+	if (type_size(type) == 0)
+		return nccl_fail(ncclInvalidArgument, "%s: datatype %d", w, (int)type);
+	if (peer < 0 || peer >= c->nranks)
+		return nccl_fail(ncclInvalidArgument, "%s: rank %d: peer %d of %d", w, c->rank,
+				 peer, c->nranks);
+	if (buf == NULL && count)
+		return nccl_fail(ncclInvalidArgument, "%s: NULL buffer", w);
+	if (emu_stream_get(stream, &s) != cudaSuccess)
+		return nccl_fail(ncclInvalidArgument, "%s: stream %p is not a live stream", w,
+				 (void *)stream);
+	if (emu_stream_dev(s) != c->dev)
+		return nccl_fail(ncclInvalidArgument, "%s: rank %d: a stream of device %d for a "
+				 "communicator of device %d", w, c->rank, emu_stream_dev(s),
+				 c->dev);
+	if (ngops == capgops) {
+		capgops = capgops ? capgops * 2 : 16;
+		gops = realloc(gops, capgops * sizeof(*gops));
+		if (gops == NULL)
+			abort();
+	}
+	comm_ref(c); /* the operation's */
+	gops[ngops++] = (p2p_t){.send = send, .buf = buf, .count = count,
+				.bytes = count * type_size(type), .type = type, .peer = peer,
+				.comm = c, .s = s};
+	if (group_depth == 0)
+		return flush_ops();
+	return ncclSuccess;
+}
+
+ncclResult_t
+ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+	 cudaStream_t stream)
+{
+	return p2p_post(true, (void *)buf, count, type, peer, comm, stream);
+}
+
+ncclResult_t
+ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+	 cudaStream_t stream)
+{
+	return p2p_post(false, buf, count, type, peer, comm, stream);
+}
+
+const char *
+ncclGetErrorString(ncclResult_t r)
+{
+	switch (r) {
+	case ncclSuccess: return "no error";
+	case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO "
+					    "for details)";
+	case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for "
+				     "details)";
+	case ncclInternalError: return "internal error - please report this issue to the "
+				       "NCCL developers";
+	case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for "
+					 "details)";
+	case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+	case ncclRemoteError: return "remote process exited or there was a network error";
+	case ncclInProgress: return "NCCL operation in progress";
+	default: return "unknown result code";
+	}
+}
+
+const char *
+ncclGetLastError(ncclComm_t comm)
+{
+	(void)comm;
+	return last_msg;
+}

@@ -1,0 +1,101 @@
+/*
+ * emu_nccl.h - the emulated NCCL's communicator and its parts
+ * (libnccl.so.2: emu_nccl.c API and lifecycle, emu_boot.c rendezvous,
+ * emu_p2p.c grouped send/recv on the streams).
+ */
+#ifndef REFIT_EMU_NCCL_H
+#define REFIT_EMU_NCCL_H
+
+#include "tests/emu/emu_internal.h"
+
+#define COMM_MAGIC 0x434f4d4du
+#define WIRE_MAGIC 0x52454d55u     /* "REMU" */
+#define PATH_MAX_UN 108
+
+/* What every rank says at the rendezvous; the table every rank gets. */
+typedef struct emu_peer {
+	uint32_t magic;
+	int32_t nranks, rank, dev, pid, pad;
+	uint64_t host_hash;
+	char host[64];
+	char path[PATH_MAX_UN];    /* the rank's listening socket */
+} emu_peer_t;
+
+typedef struct emu_root emu_root_t;
+
+struct ncclComm {
+	uint32_t magic;
+	int rank, nranks, dev;
+	bool blocking;
+	uint64_t uid;              /* the same on every rank of the communicator */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int refs;                  /* the handle, queued operations, the init thread */
+	int pending;               /* 1 while its init or shrink runs */
+	int launching;             /* groups not yet queued on their streams */
+	int children;              /* shrinks of this communicator in progress */
+	ncclResult_t err;          /* first asynchronous error */
+	bool aborted;              /* abort (or a shrink with NCCL_SHRINK_ABORT) */
+	bool gone;                 /* destroyed or aborted: the handle is dead */
+	int shrinks;               /* shrink generation */
+	emu_peer_t *peers;
+	int listen_fd, join_fd;
+	char listen_path[PATH_MAX_UN];
+	int *out_fd, *in_fd;       /* per peer: our sends to it; its sends to us */
+	uint64_t *send_next, *send_turn, *recv_next, *recv_turn; /* tickets per peer */
+	pthread_mutex_t accept_mu;
+	/* init: the root to join; shrink: what to publish, and the root it runs */
+	char root_path[PATH_MAX_UN];
+	bool root_wait;            /* shrink: wait for the root to appear */
+	ncclComm_t *publish;
+	struct ncclComm *parent;
+	emu_root_t *own_root;
+	struct ncclComm *reg_next;
+};
+
+/* registry and references (emu_nccl.c) */
+void comm_ref(ncclComm_t c);
+void comm_unref(ncclComm_t c);
+void comm_set_err(ncclComm_t c, ncclResult_t r, const char *fmt, ...) EMU_PRINTF(3, 4);
+const char *type_name(ncclDataType_t t);
+size_t type_size(ncclDataType_t t);
+
+/* rendezvous (emu_boot.c) */
+/* Start a root listening at path (in its own thread); NULL on failure. */
+emu_root_t *root_start(const char *path, bool count_id, char *why, size_t n);
+void root_cancel(emu_root_t *r);
+void root_unref(emu_root_t *r);
+/* The init/shrink thread body: listen, join the root, take the table. */
+void *comm_join_main(void *arg);
+/* Shut every socket of c down (abort): wakes whatever waits on them. */
+void comm_shutdown_fds(ncclComm_t c);
+void comm_close_fds(ncclComm_t c);
+/* Connected socket to a unix path; -1 (errno) on failure. */
+int sock_connect(const char *path);
+int sock_listen(const char *path);
+int write_full(int fd, const void *p, size_t n);
+int read_full(int fd, void *p, size_t n);
+
+/* grouped send/recv (emu_p2p.c) */
+typedef struct p2p {
+	bool send;
+	void *buf;
+	size_t count, bytes;
+	ncclDataType_t type;
+	int peer;
+	ncclComm_t comm;           /* referenced while the operation exists */
+	struct CUstream_st *s;
+	uint64_t ticket;
+	/* progress */
+	int state;
+	bool ok, mismatch;
+	size_t off, hoff;
+	uint8_t hbuf[32];
+	uint8_t *mem;
+	emu_alloc_t *pin;
+} p2p_t;
+
+/* Queue ops[0..n) (tickets taken) as one task per stream. */
+void p2p_launch(p2p_t *ops, size_t n);
+
+#endif

@@ -1,0 +1,480 @@
+/*
+ * emu_stream.c - emulated streams, events, copies and the strided-copy
+ * kernel.
+ *
+ * A stream is a queue and a worker thread: operations run later, in order,
+ * after a randomized delay whenever the worker wakes from idle
+ * (REFIT_EMU_DELAY_US), so a program that reads a destination without
+ * synchronising sees stale bytes and cudaStreamQuery answers
+ * cudaErrorNotReady meanwhile.  Arguments are checked when an operation is
+ * queued (errors returned by the call, not sticky); memory is checked when
+ * it runs, as a GPU does: a device range outside one allocation, or memory
+ * of another device than the stream's, kills the context (sticky
+ * cudaErrorIllegalAddress).  Once the context is dead, queued operations do
+ * nothing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/emu/emu_internal.h"
+
+#define STREAM_MAGIC 0x5354524du
+#define EVENT_MAGIC 0x45564e54u
+
+struct CUstream_st {
+	uint32_t magic;
+	int dev;
+	unsigned flags;
+	int refs;                 /* registry, worker, waiters; reg_mu */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	emu_op_t *head, *tail;
+	uint64_t queued, done;
+	bool stop, idle;
+	struct CUstream_st *next; /* registry */
+};
+
+struct CUevent_st {
+	uint32_t magic;
+	struct CUstream_st *s;    /* referenced; NULL until recorded */
+	uint64_t target;
+	struct CUevent_st *next;
+};
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct CUstream_st *streams;              /* created ones and defaults */
+static struct CUstream_st *defaults[REFIT_EMU_MAX_DEVICES];
+static struct CUevent_st *events;
+
+static void
+stream_unref(struct CUstream_st *s)
+{
+	bool last;
+
+	pthread_mutex_lock(&reg_mu);
+	last = --s->refs == 0;
+	pthread_mutex_unlock(&reg_mu);
+	if (!last)
+		return;
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	s->magic = 0;
+	free(s);
+}
+
+static void *
+worker(void *arg)
+{
+	struct CUstream_st *s = arg;
+
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		emu_op_t *op;
+		bool woke;
+
+		while (s->head == NULL && !s->stop)
+			pthread_cond_wait(&s->cv, &s->mu);
+		if (s->head == NULL)
+			break;
+		op = s->head;
+		woke = s->idle;
+		s->idle = false;
+		pthread_mutex_unlock(&s->mu);
+		if (woke)
+			emu_delay();
+		if (emu_sticky() == cudaSuccess)
+			op->run(op, s);
+		pthread_mutex_lock(&s->mu);
+		s->head = op->next;
+		if (s->head == NULL) {
+			s->tail = NULL;
+			s->idle = true;
+		}
+		s->done++;
+		pthread_cond_broadcast(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+		op->fini(op);
+		pthread_mutex_lock(&s->mu);
+	}
+	pthread_mutex_unlock(&s->mu);
+	stream_unref(s);
+	return NULL;
+}
+
+/* A new stream of dev with its worker, in the registry; NULL if no thread. */
+static struct CUstream_st *
+stream_new(int dev, unsigned flags)
+{
+	struct CUstream_st *s = calloc(1, sizeof(*s));
+	pthread_attr_t at;
+	pthread_t th;
+
+	if (s == NULL)
+		return NULL;
+	*s = (struct CUstream_st){.magic = STREAM_MAGIC, .dev = dev, .flags = flags,
+				  .refs = 2, .idle = true};
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&at, 256 << 10);
+	if (pthread_create(&th, &at, worker, s) != 0) {
+		pthread_attr_destroy(&at);
+		free(s);
+		return NULL;
+	}
+	pthread_attr_destroy(&at);
+	s->next = streams; /* reg_mu held by the callers */
+	streams = s;
+	return s;
+}
+
+cudaError_t
+emu_stream_get(cudaStream_t h, struct CUstream_st **out)
+{
+	struct CUstream_st *s;
+	int dev = emu_cur_dev();
+
+	pthread_mutex_lock(&reg_mu);
+	if (h == NULL) {
+		if (defaults[dev] == NULL)
+			defaults[dev] = stream_new(dev, 0);
+		s = defaults[dev];
+	} else {
+		for (s = streams; s && s != h; s = s->next)
+			;
+	}
+	pthread_mutex_unlock(&reg_mu);
+	if (s == NULL)
+		return emu_fail(h ? cudaErrorInvalidResourceHandle : cudaErrorMemoryAllocation,
+				"stream %p is not a live stream", (void *)h);
+	*out = s;
+	return cudaSuccess;
+}
+
+int
+emu_stream_dev(const struct CUstream_st *s)
+{
+	return s->dev;
+}
+
+void
+emu_stream_push(struct CUstream_st *s, emu_op_t *op)
+{
+	op->next = NULL;
+	pthread_mutex_lock(&s->mu);
+	if (s->tail)
+		s->tail->next = op;
+	else
+		s->head = op;
+	s->tail = op;
+	s->queued++;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void
+stream_wait(struct CUstream_st *s, uint64_t target)
+{
+	pthread_mutex_lock(&s->mu);
+	while (s->done < target)
+		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+}
+
+static uint64_t
+stream_queued(struct CUstream_st *s)
+{
+	uint64_t q;
+
+	pthread_mutex_lock(&s->mu);
+	q = s->queued;
+	pthread_mutex_unlock(&s->mu);
+	return q;
+}
+
+void
+emu_streams_sync(int dev)
+{
+	struct CUstream_st **list;
+	uint64_t *target;
+	size_t n = 0, cap = 0;
+
+	pthread_mutex_lock(&reg_mu);
+	for (struct CUstream_st *s = streams; s; s = s->next)
+		cap++;
+	list = calloc(cap + 1, sizeof(*list));
+	target = calloc(cap + 1, sizeof(*target));
+	if (list == NULL || target == NULL)
+		abort();
+	for (struct CUstream_st *s = streams; s; s = s->next) {
+		if (dev >= 0 && s->dev != dev)
+			continue;
+		s->refs++;
+		list[n++] = s;
+	}
+	pthread_mutex_unlock(&reg_mu);
+	for (size_t i = 0; i < n; i++)
+		target[i] = stream_queued(list[i]);
+	for (size_t i = 0; i < n; i++) {
+		stream_wait(list[i], target[i]);
+		stream_unref(list[i]);
+	}
+	free(list);
+	free(target);
+}
+
+cudaError_t
+cudaStreamCreateWithFlags(cudaStream_t *out, unsigned flags)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st *s;
+
+	if (e)
+		return e;
+	if (out == NULL || (flags & ~(unsigned)cudaStreamNonBlocking))
+		return emu_fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags(%p, 0x%x)",
+				(void *)out, flags);
+	pthread_mutex_lock(&reg_mu);
+	s = stream_new(emu_cur_dev(), flags);
+	pthread_mutex_unlock(&reg_mu);
+	if (s == NULL)
+		return emu_fail(cudaErrorMemoryAllocation, "cudaStreamCreate: no thread");
+	emu_count_streams(1);
+	*out = s;
+	return cudaSuccess;
+}
+
+cudaError_t
+cudaStreamCreate(cudaStream_t *out)
+{
+	return cudaStreamCreateWithFlags(out, 0);
+}
+
+/* Like CUDA: returns at once; queued work still runs, then the stream goes. */
+cudaError_t
+cudaStreamDestroy(cudaStream_t h)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st **pp, *s = NULL;
+
+	if (e)
+		return e;
+	pthread_mutex_lock(&reg_mu);
+	for (int d = 0; d < REFIT_EMU_MAX_DEVICES; d++)
+		if (h && defaults[d] == h)
+			h = NULL;
+	for (pp = &streams; h && *pp; pp = &(*pp)->next)
+		if (*pp == h) {
+			s = *pp;
+			*pp = s->next;
+			break;
+		}
+	pthread_mutex_unlock(&reg_mu);
+	if (s == NULL)
+		return emu_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p): not a "
+				"live stream", (void *)h);
+	emu_count_streams(-1);
+	pthread_mutex_lock(&s->mu);
+	s->stop = true;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	stream_unref(s);
+	return cudaSuccess;
+}
+
+cudaError_t
+cudaStreamSynchronize(cudaStream_t h)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st *s;
+
+	if (e)
+		return e;
+	if ((e = emu_stream_get(h, &s)) != cudaSuccess)
+		return e;
+	stream_wait(s, stream_queued(s));
+	return emu_sticky();
+}
+
+cudaError_t
+cudaStreamQuery(cudaStream_t h)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st *s;
+	bool busy;
+
+	if (e)
+		return e;
+	if ((e = emu_stream_get(h, &s)) != cudaSuccess)
+		return e;
+	pthread_mutex_lock(&s->mu);
+	busy = s->done < s->queued;
+	pthread_mutex_unlock(&s->mu);
+	return busy ? cudaErrorNotReady : emu_sticky();
+}
+
+cudaError_t
+cudaDeviceSynchronize(void)
+{
+	cudaError_t e = emu_enter();
+
+	if (e)
+		return e;
+	emu_streams_sync(emu_cur_dev());
+	return emu_sticky();
+}
+
+/* ---- events ------------------------------------------------------------------ */
+
+static struct CUevent_st *
+event_find(cudaEvent_t h)
+{
+	struct CUevent_st *ev;
+
+	for (ev = events; ev && ev != h; ev = ev->next)
+		;
+	return ev;
+}
+
+cudaError_t
+cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags)
+{
+	cudaError_t e = emu_enter();
+	struct CUevent_st *ev;
+
+	if (e)
+		return e;
+	if (out == NULL || (flags & ~3u))
+		return emu_fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags(%p, 0x%x)",
+				(void *)out, flags);
+	if ((ev = calloc(1, sizeof(*ev))) == NULL)
+		return emu_fail(cudaErrorMemoryAllocation, "cudaEventCreate");
+	ev->magic = EVENT_MAGIC;
+	pthread_mutex_lock(&reg_mu);
+	ev->next = events;
+	events = ev;
+	pthread_mutex_unlock(&reg_mu);
+	*out = ev;
+	return cudaSuccess;
+}
+
+cudaError_t
+cudaEventCreate(cudaEvent_t *out)
+{
+	return cudaEventCreateWithFlags(out, 0);
+}
+
+cudaError_t
+cudaEventRecord(cudaEvent_t h, cudaStream_t sh)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st *s, *old;
+	struct CUevent_st *ev;
+
+	if (e)
+		return e;
+	if ((e = emu_stream_get(sh, &s)) != cudaSuccess)
+		return e;
+	pthread_mutex_lock(&reg_mu);
+	if ((ev = event_find(h)) == NULL) {
+		pthread_mutex_unlock(&reg_mu);
+		return emu_fail(cudaErrorInvalidResourceHandle, "cudaEventRecord(%p): not a "
+				"live event", (void *)h);
+	}
+	if (s->dev != emu_cur_dev()) {
+		pthread_mutex_unlock(&reg_mu);
+		return emu_fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: stream of "
+				"device %d while the current device is %d", s->dev,
+				emu_cur_dev());
+	}
+	old = ev->s;
+	s->refs++;
+	ev->s = s;
+	pthread_mutex_unlock(&reg_mu);
+	ev->target = stream_queued(s);
+	if (old)
+		stream_unref(old);
+	return cudaSuccess;
+}
+
+/* The event's stream (referenced) and target; NULL stream: never recorded. */
+static cudaError_t
+event_get(cudaEvent_t h, struct CUstream_st **s, uint64_t *target)
+{
+	struct CUevent_st *ev;
+
+	pthread_mutex_lock(&reg_mu);
+	ev = event_find(h);
+	if (ev) {
+		*s = ev->s;
+		*target = ev->target;
+		if (*s)
+			(*s)->refs++;
+	}
+	pthread_mutex_unlock(&reg_mu);
+	return ev ? cudaSuccess : emu_fail(cudaErrorInvalidResourceHandle, "event %p is not "
+					   "a live event", (void *)h);
+}
+
+cudaError_t
+cudaEventQuery(cudaEvent_t h)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st *s;
+	uint64_t target;
+	bool busy = false;
+
+	if (e || (e = event_get(h, &s, &target)) != cudaSuccess)
+		return e;
+	if (s) {
+		pthread_mutex_lock(&s->mu);
+		busy = s->done < target;
+		pthread_mutex_unlock(&s->mu);
+		stream_unref(s);
+	}
+	return busy ? cudaErrorNotReady : emu_sticky();
+}
+
+cudaError_t
+cudaEventSynchronize(cudaEvent_t h)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st *s;
+	uint64_t target;
+
+	if (e || (e = event_get(h, &s, &target)) != cudaSuccess)
+		return e;
+	if (s) {
+		stream_wait(s, target);
+		stream_unref(s);
+	}
+	return emu_sticky();
+}
+
+cudaError_t
+cudaEventDestroy(cudaEvent_t h)
+{
+	cudaError_t e = emu_enter();
+	struct CUevent_st **pp, *ev = NULL;
+
+	if (e)
+		return e;
+	pthread_mutex_lock(&reg_mu);
+	for (pp = &events; *pp; pp = &(*pp)->next)
+		if (*pp == h) {
+			ev = *pp;
+			*pp = ev->next;
+			break;
+		}
+	pthread_mutex_unlock(&reg_mu);
+	if (ev == NULL)
+		return emu_fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy(%p): not a "
+				"live event", (void *)h);
+	if (ev->s)
+		stream_unref(ev->s);
+	ev->magic = 0;
+	free(ev);
+	return cudaSuccess;
+}

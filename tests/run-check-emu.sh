@@ -1,0 +1,42 @@
+#!/bin/sh
+# The CUDA + NCCL emulator's own checks (tests/emu/README.md): its ABI
+# against the real headers where they exist, then the rule tests.
+# Usage: tests/run-check-emu.sh [BUILD] [test-name-substring]
+# Ends with one line "emu: N passed, N failed".
+set -u
+BUILD=${1:-build}
+E=$BUILD/emu
+pass=0
+fail=0
+
+if [ ! -x "$E/test-emu" ]; then
+	echo "FAIL $E/test-emu is missing (make emu)"
+	echo "emu: 0 passed, 1 failed"
+	exit 1
+fi
+if [ -x "$E/abi-dump-real" ]; then
+	"$E/abi-dump" >"$E/abi-own.txt" && "$E/abi-dump-real" >"$E/abi-real.txt"
+	if diff "$E/abi-own.txt" "$E/abi-real.txt"; then
+		echo "ok   abi (tests/emu/cuda_abi.h matches the CUDA and NCCL headers)"
+		pass=$((pass + 1))
+	else
+		echo "FAIL abi: tests/emu/cuda_abi.h differs from the real headers (diff above)"
+		fail=$((fail + 1))
+	fi
+else
+	echo "skip abi: no CUDA and NCCL headers here"
+fi
+out=$("$E/test-emu" ${2:-} 2>&1)
+echo "$out" | grep -v '^emu: '
+line=$(echo "$out" | grep -E '^emu: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+if [ -z "$line" ]; then
+	echo "FAIL test-emu ended without its summary line"
+	fail=$((fail + 1))
+else
+	p=$(echo "$line" | sed -E 's/^emu: ([0-9]+) passed.*/\1/')
+	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
+	pass=$((pass + p))
+	fail=$((fail + f))
+fi
+echo "emu: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
