@@ -376,6 +376,7 @@ ipc_child(int rfd)
 	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), -1, 1 << 24, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
 	       "cuda_bytes 16 MiB for a 64 KiB allocation: %s", err.msg);
+	refit_err_clear(&err);
 	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, 65536, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "on CUDA device 1"),
 	       "device 1 said for rank 0: %s", err.msg);
