@@ -597,8 +597,10 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 		}
 		if (rc == REFIT_OK)
 			rc = dev->sync(dev->ctx, err);
-		if (rc == REFIT_OK && ops.n && c->test_delay_ms) /* tests: slow refits */
-			usleep(c->test_delay_ms * 1000u);
+		if (rc == REFIT_OK && c->test_delay_ms) /* tests: slow refits, as tcp's */
+			for (size_t i = 0; i < ops.n && !atomic_load(c->abort); i++)
+				if (ops.v[i].send)
+					usleep(c->test_delay_ms * 1000u);
 		if (rc == REFIT_OK && ops.n)
 			rc = c->xo->group(sess, ops.v, ops.n, err);
 		for (size_t i = 0; i < ops.n && rc == REFIT_OK; i++) {

@@ -359,6 +359,11 @@ dev_free(void *ctx, int32_t rank, void *p)
 				  x->api->cudaGetErrorString(e));
 		return;
 	}
+	/* nothing queued may still use it (failed and aborted sessions skip
+	 * their syncs), bounded */
+	for (int64_t end = xport_now_ms() + 10000;
+	     x->api->cudaStreamQuery(st) == cudaErrorNotReady && xport_now_ms() < end;)
+		usleep(100);
 	DCHK(x, rank, x->api->cudaFree(p), "cudaFree");
 }
 
@@ -585,6 +590,12 @@ drop_comms(xport_t *x, bool abort)
 					  ab ? "ncclCommAbort" : "ncclCommDestroy", cm->local[i],
 					  a->ncclGetErrorString(r));
 		}
+		/* what the stream still holds (operations of an aborted communicator
+		 * end at once) finishes before its buffers can be freed */
+		for (int64_t end = xport_now_ms() + 10000; cm->stream && cm->stream[i] &&
+		     a->cudaStreamQuery(cm->stream[i]) == cudaErrorNotReady &&
+		     xport_now_ms() < end;)
+			usleep(100);
 		if (cm->stream && cm->stream[i] &&
 		    (e = a->cudaStreamDestroy(cm->stream[i])) != cudaSuccess)
 			log_warnx("nccl: node %s: cudaStreamDestroy (rank %d): %s", x->node_id,
