@@ -654,6 +654,24 @@ bounds(const xport_session_cfg_t *cfg, const char *what, refit_err_t *err)
 	return REFIT_OK;
 }
 
+/*
+ * Before aborting communicators that are still in progress: give what they
+ * are doing up to 2 s to end.  A non-blocking group's operations reach
+ * their streams from NCCL's own thread; aborting while that runs can leave
+ * operations queued after the abort, on buffers freed next.  An init or a
+ * connection that waits for a dead peer does not end: abort then.
+ */
+static void
+settle(xport_t *x)
+{
+	int64_t end = xport_now_ms() + 2000;
+
+	for (size_t i = 0; i < x->cm.nlocal; i++)
+		while (comm_state(x->api, x->cm.comm[i]) == ncclInProgress &&
+		       xport_now_ms() < end)
+			usleep(200);
+}
+
 /* Wait until every communicator left ncclInProgress (deadline, abort); on
  * failure they are aborted.  Owner only, never under x->mu. */
 static refit_status_t
@@ -678,6 +696,7 @@ wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_e
 		if (!pending)
 			return REFIT_OK;
 		if (bounds(cfg, what, err) != REFIT_OK) {
+			settle(x);
 			drop_comms(x, true);
 			return err->status;
 		}
