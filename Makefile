@@ -313,7 +313,8 @@ EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c
 EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
 EMU_NCCL     := $(EMU_DIR)/libnccl.so.2
 EMU_CFLAGS   := $(CFLAGS_COMMON) $(OPT) -fPIC
-EMU_OUT      := $(EMU_CUDART) $(EMU_NCCL) $(EMU_DIR)/test-emu $(EMU_DIR)/abi-dump
+EMU_OUT      := $(EMU_CUDART) $(EMU_NCCL) $(EMU_DIR)/test-emu $(EMU_DIR)/abi-dump \
+		$(EMU_DIR)/asan/test-emu
 ifeq ($(HAVE_CUDA_H)$(HAVE_NCCL_H),11)
 EMU_OUT      += $(EMU_DIR)/abi-dump-real $(EMU_DIR)/real-headers.ok
 endif
@@ -340,6 +341,24 @@ $(EMU_DIR)/test-emu: $(EMU_DIR)/obj/test_emu.o $(EMU_NCCL) $(EMU_CUDART)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) -o $@ $(filter %.o,$^) -L$(EMU_DIR) -l:libnccl.so.2 -l:libcudart.so.13 \
 		-Wl,-rpath,'$$ORIGIN' -lpthread
+
+# the same under ASan + UBSan (the rule tests run both)
+$(EMU_DIR)/asan/obj/%.o: tests/emu/%.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $< (asan)")
+	$(Q)$(CC) $(filter-out $(OPT),$(EMU_CFLAGS)) $(SAN_FLAGS) -c $< -o $@
+
+$(EMU_DIR)/asan/libcudart.so.13: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_RT_SRC))
+	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libcudart.so.13 -o $@ $^ -lpthread
+
+$(EMU_DIR)/asan/libnccl.so.2: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_NCCL_SRC)) \
+			      $(EMU_DIR)/asan/libcudart.so.13
+	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ $(filter %.o,$^) \
+		-L$(EMU_DIR)/asan -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+
+$(EMU_DIR)/asan/test-emu: $(EMU_DIR)/asan/obj/test_emu.o $(EMU_DIR)/asan/libnccl.so.2
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $(filter %.o,$^) -L$(EMU_DIR)/asan -l:libnccl.so.2 \
+		-l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
 
 $(EMU_DIR)/abi-dump: tests/emu/abi_dump.c tests/emu/cuda_abi.h
 	@mkdir -p $(dir $@)

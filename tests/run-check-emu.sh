@@ -26,17 +26,25 @@ if [ -x "$E/abi-dump-real" ]; then
 else
 	echo "skip abi: no CUDA and NCCL headers here"
 fi
-out=$("$E/test-emu" ${2:-} 2>&1)
-echo "$out" | grep -v '^emu: '
-line=$(echo "$out" | grep -E '^emu: [0-9]+ passed, [0-9]+ failed$' | tail -1)
-if [ -z "$line" ]; then
-	echo "FAIL test-emu ended without its summary line"
-	fail=$((fail + 1))
-else
-	p=$(echo "$line" | sed -E 's/^emu: ([0-9]+) passed.*/\1/')
-	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
-	pass=$((pass + p))
-	fail=$((fail + f))
+# run one build of the rule tests; add its counts
+rules() {
+	out=$("$@" 2>&1)
+	echo "$out" | grep -v '^emu: '
+	line=$(echo "$out" | grep -E '^emu: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+	if [ -z "$line" ]; then
+		echo "FAIL $1 ended without its summary line"
+		fail=$((fail + 1))
+		return
+	fi
+	pass=$((pass + $(echo "$line" | sed -E 's/^emu: ([0-9]+) passed.*/\1/')))
+	fail=$((fail + $(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')))
+}
+
+rules "$E/test-emu" ${2:-}
+if [ -x "$E/asan/test-emu" ]; then
+	echo "== the same under ASan + UBSan"
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1 \
+		rules "$E/asan/test-emu" ${2:-}
 fi
 echo "emu: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -245,6 +245,12 @@ root_collect(emu_root_t *r)
 		if (++got == n)
 			break;
 	}
+	/* every rank joined: the id is consumed (before anyone hears so) */
+	unlink(r->path);
+	if (r->count_id) {
+		emu_count_ids(-1);
+		r->count_id = false;
+	}
 	rp.nranks = n;
 	rp.status = table_check(t, n, rp.msg, sizeof(rp.msg));
 	if (rp.status != ncclSuccess)
@@ -268,8 +274,8 @@ root_main(void *arg)
 {
 	emu_root_t *r = arg;
 
-	root_collect(r);
-	unlink(r->path);
+	if (root_collect(r) != 0) /* cancelled (a shrink aborted) */
+		unlink(r->path);
 	if (r->count_id)
 		emu_count_ids(-1);
 	root_unref(r);
@@ -428,6 +434,7 @@ comm_join_main(void *arg)
 	ncclComm_t c = arg;
 	char msg[300] = "";
 	ncclResult_t r = c->err; /* a shrink whose root did not start */
+	bool reported;
 
 	if (r == ncclSuccess)
 		r = comm_setup(c, msg, sizeof(msg));
@@ -439,15 +446,20 @@ comm_join_main(void *arg)
 		c->join_fd = -1;
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (r != ncclSuccess && !comm_aborted(c) && *msg)
-		comm_set_err(c, r, "rank %d of %d (device %d): init: %s", c->rank, c->nranks,
-			     c->dev, msg);
-	if (c->publish) /* a shrink: NCCL publishes the new communicator only now */
-		*c->publish = c;
+	/* the error and the end of the init change together: a poller sees
+	 * either in progress or the outcome */
 	pthread_mutex_lock(&c->mu);
+	reported = r != ncclSuccess && !c->aborted && c->err == ncclSuccess && *msg;
+	if (r != ncclSuccess && c->err == ncclSuccess)
+		c->err = r;
 	c->pending = 0;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
+	if (reported)
+		emu_say("NCCL WARN rank %d of %d (device %d): init: %s (%s)", c->rank, c->nranks,
+			c->dev, msg, ncclGetErrorString(r));
+	if (c->publish) /* a shrink: NCCL publishes the new communicator only now */
+		*c->publish = c;
 	if (c->parent) {
 		ncclComm_t p = c->parent;
 
