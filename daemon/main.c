@@ -17,6 +17,7 @@
 #include "codec/json.h"
 #include "common/log.h"
 #include "daemon/config.h"
+#include "daemon/transport/gpu.h"
 #include "daemon/coord.h"
 #include "daemon/node.h"
 
@@ -274,6 +275,9 @@ main(int argc, char **argv)
 	bool check_only;
 	char *token = NULL;
 	int rc, port = 0;
+
+	if (argc == 2 && strcmp(argv[1], GPU_ROOT_HOLDER_ARG) == 0)
+		return gpu_root_holder_main(); /* an NCCL unique id's holder (gpu.h) */
 
 	refit_err_clear(&err);
 	config_init(&cfg);

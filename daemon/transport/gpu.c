@@ -2,12 +2,19 @@
  * gpu.c - dlopen of the CUDA runtime, NCCL and refit's kernels (see gpu.h).
  */
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -26,7 +33,134 @@ gpu_configure(const gpu_paths_t *p)
 	pthread_mutex_unlock(&mu);
 }
 
+extern char **environ;
+
+static int64_t
+mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+gpu_root_release(gpu_root_t *r)
+{
+	int st;
+
+	if (r->fd >= 0)
+		close(r->fd);   /* the holder sees EOF and exits */
+	r->fd = -1;
+	if (r->pid > 0) {
+		/* bounded: a holder that does not go within 5 s is killed */
+		for (int i = 0; i < 500 && waitpid(r->pid, &st, WNOHANG) == 0; i++)
+			usleep(10000);
+		if (waitpid(r->pid, &st, WNOHANG) == 0) {
+			kill(r->pid, SIGKILL);
+			waitpid(r->pid, &st, 0);
+		}
+	}
+	r->pid = 0;
+}
+
+int
+gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n)
+{
+	int in[2], out[2], rc;
+	char *argv[] = {(char *)"refit-nccl-root", (char *)GPU_ROOT_HOLDER_ARG, NULL};
+	posix_spawn_file_actions_t fa;
+	pid_t pid;
+	size_t got = 0;
+	int64_t end = mono_ms() + timeout_ms;
+
+	memset(r, 0, sizeof(*r));
+	r->fd = -1;
+	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0) {
+		snprintf(why, n, "root holder: pipe: %s", strerror(errno));
+		return -1;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+	/* the holder loads what this process was configured to load */
+	{
+		size_t ne = 0, k = 0;
+		char **env, cu[PATH_MAX + 32], nc[PATH_MAX + 32];
+
+		while (environ[ne])
+			ne++;
+		env = calloc(ne + 3, sizeof(*env));
+		if (env == NULL) {
+			posix_spawn_file_actions_destroy(&fa);
+			snprintf(why, n, "root holder: out of memory");
+			close(in[0]);
+			close(in[1]);
+			close(out[0]);
+			close(out[1]);
+			return -1;
+		}
+		pthread_mutex_lock(&mu);
+		snprintf(cu, sizeof(cu), "REFIT_CUDA_LIBRARY=%s", cfg_cuda);
+		snprintf(nc, sizeof(nc), "REFIT_NCCL_LIBRARY=%s", cfg_nccl);
+		pthread_mutex_unlock(&mu);
+		for (size_t i = 0; i < ne; i++)
+			if (!(cu[19] && strncmp(environ[i], "REFIT_CUDA_LIBRARY=", 19) == 0) &&
+			    !(nc[19] && strncmp(environ[i], "REFIT_NCCL_LIBRARY=", 19) == 0))
+				env[k++] = environ[i];
+		if (cu[19])
+			env[k++] = cu;
+		if (nc[19])
+			env[k++] = nc;
+		rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, env);
+		free(env);
+	}
+	posix_spawn_file_actions_destroy(&fa);
+	close(in[0]);
+	close(out[1]);
+	if (rc != 0) {
+		close(in[1]);
+		close(out[0]);
+		snprintf(why, n, "root holder: posix_spawn /proc/self/exe: %s", strerror(rc));
+		return -1;
+	}
+	r->pid = pid;
+	r->fd = in[1];
+	while (got < sizeof(r->id)) {
+		struct pollfd pf = {out[0], POLLIN, 0};
+		int64_t left = end - mono_ms();
+		ssize_t k;
+
+		if (left <= 0 || poll(&pf, 1, (int)left) <= 0) {
+			snprintf(why, n, "root holder (pid %d): no unique id within %d ms", (int)pid,
+				 timeout_ms);
+			break;
+		}
+		k = read(out[0], r->id + got, sizeof(r->id) - got);
+		if (k <= 0) {
+			snprintf(why, n, "root holder (pid %d) ended without an id (see its "
+				 "message above)", (int)pid);
+			break;
+		}
+		got += (size_t)k;
+	}
+	close(out[0]);
+	if (got < sizeof(r->id)) {
+		gpu_root_release(r);
+		return -1;
+	}
+	r->len = got;
+	return 0;
+}
+
 #ifndef REFIT_HAVE_NCCL
+int
+gpu_root_holder_main(void)
+{
+	fprintf(stderr, "refit: root holder: built without NCCL\n");
+	return 1;
+}
+
 const gpu_api_t *
 gpu_load(int need_device, char *why, size_t n)
 {
@@ -238,6 +372,41 @@ load(void)
 		 api.nccl_version % 100, api.nccl_path,
 		 api.copy_strided ? api.kernels_path : "none (row-by-row copies)");
 	return 1;
+}
+
+/*
+ * The holder: an id on stdout, then wait for stdin to close (the daemon
+ * releasing it, or ending).  The root NCCL started for the id lives here.
+ */
+int
+gpu_root_holder_main(void)
+{
+	char why[1024], b[64];
+	const gpu_api_t *a;
+	ncclUniqueId id;
+	ncclResult_t r;
+	size_t off = 0;
+
+	signal(SIGPIPE, SIG_IGN);
+	if ((a = gpu_load(0, why, sizeof(why))) == NULL) {
+		fprintf(stderr, "refit: root holder: %s\n", why);
+		return 1;
+	}
+	if ((r = a->ncclGetUniqueId(&id)) != ncclSuccess) {
+		fprintf(stderr, "refit: root holder: ncclGetUniqueId: %s\n",
+			a->ncclGetErrorString(r));
+		return 1;
+	}
+	while (off < sizeof(id)) {
+		ssize_t k = write(1, (char *)&id + off, sizeof(id) - off);
+
+		if (k <= 0)
+			return 1;
+		off += (size_t)k;
+	}
+	while (read(0, b, sizeof(b)) > 0)
+		;
+	return 0;
 }
 
 const gpu_api_t *

@@ -91,4 +91,30 @@ void gpu_configure(const gpu_paths_t *p);
  */
 const gpu_api_t *gpu_load(int need_device, char *why, size_t n);
 
+/*
+ * Unique ids come from a root holder: a child process (this executable,
+ * run with GPU_ROOT_HOLDER_ARG) that calls ncclGetUniqueId, writes the id
+ * to its stdout and lives until its stdin closes.  The bootstrap root NCCL
+ * starts in ncclGetUniqueId lives in that process, so a root whose
+ * communicators never formed (a member died mid-bootstrap) ends when the
+ * holder is released, instead of staying in the daemon for good.
+ * Every program that makes ids calls gpu_root_holder_main first thing in
+ * main when argv[1] is GPU_ROOT_HOLDER_ARG.
+ */
+#define GPU_ROOT_HOLDER_ARG "--refit-nccl-root-holder"
+
+typedef struct gpu_root {
+	int pid;
+	int fd;                   /* the holder's stdin: closing it ends the holder */
+	unsigned char id[128];
+	size_t len;
+} gpu_root_t;
+
+/* A new id and its holder (bounded by timeout_ms); 0, or -1 and why. */
+int gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n);
+/* End the holder (its root goes, consumed or not) and reap it. */
+void gpu_root_release(gpu_root_t *r);
+/* The holder's main: returns the exit status. */
+int gpu_root_holder_main(void);
+
 #endif

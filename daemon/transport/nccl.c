@@ -91,6 +91,7 @@ struct xport {
 	comms_t cm;
 	ncclUniqueId used_id;     /* the last id communicators were made from */
 	bool have_used;
+	VEC(gpu_root_t) roots;    /* mu: holders of the ids this node made */
 	const xport_session_cfg_t *scfg;   /* the owning session's bounds */
 	refit_err_t derr;         /* the session's first device error */
 	bool dfailed;
@@ -609,6 +610,8 @@ drop_comms(xport_t *x, bool abort)
 	memset(cm, 0, sizeof(*cm));
 }
 
+static void release_roots(xport_t *x, const ncclUniqueId *keep);
+
 static void
 nccl_set_world(xport_t *x, const xport_world_t *w)
 {
@@ -625,22 +628,51 @@ nccl_set_world(xport_t *x, const xport_world_t *w)
 	world_free(&x->w);
 	world_copy(&x->w, &nw);
 	pthread_mutex_unlock(&x->mu);
+	/* a new epoch: the roots of earlier ids are consumed or abandoned */
+	release_roots(x, nw.have_id ? &nw.id : NULL);
 }
 
 static refit_status_t
 nccl_unique_id(xport_t *x, uint8_t *out, size_t *len, refit_err_t *err)
 {
-	ncclUniqueId id;
-	ncclResult_t r;
+	gpu_root_t r;
+	char why[512];
 
-	if (*len < sizeof(id))
+	if (*len < sizeof(ncclUniqueId))
 		return refit_err_set(err, REFIT_ERR_INTERNAL, "nccl id buffer too small");
-	if ((r = x->api->ncclGetUniqueId(&id)) != ncclSuccess)
-		return refit_err_set(err, REFIT_ERR_NCCL, "ncclGetUniqueId: %s",
-				     x->api->ncclGetErrorString(r));
-	memcpy(out, &id, sizeof(id));
-	*len = sizeof(id);
+	if (gpu_root_new(&r, 10000, why, sizeof(why)) != 0)
+		return refit_err_set(err, REFIT_ERR_NCCL, "ncclGetUniqueId: %s", why);
+	memcpy(out, r.id, sizeof(ncclUniqueId));
+	*len = sizeof(ncclUniqueId);
+	pthread_mutex_lock(&x->mu);
+	VEC_PUSH(&x->roots, r);
+	pthread_mutex_unlock(&x->mu);
 	return REFIT_OK;
+}
+
+/*
+ * End the holders of ids other than keep (NULL: all): their roots are
+ * consumed (communicators formed from them) or abandoned (an epoch that
+ * failed or passed).  Never under x->mu (reaping is bounded, not instant).
+ */
+static void
+release_roots(xport_t *x, const ncclUniqueId *keep)
+{
+	VEC(gpu_root_t) gone = {0};
+
+	pthread_mutex_lock(&x->mu);
+	for (size_t i = 0; i < x->roots.n;) {
+		if (keep && memcmp(x->roots.v[i].id, keep, sizeof(*keep)) == 0) {
+			i++;
+			continue;
+		}
+		VEC_PUSH(&gone, x->roots.v[i]);
+		x->roots.v[i] = x->roots.v[--x->roots.n];
+	}
+	pthread_mutex_unlock(&x->mu);
+	for (size_t i = 0; i < gone.n; i++)
+		gpu_root_release(&gone.v[i]);
+	VEC_FREE(&gone);
 }
 
 static refit_status_t
@@ -890,6 +922,8 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 		drop_comms(x, true);
 		return rc;
 	}
+	/* the id's root (if this node made it) stays until the next epoch: other
+	 * ranks may still be on their way to it */
 	CHECK(wait_comms(x, cfg, "creating the communicators", err));
 	cm->epoch = w->epoch;
 	cm->id = w->id;
@@ -1201,6 +1235,8 @@ nccl_stop(xport_t *x)
 	pthread_mutex_unlock(&x->mu);
 	/* a graceful stop destroys them; mid-refit ones are aborted */
 	drop_comms(x, x->busy);
+	release_roots(x, NULL);
+	VEC_FREE(&x->roots);
 	world_free(&x->w);
 	free(x->cranks);
 	free(x->cdevs);

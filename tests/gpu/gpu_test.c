@@ -624,7 +624,7 @@ wait_child(pid_t pid, int timeout_s)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2];
@@ -638,6 +638,8 @@ main(void)
 	refit_err_t err;
 	int bad;
 
+	if (argc == 2 && strcmp(argv[1], GPU_ROOT_HOLDER_ARG) == 0)
+		return gpu_root_holder_main();
 	emu = getenv("REFIT_GPU_TEST_EMU") != NULL;
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	/* children first, before CUDA starts in this process */
