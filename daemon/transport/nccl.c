@@ -403,41 +403,50 @@ wait_stream(xport_t *x, int32_t rank, cudaStream_t st, refit_err_t *err)
 	}
 }
 
+/*
+ * A copy to or from the caller's host memory: it must be over before the
+ * call returns, abort or not (the caller frees or reuses that memory next).
+ * Bounded all the same: a stream that does not drain in 60 s is a stuck
+ * device, reported.
+ */
+static void
+host_copy(xport_t *x, int32_t rank, void *dst, const void *src, uint64_t n,
+	  enum cudaMemcpyKind kind)
+{
+	cudaStream_t st;
+	cudaError_t e;
+	int64_t end;
+
+	if (x->dfailed || !on_rank(x, rank, &st))
+		return;
+	DCHK(x, rank, x->api->cudaMemcpyAsync(dst, src, n, kind, st), kind ==
+	     cudaMemcpyDeviceToHost ? "cudaMemcpyAsync to the host" :
+	     "cudaMemcpyAsync from the host");
+	end = xport_now_ms() + 60000;
+	while ((e = x->api->cudaStreamQuery(st)) == cudaErrorNotReady && xport_now_ms() < end)
+		usleep(50);
+	if (e == cudaErrorNotReady && !x->dfailed) {
+		x->dfailed = true;
+		refit_err_set(&x->derr, REFIT_ERR_TIMEOUT, "nccl transport: rank %d: a copy %s "
+			      "the host did not end in 60 s", rank,
+			      kind == cudaMemcpyDeviceToHost ? "to" : "from");
+		log_warnx("nccl: node %s: %s", x->node_id, x->derr.msg);
+	} else if (e != cudaSuccess && e != cudaErrorNotReady) {
+		dfail(x, e, rank, "a copy with the host (cudaStreamQuery)");
+	}
+}
+
 static void
 dev_to_host(void *ctx, int32_t rank, void *host, const void *dev, uint64_t n)
 {
-	xport_t *x = ctx;
-	cudaStream_t st;
-	refit_err_t err;
-
 	memset(host, 0, n);
-	if (x->dfailed || !on_rank(x, rank, &st))
-		return;
-	DCHK(x, rank, x->api->cudaMemcpyAsync(host, dev, n, cudaMemcpyDeviceToHost, st),
-	     "cudaMemcpyAsync to the host");
-	refit_err_clear(&err);
-	if (wait_stream(x, rank, st, &err) != REFIT_OK && !x->dfailed) {
-		x->dfailed = true;
-		x->derr = err;
-	}
+	host_copy(ctx, rank, host, dev, n, cudaMemcpyDeviceToHost);
 }
 
 static void
 dev_from_host(void *ctx, int32_t rank, void *dev, const void *host, uint64_t n)
 {
-	xport_t *x = ctx;
-	cudaStream_t st;
-	refit_err_t err;
-
-	if (x->dfailed || !on_rank(x, rank, &st))
-		return;
-	DCHK(x, rank, x->api->cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, st),
-	     "cudaMemcpyAsync from the host");
-	refit_err_clear(&err);
-	if (wait_stream(x, rank, st, &err) != REFIT_OK && !x->dfailed) {
-		x->dfailed = true;
-		x->derr = err;
-	}
+	host_copy(ctx, rank, dev, host, n, cudaMemcpyHostToDevice);
 }
 
 /* Every queued copy done, or the session's first device error. */
