@@ -5,6 +5,8 @@
 #                   tests under ASan + UBSan, fuzz smoke runs; ends with
 #                   the summary line
 #   make demo       a real refit end to end on loopback (tcp data plane)
+#   make demo-nccl  the same over the nccl transport on the CUDA + NCCL emulator
+#   make check-nccl the emulator's rules, the e2e and fault suites over nccl on it
 #   make bench      planner, RPC, data-plane and refit benchmarks
 #   make testbed    the emulated-topology testbed (root: network namespaces)
 #   make install    PREFIX=/usr/local DESTDIR=
@@ -45,6 +47,13 @@ ifeq ($(HAVE_CUDA_H)$(HAVE_NCCL_H),11)
 GPU_CFLAGS := -DREFIT_HAVE_NCCL -isystem $(CUDA_HOME)/include
 endif
 
+# refit's strided-copy kernel: built where nvcc exists, loaded at run time
+NVCC        ?= $(CUDA_HOME)/bin/nvcc
+HAVE_NVCC   := $(shell test -x $(NVCC) && echo 1)
+GPU_KERNELS := $(BUILD)/lib/librefit-gpu-kernels.so
+NVCC_ARCH   ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	       -gencode arch=compute_90,code=compute_90
+
 WERROR  ?= -Werror
 OPT     ?= -O2
 # error messages are bounded on purpose: truncating them is not a bug
@@ -81,12 +90,14 @@ ASAN_LIB := $(ASAN)/lib/librefit-core.a
 ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
-.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed
+.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed \
+	check-nccl demo-nccl
 LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
-     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test
+     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
+     $(if $(HAVE_NVCC),$(GPU_KERNELS))
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -95,6 +106,7 @@ config:
 	@echo "cuda headers: $(if $(HAVE_CUDA_H),yes ($(CUDA_HOME)),no)"
 	@echo "nccl headers: $(if $(HAVE_NCCL_H),yes ($(CUDA_HOME)),no)"
 	@echo "nccl transport: $(if $(GPU_CFLAGS),compiled in (libraries loaded at run time),not compiled (headers missing))"
+	@echo "gpu kernels: $(if $(HAVE_NVCC),$(GPU_KERNELS) (nvcc $(NVCC)),not built (no nvcc: strided boxes go row by row))"
 
 # ---- generated protobuf code (build/gen only) ----------------------------
 $(PROTO_C): proto/refit/v1/refit.proto
@@ -142,6 +154,12 @@ $(BUILD)/tests/gpu-test: $(BUILD)/obj/tests/gpu/gpu_test.o $(RPCLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
+
+# the shared CUDA runtime: one runtime (one current device per thread) with refitd's
+$(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -O2 -shared -Xcompiler -fPIC -cudart shared -I. $(NVCC_ARCH) -o $@ $<
 
 $(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT)
 	@mkdir -p $(dir $@)
@@ -250,12 +268,29 @@ $(ASAN)/bin/refitctl: $(ASAN)/obj/client/refitctl.o $(call objs,$(ASAN),$(DAEMON
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
-asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl $(ASAN)/bin/refit-client
+$(ASAN)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(ASAN)/tests/gpu-test: $(ASAN)/obj/tests/gpu/gpu_test.o $(call objs,$(ASAN),$(DAEMON_SRC)) \
+			$(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
+
+asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl $(ASAN)/bin/refit-client \
+      $(ASAN)/tests/gpu-test
 
 # ---- tests --------------------------------------------------------------
 check: deps
 	$(Q)$(MAKE) --no-print-directory all asan
 	$(Q)sh tests/run-check.sh $(BUILD)
+
+# the nccl transport on the CUDA + NCCL emulator (tests/emu): its rule tests, the
+# GPU test program, the e2e and fault suites over nccl, normal and ASan
+check-nccl: deps
+	$(Q)$(MAKE) --no-print-directory all asan
+	$(Q)$(MAKE) --no-print-directory emu
+	$(Q)sh tests/run-check-nccl.sh $(BUILD)
 
 unit: $(UNIT)
 	$(Q)$(UNIT)
@@ -349,6 +384,11 @@ $(EMU_DIR)/real-headers.ok: $(EMU_RT_SRC) $(EMU_NCCL_SRC) tests/emu/cuda_abi.h
 demo: deps
 	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI)
 	$(Q)sh scripts/demo.sh $(BIN)
+
+# the demo over the nccl transport on the CUDA + NCCL emulator
+demo-nccl: deps
+	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI) emu
+	$(Q)DEMO_TRANSPORT=nccl sh scripts/demo.sh $(BIN)
 
 bench: deps
 	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(REFITD) \

@@ -47,6 +47,11 @@ typedef struct refit_mem {
 	const void *cuda_ipc;
 	size_t cuda_ipc_len;
 	uint64_t cuda_bytes;
+	/* GPU memory: the CUDA device ordinal (in the client's process) of the
+	 * allocation, when has_cuda_device; the node daemon checks it is the
+	 * device it runs the rank on (it checks the memory itself either way) */
+	int has_cuda_device;
+	int32_t cuda_device;
 } refit_mem_t;
 
 typedef struct refit_registration {

@@ -4,12 +4,21 @@
  *
  *   refit-client --socket PATH --model M --role train|infer --layouts FILE
  *                [--instance NAME] [--install double-buffer|in-place]
- *                [--version V] [--pad N] [--wait V] [--timeout-ms T]
+ *                [--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T]
+ *                [--cuda [--gpu-devices LIST]]
  *
  * It asks the node daemon which ranks it serves, puts the pieces of every
  * tensor on those ranks into one POSIX shared-memory segment (two copies
  * for a double-buffered instance; --pad N adds N elements to every row, so
- * memory is strided), and registers.  A trainer fills its pieces with a
+ * memory is strided; --istride K puts elements K apart in every row, so
+ * even the innermost dim is strided), and registers.  With --cuda the
+ * memory is GPU memory instead (the nccl transport): one cudaMalloc per
+ * rank on the rank's device (the rank's index among the node's ranks, or
+ * --gpu-devices, as the daemon's gpu_devices), holding every piece of the
+ * rank and both copies at offsets, registered by its CUDA IPC handle with
+ * its device; the pattern is written and checked through a host image
+ * copied to and from the device.  The CUDA runtime is loaded with dlopen
+ * from $REFIT_CUDA_LIBRARY (else libcudart.so.13, .so.12).  A trainer fills its pieces with a
  * pattern derived from (tensor, global element index, version) and says
  * the version is ready; an instance starts from 0xEE bytes.  Then it reads
  * commands on stdin, one per line, and answers one line each on stdout:
@@ -23,6 +32,7 @@
  * With --wait V an instance waits for V, checks, prints and exits (0 when
  * every byte matches).  Exit codes: 0 fine, 1 refit error, 2 bad usage.
  */
+#include <dlfcn.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -43,21 +53,123 @@ typedef struct piece {
 	int ndim;
 	int64_t shape[PLAN_MAX_DIMS], stride[PLAN_MAX_DIMS];
 	uint64_t off, bytes;
+	size_t rm;           /* --cuda: its rank's allocation */
+	uint64_t roff;       /* --cuda: offset of copy 0 in it */
 } piece_t;
 
+/* --cuda: one allocation per rank: copy 0 of its pieces, then copy 1 */
+typedef struct rank_mem {
+	int32_t rank;
+	int dev;
+	uint8_t *d;
+	uint64_t bytes;      /* per copy */
+	uint8_t ipc[64];     /* cudaIpcMemHandle_t */
+} rank_mem_t;
+
 static struct {
-	const char *socket, *model, *layouts, *instance;
+	const char *socket, *model, *layouts, *instance, *gpu_devices;
 	int role, install;
 	uint64_t version, wait;
-	int64_t pad;
+	int64_t pad, istride;
 	int timeout_ms;
-} o = {.instance = "", .timeout_ms = 60000, .version = 1};
+	bool cuda;
+} o = {.instance = "", .timeout_ms = 60000, .version = 1, .istride = 1};
 
 static plan_layout_set_t set;
 static VEC(piece_t) pieces;
 static uint8_t *mem;
 static uint64_t copy_bytes;
 static char shm_name[128];
+static VEC(rank_mem_t) rmem;
+
+/* ---- GPU memory (--cuda): the runtime through dlopen, every return checked ---- */
+
+enum { H2D = 1, D2H = 2 };   /* cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost */
+
+static struct {
+	int (*SetDevice)(int);
+	int (*Malloc)(void **, size_t);
+	int (*Free)(void *);
+	int (*Memcpy)(void *, const void *, size_t, int);
+	int (*IpcGetMemHandle)(void *, void *);
+	const char *(*GetErrorString)(int);
+} cu;
+
+static void
+cuda_die(int e, const char *what)
+{
+	printf("ERROR CUDA %s: %s (cudaError %d)\n", what, cu.GetErrorString(e), e);
+	fprintf(stderr, "refit-client: %s: %s\n", what, cu.GetErrorString(e));
+	exit(1);
+}
+
+#define CU(call, what)                         \
+	do {                                   \
+		int e_ = (call);               \
+		if (e_ != 0)                   \
+			cuda_die(e_, what);    \
+	} while (0)
+
+static void
+cuda_load(void)
+{
+	const char *env = getenv("REFIT_CUDA_LIBRARY");
+	const char *names[] = {env && env[0] ? env : "libcudart.so.13", "libcudart.so.12", NULL};
+	void *h = NULL;
+
+	for (int i = 0; names[i] && h == NULL; i++)
+		h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		fprintf(stderr, "refit-client: --cuda: cannot load the CUDA runtime (%s): %s\n",
+			names[0], dlerror());
+		exit(1);
+	}
+	*(void **)&cu.SetDevice = dlsym(h, "cudaSetDevice");
+	*(void **)&cu.Malloc = dlsym(h, "cudaMalloc");
+	*(void **)&cu.Free = dlsym(h, "cudaFree");
+	*(void **)&cu.Memcpy = dlsym(h, "cudaMemcpy");
+	*(void **)&cu.IpcGetMemHandle = dlsym(h, "cudaIpcGetMemHandle");
+	*(void **)&cu.GetErrorString = dlsym(h, "cudaGetErrorString");
+	if (!cu.SetDevice || !cu.Malloc || !cu.Free || !cu.Memcpy || !cu.IpcGetMemHandle ||
+	    !cu.GetErrorString) {
+		fprintf(stderr, "refit-client: --cuda: the CUDA runtime lacks a symbol\n");
+		exit(1);
+	}
+}
+
+/* Copy c of every piece: host image -> device (to_dev) or back. */
+static void
+cuda_sync_copy(int c, bool to_dev)
+{
+	for (size_t i = 0; i < pieces.n; i++) {
+		const piece_t *p = &pieces.v[i];
+		const rank_mem_t *r = &rmem.v[p->rm];
+		uint8_t *h = mem + (c ? copy_bytes : 0) + p->off;
+		uint8_t *d = r->d + (c ? r->bytes : 0) + p->roff;
+
+		CU(cu.SetDevice(r->dev), "cudaSetDevice");
+		if (to_dev)
+			CU(cu.Memcpy(d, h, p->bytes, H2D), "cudaMemcpy to the device");
+		else
+			CU(cu.Memcpy(h, d, p->bytes, D2H), "cudaMemcpy from the device");
+	}
+}
+
+/* At exit too: errors are reported, not fatal (exit may be under way). */
+static void
+cuda_free_all(void)
+{
+	for (size_t i = 0; i < rmem.n; i++) {
+		int e;
+
+		if (rmem.v[i].d == NULL)
+			continue;
+		if ((e = cu.SetDevice(rmem.v[i].dev)) != 0 || (e = cu.Free(rmem.v[i].d)) != 0)
+			fprintf(stderr, "refit-client: freeing the memory of rank %d: %s\n",
+				rmem.v[i].rank, cu.GetErrorString(e));
+		rmem.v[i].d = NULL;
+	}
+}
 
 static uint64_t
 mix(uint64_t x)
@@ -135,7 +247,8 @@ usage(void)
 {
 	fprintf(stderr, "usage: refit-client --socket PATH --model M --role train|infer "
 		"--layouts FILE [--instance NAME] [--install double-buffer|in-place] "
-		"[--version V] [--pad N] [--wait V] [--timeout-ms T]\n");
+		"[--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T] "
+		"[--cuda [--gpu-devices LIST]]\n");
 	return 2;
 }
 
@@ -161,7 +274,8 @@ main(int argc, char **argv)
 		{"socket", 1, 0, 's'}, {"model", 1, 0, 'm'}, {"role", 1, 0, 'r'},
 		{"layouts", 1, 0, 'l'}, {"instance", 1, 0, 'i'}, {"install", 1, 0, 'I'},
 		{"version", 1, 0, 'v'}, {"pad", 1, 0, 'p'}, {"wait", 1, 0, 'w'},
-		{"timeout-ms", 1, 0, 't'}, {0, 0, 0, 0}};
+		{"timeout-ms", 1, 0, 't'}, {"cuda", 0, 0, 'C'}, {"gpu-devices", 1, 0, 'G'},
+		{"istride", 1, 0, 'S'}, {0, 0, 0, 0}};
 	char errbuf[512], line[256];
 	refit_t *h;
 	const int32_t *ranks;
@@ -186,6 +300,9 @@ main(int argc, char **argv)
 		case 'p': o.pad = strtoll(optarg, NULL, 10); break;
 		case 'w': o.wait = strtoull(optarg, NULL, 10); break;
 		case 't': o.timeout_ms = atoi(optarg); break;
+		case 'C': o.cuda = true; break;
+		case 'G': o.gpu_devices = optarg; break;
+		case 'S': o.istride = strtoll(optarg, NULL, 10); break;
 		case 'r':
 			o.role = strcmp(optarg, "train") == 0 ? REFIT_ROLE_TRAIN :
 				 strcmp(optarg, "infer") == 0 ? REFIT_ROLE_INFER : 0;
@@ -198,8 +315,11 @@ main(int argc, char **argv)
 		default: return usage();
 		}
 	}
-	if (!o.socket || !o.model || !o.layouts || !o.role || o.install < 0 || o.pad < 0)
+	if (!o.socket || !o.model || !o.layouts || !o.role || o.install < 0 || o.pad < 0 ||
+	    o.istride < 1 || (o.gpu_devices && !o.cuda))
 		return usage();
+	if (o.cuda)
+		cuda_load();
 	refit_err_clear(&err);
 	if (codec_read_file(o.layouts, &text, &len, &err) != REFIT_OK ||
 	    codec_layouts_parse(text, len, &set, NULL, &err) != REFIT_OK) {
@@ -234,9 +354,16 @@ main(int argc, char **argv)
 				continue;
 			dp_local_shape(l, p.rank, p.piece, p.shape, &err);
 			for (int d = l->ndim - 1; d >= 0; d--) {
-				p.stride[d] = st;
-				st *= p.shape[d] + (d == l->ndim - 1 ? o.pad : 0);
+				if (d == l->ndim - 1) {
+					p.stride[d] = o.istride;
+					st = o.istride * (p.shape[d] ? p.shape[d] : 1) + o.pad;
+				} else {
+					p.stride[d] = st;
+					st *= p.shape[d];
+				}
 			}
+			if (l->ndim == 0)
+				st = 1;
 			p.off = off;
 			p.bytes = (uint64_t)st * plan_dtype_size(l->dtype);
 			off += (p.bytes + 63) & ~63ull;
@@ -254,12 +381,63 @@ main(int argc, char **argv)
 		return 1;
 	}
 	memset(mem, 0xee, 2 * copy_bytes);
+	if (o.cuda) { /* one allocation per rank, on its device */
+		const char *gd = o.gpu_devices;
+
+		for (size_t k = 0; k < nranks; k++) {
+			rank_mem_t r = {.rank = ranks[k], .dev = (int)k};
+
+			if (gd) {
+				char *end;
+
+				r.dev = (int)strtol(gd, &end, 10);
+				if (end == gd || (*end != ',' && *end != '\0')) {
+					fprintf(stderr, "refit-client: --gpu-devices \"%s\": one device "
+						"per rank of the node, comma-separated\n",
+						o.gpu_devices);
+					return 2;
+				}
+				gd = *end ? end + 1 : end;
+			}
+			VEC_PUSH(&rmem, r);
+		}
+		for (size_t i = 0; i < pieces.n; i++) {
+			piece_t *p = &pieces.v[i];
+
+			for (p->rm = 0; rmem.v[p->rm].rank != p->rank; p->rm++)
+				;
+			p->roff = rmem.v[p->rm].bytes;
+			rmem.v[p->rm].bytes += (p->bytes + 255) & ~255ull;
+		}
+		atexit(cuda_free_all);
+		for (size_t k = 0; k < rmem.n; k++) {
+			rank_mem_t *r = &rmem.v[k];
+
+			if (r->bytes == 0)
+				continue;
+			CU(cu.SetDevice(r->dev), "cudaSetDevice");
+			CU(cu.Malloc((void **)&r->d, 2 * r->bytes), "cudaMalloc");
+			CU(cu.IpcGetMemHandle(r->ipc, r->d), "cudaIpcGetMemHandle");
+		}
+	}
 	for (size_t i = 0; i < pieces.n; i++) {
 		const piece_t *p = &pieces.v[i];
 		refit_mem_t m = {set.v[p->tensor].name, p->rank, p->piece, shm_name,
-				 {p->off, copy_bytes + p->off}, NULL, NULL, 0, 0};
+				 {p->off, copy_bytes + p->off}, NULL, NULL, 0, 0, 0, 0};
 
-		if (o.pad) {
+		if (o.cuda) {
+			const rank_mem_t *r = &rmem.v[p->rm];
+
+			m.shm_name = NULL;
+			m.offset[0] = p->roff;
+			m.offset[1] = r->bytes + p->roff;
+			m.cuda_ipc = r->ipc;
+			m.cuda_ipc_len = sizeof(r->ipc);
+			m.cuda_bytes = 2 * r->bytes;
+			m.has_cuda_device = 1;
+			m.cuda_device = r->dev;
+		}
+		if (o.pad || o.istride != 1) {
 			int64_t *s = xmalloc(PLAN_MAX_DIMS * sizeof(*s));
 
 			memcpy(s, p->stride, sizeof(p->stride));
@@ -270,6 +448,11 @@ main(int argc, char **argv)
 	}
 	if (o.role == REFIT_ROLE_TRAIN)
 		walk_all(mem, o.version, true);
+	if (o.cuda) {
+		cuda_sync_copy(0, true);
+		if (o.role == REFIT_ROLE_INFER)
+			cuda_sync_copy(1, true);
+	}
 	memset(&reg, 0, sizeof(reg));
 	reg.model = o.model;
 	reg.role = o.role;
@@ -307,7 +490,11 @@ main(int argc, char **argv)
 			printf("ERROR %s %s\n", refit_status_name(rc), refit_errmsg(h));
 			return 1;
 		}
-		uint64_t bad = walk_all(mem + (st.active ? copy_bytes : 0), st.version, false);
+		uint64_t bad;
+
+		if (o.cuda)
+			cuda_sync_copy(st.active ? 1 : 0, false);
+		bad = walk_all(mem + (st.active ? copy_bytes : 0), st.version, false);
 
 		printf("INSTALLED %" PRIu64 " active=%u valid=%d mismatches=%" PRIu64
 		       " bytes=%" PRIu64 "\n", st.version, st.active, st.valid, bad, off);
@@ -325,12 +512,16 @@ main(int argc, char **argv)
 			rc = refit_begin_write(h, client, o.timeout_ms);
 			if (rc == 0) {
 				walk_all(mem, v, true);
+				if (o.cuda)
+					cuda_sync_copy(0, true);
 				rc = refit_weights_ready(h, client, v, o.timeout_ms);
 			}
 			if (rc == 0)
 				printf("READY %" PRIu64 " %" PRIu64 "\n", client, v);
 		} else if (sscanf(line, "wait %" SCNu64 " %d", &v, &ms) >= 1) {
 			rc = refit_wait_version(h, client, v, ms ? ms : o.timeout_ms, &st);
+			if (rc == 0 && o.cuda)
+				cuda_sync_copy(st.active ? 1 : 0, false);
 			if (rc == 0)
 				printf("INSTALLED %" PRIu64 " active=%u valid=%d mismatches=%" PRIu64
 				       "\n", st.version, st.active, st.valid,
@@ -338,6 +529,8 @@ main(int argc, char **argv)
 						false));
 		} else if (sscanf(line, "check %" SCNu64, &v) == 1) {
 			rc = refit_get_state(h, client, &st);
+			if (rc == 0 && o.cuda)
+				cuda_sync_copy(st.active ? 1 : 0, false);
 			if (rc == 0)
 				printf("CHECK %" PRIu64 " mismatches=%" PRIu64 "\n", v,
 				       walk_all(mem + (st.active ? copy_bytes : 0), v, false));
@@ -364,6 +557,8 @@ main(int argc, char **argv)
 		free(strides.v[i]);
 	VEC_FREE(&strides);
 	VEC_FREE(&rm);
+	cuda_free_all();
+	VEC_FREE(&rmem);
 	VEC_FREE(&pieces);
 	plan_layout_set_fini(&set);
 	free(text);

@@ -75,8 +75,20 @@ static const key_t_ keys[] = {
 	 "node role: unix socket librefit clients connect to"},
 	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), "600000", 100, 86400000, NULL, false,
 	 "node role: a plan slice that runs longer fails"},
+	{"cuda_library", K_STR, F(cuda_library), NULL, 0, 0, NULL, false,
+	 "node role, nccl: the CUDA runtime to load (default: $REFIT_CUDA_LIBRARY, then "
+	 "libcudart.so.13, .so.12)"},
+	{"nccl_library", K_STR, F(nccl_library), NULL, 0, 0, NULL, false,
+	 "node role, nccl: the NCCL library to load (default: $REFIT_NCCL_LIBRARY, then "
+	 "libnccl.so.2)"},
+	{"gpu_kernels_library", K_STR, F(gpu_kernels_library), NULL, 0, 0, NULL, false,
+	 "node role, nccl: refit's strided-copy kernels (default: "
+	 "$REFIT_GPU_KERNELS_LIBRARY, then ../lib/librefit-gpu-kernels.so)"},
+	{"gpu_devices", K_STR, F(gpu_devices), NULL, 0, 0, NULL, false,
+	 "node role, nccl: CUDA device of each local rank in rank order, e.g. 0,1,2,3 "
+	 "(default: local rank i on device i)"},
 	{"test_msg_delay_ms", K_MS, F(test_msg_delay_ms), "0", 0, 10000, NULL, false,
-	 "tests only: sleep this long before each message a node sends"},
+	 "tests only: sleep this long before each message a node sends (nccl: each group)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -288,6 +300,19 @@ config_check(const refitd_config_t *c, refit_err_t *err)
 
 		free(r);
 		CHECK(rc);
+		if (c->gpu_devices != NULL) {
+			int32_t *d = NULL;
+			size_t nd = 0;
+
+			if (config_parse_ranks(c->gpu_devices, &d, &nd, err) != REFIT_OK || nd != n) {
+				free(d);
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key "
+						     "\"gpu_devices\": \"%s\" must list one CUDA "
+						     "device per rank of \"ranks\" (%zu), in that "
+						     "order, e.g. 0,1,2,3 or 0-3", c->gpu_devices, n);
+			}
+			free(d);
+		}
 	}
 	if (c->tls_client_ca && c->tls_cert == NULL)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: tls_client_ca needs "

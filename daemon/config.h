@@ -35,6 +35,8 @@ typedef struct refitd_config {
 	char *local_socket;   /* node role: unix socket for librefit */
 	uint64_t slice_timeout_ms;
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
+	char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl: what to load */
+	char *gpu_devices;    /* nccl: "0,1,..." local rank i -> CUDA device */
 } refitd_config_t;
 
 /* All keys at their defaults. */

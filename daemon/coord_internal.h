@@ -91,6 +91,15 @@ struct coord {
 	bool bumping;               /* inside a failure's epoch bump */
 	uint8_t token[16];          /* data-plane token of token_epoch */
 	uint64_t token_epoch;
+	/* nccl: the unique id of nccl_epoch (len 0: that epoch shrinks the
+	 * communicators of the members nccl_members), and whether the nodes'
+	 * communicators are sound (no nccl refit failed or aborted since) */
+	uint8_t nccl_id[128];
+	size_t nccl_id_len;
+	uint64_t nccl_epoch;
+	uint64_t *nccl_members;
+	size_t nccl_nmembers;
+	bool nccl_ok;
 	bool closing, timer_closed;
 	void (*closed_cb)(void *arg);
 	void *closed_arg;

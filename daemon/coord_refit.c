@@ -78,12 +78,15 @@ rec_free(refit_rec_t *r)
 }
 
 /*
- * nccl: a failure may have aborted the communicators on some nodes only; a
- * new epoch makes every node build fresh ones for the next refit.
+ * nccl: a failure or an abort may have aborted the communicators on some
+ * nodes only; a new epoch with a new unique id makes every node build fresh
+ * ones for the next refit (a node never reuses aborted ones).
  */
 static void
 nccl_failed_epoch(coord_t *c)
 {
+	c->nccl_ok = false;
+	c->nccl_epoch = 0;
 	c->bumping = true;
 	coord_bump_epoch(c, "a refit on nccl failed");
 	c->bumping = false;
@@ -105,7 +108,9 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		vsnprintf(msg, sizeof(msg), fmt, ap);
 		va_end(ap);
 	}
-	bump = state == REFIT__V1__REFIT_STATE__FAILED && r->nccl && !c->bumping;
+	bump = (state == REFIT__V1__REFIT_STATE__FAILED ||
+		state == REFIT__V1__REFIT_STATE__ABORTED) && r->nccl && !c->bumping &&
+	       r->state != REFIT__V1__REFIT_STATE__PENDING;
 	r->phase++;
 	r->pending = 0;
 	free(r->failure);
@@ -558,6 +563,65 @@ involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 static void send_prepare(coord_t *c, refit_rec_t *r);
 
 
+/* The id (or none: shrink) of r's epoch is the one every refit of it uses. */
+static void
+nccl_remember(coord_t *c, const refit_rec_t *r)
+{
+	memcpy(c->nccl_id, r->nccl_id, r->nccl_id_len);
+	c->nccl_id_len = r->nccl_id_len;
+	c->nccl_epoch = r->epoch;
+	free(c->nccl_members);
+	c->nccl_members = xcalloc(c->members.n + 1, sizeof(*c->nccl_members));
+	for (size_t i = 0; i < c->members.n; i++)
+		c->nccl_members[i] = c->members.v[i].id;
+	c->nccl_nmembers = c->members.n;
+	c->nccl_ok = true;
+}
+
+/*
+ * Does r's epoch need a new unique id?  Not when it has one already (a
+ * second refit of the epoch) or when members only left since the last id
+ * and nothing failed: then the nodes shrink their communicators.  Each id
+ * starts a bootstrap root that only communicators consume: ask for one
+ * exactly when the nodes will build new ones.
+ */
+static bool
+nccl_need_id(coord_t *c, refit_rec_t *r)
+{
+	if (c->nccl_ok && c->nccl_epoch == r->epoch) {
+		memcpy(r->nccl_id, c->nccl_id, c->nccl_id_len);
+		r->nccl_id_len = c->nccl_id_len;
+		return false;
+	}
+	if (!c->nccl_ok || c->nccl_epoch == 0 || c->members.n >= c->nccl_nmembers)
+		return true;
+	for (size_t i = 0; i < c->members.n; i++) {
+		bool was = false;
+
+		for (size_t k = 0; k < c->nccl_nmembers && !was; k++)
+			was = c->nccl_members[k] == c->members.v[i].id;
+		if (!was)
+			return true;
+	}
+	r->nccl_id_len = 0;   /* shrink */
+	nccl_remember(c, r);
+	return false;
+}
+
+/* Another nccl refit between planning and its end (they run one at a time). */
+static bool
+nccl_busy(const coord_t *c, const refit_rec_t *r)
+{
+	for (size_t i = 0; i < c->refits.n; i++) {
+		const refit_rec_t *o = c->refits.v[i];
+
+		if (o != r && o->nccl && (o->state == REFIT__V1__REFIT_STATE__PREPARING ||
+					  o->state == REFIT__V1__REFIT_STATE__RUNNING))
+			return true;
+	}
+	return false;
+}
+
 static void
 on_nccl_id(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
@@ -579,6 +643,7 @@ on_nccl_id(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp
 		} else {
 			memcpy(r->nccl_id, rs->nccl_unique_id.data, rs->nccl_unique_id.len);
 			r->nccl_id_len = rs->nccl_unique_id.len;
+			nccl_remember(c, r);
 			send_prepare(c, r);
 		}
 	}
@@ -598,17 +663,13 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 	int32_t lowr = INT32_MAX;
 	size_t nn = 0;
 
-	memcpy(r->plan_digest, p->digest_hex, sizeof(r->plan_digest));
-	involved_nodes(c, p, coord_find_model(c, r->model), r);
-	r->epoch = c->epoch;
-	r->state = REFIT__V1__REFIT_STATE__PREPARING;
-	r->phase++;
-	r->nccl = false;
+	bool nccl = false;
+
 	for (size_t i = 0; i < c->members.n; i++) {
 		const member_t *m = &c->members.v[i];
 
 		if (strcmp(m->transport, "nccl") == 0)
-			r->nccl = true;
+			nccl = true;
 		else
 			other = m;
 		for (size_t k = 0; k < m->nranks; k++)
@@ -617,6 +678,21 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 				low = m;
 			}
 	}
+	/*
+	 * nccl: one refit at a time, cluster-wide, so that every node posts
+	 * its NCCL groups in the same order (docs/dataplane.md); the others
+	 * wait, PENDING, and start at a tick after it ends.
+	 */
+	if (nccl && other == NULL && nccl_busy(c, r)) {
+		r->retry_at_ms = coord_now_ms() + 1;
+		return;
+	}
+	memcpy(r->plan_digest, p->digest_hex, sizeof(r->plan_digest));
+	involved_nodes(c, p, coord_find_model(c, r->model), r);
+	r->epoch = c->epoch;
+	r->state = REFIT__V1__REFIT_STATE__PREPARING;
+	r->phase++;
+	r->nccl = nccl;
 	coord_save(c);
 	if (r->nccl && other != NULL) {
 		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "mixed transports: node %s uses "
@@ -637,6 +713,10 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 	for (size_t i = 0; i < c->members.n; i++)
 		r->nodes[nn++] = c->members.v[i].id;
 	r->nnodes = nn;
+	if (!nccl_need_id(c, r)) {
+		send_prepare(c, r);
+		return;
+	}
 	{
 		Refit__V1__NcclIdRequest rq = REFIT__V1__NCCL_ID_REQUEST__INIT;
 		nctx_t *x = xcalloc(1, sizeof(*x));
@@ -673,7 +753,7 @@ send_prepare(coord_t *c, refit_rec_t *r)
 	rq.epoch = r->epoch;
 	rq.token.data = c->token;
 	rq.token.len = sizeof(c->token);
-	if (r->nccl) {
+	if (r->nccl && r->nccl_id_len) {
 		rq.nccl_unique_id.data = r->nccl_id;
 		rq.nccl_unique_id.len = r->nccl_id_len;
 	}
@@ -1107,6 +1187,8 @@ coord_refits_tick(coord_t *c)
 void
 coord_refits_fini(coord_t *c)
 {
+	free(c->nccl_members);
+	c->nccl_members = NULL;
 	for (size_t i = 0; i < c->refits.n; i++)
 		rec_free(c->refits.v[i]);
 	VEC_FREE(&c->refits);

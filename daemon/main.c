@@ -17,6 +17,7 @@
 #include "codec/json.h"
 #include "common/log.h"
 #include "daemon/config.h"
+#include "daemon/transport/gpu.h"
 #include "daemon/coord.h"
 #include "daemon/node.h"
 
@@ -147,7 +148,8 @@ usage(FILE *f)
 		"Every config key is also a flag (--lease-ttl-ms 5000 sets lease_ttl_ms);\n"
 		"flags override the file.  Keys: role, listen, coordinator, tls_cert, tls_key,\n"
 		"tls_client_ca, tls_ca, token_file, lease_ttl_ms, heartbeat_ms, transport,\n"
-		"staging_bytes, max_msg_bytes, state_file, log_level.  See config/*.json.\n");
+		"staging_bytes, max_msg_bytes, state_file, log_level, cuda_library,\n"
+		"nccl_library, gpu_kernels_library, gpu_devices.  See config/*.json.\n");
 }
 
 static char *
@@ -203,6 +205,10 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.local_socket = cfg->local_socket;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
 	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
+	no.cuda_library = cfg->cuda_library;
+	no.nccl_library = cfg->nccl_library;
+	no.gpu_kernels_library = cfg->gpu_kernels_library;
+	no.gpu_devices = cfg->gpu_devices;
 	d->node = node_new(&d->loop, d->srv, &no, err);
 	rc = d->node ? REFIT_OK : err->status;
 	free(ranks);
@@ -269,6 +275,9 @@ main(int argc, char **argv)
 	bool check_only;
 	char *token = NULL;
 	int rc, port = 0;
+
+	if (argc == 2 && strcmp(argv[1], GPU_ROOT_HOLDER_ARG) == 0)
+		return gpu_root_holder_main(); /* an NCCL unique id's holder (gpu.h) */
 
 	refit_err_clear(&err);
 	config_init(&cfg);

@@ -17,6 +17,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "daemon/node_internal.h"
+#include "daemon/transport/gpu.h"
 #include "refit/v1/refit.pb-c.h"
 
 #define CALL_MS 5000
@@ -273,7 +274,9 @@ static const rpc_method_cfg_t prep_methods[] = {
 node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
 {
-	xport_cfg_t xc = {o->data_listen ? o->data_listen : "127.0.0.1:0", o->node_id};
+	xport_cfg_t xc = {o->data_listen ? o->data_listen : "127.0.0.1:0", o->node_id, o->ranks,
+			  o->nranks, o->gpu_devices};
+	gpu_paths_t gp = {o->cuda_library, o->nccl_library, o->gpu_kernels_library};
 	const char *why;
 	node_t *n;
 
@@ -302,6 +305,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 		node_maybe_free(n);
 		return NULL;
 	}
+	gpu_configure(&gp);
 	if ((why = n->xo->unavailable()) != NULL) {
 		refit_err_set(err, REFIT_ERR_UNAVAILABLE, "node: transport \"%s\" cannot run "
 			      "here: %s", n->xo->name, why);

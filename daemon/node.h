@@ -23,6 +23,8 @@ typedef struct node_opts {
 	const char *local_socket; /* unix socket path for librefit */
 	uint64_t slice_timeout_ms;
 	uint64_t test_msg_delay_ms;
+	const char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl */
+	const char *gpu_devices;  /* nccl: "0,1,..." (NULL: local rank i -> device i) */
 } node_opts_t;
 
 typedef struct node node_t;

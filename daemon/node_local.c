@@ -218,8 +218,9 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 					     "transport; this node uses %s", l->name, pm->rank,
 					     n->xo->name);
 		}
-		if (n->xo->mem_open(n->x, pm->rank, pm->cuda_ipc.data, pm->cuda_ipc.len, &b,
-				    err) != REFIT_OK) {
+		if (n->xo->mem_open(n->x, pm->rank, pm->cuda_ipc.data, pm->cuda_ipc.len,
+				    pm->has_cuda_device ? pm->cuda_device : -1, pm->cuda_bytes,
+				    &b, err) != REFIT_OK) {
 			free(sg.name);
 			refit_err_prefix(err, "tensor \"%s\" rank %d", l->name, pm->rank);
 			return err->status;

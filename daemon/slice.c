@@ -514,31 +514,45 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 		VEC(xport_op_t) ops = {0};
 		VEC(size_t) opmsg = {0};  /* the message of each op */
 		VEC(void *) bufs = {0};
+		VEC(int32_t) bufrank = {0}; /* the rank whose device holds each buffer */
+		uint32_t round = mine.v[a].stage / c->plan->stages_per_round;
 
+		/* rounds before this one are done on every rank here: their relay
+		 * staging is spent (everything queued on it finished at the last
+		 * sync) */
+		if (round > s->round) {
+			dp_exec_release(s->x, round - 1);
+			s->round = round;
+		}
 		while (b < mine.n && mine.v[b].stage == mine.v[a].stage &&
 		       mine.v[b].bucket == mine.v[a].bucket)
 			b++;
 		for (size_t i = a; i < b && rc == REFIT_OK; i++) {
 			const plan_msg_t *pm = msg_at(s, mine.v[i].idx);
 			bool from = is_local(c, pm->from), to = is_local(c, pm->to);
-			uint8_t *buf = dev->alloc(dev->ctx, pm->bytes + s->trail);
+			int32_t br = from ? pm->from : pm->to;
+			uint8_t *buf = dev->alloc(dev->ctx, br, pm->bytes + s->trail);
 
 			if (buf == NULL) {
-				rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot allocate %"
-						   PRIu64 " bytes of device staging",
-						   pm->bytes + s->trail);
+				rc = dev->sync(dev->ctx, err);
+				if (rc == REFIT_OK)
+					rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot "
+							   "allocate %" PRIu64 " bytes of device "
+							   "staging for rank %d", pm->bytes + s->trail,
+							   br);
 				break;
 			}
 			VEC_PUSH(&bufs, buf);
+			VEC_PUSH(&bufrank, br);
 			if (from)
 				rc = dp_pack_msg(s->x, pm, buf, err);
 			if (rc == REFIT_OK && from && c->corrupt >= 0 && pm->from != pm->to &&
 			    s->sent++ == (uint64_t)c->corrupt && pm->bytes > 0) {
 				uint8_t b1;
 
-				dev->to_host(dev->ctx, &b1, buf + pm->bytes / 2, 1);
+				dev->to_host(dev->ctx, pm->from, &b1, buf + pm->bytes / 2, 1);
 				b1 ^= 0x5a;
-				dev->from_host(dev->ctx, buf + pm->bytes / 2, &b1, 1);
+				dev->from_host(dev->ctx, pm->from, buf + pm->bytes / 2, &b1, 1);
 			}
 			if (rc != REFIT_OK)
 				break;
@@ -561,14 +575,19 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 				xport_op_t o = {false, pm->to, pm->from, to && from ? NULL : buf,
 						pm->bytes + s->trail};
 
-				if (from) { /* both ranks here: receive into a buffer of its own */
-					o.buf = dev->alloc(dev->ctx, pm->bytes + s->trail);
+				if (from) { /* both ranks here: receive on the receiver's device */
+					o.buf = dev->alloc(dev->ctx, pm->to, pm->bytes + s->trail);
 					if (o.buf == NULL) {
-						rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: "
-								   "cannot allocate device staging");
+						rc = dev->sync(dev->ctx, err);
+						if (rc == REFIT_OK)
+							rc = refit_err_set(err, REFIT_ERR_NOMEM,
+									   "slice: cannot allocate "
+									   "device staging for rank "
+									   "%d", pm->to);
 						break;
 					}
 					VEC_PUSH(&bufs, o.buf);
+					VEC_PUSH(&bufrank, pm->to);
 				}
 				VEC_PUSH(&ops, o);
 				VEC_PUSH(&opmsg, mine.v[i].idx);
@@ -578,6 +597,10 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 		}
 		if (rc == REFIT_OK)
 			rc = dev->sync(dev->ctx, err);
+		if (rc == REFIT_OK && c->test_delay_ms) /* tests: slow refits, as tcp's */
+			for (size_t i = 0; i < ops.n && !atomic_load(c->abort); i++)
+				if (ops.v[i].send)
+					usleep(c->test_delay_ms * 1000u);
 		if (rc == REFIT_OK && ops.n)
 			rc = c->xo->group(sess, ops.v, ops.n, err);
 		for (size_t i = 0; i < ops.n && rc == REFIT_OK; i++) {
@@ -594,8 +617,11 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 			rc = dev->sync(dev->ctx, err);
 next:
 		for (size_t i = 0; i < bufs.n; i++)
-			dev->free(dev->ctx, bufs.v[i]);
+			dev->free(dev->ctx, bufrank.v[i], bufs.v[i]);
+		if (rc == REFIT_OK) /* a failed cudaFree fails the slice too */
+			rc = dev->sync(dev->ctx, err);
 		VEC_FREE(&bufs);
+		VEC_FREE(&bufrank);
 		VEC_FREE(&ops);
 		VEC_FREE(&opmsg);
 		if (rc == REFIT_OK)

@@ -105,7 +105,7 @@ dp_exec_release(dp_exec_t *x, uint32_t round)
 		if (s->data == NULL || s->round > round)
 			continue;
 		if (x->mem.dev)
-			x->mem.dev->free(x->mem.dev->ctx, s->data);
+			x->mem.dev->free(x->mem.dev->ctx, s->rank, s->data);
 		else
 			free(s->data);
 		x->staged_bytes -= (uint64_t)plan_box_volume(&s->box, x->dst->v[s->tensor].ndim) *
@@ -124,18 +124,18 @@ box_text(strbuf_t *sb, const plan_box_t *b, int nd)
 }
 
 static void
-copy_box(const dp_exec_t *x, const dp_view_t *sv, const plan_shard_t *ss,
+copy_box(const dp_exec_t *x, int32_t rank, const dp_view_t *sv, const plan_shard_t *ss,
 	 const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box)
 {
 	if (x->mem.dev)
-		x->mem.dev->copy_box(x->mem.dev->ctx, sv, ss, dv, ds, box);
+		x->mem.dev->copy_box(x->mem.dev->ctx, rank, sv, ss, dv, ds, box);
 	else
 		dp_copy_box(sv, ss, dv, ds, box);
 }
 
 /* CRC-32C of n bytes at buf (device memory: through a host copy). */
 static uint32_t
-crc_of(const dp_exec_t *x, const uint8_t *buf, uint64_t n)
+crc_of(const dp_exec_t *x, int32_t rank, const uint8_t *buf, uint64_t n)
 {
 	uint8_t *h;
 	uint32_t c;
@@ -143,7 +143,7 @@ crc_of(const dp_exec_t *x, const uint8_t *buf, uint64_t n)
 	if (x->mem.dev == NULL)
 		return crc32c(0, buf, n);
 	h = xmalloc(n ? n : 1);
-	x->mem.dev->to_host(x->mem.dev->ctx, h, buf, n);
+	x->mem.dev->to_host(x->mem.dev->ctx, rank, h, buf, n);
 	c = crc32c(0, h, n);
 	free(h);
 	return c;
@@ -151,14 +151,14 @@ crc_of(const dp_exec_t *x, const uint8_t *buf, uint64_t n)
 
 /* Copy from one holding into the part buffer what rem still lacks of it. */
 static void
-take(const dp_exec_t *x, const dp_view_t *hv, const plan_shard_t *hs, const dp_view_t *bv,
+take(const dp_exec_t *x, int32_t rank, const dp_view_t *hv, const plan_shard_t *hs, const dp_view_t *bv,
      const plan_shard_t *bs, plan_boxvec_t *rem, plan_boxvec_t *tmp, int nd)
 {
 	for (size_t i = 0; i < rem->n; i++) {
 		plan_box_t in;
 
 		if (plan_box_intersect(&rem->v[i], &hs->box, nd, &in))
-			copy_box(x, hv, hs, bv, bs, &in);
+			copy_box(x, rank, hv, hs, bv, bs, &in);
 	}
 	plan_boxvec_subtract(rem, &hs->box, nd, tmp);
 }
@@ -183,7 +183,7 @@ gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
 				continue;
 			rc = x->mem.view(x->mem.ctx, rank, t, side == 1, s->piece, &v, err);
 			if (rc == REFIT_OK)
-				take(x, &v, s, bv, bs, &rem, &tmp, nd);
+				take(x, rank, &v, s, bv, bs, &rem, &tmp, nd);
 		}
 	}
 	for (size_t i = 0; i < x->staged.n && rem.n && rc == REFIT_OK; i++) {
@@ -195,7 +195,7 @@ gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
 			continue;
 		dp_shard_of_box(&ss, &st->box);
 		dp_view_contiguous(&v, st->data, nd, st->box.size, bv->elem);
-		take(x, &v, &ss, bv, bs, &rem, &tmp, nd);
+		take(x, rank, &v, &ss, bv, bs, &rem, &tmp, nd);
 	}
 	if (rc == REFIT_OK && rem.n) {
 		strbuf_t sb;
@@ -234,11 +234,11 @@ dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf, refit_err_t *err)
 
 		if (x->mem.dev)
 			CHECK(x->mem.dev->sync(x->mem.dev->ctx, err));
-		c = crc_of(x, buf, m->bytes);
+		c = crc_of(x, m->from, buf, m->bytes);
 		for (int i = 0; i < 4; i++)
 			t[i] = (uint8_t)(c >> (8 * i));
 		if (x->mem.dev)
-			x->mem.dev->from_host(x->mem.dev->ctx, buf + m->bytes, t, 4);
+			x->mem.dev->from_host(x->mem.dev->ctx, m->from, buf + m->bytes, t, 4);
 		else
 			memcpy(buf + m->bytes, t, 4);
 	}
@@ -273,11 +273,11 @@ stage_part(dp_exec_t *x, int32_t rank, uint32_t t, uint32_t round, const plan_bo
 	staged_t s = {rank, t, round, *b, NULL};
 
 	if (x->mem.dev) {
-		s.data = x->mem.dev->alloc(x->mem.dev->ctx, bytes ? bytes : 1);
+		s.data = x->mem.dev->alloc(x->mem.dev->ctx, rank, bytes ? bytes : 1);
 		if (s.data == NULL)
 			return refit_err_set(err, REFIT_ERR_NOMEM, "executor: cannot allocate "
 					     "%" PRIu64 " bytes of device staging", bytes);
-		x->mem.dev->copy(x->mem.dev->ctx, s.data, data, bytes);
+		x->mem.dev->copy(x->mem.dev->ctx, rank, s.data, data, bytes);
 	} else {
 		s.data = xmalloc(bytes ? bytes : 1);
 		memcpy(s.data, data, bytes);
@@ -295,13 +295,16 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 	uint64_t off = 0;
 
 	if (x->o.verify) {
-		uint32_t want = 0, got = crc_of(x, buf, m->bytes);
+		uint32_t want = 0, got = crc_of(x, m->to, buf, m->bytes);
 		uint8_t t[4];
 
-		if (x->mem.dev)
-			x->mem.dev->to_host(x->mem.dev->ctx, t, buf + m->bytes, 4);
-		else
+		if (x->mem.dev) {
+			x->mem.dev->to_host(x->mem.dev->ctx, m->to, t, buf + m->bytes, 4);
+			/* a failed device read is the failure, not a CRC mismatch */
+			CHECK(x->mem.dev->sync(x->mem.dev->ctx, err));
+		} else {
 			memcpy(t, buf + m->bytes, 4);
+		}
 		for (int i = 0; i < 4; i++)
 			want |= (uint32_t)t[i] << (8 * i);
 		if (want != got)
@@ -327,7 +330,7 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 			    !plan_box_intersect(&s->box, &pt->box, t->ndim, &in))
 				continue;
 			CHECK(x->mem.view(x->mem.ctx, m->to, xf->tensor, true, s->piece, &v, err));
-			copy_box(x, &pv, &ps, &v, s, &in);
+			copy_box(x, m->to, &pv, &ps, &v, s, &in);
 			covered += plan_box_volume(&in, t->ndim);
 		}
 		/* kept when the receiver passes on more than it keeps */

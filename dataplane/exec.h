@@ -25,16 +25,19 @@
 /*
  * Device memory (the nccl transport): views and message buffers are device
  * pointers the host never dereferences; these operations move bytes.
- * Copies may be queued; errors surface at sync.
+ * Every operation names the rank whose device it runs on (the memory
+ * touched is that rank's: its views, its staging).  Copies may be queued;
+ * errors (of any operation, to_host and from_host included) surface at
+ * sync, which waits for every queued copy.
  */
 typedef struct dp_dev_ops {
-	void (*copy_box)(void *ctx, const dp_view_t *sv, const plan_shard_t *ss,
+	void (*copy_box)(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *ss,
 			 const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box);
-	void *(*alloc)(void *ctx, uint64_t bytes);   /* NULL on failure */
-	void (*free)(void *ctx, void *p);
-	void (*copy)(void *ctx, void *dst, const void *src, uint64_t n);
-	void (*to_host)(void *ctx, void *host, const void *dev, uint64_t n);   /* synchronous */
-	void (*from_host)(void *ctx, void *dev, const void *host, uint64_t n); /* synchronous */
+	void *(*alloc)(void *ctx, int32_t rank, uint64_t bytes);   /* NULL on failure */
+	void (*free)(void *ctx, int32_t rank, void *p);
+	void (*copy)(void *ctx, int32_t rank, void *dst, const void *src, uint64_t n);
+	void (*to_host)(void *ctx, int32_t rank, void *host, const void *dev, uint64_t n);
+	void (*from_host)(void *ctx, int32_t rank, void *dev, const void *host, uint64_t n);
 	refit_status_t (*sync)(void *ctx, refit_err_t *err);
 	void *ctx;
 } dp_dev_ops_t;

@@ -8,8 +8,34 @@
 # inference instances, each TP4 (one double-buffered, one in place),
 # register theirs.  refitctl triggers the refit; every inference rank checks
 # every byte; then the same refit runs as gather-and-broadcast.
+#
+# `make demo-nccl` (DEMO_TRANSPORT=nccl): the same over the nccl transport on
+# the CUDA + NCCL emulator ($BUILD/emu): each node daemon is its own
+# emulated host (NCCL_HOSTID) with 4 devices, one rank per device, and the
+# clients register GPU memory by CUDA IPC handle (refit-client --cuda).
 set -eu
 BINDIR=$(dirname "${1:-build/bin/refit-plan}")
+TRANSPORT=${DEMO_TRANSPORT:-tcp}
+EMU=${REFIT_EMU_LIB:-$(dirname "$BINDIR")/emu}
+NODEOPT=""
+CLIOPT=""
+case $TRANSPORT in
+tcp) ;;
+nccl)
+	[ -f "$EMU/libcudart.so.13" ] || { echo "demo: no emulator in $EMU (make emu)" >&2; exit 1; }
+	EMU=$(cd "$EMU" && pwd)
+	NODEOPT="--transport nccl"
+	CLIOPT="--cuda"
+	;;
+*) echo "demo: DEMO_TRANSPORT=$TRANSPORT: tcp or nccl" >&2; exit 2 ;;
+esac
+# hostenv NODE: the environment of a daemon or client on NODE (nccl: its emulated host)
+hostenv() {
+	[ "$TRANSPORT" = nccl ] || { echo "REFIT_DEMO_NODE=$1"; return; }
+	echo "NCCL_HOSTID=$1 REFIT_EMU_DEVICES=4 REFIT_EMU_DIR=$RUN/emu" \
+	     "REFIT_CUDA_LIBRARY=$EMU/libcudart.so.13 REFIT_NCCL_LIBRARY=$EMU/libnccl.so.2" \
+	     "REFIT_GPU_KERNELS_LIBRARY=$EMU/libcudart.so.13"
+}
 EX=config/examples
 RUN=$(mktemp -d /tmp/refit-demo.XXXXXX)
 PIDS=""
@@ -28,13 +54,14 @@ echo "\$ refit-plan explain --src $EX/train-tp2pp2dp2.json --dst $EX/infer-tp4x2
 "$BINDIR/refit-plan" explain --src $EX/train-tp2pp2dp2.json --dst $EX/infer-tp4x2.json \
 	--topology $EX/topology-small.json
 
-step "2. a coordinator and four node daemons (tcp data plane on loopback)"
+step "2. a coordinator and four node daemons ($TRANSPORT data plane on loopback)"
 "$BINDIR/refitd" --role coordinator --listen "unix:$RUN/coord.sock" \
 	--log-level warn 2>"$RUN/coord.log" &
 PIDS="$PIDS $!"
 for spec in train0:0-3 train1:4-7 infer0:8-11 infer1:12-15; do
 	node=${spec%%:*}
-	"$BINDIR/refitd" --role node --node-id "$node" --ranks "${spec#*:}" \
+	# shellcheck disable=SC2046
+	env $(hostenv "$node") "$BINDIR/refitd" --role node --node-id "$node" --ranks "${spec#*:}" $NODEOPT \
 		--listen "unix:$RUN/$node.sock" --coordinator "unix:$RUN/coord.sock" \
 		--local-socket "$RUN/$node.local" --heartbeat-ms 200 \
 		--log-level warn 2>"$RUN/$node.log" &
@@ -50,20 +77,24 @@ $CTL members
 
 step "3. librefit clients: the trainer on train0 + train1, instances a (double buffer) and b (in place)"
 mkfifo "$RUN/t0.in" "$RUN/t1.in"
-"$BINDIR/refit-client" --socket "$RUN/train0.local" --model tiny-llama --role train \
+# shellcheck disable=SC2046
+env $(hostenv train0) "$BINDIR/refit-client" $CLIOPT --socket "$RUN/train0.local" --model tiny-llama --role train \
 	--layouts $EX/train-tp2pp2dp2.json --version 1 <"$RUN/t0.in" >"$RUN/t0.out" &
 PIDS="$PIDS $!"
-"$BINDIR/refit-client" --socket "$RUN/train1.local" --model tiny-llama --role train \
+# shellcheck disable=SC2046
+env $(hostenv train1) "$BINDIR/refit-client" $CLIOPT --socket "$RUN/train1.local" --model tiny-llama --role train \
 	--layouts $EX/train-tp2pp2dp2.json --version 1 <"$RUN/t1.in" >"$RUN/t1.out" &
 PIDS="$PIDS $!"
 exec 3>"$RUN/t0.in" 4>"$RUN/t1.in"
 infer() { # version: one-shot clients that wait for it and check every byte
 	rm -f "$RUN/a.out" "$RUN/b.out"
-	"$BINDIR/refit-client" --socket "$RUN/infer0.local" --model tiny-llama --role infer \
+	# shellcheck disable=SC2046
+	env $(hostenv infer0) "$BINDIR/refit-client" $CLIOPT --socket "$RUN/infer0.local" --model tiny-llama --role infer \
 		--instance a --install double-buffer --layouts $EX/infer-tp4-a.json \
 		--wait "$1" --timeout-ms 30000 >"$RUN/a.out" 2>&1 &
 	IA=$!
-	"$BINDIR/refit-client" --socket "$RUN/infer1.local" --model tiny-llama --role infer \
+	# shellcheck disable=SC2046
+	env $(hostenv infer1) "$BINDIR/refit-client" $CLIOPT --socket "$RUN/infer1.local" --model tiny-llama --role infer \
 		--instance b --install in-place --layouts $EX/infer-tp4-b.json --pad 5 \
 		--wait "$1" --timeout-ms 30000 >"$RUN/b.out" 2>&1 &
 	IB=$!
@@ -113,9 +144,9 @@ step "6. report"
 ms() { sed -n 's/.*, \([0-9.]*\) ms moving data.*/\1/p' "$1"; }
 by() { sed -n 's/^ *\([0-9]*\) bytes over the transport.*/\1/p' "$1"; }
 awk -v rb="$(by "$RUN/r1")" -v bb="$(by "$RUN/r2")" -v rt="$(ms "$RUN/r1")" \
-    -v bt="$(ms "$RUN/r2")" 'BEGIN {
+    -v bt="$(ms "$RUN/r2")" -v tr="$TRANSPORT" 'BEGIN {
 	printf "                      reshard      gather-and-broadcast\n"
-	printf "bytes over tcp      %10d      %10d   (x%.2f)\n", rb, bb, bb / rb
+	printf "bytes over %-9s%10d      %10d   (x%.2f)\n", tr, rb, bb, bb / rb
 	printf "time moving data    %10.1f ms   %10.1f ms  (speed-up x%.2f)\n", rt, bt, bt / rt
 }'
 echo "every byte on all 8 inference ranks checked after each refit: no mismatches."

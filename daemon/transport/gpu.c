@@ -1,15 +1,166 @@
 /*
- * gpu.c - dlopen of the CUDA runtime and NCCL (see gpu.h).
+ * gpu.c - dlopen of the CUDA runtime, NCCL and refit's kernels (see gpu.h).
  */
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "common/log.h"
 #include "daemon/transport/gpu.h"
 
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static char cfg_cuda[PATH_MAX], cfg_nccl[PATH_MAX], cfg_kernels[PATH_MAX];
+
+void
+gpu_configure(const gpu_paths_t *p)
+{
+	pthread_mutex_lock(&mu);
+	snprintf(cfg_cuda, sizeof(cfg_cuda), "%s", p && p->cuda ? p->cuda : "");
+	snprintf(cfg_nccl, sizeof(cfg_nccl), "%s", p && p->nccl ? p->nccl : "");
+	snprintf(cfg_kernels, sizeof(cfg_kernels), "%s", p && p->kernels ? p->kernels : "");
+	pthread_mutex_unlock(&mu);
+}
+
+extern char **environ;
+
+static int64_t
+mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+gpu_root_release(gpu_root_t *r)
+{
+	int st;
+
+	if (r->fd >= 0)
+		close(r->fd);   /* the holder sees EOF and exits */
+	r->fd = -1;
+	if (r->pid > 0) {
+		/* bounded: a holder that does not go within 5 s is killed */
+		for (int i = 0; i < 500 && waitpid(r->pid, &st, WNOHANG) == 0; i++)
+			usleep(10000);
+		if (waitpid(r->pid, &st, WNOHANG) == 0) {
+			kill(r->pid, SIGKILL);
+			waitpid(r->pid, &st, 0);
+		}
+	}
+	r->pid = 0;
+}
+
+int
+gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n)
+{
+	int in[2], out[2], rc;
+	char *argv[] = {(char *)"refit-nccl-root", (char *)GPU_ROOT_HOLDER_ARG, NULL};
+	posix_spawn_file_actions_t fa;
+	pid_t pid;
+	size_t got = 0;
+	int64_t end = mono_ms() + timeout_ms;
+
+	memset(r, 0, sizeof(*r));
+	r->fd = -1;
+	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0) {
+		snprintf(why, n, "root holder: pipe: %s", strerror(errno));
+		return -1;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+	/* the holder loads what this process was configured to load */
+	{
+		size_t ne = 0, k = 0;
+		char **env, cu[PATH_MAX + 32], nc[PATH_MAX + 32];
+
+		while (environ[ne])
+			ne++;
+		env = calloc(ne + 3, sizeof(*env));
+		if (env == NULL) {
+			posix_spawn_file_actions_destroy(&fa);
+			snprintf(why, n, "root holder: out of memory");
+			close(in[0]);
+			close(in[1]);
+			close(out[0]);
+			close(out[1]);
+			return -1;
+		}
+		pthread_mutex_lock(&mu);
+		snprintf(cu, sizeof(cu), "REFIT_CUDA_LIBRARY=%s", cfg_cuda);
+		snprintf(nc, sizeof(nc), "REFIT_NCCL_LIBRARY=%s", cfg_nccl);
+		pthread_mutex_unlock(&mu);
+		for (size_t i = 0; i < ne; i++)
+			if (!(cu[19] && strncmp(environ[i], "REFIT_CUDA_LIBRARY=", 19) == 0) &&
+			    !(nc[19] && strncmp(environ[i], "REFIT_NCCL_LIBRARY=", 19) == 0))
+				env[k++] = environ[i];
+		if (cu[19])
+			env[k++] = cu;
+		if (nc[19])
+			env[k++] = nc;
+		rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, env);
+		free(env);
+	}
+	posix_spawn_file_actions_destroy(&fa);
+	close(in[0]);
+	close(out[1]);
+	if (rc != 0) {
+		close(in[1]);
+		close(out[0]);
+		snprintf(why, n, "root holder: posix_spawn /proc/self/exe: %s", strerror(rc));
+		return -1;
+	}
+	r->pid = pid;
+	r->fd = in[1];
+	while (got < sizeof(r->id)) {
+		struct pollfd pf = {out[0], POLLIN, 0};
+		int64_t left = end - mono_ms();
+		ssize_t k;
+
+		if (left <= 0 || poll(&pf, 1, (int)left) <= 0) {
+			snprintf(why, n, "root holder (pid %d): no unique id within %d ms", (int)pid,
+				 timeout_ms);
+			break;
+		}
+		k = read(out[0], r->id + got, sizeof(r->id) - got);
+		if (k <= 0) {
+			snprintf(why, n, "root holder (pid %d) ended without an id (see its "
+				 "message above)", (int)pid);
+			break;
+		}
+		got += (size_t)k;
+	}
+	close(out[0]);
+	if (got < sizeof(r->id)) {
+		gpu_root_release(r);
+		return -1;
+	}
+	r->len = got;
+	return 0;
+}
+
 #ifndef REFIT_HAVE_NCCL
+int
+gpu_root_holder_main(void)
+{
+	fprintf(stderr, "refit: root holder: built without NCCL\n");
+	return 1;
+}
+
 const gpu_api_t *
 gpu_load(int need_device, char *why, size_t n)
 {
@@ -20,32 +171,69 @@ gpu_load(int need_device, char *why, size_t n)
 }
 #else
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static gpu_api_t api;
 static int state;          /* 0 not tried, 1 loaded, -1 failed */
-static char load_why[512];
+static char load_why[1024];
 
-static void *
-open_first(const char *const *names, char *tried, size_t n)
+/* The file a handle was loaded from. */
+static void
+path_of(void *h, const char *fallback, char *out, size_t n)
 {
+	struct link_map *lm = NULL;
+
+	if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
+		snprintf(out, n, "%s", lm->l_name);
+	else
+		snprintf(out, n, "%s", fallback);
+}
+
+/*
+ * The configured path, else the environment's, else the first of names
+ * that loads.  what names the library in errors; key and env the settings.
+ */
+static void *
+open_lib(const char *cfg, const char *env, const char *key, const char *const *names,
+	 const char *what, char *path_out, size_t pn)
+{
+	const char *ev = getenv(env);
 	const char *home = getenv("CUDA_HOME");
-	char path[512];
+	char path[PATH_MAX], tried[600] = "";
+	void *h;
 
+	if ((cfg && cfg[0]) || (ev && ev[0])) {
+		const char *p = cfg && cfg[0] ? cfg : ev;
+
+		if ((h = dlopen(p, RTLD_NOW | RTLD_LOCAL)) == NULL) {
+			snprintf(load_why, sizeof(load_why), "cannot load %s from \"%s\" (set by %s): "
+				 "%s", what, p, cfg && cfg[0] ? key : env, dlerror());
+			return NULL;
+		}
+		path_of(h, p, path_out, pn);
+		return h;
+	}
 	for (size_t i = 0; names[i]; i++) {
-		void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-
-		if (h)
+		if ((h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL)) != NULL) {
+			path_of(h, names[i], path_out, pn);
 			return h;
+		}
+		snprintf(tried + strlen(tried), sizeof(tried) - strlen(tried), "%s%s",
+			 tried[0] ? ", " : "", names[i]);
 		if (home) {
 			snprintf(path, sizeof(path), "%s/lib64/%s", home, names[i]);
-			if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL)
+			if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+				path_of(h, path, path_out, pn);
 				return h;
+			}
 		}
 		snprintf(path, sizeof(path), "/usr/local/cuda/lib64/%s", names[i]);
-		if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL)
+		if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+			path_of(h, path, path_out, pn);
 			return h;
+		}
 	}
-	snprintf(tried, n, "%s", dlerror());
+	snprintf(load_why, sizeof(load_why), "cannot load %s: tried %s (in the loader's path, "
+		 "$CUDA_HOME/lib64 and /usr/local/cuda/lib64); set %s or %s", what, tried, key,
+		 env);
 	return NULL;
 }
 
@@ -54,30 +242,77 @@ open_first(const char *const *names, char *tried, size_t n)
 		*(void **)&api.name = dlsym(lib, #name);                             \
 		if (api.name == NULL) {                                              \
 			snprintf(load_why, sizeof(load_why), "%s has no symbol %s",  \
-				 lib == cudart ? "libcudart" : "libnccl", #name);     \
+				 lib == cudart ? api.cuda_path : api.nccl_path, #name); \
 			return -1;                                                   \
 		}                                                                    \
 	} while (0)
 
+/* The kernel library: configured, else next to the executable, else the
+ * loader's path, else the CUDA runtime itself (the emulator's). */
+static int
+load_kernels(void *cudart)
+{
+	const char *ev = getenv("REFIT_GPU_KERNELS_LIBRARY");
+	const char *p = cfg_kernels[0] ? cfg_kernels : (ev && ev[0] ? ev : NULL);
+	char exe[PATH_MAX], cand[PATH_MAX + 64];
+	void *h = NULL;
+
+	if (p != NULL) {
+		if ((h = dlopen(p, RTLD_NOW | RTLD_LOCAL)) == NULL) {
+			snprintf(load_why, sizeof(load_why), "cannot load the GPU kernels from "
+				 "\"%s\" (set by %s): %s", p, cfg_kernels[0] ?
+				 "gpu_kernels_library" : "REFIT_GPU_KERNELS_LIBRARY", dlerror());
+			return -1;
+		}
+	} else {
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+
+		if (n > 0) {
+			char *slash;
+
+			exe[n] = '\0';
+			if ((slash = strrchr(exe, '/')) != NULL) {
+				*slash = '\0';
+				snprintf(cand, sizeof(cand), "%s/../lib/librefit-gpu-kernels.so", exe);
+				h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
+			}
+		}
+		if (h == NULL)
+			h = dlopen("librefit-gpu-kernels.so", RTLD_NOW | RTLD_LOCAL);
+	}
+	if (h != NULL) {
+		*(void **)&api.copy_strided = dlsym(h, "refitGpuCopyStrided");
+		if (api.copy_strided == NULL) {
+			snprintf(load_why, sizeof(load_why), "the GPU kernel library has no symbol "
+				 "refitGpuCopyStrided");
+			return -1;
+		}
+		path_of(h, p ? p : "librefit-gpu-kernels.so", api.kernels_path,
+			sizeof(api.kernels_path));
+		return 0;
+	}
+	*(void **)&api.copy_strided = dlsym(cudart, "refitGpuCopyStrided");
+	if (api.copy_strided != NULL)
+		snprintf(api.kernels_path, sizeof(api.kernels_path), "%s", api.cuda_path);
+	return 0;
+}
+
 static int
 load(void)
 {
-	static const char *const cudart_names[] = {"libcudart.so", "libcudart.so.13",
-						   "libcudart.so.12", NULL};
+	static const char *const cudart_names[] = {"libcudart.so.13", "libcudart.so.12",
+						   "libcudart.so", NULL};
 	static const char *const nccl_names[] = {"libnccl.so.2", "libnccl.so", NULL};
-	char tried[300];
 	void *cudart, *nccl;
+	ncclResult_t r;
 
-	if ((cudart = open_first(cudart_names, tried, sizeof(tried))) == NULL) {
-		snprintf(load_why, sizeof(load_why), "cannot load the CUDA runtime (libcudart): "
-			 "%s", tried);
+	if ((cudart = open_lib(cfg_cuda, "REFIT_CUDA_LIBRARY", "cuda_library", cudart_names,
+			       "the CUDA runtime (libcudart)", api.cuda_path,
+			       sizeof(api.cuda_path))) == NULL)
 		return -1;
-	}
-	if ((nccl = open_first(nccl_names, tried, sizeof(tried))) == NULL) {
-		snprintf(load_why, sizeof(load_why), "cannot load NCCL (libnccl.so.2): %s",
-			 tried);
+	if ((nccl = open_lib(cfg_nccl, "REFIT_NCCL_LIBRARY", "nccl_library", nccl_names,
+			     "NCCL (libnccl)", api.nccl_path, sizeof(api.nccl_path))) == NULL)
 		return -1;
-	}
 	SYM(cudart, cudaGetDeviceCount);
 	SYM(cudart, cudaSetDevice);
 	SYM(cudart, cudaGetDevice);
@@ -97,6 +332,7 @@ load(void)
 	SYM(cudart, cudaGetErrorString);
 	SYM(cudart, cudaGetLastError);
 	SYM(cudart, cudaDriverGetVersion);
+	SYM(cudart, cudaPointerGetAttributes);
 	SYM(nccl, ncclGetUniqueId);
 	SYM(nccl, ncclCommInitRankConfig);
 	SYM(nccl, ncclCommGetAsyncError);
@@ -108,8 +344,69 @@ load(void)
 	SYM(nccl, ncclGroupEnd);
 	SYM(nccl, ncclGetErrorString);
 	SYM(nccl, ncclGetVersion);
-	*(void **)&api.ncclCommShrink = dlsym(nccl, "ncclCommShrink"); /* optional */
+	if ((r = api.ncclGetVersion(&api.nccl_version)) != ncclSuccess) {
+		snprintf(load_why, sizeof(load_why), "%s: ncclGetVersion: %s", api.nccl_path,
+			 api.ncclGetErrorString(r));
+		return -1;
+	}
+	/*
+	 * 2.27: ncclCommShrink.  When members leave, the survivors shrink their
+	 * communicators and the coordinator sends no new unique id for that
+	 * epoch, so every node must be able to shrink.  (Non-blocking
+	 * communicators, ncclCommInitRankConfig and ncclCommGetAsyncError date
+	 * from 2.14.)
+	 */
+	if (api.nccl_version < GPU_NCCL_MIN_VERSION) {
+		snprintf(load_why, sizeof(load_why), "%s is NCCL %d.%d.%d; refit needs %d.%d or "
+			 "newer (ncclCommShrink, used when nodes leave an epoch)", api.nccl_path,
+			 api.nccl_version / 10000, api.nccl_version / 100 % 100,
+			 api.nccl_version % 100, GPU_NCCL_MIN_VERSION / 10000,
+			 GPU_NCCL_MIN_VERSION / 100 % 100);
+		return -1;
+	}
+	SYM(nccl, ncclCommShrink);
+	if (load_kernels(cudart) != 0)
+		return -1;
+	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s",
+		 api.cuda_path, api.nccl_version / 10000, api.nccl_version / 100 % 100,
+		 api.nccl_version % 100, api.nccl_path,
+		 api.copy_strided ? api.kernels_path : "none (row-by-row copies)");
 	return 1;
+}
+
+/*
+ * The holder: an id on stdout, then wait for stdin to close (the daemon
+ * releasing it, or ending).  The root NCCL started for the id lives here.
+ */
+int
+gpu_root_holder_main(void)
+{
+	char why[1024], b[64];
+	const gpu_api_t *a;
+	ncclUniqueId id;
+	ncclResult_t r;
+	size_t off = 0;
+
+	signal(SIGPIPE, SIG_IGN);
+	if ((a = gpu_load(0, why, sizeof(why))) == NULL) {
+		fprintf(stderr, "refit: root holder: %s\n", why);
+		return 1;
+	}
+	if ((r = a->ncclGetUniqueId(&id)) != ncclSuccess) {
+		fprintf(stderr, "refit: root holder: ncclGetUniqueId: %s\n",
+			a->ncclGetErrorString(r));
+		return 1;
+	}
+	while (off < sizeof(id)) {
+		ssize_t k = write(1, (char *)&id + off, sizeof(id) - off);
+
+		if (k <= 0)
+			return 1;
+		off += (size_t)k;
+	}
+	while (read(0, b, sizeof(b)) > 0)
+		;
+	return 0;
 }
 
 const gpu_api_t *
@@ -127,9 +424,10 @@ gpu_load(int need_device, char *why, size_t n)
 		cudaError_t e = api.cudaGetDeviceCount(&cnt);
 
 		if (e != cudaSuccess)
-			snprintf(why, n, "CUDA: %s", api.cudaGetErrorString(e));
-		else if (cnt == 0)
-			snprintf(why, n, "CUDA: no device");
+			snprintf(why, n, "CUDA (%s): cudaGetDeviceCount: %s", api.cuda_path,
+				 api.cudaGetErrorString(e));
+		else if (cnt <= 0)
+			snprintf(why, n, "CUDA (%s): no device", api.cuda_path);
 		else
 			api.ndevices = cnt;
 		if (api.ndevices)

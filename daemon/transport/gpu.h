@@ -6,12 +6,28 @@
  * it starts on machines without them.  gpu_load() loads both libraries
  * once and checks that a device is usable; when anything is missing it
  * returns NULL and says exactly what (library not found, symbol missing,
- * driver too old, no device).
+ * NCCL too old, no device).
+ *
+ * Where the libraries come from (gpu_configure, before the first
+ * gpu_load): the config keys cuda_library, nccl_library and
+ * gpu_kernels_library; when empty, the environment variables
+ * REFIT_CUDA_LIBRARY, REFIT_NCCL_LIBRARY and REFIT_GPU_KERNELS_LIBRARY;
+ * when those are empty too, the usual search (libcudart.so.13, .so.12,
+ * libcudart.so; libnccl.so.2, libnccl.so; librefit-gpu-kernels.so next
+ * to the executable's ../lib, then the loader's path).  The strided-copy
+ * kernel may also come from the CUDA runtime library itself (the test
+ * emulator exports it there).  A path that is configured and cannot be
+ * loaded is an error, never a silent fallback.
  */
 #ifndef REFIT_DAEMON_GPU_H
 #define REFIT_DAEMON_GPU_H
 
 #include <stddef.h>
+
+#include "daemon/transport/gpu_kernels.h"
+
+/* The oldest NCCL refit runs on (see gpu.c for why). */
+#define GPU_NCCL_MIN_VERSION 22700
 
 #ifdef REFIT_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -38,6 +54,7 @@ typedef struct gpu_api {
 	GPU_FN(cudaGetErrorString);
 	GPU_FN(cudaGetLastError);
 	GPU_FN(cudaDriverGetVersion);
+	GPU_FN(cudaPointerGetAttributes);
 	GPU_FN(ncclGetUniqueId);
 	GPU_FN(ncclCommInitRankConfig);
 	GPU_FN(ncclCommGetAsyncError);
@@ -49,18 +66,55 @@ typedef struct gpu_api {
 	GPU_FN(ncclGroupEnd);
 	GPU_FN(ncclGetErrorString);
 	GPU_FN(ncclGetVersion);
-	GPU_FN(ncclCommShrink);   /* NULL where the NCCL loaded has none */
+	GPU_FN(ncclCommShrink);
+	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
 	int ndevices;
+	int nccl_version;         /* ncclGetVersion's code, e.g. 22809 */
+	char cuda_path[256], nccl_path[256], kernels_path[256];
 } gpu_api_t;
 #undef GPU_FN
 #else
 typedef struct gpu_api gpu_api_t;
 #endif
 
+/* Library paths (NULL or "": the environment, then the search). */
+typedef struct gpu_paths {
+	const char *cuda, *nccl, *kernels;
+} gpu_paths_t;
+
+/* Where to load from; only before the first gpu_load (later: ignored). */
+void gpu_configure(const gpu_paths_t *p);
+
 /*
  * The loaded API (NULL when unusable; why says why).  need_device: also
  * require a working CUDA device (ncclGetUniqueId needs none).
  */
 const gpu_api_t *gpu_load(int need_device, char *why, size_t n);
+
+/*
+ * Unique ids come from a root holder: a child process (this executable,
+ * run with GPU_ROOT_HOLDER_ARG) that calls ncclGetUniqueId, writes the id
+ * to its stdout and lives until its stdin closes.  The bootstrap root NCCL
+ * starts in ncclGetUniqueId lives in that process, so a root whose
+ * communicators never formed (a member died mid-bootstrap) ends when the
+ * holder is released, instead of staying in the daemon for good.
+ * Every program that makes ids calls gpu_root_holder_main first thing in
+ * main when argv[1] is GPU_ROOT_HOLDER_ARG.
+ */
+#define GPU_ROOT_HOLDER_ARG "--refit-nccl-root-holder"
+
+typedef struct gpu_root {
+	int pid;
+	int fd;                   /* the holder's stdin: closing it ends the holder */
+	unsigned char id[128];
+	size_t len;
+} gpu_root_t;
+
+/* A new id and its holder (bounded by timeout_ms); 0, or -1 and why. */
+int gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n);
+/* End the holder (its root goes, consumed or not) and reap it. */
+void gpu_root_release(gpu_root_t *r);
+/* The holder's main: returns the exit status. */
+int gpu_root_holder_main(void);
 
 #endif

@@ -9,15 +9,22 @@
  * in the epoch's ascending rank list), created in non-blocking mode at the
  * first session of an epoch from the unique id the coordinator took from
  * the lowest rank's node, polled against the session's deadline, aborted
- * (ncclCommAbort) on any failure, timeout or abort request, and recreated
- * at the next session.  One session at a time uses them: NCCL operations
- * must be issued in the same order everywhere, so refits run one after the
- * other on an nccl node.
+ * (ncclCommAbort) on any failure, timeout or abort request, and never
+ * reused after that: a node whose communicators were aborted waits for a
+ * new epoch and a new id (the coordinator bumps the epoch after every
+ * failed or aborted nccl refit).  When members only left, the epoch comes
+ * without an id and the survivors shrink (ncclCommShrink).  One session at
+ * a time uses them (the coordinator also runs one nccl refit at a time, so
+ * groups are posted in one order on every node: docs/dataplane.md).
  *
- * Device memory operations: strided box copies as cudaMemcpy2DAsync calls
- * (rows of the innermost contiguous dim, or elements when even that is
- * strided) on one copy stream with cudaMemcpyDefault (unified addressing
- * reaches every local device and IPC mappings); staging with cudaMalloc.
+ * Devices: local rank i runs on the device gpu_devices names (default i);
+ * its communicator, its stream, its staging and every copy that touches its
+ * memory use that device, made current on the calling thread first (the
+ * current device is per thread).  Box copies: cudaMemcpyAsync /
+ * cudaMemcpy2DAsync for contiguous rows, refitGpuCopyStrided (a kernel)
+ * when the innermost dim is strided.  Every CUDA return is checked; the
+ * first failure of a session is kept and returned by the next sync, so a
+ * slice with a failed copy fails and is never committed.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -46,25 +53,48 @@ const xport_ops_t xport_nccl_ops = {.name = "nccl", .unavailable = nccl_unavaila
 
 #else
 
-struct xport {
-	const gpu_api_t *api;
-	char *node_id;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	/* the epoch's world */
+/* The communicators and what they were made for.  Only the session that
+ * owns the transport (x->busy) touches them, without x->mu. */
+typedef struct comms {
+	uint64_t epoch;           /* 0: none */
+	int32_t *ranks;           /* the world, ascending (communicator rank = index) */
+	size_t nranks;
+	int32_t *local;           /* this node's ranks in the world */
+	size_t nlocal;
+	ncclComm_t *comm;         /* per local rank */
+	cudaStream_t *stream;
+	int *dev;
+	ncclUniqueId id;          /* the id they were made from */
+	bool have_id;             /* false: shrunk from older ones */
+} comms_t;
+
+/* The world of an epoch as PrepareEpoch gave it. */
+typedef struct world {
 	uint64_t epoch;
 	int32_t *ranks, *local;
 	size_t nranks, nlocal;
 	ncclUniqueId id;
 	bool have_id;
-	/* communicators of comm_epoch (0: none), over the ranks comm_ranks */
-	uint64_t comm_epoch;
-	int32_t *comm_ranks;
-	size_t ncomm_ranks;
-	ncclComm_t *comms;
-	cudaStream_t *streams;
-	int *devs;
-	bool busy;
+} world_t;
+
+struct xport {
+	const gpu_api_t *api;
+	char *node_id;
+	/* configured: rank -> device (fixed after start) */
+	int32_t *cranks;
+	int *cdevs;
+	size_t ncranks;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	world_t w;                /* mu */
+	bool busy;                /* mu: a session owns cm and the fields below */
+	comms_t cm;
+	ncclUniqueId used_id;     /* the last id communicators were made from */
+	bool have_used;
+	VEC(gpu_root_t) roots;    /* mu: holders of the ids this node made */
+	const xport_session_cfg_t *scfg;   /* the owning session's bounds */
+	refit_err_t derr;         /* the session's first device error */
+	bool dfailed;
 	dp_dev_ops_t dev;
 };
 
@@ -73,7 +103,7 @@ struct xport_session {
 	xport_session_cfg_t cfg;
 };
 
-static char why_buf[512];
+static char why_buf[1024];
 
 static const char *
 nccl_unavailable(void)
@@ -84,32 +114,153 @@ nccl_unavailable(void)
 static refit_status_t
 cuda_err(const gpu_api_t *a, cudaError_t e, const char *what, refit_err_t *err)
 {
-	return refit_err_set(err, REFIT_ERR_CUDA, "nccl transport: %s: %s", what,
-			     a->cudaGetErrorString(e));
+	return refit_err_set(err, REFIT_ERR_CUDA, "nccl transport: %s: %s (cudaError %d)", what,
+			     a->cudaGetErrorString(e), (int)e);
+}
+
+static void
+world_free(world_t *w)
+{
+	free(w->ranks);
+	free(w->local);
+	memset(w, 0, sizeof(*w));
+}
+
+static void
+world_copy(world_t *dst, const world_t *src)
+{
+	*dst = *src;
+	dst->ranks = xmalloc((src->nranks + 1) * sizeof(int32_t));
+	dst->local = xmalloc((src->nlocal + 1) * sizeof(int32_t));
+	memcpy(dst->ranks, src->ranks, src->nranks * sizeof(int32_t));
+	memcpy(dst->local, src->local, src->nlocal * sizeof(int32_t));
+}
+
+static int
+index_in(const int32_t *v, size_t n, int32_t r)
+{
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (v[mid] < r)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < n && v[lo] == r ? (int)lo : -1;
+}
+
+/* Index of rank r among the communicators' local ranks (-1: none). */
+static int
+local_index(const comms_t *cm, int32_t r)
+{
+	for (size_t i = 0; i < cm->nlocal; i++)
+		if (cm->local[i] == r)
+			return (int)i;
+	return -1;
+}
+
+/* The configured device of rank r (-1: not a rank of this node). */
+static int
+device_of(const xport_t *x, int32_t r)
+{
+	for (size_t i = 0; i < x->ncranks; i++)
+		if (x->cranks[i] == r)
+			return x->cdevs[i];
+	return -1;
 }
 
 /* ---- device memory operations -------------------------------------------------- */
 
+/* Keep the session's first device error (later ones follow from it). */
 static void
-dev_copy_box(void *ctx, const dp_view_t *sv, const plan_shard_t *ss, const dp_view_t *dv,
-	     const plan_shard_t *ds, const plan_box_t *box)
+dfail(xport_t *x, cudaError_t e, int32_t rank, const char *what)
+{
+	if (x->dfailed)
+		return;
+	x->dfailed = true;
+	refit_err_set(&x->derr, REFIT_ERR_CUDA, "nccl transport: rank %d: %s: %s (cudaError "
+		      "%d)", rank, what, x->api->cudaGetErrorString(e), (int)e);
+}
+
+/* Make rank's device current on this thread; its stream (NULL: failed). */
+static bool
+on_rank(xport_t *x, int32_t rank, cudaStream_t *st)
+{
+	int li = local_index(&x->cm, rank);
+	cudaError_t e;
+
+	if (li < 0) {
+		if (!x->dfailed) {
+			x->dfailed = true;
+			refit_err_set(&x->derr, REFIT_ERR_INTERNAL, "nccl transport: rank %d has "
+				      "no communicator on this node", rank);
+		}
+		return false;
+	}
+	if ((e = x->api->cudaSetDevice(x->cm.dev[li])) != cudaSuccess) {
+		dfail(x, e, rank, "cudaSetDevice");
+		return false;
+	}
+	*st = x->cm.stream[li];
+	return true;
+}
+
+#define DCHK(x, rank, call, what)                                  \
+	do {                                                       \
+		cudaError_t e_ = (call);                           \
+		if (e_ != cudaSuccess) {                           \
+			dfail(x, e_, rank, what);                  \
+			return;                                    \
+		}                                                  \
+	} while (0)
+
+/*
+ * One box, from view sv (shard ss) to view dv (shard ds), both on rank's
+ * device.  Dims of size 1 have no stride that matters.  Contiguous rows
+ * (innermost stride 1 on both sides) go as 1D/2D copies, one per index of
+ * the outer dims; a strided innermost dim goes to the kernel in one launch.
+ */
+static void
+dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *ss,
+	     const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box)
 {
 	xport_t *x = ctx;
 	const gpu_api_t *a = x->api;
-	cudaStream_t st = x->streams[0];
+	cudaStream_t st;
 	int nd = sv->ndim;
 	uint64_t e = sv->elem;
 	int64_t so[PLAN_MAX_DIMS], dof[PLAN_MAX_DIMS], idx[PLAN_MAX_DIMS] = {0};
-	int outer;
+	int64_t soff = 0, doff = 0;
+	int outer, c = nd - 1, r = nd - 2;
+	bool inner_contig;
 
+	if (x->dfailed || !on_rank(x, rank, &st))
+		return;
 	for (int d = 0; d < nd; d++) {
 		if (box->size[d] == 0)
 			return;
 		so[d] = box->off[d] - ss->box.off[d] + ss->local_off[d];
 		dof[d] = box->off[d] - ds->box.off[d] + ds->local_off[d];
+		soff += so[d] * sv->stride[d];
+		doff += dof[d] * dv->stride[d];
 	}
 	if (nd == 0) {
-		a->cudaMemcpyAsync(dv->base, sv->base, e, cudaMemcpyDefault, st);
+		DCHK(x, rank, a->cudaMemcpyAsync(dv->base, sv->base, e, cudaMemcpyDeviceToDevice,
+						 st), "cudaMemcpyAsync");
+		return;
+	}
+	inner_contig = box->size[c] == 1 || (sv->stride[c] == 1 && dv->stride[c] == 1);
+	if (!inner_contig && x->api->copy_strided != NULL &&
+	    (e == 1 || e == 2 || e == 4 || e == 8) && nd <= REFIT_GPU_MAX_DIMS) {
+		int rc = x->api->copy_strided(st, dv->base + doff * (int64_t)e,
+					      sv->base + soff * (int64_t)e, nd, box->size,
+					      dv->stride, sv->stride, (int)e);
+
+		if (rc != 0)
+			dfail(x, (cudaError_t)rc, rank, "refitGpuCopyStrided");
 		return;
 	}
 	outer = nd >= 2 ? nd - 2 : 0;
@@ -121,33 +272,51 @@ dev_copy_box(void *ctx, const dp_view_t *sv, const plan_shard_t *ss, const dp_vi
 			dbase += (dof[d] + idx[d]) * dv->stride[d];
 		}
 		if (nd == 1) {
-			if (sv->stride[0] == 1 && dv->stride[0] == 1)
-				a->cudaMemcpyAsync(dv->base + dof[0] * e, sv->base + so[0] * e,
-						   (size_t)box->size[0] * e, cudaMemcpyDefault, st);
-			else
-				a->cudaMemcpy2DAsync(dv->base + dof[0] * dv->stride[0] * e,
-						     dv->stride[0] * e,
-						     sv->base + so[0] * sv->stride[0] * e,
-						     sv->stride[0] * e, e, box->size[0],
-						     cudaMemcpyDefault, st);
-		} else {
-			int r = nd - 2, c = nd - 1;
-			uint8_t *sp = sv->base + (sbase + so[r] * sv->stride[r] +
-						  so[c] * sv->stride[c]) * e;
-			uint8_t *dp = dv->base + (dbase + dof[r] * dv->stride[r] +
-						  dof[c] * dv->stride[c]) * e;
+			uint8_t *sp = sv->base + so[0] * sv->stride[0] * (int64_t)e;
+			uint8_t *dp = dv->base + dof[0] * dv->stride[0] * (int64_t)e;
 
-			if (sv->stride[c] == 1 && dv->stride[c] == 1)
-				a->cudaMemcpy2DAsync(dp, dv->stride[r] * e, sp, sv->stride[r] * e,
-						     box->size[c] * e, box->size[r],
-						     cudaMemcpyDefault, st);
-			else
+			if (inner_contig)
+				DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, (size_t)box->size[0] * e,
+								 cudaMemcpyDeviceToDevice, st),
+				     "cudaMemcpyAsync");
+			else  /* no kernel: one element per row */
+				DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[0] * e, sp,
+								   sv->stride[0] * e, e,
+								   box->size[0],
+								   cudaMemcpyDeviceToDevice, st),
+				     "cudaMemcpy2DAsync");
+		} else {
+			uint8_t *sp = sv->base + (sbase + so[r] * sv->stride[r] +
+						  so[c] * sv->stride[c]) * (int64_t)e;
+			uint8_t *dp = dv->base + (dbase + dof[r] * dv->stride[r] +
+						  dof[c] * dv->stride[c]) * (int64_t)e;
+			uint64_t w = (uint64_t)box->size[c] * e;
+
+			if (inner_contig && box->size[r] == 1)
+				DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice,
+								 st), "cudaMemcpyAsync");
+			else if (inner_contig && (uint64_t)sv->stride[r] * e >= w &&
+				 (uint64_t)dv->stride[r] * e >= w)
+				DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[r] * e, sp,
+								   sv->stride[r] * e, w,
+								   box->size[r],
+								   cudaMemcpyDeviceToDevice, st),
+				     "cudaMemcpy2DAsync");
+			else if (inner_contig) /* rows that overlap: one copy each */
 				for (int64_t i = 0; i < box->size[r]; i++)
-					a->cudaMemcpy2DAsync(dp + i * dv->stride[r] * e,
-							     dv->stride[c] * e,
-							     sp + i * sv->stride[r] * e,
-							     sv->stride[c] * e, e, box->size[c],
-							     cudaMemcpyDefault, st);
+					DCHK(x, rank, a->cudaMemcpyAsync(
+						     dp + i * dv->stride[r] * (int64_t)e,
+						     sp + i * sv->stride[r] * (int64_t)e, w,
+						     cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
+			else  /* no kernel: a 2D copy of single elements per row */
+				for (int64_t i = 0; i < box->size[r]; i++)
+					DCHK(x, rank, a->cudaMemcpy2DAsync(
+						     dp + i * dv->stride[r] * (int64_t)e,
+						     dv->stride[c] * e,
+						     sp + i * sv->stride[r] * (int64_t)e,
+						     sv->stride[c] * e, e, box->size[c],
+						     cudaMemcpyDeviceToDevice, st),
+					     "cudaMemcpy2DAsync");
 		}
 		/* next index over the outer dims */
 		int d = outer - 1;
@@ -160,56 +329,144 @@ dev_copy_box(void *ctx, const dp_view_t *sv, const plan_shard_t *ss, const dp_vi
 }
 
 static void *
-dev_alloc(void *ctx, uint64_t bytes)
+dev_alloc(void *ctx, int32_t rank, uint64_t bytes)
 {
 	xport_t *x = ctx;
+	cudaStream_t st;
+	cudaError_t e;
 	void *p = NULL;
 
-	x->api->cudaSetDevice(x->devs[0]);
-	return x->api->cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+	if (!on_rank(x, rank, &st))
+		return NULL;
+	if ((e = x->api->cudaMalloc(&p, bytes ? bytes : 1)) != cudaSuccess) {
+		dfail(x, e, rank, "cudaMalloc");
+		return NULL;
+	}
+	return p;
 }
 
 static void
-dev_free(void *ctx, void *p)
+dev_free(void *ctx, int32_t rank, void *p)
 {
 	xport_t *x = ctx;
+	cudaStream_t st;
+	cudaError_t e;
 
-	x->api->cudaFree(p);
+	if (p == NULL)
+		return;
+	if (!on_rank(x, rank, &st)) { /* still free it: the current device does not matter */
+		if ((e = x->api->cudaFree(p)) != cudaSuccess)
+			log_warnx("nccl: node %s: cudaFree: %s", x->node_id,
+				  x->api->cudaGetErrorString(e));
+		return;
+	}
+	/* nothing queued may still use it (failed and aborted sessions skip
+	 * their syncs), bounded */
+	for (int64_t end = xport_now_ms() + 10000;
+	     x->api->cudaStreamQuery(st) == cudaErrorNotReady && xport_now_ms() < end;)
+		usleep(100);
+	DCHK(x, rank, x->api->cudaFree(p), "cudaFree");
 }
 
 static void
-dev_copy(void *ctx, void *dst, const void *src, uint64_t n)
+dev_copy(void *ctx, int32_t rank, void *dst, const void *src, uint64_t n)
 {
 	xport_t *x = ctx;
+	cudaStream_t st;
 
-	x->api->cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, x->streams[0]);
+	if (x->dfailed || !on_rank(x, rank, &st))
+		return;
+	DCHK(x, rank, x->api->cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st),
+	     "cudaMemcpyAsync");
+}
+
+/* Wait for one stream, bounded by the session's deadline and abort flag. */
+static refit_status_t
+wait_stream(xport_t *x, int32_t rank, cudaStream_t st, refit_err_t *err)
+{
+	for (;;) {
+		cudaError_t e = x->api->cudaStreamQuery(st);
+
+		if (e == cudaSuccess)
+			return REFIT_OK;
+		if (e != cudaErrorNotReady) {
+			dfail(x, e, rank, "a queued copy (cudaStreamQuery)");
+			return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
+		}
+		if (x->scfg && atomic_load(x->scfg->abort))
+			return refit_err_set(err, REFIT_ERR_ABORTED, "nccl transport: aborted "
+					     "while copies of rank %d ran", rank);
+		if (x->scfg && xport_now_ms() >= x->scfg->deadline_ms)
+			return refit_err_set(err, REFIT_ERR_TIMEOUT, "nccl transport: copies of "
+					     "rank %d ran past the deadline", rank);
+		usleep(50);
+	}
+}
+
+/*
+ * A copy to or from the caller's host memory: it must be over before the
+ * call returns, abort or not (the caller frees or reuses that memory next).
+ * Bounded all the same: a stream that does not drain in 60 s is a stuck
+ * device, reported.
+ */
+static void
+host_copy(xport_t *x, int32_t rank, void *dst, const void *src, uint64_t n,
+	  enum cudaMemcpyKind kind)
+{
+	cudaStream_t st;
+	cudaError_t e;
+	int64_t end;
+
+	if (x->dfailed || !on_rank(x, rank, &st))
+		return;
+	DCHK(x, rank, x->api->cudaMemcpyAsync(dst, src, n, kind, st), kind ==
+	     cudaMemcpyDeviceToHost ? "cudaMemcpyAsync to the host" :
+	     "cudaMemcpyAsync from the host");
+	end = xport_now_ms() + 60000;
+	while ((e = x->api->cudaStreamQuery(st)) == cudaErrorNotReady && xport_now_ms() < end)
+		usleep(50);
+	if (e == cudaErrorNotReady && !x->dfailed) {
+		x->dfailed = true;
+		refit_err_set(&x->derr, REFIT_ERR_TIMEOUT, "nccl transport: rank %d: a copy %s "
+			      "the host did not end in 60 s", rank,
+			      kind == cudaMemcpyDeviceToHost ? "to" : "from");
+		log_warnx("nccl: node %s: %s", x->node_id, x->derr.msg);
+	} else if (e != cudaSuccess && e != cudaErrorNotReady) {
+		dfail(x, e, rank, "a copy with the host (cudaStreamQuery)");
+	}
 }
 
 static void
-dev_to_host(void *ctx, void *host, const void *dev, uint64_t n)
+dev_to_host(void *ctx, int32_t rank, void *host, const void *dev, uint64_t n)
 {
-	xport_t *x = ctx;
-
-	x->api->cudaStreamSynchronize(x->streams[0]);
-	x->api->cudaMemcpy(host, dev, n, cudaMemcpyDefault);
+	memset(host, 0, n);
+	host_copy(ctx, rank, host, dev, n, cudaMemcpyDeviceToHost);
 }
 
 static void
-dev_from_host(void *ctx, void *dev, const void *host, uint64_t n)
+dev_from_host(void *ctx, int32_t rank, void *dev, const void *host, uint64_t n)
 {
-	xport_t *x = ctx;
-
-	x->api->cudaStreamSynchronize(x->streams[0]);
-	x->api->cudaMemcpy(dev, host, n, cudaMemcpyDefault);
+	host_copy(ctx, rank, dev, host, n, cudaMemcpyHostToDevice);
 }
 
+/* Every queued copy done, or the session's first device error. */
 static refit_status_t
 dev_sync(void *ctx, refit_err_t *err)
 {
 	xport_t *x = ctx;
-	cudaError_t e = x->api->cudaStreamSynchronize(x->streams[0]);
 
-	return e == cudaSuccess ? REFIT_OK : cuda_err(x->api, e, "copy", err);
+	for (size_t i = 0; i < x->cm.nlocal && !x->dfailed; i++) {
+		cudaError_t e = x->api->cudaSetDevice(x->cm.dev[i]);
+
+		if (e != cudaSuccess) {
+			dfail(x, e, x->cm.local[i], "cudaSetDevice");
+			break;
+		}
+		CHECK(wait_stream(x, x->cm.local[i], x->cm.stream[i], err));
+	}
+	if (x->dfailed)
+		return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
+	return REFIT_OK;
 }
 
 /* ---- the backend ------------------------------------------------------------------- */
@@ -217,19 +474,77 @@ dev_sync(void *ctx, refit_err_t *err)
 static refit_status_t
 nccl_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 {
-	char why[512];
+	char why[1024];
 	const gpu_api_t *a = gpu_load(1, why, sizeof(why));
 	xport_t *x;
+	int *devs;
 
 	if (a == NULL)
 		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "nccl transport: %s", why);
+	devs = xcalloc(cfg->nranks + 1, sizeof(*devs));
+	if (cfg->gpu_devices != NULL) {
+		const char *p = cfg->gpu_devices;
+		size_t n = 0;
+
+		while (*p && n <= cfg->nranks) {
+			char *end;
+			long v = strtol(p, &end, 10);
+
+			if (end == p || v < 0 || v > 1 << 20 || n == cfg->nranks ||
+			    (*end != ',' && *end != '\0')) {
+				free(devs);
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "gpu_devices \"%s\" "
+						     "is not a comma-separated list of one CUDA "
+						     "device per rank (%zu ranks)", cfg->gpu_devices,
+						     cfg->nranks);
+			}
+			devs[n++] = (int)v;
+			p = *end ? end + 1 : end;
+		}
+		if (n != cfg->nranks) {
+			free(devs);
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "gpu_devices \"%s\" names "
+					     "%zu devices for %zu ranks", cfg->gpu_devices, n,
+					     cfg->nranks);
+		}
+	} else {
+		for (size_t i = 0; i < cfg->nranks; i++)
+			devs[i] = (int)i;
+	}
+	for (size_t i = 0; i < cfg->nranks; i++) {
+		if (devs[i] >= a->ndevices) {
+			refit_err_set(err, REFIT_ERR_INVALID_ARG, "nccl transport: rank %d would run "
+				      "on CUDA device %d, but %s sees %d device%s%s", cfg->ranks[i],
+				      devs[i], a->cuda_path, a->ndevices, a->ndevices == 1 ? "" : "s",
+				      cfg->gpu_devices ? " (gpu_devices)" : " (set gpu_devices)");
+			free(devs);
+			return err->status;
+		}
+		for (size_t k = 0; k < i; k++)
+			if (devs[k] == devs[i]) {
+				refit_err_set(err, REFIT_ERR_INVALID_ARG, "nccl transport: ranks %d "
+					      "and %d on one device (%d): NCCL refuses two ranks of "
+					      "a communicator on one device (run one refitd per "
+					      "rank with NCCL_HOSTID instead)", cfg->ranks[k],
+					      cfg->ranks[i], devs[i]);
+				free(devs);
+				return err->status;
+			}
+	}
 	x = xcalloc(1, sizeof(*x));
 	x->api = a;
 	x->node_id = xstrdup(cfg->node_id);
+	x->ncranks = cfg->nranks;
+	x->cranks = xmalloc((cfg->nranks + 1) * sizeof(int32_t));
+	memcpy(x->cranks, cfg->ranks, cfg->nranks * sizeof(int32_t));
+	x->cdevs = devs;
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_cond_init(&x->cv, NULL);
 	x->dev = (dp_dev_ops_t){dev_copy_box, dev_alloc, dev_free, dev_copy, dev_to_host,
 				dev_from_host, dev_sync, x};
+	for (size_t i = 0; i < cfg->nranks; i++)
+		log_info("nccl: node %s: rank %d on CUDA device %d", x->node_id, x->cranks[i],
+			 x->cdevs[i]);
 	*out = x;
 	return REFIT_OK;
 }
@@ -250,110 +565,170 @@ nccl_set_epoch(xport_t *x, uint64_t epoch, const uint8_t *token, size_t len)
 	(void)len; /* NCCL ids are secret enough: only the coordinator hands them out */
 }
 
-/* Free the communicators (abort: they may be mid-operation).  Locked. */
+/* A communicator's state; ncclInProgress while its job runs. */
+static ncclResult_t
+comm_state(const gpu_api_t *a, ncclComm_t c)
+{
+	ncclResult_t st = ncclSuccess, r = a->ncclCommGetAsyncError(c, &st);
+
+	return r == ncclSuccess ? st : r;
+}
+
+/* Free the communicators and their streams: abort (they may be
+ * mid-operation, or even in progress) or destroy.  Owner only. */
 static void
 drop_comms(xport_t *x, bool abort)
 {
-	for (size_t i = 0; i < x->nlocal && x->comms; i++) {
-		if (x->comms[i] == NULL)
-			continue;
-		if (abort)
-			x->api->ncclCommAbort(x->comms[i]);
-		else
-			x->api->ncclCommDestroy(x->comms[i]);
-		if (x->streams[i])
-			x->api->cudaStreamDestroy(x->streams[i]);
+	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
+
+	for (size_t i = 0; i < cm->nlocal && cm->comm; i++) {
+		ncclResult_t r = ncclSuccess;
+		cudaError_t e;
+
+		if (cm->dev && (e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess)
+			log_warnx("nccl: node %s: cudaSetDevice(%d): %s", x->node_id, cm->dev[i],
+				  a->cudaGetErrorString(e));
+		if (cm->comm[i] != NULL) {
+			/* a communicator in progress or with an error cannot be
+			 * destroyed (NCCL refuses): abort it */
+			bool ab = abort || comm_state(a, cm->comm[i]) != ncclSuccess;
+
+			r = ab ? a->ncclCommAbort(cm->comm[i]) : a->ncclCommDestroy(cm->comm[i]);
+			if (r != ncclSuccess)
+				log_warnx("nccl: node %s: %s (rank %d): %s", x->node_id,
+					  ab ? "ncclCommAbort" : "ncclCommDestroy", cm->local[i],
+					  a->ncclGetErrorString(r));
+		}
+		/* what the stream still holds (operations of an aborted communicator
+		 * end at once) finishes before its buffers can be freed */
+		for (int64_t end = xport_now_ms() + 10000; cm->stream && cm->stream[i] &&
+		     a->cudaStreamQuery(cm->stream[i]) == cudaErrorNotReady &&
+		     xport_now_ms() < end;)
+			usleep(100);
+		if (cm->stream && cm->stream[i] &&
+		    (e = a->cudaStreamDestroy(cm->stream[i])) != cudaSuccess)
+			log_warnx("nccl: node %s: cudaStreamDestroy (rank %d): %s", x->node_id,
+				  cm->local[i], a->cudaGetErrorString(e));
 	}
-	free(x->comms);
-	free(x->streams);
-	free(x->devs);
-	free(x->comm_ranks);
-	x->comms = NULL;
-	x->streams = NULL;
-	x->devs = NULL;
-	x->comm_ranks = NULL;
-	x->ncomm_ranks = 0;
-	x->comm_epoch = 0;
+	free(cm->comm);
+	free(cm->stream);
+	free(cm->dev);
+	free(cm->ranks);
+	free(cm->local);
+	memset(cm, 0, sizeof(*cm));
 }
+
+static void release_roots(xport_t *x, const ncclUniqueId *keep);
 
 static void
 nccl_set_world(xport_t *x, const xport_world_t *w)
 {
+	world_t nw = {.epoch = w->epoch, .nranks = w->nranks, .nlocal = w->nlocal};
+
+	nw.ranks = (int32_t *)w->ranks;
+	nw.local = (int32_t *)w->local;
+	nw.have_id = w->id_len == sizeof(nw.id);
+	if (nw.have_id)
+		memcpy(&nw.id, w->id, sizeof(nw.id));
 	pthread_mutex_lock(&x->mu);
-	/* the communicators of the old epoch stay until the next session: it
-	 * shrinks them when members only left, or recreates them */
-	free(x->ranks);
-	free(x->local);
-	x->epoch = w->epoch;
-	x->nranks = w->nranks;
-	x->nlocal = w->nlocal;
-	x->ranks = xmalloc((w->nranks + 1) * sizeof(int32_t));
-	x->local = xmalloc((w->nlocal + 1) * sizeof(int32_t));
-	memcpy(x->ranks, w->ranks, w->nranks * sizeof(int32_t));
-	memcpy(x->local, w->local, w->nlocal * sizeof(int32_t));
-	x->have_id = w->id_len == sizeof(x->id);
-	if (x->have_id)
-		memcpy(&x->id, w->id, sizeof(x->id));
+	/* the communicators stay until the next session: it reuses, shrinks
+	 * or recreates them */
+	world_free(&x->w);
+	world_copy(&x->w, &nw);
 	pthread_mutex_unlock(&x->mu);
+	/* a new epoch: the roots of earlier ids are consumed or abandoned */
+	release_roots(x, nw.have_id ? &nw.id : NULL);
 }
 
 static refit_status_t
 nccl_unique_id(xport_t *x, uint8_t *out, size_t *len, refit_err_t *err)
 {
-	ncclUniqueId id;
-	ncclResult_t r = x->api->ncclGetUniqueId(&id);
+	gpu_root_t r;
+	char why[512];
 
-	if (r != ncclSuccess)
-		return refit_err_set(err, REFIT_ERR_NCCL, "ncclGetUniqueId: %s",
-				     x->api->ncclGetErrorString(r));
-	if (*len < sizeof(id))
+	if (*len < sizeof(ncclUniqueId))
 		return refit_err_set(err, REFIT_ERR_INTERNAL, "nccl id buffer too small");
-	memcpy(out, &id, sizeof(id));
-	*len = sizeof(id);
+	if (gpu_root_new(&r, 10000, why, sizeof(why)) != 0)
+		return refit_err_set(err, REFIT_ERR_NCCL, "ncclGetUniqueId: %s", why);
+	memcpy(out, r.id, sizeof(ncclUniqueId));
+	*len = sizeof(ncclUniqueId);
+	pthread_mutex_lock(&x->mu);
+	VEC_PUSH(&x->roots, r);
+	pthread_mutex_unlock(&x->mu);
 	return REFIT_OK;
 }
 
-static int
-world_index(const xport_t *x, int32_t r)
+/*
+ * End the holders of ids other than keep (NULL: all): their roots are
+ * consumed (communicators formed from them) or abandoned (an epoch that
+ * failed or passed).  Never under x->mu (reaping is bounded, not instant).
+ */
+static void
+release_roots(xport_t *x, const ncclUniqueId *keep)
 {
-	size_t lo = 0, hi = x->nranks;
+	VEC(gpu_root_t) gone = {0};
 
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-
-		if (x->ranks[mid] < r)
-			lo = mid + 1;
-		else
-			hi = mid;
+	pthread_mutex_lock(&x->mu);
+	for (size_t i = 0; i < x->roots.n;) {
+		if (keep && memcmp(x->roots.v[i].id, keep, sizeof(*keep)) == 0) {
+			i++;
+			continue;
+		}
+		VEC_PUSH(&gone, x->roots.v[i]);
+		x->roots.v[i] = x->roots.v[--x->roots.n];
 	}
-	return lo < x->nranks && x->ranks[lo] == r ? (int)lo : -1;
+	pthread_mutex_unlock(&x->mu);
+	for (size_t i = 0; i < gone.n; i++)
+		gpu_root_release(&gone.v[i]);
+	VEC_FREE(&gone);
 }
 
-static int
-local_index(const xport_t *x, int32_t r)
+static refit_status_t
+bounds(const xport_session_cfg_t *cfg, const char *what, refit_err_t *err)
 {
-	for (size_t i = 0; i < x->nlocal; i++)
-		if (x->local[i] == r)
-			return (int)i;
-	return -1;
+	if (atomic_load(cfg->abort))
+		return refit_err_set(err, REFIT_ERR_ABORTED, "nccl transport: %s: aborted", what);
+	if (xport_now_ms() >= cfg->deadline_ms)
+		return refit_err_set(err, REFIT_ERR_TIMEOUT, "nccl transport: %s: deadline "
+				     "passed", what);
+	return REFIT_OK;
 }
 
-/* Wait until every communicator left ncclInProgress (deadline, abort). */
+/*
+ * Before aborting communicators that are still in progress: give what they
+ * are doing up to 2 s to end.  A non-blocking group's operations reach
+ * their streams from NCCL's own thread; aborting while that runs can leave
+ * operations queued after the abort, on buffers freed next.  An init or a
+ * connection that waits for a dead peer does not end: abort then.
+ */
+static void
+settle(xport_t *x)
+{
+	int64_t end = xport_now_ms() + 2000;
+
+	for (size_t i = 0; i < x->cm.nlocal; i++)
+		while (comm_state(x->api, x->cm.comm[i]) == ncclInProgress &&
+		       xport_now_ms() < end)
+			usleep(200);
+}
+
+/* Wait until every communicator left ncclInProgress (deadline, abort); on
+ * failure they are aborted.  Owner only, never under x->mu. */
 static refit_status_t
 wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_err_t *err)
 {
 	for (;;) {
 		bool pending = false;
 
-		for (size_t i = 0; i < x->nlocal; i++) {
-			ncclResult_t st = ncclSuccess;
+		for (size_t i = 0; i < x->cm.nlocal; i++) {
+			ncclResult_t st = comm_state(x->api, x->cm.comm[i]);
 
-			x->api->ncclCommGetAsyncError(x->comms[i], &st);
 			if (st == ncclInProgress) {
 				pending = true;
 			} else if (st != ncclSuccess) {
 				refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: %s (rank %d): "
-					      "%s", what, x->local[i],
+					      "%s", what, x->cm.local[i],
 					      x->api->ncclGetErrorString(st));
 				drop_comms(x, true);
 				return REFIT_ERR_NCCL;
@@ -361,10 +736,8 @@ wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_e
 		}
 		if (!pending)
 			return REFIT_OK;
-		if (atomic_load(cfg->abort) || xport_now_ms() >= cfg->deadline_ms) {
-			refit_err_set(err, atomic_load(cfg->abort) ? REFIT_ERR_ABORTED :
-				      REFIT_ERR_TIMEOUT, "nccl transport: %s: %s", what,
-				      atomic_load(cfg->abort) ? "aborted" : "deadline passed");
+		if (bounds(cfg, what, err) != REFIT_OK) {
+			settle(x);
 			drop_comms(x, true);
 			return err->status;
 		}
@@ -373,149 +746,260 @@ wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_e
 }
 
 /*
- * Members only left (the new world is a subset of the old one, this node's
- * ranks unchanged) and NCCL has ncclCommShrink: shrink instead of
- * recreating.  false when it does not apply or failed (then recreate).
- * Locked.
+ * Members only left (the new world is the old one less some ranks, this
+ * node's ranks unchanged): shrink.  ncclCommShrink in non-blocking mode
+ * leaves the new communicator NULL until its job ends, and the parent
+ * reports ncclInProgress meanwhile: poll the parent, then the child.  A
+ * parent in progress is never destroyed (NCCL refuses): on failure
+ * everything is aborted.  Owner only.
  */
-static bool
-try_shrink(xport_t *x, const xport_session_cfg_t *cfg)
+static refit_status_t
+try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_err_t *err)
 {
 	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
 	int *excl;
 	size_t nex = 0, k = 0;
 	ncclComm_t *nc;
-	refit_err_t err;
-	bool ok = true;
+	bool issued_all = true;
+	refit_status_t rc = REFIT_OK;
+	ncclResult_t ge;
 
-	if (a->ncclCommShrink == NULL || x->comms == NULL || x->nranks >= x->ncomm_ranks)
-		return false;
-	excl = xcalloc(x->ncomm_ranks, sizeof(*excl));
-	for (size_t i = 0; i < x->ncomm_ranks; i++) {
-		while (k < x->nranks && x->ranks[k] < x->comm_ranks[i])
+	if (cm->nlocal != w->nlocal || memcmp(cm->local, w->local, w->nlocal * sizeof(int32_t)))
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: epoch %" PRIu64
+				     " came without a unique id, but this node's ranks changed: "
+				     "it cannot shrink its communicators", w->epoch);
+	excl = xcalloc(cm->nranks + 1, sizeof(*excl));
+	for (size_t i = 0; i < cm->nranks; i++) {
+		while (k < w->nranks && w->ranks[k] < cm->ranks[i])
 			k++;
-		if (k < x->nranks && x->ranks[k] == x->comm_ranks[i])
+		if (k < w->nranks && w->ranks[k] == cm->ranks[i])
 			continue;
 		excl[nex++] = (int)i;
 	}
-	if (x->ncomm_ranks - nex != x->nranks) { /* someone new joined */
+	if (cm->nranks - nex != w->nranks || nex == 0) {
 		free(excl);
-		return false;
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: epoch %" PRIu64
+				     " came without a unique id, but its %zu ranks are not the %zu "
+				     "of this node's communicators less some: cannot shrink",
+				     w->epoch, w->nranks, cm->nranks);
 	}
-	nc = xcalloc(x->nlocal + 1, sizeof(*nc));
+	nc = xcalloc(cm->nlocal + 1, sizeof(*nc));
 	a->ncclGroupStart();
-	for (size_t i = 0; i < x->nlocal && ok; i++) {
+	for (size_t i = 0; i < cm->nlocal; i++) {
 		ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+		cudaError_t e;
 		ncclResult_t r;
 
 		c.blocking = 0;
-		a->cudaSetDevice(x->devs[i]);
-		r = a->ncclCommShrink(x->comms[i], excl, (int)nex, &nc[i], &c, NCCL_SHRINK_DEFAULT);
-		ok = r == ncclSuccess || r == ncclInProgress;
-	}
-	{
-		ncclResult_t ge = a->ncclGroupEnd();
-
-		if (ge != ncclSuccess && ge != ncclInProgress)
-			ok = false;
-	}
-	free(excl);
-	if (!ok) {
-		for (size_t i = 0; i < x->nlocal; i++)
-			if (nc[i])
-				a->ncclCommAbort(nc[i]);
-		free(nc);
-		return false;
-	}
-	{
-		ncclComm_t *old = x->comms;
-
-		x->comms = nc;
-		refit_err_clear(&err);
-		ok = wait_comms(x, cfg, "shrinking the communicators", &err) == REFIT_OK;
-		if (ok) {
-			for (size_t i = 0; i < x->nlocal; i++)
-				a->ncclCommDestroy(old[i]);
-			free(old);
-		} else {
-			for (size_t i = 0; i < x->nlocal; i++) /* wait_comms aborted the new ones */
-				a->ncclCommAbort(old[i]);
-			free(old);
-			log_warnx("nccl: node %s: %s; recreating", x->node_id, err.msg);
-			return false;
+		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
+			cuda_err(a, e, "cudaSetDevice", err);
+			issued_all = false;
+			break;
+		}
+		r = a->ncclCommShrink(cm->comm[i], excl, (int)nex, &nc[i], &c, NCCL_SHRINK_DEFAULT);
+		if (r != ncclSuccess && r != ncclInProgress) {
+			refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): %s",
+				      cm->local[i], a->ncclGetErrorString(r));
+			issued_all = false;
+			break;
 		}
 	}
-	return true;
+	ge = a->ncclGroupEnd();
+	if (issued_all && ge != ncclSuccess && ge != ncclInProgress) {
+		refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink: ncclGroupEnd: %s",
+			      a->ncclGetErrorString(ge));
+		issued_all = false;
+	}
+	free(excl);
+	rc = issued_all ? REFIT_OK : err->status;
+	/* parents first: until each is done its child may be NULL */
+	while (rc == REFIT_OK) {
+		bool pending = false;
+
+		for (size_t i = 0; i < cm->nlocal && rc == REFIT_OK; i++) {
+			ncclResult_t st = comm_state(a, cm->comm[i]);
+
+			if (st == ncclSuccess && nc[i] != NULL)
+				st = comm_state(a, nc[i]);
+			else if (st == ncclSuccess) /* parent done, no child */
+				st = ncclInternalError;
+			if (st == ncclInProgress)
+				pending = true;
+			else if (st != ncclSuccess)
+				rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): "
+						   "%s%s", cm->local[i], a->ncclGetErrorString(st),
+						   nc[i] ? "" : " (no new communicator)");
+		}
+		if (rc != REFIT_OK || !pending)
+			break;
+		rc = bounds(cfg, "shrinking the communicators", err);
+		if (rc == REFIT_OK)
+			usleep(200);
+	}
+	if (rc != REFIT_OK) {
+		for (size_t i = 0; i < cm->nlocal; i++)
+			if (nc[i] != NULL && a->ncclCommAbort(nc[i]) != ncclSuccess)
+				log_warnx("nccl: node %s: ncclCommAbort of a shrunk communicator "
+					  "failed", x->node_id);
+		free(nc);
+		drop_comms(x, true);  /* the parents, in progress or not */
+		return rc;
+	}
+	for (size_t i = 0; i < cm->nlocal; i++) {
+		ncclResult_t r = a->ncclCommDestroy(cm->comm[i]);
+
+		if (r != ncclSuccess)
+			log_warnx("nccl: node %s: ncclCommDestroy of the old communicator (rank "
+				  "%d): %s", x->node_id, cm->local[i], a->ncclGetErrorString(r));
+		cm->comm[i] = nc[i];
+	}
+	free(nc);
+	free(cm->ranks);
+	cm->ranks = xmalloc((w->nranks + 1) * sizeof(int32_t));
+	memcpy(cm->ranks, w->ranks, w->nranks * sizeof(int32_t));
+	cm->nranks = w->nranks;
+	cm->epoch = w->epoch;
+	cm->have_id = false;
+	return REFIT_OK;
 }
 
-/* The epoch's communicators, created if needed.  Locked. */
 static refit_status_t
-ensure_comms(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
+create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_err_t *err)
 {
 	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
 	ncclResult_t r;
-	int64_t t0 = xport_now_ms();
+	refit_status_t rc = REFIT_OK;
 
-	if (x->comm_epoch == cfg->epoch && x->comms)
-		return REFIT_OK;
-	if (x->comm_epoch && try_shrink(x, cfg)) {
-		x->comm_epoch = cfg->epoch;
-		free(x->comm_ranks);
-		x->comm_ranks = xmalloc((x->nranks + 1) * sizeof(int32_t));
-		memcpy(x->comm_ranks, x->ranks, x->nranks * sizeof(int32_t));
-		x->ncomm_ranks = x->nranks;
-		log_info("nccl: node %s: communicators shrunk to epoch %" PRIu64 " (%zu ranks) "
-			 "in %" PRId64 " ms", x->node_id, cfg->epoch, x->nranks,
-			 xport_now_ms() - t0);
-		return REFIT_OK;
+	cm->nlocal = w->nlocal;
+	cm->local = xmalloc((w->nlocal + 1) * sizeof(int32_t));
+	memcpy(cm->local, w->local, w->nlocal * sizeof(int32_t));
+	cm->ranks = xmalloc((w->nranks + 1) * sizeof(int32_t));
+	memcpy(cm->ranks, w->ranks, w->nranks * sizeof(int32_t));
+	cm->nranks = w->nranks;
+	cm->comm = xcalloc(w->nlocal + 1, sizeof(*cm->comm));
+	cm->stream = xcalloc(w->nlocal + 1, sizeof(*cm->stream));
+	cm->dev = xcalloc(w->nlocal + 1, sizeof(*cm->dev));
+	for (size_t i = 0; i < w->nlocal; i++) {
+		cudaError_t e;
+
+		cm->dev[i] = device_of(x, w->local[i]);
+		if (cm->dev[i] < 0) {
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "nccl transport: epoch %"
+					   PRIu64 " gives this node rank %d, which it does not "
+					   "serve", w->epoch, w->local[i]);
+			break;
+		}
+		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess ||
+		    (e = a->cudaStreamCreateWithFlags(&cm->stream[i], cudaStreamNonBlocking)) !=
+			    cudaSuccess) {
+			rc = cuda_err(a, e, "creating a stream", err);
+			break;
+		}
 	}
-	if (x->comm_epoch)
-		drop_comms(x, false);
-	if (x->epoch != cfg->epoch || !x->have_id)
-		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: no unique id "
-				     "for epoch %" PRIu64 " (this node has epoch %" PRIu64 ")",
-				     cfg->epoch, x->epoch);
-	x->comms = xcalloc(x->nlocal + 1, sizeof(*x->comms));
-	x->streams = xcalloc(x->nlocal + 1, sizeof(*x->streams));
-	x->devs = xcalloc(x->nlocal + 1, sizeof(*x->devs));
+	if (rc != REFIT_OK) {
+		drop_comms(x, true);
+		return rc;
+	}
+	/* the id is spent from here on, whatever happens */
+	x->used_id = w->id;
+	x->have_used = true;
 	a->ncclGroupStart();
-	for (size_t i = 0; i < x->nlocal; i++) {
+	for (size_t i = 0; i < w->nlocal; i++) {
 		ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
 		cudaError_t e;
 
 		c.blocking = 0;
-		x->devs[i] = (int)(i % (size_t)a->ndevices);
-		a->cudaSetDevice(x->devs[i]);
-		e = a->cudaStreamCreateWithFlags(&x->streams[i], cudaStreamNonBlocking);
-		if (e != cudaSuccess) {
-			a->ncclGroupEnd();
-			drop_comms(x, true);
-			return cuda_err(a, e, "cudaStreamCreate", err);
+		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
+			rc = cuda_err(a, e, "cudaSetDevice", err);
+			break;
 		}
-		r = a->ncclCommInitRankConfig(&x->comms[i], (int)x->nranks, x->id,
-					      world_index(x, x->local[i]), &c);
+		r = a->ncclCommInitRankConfig(&cm->comm[i], (int)w->nranks, w->id,
+					      index_in(w->ranks, w->nranks, w->local[i]), &c);
 		if (r != ncclSuccess && r != ncclInProgress) {
-			a->ncclGroupEnd();
-			drop_comms(x, true);
-			return refit_err_set(err, REFIT_ERR_NCCL, "ncclCommInitRankConfig (rank "
-					     "%d): %s", x->local[i], a->ncclGetErrorString(r));
+			rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclCommInitRankConfig (rank %d): "
+					   "%s", w->local[i], a->ncclGetErrorString(r));
+			break;
 		}
 	}
 	r = a->ncclGroupEnd();
-	if (r != ncclSuccess && r != ncclInProgress) {
+	if (rc == REFIT_OK && r != ncclSuccess && r != ncclInProgress)
+		rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclCommInitRankConfig: ncclGroupEnd: %s",
+				   a->ncclGetErrorString(r));
+	if (rc != REFIT_OK) {
 		drop_comms(x, true);
-		return refit_err_set(err, REFIT_ERR_NCCL, "ncclCommInitRankConfig: %s",
-				     a->ncclGetErrorString(r));
+		return rc;
 	}
+	/* the id's root (if this node made it) stays until the next epoch: other
+	 * ranks may still be on their way to it */
 	CHECK(wait_comms(x, cfg, "creating the communicators", err));
-	x->comm_epoch = cfg->epoch;
-	x->comm_ranks = xmalloc((x->nranks + 1) * sizeof(int32_t));
-	memcpy(x->comm_ranks, x->ranks, x->nranks * sizeof(int32_t));
-	x->ncomm_ranks = x->nranks;
+	cm->epoch = w->epoch;
+	cm->id = w->id;
+	cm->have_id = true;
+	return REFIT_OK;
+}
+
+static bool
+same_ranks(const comms_t *cm, const world_t *w)
+{
+	return cm->nranks == w->nranks && cm->nlocal == w->nlocal &&
+	       memcmp(cm->ranks, w->ranks, w->nranks * sizeof(int32_t)) == 0 &&
+	       memcmp(cm->local, w->local, w->nlocal * sizeof(int32_t)) == 0;
+}
+
+/*
+ * The epoch's communicators: the ones there are (same epoch, same id or
+ * none sent), shrunk ones (a new epoch without an id), or new ones from the
+ * epoch's id -- never from an id already spent (aborted communicators are
+ * never brought back: a node that aborted waits for a new epoch).  Owner
+ * only, never under x->mu.
+ */
+static refit_status_t
+ensure_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_err_t *err)
+{
+	comms_t *cm = &x->cm;
+	int64_t t0 = xport_now_ms();
+
+	if (w->epoch != cfg->epoch)
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: the refit is "
+				     "of epoch %" PRIu64 ", this node has epoch %" PRIu64,
+				     cfg->epoch, w->epoch);
+	if (cm->comm && cm->epoch == w->epoch && same_ranks(cm, w) &&
+	    (!w->have_id || (cm->have_id && memcmp(&cm->id, &w->id, sizeof(w->id)) == 0)))
+		return REFIT_OK;
+	if (cm->comm && !w->have_id) {
+		CHECK(try_shrink(x, w, cfg, err));
+		log_info("nccl: node %s: communicators shrunk to epoch %" PRIu64 " (%zu ranks) in "
+			 "%" PRId64 " ms", x->node_id, w->epoch, w->nranks, xport_now_ms() - t0);
+		return REFIT_OK;
+	}
+	if (cm->comm)
+		drop_comms(x, false);
+	if (!w->have_id)
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: epoch %" PRIu64
+				     " came without a unique id and this node has no "
+				     "communicators to shrink (they were aborted): the next epoch "
+				     "brings a new id", w->epoch);
+	if (x->have_used && memcmp(&x->used_id, &w->id, sizeof(w->id)) == 0)
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: the unique id "
+				     "of epoch %" PRIu64 " was spent by communicators that were "
+				     "aborted since: the next epoch brings a new id", w->epoch);
+	CHECK(create_comms(x, w, cfg, err));
 	log_info("nccl: node %s: %zu communicators of epoch %" PRIu64 " (world of %zu ranks) "
-		 "in %" PRId64 " ms", x->node_id, x->nlocal, cfg->epoch, x->nranks,
+		 "in %" PRId64 " ms", x->node_id, w->nlocal, w->epoch, w->nranks,
 		 xport_now_ms() - t0);
 	return REFIT_OK;
+}
+
+static void
+release(xport_t *x)
+{
+	pthread_mutex_lock(&x->mu);
+	x->busy = false;
+	x->scfg = NULL;
+	pthread_cond_broadcast(&x->cv);
+	pthread_mutex_unlock(&x->mu);
 }
 
 static refit_status_t
@@ -523,16 +1007,19 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	  refit_err_t *err)
 {
 	xport_session_t *s;
+	world_t w;
 	refit_status_t rc;
 
 	pthread_mutex_lock(&x->mu);
-	while (x->busy) { /* one session at a time: same operation order everywhere */
+	while (x->busy) { /* one session at a time */
 		struct timespec ts;
 
 		if (atomic_load(cfg->abort) || xport_now_ms() >= cfg->deadline_ms) {
 			pthread_mutex_unlock(&x->mu);
-			return refit_err_set(err, REFIT_ERR_TIMEOUT, "nccl transport: another "
-					     "refit held the communicators past the deadline");
+			return refit_err_set(err, atomic_load(cfg->abort) ? REFIT_ERR_ABORTED :
+					     REFIT_ERR_TIMEOUT, "nccl transport: another refit "
+					     "held the communicators until the %s",
+					     atomic_load(cfg->abort) ? "abort" : "deadline");
 		}
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_nsec += 50000000;
@@ -542,15 +1029,22 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 		}
 		pthread_cond_timedwait(&x->cv, &x->mu, &ts);
 	}
-	rc = ensure_comms(x, cfg, err);
-	if (rc == REFIT_OK)
-		x->busy = true;
+	x->busy = true;
+	world_copy(&w, &x->w);
 	pthread_mutex_unlock(&x->mu);
-	if (rc != REFIT_OK)
-		return rc;
 	s = xcalloc(1, sizeof(*s));
 	s->x = x;
 	s->cfg = *cfg;
+	x->scfg = &s->cfg;
+	x->dfailed = false;
+	refit_err_clear(&x->derr);
+	rc = ensure_comms(x, &w, &s->cfg, err);
+	world_free(&w);
+	if (rc != REFIT_OK) {
+		free(s);
+		release(x);
+		return rc;
+	}
 	*out = s;
 	return REFIT_OK;
 }
@@ -564,86 +1058,86 @@ nccl_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 			     "streams");
 }
 
+/* A failure inside a group: the communicators are aborted (the peers may
+ * wait on them). */
+static refit_status_t
+group_fail(xport_t *x, refit_err_t *err)
+{
+	drop_comms(x, true);
+	return err->status;
+}
+
 static refit_status_t
 nccl_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err)
 {
 	xport_t *x = s->x;
 	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
 	ncclResult_t r;
+	refit_status_t rc = REFIT_OK;
 
-	pthread_mutex_lock(&x->mu);
-	if (x->comms == NULL) {
-		pthread_mutex_unlock(&x->mu);
+	if (cm->comm == NULL)
 		return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: the communicators "
 				     "were aborted");
-	}
-	a->ncclGroupStart();
-	for (size_t i = 0; i < n; i++) {
-		int li = local_index(x, ops[i].rank), peer = world_index(x, ops[i].peer);
-
-		if (li < 0 || peer < 0) {
-			a->ncclGroupEnd();
-			pthread_mutex_unlock(&x->mu);
+	if (x->dfailed)
+		return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
+	for (size_t i = 0; i < n; i++)
+		if (local_index(cm, ops[i].rank) < 0 ||
+		    index_in(cm->ranks, cm->nranks, ops[i].peer) < 0)
 			return refit_err_set(err, REFIT_ERR_INTERNAL, "nccl transport: rank %d or "
-					     "%d is not in the epoch's world", ops[i].rank,
-					     ops[i].peer);
-		}
+					     "%d is not in the communicators' world",
+					     ops[i].rank, ops[i].peer);
+	a->ncclGroupStart();
+	for (size_t i = 0; i < n && rc == REFIT_OK; i++) {
+		int li = local_index(cm, ops[i].rank);
+		int peer = index_in(cm->ranks, cm->nranks, ops[i].peer);
+		cudaError_t e;
+
 		if (ops[i].bytes == 0)
 			continue;
-		r = ops[i].send ? a->ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, peer,
-					      x->comms[li], x->streams[li])
-				: a->ncclRecv(ops[i].buf, ops[i].bytes, ncclUint8, peer,
-					      x->comms[li], x->streams[li]);
-		if (r != ncclSuccess && r != ncclInProgress) {
-			a->ncclGroupEnd();
-			drop_comms(x, true);
-			pthread_mutex_unlock(&x->mu);
-			return refit_err_set(err, REFIT_ERR_NCCL, "nccl%s rank %d -> %d: %s",
-					     ops[i].send ? "Send" : "Recv", ops[i].rank,
-					     ops[i].peer, a->ncclGetErrorString(r));
+		if ((e = a->cudaSetDevice(cm->dev[li])) != cudaSuccess) {
+			rc = cuda_err(a, e, "cudaSetDevice", err);
+			break;
 		}
+		r = ops[i].send ? a->ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, peer,
+					      cm->comm[li], cm->stream[li])
+				: a->ncclRecv(ops[i].buf, ops[i].bytes, ncclUint8, peer,
+					      cm->comm[li], cm->stream[li]);
+		if (r != ncclSuccess && r != ncclInProgress)
+			rc = refit_err_set(err, REFIT_ERR_NCCL, "nccl%s rank %d -> %d: %s",
+					   ops[i].send ? "Send" : "Recv", ops[i].rank,
+					   ops[i].peer, a->ncclGetErrorString(r));
 	}
 	r = a->ncclGroupEnd();
-	if (r != ncclSuccess && r != ncclInProgress) {
-		drop_comms(x, true);
-		pthread_mutex_unlock(&x->mu);
-		return refit_err_set(err, REFIT_ERR_NCCL, "ncclGroupEnd: %s",
-				     a->ncclGetErrorString(r));
-	}
-	if (wait_comms(x, &s->cfg, "point-to-point group", err) != REFIT_OK) {
-		pthread_mutex_unlock(&x->mu);
-		return err->status;
-	}
-	/* the group is issued: wait for its kernels, bounded */
-	for (size_t i = 0; i < x->nlocal; i++) {
+	if (rc == REFIT_OK && r != ncclSuccess && r != ncclInProgress)
+		rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclGroupEnd: %s",
+				   a->ncclGetErrorString(r));
+	if (rc != REFIT_OK)
+		return group_fail(x, err);
+	CHECK(wait_comms(x, &s->cfg, "point-to-point group", err));
+	/* the group is issued: wait for its kernels, bounded, without x->mu */
+	for (size_t i = 0; i < cm->nlocal; i++) {
 		for (;;) {
-			cudaError_t e = a->cudaStreamQuery(x->streams[i]);
-			ncclResult_t st = ncclSuccess;
+			cudaError_t e = a->cudaStreamQuery(cm->stream[i]);
+			ncclResult_t st;
 
 			if (e == cudaSuccess)
 				break;
-			a->ncclCommGetAsyncError(x->comms[i], &st);
-			if ((e != cudaErrorNotReady) || st != ncclSuccess ||
-			    atomic_load(s->cfg.abort) || xport_now_ms() >= s->cfg.deadline_ms) {
-				if (e != cudaErrorNotReady)
-					cuda_err(a, e, "point-to-point group", err);
-				else if (st != ncclSuccess)
-					refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: %s",
-						      a->ncclGetErrorString(st));
-				else
-					refit_err_set(err, atomic_load(s->cfg.abort) ?
-						      REFIT_ERR_ABORTED : REFIT_ERR_TIMEOUT,
-						      "nccl transport: group %s",
-						      atomic_load(s->cfg.abort) ? "aborted" :
-						      "ran past the deadline");
-				drop_comms(x, true);
-				pthread_mutex_unlock(&x->mu);
-				return err->status;
+			if (e != cudaErrorNotReady) {
+				cuda_err(a, e, "point-to-point group", err);
+				return group_fail(x, err);
 			}
+			if ((st = comm_state(a, cm->comm[i])) != ncclSuccess &&
+			    st != ncclInProgress) {
+				refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank %d: %s",
+					      cm->local[i], a->ncclGetErrorString(st));
+				return group_fail(x, err);
+			}
+			if (bounds(&s->cfg, "point-to-point group", err) != REFIT_OK)
+				return group_fail(x, err);
 			usleep(50);
 		}
 	}
-	pthread_mutex_unlock(&x->mu);
 	return REFIT_OK;
 }
 
@@ -658,36 +1152,84 @@ nccl_close(xport_session_t *s)
 {
 	if (s == NULL)
 		return;
-	pthread_mutex_lock(&s->x->mu);
-	s->x->busy = false;
-	pthread_cond_broadcast(&s->x->cv);
-	pthread_mutex_unlock(&s->x->mu);
+	release(s->x);
 	free(s);
 }
 
 static refit_status_t
-nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, void **base,
-	      refit_err_t *err)
+nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t device,
+	      uint64_t bytes, void **base, refit_err_t *err)
 {
+	const gpu_api_t *a = x->api;
 	cudaIpcMemHandle_t h;
-	int li = local_index(x, rank);
+	struct cudaPointerAttributes at;
+	int dev = device_of(x, rank);
 	cudaError_t e;
+	void *b = NULL;
 
+	*base = NULL;
 	if (len != sizeof(h))
-		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: a CUDA IPC handle has "
-				     "%zu bytes, not %zu", rank, sizeof(h), len);
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the CUDA IPC handle "
+				     "given has %zu bytes; a cudaIpcMemHandle_t has %zu", rank,
+				     len, sizeof(h));
+	if (dev < 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d is not served by this "
+				     "node", rank);
+	if (device >= 0 && device != dev)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the client's memory "
+				     "is on CUDA device %d, but this node runs rank %d on device "
+				     "%d (gpu_devices)", rank, device, rank, dev);
+	if (bytes == 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes (the size "
+				     "of the allocation) is 0", rank);
 	memcpy(&h, ipc, sizeof(h));
-	x->api->cudaSetDevice(li >= 0 ? li % x->api->ndevices : 0);
-	e = x->api->cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess);
-	if (e != cudaSuccess)
-		return cuda_err(x->api, e, "cudaIpcOpenMemHandle", err);
+	/* the current device is per thread: set it on this one */
+	if ((e = a->cudaSetDevice(dev)) != cudaSuccess)
+		return cuda_err(a, e, "cudaSetDevice", err);
+	if ((e = a->cudaIpcOpenMemHandle(&b, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess)
+		return cuda_err(a, e, "cudaIpcOpenMemHandle", err);
+	memset(&at, 0, sizeof(at));
+	if ((e = a->cudaPointerGetAttributes(&at, b)) != cudaSuccess) {
+		cuda_err(a, e, "cudaPointerGetAttributes", err);
+		goto fail;
+	}
+	if (at.type != cudaMemoryTypeDevice || at.device != dev) {
+		refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the memory of the IPC handle "
+			      "is %s %d, not on device %d where this node runs rank %d",
+			      rank, at.type == cudaMemoryTypeDevice ? "on device" :
+			      "not device memory, type", at.type == cudaMemoryTypeDevice ?
+			      at.device : (int)at.type, dev, rank);
+		goto fail;
+	}
+	/* the last byte the client claims must be device memory of the same
+	 * device too (the runtime API does not give an allocation's size) */
+	memset(&at, 0, sizeof(at));
+	e = a->cudaPointerGetAttributes(&at, (uint8_t *)b + bytes - 1);
+	if (e != cudaSuccess || at.type != cudaMemoryTypeDevice || at.device != dev) {
+		if (e != cudaSuccess)
+			a->cudaGetLastError(); /* clear the non-sticky error */
+		refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes %" PRIu64 " is "
+			      "larger than the allocation of the IPC handle (its last byte is "
+			      "not device memory of device %d)", rank, bytes, dev);
+		goto fail;
+	}
+	*base = b;
 	return REFIT_OK;
+fail:
+	if ((e = a->cudaIpcCloseMemHandle(b)) != cudaSuccess)
+		log_warnx("nccl: node %s: cudaIpcCloseMemHandle: %s", x->node_id,
+			  a->cudaGetErrorString(e));
+	return err->status;
 }
 
 static void
 nccl_mem_close(xport_t *x, void *base)
 {
-	x->api->cudaIpcCloseMemHandle(base);
+	cudaError_t e = x->api->cudaIpcCloseMemHandle(base);
+
+	if (e != cudaSuccess)
+		log_warnx("nccl: node %s: cudaIpcCloseMemHandle: %s", x->node_id,
+			  x->api->cudaGetErrorString(e));
 }
 
 static void
@@ -696,10 +1238,17 @@ nccl_stop(xport_t *x)
 	if (x == NULL)
 		return;
 	pthread_mutex_lock(&x->mu);
-	drop_comms(x, true);
+	if (x->busy)
+		log_warnx("nccl: node %s: stopping while a refit holds the communicators",
+			  x->node_id);
 	pthread_mutex_unlock(&x->mu);
-	free(x->ranks);
-	free(x->local);
+	/* a graceful stop destroys them; mid-refit ones are aborted */
+	drop_comms(x, x->busy);
+	release_roots(x, NULL);
+	VEC_FREE(&x->roots);
+	world_free(&x->w);
+	free(x->cranks);
+	free(x->cdevs);
 	free(x->node_id);
 	pthread_mutex_destroy(&x->mu);
 	pthread_cond_destroy(&x->cv);

@@ -37,6 +37,9 @@ typedef struct xport_session xport_session_t;
 typedef struct xport_cfg {
 	const char *listen;   /* tcp: "host:port" to accept peers on (port 0: any) */
 	const char *node_id;  /* names this node in handshakes and logs */
+	const int32_t *ranks; /* this node's ranks, as configured */
+	size_t nranks;
+	const char *gpu_devices; /* nccl: "0,1,..." device of each rank (NULL: identity) */
 } xport_cfg_t;
 
 typedef struct xport_peer {
@@ -115,7 +118,9 @@ typedef struct xport_ops {
 	 * one group, to completion, bounded by the session's deadline and abort
 	 * flag (a failure aborts the communicators).  dev: the session's device
 	 * memory operations.  mem_open/mem_close: client memory from a CUDA IPC
-	 * handle, on rank's device.
+	 * handle, opened on rank's device; device: the ordinal the client says
+	 * it allocated on (-1: not said), bytes: the allocation's size the
+	 * client gives; both are checked against the memory.
 	 */
 	void (*set_world)(xport_t *x, const xport_world_t *w);
 	refit_status_t (*unique_id)(xport_t *x, uint8_t *out, size_t *len, refit_err_t *err);
@@ -123,7 +128,7 @@ typedef struct xport_ops {
 				refit_err_t *err);
 	const dp_dev_ops_t *(*dev)(xport_session_t *s);
 	refit_status_t (*mem_open)(xport_t *x, int32_t rank, const void *ipc, size_t len,
-				   void **base, refit_err_t *err);
+				   int32_t device, uint64_t bytes, void **base, refit_err_t *err);
 	void (*mem_close)(xport_t *x, void *base);
 } xport_ops_t;
 

@@ -1,18 +1,37 @@
 /*
- * gpu_test.c - tests of the nccl transport on one GPU (tests/gpu/run.sh).
+ * gpu_test.c - the nccl transport's device code, on a real GPU
+ * (tests/gpu/run.sh) or on the CUDA + NCCL emulator (tests/run-check-nccl.sh,
+ * REFIT_GPU_TEST_EMU=1): the same program, the libraries chosen as refitd
+ * chooses them (REFIT_CUDA_LIBRARY, REFIT_NCCL_LIBRARY, ...).
  *
- *   1. pack/unpack: random strided boxes copied by the transport's device
- *      operations (cudaMemcpy2DAsync), checked byte by byte against the
- *      host copy (dp_copy_box) of the same data;
- *   2. CUDA IPC between two processes: a child opens the parent's
- *      allocation through the transport (mem_open) and reads it back;
- *   3. a loopback communicator (world of one rank): grouped send/recv to
- *      itself, checked byte by byte, and a bandwidth figure.
+ *   1. box copies: random boxes between random views -- padded rows, a
+ *      strided innermost dim (the strided-copy kernel), size-1 dims,
+ *      stride-0 (broadcast) source dims -- through the transport's device
+ *      operations on every local rank's device, byte for byte against the
+ *      host copy (dp_copy_box); every error checked at sync;
+ *   2. a failed copy is reported at sync, not dropped (a 2D copy with a
+ *      zero pitch, which CUDA refuses without poisoning the context);
+ *   3. two local ranks on two devices (where there are two): each one's
+ *      staging on its own device, a grouped send/recv between them;
+ *   4. CUDA IPC: a child process opens an allocation through the
+ *      transport (mem_open) and reads pieces at offsets inside it; wrong
+ *      cuda_bytes and a wrong device are refused;
+ *   5. three processes, one rank each (their own NCCL_HOSTID, so on one
+ *      GPU NCCL uses its network transport): a ring of sends, then one
+ *      process leaves and the two others shrink their communicators
+ *      (ncclCommShrink, no new unique id) and exchange again;
+ *   6. a loopback communicator: 256 MiB to itself, byte-exact, GB/s.
+ * On the emulator each process finally checks the emulator's counters:
+ * nothing allocated, mapped, created or left unconsumed.
  *
- * Exit 0: passed; 77: skipped (no headers, no libraries or no GPU: the
- * reason is printed); 1: failed.
+ * Prints "gpu: N passed, N failed" last.  Exit 0: passed; 1: failed; 77:
+ * skipped (built without the headers, or the libraries or a device are
+ * missing: the reason is printed; tests/gpu/run.sh decides whether that
+ * is a failure).
  */
+#include <dlfcn.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +52,8 @@ main(void)
 }
 #else
 
-static int failures;
+static int passed, failed;
+static bool emu;
 
 #define EXPECT(cond, ...)                                                          \
 	do {                                                                       \
@@ -41,9 +61,23 @@ static int failures;
 			printf("FAIL %s:%d: ", __FILE__, __LINE__);                \
 			printf(__VA_ARGS__);                                       \
 			printf("\n");                                              \
-			failures++;                                                \
+			fflush(stdout);                                            \
+			bad++;                                                     \
 		}                                                                  \
 	} while (0)
+
+static void
+result(const char *name, int bad)
+{
+	if (bad) {
+		failed++;
+		printf("FAIL %s\n", name);
+	} else {
+		passed++;
+		printf("ok   %s\n", name);
+	}
+	fflush(stdout);
+}
 
 static double
 now_s(void)
@@ -56,228 +90,676 @@ now_s(void)
 
 static atomic_int no_abort;
 
-static xport_session_t *
-open_loopback(xport_t **xp)
+/* A transport serving ranks (on devices devs, "0,1": NULL = identity). */
+static xport_t *
+start(const int32_t *ranks, size_t n, const char *devs, const char *name, refit_err_t *err)
 {
-	const xport_ops_t *o = &xport_nccl_ops;
-	xport_cfg_t xc = {"", "gpu-test"};
-	uint8_t id[256];
-	size_t len = sizeof(id);
-	int32_t r0 = 0;
-	xport_world_t w = {1, &r0, 1, &r0, 1, id, 0};
-	xport_peer_t self = {"gpu-test", "nccl", true, true};
-	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 30, 0, &no_abort};
-	xport_session_t *s = NULL;
-	refit_err_t err;
+	xport_cfg_t xc = {"", name, ranks, n, devs};
+	xport_t *x = NULL;
 
-	refit_err_clear(&err);
-	if (o->start(&xc, xp, &err) != REFIT_OK || o->unique_id(*xp, id, &len, &err) != REFIT_OK) {
-		printf("FAIL start: %s\n", err.msg);
-		failures++;
+	if (xport_nccl_ops.start(&xc, &x, err) != REFIT_OK)
 		return NULL;
-	}
-	w.id_len = len;
-	o->set_world(*xp, &w);
-	sc.deadline_ms = xport_now_ms() + 60000;
-	if (o->open(*xp, &sc, &s, &err) != REFIT_OK) {
-		printf("FAIL open (loopback communicator): %s\n", err.msg);
-		failures++;
+	return x;
+}
+
+/* A session of epoch over world (all ranks), this transport's local ranks;
+ * id: NULL for none (shrink). */
+static xport_session_t *
+session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
+	const int32_t *local, size_t nlocal, const uint8_t *id, size_t idlen, refit_err_t *err)
+{
+	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0};
+	xport_peer_t self = {"gpu-test", "nccl", true, true};
+	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort};
+	xport_session_t *s = NULL;
+
+	xport_nccl_ops.set_world(x, &w);
+	sc.deadline_ms = xport_now_ms() + 120000;
+	if (xport_nccl_ops.open(x, &sc, &s, err) != REFIT_OK)
 		return NULL;
-	}
 	return s;
 }
 
-/* 1. random boxes: device copy == host copy */
-static void
-test_pack(const dp_dev_ops_t *dev)
-{
-	unsigned seed = 12345;
+/* ---- 1. box copies ------------------------------------------------------------ */
 
-	for (int iter = 0; iter < 300; iter++) {
+/* A random view of shape: padded rows, a strided innermost dim, stride-0
+ * size-1 dims, broadcast (stride 0) dims when src; its bytes in *n. */
+static void
+rand_view(dp_view_t *v, int nd, const int64_t *shape, uint32_t elem, bool src, unsigned *seed,
+	  uint64_t *n)
+{
+	int64_t st = 1;
+	uint64_t last = 0;
+
+	dp_view_contiguous(v, NULL, nd, shape, elem);
+	for (int d = nd - 1; d >= 0; d--) {
+		int k = rand_r(seed) % 6;
+
+		if (shape[d] == 1 && k == 0) {
+			v->stride[d] = 0;          /* size 1: any stride, even 0 */
+		} else if (src && k == 1) {
+			v->stride[d] = 0;          /* broadcast: one element read many times */
+		} else if (d == nd - 1 && k == 2) {
+			v->stride[d] = 2 + rand_r(seed) % 3;  /* strided innermost dim */
+			st = v->stride[d] * shape[d];
+		} else {
+			v->stride[d] = st;
+			st *= shape[d] + (k == 3 ? 1 + rand_r(seed) % 3 : 0);   /* padding */
+		}
+	}
+	for (int d = 0; d < nd; d++)
+		last += (uint64_t)(shape[d] - 1) * (uint64_t)v->stride[d];
+	*n = (last + 1) * elem;
+}
+
+/* Destinations must not alias: no stride 0 over more than one element,
+ * and strides of a dim at least the span of the dims inside it. */
+static void
+dst_view(dp_view_t *v, int nd, const int64_t *shape, uint32_t elem, unsigned *seed, uint64_t *n)
+{
+	int64_t st = 1;
+
+	dp_view_contiguous(v, NULL, nd, shape, elem);
+	for (int d = nd - 1; d >= 0; d--) {
+		int k = rand_r(seed) % 4;
+
+		if (d == nd - 1 && k == 0) {
+			v->stride[d] = 2 + rand_r(seed) % 2;
+			st = v->stride[d] * shape[d];
+		} else {
+			v->stride[d] = st;
+			st *= shape[d] + (k == 1 ? 1 + rand_r(seed) % 2 : 0);
+		}
+	}
+	*n = (uint64_t)st * elem;
+}
+
+static int
+box_copies(xport_session_t *s, const int32_t *ranks, size_t nranks)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	unsigned seed = 12345;
+	refit_err_t err;
+	int bad = 0, inner_strided = 0, bcast = 0;
+
+	for (int iter = 0; iter < 400 && !bad; iter++) {
 		int nd = 1 + rand_r(&seed) % 4;
-		int64_t shape[PLAN_MAX_DIMS], pad = rand_r(&seed) % 3;
+		int32_t rank = ranks[iter % nranks];
+		int64_t shape[PLAN_MAX_DIMS];
 		uint32_t elem = 1u << (rand_r(&seed) % 4);
 		dp_view_t hs, hd, ds, dd;
 		plan_shard_t sh = {0};
 		plan_box_t box;
-		uint64_t n;
+		uint64_t ns, nd_;
 		uint8_t *src, *dst, *ref, *gs, *gd;
 
 		for (int d = 0; d < nd; d++)
-			shape[d] = 1 + rand_r(&seed) % 9;
-		/* strided source: rows padded */
-		dp_view_contiguous(&hs, NULL, nd, shape, elem);
-		if (pad) {
-			int64_t st = 1;
-
-			for (int d = nd - 1; d >= 0; d--) {
-				hs.stride[d] = st;
-				st *= shape[d] + (d == nd - 1 ? pad : 0);
-			}
-		}
-		n = (uint64_t)(hs.stride[0] * shape[0] + pad) * elem;
-		dp_view_contiguous(&hd, NULL, nd, shape, elem);
-		sh.box.off[0] = 0;
+			shape[d] = 1 + rand_r(&seed) % 7;
+		rand_view(&hs, nd, shape, elem, true, &seed, &ns);
+		dst_view(&hd, nd, shape, elem, &seed, &nd_);
 		for (int d = 0; d < nd; d++) {
 			sh.box.size[d] = shape[d];
 			box.off[d] = rand_r(&seed) % shape[d];
 			box.size[d] = 1 + rand_r(&seed) % (shape[d] - box.off[d]);
+			bcast += hs.stride[d] == 0 && box.size[d] > 1;
 		}
-		src = malloc(n);
-		dst = malloc(n);
-		ref = malloc(n);
-		for (uint64_t i = 0; i < n; i++)
+		inner_strided += box.size[nd - 1] > 1 && (hs.stride[nd - 1] > 1 ||
+							  hd.stride[nd - 1] > 1);
+		src = malloc(ns);
+		dst = malloc(nd_);
+		ref = malloc(nd_);
+		for (uint64_t i = 0; i < ns; i++)
 			src[i] = (uint8_t)rand_r(&seed);
-		memset(dst, 0xee, n);
-		memset(ref, 0xee, n);
-		gs = dev->alloc(dev->ctx, n);
-		gd = dev->alloc(dev->ctx, n);
-		dev->from_host(dev->ctx, gs, src, n);
-		dev->from_host(dev->ctx, gd, dst, n);
-		hs.base = src;
-		hd.base = ref;
-		dp_copy_box(&hs, &sh, &hd, &sh, &box);
-		ds = hs;
-		dd = hd;
-		ds.base = gs;
-		dd.base = gd;
-		dev->copy_box(dev->ctx, &ds, &sh, &dd, &sh, &box);
-		dev->to_host(dev->ctx, dst, gd, n);
-		EXPECT(memcmp(dst, ref, n) == 0, "box copy %d (nd %d, elem %u, pad %" PRId64
-		       ") differs", iter, nd, elem, pad);
-		dev->free(dev->ctx, gs);
-		dev->free(dev->ctx, gd);
+		memset(dst, 0xee, nd_);
+		memset(ref, 0xee, nd_);
+		gs = dev->alloc(dev->ctx, rank, ns);
+		gd = dev->alloc(dev->ctx, rank, nd_);
+		EXPECT(gs && gd, "cudaMalloc on rank %d's device", rank);
+		if (gs && gd) {
+			dev->from_host(dev->ctx, rank, gs, src, ns);
+			dev->from_host(dev->ctx, rank, gd, dst, nd_);
+			hs.base = src;
+			hd.base = ref;
+			dp_copy_box(&hs, &sh, &hd, &sh, &box);
+			ds = hs;
+			dd = hd;
+			ds.base = gs;
+			dd.base = gd;
+			dev->copy_box(dev->ctx, rank, &ds, &sh, &dd, &sh, &box);
+			dev->to_host(dev->ctx, rank, dst, gd, nd_);
+			refit_err_clear(&err);
+			EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+			EXPECT(memcmp(dst, ref, nd_) == 0, "box copy %d (rank %d, nd %d, elem %u, "
+			       "inner strides %" PRId64 "/%" PRId64 ") differs from the host copy",
+			       iter, rank, nd, elem, hs.stride[nd - 1], hd.stride[nd - 1]);
+		}
+		dev->free(dev->ctx, rank, gs);
+		dev->free(dev->ctx, rank, gd);
 		free(src);
 		free(dst);
 		free(ref);
 	}
-	printf("ok   pack/unpack: 300 random strided boxes on the GPU equal the host copy\n");
+	refit_err_clear(&err);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync after the frees: %s", err.msg);
+	printf("     %d boxes with a strided innermost dim (kernel: %s), %d with broadcast "
+	       "source dims, on %zu device(s)\n", inner_strided,
+	       gpu_load(0, NULL, 0) && gpu_load(0, NULL, 0)->copy_strided ? "yes" : "no",
+	       bcast, nranks);
+	EXPECT(inner_strided > 20 && bcast > 20, "too few interesting boxes");
+	/* refit's own kernel library where it was built, the emulator's on the emulator */
+	EXPECT(gpu_load(0, NULL, 0)->copy_strided != NULL, "no strided-copy kernel loaded: "
+	       "strided innermost dims went row by row");
+	return bad;
 }
 
-/* 3. loopback group: send to ourselves, check, then bandwidth */
-static void
-test_loopback(xport_session_t *s)
+/* ---- 2. a failed copy surfaces at sync ----------------------------------------- */
+
+static int
+copy_error(xport_t *x, const int32_t *world, size_t nworld, const uint8_t *id, size_t idlen)
+{
+	int32_t rank = world[0];
+	gpu_api_t *a = (gpu_api_t *)gpu_load(1, NULL, 0);
+	refit_gpu_copy_strided_fn kern = a->copy_strided;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	s = session(x, 1, world, nworld, world, nworld, id, idlen, &err);
+	EXPECT(s != NULL, "open: %s", err.msg);
+	if (s == NULL)
+		return bad;
+	{
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		int64_t shape[2] = {3, 4};
+		dp_view_t sv, dv;
+		plan_shard_t sh = {0};
+		plan_box_t box = {{0, 0}, {3, 4}};
+		uint8_t *g = dev->alloc(dev->ctx, rank, 256);
+
+		EXPECT(g != NULL, "cudaMalloc");
+		dp_view_contiguous(&sv, g, 2, shape, 4);
+		dp_view_contiguous(&dv, g + 128, 2, shape, 4);
+		sv.stride[1] = 0;   /* broadcast innermost dim: without the kernel a 2D copy of
+				       pitch 0, which CUDA refuses (cudaErrorInvalidPitchValue) */
+		sh.box.size[0] = 3;
+		sh.box.size[1] = 4;
+		a->copy_strided = NULL;
+		dev->copy_box(dev->ctx, rank, &sv, &sh, &dv, &sh, &box);
+		a->copy_strided = kern;
+		refit_err_clear(&err);
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_ERR_CUDA &&
+		       strstr(err.msg, "cudaMemcpy2DAsync"), "a 2D copy of pitch 0 was not "
+		       "reported at sync (got \"%s\")", err.msg);
+		dev->free(dev->ctx, rank, g);
+		xport_nccl_ops.close(s);
+	}
+	/* the next session starts clean and works */
+	refit_err_clear(&err);
+	s = session(x, 1, world, nworld, world, nworld, id, idlen, &err);
+	EXPECT(s != NULL, "open after the failure: %s", err.msg);
+	if (s) {
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		uint8_t *g = dev->alloc(dev->ctx, rank, 64), h[64], r[64];
+
+		for (int i = 0; i < 64; i++)
+			h[i] = (uint8_t)(i * 7);
+		dev->from_host(dev->ctx, rank, g, h, 64);
+		dev->to_host(dev->ctx, rank, r, g, 64);
+		refit_err_clear(&err);
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK && memcmp(h, r, 64) == 0,
+		       "a copy after the failure: %s", err.msg);
+		dev->free(dev->ctx, rank, g);
+		xport_nccl_ops.close(s);
+	}
+	return bad;
+}
+
+/* ---- 3. two local ranks on two devices ------------------------------------------ */
+
+static int
+group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n)
 {
 	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
-	uint64_t n = 256ull << 20;
-	uint8_t *a = dev->alloc(dev->ctx, n), *b = dev->alloc(dev->ctx, n);
+	uint8_t *a = dev->alloc(dev->ctx, r0, n), *b = dev->alloc(dev->ctx, r1, n);
 	uint8_t *h = malloc(n), *g = malloc(n);
+	xport_op_t ops[2] = {{true, r0, r1, a, n}, {false, r1, r0, b, n}};
 	refit_err_t err;
-	double t0, t;
-	int reps = 10;
+	int bad = 0;
 
+	EXPECT(a && b, "cudaMalloc");
 	for (uint64_t i = 0; i < n; i++)
 		h[i] = (uint8_t)(i * 131 + 7);
-	dev->from_host(dev->ctx, a, h, n);
-	xport_op_t ops[2] = {{true, 0, 0, a, n}, {false, 0, 0, b, n}};
-
+	dev->from_host(dev->ctx, r0, a, h, n);
 	refit_err_clear(&err);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
 	EXPECT(xport_nccl_ops.group(s, ops, 2, &err) == REFIT_OK, "group: %s", err.msg);
-	dev->to_host(dev->ctx, g, b, n);
-	EXPECT(memcmp(g, h, n) == 0, "loopback send/recv changed the bytes");
-	t0 = now_s();
-	for (int i = 0; i < reps; i++)
-		if (xport_nccl_ops.group(s, ops, 2, &err) != REFIT_OK)
-			break;
-	t = now_s() - t0;
-	printf("ok   loopback communicator: 256 MiB send/recv to itself byte-exact; "
-	       "%.1f GB/s over %d reps\n", n * reps / t / 1e9, reps);
-	dev->free(dev->ctx, a);
-	dev->free(dev->ctx, b);
+	dev->to_host(dev->ctx, r1, g, b, n);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	EXPECT(memcmp(g, h, n) == 0, "rank %d -> rank %d changed the bytes", r0, r1);
+	dev->free(dev->ctx, r0, a);
+	dev->free(dev->ctx, r1, b);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
 	free(h);
 	free(g);
+	return bad;
 }
 
-/* 2. CUDA IPC: the child (forked before CUDA starts) opens our allocation */
+/* ---- 4. CUDA IPC ------------------------------------------------------------------ */
+
+/* The child: opens the handle on rank 0's device, reads the pieces. */
 static int
-child_ipc(int rfd)
+ipc_child(int rfd)
 {
 	const xport_ops_t *o = &xport_nccl_ops;
-	uint8_t handle[64];
-	xport_t *x = NULL;
-	xport_cfg_t xc = {"", "gpu-test-child"};
+	uint8_t handle[64], buf[1024];
+	int32_t r0 = 0;
+	xport_t *x;
 	refit_err_t err;
 	void *base = NULL;
-	uint8_t buf[4096];
+	int bad = 0;
+	const gpu_api_t *a;
+	char why[1024];
 
 	if (read(rfd, handle, sizeof(handle)) != (ssize_t)sizeof(handle))
-		return 2;
-	refit_err_clear(&err);
-	if (o->start(&xc, &x, &err) != REFIT_OK ||
-	    o->mem_open(x, 0, handle, sizeof(handle), &base, &err) != REFIT_OK) {
-		printf("FAIL child: %s\n", err.msg);
+		return 3;   /* the parent skipped */
+	if ((a = gpu_load(1, why, sizeof(why))) == NULL) {
+		printf("FAIL ipc child: %s\n", why);
 		return 1;
 	}
-	{
-		char why[256];
-		const gpu_api_t *a = gpu_load(1, why, sizeof(why));
-
-		a->cudaMemcpy(buf, base, sizeof(buf), cudaMemcpyDefault);
+	refit_err_clear(&err);
+	if ((x = start(&r0, 1, "0", "gpu-test-ipc", &err)) == NULL) {
+		printf("FAIL ipc child: %s\n", err.msg);
+		return 1;
 	}
-	for (size_t i = 0; i < sizeof(buf); i++)
-		if (buf[i] != (uint8_t)(i ^ 0x5a))
-			return 1;
-	o->mem_close(x, base);
+	/* cuda_bytes beyond the allocation, and a wrong device, are refused */
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), -1, 1 << 24, &base, &err) ==
+	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
+	       "cuda_bytes 16 MiB for a 64 KiB allocation: %s", err.msg);
+	refit_err_clear(&err);
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, 65536, &base, &err) ==
+	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "on CUDA device 1"),
+	       "device 1 said for rank 0: %s", err.msg);
+	refit_err_clear(&err);
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, 65536, &base, &err) == REFIT_OK,
+	       "mem_open: %s", err.msg);
+	if (base) {
+		/* pieces at offsets inside the one allocation */
+		for (uint64_t off = 0; off < 65536 && !bad; off += 16384) {
+			cudaError_t e = a->cudaSetDevice(0);
+
+			if (e == cudaSuccess)
+				e = a->cudaMemcpy(buf, (uint8_t *)base + off + 100, sizeof(buf),
+						  cudaMemcpyDeviceToHost);
+			EXPECT(e == cudaSuccess, "cudaMemcpy at offset %" PRIu64 ": %s", off + 100,
+			       a->cudaGetErrorString(e));
+			for (size_t i = 0; i < sizeof(buf) && e == cudaSuccess; i++)
+				if (buf[i] != (uint8_t)((off + 100 + i) ^ 0x5a)) {
+					EXPECT(0, "byte %" PRIu64 " of the allocation differs",
+					       off + 100 + i);
+					break;
+				}
+		}
+		o->mem_close(x, base);
+	}
 	o->stop(x);
-	return 0;
+	return bad ? 1 : 0;
+}
+
+/* ---- 5. three processes, a ring, a shrink ----------------------------------------- */
+
+static int
+ring(xport_session_t *s, int32_t me, const int32_t *world, size_t n, uint64_t bytes,
+     uint64_t salt)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	size_t k = 0;
+	int32_t next, prev;
+	uint8_t *a, *b, *h = malloc(bytes), *g = malloc(bytes);
+	refit_err_t err;
+	int bad = 0;
+
+	while (world[k] != me)
+		k++;
+	next = world[(k + 1) % n];
+	prev = world[(k + n - 1) % n];
+	a = dev->alloc(dev->ctx, me, bytes);
+	b = dev->alloc(dev->ctx, me, bytes);
+	EXPECT(a && b, "cudaMalloc");
+	for (uint64_t i = 0; i < bytes; i++)
+		h[i] = (uint8_t)((uint64_t)me * 37 + i * 13 + salt);
+	dev->from_host(dev->ctx, me, a, h, bytes);
+	refit_err_clear(&err);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	{
+		xport_op_t ops[2] = {{true, me, next, a, bytes}, {false, me, prev, b, bytes}};
+
+		EXPECT(xport_nccl_ops.group(s, ops, 2, &err) == REFIT_OK, "rank %d: group: %s",
+		       me, err.msg);
+	}
+	dev->to_host(dev->ctx, me, g, b, bytes);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	for (uint64_t i = 0; i < bytes; i++)
+		if (g[i] != (uint8_t)((uint64_t)prev * 37 + i * 13 + salt)) {
+			EXPECT(0, "rank %d: byte %" PRIu64 " from rank %d differs", me, i, prev);
+			break;
+		}
+	dev->free(dev->ctx, me, a);
+	dev->free(dev->ctx, me, b);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	free(h);
+	free(g);
+	return bad;
+}
+
+static int emu_check(const char *who);
+
+/*
+ * Rank me of {0, 1, 2}: ids come on idfd (rank 0 makes one and writes it to
+ * out0/out1), after the ring rank 2 leaves; 0 and 1 wait for a byte on
+ * gofd (the parent writes it once rank 2 has exited) and shrink.
+ */
+static int
+ring_child(int32_t me, int idfd, int out1, int out2, int gofd, int donefd)
+{
+	int32_t world[3] = {0, 1, 2}, world2[2] = {0, 1};
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+	char host[64];
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+	char why[1024], c;
+
+	/* every process its own host: on one GPU NCCL then uses its network
+	 * transport, and refuses nothing */
+	snprintf(host, sizeof(host), "%s-r%d", getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") :
+		 "gpu-test", me);
+	setenv("NCCL_HOSTID", host, 1);
+	if (gpu_load(1, why, sizeof(why)) == NULL) {
+		printf("FAIL rank %d: %s\n", me, why);
+		return 1;
+	}
+	refit_err_clear(&err);
+	if ((x = start(&me, 1, "0", host, &err)) == NULL) {
+		printf("FAIL rank %d: %s\n", me, err.msg);
+		return 1;
+	}
+	if (me == 0) {
+		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		if (write(out1, id, idlen) != (ssize_t)idlen || write(out2, id, idlen) !=
+		    (ssize_t)idlen)
+			bad++;
+	} else {
+		ssize_t r = read(idfd, id, sizeof(id));
+
+		idlen = r > 0 ? (size_t)r : 0;
+	}
+	s = session(x, 1, world, 3, &me, 1, id, idlen, &err);
+	EXPECT(s != NULL, "rank %d: communicators of 3: %s", me, err.msg);
+	if (s) {
+		bad += ring(s, me, world, 3, 1 << 20, 1);
+		xport_nccl_ops.close(s);
+	}
+	if (me == 2) {
+		xport_nccl_ops.stop(x);
+		bad += emu_check("rank 2 (left)");
+		return bad ? 1 : 0;
+	}
+	if (read(gofd, &c, 1) != 1)
+		bad++;
+	/* epoch 2 without a unique id: shrink */
+	s = session(x, 2, world2, 2, &me, 1, NULL, 0, &err);
+	EXPECT(s != NULL, "rank %d: shrinking to 2: %s", me, err.msg);
+	if (s) {
+		bad += ring(s, me, world2, 2, 1 << 20, 2);
+		xport_nccl_ops.close(s);
+	}
+	/* tell the parent this rank's shrunk ring ran */
+	if (write(donefd, "x", 1) != 1)
+		bad++;
+	xport_nccl_ops.stop(x);
+	bad += emu_check(me ? "rank 1" : "rank 0");
+	return bad ? 1 : 0;
+}
+
+/* ---- 6. loopback ------------------------------------------------------------------ */
+
+static int
+loopback(xport_session_t *s, int32_t r)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	uint64_t n = emu ? 8ull << 20 : 256ull << 20;
+	uint8_t *a = dev->alloc(dev->ctx, r, n), *b = dev->alloc(dev->ctx, r, n);
+	uint8_t *h = malloc(n), *g = malloc(n);
+	xport_op_t ops[2] = {{true, r, r, a, n}, {false, r, r, b, n}};
+	refit_err_t err;
+	double t0, t;
+	int reps = 10, bad = 0;
+
+	EXPECT(a && b, "cudaMalloc");
+	for (uint64_t i = 0; i < n; i++)
+		h[i] = (uint8_t)(i * 131 + 7);
+	dev->from_host(dev->ctx, r, a, h, n);
+	refit_err_clear(&err);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	EXPECT(xport_nccl_ops.group(s, ops, 2, &err) == REFIT_OK, "group: %s", err.msg);
+	dev->to_host(dev->ctx, r, g, b, n);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	EXPECT(memcmp(g, h, n) == 0, "loopback send/recv changed the bytes");
+	t0 = now_s();
+	for (int i = 0; i < reps && !bad; i++)
+		EXPECT(xport_nccl_ops.group(s, ops, 2, &err) == REFIT_OK, "group: %s", err.msg);
+	t = now_s() - t0;
+	printf("     %" PRIu64 " MiB send/recv to itself byte-exact; %.1f GB/s over %d reps%s\n",
+	       n >> 20, n * reps / t / 1e9, reps, emu ? " (emulator: not a GPU figure)" : "");
+	dev->free(dev->ctx, r, a);
+	dev->free(dev->ctx, r, b);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	free(h);
+	free(g);
+	return bad;
+}
+
+/* ---- the emulator's counters --------------------------------------------------------- */
+
+typedef struct emu_counters {    /* tests/emu/emu.h, REFIT_EMU_MAX_DEVICES 16 */
+	int devices;
+	int64_t alloc_live[16], alloc_bytes_live[16];
+	int64_t ipc_open, streams_live, comms_live, ids_unconsumed;
+	int64_t pair_bytes[17][17];
+	char sticky[256];
+} emu_counters_t;
+
+/* On the emulator: nothing left allocated, mapped or alive in this process. */
+static int
+emu_check(const char *who)
+{
+	const gpu_api_t *a = gpu_load(0, NULL, 0);
+	int (*get)(emu_counters_t *);
+	emu_counters_t c;
+	void *h;
+	int bad = 0;
+	int64_t alloc = 0;
+
+	if (!emu || a == NULL)
+		return 0;
+	h = dlopen(a->cuda_path, RTLD_NOW | RTLD_NOLOAD);
+	*(void **)&get = h ? dlsym(h, "refitEmuGetCounters") : NULL;
+	EXPECT(get != NULL, "%s: the emulator has no refitEmuGetCounters", who);
+	if (get == NULL)
+		return bad;
+	memset(&c, 0, sizeof(c));
+	EXPECT(get(&c) == 0, "refitEmuGetCounters");
+	for (int d = 0; d < 16; d++)
+		alloc += c.alloc_live[d];
+	EXPECT(alloc == 0 && c.ipc_open == 0 && c.streams_live == 0 && c.comms_live == 0 &&
+	       c.ids_unconsumed == 0 && c.sticky[0] == '\0', "%s: left behind: %" PRId64
+	       " allocations, %" PRId64 " IPC mappings, %" PRId64 " streams, %" PRId64
+	       " communicators, %" PRId64 " unique ids; sticky \"%s\"", who, alloc, c.ipc_open,
+	       c.streams_live, c.comms_live, c.ids_unconsumed, c.sticky);
+	dlclose(h);
+	return bad;
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+static int
+wait_child(pid_t pid, int timeout_s)
+{
+	int st = 0;
+
+	for (int i = 0; i < timeout_s * 20; i++) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+
+		if (r == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		usleep(50000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return 124;
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
-	char why[512];
-	int pfd[2], st = 0;
-	pid_t pid;
+	char why[1024];
+	int ipc[2], idp[2][2], gop[2][2], donep[2];
+	pid_t ipc_pid, rp[3];
+	int32_t two[2] = {0, 1};
+	const gpu_api_t *a;
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
 	xport_t *x = NULL;
 	xport_session_t *s;
+	refit_err_t err;
+	int bad;
 
-	if (pipe(pfd) < 0)
+	if (argc == 2 && strcmp(argv[1], GPU_ROOT_HOLDER_ARG) == 0)
+		return gpu_root_holder_main();
+	emu = getenv("REFIT_GPU_TEST_EMU") != NULL;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	/* children first, before CUDA starts in this process */
+	if (pipe(ipc) < 0 || pipe(idp[0]) < 0 || pipe(idp[1]) < 0 || pipe(gop[0]) < 0 ||
+	    pipe(gop[1]) < 0 || pipe(donep) < 0)
 		return 1;
-	pid = fork();
-	if (pid == 0) {
-		close(pfd[1]);
-		_exit(child_ipc(pfd[0]));
+	if ((ipc_pid = fork()) == 0) {
+		close(ipc[1]);
+		_exit(ipc_child(ipc[0]));
 	}
-	close(pfd[0]);
-	const gpu_api_t *a = gpu_load(1, why, sizeof(why));
-
+	close(ipc[0]);
+	for (int k = 0; k < 3; k++)
+		if ((rp[k] = fork()) == 0) {
+			int rc = ring_child(k, k ? idp[k - 1][0] : -1, idp[0][1], idp[1][1],
+					    k < 2 ? gop[k][0] : -1, donep[1]);
+			_exit(rc);
+		}
+	a = gpu_load(1, why, sizeof(why));
 	if (a == NULL) {
 		printf("gpu: skipped: %s\n", why);
-		close(pfd[1]);
-		waitpid(pid, &st, 0);
+		close(ipc[1]);
+		for (int k = 0; k < 3; k++) {
+			kill(rp[k], SIGKILL);
+			waitpid(rp[k], NULL, 0);
+		}
+		waitpid(ipc_pid, NULL, 0);
 		return 77;
 	}
-	s = open_loopback(&x);
-	if (s != NULL) {
-		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
-		uint8_t host[4096];
-		cudaIpcMemHandle_t h;
-		void *p = NULL;
+	printf("     CUDA runtime %s, NCCL %d from %s, %d device(s), kernel %s\n", a->cuda_path,
+	       a->nccl_version, a->nccl_path, a->ndevices,
+	       a->copy_strided ? a->kernels_path : "none");
 
-		test_pack(dev);
-		test_loopback(s);
-		a->cudaSetDevice(0);
-		a->cudaMalloc(&p, sizeof(host));
-		for (size_t i = 0; i < sizeof(host); i++)
-			host[i] = (uint8_t)(i ^ 0x5a);
-		a->cudaMemcpy(p, host, sizeof(host), cudaMemcpyDefault);
-		a->cudaIpcGetMemHandle(&h, p);
-		if (write(pfd[1], &h, sizeof(h)) != (ssize_t)sizeof(h))
-			failures++;
-		waitpid(pid, &st, 0);
-		EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "CUDA IPC child exit %d", st);
-		if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-			printf("ok   CUDA IPC: another process opened the allocation through "
-			       "the transport and read it back\n");
-		a->cudaFree(p);
-		xport_nccl_ops.close(s);
+	/* 1, 2, 3, 6 in this process: rank 0 (and rank 1 where a second device is) */
+	refit_err_clear(&err);
+	x = start(two, a->ndevices >= 2 ? 2 : 1, a->ndevices >= 2 ? "0,1" : "0", "gpu-test",
+		  &err);
+	if (x == NULL || xport_nccl_ops.unique_id(x, id, &idlen, &err) != REFIT_OK) {
+		printf("FAIL start: %s\n", err.msg);
+		failed++;
 	} else {
-		close(pfd[1]);
-		waitpid(pid, &st, 0);
-	}
-	if (x)
+		size_t nl = a->ndevices >= 2 ? 2 : 1;
+
+		s = session(x, 1, two, nl, two, nl, id, idlen, &err);
+		if (s == NULL) {
+			printf("FAIL open (%zu local communicators): %s\n", nl, err.msg);
+			failed++;
+		} else {
+			result("box copies on the GPU equal the host copies (strided innermost "
+			       "dims, size-1 and stride-0 dims, padded rows)", box_copies(s, two, nl));
+			if (nl == 2)
+				result("two local ranks on devices 0 and 1: staging on each rank's "
+				       "device, grouped send/recv between them",
+				       group_two(s, 0, 1, 1 << 20) + group_two(s, 1, 0, 12345));
+			else
+				printf("     skipped: two local ranks on two devices (one device)\n");
+			result("loopback communicator: send/recv to itself",
+			       loopback(s, 0));
+			xport_nccl_ops.close(s);
+		}
+		/* same epoch, same id: the communicators are reused */
+		result("a failed copy is reported at sync, and the next session is clean",
+		       copy_error(x, two, nl, id, idlen));
 		xport_nccl_ops.stop(x);
-	printf("gpu: %s (%d failures)\n", failures ? "FAILED" : "passed", failures);
-	return failures ? 1 : 0;
+	}
+
+	/* 4. IPC: an allocation of 64 KiB with a pattern, pieces read at offsets */
+	{
+		uint8_t *host = malloc(65536);
+		void *p = NULL;
+		cudaIpcMemHandle_t h;
+		cudaError_t e;
+		int rc;
+
+		bad = 0;
+		for (size_t i = 0; i < 65536; i++)
+			host[i] = (uint8_t)(i ^ 0x5a);
+		e = a->cudaSetDevice(0);
+		if (e == cudaSuccess)
+			e = a->cudaMalloc(&p, 65536);
+		if (e == cudaSuccess)
+			e = a->cudaMemcpy(p, host, 65536, cudaMemcpyHostToDevice);
+		if (e == cudaSuccess)
+			e = a->cudaIpcGetMemHandle(&h, p);
+		EXPECT(e == cudaSuccess, "IPC setup: %s", a->cudaGetErrorString(e));
+		if (e == cudaSuccess && write(ipc[1], &h, sizeof(h)) != (ssize_t)sizeof(h))
+			bad++;
+		close(ipc[1]);
+		rc = wait_child(ipc_pid, 120);
+		EXPECT(rc == 0, "the IPC child exited %d", rc);
+		if (p != NULL && (e = a->cudaFree(p)) != cudaSuccess)
+			EXPECT(0, "cudaFree: %s", a->cudaGetErrorString(e));
+		free(host);
+		result("CUDA IPC: another process opens the allocation on rank 0's device, reads "
+		       "pieces at offsets inside it; wrong cuda_bytes or device refused", bad);
+	}
+
+	/* 5. three processes */
+	{
+		int rc2, rc0, rc1;
+		char c;
+
+		bad = 0;
+		rc2 = wait_child(rp[2], 180);
+		EXPECT(rc2 == 0, "rank 2 exited %d", rc2);
+		if (write(gop[0][1], "g", 1) != 1 || write(gop[1][1], "g", 1) != 1)
+			bad++;
+		/* ranks 0 and 1 each say done once their shrunk ring ran */
+		for (int k = 0; k < 2; k++)
+			if (read(donep[0], &c, 1) != 1)
+				bad++;
+		rc0 = wait_child(rp[0], 180);
+		rc1 = wait_child(rp[1], 180);
+		EXPECT(rc0 == 0 && rc1 == 0, "ranks 0 and 1 exited %d and %d", rc0, rc1);
+		result("three processes, one rank each: a ring of sends; one leaves, the two "
+		       "others shrink their communicators (no new id) and exchange again", bad);
+	}
+	bad = emu_check("the main process");
+	if (emu)
+		result("emulator counters: nothing left allocated, mapped or alive", bad);
+	printf("gpu: %d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
 }
 #endif

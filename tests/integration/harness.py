@@ -4,8 +4,17 @@ processes as librefit trainers and instances, random layouts.
 
 init(build, tmp) first; the caller has put the generated refit_pb2 modules
 on sys.path.
+
+REFIT_TEST_TRANSPORT=nccl runs the node daemons with the nccl transport on
+the CUDA + NCCL emulator (tests/emu, $(BUILD)/emu): each node daemon and
+the librefit clients of its node get their own NCCL_HOSTID (a host of the
+emulator) with EMU_DEVICES devices, the clients register GPU memory by
+CUDA IPC handle (refit-client --cuda), and emu_leaks() reads the
+emulator's counters that every process writes at exit.
 """
+import glob
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -20,15 +29,105 @@ BUILD = "build"
 TMP = "/tmp"
 
 
+TRANSPORT = os.environ.get("REFIT_TEST_TRANSPORT", "tcp")
+# REFIT_TEST_GPU=1 (tests/gpu/run.sh): nccl on the real GPU and libraries,
+# every node daemon its own NCCL_HOSTID on one device (NCCL's socket
+# transport between them), REFIT_TEST_RPN ranks per node
+GPU_REAL = os.environ.get("REFIT_TEST_GPU") == "1"
+EMU_DEVICES = 4
+EMU_LIB = None   # the emulator's libraries
+EMU_DIR = None   # its shared-memory files, rendezvous and counters (per run)
+
+
 def init(build, tmp):
-    global BUILD, TMP
+    global BUILD, TMP, EMU_LIB, EMU_DIR
     BUILD, TMP = build, tmp
+    if TRANSPORT == "nccl" and GPU_REAL:
+        pass
+    elif TRANSPORT == "nccl":
+        EMU_LIB = os.environ.get("REFIT_EMU_LIB") or next(
+            (d for d in (f"{build}/emu", f"{os.path.dirname(build.rstrip('/'))}/emu")
+             if os.path.exists(f"{d}/libcudart.so.13")), None)
+        if EMU_LIB is None:
+            raise SystemExit(f"REFIT_TEST_TRANSPORT=nccl: no emulator under {build}/emu "
+                             "(make emu)")
+        EMU_LIB = os.path.abspath(EMU_LIB)
+        EMU_DIR = f"{tmp}/emu"
+        os.makedirs(f"{EMU_DIR}/counters", exist_ok=True)
+    elif TRANSPORT != "tcp":
+        raise SystemExit(f"REFIT_TEST_TRANSPORT={TRANSPORT}: tcp or nccl")
+
+
+def host_env(host):
+    """The environment of a node daemon or client on emulated host `host`."""
+    if TRANSPORT != "nccl":
+        return None
+    env = dict(os.environ)
+    if GPU_REAL:
+        env.update({"NCCL_HOSTID": host, "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"})
+        return env
+    env.update({"NCCL_HOSTID": host, "REFIT_EMU_DEVICES": str(EMU_DEVICES),
+                "REFIT_EMU_DIR": EMU_DIR, "REFIT_EMU_COUNTERS": "1",
+                "REFIT_CUDA_LIBRARY": f"{EMU_LIB}/libcudart.so.13",
+                "REFIT_NCCL_LIBRARY": f"{EMU_LIB}/libnccl.so.2",
+                "REFIT_GPU_KERNELS_LIBRARY": f"{EMU_LIB}/libcudart.so.13"})
+    return env
+
+
+def gpu_devices():
+    """The devices of a node's ranks: identity on the emulator, all on
+    device 0 on one real GPU (one rank per node there)."""
+    return ",".join("0" if GPU_REAL else str(i) for i in range(RPN))
+
+
+def emu_counters():
+    """{pid: counters} of every process that has exited (nccl runs)."""
+    out = {}
+    for f in glob.glob(f"{EMU_DIR}/counters/*.json") if EMU_DIR else []:
+        with open(f) as fh:
+            try:
+                c = json.load(fh)
+            except ValueError:
+                continue
+        out[c["pid"]] = c
+    return out
+
+
+def emu_leaks():
+    """What the processes that stopped gracefully (exit 0) left behind:
+    communicators, unique ids, IPC mappings, allocations.  Returns
+    (problems, summary)."""
+    cs = emu_counters()
+    graceful = {p.pid: p for p in PROCS if p.returncode == 0}
+    problems, seen = [], 0
+    tot = {"comms_live": 0, "ids_unconsumed": 0, "ipc_open": 0, "alloc_live": 0,
+           "streams_live": 0}
+    for pid, p in graceful.items():
+        c = cs.get(pid)
+        if c is None:
+            if p.args[0].endswith(("refitd",)) and "node" in p.args:
+                problems.append(f"pid {pid} ({' '.join(p.args[:6])}): no counters written")
+            continue
+        seen += 1
+        alloc = sum(c.get("alloc_live", []))
+        for k, v in (("comms_live", c.get("comms_live", 0)),
+                     ("ids_unconsumed", c.get("ids_unconsumed", 0)),
+                     ("ipc_open", c.get("ipc_open", 0)), ("alloc_live", alloc),
+                     ("streams_live", c.get("streams_live", 0))):
+            tot[k] += v
+            if v:
+                problems.append(f"pid {pid} ({' '.join(p.args[:8])}): {k}={v}")
+        if c.get("sticky"):
+            problems.append(f"pid {pid}: sticky CUDA error: {c['sticky']}")
+    summary = (f"emulator counters of {seen} gracefully stopped processes: "
+               + ", ".join(f"{k} {v}" for k, v in tot.items()))
+    return problems, summary
 
 
 counts = {"passed": 0, "failed": 0}
 PROCS = []
 NODES = 6
-RPN = 4  # ranks per node
+RPN = int(os.environ.get("REFIT_TEST_RPN", "4"))  # ranks per node
 DTYPES = ["bf16", "fp32", "u8", "fp64", "fp16"]
 
 
@@ -63,6 +162,9 @@ class Cluster:
 
     def __init__(self, name, n, extra=(), coord_extra=(), lease_ms=3000):
         self.name, self.n = name, n
+        if TRANSPORT == "nccl":  # info: the tests read what the transport logs
+            extra = ["--transport", "nccl", "--gpu-devices", gpu_devices()] + \
+                list(extra) + ["--log-level", "info"]
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.log = open(f"{TMP}/{name}.log", "w")
@@ -81,7 +183,8 @@ class Cluster:
                  f"127.0.0.1:{np_}", "--coordinator", self.addr, "--node-id",
                  f"{name}{k}", "--ranks", ranks, "--heartbeat-ms", "300",
                  "--local-socket", self.sock(k), "--log-level", "warn"] + list(extra))
-            self.nodes.append(spawn(self.node_args[k], stderr=self.log))
+            self.nodes.append(spawn(self.node_args[k], stderr=self.log,
+                                    env=host_env(self.host(k))))
         self.ch = grpc.insecure_channel(self.addr)
         grpc.channel_ready_future(self.ch).result(timeout=10)
         self.stub = pbg.CoordinatorStub(self.ch)
@@ -101,8 +204,13 @@ class Cluster:
 
     def restart_node(self, k):
         """Start node k again (after it was killed), same address and socket."""
-        self.nodes[k] = spawn(self.node_args[k], stderr=self.log)
+        self.nodes[k] = spawn(self.node_args[k], stderr=self.log,
+                              env=host_env(self.host(k)))
         return self.nodes[k]
+
+    def host(self, k):
+        """Node k's host (NCCL_HOSTID) on the emulator."""
+        return f"{self.name}{k}"
 
     def restart_coord(self, spawned=False):
         if not spawned:
@@ -150,9 +258,13 @@ class Client:
     """One refit-client process, driven over its stdin/stdout."""
 
     def __init__(self, cl, node, model, role, layouts, instance="", install=None,
-                 pad=0, version=1):
+                 pad=0, version=1, istride=1):
         args = [f"{BUILD}/bin/refit-client", "--socket", cl.sock(node), "--model", model,
                 "--role", role, "--layouts", layouts, "--timeout-ms", "30000"]
+        if TRANSPORT == "nccl":
+            args += ["--cuda", "--gpu-devices", gpu_devices()]
+        if istride != 1:
+            args += ["--istride", str(istride)]
         if instance:
             args += ["--instance", instance]
         if install:
@@ -162,7 +274,8 @@ class Client:
         if version != 1:
             args += ["--version", str(version)]
         self.p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, bufsize=1)
+                       stderr=subprocess.PIPE, text=True, bufsize=1,
+                       env=host_env(cl.host(node)))
         self.first = self.p.stdout.readline().strip()
 
     def ok(self):
@@ -289,7 +402,7 @@ def start_model(cl, model, train, insts, rng, installs=None):
         for node in sorted({cl.node_of(r) for r in ranks_of(tensors)}):
             inst = (installs or {}).get(iname) or rng.choice(["double-buffer", "in-place"])
             c = Client(cl, node, model, "infer", ip, instance=iname, install=inst,
-                       pad=rng.choice([0, 0, 3]))
+                       pad=rng.choice([0, 0, 3]), istride=rng.choice([1, 1, 1, 2]))
             assert c.ok(), f"{model}: {iname} on node {node}: {c.first} {c.p.stderr.read()}"
             clients["infer"].append(c)
     return clients
@@ -306,6 +419,34 @@ def stop(clients):
         c.close()
 
 
+
+
+def node_spawn_args(cl, node_id, ranks):
+    """An extra node daemon for cluster cl (same transport as its nodes)."""
+    args = [f"{BUILD}/bin/refitd", "--role", "node", "--listen",
+            f"127.0.0.1:{free_port()}", "--coordinator", cl.addr, "--node-id", node_id,
+            "--ranks", ranks, "--heartbeat-ms", "100", "--local-socket",
+            f"{TMP}/{node_id}.local", "--log-level", "warn"]
+    if TRANSPORT == "nccl":
+        n = int(ranks.split("-")[1]) - int(ranks.split("-")[0]) + 1 if "-" in ranks else 1
+        args += ["--transport", "nccl", "--log-level", "info", "--gpu-devices",
+                 ",".join("0" if GPU_REAL else str(i) for i in range(n))]
+    return args
+
+
+def report_emu_leaks():
+    """After a suite on the emulator: count a failure per leak found."""
+    if TRANSPORT != "nccl" or GPU_REAL:
+        return
+    problems, summary = emu_leaks()
+    print(f"     {summary}")
+    if problems:
+        counts["failed"] += 1
+        print("FAIL the emulator's counters show leaks:\n     " + "\n     ".join(problems))
+    else:
+        counts["passed"] += 1
+        print("ok   no leaked communicators, unique ids, IPC mappings, allocations or "
+              "streams in gracefully stopped processes")
 
 
 def stop_all():

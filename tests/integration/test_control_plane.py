@@ -286,6 +286,8 @@ def config_files():
          "heartbeat_ms 5000 must be shorter than lease_ttl_ms 4000"),
         ('{"tls_cert": "/x.pem"}', "tls_cert and tls_key go together"),
         ('{"listen": ', "not a JSON object"),
+        ('{"role": "node", "ranks": "0-3", "gpu_devices": "0,1"}',
+         'must list one CUDA device per rank of "ranks" (4)'),
     ]
     for text, msg in cases:
         with open(bad, "w") as f:
@@ -298,6 +300,19 @@ def config_files():
     assert out.returncode == 0 and json.loads(out.stdout)["lease_ttl_ms"] == 7000, out
     out = subprocess.run([refitd, "--role", "node"], capture_output=True, text=True)
     assert out.returncode == 2 and 'the node role needs "ranks"' in out.stderr, out
+    # the GPU libraries: keys, and a set path that does not load is an error
+    out = subprocess.run([refitd, "--check-config", "config/node.json", "--cuda-library",
+                          "/opt/x/libcudart.so.13", "--gpu-devices", "0-7"],
+                         capture_output=True, text=True)
+    eff = json.loads(out.stdout) if out.returncode == 0 else {}
+    assert eff.get("cuda_library") == "/opt/x/libcudart.so.13", out
+    out = subprocess.run([refitd, "--role", "node", "--ranks", "0", "--transport", "nccl",
+                          "--listen", "127.0.0.1:0", "--coordinator", "127.0.0.1:1",
+                          "--cuda-library", "/nonexistent/libcudart.so.13"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and ('cannot load the CUDA runtime (libcudart) from '
+                                    '"/nonexistent/libcudart.so.13" (set by cuda_library)'
+                                    in out.stderr or "built without the CUDA" in out.stderr), out
 
 
 def unix_socket_lock():

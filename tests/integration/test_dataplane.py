@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Data-plane end-to-end test: a coordinator and six node daemons as real
-processes on loopback (tcp transport), librefit clients (refit-client) as
-trainers and inference instances, weights checked byte by byte.
+processes on loopback (tcp transport; REFIT_TEST_TRANSPORT=nccl: the nccl
+transport on the CUDA + NCCL emulator, clients registering GPU memory, see
+harness.py), librefit clients (refit-client) as trainers and inference
+instances, weights checked byte by byte.
 
 Usage: test_dataplane.py BUILD_DIR [PAIRS].  PAIRS random layout pairs
 (default 50) are each refit in reshard mode (version 1) and then in
@@ -13,6 +15,7 @@ N failed" last; exit status 1 when anything failed.
 """
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -67,7 +70,19 @@ def random_pairs():
         for _, clients in live:
             stop(clients)
     print(f"     {stats['pairs']} pairs installed byte-exactly in both modes, "
-          f"{stats['bytes']} reshard bytes over tcp")
+          f"{stats['bytes']} reshard bytes over {harness.TRANSPORT}")
+    if harness.TRANSPORT == "nccl":
+        # every refit above ran in one epoch: each node built its
+        # communicators once (a unique id only when they are built)
+        built = {}
+        with open(MAIN.log.name) as f:
+            for line in f:
+                m = re.search(r"nccl: node (\S+): \d+ communicators of epoch (\d+)", line)
+                if m:
+                    built[m.groups()] = built.get(m.groups(), 0) + 1
+        again = {k: n for k, n in built.items() if n > 1}
+        assert built and not again, f"communicators built again within an epoch: {again}"
+
 
 
 def verify_catches_corruption():
@@ -168,7 +183,10 @@ def client_dies_midway():
     victim.p.kill()
     victim.p.wait()
     g = SLOW.wait_final(r.refit_id)
-    assert g.state == pb.FAILED and "went away" in g.failure, g
+    # killed mid-slice ("went away") or before its node's slice began (its
+    # memory is gone: "no librefit client registered")
+    assert g.state == pb.FAILED and ("went away" in g.failure or
+                                     "no librefit client registered" in g.failure), g
     # the daemons still serve: a new client registers and the refit runs
     others = [c for c in cls["infer"] if c is not victim]
     inst = victim.p.args[victim.p.args.index("--instance") + 1]
@@ -275,9 +293,10 @@ def mixed_transports_refused():
     inf = [{"name": "w", "dtype": "fp32", "shape": [16], "mesh": [4],
             "placements": ["Replicate()"]}]
     cls = start_model(MAIN, "mix", train, [("i0", inf)], rng, {"i0": "double-buffer"})
-    j = MAIN.stub.Join(pb.JoinRequest(node_id="gpu-node", host="127.0.0.1",
-                                      rpc_endpoint="127.0.0.1:1", data_endpoint="nccl",
-                                      transport="nccl",
+    other = "tcp" if harness.TRANSPORT == "nccl" else "nccl"
+    j = MAIN.stub.Join(pb.JoinRequest(node_id="other-node", host="127.0.0.1",
+                                      rpc_endpoint="127.0.0.1:1", data_endpoint=other,
+                                      transport=other,
                                       ranks=[pb.RankInfo(rank=999)]), timeout=5)
     try:
         g = MAIN.refit("mix", 1)
@@ -290,17 +309,113 @@ def mixed_transports_refused():
     stop(cls)
 
 
+def concurrent_models():
+    """Refits of different models at once, on every node: over nccl the
+    coordinator runs them one after the other so that every node posts its
+    NCCL groups in one order; all commit, byte-exact."""
+    rng = random.Random(12)
+    models = {}
+    for k in range(3):
+        train, insts = rand_pair(k, rng, NODES * RPN)
+        models[f"c{k}"] = start_model(MAIN, f"c{k}", train, insts, rng)
+    for v in (1, 2):
+        if v == 2:
+            for cls in models.values():
+                for c in cls["train"]:
+                    assert c.cmd("next 2").startswith("READY")
+        rids = {m: MAIN.stub.TriggerRefit(pb.TriggerRefitRequest(model=m, version=v),
+                                          timeout=10).refit_id for m in models}
+        for m, rid in rids.items():
+            g = MAIN.wait_final(rid, 120)
+            assert g.state == pb.COMMITTED, (m, v, g.failure)
+        for cls in models.values():
+            expect_installed(cls, v)
+    for cls in models.values():
+        stop(cls)
+
+
+def bad_gpu_registrations():
+    """nccl: GPU memory is checked where it is opened: the handle's size, the
+    device the client says, the device the memory is on, cuda_bytes."""
+    import ctypes
+    os.environ.update(harness.host_env(MAIN.host(0)))
+    os.environ.pop("REFIT_EMU_COUNTERS", None)   # this process is no daemon
+    cu = ctypes.CDLL(f"{harness.EMU_LIB}/libcudart.so.13")
+    ptrs = []
+
+    def alloc(dev, n):
+        p = ctypes.c_void_p()
+        h = (ctypes.c_char * 64)()
+        assert cu.cudaSetDevice(dev) == 0
+        assert cu.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n)) == 0
+        assert cu.cudaIpcGetMemHandle(ctypes.byref(h), p) == 0
+        ptrs.append((dev, p))
+        return bytes(h)
+
+    st, ch = local_stub(MAIN, 0)
+    lay = pb.TensorLayout(name="w", dtype="fp32", shape=[8, 4], mesh_shape=[2],
+                          mesh_ranks=[0, 1], placements=["Shard(0)"])
+
+    def reg(mem):
+        return st.RegisterClient(pb.LocalRegisterRequest(
+            model="badgpu", role=pb.TRAIN, install=pb.DOUBLE_BUFFER, pid=os.getpid(),
+            tensors=[pb.LocalTensor(layout=lay, memory=mem)]), timeout=10)
+
+    try:
+        h0, h1, h1b = alloc(0, 256), alloc(1, 256), alloc(1, 256)
+        good1 = pb.PieceMemory(rank=1, cuda_ipc=h1, cuda_bytes=256, offsets=[64],
+                               cuda_device=1, has_cuda_device=True)
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0[:10], cuda_bytes=256,
+                                                 offsets=[0]), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     "the CUDA IPC handle given has 10 bytes; a cudaIpcMemHandle_t has 64")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
+                                                 offsets=[0], cuda_device=2,
+                                                 has_cuda_device=True), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     "is on CUDA device 2, but this node runs rank 0 on device 0")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h1b, cuda_bytes=256,
+                                                 offsets=[0]), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT, "not on device 0 where this node")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=1 << 20,
+                                                 offsets=[0]), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     "cuda_bytes 1048576 is larger than the allocation")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name="/x", offsets=[0]),
+                                  good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT, "give a CUDA IPC handle")
+        ok = reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256, offsets=[0]), good1])
+        assert ok.client_id > 0
+        st.Unregister(pb.ClientRequest(client_id=ok.client_id), timeout=5)
+        assert st.Hello(pb.HelloRequest(), timeout=5).joined
+    finally:
+        for dev, p in ptrs:
+            cu.cudaSetDevice(dev)
+            cu.cudaFree(p)
+        ch.close()
+
+
 try:
     check("random layout pairs, reshard and broadcast, byte-exact", random_pairs)
+    if harness.TRANSPORT == "nccl":
+        # over tcp this hangs today (a slice of one refit waits for a peer that
+        # never connects while another model's refit runs): reported, not fixed
+        # on this branch
+        check("refits of three models at once, twice: all commit, byte-exact",
+              concurrent_models)
     check("verify mode catches a corrupted message; nothing installed",
           verify_catches_corruption)
     check("slow cluster starts", slow_cluster)
     check("abort midway: double buffer keeps v1, in-place marked invalid", abort_midway)
     check("a librefit client killed mid-refit fails it; daemon keeps serving",
           client_dies_midway)
-    check("bad registrations get clear errors", bad_registrations)
-    check("a data connection with a wrong token or no handshake is refused",
-          wrong_token_connection)
+    if harness.TRANSPORT == "tcp":
+        check("bad registrations get clear errors", bad_registrations)
+        check("a data connection with a wrong token or no handshake is refused",
+              wrong_token_connection)
+    else:
+        check("bad GPU registrations: handle size, device said, device of the memory, "
+              "cuda_bytes", bad_gpu_registrations)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
           mixed_transports_refused)
 finally:
@@ -310,5 +425,6 @@ finally:
     if bad:
         harness.counts["failed"] += 1
         print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+    harness.report_emu_leaks()
 print(f"dataplane: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
 sys.exit(1 if harness.counts["failed"] else 0)

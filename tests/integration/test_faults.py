@@ -204,11 +204,8 @@ def retry_after_membership_change():
     M.step()
     rid = M.trigger()
     wait_running(CL, rid)
-    extra = spawn([f"{BUILD}/bin/refitd", "--role", "node", "--listen",
-                   f"127.0.0.1:{harness.free_port()}", "--coordinator", CL.addr,
-                   "--node-id", "f9", "--ranks", "90-91", "--heartbeat-ms", "100",
-                   "--local-socket", f"{TMP}/f9.local", "--log-level", "warn"],
-                  stderr=CL.log)
+    extra = spawn(harness.node_spawn_args(CL, "f9", "90-91"), stderr=CL.log,
+                  env=harness.host_env("f9"))
     try:
         g = CL.wait_final(rid, 60)
         assert g.state == pb.COMMITTED, g
@@ -293,6 +290,32 @@ def drain_midway():
     M.installed()
 
 
+def leave_shrinks():
+    """A node leaves between refits: over nccl the survivors shrink their
+    communicators (no new unique id); the next refit commits, byte-exact."""
+    extra = spawn(harness.node_spawn_args(CL, "f8", "80-81"), stderr=CL.log,
+                  env=harness.host_env("f8"))
+    CL.wait_members(3)
+    M.step()
+    g = CL.refit("fm", M.version)       # the communicators span f8 too
+    assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+    extra.send_signal(signal.SIGTERM)   # leaves gracefully
+    assert extra.wait(timeout=20) == 0
+    CL.wait_members(2)
+    mark = os.path.getsize(CL.log.name)
+    M.step()
+    g = CL.refit("fm", M.version)
+    assert g.state == pb.COMMITTED, g.failure
+    M.installed()
+    if harness.TRANSPORT == "nccl":
+        with open(CL.log.name) as f:
+            f.seek(mark)
+            log = f.read()
+        assert "communicators shrunk to epoch" in log, log[-3000:]
+        assert "communicators of epoch" not in log, log[-3000:]  # none built anew
+
+
 def fds(pid):
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -356,6 +379,10 @@ def soak():
         for c in inst.values():
             out = c.cmd(f"wait {v} 20000")
             assert out.startswith("INSTALLED") and "mismatches=0" in out, out
+        if v == 1 and harness.TRANSPORT == "nccl":
+            # communicators keep their connections between refits: count from
+            # the first refit's (this node's stay up all along)
+            base_fd = (base_fd[0], fds(cl.nodes[0].pid))
         v += 1
         out = trainer.cmd(f"next {v}")
         assert out.startswith("READY"), out
@@ -373,7 +400,8 @@ try:
               sigkill_node)
         check("SIGSTOP a node mid-refit: the lease catches it; in place marked invalid",
               sigstop_node)
-        check("data connections cut mid-refit (ss -K)", connection_cut)
+        if harness.TRANSPORT == "tcp":  # nccl has no data connections of its own
+            check("data connections cut mid-refit (ss -K)", connection_cut)
         check("retry policy: a membership change mid-refit, second attempt commits",
               retry_after_membership_change)
         check("catch-up: a late instance gets the installed version at once",
@@ -382,6 +410,8 @@ try:
         check("coordinator restart mid-refit: reported FAILED, next refit works",
               coordinator_restart)
         check("drain mid-refit: ABORTED, old version kept, node stays out", drain_midway)
+        check("a node leaves between refits: the survivors shrink, next refit commits",
+              leave_shrinks)
     check(f"soak: refits with random node kills for {SOAK:.0f} s", soak)
 finally:
     harness.stop_all()
@@ -396,6 +426,7 @@ finally:
     if bad:
         harness.counts["failed"] += 1
         print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+    harness.report_emu_leaks()
 for k, v in FIG.items():
     print(f"     {k}: {v if isinstance(v, str) else f'{v:.2f} s'}")
 print(f"faults: {harness.counts['passed']} passed, {harness.counts['failed']} failed")

@@ -1,0 +1,190 @@
+#!/usr/bin/python3
+"""End-to-end refits over the nccl transport with three refitd node daemons
+sharing one GPU: each daemon its own NCCL_HOSTID (NCCL_P2P_DISABLE and
+NCCL_SHM_DISABLE, so NCCL's socket transport carries the bytes between
+them), one rank each on device 0, librefit clients (refit-client --cuda)
+registering GPU memory by CUDA IPC handle.  Run by tests/gpu/run.sh with
+REFIT_TEST_GPU=1 on a GPU machine, and by tests/run-check-nccl.sh on the
+emulator (there each daemon is an emulated host).
+
+Usage: test_gpu_e2e.py BUILD_DIR.  Refits with verify on (reshard and
+gather-and-broadcast, strided client memory with a strided innermost dim),
+an abort midway, a node killed mid-refit and the recovery, a fourth node
+joining and leaving (the survivors shrink).  Prints "gpu-e2e: N passed,
+N failed" last.
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("REFIT_TEST_TRANSPORT", "nccl")
+os.environ["REFIT_TEST_RPN"] = "1"
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+TMP = tempfile.mkdtemp(prefix="refit-gpu-")
+subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
+                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
+                "proto/refit/v1/refit.proto"], check=True)
+sys.path.insert(0, TMP)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "integration"))
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+import harness  # noqa: E402
+from harness import Client, Cluster, check, spawn, write  # noqa: E402
+
+harness.init(BUILD, TMP)
+LEASE_MS = 1500
+S = {}
+
+
+def tensors(ranks, placement, n=6):
+    out = []
+    for k in range(n):
+        shape = [[256, 192], [64], [3, 1, 40], [512, 96], [7, 9, 11], [128, 128]][k % 6]
+        dt = ["fp32", "bf16", "fp16", "fp32", "u8", "fp64"][k % 6]
+        pl = placement if len(shape) > 1 or placement == "Replicate()" else "Shard(0)"
+        out.append({"name": f"w{k}", "dtype": dt, "shape": shape, "mesh": ranks,
+                    "placements": [pl]})
+    return out
+
+
+def setup():
+    cl = Cluster("g", 3, ["--test-msg-delay-ms", "20", "--slice-timeout-ms", "60000"],
+                 lease_ms=LEASE_MS)
+    S["cl"] = cl
+    S["t"] = write(f"{TMP}/t.json", tensors([0], "Replicate()"))
+    S["i"] = write(f"{TMP}/i.json", tensors([1, 2], "Shard(1)"))
+    S["trainer"] = Client(cl, 0, "gm", "train", S["t"])
+    assert S["trainer"].ok(), S["trainer"].first
+    S["inst"] = [Client(cl, 1, "gm", "infer", S["i"], instance="a", install="double-buffer",
+                        pad=3),
+                 Client(cl, 2, "gm", "infer", S["i"], instance="a", install="double-buffer",
+                        istride=2)]
+    for c in S["inst"]:
+        assert c.ok(), c.first
+    cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="gm", retries=0, retry_backoff_ms=0, catch_up=False)), timeout=5)
+    S["v"] = 1
+
+
+def installed(v):
+    for c in S["inst"]:
+        out = c.cmd(f"wait {v} 30000")
+        assert out.startswith(f"INSTALLED {v} ") and "mismatches=0" in out, out
+
+
+def step():
+    S["v"] += 1
+    out = S["trainer"].cmd(f"next {S['v']}")
+    assert out.startswith("READY"), out
+
+
+def refits_verified():
+    cl = S["cl"]
+    g = cl.refit("gm", 1, verify=True)
+    assert g.state == pb.COMMITTED, g.failure
+    installed(1)
+    step()
+    g = cl.refit("gm", S["v"], mode=pb.BROADCAST, verify=True)
+    assert g.state == pb.COMMITTED, g.failure
+    installed(S["v"])
+    print(f"     {g.bytes} bytes per refit, reshard and broadcast, verify on")
+
+
+def wait_running(rid):
+    for _ in range(2000):
+        g = S["cl"].stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+        if g.state == pb.RUNNING:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"refit {rid} never ran")
+
+
+def abort_midway():
+    cl = S["cl"]
+    step()
+    rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="gm", version=S["v"]),
+                               timeout=5).refit_id
+    wait_running(rid)
+    cl.stub.AbortRefit(pb.AbortRefitRequest(refit_id=rid, reason="test"), timeout=5)
+    g = cl.wait_final(rid, 60)
+    assert g.state in (pb.ABORTED, pb.COMMITTED), g
+    for c in S["inst"]:   # double buffer: the old version or the new, whole
+        st = c.cmd("state")
+        assert "valid=1" in st, st
+    g = cl.refit("gm", S["v"], verify=True)   # fresh communicators after the abort
+    assert g.state == pb.COMMITTED, g.failure
+    installed(S["v"])
+
+
+def node_killed():
+    cl = S["cl"]
+    step()
+    rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="gm", version=S["v"]),
+                               timeout=5).refit_id
+    wait_running(rid)
+    t0 = time.time()
+    cl.nodes[2].kill()
+    cl.nodes[2].wait()
+    g = cl.wait_final(rid, 60)
+    took = time.time() - t0
+    assert g.state in (pb.FAILED, pb.COMMITTED), g
+    assert took < LEASE_MS / 1000 + 10, f"{took:.1f} s to fail"
+    print(f"     node kill: {pb.RefitState.Name(g.state)} after {took:.2f} s")
+    S["inst"][1].p.kill()
+    cl.restart_node(2)
+    cl.wait_members(3)
+    S["inst"][1] = Client(cl, 2, "gm", "infer", S["i"], instance="a",
+                          install="double-buffer", istride=2)
+    assert S["inst"][1].ok(), S["inst"][1].first
+    g = cl.refit("gm", S["v"], verify=True)
+    assert g.state == pb.COMMITTED, g.failure
+    installed(S["v"])
+
+
+def join_leave_shrink():
+    cl = S["cl"]
+    extra = spawn(harness.node_spawn_args(cl, "g9", "9"), stderr=cl.log,
+                  env=harness.host_env("g9"))
+    cl.wait_members(4)
+    step()
+    g = cl.refit("gm", S["v"], verify=True)
+    assert g.state == pb.COMMITTED, g.failure
+    installed(S["v"])
+    extra.send_signal(signal.SIGTERM)
+    assert extra.wait(timeout=30) == 0
+    cl.wait_members(3)
+    mark = os.path.getsize(cl.log.name)
+    step()
+    g = cl.refit("gm", S["v"], verify=True)
+    assert g.state == pb.COMMITTED, g.failure
+    installed(S["v"])
+    with open(cl.log.name) as f:
+        f.seek(mark)
+        log = f.read()
+    assert "communicators shrunk to epoch" in log, log[-3000:]
+
+
+try:
+    check("three node daemons on one GPU (own NCCL_HOSTID each), librefit clients",
+          setup)
+    if "cl" in S:
+        check("refits with verify on: reshard, gather-and-broadcast, strided memory",
+              refits_verified)
+        check("abort midway; the next refit commits on fresh communicators", abort_midway)
+        check("a node killed mid-refit; restarted, the next refit commits", node_killed)
+        check("a fourth node joins, then leaves: the survivors shrink", join_leave_shrink)
+finally:
+    for c in S.get("inst", []) + ([S["trainer"]] if "trainer" in S else []):
+        c.close()
+    harness.stop_all()
+    bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
+           if p.returncode not in (0, -9, -15)]
+    if bad:
+        harness.counts["failed"] += 1
+        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+    harness.report_emu_leaks()
+print(f"gpu-e2e: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
+sys.exit(1 if harness.counts["failed"] else 0)

@@ -1,0 +1,82 @@
+#!/bin/sh
+# `make check-nccl`: the nccl transport on the CUDA + NCCL emulator.
+#   1. the emulator's own rule tests (tests/run-check-emu.sh);
+#   2. the GPU test program (tests/gpu/gpu_test.c) over the emulator: box
+#      copies (the strided-copy kernel, size-1 and stride-0 dims), copy
+#      errors surfacing at sync, IPC offsets, per-device staging, grouped
+#      send/recv between processes and a shrink;
+#   3. the data-plane end-to-end suite and the fault suite with
+#      REFIT_TEST_TRANSPORT=nccl (node daemons on emulated hosts with 4
+#      devices each, clients registering GPU memory by CUDA IPC handle,
+#      the emulator's leak counters checked after each suite), and the
+#      GPU machine's e2e script (tests/gpu/test_gpu_e2e.py) on the emulator;
+# 2 and 3 once with the normal build and once under ASan + UBSan.
+# Ends with "check-nccl: N passed, N failed".
+# Usage: sh tests/run-check-nccl.sh [BUILD_DIR]  (NCCL_PAIRS, NCCL_SOAK, NCCL_ASAN_PAIRS)
+set -u
+BUILD=${1:-build}
+PAIRS=${NCCL_PAIRS:-20}
+SOAK=${NCCL_SOAK:-10}
+ASAN_PAIRS=${NCCL_ASAN_PAIRS:-6}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+total_pass=0
+total_fail=0
+log=$BUILD/check-nccl.log
+: >"$log"
+
+add() { total_pass=$((total_pass + $1)); total_fail=$((total_fail + $2)); }
+
+# run a script that ends with "...: N passed, N failed"
+script() {
+	echo "== $1"
+	shift
+	out=$("$@" 2>&1)
+	echo "$out" | tee -a "$log" | grep -E "FAIL|passed, [0-9]+ failed|emulator counters|^ok   no leaked" || true
+	line=$(echo "$out" | grep -E "[0-9]+ passed, [0-9]+ failed" | tail -1)
+	if [ -z "$line" ]; then add 0 1; return; fi
+	p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/; s/^([0-9]+) passed.*/\1/')
+	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+	add "$p" "$f"
+}
+
+if [ -f tests/run-check-emu.sh ]; then
+	script "emulator rule tests (tests/run-check-emu.sh)" sh tests/run-check-emu.sh "$BUILD"
+else
+	echo "== emulator rule tests: FAIL tests/run-check-emu.sh is missing"
+	add 0 1
+fi
+EMU=$(cd "$BUILD/emu" 2>/dev/null && pwd) || EMU=""
+if [ -z "$EMU" ] || [ ! -f "$EMU/libcudart.so.13" ]; then
+	echo "== FAIL no emulator in $BUILD/emu (make emu): the nccl suites cannot run"
+	add 0 1
+	echo "check-nccl: $total_pass passed, $total_fail failed"
+	exit 1
+fi
+
+# the GPU test program over the emulator: one emulated host per process
+gputest() {
+	env REFIT_EMU_DEVICES=4 REFIT_EMU_DIR="$(mktemp -d /tmp/refit-gpu-emu.XXXXXX)" \
+	    REFIT_EMU_COUNTERS=1 REFIT_CUDA_LIBRARY="$EMU/libcudart.so.13" \
+	    REFIT_NCCL_LIBRARY="$EMU/libnccl.so.2" \
+	    REFIT_GPU_KERNELS_LIBRARY="$EMU/libcudart.so.13" REFIT_GPU_TEST_EMU=1 "$1"
+}
+
+for v in normal asan; do
+	if [ $v = normal ]; then b=$BUILD; pairs=$PAIRS; soak=$SOAK; tag=""
+	else b=$BUILD/asan; pairs=$ASAN_PAIRS; soak=5; tag=", ASan + UBSan"; fi
+	script "GPU test program over the emulator$tag" gputest "$b/tests/gpu-test"
+	script "data plane over nccl on the emulator ($pairs layout pairs)$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_dataplane.py "$b" "$pairs"
+	script "faults over nccl on the emulator (${soak} s soak)$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak"
+	script "tests/gpu/test_gpu_e2e.py (one rank per daemon) on the emulator$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/gpu/test_gpu_e2e.py "$b"
+done
+
+echo "check-nccl: $total_pass passed, $total_fail failed"
+[ "$total_fail" -eq 0 ]
