@@ -23,6 +23,7 @@ typedef struct node_opts {
 	const char *local_socket; /* unix socket path for librefit */
 	uint64_t slice_timeout_ms;
 	uint64_t test_msg_delay_ms;
+	rpc_async_t *rpc;         /* the process's client for calls (not owned) */
 } node_opts_t;
 
 typedef struct node node_t;
