@@ -362,6 +362,21 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 		start_commit(c, r);
 }
 
+/* Node k's slice runs (its RunSlice was answered, or it already reported). */
+static void
+mark_started(refit_rec_t *r, size_t k)
+{
+	if (r->nstate[k] & NODE_STARTED)
+		return;
+	r->nstate[k] |= NODE_STARTED;
+	if (++r->nstarted == r->nnodes) {
+		r->running_after_ms = coord_now_ms() - r->created_ms;
+		log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %zu slices running, "
+			 "%" PRIu64 " ms after the trigger", r->id, r->model, r->version,
+			 r->nnodes, r->running_after_ms);
+	}
+}
+
 /* RunSlice answered: the slice started (its end comes in SliceDone). */
 static void
 slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
@@ -372,15 +387,7 @@ slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_stat
 			slice_result(c, r, k, node, st, msg, NULL);
 		return;
 	}
-	if (r->nstate[k] & NODE_STARTED)
-		return;
-	r->nstate[k] |= NODE_STARTED;
-	if (++r->nstarted == r->nnodes) {
-		r->running_after_ms = coord_now_ms() - r->created_ms;
-		log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %zu slices running, "
-			 "%" PRIu64 " ms after the trigger", r->id, r->model, r->version,
-			 r->nnodes, r->running_after_ms);
-	}
+	mark_started(r, k);
 }
 
 static void
@@ -456,6 +463,7 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (r->nstate[k] & NODE_REPORTED)
 		return rpc_call_reply(call, &rsp.base); /* a duplicate */
 	rsp.counted = true;
+	mark_started(r, k);  /* its RunSlice answer may still be on its way */
 	r->ntime[k].plan_us = rq->plan_micros;
 	r->ntime[k].plan_cached = rq->plan_cached;
 	r->ntime[k].slice_us = rq->stats ? rq->stats->micros : 0;

@@ -324,7 +324,7 @@ main(int argc, char **argv)
 	 * coordinator plans on it (4 threads, the default), a node runs each
 	 * slice on it for the slice's length, so a node gets a few more */
 	if (strcmp(cfg.role, "node") == 0)
-		setenv("UV_THREADPOOL_SIZE", "16", 0);
+		setenv("UV_THREADPOOL_SIZE", "8", 0);
 	memset(&d, 0, sizeof(d));
 	uv_loop_init(&d.loop);
 	if ((d.srv = rpc_server_new(&so, &d.loop, &err)) == NULL ||

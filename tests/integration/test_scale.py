@@ -166,6 +166,8 @@ def scenario(cl, model, order, trainers):
                 out = c.cmd(f"wait {v} 60000")
                 assert out.startswith(f"INSTALLED {v} ") and "mismatches=0" in out, out
             assert len(g.nodes) == cl.n and all(x.reported for x in g.nodes), g.nodes
+            # recorded even when reports overtake RunSlice answers
+            assert g.running_after_ms > 0, g
             cached = sum(x.plan_cached for x in g.nodes)
             if v == 1:
                 row["running_ms"] = g.running_after_ms
