@@ -12,7 +12,7 @@ each after the previous joined), trigger -> every slice running, end to end
 threads and RSS (/proc/PID/status), the coordinator's RSS growth per member
 and a node daemon's mean RSS.
 
-Usage: bench_scale.py BUILD_DIR [N ...]   (default 16 32 64 128 256).
+Usage: [LEASE_MS=30000] bench_scale.py BUILD_DIR [N ...]   (default 16 32 64 128 256).
 Times are wall clock on a shared machine: one run, compare within a run.
 """
 import os
@@ -73,8 +73,8 @@ def one(n):
     addr = f"127.0.0.1:{free_port()}"
     log = open(f"{TMP}/n{n}.log", "w")
     coord = spawn([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", addr,
-                   "--heartbeat-ms", "2000", "--lease-ttl-ms", "30000", "--log-level",
-                   "warn"], stderr=log)
+                   "--heartbeat-ms", "2000", "--lease-ttl-ms",
+                   os.environ.get("LEASE_MS", "30000"), "--log-level", "warn"], stderr=log)
     ch = grpc.insecure_channel(addr)
     grpc.channel_ready_future(ch).result(timeout=30)
     stub = pbg.CoordinatorStub(ch)
@@ -84,7 +84,7 @@ def one(n):
     for g in range(0, n, 16):
         for k in range(g, min(n, g + 16)):
             nodes.append(spawn([f"{BUILD}/bin/refitd", "--role", "node", "--listen",
-                                f"127.0.0.1:{free_port()}", "--coordinator", addr,
+                                f"unix:{TMP}/b{k}.rpc", "--coordinator", addr,
                                 "--node-id", f"b{k:04d}", "--ranks", str(k),
                                 "--local-socket", f"{TMP}/b{k}.local",
                                 "--slice-timeout-ms", "600000", "--log-level", "warn"],

@@ -90,7 +90,7 @@ class Scale:
             for k in range(g, min(n, g + 10)):
                 self.nodes.append(spawn(
                     [f"{BUILD}/bin/refitd", "--role", "node", "--listen",
-                     f"127.0.0.1:{free_port()}", "--coordinator", self.addr, "--node-id",
+                     f"unix:{TMP}/{name}{k}.rpc", "--coordinator", self.addr, "--node-id",
                      f"{name}{k:03d}", "--ranks", str(k), "--local-socket", self.sock(k),
                      "--slice-timeout-ms", "120000", "--log-level", "warn"],
                     stderr=self.log))
@@ -170,6 +170,8 @@ def scenario(cl, model, order, trainers):
             assert g.running_after_ms > 0, g
             cached = sum(x.plan_cached for x in g.nodes)
             if v == 1:
+                # new layouts: no node may take an older model's plan
+                assert cached == 0, f"{cached} nodes used a cached plan for new layouts"
                 row["running_ms"] = g.running_after_ms
                 row["e2e_ms"] = g.finished_unix_ms - g.created_unix_ms
                 row["plan_ms_max"] = max(x.plan_micros for x in g.nodes) / 1e3
