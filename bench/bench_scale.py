@@ -12,7 +12,8 @@ each after the previous joined), trigger -> every slice running, end to end
 threads and RSS (/proc/PID/status), the coordinator's RSS growth per member
 and a node daemon's mean RSS.
 
-Usage: [LEASE_MS=30000] bench_scale.py BUILD_DIR [N ...]   (default 16 32 64 128 256).
+Usage: [LEASE_MS=30000] [START_ONLY=1] bench_scale.py BUILD_DIR [N ...]
+(default 16 32 64 128 256; START_ONLY: start and join the daemons, no refit).
 Times are wall clock on a shared machine: one run, compare within a run.
 """
 import os
@@ -96,6 +97,13 @@ def one(n):
                 raise SystemExit(f"bench: {n} nodes did not join")
             time.sleep(0.05)
     start_s = time.time() - t0
+    if os.environ.get("START_ONLY"):
+        th, rss = status(coord.pid)
+        print(f"{n:>6} {start_s:>8.1f}  (started and joined; no refit)  coordinator threads "
+              f"{th}, RSS {rss / 1024:.1f} MiB; node daemon RSS "
+              f"{sum(status(p.pid)[1] for p in nodes) / n / 1024:.1f} MiB", flush=True)
+        stop(procs0, ch)
+        return
     order = [int(m.node_id[1:]) for m in
              stub.ListMembers(pb.ListMembersRequest(), timeout=60).members]
     trainers, infer = order[:n // 2], order[n // 2:]
@@ -134,6 +142,10 @@ def one(n):
           f"{(rss - rss0) / n:>11.1f} {node_rss / 1024:>9.1f}", flush=True)
     for c in tr + inf:
         c.close()
+    stop(procs0, ch)
+
+
+def stop(procs0, ch):
     for p in reversed(harness.PROCS[procs0:]):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

@@ -169,7 +169,7 @@ chan_get(rpc_async_t *a, const char *target)
 	/* a peer that vanished under a call in flight is noticed (servers
 	 * here accept pings this often, see rpc_server.c) */
 	args[5] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIME_MS, RPC_KEEPALIVE_MS);
-	args[6] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+	args[6] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000); /* a busy peer is not a dead one */
 	args[7] = rpc_arg_int(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
 	c = xcalloc(1, sizeof(*c));
 	c->target = xstrdup(target);

@@ -10,7 +10,7 @@
 #include "daemon/rpc.h"
 
 /* clients ping an idle call this often; servers accept pings this often */
-#define RPC_KEEPALIVE_MS 20000
+#define RPC_KEEPALIVE_MS 30000
 #define RPC_MIN_PING_MS 10000
 
 grpc_arg rpc_arg_int(const char *key, int value);
