@@ -376,7 +376,10 @@ job_after(uv_work_t *w, int status)
 					    j->refit_id, j->version, j->err.msg);
 			node_client_release(n, c);
 		}
-	if (ok && j->cached == NULL) {  /* keep the plan for the next refit */
+	/* keep a plan built here and matching the coordinator's for the next
+	 * refit (or a retry), whatever became of this slice */
+	if (j->cached == NULL && j->built.digest_hex[0] &&
+	    strcmp(j->built.digest_hex, j->digest) == 0) {
 		node_plan_t *e = node_plans_put(n, j->plan_key, &j->built);
 
 		node_plan_release(n, e);
