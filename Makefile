@@ -96,6 +96,7 @@ LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
+     $(BUILD)/bin/bench-members \
      $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
      $(if $(HAVE_NVCC),$(GPU_KERNELS))
 
@@ -188,6 +189,17 @@ $(REFITCTL): $(BUILD)/obj/client/refitctl.o $(RPCLIB) $(LIB)
 
 BENCH_RPC := $(BUILD)/bin/bench-rpc
 BENCH_DP  := $(BUILD)/bin/bench-dataplane
+BENCH_MEMBERS := $(BUILD)/bin/bench-members
+
+$(BUILD)/obj/bench/bench_members.o: bench/bench_members.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(BENCH_MEMBERS): $(BUILD)/obj/bench/bench_members.o $(RPCLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
 
 $(BENCH_DP): $(call objs,$(BUILD),bench/bench_dataplane.c) $(LIB)
 	@mkdir -p $(dir $@)
@@ -391,8 +403,8 @@ demo-nccl: deps
 	$(Q)DEMO_TRANSPORT=nccl sh scripts/demo.sh $(BIN)
 
 bench: deps
-	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(REFITD) \
-		$(REFITCTL) $(REFITCLI)
+	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(BENCH_MEMBERS) \
+		$(REFITD) $(REFITCTL) $(REFITCLI)
 	$(Q)$(BENCH)
 	@echo
 	$(Q)$(BENCH_RPC) $(REFITD)
@@ -400,6 +412,10 @@ bench: deps
 	$(Q)$(BENCH_DP)
 	@echo
 	$(Q)/usr/bin/python3 bench/bench_refit.py $(BUILD)
+	@echo
+	$(Q)$(BENCH_MEMBERS) $(REFITD)
+	@echo
+	$(Q)/usr/bin/python3 bench/bench_scale.py $(BUILD)
 
 # the emulated-topology testbed: network namespaces, tc, needs root
 testbed:

@@ -222,6 +222,33 @@ final_state(Refit__V1__RefitState s)
 	       s == REFIT__V1__REFIT_STATE__ABORTED;
 }
 
+/* Per-node planning: the slowest node, the mean, how many used a cached plan. */
+static void
+print_nodes(const Refit__V1__Refit *r)
+{
+	uint64_t max = 0, sum = 0;
+	size_t cached = 0, reported = 0, slow = 0;
+
+	if (r->running_after_ms)
+		printf("       every slice running %" PRIu64 " ms after the trigger\n",
+		       r->running_after_ms);
+	for (size_t k = 0; k < r->n_nodes; k++) {
+		if (!r->nodes[k]->reported)
+			continue;
+		reported++;
+		cached += r->nodes[k]->plan_cached;
+		sum += r->nodes[k]->plan_micros;
+		if (r->nodes[k]->plan_micros >= max) {
+			max = r->nodes[k]->plan_micros;
+			slow = k;
+		}
+	}
+	if (reported)
+		printf("       planning on the nodes: %zu of %zu reported, %zu from their cache; "
+		       "slowest %.1f ms (%s), mean %.1f ms\n", reported, r->n_nodes, cached,
+		       max / 1e3, r->nodes[slow]->node_id, sum / 1e3 / (double)reported);
+}
+
 static void
 print_refit(const Refit__V1__Refit *r, int json)
 {
@@ -254,6 +281,19 @@ print_refit(const Refit__V1__Refit *r, int json)
 			printf("%s%s", k ? ", " : "", a.s);
 			strbuf_fini(&a);
 		}
+		printf("], \"running_after_ms\": %" PRIu64 ", \"nodes\": [", r->running_after_ms);
+		for (size_t k = 0; k < r->n_nodes; k++) {
+			strbuf_t id;
+
+			strbuf_init(&id);
+			strbuf_json_str(&id, r->nodes[k]->node_id);
+			printf("%s{\"node_id\": %s, \"plan_micros\": %" PRIu64 ", "
+			       "\"plan_cached\": %s, \"slice_micros\": %" PRIu64 ", \"reported\": "
+			       "%s}", k ? ", " : "", id.s, r->nodes[k]->plan_micros,
+			       r->nodes[k]->plan_cached ? "true" : "false",
+			       r->nodes[k]->slice_micros, r->nodes[k]->reported ? "true" : "false");
+			strbuf_fini(&id);
+		}
 		printf("]}");
 		strbuf_fini(&sb);
 		return;
@@ -282,6 +322,7 @@ print_refit(const Refit__V1__Refit *r, int json)
 		printf("       transport sessions ready in %.1f ms (slowest node)\n",
 		       r->comm_micros / 1e3);
 	}
+	print_nodes(r);
 }
 
 /* exit status for a refit in a final state */

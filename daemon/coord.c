@@ -104,7 +104,7 @@ coord_bump_epoch(coord_t *c, const char *why)
 {
 	c->epoch++;
 	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
-	coord_refits_on_epoch(c, c->epoch - 1);
+	coord_refits_on_epoch(c, c->epoch - 1, why);
 }
 
 static void
@@ -114,6 +114,7 @@ remove_member(coord_t *c, size_t i, const char *why)
 
 	snprintf(what, sizeof(what), "%s: member %" PRIu64 " (%s)", why, c->members.v[i].id,
 		 c->members.v[i].node_id);
+	rpc_async_forget(c->rpc, c->members.v[i].rpc_ep);
 	member_fini(&c->members.v[i]);
 	c->members.v[i] = c->members.v[--c->members.n];
 	coord_bump_epoch(c, what);
@@ -753,6 +754,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 
 	c->loop = loop;
 	c->o = *o;
+	c->rpc = o->rpc;
 	c->state_file = o->state_file ? xstrdup(o->state_file) : NULL;
 	if (coord_state_load(c, err) != REFIT_OK) {
 		on_timer_closed_free(c);
@@ -821,6 +823,7 @@ coord_close(coord_t *c, void (*done)(void *arg), void *arg)
 		return;
 	}
 	c->closing = true;
+	rpc_async_cancel(c->rpc, RPC_GROUP_ALL); /* nodes' answers are not awaited */
 	c->closed_cb = done;
 	c->closed_arg = arg;
 	uv_timer_stop(&c->lease_timer);

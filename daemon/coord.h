@@ -16,6 +16,7 @@ typedef struct coord_opts {
 	const char *state_file; /* NULL: nothing survives a restart */
 	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */
 	bool nic_per_node;      /* plans: one NIC per node, shared by its ranks */
+	rpc_async_t *rpc;       /* the process's client for calls to nodes (not owned) */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -41,6 +41,15 @@ typedef struct model {
 	bool no_catch_up;
 } model_t;
 
+/* One node's figures in a refit (from its SliceDone). */
+typedef struct refit_node_time {
+	uint64_t plan_us, slice_us;
+	bool plan_cached;
+} refit_node_time_t;
+
+#define NODE_STARTED 1u      /* RunSlice answered: the slice runs */
+#define NODE_REPORTED 2u     /* SliceDone (or a failed RunSlice) counted */
+
 typedef struct refit_rec {
 	uint64_t id, version, epoch, created_ms, finished_ms, bytes;
 	char *model, *key, *failure;
@@ -67,6 +76,12 @@ typedef struct refit_rec {
 	uint8_t nccl_id[128];       /* from the lowest rank's node */
 	size_t nccl_id_len;
 	uint32_t phase;             /* bumped per phase; stale answers are ignored */
+	/* RUNNING: per node of nodes, the slice's start and its report */
+	uint8_t *nstate;            /* NODE_STARTED | NODE_REPORTED */
+	refit_node_time_t *ntime;
+	uint32_t nstarted;
+	uint64_t run_deadline_ms;   /* backstop when a node never reports */
+	uint64_t running_after_ms;  /* trigger -> every slice started */
 } refit_rec_t;
 
 /* The last plan built for a model, reused while its inputs stay the same. */
@@ -87,7 +102,8 @@ struct coord {
 	VEC(refit_rec_t *) refits;  /* oldest first */
 	uint64_t next_refit;
 	VEC(plan_cache_t) plans;
-	uint32_t inflight;          /* async node calls not yet answered */
+	rpc_async_t *rpc;           /* calls to nodes (shared with main) */
+	uint32_t inflight;          /* async node calls and plans not yet done */
 	bool bumping;               /* inside a failure's epoch bump */
 	uint8_t token[16];          /* data-plane token of token_epoch */
 	uint64_t token_epoch;
@@ -162,8 +178,8 @@ extern const size_t coord_refit_nmethods;
 /* Abort the refits in flight that use member id; their ids into *ids. */
 size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
 				 size_t max);
-/* membership changed: refits in flight fail */
-void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch);
+/* membership changed (why: what changed it): refits in flight fail */
+void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
 void coord_refits_fini(coord_t *c);
 /* Timer: retries and catch-up refits that are due. */
 void coord_refits_tick(coord_t *c);

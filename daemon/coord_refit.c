@@ -5,14 +5,19 @@
  *   PENDING -> PREPARING  plan taken (from the cache when layouts, members
  *                         and options are unchanged); every node taking part
  *                         is told the epoch (Node.PrepareEpoch)
- *           -> RUNNING    every node runs its slice (Node.RunSlice)
+ *           -> RUNNING    every node starts its slice (Node.RunSlice, answered
+ *                         at the start) and reports its end (SliceDone,
+ *                         counted once per node and attempt)
  *           -> COMMITTED  every node succeeded: the model's installed
  *                         version moves
  *   any non-final state -> FAILED  (a node failed, could not be reached, or
  *                         membership changed) or ABORTED (AbortRefit)
  *
- * Node calls run off the loop (rpc_call_async); an answer for a refit that
- * has moved on (phase counter) is ignored.  Triggers are idempotent per
+ * Node calls are asynchronous (rpc_async_call, grouped by refit id, so a
+ * refit that ends cancels the calls it still has out); an answer for a
+ * refit that has moved on (phase counter) is ignored.  No call lasts as
+ * long as a slice: a node that never reports is caught by its lease, its
+ * own slice deadline, or at last by SLICE_RUN_MS here.  Triggers are idempotent per
  * (model, key).  The last REFIT_KEEP records are kept for ListRefits.
  */
 #include <inttypes.h>
@@ -30,7 +35,7 @@
 
 #define REFIT_KEEP 256
 #define NODE_CALL_MS 30000
-#define SLICE_CALL_MS 3600000  /* RunSlice: a node's slice_timeout_ms bounds it first */
+#define SLICE_RUN_MS 3600000   /* RUNNING backstop: a node's slice_timeout_ms comes first */
 
 typedef struct nctx {
 	coord_t *c;
@@ -74,6 +79,8 @@ rec_free(refit_rec_t *r)
 	free(r->key);
 	free(r->failure);
 	free(r->nodes);
+	free(r->nstate);
+	free(r->ntime);
 	free(r);
 }
 
@@ -113,6 +120,8 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	       r->state != REFIT__V1__REFIT_STATE__PENDING;
 	r->phase++;
 	r->pending = 0;
+	if (!r->committing)
+		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
 	free(r->failure);
 	r->failure = msg[0] ? xstrdup(msg) : NULL;
 	if (state == REFIT__V1__REFIT_STATE__FAILED && r->attempt <= r->retries) {
@@ -189,7 +198,7 @@ call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessag
 		}
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
-		if (rpc_call_async(c->loop, m->rpc_ep, NULL, &refit__v1__node__descriptor,
+		if (rpc_async_call(c->rpc, r->id, m->rpc_ep, &refit__v1__node__descriptor,
 				   method, req, timeout_ms, on_node_done, x, &err) != REFIT_OK) {
 			free(x);
 			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s", m->node_id,
@@ -216,6 +225,13 @@ start_running(coord_t *c, refit_rec_t *r)
 	}
 	r->state = REFIT__V1__REFIT_STATE__RUNNING;
 	r->phase++;
+	free(r->nstate);
+	free(r->ntime);
+	r->nstate = xcalloc(r->nnodes + 1, sizeof(*r->nstate));
+	r->ntime = xcalloc(r->nnodes + 1, sizeof(*r->ntime));
+	r->nstarted = 0;
+	r->running_after_ms = 0;
+	r->run_deadline_ms = coord_now_ms() + SLICE_RUN_MS;
 	coord_save(c);
 	coord_plan_opts(c, r->mode, &o);
 	iv = xcalloc(m->inst.n + 1, sizeof(*iv));
@@ -251,7 +267,8 @@ start_running(coord_t *c, refit_rec_t *r)
 	rq.n_instances = n;
 	rq.corrupt_msg = r->corrupt;
 	rq.nic_per_node = c->o.nic_per_node;
-	call_nodes(c, r, "RunSlice", &rq.base, SLICE_CALL_MS);
+	rq.attempt = r->attempt;
+	call_nodes(c, r, "RunSlice", &rq.base, NODE_CALL_MS);
 	for (size_t i = 0; i < n; i++)
 		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
 	free(iv);
@@ -291,6 +308,93 @@ answer_of(const nctx_t *x, member_t **m)
 	return r != NULL && r->phase == x->phase && !is_final(r->state) ? r : NULL;
 }
 
+/* The index of member id among r's nodes, or SIZE_MAX. */
+static size_t
+node_index(const refit_rec_t *r, uint64_t id)
+{
+	for (size_t k = 0; k < r->nnodes; k++)
+		if (r->nodes[k] == id)
+			return k;
+	return SIZE_MAX;
+}
+
+/*
+ * Node k's slice ended (its SliceDone, or a RunSlice that failed): counted
+ * once.  A failure makes the others stop; the refit fails once all have
+ * reported, naming the likeliest cause (peers of a failed node only see it
+ * disappear).  When every slice succeeded, Commit follows.
+ */
+static void
+slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
+	     const char *msg, const Refit__V1__RunSliceResponse *rs)
+{
+	r->nstate[k] |= NODE_REPORTED;
+	r->pending--;
+	if (st != REFIT_OK) {
+		char buf[REFIT_ERR_MSG_MAX];
+		bool symptom = strstr(msg, "tcp: ") != NULL || /* the transport saw it */
+			       strstr(msg, "aborted by the coordinator") != NULL;
+
+		snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", node, msg);
+		if (r->failure == NULL || (!symptom && r->failing_symptom)) {
+			free(r->failure);
+			r->failure = xstrdup(buf);
+			r->failing_symptom = symptom;
+		}
+		if (!r->failing) {
+			r->failing = true;
+			abort_on_nodes(c, r);
+		}
+	} else if (rs != NULL) {
+		r->bytes += rs->bytes;
+		if (rs->comm_micros > r->comm_us)
+			r->comm_us = rs->comm_micros;
+		for (size_t i = 0; i < rs->n_stages; i++) {
+			uint32_t sk = rs->stages[i]->stage < 64 ? rs->stages[i]->stage : 63;
+
+			if (rs->stages[i]->micros > r->stage_us[sk])
+				r->stage_us[sk] = rs->stages[i]->micros;
+			r->stage_bytes[sk] += rs->stages[i]->bytes;
+			if (sk + 1 > r->nstages)
+				r->nstages = sk + 1;
+		}
+	}
+	if (r->pending > 0)
+		return;
+	if (r->failing)
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s", r->failure);
+	else
+		start_commit(c, r);
+}
+
+/* Node k's slice runs (its RunSlice was answered, or it already reported). */
+static void
+mark_started(refit_rec_t *r, size_t k)
+{
+	if (r->nstate[k] & NODE_STARTED)
+		return;
+	r->nstate[k] |= NODE_STARTED;
+	if (++r->nstarted == r->nnodes) {
+		r->running_after_ms = coord_now_ms() - r->created_ms;
+		log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %zu slices running, "
+			 "%" PRIu64 " ms after the trigger", r->id, r->model, r->version,
+			 r->nnodes, r->running_after_ms);
+	}
+}
+
+/* RunSlice answered: the slice started (its end comes in SliceDone). */
+static void
+slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
+	      const char *msg)
+{
+	if (st != REFIT_OK) {
+		if (!(r->nstate[k] & NODE_REPORTED))
+			slice_result(c, r, k, node, st, msg, NULL);
+		return;
+	}
+	mark_started(r, k);
+}
+
 static void
 on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
@@ -299,72 +403,78 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 	member_t *m;
 	refit_rec_t *r = answer_of(x, &m);
 
-	if (r != NULL) {
-		const char *what = r->state == REFIT__V1__REFIT_STATE__PREPARING ? "PrepareEpoch"
-				   : r->committing ? "Commit" : "RunSlice";
+	(void)resp;
+	if (r == NULL) {
+		/* moved on */
+	} else if (r->state == REFIT__V1__REFIT_STATE__RUNNING && !r->committing) {
+		size_t k = node_index(r, x->member_id);
 
-		if (st != REFIT_OK && r->state == REFIT__V1__REFIT_STATE__RUNNING &&
-		    !r->committing) {
-			/* one slice failed: the others are told to stop, and the
-			 * refit fails once all have answered, naming the likeliest
-			 * cause (peers of a failed node only see it disappear) */
-			char buf[REFIT_ERR_MSG_MAX];
-			bool symptom = strstr(msg, "tcp: ") != NULL || /* the transport saw it */
-				       strstr(msg, "aborted by the coordinator") != NULL;
+		if (k != SIZE_MAX)
+			slice_started(c, r, k, m ? m->node_id : "?", st, msg);
+	} else if (st != REFIT_OK) {
+		/* a failed Commit leaves the nodes that did commit at the new
+		 * version: the refit is FAILED and says which node did not */
+		bool committing = r->committing;
 
-			snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", m ? m->node_id : "?",
-				 msg);
-			if (r->failure == NULL || (!symptom && r->failing_symptom)) {
-				free(r->failure);
-				r->failure = xstrdup(buf);
-				r->failing_symptom = symptom;
-			}
-			if (!r->failing) {
-				r->failing = true;
-				abort_on_nodes(c, r);
-			}
-			if (--r->pending == 0)
-				finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s", r->failure);
-		} else if (st != REFIT_OK) {
-			/* a failed Commit leaves the nodes that did commit at the new
-			 * version: the refit is FAILED and says which node did not */
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s",
-			       m ? m->node_id : "?", what, msg);
-			if (!r->committing)
-				abort_on_nodes(c, r);
-		} else {
-			if (r->state == REFIT__V1__REFIT_STATE__RUNNING && !r->committing &&
-			    resp != NULL) {
-				const Refit__V1__RunSliceResponse *rs = (const void *)resp;
-
-				r->bytes += rs->bytes;
-				if (rs->comm_micros > r->comm_us)
-					r->comm_us = rs->comm_micros;
-				for (size_t k = 0; k < rs->n_stages; k++) {
-					uint32_t sk = rs->stages[k]->stage < 64 ?
-						      rs->stages[k]->stage : 63;
-
-					if (rs->stages[k]->micros > r->stage_us[sk])
-						r->stage_us[sk] = rs->stages[k]->micros;
-					r->stage_bytes[sk] += rs->stages[k]->bytes;
-					if (sk + 1 > r->nstages)
-						r->nstages = sk + 1;
-				}
-			}
-			if (--r->pending == 0 && r->failing) {
-				finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s", r->failure);
-			} else if (r->pending == 0) {
-				if (r->state == REFIT__V1__REFIT_STATE__PREPARING)
-					start_running(c, r);
-				else if (!r->committing)
-					start_commit(c, r);
-				else
-					finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL);
-			}
-		}
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s",
+		       m ? m->node_id : "?", committing ? "Commit" : "PrepareEpoch", msg);
+		if (!committing)
+			abort_on_nodes(c, r);
+	} else if (--r->pending == 0) {
+		if (r->state == REFIT__V1__REFIT_STATE__PREPARING)
+			start_running(c, r);
+		else
+			finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL);
 	}
 	free(x);
 	coord_maybe_free(c);
+}
+
+/*
+ * SliceDone: a node's slice ended.  Counted once per (refit, attempt,
+ * node); a duplicate, or a report for an attempt that has moved on, is
+ * answered counted=false so the node stops sending it.
+ */
+static void
+h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__SliceDoneRequest *rq = (const void *)msg;
+	Refit__V1__SliceDoneResponse rsp = REFIT__V1__SLICE_DONE_RESPONSE__INIT;
+	refit_rec_t *r = find_refit(c, rq->refit_id);
+	const char *node = rq->node_id ? rq->node_id : "";
+	member_t *m = coord_find_member(c, rq->member_id);
+	size_t k;
+
+	if (r == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "SliceDone: no refit %" PRIu64,
+				     rq->refit_id);
+	if (m != NULL && strcmp(m->node_id, node) != 0)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SliceDone: member %" PRIu64
+				     " is node \"%s\", not \"%s\"", rq->member_id, m->node_id,
+				     node);
+	k = node_index(r, rq->member_id);
+	if (r->state != REFIT__V1__REFIT_STATE__RUNNING || r->committing ||
+	    r->epoch != rq->epoch || r->attempt != rq->attempt || r->nstate == NULL) {
+		log_debug(LOG_SUB_COORD, "coordinator: refit %" PRIu64 ": SliceDone from %s for epoch %" PRIu64
+			  " attempt %u: the refit has moved on (%s, attempt %u)", r->id, node,
+			  rq->epoch, rq->attempt, state_name(r->state), r->attempt);
+		return rpc_call_reply(call, &rsp.base);
+	}
+	if (k == SIZE_MAX || m == NULL)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SliceDone: node \"%s\" "
+				     "(member %" PRIu64 ") takes no part in refit %" PRIu64, node,
+				     rq->member_id, r->id);
+	if (r->nstate[k] & NODE_REPORTED)
+		return rpc_call_reply(call, &rsp.base); /* a duplicate */
+	rsp.counted = true;
+	mark_started(r, k);  /* its RunSlice answer may still be on its way */
+	r->ntime[k].plan_us = rq->plan_micros;
+	r->ntime[k].plan_cached = rq->plan_cached;
+	r->ntime[k].slice_us = rq->stats ? rq->stats->micros : 0;
+	slice_result(c, r, k, node, rq->code == 0 ? REFIT_OK : rpc_status_from_grpc(rq->code),
+		     rq->message && rq->message[0] ? rq->message : "failed", rq->stats);
+	rpc_call_reply(call, &rsp.base);  /* frees rq */
 }
 
 /* ---- plans ----------------------------------------------------------------- */
@@ -725,7 +835,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 		refit_err_clear(&err);
 		*x = (nctx_t){c, r->id, low->id, r->phase};
 		rq.epoch = r->epoch;
-		if (rpc_call_async(c->loop, low->rpc_ep, NULL, &refit__v1__node__descriptor,
+		if (rpc_async_call(c->rpc, r->id, low->rpc_ep, &refit__v1__node__descriptor,
 				   "NcclId", &rq.base, NODE_CALL_MS, on_nccl_id, x, &err) !=
 		    REFIT_OK) {
 			free(x);
@@ -868,7 +978,7 @@ coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *id
 }
 
 void
-coord_refits_on_epoch(coord_t *c, uint64_t old_epoch)
+coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why)
 {
 	for (size_t i = 0; i < c->refits.n; i++) {
 		refit_rec_t *r = c->refits.v[i];
@@ -877,8 +987,11 @@ coord_refits_on_epoch(coord_t *c, uint64_t old_epoch)
 		    r->epoch == old_epoch) {
 			uint32_t a = r->attempt;
 
+			/* the change names the node (a lease that expired: the node
+			 * that died under the refit) */
 			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "membership changed (epoch %"
-			       PRIu64 " -> %" PRIu64 ") during the refit", old_epoch, c->epoch);
+			       PRIu64 " -> %" PRIu64 ": %s) during the refit", old_epoch,
+			       c->epoch, why);
 			/* the surviving nodes stop now, not at their slice deadline */
 			if (r->state == REFIT__V1__REFIT_STATE__FAILED || r->attempt != a)
 				abort_on_nodes(c, r);
@@ -910,6 +1023,31 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->n_attempts = r->nattempts;
 	o->instance = r->only ? r->only : "";
 	o->comm_micros = r->comm_us;
+	o->running_after_ms = r->running_after_ms;
+}
+
+/* fill_refit's per-node figures (node names are c's; free nv and np). */
+static void
+fill_nodes(coord_t *c, const refit_rec_t *r, Refit__V1__Refit *o, Refit__V1__NodeTiming **nv,
+	   Refit__V1__NodeTiming ***np)
+{
+	size_t n = r->ntime ? r->nnodes : 0;
+
+	*nv = xcalloc(n + 1, sizeof(**nv));
+	*np = xcalloc(n + 1, sizeof(**np));
+	for (size_t k = 0; k < n; k++) {
+		const member_t *m = coord_find_member(c, r->nodes[k]);
+
+		refit__v1__node_timing__init(&(*nv)[k]);
+		(*nv)[k].node_id = m ? m->node_id : "(left)";
+		(*nv)[k].plan_micros = r->ntime[k].plan_us;
+		(*nv)[k].plan_cached = r->ntime[k].plan_cached;
+		(*nv)[k].slice_micros = r->ntime[k].slice_us;
+		(*nv)[k].reported = (r->nstate[k] & NODE_REPORTED) != 0;
+		(*np)[k] = &(*nv)[k];
+	}
+	o->nodes = *np;
+	o->n_nodes = n;
 }
 
 /* fill_refit's stage timings (caller storage). */
@@ -1009,13 +1147,17 @@ h_get(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	Refit__V1__Refit o;
 
 	Refit__V1__StageTiming tv[64], *tp[64];
+	Refit__V1__NodeTiming *nv, **np;
 
 	if (r == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetRefit: no refit %" PRIu64,
 				     rq->refit_id);
 	fill_refit(r, &o);
 	fill_stages(r, &o, tv, tp);
+	fill_nodes(c, r, &o, &nv, &np);
 	rpc_call_reply(call, &o.base);
+	free(nv);
+	free(np);
 }
 
 static void
@@ -1046,6 +1188,29 @@ h_list(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(p);
 }
 
+/*
+ * A failing refit's Abort found a node unreachable (its process died, so
+ * its SliceDone will never come): its slice counts as failed now, not when
+ * its lease lapses.
+ */
+static void
+unreachable(coord_t *c, const nctx_t *x, const char *msg)
+{
+	refit_rec_t *r = find_refit(c, x->refit_id);
+	member_t *m = coord_find_member(c, x->member_id);
+	size_t k;
+	char buf[REFIT_ERR_MSG_MAX];
+
+	if (r == NULL || r->phase != x->phase || r->state != REFIT__V1__REFIT_STATE__RUNNING ||
+	    r->committing || r->nstate == NULL || m == NULL)
+		return;
+	k = node_index(r, x->member_id);
+	if (k == SIZE_MAX || (r->nstate[k] & NODE_REPORTED))
+		return;
+	snprintf(buf, sizeof(buf), "unreachable during its slice (%s)", msg);
+	slice_result(c, r, k, m->node_id, REFIT_ERR_UNAVAILABLE, buf, NULL);
+}
+
 static void
 on_abort_sent(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
@@ -1057,6 +1222,8 @@ on_abort_sent(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 		log_warnx("coordinator: refit %" PRIu64 ": Node.Abort to member %" PRIu64 ": %s",
 			  x->refit_id, x->member_id, msg);
 	c->inflight--;
+	if (st == REFIT_ERR_UNAVAILABLE && !c->closing)
+		unreachable(c, x, msg);
 	free(x);
 	coord_maybe_free(c);
 }
@@ -1078,8 +1245,9 @@ abort_on_nodes(coord_t *c, refit_rec_t *r)
 			continue;
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
-		if (rpc_call_async(c->loop, m->rpc_ep, NULL, &refit__v1__node__descriptor,
-				   "Abort", &ab.base, 5000, on_abort_sent, x, NULL) == REFIT_OK)
+		if (rpc_async_call(c->rpc, RPC_GROUP_NONE, m->rpc_ep,
+				   &refit__v1__node__descriptor, "Abort", &ab.base, 5000,
+				   on_abort_sent, x, NULL) == REFIT_OK)
 			c->inflight++;
 		else
 			free(x);
@@ -1112,6 +1280,7 @@ const rpc_method_cfg_t coord_refit_methods[] = {
 	{"GetRefit", h_get, true},
 	{"ListRefits", h_list, true},
 	{"AbortRefit", h_abort, true},
+	{"SliceDone", h_slice_done, false},
 };
 const size_t coord_refit_nmethods = sizeof(coord_refit_methods) / sizeof(coord_refit_methods[0]);
 
@@ -1125,6 +1294,23 @@ model_busy(coord_t *c, const char *model)
 	return false;
 }
 
+/* RUNNING past SLICE_RUN_MS with slices unreported: fail it (a backstop;
+ * leases and the nodes' own slice deadlines come first). */
+static void
+overdue(coord_t *c, refit_rec_t *r)
+{
+	size_t k = 0;
+	const member_t *m;
+
+	while (k < r->nnodes && (r->nstate[k] & NODE_REPORTED))
+		k++;
+	m = k < r->nnodes ? coord_find_member(c, r->nodes[k]) : NULL;
+	finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s never reported its slice "
+	       "(SliceDone) within %d ms; %u of %zu did not", m ? m->node_id : "?",
+	       SLICE_RUN_MS, r->pending, r->nnodes);
+	abort_on_nodes(c, r);
+}
+
 void
 coord_refits_tick(coord_t *c)
 {
@@ -1132,6 +1318,13 @@ coord_refits_tick(coord_t *c)
 
 	if (c->closing)
 		return;
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (r->state == REFIT__V1__REFIT_STATE__RUNNING && !r->committing &&
+		    r->nstate != NULL && now > r->run_deadline_ms)
+			overdue(c, r);
+	}
 	for (size_t i = 0; i < c->refits.n; i++) {
 		refit_rec_t *r = c->refits.v[i];
 		model_t *m;

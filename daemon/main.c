@@ -30,6 +30,7 @@ typedef struct daemon_state {
 	rpc_server_t *srv;
 	coord_t *coord;
 	node_t *node;
+	rpc_async_t *rpc;     /* the one client engine: calls to nodes or the coordinator */
 	bool stopping;
 } daemon_state_t;
 
@@ -182,8 +183,14 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	size_t nranks = 0;
 	refit_status_t rc;
 
-	if (strcmp(cfg->role, "coordinator") == 0)
-		return (d->coord = coord_new(&d->loop, d->srv, co, err)) ? REFIT_OK : err->status;
+	if (strcmp(cfg->role, "coordinator") == 0) {
+		coord_opts_t o = *co;
+
+		/* calls to nodes: plain, as the nodes serve the Node service */
+		if ((d->rpc = o.rpc = rpc_async_new(&d->loop, NULL, err)) == NULL)
+			return err->status;
+		return (d->coord = coord_new(&d->loop, d->srv, &o, err)) ? REFIT_OK : err->status;
+	}
 	CHECK(config_parse_ranks(cfg->ranks, &ranks, &nranks, err));
 	memset(&no, 0, sizeof(no));
 	if (cfg->node_id == NULL && gethostname(hostname_buf, sizeof(hostname_buf) - 1) < 0)
@@ -209,6 +216,10 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.nccl_library = cfg->nccl_library;
 	no.gpu_kernels_library = cfg->gpu_kernels_library;
 	no.gpu_devices = cfg->gpu_devices;
+	if ((d->rpc = no.rpc = rpc_async_new(&d->loop, &no.client, err)) == NULL) {
+		free(ranks);
+		return err->status;
+	}
 	d->node = node_new(&d->loop, d->srv, &no, err);
 	rc = d->node ? REFIT_OK : err->status;
 	free(ranks);
@@ -318,9 +329,11 @@ main(int argc, char **argv)
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	signal(SIGPIPE, SIG_IGN);
-	/* node calls and planning run on libuv's pool: 4 threads by default
-	 * would prepare a 64-node refit four nodes at a time */
-	setenv("UV_THREADPOOL_SIZE", "64", 0);
+	/* calls to other processes do not use libuv's pool (rpc_async.c); the
+	 * coordinator plans on it (4 threads, the default), a node runs each
+	 * slice on it for the slice's length, so a node gets a few more */
+	if (strcmp(cfg.role, "node") == 0)
+		setenv("UV_THREADPOOL_SIZE", "8", 0);
 	memset(&d, 0, sizeof(d));
 	uv_loop_init(&d.loop);
 	if ((d.srv = rpc_server_new(&so, &d.loop, &err)) == NULL ||
@@ -331,6 +344,8 @@ main(int argc, char **argv)
 			rpc_server_drain(d.srv);
 		node_close(d.node);
 		coord_close(d.coord, on_coord_closed, &d);
+		uv_run(&d.loop, UV_RUN_DEFAULT);
+		rpc_async_close(d.rpc);
 		uv_run(&d.loop, UV_RUN_DEFAULT);
 		uv_loop_close(&d.loop);
 		free(token);
@@ -350,6 +365,8 @@ main(int argc, char **argv)
 	log_info("refitd: %s listening on %s (port %d)", cfg.role, cfg.listen, port);
 	sd_notify_msg(d.coord ? "READY=1\nSTATUS=coordinator serving" :
 		      "READY=1\nSTATUS=node serving");
+	uv_run(&d.loop, UV_RUN_DEFAULT);
+	rpc_async_close(d.rpc);  /* idle by now: stop its thread */
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	uv_loop_close(&d.loop);
 	free(token);

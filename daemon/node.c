@@ -27,6 +27,9 @@ node_maybe_free(node_t *n)
 {
 	if (!n->closing || n->handles || n->inflight || n->jobs.n)
 		return;
+	node_reports_drop(n);
+	VEC_FREE(&n->reports);
+	node_plans_fini(n);
 	node_local_stop(n);
 	if (n->x)
 		n->xo->stop(n->x);
@@ -134,7 +137,7 @@ on_tick(uv_timer_t *t)
 		rq.transport = (char *)n->xo->name;
 		rq.ranks = rp;
 		rq.n_ranks = n->nranks;
-		if (rpc_call_async(n->loop, n->coordinator, &n->client,
+		if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 				   &refit__v1__coordinator__descriptor, "Join", &rq.base, CALL_MS,
 				   on_join, n, &err) == REFIT_OK) {
 			n->busy = true;
@@ -147,7 +150,7 @@ on_tick(uv_timer_t *t)
 
 		rq.member_id = n->member_id;
 		rq.epoch = n->epoch;
-		if (rpc_call_async(n->loop, n->coordinator, &n->client,
+		if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 				   &refit__v1__coordinator__descriptor, "Heartbeat", &rq.base,
 				   CALL_MS, on_beat_done, n, &err) == REFIT_OK) {
 			n->busy = true;
@@ -162,6 +165,7 @@ static void
 on_sweep(uv_timer_t *t)
 {
 	node_waiters_sweep(t->data);
+	node_reports_tick(t->data);
 }
 
 /* ---- Node service -------------------------------------------------------- */
@@ -295,6 +299,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	memcpy(n->ranks, o->ranks, o->nranks * sizeof(*n->ranks));
 	n->nranks = o->nranks;
 	n->client = o->client;
+	n->rpc = o->rpc;
 	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->closing = true; /* until started: node_maybe_free frees */
@@ -372,7 +377,7 @@ leave(node_t *n)
 	rq.member_id = n->member_id;
 	rq.reason = n->drained ? "drained" : "shutdown";
 	n->member_id = 0;
-	if (rpc_call_async(n->loop, n->coordinator, &n->client,
+	if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 			   &refit__v1__coordinator__descriptor, "Leave", &rq.base, 2000,
 			   on_left, n, NULL) == REFIT_OK)
 		n->inflight++;
@@ -384,6 +389,7 @@ node_close(node_t *n)
 	if (n == NULL)
 		return;
 	n->closing = true;
+	rpc_async_cancel(n->rpc, RPC_GROUP_ALL);  /* before Leave, which goes last */
 	leave(n);
 	node_run_abort_all(n, "the node daemon is shutting down");
 	node_waiters_fail_all(n, "the node daemon is shutting down");

@@ -25,6 +25,7 @@ typedef struct node_opts {
 	uint64_t test_msg_delay_ms;
 	const char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl */
 	const char *gpu_devices;  /* nccl: "0,1,..." (NULL: local rank i -> device i) */
+	rpc_async_t *rpc;         /* the process's client for calls (not owned) */
 } node_opts_t;
 
 typedef struct node node_t;

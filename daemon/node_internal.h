@@ -84,6 +84,27 @@ typedef struct prepared {
 
 typedef struct slice_job slice_job_t;
 
+/* A plan this node built, kept by a digest of its inputs (node_plans.c). */
+typedef struct node_plan {
+	char key[SHA256_HEX_LEN];
+	plan_t plan;
+	uint32_t refs;          /* the cache's, plus one per slice using it */
+	uint64_t used;
+} node_plan_t;
+
+#define NODE_PLANS_MAX 4
+
+/* A slice's end, sent to the coordinator (SliceDone) until acknowledged. */
+typedef struct slice_report {
+	struct node *n;
+	uint64_t refit_id, epoch;
+	uint8_t *req;           /* the packed SliceDoneRequest */
+	size_t len;
+	uint32_t tries;
+	uint64_t next_ms, give_up_ms;
+	bool sending;
+} slice_report_t;
+
 struct node {
 	uv_loop_t *loop;
 	uv_timer_t beat, sweep;
@@ -113,6 +134,10 @@ struct node {
 	VEC(waiter_t) waiters;
 	VEC(prepared_t) prepared;
 	VEC(slice_job_t *) jobs;      /* slices running */
+	rpc_async_t *rpc;             /* calls to the coordinator (shared with main) */
+	VEC(slice_report_t *) reports;/* SliceDone not yet acknowledged */
+	VEC(node_plan_t *) plans;     /* plans built here, by input digest */
+	uint64_t plan_clock;
 };
 
 /* node_local.c */
@@ -136,5 +161,19 @@ void node_run_abort_all(node_t *n, const char *why);
 /* The client died: abort slices using it. */
 void node_run_client_gone(node_t *n, uint64_t client_id, const char *why);
 void node_maybe_free(node_t *n);
+/* Resend the slice reports that are due (the sweep timer). */
+void node_reports_tick(node_t *n);
+/* Drop the reports not in flight (shutting down). */
+void node_reports_drop(node_t *n);
+
+/* node_plans.c */
+void node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+		   const plan_topo_t *topo, const plan_opts_t *o, char key[SHA256_HEX_LEN]);
+/* The plan of key with a reference taken, or NULL. */
+node_plan_t *node_plans_get(node_t *n, const char *key);
+/* Keep *p (taken) under key; returns the entry with a reference taken. */
+node_plan_t *node_plans_put(node_t *n, const char *key, plan_t *p);
+void node_plan_release(node_t *n, node_plan_t *e);
+void node_plans_fini(node_t *n);
 
 #endif

@@ -445,7 +445,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	fw.n_tensors = c->layouts.n;
 	j = xcalloc(1, sizeof(*j));
 	*j = (regjob_t){n, call, c};
-	if (rpc_call_async(n->loop, n->coordinator, &n->client,
+	if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 			   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw.base,
 			   CALL_MS, on_registered, j, &err) != REFIT_OK) {
 		rpc_call_fail(call, err.status, "register \"%s\": %s", rq->model, err.msg);
@@ -529,7 +529,7 @@ h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	fw.layout_digest = c->digest;
 	j = xcalloc(1, sizeof(*j));
 	*j = (readyjob_t){n, call, c->id, rq->version};
-	if (rpc_call_async(n->loop, n->coordinator, &n->client,
+	if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 			   &refit__v1__coordinator__descriptor, "WeightsReady", &fw.base,
 			   CALL_MS, on_ready_fw, j, &err) != REFIT_OK) {
 		free(j);

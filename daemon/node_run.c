@@ -10,7 +10,12 @@
  * clients are marked invalid before the first byte is written.  The slice
  * then runs on libuv's pool: the plan is rebuilt from the same inputs as
  * the coordinator's and must have the same digest, and slice_run moves the
- * data.  Double-buffered clients are written in their inactive copy.
+ * data.  RunSlice is answered as soon as the slice is queued; its end goes
+ * to the coordinator as SliceDone, resent with back-off until the
+ * coordinator acknowledges it (or says the refit is gone, the epoch moves
+ * on, or REPORT_GIVE_UP_MS pass).  Plans come from the node's cache when
+ * the inputs' digest matches (node_plans.c); planning time is reported.
+ * Double-buffered clients are written in their inactive copy.
  * Commit flips them (or marks in-place weights valid) and moves the
  * installed version; a slice that fails or is aborted installs nothing.
  */
@@ -31,11 +36,18 @@ typedef struct jclient {
 	uint32_t copy;   /* the copy this slice reads or writes */
 } jclient_t;
 
+#define REPORT_CALL_MS 5000
+#define REPORT_GIVE_UP_MS 600000
+
 struct slice_job {
 	uv_work_t w;
 	node_t *n;
-	rpc_call_t *call;
 	uint64_t refit_id, epoch, version;
+	uint32_t attempt;
+	char plan_key[SHA256_HEX_LEN];
+	node_plan_t *cached;    /* the plan, from the cache (a reference) */
+	plan_t built;           /* the plan, built here (goes to the cache) */
+	uint64_t plan_us;
 	char *model;
 	char digest[SHA256_HEX_LEN];
 	plan_opts_t opts;
@@ -109,6 +121,8 @@ job_free(slice_job_t *j)
 	plan_layout_set_fini(&j->src);
 	plan_layout_set_fini(&j->dst);
 	plan_topo_fini(&j->topo);
+	node_plan_release(j->n, j->cached);
+	plan_fini(&j->built);
 	free(j->model);
 	free(j);
 }
@@ -117,23 +131,30 @@ static void
 job_work(uv_work_t *w)
 {
 	slice_job_t *j = w->data;
-	plan_t p;
+	const plan_t *p;
 	dp_mem_ops_t mem = {job_view, j, NULL};
 	slice_cfg_t sc;
 
 	refit_err_clear(&j->err);
-	j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &p, &j->err);
-	if (j->rc != REFIT_OK)
-		return;
-	if (strcmp(p.digest_hex, j->digest) != 0) {
+	if (j->cached != NULL) {
+		p = &j->cached->plan;
+	} else {
+		uint64_t t0 = uv_hrtime();
+
+		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->built, &j->err);
+		j->plan_us = (uv_hrtime() - t0) / 1000;
+		if (j->rc != REFIT_OK)
+			return;
+		p = &j->built;
+	}
+	if (strcmp(p->digest_hex, j->digest) != 0) {
 		j->rc = refit_err_set(&j->err, REFIT_ERR_INTERNAL, "the plan built here (%.12s) "
 				      "is not the coordinator's (%.12s): versions differ?",
-				      p.digest_hex, j->digest);
-		plan_fini(&p);
+				      p->digest_hex, j->digest);
 		return;
 	}
 	memset(&sc, 0, sizeof(sc));
-	sc.plan = &p;
+	sc.plan = p;
 	sc.src = &j->src;
 	sc.dst = &j->dst;
 	sc.mem = &mem;
@@ -150,7 +171,6 @@ job_work(uv_work_t *w)
 	sc.abort = &j->abort;
 	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
 	j->rc = slice_run(&sc, &j->st, &j->err);
-	plan_fini(&p);
 }
 
 static void
@@ -167,6 +187,156 @@ set_failure(client_t *c, const char *fmt, ...)
 	va_end(ap);
 	free(c->failure);
 	c->failure = xstrdup(buf);
+}
+
+/* ---- SliceDone ------------------------------------------------------------------ */
+
+static void
+report_drop(node_t *n, slice_report_t *r)
+{
+	for (size_t i = 0; i < n->reports.n; i++)
+		if (n->reports.v[i] == r) {
+			n->reports.v[i] = n->reports.v[--n->reports.n];
+			break;
+		}
+	free(r->req);
+	free(r);
+}
+
+static void
+on_report_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	slice_report_t *r = arg;
+	node_t *n = r->n;
+	uint64_t wait;
+
+	n->inflight--;
+	r->sending = false;
+	if (st == REFIT_OK) {
+		if (!((const Refit__V1__SliceDoneResponse *)resp)->counted)
+			log_debug(LOG_SUB_NODE, "node %s: refit %" PRIu64 ": SliceDone not counted (a "
+				  "duplicate, or the refit moved on)", n->node_id, r->refit_id);
+		report_drop(n, r);
+	} else if (n->closing || st == REFIT_ERR_NOT_FOUND || st == REFIT_ERR_INVALID_ARG) {
+		if (!n->closing)
+			log_warnx("node %s: refit %" PRIu64 ": SliceDone: %s (not sent again)",
+				  n->node_id, r->refit_id, msg);
+		report_drop(n, r);
+	} else {
+		/* the coordinator is unreachable or restarting: again, with back-off */
+		wait = 100u << (r->tries < 5 ? r->tries : 5);
+		r->tries++;
+		r->next_ms = xport_now_ms() + (wait < 2000 ? wait : 2000);
+		log_warnx("node %s: refit %" PRIu64 ": SliceDone: %s (try %u; again in %" PRIu64
+			  " ms)", n->node_id, r->refit_id, msg, r->tries, wait < 2000 ? wait : 2000);
+	}
+	node_maybe_free(n);
+}
+
+static void
+report_send(node_t *n, slice_report_t *r)
+{
+	ProtobufCMessage *rq = protobuf_c_message_unpack(&refit__v1__slice_done_request__descriptor,
+							 NULL, r->len, r->req);
+	refit_err_t err;
+
+	refit_err_clear(&err);
+	if (rq == NULL) {
+		log_warnx("node %s: refit %" PRIu64 ": cannot read a SliceDone back", n->node_id,
+			  r->refit_id);
+		report_drop(n, r);
+		return;
+	}
+	if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
+			   &refit__v1__coordinator__descriptor, "SliceDone", rq, REPORT_CALL_MS,
+			   on_report_done, r, &err) == REFIT_OK) {
+		r->sending = true;
+		n->inflight++;
+	} else {
+		r->tries++;
+		r->next_ms = xport_now_ms() + 1000;
+		log_warnx("node %s: refit %" PRIu64 ": SliceDone: %s", n->node_id, r->refit_id,
+			  err.msg);
+	}
+	protobuf_c_message_free_unpacked(rq, NULL);
+}
+
+void
+node_reports_tick(node_t *n)
+{
+	uint64_t now = xport_now_ms();
+
+	for (size_t i = 0; i < n->reports.n;) {
+		slice_report_t *r = n->reports.v[i];
+
+		if (r->sending || now < r->next_ms) {
+			i++;
+		} else if (now > r->give_up_ms || n->epoch > r->epoch) {
+			log_warnx("node %s: refit %" PRIu64 ": SliceDone not acknowledged; %s",
+				  n->node_id, r->refit_id, n->epoch > r->epoch ?
+				  "the epoch moved on, the refit is gone" : "giving up");
+			report_drop(n, r);
+		} else {
+			report_send(n, r);
+			i++;
+		}
+	}
+}
+
+void
+node_reports_drop(node_t *n)
+{
+	for (size_t i = 0; i < n->reports.n;) {
+		if (n->reports.v[i]->sending)
+			i++;
+		else
+			report_drop(n, n->reports.v[i]);
+	}
+}
+
+/* The slice of j ended: tell the coordinator (SliceDone). */
+static void
+report_queue(node_t *n, slice_job_t *j, bool ok)
+{
+	Refit__V1__SliceDoneRequest rq = REFIT__V1__SLICE_DONE_REQUEST__INIT;
+	Refit__V1__RunSliceResponse rs = REFIT__V1__RUN_SLICE_RESPONSE__INIT;
+	Refit__V1__StageTiming tv[SLICE_MAX_STAGES], *tp[SLICE_MAX_STAGES];
+	slice_report_t *r = xcalloc(1, sizeof(*r));
+
+	for (uint32_t k = 0; k < j->st.nstages && k < SLICE_MAX_STAGES; k++) {
+		refit__v1__stage_timing__init(&tv[k]);
+		tv[k].stage = k;
+		tv[k].micros = j->st.stage_us[k];
+		tv[k].bytes = j->st.stage_bytes[k];
+		tp[k] = &tv[k];
+	}
+	rs.refit_id = j->refit_id;
+	rs.stages = tp;
+	rs.n_stages = j->st.nstages < SLICE_MAX_STAGES ? j->st.nstages : SLICE_MAX_STAGES;
+	rs.bytes = j->st.bytes_out;
+	rs.local_bytes = j->st.bytes_local;
+	rs.micros = j->st.total_us;
+	rs.comm_micros = j->st.comm_us;
+	rq.refit_id = j->refit_id;
+	rq.epoch = j->epoch;
+	rq.attempt = j->attempt;
+	rq.node_id = n->node_id;
+	rq.member_id = n->member_id;
+	rq.code = ok ? 0 : rpc_status_to_grpc(j->err.status ? j->err.status :
+					      REFIT_ERR_INTERNAL);
+	rq.message = ok ? "" : j->err.msg[0] ? j->err.msg : "the slice did not run";
+	rq.stats = &rs;
+	rq.plan_micros = j->plan_us;
+	rq.plan_cached = j->cached != NULL;
+	r->n = n;
+	r->refit_id = j->refit_id;
+	r->epoch = j->epoch;
+	r->len = protobuf_c_message_get_packed_size(&rq.base);
+	r->req = xmalloc(r->len ? r->len : 1);
+	protobuf_c_message_pack(&rq.base, r->req);
+	r->give_up_ms = xport_now_ms() + REPORT_GIVE_UP_MS;
+	VEC_PUSH(&n->reports, r);
+	report_send(n, r);
 }
 
 static void
@@ -206,36 +376,25 @@ job_after(uv_work_t *w, int status)
 					    j->refit_id, j->version, j->err.msg);
 			node_client_release(n, c);
 		}
-	if (ok) {
-		Refit__V1__RunSliceResponse rsp = REFIT__V1__RUN_SLICE_RESPONSE__INIT;
-		Refit__V1__StageTiming tv[SLICE_MAX_STAGES], *tp[SLICE_MAX_STAGES];
+	/* keep a plan built here and matching the coordinator's for the next
+	 * refit (or a retry), whatever became of this slice */
+	if (j->cached == NULL && j->built.digest_hex[0] &&
+	    strcmp(j->built.digest_hex, j->digest) == 0) {
+		node_plan_t *e = node_plans_put(n, j->plan_key, &j->built);
 
-		for (uint32_t k = 0; k < j->st.nstages; k++) {
-			refit__v1__stage_timing__init(&tv[k]);
-			tv[k].stage = k;
-			tv[k].micros = j->st.stage_us[k];
-			tv[k].bytes = j->st.stage_bytes[k];
-			tp[k] = &tv[k];
-		}
-		rsp.refit_id = j->refit_id;
-		rsp.stages = tp;
-		rsp.n_stages = j->st.nstages;
-		rsp.bytes = j->st.bytes_out;
-		rsp.local_bytes = j->st.bytes_local;
-		rsp.micros = j->st.total_us;
-		rsp.comm_micros = j->st.comm_us;
-		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms: %" PRIu64 " bytes "
-			 "sent in %" PRIu64 " messages, %" PRIu64 " received, %" PRIu64
-			 " copied locally", n->node_id, j->refit_id, j->st.total_us / 1e3,
-			 j->st.bytes_out, j->st.msgs_out, j->st.bytes_in, j->st.bytes_local);
-		rpc_call_reply(j->call, &rsp.base);
-	} else {
+		node_plan_release(n, e);
+	}
+	if (ok)
+		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (plan %s, %.3f ms): %"
+			 PRIu64 " bytes sent in %" PRIu64 " messages, %" PRIu64 " received, %"
+			 PRIu64 " copied locally", n->node_id, j->refit_id, j->st.total_us / 1e3,
+			 j->cached ? "cached" : "built", j->plan_us / 1e3, j->st.bytes_out,
+			 j->st.msgs_out, j->st.bytes_in, j->st.bytes_local);
+	else
 		log_warnx("node %s: refit %" PRIu64 ": slice failed: %s", n->node_id,
 			  j->refit_id, j->err.msg);
-		rpc_call_fail(j->call, j->err.status ? j->err.status : REFIT_ERR_INTERNAL,
-			      "node %s: %s", n->node_id, j->err.msg[0] ? j->err.msg :
-			      "the slice did not run");
-	}
+	if (!n->closing)
+		report_queue(n, j, ok);
 	job_free(j);
 	node_waiters_sweep(n);
 	node_maybe_free(n);
@@ -401,6 +560,7 @@ h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	node_t *n = ctx;
 	const Refit__V1__RunSliceRequest *rq = (const void *)msg;
+	Refit__V1__RunSliceResponse rsp = REFIT__V1__RUN_SLICE_RESPONSE__INIT;
 	slice_job_t *j;
 	refit_err_t err;
 
@@ -416,8 +576,8 @@ h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	refit_err_clear(&err);
 	j = xcalloc(1, sizeof(*j));
 	j->n = n;
-	j->call = call;
 	j->refit_id = rq->refit_id;
+	j->attempt = rq->attempt;
 	j->epoch = rq->epoch;
 	j->version = rq->version;
 	j->model = xstrdup(nz(rq->model));
@@ -449,12 +609,20 @@ h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 			else if (c->install == REFIT__V1__INSTALL_MODE__IN_PLACE)
 				c->valid = false; /* before the first byte lands */
 		}
+	node_plan_key(&j->src, &j->dst, &j->topo, &j->opts, j->plan_key);
+	j->cached = node_plans_get(n, j->plan_key);
 	j->w.data = j;
 	VEC_PUSH(&n->jobs, j);
 	if (uv_queue_work(n->loop, &j->w, job_work, job_after) != 0) {
+		rpc_call_fail(call, REFIT_ERR_SYS, "node %s: cannot queue the slice", n->node_id);
 		j->rc = refit_err_set(&j->err, REFIT_ERR_SYS, "cannot queue the slice");
 		job_after(&j->w, -1);
+		return;
 	}
+	/* the end of the slice is reported with SliceDone */
+	rsp.refit_id = rq->refit_id;
+	rsp.started = true;
+	rpc_call_reply(call, &rsp.base);
 }
 
 /* ---- Commit and Abort ---------------------------------------------------------- */

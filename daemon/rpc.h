@@ -15,8 +15,10 @@
  * client cancelled, or whose deadline passed, is noticed and reported by
  * rpc_call_cancelled; answering it is harmless.
  *
- * Client: rpc_client_call is synchronous with a deadline; connection
- * errors are explained (which address, which reason).
+ * Clients: rpc_client_call is synchronous with a deadline (refitctl,
+ * librefit, benchmarks); the daemons use the asynchronous engine
+ * (rpc_async_*).  Connection errors are explained (which address, which
+ * reason).
  */
 #ifndef REFIT_DAEMON_RPC_H
 #define REFIT_DAEMON_RPC_H
@@ -114,19 +116,47 @@ refit_status_t rpc_client_call(rpc_client_t *c, const ProtobufCServiceDescriptor
 void rpc_client_free(rpc_client_t *c);
 const char *rpc_client_target(const rpc_client_t *c);
 
+/* ---- asynchronous client (rpc_async.c) ------------------------------------ */
+
 /*
- * The same call without blocking loop: it runs on libuv's thread pool and
- * done(arg, status, message, resp) runs on the loop thread afterwards (resp
- * is freed after done returns).  req is copied; the caller keeps it.
- * Options are copied too (files named in tls must still exist then).
+ * The daemons' client: calls start on the loop thread and never block it;
+ * one completion-queue thread per engine hands finished calls back to the
+ * loop, whatever the number of calls outstanding.  One channel per target
+ * is kept and reused.  Everything but the thread runs on the loop thread.
  */
+typedef struct rpc_async rpc_async_t;
+
+/* done(arg, status, message, resp) runs on the loop thread once per call;
+ * resp (NULL on error) is freed after done returns. */
 typedef void (*rpc_done_fn)(void *arg, refit_status_t st, const char *msg,
 			    ProtobufCMessage *resp);
-refit_status_t rpc_call_async(uv_loop_t *loop, const char *target,
-			      const rpc_client_opts_t *o,
+
+#define RPC_GROUP_NONE 0u
+#define RPC_GROUP_ALL UINT64_MAX
+
+/* An engine on loop; o (TLS, token, message size) applies to every call.
+ * The loop does not stay alive for an idle engine. */
+rpc_async_t *rpc_async_new(uv_loop_t *loop, const rpc_client_opts_t *o, refit_err_t *err);
+/*
+ * Start svc.method(req) to target with a deadline of timeout_ms; req is
+ * packed at once (the caller keeps it).  group tags the call for
+ * rpc_async_cancel (RPC_GROUP_NONE: none).  On an error return done is
+ * never called.
+ */
+refit_status_t rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 			      const ProtobufCServiceDescriptor *svc, const char *method,
 			      const ProtobufCMessage *req, int64_t timeout_ms,
 			      rpc_done_fn done, void *arg, refit_err_t *err);
+/* Cancel the outstanding calls of group (RPC_GROUP_ALL: every call); their
+ * done callbacks run later, with REFIT_ERR_ABORTED. */
+void rpc_async_cancel(rpc_async_t *a, uint64_t group);
+/* Drop target's cached channel (a member left); calls on it finish first. */
+void rpc_async_forget(rpc_async_t *a, const char *target);
+size_t rpc_async_outstanding(const rpc_async_t *a);
+size_t rpc_async_channels(const rpc_async_t *a);
+/* Cancel everything and free once the last done callback ran (run the
+ * loop after).  NULL is a no-op. */
+void rpc_async_close(rpc_async_t *a);
 
 /* ---- status mapping (rpc_status.c, the one place) ---------------------- */
 int rpc_status_to_grpc(refit_status_t st);

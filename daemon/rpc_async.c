@@ -1,103 +1,489 @@
 /*
- * rpc_async.c - client calls from a libuv loop without blocking it: the
- * call runs on libuv's thread pool, the answer comes back on the loop.
+ * rpc_async.c - the daemons' asynchronous unary gRPC client (see rpc.h).
+ *
+ * Calls start on the loop thread: the request is packed, a call is made on
+ * the target's cached channel and the whole unary exchange goes as one
+ * batch whose tag is the call.  One completion-queue thread per engine
+ * (per process) waits on the queue and hands finished calls to the loop
+ * through a locked list and uv_async_send; the loop decodes the answer and
+ * runs the caller's done callback.  Nothing holds a thread per call: a
+ * thousand outstanding calls are a thousand entries on the queue.
+ *
+ * Channels: one per target, created on first use and kept (keepalive and
+ * reconnect back-off arguments below), dropped by rpc_async_forget (a
+ * member left) or when the cache is full and a channel is idle.  A channel
+ * dropped while calls use it is destroyed after the last of them.
+ *
+ * Deadlines are gRPC's own (every call has one).  rpc_async_cancel cancels
+ * a group's calls (grpc_call_cancel; their done callbacks still run, with
+ * REFIT_ERR_ABORTED); rpc_async_close cancels everything and frees the
+ * engine once the last answer is delivered.
+ *
+ * Thread: everything here runs on the loop thread except cq_thread, which
+ * touches only the completed list (under mu) and the queue.
  */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
 #include "common/alloc.h"
-#include "daemon/rpc.h"
+#include "common/log.h"
+#include "daemon/rpc_internal.h"
+
+/* more targets than this: idle channels go, least recently used first */
+#define MAX_CHANNELS 8192
+
+typedef struct chan {
+	char *target;
+	grpc_channel *ch;
+	uint32_t calls;        /* outstanding calls using it */
+	bool dropped;          /* out of the cache: destroyed after its last call */
+	uint64_t used;         /* last use, a counter */
+} chan_t;
 
 typedef struct acall {
-	uv_work_t w;
-	char *target;
-	rpc_client_opts_t opts;
-	char *token;
-	const ProtobufCServiceDescriptor *svc;
+	rpc_async_t *a;
+	chan_t *chan;
+	grpc_call *call;
 	const ProtobufCMethodDescriptor *md;
-	uint8_t *req;
-	size_t len;
-	int64_t timeout_ms;
-	ProtobufCMessage *resp;
-	refit_err_t err;
+	uint64_t group;
+	grpc_byte_buffer *send, *recv;
+	grpc_metadata_array init_md, trail_md;
+	grpc_metadata auth;
+	grpc_status_code code;
+	grpc_slice details;
+	int ok;                /* the batch's success, from the queue */
 	rpc_done_fn done;
 	void *arg;
+	struct acall *prev, *next;  /* outstanding calls (loop thread) */
+	struct acall *qnext;        /* finished, waiting for the loop (under mu) */
 } acall_t;
 
-static void
-work(uv_work_t *w)
-{
-	acall_t *a = w->data;
-	ProtobufCMessage *req = protobuf_c_message_unpack(a->md->input, NULL, a->len, a->req);
-	rpc_client_t *cli;
+struct rpc_async {
+	uv_loop_t *loop;
+	uv_async_t wake;
+	grpc_completion_queue *cq;
+	pthread_t th;
+	pthread_mutex_t mu;
+	acall_t *qhead, *qtail;     /* under mu */
+	/* loop thread only */
+	grpc_channel_credentials *creds;
+	size_t max_msg;
+	char *auth;                 /* "Bearer <token>" or NULL */
+	VEC(chan_t *) chans;
+	uint64_t clock;
+	acall_t *live;
+	size_t nlive;
+	uint64_t started, finished;
+	bool closing, torn_down;
+};
 
-	refit_err_clear(&a->err);
-	if (req == NULL) {
-		refit_err_set(&a->err, REFIT_ERR_INTERNAL, "rpc: cannot re-read a request");
+/* ---- completion-queue thread --------------------------------------------- */
+
+static void *
+cq_thread(void *arg)
+{
+	rpc_async_t *a = arg;
+
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(a->cq,
+							   gpr_inf_future(GPR_CLOCK_REALTIME),
+							   NULL);
+		acall_t *x;
+
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (ev.type != GRPC_OP_COMPLETE)
+			continue;
+		x = ev.tag;
+		x->ok = ev.success;
+		x->qnext = NULL;
+		pthread_mutex_lock(&a->mu);
+		if (a->qtail)
+			a->qtail->qnext = x;
+		else
+			a->qhead = x;
+		a->qtail = x;
+		pthread_mutex_unlock(&a->mu);
+		uv_async_send(&a->wake);
+	}
+	return NULL;
+}
+
+/* ---- channels -------------------------------------------------------------- */
+
+static void
+chan_destroy(chan_t *c)
+{
+	grpc_channel_destroy(c->ch);
+	free(c->target);
+	free(c);
+}
+
+/* Take c out of the cache; it goes now or after its last call. */
+static void
+chan_drop(rpc_async_t *a, size_t i)
+{
+	chan_t *c = a->chans.v[i];
+
+	a->chans.v[i] = a->chans.v[--a->chans.n];
+	c->dropped = true;
+	if (c->calls == 0)
+		chan_destroy(c);
+}
+
+static chan_t *
+chan_get(rpc_async_t *a, const char *target)
+{
+	grpc_arg args[8];
+	grpc_channel_args ca = {8, args};
+	chan_t *c;
+
+	for (size_t i = 0; i < a->chans.n; i++)
+		if (strcmp(a->chans.v[i]->target, target) == 0) {
+			a->chans.v[i]->used = ++a->clock;
+			return a->chans.v[i];
+		}
+	if (a->chans.n >= MAX_CHANNELS) {
+		size_t lru = SIZE_MAX;
+
+		for (size_t i = 0; i < a->chans.n; i++)
+			if (a->chans.v[i]->calls == 0 &&
+			    (lru == SIZE_MAX || a->chans.v[i]->used < a->chans.v[lru]->used))
+				lru = i;
+		if (lru != SIZE_MAX)
+			chan_drop(a, lru);
+	}
+	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)a->max_msg);
+	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)a->max_msg);
+	/* the same back-off as the blocking client: a restarted peer is found
+	 * again within a second; a connection attempt gets 5 s */
+	args[2] = rpc_arg_int(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
+	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+	/* a peer that vanished under a call in flight is noticed (servers
+	 * here accept pings this often, see rpc_server.c) */
+	args[5] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIME_MS, RPC_KEEPALIVE_MS);
+	args[6] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000); /* a busy peer is not a dead one */
+	args[7] = rpc_arg_int(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+	c = xcalloc(1, sizeof(*c));
+	c->target = xstrdup(target);
+	c->ch = grpc_channel_create(target, a->creds, &ca);
+	c->used = ++a->clock;
+	VEC_PUSH(&a->chans, c);
+	return c;
+}
+
+void
+rpc_async_forget(rpc_async_t *a, const char *target)
+{
+	if (a == NULL || target == NULL)
 		return;
+	for (size_t i = 0; i < a->chans.n; i++)
+		if (strcmp(a->chans.v[i]->target, target) == 0) {
+			chan_drop(a, i);
+			return;
+		}
+}
+
+/* ---- calls ------------------------------------------------------------------- */
+
+static void teardown(rpc_async_t *a);
+
+static void
+call_free(rpc_async_t *a, acall_t *x)
+{
+	chan_t *c = x->chan;
+
+	if (x->call)
+		grpc_call_unref(x->call);
+	if (x->send)
+		grpc_byte_buffer_destroy(x->send);
+	if (x->recv)
+		grpc_byte_buffer_destroy(x->recv);
+	if (a->auth)
+		grpc_slice_unref(x->auth.value);
+	grpc_metadata_array_destroy(&x->init_md);
+	grpc_metadata_array_destroy(&x->trail_md);
+	grpc_slice_unref(x->details);
+	free(x);
+	if (--c->calls == 0 && c->dropped)
+		chan_destroy(c);
+}
+
+/* The answer of a finished call: status, message and decoded response. */
+static refit_status_t
+call_result(acall_t *x, ProtobufCMessage **resp, refit_err_t *err)
+{
+	const char *target = x->chan->target, *method = x->md->name;
+	grpc_byte_buffer_reader rd;
+	grpc_slice all;
+
+	*resp = NULL;
+	if (!x->ok)
+		return refit_err_set(err, REFIT_ERR_INTERNAL, "%s %s: the call's batch failed",
+				     target, method);
+	if (x->code != GRPC_STATUS_OK) {
+		char *d = grpc_slice_to_c_string(x->details);
+		refit_status_t st = refit_err_set(err, rpc_status_from_grpc(x->code),
+						  "%s %s: %s: %s", target, method,
+						  rpc_grpc_code_name(x->code), d);
+
+		gpr_free(d);
+		return st;
 	}
-	cli = rpc_client_new(a->target, &a->opts, &a->err);
-	if (cli != NULL) {
-		rpc_client_call(cli, a->svc, a->md->name, req, &a->resp, a->timeout_ms, &a->err);
-		rpc_client_free(cli);
-	}
-	protobuf_c_message_free_unpacked(req, NULL);
+	if (x->recv == NULL || !grpc_byte_buffer_reader_init(&rd, x->recv))
+		return refit_err_set(err, REFIT_ERR_REMOTE, "%s %s: empty answer", target, method);
+	all = grpc_byte_buffer_reader_readall(&rd);
+	grpc_byte_buffer_reader_destroy(&rd);
+	*resp = protobuf_c_message_unpack(x->md->output, NULL, GRPC_SLICE_LENGTH(all),
+					  GRPC_SLICE_START_PTR(all));
+	grpc_slice_unref(all);
+	if (*resp == NULL)
+		return refit_err_set(err, REFIT_ERR_REMOTE, "%s %s: answer does not decode as %s",
+				     target, method, x->md->output->name);
+	return REFIT_OK;
 }
 
 static void
-after(uv_work_t *w, int status)
+on_wake(uv_async_t *h)
 {
-	acall_t *a = w->data;
+	rpc_async_t *a = h->data;
 
-	if (status == UV_ECANCELED && a->err.status == REFIT_OK)
-		refit_err_set(&a->err, REFIT_ERR_ABORTED, "rpc: call cancelled");
-	a->done(a->arg, a->err.status, a->err.msg, a->resp);
-	if (a->resp)
-		protobuf_c_message_free_unpacked(a->resp, NULL);
-	free(a->target);
-	free(a->token);
-	free(a->req);
-	free(a);
+	for (;;) {
+		ProtobufCMessage *resp;
+		refit_err_t err;
+		acall_t *x;
+
+		pthread_mutex_lock(&a->mu);
+		x = a->qhead;
+		if (x != NULL && (a->qhead = x->qnext) == NULL)
+			a->qtail = NULL;
+		pthread_mutex_unlock(&a->mu);
+		if (x == NULL)
+			break;
+		if (x->prev)
+			x->prev->next = x->next;
+		else
+			a->live = x->next;
+		if (x->next)
+			x->next->prev = x->prev;
+		a->nlive--;
+		a->finished++;
+		refit_err_clear(&err);
+		call_result(x, &resp, &err);
+		x->done(x->arg, err.status, err.msg, resp);
+		if (resp)
+			protobuf_c_message_free_unpacked(resp, NULL);
+		call_free(a, x);
+	}
+	if (a->nlive == 0) {
+		if (a->closing)
+			teardown(a);
+		else
+			uv_unref((uv_handle_t *)&a->wake); /* idle: the loop may end */
+	}
+}
+
+static const ProtobufCMethodDescriptor *
+method_of(const ProtobufCServiceDescriptor *svc, const char *name)
+{
+	for (unsigned i = 0; i < svc->n_methods; i++)
+		if (strcmp(svc->methods[i].name, name) == 0)
+			return &svc->methods[i];
+	return NULL;
+}
+
+/* The unary exchange as one batch tagged x. */
+static grpc_call_error
+start_batch(rpc_async_t *a, acall_t *x)
+{
+	grpc_op ops[6];
+
+	memset(ops, 0, sizeof(ops));
+	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+	if (a->auth) {
+		x->auth.key = grpc_slice_from_static_string("authorization");
+		x->auth.value = grpc_slice_from_copied_string(a->auth);
+		ops[0].data.send_initial_metadata.count = 1;
+		ops[0].data.send_initial_metadata.metadata = &x->auth;
+	}
+	ops[1].op = GRPC_OP_SEND_MESSAGE;
+	ops[1].data.send_message.send_message = x->send;
+	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+	ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+	ops[3].data.recv_initial_metadata.recv_initial_metadata = &x->init_md;
+	ops[4].op = GRPC_OP_RECV_MESSAGE;
+	ops[4].data.recv_message.recv_message = &x->recv;
+	ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+	ops[5].data.recv_status_on_client.trailing_metadata = &x->trail_md;
+	ops[5].data.recv_status_on_client.status = &x->code;
+	ops[5].data.recv_status_on_client.status_details = &x->details;
+	return grpc_call_start_batch(x->call, ops, 6, x, NULL);
 }
 
 refit_status_t
-rpc_call_async(uv_loop_t *loop, const char *target, const rpc_client_opts_t *o,
+rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 	       const ProtobufCServiceDescriptor *svc, const char *method,
-	       const ProtobufCMessage *req, int64_t timeout_ms, rpc_done_fn done,
-	       void *arg, refit_err_t *err)
+	       const ProtobufCMessage *req, int64_t timeout_ms, rpc_done_fn done, void *arg,
+	       refit_err_t *err)
 {
-	acall_t *a;
-	const ProtobufCMethodDescriptor *md = NULL;
+	const ProtobufCMethodDescriptor *md = method_of(svc, method);
+	char path[256];
+	grpc_slice sl;
+	acall_t *x;
 
-	for (unsigned i = 0; i < svc->n_methods; i++)
-		if (strcmp(svc->methods[i].name, method) == 0)
-			md = &svc->methods[i];
 	if (md == NULL)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rpc: %s has no method %s",
 				     svc->name, method);
-	a = xcalloc(1, sizeof(*a));
-	a->target = xstrdup(target);
-	if (o != NULL)
-		a->opts = *o;
-	if (o && o->token) {
-		a->token = xstrdup(o->token);
-		a->opts.token = a->token;
+	if (target == NULL || target[0] == '\0')
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rpc: %s: no address to call",
+				     method);
+	if (a->closing)
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "rpc: %s to %s: the client is "
+				     "shutting down", method, target);
+	snprintf(path, sizeof(path), "/%s/%s", svc->name, method);
+	x = xcalloc(1, sizeof(*x));
+	x->a = a;
+	x->md = md;
+	x->group = group;
+	x->done = done;
+	x->arg = arg;
+	x->code = GRPC_STATUS_UNKNOWN;
+	x->details = grpc_empty_slice();
+	grpc_metadata_array_init(&x->init_md);
+	grpc_metadata_array_init(&x->trail_md);
+	sl = grpc_slice_malloc(protobuf_c_message_get_packed_size(req));
+	protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(sl));
+	x->send = grpc_raw_byte_buffer_create(&sl, 1);
+	grpc_slice_unref(sl);
+	x->chan = chan_get(a, target);
+	x->chan->calls++;
+	x->call = grpc_channel_create_call(x->chan->ch, NULL, GRPC_PROPAGATE_DEFAULTS, a->cq,
+					   grpc_slice_from_static_string(path), NULL,
+					   gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+							gpr_time_from_millis(timeout_ms,
+									     GPR_TIMESPAN)),
+					   NULL);
+	if (x->call == NULL || start_batch(a, x) != GRPC_CALL_OK) {
+		call_free(a, x);
+		return refit_err_set(err, REFIT_ERR_INTERNAL, "rpc: cannot start %s to %s",
+				     method, target);
 	}
-	a->svc = svc;
-	a->md = md;
-	a->len = protobuf_c_message_get_packed_size(req);
-	a->req = xmalloc(a->len ? a->len : 1);
-	protobuf_c_message_pack(req, a->req);
-	a->timeout_ms = timeout_ms;
-	a->done = done;
-	a->arg = arg;
-	a->w.data = a;
-	if (uv_queue_work(loop, &a->w, work, after) != 0) {
-		free(a->target);
-		free(a->token);
-		free(a->req);
-		free(a);
-		return refit_err_set(err, REFIT_ERR_SYS, "rpc: cannot queue a call");
-	}
+	x->next = a->live;
+	if (a->live)
+		a->live->prev = x;
+	a->live = x;
+	if (a->nlive++ == 0)
+		uv_ref((uv_handle_t *)&a->wake);
+	a->started++;
 	return REFIT_OK;
+}
+
+void
+rpc_async_cancel(rpc_async_t *a, uint64_t group)
+{
+	if (a == NULL)
+		return;
+	for (acall_t *x = a->live; x; x = x->next)
+		if (group == RPC_GROUP_ALL || x->group == group)
+			grpc_call_cancel(x->call, NULL);
+}
+
+size_t
+rpc_async_outstanding(const rpc_async_t *a)
+{
+	return a ? a->nlive : 0;
+}
+
+size_t
+rpc_async_channels(const rpc_async_t *a)
+{
+	return a ? a->chans.n : 0;
+}
+
+/* ---- setup and teardown ------------------------------------------------------ */
+
+rpc_async_t *
+rpc_async_new(uv_loop_t *loop, const rpc_client_opts_t *o, refit_err_t *err)
+{
+	rpc_tls_t none = {0};
+	rpc_async_t *a = xcalloc(1, sizeof(*a));
+
+	if (rpc_channel_creds(o ? &o->tls : &none, &a->creds, err) != REFIT_OK) {
+		free(a);
+		return NULL;
+	}
+	grpc_init();
+	a->loop = loop;
+	a->max_msg = o && o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
+	if (o && o->token && o->token[0]) {
+		size_t n = strlen(o->token) + 8;
+
+		a->auth = xmalloc(n);
+		snprintf(a->auth, n, "Bearer %s", o->token);
+	}
+	pthread_mutex_init(&a->mu, NULL);
+	a->cq = grpc_completion_queue_create_for_next(NULL);
+	uv_async_init(loop, &a->wake, on_wake);
+	a->wake.data = a;
+	uv_unref((uv_handle_t *)&a->wake);
+	if (pthread_create(&a->th, NULL, cq_thread, a) != 0) {
+		refit_err_set(err, REFIT_ERR_SYS, "rpc: cannot start the client's thread");
+		a->th = 0;
+		a->closing = true;
+		teardown(a);
+		return NULL;
+	}
+	return a;
+}
+
+static void
+on_closed(uv_handle_t *h)
+{
+	rpc_async_t *a = h->data;
+
+	pthread_mutex_destroy(&a->mu);
+	free(a->auth);
+	free(a);
+	grpc_shutdown();
+}
+
+/* No call is outstanding: stop the thread, destroy channels and queue. */
+static void
+teardown(rpc_async_t *a)
+{
+	if (a->torn_down)
+		return;
+	a->torn_down = true;
+	grpc_completion_queue_shutdown(a->cq);
+	if (a->th)
+		pthread_join(a->th, NULL);
+	else
+		while (grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+						  NULL).type != GRPC_QUEUE_SHUTDOWN)
+			;
+	grpc_completion_queue_destroy(a->cq);
+	while (a->chans.n)
+		chan_drop(a, a->chans.n - 1);
+	VEC_FREE(&a->chans);
+	grpc_channel_credentials_release(a->creds);
+	uv_ref((uv_handle_t *)&a->wake);
+	uv_close((uv_handle_t *)&a->wake, on_closed);
+}
+
+void
+rpc_async_close(rpc_async_t *a)
+{
+	if (a == NULL || a->closing)
+		return;
+	a->closing = true;
+	rpc_async_cancel(a, RPC_GROUP_ALL);
+	if (a->nlive == 0)
+		teardown(a);
 }

@@ -9,6 +9,10 @@
 
 #include "daemon/rpc.h"
 
+/* clients ping an idle call this often; servers accept pings this often */
+#define RPC_KEEPALIVE_MS 30000
+#define RPC_MIN_PING_MS 10000
+
 grpc_arg rpc_arg_int(const char *key, int value);
 /* Server credentials from tls (insecure when no cert file). */
 refit_status_t rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out,

@@ -325,6 +325,7 @@ static void *
 cq_thread(void *arg)
 {
 	rpc_server_t *s = arg;
+	bool shut = false;
 
 	for (;;) {
 		grpc_event ev = grpc_completion_queue_next(s->cq,
@@ -339,16 +340,21 @@ cq_thread(void *arg)
 		t = ev.tag;
 		switch (t->kind) {
 		case TAG_SHUTDOWN:
+			/* no batch may start on the queue after this */
+			shut = true;
 			grpc_completion_queue_shutdown(s->cq);
 			break;
 		case TAG_NEW:
-			if (ev.success)
+			if (ev.success && !shut)
 				on_new(s, t->call);
 			else
 				call_destroy(t->call); /* the server stopped */
 			break;
 		case TAG_RECV:
-			on_recv(s, t->call, ev.success);
+			if (shut)
+				call_unref(t->call);
+			else
+				on_recv(s, t->call, ev.success);
 			break;
 		case TAG_CLOSE:
 			atomic_store(&t->call->cancelled, t->call->close_cancelled ? 1 : 0);
@@ -486,8 +492,8 @@ lock_unix_path(rpc_server_t *s, refit_err_t *err)
 refit_status_t
 rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
 {
-	grpc_arg args[3];
-	grpc_channel_args ca = {3, args};
+	grpc_arg args[4];
+	grpc_channel_args ca = {4, args};
 	grpc_server_credentials *creds;
 	int p;
 
@@ -495,6 +501,7 @@ rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
 	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)s->max_msg);
 	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)s->max_msg);
 	args[2] = rpc_arg_int(GRPC_ARG_ALLOW_REUSEPORT, 0);
+	args[3] = rpc_arg_int(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, RPC_MIN_PING_MS);
 	CHECK(rpc_server_creds(&s->tls, &creds, err));
 	s->srv = grpc_server_create(&ca, NULL);
 	s->cq = grpc_completion_queue_create_for_next(NULL);

@@ -60,6 +60,9 @@ script "faults, ASan + UBSan (5 s soak)" \
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
 
+script "scale (100 node daemons, every join order, SliceDone, SIGTERM with a stopped node)" \
+	/usr/bin/python3 tests/integration/test_scale.py "$BUILD" 100
+
 echo "== GPU tests (tests/gpu/run.sh: they run where a GPU is, else say why not)"
 sh tests/gpu/run.sh "$BUILD" | tee -a "$log" | tail -3
 

@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""Control-plane scale curve (part of `make bench`): for each node count, a
+coordinator and N node daemons (one rank each) on loopback, a librefit
+client on every node, half the nodes training and half serving one model
+whose tensor is Shard(0) over the trainer ranks and Shard(1) over the
+inference ranks (every receiver needs every sender), a refit, then the same
+refit again (plans cached on the nodes).
+
+Per N: time for the daemons to start and join (started in groups of 16,
+each after the previous joined), trigger -> every slice running, end to end
+(first refit, second), the slowest node's planning time, the coordinator's
+threads and RSS (/proc/PID/status), the coordinator's RSS growth per member
+and a node daemon's mean RSS.
+
+Usage: [LEASE_MS=30000] [START_ONLY=1] bench_scale.py BUILD_DIR [N ...]
+(default 16 32 64 128 256; START_ONLY: start and join the daemons, no refit).
+Times are wall clock on a shared machine: one run, compare within a run.
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+SIZES = [int(x) for x in sys.argv[2:]] or [16, 32, 64, 128, 256]
+TMP = tempfile.mkdtemp(prefix="refit-bsc-")
+subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
+                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
+                "proto/refit/v1/refit.proto"], check=True)
+sys.path.insert(0, TMP)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "integration"))
+import grpc  # noqa: E402
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
+import harness  # noqa: E402
+from harness import Client, free_port, spawn, write  # noqa: E402
+
+harness.init(BUILD, TMP)
+
+
+def status(pid):
+    th = rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                th = int(line.split()[1])
+            elif line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    return th, rss
+
+
+def layouts(trainers, infer, shard):
+    t, i = len(trainers), len(infer)
+    ranks = trainers if shard == 0 else infer
+    return [{"name": "w", "dtype": "fp32", "shape": [2 * t, 3 * i], "mesh": ranks,
+             "placements": [f"Shard({shard})"]}]
+
+
+def wait_final(stub, rid, timeout=900):
+    end = time.time() + timeout
+    while time.time() < end:
+        g = stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=60)
+        if g.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED):
+            return g
+        time.sleep(0.05)
+    raise SystemExit(f"bench: refit {rid} did not finish")
+
+
+def one(n):
+    procs0 = len(harness.PROCS)
+    addr = f"127.0.0.1:{free_port()}"
+    log = open(f"{TMP}/n{n}.log", "w")
+    coord = spawn([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", addr,
+                   "--heartbeat-ms", "2000", "--lease-ttl-ms",
+                   os.environ.get("LEASE_MS", "30000"), "--log-level", "warn"], stderr=log)
+    ch = grpc.insecure_channel(addr)
+    grpc.channel_ready_future(ch).result(timeout=30)
+    stub = pbg.CoordinatorStub(ch)
+    rss0 = status(coord.pid)[1]
+    nodes = []
+    t0 = time.time()
+    for g in range(0, n, 16):
+        for k in range(g, min(n, g + 16)):
+            nodes.append(spawn([f"{BUILD}/bin/refitd", "--role", "node", "--listen",
+                                f"unix:{TMP}/b{k}.rpc", "--coordinator", addr,
+                                "--node-id", f"b{k:04d}", "--ranks", str(k),
+                                "--local-socket", f"{TMP}/b{k}.local",
+                                "--slice-timeout-ms", "600000", "--log-level", "warn"],
+                               stderr=log))
+        end = time.time() + 300
+        while len(stub.ListMembers(pb.ListMembersRequest(), timeout=60).members) < \
+                min(n, g + 16):
+            if time.time() > end:
+                raise SystemExit(f"bench: {n} nodes did not join")
+            time.sleep(0.05)
+    start_s = time.time() - t0
+    if os.environ.get("START_ONLY"):
+        th, rss = status(coord.pid)
+        print(f"{n:>6} {start_s:>8.1f}  (started and joined; no refit)  coordinator threads "
+              f"{th}, RSS {rss / 1024:.1f} MiB; node daemon RSS "
+              f"{sum(status(p.pid)[1] for p in nodes) / n / 1024:.1f} MiB", flush=True)
+        stop(procs0, ch)
+        return
+    order = [int(m.node_id[1:]) for m in
+             stub.ListMembers(pb.ListMembersRequest(), timeout=60).members]
+    trainers, infer = order[:n // 2], order[n // 2:]
+    tl = write(f"{TMP}/t{n}.json", layouts(trainers, infer, 0))
+    il = write(f"{TMP}/i{n}.json", layouts(trainers, infer, 1))
+
+    class Sock:
+        def sock(self, k):
+            return f"{TMP}/b{k}.local"
+    tr = [Client(Sock(), k, "m", "train", tl) for k in trainers]
+    inf = [Client(Sock(), k, "m", "infer", il, instance="i0") for k in infer]
+    for c in tr + inf:
+        assert c.ok(), c.first
+    node_rss = sum(status(p.pid)[1] for p in nodes) / n
+    rows = {}
+    for v in (1, 2):
+        if v == 2:
+            for c in tr:
+                assert c.cmd("next 2").startswith("READY")
+        rid = stub.TriggerRefit(pb.TriggerRefitRequest(model="m", version=v),
+                                timeout=60).refit_id
+        g = wait_final(stub, rid)
+        if g.state != pb.COMMITTED:
+            raise SystemExit(f"bench: {n} nodes: refit {v} {g.failure}")
+        for c in inf:
+            out = c.cmd(f"wait {v} 600000")
+            assert "mismatches=0" in out, out
+        rows[v] = g
+    th, rss = status(coord.pid)
+    g1, g2 = rows[1], rows[2]
+    print(f"{n:>6} {start_s:>8.1f} {g1.running_after_ms:>10} "
+          f"{g1.finished_unix_ms - g1.created_unix_ms:>8} "
+          f"{g2.finished_unix_ms - g2.created_unix_ms:>9} "
+          f"{max(x.plan_micros for x in g1.nodes) / 1e3:>8.1f} "
+          f"{sum(x.plan_cached for x in g2.nodes):>7} {th:>8} {rss / 1024:>8.1f} "
+          f"{(rss - rss0) / n:>11.1f} {node_rss / 1024:>9.1f}", flush=True)
+    for c in tr + inf:
+        c.close()
+    stop(procs0, ch)
+
+
+def stop(procs0, ch):
+    for p in reversed(harness.PROCS[procs0:]):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in harness.PROCS[procs0:]:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    ch.close()
+
+
+print("control plane at scale: N node daemons (one rank each), half train, half serve, "
+      "every receiver needs every sender; one run")
+print(f"{'nodes':>6} {'start_s':>8} {'running_ms':>10} {'e2e_ms':>8} {'again_ms':>9} "
+      f"{'plan_ms':>8} {'cached':>7} {'threads':>8} {'rss_MiB':>8} {'KiB/member':>11} "
+      f"{'node_MiB':>9}")
+try:
+    for n in SIZES:
+        one(n)
+finally:
+    harness.stop_all()

@@ -1,0 +1,110 @@
+/*
+ * node_plans.c - the plans a node built, kept by a digest of their inputs
+ * (source and destination layouts, the epoch's topology, plan options), so
+ * a refit whose membership and layouts did not change does not plan again.
+ *
+ * A small LRU of NODE_PLANS_MAX entries.  An entry is shared read-only by
+ * the slices using it (a reference each); one evicted while in use is freed
+ * when its last slice releases it.  Loop thread only (slices take their
+ * reference on the loop before running on the pool, and give it back on the
+ * loop after).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/sha256.h"
+#include "common/strbuf.h"
+#include "daemon/node_internal.h"
+#include "daemon/proto_conv.h"
+
+void
+node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+	      const plan_topo_t *topo, const plan_opts_t *o, char key[SHA256_HEX_LEN])
+{
+	char sd[SHA256_HEX_LEN], dd[SHA256_HEX_LEN];
+	strbuf_t sb;
+
+	conv_layouts_digest(src, sd);
+	conv_layouts_digest(dst, dd);
+	strbuf_init(&sb);
+	strbuf_printf(&sb, "src %s\ndst %s\nmode %d chunk %" PRIu64 " staging %" PRIu64
+		      " nic %d\n", sd, dd, (int)o->mode, o->chunk_bytes, o->staging_bytes,
+		      (int)topo->nic_per_node);
+	/* indices too: the planner walks nodes and domains in their order */
+	for (int32_t r = 0; r < topo->nslots; r++)
+		if (topo->rank_node[r] >= 0)
+			strbuf_printf(&sb, "%d %d:%s %d:%s\n", r, topo->rank_node[r],
+				      topo->nodes[topo->rank_node[r]], topo->rank_domain[r],
+				      topo->domains[topo->rank_domain[r]]);
+	sha256_hex(sb.s, sb.len, key);
+	strbuf_fini(&sb);
+}
+
+static void
+entry_free(node_plan_t *e)
+{
+	plan_fini(&e->plan);
+	free(e);
+}
+
+node_plan_t *
+node_plans_get(node_t *n, const char *key)
+{
+	for (size_t i = 0; i < n->plans.n; i++) {
+		node_plan_t *e = n->plans.v[i];
+
+		if (strcmp(e->key, key) == 0) {
+			e->refs++;
+			e->used = ++n->plan_clock;
+			return e;
+		}
+	}
+	return NULL;
+}
+
+node_plan_t *
+node_plans_put(node_t *n, const char *key, plan_t *p)
+{
+	node_plan_t *e = node_plans_get(n, key);
+
+	if (e != NULL) {  /* another slice built the same plan meanwhile */
+		plan_fini(p);
+		return e;
+	}
+	if (n->plans.n >= NODE_PLANS_MAX) {
+		size_t lru = 0;
+
+		for (size_t i = 1; i < n->plans.n; i++)
+			if (n->plans.v[i]->used < n->plans.v[lru]->used)
+				lru = i;
+		node_plan_release(n, n->plans.v[lru]);  /* the cache's reference */
+		n->plans.v[lru] = n->plans.v[--n->plans.n];
+	}
+	e = xcalloc(1, sizeof(*e));
+	snprintf(e->key, sizeof(e->key), "%s", key);
+	e->plan = *p;
+	memset(p, 0, sizeof(*p));
+	e->refs = 2;  /* the cache's and the caller's */
+	e->used = ++n->plan_clock;
+	VEC_PUSH(&n->plans, e);
+	return e;
+}
+
+void
+node_plan_release(node_t *n, node_plan_t *e)
+{
+	(void)n;
+	if (e != NULL && --e->refs == 0)
+		entry_free(e);
+}
+
+void
+node_plans_fini(node_t *n)
+{
+	for (size_t i = 0; i < n->plans.n; i++)
+		node_plan_release(n, n->plans.v[i]);
+	VEC_FREE(&n->plans);
+}
