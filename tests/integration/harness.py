@@ -52,6 +52,26 @@ def check(name, fn):
         traceback.print_exc()
 
 
+def wait_for(fn, timeout=30, what="the condition", every=0.02):
+    """Poll fn() until it returns something true (returned) or raises nothing
+    but timeout seconds have passed (AssertionError naming what).  gRPC
+    errors from fn count as "not yet".  The deadline is generous: the
+    machine may be busy; nothing here measures speed."""
+    end = time.time() + timeout
+    last = None
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+            last = v
+        except grpc.RpcError as e:
+            last = e
+        if time.time() > end:
+            raise AssertionError(f"waited {timeout} s for {what}; last: {last!r}")
+        time.sleep(every)
+
+
 def spawn(args, **kw):
     p = subprocess.Popen(args, **kw)
     PROCS.append(p)
@@ -87,7 +107,7 @@ class Cluster:
         self.stub = pbg.CoordinatorStub(self.ch)
         self.wait_members(n)
 
-    def wait_members(self, n, timeout=10):
+    def wait_members(self, n, timeout=30):
         end = time.time() + timeout
         while time.time() < end:
             try:
@@ -113,7 +133,7 @@ class Cluster:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 500)])
         self.stub = pbg.CoordinatorStub(self.ch)
-        end = time.time() + 10
+        end = time.time() + 30
         while True:
             try:
                 self.stub.ListMembers(pb.ListMembersRequest(), timeout=0.3)

@@ -27,7 +27,7 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import expect_error  # noqa: E402
+from harness import expect_error, wait_for  # noqa: E402
 
 TOKEN = "s3cret-operator-token"
 passed = failed = 0
@@ -228,37 +228,32 @@ def reload_on_sighup():
         f.write("rotated-token\n")
     coord.send_signal(signal.SIGHUP)
     new = [("authorization", "Bearer rotated-token")]
-    for _ in range(50):
-        try:
-            stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new)
-            break
-        except grpc.RpcError:
-            time.sleep(0.1)
+    wait_for(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new),
+             what="the rotated token to apply")
     stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new)
     expect_error(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op),
                  grpc.StatusCode.UNAUTHENTICATED, "operator token")
     with open(tokfile, "w") as f:
         f.write(TOKEN + "\n")
     coord.send_signal(signal.SIGHUP)
-    for _ in range(50):
-        try:
-            stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
-            return
-        except grpc.RpcError:
-            time.sleep(0.1)
-    raise AssertionError("the old token did not come back after a second reload")
+    wait_for(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op),
+             what="the old token to come back after a second reload")
 
 
 def lease_expiry():
     before = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op).epoch
-    deadline = time.time() + 2.6
-    while time.time() < deadline:  # keep train0 alive, let infer0 lapse
+    changed = []
+
+    def lapsed():  # keep train0 alive (heartbeats every 0.3 s), let infer0 lapse
         hb = stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["train"], epoch=before),
                             timeout=5)
-        time.sleep(0.3)
-    m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
-    assert [x.node_id for x in m.members] == ["train0"], m
-    assert m.epoch == before + 1 and hb.epoch_changed
+        changed.append(hb.epoch_changed)
+        m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
+        return m if [x.node_id for x in m.members] == ["train0"] else None
+    m = wait_for(lapsed, what="infer0's lease to lapse", every=0.3)
+    hb = stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["train"], epoch=before),
+                        timeout=5)
+    assert m.epoch == before + 1 and hb.epoch_changed, (m, changed)
     expect_error(lambda: stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["infer"]),
                                         timeout=5),
                  grpc.StatusCode.NOT_FOUND, "join again")
@@ -305,10 +300,7 @@ def unix_socket_lock():
     a = subprocess.Popen([f"{BUILD}/bin/refitd", "--role", "coordinator",
                           "--listen", f"unix:{sock}"], stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(100):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
+        wait_for(lambda: os.path.exists(sock), what=f"{sock} to exist")
         b = subprocess.run([f"{BUILD}/bin/refitd", "--role", "coordinator",
                             "--listen", f"unix:{sock}"], capture_output=True, text=True,
                            timeout=10)
@@ -354,11 +346,9 @@ def restart_keeps_registrations():
         before = st.GetModel(pb.GetModelRequest(model="m"), timeout=5)
         rf = st.TriggerRefit(pb.TriggerRefitRequest(model="m", idempotency_key="x"),
                              timeout=5)
-        for _ in range(50):
-            if st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
-                           timeout=5).state == pb.PREPARING:
-                break
-            time.sleep(0.1)
+        wait_for(lambda: st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
+                                     timeout=5).state == pb.PREPARING,
+                 what="the refit to be PREPARING")
         assert st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
                            timeout=5).state == pb.PREPARING
         ch.close()
@@ -430,11 +420,8 @@ def nodes_and_refits():
         ch = grpc.insecure_channel(ca)
         grpc.channel_ready_future(ch).result(timeout=10)
         st = pbg.CoordinatorStub(ch)
-        for _ in range(100):
-            mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-            if len(mem.members) == 3:
-                break
-            time.sleep(0.1)
+        mem = wait_for(lambda: (lambda m: m if len(m.members) == 3 else None)(
+            st.ListMembers(pb.ListMembersRequest(), timeout=5)), what="3 members")
         ids = {m.node_id: m.member_id for m in mem.members}
         assert set(ids) == {"train0", "infer0", "infer1"}, mem
         st.RegisterLayout(pb.RegisterLayoutRequest(
@@ -487,11 +474,9 @@ def nodes_and_refits():
         out = subprocess.run(ctl + ["drain", "infer1", "maintenance"], capture_output=True,
                              text=True)
         assert out.returncode == 0 and "node infer1" in out.stdout and "drained" in out.stdout, out
-        for _ in range(50):
-            mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-            if "infer1" not in [m.node_id for m in mem.members]:
-                break
-            time.sleep(0.1)
+        mem = wait_for(lambda: (lambda m: m if "infer1" not in [x.node_id for x in m.members]
+                                else None)(st.ListMembers(pb.ListMembersRequest(), timeout=5)),
+                       what="infer1 to leave")
         assert sorted(m.node_id for m in mem.members) == ["infer0", "train0"], mem
         time.sleep(1.0)  # several heartbeat periods: no rejoin
         mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
@@ -516,9 +501,9 @@ def nodes_and_refits():
         node_b.wait()
         node_c.kill()
         node_c.wait()
-        time.sleep(2.2)
-        mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-        assert len(mem.members) == 0 and mem.epoch == ep + 2, mem
+        mem = wait_for(lambda: (lambda m: m if len(m.members) == 0 else None)(
+            st.ListMembers(pb.ListMembersRequest(), timeout=5)), what="both leases to lapse")
+        assert mem.epoch == ep + 2, mem
         ch.close()
     finally:
         for p in procs:

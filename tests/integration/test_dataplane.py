@@ -121,12 +121,9 @@ def slow_model(name, rng):
 
 
 def wait_running(cl, rid):
-    for _ in range(500):
-        g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
-        if g.state == pb.RUNNING:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"refit {rid} never ran: {g}")
+    harness.wait_for(lambda: cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid),
+                                              timeout=5).state == pb.RUNNING,
+                     what=f"refit {rid} to run", every=0.005)
 
 
 def abort_midway():
@@ -144,14 +141,15 @@ def abort_midway():
                          timeout=5)
     g = SLOW.wait_final(r.refit_id)
     assert g.state == pb.ABORTED, g
-    time.sleep(0.5)
     for c in cls["infer"]:
-        st = c.cmd("state")
         if c.p.args[c.p.args.index("--instance") + 1] == "db":
-            assert "version=1 " in st and "valid=1" in st, st
+            st = harness.wait_for(lambda: (lambda s: s if "version=1 " in s and "valid=1" in s
+                                           else None)(c.cmd("state")),
+                                  what="the double-buffered instance to keep v1")
             assert c.cmd("check 1").endswith("mismatches=0")
         else:
-            assert "valid=0" in st, st
+            harness.wait_for(lambda: "valid=0" in c.cmd("state"),
+                             what="the in-place instance to be marked invalid")
     # the next refit of version 2 installs everything
     g = SLOW.refit("slow", 2)
     assert g.state == pb.COMMITTED, g.failure

@@ -31,6 +31,7 @@ sys.path.insert(0, TMP)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
+from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 import harness  # noqa: E402
 from harness import Client, Cluster, check, spawn, write  # noqa: E402
 
@@ -92,12 +93,10 @@ class Model:
 
 
 def wait_running(cl, rid):
-    for _ in range(1000):
-        g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
-        if g.state == pb.RUNNING:
-            return g
-        time.sleep(0.005)
-    raise AssertionError(f"refit {rid} never ran: {g}")
+    return harness.wait_for(
+        lambda: (lambda g: g if g.state == pb.RUNNING else None)(
+            cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)),
+        what=f"refit {rid} to run", every=0.005)
 
 
 def final_after(cl, rid, t0, bound):
@@ -236,9 +235,23 @@ def catch_up_late_instance():
 
 
 def trainer_restart():
+    old = int(M.trainer.first.split()[1])
     M.trainer.p.kill()
     M.trainer.p.wait()
-    time.sleep(0.2)
+    # the node drops the dead trainer (its sweep notices the exit)
+    ch = grpc.insecure_channel(f"unix:{CL.sock(0)}")
+    local = pbg.LocalStub(ch)
+
+    def dropped():
+        try:
+            local.GetState(pb.ClientRequest(client_id=old), timeout=5)
+            return False
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return True
+    harness.wait_for(dropped, what=f"node 0 to drop trainer client {old}")
+    ch.close()
     M.version += 5
     M.trainer = Client(CL, 0, "fm", "train", M.tl, version=M.version)
     assert M.trainer.ok(), M.trainer.first
@@ -257,11 +270,9 @@ def coordinator_restart():
     CL.coord = spawn(CL.coord_args, stderr=CL.log)
     # timed from outside this process (its gRPC channel has its own back-off)
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", CL.addr]
-    for _ in range(200):
-        out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
-        if "3 members" in out.stdout:
-            break
-        time.sleep(0.02)
+    harness.wait_for(lambda: "3 members" in subprocess.run(
+        ctl + ["members"], capture_output=True, text=True).stdout,
+        what="3 members after the restart")
     FIG["coordinator restart -> all nodes rejoined"] = time.time() - t0
     out = subprocess.run(ctl + ["trigger", "fm", "--version", str(M.version), "--wait"],
                          capture_output=True, text=True, timeout=60)
@@ -302,15 +313,15 @@ def fds(pid):
 
 def trigger_when_idle(cl, model, v):
     """Trigger, waiting out a refit already running (a catch-up, a retry)."""
-    for _ in range(600):
+    end = time.time() + 60
+    while True:
         try:
             return cl.stub.TriggerRefit(pb.TriggerRefitRequest(model=model, version=v),
                                         timeout=5).refit_id
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS or time.time() > end:
                 raise
             time.sleep(0.05)
-    raise AssertionError(f"{model}: a refit never ended")
 
 
 def soak():
