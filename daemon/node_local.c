@@ -156,18 +156,26 @@ map_seg(client_t *c, const char *name, seg_t **out, refit_err_t *err)
 	return REFIT_OK;
 }
 
-/* Bytes a view spans from its base (0 for an empty piece). */
-static uint64_t
-span(const piece_mem_t *m)
+/* Bytes a view spans from its base (0 for an empty piece) in *out; false
+ * when that does not fit in 64 bits (client-supplied strides). */
+static bool
+span(const piece_mem_t *m, uint64_t *out)
 {
-	uint64_t last = 0;
+	uint64_t last = 0, t;
 
+	*out = 0;
 	for (int d = 0; d < m->ndim; d++) {
 		if (m->shape[d] == 0)
-			return 0;
-		last += (uint64_t)(m->shape[d] - 1) * (uint64_t)m->stride[d];
+			return true;
 	}
-	return (last + 1) * m->elem;
+	for (int d = 0; d < m->ndim; d++) {
+		if (__builtin_mul_overflow((uint64_t)(m->shape[d] - 1), (uint64_t)m->stride[d],
+					   &t) ||
+		    __builtin_add_overflow(last, t, &last))
+			return false;
+	}
+	return !__builtin_add_overflow(last, 1, &last) &&
+	       !__builtin_mul_overflow(last, (uint64_t)m->elem, out);
 }
 
 static refit_status_t
@@ -195,18 +203,16 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: %zu "
 				     "strides for %d dims", l->name, pm->rank, pm->n_strides,
 				     l->ndim);
-	for (int d = l->ndim - 1, s = 1; d >= 0; d--) {
-		m.stride[d] = pm->n_strides ? pm->strides[d] : s;
+	/* contiguous when no strides are given (a local shape's numel fits: the
+	 * layout was checked against PLAN_MAX_NUMEL) */
+	for (int d = l->ndim - 1; d >= 0; d--) {
+		m.stride[d] = pm->n_strides ? pm->strides[d] : d == l->ndim - 1 ? 1 :
+			m.stride[d + 1] * (m.shape[d + 1] ? m.shape[d + 1] : 1);
 		if (m.stride[d] < 0 || m.stride[d] > PLAN_MAX_NUMEL)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
 					     "stride %" PRId64 " of dim %d is out of range",
 					     l->name, pm->rank, m.stride[d], d);
-		s *= (int)(m.shape[d] ? m.shape[d] : 1);
 	}
-	if (pm->n_strides == 0) /* contiguous: recompute in 64 bits */
-		for (int d = l->ndim - 1; d >= 0; d--)
-			m.stride[d] = d == l->ndim - 1 ? 1 : m.stride[d + 1] *
-				(m.shape[d + 1] ? m.shape[d + 1] : 1);
 	if (pm->cuda_ipc.len) {
 		seg_t sg = {xstrdup("(CUDA IPC)"), NULL, pm->cuda_bytes, true};
 		void *b = NULL;
@@ -234,7 +240,9 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 	} else {
 		CHECK(map_seg(c, nz(pm->shm_name), &seg, err));
 	}
-	need = span(&m);
+	if (!span(&m, &need))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: the "
+				     "strides given span more than 2^64 bytes", l->name, pm->rank);
 	for (size_t k = 0; k < copies; k++) {
 		if (pm->offsets[k] > seg->size || need > seg->size - pm->offsets[k])
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "

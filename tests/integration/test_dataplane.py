@@ -221,6 +221,19 @@ def bad_registrations():
                                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])],
                                  role=pb.INFER),
                      grpc.StatusCode.INVALID_ARGUMENT, "double-buffer install needs 2")
+        # spans that wrap 64 bits must not pass the bounds check (issue 12, item 1):
+        # 256 * 2^56 wraps to 0; 64 * 2^56 + 1 elements of 8 bytes wraps too
+        for dt, rows, strides, offs in (("fp32", 514, [1 << 56, 1], [0]),
+                                        ("fp64", 130, [1 << 56, 1], [0]),
+                                        ("fp32", 8, [4, 1], [(1 << 64) - 8])):
+            big = pb.TensorLayout(name="w", dtype=dt, shape=[rows, 4], mesh_shape=[2],
+                                  mesh_ranks=[0, 1], placements=["Shard(0)"])
+            expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=offs,
+                                                     strides=strides),
+                                      pb.PieceMemory(rank=1, shm_name=shm, offsets=[0],
+                                                     strides=[0, 1])],
+                                     layout=big, model="wrap"),
+                         grpc.StatusCode.INVALID_ARGUMENT, "tensor \"w\" rank 0")
         ok = reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])])
         assert ok.client_id > 0
