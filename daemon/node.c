@@ -383,6 +383,7 @@ node_close(node_t *n)
 	leave(n);
 	node_run_abort_all(n, "the node daemon is shutting down");
 	node_waiters_fail_all(n, "the node daemon is shutting down");
+	node_local_close(n);
 	uv_timer_stop(&n->beat);
 	uv_timer_stop(&n->sweep);
 	uv_close((uv_handle_t *)&n->beat, on_timer_closed);

@@ -212,6 +212,41 @@ class Client:
                 self.p.kill()
 
 
+# ---- memory passed to a node (memfds over its memory socket) -------------------
+
+SEALS = 0x0002 | 0x0004 | 0x0001  # F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL
+
+
+def memfd(name, size, seals=SEALS):
+    import fcntl
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def mem_pass(sock, segs):
+    """Pass {name: fd} over the node's memory socket (sock + ".mem").
+    Returns (the connection, keep it open; the key); raises MemRefused."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    s.connect(sock + ".mem")
+    key = 0
+    for name, fd in segs.items():
+        socket.send_fds(s, [name.encode()], [fd])
+        r = s.recv(1024)
+        if r[:1] != b"\0":
+            s.close()
+            raise MemRefused(r[1:].decode(errors="replace"))
+        key = int.from_bytes(r[1:9], "little")
+    return s, key
+
+
+class MemRefused(Exception):
+    pass
+
+
 # ---- random layouts ----------------------------------------------------------
 
 def dtensor(name, dt, shape, ranks, rng, strided=True):

@@ -194,19 +194,26 @@ def bad_registrations():
     lay = pb.TensorLayout(name="w", dtype="fp32", shape=[8, 4], mesh_shape=[2],
                           mesh_ranks=[0, 1], placements=["Shard(0)"])
 
-    def reg(mem, layout=lay, model="bad", role=pb.TRAIN, install=pb.DOUBLE_BUFFER):
+    shm = "seg"
+    fd = harness.memfd(shm, 100)
+    conn, key = harness.mem_pass(MAIN.sock(0), {shm: fd})
+
+    def reg(mem, layout=lay, model="bad", role=pb.TRAIN, install=pb.DOUBLE_BUFFER, k=None):
         return st.RegisterClient(pb.LocalRegisterRequest(
             model=model, role=role, install=install, pid=os.getpid(),
+            mem_key=key if k is None else k,
             tensors=[pb.LocalTensor(layout=layout, memory=mem)]), timeout=10)
 
-    shm = "/refit-test-%d" % os.getpid()
-    with open("/dev/shm" + shm, "wb") as f:
-        f.write(b"\0" * 100)
     try:
         expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name="/no-such-refit-shm",
                                                  offsets=[0]),
                                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[0])]),
-                     grpc.StatusCode.NOT_FOUND, 'shared memory "/no-such-refit-shm"')
+                     grpc.StatusCode.NOT_FOUND, 'shared memory "/no-such-refit-shm" was not')
+        # a segment is usable only with the key of the connection that passed it
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
+                                  pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])],
+                                 k=key ^ 1),
+                     grpc.StatusCode.NOT_FOUND, 'shared memory "seg" was not passed')
         expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
                                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[90])]),
                      grpc.StatusCode.INVALID_ARGUMENT, "needs 64 bytes, but shared memory")
@@ -252,8 +259,61 @@ def bad_registrations():
         st.Unregister(pb.ClientRequest(client_id=ok.client_id), timeout=5)
         assert st.Hello(pb.HelloRequest(), timeout=5).joined
     finally:
-        os.unlink("/dev/shm" + shm)
+        conn.close()
+        os.close(fd)
         ch.close()
+
+
+def sealed_memory_only():
+    """Issue 12, item 2: a client cannot truncate memory its node mapped."""
+    unsealed = harness.memfd("loose", 4096, seals=0)
+    shrinkable = harness.memfd("grow-only", 4096, seals=0x0004)
+    try:
+        for fd in (unsealed, shrinkable):
+            try:
+                harness.mem_pass(MAIN.sock(1), {"x": fd})
+                raise AssertionError("an unsealed memfd was accepted")
+            except harness.MemRefused as e:
+                assert "not sealed against shrinking" in str(e), e
+        # a plain file is refused too
+        with open(os.path.join(harness.TMP, "plain"), "wb+") as f:
+            f.write(b"\0" * 64)
+            f.flush()
+            try:
+                harness.mem_pass(MAIN.sock(1), {"x": f.fileno()})
+                raise AssertionError("a plain file was accepted")
+            except harness.MemRefused as e:
+                assert "not a memfd" in str(e), e
+    finally:
+        os.close(unsealed)
+        os.close(shrinkable)
+    # librefit's segments: sealed, so truncating fails; the node keeps serving
+    rng = random.Random(12)
+    train = [{"name": "w", "dtype": "fp32", "shape": [64, 16], "mesh": [4, 5],
+              "placements": ["Shard(0)"]}]
+    inf = [{"name": "w", "dtype": "fp32", "shape": [64, 16], "mesh": [8],
+            "placements": ["Replicate()"]}]
+    cls = start_model(MAIN, "sealed", train, [("i0", inf)], rng, {"i0": "in-place"})
+    victim = cls["train"][0]
+    pid = victim.p.pid
+    fds = [os.path.join(f"/proc/{pid}/fd", x) for x in os.listdir(f"/proc/{pid}/fd")]
+    segs = [p for p in fds if os.readlink(p).startswith("/memfd:refit-client-")]
+    assert segs, fds
+    for p in segs:
+        try:
+            os.truncate(p, 0)
+            raise AssertionError(f"{p} could be truncated")
+        except PermissionError:
+            pass
+    assert not os.path.exists(f"/dev/shm/refit-client-{pid}")
+    g = MAIN.refit("sealed", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    victim.p.kill()
+    victim.p.wait()
+    assert not os.path.exists(f"/dev/shm/refit-client-{pid}")
+    stop(cls)
+    assert MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members
 
 
 def wrong_token_connection():
@@ -310,6 +370,8 @@ try:
     check("a librefit client killed mid-refit fails it; daemon keeps serving",
           client_dies_midway)
     check("bad registrations get clear errors", bad_registrations)
+    check("memory is sealed memfds only: no truncation under the node, no leak",
+          sealed_memory_only)
     check("a data connection with a wrong token or no handshake is refused",
           wrong_token_connection)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
