@@ -326,7 +326,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	uv_timer_init(loop, &n->beat);
 	uv_timer_init(loop, &n->sweep);
 	n->beat.data = n->sweep.data = n;
-	n->handles = 2;
+	n->handles += 2; /* the memory socket counts its own */
 	uv_timer_start(&n->beat, on_tick, 0, o->heartbeat_ms);
 	uv_timer_start(&n->sweep, on_sweep, 50, 50);
 	log_info("node %s: data plane %s on %s, librefit socket %s", n->node_id, n->xo->name,
