@@ -25,6 +25,7 @@
 
 #include "codec/json.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "daemon/coord_internal.h"
 #include "daemon/proto_conv.h"
 
@@ -104,6 +105,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(msg, sizeof(msg), fmt, ap);
 		va_end(ap);
+		utf8_cut(msg); /* cut by the buffer: on a character boundary */
 	}
 	bump = state == REFIT__V1__REFIT_STATE__FAILED && r->nccl && !c->bumping;
 	r->phase++;
@@ -309,6 +311,7 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 
 			snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", m ? m->node_id : "?",
 				 msg);
+			utf8_cut(buf);
 			if (r->failure == NULL || (!symptom && r->failing_symptom)) {
 				free(r->failure);
 				r->failure = xstrdup(buf);

@@ -201,6 +201,101 @@ def garbage_and_limits():
                  grpc.StatusCode.RESOURCE_EXHAUSTED, "")
 
 
+def bad_strings():
+    """Issue 12, item 7: strings are checked where requests are decoded."""
+    raw = chan.unary_unary("/refit.v1.Coordinator/Join",
+                           request_serializer=lambda b: b,
+                           response_deserializer=lambda b: b)
+
+    def field(num, data):  # a length-delimited field, by hand (any bytes)
+        n, v = len(data), b""
+        while True:
+            v += bytes([(n & 0x7f) | (0x80 if n > 0x7f else 0)])
+            n >>= 7
+            if not n:
+                break
+        return bytes([num << 3 | 2]) + v + data
+    rank = field(8, pb.RankInfo(rank=77).SerializeToString())
+    for bad, text in ((b"caf\xe9", "JoinRequest.node_id: not valid UTF-8"),
+                      (b"\xed\xa0\x80", "JoinRequest.node_id: not valid UTF-8"),
+                      (b"ab\0cd", "JoinRequest.node_id: a string with a NUL byte"),
+                      (b"n" * 1025, "JoinRequest.node_id: a string of 1025 bytes")):
+        expect_error(lambda: raw(field(1, bad) + rank, timeout=5),
+                     grpc.StatusCode.INVALID_ARGUMENT, text)
+    # nested: a tensor name inside RegisterLayout, and a repeated string
+    lay = layout_to_proto(train[0]).SerializeToString()
+    reg = chan.unary_unary("/refit.v1.Coordinator/RegisterLayout",
+                           request_serializer=lambda b: b,
+                           response_deserializer=lambda b: b)
+    body = pb.RegisterLayoutRequest(member_id=ids["train"], model="m",
+                                    role=pb.TRAIN).SerializeToString()
+    expect_error(lambda: reg(body + field(5, field(1, b"w\xff") + lay), timeout=5),
+                 grpc.StatusCode.INVALID_ARGUMENT, "TensorLayout.name: not valid UTF-8")
+    expect_error(lambda: reg(body + field(5, lay + field(6, b"Shard(0)\0x")), timeout=5),
+                 grpc.StatusCode.INVALID_ARGUMENT, "TensorLayout.placements: a string with")
+    # valid non-ASCII is fine; the views still decode in every client
+    m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
+    assert sorted(x.node_id for x in m.members) == ["infer0", "train0"], m
+    stub.ListModels(pb.ListModelsRequest(), timeout=5, metadata=op)
+
+
+def long_failures_and_json():
+    """A failure reason longer than its buffer is cut on a character boundary
+    (GetRefit and ListRefits still decode); refitctl --json escapes names."""
+    ca = f"127.0.0.1:{free_port()}"
+    p = subprocess.Popen([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", ca,
+                          "--lease-ttl-ms", "60000"], stderr=subprocess.PIPE, text=True)
+    try:
+        ch = grpc.insecure_channel(ca)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        nid = "\u00fc" * 400  # 800 bytes: the failure naming it overflows 512
+        dead = f"127.0.0.1:{free_port()}"
+        j = st.Join(pb.JoinRequest(node_id=nid, host="127.0.0.1", rpc_endpoint=dead,
+                                   data_endpoint=dead, ranks=[pb.RankInfo(rank=0),
+                                                              pb.RankInfo(rank=1)]),
+                    timeout=5)
+        model = 'q"uo\\te\u00e9\n'
+        one = {"name": "w", "dtype": "fp32", "shape": [4], "mesh": [0],
+               "placements": ["Replicate()"]}
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model=model,
+                                                   role=pb.TRAIN,
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        one["mesh"] = [1]
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model=model,
+                                                   role=pb.INFER, instance="i\"0",
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        st.WeightsReady(pb.WeightsReadyRequest(member_id=j.member_id, model=model,
+                                               version=1), timeout=5)
+        rid = st.TriggerRefit(pb.TriggerRefitRequest(model=model), timeout=5).refit_id
+        g = wait_for(lambda: (lambda g: g if g.state == pb.FAILED else None)(
+            st.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)),
+            what="the refit to fail", timeout=60)
+        assert g.failure.startswith("node " + nid[:100]), g.failure
+        lr = st.ListRefits(pb.ListRefitsRequest(), timeout=5)
+        assert lr.refits[0].failure == g.failure
+        ctl = [f"{BUILD}/bin/refitctl", "--coordinator", ca, "--json"]
+        for args in (["models"], ["model", model], ["list"], ["members"],
+                     ["status", str(rid)], ["plan", model]):
+            out = subprocess.run(ctl + args, capture_output=True, text=True)
+            assert out.returncode == 0, (args, out)
+            json.loads(out.stdout)
+        d = json.loads(subprocess.run(ctl + ["models"], capture_output=True,
+                                      text=True).stdout)
+        assert d["models"][0]["name"] == model, d
+        assert sorted(i["instance"] for i in d["models"][0]["instances"]) == ["", 'i"0'], d
+        d = json.loads(subprocess.run(ctl + ["members"], capture_output=True,
+                                      text=True).stdout)
+        assert d["members"][0]["node_id"] == nid, d
+        d = json.loads(subprocess.run(ctl + ["status", str(rid)], capture_output=True,
+                                      text=True).stdout)
+        assert d["model"] == model and d["failure"] == g.failure, d
+        ch.close()
+    finally:
+        p.kill()
+        p.wait()
+
+
 def refitctl():
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", addr, "--token-file", tokfile]
     out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
@@ -589,6 +684,8 @@ try:
                      ("bad layouts", bad_layouts), ("operator views", operator_views),
                      ("weights ready", weights_ready),
                      ("garbage and limits", garbage_and_limits),
+                     ("bad strings", bad_strings),
+                     ("long failures and json", long_failures_and_json),
                      ("refitctl", refitctl), ("reload on SIGHUP", reload_on_sighup),
                      ("lease expiry", lease_expiry),
                      ("config files", config_files),
