@@ -342,6 +342,88 @@ def wrong_token_connection():
     assert len(g.members) == NODES
 
 
+def handshake(epoch, token, refit=1, node="intruder"):
+    return (0x31544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") + \
+        epoch.to_bytes(8, "little") + refit.to_bytes(8, "little") + \
+        token.ljust(64, b"\0") + node.encode().ljust(128, b"\0")
+
+
+def slow_handshakes():
+    """Issue 12, item 4: idle connections on the data ports delay nobody;
+    each is closed at its own handshake deadline."""
+    mem = MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
+    idle = []
+    for m in mem.members:
+        host, port = m.data_endpoint.rsplit(":", 1)
+        for _ in range(30):  # 30 x 5 s each, if they were read one at a time
+            idle.append(socket.create_connection((host, int(port)), timeout=5))
+        # a handshake cut short waits too
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(handshake(mem.epoch, b"x")[:100])
+        idle.append(s)
+    rng = random.Random(41)
+    train = [dtensor("w", "fp32", [96, 8], list(range(0, 24, 2)), rng)]
+    inf = [dtensor("w", "fp32", [96, 8], list(range(1, 24, 2)), rng)]
+    cls = start_model(MAIN, "slowloris", train, [("i0", inf)], rng)
+    g = MAIN.refit("slowloris", 1, timeout=60)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    stop(cls)
+    for s in idle:  # each is closed by its node at its deadline
+        s.settimeout(30)
+        assert s.recv(1) == b"", "an idle connection was kept"
+        s.close()
+
+
+def no_epoch_no_connection():
+    """Issue 12, item 4: before its first PrepareEpoch a node accepts no data
+    connection, not even one for epoch 0 with an empty token."""
+    cl = Cluster("z", 1)
+    ep = cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members[0].data_endpoint
+    host, port = ep.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(handshake(0, b""))
+    assert s.recv(1) == b"\x01", "epoch 0 with an empty token was accepted"
+    s.close()
+
+
+def dial_honours_abort():
+    """Issue 12, item 4: a node dialing a peer that never answers the
+    handshake stops when the refit is aborted (not at its slice deadline)."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)  # accepts (the kernel does), never answers
+    cl = Cluster("h", 2, coord_extra=(), extra=())
+    # node h1 advertises the black hole as its data endpoint
+    cl.nodes[1].terminate()
+    cl.nodes[1].wait()
+    cl.wait_members(1)
+    cl.node_args[1] += ["--data-advertise", "127.0.0.1:%d" % hole.getsockname()[1]]
+    cl.restart_node(1)
+    cl.wait_members(2)
+    rng = random.Random(5)
+    train = [{"name": "w", "dtype": "fp32", "shape": [64], "mesh": [0],
+              "placements": ["Replicate()"]}]
+    inf = [{"name": "w", "dtype": "fp32", "shape": [64], "mesh": [RPN],
+            "placements": ["Replicate()"]}]
+    cls = start_model(cl, "hole", train, [("i0", inf)], rng, {"i0": "double-buffer"})
+    r = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="hole", version=1), timeout=10)
+    hole.settimeout(60)
+    conn, _ = hole.accept()  # h0 dialed; its handshake arrives, no answer goes
+    conn.settimeout(60)
+    got = b""
+    while len(got) < 216:
+        got += conn.recv(216 - len(got))
+    cl.stub.AbortRefit(pb.AbortRefitRequest(refit_id=r.refit_id, reason="test"), timeout=5)
+    g = cl.wait_final(r.refit_id, timeout=60)
+    assert g.state == pb.ABORTED, g
+    # h0 gives up the dial now, not at its slice deadline (600 s)
+    assert conn.recv(1) == b"", "the dialing node kept waiting"
+    conn.close()
+    stop(cls)
+    hole.close()
+
+
 def mixed_transports_refused():
     rng = random.Random(9)
     train = [{"name": "w", "dtype": "fp32", "shape": [16], "mesh": [0],
@@ -377,6 +459,11 @@ try:
           sealed_memory_only)
     check("a data connection with a wrong token or no handshake is refused",
           wrong_token_connection)
+    check("idle data connections delay no refit and are closed at their deadline",
+          slow_handshakes)
+    check("no data connection before an epoch is prepared", no_epoch_no_connection)
+    check("dialing a peer that never answers stops when the refit is aborted",
+          dial_honours_abort)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
           mixed_transports_refused)
 finally:
