@@ -241,10 +241,16 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		}
 		VEC_PUSH(&n->world, em);
 	}
+	/* the same epoch again (another model's refit): the transport keeps its
+	 * connections; only a change of epoch resets it */
+	bool changed = rq->epoch != n->prepared_epoch || rq->token.len != n->token_len ||
+		       (rq->token.len && memcmp(n->token, rq->token.data, rq->token.len) != 0);
+
 	n->prepared_epoch = rq->epoch;
 	memcpy(n->token, rq->token.data, rq->token.len);
 	n->token_len = rq->token.len;
-	n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
+	if (changed)
+		n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
 	if (n->xo->set_world) {
 		VEC(int32_t) all = {0};
 		xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,

@@ -410,13 +410,19 @@ tcp_set_epoch(xport_t *x, uint64_t epoch, const uint8_t *token, size_t len)
 	if (len > XPORT_TOKEN_MAX)
 		len = XPORT_TOKEN_MAX;
 	pthread_mutex_lock(&x->mu);
+	/* connections of other epochs are dropped; those of this epoch stay
+	 * (another refit of the same epoch may be collecting them) */
+	for (size_t i = 0; i < x->parked.n;) {
+		if (x->parked.v[i].epoch != epoch) {
+			close(x->parked.v[i].fd);
+			x->parked.v[i] = x->parked.v[--x->parked.n];
+		} else {
+			i++;
+		}
+	}
 	x->epoch = epoch;
 	memcpy(x->token, token, len);
 	x->token_len = len;
-	/* connections of older epochs are dropped */
-	for (size_t i = 0; i < x->parked.n; i++)
-		close(x->parked.v[i].fd);
-	x->parked.n = 0;
 	pthread_mutex_unlock(&x->mu);
 }
 
