@@ -96,6 +96,18 @@ coord_save(coord_t *c)
 		log_warnx("coordinator: %s", err.msg);
 }
 
+refit_status_t
+coord_save_durable(coord_t *c, const char *what, refit_err_t *err)
+{
+	if (coord_state_save(c, err) == REFIT_OK)
+		return REFIT_OK;
+	log_warnx("coordinator: %s refused: %s", what, err->msg);
+	refit_err_prefix(err, "%s: the change cannot be made durable, so it was not made",
+			 what);
+	err->status = REFIT_ERR_UNAVAILABLE;
+	return err->status;
+}
+
 /* leases, retries and catch-ups are checked this often */
 #define TICK_MS(ttl) ((ttl) / 4 + 1 < 100 ? (ttl) / 4 + 1 : 100)
 
@@ -379,17 +391,22 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 			old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 		return rpc_call_reply(call, &rsp.base);
 	}
+	bool new_model = m == NULL, had_old = false;
+	instance_t was;
+
 	if (m == NULL) {
 		model_t nm = {.name = xstrdup(rq->model)};
 
 		VEC_PUSH(&c->models, nm);
 		m = &c->models.v[c->models.n - 1];
 	}
-	/* a model has one trainer; an inference instance is replaced by name */
+	/* a model has one trainer; an inference instance is replaced by name
+	 * (the old one is kept until the change is durable) */
 	old = rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
 						: find_instance(m, (int)rq->role, iname);
 	if (old != NULL) {
-		coord_instance_fini(old);
+		was = *old;
+		had_old = true;
 		*old = m->inst.v[--m->inst.n];
 	}
 	memset(&in, 0, sizeof(in));
@@ -401,10 +418,22 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up)
 		in.catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 	VEC_PUSH(&m->inst, in);
+	if (coord_save_durable(c, "RegisterLayout", &err) != REFIT_OK) {
+		coord_instance_fini(&m->inst.v[--m->inst.n]);
+		if (had_old)
+			VEC_PUSH(&m->inst, was);
+		if (new_model) {
+			free(m->name);
+			VEC_FREE(&m->inst);
+			c->models.n--;
+		}
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
+	if (had_old)
+		coord_instance_fini(&was);
 	log_info("coordinator: model \"%s\": %s instance \"%s\" registered (%zu tensors, %.12s)",
 		 m->name, rq->role == REFIT__V1__ROLE__TRAIN ? "train" : "infer", iname,
 		 set.n, in.digest);
-	coord_save(c);
 	rsp.layout_digest = m->inst.v[m->inst.n - 1].digest;
 	rsp.tensors = (uint32_t)set.n;
 	rpc_call_reply(call, &rsp.base);
@@ -442,10 +471,20 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": retries "
 				     "%u (at most 100), backoff %u ms (at most 3600000)", m->name,
 				     p->retries, p->retry_backoff_ms);
+	uint32_t was_r = m->retries, was_b = m->retry_backoff_ms;
+	bool was_nc = m->no_catch_up;
+	refit_err_t err;
+
+	refit_err_clear(&err);
 	m->retries = p->retries;
 	m->retry_backoff_ms = p->retry_backoff_ms;
 	m->no_catch_up = !p->catch_up;
-	coord_save(c);
+	if (coord_save_durable(c, "SetRefitPolicy", &err) != REFIT_OK) {
+		m->retries = was_r;
+		m->retry_backoff_ms = was_b;
+		m->no_catch_up = was_nc;
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
 	model_msg(m, &out, &pol, &iv, &ip);
 	rpc_call_reply(call, &out.base);
 	free(iv);
@@ -465,9 +504,16 @@ h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "UnregisterLayout: model \"%s\" "
 				     "has no such instance \"%s\"", nz(rq->model),
 				     nz(rq->instance));
-	coord_instance_fini(in);
+	instance_t was = *in;
+	refit_err_t err;
+
+	refit_err_clear(&err);
 	*in = m->inst.v[--m->inst.n];
-	coord_save(c);
+	if (coord_save_durable(c, "UnregisterLayout", &err) != REFIT_OK) {
+		VEC_PUSH(&m->inst, was);
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
+	coord_instance_fini(&was);
 	rpc_call_reply(call, &rsp.base);
 }
 
@@ -496,8 +542,15 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "WeightsReady \"%s\": version "
 				     "%" PRIu64 " is not newer than %" PRIu64, m->name,
 				     rq->version, m->latest_version);
+	uint64_t was = m->latest_version;
+	refit_err_t err;
+
+	refit_err_clear(&err);
 	m->latest_version = rq->version;
-	coord_save(c);
+	if (coord_save_durable(c, "WeightsReady", &err) != REFIT_OK) {
+		m->latest_version = was;
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
 	rsp.latest_version = m->latest_version;
 	rpc_call_reply(call, &rsp.base);
 }

@@ -108,6 +108,12 @@ uint64_t coord_now_ms(void);
 
 /* Persist the state now (coord.c; failures are logged). */
 void coord_save(coord_t *c);
+/*
+ * Persist a change a caller is about to be told about: REFIT_OK once it is
+ * durable (or no state file is configured); otherwise the caller undoes the
+ * change and refuses it (err says why).
+ */
+refit_status_t coord_save_durable(coord_t *c, const char *what, refit_err_t *err);
 
 /* coord.c helpers used by coord_refit.c */
 model_t *coord_find_model(coord_t *c, const char *name);

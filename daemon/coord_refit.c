@@ -916,8 +916,18 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	r->created_ms = coord_now_ms();
 	r->state = REFIT__V1__REFIT_STATE__PENDING;
 	VEC_PUSH(&c->refits, r);
+	{
+		refit_err_t err;
+
+		refit_err_clear(&err);
+		if (coord_save_durable(c, "TriggerRefit", &err) != REFIT_OK) {
+			c->refits.n--;
+			c->next_refit--;
+			rec_free(r);
+			return rpc_call_fail(call, err.status, "%s", err.msg);
+		}
+	}
 	trim_records(c);
-	coord_save(c);
 	rsp.refit_id = r->id;
 	rpc_call_reply(call, &rsp.base);
 	start_refit(c, m, r);

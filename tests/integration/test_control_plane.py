@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -96,6 +97,23 @@ op = [("authorization", f"Bearer {TOKEN}")]
 train = json.load(open("config/examples/train-tp2pp2dp2.json"))["tensors"]
 infer = json.load(open("config/examples/infer-tp4x2.json"))["tensors"]
 ids = {}
+# the fake members "train0" and "infer0" are kept alive by heartbeats until a
+# test says otherwise (the lease is short: the lease test waits for a lapse)
+alive = {"train": True, "infer": True, "stop": False}
+
+
+def keepalive():
+    while not alive["stop"]:
+        for k in ("train", "infer"):
+            if alive[k] and k in ids:
+                try:
+                    stub.Heartbeat(pb.HeartbeatRequest(member_id=ids[k]), timeout=5)
+                except grpc.RpcError:
+                    pass
+        time.sleep(0.2)  # pacing of the heartbeats (the lease is 1.5 s)
+
+
+threading.Thread(target=keepalive, daemon=True).start()
 
 
 def join_nodes():
@@ -296,6 +314,83 @@ def long_failures_and_json():
         p.wait()
 
 
+def durable_or_refused():
+    """Issue 12, item 6: a change that cannot be written to the state file
+    is refused and not made; after a restart the coordinator shows what it
+    acknowledged, nothing else."""
+    d = os.path.join(TMP, "dur")
+    sub = os.path.join(d, "sub")
+    os.makedirs(sub)
+    state = os.path.join(sub, "state.json")
+    ca = f"127.0.0.1:{free_port()}"
+    args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", ca,
+            "--lease-ttl-ms", "60000", "--state-file", state]
+    p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    try:
+        ch = grpc.insecure_channel(ca)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        j = st.Join(pb.JoinRequest(node_id="d0", host="127.0.0.1", ranks=[
+            pb.RankInfo(rank=0), pb.RankInfo(rank=1), pb.RankInfo(rank=2)]), timeout=5)
+        one = {"name": "w", "dtype": "fp32", "shape": [4], "mesh": [0],
+               "placements": ["Replicate()"]}
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model="d",
+                                                   role=pb.TRAIN,
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        one["mesh"] = [1]
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model="d",
+                                                   role=pb.INFER, instance="a",
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        st.WeightsReady(pb.WeightsReadyRequest(member_id=j.member_id, model="d", version=1),
+                        timeout=5)
+        st.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+            model="d", retries=3, retry_backoff_ms=10, catch_up=True)), timeout=5)
+        # the state file's directory becomes a file: every write fails (ENOTDIR)
+        os.rename(sub, sub + ".away")
+        open(sub, "w").close()
+        U = grpc.StatusCode.UNAVAILABLE
+        expect_error(lambda: st.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+            model="d", retries=0, catch_up=False)), timeout=5), U, "cannot be made durable")
+        expect_error(lambda: st.WeightsReady(pb.WeightsReadyRequest(
+            member_id=j.member_id, model="d", version=2), timeout=5), U, "WeightsReady")
+        one["mesh"] = [2]
+        expect_error(lambda: st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="d", role=pb.INFER, instance="b",
+            tensors=[layout_to_proto(one)]), timeout=5), U, "RegisterLayout")
+        expect_error(lambda: st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="new", role=pb.TRAIN,
+            tensors=[layout_to_proto(one)]), timeout=5), U, "RegisterLayout")
+        expect_error(lambda: st.UnregisterLayout(pb.UnregisterLayoutRequest(
+            member_id=j.member_id, model="d", role=pb.INFER, instance="a"), timeout=5),
+            U, "UnregisterLayout")
+        expect_error(lambda: st.TriggerRefit(pb.TriggerRefitRequest(model="d"), timeout=5),
+                     U, "TriggerRefit")
+        g = st.GetModel(pb.GetModelRequest(model="d"), timeout=5)
+        assert g.latest_version == 1 and g.policy.retries == 3 and g.policy.catch_up, g
+        assert sorted(i.instance for i in g.instances) == ["", "a"], g
+        assert [m.name for m in st.ListModels(pb.ListModelsRequest(), timeout=5).models] \
+            == ["d"]
+        assert not st.ListRefits(pb.ListRefitsRequest(), timeout=5).refits
+        # writable again: the next change is made and survives a restart
+        os.unlink(sub)
+        os.rename(sub + ".away", sub)
+        st.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+            model="d", retries=5, retry_backoff_ms=10, catch_up=True)), timeout=5)
+        ch.close()
+        p.terminate()
+        p.wait(timeout=10)
+        p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        ch = grpc.insecure_channel(ca)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        g = st.GetModel(pb.GetModelRequest(model="d"), timeout=5)
+        assert g.latest_version == 1 and g.policy.retries == 5, g
+        ch.close()
+    finally:
+        p.kill()
+        p.wait()
+
+
 def refitctl():
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", addr, "--token-file", tokfile]
     out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
@@ -336,6 +431,7 @@ def reload_on_sighup():
 
 
 def lease_expiry():
+    alive["infer"] = False
     before = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op).epoch
     changed = []
 
@@ -352,6 +448,7 @@ def lease_expiry():
     expect_error(lambda: stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["infer"]),
                                         timeout=5),
                  grpc.StatusCode.NOT_FOUND, "join again")
+    alive["train"] = False
     r = stub.Leave(pb.LeaveRequest(member_id=ids["train"]), timeout=5)
     assert r.epoch == before + 2
 
@@ -686,6 +783,7 @@ try:
                      ("garbage and limits", garbage_and_limits),
                      ("bad strings", bad_strings),
                      ("long failures and json", long_failures_and_json),
+                     ("durable or refused", durable_or_refused),
                      ("refitctl", refitctl), ("reload on SIGHUP", reload_on_sighup),
                      ("lease expiry", lease_expiry),
                      ("config files", config_files),
