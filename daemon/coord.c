@@ -206,6 +206,17 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		m.ranks[i].domain = xstrdup(d && d[0] ? d : rq->node_id);
 	}
 	m.last_beat_ms = uv_now(c->loop);
+	if (rq->prepared_epoch >= c->epoch) {
+		/* this coordinator lost its state (or never had a state file):
+		 * epochs continue above what the node prepared, never go back */
+		uint64_t was = c->epoch;
+
+		c->epoch = rq->prepared_epoch;
+		log_info("coordinator: node %s prepared epoch %" PRIu64 " before this "
+			 "coordinator's epoch %" PRIu64 ": epochs continue above it",
+			 rq->node_id, rq->prepared_epoch, was);
+		coord_refits_on_epoch(c, was);
+	}
 	coord_bump_epoch(c, "join");
 	m.joined_epoch = c->epoch;
 	VEC_PUSH(&c->members, m);
@@ -394,6 +405,21 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	bool new_model = m == NULL, had_old = false;
 	instance_t was;
 
+	if (old != NULL && rq->again) {
+		char dg[SHA256_HEX_LEN];
+
+		conv_layouts_digest(&set, dg);
+		if (strcmp(dg, old->digest) == 0) {
+			/* a node joined again with its clients: same layout, same
+			 * memory; only the member holding it changed */
+			plan_layout_set_fini(&set);
+			old->member_id = rq->member_id;
+			coord_save(c);
+			rsp.layout_digest = old->digest;
+			rsp.tensors = (uint32_t)old->layouts.n;
+			return rpc_call_reply(call, &rsp.base);
+		}
+	}
 	if (m == NULL) {
 		model_t nm = {.name = xstrdup(rq->model)};
 
@@ -415,7 +441,8 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	in.member_id = rq->member_id;
 	in.layouts = set;
 	conv_layouts_digest(&set, in.digest);
-	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up)
+	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up &&
+	    !rq->again)
 		in.catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 	VEC_PUSH(&m->inst, in);
 	if (coord_save_durable(c, "RegisterLayout", &err) != REFIT_OK) {

@@ -69,6 +69,7 @@ on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 				 r->lease_ttl_ms);
 			if (r->heartbeat_ms)
 				uv_timer_set_repeat(&n->beat, r->heartbeat_ms);
+			node_local_rejoined(n);
 		}
 	}
 	node_maybe_free(n);
@@ -131,6 +132,7 @@ on_tick(uv_timer_t *t)
 		rq.rpc_endpoint = n->advertise;
 		rq.data_endpoint = n->data_ep;
 		rq.transport = (char *)n->xo->name;
+		rq.prepared_epoch = n->prepared_epoch;
 		rq.ranks = rp;
 		rq.n_ranks = n->nranks;
 		if (rpc_call_async(n->loop, n->coordinator, &n->client,

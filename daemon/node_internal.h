@@ -124,6 +124,9 @@ struct node {
 refit_status_t node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err);
 void node_local_stop(node_t *n);
 void node_local_close(node_t *n);   /* close the memory socket's handles */
+/* Joined (again): register every client's layout and ready version with
+ * the coordinator, which may not know them (it restarted). */
+void node_local_rejoined(node_t *n);
 client_t *node_client(node_t *n, uint64_t id);
 /* Drop a client (its memory goes when no slice uses it). */
 void node_client_drop(node_t *n, client_t *c, const char *why);

@@ -885,6 +885,97 @@ h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	node_client_drop(n, c, "unregistered by the client");
 }
 
+/* ---- joining again -------------------------------------------------------------- */
+
+typedef struct rejob {
+	node_t *n;
+	uint64_t client_id, member_id;
+} rejob_t;
+
+static void
+on_reready(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	rejob_t *j = arg;
+
+	(void)resp;
+	j->n->inflight--;
+	if (st != REFIT_OK)
+		log_warnx("node %s: client %" PRIu64 ": WeightsReady again: %s", j->n->node_id,
+			  j->client_id, msg);
+	node_maybe_free(j->n);
+	free(j);
+}
+
+static void
+on_reregistered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	rejob_t *j = arg;
+	node_t *n = j->n;
+	client_t *c = node_client(n, j->client_id);
+	refit_err_t err;
+
+	n->inflight--;
+	if (st != REFIT_OK) {
+		log_warnx("node %s: client %" PRIu64 ": RegisterLayout again: %s", n->node_id,
+			  j->client_id, msg);
+	} else if (c != NULL && !n->closing && n->member_id == j->member_id) {
+		const Refit__V1__RegisterLayoutResponse *r = (const void *)resp;
+		Refit__V1__WeightsReadyRequest fw = REFIT__V1__WEIGHTS_READY_REQUEST__INIT;
+
+		snprintf(c->digest, sizeof(c->digest), "%s", nz(r->layout_digest));
+		log_info("node %s: client %" PRIu64 " (model \"%s\") registered again",
+			 n->node_id, c->id, c->model);
+		if (c->role == REFIT__V1__ROLE__TRAIN && c->readable && c->version > 0) {
+			fw.member_id = n->member_id;
+			fw.model = c->model;
+			fw.version = c->version;
+			fw.layout_digest = c->digest;
+			refit_err_clear(&err);
+			if (rpc_call_async(n->loop, n->coordinator, &n->client,
+					   &refit__v1__coordinator__descriptor, "WeightsReady",
+					   &fw.base, CALL_MS, on_reready, j, &err) == REFIT_OK) {
+				n->inflight++;
+				node_maybe_free(n);
+				return;
+			}
+			log_warnx("node %s: %s", n->node_id, err.msg);
+		}
+	}
+	node_maybe_free(n);
+	free(j);
+}
+
+void
+node_local_rejoined(node_t *n)
+{
+	for (size_t i = 0; i < n->clients.n; i++) {
+		client_t *c = n->clients.v[i];
+		Refit__V1__RegisterLayoutRequest fw = REFIT__V1__REGISTER_LAYOUT_REQUEST__INIT;
+		Refit__V1__TensorLayout **tl = conv_layouts_to_proto(&c->layouts);
+		rejob_t *j = xcalloc(1, sizeof(*j));
+		refit_err_t err;
+
+		*j = (rejob_t){n, c->id, n->member_id};
+		fw.member_id = n->member_id;
+		fw.model = c->model;
+		fw.role = (Refit__V1__Role)c->role;
+		fw.instance = c->instance;
+		fw.tensors = tl;
+		fw.n_tensors = c->layouts.n;
+		fw.again = true;
+		refit_err_clear(&err);
+		if (rpc_call_async(n->loop, n->coordinator, &n->client,
+				   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw.base,
+				   CALL_MS, on_reregistered, j, &err) == REFIT_OK) {
+			n->inflight++;
+		} else {
+			log_warnx("node %s: client %" PRIu64 ": %s", n->node_id, c->id, err.msg);
+			free(j);
+		}
+		conv_layouts_proto_free(tl, c->layouts.n);
+	}
+}
+
 static const rpc_method_cfg_t local_methods[] = {
 	{"Hello", h_hello, false},
 	{"RegisterClient", h_register, false},

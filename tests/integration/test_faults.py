@@ -13,6 +13,7 @@ version byte-exact, in place stays invalid), and that the next refit is
 byte-exact.  Prints the measured detection and recovery times, and
 "faults: N passed, N failed" last.
 """
+import json
 import os
 import random
 import signal
@@ -280,8 +281,50 @@ def coordinator_restart():
     FIG["coordinator restart -> next refit committed"] = time.time() - t0
     M.installed()
     out = subprocess.run(ctl + ["--json", "status", str(rid)], capture_output=True, text=True)
-    assert '"state": "FAILED"' in out.stdout and "restarted" in out.stdout, out
+    st = json.loads(out.stdout)
+    assert st["state"] == "FAILED" and "restarted" in st["failure"], out
     CL.restart_coord(spawned=True)
+
+
+def coordinator_restart_without_state():
+    """Issue 12, item 5: a coordinator without a state file restarts empty;
+    epochs still never go back, and the nodes register their clients again
+    (layouts and the trainer's ready version): the next refit commits."""
+    cl = Cluster("ns", 3, lease_ms=LEASE_MS)
+    m = Model(cl, "nm")
+    m.step()
+    g = cl.refit("nm", m.version)
+    assert g.state == pb.COMMITTED, g.failure
+    # membership changes push the nodes' prepared epoch up
+    for _ in range(3):
+        cl.nodes[2].kill()
+        cl.nodes[2].wait()
+        cl.wait_members(2)
+        cl.restart_node(2)
+        cl.wait_members(3)
+    m.inst["ip"].close()
+    m.start("ip")
+    m.step()
+    g = cl.refit("nm", m.version)
+    assert g.state == pb.COMMITTED, g.failure
+    m.installed()
+    high = g.epoch
+    cl.coord.kill()
+    cl.coord.wait()
+    cl.restart_coord()
+    cl.wait_members(3)
+    # the model is known again, with the trainer's ready version
+    mod = harness.wait_for(lambda: (lambda x: x if x.latest_version == m.version and len(
+        x.instances) == 3 else None)(cl.stub.GetModel(pb.GetModelRequest(model="nm"),
+                                                       timeout=5)),
+        what="the nodes to register their clients again")
+    assert sorted(i.instance for i in mod.instances) == ["", "db", "ip"], mod
+    assert cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).epoch > high
+    m.step()
+    g = cl.refit("nm", m.version)
+    assert g.state == pb.COMMITTED, g.failure
+    assert g.epoch > high, (g.epoch, high)
+    m.installed()
 
 
 def drain_midway():
@@ -393,6 +436,8 @@ try:
         check("coordinator restart mid-refit: reported FAILED, next refit works",
               coordinator_restart)
         check("drain mid-refit: ABORTED, old version kept, node stays out", drain_midway)
+    check("coordinator restart without a state file: epochs go on, clients re-registered",
+          coordinator_restart_without_state)
     check(f"soak: refits with random node kills for {SOAK:.0f} s", soak)
 finally:
     harness.stop_all()
