@@ -116,7 +116,7 @@ coord_bump_epoch(coord_t *c, const char *why)
 {
 	c->epoch++;
 	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
-	coord_refits_on_epoch(c, c->epoch - 1);
+	coord_refits_on_epoch(c, c->epoch - 1, why);
 }
 
 static void
@@ -215,7 +215,7 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		log_info("coordinator: node %s prepared epoch %" PRIu64 " before this "
 			 "coordinator's epoch %" PRIu64 ": epochs continue above it",
 			 rq->node_id, rq->prepared_epoch, was);
-		coord_refits_on_epoch(c, was);
+		coord_refits_on_epoch(c, was, "a node prepared a newer epoch");
 	}
 	coord_bump_epoch(c, "join");
 	m.joined_epoch = c->epoch;

@@ -791,7 +791,7 @@ coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *id
 }
 
 void
-coord_refits_on_epoch(coord_t *c, uint64_t old_epoch)
+coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why)
 {
 	for (size_t i = 0; i < c->refits.n; i++) {
 		refit_rec_t *r = c->refits.v[i];
@@ -801,7 +801,8 @@ coord_refits_on_epoch(coord_t *c, uint64_t old_epoch)
 			uint32_t a = r->attempt;
 
 			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "membership changed (epoch %"
-			       PRIu64 " -> %" PRIu64 ") during the refit", old_epoch, c->epoch);
+			       PRIu64 " -> %" PRIu64 ": %s) during the refit", old_epoch, c->epoch,
+			       why);
 			/* the surviving nodes stop now, not at their slice deadline */
 			if (r->state == REFIT__V1__REFIT_STATE__FAILED || r->attempt != a)
 				abort_on_nodes(c, r);

@@ -391,6 +391,38 @@ def durable_or_refused():
         p.wait()
 
 
+def strict_state_loader():
+    """Issue 12, item 10: a damaged state file is refused, naming the field,
+    not read as zeros (a generation of 0 would let epochs go back)."""
+    good = json.load(open(os.path.join(TMP, "dur", "sub", "state.json")))
+    assert good["models"][0]["instances"], good
+
+    def variant(fn):
+        d = json.loads(json.dumps(good))
+        fn(d)
+        return d
+    cases = [
+        (variant(lambda d: d.update(generation="1")), '"generation" must be a whole number'),
+        (variant(lambda d: d.update(generation=0)), "generation 0 is outside"),
+        (variant(lambda d: d.update(generation=1.5)), '"generation" must be a whole number'),
+        (variant(lambda d: d["models"][0].update(latest_version=-1)),
+         'model "d": "latest_version" must be a whole number'),
+        (variant(lambda d: d["models"][0].update(retries="3")), '"retries" must be'),
+        (variant(lambda d: d["models"][0].update(catch_up=1)), '"catch_up" must be'),
+        (variant(lambda d: d["models"][0]["instances"].append(
+            d["models"][0]["instances"][-1])), "listed twice"),
+        (variant(lambda d: d["models"].append(d["models"][0])), 'model "d": listed twice'),
+    ]
+    bad = os.path.join(TMP, "bad-state.json")
+    for doc, msg in cases:
+        with open(bad, "w") as f:
+            json.dump(doc, f)
+        out = subprocess.run([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
+                              f"127.0.0.1:{free_port()}", "--state-file", bad],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0 and msg in out.stderr, (msg, out)
+
+
 def refitctl():
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", addr, "--token-file", tokfile]
     out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
@@ -473,6 +505,19 @@ def config_files():
          "heartbeat_ms 5000 must be shorter than lease_ttl_ms 4000"),
         ('{"tls_cert": "/x.pem"}', "tls_cert and tls_key go together"),
         ('{"listen": ', "not a JSON object"),
+        # issue 12, item 10
+        ('{"role": "coordinator", "staging_bytes": "1MiB"}',
+         "staging_bytes 1048576 is smaller than the chunk size 4194304"),
+        ('{"role": "coordinator", "listen": "127.0.0.1:99999"}',
+         'config key "listen": port 99999 is outside 0 to 65535'),
+        ('{"role": "node", "ranks": "0-3", "data_listen": "127.0.0.1:65536"}',
+         'config key "data_listen": port 65536 is outside'),
+        ('{"role": "node", "ranks": "0-3", "coordinator": "127.0.0.1:0"}',
+         'config key "coordinator": port 0 is outside 1 to 65535'),
+        ('{"role": "coordinator", "lease_ttl_ms": 5000, "lease_ttl_ms": 9000}',
+         'config key "lease_ttl_ms" appears twice'),
+        ('{"role": "node", "ranks": "0-3", "node_id": ""}', 'config key "node_id" is empty'),
+        ('{"role": "node", "ranks": "0-3,2-5"}', 'lists rank 2 twice'),
     ]
     for text, msg in cases:
         with open(bad, "w") as f:
@@ -784,6 +829,7 @@ try:
                      ("bad strings", bad_strings),
                      ("long failures and json", long_failures_and_json),
                      ("durable or refused", durable_or_refused),
+                     ("strict state loader", strict_state_loader),
                      ("refitctl", refitctl), ("reload on SIGHUP", reload_on_sighup),
                      ("lease expiry", lease_expiry),
                      ("config files", config_files),

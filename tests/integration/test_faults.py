@@ -101,9 +101,12 @@ def wait_running(cl, rid):
 
 
 def final_after(cl, rid, t0, bound):
+    """The refit ends, and well before the 30 s slice deadline would end it
+    (so the fault was detected).  bound is what it should take on an idle
+    machine: recorded in the figures, not asserted (the machine may be busy)."""
     g = cl.wait_final(rid, 60)
     took = time.time() - t0
-    assert took <= bound, f"refit {rid} took {took:.2f} s to fail (bound {bound} s)"
+    assert took < 20, f"refit {rid} took {took:.2f} s to fail (expected ~{bound} s)"
     return g, took
 
 
@@ -160,7 +163,8 @@ def sigstop_node():
     try:
         g, took = final_after(CL, rid, t0, LEASE_MS / 1000 + 2)
         FIG["SIGSTOP detection (lease)"] = took
-        assert g.state == pb.FAILED and ("f1" in g.failure or "membership" in g.failure), g
+        # the lease lapse names the node (issue 12, item 10)
+        assert g.state == pb.FAILED and "f1" in g.failure, g
         st = M.state("ip")
         assert "valid=0" in st, st   # in place: invalid until the next good refit
     finally:
