@@ -571,6 +571,38 @@ cmd_list(ctl_t *c, int argc, char **argv)
 }
 
 static int
+cmd_unregister(ctl_t *c, int argc, char **argv)
+{
+	Refit__V1__UnregisterLayoutRequest rq = REFIT__V1__UNREGISTER_LAYOUT_REQUEST__INIT;
+	Refit__V1__UnregisterLayoutResponse *r;
+	int rc;
+
+	argc--; /* argv[0] is the command */
+	argv++;
+
+	if (argc != 2 || !argv[1][0]) {
+		fprintf(stderr, "usage: refitctl unregister MODEL INSTANCE\n");
+		return 2;
+	}
+	rq.model = argv[0];
+	rq.role = REFIT__V1__ROLE__INFER;
+	rq.instance = argv[1];
+	if ((rc = call(c, "UnregisterLayout", &rq.base, (ProtobufCMessage **)&r)) != 0)
+		return rc;
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	if (c->json) {
+		cJSON *o = jnew();
+
+		jstr(o, "model", argv[0]);
+		jstr(o, "unregistered", argv[1]);
+		jemit(o);
+	} else {
+		printf("model %s: instance %s unregistered\n", argv[0], argv[1]);
+	}
+	return 0;
+}
+
+static int
 cmd_abort(ctl_t *c, int argc, char **argv)
 {
 	Refit__V1__AbortRefitRequest rq = REFIT__V1__ABORT_REFIT_REQUEST__INIT;
@@ -714,6 +746,8 @@ static const cmd_t cmds[] = {
 	{"list", "[MODEL]", "refits, newest first", cmd_list},
 	{"watch", "ID", "follow a refit until it is final", cmd_watch},
 	{"abort", "ID", "stop a refit [REASON]", cmd_abort},
+	{"unregister", "MODEL INSTANCE", "forget a stale inference instance (its clients "
+	 "are gone)", cmd_unregister},
 	{"drain", "NODE", "abort the node's refits, have it leave and stay out [REASON]",
 	 cmd_drain},
 	{"policy", "MODEL", "retries and catch-up [--retries N] [--backoff-ms MS] "

@@ -78,6 +78,8 @@ static const key_t_ keys[] = {
 	 "node role: a plan slice that runs longer fails"},
 	{"test_msg_delay_ms", K_MS, F(test_msg_delay_ms), "0", 0, 10000, NULL, false,
 	 "tests only: sleep this long before each message a node sends"},
+	{"instance_grace_ms", K_MS, F(instance_grace_ms), "60000", 100, 86400000, NULL, false,
+	 "coordinator: an instance whose node left is dropped after this long"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

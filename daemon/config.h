@@ -35,6 +35,8 @@ typedef struct refitd_config {
 	char *local_socket;   /* node role: unix socket for librefit */
 	uint64_t slice_timeout_ms;
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
+	uint64_t instance_grace_ms;   /* coordinator: an instance whose node is gone
+					 is dropped after this long */
 } refitd_config_t;
 
 /* All keys at their defaults. */

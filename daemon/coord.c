@@ -131,6 +131,45 @@ remove_member(coord_t *c, size_t i, const char *why)
 	coord_bump_epoch(c, what);
 }
 
+/*
+ * Instance leases: an instance whose node left (its member is gone) is
+ * dropped after instance_grace_ms, unless the node comes back and its
+ * clients register again first.  A stale replica cannot block the others.
+ */
+static void
+instances_tick(coord_t *c, uint64_t now)
+{
+	uint64_t grace = c->o.instance_grace_ms ? c->o.instance_grace_ms : 60000;
+	bool changed = false;
+
+	for (size_t i = 0; i < c->models.n; i++) {
+		model_t *m = &c->models.v[i];
+
+		for (size_t k = 0; k < m->inst.n;) {
+			instance_t *in = &m->inst.v[k];
+
+			if (coord_find_member(c, in->member_id) != NULL) {
+				in->orphan_since_ms = 0;
+			} else if (in->orphan_since_ms == 0) {
+				in->orphan_since_ms = now ? now : 1;
+			} else if (now - in->orphan_since_ms > grace) {
+				log_warnx("coordinator: model \"%s\": %s \"%s\" dropped: its node "
+					  "(member %" PRIu64 ") has been gone for %" PRIu64 " ms",
+					  m->name, in->role == REFIT__V1__ROLE__TRAIN ? "trainer" :
+					  "instance", in->name, in->member_id,
+					  now - in->orphan_since_ms);
+				coord_instance_fini(in);
+				*in = m->inst.v[--m->inst.n];
+				changed = true;
+				continue;
+			}
+			k++;
+		}
+	}
+	if (changed)
+		coord_save(c);
+}
+
 static void
 on_lease_timer(uv_timer_t *t)
 {
@@ -143,6 +182,7 @@ on_lease_timer(uv_timer_t *t)
 		else
 			i++;
 	}
+	instances_tick(c, now);
 	coord_refits_tick(c);
 }
 
@@ -405,6 +445,35 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	bool new_model = m == NULL, had_old = false;
 	instance_t was;
 
+	if (rq->role == REFIT__V1__ROLE__INFER && m != NULL) {
+		/* replicas need ranks of their own: one overlapping another makes
+		 * every refit of the model fail at planning */
+		for (size_t i = 0; i < m->inst.n; i++) {
+			const instance_t *o = &m->inst.v[i];
+			int32_t r = -1;
+
+			if (o->role != REFIT__V1__ROLE__INFER || strcmp(o->name, iname) == 0)
+				continue;
+			for (size_t a = 0; a < set.n && r < 0; a++)
+				for (size_t k = 0; k < set.v[a].nshards && r < 0; k++)
+					for (size_t b = 0; b < o->layouts.n && r < 0; b++)
+						for (size_t q = 0; q < o->layouts.v[b].nshards; q++)
+							if (o->layouts.v[b].shards[q].rank ==
+							    set.v[a].shards[k].rank) {
+								r = set.v[a].shards[k].rank;
+								break;
+							}
+			if (r >= 0) {
+				plan_layout_set_fini(&set);
+				return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout "
+						     "\"%s\": instance \"%s\" uses rank %d, which "
+						     "instance \"%s\" uses too: instances need ranks "
+						     "of their own (a stale one goes with `refitctl "
+						     "unregister %s %s`)", rq->model, iname, r,
+						     o->name, rq->model, o->name);
+			}
+		}
+	}
 	if (old != NULL && rq->again) {
 		char dg[SHA256_HEX_LEN];
 

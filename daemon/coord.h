@@ -16,6 +16,8 @@ typedef struct coord_opts {
 	const char *state_file; /* NULL: nothing survives a restart */
 	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */
 	bool nic_per_node;      /* plans: one NIC per node, shared by its ranks */
+	uint64_t instance_grace_ms; /* an instance whose node left is dropped after
+				       this long (0: 60 s) */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -31,6 +31,7 @@ typedef struct instance {
 	plan_layout_set_t layouts;
 	char digest[SHA256_HEX_LEN];
 	uint64_t catch_up_at_ms;  /* catch-up refit due (0: none) */
+	uint64_t orphan_since_ms; /* its member left (0: it is a member) */
 } instance_t;
 
 typedef struct model {

@@ -104,6 +104,48 @@ node_client_release(node_t *n, client_t *c)
 		client_free(c);
 }
 
+static void
+on_unregistered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	node_t *n = arg;
+
+	(void)resp;
+	n->inflight--;
+	if (st != REFIT_OK && st != REFIT_ERR_NOT_FOUND)
+		log_warnx("node %s: UnregisterLayout: %s", n->node_id, msg);
+	node_maybe_free(n);
+}
+
+/* The last client of (model, role, instance) here went: tell the coordinator,
+ * so a replica whose processes are gone does not block the others. */
+static void
+unregister_if_last(node_t *n, const client_t *c)
+{
+	Refit__V1__UnregisterLayoutRequest rq = REFIT__V1__UNREGISTER_LAYOUT_REQUEST__INIT;
+	refit_err_t err;
+
+	if (n->closing || n->member_id == 0)
+		return; /* a stopping node takes its clients' registrations with it */
+	for (size_t i = 0; i < n->clients.n; i++) {
+		const client_t *o = n->clients.v[i];
+
+		if (o != c && o->role == c->role && strcmp(o->model, c->model) == 0 &&
+		    strcmp(o->instance, c->instance) == 0)
+			return;
+	}
+	rq.member_id = n->member_id;
+	rq.model = c->model;
+	rq.role = (Refit__V1__Role)c->role;
+	rq.instance = c->instance;
+	refit_err_clear(&err);
+	if (rpc_call_async(n->loop, n->coordinator, &n->client,
+			   &refit__v1__coordinator__descriptor, "UnregisterLayout", &rq.base,
+			   CALL_MS, on_unregistered, n, &err) == REFIT_OK)
+		n->inflight++;
+	else
+		log_warnx("node %s: %s", n->node_id, err.msg);
+}
+
 void
 node_client_drop(node_t *n, client_t *c, const char *why)
 {
@@ -117,6 +159,7 @@ node_client_drop(node_t *n, client_t *c, const char *why)
 		 c->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance", c->instance,
 		 c->pid, why);
 	c->dead = true;
+	unregister_if_last(n, c);
 	node_run_client_gone(n, c->id, why);
 	c->busy++;
 	node_client_release(n, c);

@@ -33,7 +33,7 @@ from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import (Client, Cluster, NODES, RPN, check, dtensor, expect_error,  # noqa: E402,F401
-                     expect_installed, rand_pair, start_model, stop)
+                     expect_installed, rand_pair, start_model, stop, write)
 
 harness.init(BUILD, TMP)
 
@@ -433,6 +433,91 @@ def dial_honours_abort():
     hole.close()
 
 
+def instances_of(cl, model):
+    return sorted(i.instance for i in cl.stub.GetModel(pb.GetModelRequest(model=model),
+                                                       timeout=5).instances)
+
+
+def stale_instances():
+    """Issue 12, item 3: a replica whose clients are gone does not block the
+    others: its node unregisters it; an overlapping replica is refused; an
+    operator can unregister a stale one (refitctl unregister)."""
+    rng = random.Random(33)
+    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [32, 4],  # noqa: E731
+                        "mesh": ranks, "placements": ["Shard(0)"]}]
+    cls = start_model(MAIN, "stale", w([0, 1]), [("i0", w([4, 5])), ("i1", w([8, 9]))], rng,
+                      {"i0": "double-buffer", "i1": "in-place"})
+    g = MAIN.refit("stale", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    # the processes of i1 die: node 2 unregisters the instance
+    gone = [c for c in cls["infer"] if "i1" in c.p.args]
+    for c in gone:
+        c.p.kill()
+        c.p.wait()
+    harness.wait_for(lambda: instances_of(MAIN, "stale") == ["", "i0"],
+                     what="the dead replica to be unregistered")
+    cls["infer"] = [c for c in cls["infer"] if c not in gone]
+    for c in cls["train"]:
+        assert c.cmd("next 2").startswith("READY")
+    g = MAIN.refit("stale", 2)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 2)
+    # a replica overlapping i0 is refused, naming both
+    lay = write(f"{harness.TMP}/stale-i2.json", w([5, 6]))
+    c = Client(MAIN, 1, "stale", "infer", lay, instance="i2", install="in-place")
+    assert not c.ok() and 'uses rank 5, which instance "i0" uses too' in c.first + \
+        c.p.stderr.read(), c.first
+    c.close()
+    harness.PROCS.remove(c.p)  # it exits 1, as it should
+    # a stale registration without clients (as a crashed node's could be):
+    # an operator unregisters it (no refit runs meanwhile: one would fail on
+    # the ghost, and no catch-up is wanted for it)
+    MAIN.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="stale", catch_up=False)), timeout=5)
+    mem = MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
+    n3 = [m for m in mem.members if m.node_id == "n3"][0]
+    lt = w([12, 13])[0]
+    MAIN.stub.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=n3.member_id, model="stale", role=pb.INFER, instance="ghost",
+        tensors=[pb.TensorLayout(name="w", dtype="fp32", shape=lt["shape"], mesh_shape=[2],
+                                 mesh_ranks=lt["mesh"], placements=lt["placements"])]),
+        timeout=5)
+    assert instances_of(MAIN, "stale") == ["", "ghost", "i0"]
+    for c in cls["train"]:
+        assert c.cmd("next 3").startswith("READY")
+    out = subprocess.run([f"{harness.BUILD}/bin/refitctl", "--coordinator", MAIN.addr,
+                          "unregister", "stale", "ghost"], capture_output=True, text=True)
+    assert out.returncode == 0 and "ghost unregistered" in out.stdout, out
+    assert instances_of(MAIN, "stale") == ["", "i0"]
+    g = MAIN.refit("stale", 3)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 3)
+    stop(cls)
+
+
+def instance_lease():
+    """Issue 12, item 3: an instance whose node is gone is dropped after the
+    grace period; the other replica goes on being updated."""
+    cl = Cluster("g", 3, coord_extra=["--instance-grace-ms", "1000"])
+    rng = random.Random(34)
+    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [16, 4],  # noqa: E731
+                        "mesh": ranks, "placements": ["Shard(0)"]}]
+    cls = start_model(cl, "lease", w([0, 1]), [("a", w([RPN])), ("b", w([2 * RPN]))], rng,
+                      {"a": "double-buffer", "b": "double-buffer"})
+    g = cl.refit("lease", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    cl.nodes[2].kill()
+    cl.nodes[2].wait()
+    harness.wait_for(lambda: instances_of(cl, "lease") == ["", "a"],
+                     what="instance b to be dropped after the grace period")
+    for c in cls["train"]:
+        assert c.cmd("next 2").startswith("READY")
+    g = cl.refit("lease", 2)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed({"infer": [c for c in cls["infer"] if "a" in c.p.args]}, 2)
+
+
 def mixed_transports_refused():
     rng = random.Random(9)
     train = [{"name": "w", "dtype": "fp32", "shape": [16], "mesh": [0],
@@ -474,6 +559,10 @@ try:
     check("no data connection before an epoch is prepared", no_epoch_no_connection)
     check("dialing a peer that never answers stops when the refit is aborted",
           dial_honours_abort)
+    check("stale replicas: unregistered when their clients go, overlap refused, "
+          "refitctl unregister", stale_instances)
+    check("instance lease: a replica whose node is gone is dropped after the grace",
+          instance_lease)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
           mixed_transports_refused)
 finally:
