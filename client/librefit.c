@@ -1,15 +1,21 @@
 /*
  * librefit.c - the client library (see refit.h, docs/librefit.md): gRPC
- * calls to the node daemon's Local service over its unix socket.
+ * calls to the node daemon's Local service over its unix socket; memory
+ * (memfds sealed against shrinking and growing, made by refit_shm_create)
+ * passed over the daemon's memory socket (<socket>.mem, SCM_RIGHTS).
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "client/refit.h"
@@ -25,7 +31,33 @@ struct refit {
 	char *node_id;
 	int32_t *ranks;
 	size_t nranks;
+	char *sock_path;
+	int memsock;            /* the daemon's memory socket, -1: not yet */
+	uint64_t mem_key;       /* its answer: names our segments there */
+	VEC(char *) sent;       /* segments passed on memsock */
 };
+
+/* Segments refit_shm_create made in this process (memfds). */
+typedef struct shm_ent {
+	char *name;
+	int fd;
+} shm_ent_t;
+
+static pthread_mutex_t shm_lock = PTHREAD_MUTEX_INITIALIZER;
+static VEC(shm_ent_t) shm_tab;
+
+static int
+shm_fd(const char *name)
+{
+	int fd = -1;
+
+	pthread_mutex_lock(&shm_lock);
+	for (size_t i = 0; i < shm_tab.n && fd < 0; i++)
+		if (strcmp(shm_tab.v[i].name, name) == 0)
+			fd = shm_tab.v[i].fd;
+	pthread_mutex_unlock(&shm_lock);
+	return fd;
+}
 
 static int
 fail(refit_t *h, const refit_err_t *e)
@@ -75,9 +107,12 @@ refit_open(const char *socket_path, int timeout_ms, refit_t **out, char *errbuf,
 	refit_err_clear(&err);
 	snprintf(target, sizeof(target), "unix:%s", socket_path);
 	h = xcalloc(1, sizeof(*h));
+	h->memsock = -1;
+	h->sock_path = xstrdup(socket_path);
 	h->c = rpc_client_new(target, NULL, &err);
 	if (h->c == NULL) {
 		snprintf(errbuf, errlen, "%s", err.msg);
+		free(h->sock_path);
 		free(h);
 		return err.status;
 	}
@@ -102,9 +137,81 @@ refit_close(refit_t *h)
 	if (h == NULL)
 		return;
 	rpc_client_free(h->c);
+	if (h->memsock >= 0)
+		close(h->memsock);
+	for (size_t i = 0; i < h->sent.n; i++)
+		free(h->sent.v[i]);
+	VEC_FREE(&h->sent);
+	free(h->sock_path);
 	free(h->node_id);
 	free(h->ranks);
 	free(h);
+}
+
+/* Pass segment name's memfd to the daemon (once per handle). */
+static refit_status_t
+mem_pass(refit_t *h, const char *name, refit_err_t *err)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	union {
+		struct cmsghdr hd;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cb;
+	struct iovec iov = {(void *)name, strlen(name)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
+			    .msg_controllen = sizeof(cb.b)};
+	struct pollfd pf;
+	uint8_t ans[1 + REFIT_ERR_MSG_MAX];
+	struct cmsghdr *ch;
+	ssize_t r;
+	int fd = shm_fd(name);
+
+	for (size_t i = 0; i < h->sent.n; i++)
+		if (strcmp(h->sent.v[i], name) == 0)
+			return REFIT_OK;
+	if (fd < 0)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "shared memory \"%s\" was not made "
+				     "by refit_shm_create in this process", name);
+	if (h->memsock < 0) {
+		if ((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s.mem", h->sock_path) >=
+		    sizeof(sa.sun_path))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "socket path \"%s\" is "
+					     "too long", h->sock_path);
+		h->memsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+		if (h->memsock < 0 || connect(h->memsock, (struct sockaddr *)&sa,
+					      sizeof(sa)) < 0) {
+			refit_err_set(err, REFIT_ERR_UNAVAILABLE, "node daemon memory socket "
+				      "%s: %s", sa.sun_path, strerror(errno));
+			if (h->memsock >= 0)
+				close(h->memsock);
+			h->memsock = -1;
+			return err->status;
+		}
+	}
+	memset(&cb, 0, sizeof(cb));
+	ch = CMSG_FIRSTHDR(&mh);
+	ch->cmsg_level = SOL_SOCKET;
+	ch->cmsg_type = SCM_RIGHTS;
+	ch->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(ch), &fd, sizeof(int));
+	if (sendmsg(h->memsock, &mh, MSG_NOSIGNAL) < 0)
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "memory socket: send \"%s\": %s",
+				     name, strerror(errno));
+	pf = (struct pollfd){h->memsock, POLLIN, 0};
+	if (poll(&pf, 1, 10000) != 1)
+		return refit_err_set(err, REFIT_ERR_TIMEOUT, "memory socket: no answer for "
+				     "\"%s\" in 10 s", name);
+	r = recv(h->memsock, ans, sizeof(ans) - 1, 0);
+	if (r <= 0)
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "memory socket: %s",
+				     r == 0 ? "closed by the daemon" : strerror(errno));
+	ans[r] = '\0';
+	if (ans[0] != 0 || r != 9)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "memory \"%s\": %s", name,
+				     r > 1 ? (char *)ans + 1 : "refused");
+	memcpy(&h->mem_key, ans + 1, 8);
+	VEC_PUSH(&h->sent, xstrdup(name));
+	return REFIT_OK;
 }
 
 int
@@ -153,6 +260,9 @@ refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client)
 				      "tensor \"%s\", which the layouts do not have", r->model, i,
 				      r->mem[i].tensor ? r->mem[i].tensor : "");
 	}
+	for (size_t i = 0; i < r->nmem && err.status == REFIT_OK; i++)
+		if (r->mem[i].cuda_ipc == NULL && r->mem[i].shm_name && r->mem[i].shm_name[0])
+			mem_pass(h, r->mem[i].shm_name, &err);
 	if (err.status != REFIT_OK) {
 		plan_layout_set_fini(&set);
 		return fail(h, &err);
@@ -207,6 +317,7 @@ refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client)
 	rq.instance = (char *)(r->instance ? r->instance : "");
 	rq.install = (Refit__V1__InstallMode)r->install;
 	rq.pid = (uint32_t)getpid();
+	rq.mem_key = h->mem_key;
 	rq.tensors = lp;
 	rq.n_tensors = set.n;
 	rc = call(h, "RegisterClient", &rq.base, (ProtobufCMessage **)&rsp, 30000);
@@ -285,22 +396,44 @@ refit_get_state(refit_t *h, uint64_t client, refit_state_t *st)
 int
 refit_shm_create(const char *name, uint64_t bytes, void **ptr, char *errbuf, size_t errlen)
 {
-	int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
+	int fd;
 	void *p;
 
 	*ptr = NULL;
-	if (fd < 0 || ftruncate(fd, (off_t)bytes) < 0) {
+	if (name == NULL || !name[0] || strlen(name) > 249 || bytes == 0 ||
+	    bytes > (uint64_t)INT64_MAX) {
+		snprintf(errbuf, errlen, "shared memory \"%s\": a name of 1 to 249 bytes and "
+			 "a size of at least 1 byte", name ? name : "");
+		return REFIT_ERR_INVALID_ARG;
+	}
+	pthread_mutex_lock(&shm_lock);
+	for (size_t i = 0; i < shm_tab.n; i++)
+		if (strcmp(shm_tab.v[i].name, name) == 0) {
+			pthread_mutex_unlock(&shm_lock);
+			snprintf(errbuf, errlen, "shared memory \"%s\" exists already in this "
+				 "process", name);
+			return REFIT_ERR_EXISTS;
+		}
+	/* a memfd: no name another process can open, gone with this process;
+	 * sealed so that nobody can shrink it under the daemon's mapping */
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, (off_t)bytes) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		snprintf(errbuf, errlen, "shared memory \"%s\": %s", name, strerror(errno));
 		if (fd >= 0)
 			close(fd);
+		pthread_mutex_unlock(&shm_lock);
 		return REFIT_ERR_SYS;
 	}
-	p = bytes ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : NULL;
-	close(fd);
+	p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		snprintf(errbuf, errlen, "shared memory \"%s\": mmap: %s", name, strerror(errno));
+		close(fd);
+		pthread_mutex_unlock(&shm_lock);
 		return REFIT_ERR_SYS;
 	}
+	VEC_PUSH(&shm_tab, ((shm_ent_t){xstrdup(name), fd}));
+	pthread_mutex_unlock(&shm_lock);
 	*ptr = p;
 	return REFIT_OK;
 }

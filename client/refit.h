@@ -38,7 +38,7 @@ typedef struct refit_mem {
 	int32_t rank;            /* global rank; must be served by this node */
 	int32_t piece;           /* 0 for DTensor layouts; explicit: the box's index
 				    among the rank's boxes of that tensor */
-	const char *shm_name;    /* POSIX shared memory ("/name") */
+	const char *shm_name;    /* a segment made by refit_shm_create */
 	uint64_t offset[2];      /* byte offset of copy 0 (and copy 1: double buffer) */
 	const int64_t *strides;  /* in elements, one per dim; NULL: contiguous */
 	/* GPU memory (nccl transport), instead of shm_name: the
@@ -98,7 +98,10 @@ int refit_wait_version(refit_t *h, uint64_t client, uint64_t min_version, int ti
 		       refit_state_t *st);
 int refit_get_state(refit_t *h, uint64_t client, refit_state_t *st);
 
-/* Helper: create (or open) POSIX shared memory of bytes and map it. */
+/* Create memory the daemon accepts: a memfd of bytes sealed against
+ * shrinking and growing, mapped at *ptr; name is unique in the process.
+ * refit_register passes it to the daemon (SCM_RIGHTS); nothing outlives
+ * the process. */
 int refit_shm_create(const char *name, uint64_t bytes, void **ptr, char *errbuf,
 		     size_t errlen);
 

@@ -252,21 +252,6 @@ usage(void)
 	return 2;
 }
 
-static void
-cleanup(void)
-{
-	if (shm_name[0])
-		shm_unlink(shm_name);
-}
-
-static void
-on_signal(int sig)
-{
-	cleanup();
-	signal(sig, SIG_DFL);
-	raise(sig);
-}
-
 int
 main(int argc, char **argv)
 {
@@ -371,10 +356,8 @@ main(int argc, char **argv)
 		}
 	}
 	copy_bytes = off ? off : 64;
-	snprintf(shm_name, sizeof(shm_name), "/refit-client-%d", (int)getpid());
-	atexit(cleanup);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
+	/* a memfd (librefit): nothing outlives this process, however it ends */
+	snprintf(shm_name, sizeof(shm_name), "refit-client-%d", (int)getpid());
 	if (refit_shm_create(shm_name, 2 * copy_bytes, (void **)&mem, errbuf,
 			     sizeof(errbuf)) != 0) {
 		fprintf(stderr, "refit-client: %s\n", errbuf);

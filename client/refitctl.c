@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "codec/json.h"
 #include "common/parse.h"
 #include "daemon/rpc.h"
@@ -56,6 +58,59 @@ role_name(Refit__V1__Role r)
 	return r == REFIT__V1__ROLE__TRAIN ? "train" : r == REFIT__V1__ROLE__INFER ? "infer" : "?";
 }
 
+/* ---- --json: built with cJSON (every string escaped; 64-bit numbers exact) */
+
+static cJSON *
+jnew(void)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	if (o == NULL) {
+		fprintf(stderr, "refitctl: out of memory\n");
+		exit(1);
+	}
+	return o;
+}
+
+static void
+jstr(cJSON *o, const char *k, const char *v)
+{
+	cJSON_AddStringToObject(o, k, v ? v : "");
+}
+
+static void
+ju64(cJSON *o, const char *k, uint64_t v)
+{
+	char b[24];
+
+	snprintf(b, sizeof(b), "%" PRIu64, v);
+	cJSON_AddRawToObject(o, k, b);
+}
+
+static void
+jadd_u64(cJSON *a, uint64_t v)
+{
+	char b[24];
+
+	snprintf(b, sizeof(b), "%" PRIu64, v);
+	cJSON_AddItemToArray(a, cJSON_CreateRaw(b));
+}
+
+/* Print o on one line and free it. */
+static void
+jemit(cJSON *o)
+{
+	char *t = cJSON_PrintUnformatted(o);
+
+	if (t == NULL) {
+		fprintf(stderr, "refitctl: out of memory\n");
+		exit(1);
+	}
+	puts(t);
+	cJSON_free(t);
+	cJSON_Delete(o);
+}
+
 static int
 cmd_members(ctl_t *c, int argc, char **argv)
 {
@@ -68,20 +123,30 @@ cmd_members(ctl_t *c, int argc, char **argv)
 	if ((rc = call(c, "ListMembers", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
 	if (c->json) {
-		printf("{\"epoch\": %" PRIu64 ", \"members\": [", r->epoch);
+		cJSON *o = jnew(), *ms;
+
+		ju64(o, "epoch", r->epoch);
+		ms = cJSON_AddArrayToObject(o, "members");
 		for (size_t i = 0; i < r->n_members; i++) {
 			Refit__V1__Member *m = r->members[i];
+			cJSON *j = jnew(), *rs = NULL;
 
-			printf("%s\n  {\"member_id\": %" PRIu64 ", \"node_id\": \"%s\", "
-			       "\"host\": \"%s\", \"ranks\": [", i ? "," : "", m->member_id,
-			       m->node_id, m->host);
-			for (size_t k = 0; k < m->n_ranks; k++)
-				printf("%s{\"rank\": %d, \"domain\": \"%s\"}", k ? ", " : "",
-				       m->ranks[k]->rank, m->ranks[k]->domain);
-			printf("], \"joined_epoch\": %" PRIu64 ", \"lease_age_ms\": %" PRIu64 "}",
-			       m->joined_epoch, m->lease_age_ms);
+			ju64(j, "member_id", m->member_id);
+			jstr(j, "node_id", m->node_id);
+			jstr(j, "host", m->host);
+			rs = cJSON_AddArrayToObject(j, "ranks");
+			for (size_t k = 0; k < m->n_ranks; k++) {
+				cJSON *rk = jnew();
+
+				cJSON_AddNumberToObject(rk, "rank", m->ranks[k]->rank);
+				jstr(rk, "domain", m->ranks[k]->domain);
+				cJSON_AddItemToArray(rs, rk);
+			}
+			ju64(j, "joined_epoch", m->joined_epoch);
+			ju64(j, "lease_age_ms", m->lease_age_ms);
+			cJSON_AddItemToArray(ms, j);
 		}
-		printf("\n]}\n");
+		jemit(o);
 	} else {
 		printf("epoch %" PRIu64 ", %zu members\n", r->epoch, r->n_members);
 		printf("%-6s %-20s %-22s %-7s %-12s %s\n", "ID", "NODE", "HOST", "RANKS",
@@ -98,24 +163,40 @@ cmd_members(ctl_t *c, int argc, char **argv)
 	return 0;
 }
 
+static cJSON *
+json_model(const Refit__V1__Model *m)
+{
+	cJSON *o = jnew(), *is;
+
+	jstr(o, "name", m->name);
+	cJSON_AddNumberToObject(o, "tensors", m->tensors);
+	ju64(o, "latest_version", m->latest_version);
+	ju64(o, "installed_version", m->installed_version);
+	is = cJSON_AddArrayToObject(o, "instances");
+	for (size_t i = 0; i < m->n_instances; i++) {
+		cJSON *j = jnew();
+
+		jstr(j, "instance", m->instances[i]->instance);
+		jstr(j, "role", role_name(m->instances[i]->role));
+		jstr(j, "layout_digest", m->instances[i]->layout_digest);
+		ju64(j, "member_id", m->instances[i]->member_id);
+		cJSON_AddItemToArray(is, j);
+	}
+	if (m->policy) {
+		cJSON *p = cJSON_AddObjectToObject(o, "policy");
+
+		cJSON_AddNumberToObject(p, "retries", m->policy->retries);
+		cJSON_AddNumberToObject(p, "retry_backoff_ms", m->policy->retry_backoff_ms);
+		cJSON_AddBoolToObject(p, "catch_up", m->policy->catch_up);
+	}
+	return o;
+}
+
 static void
 print_model(const Refit__V1__Model *m, int json)
 {
 	if (json) {
-		printf("{\"name\": \"%s\", \"tensors\": %u, \"latest_version\": %" PRIu64
-		       ", \"installed_version\": %" PRIu64 ", \"instances\": [", m->name,
-		       m->tensors, m->latest_version, m->installed_version);
-		for (size_t i = 0; i < m->n_instances; i++)
-			printf("%s{\"instance\": \"%s\", \"role\": \"%s\", \"layout_digest\": "
-			       "\"%s\", \"member_id\": %" PRIu64 "}", i ? ", " : "",
-			       m->instances[i]->instance, role_name(m->instances[i]->role),
-			       m->instances[i]->layout_digest, m->instances[i]->member_id);
-		printf("]");
-		if (m->policy)
-			printf(", \"policy\": {\"retries\": %u, \"retry_backoff_ms\": %u, "
-			       "\"catch_up\": %s}", m->policy->retries, m->policy->retry_backoff_ms,
-			       m->policy->catch_up ? "true" : "false");
-		printf("}");
+		jemit(json_model(m));
 		return;
 	}
 	printf("%-24s tensors %-6u latest v%-8" PRIu64 " installed v%" PRIu64, m->name,
@@ -142,14 +223,17 @@ cmd_models(ctl_t *c, int argc, char **argv)
 	(void)argv;
 	if ((rc = call(c, "ListModels", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
-	if (c->json)
-		printf("{\"models\": [");
-	for (size_t i = 0; i < r->n_models; i++) {
-		if (c->json && i)
-			printf(", ");
-		print_model(r->models[i], c->json);
+	if (c->json) {
+		cJSON *o = jnew(), *ms = cJSON_AddArrayToObject(o, "models");
+
+		for (size_t i = 0; i < r->n_models; i++)
+			cJSON_AddItemToArray(ms, json_model(r->models[i]));
+		jemit(o);
+	} else {
+		for (size_t i = 0; i < r->n_models; i++)
+			print_model(r->models[i], 0);
+		printf(r->n_models ? "" : "no models registered\n");
 	}
-	printf(c->json ? "]}\n" : r->n_models ? "" : "no models registered\n");
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return 0;
 }
@@ -172,8 +256,6 @@ cmd_model(ctl_t *c, int argc, char **argv)
 	if ((rc = call(c, "GetModel", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
 	print_model(r, c->json);
-	if (c->json)
-		printf("\n");
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return 0;
 }
@@ -195,12 +277,15 @@ cmd_plan(ctl_t *c, int argc, char **argv)
 	rq.model = argv[0];
 	if ((rc = call(c, "ExplainPlan", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
-	if (c->json)
-		printf("{\"reshard_digest\": \"%s\", \"reshard_seconds\": %.9g, "
-		       "\"broadcast_seconds\": %.9g, \"lower_bound_seconds\": %.9g}\n",
-		       r->reshard_digest, r->reshard_seconds, r->broadcast_seconds,
-		       r->lower_bound_seconds);
-	else
+	if (c->json) {
+		cJSON *o = jnew();
+
+		jstr(o, "reshard_digest", r->reshard_digest);
+		cJSON_AddNumberToObject(o, "reshard_seconds", r->reshard_seconds);
+		cJSON_AddNumberToObject(o, "broadcast_seconds", r->broadcast_seconds);
+		cJSON_AddNumberToObject(o, "lower_bound_seconds", r->lower_bound_seconds);
+		jemit(o);
+	} else
 		fputs(r->table, stdout);
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return 0;
@@ -249,53 +334,58 @@ print_nodes(const Refit__V1__Refit *r)
 		       max / 1e3, r->nodes[slow]->node_id, sum / 1e3 / (double)reported);
 }
 
+static cJSON *
+json_refit(const Refit__V1__Refit *r)
+{
+	cJSON *o = jnew(), *a;
+
+	ju64(o, "id", r->id);
+	jstr(o, "model", r->model);
+	ju64(o, "version", r->version);
+	ju64(o, "epoch", r->epoch);
+	jstr(o, "mode", r->mode == REFIT__V1__MODE__BROADCAST ? "broadcast" : "reshard");
+	cJSON_AddBoolToObject(o, "verify", r->verify);
+	jstr(o, "state", state_str(r->state));
+	jstr(o, "plan_digest", r->plan_digest);
+	ju64(o, "bytes", r->bytes);
+	ju64(o, "created_unix_ms", r->created_unix_ms);
+	ju64(o, "finished_unix_ms", r->finished_unix_ms);
+	jstr(o, "failure", r->failure);
+	a = cJSON_AddArrayToObject(o, "stages");
+	for (size_t k = 0; k < r->n_stages; k++) {
+		cJSON *j = jnew();
+
+		cJSON_AddNumberToObject(j, "stage", r->stages[k]->stage);
+		ju64(j, "micros", r->stages[k]->micros);
+		ju64(j, "bytes", r->stages[k]->bytes);
+		cJSON_AddItemToArray(a, j);
+	}
+	ju64(o, "comm_micros", r->comm_micros);
+	cJSON_AddNumberToObject(o, "attempt", r->attempt);
+	jstr(o, "instance", r->instance);
+	a = cJSON_AddArrayToObject(o, "attempts");
+	for (size_t k = 0; k < r->n_attempts; k++)
+		cJSON_AddItemToArray(a, cJSON_CreateString(r->attempts[k] ? r->attempts[k] : ""));
+	ju64(o, "running_after_ms", r->running_after_ms);
+	a = cJSON_AddArrayToObject(o, "nodes");
+	for (size_t k = 0; k < r->n_nodes; k++) {
+		cJSON *j = jnew();
+
+		jstr(j, "node_id", r->nodes[k]->node_id);
+		ju64(j, "plan_micros", r->nodes[k]->plan_micros);
+		cJSON_AddBoolToObject(j, "plan_cached", r->nodes[k]->plan_cached);
+		ju64(j, "slice_micros", r->nodes[k]->slice_micros);
+		cJSON_AddBoolToObject(j, "reported", r->nodes[k]->reported);
+		cJSON_AddItemToArray(a, j);
+	}
+	return o;
+}
+
 static void
 print_refit(const Refit__V1__Refit *r, int json)
 {
 	if (json) {
-		printf("{\"id\": %" PRIu64 ", \"model\": \"%s\", \"version\": %" PRIu64
-		       ", \"epoch\": %" PRIu64 ", \"mode\": \"%s\", \"verify\": %s, "
-		       "\"state\": \"%s\", \"plan_digest\": \"%s\", \"bytes\": %" PRIu64
-		       ", \"created_unix_ms\": %" PRIu64 ", \"finished_unix_ms\": %" PRIu64 ", "
-		       "\"failure\": ", r->id, r->model, r->version, r->epoch,
-		       r->mode == REFIT__V1__MODE__BROADCAST ? "broadcast" : "reshard",
-		       r->verify ? "true" : "false", state_str(r->state), r->plan_digest,
-		       r->bytes, r->created_unix_ms, r->finished_unix_ms);
-		strbuf_t sb;
-
-		strbuf_init(&sb);
-		strbuf_json_str(&sb, r->failure);
-		printf("%s, \"stages\": [", sb.s);
-		for (size_t k = 0; k < r->n_stages; k++)
-			printf("%s{\"stage\": %u, \"micros\": %" PRIu64 ", \"bytes\": %" PRIu64
-			       "}", k ? ", " : "", r->stages[k]->stage, r->stages[k]->micros,
-			       r->stages[k]->bytes);
-		printf("], \"comm_micros\": %" PRIu64 ", \"attempt\": %u, \"instance\": \"%s\", "
-		       "\"attempts\": [", r->comm_micros, r->attempt,
-		       r->instance ? r->instance : "");
-		for (size_t k = 0; k < r->n_attempts; k++) {
-			strbuf_t a;
-
-			strbuf_init(&a);
-			strbuf_json_str(&a, r->attempts[k]);
-			printf("%s%s", k ? ", " : "", a.s);
-			strbuf_fini(&a);
-		}
-		printf("], \"running_after_ms\": %" PRIu64 ", \"nodes\": [", r->running_after_ms);
-		for (size_t k = 0; k < r->n_nodes; k++) {
-			strbuf_t id;
-
-			strbuf_init(&id);
-			strbuf_json_str(&id, r->nodes[k]->node_id);
-			printf("%s{\"node_id\": %s, \"plan_micros\": %" PRIu64 ", "
-			       "\"plan_cached\": %s, \"slice_micros\": %" PRIu64 ", \"reported\": "
-			       "%s}", k ? ", " : "", id.s, r->nodes[k]->plan_micros,
-			       r->nodes[k]->plan_cached ? "true" : "false",
-			       r->nodes[k]->slice_micros, r->nodes[k]->reported ? "true" : "false");
-			strbuf_fini(&id);
-		}
-		printf("]}");
-		strbuf_fini(&sb);
+		jemit(json_refit(r));
 		return;
 	}
 	printf("%-6" PRIu64 " %-16s v%-7" PRIu64 " %-10s %-9s epoch %-12" PRIu64 " %.12s %s%s\n",
@@ -353,11 +443,8 @@ watch(ctl_t *c, uint64_t id)
 		if ((rc = get_refit(c, id, &r)) != 0)
 			return rc;
 		if ((int)r->state != last || final_state(r->state)) {
-			if (!c->json || final_state(r->state)) {
+			if (!c->json || final_state(r->state))
 				print_refit(r, c->json);
-				if (c->json)
-					printf("\n");
-			}
 			last = (int)r->state;
 		}
 		if (final_state(r->state)) {
@@ -440,10 +527,13 @@ cmd_trigger(ctl_t *c, int argc, char **argv)
 	if ((rc = call(c, "TriggerRefit", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
 	v = r->refit_id;
-	if (c->json && !wait)
-		printf("{\"refit_id\": %" PRIu64 ", \"existing\": %s}\n", v,
-		       r->existing ? "true" : "false");
-	else if (!c->json)
+	if (c->json && !wait) {
+		cJSON *o = jnew();
+
+		ju64(o, "refit_id", v);
+		cJSON_AddBoolToObject(o, "existing", r->existing);
+		jemit(o);
+	} else if (!c->json)
 		printf("refit %" PRIu64 "%s\n", v, r->existing ? " (existing, same key)" : "");
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return wait ? watch(c, v) : 0;
@@ -466,8 +556,6 @@ cmd_status(ctl_t *c, int argc, char **argv)
 	if ((rc = parse_id(argv[0], &id)) != 0 || (rc = get_refit(c, id, &r)) != 0)
 		return rc;
 	print_refit(r, c->json);
-	if (c->json)
-		printf("\n");
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return 0;
 }
@@ -507,15 +595,50 @@ cmd_list(ctl_t *c, int argc, char **argv)
 	rq.model = argc ? argv[0] : "";
 	if ((rc = call(c, "ListRefits", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
-	if (c->json)
-		printf("{\"refits\": [");
-	for (size_t i = 0; i < r->n_refits; i++) {
-		if (c->json && i)
-			printf(", ");
-		print_refit(r->refits[i], c->json);
+	if (c->json) {
+		cJSON *o = jnew(), *rs = cJSON_AddArrayToObject(o, "refits");
+
+		for (size_t i = 0; i < r->n_refits; i++)
+			cJSON_AddItemToArray(rs, json_refit(r->refits[i]));
+		jemit(o);
+	} else {
+		for (size_t i = 0; i < r->n_refits; i++)
+			print_refit(r->refits[i], 0);
+		printf(r->n_refits ? "" : "no refits\n");
 	}
-	printf(c->json ? "]}\n" : r->n_refits ? "" : "no refits\n");
 	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return 0;
+}
+
+static int
+cmd_unregister(ctl_t *c, int argc, char **argv)
+{
+	Refit__V1__UnregisterLayoutRequest rq = REFIT__V1__UNREGISTER_LAYOUT_REQUEST__INIT;
+	Refit__V1__UnregisterLayoutResponse *r;
+	int rc;
+
+	argc--; /* argv[0] is the command */
+	argv++;
+
+	if (argc != 2 || !argv[1][0]) {
+		fprintf(stderr, "usage: refitctl unregister MODEL INSTANCE\n");
+		return 2;
+	}
+	rq.model = argv[0];
+	rq.role = REFIT__V1__ROLE__INFER;
+	rq.instance = argv[1];
+	if ((rc = call(c, "UnregisterLayout", &rq.base, (ProtobufCMessage **)&r)) != 0)
+		return rc;
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	if (c->json) {
+		cJSON *o = jnew();
+
+		jstr(o, "model", argv[0]);
+		jstr(o, "unregistered", argv[1]);
+		jemit(o);
+	} else {
+		printf("model %s: instance %s unregistered\n", argv[0], argv[1]);
+	}
 	return 0;
 }
 
@@ -541,8 +664,6 @@ cmd_abort(ctl_t *c, int argc, char **argv)
 	if ((rc = call(c, "AbortRefit", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
 	print_refit(r, c->json);
-	if (c->json)
-		printf("\n");
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return 0;
 }
@@ -611,8 +732,6 @@ cmd_policy(ctl_t *c, int argc, char **argv)
 	if ((rc = call(c, "SetRefitPolicy", &rq.base, (ProtobufCMessage **)&m)) != 0)
 		return rc;
 	print_model(m, c->json);
-	if (c->json)
-		printf("\n");
 	protobuf_c_message_free_unpacked(&m->base, NULL);
 	return 0;
 }
@@ -633,10 +752,13 @@ cmd_drain(ctl_t *c, int argc, char **argv)
 	if ((rc = call(c, "DrainMember", &rq.base, (ProtobufCMessage **)&r)) != 0)
 		return rc;
 	if (c->json) {
-		printf("{\"member_id\": %" PRIu64 ", \"aborted_refits\": [", r->member_id);
+		cJSON *o = jnew(), *a;
+
+		ju64(o, "member_id", r->member_id);
+		a = cJSON_AddArrayToObject(o, "aborted_refits");
 		for (size_t i = 0; i < r->n_aborted_refits; i++)
-			printf("%s%" PRIu64, i ? ", " : "", r->aborted_refits[i]);
-		printf("]}\n");
+			jadd_u64(a, r->aborted_refits[i]);
+		jemit(o);
 	} else {
 		printf("node %s (member %" PRIu64 ") drained; it leaves at its next heartbeat",
 		       argv[1], r->member_id);
@@ -664,6 +786,8 @@ static const cmd_t cmds[] = {
 	{"list", "[MODEL]", "refits, newest first", cmd_list},
 	{"watch", "ID", "follow a refit until it is final", cmd_watch},
 	{"abort", "ID", "stop a refit [REASON]", cmd_abort},
+	{"unregister", "MODEL INSTANCE", "forget a stale inference instance (its clients "
+	 "are gone)", cmd_unregister},
 	{"drain", "NODE", "abort the node's refits, have it leave and stay out [REASON]",
 	 cmd_drain},
 	{"policy", "MODEL", "retries and catch-up [--retries N] [--backoff-ms MS] "

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 
 void
 refit_err_clear(refit_err_t *err)
@@ -22,6 +23,7 @@ refit_err_vset(refit_err_t *err, refit_status_t st, const char *fmt, va_list ap)
 		return st;
 	err->status = st;
 	vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+	utf8_cut(err->msg); /* cut by the buffer: end on a character boundary */
 	return st;
 }
 
@@ -59,4 +61,5 @@ refit_err_prefix(refit_err_t *err, const char *fmt, ...)
 	for (const char *s = old; *s && n < room; s++)
 		err->msg[n++] = *s;
 	err->msg[n] = '\0';
+	utf8_cut(err->msg);
 }

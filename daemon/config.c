@@ -12,6 +12,7 @@
 #include "common/alloc.h"
 #include "common/parse.h"
 #include "daemon/config.h"
+#include "plan/plan.h"
 
 typedef enum { K_STR, K_MS, K_SIZE, K_ENUM } ktype_t;
 
@@ -89,6 +90,8 @@ static const key_t_ keys[] = {
 	 "(default: local rank i on device i)"},
 	{"test_msg_delay_ms", K_MS, F(test_msg_delay_ms), "0", 0, 10000, NULL, false,
 	 "tests only: sleep this long before each message a node sends (nccl: each group)"},
+	{"instance_grace_ms", K_MS, F(instance_grace_ms), "60000", 100, 86400000, NULL, false,
+	 "coordinator: an instance whose node left is dropped after this long"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -162,6 +165,9 @@ set_key(refitd_config_t *c, const key_t_ *k, const char *v, refit_err_t *err)
 					     "\"%s\" is not one of %s", k->name, v, k->choices);
 		/* fall through */
 	case K_STR:
+		if (v[0] == '\0' && strcmp(k->name, "node_id") == 0)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"node_id\" "
+					     "is empty (leave it out for the hostname)");
 		free(*str_at(c, k));
 		*str_at(c, k) = v[0] ? xstrdup(v) : NULL;
 		return REFIT_OK;
@@ -243,6 +249,18 @@ config_parse(refitd_config_t *c, const char *text, size_t len, refit_err_t *err)
 	cJSON_ArrayForEach(it, root) {
 		char num[64];
 		const char *v = NULL;
+		const cJSON *prev;
+		bool dup = false;
+
+		/* cJSON keeps both copies of a key; which one would win is no
+		 * answer to give a user */
+		for (prev = root->child; prev != it && !dup; prev = prev->next)
+			dup = strcmp(prev->string, it->string) == 0;
+		if (dup) {
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\" appears "
+					   "twice", it->string);
+			break;
+		}
 
 		if (cJSON_IsString(it)) {
 			v = it->valuestring;
@@ -283,9 +301,45 @@ config_load(refitd_config_t *c, const char *path, refit_err_t *err)
 	return rc;
 }
 
+/* "host:port" with a port 0..65535 (0 only where allow0), or "unix:/path". */
+static refit_status_t
+check_port(const char *key, const char *v, bool allow0, refit_err_t *err)
+{
+	const char *p;
+	char *end;
+	unsigned long port;
+
+	if (v == NULL || strncmp(v, "unix:", 5) == 0)
+		return REFIT_OK;
+	p = strrchr(v, ':');
+	if (p == NULL || p == v || p[1] == '\0')
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": \"%s\" is "
+				     "not host:port", key, v);
+	for (const char *q = p + 1; *q; q++)
+		if (*q < '0' || *q > '9')
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": port "
+					     "\"%s\" is not a number", key, p + 1);
+	port = strtoul(p + 1, &end, 10);
+	if (strlen(p + 1) > 5 || port > 65535 || (port == 0 && !allow0))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": port %s is "
+				     "outside %d to 65535", key, p + 1, allow0 ? 0 : 1);
+	return REFIT_OK;
+}
+
 refit_status_t
 config_check(const refitd_config_t *c, refit_err_t *err)
 {
+	CHECK(check_port("listen", c->listen, true, err));
+	if (strcmp(c->role, "node") == 0) {
+		CHECK(check_port("coordinator", c->coordinator, false, err));
+		CHECK(check_port("advertise", c->advertise, false, err));
+		CHECK(check_port("data_listen", c->data_listen, true, err));
+		CHECK(check_port("data_advertise", c->data_advertise, false, err));
+	}
+	if (c->staging_bytes < PLAN_DEFAULT_CHUNK_BYTES)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: staging_bytes %" PRIu64
+				     " is smaller than the chunk size %llu bytes: every refit "
+				     "would fail", c->staging_bytes, PLAN_DEFAULT_CHUNK_BYTES);
 	if (c->heartbeat_ms >= c->lease_ttl_ms)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: heartbeat_ms %" PRIu64
 				     " must be shorter than lease_ttl_ms %" PRIu64,
@@ -342,6 +396,14 @@ config_dump(const refitd_config_t *c, strbuf_t *out)
 	strbuf_puts(out, "\n}\n");
 }
 
+static int
+cmp_rank(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+
+	return (x > y) - (x < y);
+}
+
 refit_status_t
 config_parse_ranks(const char *spec, int32_t **out, size_t *n, refit_err_t *err)
 {
@@ -372,6 +434,24 @@ config_parse_ranks(const char *spec, int32_t **out, size_t *n, refit_err_t *err)
 			p++;
 		else if (*p != '\0')
 			goto bad;
+	}
+	{
+		/* overlapping ranges or a rank given twice */
+		int32_t *s = xmalloc((v.n ? v.n : 1) * sizeof(*s));
+
+		memcpy(s, v.v, v.n * sizeof(*s));
+		xqsort(s, v.n, sizeof(*s), cmp_rank);
+		for (size_t i = 1; i < v.n; i++)
+			if (s[i] == s[i - 1]) {
+				int32_t r = s[i];
+
+				free(s);
+				VEC_FREE(&v);
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key "
+						     "\"ranks\": \"%s\" lists rank %d twice "
+						     "(overlapping ranges?)", spec, r);
+			}
+		free(s);
 	}
 	*out = v.v;
 	*n = v.n;

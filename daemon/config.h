@@ -37,6 +37,8 @@ typedef struct refitd_config {
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
 	char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl: what to load */
 	char *gpu_devices;    /* nccl: "0,1,..." local rank i -> CUDA device */
+	uint64_t instance_grace_ms;   /* coordinator: an instance whose node is gone
+					 is dropped after this long */
 } refitd_config_t;
 
 /* All keys at their defaults. */

@@ -96,6 +96,18 @@ coord_save(coord_t *c)
 		log_warnx("coordinator: %s", err.msg);
 }
 
+refit_status_t
+coord_save_durable(coord_t *c, const char *what, refit_err_t *err)
+{
+	if (coord_state_save(c, err) == REFIT_OK)
+		return REFIT_OK;
+	log_warnx("coordinator: %s refused: %s", what, err->msg);
+	refit_err_prefix(err, "%s: the change cannot be made durable, so it was not made",
+			 what);
+	err->status = REFIT_ERR_UNAVAILABLE;
+	return err->status;
+}
+
 /* leases, retries and catch-ups are checked this often */
 #define TICK_MS(ttl) ((ttl) / 4 + 1 < 100 ? (ttl) / 4 + 1 : 100)
 
@@ -120,6 +132,45 @@ remove_member(coord_t *c, size_t i, const char *why)
 	coord_bump_epoch(c, what);
 }
 
+/*
+ * Instance leases: an instance whose node left (its member is gone) is
+ * dropped after instance_grace_ms, unless the node comes back and its
+ * clients register again first.  A stale replica cannot block the others.
+ */
+static void
+instances_tick(coord_t *c, uint64_t now)
+{
+	uint64_t grace = c->o.instance_grace_ms ? c->o.instance_grace_ms : 60000;
+	bool changed = false;
+
+	for (size_t i = 0; i < c->models.n; i++) {
+		model_t *m = &c->models.v[i];
+
+		for (size_t k = 0; k < m->inst.n;) {
+			instance_t *in = &m->inst.v[k];
+
+			if (coord_find_member(c, in->member_id) != NULL) {
+				in->orphan_since_ms = 0;
+			} else if (in->orphan_since_ms == 0) {
+				in->orphan_since_ms = now ? now : 1;
+			} else if (now - in->orphan_since_ms > grace) {
+				log_warnx("coordinator: model \"%s\": %s \"%s\" dropped: its node "
+					  "(member %" PRIu64 ") has been gone for %" PRIu64 " ms",
+					  m->name, in->role == REFIT__V1__ROLE__TRAIN ? "trainer" :
+					  "instance", in->name, in->member_id,
+					  now - in->orphan_since_ms);
+				coord_instance_fini(in);
+				*in = m->inst.v[--m->inst.n];
+				changed = true;
+				continue;
+			}
+			k++;
+		}
+	}
+	if (changed)
+		coord_save(c);
+}
+
 static void
 on_lease_timer(uv_timer_t *t)
 {
@@ -132,6 +183,7 @@ on_lease_timer(uv_timer_t *t)
 		else
 			i++;
 	}
+	instances_tick(c, now);
 	coord_refits_tick(c);
 }
 
@@ -195,6 +247,17 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		m.ranks[i].domain = xstrdup(d && d[0] ? d : rq->node_id);
 	}
 	m.last_beat_ms = uv_now(c->loop);
+	if (rq->prepared_epoch >= c->epoch) {
+		/* this coordinator lost its state (or never had a state file):
+		 * epochs continue above what the node prepared, never go back */
+		uint64_t was = c->epoch;
+
+		c->epoch = rq->prepared_epoch;
+		log_info("coordinator: node %s prepared epoch %" PRIu64 " before this "
+			 "coordinator's epoch %" PRIu64 ": epochs continue above it",
+			 rq->node_id, rq->prepared_epoch, was);
+		coord_refits_on_epoch(c, was, "a node prepared a newer epoch");
+	}
 	coord_bump_epoch(c, "join");
 	m.joined_epoch = c->epoch;
 	VEC_PUSH(&c->members, m);
@@ -380,17 +443,66 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 			old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 		return rpc_call_reply(call, &rsp.base);
 	}
+	bool new_model = m == NULL, had_old = false;
+	instance_t was;
+
+	if (rq->role == REFIT__V1__ROLE__INFER && m != NULL) {
+		/* replicas need ranks of their own: one overlapping another makes
+		 * every refit of the model fail at planning */
+		for (size_t i = 0; i < m->inst.n; i++) {
+			const instance_t *o = &m->inst.v[i];
+			int32_t r = -1;
+
+			if (o->role != REFIT__V1__ROLE__INFER || strcmp(o->name, iname) == 0)
+				continue;
+			for (size_t a = 0; a < set.n && r < 0; a++)
+				for (size_t k = 0; k < set.v[a].nshards && r < 0; k++)
+					for (size_t b = 0; b < o->layouts.n && r < 0; b++)
+						for (size_t q = 0; q < o->layouts.v[b].nshards; q++)
+							if (o->layouts.v[b].shards[q].rank ==
+							    set.v[a].shards[k].rank) {
+								r = set.v[a].shards[k].rank;
+								break;
+							}
+			if (r >= 0) {
+				plan_layout_set_fini(&set);
+				return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout "
+						     "\"%s\": instance \"%s\" uses rank %d, which "
+						     "instance \"%s\" uses too: instances need ranks "
+						     "of their own (a stale one goes with `refitctl "
+						     "unregister %s %s`)", rq->model, iname, r,
+						     o->name, rq->model, o->name);
+			}
+		}
+	}
+	if (old != NULL && rq->again) {
+		char dg[SHA256_HEX_LEN];
+
+		conv_layouts_digest(&set, dg);
+		if (strcmp(dg, old->digest) == 0) {
+			/* a node joined again with its clients: same layout, same
+			 * memory; only the member holding it changed */
+			plan_layout_set_fini(&set);
+			old->member_id = rq->member_id;
+			coord_save(c);
+			rsp.layout_digest = old->digest;
+			rsp.tensors = (uint32_t)old->layouts.n;
+			return rpc_call_reply(call, &rsp.base);
+		}
+	}
 	if (m == NULL) {
 		model_t nm = {.name = xstrdup(rq->model)};
 
 		VEC_PUSH(&c->models, nm);
 		m = &c->models.v[c->models.n - 1];
 	}
-	/* a model has one trainer; an inference instance is replaced by name */
+	/* a model has one trainer; an inference instance is replaced by name
+	 * (the old one is kept until the change is durable) */
 	old = rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
 						: find_instance(m, (int)rq->role, iname);
 	if (old != NULL) {
-		coord_instance_fini(old);
+		was = *old;
+		had_old = true;
 		*old = m->inst.v[--m->inst.n];
 	}
 	memset(&in, 0, sizeof(in));
@@ -399,13 +511,26 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	in.member_id = rq->member_id;
 	in.layouts = set;
 	conv_layouts_digest(&set, in.digest);
-	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up)
+	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up &&
+	    !rq->again)
 		in.catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 	VEC_PUSH(&m->inst, in);
+	if (coord_save_durable(c, "RegisterLayout", &err) != REFIT_OK) {
+		coord_instance_fini(&m->inst.v[--m->inst.n]);
+		if (had_old)
+			VEC_PUSH(&m->inst, was);
+		if (new_model) {
+			free(m->name);
+			VEC_FREE(&m->inst);
+			c->models.n--;
+		}
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
+	if (had_old)
+		coord_instance_fini(&was);
 	log_info("coordinator: model \"%s\": %s instance \"%s\" registered (%zu tensors, %.12s)",
 		 m->name, rq->role == REFIT__V1__ROLE__TRAIN ? "train" : "infer", iname,
 		 set.n, in.digest);
-	coord_save(c);
 	rsp.layout_digest = m->inst.v[m->inst.n - 1].digest;
 	rsp.tensors = (uint32_t)set.n;
 	rpc_call_reply(call, &rsp.base);
@@ -443,10 +568,20 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": retries "
 				     "%u (at most 100), backoff %u ms (at most 3600000)", m->name,
 				     p->retries, p->retry_backoff_ms);
+	uint32_t was_r = m->retries, was_b = m->retry_backoff_ms;
+	bool was_nc = m->no_catch_up;
+	refit_err_t err;
+
+	refit_err_clear(&err);
 	m->retries = p->retries;
 	m->retry_backoff_ms = p->retry_backoff_ms;
 	m->no_catch_up = !p->catch_up;
-	coord_save(c);
+	if (coord_save_durable(c, "SetRefitPolicy", &err) != REFIT_OK) {
+		m->retries = was_r;
+		m->retry_backoff_ms = was_b;
+		m->no_catch_up = was_nc;
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
 	model_msg(m, &out, &pol, &iv, &ip);
 	rpc_call_reply(call, &out.base);
 	free(iv);
@@ -466,9 +601,16 @@ h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "UnregisterLayout: model \"%s\" "
 				     "has no such instance \"%s\"", nz(rq->model),
 				     nz(rq->instance));
-	coord_instance_fini(in);
+	instance_t was = *in;
+	refit_err_t err;
+
+	refit_err_clear(&err);
 	*in = m->inst.v[--m->inst.n];
-	coord_save(c);
+	if (coord_save_durable(c, "UnregisterLayout", &err) != REFIT_OK) {
+		VEC_PUSH(&m->inst, was);
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
+	coord_instance_fini(&was);
 	rpc_call_reply(call, &rsp.base);
 }
 
@@ -497,8 +639,15 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "WeightsReady \"%s\": version "
 				     "%" PRIu64 " is not newer than %" PRIu64, m->name,
 				     rq->version, m->latest_version);
+	uint64_t was = m->latest_version;
+	refit_err_t err;
+
+	refit_err_clear(&err);
 	m->latest_version = rq->version;
-	coord_save(c);
+	if (coord_save_durable(c, "WeightsReady", &err) != REFIT_OK) {
+		m->latest_version = was;
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
 	rsp.latest_version = m->latest_version;
 	rpc_call_reply(call, &rsp.base);
 }

@@ -17,6 +17,8 @@ typedef struct coord_opts {
 	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */
 	bool nic_per_node;      /* plans: one NIC per node, shared by its ranks */
 	rpc_async_t *rpc;       /* the process's client for calls to nodes (not owned) */
+	uint64_t instance_grace_ms; /* an instance whose node left is dropped after
+				       this long (0: 60 s) */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -31,6 +31,7 @@ typedef struct instance {
 	plan_layout_set_t layouts;
 	char digest[SHA256_HEX_LEN];
 	uint64_t catch_up_at_ms;  /* catch-up refit due (0: none) */
+	uint64_t orphan_since_ms; /* its member left (0: it is a member) */
 } instance_t;
 
 typedef struct model {
@@ -133,6 +134,12 @@ uint64_t coord_now_ms(void);
 
 /* Persist the state now (coord.c; failures are logged). */
 void coord_save(coord_t *c);
+/*
+ * Persist a change a caller is about to be told about: REFIT_OK once it is
+ * durable (or no state file is configured); otherwise the caller undoes the
+ * change and refuses it (err says why).
+ */
+refit_status_t coord_save_durable(coord_t *c, const char *what, refit_err_t *err);
 
 /* coord.c helpers used by coord_refit.c */
 model_t *coord_find_model(coord_t *c, const char *name);
@@ -178,7 +185,7 @@ extern const size_t coord_refit_nmethods;
 /* Abort the refits in flight that use member id; their ids into *ids. */
 size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
 				 size_t max);
-/* membership changed (why: what changed it): refits in flight fail */
+/* membership changed (why names the member and the cause): refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
 void coord_refits_fini(coord_t *c);
 /* Timer: retries and catch-up refits that are due. */

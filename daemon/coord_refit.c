@@ -30,6 +30,7 @@
 
 #include "codec/json.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "daemon/coord_internal.h"
 #include "daemon/proto_conv.h"
 
@@ -114,6 +115,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(msg, sizeof(msg), fmt, ap);
 		va_end(ap);
+		utf8_cut(msg); /* cut by the buffer: on a character boundary */
 	}
 	bump = (state == REFIT__V1__REFIT_STATE__FAILED ||
 		state == REFIT__V1__REFIT_STATE__ABORTED) && r->nccl && !c->bumping &&
@@ -336,6 +338,7 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 			       strstr(msg, "aborted by the coordinator") != NULL;
 
 		snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", node, msg);
+		utf8_cut(buf);
 		if (r->failure == NULL || (!symptom && r->failing_symptom)) {
 			free(r->failure);
 			r->failure = xstrdup(buf);
@@ -1131,8 +1134,18 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	r->created_ms = coord_now_ms();
 	r->state = REFIT__V1__REFIT_STATE__PENDING;
 	VEC_PUSH(&c->refits, r);
+	{
+		refit_err_t err;
+
+		refit_err_clear(&err);
+		if (coord_save_durable(c, "TriggerRefit", &err) != REFIT_OK) {
+			c->refits.n--;
+			c->next_refit--;
+			rec_free(r);
+			return rpc_call_fail(call, err.status, "%s", err.msg);
+		}
+	}
 	trim_records(c);
-	coord_save(c);
 	rsp.refit_id = r->id;
 	rpc_call_reply(call, &rsp.base);
 	start_refit(c, m, r);

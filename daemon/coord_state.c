@@ -184,6 +184,27 @@ num(const cJSON *o, const char *key)
 	return cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint64_t)v->valuedouble : 0;
 }
 
+/*
+ * The loader is strict: a field of the wrong type, a negative or fractional
+ * number, is an error naming it (a damaged file is not read as zeros: an
+ * epoch generation read as 0 would let epochs go back).
+ */
+static refit_status_t
+want_u64(const cJSON *o, const char *key, uint64_t *out, const char *where,
+	 refit_err_t *err)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	*out = 0;
+	if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= 18446744073709551616.0 ||
+	    v->valuedouble != (double)(uint64_t)v->valuedouble)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"%s\" must be a whole "
+				     "number >= 0", where, key);
+	*out = (uint64_t)v->valuedouble;
+	return REFIT_OK;
+}
+
+
 static const char *
 str(const cJSON *o, const char *key)
 {
@@ -202,9 +223,22 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 	instance_t in;
 	refit_status_t rc;
 
+	uint64_t mid;
+	char where[300];
+
 	if (name == NULL || role == NULL || dg == NULL || !cJSON_IsArray(t))
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "model \"%s\": an instance "
 				     "lacks name, role, digest or tensors", m->name);
+	snprintf(where, sizeof(where), "model \"%s\" instance \"%s\"", m->name, name);
+	if (strcmp(role, "train") != 0 && strcmp(role, "infer") != 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: role \"%s\" is neither "
+				     "train nor infer", where, role);
+	CHECK(want_u64(io, "member_id", &mid, where, err));
+	for (size_t i = 0; i < m->inst.n; i++)
+		if ((m->inst.v[i].role == REFIT__V1__ROLE__TRAIN) == (strcmp(role, "train") == 0) &&
+		    (strcmp(role, "train") == 0 || strcmp(m->inst.v[i].name, name) == 0))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: listed twice",
+					     where);
 	memset(&in, 0, sizeof(in));
 	plan_layout_set_init(&in.layouts);
 	wrap = cJSON_CreateObject();
@@ -224,7 +258,7 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 	}
 	in.name = xstrdup(name);
 	in.role = strcmp(role, "train") == 0 ? REFIT__V1__ROLE__TRAIN : REFIT__V1__ROLE__INFER;
-	in.member_id = num(io, "member_id");
+	in.member_id = mid;
 	VEC_PUSH(&m->inst, in);
 	return REFIT_OK;
 }
@@ -238,15 +272,37 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 		model_t m;
 		const char *name = str(mo, "name");
 
+		char where[300];
+		uint64_t lv, iv, rt, bo;
+		const cJSON *cu = cJSON_GetObjectItemCaseSensitive(mo, "catch_up");
+
 		if (name == NULL)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "a model has no name");
+		snprintf(where, sizeof(where), "model \"%s\"", name);
+		for (size_t i = 0; i < c->models.n; i++)
+			if (strcmp(c->models.v[i].name, name) == 0)
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: listed twice",
+						     where);
+		CHECK(want_u64(mo, "latest_version", &lv, where, err));
+		CHECK(want_u64(mo, "installed_version", &iv, where, err));
+		CHECK(want_u64(mo, "retries", &rt, where, err));
+		CHECK(want_u64(mo, "retry_backoff_ms", &bo, where, err));
+		if (rt > 100 || bo > 3600000)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: retries %" PRIu64
+					     " or backoff %" PRIu64 " ms out of range", where, rt, bo);
+		if (!cJSON_IsBool(cu))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"catch_up\" must be "
+					     "true or false", where);
+		if (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(mo, "instances")))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"instances\" must "
+					     "be an array", where);
 		memset(&m, 0, sizeof(m));
 		m.name = xstrdup(name);
-		m.latest_version = num(mo, "latest_version");
-		m.installed_version = num(mo, "installed_version");
-		m.retries = (uint32_t)num(mo, "retries");
-		m.retry_backoff_ms = (uint32_t)num(mo, "retry_backoff_ms");
-		m.no_catch_up = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(mo, "catch_up"));
+		m.latest_version = lv;
+		m.installed_version = iv;
+		m.retries = (uint32_t)rt;
+		m.retry_backoff_ms = (uint32_t)bo;
+		m.no_catch_up = cJSON_IsFalse(cu);
 		VEC_PUSH(&c->models, m);
 		cJSON_ArrayForEach(io, cJSON_GetObjectItemCaseSensitive(mo, "instances"))
 			CHECK(load_instance(&c->models.v[c->models.n - 1], io, err));
@@ -320,19 +376,30 @@ coord_state_load(coord_t *c, refit_err_t *err)
 		root = cJSON_ParseWithLength(buf, len);
 		free(buf);
 		if (root == NULL || num(root, "version") != STATE_VERSION) {
-			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "state file %s: not a "
-					   "version-%d refit state file", c->state_file,
-					   STATE_VERSION);
-		} else {
-			gen = num(root, "generation");
-			c->next_member = num(root, "next_member");
-			c->next_refit = num(root, "next_refit");
-			rc = load_models(c, cJSON_GetObjectItemCaseSensitive(root, "models"), err);
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "not a version-%d refit "
+					   "state file", STATE_VERSION);
+		} else if ((rc = want_u64(root, "generation", &gen, "top level", err)) ==
+				   REFIT_OK &&
+			   (rc = want_u64(root, "next_member", &c->next_member, "top level",
+					  err)) == REFIT_OK &&
+			   (rc = want_u64(root, "next_refit", &c->next_refit, "top level", err)) ==
+				   REFIT_OK) {
+			const cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "models");
+
+			if (gen == 0 || gen >= UINT32_MAX)
+				rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "top level: generation "
+						   "%" PRIu64 " is outside 1 to %u", gen,
+						   UINT32_MAX - 1);
+			else if (!cJSON_IsArray(ms))
+				rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "top level: "
+						   "\"models\" must be an array");
+			else
+				rc = load_models(c, ms, err);
 			if (rc == REFIT_OK)
 				load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"));
-			if (rc != REFIT_OK)
-				refit_err_prefix(err, "state file %s", c->state_file);
 		}
+		if (rc != REFIT_OK)
+			refit_err_prefix(err, "state file %s", c->state_file);
 		cJSON_Delete(root);
 	}
 	if (rc != REFIT_OK)

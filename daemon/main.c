@@ -327,6 +327,7 @@ main(int argc, char **argv)
 	co.state_file = cfg.state_file;
 	co.staging_bytes = cfg.staging_bytes;
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;
+	co.instance_grace_ms = cfg.instance_grace_ms;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	signal(SIGPIPE, SIG_IGN);
 	/* calls to other processes do not use libuv's pool (rpc_async.c); the

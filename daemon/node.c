@@ -73,6 +73,7 @@ on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 				 r->lease_ttl_ms);
 			if (r->heartbeat_ms)
 				uv_timer_set_repeat(&n->beat, r->heartbeat_ms);
+			node_local_rejoined(n);
 		}
 	}
 	node_maybe_free(n);
@@ -135,6 +136,7 @@ on_tick(uv_timer_t *t)
 		rq.rpc_endpoint = n->advertise;
 		rq.data_endpoint = n->data_ep;
 		rq.transport = (char *)n->xo->name;
+		rq.prepared_epoch = n->prepared_epoch;
 		rq.ranks = rp;
 		rq.n_ranks = n->nranks;
 		if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
@@ -246,10 +248,16 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		}
 		VEC_PUSH(&n->world, em);
 	}
+	/* the same epoch again (another model's refit): the transport keeps its
+	 * connections; only a change of epoch resets it */
+	bool changed = rq->epoch != n->prepared_epoch || rq->token.len != n->token_len ||
+		       (rq->token.len && memcmp(n->token, rq->token.data, rq->token.len) != 0);
+
 	n->prepared_epoch = rq->epoch;
 	memcpy(n->token, rq->token.data, rq->token.len);
 	n->token_len = rq->token.len;
-	n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
+	if (changed)
+		n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
 	if (n->xo->set_world) {
 		VEC(int32_t) all = {0};
 		xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
@@ -335,7 +343,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	uv_timer_init(loop, &n->beat);
 	uv_timer_init(loop, &n->sweep);
 	n->beat.data = n->sweep.data = n;
-	n->handles = 2;
+	n->handles += 2; /* the memory socket counts its own */
 	uv_timer_start(&n->beat, on_tick, 0, o->heartbeat_ms);
 	uv_timer_start(&n->sweep, on_sweep, 50, 50);
 	log_info("node %s: data plane %s on %s, librefit socket %s", n->node_id, n->xo->name,
@@ -393,6 +401,7 @@ node_close(node_t *n)
 	leave(n);
 	node_run_abort_all(n, "the node daemon is shutting down");
 	node_waiters_fail_all(n, "the node daemon is shutting down");
+	node_local_close(n);
 	uv_timer_stop(&n->beat);
 	uv_timer_stop(&n->sweep);
 	uv_close((uv_handle_t *)&n->beat, on_timer_closed);

@@ -138,11 +138,20 @@ struct node {
 	VEC(slice_report_t *) reports;/* SliceDone not yet acknowledged */
 	VEC(node_plan_t *) plans;     /* plans built here, by input digest */
 	uint64_t plan_clock;
+	/* the memory socket: clients pass sealed memfds (SCM_RIGHTS) */
+	int mem_fd;                   /* listening, -1: none */
+	uv_poll_t mem_poll;
+	char *mem_path;
+	VEC(struct memconn *) memconns;
 };
 
 /* node_local.c */
 refit_status_t node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err);
 void node_local_stop(node_t *n);
+void node_local_close(node_t *n);   /* close the memory socket's handles */
+/* Joined (again): register every client's layout and ready version with
+ * the coordinator, which may not know them (it restarted). */
+void node_local_rejoined(node_t *n);
 client_t *node_client(node_t *n, uint64_t id);
 /* Drop a client (its memory goes when no slice uses it). */
 void node_client_drop(node_t *n, client_t *c, const char *why);

@@ -8,6 +8,7 @@
 
 #include "common/alloc.h"
 #include "common/strbuf.h"
+#include "common/utf8.h"
 #include "daemon/proto_conv.h"
 
 static refit_status_t
@@ -224,4 +225,85 @@ conv_layouts_proto_free(Refit__V1__TensorLayout **v, size_t n)
 		free(t);
 	}
 	free(v);
+}
+
+/* ---- strings at the edge -------------------------------------------------------- */
+
+static bool
+varint(const uint8_t *p, size_t n, size_t *i, uint64_t *v)
+{
+	*v = 0;
+	for (int sh = 0; sh < 64 && *i < n; sh += 7) {
+		uint8_t b = p[(*i)++];
+
+		*v |= (uint64_t)(b & 0x7f) << sh;
+		if (!(b & 0x80))
+			return true;
+	}
+	return false;
+}
+
+static refit_status_t
+check_msg(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, int depth,
+	  refit_err_t *err)
+{
+	size_t i = 0;
+
+	if (depth > 32)
+		return REFIT_OK; /* the unpacker bounds nesting */
+	while (i < n) {
+		uint64_t key, len;
+		const ProtobufCFieldDescriptor *f;
+
+		if (!varint(p, n, &i, &key))
+			return REFIT_OK;
+		switch (key & 7) {
+		case 0:
+			if (!varint(p, n, &i, &len))
+				return REFIT_OK;
+			continue;
+		case 1:
+			i += 8;
+			continue;
+		case 5:
+			i += 4;
+			continue;
+		case 2:
+			break;
+		default:
+			return REFIT_OK;
+		}
+		if (!varint(p, n, &i, &len) || len > n - i)
+			return REFIT_OK;
+		f = key >> 3 <= UINT32_MAX ?
+		    protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
+		if (f != NULL && f->type == PROTOBUF_C_TYPE_STRING) {
+			const char *s = (const char *)p + i;
+			size_t bad;
+
+			if (len > CONV_MAX_STRING)
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s.%s: a string of "
+						     "%" PRIu64 " bytes (at most %d)", d->short_name,
+						     f->name, len, CONV_MAX_STRING);
+			if (memchr(s, 0, len) != NULL)
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s.%s: a string "
+						     "with a NUL byte at offset %zu", d->short_name,
+						     f->name, (size_t)((const char *)memchr(s, 0, len) - s));
+			if (!utf8_valid(s, len, &bad))
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s.%s: not valid "
+						     "UTF-8 (byte 0x%02x at offset %zu)", d->short_name,
+						     f->name, (unsigned)(uint8_t)s[bad], bad);
+		} else if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+			CHECK(check_msg(f->descriptor, p + i, len, depth + 1, err));
+		}
+		i += len;
+	}
+	return REFIT_OK;
+}
+
+refit_status_t
+conv_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+		   refit_err_t *err)
+{
+	return check_msg(d, p, n, 0, err);
 }

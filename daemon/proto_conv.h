@@ -28,4 +28,16 @@ void conv_layouts_digest(const plan_layout_set_t *s, char hex[SHA256_HEX_LEN]);
 Refit__V1__TensorLayout **conv_layouts_to_proto(const plan_layout_set_t *s);
 void conv_layouts_proto_free(Refit__V1__TensorLayout **v, size_t n);
 
+/*
+ * Check every string field of an encoded message of type d (nested
+ * messages too), from the wire bytes, before it is unpacked: well-formed
+ * UTF-8 (proto3 requires it and standard clients fail on anything else),
+ * no NUL byte (it would cut the C string: distinct names would collide),
+ * at most CONV_MAX_STRING bytes.  Malformed wire data is left to the
+ * unpacker.  The error names the message and field.
+ */
+#define CONV_MAX_STRING 1024
+refit_status_t conv_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+				  size_t n, refit_err_t *err);
+
 #endif

@@ -25,6 +25,8 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/utf8.h"
+#include "daemon/proto_conv.h"
 #include "daemon/rpc.h"
 #include "daemon/rpc_internal.h"
 
@@ -151,6 +153,7 @@ fail_now(rpc_call_t *c, int code, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	utf8_cut(msg);
 	send_final(c, code, msg, NULL);
 }
 
@@ -278,6 +281,18 @@ on_recv(rpc_server_t *s, rpc_call_t *c, bool ok)
 	grpc_byte_buffer_reader_init(&rd, c->recv_buf);
 	all = grpc_byte_buffer_reader_readall(&rd);
 	grpc_byte_buffer_reader_destroy(&rd);
+	{
+		/* strings checked once, here: UTF-8, no NUL, bounded */
+		refit_err_t e;
+
+		refit_err_clear(&e);
+		if (conv_check_strings(c->m->md->input, GRPC_SLICE_START_PTR(all),
+				       GRPC_SLICE_LENGTH(all), &e) != REFIT_OK) {
+			fail_now(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: %s", c->m->path, e.msg);
+			grpc_slice_unref(all);
+			goto out;
+		}
+	}
 	c->req = protobuf_c_message_unpack(c->m->md->input, NULL, GRPC_SLICE_LENGTH(all),
 					   GRPC_SLICE_START_PTR(all));
 	if (c->req == NULL) {

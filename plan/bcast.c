@@ -18,7 +18,7 @@
 #include "plan/internal.h"
 
 typedef struct part {
-	int32_t domain, rank;
+	int32_t domain, key, rank;  /* key: the domain's lowest rank (its order) */
 } part_t;
 
 typedef VEC(part_t) partvec_t;
@@ -37,8 +37,10 @@ cmp_part(const void *a, const void *b)
 {
 	const part_t *x = a, *y = b;
 
-	if (x->domain != y->domain)
-		return (x->domain > y->domain) - (x->domain < y->domain);
+	/* domains in the order of their lowest rank, not of their index (the
+	 * order the topology named them in: the nodes' join order) */
+	if (x->key != y->key)
+		return (x->key > y->key) - (x->key < y->key);
 	return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
@@ -60,18 +62,20 @@ emit(bcast_t *bc, uint32_t stage, int32_t from, int32_t to, uint32_t tensor,
 
 /* Destination ranks (with their domain) needing part of unit u, sorted. */
 static void
-participants(const plan_layout_t *dst, const plan_topo_t *topo,
+participants(const plan_layout_t *dst, const plan_topo_t *topo, const int32_t *dkey,
 	     const plan_box_t *u, partvec_t *out)
 {
 	size_t k = 0;
 
 	out->n = 0;
-	for (size_t i = 0; i < dst->nshards; i++)
+	for (size_t i = 0; i < dst->nshards; i++) {
+		int32_t dom = plan_topo_domain(topo, dst->shards[i].rank);
+
 		if (plan_box_overlaps(&dst->shards[i].box, u, dst->ndim) ||
 		    (dst->ndim == 0 && !plan_box_is_empty(&dst->shards[i].box, 0)))
-			VEC_PUSH(out, ((part_t){plan_topo_domain(topo,
-						 dst->shards[i].rank),
-						 dst->shards[i].rank}));
+			VEC_PUSH(out, ((part_t){dom, dom >= 0 ? dkey[dom] : -1,
+						dst->shards[i].rank}));
+	}
 	xqsort(out->v, out->n, sizeof(*out->v), cmp_part);
 	for (size_t i = 0; i < out->n; i++)
 		if (k == 0 || out->v[i].rank != out->v[k - 1].rank)
@@ -258,7 +262,17 @@ plan_broadcast(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	partvec_t ps = {0};
 	boxvec_t units = {0}, gathered = {0};
 
+	int32_t *dkey = xmalloc(((size_t)topo->ndomains + 1) * sizeof(*dkey));
+
 	(void)err;
+	for (int32_t d = 0; d < topo->ndomains; d++)
+		dkey[d] = INT32_MAX;
+	for (int32_t r = 0; r < topo->nslots; r++) {
+		int32_t d = plan_topo_domain(topo, r);
+
+		if (d >= 0 && r < dkey[d])
+			dkey[d] = r;
+	}
 	bc.spr = count_dst_domains(dst, topo) + 2;
 	bc.net_send = xcalloc(ns, sizeof(uint64_t));
 	bc.net_recv = xcalloc(ns, sizeof(uint64_t));
@@ -280,7 +294,7 @@ plan_broadcast(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		for (size_t u = 0; u < units.n; u++) {
 			uint64_t bytes = (uint64_t)plan_box_volume(&units.v[u], s->ndim) * elem;
 
-			participants(&dst->v[i], topo, &units.v[u], &ps);
+			participants(&dst->v[i], topo, dkey, &units.v[u], &ps);
 			if (ps.n == 0)
 				continue;
 			fit_round(&bc, root, &ps, bytes);
@@ -292,6 +306,7 @@ plan_broadcast(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	*stages_per_round = bc.spr;
+	free(dkey);
 	VEC_FREE(&ps);
 	VEC_FREE(&units);
 	VEC_FREE(&gathered);

@@ -511,8 +511,10 @@ plan_layout_init_explicit(plan_layout_t *l, const char *name, plan_dtype_t dtype
 		if (!plan_box_in_bounds(&s->box, shape, ndim)) {
 			int d = 0;
 
+			/* no off + size: both may be near INT64_MAX */
 			while (d < ndim - 1 && s->box.off[d] >= 0 && s->box.size[d] >= 0 &&
-			       s->box.off[d] + s->box.size[d] <= shape[d])
+			       s->box.off[d] <= shape[d] &&
+			       s->box.size[d] <= shape[d] - s->box.off[d])
 				d++;
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG,
 					     "layout \"%s\": shards[%zu] (rank %d): box is out of "

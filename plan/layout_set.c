@@ -213,7 +213,9 @@ plan_layout_set_check_unique(const plan_layout_set_t *s, refit_err_t *err)
 
 	for (size_t i = 1; i < s->n; i++) {
 		if (strcmp(ix[i].name, ix[i - 1].name) == 0) {
-			rc = refit_err_set(err, REFIT_ERR_EXISTS,
+			/* bad input, not "already registered" (clients read
+			 * ALREADY_EXISTS that way) */
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
 					   "layout \"%s\": tensor listed twice", ix[i].name);
 			break;
 		}

@@ -1,7 +1,10 @@
 #!/bin/sh
 # What `make check` runs once everything is built: unit tests and CLI tests
-# with the normal build, the same under ASan + UBSan, then the fuzz
-# harnesses briefly.  Ends with one summary line "check: N passed, N failed".
+# with the normal build, the same under ASan + UBSan, the integration
+# suites, the fuzz harnesses briefly, the GPU suite.  Ends with one summary
+# line "check: N passed, N failed".  How each suite is counted:
+# tests/check-lib.sh (its own status and result line; a crash is a failure).
+# To add a suite, append one line below: unit|script|gpu "title" command...
 set -u
 BUILD=${1:-build}
 FUZZ_RUNS=${FUZZ_RUNS:-20000}
@@ -9,38 +12,12 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-120}
-total_pass=0
-total_fail=0
-log=$BUILD/check.log
-: >"$log"
+CHECK_DIR=$BUILD/check
+CHECK_LOG=$BUILD/check.log
+mkdir -p "$CHECK_DIR" && rm -f "$CHECK_DIR"/suite-*.log && : >"$CHECK_LOG" || exit 1
+. tests/check-lib.sh
 
-add() { total_pass=$((total_pass + $1)); total_fail=$((total_fail + $2)); }
-
-# run a Check binary; count from its "Checks: N, Failures: F, Errors: E" line
-unit() {
-	echo "== $1"
-	"$2" 2>&1 | tee -a "$log" | grep -E "^[0-9]+%: Checks|:[EF]:" || true
-	line=$(grep -E "^[0-9]+%: Checks" "$log" | tail -1)
-	n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
-	f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+).*/\1/')
-	e=$(echo "$line" | sed -E 's/.*Errors: ([0-9]+).*/\1/')
-	if [ -z "$line" ]; then add 0 1; return; fi
-	add $((n - f - e)) $((f + e))
-}
-
-# run a script that ends with "...: N passed, N failed"
-script() {
-	echo "== $1"
-	shift
-	out=$("$@" 2>&1)
-	echo "$out" | tee -a "$log" | grep -E "FAIL|passed, [0-9]+ failed" || true
-	line=$(echo "$out" | grep -E "[0-9]+ passed, [0-9]+ failed" | tail -1)
-	if [ -z "$line" ]; then add 0 1; return; fi
-	p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/; s/^([0-9]+) passed.*/\1/')
-	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
-	add "$p" "$f"
-}
-
+script "the check runner counts crashes and missing result lines" sh tests/check-selftest.sh
 unit "unit tests" "$BUILD/tests/unit"
 script "CLI tests" sh tests/cli/run.sh "$BUILD/bin/refit-plan"
 unit "unit tests, ASan + UBSan" "$BUILD/asan/tests/unit"
@@ -59,12 +36,11 @@ script "faults, ASan + UBSan (5 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
+gpu "GPU tests (tests/gpu/run.sh: skipped only where no GPU is)" sh tests/gpu/run.sh "$BUILD"
 
 script "scale (100 node daemons, every join order, SliceDone, SIGTERM with a stopped node)" \
 	/usr/bin/python3 tests/integration/test_scale.py "$BUILD" 100
 
-echo "== GPU tests (tests/gpu/run.sh: they run where a GPU is, else say why not)"
-sh tests/gpu/run.sh "$BUILD" | tee -a "$log" | tail -3
-
+[ "$total_skip" -gt 0 ] && echo "($total_skip suite(s) skipped: see above why)"
 echo "check: $total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]

@@ -6,7 +6,15 @@
  * its node id); the listener thread checks epoch and token against what the
  * node prepared, answers one byte (accepted or why not) and parks the
  * connection until the receiver's session for that refit picks it up.  A
- * connection with a wrong token or epoch is logged and closed.
+ * connection with a wrong token or epoch is logged and closed, and so is
+ * one before any epoch was prepared (epoch 0, no token).  Handshakes are
+ * read concurrently, each with its own 5 s deadline: a peer that connects
+ * and sends nothing delays nobody (at most PENDING_MAX wait at once; the
+ * oldest goes when more come).  Parked connections stay when the epoch is
+ * set again to the same value (concurrent refits of different models share
+ * an epoch); they go when it changes.  Dialing honours the session's abort
+ * flag, and peers' endpoints must be numeric addresses: no name resolution
+ * without a bound on the data path.
  *
  * On the wire every message is a 24-byte frame header (magic, length, the
  * sequence number the executor gave it) and the payload.  A session's exchange polls all its
@@ -38,6 +46,8 @@
 #define FRAME_MAGIC 0x4d544652u /* "RFTM" */
 #define HS_TIMEOUT_MS 5000
 #define PARK_MAX 1024
+#define PENDING_MAX 256
+#define SLICE_MS 50             /* how often blocking waits look at the abort flag */
 
 enum { HS_OK = 0, HS_BAD_EPOCH = 1, HS_BAD_TOKEN = 2, HS_BAD_MAGIC = 3, HS_FULL = 4 };
 
@@ -50,7 +60,7 @@ typedef struct hs {
 
 typedef struct parked {
 	int fd;
-	uint64_t refit_id;
+	uint64_t refit_id, epoch;
 	char node_id[128];
 	int64_t at_ms;
 } parked_t;
@@ -118,9 +128,10 @@ get64(const uint8_t *p)
 	return v;
 }
 
-/* Read or write exactly n bytes on a blocking fd with a deadline. */
+/* Read or write exactly n bytes with a deadline; -ECANCELED once *abort is
+ * set (NULL: no flag). */
 static int
-io_full(int fd, void *buf, size_t n, bool wr, int64_t deadline)
+io_full(int fd, void *buf, size_t n, bool wr, int64_t deadline, atomic_int *abort)
 {
 	uint8_t *p = buf;
 
@@ -129,9 +140,11 @@ io_full(int fd, void *buf, size_t n, bool wr, int64_t deadline)
 		int64_t left = deadline - xport_now_ms();
 		ssize_t k;
 
+		if (abort && atomic_load(abort))
+			return -ECANCELED;
 		if (left <= 0)
 			return -ETIMEDOUT;
-		if (poll(&pf, 1, (int)left) <= 0)
+		if (poll(&pf, 1, (int)(left < SLICE_MS ? left : SLICE_MS)) <= 0)
 			continue;
 		k = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
 		if (k == 0)
@@ -169,45 +182,44 @@ split_endpoint(const char *ep, char *host, size_t hn, char *port, size_t pn,
 
 /* ---- the listener --------------------------------------------------------- */
 
+/* A complete handshake h arrived on fd: park it or refuse it. */
 static void
-handshake(xport_t *x, int fd)
+handshake(xport_t *x, int fd, hs_t *hp)
 {
-	hs_t h;
+	hs_t h = *hp;
 	uint8_t ans = HS_OK;
-	int rc = io_full(fd, &h, sizeof(h), false, xport_now_ms() + HS_TIMEOUT_MS);
+	uint64_t here;
 
-	if (rc != 0) {
-		log_warnx("tcp: a peer connected but sent no handshake (%s): closed",
-			  strerror(-rc));
-		close(fd);
-		return;
-	}
 	h.node_id[sizeof(h.node_id) - 1] = '\0';
 	pthread_mutex_lock(&x->mu);
+	here = x->epoch;
 	if (h.magic != HS_MAGIC || h.token_len > XPORT_TOKEN_MAX)
 		ans = HS_BAD_MAGIC;
-	else if (h.epoch != x->epoch)
-		ans = HS_BAD_EPOCH;
+	else if (x->epoch == 0 || x->token_len == 0 || h.epoch != x->epoch)
+		ans = HS_BAD_EPOCH; /* nothing prepared yet, or another epoch */
 	else if (h.token_len != x->token_len || memcmp(h.token, x->token, h.token_len) != 0)
 		ans = HS_BAD_TOKEN;
 	else if (x->parked.n >= PARK_MAX)
 		ans = HS_FULL;
 	if (ans == HS_OK) {
-		parked_t p = {fd, h.refit_id, "", xport_now_ms()};
+		parked_t p = {fd, h.refit_id, h.epoch, "", xport_now_ms()};
 
 		memcpy(p.node_id, h.node_id, sizeof(p.node_id));
 		VEC_PUSH(&x->parked, p);
 		pthread_cond_broadcast(&x->cv);
 	}
 	pthread_mutex_unlock(&x->mu);
-	(void)!send(fd, &ans, 1, MSG_NOSIGNAL);
+	(void)!send(fd, &ans, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 	if (ans == HS_OK)
 		return;
 	if (ans == HS_BAD_MAGIC)
 		log_warnx("tcp: connection from a peer that does not speak refit tcp: closed");
+	else if (ans == HS_BAD_EPOCH && here == 0)
+		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: no "
+			  "epoch is prepared here yet", h.node_id, h.epoch);
 	else if (ans == HS_BAD_EPOCH)
 		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: this "
-			  "node is at epoch %" PRIu64, h.node_id, h.epoch, x->epoch);
+			  "node is at epoch %" PRIu64, h.node_id, h.epoch, here);
 	else if (ans == HS_BAD_TOKEN)
 		log_warnx("tcp: connection from node \"%s\" refused: wrong token for epoch %"
 			  PRIu64, h.node_id, h.epoch);
@@ -217,23 +229,53 @@ handshake(xport_t *x, int fd)
 	close(fd);
 }
 
+/* A connection whose handshake is still arriving. */
+typedef struct pending {
+	int fd;
+	size_t got;
+	int64_t deadline;
+	hs_t h;
+} pending_t;
+
+typedef VEC(pending_t) pending_vec_t;
+
+static void
+pending_drop(pending_vec_t *pend, size_t i, const char *why)
+{
+	if (why)
+		log_warnx("tcp: a peer connected but %s: closed", why);
+	close(pend->v[i].fd);
+	pend->v[i] = pend->v[--pend->n];
+}
+
 static void *
 listener(void *arg)
 {
 	xport_t *x = arg;
+	pending_vec_t pend = {0};
+	VEC(struct pollfd) pf = {0};
 
 	for (;;) {
-		struct pollfd pf[2] = {{x->lfd, POLLIN, 0}, {x->wake[0], POLLIN, 0}};
-		int fd;
+		int64_t now = xport_now_ms(), wait = 1000;
 
-		if (poll(pf, 2, 1000) < 0 && errno != EINTR)
+		pf.n = 0;
+		VEC_RESERVE(&pf, pend.n + 2);
+		pf.v[pf.n++] = (struct pollfd){x->lfd, POLLIN, 0};
+		pf.v[pf.n++] = (struct pollfd){x->wake[0], POLLIN, 0};
+		for (size_t i = 0; i < pend.n; i++) {
+			pf.v[pf.n++] = (struct pollfd){pend.v[i].fd, POLLIN, 0};
+			if (pend.v[i].deadline - now < wait)
+				wait = pend.v[i].deadline - now;
+		}
+		if (poll(pf.v, pf.n, (int)(wait > 0 ? wait : 0)) < 0 && errno != EINTR)
 			break;
-		if (pf[1].revents)
+		if (pf.v[1].revents)
 			break;
-		/* connections nobody picked up within a handshake timeout go */
+		now = xport_now_ms();
+		/* connections nobody picked up within a minute go */
 		pthread_mutex_lock(&x->mu);
 		for (size_t i = 0; i < x->parked.n;) {
-			if (xport_now_ms() - x->parked.v[i].at_ms > 60000) {
+			if (now - x->parked.v[i].at_ms > 60000) {
 				log_warnx("tcp: connection from node \"%s\" for refit %" PRIu64
 					  " was never used: closed", x->parked.v[i].node_id,
 					  x->parked.v[i].refit_id);
@@ -244,13 +286,56 @@ listener(void *arg)
 			}
 		}
 		pthread_mutex_unlock(&x->mu);
-		if (!(pf[0].revents & POLLIN))
+		/* handshakes arriving, each on its own deadline (from the back: the
+		 * poll entries of those not yet looked at keep their index) */
+		for (size_t i = pend.n; i-- > 0;) {
+			pending_t *q = &pend.v[i];
+			short re = pf.v[2 + i].revents;
+
+			if (re) {
+				ssize_t k = recv(q->fd, (uint8_t *)&q->h + q->got,
+						 sizeof(q->h) - q->got, MSG_DONTWAIT);
+
+				if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+					pending_drop(&pend, i, "closed before its handshake");
+					continue;
+				}
+				if (k > 0)
+					q->got += (size_t)k;
+				if (q->got == sizeof(q->h)) {
+					int fd = q->fd;
+					hs_t h = q->h;
+
+					pend.v[i] = pend.v[--pend.n];
+					handshake(x, fd, &h);
+					continue;
+				}
+			}
+			if (now >= q->deadline)
+				pending_drop(&pend, i, "sent no complete handshake in time");
+		}
+		if (!(pf.v[0].revents & POLLIN))
 			continue;
-		fd = accept4(x->lfd, NULL, NULL, SOCK_CLOEXEC);
-		if (fd < 0)
-			continue;
-		handshake(x, fd);
+		for (;;) {
+			int fd = accept4(x->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+			size_t old = 0;
+
+			if (fd < 0)
+				break;
+			if (pend.n >= PENDING_MAX) { /* the oldest makes room */
+				for (size_t i = 1; i < pend.n; i++)
+					if (pend.v[i].deadline < pend.v[old].deadline)
+						old = i;
+				pending_drop(&pend, old, "was the oldest of too many "
+					     "handshakes waiting");
+			}
+			VEC_PUSH(&pend, ((pending_t){fd, 0, now + HS_TIMEOUT_MS, {0}}));
+		}
 	}
+	for (size_t i = 0; i < pend.n; i++)
+		close(pend.v[i].fd);
+	VEC_FREE(&pend);
+	VEC_FREE(&pf);
 	return NULL;
 }
 
@@ -277,7 +362,7 @@ tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	if (rc != 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tcp: data endpoint \"%s\": %s",
 				     cfg->listen, gai_strerror(rc));
-	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
 	    bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 256) < 0 ||
 	    getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
@@ -293,6 +378,10 @@ tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	x = xcalloc(1, sizeof(*x));
 	x->lfd = fd;
 	x->node_id = xstrdup(cfg->node_id);
+	/* advertised as the numeric address bound (peers do not resolve names) */
+	if (getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), NULL, 0,
+			NI_NUMERICHOST) != 0)
+		snprintf(host, sizeof(host), "%s", "0.0.0.0");
 	snprintf(x->endpoint, sizeof(x->endpoint), "%s%s%s:%u", strchr(host, ':') ? "[" : "",
 		 host, strchr(host, ':') ? "]" : "",
 		 ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
@@ -321,13 +410,19 @@ tcp_set_epoch(xport_t *x, uint64_t epoch, const uint8_t *token, size_t len)
 	if (len > XPORT_TOKEN_MAX)
 		len = XPORT_TOKEN_MAX;
 	pthread_mutex_lock(&x->mu);
+	/* connections of other epochs are dropped; those of this epoch stay
+	 * (another refit of the same epoch may be collecting them) */
+	for (size_t i = 0; i < x->parked.n;) {
+		if (x->parked.v[i].epoch != epoch) {
+			close(x->parked.v[i].fd);
+			x->parked.v[i] = x->parked.v[--x->parked.n];
+		} else {
+			i++;
+		}
+	}
 	x->epoch = epoch;
 	memcpy(x->token, token, len);
 	x->token_len = len;
-	/* connections of older epochs are dropped */
-	for (size_t i = 0; i < x->parked.n; i++)
-		close(x->parked.v[i].fd);
-	x->parked.n = 0;
 	pthread_mutex_unlock(&x->mu);
 }
 
@@ -357,8 +452,9 @@ dial(xport_session_t *s, size_t i, refit_err_t *err)
 {
 	const xport_peer_t *p = &s->peers[i];
 	char host[256], port[32];
+	/* numeric only: resolving a name could block past every deadline */
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				 .ai_flags = AI_NUMERICSERV};
+				 .ai_flags = AI_NUMERICSERV | AI_NUMERICHOST};
 	struct addrinfo *ai = NULL;
 	hs_t h;
 	uint8_t ans = 0xff;
@@ -368,8 +464,14 @@ dial(xport_session_t *s, size_t i, refit_err_t *err)
 	CHECK(split_endpoint(p->endpoint, host, sizeof(host), port, sizeof(port), err));
 	rc = getaddrinfo(host, port, &hints, &ai);
 	if (rc != 0)
-		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" at \"%s\": %s",
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" at \"%s\": %s "
+				     "(data endpoints are numeric addresses: set data_advertise)",
 				     p->node_id, p->endpoint, gai_strerror(rc));
+	if (s->x->token_len == 0 || s->cfg.epoch == 0) {
+		freeaddrinfo(ai);
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "tcp: no epoch prepared here: "
+				     "nothing to connect to node \"%s\" with", p->node_id);
+	}
 	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0) {
 		freeaddrinfo(ai);
@@ -379,11 +481,24 @@ dial(xport_session_t *s, size_t i, refit_err_t *err)
 	freeaddrinfo(ai);
 	if (rc < 0 && errno == EINPROGRESS) {
 		struct pollfd pf = {fd, POLLOUT, 0};
-		int e = 0;
+		int e = 0, pr = 0;
 		socklen_t el = sizeof(e);
-		int64_t left = dl - xport_now_ms();
 
-		rc = poll(&pf, 1, left > 0 ? (int)left : 0) == 1 ? 0 : -1;
+		for (;;) {
+			int64_t left = dl - xport_now_ms();
+
+			if (atomic_load(s->cfg.abort)) {
+				close(fd);
+				return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted while "
+						     "connecting to node \"%s\"", p->node_id);
+			}
+			if (left <= 0)
+				break;
+			pr = poll(&pf, 1, (int)(left < SLICE_MS ? left : SLICE_MS));
+			if (pr != 0 && !(pr < 0 && errno == EINTR))
+				break;
+		}
+		rc = pr == 1 ? 0 : -1;
 		errno = ETIMEDOUT;
 		if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e != 0) {
 			rc = -1;
@@ -407,9 +522,14 @@ dial(xport_session_t *s, size_t i, refit_err_t *err)
 	memcpy(h.token, s->x->token, s->x->token_len);
 	pthread_mutex_unlock(&s->x->mu);
 	snprintf(h.node_id, sizeof(h.node_id), "%s", s->x->node_id);
-	rc = io_full(fd, &h, sizeof(h), true, dl);
+	rc = io_full(fd, &h, sizeof(h), true, dl, s->cfg.abort);
 	if (rc == 0)
-		rc = io_full(fd, &ans, 1, false, dl);
+		rc = io_full(fd, &ans, 1, false, dl, s->cfg.abort);
+	if (rc == -ECANCELED) {
+		close(fd);
+		return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted during the handshake "
+				     "with node \"%s\"", p->node_id);
+	}
 	if (rc != 0 || ans != HS_OK) {
 		static const char *const why[] = {"", "it is at another epoch", "wrong token",
 						  "bad handshake", "too many connections"};

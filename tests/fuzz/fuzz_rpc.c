@@ -1,7 +1,8 @@
 /*
  * fuzz_rpc.c - libFuzzer harness for the RPC edge: bytes decoded as a
  * RegisterLayoutRequest (protobuf-c) and converted and validated into
- * layouts (daemon/proto_conv.c), as the coordinator does with what arrives.
+ * layouts (daemon/proto_conv.c), as the coordinator does with what arrives;
+ * the string check of the RPC edge runs first, as in rpc_server.c.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,10 +17,16 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	refit_err_t e;
 	char hex[SHA256_HEX_LEN];
 
+	refit_err_clear(&e);
+	if (conv_check_strings(&refit__v1__register_layout_request__descriptor, data, size,
+			       &e) != REFIT_OK) {
+		if (e.msg[0] == '\0')
+			abort();
+		return 0;
+	}
 	rq = refit__v1__register_layout_request__unpack(NULL, size, data);
 	if (rq == NULL)
 		return 0;
-	refit_err_clear(&e);
 	if (conv_layouts_from_proto(rq->tensors, rq->n_tensors, &set, &e) == REFIT_OK) {
 		conv_layouts_digest(&set, hex);
 		for (size_t i = 0; i < set.n; i++)

@@ -140,6 +140,9 @@ def free_port():
 
 
 def check(name, fn):
+    only = os.environ.get("REFIT_ONLY")  # while working: run the checks named so
+    if only and not any(w in name for w in only.split("|")):
+        return
     t0 = time.time()
     try:
         fn()
@@ -149,6 +152,26 @@ def check(name, fn):
         counts["failed"] += 1
         print(f"FAIL {name}")
         traceback.print_exc()
+
+
+def wait_for(fn, timeout=30, what="the condition", every=0.02):
+    """Poll fn() until it returns something true (returned) or raises nothing
+    but timeout seconds have passed (AssertionError naming what).  gRPC
+    errors from fn count as "not yet".  The deadline is generous: the
+    machine may be busy; nothing here measures speed."""
+    end = time.time() + timeout
+    last = None
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+            last = v
+        except grpc.RpcError as e:
+            last = e
+        if time.time() > end:
+            raise AssertionError(f"waited {timeout} s for {what}; last: {last!r}")
+        time.sleep(every)
 
 
 def spawn(args, **kw):
@@ -190,7 +213,7 @@ class Cluster:
         self.stub = pbg.CoordinatorStub(self.ch)
         self.wait_members(n)
 
-    def wait_members(self, n, timeout=10):
+    def wait_members(self, n, timeout=30):
         end = time.time() + timeout
         while time.time() < end:
             try:
@@ -221,7 +244,7 @@ class Cluster:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 500)])
         self.stub = pbg.CoordinatorStub(self.ch)
-        end = time.time() + 10
+        end = time.time() + 30
         while True:
             try:
                 self.stub.ListMembers(pb.ListMembersRequest(), timeout=0.3)
@@ -299,6 +322,41 @@ class Client:
                 self.p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.p.kill()
+
+
+# ---- memory passed to a node (memfds over its memory socket) -------------------
+
+SEALS = 0x0002 | 0x0004 | 0x0001  # F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL
+
+
+def memfd(name, size, seals=SEALS):
+    import fcntl
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def mem_pass(sock, segs):
+    """Pass {name: fd} over the node's memory socket (sock + ".mem").
+    Returns (the connection, keep it open; the key); raises MemRefused."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    s.connect(sock + ".mem")
+    key = 0
+    for name, fd in segs.items():
+        socket.send_fds(s, [name.encode()], [fd])
+        r = s.recv(1024)
+        if r[:1] != b"\0":
+            s.close()
+            raise MemRefused(r[1:].decode(errors="replace"))
+        key = int.from_bytes(r[1:9], "little")
+    return s, key
+
+
+class MemRefused(Exception):
+    pass
 
 
 # ---- random layouts ----------------------------------------------------------

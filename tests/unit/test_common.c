@@ -13,7 +13,51 @@
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "common/strbuf.h"
+#include "common/utf8.h"
 #include "tests/unit/suites.h"
+
+START_TEST(utf8_checks)
+{
+	size_t bad = 99;
+	char buf[REFIT_ERR_MSG_MAX];
+	refit_err_t err;
+
+	ck_assert(utf8_valid("", 0, NULL));
+	ck_assert(utf8_valid("abc \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 15, NULL));
+	ck_assert(!utf8_valid("a\xff", 2, &bad));
+	ck_assert_uint_eq(bad, 1);
+	ck_assert(!utf8_valid("\xc0\xaf", 2, &bad));          /* overlong '/' */
+	ck_assert(!utf8_valid("\xe0\x80\xaf", 3, &bad));      /* overlong */
+	ck_assert(!utf8_valid("\xed\xa0\x80", 3, &bad));      /* surrogate */
+	ck_assert(!utf8_valid("\xf4\x90\x80\x80", 4, &bad)); /* > U+10FFFF */
+	ck_assert(!utf8_valid("ab\xe2\x82", 4, &bad));         /* cut short */
+	ck_assert_uint_eq(bad, 2);
+	strcpy(buf, "ab\xe2\x82");
+	utf8_cut(buf);
+	ck_assert_str_eq(buf, "ab");
+	/* a message cut by its buffer ends on a character boundary */
+	for (size_t pad = 0; pad < 4; pad++) {
+		char big[2000];
+
+		memset(big, 'x', pad);
+		for (size_t i = pad; i + 2 < sizeof(big); i += 2) {
+			big[i] = (char)0xc3;
+			big[i + 1] = (char)0xa9;
+			big[i + 2] = '\0';
+		}
+		refit_err_clear(&err);
+		refit_err_set(&err, REFIT_ERR_INVALID_ARG, "%s", big);
+		ck_assert(utf8_valid(err.msg, strlen(err.msg), NULL));
+		ck_assert_uint_ge(strlen(err.msg), sizeof(err.msg) - 3);
+		refit_err_prefix(&err, "%s", big);
+		ck_assert(utf8_valid(err.msg, strlen(err.msg), NULL));
+		refit_err_clear(&err);
+		refit_err_set(&err, REFIT_ERR_INVALID_ARG, "short");
+		refit_err_prefix(&err, "%.*s", (int)(sizeof(err.msg) - 2 - pad), big);
+		ck_assert(utf8_valid(err.msg, strlen(err.msg), NULL));
+	}
+}
+END_TEST
 
 START_TEST(sha256_vectors)
 {
@@ -209,6 +253,7 @@ suite_common(void)
 	tcase_add_test(tc, strmap_intern);
 	tcase_add_test(tc, log_levels);
 	tcase_add_test(tc, crc32c_vectors);
+	tcase_add_test(tc, utf8_checks);
 	suite_add_tcase(s, tc);
 	return s;
 }

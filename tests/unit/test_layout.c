@@ -269,6 +269,45 @@ START_TEST(explicit_and_coverage)
 		  "{\"rank\":1,\"offset\":[1,0],\"size\":[3,4]}]}", &l);
 	ck_assert_int_eq(plan_layout_check_coverage(&l, NULL), REFIT_OK);
 	plan_layout_fini(&l);
+	/* an offset near INT64_MAX: the message names the right dim (no
+	 * signed overflow composing it; UBSan stops on one) */
+	{
+		const int64_t shape[2] = {4, 4};
+		plan_shard_t sh = {.rank = 0};
+
+		sh.box.off[0] = INT64_MAX;
+		sh.box.size[0] = 1;
+		sh.box.size[1] = 4;
+		refit_err_clear(&e);
+		ck_assert_int_eq(plan_layout_init_explicit(&l, "w", PLAN_DT_FP32, 2, shape, &sh,
+							   1, &e), REFIT_ERR_INVALID_ARG);
+		ck_assert_ptr_nonnull(strstr(e.msg, "out of bounds in dim 0: offset "
+					     "9223372036854775807 size 1"));
+		sh.box.off[0] = 0;
+		sh.box.off[1] = 2;
+		sh.box.size[1] = INT64_MAX;
+		refit_err_clear(&e);
+		ck_assert_int_eq(plan_layout_init_explicit(&l, "w", PLAN_DT_FP32, 2, shape, &sh,
+							   1, &e), REFIT_ERR_INVALID_ARG);
+		ck_assert_ptr_nonnull(strstr(e.msg, "out of bounds in dim 1"));
+	}
+}
+END_TEST
+
+START_TEST(duplicate_tensor_is_invalid)
+{
+	static const char js[] = "{\"tensors\":[{\"name\":\"a\",\"dtype\":\"bf16\","
+		"\"shape\":[2],\"mesh\":[0],\"placements\":[\"R\"]},{\"name\":\"a\","
+		"\"dtype\":\"bf16\",\"shape\":[2],\"mesh\":[0],\"placements\":[\"R\"]}]}";
+	plan_layout_set_t s;
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	plan_layout_set_init(&s);
+	/* bad input (INVALID_ARGUMENT), not "already registered" (ALREADY_EXISTS) */
+	ck_assert_int_eq(codec_layouts_parse(js, strlen(js), &s, NULL, &e),
+			 REFIT_ERR_INVALID_ARG);
+	plan_layout_set_fini(&s);
 }
 END_TEST
 
@@ -448,6 +487,7 @@ suite_layout(void)
 	tcase_add_test(tv, placement_parsing);
 	tcase_add_test(tv, validation_messages);
 	tcase_add_test(tv, explicit_and_coverage);
+	tcase_add_test(tv, duplicate_tensor_is_invalid);
 	tcase_add_test(tv, match_reports_differences);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, tv);

@@ -330,6 +330,43 @@ START_TEST(deterministic_digest)
 }
 END_TEST
 
+/* The broadcast plan (and its digest) does not depend on the order in which
+ * the topology's ranks were added, that is on the nodes' join order. */
+START_TEST(broadcast_independent_of_rank_order)
+{
+	static const char *const node[] = {"a", "b", "c", "d"};
+	char hex[2][SHA256_HEX_LEN];
+	plan_layout_set_t s, d;
+	plan_opts_t o;
+	refit_err_t e;
+
+	th_layouts(W("w", "[64,8]", "[0,1]", "[\"Shard(0)\"]"), &s);
+	th_layouts(W("w", "[64,8]", "[[2,3],[4,5],[6,7]]", "[\"Replicate()\",\"Shard(1)\"]"),
+		   &d);
+	for (int k = 0; k < 2; k++) {
+		plan_topo_t t;
+		plan_t p;
+
+		plan_topo_init(&t);
+		refit_err_clear(&e);
+		for (int i = 0; i < 8; i++) {
+			int r = k == 0 ? i : 7 - i; /* join order reversed */
+
+			ck_assert_int_eq(plan_topo_add_rank(&t, r, node[r / 2], NULL, &e), REFIT_OK);
+		}
+		plan_opts_default(&o);
+		o.mode = PLAN_MODE_BROADCAST;
+		ck_assert_msg(plan_build(&s, &d, &t, &o, &p, &e) == REFIT_OK, "%s", e.msg);
+		memcpy(hex[k], p.digest_hex, sizeof(hex[k]));
+		plan_fini(&p);
+		plan_topo_fini(&t);
+	}
+	ck_assert_str_eq(hex[0], hex[1]);
+	plan_layout_set_fini(&s);
+	plan_layout_set_fini(&d);
+}
+END_TEST
+
 static const char *
 build_err(const char *src, const char *dst, const char *topo, uint64_t chunk,
 	  uint64_t staging)
@@ -443,6 +480,7 @@ suite_planner(void)
 	tcase_add_test(tc, broadcast_rounds_respect_staging);
 	tcase_add_test(tc, small_tensors_batched);
 	tcase_add_test(tc, deterministic_digest);
+	tcase_add_test(tc, broadcast_independent_of_rank_order);
 	tcase_add_test(tc, build_errors);
 	tcase_add_test(tc, scalars_and_empty);
 	tcase_add_test(tc, names_and_links);

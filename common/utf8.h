@@ -1,0 +1,20 @@
+/*
+ * utf8.h - UTF-8 checks for strings at the edges (RPC requests, messages
+ * cut to a buffer).
+ */
+#ifndef REFIT_COMMON_UTF8_H
+#define REFIT_COMMON_UTF8_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/*
+ * Whether s[0..n) is well-formed UTF-8 (no overlong forms, no surrogates,
+ * nothing above U+10FFFF); *bad gets the offset of the first bad byte.
+ */
+bool utf8_valid(const char *s, size_t n, size_t *bad);
+/* Cut the NUL-terminated s before its first byte that is not part of a
+ * well-formed character (a message truncated mid-character ends cleanly). */
+void utf8_cut(char *s);
+
+#endif
