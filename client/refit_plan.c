@@ -291,12 +291,17 @@ static void
 model_usage(FILE *f)
 {
 	fprintf(f, "usage: %s model --model NAME|FILE --train SPEC --infer SPEC\n"
-		"          [--topology PRESET] [--chunk-bytes N] [--json]\n"
+		"          [--topology PRESET] [--placement packed|rack-aligned]\n"
+		"          [--chunk-bytes N] [--json]\n"
 		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
 		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
 		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
 		"         --infer tp8,dp16 (inference: dp instances of tp, ep = tp optional)\n"
-		"  PRESET a topology preset name (default dgx-h100), sized to both worlds\n",
+		"  PRESET a topology preset name (default dgx-h100), sized to both worlds\n"
+		"  --placement  packed: rank r in domain r / domain size, training first;\n"
+		"         rack-aligned: training and inference in separate domains, no\n"
+		"         instance straddling two, leftover GPUs idle (default for\n"
+		"         gb200-nvl72; packed for the others)\n",
 		progname);
 }
 
@@ -346,10 +351,14 @@ cmd_model(int argc, char **argv)
 		{"model", required_argument, NULL, 'M'}, {"train", required_argument, NULL, 'T'},
 		{"infer", required_argument, NULL, 'I'}, {"topology", required_argument, NULL, 't'},
 		{"chunk-bytes", required_argument, NULL, 'c'}, {"json", no_argument, NULL, 'j'},
+		{"placement", required_argument, NULL, 'P'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
-	const char *name = NULL, *tr = NULL, *inf = NULL, *topo = "dgx-h100";
+	const char *name = NULL, *tr = NULL, *inf = NULL, *topo = "dgx-h100", *place = NULL;
+	plan_place_t pl;
+	plan_jobs_t jobs;
+	int32_t idle = 0;
 	plan_arch_t a;
 	plan_par_t pt, pi;
 	plan_layout_set_t s, d;
@@ -370,6 +379,7 @@ cmd_model(int argc, char **argv)
 		case 'I': inf = optarg; break;
 		case 't': topo = optarg; break;
 		case 'j': json = 1; break;
+		case 'P': place = optarg; break;
 		case 'c':
 			if (refit_parse_size(optarg, &o.chunk_bytes, "--chunk-bytes", &e))
 				return die_input(&e);
@@ -386,11 +396,20 @@ cmd_model(int argc, char **argv)
 	    plan_par_parse(tr, true, &pt, &e) != REFIT_OK ||
 	    plan_par_parse(inf, false, &pi, &e) != REFIT_OK)
 		return die_input(&e);
+	pl = plan_topo_default_placement(topo);
+	if (place != NULL && plan_place_parse(place, &pl, &e) != REFIT_OK)
+		return die_input(&e);
+	if (strchr(topo, ':') != NULL) {
+		fprintf(stderr, "%s: --topology \"%s\": give the preset name only; it is "
+			"sized to both jobs\n", progname, topo);
+		return EXIT_BADINPUT;
+	}
+	jobs = (plan_jobs_t){(int32_t)plan_par_world(&pt), (int32_t)(pi.dp ? pi.dp : 1),
+			     (int32_t)(pi.tp ? pi.tp : 1)};
 	plan_layout_set_init(&s);
 	plan_layout_set_init(&d);
 	if (plan_model_layouts(&a, &pt, &pi, &s, &d, &e) != REFIT_OK ||
-	    plan_topo_preset(&t, topo, (int32_t)(plan_par_world(&pt) + plan_par_world(&pi)),
-			     &e) != REFIT_OK) {
+	    plan_topo_preset_jobs(&t, topo, &jobs, pl, &idle, &e) != REFIT_OK) {
 		plan_layout_set_fini(&s);
 		plan_layout_set_fini(&d);
 		return die_input(&e);
@@ -403,8 +422,9 @@ cmd_model(int argc, char **argv)
 		if (json) {
 			strbuf_printf(&sb, "{\"model\": \"%s\", \"params\": %lld, \"tensors\": %zu, "
 				      "\"train\": \"%s\", \"infer\": \"%s\", \"topology\": \"%s\", "
-				      "\"ranks\": %d, \"reshard\": ", a.name,
-				      (long long)plan_arch_params(&a), s.n, tr, inf, topo, t.nranks);
+				      "\"placement\": \"%s\", \"ranks\": %d, \"idle_ranks\": %d, "
+				      "\"reshard\": ", a.name, (long long)plan_arch_params(&a), s.n,
+				      tr, inf, topo, plan_place_name(pl), t.nranks, idle);
 			codec_cost_json(&rs.c, &sb);
 			strbuf_puts(&sb, ", \"broadcast\": ");
 			codec_cost_json(&bc.c, &sb);
@@ -419,9 +439,10 @@ cmd_model(int argc, char **argv)
 				      a.name, (double)plan_arch_params(&a) / 1e9, bytes,
 				      plan_dtype_name(a.dtype), s.n);
 			strbuf_printf(&sb, "training %s on %lld ranks -> inference %s on %lld ranks; "
-				      "%s, %d nodes, %d domains\n\n", tr,
-				      (long long)plan_par_world(&pt), inf,
-				      (long long)plan_par_world(&pi), topo, t.nnodes, t.ndomains);
+				      "%s, placement %s, %d nodes, %d domains, %d idle ranks\n\n",
+				      tr, (long long)plan_par_world(&pt), inf,
+				      (long long)plan_par_world(&pi), topo, plan_place_name(pl),
+				      t.nnodes, t.ndomains, idle);
 			strbuf_printf(&sb, "%-21s %-12s %-12s %-12s %-12s %-10s %-11s %s\n", "",
 				      "payload", "network", "nvlink", "busiest NIC", "modelled",
 				      "lower bound", "ratio");

@@ -56,6 +56,11 @@ expect explain-json 0 '"broadcast": {"digest"' -- "$BIN" explain $P --json
 
 expect model 0 "reshard speed-up" -- "$BIN" model --model llama-3-70b --train tp8,pp4,dp2 --infer tp16,dp4
 expect model-json 0 '"model": "qwen3-30b-a3b"' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --json
+expect model-placement 0 "placement rack-aligned, 36 nodes, 2 domains, 80 idle ranks" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72
+expect model-packed 0 "placement packed, 16 nodes, 1 domains, 0 idle ranks" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72 --placement packed
+expect model-placement-json 0 '"placement": "packed"' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --json
+expect model-bad-placement 2 '--placement "spread": expected packed or rack-aligned' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --placement spread
+expect model-sized-topo 2 'give the preset name only' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --topology dgx-h100:64
 expect model-unknown 2 'model "gpt-9": no such file' -- "$BIN" model --model gpt-9 --train tp8 --infer tp8
 expect model-bad-spec 2 'parallel spec "tp8,zz2"' -- "$BIN" model --model llama-3-70b --train tp8,zz2 --infer tp8
 
