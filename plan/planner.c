@@ -123,20 +123,18 @@ least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t
 	return best;
 }
 
-/* How many NICs hold a piece: its holders, or their nodes when NICs are shared. */
+/* How many domains hold a piece: each can send it out through all its NICs. */
 static uint32_t
-holder_nics(const reshard_t *rs, const work_t *w)
+holder_domains(const reshard_t *rs, const work_t *w)
 {
 	const int32_t *h = rs->arena.v + w->h0;
 	uint32_t n = 0;
 
-	if (!rs->topo->nic_per_node)
-		return w->nh;
 	for (uint32_t k = 0; k < w->nh; k++) {
 		bool seen = false;
 
 		for (uint32_t j = 0; j < k && !seen; j++)
-			seen = rs->topo->rank_node[h[j]] == rs->topo->rank_node[h[k]];
+			seen = rs->topo->rank_domain[h[j]] == rs->topo->rank_domain[h[k]];
 		n += !seen;
 	}
 	return n;
@@ -549,16 +547,16 @@ copy:
  */
 static void
 assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
-	       served_t *out)
+	       const served_t *like, served_t *out)
 {
 	const plan_layout_t *t = &rs->dst->v[w->tensor];
 	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
 
-	if (npool) {
-		out->np = pool->np;
+	if (like) { /* the parts of the run's other domains */
+		out->np = like->np;
 		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
-		memcpy(out->parts, pool->parts, (size_t)out->np * sizeof(*out->parts));
+		memcpy(out->parts, like->parts, (size_t)out->np * sizeof(*out->parts));
 	} else {
 		out->np = part_count(rs, w, t->ndim, &dim);
 		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
@@ -611,19 +609,20 @@ static void
 assign_relayed(reshard_t *rs, const size_t *run, size_t k)
 {
 	served_t *sv = xcalloc(k, sizeof(*sv));
-	size_t nh = holder_nics(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
+	size_t nh = holder_domains(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
 	uint32_t wave = 0;
 
-	/* shared NICs: the sources serve at most half the domains and the served
-	 * ones relay the rest, so a source NIC sends each piece about once */
-	if (rs->topo->nic_per_node && nh > (k + 1) / 2)
+	/* the sources serve at most half the domains and the served ones relay
+	 * the rest (their NICs' send direction is otherwise idle), so the
+	 * sources' domains send each piece about once, not K times */
+	if (nh > (k + 1) / 2)
 		nh = (k + 1) / 2;
 	while (done < k) {
 		size_t take = wave == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
 
 		for (size_t i = done; i < done + take; i++)
 			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
-				       wave ? done : 0, &sv[i]);
+				       wave ? done : 0, i ? &sv[0] : NULL, &sv[i]);
 		done += take;
 		wave++;
 	}
@@ -781,12 +780,11 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 			unit_begin(&rs);
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (len[st] > holder_nics(&rs, w) ||
-				   (topo->nic_per_node && len[st] > 1)) {
+			} else if (len[st] > 1) {
 				assign_relayed(&rs, runs + st, len[st]); /* the whole run */
 				len[st] = 0;
 			} else if (len[st] != 0) {
-				assign_network(&rs, w, NULL, 0, &one);
+				assign_network(&rs, w, NULL, 0, NULL, &one);
 				served_fini(&one);
 			}
 			unit_end(&rs);

@@ -217,6 +217,27 @@ START_TEST(relays_between_domains)
 }
 END_TEST
 
+/* Two holder domains serve the first two of four domains, which need the
+ * tensor at 1, 3, 1 and 2 ranks (so their pieces are cut into different
+ * numbers of parts): relays must use one cut for the whole run. */
+START_TEST(relays_share_one_cut)
+{
+	ctx_t x;
+	char dst[1024], *p = dst;
+	static const int ranks[] = {16, 24, 25, 26, 32, 40, 41};
+
+	p += sprintf(p, "{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[64,1024],\"shards\":[");
+	for (int i = 0; i < 7; i++)
+		p += sprintf(p, "%s{\"rank\":%d,\"offset\":[0,0],\"size\":[64,1024]}",
+			     i ? "," : "", ranks[i]);
+	sprintf(p, "]}");
+	run(&x, W("w", "[64,1024]", "[0,8]", "[\"Replicate()\"]"), dst, "dgx-h100:48",
+	    PLAN_MODE_RESHARD, 64 << 10, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 4 * 64 * 1024 * 4);
+	done(&x);
+}
+END_TEST
+
 /* 2 source nodes x 4 ranks holding a replicated tensor, 4 destination nodes
  * (domains) needing all of it, in the topology's NIC mode. */
 static void
@@ -248,12 +269,15 @@ START_TEST(shared_nics_relay)
 	uint64_t out_rank[2] = {0}, out_node[2] = {0}, relayed = 0;
 	ctx_t x, y;
 
-	/* a NIC per rank: 8 holders serve the 4 domains directly */
+	/* a NIC per rank: the two holding domains serve two domains, sending
+	 * the tensor once each over their four NICs; the served relay it on */
 	run_nic(&x, "rank");
 	for (size_t i = 0; i < x.p.nxfers; i++)
 		if (x.p.xfers[i].from < 8)
 			out_rank[x.p.xfers[i].from / 4] += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
-	ck_assert_uint_eq(out_rank[0] + out_rank[1], 4 * tb);
+	ck_assert_uint_eq(out_rank[0], tb);
+	ck_assert_uint_eq(out_rank[1], tb);
+	ck_assert_uint_le(x.c.max_nic_bytes, tb / 2);
 	/* one NIC per node: the 2 source nodes send the tensor once each and
 	 * the served domains relay it to the other two */
 	run_nic(&y, "node");
@@ -481,6 +505,7 @@ suite_planner(void)
 	tcase_add_test(tc, colocated_no_network);
 	tcase_add_test(tc, source_replicas_balanced);
 	tcase_add_test(tc, idle_nics_take_parts_in);
+	tcase_add_test(tc, relays_share_one_cut);
 	tcase_add_test(tc, relays_between_domains);
 	tcase_add_test(tc, shared_nics_relay);
 	tcase_add_test(tc, broadcast_baseline);
