@@ -7,6 +7,8 @@
 #   make demo       a real refit end to end on loopback (tcp data plane)
 #   make bench      planner, RPC, data-plane and refit benchmarks
 #   make testbed    the emulated-topology testbed (root: network namespaces)
+#   make figures    regenerate the planner and model figures of README.md and
+#                   docs/performance.md (FIGURES=name,... for some of them)
 #   make install    PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages (apt-get)
 #   V=1             show full commands
@@ -81,7 +83,7 @@ ASAN_LIB := $(ASAN)/lib/librefit-core.a
 ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
-.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed
+.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed figures
 LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
@@ -281,6 +283,11 @@ bench: deps
 	$(Q)$(BENCH_DP)
 	@echo
 	$(Q)/usr/bin/python3 bench/bench_refit.py $(BUILD)
+
+# every planner/model figure in README.md and docs/performance.md, rewritten
+# between their <!-- figures:NAME --> markers
+figures: $(BIN) $(BENCH)
+	$(Q)/usr/bin/python3 scripts/figures.py $(BUILD) $(if $(FIGURES),--only $(FIGURES))
 
 # the emulated-topology testbed: network namespaces, tc, needs root
 testbed:
