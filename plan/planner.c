@@ -8,12 +8,19 @@
  *   - a piece with a holder in its destination domain is copied from the
  *     least-loaded such holder over NVLink (or locally, when the rank that
  *     needs it holds it as a source) in stage 0;
- *   - any other piece crosses the network once: it is split into up to
- *     max(#ranks needing it, #holders) parts; each part goes from the
- *     least-loaded holder NIC to the least-loaded needing rank's NIC in
- *     stage 0, and that rank forwards it over NVLink to the other needing
- *     ranks of the domain in stage 1.
- * Ties are broken by rank id, so the plan is deterministic.
+ *   - any other piece crosses the network once per domain, cut into up to
+ *     one part per rank needing it.  Each part enters through the least-
+ *     loaded NIC of the domain (pick_receiver: a needing rank, or any other
+ *     rank, which then holds it as relay data) and is forwarded over NVLink
+ *     to the ranks needing it in the next stage.  It leaves through the
+ *     least-loaded NIC of a holder's domain (pick_sender: a holder, or a
+ *     rank the holder copies it to over NVLink first);
+ *   - a piece needed in several domains is sent by its holders' domains to
+ *     at most half of them and relayed on by the served ones (waves).
+ * Stages are per part (one after the sender has the data).  Relay data
+ * lives in staging until its round ends, so each unit of work goes into
+ * the first round where its relay ranks have room (unit_end).  Ties are
+ * broken by rank id, so the plan is deterministic.
  */
 #include <stdlib.h>
 #include <string.h>
