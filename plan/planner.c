@@ -84,6 +84,13 @@ typedef struct reshard {
 	const plan_box_t *cur_part; /* the part being assigned */
 	const work_t *cur_w;  /* and its work item */
 	uint64_t min_hop;     /* smallest part worth an extra NVLink hop */
+	/* which domains hop: hop_in where some NIC would take in more than
+	 * the domain's share from the ranks needing the data alone; hop_out
+	 * where some rank holds and needs nothing (its NIC is free to send) */
+	uint64_t *dom_in;     /* per domain: network bytes it must take in */
+	uint64_t *own_in;     /* per NIC: what its ranks' own needs bring in */
+	uint8_t *busy;        /* per rank: holds or needs something */
+	uint8_t *hop_in, *hop_out; /* per domain */
 	relays_t relayed;     /* what each rank received as relay data */
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
@@ -103,6 +110,11 @@ on_item(void *ctx, const needs_item_t *it)
 
 	w.bytes = (uint64_t)plan_box_volume(it->box, t->ndim) *
 		  plan_dtype_size(t->dtype);
+	if (!it->local) {
+		rs->dom_in[it->domain] += w.bytes;
+		for (uint32_t k = 0; k < it->nneed; k++)
+			rs->own_in[plan_topo_nic(rs->topo, it->need[k])] += w.bytes / it->nneed;
+	}
 	if (rs->group_off[it->group] == UINT32_MAX) {
 		rs->group_off[it->group] = (uint32_t)rs->arena.n;
 		for (uint32_t k = 0; k < g->nh; k++)
@@ -365,7 +377,7 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b)
 	int32_t r = least_nic(t, need, w->nn, rs->ld.net_recv), q;
 	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
 
-	if (nd <= (int32_t)w->nn || b < rs->min_hop)
+	if (!rs->hop_in[w->domain] || nd <= (int32_t)w->nn || b < rs->min_hop)
 		return r;
 	q = least_nic(t, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_recv);
 	if (rs->ld.net_recv[plan_topo_nic(t, q)] >= rs->ld.net_recv[plan_topo_nic(t, r)] ||
@@ -472,13 +484,51 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0;
 	int32_t g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
 
-	if (b < rs->min_hop || nic_send(rs, g) >= nic_send(rs, best) ||
+	if (!rs->hop_out[d] || b < rs->min_hop || nic_send(rs, g) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
 		return best;
 	return g;
 }
 
+
+/*
+ * The least-loaded rank of served domain sv holding part p, and from which
+ * stage (*stage): the rank that took it in (one stage after it arrived), a
+ * helper it was copied to for an earlier wave, or a rank needing it (two
+ * stages after: it was forwarded).
+ */
+static int32_t
+least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stage)
+{
+	const int32_t *need = rs->arena.v + sv->w->n0;
+	int32_t best = sv->recv[p];
+
+	*stage = sv->at[p] + 1;
+	if (sv->help[p] >= 0 && nic_send(rs, sv->help[p]) < nic_send(rs, best)) {
+		best = sv->help[p];
+		*stage = sv->help_at[p];
+	}
+	for (uint32_t k = 0; k < sv->w->nn; k++)
+		if (nic_send(rs, need[k]) < nic_send(rs, best)) {
+			best = need[k];
+			*stage = sv->at[p] + 2;
+		}
+	return best;
+}
+
+/* How loaded the NICs are that could pass part p on from served domain sv:
+ * all of the domain's when it may hop, else the ranks holding the part. */
+static double
+relay_load(const reshard_t *rs, const served_t *sv, int64_t p)
+{
+	int32_t d = sv->w->domain;
+	uint32_t st;
+
+	if (rs->hop_out[d])
+		return (double)rs->dom_send[d] / rs->topo->domain_size[d];
+	return (double)nic_send(rs, least_holding(rs, sv, p, &st));
+}
 
 /*
  * Who sends part p of w over the network and in which stage (*stage).
@@ -509,31 +559,23 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 			goto copy;
 		return best;
 	}
+	/* the served domain whose NICs have sent least: all of them when it
+	 * may hop, else the one that took the part in */
 	sv = &pool[0];
 	for (size_t i = 1; i < npool; i++) {
-		int32_t a = pool[i].w->domain, c = sv->w->domain;
-		double la = (double)rs->dom_send[a] / t->domain_size[a];
-		double lc = (double)rs->dom_send[c] / t->domain_size[c];
+		double la = relay_load(rs, &pool[i], p), lc = relay_load(rs, sv, p);
 
-		if (la < lc || (la == lc && a < c))
+		if (la < lc || (la == lc && pool[i].w->domain < sv->w->domain))
 			sv = &pool[i];
 	}
-	best = sv->recv[p];
-	*stage = sv->at[p] + 1;
-	if (sv->help[p] >= 0 && nic_send(rs, sv->help[p]) < nic_send(rs, best)) {
-		best = sv->help[p]; /* copied there for an earlier wave */
-		*stage = sv->help_at[p];
-	}
+	best = least_holding(rs, sv, p, stage);
 	/* a rank of the served domain not needing the part needs nothing of
 	 * it: the domain's regions are disjoint */
 	g = helper_of(rs, sv->w->domain, best, b, true);
-	if (g == best)
+	if (g == best || sv->help[p] >= 0) /* one helper per part and domain */
 		return best;
+	/* g is less loaded than every rank holding the part: a new helper */
 	*stage = sv->at[p] + 2;
-	if (among(rs->arena.v + sv->w->n0, sv->w->nn, g))
-		return g; /* it gets the part forwarded in at[p] + 1 */
-	if (sv->help[p] >= 0) /* one helper per part and domain */
-		return best;
 	best = sv->recv[p];
 	((served_t *)sv)->help[p] = g;
 	((served_t *)sv)->help_at[p] = *stage;
@@ -735,6 +777,52 @@ dst_ranks(reshard_t *rs)
 	rs->dst_ranks = v.v ? v.v : xmalloc(sizeof(int32_t));
 }
 
+/*
+ * Which domains take hops (hop_in, hop_out): a domain whose needing ranks
+ * would each bring in no more than the domain's share (every NIC busy, as
+ * on a DGX node) gains nothing from forwarding through another NIC, and a
+ * domain whose every rank holds or needs data has no free NIC to send
+ * through; hops there would only add NVLink copies and transfers.
+ */
+static void
+choose_hops(reshard_t *rs, const plan_layout_set_t *src)
+{
+	const plan_topo_t *t = rs->topo;
+	size_t nd = (size_t)t->ndomains;
+	uint64_t *dom_nics = xcalloc(nd + 1, sizeof(uint64_t));
+	uint64_t *max_own = xcalloc(nd + 1, sizeof(uint64_t));
+	uint8_t *nic_seen = xcalloc((size_t)t->nslots + 1, 1);
+
+	rs->busy = xcalloc((size_t)t->nslots + 1, 1);
+	rs->hop_in = xcalloc(nd + 1, 1);
+	rs->hop_out = xcalloc(nd + 1, 1);
+	for (size_t i = 0; i < src->n; i++)
+		for (size_t k = 0; k < src->v[i].nshards; k++)
+			rs->busy[src->v[i].shards[k].rank] = 1;
+	for (size_t i = 0; i < rs->dst->n; i++)
+		for (size_t k = 0; k < rs->dst->v[i].nshards; k++)
+			rs->busy[rs->dst->v[i].shards[k].rank] = 1;
+	for (int32_t r = 0; r < t->nslots; r++) {
+		int32_t d = t->rank_domain[r], nic;
+
+		if (d < 0)
+			continue;
+		nic = plan_topo_nic(t, r);
+		if (!nic_seen[nic]) {
+			nic_seen[nic] = 1;
+			dom_nics[d]++;
+			max_own[d] = rs->own_in[nic] > max_own[d] ? rs->own_in[nic] : max_own[d];
+		}
+		rs->hop_out[d] |= !rs->busy[r];
+	}
+	for (size_t d = 0; d < nd; d++)
+		rs->hop_in[d] = dom_nics[d] > 0 &&
+				max_own[d] > rs->dom_in[d] / dom_nics[d] + rs->opts->chunk_bytes;
+	free(dom_nics);
+	free(max_own);
+	free(nic_seen);
+}
+
 refit_status_t
 plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	     const size_t *map, const plan_topo_t *topo, const plan_opts_t *opts,
@@ -746,6 +834,8 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	refit_status_t rc = REFIT_OK;
 
 	rs.min_hop = opts->chunk_bytes / 16 ? opts->chunk_bytes / 16 : 1;
+	rs.dom_in = xcalloc((size_t)topo->ndomains + 1, sizeof(uint64_t));
+	rs.own_in = xcalloc(ns, sizeof(uint64_t));
 	rs.round_of = xcalloc(ns, sizeof(uint32_t));
 	rs.dom_send = xcalloc((size_t)topo->ndomains + 1, sizeof(uint64_t));
 	rs.round_fill = xcalloc(ns, sizeof(uint64_t));
@@ -766,6 +856,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	if (rc == REFIT_OK) {
+		choose_hops(&rs, src);
 		/* largest first, creation order on ties: a stable radix sort on
 		 * (max - bytes) */
 		xkey_t *k = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*k));
@@ -807,6 +898,11 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	VEC_FREE(&rs.unit);
 	free(rs.round_of);
 	free(rs.dom_send);
+	free(rs.dom_in);
+	free(rs.own_in);
+	free(rs.busy);
+	free(rs.hop_in);
+	free(rs.hop_out);
 	relays_fini(&rs.relayed);
 	free(rs.dst_r0);
 	free(rs.dst_ranks);
