@@ -9,6 +9,8 @@
 #   make check-nccl the emulator's rules, the e2e and fault suites over nccl on it
 #   make bench      planner, RPC, data-plane and refit benchmarks
 #   make testbed    the emulated-topology testbed (root: network namespaces)
+#   make figures    regenerate the planner and model figures of README.md and
+#                   docs/performance.md (FIGURES=name,... for some of them)
 #   make install    PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages (apt-get)
 #   V=1             show full commands
@@ -91,7 +93,7 @@ ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
 .PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed \
-	check-nccl demo-nccl
+	check-nccl demo-nccl figures
 LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
@@ -416,6 +418,11 @@ bench: deps
 	$(Q)$(BENCH_MEMBERS) $(REFITD)
 	@echo
 	$(Q)/usr/bin/python3 bench/bench_scale.py $(BUILD)
+
+# every planner/model figure in README.md and docs/performance.md, rewritten
+# between their <!-- figures:NAME --> markers
+figures: $(BIN) $(BENCH)
+	$(Q)/usr/bin/python3 scripts/figures.py $(BUILD) $(if $(FIGURES),--only $(FIGURES))
 
 # the emulated-topology testbed: network namespaces, tc, needs root
 testbed:

@@ -291,12 +291,20 @@ static void
 model_usage(FILE *f)
 {
 	fprintf(f, "usage: %s model --model NAME|FILE --train SPEC --infer SPEC\n"
-		"          [--topology PRESET] [--chunk-bytes N] [--json]\n"
+		"          [--topology PRESET] [--placement packed|rack-aligned]\n"
+		"          [--chunk-bytes N] [--baseline-chunks LIST] [--json]\n"
 		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
 		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
 		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
 		"         --infer tp8,dp16 (inference: dp instances of tp, ep = tp optional)\n"
-		"  PRESET a topology preset name (default dgx-h100), sized to both worlds\n",
+		"  PRESET a topology preset name (default dgx-h100), sized to both worlds\n"
+		"  --placement  packed: rank r in domain r / domain size, training first;\n"
+		"         rack-aligned: training and inference in separate domains, no\n"
+		"         instance straddling two, leftover GPUs idle (default for\n"
+		"         gb200-nvl72; packed for the others)\n"
+		"  --baseline-chunks  chunk sizes gather-and-broadcast is also planned with;\n"
+		"         the best is the baseline the speed-up is against (default\n"
+		"         1MiB,2MiB,4MiB,8MiB,16MiB,64MiB)\n",
 		progname);
 }
 
@@ -339,6 +347,60 @@ model_row(const char *label, const model_run_t *r, strbuf_t *sb)
 		      nvl, nic, tm, lb, r->c.ratio);
 }
 
+/* "1MiB,4MiB,..." into out[] (at most 16). */
+static refit_status_t
+parse_chunks(const char *arg, uint64_t *out, size_t *n, refit_err_t *err)
+{
+	char buf[512], *save = NULL, *tok;
+
+	if (strlen(arg) >= sizeof(buf))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "--baseline-chunks: the list "
+				     "is too long");
+	snprintf(buf, sizeof(buf), "%s", arg);
+	*n = 0;
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (*n == 16)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "--baseline-chunks: "
+					     "at most 16 sizes");
+		CHECK(refit_parse_size(tok, &out[*n], "--baseline-chunks", err));
+		if (out[*n] == 0)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "--baseline-chunks: "
+					     "\"%s\" is zero", tok);
+		(*n)++;
+	}
+	if (*n == 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "--baseline-chunks \"%s\": "
+				     "no sizes", arg);
+	return REFIT_OK;
+}
+
+/* Gather-and-broadcast at each chunk size; the fastest into *best. */
+static int
+best_baseline(plan_layout_set_t *s, plan_layout_set_t *d, plan_topo_t *t,
+	      const plan_opts_t *o, const uint64_t *chunks, size_t n, plan_cost_t *best,
+	      uint64_t *best_chunk)
+{
+	for (size_t i = 0; i < n; i++) {
+		plan_opts_t oc = *o;
+		model_run_t r;
+		int rc;
+
+		if (chunks[i] == o->chunk_bytes)
+			continue; /* planned already */
+		oc.chunk_bytes = chunks[i];
+		if (oc.staging_bytes < oc.chunk_bytes)
+			oc.staging_bytes = oc.chunk_bytes;
+		if ((rc = model_plan(s, d, t, &oc, PLAN_MODE_BROADCAST, &r)) != 0)
+			return rc;
+		if (r.c.time_s < best->time_s) {
+			*best = r.c;
+			*best_chunk = chunks[i];
+		}
+		plan_fini(&r.p);
+	}
+	return 0;
+}
+
 static int
 cmd_model(int argc, char **argv)
 {
@@ -346,10 +408,19 @@ cmd_model(int argc, char **argv)
 		{"model", required_argument, NULL, 'M'}, {"train", required_argument, NULL, 'T'},
 		{"infer", required_argument, NULL, 'I'}, {"topology", required_argument, NULL, 't'},
 		{"chunk-bytes", required_argument, NULL, 'c'}, {"json", no_argument, NULL, 'j'},
+		{"placement", required_argument, NULL, 'P'},
+		{"baseline-chunks", required_argument, NULL, 'B'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
-	const char *name = NULL, *tr = NULL, *inf = NULL, *topo = "dgx-h100";
+	const char *name = NULL, *tr = NULL, *inf = NULL, *topo = "dgx-h100", *place = NULL;
+	plan_place_t pl;
+	plan_jobs_t jobs;
+	int32_t idle = 0;
+	uint64_t chunks[16] = {1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20};
+	size_t nchunks = 6;
+	plan_cost_t best;
+	uint64_t best_chunk = 0;
 	plan_arch_t a;
 	plan_par_t pt, pi;
 	plan_layout_set_t s, d;
@@ -370,6 +441,11 @@ cmd_model(int argc, char **argv)
 		case 'I': inf = optarg; break;
 		case 't': topo = optarg; break;
 		case 'j': json = 1; break;
+		case 'P': place = optarg; break;
+		case 'B':
+			if (parse_chunks(optarg, chunks, &nchunks, &e) != REFIT_OK)
+				return die_input(&e);
+			break;
 		case 'c':
 			if (refit_parse_size(optarg, &o.chunk_bytes, "--chunk-bytes", &e))
 				return die_input(&e);
@@ -386,11 +462,20 @@ cmd_model(int argc, char **argv)
 	    plan_par_parse(tr, true, &pt, &e) != REFIT_OK ||
 	    plan_par_parse(inf, false, &pi, &e) != REFIT_OK)
 		return die_input(&e);
+	pl = plan_topo_default_placement(topo);
+	if (place != NULL && plan_place_parse(place, &pl, &e) != REFIT_OK)
+		return die_input(&e);
+	if (strchr(topo, ':') != NULL) {
+		fprintf(stderr, "%s: --topology \"%s\": give the preset name only; it is "
+			"sized to both jobs\n", progname, topo);
+		return EXIT_BADINPUT;
+	}
+	jobs = (plan_jobs_t){(int32_t)plan_par_world(&pt), (int32_t)(pi.dp ? pi.dp : 1),
+			     (int32_t)(pi.tp ? pi.tp : 1)};
 	plan_layout_set_init(&s);
 	plan_layout_set_init(&d);
 	if (plan_model_layouts(&a, &pt, &pi, &s, &d, &e) != REFIT_OK ||
-	    plan_topo_preset(&t, topo, (int32_t)(plan_par_world(&pt) + plan_par_world(&pi)),
-			     &e) != REFIT_OK) {
+	    plan_topo_preset_jobs(&t, topo, &jobs, pl, &idle, &e) != REFIT_OK) {
 		plan_layout_set_fini(&s);
 		plan_layout_set_fini(&d);
 		return die_input(&e);
@@ -399,17 +484,32 @@ cmd_model(int argc, char **argv)
 	if (rc == 0 && (rc = model_plan(&s, &d, &t, &o, PLAN_MODE_BROADCAST, &bc)) != 0)
 		plan_fini(&rs.p);
 	if (rc == 0) {
+		best = bc.c;
+		best_chunk = o.chunk_bytes;
+		rc = best_baseline(&s, &d, &t, &o, chunks, nchunks, &best, &best_chunk);
+		if (rc != 0) {
+			plan_fini(&rs.p);
+			plan_fini(&bc.p);
+		}
+	}
+	if (rc == 0) {
 		strbuf_init(&sb);
 		if (json) {
 			strbuf_printf(&sb, "{\"model\": \"%s\", \"params\": %lld, \"tensors\": %zu, "
 				      "\"train\": \"%s\", \"infer\": \"%s\", \"topology\": \"%s\", "
-				      "\"ranks\": %d, \"reshard\": ", a.name,
-				      (long long)plan_arch_params(&a), s.n, tr, inf, topo, t.nranks);
+				      "\"placement\": \"%s\", \"ranks\": %d, \"idle_ranks\": %d, "
+				      "\"reshard\": ", a.name, (long long)plan_arch_params(&a), s.n,
+				      tr, inf, topo, plan_place_name(pl), t.nranks, idle);
 			codec_cost_json(&rs.c, &sb);
 			strbuf_puts(&sb, ", \"broadcast\": ");
 			codec_cost_json(&bc.c, &sb);
-			strbuf_printf(&sb, ", \"speedup\": %.4g, \"plan_seconds\": %.3f}\n",
-				      bc.c.time_s / rs.c.time_s, rs.secs);
+			strbuf_printf(&sb, ", \"broadcast_best\": {\"chunk_bytes\": %llu, \"cost\": ",
+				      (unsigned long long)best_chunk);
+			codec_cost_json(&best, &sb);
+			strbuf_printf(&sb, "}, \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
+				      "\"plan_seconds\": %.3f, \"transfers\": %zu}\n",
+				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
+				      rs.p.nxfers);
 		} else {
 			char bytes[32];
 
@@ -419,16 +519,27 @@ cmd_model(int argc, char **argv)
 				      a.name, (double)plan_arch_params(&a) / 1e9, bytes,
 				      plan_dtype_name(a.dtype), s.n);
 			strbuf_printf(&sb, "training %s on %lld ranks -> inference %s on %lld ranks; "
-				      "%s, %d nodes, %d domains\n\n", tr,
-				      (long long)plan_par_world(&pt), inf,
-				      (long long)plan_par_world(&pi), topo, t.nnodes, t.ndomains);
+				      "%s, placement %s, %d nodes, %d domains, %d idle ranks\n\n",
+				      tr, (long long)plan_par_world(&pt), inf,
+				      (long long)plan_par_world(&pi), topo, plan_place_name(pl),
+				      t.nnodes, t.ndomains, idle);
 			strbuf_printf(&sb, "%-21s %-12s %-12s %-12s %-12s %-10s %-11s %s\n", "",
 				      "payload", "network", "nvlink", "busiest NIC", "modelled",
 				      "lower bound", "ratio");
 			model_row("reshard", &rs, &sb);
 			model_row("gather-and-broadcast", &bc, &sb);
-			strbuf_printf(&sb, "\nreshard speed-up x%.2f; planned in %.2f s (%zu transfers)\n",
-				      bc.c.time_s / rs.c.time_s, rs.secs, rs.p.nxfers);
+			{
+				model_run_t b = {.c = best};
+				char lbl[32], cb[32];
+
+				codec_fmt_bytes((double)best_chunk, cb, sizeof(cb));
+				snprintf(lbl, sizeof(lbl), "  best (%s)", cb);
+				model_row(lbl, &b, &sb);
+			}
+			strbuf_printf(&sb, "\nreshard speed-up x%.2f (x%.2f against gather-and-broadcast "
+				      "at its best chunk); planned in %.2f s (%zu transfers)\n",
+				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
+				      rs.p.nxfers);
 		}
 		put(&sb);
 		strbuf_fini(&sb);

@@ -190,7 +190,9 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 		  .bw = {1, plan_topo_nvl_Bps(topo), plan_topo_net_Bps(topo)},
 		  .lat = {0, topo->latency_nvlink_us * 1e-6, topo->latency_network_us * 1e-6}};
 	uint64_t chunk = p->opts.chunk_bytes, fill_bytes = 0;
-	double tmax = 0, fill_sum = 0, fill_max = 0, fill = 0;
+	uint32_t per = p->stages_per_round ? p->stages_per_round : 1;
+	double tmax = 0, fill_sum = 0, fill_max = 0;
+	double *fill = xcalloc(per, sizeof(double)); /* per stage inside a round */
 	int64_t cur_stage = -1;
 
 	m.busy = xcalloc(4 * m.ns, sizeof(double));
@@ -218,17 +220,18 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 		if (l == PLAN_LINK_LOCAL)
 			continue;
 		if ((int64_t)x->stage != cur_stage) {
-			fill_sum += fill;
-			fill_max = fmax(fill_max, fill);
-			fill = 0;
 			cur_stage = x->stage;
 			out->stages_used++;
 		}
-		fill = fmax(fill, (double)(b < chunk ? b : chunk) / m.bw[l] + m.lat[l]);
+		fill[x->stage % per] = fmax(fill[x->stage % per],
+					    (double)(b < chunk ? b : chunk) / m.bw[l] + m.lat[l]);
 		charge(&m, l, x->from, x->to, b, n);
 	}
-	fill_sum += fill;
-	fill_max = fmax(fill_max, fill);
+	for (uint32_t k = 0; k < per; k++) {
+		fill_sum += fill[k];
+		fill_max = fmax(fill_max, fill[k]);
+	}
+	free(fill);
 	for (size_t i = 0; i < 4 * m.ns; i++)
 		tmax = fmax(tmax, m.busy[i]);
 	for (size_t i = 0; i < 2 * m.ns; i++) {
@@ -247,7 +250,9 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 			out->max_nvl_rank = (int32_t)(i % m.ns);
 		}
 	}
-	/* each stage after the first waits for one message of the one before */
+	/* each stage after the first waits for one message of the one before;
+	 * rounds overlap (the executor orders messages by the data they carry,
+	 * rounds only say when staging is freed), so a round's depth counts */
 	out->time_s = tmax + (fill_sum - fill_max);
 	free(m.busy);
 	free(m.nic);

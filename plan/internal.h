@@ -101,7 +101,8 @@ typedef VEC(plan_xfer_t) xfervec_t;
 refit_status_t plan_reshard(const plan_layout_set_t *src,
 			    const plan_layout_set_t *dst, const size_t *map,
 			    const plan_topo_t *topo, const plan_opts_t *opts,
-			    xfervec_t *out, refit_err_t *err);
+			    xfervec_t *out, uint32_t *stages_per_round,
+			    refit_err_t *err);
 refit_status_t plan_broadcast(const plan_layout_set_t *src,
 			      const plan_layout_set_t *dst, const size_t *map,
 			      const plan_topo_t *topo, const plan_opts_t *opts,

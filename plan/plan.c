@@ -551,7 +551,7 @@ plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		}
 	}
 	if (opts->mode == PLAN_MODE_RESHARD)
-		rc = plan_reshard(src, dst, map, topo, opts, &raw, err);
+		rc = plan_reshard(src, dst, map, topo, opts, &raw, &per_round, err);
 	else
 		rc = plan_broadcast(src, dst, map, topo, opts, &raw, &per_round, err);
 	if (rc != REFIT_OK)

@@ -11,9 +11,13 @@
  *
  * Two planners share this format:
  *   reshard   - exact box intersections; each element needed in a domain
- *               enters it over the network once (stage 0), receivers are
- *               balanced and split large pieces, and stage 1 forwards pieces
- *               over NVLink to the other ranks of the domain that need them.
+ *               enters it over the network once, through any NIC of the
+ *               domain (balanced; idle GPUs included), and is forwarded over
+ *               NVLink to the ranks of the domain that need it; a source
+ *               domain may send through any of its NICs after an NVLink
+ *               copy, and pieces needed in several domains are relayed
+ *               between them.  Data a rank passes on without needing it is
+ *               staging, kept per round within staging_bytes.
  *   broadcast - the gather-and-broadcast baseline: gather each tensor on one
  *               training rank, pass the full tensor along a chain through one
  *               receiver per destination domain, and copy it to every

@@ -8,12 +8,19 @@
  *   - a piece with a holder in its destination domain is copied from the
  *     least-loaded such holder over NVLink (or locally, when the rank that
  *     needs it holds it as a source) in stage 0;
- *   - any other piece crosses the network once: it is split into up to
- *     max(#ranks needing it, #holders) parts; each part goes from the
- *     least-loaded holder NIC to the least-loaded needing rank's NIC in
- *     stage 0, and that rank forwards it over NVLink to the other needing
- *     ranks of the domain in stage 1.
- * Ties are broken by rank id, so the plan is deterministic.
+ *   - any other piece crosses the network once per domain, cut into up to
+ *     one part per rank needing it.  Each part enters through the least-
+ *     loaded NIC of the domain (pick_receiver: a needing rank, or any other
+ *     rank, which then holds it as relay data) and is forwarded over NVLink
+ *     to the ranks needing it in the next stage.  It leaves through the
+ *     least-loaded NIC of a holder's domain (pick_sender: a holder, or a
+ *     rank the holder copies it to over NVLink first);
+ *   - a piece needed in several domains is sent by its holders' domains to
+ *     at most half of them and relayed on by the served ones (waves).
+ * Stages are per part (one after the sender has the data).  Relay data
+ * lives in staging until its round ends, so each unit of work goes into
+ * the first round where its relay ranks have room (unit_end).  Ties are
+ * broken by rank id, so the plan is deterministic.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +41,25 @@ typedef struct loads {
 	uint64_t *net_send, *net_recv, *nvl_send, *nvl_recv; /* per rank id */
 } loads_t;
 
+/* Relay data a unit of work leaves on a rank that does not need it. */
+typedef struct urelay {
+	int32_t rank;
+	uint64_t bytes;
+} urelay_t;
+
+/* Boxes of one tensor a rank received as relay data (relays_*). */
+typedef struct relrec {
+	plan_box_t box;
+	uint32_t next;    /* UINT32_MAX: end */
+} relrec_t;
+
+typedef struct relays {
+	uint64_t *key;    /* (tensor << 32 | rank) + 1; 0: free slot */
+	uint32_t *head;   /* first record */
+	size_t cap, n;
+	VEC(relrec_t) rec;
+} relays_t;
+
 typedef struct reshard {
 	const plan_layout_set_t *dst;
 	const plan_topo_t *topo;
@@ -44,6 +70,30 @@ typedef struct reshard {
 	loads_t ld;
 	xfervec_t *out;
 	size_t rotate;        /* spreads relay roots over domains */
+	/* hierarchical receive: every rank of a domain may take a part in */
+	int32_t *dom_r0;      /* per domain + 1: offsets into dom_ranks */
+	int32_t *dom_ranks;   /* ranks of each domain, ascending */
+	/* staging rounds: relay data per rank and round within staging_bytes */
+	VEC(urelay_t) unit;   /* relays of the unit being assigned */
+	size_t unit0;         /* its first transfer */
+	uint32_t *round_of;   /* per rank: the last round it relays in */
+	uint64_t *round_fill; /* per rank: relay bytes in that round */
+	uint32_t max_local;   /* largest stage inside a round */
+	bool rounds;          /* some unit went past round 0 */
+	uint64_t *dom_send;   /* per domain: bytes its NICs send */
+	const plan_box_t *cur_part; /* the part being assigned */
+	const work_t *cur_w;  /* and its work item */
+	uint64_t min_hop;     /* smallest part worth an extra NVLink hop */
+	/* which domains hop: hop_in where some NIC would take in more than
+	 * the domain's share from the ranks needing the data alone; hop_out
+	 * where some rank holds and needs nothing (its NIC is free to send) */
+	uint64_t *dom_in;     /* per domain: network bytes it must take in */
+	uint64_t *own_in;     /* per NIC: what its ranks' own needs bring in */
+	uint8_t *busy;        /* per rank: holds or needs something */
+	uint8_t *hop_in, *hop_out; /* per domain */
+	relays_t relayed;     /* what each rank received as relay data */
+	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
+	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
 } reshard_t;
 
 static void
@@ -60,6 +110,11 @@ on_item(void *ctx, const needs_item_t *it)
 
 	w.bytes = (uint64_t)plan_box_volume(it->box, t->ndim) *
 		  plan_dtype_size(t->dtype);
+	if (!it->local) {
+		rs->dom_in[it->domain] += w.bytes;
+		for (uint32_t k = 0; k < it->nneed; k++)
+			rs->own_in[plan_topo_nic(rs->topo, it->need[k])] += w.bytes / it->nneed;
+	}
 	if (rs->group_off[it->group] == UINT32_MAX) {
 		rs->group_off[it->group] = (uint32_t)rs->arena.n;
 		for (uint32_t k = 0; k < g->nh; k++)
@@ -87,20 +142,18 @@ least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t
 	return best;
 }
 
-/* How many NICs hold a piece: its holders, or their nodes when NICs are shared. */
+/* How many domains hold a piece: each can send it out through all its NICs. */
 static uint32_t
-holder_nics(const reshard_t *rs, const work_t *w)
+holder_domains(const reshard_t *rs, const work_t *w)
 {
 	const int32_t *h = rs->arena.v + w->h0;
 	uint32_t n = 0;
 
-	if (!rs->topo->nic_per_node)
-		return w->nh;
 	for (uint32_t k = 0; k < w->nh; k++) {
 		bool seen = false;
 
 		for (uint32_t j = 0; j < k && !seen; j++)
-			seen = rs->topo->rank_node[h[j]] == rs->topo->rank_node[h[k]];
+			seen = rs->topo->rank_domain[h[j]] == rs->topo->rank_domain[h[k]];
 		n += !seen;
 	}
 	return n;
@@ -127,6 +180,212 @@ emit(reshard_t *rs, uint32_t stage, int32_t from, int32_t to, uint32_t tensor,
 			 .tensor = tensor, .box = *box};
 
 	VEC_PUSH(rs->out, x);
+}
+
+/*
+ * Units and rounds.  A unit is what one assignment emits (a piece, or a
+ * relayed run): its transfers depend on each other and share a round.
+ * Relay data (a part taken in by a rank that does not need it) stays in
+ * staging until its round is done, so a unit goes to the first round in
+ * which every rank it relays through still has room, and its stages are
+ * numbered inside that round.  Units without relays stay in round 0.
+ */
+#define ROUND_SHIFT 16
+
+static void
+unit_begin(reshard_t *rs)
+{
+	rs->unit.n = 0;
+	rs->unit0 = rs->out->n;
+}
+
+static uint64_t
+unit_relayed(const reshard_t *rs, int32_t rank)
+{
+	for (size_t i = 0; i < rs->unit.n; i++)
+		if (rs->unit.v[i].rank == rank)
+			return rs->unit.v[i].bytes;
+	return 0;
+}
+
+static void
+unit_relay(reshard_t *rs, int32_t rank, uint64_t b)
+{
+	for (size_t i = 0; i < rs->unit.n; i++)
+		if (rs->unit.v[i].rank == rank) {
+			rs->unit.v[i].bytes += b;
+			return;
+		}
+	VEC_PUSH(&rs->unit, ((urelay_t){rank, b}));
+}
+
+static void
+unit_end(reshard_t *rs)
+{
+	uint64_t cap = rs->opts->staging_bytes;
+	uint32_t round = 0;
+
+	for (size_t i = 0; i < rs->unit.n; i++) {
+		const urelay_t *u = &rs->unit.v[i];
+		uint32_t r = rs->round_of[u->rank] +
+			     (rs->round_fill[u->rank] + u->bytes > cap);
+
+		round = r > round ? r : round;
+	}
+	for (size_t i = 0; i < rs->unit.n; i++) {
+		const urelay_t *u = &rs->unit.v[i];
+
+		if (round > rs->round_of[u->rank]) {
+			rs->round_of[u->rank] = round;
+			rs->round_fill[u->rank] = u->bytes;
+		} else {
+			rs->round_fill[u->rank] += u->bytes;
+		}
+	}
+	for (size_t i = rs->unit0; i < rs->out->n; i++) {
+		plan_xfer_t *x = &rs->out->v[i];
+
+		rs->max_local = x->stage > rs->max_local ? x->stage : rs->max_local;
+		x->stage |= round << ROUND_SHIFT;
+	}
+	rs->rounds |= round > 0;
+}
+
+/* Stages from (round, stage inside it) to round * per_round + stage. */
+static uint32_t
+number_stages(reshard_t *rs)
+{
+	uint32_t per = rs->max_local + 1;
+
+	for (size_t i = 0; i < rs->out->n; i++) {
+		plan_xfer_t *x = &rs->out->v[i];
+
+		x->stage = (x->stage >> ROUND_SHIFT) * per +
+			   (x->stage & ((1u << ROUND_SHIFT) - 1));
+	}
+	return per;
+}
+
+/* true when rank is one of the n sorted ranks */
+static bool
+among(const int32_t *ranks, uint32_t n, int32_t rank)
+{
+	return xbsearch(&rank, ranks, n, sizeof(*ranks), cmp_i32v) != NULL;
+}
+
+static size_t
+relays_slot(const relays_t *m, uint64_t key)
+{
+	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 17) & (m->cap - 1);
+
+	while (m->key[i] != 0 && m->key[i] != key)
+		i = (i + 1) & (m->cap - 1);
+	return i;
+}
+
+static void
+relays_grow(relays_t *m)
+{
+	relays_t n = {.cap = m->cap ? m->cap * 2 : 1024};
+
+	n.key = xcalloc(n.cap, sizeof(*n.key));
+	n.head = xmalloc(n.cap * sizeof(*n.head));
+	for (size_t i = 0; i < m->cap; i++)
+		if (m->key[i] != 0) {
+			size_t j = relays_slot(&n, m->key[i]);
+
+			n.key[j] = m->key[i];
+			n.head[j] = m->head[i];
+		}
+	free(m->key);
+	free(m->head);
+	m->key = n.key;
+	m->head = n.head;
+	m->cap = n.cap;
+}
+
+static void
+relays_fini(relays_t *m)
+{
+	free(m->key);
+	free(m->head);
+	VEC_FREE(&m->rec);
+}
+
+/*
+ * May `rank` take the part being assigned (rs->cur_part) in as relay data?
+ * Not when it already received part of it as relay data, nor (dst_ok
+ * false) when it is a destination rank of the tensor: every rank receives
+ * each element at most once.
+ */
+static bool
+relay_ok(const reshard_t *rs, int32_t rank, bool dst_ok)
+{
+	const relays_t *m = &rs->relayed;
+	uint32_t t = rs->cur_w->tensor;
+	int nd = rs->dst->v[t].ndim;
+	uint64_t key = ((uint64_t)t << 32 | (uint32_t)rank) + 1;
+	size_t i;
+
+	if (!dst_ok && among(rs->dst_ranks + rs->dst_r0[t],
+			     (uint32_t)(rs->dst_r0[t + 1] - rs->dst_r0[t]), rank))
+		return false;
+	if (m->cap == 0)
+		return true;
+	i = relays_slot(m, key);
+	if (m->key[i] == 0)
+		return true;
+	for (uint32_t k = m->head[i]; k != UINT32_MAX; k = m->rec.v[k].next)
+		if (nd == 0 || plan_box_overlaps(&m->rec.v[k].box, rs->cur_part, nd))
+			return false;
+	return true;
+}
+
+static void
+relay_note(reshard_t *rs, int32_t rank)
+{
+	relays_t *m = &rs->relayed;
+	uint64_t key = ((uint64_t)rs->cur_w->tensor << 32 | (uint32_t)rank) + 1;
+	relrec_t r = {*rs->cur_part, UINT32_MAX};
+	size_t i;
+
+	if (2 * (m->n + 1) > m->cap)
+		relays_grow(m);
+	i = relays_slot(m, key);
+	if (m->key[i] == 0) {
+		m->key[i] = key;
+		m->n++;
+	} else {
+		r.next = m->head[i];
+	}
+	m->head[i] = (uint32_t)m->rec.n;
+	VEC_PUSH(&m->rec, r);
+}
+
+/*
+ * The rank of domain w->domain that takes part b in over the network: the
+ * needing rank with the least-loaded NIC, unless another rank of the domain
+ * (one that holds another instance, or nothing) has a NIC less loaded
+ * still; then that rank takes it in and forwards it over NVLink, and the
+ * part is relay data in its staging (hierarchical receive).
+ */
+static int32_t
+pick_receiver(reshard_t *rs, const work_t *w, uint64_t b)
+{
+	const plan_topo_t *t = rs->topo;
+	const int32_t *need = rs->arena.v + w->n0;
+	int32_t r = least_nic(t, need, w->nn, rs->ld.net_recv), q;
+	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
+
+	if (!rs->hop_in[w->domain] || nd <= (int32_t)w->nn || b < rs->min_hop)
+		return r;
+	q = least_nic(t, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_recv);
+	if (rs->ld.net_recv[plan_topo_nic(t, q)] >= rs->ld.net_recv[plan_topo_nic(t, r)] ||
+	    unit_relayed(rs, q) + b > rs->opts->staging_bytes / 2 || !relay_ok(rs, q, true))
+		return r;
+	unit_relay(rs, q, b);
+	relay_note(rs, q);
+	return q;
 }
 
 /* A piece held inside its destination domain: NVLink or local copies. */
@@ -187,12 +446,16 @@ part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 	return w->box.size[*dim];
 }
 
-/* How a piece reached a domain: its parts and who received each. */
+/* How a piece reached a domain: its parts, who took each in and when. */
 typedef struct served {
 	plan_box_t *parts;
 	int32_t *recv;
+	uint32_t *at;     /* per part: the stage it crossed into the domain */
+	int32_t *help;    /* per part: the rank it was copied to for sending
+			     on (-1: none yet), which holds it from help_at */
+	uint32_t *help_at;
 	int64_t np;
-	uint32_t stage;  /* the stage its parts crossed the network */
+	const work_t *w;  /* the domain's work item (domain, ranks needing it) */
 } served_t;
 
 static void
@@ -200,45 +463,149 @@ served_fini(served_t *s)
 {
 	free(s->parts);
 	free(s->recv);
+	free(s->at);
+	free(s->help);
+	free(s->help_at);
 }
 
-/* The least-loaded sender of part p among the domains in pool[0..n). */
-static int32_t
-least_relay(const reshard_t *rs, const served_t *pool, size_t n, int64_t p)
+static uint64_t
+nic_send(const reshard_t *rs, int32_t r)
 {
-	int32_t best = pool[0].recv[p];
-
-	for (size_t i = 1; i < n; i++) {
-		int32_t r = pool[i].recv[p];
-		uint64_t a = rs->ld.net_send[plan_topo_nic(rs->topo, r)];
-		uint64_t c = rs->ld.net_send[plan_topo_nic(rs->topo, best)];
-
-		if (a < c || (a == c && r < best))
-			best = r;
-	}
-	return best;
+	return rs->ld.net_send[plan_topo_nic(rs->topo, r)];
 }
 
 /*
- * A piece that must cross the network into its domain: from the holders in
- * stage 0, or, relayed in stage `stage`, from whichever domain of pool
- * (served in earlier stages) has the least-loaded NIC for each part.
- * Inside the domain the receiver of each part forwards it over NVLink in
- * the next stage.
+ * Hierarchical send: the least-loaded NIC of domain d, when it is less
+ * loaded than `best`'s and its rank may stage b more bytes; else best.
+ */
+static int32_t
+helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
+{
+	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0;
+	int32_t g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
+
+	if (!rs->hop_out[d] || b < rs->min_hop || nic_send(rs, g) >= nic_send(rs, best) ||
+	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
+	    !relay_ok(rs, g, dst_ok))
+		return best;
+	return g;
+}
+
+
+/*
+ * The least-loaded rank of served domain sv holding part p, and from which
+ * stage (*stage): the rank that took it in (one stage after it arrived), a
+ * helper it was copied to for an earlier wave, or a rank needing it (two
+ * stages after: it was forwarded).
+ */
+static int32_t
+least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stage)
+{
+	const int32_t *need = rs->arena.v + sv->w->n0;
+	int32_t best = sv->recv[p];
+
+	*stage = sv->at[p] + 1;
+	if (sv->help[p] >= 0 && nic_send(rs, sv->help[p]) < nic_send(rs, best)) {
+		best = sv->help[p];
+		*stage = sv->help_at[p];
+	}
+	for (uint32_t k = 0; k < sv->w->nn; k++)
+		if (nic_send(rs, need[k]) < nic_send(rs, best)) {
+			best = need[k];
+			*stage = sv->at[p] + 2;
+		}
+	return best;
+}
+
+/* How loaded the NICs are that could pass part p on from served domain sv:
+ * all of the domain's when it may hop, else the ranks holding the part. */
+static double
+relay_load(const reshard_t *rs, const served_t *sv, int64_t p)
+{
+	int32_t d = sv->w->domain;
+	uint32_t st;
+
+	if (rs->hop_out[d])
+		return (double)rs->dom_send[d] / rs->topo->domain_size[d];
+	return (double)nic_send(rs, least_holding(rs, sv, p, &st));
+}
+
+/*
+ * Who sends part p of w over the network and in which stage (*stage).
+ * From the holders (pool empty): the least-loaded holder's NIC in stage 0,
+ * or a less loaded NIC of its domain that the holder copies the part to
+ * over NVLink in stage 0 and that sends it in stage 1.  From domains
+ * served earlier: the least-loaded of them (bytes sent per NIC), and in it
+ * the rank that took the part in (stage after it arrived), a rank that
+ * needs it (it has it one stage later, forwarded), or any other rank of
+ * the domain that the receiver copies it to.
+ */
+static int32_t
+pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
+	    int64_t p, uint64_t b, uint32_t *stage)
+{
+	const plan_topo_t *t = rs->topo;
+	const served_t *sv;
+	int32_t best, g;
+
+	if (npool == 0) {
+		const int32_t *h = rs->arena.v + w->h0;
+
+		best = least_nic(t, h, w->nh, rs->ld.net_send);
+		/* a piece other domains need too would reach the helper twice */
+		g = helper_of(rs, plan_topo_domain(t, best), best, b, false);
+		*stage = g != best;
+		if (g != best)
+			goto copy;
+		return best;
+	}
+	/* the served domain whose NICs have sent least: all of them when it
+	 * may hop, else the one that took the part in */
+	sv = &pool[0];
+	for (size_t i = 1; i < npool; i++) {
+		double la = relay_load(rs, &pool[i], p), lc = relay_load(rs, sv, p);
+
+		if (la < lc || (la == lc && pool[i].w->domain < sv->w->domain))
+			sv = &pool[i];
+	}
+	best = least_holding(rs, sv, p, stage);
+	/* a rank of the served domain not needing the part needs nothing of
+	 * it: the domain's regions are disjoint */
+	g = helper_of(rs, sv->w->domain, best, b, true);
+	if (g == best || sv->help[p] >= 0) /* one helper per part and domain */
+		return best;
+	/* g is less loaded than every rank holding the part: a new helper */
+	*stage = sv->at[p] + 2;
+	best = sv->recv[p];
+	((served_t *)sv)->help[p] = g;
+	((served_t *)sv)->help_at[p] = *stage;
+copy:
+	unit_relay(rs, g, b);
+	relay_note(rs, g);
+	rs->ld.nvl_send[best] += b;
+	rs->ld.nvl_recv[g] += b;
+	emit(rs, *stage - 1, best, g, w->tensor, rs->cur_part);
+	return g;
+}
+
+/*
+ * A piece that must cross the network into its domain: from the holders,
+ * or relayed from domains of pool (served before).  Each part enters
+ * through the receiver pick_receiver chooses, which forwards it over
+ * NVLink in the next stage to the ranks of the domain needing it.
  */
 static void
 assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
-	       uint32_t stage, served_t *out)
+	       const served_t *like, served_t *out)
 {
 	const plan_layout_t *t = &rs->dst->v[w->tensor];
-	const int32_t *h = rs->arena.v + w->h0, *need = rs->arena.v + w->n0;
-	const served_t *from = npool ? pool : NULL;
+	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
 
-	if (from != NULL) {
-		out->np = from->np;
+	if (like) { /* the parts of the run's other domains */
+		out->np = like->np;
 		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
-		memcpy(out->parts, from->parts, (size_t)out->np * sizeof(*out->parts));
+		memcpy(out->parts, like->parts, (size_t)out->np * sizeof(*out->parts));
 	} else {
 		out->np = part_count(rs, w, t->ndim, &dim);
 		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
@@ -248,17 +615,26 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 			plan_box_split(&w->box, dim, out->np, out->parts);
 	}
 	out->recv = xmalloc((size_t)out->np * sizeof(*out->recv));
-	out->stage = stage;
+	out->at = xmalloc((size_t)out->np * sizeof(*out->at));
+	out->help = xmalloc((size_t)out->np * sizeof(*out->help));
+	out->help_at = xcalloc((size_t)out->np, sizeof(*out->help_at));
+	memset(out->help, 0xff, (size_t)out->np * sizeof(*out->help));
+	out->w = w;
 	for (int64_t p = 0; p < out->np; p++) {
 		uint64_t b = (uint64_t)plan_box_volume(&out->parts[p], t->ndim) *
 			     plan_dtype_size(t->dtype);
-		int32_t r = least_nic(rs->topo, need, w->nn, rs->ld.net_recv);
-		int32_t s = from ? least_relay(rs, pool, npool, p)
-				 : least_nic(rs->topo, h, w->nh, rs->ld.net_send);
+		uint32_t stage;
+		int32_t s, r;
 
+		rs->cur_part = &out->parts[p];
+		rs->cur_w = w;
+		s = pick_sender(rs, w, pool, npool, p, b, &stage);
+		r = pick_receiver(rs, w, b);
 		rs->ld.net_send[plan_topo_nic(rs->topo, s)] += b;
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
+		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
 		out->recv[p] = r;
+		out->at[p] = stage;
 		emit(rs, stage, s, r, w->tensor, &out->parts[p]);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
@@ -272,8 +648,8 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 
 /*
  * The same piece needed by K domains while only H < K ranks hold it: the
- * holders serve H domains in stage 0; in each later stage every domain
- * served so far can pass it on, so the served set doubles, each holder
+ * holders serve H domains first; in each later wave every domain served
+ * so far can pass it on (pick_sender), so the served set doubles, each holder
  * sends the piece once instead of K / H times, and the destination NICs,
  * otherwise idle in that direction, carry the rest.  Which domains come
  * first rotates from run to run so no domain relays everything.
@@ -282,21 +658,22 @@ static void
 assign_relayed(reshard_t *rs, const size_t *run, size_t k)
 {
 	served_t *sv = xcalloc(k, sizeof(*sv));
-	size_t nh = holder_nics(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
-	uint32_t stage = 0;
+	size_t nh = holder_domains(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
+	uint32_t wave = 0;
 
-	/* shared NICs: the sources serve at most half the domains and the served
-	 * ones relay the rest, so a source NIC sends each piece about once */
-	if (rs->topo->nic_per_node && nh > (k + 1) / 2)
+	/* the sources serve at most half the domains and the served ones relay
+	 * the rest (their NICs' send direction is otherwise idle), so the
+	 * sources' domains send each piece about once, not K times */
+	if (nh > (k + 1) / 2)
 		nh = (k + 1) / 2;
 	while (done < k) {
-		size_t take = stage == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
+		size_t take = wave == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
 
 		for (size_t i = done; i < done + take; i++)
 			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
-				       stage ? done : 0, stage, &sv[i]);
+				       wave ? done : 0, i ? &sv[0] : NULL, &sv[i]);
 		done += take;
-		stage++;
+		wave++;
 	}
 	for (size_t i = 0; i < k; i++)
 		served_fini(&sv[i]);
@@ -355,16 +732,115 @@ find_runs(reshard_t *rs, size_t **runs_out, size_t **start_out, size_t **len_out
 	*len_out = len;
 }
 
+/* Every domain's ranks, ascending (CSR in dom_r0 / dom_ranks). */
+static void
+domain_ranks(reshard_t *rs)
+{
+	const plan_topo_t *t = rs->topo;
+	int32_t *fill;
+
+	rs->dom_r0 = xcalloc((size_t)t->ndomains + 1, sizeof(int32_t));
+	rs->dom_ranks = xmalloc(((size_t)t->nranks + 1) * sizeof(int32_t));
+	for (int32_t r = 0; r < t->nslots; r++)
+		if (t->rank_domain[r] >= 0)
+			rs->dom_r0[t->rank_domain[r] + 1]++;
+	for (int32_t d = 0; d < t->ndomains; d++)
+		rs->dom_r0[d + 1] += rs->dom_r0[d];
+	fill = xmalloc(((size_t)t->ndomains + 1) * sizeof(int32_t));
+	memcpy(fill, rs->dom_r0, ((size_t)t->ndomains + 1) * sizeof(int32_t));
+	for (int32_t r = 0; r < t->nslots; r++)
+		if (t->rank_domain[r] >= 0)
+			rs->dom_ranks[fill[t->rank_domain[r]]++] = r;
+	free(fill);
+}
+
+/* Every tensor's destination ranks, ascending (CSR in dst_r0 / dst_ranks). */
+static void
+dst_ranks(reshard_t *rs)
+{
+	i32vec_t v = {0};
+
+	rs->dst_r0 = xcalloc(rs->dst->n + 1, sizeof(int32_t));
+	for (size_t i = 0; i < rs->dst->n; i++) {
+		const plan_layout_t *t = &rs->dst->v[i];
+		size_t first = v.n, k = first;
+
+		for (size_t j = 0; j < t->nshards; j++)
+			VEC_PUSH(&v, t->shards[j].rank);
+		xqsort(v.v + first, v.n - first, sizeof(int32_t), cmp_i32v);
+		for (size_t j = first; j < v.n; j++)
+			if (j == first || v.v[j] != v.v[j - 1])
+				v.v[k++] = v.v[j];
+		v.n = k;
+		rs->dst_r0[i + 1] = (int32_t)v.n;
+	}
+	rs->dst_ranks = v.v ? v.v : xmalloc(sizeof(int32_t));
+}
+
+/*
+ * Which domains take hops (hop_in, hop_out): a domain whose needing ranks
+ * would each bring in no more than the domain's share (every NIC busy, as
+ * on a DGX node) gains nothing from forwarding through another NIC, and a
+ * domain whose every rank holds or needs data has no free NIC to send
+ * through; hops there would only add NVLink copies and transfers.
+ */
+static void
+choose_hops(reshard_t *rs, const plan_layout_set_t *src)
+{
+	const plan_topo_t *t = rs->topo;
+	size_t nd = (size_t)t->ndomains;
+	uint64_t *dom_nics = xcalloc(nd + 1, sizeof(uint64_t));
+	uint64_t *max_own = xcalloc(nd + 1, sizeof(uint64_t));
+	uint8_t *nic_seen = xcalloc((size_t)t->nslots + 1, 1);
+
+	rs->busy = xcalloc((size_t)t->nslots + 1, 1);
+	rs->hop_in = xcalloc(nd + 1, 1);
+	rs->hop_out = xcalloc(nd + 1, 1);
+	for (size_t i = 0; i < src->n; i++)
+		for (size_t k = 0; k < src->v[i].nshards; k++)
+			rs->busy[src->v[i].shards[k].rank] = 1;
+	for (size_t i = 0; i < rs->dst->n; i++)
+		for (size_t k = 0; k < rs->dst->v[i].nshards; k++)
+			rs->busy[rs->dst->v[i].shards[k].rank] = 1;
+	for (int32_t r = 0; r < t->nslots; r++) {
+		int32_t d = t->rank_domain[r], nic;
+
+		if (d < 0)
+			continue;
+		nic = plan_topo_nic(t, r);
+		if (!nic_seen[nic]) {
+			nic_seen[nic] = 1;
+			dom_nics[d]++;
+			max_own[d] = rs->own_in[nic] > max_own[d] ? rs->own_in[nic] : max_own[d];
+		}
+		rs->hop_out[d] |= !rs->busy[r];
+	}
+	for (size_t d = 0; d < nd; d++)
+		rs->hop_in[d] = dom_nics[d] > 0 &&
+				max_own[d] > rs->dom_in[d] / dom_nics[d] + rs->opts->chunk_bytes;
+	free(dom_nics);
+	free(max_own);
+	free(nic_seen);
+}
+
 refit_status_t
 plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	     const size_t *map, const plan_topo_t *topo, const plan_opts_t *opts,
-	     xfervec_t *out, refit_err_t *err)
+	     xfervec_t *out, uint32_t *stages_per_round, refit_err_t *err)
 {
 	reshard_t rs = {.dst = dst, .topo = topo, .opts = opts, .out = out};
 	needs_visitor_t v = {.item = on_item, .ctx = &rs};
 	size_t ns = (size_t)topo->nslots;
 	refit_status_t rc = REFIT_OK;
 
+	rs.min_hop = opts->chunk_bytes / 16 ? opts->chunk_bytes / 16 : 1;
+	rs.dom_in = xcalloc((size_t)topo->ndomains + 1, sizeof(uint64_t));
+	rs.own_in = xcalloc(ns, sizeof(uint64_t));
+	rs.round_of = xcalloc(ns, sizeof(uint32_t));
+	rs.dom_send = xcalloc((size_t)topo->ndomains + 1, sizeof(uint64_t));
+	rs.round_fill = xcalloc(ns, sizeof(uint64_t));
+	domain_ranks(&rs);
+	dst_ranks(&rs);
 	rs.ld.net_send = xcalloc(ns, sizeof(uint64_t));
 	rs.ld.net_recv = xcalloc(ns, sizeof(uint64_t));
 	rs.ld.nvl_send = xcalloc(ns, sizeof(uint64_t));
@@ -380,6 +856,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	if (rc == REFIT_OK) {
+		choose_hops(&rs, src);
 		/* largest first, creation order on ties: a stable radix sort on
 		 * (max - bytes) */
 		xkey_t *k = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*k));
@@ -398,17 +875,19 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 			const work_t *w = &rs.work.v[wi];
 			served_t one;
 
+			unit_begin(&rs);
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (len[st] > holder_nics(&rs, w) ||
-				   (topo->nic_per_node && len[st] > 1)) {
+			} else if (len[st] > 1) {
 				assign_relayed(&rs, runs + st, len[st]); /* the whole run */
 				len[st] = 0;
 			} else if (len[st] != 0) {
-				assign_network(&rs, w, NULL, 0, 0, &one);
+				assign_network(&rs, w, NULL, 0, NULL, &one);
 				served_fini(&one);
 			}
+			unit_end(&rs);
 		}
+		*stages_per_round = number_stages(&rs);
 		free(runs);
 		free(start);
 		free(len);
@@ -416,6 +895,20 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	}
 	VEC_FREE(&rs.work);
 	VEC_FREE(&rs.arena);
+	VEC_FREE(&rs.unit);
+	free(rs.round_of);
+	free(rs.dom_send);
+	free(rs.dom_in);
+	free(rs.own_in);
+	free(rs.busy);
+	free(rs.hop_in);
+	free(rs.hop_out);
+	relays_fini(&rs.relayed);
+	free(rs.dst_r0);
+	free(rs.dst_ranks);
+	free(rs.round_fill);
+	free(rs.dom_r0);
+	free(rs.dom_ranks);
 	free(rs.ld.net_send);
 	free(rs.ld.net_recv);
 	free(rs.ld.nvl_send);

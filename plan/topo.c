@@ -29,6 +29,41 @@ static const struct preset presets[] = {
 	{"host", 1, 1, 10, 100, 20, 5, "1 slot per node and domain"},
 };
 
+typedef VEC(int32_t) slotvec_t;
+
+static const struct preset *
+find_preset(const char *name, size_t nlen)
+{
+	for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
+		if (strlen(presets[i].name) == nlen &&
+		    strncmp(presets[i].name, name, nlen) == 0)
+			return &presets[i];
+	return NULL;
+}
+
+static void
+preset_links(plan_topo_t *t, const struct preset *p)
+{
+	t->network_gbps = p->net_gbps;
+	t->nvlink_gbps = p->nvl_gbps;
+	t->latency_network_us = p->lat_net;
+	t->latency_nvlink_us = p->lat_nvl;
+}
+
+/* Rank `rank` at machine slot `slot`: node slot / per_node, domain slot /
+ * per_domain. */
+static refit_status_t
+add_slot(plan_topo_t *t, const struct preset *p, int32_t rank, int32_t slot,
+	 refit_err_t *err)
+{
+	char node[32], dom[32];
+
+	snprintf(node, sizeof(node), "node%d", slot / p->per_node);
+	snprintf(dom, sizeof(dom), "domain%d", slot / p->per_domain);
+	return plan_topo_add_rank(t, rank, node, p->per_node == p->per_domain ? node : dom,
+				  err);
+}
+
 static const char *const preset_names[] = {"dgx-h100", "hgx-h200",
 					   "gb200-nvl72", "host", NULL};
 
@@ -133,14 +168,10 @@ refit_status_t
 plan_topo_preset(plan_topo_t *t, const char *spec, int32_t nranks,
 		 refit_err_t *err)
 {
-	const struct preset *p = NULL;
 	const char *colon = strchr(spec, ':');
 	size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+	const struct preset *p = find_preset(spec, nlen);
 
-	for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
-		if (strlen(presets[i].name) == nlen &&
-		    strncmp(presets[i].name, spec, nlen) == 0)
-			p = &presets[i];
 	if (p == NULL)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
 				     "topology \"%s\": unknown preset (known: dgx-h100, "
@@ -165,19 +196,112 @@ plan_topo_preset(plan_topo_t *t, const char *spec, int32_t nranks,
 				     "topology \"%s\": give the rank count as %.*s:RANKS",
 				     spec, (int)nlen, spec);
 	plan_topo_init(t);
-	t->network_gbps = p->net_gbps;
-	t->nvlink_gbps = p->nvl_gbps;
-	t->latency_network_us = p->lat_net;
-	t->latency_nvlink_us = p->lat_nvl;
-	for (int32_t r = 0; r < nranks; r++) {
-		char node[32], dom[32];
+	preset_links(t, p);
+	for (int32_t r = 0; r < nranks; r++)
+		CHECK(add_slot(t, p, r, r, err));
+	return REFIT_OK;
+}
 
-		snprintf(node, sizeof(node), "node%d", r / p->per_node);
-		snprintf(dom, sizeof(dom), "domain%d", r / p->per_domain);
-		CHECK(plan_topo_add_rank(t, r, node,
-					 p->per_node == p->per_domain ? node : dom, err));
+const char *
+plan_place_name(plan_place_t p)
+{
+	return p == PLAN_PLACE_RACK_ALIGNED ? "rack-aligned" : "packed";
+}
+
+refit_status_t
+plan_place_parse(const char *s, plan_place_t *out, refit_err_t *err)
+{
+	if (strcmp(s, "packed") == 0)
+		*out = PLAN_PLACE_PACKED;
+	else if (strcmp(s, "rack-aligned") == 0)
+		*out = PLAN_PLACE_RACK_ALIGNED;
+	else
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "--placement \"%s\": "
+				     "expected packed or rack-aligned", s);
+	return REFIT_OK;
+}
+
+plan_place_t
+plan_topo_default_placement(const char *preset)
+{
+	const char *colon = strchr(preset, ':');
+	size_t n = colon ? (size_t)(colon - preset) : strlen(preset);
+
+	return n == strlen("gb200-nvl72") && strncmp(preset, "gb200-nvl72", n) == 0 ?
+	       PLAN_PLACE_RACK_ALIGNED : PLAN_PLACE_PACKED;
+}
+
+/*
+ * Ranks first .. first + units * size - 1, laid out from domain *dom on:
+ * as many whole units of `size` ranks per domain as fit (a unit larger than
+ * a domain takes whole domains of its own); the rest of each used domain
+ * is appended to idle_slots.
+ */
+static refit_status_t
+place_job(plan_topo_t *t, const struct preset *p, int32_t first, int32_t units,
+	  int32_t size, int32_t *dom, slotvec_t *idle_slots, refit_err_t *err)
+{
+	int32_t D = p->per_domain, r = first;
+	int32_t per = size <= D ? D / size : 1;              /* units per group */
+	int32_t span = size <= D ? 1 : (size + D - 1) / D;   /* domains per group */
+
+	for (int32_t u = 0; u < units; u += per) {
+		int32_t n = units - u < per ? units - u : per, slot = 0;
+
+		for (int32_t k = 0; k < n * size; k++, slot++)
+			CHECK(add_slot(t, p, r++, *dom * D + slot, err));
+		for (; slot < span * D; slot++)
+			VEC_PUSH(idle_slots, *dom * D + slot);
+		*dom += span;
 	}
 	return REFIT_OK;
+}
+
+refit_status_t
+plan_topo_preset_jobs(plan_topo_t *t, const char *name, const plan_jobs_t *jobs,
+		      plan_place_t pl, int32_t *idle, refit_err_t *err)
+{
+	const struct preset *p = find_preset(name, strlen(name));
+	int64_t total = (int64_t)jobs->train_ranks +
+			(int64_t)jobs->instances * jobs->instance_ranks;
+	slotvec_t slots = {0};
+	int32_t dom = 0;
+	refit_status_t rc;
+
+	if (idle)
+		*idle = 0;
+	if (p == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "topology \"%s\": unknown preset (known: dgx-h100, "
+				     "hgx-h200, gb200-nvl72, host)", name);
+	if (jobs->train_ranks < 1 || jobs->instances < 1 || jobs->instance_ranks < 1 ||
+	    total > PLAN_MAX_RANK_ID / 2)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				     "topology \"%s\": %d training ranks and %d instances "
+				     "of %d ranks are out of range (1 to %d ranks in all)",
+				     name, jobs->train_ranks, jobs->instances,
+				     jobs->instance_ranks, PLAN_MAX_RANK_ID / 2);
+	if (pl == PLAN_PLACE_PACKED)
+		return plan_topo_preset(t, name, (int32_t)total, err);
+	plan_topo_init(t);
+	preset_links(t, p);
+	rc = place_job(t, p, 0, jobs->train_ranks, 1, &dom, &slots, err);
+	if (rc == REFIT_OK)
+		rc = place_job(t, p, jobs->train_ranks, jobs->instances,
+			       jobs->instance_ranks, &dom, &slots, err);
+	for (size_t i = 0; i < slots.n && rc == REFIT_OK; i++) {
+		if (total + (int64_t)i >= PLAN_MAX_RANK_ID)
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "topology \"%s\": "
+					   "too many idle ranks", name);
+		else
+			rc = add_slot(t, p, (int32_t)(total + (int64_t)i), slots.v[i], err);
+	}
+	if (rc == REFIT_OK && idle)
+		*idle = (int32_t)slots.n;
+	if (rc != REFIT_OK)
+		plan_topo_fini(t);
+	VEC_FREE(&slots);
+	return rc;
 }
 
 refit_status_t

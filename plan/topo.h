@@ -49,6 +49,45 @@ refit_status_t plan_topo_add_rank(plan_topo_t *t, int32_t rank, const char *node
  */
 refit_status_t plan_topo_preset(plan_topo_t *t, const char *spec, int32_t nranks,
 				refit_err_t *err);
+/*
+ * Where a refit's two jobs sit on a preset's machines.
+ *   packed        rank r in node r / per_node and domain r / per_domain,
+ *                 training ranks first (a domain may mix both jobs and an
+ *                 instance may straddle two domains);
+ *   rack-aligned  training fills whole domains from domain 0; inference
+ *                 starts in a fresh domain and puts floor(per_domain /
+ *                 instance) instances in each (an instance larger than a
+ *                 domain takes whole domains of its own), so no instance
+ *                 straddles a domain boundary.  The GPUs left over in a
+ *                 used domain are present as idle ranks, numbered after
+ *                 both jobs: they hold nothing, but their NICs and NVLink
+ *                 ports may carry traffic.
+ */
+typedef enum plan_place {
+	PLAN_PLACE_PACKED,
+	PLAN_PLACE_RACK_ALIGNED,
+} plan_place_t;
+
+typedef struct plan_jobs {
+	int32_t train_ranks;    /* ranks 0 .. train_ranks-1 */
+	int32_t instances;      /* inference instances, ranks from train_ranks up */
+	int32_t instance_ranks; /* ranks per instance */
+} plan_jobs_t;
+
+const char *plan_place_name(plan_place_t p);
+refit_status_t plan_place_parse(const char *s, plan_place_t *out,
+				    refit_err_t *err);
+/* The placement a preset uses unless told: rack-aligned for gb200-nvl72
+ * (racks are shared by nothing), packed for the others. */
+plan_place_t plan_topo_default_placement(const char *preset);
+/*
+ * Build preset `name` (no ":RANKS") for the two jobs under placement pl.
+ * *idle (may be NULL) gets the number of idle ranks added.  Fails on an
+ * unknown preset or job sizes out of range.
+ */
+refit_status_t plan_topo_preset_jobs(plan_topo_t *t, const char *name,
+				     const plan_jobs_t *jobs, plan_place_t pl,
+				     int32_t *idle, refit_err_t *err);
 /* Names of the presets, NULL-terminated, for help text. */
 const char *const *plan_topo_preset_names(void);
 /* Check link figures are positive and finite. */

@@ -56,6 +56,14 @@ expect explain-json 0 '"broadcast": {"digest"' -- "$BIN" explain $P --json
 
 expect model 0 "reshard speed-up" -- "$BIN" model --model llama-3-70b --train tp8,pp4,dp2 --infer tp16,dp4
 expect model-json 0 '"model": "qwen3-30b-a3b"' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --json
+expect model-placement 0 "placement rack-aligned, 36 nodes, 2 domains, 80 idle ranks" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72
+expect model-packed 0 "placement packed, 16 nodes, 1 domains, 0 idle ranks" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72 --placement packed
+expect model-placement-json 0 '"placement": "packed"' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --json
+expect model-bad-placement 2 '--placement "spread": expected packed or rack-aligned' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --placement spread
+expect model-sized-topo 2 'give the preset name only' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --topology dgx-h100:64
+expect model-baseline 0 "against gather-and-broadcast at its best chunk" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 1MiB,16MiB
+expect model-baseline-json 0 '"broadcast_best": {"chunk_bytes": ' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 64MiB --json
+expect model-bad-baseline 2 '--baseline-chunks: "4Q" is not a size' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 1MiB,4Q
 expect model-unknown 2 'model "gpt-9": no such file' -- "$BIN" model --model gpt-9 --train tp8 --infer tp8
 expect model-bad-spec 2 'parallel spec "tp8,zz2"' -- "$BIN" model --model llama-3-70b --train tp8,zz2 --infer tp8
 
@@ -67,6 +75,8 @@ expect digest-stable 0 "" -- cmp "$TMP/d1" "$TMP/d2"
 if [ -x /usr/bin/python3 ]; then
 	"$BIN" plan $P --json >"$TMP/plan.json"
 	expect json-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['transfers'] and len(d['digest']) == 64" "$TMP/plan.json"
+	"$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72 --baseline-chunks 1MiB,64MiB --json >"$TMP/model.json"
+	expect model-json-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); b=d['broadcast_best']; assert d['placement'] == 'rack-aligned' and d['idle_ranks'] == 80 and b['cost']['time_s'] <= d['broadcast']['time_s'] and b['chunk_bytes'] in (1<<20, 4<<20, 64<<20)" "$TMP/model.json"
 	"$BIN" boxes $EX/train-tp2pp2dp2.json >"$TMP/boxes.json"
 	expect boxes-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['tensors']) == 23" "$TMP/boxes.json"
 fi

@@ -241,6 +241,97 @@ START_TEST(random_plans_byte_exact)
 }
 END_TEST
 
+/*
+ * in's ranks plus 1 to 3 idle ranks in every domain (holding and needing
+ * nothing; on a node of their own or on the domain's first node), as the
+ * leftover GPUs of a rack.
+ */
+static void
+add_idle(unsigned *seed, const plan_topo_t *in, plan_topo_t *out)
+{
+	int32_t next = in->nslots;
+
+	plan_topo_init(out);
+	out->nic_per_node = in->nic_per_node;
+	for (int32_t r = 0; r < in->nslots; r++)
+		if (in->rank_node[r] >= 0)
+			ck_assert_int_eq(plan_topo_add_rank(out, r, in->nodes[in->rank_node[r]],
+							    in->domains[in->rank_domain[r]], NULL),
+					 REFIT_OK);
+	for (int32_t d = 0; d < in->ndomains; d++) {
+		int k = 1 + gen_rnd(seed, 3);
+
+		for (int i = 0; i < k; i++) {
+			char node[32];
+			int32_t first = 0;
+
+			while (in->rank_domain[first] != d)
+				first++;
+			if (gen_rnd(seed, 2))
+				snprintf(node, sizeof(node), "idle%d", next);
+			else
+				snprintf(node, sizeof(node), "%s", in->nodes[in->rank_node[first]]);
+			ck_assert_int_eq(plan_topo_add_rank(out, next++, node, in->domains[d], NULL),
+					 REFIT_OK);
+		}
+	}
+}
+
+/*
+ * Hierarchical receive and send: random layouts over domains with idle
+ * NICs; small chunks (so parts are worth an extra hop) and small staging
+ * (so relays need several rounds).  Every plan validates and executes
+ * byte-exactly; some must relay through ranks that need nothing.
+ */
+START_TEST(idle_nics_byte_exact)
+{
+	unsigned seed = 0x1d1e0000u;
+	int relayed = 0, rounds = 0;
+
+	for (int iter = 0; iter < 400; iter++) {
+		plan_layout_set_t src, dst;
+		plan_topo_t gt, topo;
+		plan_opts_t o;
+		plan_t p;
+		plan_check_t chk;
+		mem_t m = {&src, &dst, NULL, {0}};
+		dp_mem_ops_t ops = {mem_view, &m, NULL};
+		dp_exec_opts_t eo = {.verify = gen_rnd(&seed, 2), .corrupt_msg = -1};
+		dp_exec_stats_t st;
+		dp_exec_t *x;
+		refit_err_t e;
+		int nranks;
+
+		gen_case(&seed, &src, &dst, &gt, &nranks);
+		add_idle(&seed, &gt, &topo);
+		plan_opts_default(&o);
+		o.chunk_bytes = (uint64_t)64 << gen_rnd(&seed, 3);
+		o.staging_bytes = o.chunk_bytes << (gen_rnd(&seed, 4) == 0);
+		refit_err_clear(&e);
+		ck_assert_msg(plan_build(&src, &dst, &topo, &o, &p, &e) == REFIT_OK, "%s", e.msg);
+		ck_assert_msg(plan_validate(&p, &src, &dst, &chk, &e) == REFIT_OK, "%s", e.msg);
+		ck_assert_uint_le(chk.max_staging, o.staging_bytes);
+		relayed += chk.relay_bytes > 0;
+		rounds += p.nstages > p.stages_per_round;
+		ck_assert_int_eq(plan_match(&src, &dst, &m.map, NULL), REFIT_OK);
+		ck_assert_int_eq(dp_exec_new(&p, &src, &dst, &ops, &eo, &x, &e), REFIT_OK);
+		ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "%s", e.msg);
+		ck_assert_int_eq(count_bad(&m), 0);
+		ck_assert_uint_eq(st.msgs, p.nmsgs);
+		dp_exec_free(x);
+		mem_fini(&m);
+		plan_fini(&p);
+		plan_layout_set_fini(&src);
+		plan_layout_set_fini(&dst);
+		plan_topo_fini(&gt);
+		plan_topo_fini(&topo);
+	}
+	/* the random cases do exercise the new paths */
+	ck_assert_int_ge(relayed, 40);
+	ck_assert_int_ge(rounds, 1);
+}
+END_TEST
+
 START_TEST(verify_catches_corruption)
 {
 	plan_layout_set_t s, d;
@@ -295,6 +386,7 @@ suite_dataplane(void)
 	tcase_add_test(tc, copy_box_strided);
 	tcase_add_loop_test(tc, random_plans_byte_exact, 0, 2);
 	tcase_add_test(tc, verify_catches_corruption);
+	tcase_add_test(tc, idle_nics_byte_exact);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;

@@ -94,7 +94,8 @@ START_TEST(layouts_plan_and_validate)
 	/* two inference instances hold every byte at least twice (replicated
 	 * norms and routers more often) */
 	ck_assert_uint_ge(chk.needed_bytes, 2 * bytes);
-	ck_assert_uint_eq(chk.relay_bytes, 0);
+	/* parts a rank passes on without needing them stay within staging */
+	ck_assert_uint_le(chk.max_staging, o.staging_bytes);
 	plan_fini(&p);
 	plan_topo_fini(&t);
 	plan_layout_set_fini(&s);

@@ -81,12 +81,22 @@ START_TEST(replicas_in_domain_enter_once)
 
 	run(&x, W("w", "[64,64]", "[0,1]", "[\"Shard(1)\"]"),
 	    W("w", "[64,64]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"),
-	    "dgx-h100:16", PLAN_MODE_RESHARD, 4096, 0);
+	    "dgx-h100:12", PLAN_MODE_RESHARD, 4096, 0);
 	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 64 * 64 * 4);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 64 * 64 * 4);
+	{
+		/* inside the destination node, each replica's half is forwarded
+		 * once (the source node may also use its idle NICs to send) */
+		uint64_t in_dst = 0;
+
+		for (size_t i = 0; i < x.p.nxfers; i++)
+			if (x.p.xfers[i].from >= 8 &&
+			    plan_link_of(&x.t, x.p.xfers[i].from, x.p.xfers[i].to) == PLAN_LINK_NVLINK)
+				in_dst += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
+		ck_assert_uint_eq(in_dst, 64 * 64 * 4);
+	}
 	ck_assert_uint_eq(x.c.payload_bytes, 2 * 64 * 64 * 4);
 	ck_assert_uint_eq(x.c.lb_network_bytes, 64 * 64 * 4);
-	ck_assert_uint_eq(x.chk.relay_bytes, 0);
+	ck_assert_uint_le(x.chk.max_staging, PLAN_DEFAULT_STAGING_BYTES);
 	/* both replicas' NICs share the work */
 	ck_assert_uint_le(x.c.max_nic_bytes, 64 * 64 * 4 / 2);
 	{
@@ -145,7 +155,34 @@ START_TEST(source_replicas_balanced)
 	    W("w", "[64,1024]", "[32,33,34,35,36,37,38,39]", "[\"Shard(0)\"]"),
 	    "dgx-h100:40", PLAN_MODE_RESHARD, 64 << 10, 0);
 	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 64 * 1024 * 4);
-	ck_assert_uint_eq(x.c.max_nic_bytes, 64 * 1024 * 4 / 4);
+	/* the holders' domains send through all their NICs (hierarchical
+	 * send), so the eight receiving NICs are the busiest */
+	ck_assert_uint_eq(x.c.max_nic_bytes, 64 * 1024 * 4 / 8);
+	done(&x);
+}
+END_TEST
+
+/* Hierarchical receive: the same DP2 x TP2 in a node with four more GPUs
+ * that hold nothing; all eight NICs take parts in, the idle ones forward
+ * theirs over NVLink, and the relayed bytes stay within staging. */
+START_TEST(idle_nics_take_parts_in)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[1024,512]", "[0,1]", "[\"Shard(1)\"]"),
+	    W("w", "[1024,512]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"),
+	    "dgx-h100:16", PLAN_MODE_RESHARD, 4096, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 1024 * 512 * 4);
+	ck_assert_uint_eq(x.c.lb_network_bytes, 1024 * 512 * 4);
+	/* 4 pieces cut in 2 parts each: all eight NICs take one in (the four
+	 * needing ranks alone would take 2 MiB / 4 each) */
+	ck_assert_uint_le(x.c.max_nic_bytes, 1024 * 512 * 4 / 8);
+	ck_assert_uint_gt(x.chk.relay_bytes, 0);
+	ck_assert_uint_le(x.chk.max_staging, PLAN_DEFAULT_STAGING_BYTES);
+	for (size_t i = 0; i < x.p.nxfers; i++) /* idle ranks only pass parts on */
+		if (x.p.xfers[i].to >= 12)
+			ck_assert_int_eq(plan_link_of(&x.t, x.p.xfers[i].from, x.p.xfers[i].to),
+					 PLAN_LINK_NETWORK);
 	done(&x);
 }
 END_TEST
@@ -160,8 +197,10 @@ START_TEST(relays_between_domains)
 	    "dgx-h100:72", PLAN_MODE_RESHARD, 64 << 10, 0);
 	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 8 * 1024 * 64 * 4);
 	ck_assert_uint_eq(x.c.lb_network_bytes, 8 * 1024 * 64 * 4);
-	/* rank 0 sends the tensor once; relays double the served domains:
-	 * 1, 2, 4, 8 -> stages 0..3 */
+	/* rank 0 sends the tensor once; relays double the served domains
+	 * (1, 2, 4, 8), each wave from the least-loaded NIC of a served domain:
+	 * its receiver (one stage after arrival) or an idle rank it copies the
+	 * part to over NVLink (two stages after) */
 	{
 		uint64_t sent0 = 0;
 
@@ -170,9 +209,31 @@ START_TEST(relays_between_domains)
 				sent0 += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
 		ck_assert_uint_eq(sent0, 1024 * 64 * 4);
 	}
-	ck_assert_uint_eq(x.p.nstages, 4);
+	ck_assert_uint_ge(x.p.nstages, 4);
+	ck_assert_uint_le(x.p.nstages, 2 * 3 + 2);
 	/* the busiest NIC sends at most twice (log2(8) - 1), not eight times */
 	ck_assert_uint_le(x.c.max_nic_bytes, 2 * 1024 * 64 * 4);
+	done(&x);
+}
+END_TEST
+
+/* Two holder domains serve the first two of four domains, which need the
+ * tensor at 1, 3, 1 and 2 ranks (so their pieces are cut into different
+ * numbers of parts): relays must use one cut for the whole run. */
+START_TEST(relays_share_one_cut)
+{
+	ctx_t x;
+	char dst[1024], *p = dst;
+	static const int ranks[] = {16, 24, 25, 26, 32, 40, 41};
+
+	p += sprintf(p, "{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[64,1024],\"shards\":[");
+	for (int i = 0; i < 7; i++)
+		p += sprintf(p, "%s{\"rank\":%d,\"offset\":[0,0],\"size\":[64,1024]}",
+			     i ? "," : "", ranks[i]);
+	sprintf(p, "]}");
+	run(&x, W("w", "[64,1024]", "[0,8]", "[\"Replicate()\"]"), dst, "dgx-h100:48",
+	    PLAN_MODE_RESHARD, 64 << 10, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 4 * 64 * 1024 * 4);
 	done(&x);
 }
 END_TEST
@@ -208,12 +269,15 @@ START_TEST(shared_nics_relay)
 	uint64_t out_rank[2] = {0}, out_node[2] = {0}, relayed = 0;
 	ctx_t x, y;
 
-	/* a NIC per rank: 8 holders serve the 4 domains directly */
+	/* a NIC per rank: the two holding domains serve two domains, sending
+	 * the tensor once each over their four NICs; the served relay it on */
 	run_nic(&x, "rank");
 	for (size_t i = 0; i < x.p.nxfers; i++)
 		if (x.p.xfers[i].from < 8)
 			out_rank[x.p.xfers[i].from / 4] += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
-	ck_assert_uint_eq(out_rank[0] + out_rank[1], 4 * tb);
+	ck_assert_uint_eq(out_rank[0], tb);
+	ck_assert_uint_eq(out_rank[1], tb);
+	ck_assert_uint_le(x.c.max_nic_bytes, tb / 2);
 	/* one NIC per node: the 2 source nodes send the tensor once each and
 	 * the served domains relay it to the other two */
 	run_nic(&y, "node");
@@ -253,7 +317,10 @@ START_TEST(broadcast_baseline)
 	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 32 * 8 * 4 / 2 + 2 * 32 * 8 * 4);
 	ck_assert_uint_gt(x.chk.relay_bytes, 0);
 	ck_assert_uint_eq(r.c.bytes[PLAN_LINK_NETWORK], 2 * 32 * 8 * 4);
-	ck_assert_uint_eq(r.chk.relay_bytes, 0);
+	/* reshard may pass parts through the idle NICs of a domain (staging
+	 * within the bound), never more bytes over the network */
+	ck_assert_uint_le(r.chk.max_staging, 256);
+	ck_assert_uint_lt(r.c.max_nic_bytes, x.c.max_nic_bytes);
 	ck_assert(x.c.time_s > r.c.time_s);
 	done(&x);
 	done(&r);
@@ -474,6 +541,8 @@ suite_planner(void)
 	tcase_add_test(tc, replicas_across_domains);
 	tcase_add_test(tc, colocated_no_network);
 	tcase_add_test(tc, source_replicas_balanced);
+	tcase_add_test(tc, idle_nics_take_parts_in);
+	tcase_add_test(tc, relays_share_one_cut);
 	tcase_add_test(tc, relays_between_domains);
 	tcase_add_test(tc, shared_nics_relay);
 	tcase_add_test(tc, broadcast_baseline);

@@ -103,8 +103,8 @@ dense_check(const plan_t *p, uint32_t t, const plan_layout_t *src,
 			if (D->need[r][e])
 				ck_assert_msg(D->got[r][e] == 1, "rank %d element %d arrived "
 					      "%d times", r, e, D->got[r][e]);
-			else if (reshard)
-				ck_assert_int_eq(D->got[r][e], 0);
+			else if (reshard) /* relayed through its NIC at most once */
+				ck_assert_int_le(D->got[r][e], 1);
 		}
 	for (int dom = 0; dom < topo->ndomains; dom++)
 		for (int e = 0; e < numel; e++) {
@@ -155,9 +155,9 @@ one_case(unsigned *s, dense_t *D)
 					      mode == 0, D);
 		ck_assert_uint_eq(c.lb_network_bytes, forced);
 		if (mode == 0) {
-			/* reshard: minimum network bytes, nothing relayed */
+			/* reshard: minimum network bytes; relays (parts taken in or
+			 * sent out by a rank that does not need them) within staging */
 			ck_assert_uint_eq(c.bytes[PLAN_LINK_NETWORK], forced);
-			ck_assert_uint_eq(chk.relay_bytes, 0);
 			ck_assert(c.time_s >= c.lb_time_s * 0.999);
 		} else {
 			ck_assert_uint_ge(c.bytes[PLAN_LINK_NETWORK], forced);

@@ -90,6 +90,103 @@ START_TEST(topo_json)
 }
 END_TEST
 
+/* No domain holds ranks of both jobs; no instance straddles two domains. */
+static void
+check_aligned(const plan_topo_t *t, const plan_jobs_t *j)
+{
+	int32_t total = j->train_ranks + j->instances * j->instance_ranks;
+
+	for (int32_t r = 0; r < j->train_ranks; r++)
+		for (int32_t q = j->train_ranks; q < total; q++)
+			ck_assert_int_ne(plan_topo_domain(t, r), plan_topo_domain(t, q));
+	for (int32_t i = 0; i < j->instances; i++) {
+		int32_t first = j->train_ranks + i * j->instance_ranks;
+
+		for (int32_t k = 1; k < j->instance_ranks && j->instance_ranks <= 72; k++)
+			ck_assert_int_eq(plan_topo_domain(t, first + k), plan_topo_domain(t, first));
+	}
+	/* every used domain is whole: idle ranks fill the rest */
+	for (int32_t d = 0; d < t->ndomains; d++)
+		ck_assert_int_eq(t->domain_size[d], 72);
+}
+
+START_TEST(placements)
+{
+	plan_jobs_t j = {100, 3, 32};
+	plan_topo_t t, old;
+	plan_place_t pl;
+	refit_err_t e;
+	int32_t idle;
+
+	ck_assert_int_eq(plan_topo_preset_jobs(&t, "gb200-nvl72", &j, PLAN_PLACE_RACK_ALIGNED,
+					       &idle, &e), REFIT_OK);
+	/* training: racks 0-1 (44 idle); inference: 2 x tp32 in rack 2 (8 idle),
+	 * 1 in rack 3 (40 idle) */
+	ck_assert_int_eq(idle, 44 + 8 + 40);
+	ck_assert_int_eq(t.nranks, 4 * 72);
+	ck_assert_int_eq(t.ndomains, 4);
+	ck_assert_int_eq(plan_topo_domain(&t, 99), 1);
+	ck_assert_int_eq(plan_topo_domain(&t, 100), 2);
+	ck_assert_int_eq(plan_topo_domain(&t, 163), 2);
+	ck_assert_int_eq(plan_topo_domain(&t, 164), 3);
+	ck_assert_int_eq(plan_topo_domain(&t, 196), 1);      /* first idle: rack 1 */
+	ck_assert_str_eq(t.nodes[plan_topo_node(&t, 100)], "node36"); /* slot 144 / 4 */
+	ck_assert_int_eq(plan_topo_domain(&t, 196 + 92), -1);
+	check_aligned(&t, &j);
+	plan_topo_fini(&t);
+
+	/* tp8 fills racks exactly: 9 instances per rack, nothing idle there */
+	j = (plan_jobs_t){144, 18, 8};
+	ck_assert_int_eq(plan_topo_preset_jobs(&t, "gb200-nvl72", &j, PLAN_PLACE_RACK_ALIGNED,
+					       &idle, &e), REFIT_OK);
+	ck_assert_int_eq(idle, 0);
+	check_aligned(&t, &j);
+	plan_topo_fini(&t);
+
+	/* an instance larger than a rack takes whole racks of its own */
+	j = (plan_jobs_t){72, 2, 128};
+	ck_assert_int_eq(plan_topo_preset_jobs(&t, "gb200-nvl72", &j, PLAN_PLACE_RACK_ALIGNED,
+					       &idle, &e), REFIT_OK);
+	ck_assert_int_eq(idle, 2 * 16);
+	ck_assert_int_eq(plan_topo_domain(&t, 72 + 127), 2);
+	ck_assert_int_eq(plan_topo_domain(&t, 72 + 128), 3);
+	check_aligned(&t, &j);
+	plan_topo_fini(&t);
+
+	/* packed is the old NAME:RANKS preset, rank for rank */
+	j = (plan_jobs_t){100, 3, 32};
+	ck_assert_int_eq(plan_topo_preset_jobs(&t, "gb200-nvl72", &j, PLAN_PLACE_PACKED,
+					       &idle, &e), REFIT_OK);
+	th_topo("gb200-nvl72:196", &old);
+	ck_assert_int_eq(idle, 0);
+	ck_assert_int_eq(t.nranks, old.nranks);
+	for (int32_t r = 0; r < 196; r++) {
+		ck_assert_int_eq(plan_topo_domain(&t, r), plan_topo_domain(&old, r));
+		ck_assert_int_eq(plan_topo_node(&t, r), plan_topo_node(&old, r));
+	}
+	ck_assert_int_eq(plan_topo_domain(&t, 99), plan_topo_domain(&t, 100)); /* mixed */
+	plan_topo_fini(&t);
+	plan_topo_fini(&old);
+
+	ck_assert_int_eq(plan_topo_default_placement("gb200-nvl72"), PLAN_PLACE_RACK_ALIGNED);
+	ck_assert_int_eq(plan_topo_default_placement("dgx-h100"), PLAN_PLACE_PACKED);
+	ck_assert_int_eq(plan_place_parse("rack-aligned", &pl, &e), REFIT_OK);
+	ck_assert_int_eq(pl, PLAN_PLACE_RACK_ALIGNED);
+	ck_assert_int_eq(plan_place_parse("scattered", &pl, &e), REFIT_ERR_INVALID_ARG);
+	ck_assert_str_eq(e.msg, "--placement \"scattered\": expected packed or rack-aligned");
+	j = (plan_jobs_t){0, 3, 32};
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_topo_preset_jobs(&t, "gb200-nvl72", &j, PLAN_PLACE_RACK_ALIGNED,
+					       &idle, &e), REFIT_ERR_INVALID_ARG);
+	ck_assert_msg(strstr(e.msg, "out of range") != NULL, "%s", e.msg);
+	j = (plan_jobs_t){8, 1, 8};
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_topo_preset_jobs(&t, "dgx-a100", &j, PLAN_PLACE_RACK_ALIGNED,
+					       &idle, &e), REFIT_ERR_INVALID_ARG);
+	ck_assert_ptr_nonnull(strstr(e.msg, "unknown preset"));
+}
+END_TEST
+
 Suite *
 suite_topo(void)
 {
@@ -98,6 +195,7 @@ suite_topo(void)
 
 	tcase_add_test(tc, presets);
 	tcase_add_test(tc, topo_json);
+	tcase_add_test(tc, placements);
 	suite_add_tcase(s, tc);
 	return s;
 }

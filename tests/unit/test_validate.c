@@ -206,6 +206,74 @@ START_TEST(wrong_tensor_table)
 }
 END_TEST
 
+/*
+ * A plan with hierarchical relays: 2 MiB into a DP2 x TP2 group whose node
+ * has four idle GPUs, from two holders whose node has six.  Returns the
+ * index of a transfer sent by a rank that neither holds nor needs the
+ * data (an idle rank passing a part on).
+ */
+static size_t
+setup_relay(vx_t *x)
+{
+	plan_check_t chk;
+	plan_opts_t o;
+	size_t k = 0;
+
+	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[1024,512],\"mesh\":[0,1],"
+		   "\"placements\":[\"Shard(1)\"]}", &x->s);
+	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[1024,512],"
+		   "\"mesh\":[[8,9],[10,11]],\"placements\":[\"Replicate()\",\"Shard(0)\"]}",
+		   &x->d);
+	th_topo("dgx-h100:16", &x->t);
+	plan_opts_default(&o);
+	ck_assert_int_eq(plan_build(&x->s, &x->d, &x->t, &o, &x->p, NULL), REFIT_OK);
+	ck_assert_int_eq(plan_validate(&x->p, &x->s, &x->d, &chk, NULL), REFIT_OK);
+	ck_assert_uint_gt(chk.relay_bytes, 0);
+	while (k < x->p.nxfers && (x->p.xfers[k].from < 2 ||
+				   (x->p.xfers[k].from >= 8 && x->p.xfers[k].from < 12)))
+		k++;
+	ck_assert_uint_lt(k, x->p.nxfers);
+	ck_assert_uint_gt(x->p.xfers[k].stage, 0);
+	return k;
+}
+
+START_TEST(relay_sends_before_it_holds)
+{
+	vx_t x;
+	size_t k = setup_relay(&x);
+	plan_xfer_t *v = copy_xfers(&x, 0);
+	const char *m;
+
+	v[k].stage--; /* passes the part on in the stage it arrives */
+	m = revalidate(&x, v, x.p.nxfers);
+	ck_assert_msg(strstr(m, "does not hold it at the start of the stage"), "%s", m);
+	free(v);
+	teardown(&x);
+}
+END_TEST
+
+START_TEST(relay_data_is_staging)
+{
+	vx_t x;
+	size_t k = setup_relay(&x);
+	plan_xfer_t *v = copy_xfers(&x, 0);
+	const char *m;
+
+	/* relay data is freed when its round ends: a later round cannot use it */
+	v[k].stage += x.p.stages_per_round;
+	m = revalidate(&x, v, x.p.nxfers);
+	ck_assert_msg(strstr(m, "does not hold it at the start of the stage"), "%s", m);
+	free(v);
+	/* and it counts against the staging bound */
+	x.p.opts.staging_bytes = x.p.opts.chunk_bytes / 64;
+	v = copy_xfers(&x, 0);
+	m = revalidate(&x, v, x.p.nxfers);
+	ck_assert_msg(strstr(m, "over the staging bound"), "%s", m);
+	free(v);
+	teardown(&x);
+}
+END_TEST
+
 Suite *
 suite_validate(void)
 {
@@ -220,6 +288,8 @@ suite_validate(void)
 	tcase_add_test(tc, message_over_chunk);
 	tcase_add_test(tc, staging_exceeded);
 	tcase_add_test(tc, wrong_tensor_table);
+	tcase_add_test(tc, relay_sends_before_it_holds);
+	tcase_add_test(tc, relay_data_is_staging);
 	suite_add_tcase(s, tc);
 	return s;
 }
