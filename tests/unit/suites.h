@@ -16,5 +16,6 @@ Suite *suite_validate(void);
 Suite *suite_property(void);
 Suite *suite_dataplane(void);
 Suite *suite_model(void);
+Suite *suite_convert(void);
 
 #endif
