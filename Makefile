@@ -86,7 +86,8 @@ LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
-     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test
+     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
+     $(BUILD)/tests/cvt-tool
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -142,6 +143,12 @@ $(BUILD)/tests/gpu-test: $(BUILD)/obj/tests/gpu/gpu_test.o $(RPCLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
+
+# the C conversion of one tensor, for the numpy cross-check (tests/conversion)
+$(BUILD)/tests/cvt-tool: $(BUILD)/obj/tests/conversion/cvt_tool.o $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT)
 	@mkdir -p $(dir $@)

@@ -60,6 +60,8 @@ script "faults, ASan + UBSan (5 s soak)" \
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
 
+script "conversion: C vs the numpy reference" /usr/bin/python3 tests/conversion/test_ref.py "$BUILD"
+
 echo "== GPU tests (tests/gpu/run.sh: they run where a GPU is, else say why not)"
 sh tests/gpu/run.sh "$BUILD" | tee -a "$log" | tail -3
 
