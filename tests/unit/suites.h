@@ -17,5 +17,6 @@ Suite *suite_property(void);
 Suite *suite_dataplane(void);
 Suite *suite_model(void);
 Suite *suite_convert(void);
+Suite *suite_conv_exec(void);
 
 #endif
