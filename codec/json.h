@@ -71,5 +71,7 @@ refit_status_t codec_arch_load(const char *spec, const char *const *dirs, plan_a
 
 /* "1.50 GiB" style size into buf. */
 void codec_fmt_bytes(double bytes, char *buf, size_t n);
+/* "1.234 s", "12.345 ms" or "37.9 us". */
+void codec_fmt_time(double s, char *buf, size_t n);
 
 #endif

@@ -561,3 +561,119 @@ plan_convert_check(const plan_conv_t *c, const plan_layout_set_t *src,
 	}
 	return REFIT_OK;
 }
+
+/* ---- comparisons and generated models ------------------------------ */
+
+size_t
+plan_convert_count(const plan_conv_t *c, plan_conv_site_t site)
+{
+	size_t n = 0;
+
+	for (size_t k = 0; k < c->n; k++)
+		n += c->t[k].site == site;
+	return n;
+}
+
+void
+plan_convert_strip(const plan_layout_set_t *dst, plan_layout_set_t *out)
+{
+	strmap_t scales;
+
+	strmap_init(&scales);
+	for (size_t i = 0; i < dst->n; i++)
+		if (dst->v[i].conv && dst->v[i].conv->scale_tensor)
+			strmap_put(&scales, dst->v[i].conv->scale_tensor, (int32_t)i);
+	plan_layout_set_init(out);
+	for (size_t i = 0; i < dst->n; i++) {
+		plan_layout_t l;
+		plan_dtype_t from = dst->v[i].conv ? dst->v[i].conv->from : dst->v[i].dtype;
+
+		if (strmap_get(&scales, dst->v[i].name) >= 0)
+			continue;
+		copy_layout(&l, &dst->v[i]);
+		l.dtype = from;
+		plan_layout_set_add(out, &l);
+	}
+	strmap_fini(&scales);
+}
+
+static bool
+is_projection(const plan_layout_t *l)
+{
+	static const char *const ends[] = {"_proj.weight", "_proj_with_mqa.weight", NULL};
+	size_t n = strlen(l->name);
+
+	if (l->ndim < 2 || l->ndim > 3)
+		return false;
+	for (int i = 0; ends[i]; i++) {
+		size_t k = strlen(ends[i]);
+
+		if (n >= k && strcmp(l->name + n - k, ends[i]) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* The scale tensor of a generated fp8 weight: its grid, laid out alike. */
+static refit_status_t
+model_scale(const plan_layout_t *w, const plan_conv_tensor_t *t, const char *name,
+	    plan_layout_t *out, refit_err_t *err)
+{
+	int nd = t->scale == PLAN_SCALE_TENSOR ? 0 : w->ndim;
+	plan_shard_t *sh;
+	refit_status_t rc;
+
+	if (w->is_dtensor && nd > 0)
+		return plan_layout_init_dtensor(out, name, PLAN_DT_FP32, nd, t->grid, w->mesh_ndim,
+						w->mesh_shape, w->mesh, w->placements, err);
+	/* explicit weights (and tensor scales): every rank of the weight gets
+	 * the grid of its boxes */
+	sh = xcalloc(w->nshards ? w->nshards : 1, sizeof(*sh));
+	for (size_t i = 0; i < w->nshards; i++) {
+		sh[i].rank = w->shards[i].rank;
+		if (nd)
+			to_grid(t, &w->shards[i].box, &sh[i].box);
+	}
+	rc = plan_layout_init_explicit(out, name, PLAN_DT_FP32, nd, t->grid, sh, w->nshards, err);
+	free(sh);
+	return rc;
+}
+
+refit_status_t
+plan_convert_model_fp8(const plan_layout_set_t *dst, const int64_t *block,
+		       plan_layout_set_t *out, refit_err_t *err)
+{
+	plan_layout_set_init(out);
+	for (size_t i = 0; i < dst->n; i++) {
+		const plan_layout_t *w = &dst->v[i];
+		plan_convert_t cv = {w->dtype, block[0] ? PLAN_SCALE_BLOCK : PLAN_SCALE_TENSOR,
+				     block[0] ? 2 : 0, {block[0], block[1]}, NULL};
+		plan_conv_tensor_t t;
+		plan_layout_t l, s;
+		char name[512];
+		refit_status_t rc;
+
+		copy_layout(&l, w);
+		if (!is_projection(w) || w->conv != NULL) {
+			plan_layout_set_add(out, &l);
+			continue;
+		}
+		snprintf(name, sizeof(name), "%s_scale_inv", w->name);
+		cv.scale_tensor = name;
+		l.conv = plan_convert_dup(&cv);
+		l.dtype = PLAN_DT_FP8E4M3;
+		memset(&t, 0, sizeof(t));
+		geometry(&l, &t);
+		rc = plan_convert_check_spec(&l, err);
+		if (rc == REFIT_OK)
+			rc = model_scale(w, &t, name, &s, err);
+		if (rc != REFIT_OK) {
+			plan_layout_fini(&l);
+			plan_layout_set_fini(out);
+			return rc;
+		}
+		plan_layout_set_add(out, &l);
+		plan_layout_set_add(out, &s);
+	}
+	return REFIT_OK;
+}

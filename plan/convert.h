@@ -88,6 +88,25 @@ void plan_convert_fini(plan_conv_t *c);
  */
 refit_status_t plan_convert_check(const plan_conv_t *c, const plan_layout_set_t *src,
 				  const plan_layout_set_t *dst, refit_err_t *err);
+/*
+ * The same refit without conversion, for comparisons: out (initialised
+ * here) is dst with every converted tensor in its source dtype and the
+ * scale tensors left out.
+ */
+void plan_convert_strip(const plan_layout_set_t *dst, plan_layout_set_t *out);
+/*
+ * FP8 inference for a generated model (refit-plan model --infer-dtype):
+ * out (initialised here) is dst with every linear projection weight (a
+ * name ending in "_proj.weight" or "_proj_with_mqa.weight", 2 or 3 dims)
+ * in fp8e4m3 from its dtype, with block scales of block[0] x block[1]
+ * (0 x 0: one scale per tensor), and a scale tensor "<name>_scale_inv"
+ * laid out like the weight (same mesh and placements over the grid).
+ */
+refit_status_t plan_convert_model_fp8(const plan_layout_set_t *dst, const int64_t *block,
+				      plan_layout_set_t *out, refit_err_t *err);
+/* Tensors of dst that convert, and the bytes of their scale tensors. */
+size_t plan_convert_count(const plan_conv_t *c, plan_conv_site_t site);
+
 /* "sender" / "receiver" */
 const char *plan_conv_site_name(plan_conv_site_t s);
 
