@@ -42,6 +42,9 @@ refit_status_t codec_topo_load(const char *spec, plan_topo_t *t,
 			       refit_err_t *err);
 
 /* {"name": ..., "shards": [{"rank", "offset", "size"}...]} of one layout. */
+/* `,"convert":{...}` of a destination tensor that converts (nothing
+ * otherwise), in the layout format's keys. */
+void codec_convert_json(const plan_layout_t *l, strbuf_t *out);
 void codec_boxes_json(const plan_layout_t *l, strbuf_t *out);
 
 /* The plan as JSON: digest, options, transfers, and cost when given. */

@@ -383,3 +383,24 @@ codec_boxes_json(const plan_layout_t *l, strbuf_t *out)
 	}
 	strbuf_puts(out, "\n]}");
 }
+
+void
+codec_convert_json(const plan_layout_t *l, strbuf_t *out)
+{
+	static const char *const scales[] = {"none", "tensor", "block"};
+	const plan_convert_t *c = l->conv;
+
+	if (c == NULL)
+		return;
+	strbuf_printf(out, ",\"convert\":{\"from\":\"%s\",\"scale\":\"%s\"",
+		      plan_dtype_name(c->from), scales[c->scale]);
+	if (c->scale == PLAN_SCALE_BLOCK) {
+		strbuf_puts(out, ",\"block\":");
+		strbuf_i64_list(out, c->block, c->nblock);
+	}
+	if (c->scale != PLAN_SCALE_NONE) {
+		strbuf_puts(out, ",\"scale_tensor\":");
+		strbuf_json_str(out, c->scale_tensor);
+	}
+	strbuf_puts(out, "}");
+}

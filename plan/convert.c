@@ -677,3 +677,41 @@ plan_convert_model_fp8(const plan_layout_set_t *dst, const int64_t *block,
 	}
 	return REFIT_OK;
 }
+
+refit_status_t
+plan_convert_match(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+		   refit_err_t *err)
+{
+	plan_conv_t c;
+	size_t *map = NULL;
+	refit_status_t rc;
+
+	if (!plan_convert_any(dst)) {
+		rc = plan_match(src, dst, &map, err);
+		free(map);
+		return rc;
+	}
+	CHECK(plan_convert_apply(src, dst, &c, err));
+	rc = plan_match(&c.src, &c.dst, &map, err);
+	free(map);
+	plan_convert_fini(&c);
+	return rc;
+}
+
+refit_status_t
+plan_convert_rewrite(plan_layout_set_t *src, plan_layout_set_t *dst, refit_err_t *err)
+{
+	plan_conv_t c;
+
+	if (!plan_convert_any(dst))
+		return REFIT_OK;
+	CHECK(plan_convert_apply(src, dst, &c, err));
+	plan_layout_set_fini(src);
+	plan_layout_set_fini(dst);
+	*src = c.src;
+	*dst = c.dst;
+	plan_layout_set_init(&c.src);
+	plan_layout_set_init(&c.dst);
+	plan_convert_fini(&c);
+	return REFIT_OK;
+}

@@ -104,6 +104,18 @@ void plan_convert_strip(const plan_layout_set_t *dst, plan_layout_set_t *out);
  */
 refit_status_t plan_convert_model_fp8(const plan_layout_set_t *dst, const int64_t *block,
 				      plan_layout_set_t *out, refit_err_t *err);
+/*
+ * plan_match for a pair that may convert: the conversions are checked and
+ * the rewritten pair matched (the registry's check of a new instance).
+ */
+refit_status_t plan_convert_match(const plan_layout_set_t *src,
+				  const plan_layout_set_t *dst, refit_err_t *err);
+/*
+ * Replace (src, dst) in place by their rewritten pair (nothing to do
+ * without conversions): for planners that need only the plan.
+ */
+refit_status_t plan_convert_rewrite(plan_layout_set_t *src, plan_layout_set_t *dst,
+				    refit_err_t *err);
 /* Tensors of dst that convert, and the bytes of their scale tensors. */
 size_t plan_convert_count(const plan_conv_t *c, plan_conv_site_t site);
 

@@ -150,9 +150,9 @@ class Client:
     """One refit-client process, driven over its stdin/stdout."""
 
     def __init__(self, cl, node, model, role, layouts, instance="", install=None,
-                 pad=0, version=1):
+                 pad=0, version=1, extra=()):
         args = [f"{BUILD}/bin/refit-client", "--socket", cl.sock(node), "--model", model,
-                "--role", role, "--layouts", layouts, "--timeout-ms", "30000"]
+                "--role", role, "--layouts", layouts, "--timeout-ms", "30000"] + list(extra)
         if instance:
             args += ["--instance", instance]
         if install:
