@@ -2,10 +2,12 @@
  * conv_exec.c - the conversion memory wrapper (see conv_exec.h).
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/strmap.h"
 #include "dataplane/conv_exec.h"
 #include "dataplane/convert.h"
 
@@ -24,6 +26,8 @@ struct dp_conv {
 	const plan_layout_set_t *src, *dst;
 	dp_mem_ops_t under, mem;
 	VEC(cbuf_t) bufs;
+	strmap_t index;    /* buffer key -> index in bufs */
+	int64_t *scale_src;/* per conversion: its scale tensor's source in c->src, or -1 */
 	bool **done;       /* per sender-side conversion: kept shard converted */
 	uint64_t bytes;
 };
@@ -39,17 +43,21 @@ quant_of(const plan_conv_tensor_t *t, dp_quant_t *q)
 	memcpy(q->block, t->block, sizeof(q->block));
 }
 
+static void
+key_of(char *k, size_t n, int kind, uint32_t conv, int32_t rank, int32_t piece, uint32_t shard)
+{
+	snprintf(k, n, "%d/%u/%d/%d/%u", kind, conv, rank, piece, shard);
+}
+
 static cbuf_t *
 find(dp_conv_t *x, int kind, uint32_t k, int32_t rank, int32_t piece, uint32_t shard)
 {
-	for (size_t i = 0; i < x->bufs.n; i++) {
-		cbuf_t *b = &x->bufs.v[i];
+	char key[80];
+	int32_t i;
 
-		if (b->kind == kind && b->conv == k && b->rank == rank && b->piece == piece &&
-		    b->shard == shard)
-			return b;
-	}
-	return NULL;
+	key_of(key, sizeof(key), kind, k, rank, piece, shard);
+	i = strmap_get(&x->index, key);
+	return i < 0 ? NULL : &x->bufs.v[i];
 }
 
 /* Scratch of shape (zeroed) for one key. */
@@ -61,8 +69,12 @@ make(dp_conv_t *x, int kind, uint32_t k, int32_t rank, int32_t piece, uint32_t s
 	uint32_t e = (uint32_t)plan_dtype_size(dt);
 	uint64_t n = dp_view_bytes(ndim, shape, e);
 
+	char key[80];
+
 	dp_view_contiguous(&b.v, xcalloc(1, n ? n : 1), ndim, shape, e);
 	x->bytes += n;
+	key_of(key, sizeof(key), kind, k, rank, piece, shard);
+	strmap_put(&x->index, key, (int32_t)x->bufs.n);
 	VEC_PUSH(&x->bufs, b);
 	return &x->bufs.v[x->bufs.n - 1];
 }
@@ -86,15 +98,9 @@ piece_buf(dp_conv_t *x, uint32_t k, int32_t rank, int32_t piece, cbuf_t **out,
 static refit_status_t
 scale_buf(dp_conv_t *x, uint32_t k, uint32_t i, cbuf_t **out)
 {
-	const plan_conv_tensor_t *t = &x->c->t[k];
-	const plan_layout_t *ss = &x->c->src.v[x->c->src.n - 1];
-	const plan_shard_t *sh;
+	const plan_layout_t *ss = &x->c->src.v[x->scale_src[k]];
+	const plan_shard_t *sh = &ss->shards[i];
 
-	/* the scale source: the rewritten source of the scale tensor's name */
-	for (size_t j = 0; j < x->c->src.n; j++)
-		if (strcmp(x->c->src.v[j].name, x->c->dst.v[t->scale_dst2].name) == 0)
-			ss = &x->c->src.v[j];
-	sh = &ss->shards[i];
 	*out = find(x, BUF_SCALE, k, sh->rank, sh->piece, i);
 	if (*out == NULL)
 		*out = make(x, BUF_SCALE, k, sh->rank, sh->piece, i, ss->ndim, sh->box.size,
@@ -229,6 +235,19 @@ dp_conv_new(const plan_conv_t *c, const plan_layout_set_t *src, const plan_layou
 	x->under = *under;
 	x->mem.view = conv_view;
 	x->mem.ctx = x;
+	strmap_init(&x->index);
+	x->scale_src = xmalloc((c->n ? c->n : 1) * sizeof(*x->scale_src));
+	{
+		strmap_t names;
+
+		strmap_init(&names);
+		for (size_t j = 0; j < c->src.n; j++)
+			strmap_put(&names, c->src.v[j].name, (int32_t)j);
+		for (size_t k = 0; k < c->n; k++)
+			x->scale_src[k] = c->t[k].scale_dst2 < 0 ? -1 :
+					  strmap_get(&names, c->dst.v[c->t[k].scale_dst2].name);
+		strmap_fini(&names);
+	}
 	x->done = xcalloc(c->n ? c->n : 1, sizeof(*x->done));
 	for (size_t k = 0; k < c->n; k++)
 		x->done[k] = xcalloc(c->t[k].nshards ? c->t[k].nshards : 1, sizeof(bool));
@@ -303,6 +322,8 @@ dp_conv_free(dp_conv_t *x)
 	for (size_t i = 0; i < x->bufs.n; i++)
 		free(x->bufs.v[i].v.base);
 	VEC_FREE(&x->bufs);
+	strmap_fini(&x->index);
+	free(x->scale_src);
 	for (size_t k = 0; k < x->c->n; k++)
 		free(x->done[k]);
 	free(x->done);
