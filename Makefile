@@ -39,6 +39,9 @@ CHECK_LIBS  := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsub
 # CUDA / NCCL headers are detected, never required.
 HAVE_CUDA_H := $(shell test -f $(CUDA_HOME)/include/cuda_runtime_api.h && echo 1)
 HAVE_NCCL_H := $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
+# conversion kernels (docs/conversion.md): built where nvcc exists, loaded at run time
+NVCC        ?= $(CUDA_HOME)/bin/nvcc
+CUDA_CONV   := $(if $(shell test -x $(NVCC) && echo 1),$(BUILD)/lib/librefit-convert-cuda.so)
 
 # the nccl transport is compiled where both headers exist (loaded with dlopen)
 ifeq ($(HAVE_CUDA_H)$(HAVE_NCCL_H),11)
@@ -87,7 +90,7 @@ REFITCLI := $(BUILD)/bin/refit-client
 
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
      $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
-     $(BUILD)/tests/cvt-tool
+     $(BUILD)/tests/cvt-tool $(BUILD)/tests/cvt-gpu-test $(CUDA_CONV)
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -143,6 +146,19 @@ $(BUILD)/tests/gpu-test: $(BUILD)/obj/tests/gpu/gpu_test.o $(RPCLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
+
+$(BUILD)/lib/librefit-convert-cuda.so: daemon/transport/convert_kernels.cu \
+		daemon/transport/convert_kernels.h dataplane/convert_elem.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -std=c++14 -O2 -I. -Xcompiler -fPIC -shared \
+		-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+		-gencode arch=compute_90,code=compute_90 -o $@ $<
+
+$(BUILD)/tests/cvt-gpu-test: $(BUILD)/obj/tests/conversion/cvt_gpu_test.o $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) -ldl
 
 # the C conversion of one tensor, for the numpy cross-check (tests/conversion)
 $(BUILD)/tests/cvt-tool: $(BUILD)/obj/tests/conversion/cvt_tool.o $(LIB)

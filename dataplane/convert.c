@@ -5,93 +5,29 @@
 #include <string.h>
 
 #include "dataplane/convert.h"
-
-static inline uint32_t
-bits_of(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static inline float
-float_of(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-/* a >> sh rounded to nearest, ties to even (1 <= sh <= 31) */
-static inline uint32_t
-shr_rne(uint32_t a, uint32_t sh)
-{
-	uint32_t m = a >> sh, rem = a & ((1u << sh) - 1), half = 1u << (sh - 1);
-
-	return m + ((rem > half) | ((rem == half) & m & 1u));
-}
+#include "dataplane/convert_elem.h"
 
 uint16_t
 dp_cvt_bf16(uint32_t u)
 {
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return 0x7fc0;
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	return dp_elem_bf16(u);
 }
 
 uint16_t
 dp_cvt_fp16(uint32_t u)
 {
-	uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
-	uint32_t a = u & 0x7fffffffu, e = a >> 23;
-
-	if (a > 0x7f800000u)
-		return 0x7e00;
-	if (a >= 0x477ff000u)           /* >= 65520: rounds past 65504 */
-		return s | 0x7c00;
-	if (a >= 0x38800000u) {          /* >= 2^-14: normal */
-		uint32_t r = a - (112u << 23);
-
-		return s | (uint16_t)((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
-	}
-	if (e < 102)                     /* < 2^-25: rounds to zero */
-		return s;
-	return s | (uint16_t)shr_rne((a & 0x7fffffu) | 0x800000u, 126 - e);
+	return dp_elem_fp16(u);
 }
 
 uint8_t
 dp_cvt_e4m3(uint32_t u)
 {
-	uint8_t s = (uint8_t)((u >> 24) & 0x80u);
-	uint32_t a = u & 0x7fffffffu, e = a >> 23;
-
-	if (a > 0x7f800000u)
-		return 0x7f;
-	if (a >= 0x43e00000u)            /* >= 448, inf: saturate */
-		return s | 0x7e;
-	if (a >= 0x3c800000u) {          /* >= 2^-6: normal */
-		uint32_t r = a - (120u << 23);
-
-		return s | (uint8_t)((r + 0x7ffffu + ((r >> 20) & 1u)) >> 20);
-	}
-	if (e < 117)                     /* <= 2^-10 (ties to 0) */
-		return s;
-	return s | (uint8_t)shr_rne((a & 0x7fffffu) | 0x800000u, 141 - e);
+	return dp_elem_e4m3(u);
 }
 
-static inline uint32_t
-widen_fp16(uint16_t h)
-{
-	uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-
-	if (e == 0)   /* zero or subnormal: m * 2^-24 is exact in fp32 */
-		return s | bits_of((float)m * 0x1p-24f);
-	if (e == 31)
-		return s | 0x7f800000u | (m << 13);
-	return s | ((e + 112u) << 23) | (m << 13);
-}
+#define bits_of dp_bits_of
+#define float_of dp_float_of
+#define widen_fp16 dp_widen_fp16
 
 uint32_t
 dp_cvt_widen(const void *p, plan_dtype_t dt)
@@ -117,13 +53,7 @@ dp_cvt_widen(const void *p, plan_dtype_t dt)
 uint32_t
 dp_e4m3_scale_inv(uint32_t amax)
 {
-	float a = float_of(amax & 0x7fffffffu);
-
-	if ((amax & 0x7fffffffu) > 0x7f800000u)
-		return DP_NAN32;
-	if (a < DP_AMAX_MIN)
-		a = DP_AMAX_MIN;
-	return bits_of(a / DP_E4M3_MAX);
+	return dp_elem_scale_inv(amax);
 }
 
 bool
@@ -143,15 +73,15 @@ dp_cvt_supported(plan_dtype_t from, plan_dtype_t to)
 		if (to == PLAN_DT_BF16) {                                        \
 			uint16_t *o = dst;                                       \
 			for (size_t i = 0; i < n; i++)                           \
-				o[i] = dp_cvt_bf16(WIDEN(in[i]));                \
+				o[i] = dp_elem_bf16(WIDEN(in[i]));                \
 		} else if (to == PLAN_DT_FP16) {                                 \
 			uint16_t *o = dst;                                       \
 			for (size_t i = 0; i < n; i++)                           \
-				o[i] = dp_cvt_fp16(WIDEN(in[i]));                \
+				o[i] = dp_elem_fp16(WIDEN(in[i]));                \
 		} else {                                                         \
 			uint8_t *o = dst;                                        \
 			for (size_t i = 0; i < n; i++)                           \
-				o[i] = dp_cvt_e4m3(bits_of(float_of(WIDEN(in[i])) / s)); \
+				o[i] = dp_elem_e4m3(bits_of(float_of(WIDEN(in[i])) / s)); \
 		}                                                                \
 	} while (0)
 
