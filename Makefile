@@ -53,6 +53,8 @@ endif
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 HAVE_NVCC   := $(shell test -x $(NVCC) && echo 1)
 GPU_KERNELS := $(BUILD)/lib/librefit-gpu-kernels.so
+# conversion kernels (docs/conversion.md): built where nvcc exists, loaded at run time
+CUDA_CONV   := $(if $(HAVE_NVCC),$(BUILD)/lib/librefit-convert-cuda.so)
 NVCC_ARCH   ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
 	       -gencode arch=compute_90,code=compute_90
 
@@ -100,7 +102,8 @@ REFITCLI := $(BUILD)/bin/refit-client
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
      $(BUILD)/bin/bench-members \
      $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
-     $(if $(HAVE_NVCC),$(GPU_KERNELS))
+     $(if $(HAVE_NVCC),$(GPU_KERNELS)) \
+     $(BUILD)/tests/cvt-tool $(BUILD)/tests/cvt-gpu-test $(CUDA_CONV)
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -163,6 +166,22 @@ $(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) -O2 -shared -Xcompiler -fPIC -cudart shared -I. $(NVCC_ARCH) -o $@ $<
+$(BUILD)/lib/librefit-convert-cuda.so: daemon/transport/convert_kernels.cu \
+		daemon/transport/convert_kernels.h dataplane/convert_elem.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -std=c++14 -O2 -I. -Xcompiler -fPIC -shared $(NVCC_ARCH) -o $@ $<
+
+$(BUILD)/tests/cvt-gpu-test: $(BUILD)/obj/tests/conversion/cvt_gpu_test.o $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) -ldl
+
+# the C conversion of one tensor, for the numpy cross-check (tests/conversion)
+$(BUILD)/tests/cvt-tool: $(BUILD)/obj/tests/conversion/cvt_tool.o $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT)
 	@mkdir -p $(dir $@)

@@ -5,7 +5,7 @@
  *   refit-client --socket PATH --model M --role train|infer --layouts FILE
  *                [--instance NAME] [--install double-buffer|in-place]
  *                [--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T]
- *                [--cuda [--gpu-devices LIST]]
+ *                [--finite] [--cuda [--gpu-devices LIST]]
  *
  * It asks the node daemon which ranks it serves, puts the pieces of every
  * tensor on those ranks into one POSIX shared-memory segment (two copies
@@ -27,7 +27,13 @@
  *   wait V MS     instance: wait for version >= V, then check every byte
  *   check V       instance: check every byte of the active copy against V
  *   state         the client state
+ *   dump DIR      instance: write every shard box of the active copy, row-major,
+ *                 to DIR/<tensor>@<rank>@<shard index>.bin (conversion tests)
  *   quit
+ *
+ * --finite makes a trainer's bf16, fp16 and fp32 elements finite numbers
+ * (sign, an exponent in a middle range and mantissa bits from the same
+ * pattern), so converted blocks are not all NaN.
  *
  * With --wait V an instance waits for V, checks, prints and exits (0 when
  * every byte matches).  Exit codes: 0 fine, 1 refit error, 2 bad usage.
@@ -72,7 +78,7 @@ static struct {
 	uint64_t version, wait;
 	int64_t pad, istride;
 	int timeout_ms;
-	bool cuda;
+	bool cuda, finite;
 } o = {.instance = "", .timeout_ms = 60000, .version = 1, .istride = 1};
 
 static plan_layout_set_t set;
@@ -180,6 +186,69 @@ mix(uint64_t x)
 	return x ^ (x >> 31);
 }
 
+/* --finite: the pattern h as a finite float of dtype (else h unchanged). */
+static uint64_t
+finite_bits(plan_dtype_t dt, uint64_t h)
+{
+	uint64_t sign = (h >> 15) & 1;
+
+	if (!o.finite)
+		return h;
+	if (dt == PLAN_DT_BF16)
+		return sign << 15 | (112 + ((h >> 16) & 31)) << 7 | (h & 0x7f);
+	if (dt == PLAN_DT_FP16)
+		return sign << 15 | (1 + ((h >> 16) % 30)) << 10 | (h & 0x3ff);
+	if (dt == PLAN_DT_FP32)
+		return sign << 31 | (112 + ((h >> 32) & 31)) << 23 | (h & 0x7fffff);
+	return h;
+}
+
+/* Write every shard box of the pieces in copy base to dir; files written. */
+static int
+dump_all(const uint8_t *base, const char *dir)
+{
+	int files = 0;
+
+	for (size_t i = 0; i < pieces.n; i++) {
+		const piece_t *p = &pieces.v[i];
+		const plan_layout_t *l = &set.v[p->tensor];
+		uint32_t elem = plan_dtype_size(l->dtype);
+
+		for (size_t s = 0; s < l->nshards; s++) {
+			const plan_shard_t *sh = &l->shards[s];
+			int64_t idx[PLAN_MAX_DIMS] = {0}, n = plan_box_volume(&sh->box, l->ndim);
+			char path[1024];
+			FILE *f;
+
+			if (sh->rank != p->rank || sh->piece != p->piece)
+				continue;
+			snprintf(path, sizeof(path), "%s/%s@%d@%zu.bin", dir, l->name, sh->rank, s);
+			if ((f = fopen(path, "wb")) == NULL)
+				return -1;
+			for (int64_t e = 0; e < n; e++) {
+				uint64_t loc = 0;
+
+				for (int d = 0; d < l->ndim; d++)
+					loc += (uint64_t)(sh->local_off[d] + idx[d]) *
+					       (uint64_t)p->stride[d];
+				if (fwrite(base + p->off + loc * elem, elem, 1, f) != 1) {
+					fclose(f);
+					return -1;
+				}
+				for (int d = l->ndim - 1; d >= 0; d--)
+					if (++idx[d] < sh->box.size[d])
+						break;
+					else
+						idx[d] = 0;
+			}
+			if (fclose(f) != 0)
+				return -1;
+			files++;
+		}
+	}
+	return files;
+}
+
 /* Fill (fill true) or check one piece of copy base against version v. */
 static uint64_t
 walk(const piece_t *p, uint8_t *base, uint64_t v, bool fill)
@@ -203,7 +272,7 @@ walk(const piece_t *p, uint8_t *base, uint64_t v, bool fill)
 				g = g * (uint64_t)l->shape[d] + (uint64_t)(sh->box.off[d] + idx[d]);
 				loc += (uint64_t)(sh->local_off[d] + idx[d]) * (uint64_t)p->stride[d];
 			}
-			h = mix(g ^ ((uint64_t)p->tensor << 48) ^ (v << 32) ^ v);
+			h = finite_bits(l->dtype, mix(g ^ ((uint64_t)p->tensor << 48) ^ (v << 32) ^ v));
 			q = base + p->off + loc * elem;
 			for (uint32_t b = 0; b < elem; b++) {
 				uint8_t want = (uint8_t)(h >> (8 * (b % 8)));
@@ -247,7 +316,7 @@ usage(void)
 {
 	fprintf(stderr, "usage: refit-client --socket PATH --model M --role train|infer "
 		"--layouts FILE [--instance NAME] [--install double-buffer|in-place] "
-		"[--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T] "
+		"[--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T] [--finite] "
 		"[--cuda [--gpu-devices LIST]]\n");
 	return 2;
 }
@@ -260,7 +329,7 @@ main(int argc, char **argv)
 		{"layouts", 1, 0, 'l'}, {"instance", 1, 0, 'i'}, {"install", 1, 0, 'I'},
 		{"version", 1, 0, 'v'}, {"pad", 1, 0, 'p'}, {"wait", 1, 0, 'w'},
 		{"timeout-ms", 1, 0, 't'}, {"cuda", 0, 0, 'C'}, {"gpu-devices", 1, 0, 'G'},
-		{"istride", 1, 0, 'S'}, {0, 0, 0, 0}};
+		{"istride", 1, 0, 'S'}, {"finite", 0, 0, 'f'}, {0, 0, 0, 0}};
 	char errbuf[512], line[256];
 	refit_t *h;
 	const int32_t *ranks;
@@ -288,6 +357,7 @@ main(int argc, char **argv)
 		case 'C': o.cuda = true; break;
 		case 'G': o.gpu_devices = optarg; break;
 		case 'S': o.istride = strtoll(optarg, NULL, 10); break;
+		case 'f': o.finite = true; break;
 		case 'r':
 			o.role = strcmp(optarg, "train") == 0 ? REFIT_ROLE_TRAIN :
 				 strcmp(optarg, "infer") == 0 ? REFIT_ROLE_INFER : 0;
@@ -523,6 +593,20 @@ main(int argc, char **argv)
 				printf("STATE version=%" PRIu64 " active=%u valid=%d reading=%d "
 				       "failure=%s\n", st.version, st.active, st.valid, st.reading,
 				       st.failure);
+		} else if (strncmp(line, "dump ", 5) == 0) {
+			char dir[200];
+			int nf;
+
+			rc = sscanf(line, "dump %199s", dir) == 1 ? refit_get_state(h, client, &st) : 2;
+			if (rc == 0) {
+				nf = dump_all(mem + (st.active ? copy_bytes : 0), dir);
+				if (nf < 0)
+					printf("ERROR SYS cannot write into %s\n", dir);
+				else
+					printf("DUMPED %d version=%" PRIu64 "\n", nf, st.version);
+				fflush(stdout);
+				continue;
+			}
 		} else if (strncmp(line, "quit", 4) == 0) {
 			break;
 		} else {

@@ -13,6 +13,7 @@
 
 #include "codec/json.h"
 #include "common/parse.h"
+#include "plan/convert.h"
 
 #define EXIT_BADINPUT 2
 
@@ -88,6 +89,9 @@ typedef struct inputs {
 	int json, validate;
 	plan_layout_set_t s, d;
 	plan_topo_t t;
+	bool has_conv;           /* the destination converts (docs/conversion.md) */
+	plan_conv_t conv;        /* then plans are built on its rewritten pair */
+	const plan_layout_set_t *ps, *pd;
 } inputs_t;
 
 static const struct option plan_longopts[] = {
@@ -124,6 +128,8 @@ free_inputs(inputs_t *in)
 	plan_layout_set_fini(&in->s);
 	plan_layout_set_fini(&in->d);
 	plan_topo_fini(&in->t);
+	if (in->has_conv)
+		plan_convert_fini(&in->conv);
 }
 
 /* 0 parsed, -1 help printed, >0 exit code; on >0 nothing is left to free */
@@ -183,6 +189,66 @@ parse_inputs(int argc, char **argv, inputs_t *in)
 		free_inputs(in);
 		return die_input(&err);
 	}
+	in->ps = &in->s;
+	in->pd = &in->d;
+	if (plan_convert_any(&in->d)) {
+		if (plan_convert_apply(&in->s, &in->d, &in->conv, &err) != REFIT_OK) {
+			free_inputs(in);
+			return die_input(&err);
+		}
+		in->has_conv = true;
+		if (in->validate &&
+		    plan_convert_check(&in->conv, &in->s, &in->d, &err) != REFIT_OK) {
+			free_inputs(in);
+			return die_input(&err);
+		}
+		in->ps = &in->conv.src;
+		in->pd = &in->conv.dst;
+	}
+	return 0;
+}
+
+/* What conversion changes: the reshard plan of the same refit without it. */
+static int
+conv_summary(inputs_t *in, const plan_cost_t *after, strbuf_t *sb)
+{
+	plan_layout_set_t d0;
+	plan_opts_t o = in->opts;
+	refit_err_t err;
+	plan_cost_t c;
+	plan_t p;
+	char a[8][32];
+
+	if (!in->has_conv)
+		return 0;
+	refit_err_clear(&err);
+	plan_convert_strip(&in->d, &d0);
+	o.mode = PLAN_MODE_RESHARD;
+	if (plan_build(&in->s, &d0, &in->t, &o, &p, &err) != REFIT_OK) {
+		plan_layout_set_fini(&d0);
+		return die_input(&err);
+	}
+	if (plan_cost(&p, &in->s, &d0, &in->t, &c, &err) != REFIT_OK) {
+		plan_fini(&p);
+		plan_layout_set_fini(&d0);
+		return die_input(&err);
+	}
+	codec_fmt_bytes((double)c.payload_bytes, a[0], sizeof(a[0]));
+	codec_fmt_bytes((double)after->payload_bytes, a[1], sizeof(a[1]));
+	codec_fmt_bytes((double)c.bytes[PLAN_LINK_NETWORK], a[2], sizeof(a[2]));
+	codec_fmt_bytes((double)after->bytes[PLAN_LINK_NETWORK], a[3], sizeof(a[3]));
+	codec_fmt_time(c.time_s, a[4], sizeof(a[4]));
+	codec_fmt_time(after->time_s, a[5], sizeof(a[5]));
+	codec_fmt_time(c.lb_time_s, a[6], sizeof(a[6]));
+	codec_fmt_time(after->lb_time_s, a[7], sizeof(a[7]));
+	strbuf_printf(sb, "conversion: %zu tensors (%zu on the senders, %zu on the receivers)\n"
+		      "  reshard without -> with conversion: payload %s -> %s, network %s -> %s, "
+		      "modelled %s -> %s, lower bound %s -> %s\n",
+		      in->conv.n, plan_convert_count(&in->conv, PLAN_CONV_SENDER),
+		      plan_convert_count(&in->conv, PLAN_CONV_RECEIVER), a[0], a[1], a[2], a[3],
+		      a[4], a[5], a[6], a[7]);
+	plan_fini(&p);
+	plan_layout_set_fini(&d0);
 	return 0;
 }
 
@@ -194,10 +260,10 @@ make_plan(inputs_t *in, const plan_opts_t *o, plan_t *p, plan_cost_t *c)
 	plan_check_t chk;
 
 	refit_err_clear(&err);
-	if (plan_build(&in->s, &in->d, &in->t, o, p, &err) != REFIT_OK)
+	if (plan_build(in->ps, in->pd, &in->t, o, p, &err) != REFIT_OK)
 		return die_input(&err);
-	if ((in->validate && plan_validate(p, &in->s, &in->d, &chk, &err) != REFIT_OK) ||
-	    plan_cost(p, &in->s, &in->d, &in->t, c, &err) != REFIT_OK) {
+	if ((in->validate && plan_validate(p, in->ps, in->pd, &chk, &err) != REFIT_OK) ||
+	    plan_cost(p, in->ps, in->pd, &in->t, c, &err) != REFIT_OK) {
 		plan_fini(p);
 		return die_input(&err);
 	}
@@ -225,6 +291,8 @@ cmd_plan(int argc, char **argv)
 		if (!in.json && in.validate)
 			strbuf_puts(&sb, "validated: every needed element arrives exactly "
 				    "once; senders hold what they send; staging bound kept\n");
+		if (!in.json)
+			rc = conv_summary(&in, &c, &sb);
 		put(&sb);
 		strbuf_fini(&sb);
 		plan_fini(&p);
@@ -261,6 +329,7 @@ cmd_explain(int argc, char **argv)
 				strbuf_puts(&sb, "}\n");
 			} else {
 				codec_explain_table(&rp, &rc_, &bp, &bc, &in.t, &sb);
+				rc = conv_summary(&in, &rc_, &sb);
 			}
 			put(&sb);
 			strbuf_fini(&sb);
@@ -292,7 +361,7 @@ model_usage(FILE *f)
 {
 	fprintf(f, "usage: %s model --model NAME|FILE --train SPEC --infer SPEC\n"
 		"          [--topology PRESET] [--placement packed|rack-aligned]\n"
-		"          [--chunk-bytes N] [--baseline-chunks LIST] [--json]\n"
+		"          [--chunk-bytes N] [--baseline-chunks LIST] [--infer-dtype D] [--json]\n"
 		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
 		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
 		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
@@ -304,7 +373,10 @@ model_usage(FILE *f)
 		"         gb200-nvl72; packed for the others)\n"
 		"  --baseline-chunks  chunk sizes gather-and-broadcast is also planned with;\n"
 		"         the best is the baseline the speed-up is against (default\n"
-		"         1MiB,2MiB,4MiB,8MiB,16MiB,64MiB)\n",
+		"         1MiB,2MiB,4MiB,8MiB,16MiB,64MiB)\n"
+		"  --infer-dtype same|fp8-block128|fp8-tensor  inference weights: as trained\n"
+		"         (default), or every projection in fp8e4m3 with 128 x 128 block\n"
+		"         scales or one scale per tensor (docs/conversion.md)\n",
 		progname);
 }
 
@@ -315,8 +387,8 @@ typedef struct model_run {
 } model_run_t;
 
 static int
-model_plan(plan_layout_set_t *s, plan_layout_set_t *d, plan_topo_t *t, plan_opts_t *o,
-	   plan_mode_t mode, model_run_t *r)
+model_plan(const plan_layout_set_t *s, const plan_layout_set_t *d, plan_topo_t *t,
+	   plan_opts_t *o, plan_mode_t mode, model_run_t *r)
 {
 	refit_err_t e;
 	double t0 = seconds();
@@ -329,6 +401,61 @@ model_plan(plan_layout_set_t *s, plan_layout_set_t *d, plan_topo_t *t, plan_opts
 		return die_input(&e);
 	}
 	r->secs = seconds() - t0;
+	return 0;
+}
+
+/* --infer-dtype: the converted pair, and the unconverted reshard run */
+typedef struct model_conv {
+	bool on;
+	plan_layout_set_t d8;
+	plan_conv_t conv;
+	model_run_t before;
+	const plan_layout_set_t *ps, *pd;
+} model_conv_t;
+
+static void
+model_conv_fini(model_conv_t *m)
+{
+	if (!m->on)
+		return;
+	plan_fini(&m->before.p);
+	plan_convert_fini(&m->conv);
+	plan_layout_set_fini(&m->d8);
+	m->on = false;
+}
+
+static int
+model_convert(const char *idt, plan_layout_set_t *s, plan_layout_set_t *d, plan_topo_t *t,
+	      plan_opts_t *o, model_conv_t *m)
+{
+	int64_t block[2] = {128, 128};
+	refit_err_t e;
+	int rc;
+
+	memset(m, 0, sizeof(*m));
+	m->ps = s;
+	m->pd = d;
+	if (strcmp(idt, "same") == 0)
+		return 0;
+	if (strcmp(idt, "fp8-tensor") == 0)
+		block[0] = block[1] = 0;
+	refit_err_clear(&e);
+	if (plan_convert_model_fp8(d, block, &m->d8, &e) != REFIT_OK)
+		return die_input(&e);
+	if (plan_convert_apply(s, &m->d8, &m->conv, &e) != REFIT_OK ||
+	    plan_convert_check(&m->conv, s, &m->d8, &e) != REFIT_OK) {
+		plan_layout_set_fini(&m->d8);
+		return die_input(&e);
+	}
+	rc = model_plan(s, d, t, o, PLAN_MODE_RESHARD, &m->before);
+	if (rc != 0) {
+		plan_convert_fini(&m->conv);
+		plan_layout_set_fini(&m->d8);
+		return rc;
+	}
+	m->on = true;
+	m->ps = &m->conv.src;
+	m->pd = &m->conv.dst;
 	return 0;
 }
 
@@ -376,7 +503,7 @@ parse_chunks(const char *arg, uint64_t *out, size_t *n, refit_err_t *err)
 
 /* Gather-and-broadcast at each chunk size; the fastest into *best. */
 static int
-best_baseline(plan_layout_set_t *s, plan_layout_set_t *d, plan_topo_t *t,
+best_baseline(const plan_layout_set_t *s, const plan_layout_set_t *d, plan_topo_t *t,
 	      const plan_opts_t *o, const uint64_t *chunks, size_t n, plan_cost_t *best,
 	      uint64_t *best_chunk)
 {
@@ -410,10 +537,12 @@ cmd_model(int argc, char **argv)
 		{"chunk-bytes", required_argument, NULL, 'c'}, {"json", no_argument, NULL, 'j'},
 		{"placement", required_argument, NULL, 'P'},
 		{"baseline-chunks", required_argument, NULL, 'B'},
+		{"infer-dtype", required_argument, NULL, 'D'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
 	const char *name = NULL, *tr = NULL, *inf = NULL, *topo = "dgx-h100", *place = NULL;
+	const char *idt = "same";
 	plan_place_t pl;
 	plan_jobs_t jobs;
 	int32_t idle = 0;
@@ -427,6 +556,7 @@ cmd_model(int argc, char **argv)
 	plan_topo_t t;
 	plan_opts_t o;
 	model_run_t rs, bc;
+	model_conv_t mc;
 	refit_err_t e;
 	strbuf_t sb;
 	int c, json = 0, rc;
@@ -446,6 +576,7 @@ cmd_model(int argc, char **argv)
 			if (parse_chunks(optarg, chunks, &nchunks, &e) != REFIT_OK)
 				return die_input(&e);
 			break;
+		case 'D': idt = optarg; break;
 		case 'c':
 			if (refit_parse_size(optarg, &o.chunk_bytes, "--chunk-bytes", &e))
 				return die_input(&e);
@@ -456,6 +587,12 @@ cmd_model(int argc, char **argv)
 	}
 	if (!name || !tr || !inf || optind != argc) {
 		model_usage(stderr);
+		return EXIT_BADINPUT;
+	}
+	if (strcmp(idt, "same") != 0 && strcmp(idt, "fp8-block128") != 0 &&
+	    strcmp(idt, "fp8-tensor") != 0) {
+		fprintf(stderr, "%s: --infer-dtype \"%s\": expected same, fp8-block128 or "
+			"fp8-tensor\n", progname, idt);
 		return EXIT_BADINPUT;
 	}
 	if (codec_arch_load(name, dirs, &a, &e) != REFIT_OK ||
@@ -480,13 +617,15 @@ cmd_model(int argc, char **argv)
 		plan_layout_set_fini(&d);
 		return die_input(&e);
 	}
-	rc = model_plan(&s, &d, &t, &o, PLAN_MODE_RESHARD, &rs);
-	if (rc == 0 && (rc = model_plan(&s, &d, &t, &o, PLAN_MODE_BROADCAST, &bc)) != 0)
+	rc = model_convert(idt, &s, &d, &t, &o, &mc);
+	if (rc == 0)
+		rc = model_plan(mc.ps, mc.pd, &t, &o, PLAN_MODE_RESHARD, &rs);
+	if (rc == 0 && (rc = model_plan(mc.ps, mc.pd, &t, &o, PLAN_MODE_BROADCAST, &bc)) != 0)
 		plan_fini(&rs.p);
 	if (rc == 0) {
 		best = bc.c;
 		best_chunk = o.chunk_bytes;
-		rc = best_baseline(&s, &d, &t, &o, chunks, nchunks, &best, &best_chunk);
+		rc = best_baseline(mc.ps, mc.pd, &t, &o, chunks, nchunks, &best, &best_chunk);
 		if (rc != 0) {
 			plan_fini(&rs.p);
 			plan_fini(&bc.p);
@@ -506,7 +645,17 @@ cmd_model(int argc, char **argv)
 			strbuf_printf(&sb, ", \"broadcast_best\": {\"chunk_bytes\": %llu, \"cost\": ",
 				      (unsigned long long)best_chunk);
 			codec_cost_json(&best, &sb);
-			strbuf_printf(&sb, "}, \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
+			strbuf_puts(&sb, "}");
+			if (mc.on) {
+				strbuf_printf(&sb, ", \"infer_dtype\": \"%s\", \"conversion\": "
+					      "{\"tensors\": %zu, \"on_senders\": %zu, "
+					      "\"on_receivers\": %zu, \"unconverted_reshard\": ", idt,
+					      mc.conv.n, plan_convert_count(&mc.conv, PLAN_CONV_SENDER),
+					      plan_convert_count(&mc.conv, PLAN_CONV_RECEIVER));
+				codec_cost_json(&mc.before.c, &sb);
+				strbuf_puts(&sb, "}");
+			}
+			strbuf_printf(&sb, ", \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
 				      "\"plan_seconds\": %.3f, \"transfers\": %zu}\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
 				      rs.p.nxfers);
@@ -526,6 +675,8 @@ cmd_model(int argc, char **argv)
 			strbuf_printf(&sb, "%-21s %-12s %-12s %-12s %-12s %-10s %-11s %s\n", "",
 				      "payload", "network", "nvlink", "busiest NIC", "modelled",
 				      "lower bound", "ratio");
+			if (mc.on)
+				model_row("reshard, unconverted", &mc.before, &sb);
 			model_row("reshard", &rs, &sb);
 			model_row("gather-and-broadcast", &bc, &sb);
 			{
@@ -540,12 +691,22 @@ cmd_model(int argc, char **argv)
 				      "at its best chunk); planned in %.2f s (%zu transfers)\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
 				      rs.p.nxfers);
+			if (mc.on)
+				strbuf_printf(&sb, "\ninference %s: %zu tensors convert (%zu on the "
+					      "senders, %zu on the receivers); network bytes x%.3f, "
+					      "modelled time x%.3f of the unconverted reshard\n", idt,
+					      mc.conv.n, plan_convert_count(&mc.conv, PLAN_CONV_SENDER),
+					      plan_convert_count(&mc.conv, PLAN_CONV_RECEIVER),
+					      (double)rs.c.bytes[PLAN_LINK_NETWORK] /
+					      (double)mc.before.c.bytes[PLAN_LINK_NETWORK],
+					      rs.c.time_s / mc.before.c.time_s);
 		}
 		put(&sb);
 		strbuf_fini(&sb);
 		plan_fini(&rs.p);
 		plan_fini(&bc.p);
 	}
+	model_conv_fini(&mc);
 	plan_topo_fini(&t);
 	plan_layout_set_fini(&s);
 	plan_layout_set_fini(&d);

@@ -42,6 +42,9 @@ refit_status_t codec_topo_load(const char *spec, plan_topo_t *t,
 			       refit_err_t *err);
 
 /* {"name": ..., "shards": [{"rank", "offset", "size"}...]} of one layout. */
+/* `,"convert":{...}` of a destination tensor that converts (nothing
+ * otherwise), in the layout format's keys. */
+void codec_convert_json(const plan_layout_t *l, strbuf_t *out);
 void codec_boxes_json(const plan_layout_t *l, strbuf_t *out);
 
 /* The plan as JSON: digest, options, transfers, and cost when given. */
@@ -71,5 +74,7 @@ refit_status_t codec_arch_load(const char *spec, const char *const *dirs, plan_a
 
 /* "1.50 GiB" style size into buf. */
 void codec_fmt_bytes(double bytes, char *buf, size_t n);
+/* "1.234 s", "12.345 ms" or "37.9 us". */
+void codec_fmt_time(double s, char *buf, size_t n);
 
 #endif

@@ -9,6 +9,8 @@
 
 #include "codec/json_util.h"
 #include "common/alloc.h"
+#include "common/strbuf.h"
+#include "plan/convert.h"
 
 #define MAX_INT ((int64_t)1 << 48)
 
@@ -168,11 +170,78 @@ parse_explicit(const cJSON *o, const char *name, plan_dtype_t dt, int ndim,
 	return rc;
 }
 
+/* The "convert" object of a destination tensor (docs/conversion.md). */
+static refit_status_t
+parse_convert(const cJSON *o, plan_layout_t *l, const char *what, refit_err_t *err)
+{
+	static const char *const keys[] = {"from", "scale", "block", "scale_tensor", NULL};
+	const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "convert");
+	const cJSON *sc = cJSON_GetObjectItemCaseSensitive(c, "scale");
+	const cJSON *bl = cJSON_GetObjectItemCaseSensitive(c, "block");
+	const cJSON *st = cJSON_GetObjectItemCaseSensitive(c, "scale_tensor");
+	plan_convert_t cv;
+	const char *s;
+	char w[256];
+
+	memset(&cv, 0, sizeof(cv));
+	snprintf(w, sizeof(w), "%s: \"convert\"", what);
+	if (!cJSON_IsObject(c))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s must be an object", w);
+	CHECK(json_check_keys(c, keys, w, err));
+	CHECK(json_str(cJSON_GetObjectItemCaseSensitive(c, "from"), &s, w, err));
+	if (plan_dtype_parse(s, &cv.from) != REFIT_OK)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: unknown dtype \"%s\" "
+				     "in \"from\"", w, s);
+	cv.scale = l->dtype == PLAN_DT_FP8E4M3 ? PLAN_SCALE_BLOCK : PLAN_SCALE_NONE;
+	if (sc != NULL) {
+		CHECK(json_str(sc, &s, w, err));
+		if (strcmp(s, "none") == 0)
+			cv.scale = PLAN_SCALE_NONE;
+		else if (strcmp(s, "tensor") == 0)
+			cv.scale = PLAN_SCALE_TENSOR;
+		else if (strcmp(s, "block") == 0)
+			cv.scale = PLAN_SCALE_BLOCK;
+		else
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"scale\" is \"%s\" "
+					     "(known: none, tensor, block)", w, s);
+	}
+	if (bl != NULL) {
+		if (cv.scale != PLAN_SCALE_BLOCK)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"block\" needs "
+					     "\"scale\": \"block\"", w);
+		CHECK(json_int_array(bl, 1, (int64_t)1 << 31, cv.block, PLAN_MAX_DIMS,
+				     &cv.nblock, w, err));
+	} else if (cv.scale == PLAN_SCALE_BLOCK) {
+		cv.nblock = 2;
+		cv.block[0] = cv.block[1] = 128;
+	}
+	if (st != NULL && cv.scale == PLAN_SCALE_NONE)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"scale_tensor\" needs "
+				     "a scaled conversion", w);
+	if (st != NULL)
+		CHECK(json_str(st, &s, w, err));
+	if (cv.scale != PLAN_SCALE_NONE) {
+		strbuf_t sb;
+
+		strbuf_init(&sb);
+		if (st != NULL)
+			strbuf_puts(&sb, s);
+		else
+			strbuf_printf(&sb, "%s_scale_inv", l->name);
+		cv.scale_tensor = xstrdup(sb.s);
+		strbuf_fini(&sb);
+	}
+	l->conv = plan_convert_dup(&cv);
+	free(cv.scale_tensor);
+	return plan_convert_check_spec(l, err);
+}
+
 static refit_status_t
 parse_tensor(const cJSON *o, size_t index, plan_layout_t *l, refit_err_t *err)
 {
 	static const char *const keys[] = {"name", "dtype", "shape", "mesh",
-					   "placements", "shards", NULL};
+					   "placements", "shards", "convert", NULL};
+	refit_status_t rc;
 	const char *name, *dts;
 	char what[192];
 	int64_t shape[PLAN_MAX_DIMS];
@@ -212,8 +281,15 @@ parse_tensor(const cJSON *o, size_t index, plan_layout_t *l, refit_err_t *err)
 				     "%s: missing \"mesh\" + \"placements\" (DTensor form) "
 				     "or \"shards\" (explicit form)", what);
 	if (has_mesh)
-		return parse_dtensor(o, name, dt, ndim, shape, l, what, err);
-	return parse_explicit(o, name, dt, ndim, shape, l, what, err);
+		rc = parse_dtensor(o, name, dt, ndim, shape, l, what, err);
+	else
+		rc = parse_explicit(o, name, dt, ndim, shape, l, what, err);
+	if (rc == REFIT_OK && cJSON_HasObjectItem(o, "convert")) {
+		rc = parse_convert(o, l, what, err);
+		if (rc != REFIT_OK)
+			plan_layout_fini(l);
+	}
+	return rc;
 }
 
 refit_status_t
@@ -306,4 +382,25 @@ codec_boxes_json(const plan_layout_t *l, strbuf_t *out)
 		strbuf_puts(out, "}");
 	}
 	strbuf_puts(out, "\n]}");
+}
+
+void
+codec_convert_json(const plan_layout_t *l, strbuf_t *out)
+{
+	static const char *const scales[] = {"none", "tensor", "block"};
+	const plan_convert_t *c = l->conv;
+
+	if (c == NULL)
+		return;
+	strbuf_printf(out, ",\"convert\":{\"from\":\"%s\",\"scale\":\"%s\"",
+		      plan_dtype_name(c->from), scales[c->scale]);
+	if (c->scale == PLAN_SCALE_BLOCK) {
+		strbuf_puts(out, ",\"block\":");
+		strbuf_i64_list(out, c->block, c->nblock);
+	}
+	if (c->scale != PLAN_SCALE_NONE) {
+		strbuf_puts(out, ",\"scale_tensor\":");
+		strbuf_json_str(out, c->scale_tensor);
+	}
+	strbuf_puts(out, "}");
 }

@@ -20,8 +20,8 @@ codec_fmt_bytes(double b, char *buf, size_t n)
 	snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
 }
 
-static void
-fmt_time(double s, char *buf, size_t n)
+void
+codec_fmt_time(double s, char *buf, size_t n)
 {
 	if (s >= 1)
 		snprintf(buf, n, "%.3f s", s);
@@ -106,8 +106,8 @@ codec_plan_summary(const plan_t *p, const plan_cost_t *c, const plan_topo_t *top
 	codec_fmt_bytes((double)c->bytes[PLAN_LINK_NVLINK], b, sizeof(b));
 	codec_fmt_bytes((double)c->bytes[PLAN_LINK_LOCAL], d, sizeof(d));
 	strbuf_printf(out, "bytes:     network %s, nvlink %s, local %s\n", a, b, d);
-	fmt_time(c->time_s, a, sizeof(a));
-	fmt_time(c->lb_time_s, b, sizeof(b));
+	codec_fmt_time(c->time_s, a, sizeof(a));
+	codec_fmt_time(c->lb_time_s, b, sizeof(b));
 	codec_fmt_bytes((double)c->lb_network_bytes, e, sizeof(e));
 	strbuf_printf(out, "time:      %s modelled, lower bound %s (x%.3f); "
 		      "minimum network bytes %s\n", a, b, c->ratio, e);
@@ -175,14 +175,14 @@ static void
 cell_time(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
 {
 	(void)p;
-	fmt_time(c->time_s, b, n);
+	codec_fmt_time(c->time_s, b, n);
 }
 
 static void
 cell_lb(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
 {
 	(void)p;
-	fmt_time(c->lb_time_s, b, n);
+	codec_fmt_time(c->lb_time_s, b, n);
 }
 
 static void

@@ -16,6 +16,7 @@
 #include "codec/json.h"
 #include "common/alloc.h"
 #include "common/log.h"
+#include "plan/convert.h"
 #include "daemon/coord.h"
 #include "daemon/proto_conv.h"
 
@@ -364,7 +365,6 @@ check_ranks_known(coord_t *c, const plan_layout_set_t *s, refit_err_t *err)
 static refit_status_t
 check_against(model_t *m, int role, const plan_layout_set_t *s, refit_err_t *err)
 {
-	size_t *map = NULL;
 	refit_status_t rc = REFIT_OK;
 
 	for (size_t i = 0; i < m->inst.n && rc == REFIT_OK; i++) {
@@ -372,10 +372,8 @@ check_against(model_t *m, int role, const plan_layout_set_t *s, refit_err_t *err
 
 		if (o->role == role)
 			continue;
-		rc = role == REFIT__V1__ROLE__TRAIN ? plan_match(s, &o->layouts, &map, err)
-						     : plan_match(&o->layouts, s, &map, err);
-		free(map);
-		map = NULL;
+		rc = role == REFIT__V1__ROLE__TRAIN ? plan_convert_match(s, &o->layouts, err)
+						     : plan_convert_match(&o->layouts, s, err);
 		if (rc != REFIT_OK)
 			refit_err_prefix(err, "instance \"%s\"", o->name);
 	}

@@ -31,6 +31,7 @@
 #include "codec/json.h"
 #include "common/log.h"
 #include "common/utf8.h"
+#include "plan/convert.h"
 #include "daemon/coord_internal.h"
 #include "daemon/proto_conv.h"
 
@@ -516,7 +517,10 @@ planjob_work(uv_work_t *w)
 	planjob_t *j = w->data;
 
 	refit_err_clear(&j->err);
-	j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
+	/* conversions (docs/conversion.md): plan the pair as it crosses the wire */
+	j->rc = plan_convert_rewrite(&j->src, &j->dst, &j->err);
+	if (j->rc == REFIT_OK)
+		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
 	if (j->rc != REFIT_OK || !j->explain)
 		return;
 	j->rc = plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &j->err);

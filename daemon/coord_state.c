@@ -42,6 +42,7 @@ layouts_json(const plan_layout_set_t *s)
 		strbuf_json_str(&sb, l->name);
 		strbuf_printf(&sb, ",\"dtype\":\"%s\",\"shape\":", plan_dtype_name(l->dtype));
 		strbuf_i64_list(&sb, l->shape, l->ndim);
+		codec_convert_json(l, &sb);
 		strbuf_puts(&sb, ",\"shards\":[");
 		for (size_t k = 0; k < l->nshards; k++) {
 			strbuf_printf(&sb, "%s{\"rank\":%d,\"offset\":", k ? "," : "",

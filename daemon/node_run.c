@@ -25,6 +25,8 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "dataplane/conv_exec.h"
+#include "plan/convert.h"
 #include "daemon/node_internal.h"
 #include "daemon/proto_conv.h"
 #include "daemon/slice.h"
@@ -133,31 +135,52 @@ job_work(uv_work_t *w)
 	slice_job_t *j = w->data;
 	const plan_t *p;
 	dp_mem_ops_t mem = {job_view, j, NULL};
+	const plan_layout_set_t *ps = &j->src, *pd = &j->dst;
+	dp_conv_t *cx = NULL;
+	plan_conv_t cv;
 	slice_cfg_t sc;
 
 	refit_err_clear(&j->err);
+	/* conversions (docs/conversion.md): the plan moves the rewritten pair,
+	 * the wrapper converts between it and the clients' memory */
+	if (plan_convert_any(&j->dst)) {
+		if (j->n->xo->group) {
+			j->rc = refit_err_set(&j->err, REFIT_ERR_UNAVAILABLE, "model \"%s\" converts "
+					      "dtypes, which the %s transport does not do yet (tcp "
+					      "does)", j->model, j->n->xo->name);
+			return;
+		}
+		j->rc = plan_convert_apply(&j->src, &j->dst, &cv, &j->err);
+		if (j->rc != REFIT_OK)
+			return;
+		j->rc = dp_conv_new(&cv, &j->src, &j->dst, &mem, &cx, &j->err);
+		if (j->rc != REFIT_OK) {
+			plan_convert_fini(&cv);
+			return;
+		}
+		ps = &cv.src;
+		pd = &cv.dst;
+	}
 	if (j->cached != NULL) {
 		p = &j->cached->plan;
 	} else {
 		uint64_t t0 = uv_hrtime();
 
-		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->built, &j->err);
+		j->rc = plan_build(ps, pd, &j->topo, &j->opts, &j->built, &j->err);
 		j->plan_us = (uv_hrtime() - t0) / 1000;
-		if (j->rc != REFIT_OK)
-			return;
 		p = &j->built;
 	}
-	if (strcmp(p->digest_hex, j->digest) != 0) {
+	if (j->rc == REFIT_OK && strcmp(p->digest_hex, j->digest) != 0)
 		j->rc = refit_err_set(&j->err, REFIT_ERR_INTERNAL, "the plan built here (%.12s) "
 				      "is not the coordinator's (%.12s): versions differ?",
 				      p->digest_hex, j->digest);
-		return;
-	}
+	if (j->rc != REFIT_OK)
+		goto out;
 	memset(&sc, 0, sizeof(sc));
 	sc.plan = p;
-	sc.src = &j->src;
-	sc.dst = &j->dst;
-	sc.mem = &mem;
+	sc.src = ps;
+	sc.dst = pd;
+	sc.mem = cx ? dp_conv_mem(cx) : &mem;
 	sc.verify = j->verify;
 	sc.corrupt = j->corrupt;
 	sc.nodes = j->nodes;
@@ -171,6 +194,14 @@ job_work(uv_work_t *w)
 	sc.abort = &j->abort;
 	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
 	j->rc = slice_run(&sc, &j->st, &j->err);
+	/* everything this node receives has arrived: quantize into its ranks */
+	for (size_t r = 0; cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
+		j->rc = dp_conv_finish(cx, j->nodes[j->self].ranks[r], &j->err);
+out:
+	if (cx) {
+		dp_conv_free(cx);
+		plan_convert_fini(&cv);
+	}
 }
 
 static void

@@ -10,10 +10,66 @@
 #include "common/strbuf.h"
 #include "common/utf8.h"
 #include "daemon/proto_conv.h"
+#include "plan/convert.h"
+
+static const char *const scale_names[] = {"none", "tensor", "block"};
+
+/* The conversion of a destination tensor, checked (docs/conversion.md). */
+static refit_status_t
+conv_from_proto(const Refit__V1__Conversion *p, plan_layout_t *l, refit_err_t *err)
+{
+	plan_convert_t c;
+	int k;
+
+	memset(&c, 0, sizeof(c));
+	if (plan_dtype_parse(p->from ? p->from : "", &c.from) != REFIT_OK)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": convert: "
+				     "unknown dtype \"%s\" in from", l->name, p->from ? p->from : "");
+	for (k = 0; k < 3 && strcmp(p->scale ? p->scale : "", scale_names[k]) != 0; k++)
+		;
+	if (k == 3)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": convert: scale "
+				     "\"%s\" (known: none, tensor, block)", l->name,
+				     p->scale ? p->scale : "");
+	c.scale = (plan_scale_t)k;
+	if (p->n_block > PLAN_MAX_DIMS || (c.scale == PLAN_SCALE_BLOCK) != (p->n_block > 0))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": convert: %zu "
+				     "block entries for scale \"%s\"", l->name, p->n_block,
+				     scale_names[k]);
+	c.nblock = (int)p->n_block;
+	for (size_t i = 0; i < p->n_block; i++) {
+		if (p->block[i] < 1 || p->block[i] > ((int64_t)1 << 31))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": convert: "
+					     "block[%zu] = %" PRId64 " is out of range", l->name, i,
+					     p->block[i]);
+		c.block[i] = p->block[i];
+	}
+	if (c.scale != PLAN_SCALE_NONE)
+		c.scale_tensor = p->scale_tensor && p->scale_tensor[0] ? p->scale_tensor : NULL;
+	l->conv = plan_convert_dup(&c);
+	return plan_convert_check_spec(l, err);
+}
+
+static refit_status_t one_layout_base(const Refit__V1__TensorLayout *t, size_t idx,
+				      plan_layout_t *l, refit_err_t *err);
 
 static refit_status_t
 one_layout(const Refit__V1__TensorLayout *t, size_t idx, plan_layout_t *l,
 	   refit_err_t *err)
+{
+	refit_status_t rc = one_layout_base(t, idx, l, err);
+
+	if (rc == REFIT_OK && t->convert != NULL) {
+		rc = conv_from_proto(t->convert, l, err);
+		if (rc != REFIT_OK)
+			plan_layout_fini(l);
+	}
+	return rc;
+}
+
+static refit_status_t
+one_layout_base(const Refit__V1__TensorLayout *t, size_t idx, plan_layout_t *l,
+		refit_err_t *err)
 {
 	plan_placement_t pl[PLAN_MAX_DIMS];
 	plan_dtype_t dt;
@@ -128,6 +184,13 @@ conv_layouts_digest(const plan_layout_set_t *s, char hex[SHA256_HEX_LEN])
 		strbuf_json_str(&sb, l->name);
 		strbuf_printf(&sb, " %s ", plan_dtype_name(l->dtype));
 		strbuf_i64_list(&sb, l->shape, l->ndim);
+		if (l->conv) {
+			strbuf_printf(&sb, " convert %s %s ", plan_dtype_name(l->conv->from),
+				      scale_names[l->conv->scale]);
+			strbuf_i64_list(&sb, l->conv->block, l->conv->nblock);
+			if (l->conv->scale_tensor)
+				strbuf_json_str(&sb, l->conv->scale_tensor);
+		}
 		strbuf_puts(&sb, "\n");
 		for (size_t k = 0; k < l->nshards; k++) {
 			strbuf_printf(&sb, "%d ", l->shards[k].rank);
@@ -149,6 +212,18 @@ to_proto_one(const plan_layout_t *l, Refit__V1__TensorLayout *t)
 	t->n_shape = (size_t)l->ndim;
 	t->shape = xcalloc(l->ndim ? (size_t)l->ndim : 1, sizeof(*t->shape));
 	memcpy(t->shape, l->shape, (size_t)l->ndim * sizeof(*t->shape));
+	if (l->conv) {
+		Refit__V1__Conversion *c = xmalloc(sizeof(*c));
+
+		refit__v1__conversion__init(c);
+		c->from = (char *)plan_dtype_name(l->conv->from);
+		c->scale = (char *)scale_names[l->conv->scale];
+		c->n_block = (size_t)l->conv->nblock;
+		c->block = xcalloc(c->n_block ? c->n_block : 1, sizeof(int64_t));
+		memcpy(c->block, l->conv->block, c->n_block * sizeof(int64_t));
+		c->scale_tensor = l->conv->scale_tensor ? l->conv->scale_tensor : (char *)"";
+		t->convert = c;
+	}
 	if (l->is_dtensor) {
 		size_t nr = 1;
 
@@ -210,6 +285,9 @@ conv_layouts_proto_free(Refit__V1__TensorLayout **v, size_t n)
 		Refit__V1__TensorLayout *t = v[i];
 
 		free(t->shape);
+		if (t->convert)
+			free(t->convert->block);
+		free(t->convert);
 		free(t->mesh_shape);
 		free(t->mesh_ranks);
 		for (size_t k = 0; k < t->n_placements; k++)

@@ -16,7 +16,7 @@ refit_status_t conv_layouts_from_proto(Refit__V1__TensorLayout *const *t, size_t
 				       plan_layout_set_t *out, refit_err_t *err);
 /*
  * SHA-256 over the canonical form of a layout set (tensor name, dtype,
- * shape, then every shard's rank and box, in order), as hex.
+ * shape, conversion, then every shard's rank and box, in order), as hex.
  */
 void conv_layouts_digest(const plan_layout_set_t *s, char hex[SHA256_HEX_LEN]);
 

@@ -315,10 +315,12 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 		const plan_xfer_t *xf = &x->p->xfers[pt->xfer];
 		const plan_layout_t *d = &x->dst->v[xf->tensor];
 		const plan_tensor_ref_t *t = &x->p->tensors[xf->tensor];
-		int64_t covered = 0;
+		plan_boxvec_t rem = {0}, tmp = {0};
+		refit_status_t rc = REFIT_OK;
 		plan_shard_t ps;
 		dp_view_t pv;
 
+		VEC_PUSH(&rem, pt->box);
 		dp_shard_of_box(&ps, &pt->box);
 		dp_view_contiguous(&pv, (uint8_t *)buf + off, t->ndim, pt->box.size, t->elem);
 		for (size_t i = 0; i < d->nshards; i++) {
@@ -329,14 +331,20 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 			if (s->rank != m->to ||
 			    !plan_box_intersect(&s->box, &pt->box, t->ndim, &in))
 				continue;
-			CHECK(x->mem.view(x->mem.ctx, m->to, xf->tensor, true, s->piece, &v, err));
+			rc = x->mem.view(x->mem.ctx, m->to, xf->tensor, true, s->piece, &v, err);
+			if (rc != REFIT_OK)
+				break;
 			copy_box(x, m->to, &pv, &ps, &v, s, &in);
-			covered += plan_box_volume(&in, t->ndim);
+			plan_boxvec_subtract(&rem, &s->box, t->ndim, &tmp);
 		}
-		/* kept when the receiver passes on more than it keeps */
-		if (covered < plan_box_volume(&pt->box, t->ndim) && forwards(x, m->to, xf->tensor))
-			CHECK(stage_part(x, m->to, xf->tensor, m->stage / x->p->stages_per_round,
-					 &pt->box, buf + off, pt->bytes, err));
+		/* kept when the receiver passes on more than it keeps (its boxes
+		 * may overlap: what is left uncovered decides) */
+		if (rc == REFIT_OK && rem.n && forwards(x, m->to, xf->tensor))
+			rc = stage_part(x, m->to, xf->tensor, m->stage / x->p->stages_per_round,
+					&pt->box, buf + off, pt->bytes, err);
+		VEC_FREE(&rem);
+		VEC_FREE(&tmp);
+		CHECK(rc);
 		off += pt->bytes;
 	}
 	return REFIT_OK;

@@ -551,7 +551,23 @@ plan_layout_fini(plan_layout_t *l)
 	free(l->name);
 	free(l->mesh);
 	free(l->shards);
+	if (l->conv)
+		free(l->conv->scale_tensor);
+	free(l->conv);
 	memset(l, 0, sizeof(*l));
+}
+
+plan_convert_t *
+plan_convert_dup(const plan_convert_t *c)
+{
+	plan_convert_t *d;
+
+	if (c == NULL)
+		return NULL;
+	d = xmalloc(sizeof(*d));
+	*d = *c;
+	d->scale_tensor = c->scale_tensor ? xstrdup(c->scale_tensor) : NULL;
+	return d;
 }
 
 int64_t

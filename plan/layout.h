@@ -51,6 +51,27 @@ typedef struct plan_shard {
 	int64_t local_off[PLAN_MAX_DIMS]; /* where box starts in the piece */
 } plan_shard_t;
 
+/*
+ * A destination tensor stored in another dtype than its source
+ * (docs/conversion.md): a cast (fp32 -> bf16/fp16), or fp8e4m3 with one
+ * scale per tensor or per block, the scales going to their own destination
+ * tensor.  plan/convert.h turns a layout pair with conversions into plain
+ * ones.
+ */
+typedef enum plan_scale {
+	PLAN_SCALE_NONE,
+	PLAN_SCALE_TENSOR,
+	PLAN_SCALE_BLOCK,
+} plan_scale_t;
+
+typedef struct plan_convert {
+	plan_dtype_t from;               /* the source's dtype */
+	plan_scale_t scale;
+	int nblock;                      /* block entries given (trailing dims) */
+	int64_t block[PLAN_MAX_DIMS];    /* PLAN_SCALE_BLOCK: extents, as given */
+	char *scale_tensor;              /* scaled: name of the scale tensor */
+} plan_convert_t;
+
 typedef struct plan_layout {
 	char *name;
 	plan_dtype_t dtype;
@@ -65,6 +86,8 @@ typedef struct plan_layout {
 	/* both forms */
 	plan_shard_t *shards;
 	size_t nshards;
+	/* destination only: stored converted (NULL: as the source) */
+	plan_convert_t *conv;
 } plan_layout_t;
 
 /*
@@ -100,6 +123,8 @@ refit_status_t plan_layout_init_explicit(plan_layout_t *l, const char *name,
 					 const plan_shard_t *shards,
 					 size_t nshards, refit_err_t *err);
 void plan_layout_fini(plan_layout_t *l);
+/* A heap copy of c (NULL for NULL); freed by plan_layout_fini. */
+plan_convert_t *plan_convert_dup(const plan_convert_t *c);
 
 int64_t plan_layout_numel(const plan_layout_t *l);
 uint64_t plan_layout_bytes(const plan_layout_t *l);

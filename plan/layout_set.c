@@ -201,6 +201,7 @@ plan_layout_set_copy(plan_layout_set_t *dst, const plan_layout_set_t *src)
 		}
 		l.shards = xmalloc((s->nshards ? s->nshards : 1) * sizeof(*l.shards));
 		memcpy(l.shards, s->shards, s->nshards * sizeof(*l.shards));
+		l.conv = plan_convert_dup(s->conv);
 		plan_layout_set_add(dst, &l);
 	}
 }
@@ -377,8 +378,10 @@ plan_layout_compose(const plan_layout_set_t *const *sets, size_t nsets,
 				VEC_PUSH(&sh, sets[i]->v[t].shards[k]);
 		rc = plan_layout_init_explicit(&l, l0->name, l0->dtype, l0->ndim, l0->shape,
 					       sh.v, sh.n, err);
-		if (rc == REFIT_OK) /* keep each instance's pieces and local offsets */
+		if (rc == REFIT_OK) { /* keep each instance's pieces and local offsets */
 			memcpy(l.shards, sh.v, sh.n * sizeof(*sh.v));
+			l.conv = plan_convert_dup(l0->conv);
+		}
 		VEC_FREE(&sh);
 		if (rc != REFIT_OK) {
 			plan_layout_set_fini(out);

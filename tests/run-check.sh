@@ -40,6 +40,11 @@ gpu "GPU tests (tests/gpu/run.sh: skipped only where no GPU is)" sh tests/gpu/ru
 
 script "scale (100 node daemons, every join order, SliceDone, SIGTERM with a stopped node)" \
 	/usr/bin/python3 tests/integration/test_scale.py "$BUILD" 100
+script "conversion: C vs the numpy reference" /usr/bin/python3 tests/conversion/test_ref.py "$BUILD"
+script "conversion kernels on the GPU vs the host (skipped without one)" \
+	"$BUILD/tests/cvt-gpu-test" "$BUILD/lib/librefit-convert-cuda.so"
+script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy)" \
+	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD"
 
 [ "$total_skip" -gt 0 ] && echo "($total_skip suite(s) skipped: see above why)"
 echo "check: $total_pass passed, $total_fail failed"

@@ -54,6 +54,14 @@ expect plan-mismatch 2 'is in the destination but not in the source' -- "$BIN" p
 expect explain 0 "reshard speed-up" -- "$BIN" explain $P
 expect explain-json 0 '"broadcast": {"digest"' -- "$BIN" explain $P --json
 
+C="--src $EX/convert-src.json --dst $EX/convert-dst-fp8.json --topology dgx-h100:16"
+expect explain-convert 0 "conversion: 3 tensors (2 on the senders, 1 on the receivers)" -- "$BIN" explain $C
+expect plan-convert 0 "network 1.99 MiB -> 1.48 MiB" -- "$BIN" plan $C
+sed 's/"shape": \[8, 4\], "mesh": \[8, 9\], "placements": \["Replicate()"\]/"shape": [8, 3], "mesh": [8, 9], "placements": ["Replicate()"]/' $EX/convert-dst-fp8.json >"$TMP/conv-bad.json"
+expect plan-convert-scale-shape 2 'scale tensor "v_scale_inv" must be fp32 of shape [8, 4]' -- "$BIN" plan --src $EX/convert-src.json --dst "$TMP/conv-bad.json" --topology dgx-h100:16
+expect model-fp8 0 "network bytes x0.5" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --infer-dtype fp8-block128
+expect model-fp8-bad 2 '--infer-dtype "fp4": expected same, fp8-block128 or fp8-tensor' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --infer-dtype fp4
+
 expect model 0 "reshard speed-up" -- "$BIN" model --model llama-3-70b --train tp8,pp4,dp2 --infer tp16,dp4
 expect model-json 0 '"model": "qwen3-30b-a3b"' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --json
 expect model-placement 0 "placement rack-aligned, 36 nodes, 2 domains, 80 idle ranks" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "codec/json.h"
+#include "plan/convert.h"
 
 #define MAX_FUZZ_RANK 4096
 
@@ -38,6 +39,30 @@ plan_onto(const plan_layout_set_t *s, const plan_layout_set_t *d, int32_t nranks
 	plan_topo_fini(&t);
 }
 
+/* Layouts that convert: from themselves unconverted, the rewrite must pass
+ * its own check and plan into valid plans. */
+static void
+convert_onto(const plan_layout_set_t *d, int32_t nranks)
+{
+	plan_layout_set_t s;
+	plan_conv_t c;
+	refit_err_t e;
+
+	if (!plan_convert_any(d))
+		return;
+	plan_convert_strip(d, &s);
+	refit_err_clear(&e);
+	if (plan_convert_apply(&s, d, &c, &e) == REFIT_OK) {
+		if (plan_convert_check(&c, &s, d, &e) != REFIT_OK)
+			abort();
+		plan_onto(&c.src, &c.dst, nranks);
+		plan_convert_fini(&c);
+	} else if (e.msg[0] == '\0') {
+		abort();
+	}
+	plan_layout_set_fini(&s);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -61,8 +86,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 					maxr = s.v[i].shards[k].rank;
 		}
 		/* keep planning fast: few ranks, small tensors */
-		if (maxr >= 0 && maxr < MAX_FUZZ_RANK && numel < (1 << 20))
+		if (maxr >= 0 && maxr < MAX_FUZZ_RANK && numel < (1 << 20)) {
 			plan_onto(&s, &s, maxr + 1);
+			convert_onto(&s, maxr + 1);
+		}
 	} else if (e.msg[0] == '\0') {
 		abort(); /* every failure must say why */
 	}

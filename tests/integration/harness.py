@@ -281,9 +281,9 @@ class Client:
     """One refit-client process, driven over its stdin/stdout."""
 
     def __init__(self, cl, node, model, role, layouts, instance="", install=None,
-                 pad=0, version=1, istride=1):
+                 pad=0, version=1, istride=1, extra=()):
         args = [f"{BUILD}/bin/refit-client", "--socket", cl.sock(node), "--model", model,
-                "--role", role, "--layouts", layouts, "--timeout-ms", "30000"]
+                "--role", role, "--layouts", layouts, "--timeout-ms", "30000"] + list(extra)
         if TRANSPORT == "nccl":
             args += ["--cuda", "--gpu-devices", gpu_devices()]
         if istride != 1:

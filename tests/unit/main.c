@@ -22,6 +22,8 @@ main(void)
 	srunner_add_suite(sr, suite_property());
 	srunner_add_suite(sr, suite_dataplane());
 	srunner_add_suite(sr, suite_model());
+	srunner_add_suite(sr, suite_convert());
+	srunner_add_suite(sr, suite_conv_exec());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

@@ -16,5 +16,7 @@ Suite *suite_validate(void);
 Suite *suite_property(void);
 Suite *suite_dataplane(void);
 Suite *suite_model(void);
+Suite *suite_convert(void);
+Suite *suite_conv_exec(void);
 
 #endif

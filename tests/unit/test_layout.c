@@ -221,7 +221,7 @@ START_TEST(validation_messages)
 		"{\"name\":\"w\",\"dtype\":\"bf16\",\"shape\":[2],\"mesh\":[0],"
 		"\"placements\":[\"R\"],\"palcements\":1}"),
 		"layout \"w\": unknown key \"palcements\" (known: name, dtype, shape, mesh, "
-		"placements, shards)");
+		"placements, shards, convert)");
 	ck_assert_str_eq(th_layout_error(
 		"{\"name\":\"w\",\"dtype\":\"bf16\",\"shape\":[2.5],\"mesh\":[0],"
 		"\"placements\":[\"R\"]}"),
