@@ -593,7 +593,37 @@ t_ipc_of_freed_memory(void)
 	     cudaErrorMapBufferObjectFailed);
 }
 
+
+static void
+t_legacy_default_stream(void)
+{
+	uint8_t src[256], out[256];
+	uint8_t *d, *big_a, *big_b;
+	cudaStream_t blocking;
+	int64_t n[1] = {32 << 20}, one[1] = {1};
+
+	/* REFIT_EMU_DELAY_US=200000: without the implicit synchronisation the
+	 * NULL stream's copy would run while the long kernel still holds the
+	 * blocking stream, before the copy it must see */
+	memset(src, 9, sizeof(src));
+	CU(cudaMalloc((void **)&d, 256));
+	CU(cudaMalloc((void **)&big_a, (size_t)n[0]));
+	CU(cudaMalloc((void **)&big_b, (size_t)n[0]));
+	CU(cudaStreamCreate(&blocking)); /* no cudaStreamNonBlocking */
+	CU(refitGpuCopyStrided(blocking, big_b, big_a, 1, n, one, one, 1));
+	CU(cudaMemcpyAsync(d, src, 256, cudaMemcpyHostToDevice, blocking));
+	CU(cudaMemcpy(out, d, 256, cudaMemcpyDeviceToHost)); /* waits for the blocking stream */
+	CK(out[0] == 9 && out[255] == 9, "the NULL stream did not wait for a blocking stream");
+	/* and the other way round */
+	CU(cudaMemsetAsync(d, 4, 256, NULL));
+	CU(cudaMemcpyAsync(out, d, 256, cudaMemcpyDeviceToHost, blocking));
+	CU(cudaStreamSynchronize(blocking));
+	CK(out[0] == 4 && out[255] == 4, "a blocking stream did not wait for the NULL stream");
+	CU(cudaStreamDestroy(blocking));
+}
+
 const test_t cuda_tests[] = {
+	{"legacy_default_stream", t_legacy_default_stream, "REFIT_EMU_DELAY_US=200000"},
 	{"devices", t_devices, NULL},
 	{"host_deref_segv", t_host_deref_segv, NULL},
 	{"copies_exact", t_copies_exact, NULL},
