@@ -49,6 +49,7 @@ struct ipc_handle {
 	uint64_t seq;
 	uint64_t offset;       /* of the allocation in its file (always 0 here) */
 	uint64_t size;
+	uint64_t dir_hash;     /* REFIT_EMU_DIR, where the file is */
 };
 _Static_assert(sizeof(struct ipc_handle) <= CUDA_IPC_HANDLE_SIZE, "IPC handle too big");
 
@@ -374,6 +375,14 @@ cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p)
 
 /* ---- CUDA IPC --------------------------------------------------------------- */
 
+static uint64_t
+dir_hash(void)
+{
+	const char *d = emu_env()->dir;
+
+	return emu_hash(d, strlen(d), 0);
+}
+
 cudaError_t
 cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
@@ -393,7 +402,7 @@ cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 	if (a && !a->ipc) {
 		/* like CUDA: the handle names the whole allocation, whatever p is */
 		ih = (struct ipc_handle){IPC_MAGIC, a->dev, emu_env()->host_hash, a->pid, 0,
-					 a->seq, 0, a->size};
+					 a->seq, 0, a->size, dir_hash()};
 	}
 	pthread_mutex_unlock(&mu);
 	if (a == NULL)
@@ -432,6 +441,10 @@ ipc_check(const struct ipc_handle *ih, unsigned flags)
 		return emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: the "
 				"memory is on another host than \"%s\" (CUDA IPC works within "
 				"one host only)", env->host);
+	if (ih->dir_hash != dir_hash())
+		return emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: the "
+				"exporter used another REFIT_EMU_DIR than \"%s\" (all processes "
+				"of a host must share it)", env->dir);
 	if (ih->dev >= env->ndev)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle: device "
 				"%d of %d", ih->dev, env->ndev);

@@ -429,9 +429,11 @@ ipc_refuser(int arg)
 	cudaIpcMemHandle_t h, bad;
 	void *p;
 
-	(void)arg;
 	get(chan_a[0], &h, sizeof(h));
 	if (strcmp(getenv("NCCL_HOSTID"), "hostB") == 0) {
+		CUIS(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+		     cudaErrorMapBufferObjectFailed);
+	} else if (arg == 1) { /* same host, another REFIT_EMU_DIR */
 		CUIS(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
 		     cudaErrorMapBufferObjectFailed);
 	} else {
@@ -451,22 +453,27 @@ t_ipc_refused(void)
 {
 	cudaIpcMemHandle_t ih;
 	void *d;
-	pid_t other_host, same_host;
-	char k;
+	pid_t other_host, same_host, other_dir;
+	char k, dir[300];
 
 	CK(pipe(chan_a) == 0 && pipe(chan_b) == 0, "pipe");
 	other_host = spawn(ipc_refuser, 0, "hostB");
 	same_host = spawn(ipc_refuser, 0, "hostA");
+	snprintf(dir, sizeof(dir), "%s/other", tdir);
+	setenv("REFIT_EMU_DIR", dir, 1);
+	other_dir = spawn(ipc_refuser, 1, "hostA");
+	setenv("REFIT_EMU_DIR", tdir, 1);
 	CU(cudaSetDevice(1));
 	CU(cudaMalloc(&d, 64));
 	CU(cudaIpcGetMemHandle(&ih, d));
 	CUIS(cudaIpcGetMemHandle(&ih, (uint8_t *)d + 64), cudaErrorInvalidValue);
-	put(chan_a[1], &ih, sizeof(ih));
-	put(chan_a[1], &ih, sizeof(ih));
-	get(chan_b[0], &k, 1);
-	get(chan_b[0], &k, 1);
+	for (int i = 0; i < 3; i++)
+		put(chan_a[1], &ih, sizeof(ih));
+	for (int i = 0; i < 3; i++)
+		get(chan_b[0], &k, 1);
 	reap_ok(other_host);
 	reap_ok(same_host);
+	reap_ok(other_dir);
 	CU(cudaFree(d));
 }
 
