@@ -8,7 +8,9 @@
  * below translates a device range to that mapping for the stream workers.
  * Addresses are not reused until the slice wraps around, so a freed pointer
  * stays invalid.  IPC handles name the exporter's (host, device, pid, seq);
- * opening one maps the same file into the importer's slice of that device.
+ * opening one maps the same file into the importer's slice of that device;
+ * using the mapping after the exporter freed the allocation (its file is
+ * gone) faults.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -185,6 +187,15 @@ emu_mem_find(const void *p, size_t len, bool pin, int *dev, uint8_t **mem, emu_a
 		}
 	}
 	pthread_mutex_unlock(&mu);
+	if (w == EMU_DEVICE && pin && (*out)->ipc && access((*out)->path, F_OK) != 0) {
+		/* CUDA: undefined; here the use of it faults */
+		emu_say("IPC memory %p (allocation %d.%llu of device %d) was freed by its "
+			"exporting process", p, (*out)->pid, (unsigned long long)(*out)->seq,
+			(*out)->dev);
+		emu_mem_unpin(*out);
+		*out = NULL;
+		w = EMU_BAD;
+	}
 	return w;
 }
 

@@ -368,6 +368,13 @@ ipc_reader(int mode)
 	memset(got, 0x5a, 256);
 	CU(cudaMemcpyAsync(p, got, 256, cudaMemcpyHostToDevice, s));
 	CU(cudaStreamSynchronize(s));
+	if (mode == 2) { /* the exporter frees it: using it faults */
+		put(chan_b[1], "k", 1);
+		get(chan_a[0], got, 1);
+		CU(cudaMemcpyAsync(got, p, 16, cudaMemcpyDeviceToHost, s));
+		CUIS(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
+		return;
+	}
 	if (mode == 1) { /* the mapping belongs to device 1: a device-0 stream faults */
 		cudaStream_t s0;
 
@@ -406,6 +413,10 @@ ipc_exporter(int mode)
 	get(chan_b[0], &k, 1);
 	CU(cudaMemcpy(back, d, 256, cudaMemcpyDeviceToHost));
 	CK(back[0] == 0x5a && back[255] == 0x5a, "the importer's write is not visible");
+	if (mode == 2) {
+		CU(cudaFree(d));
+		put(chan_a[1], "f", 1);
+	}
 	reap_ok(pid);
 }
 
@@ -414,6 +425,13 @@ t_ipc_between_processes(void)
 {
 	CK(pipe(chan_a) == 0 && pipe(chan_b) == 0, "pipe");
 	ipc_exporter(0);
+}
+
+static void
+t_ipc_use_after_exporter_free(void)
+{
+	CK(pipe(chan_a) == 0 && pipe(chan_b) == 0, "pipe");
+	ipc_exporter(2);
 }
 
 static void
@@ -646,6 +664,7 @@ const test_t cuda_tests[] = {
 	{"counters_and_dump", t_counters_and_dump, NULL},
 	{"ipc_between_processes", t_ipc_between_processes, NULL},
 	{"ipc_mapping_device", t_ipc_mapping_device, NULL},
+	{"ipc_use_after_exporter_free", t_ipc_use_after_exporter_free, NULL},
 	{"ipc_refused", t_ipc_refused, NULL},
 	{"stream_destroy_and_free_sync", t_stream_destroy_and_free_sync,
 	 "REFIT_EMU_DELAY_US=1000000"},
