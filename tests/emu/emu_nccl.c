@@ -325,8 +325,9 @@ ncclGetUniqueId(ncclUniqueId *id)
 
 	if (id == NULL)
 		return nccl_fail(ncclInvalidArgument, "ncclGetUniqueId(NULL)");
-	if (env == NULL)
-		return nccl_fail(ncclSystemError, "ncclGetUniqueId: the emulator did not start");
+	if (env == NULL || emu_enter() == cudaErrorInitializationError)
+		return nccl_fail(ncclSystemError, "ncclGetUniqueId: the emulator did not start "
+				 "(or this process was forked after it did)");
 	snprintf(w.path, sizeof(w.path), "%s/r.%d.%llu.sock", env->dir, (int)getpid(),
 		 (unsigned long long)atomic_fetch_add(&seq, 1));
 	if (root_start(w.path, true, why, sizeof(why)) == NULL)

@@ -647,7 +647,30 @@ t_legacy_default_stream(void)
 	CU(cudaStreamDestroy(blocking));
 }
 
+
+static void
+t_fork_after_init(void)
+{
+	void *p;
+	pid_t pid;
+
+	CU(cudaMalloc(&p, 64));
+	pid = fork();
+	if (pid == 0) {
+		int n;
+		ncclUniqueId id;
+
+		CUIS(cudaGetDeviceCount(&n), cudaErrorInitializationError);
+		CUIS(cudaMalloc(&p, 64), cudaErrorInitializationError);
+		NCIS(ncclGetUniqueId(&id), ncclSystemError);
+		exit(0);
+	}
+	reap_ok(pid);
+	CU(cudaFree(p)); /* the parent is fine */
+}
+
 const test_t cuda_tests[] = {
+	{"fork_after_init", t_fork_after_init, NULL},
 	{"legacy_default_stream", t_legacy_default_stream, "REFIT_EMU_DELAY_US=200000"},
 	{"devices", t_devices, NULL},
 	{"host_deref_segv", t_host_deref_segv, NULL},
