@@ -469,6 +469,10 @@ comm_join_main(void *arg)
 		pthread_mutex_unlock(&p->mu);
 		comm_unref(p);
 	}
+	pthread_mutex_lock(&c->mu);
+	c->settled = true;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
 	comm_unref(c); /* the thread's reference */
 	return NULL;
 }

@@ -180,12 +180,22 @@ env_parse(void)
 	return 0;
 }
 
+static _Atomic int forked;
+
+/* CUDA cannot be used in a child forked after the parent started it */
+static void
+on_fork_child(void)
+{
+	atomic_store(&forked, 1);
+}
+
 static void
 env_init(void)
 {
 	env_ok = env_parse() == 0;
 	if (env_ok)
 		emu_mem_init(&env);
+	pthread_atfork(NULL, NULL, on_fork_child);
 }
 
 const emu_env_t *
@@ -200,6 +210,9 @@ emu_enter(void)
 {
 	if (emu_env() == NULL)
 		return cudaErrorInitializationError;
+	if (atomic_load(&forked))
+		return emu_fail(cudaErrorInitializationError, "CUDA was started before this "
+				"process was forked: a forked child cannot use it");
 	return (cudaError_t)atomic_load(&sticky);
 }
 

@@ -32,6 +32,7 @@ struct ncclComm {
 	pthread_cond_t cv;
 	int refs;                  /* the handle, queued operations, the init thread */
 	int pending;               /* 1 while its init or shrink runs */
+	bool settled;              /* the init thread is done, *publish written */
 	int launching;             /* groups not yet queued on their streams */
 	int children;              /* shrinks of this communicator in progress */
 	ncclResult_t err;          /* first asynchronous error */

@@ -368,6 +368,13 @@ ipc_reader(int mode)
 	memset(got, 0x5a, 256);
 	CU(cudaMemcpyAsync(p, got, 256, cudaMemcpyHostToDevice, s));
 	CU(cudaStreamSynchronize(s));
+	if (mode == 2) { /* the exporter frees it: using it faults */
+		put(chan_b[1], "k", 1);
+		get(chan_a[0], got, 1);
+		CU(cudaMemcpyAsync(got, p, 16, cudaMemcpyDeviceToHost, s));
+		CUIS(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
+		return;
+	}
 	if (mode == 1) { /* the mapping belongs to device 1: a device-0 stream faults */
 		cudaStream_t s0;
 
@@ -406,6 +413,10 @@ ipc_exporter(int mode)
 	get(chan_b[0], &k, 1);
 	CU(cudaMemcpy(back, d, 256, cudaMemcpyDeviceToHost));
 	CK(back[0] == 0x5a && back[255] == 0x5a, "the importer's write is not visible");
+	if (mode == 2) {
+		CU(cudaFree(d));
+		put(chan_a[1], "f", 1);
+	}
 	reap_ok(pid);
 }
 
@@ -414,6 +425,13 @@ t_ipc_between_processes(void)
 {
 	CK(pipe(chan_a) == 0 && pipe(chan_b) == 0, "pipe");
 	ipc_exporter(0);
+}
+
+static void
+t_ipc_use_after_exporter_free(void)
+{
+	CK(pipe(chan_a) == 0 && pipe(chan_b) == 0, "pipe");
+	ipc_exporter(2);
 }
 
 static void
@@ -429,9 +447,11 @@ ipc_refuser(int arg)
 	cudaIpcMemHandle_t h, bad;
 	void *p;
 
-	(void)arg;
 	get(chan_a[0], &h, sizeof(h));
 	if (strcmp(getenv("NCCL_HOSTID"), "hostB") == 0) {
+		CUIS(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+		     cudaErrorMapBufferObjectFailed);
+	} else if (arg == 1) { /* same host, another REFIT_EMU_DIR */
 		CUIS(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
 		     cudaErrorMapBufferObjectFailed);
 	} else {
@@ -451,22 +471,27 @@ t_ipc_refused(void)
 {
 	cudaIpcMemHandle_t ih;
 	void *d;
-	pid_t other_host, same_host;
-	char k;
+	pid_t other_host, same_host, other_dir;
+	char k, dir[300];
 
 	CK(pipe(chan_a) == 0 && pipe(chan_b) == 0, "pipe");
 	other_host = spawn(ipc_refuser, 0, "hostB");
 	same_host = spawn(ipc_refuser, 0, "hostA");
+	snprintf(dir, sizeof(dir), "%s/other", tdir);
+	setenv("REFIT_EMU_DIR", dir, 1);
+	other_dir = spawn(ipc_refuser, 1, "hostA");
+	setenv("REFIT_EMU_DIR", tdir, 1);
 	CU(cudaSetDevice(1));
 	CU(cudaMalloc(&d, 64));
 	CU(cudaIpcGetMemHandle(&ih, d));
 	CUIS(cudaIpcGetMemHandle(&ih, (uint8_t *)d + 64), cudaErrorInvalidValue);
-	put(chan_a[1], &ih, sizeof(ih));
-	put(chan_a[1], &ih, sizeof(ih));
-	get(chan_b[0], &k, 1);
-	get(chan_b[0], &k, 1);
+	for (int i = 0; i < 3; i++)
+		put(chan_a[1], &ih, sizeof(ih));
+	for (int i = 0; i < 3; i++)
+		get(chan_b[0], &k, 1);
 	reap_ok(other_host);
 	reap_ok(same_host);
+	reap_ok(other_dir);
 	CU(cudaFree(d));
 }
 
@@ -593,7 +618,60 @@ t_ipc_of_freed_memory(void)
 	     cudaErrorMapBufferObjectFailed);
 }
 
+
+static void
+t_legacy_default_stream(void)
+{
+	uint8_t src[256], out[256];
+	uint8_t *d, *big_a, *big_b;
+	cudaStream_t blocking;
+	int64_t n[1] = {32 << 20}, one[1] = {1};
+
+	/* REFIT_EMU_DELAY_US=200000: without the implicit synchronisation the
+	 * NULL stream's copy would run while the long kernel still holds the
+	 * blocking stream, before the copy it must see */
+	memset(src, 9, sizeof(src));
+	CU(cudaMalloc((void **)&d, 256));
+	CU(cudaMalloc((void **)&big_a, (size_t)n[0]));
+	CU(cudaMalloc((void **)&big_b, (size_t)n[0]));
+	CU(cudaStreamCreate(&blocking)); /* no cudaStreamNonBlocking */
+	CU(refitGpuCopyStrided(blocking, big_b, big_a, 1, n, one, one, 1));
+	CU(cudaMemcpyAsync(d, src, 256, cudaMemcpyHostToDevice, blocking));
+	CU(cudaMemcpy(out, d, 256, cudaMemcpyDeviceToHost)); /* waits for the blocking stream */
+	CK(out[0] == 9 && out[255] == 9, "the NULL stream did not wait for a blocking stream");
+	/* and the other way round */
+	CU(cudaMemsetAsync(d, 4, 256, NULL));
+	CU(cudaMemcpyAsync(out, d, 256, cudaMemcpyDeviceToHost, blocking));
+	CU(cudaStreamSynchronize(blocking));
+	CK(out[0] == 4 && out[255] == 4, "a blocking stream did not wait for the NULL stream");
+	CU(cudaStreamDestroy(blocking));
+}
+
+
+static void
+t_fork_after_init(void)
+{
+	void *p;
+	pid_t pid;
+
+	CU(cudaMalloc(&p, 64));
+	pid = fork();
+	if (pid == 0) {
+		int n;
+		ncclUniqueId id;
+
+		CUIS(cudaGetDeviceCount(&n), cudaErrorInitializationError);
+		CUIS(cudaMalloc(&p, 64), cudaErrorInitializationError);
+		NCIS(ncclGetUniqueId(&id), ncclSystemError);
+		exit(0);
+	}
+	reap_ok(pid);
+	CU(cudaFree(p)); /* the parent is fine */
+}
+
 const test_t cuda_tests[] = {
+	{"fork_after_init", t_fork_after_init, NULL},
+	{"legacy_default_stream", t_legacy_default_stream, "REFIT_EMU_DELAY_US=200000"},
 	{"devices", t_devices, NULL},
 	{"host_deref_segv", t_host_deref_segv, NULL},
 	{"copies_exact", t_copies_exact, NULL},
@@ -609,6 +687,7 @@ const test_t cuda_tests[] = {
 	{"counters_and_dump", t_counters_and_dump, NULL},
 	{"ipc_between_processes", t_ipc_between_processes, NULL},
 	{"ipc_mapping_device", t_ipc_mapping_device, NULL},
+	{"ipc_use_after_exporter_free", t_ipc_use_after_exporter_free, NULL},
 	{"ipc_refused", t_ipc_refused, NULL},
 	{"stream_destroy_and_free_sync", t_stream_destroy_and_free_sync,
 	 "REFIT_EMU_DELAY_US=1000000"},
