@@ -310,6 +310,7 @@ EMU_DIR      := $(BUILD)/emu
 EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
 		tests/emu/emu_copy.c
 EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c
+EMU_TEST_OBJ := test_emu.o test_cuda.o test_nccl.o
 EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
 EMU_NCCL     := $(EMU_DIR)/libnccl.so.2
 EMU_CFLAGS   := $(CFLAGS_COMMON) $(OPT) -fPIC
@@ -335,9 +336,10 @@ $(EMU_CUDART): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_RT_SRC))
 $(EMU_NCCL): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_NCCL_SRC)) $(EMU_CUDART)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) -shared -Wl,-soname,libnccl.so.2 -Wl,-z,defs -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR) -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+		-L$(EMU_DIR) -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
+		-lpthread
 
-$(EMU_DIR)/test-emu: $(EMU_DIR)/obj/test_emu.o $(EMU_NCCL) $(EMU_CUDART)
+$(EMU_DIR)/test-emu: $(addprefix $(EMU_DIR)/obj/,$(EMU_TEST_OBJ)) $(EMU_NCCL) $(EMU_CUDART)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) -o $@ $(filter %.o,$^) -L$(EMU_DIR) -l:libnccl.so.2 -l:libcudart.so.13 \
 		-Wl,-rpath,'$$ORIGIN' -lpthread
@@ -354,9 +356,11 @@ $(EMU_DIR)/asan/libcudart.so.13: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.
 $(EMU_DIR)/asan/libnccl.so.2: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_NCCL_SRC)) \
 			      $(EMU_DIR)/asan/libcudart.so.13
 	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR)/asan -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+		-L$(EMU_DIR)/asan -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
+		-lpthread
 
-$(EMU_DIR)/asan/test-emu: $(EMU_DIR)/asan/obj/test_emu.o $(EMU_DIR)/asan/libnccl.so.2
+$(EMU_DIR)/asan/test-emu: $(addprefix $(EMU_DIR)/asan/obj/,$(EMU_TEST_OBJ)) \
+			  $(EMU_DIR)/asan/libnccl.so.2
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $(filter %.o,$^) -L$(EMU_DIR)/asan -l:libnccl.so.2 \
 		-l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
 

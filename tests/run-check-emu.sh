@@ -26,6 +26,24 @@ if [ -x "$E/abi-dump-real" ]; then
 else
 	echo "skip abi: no CUDA and NCCL headers here"
 fi
+# the leak checker over counter dumps: a clean and a leaking process
+cc_dir=$(mktemp -d /tmp/refit-emu-cc-XXXXXX)
+mkdir -p "$cc_dir/counters"
+echo '{"pid":1,"host":"a","devices":2,"alloc_live":[0,0],"alloc_bytes_live":[0,0],"ipc_open":0,"streams_live":0,"comms_live":0,"ids_unconsumed":0,"pair_bytes":{"0->1":5},"sticky":""}' >"$cc_dir/counters/1.json"
+cc=/usr/bin/python3
+"$cc" tests/emu/check_counters.py "$cc_dir" >/dev/null; r1=$?
+echo '{"pid":2,"host":"a","devices":2,"alloc_live":[0,1],"alloc_bytes_live":[0,8],"ipc_open":0,"streams_live":0,"comms_live":0,"ids_unconsumed":1,"pair_bytes":{},"sticky":""}' >"$cc_dir/counters/2.json"
+"$cc" tests/emu/check_counters.py "$cc_dir" >/dev/null; r2=$?
+"$cc" tests/emu/check_counters.py "$cc_dir" --allow alloc --allow ids >/dev/null; r3=$?
+rm -rf "$cc_dir"
+if [ "$r1$r2$r3" = "010" ]; then
+	echo "ok   check_counters.py: clean 0, leaking 1, allowed 0"
+	pass=$((pass + 1))
+else
+	echo "FAIL check_counters.py: exit codes $r1 $r2 $r3, want 0 1 0"
+	fail=$((fail + 1))
+fi
+
 # run one build of the rule tests; add its counts
 rules() {
 	out=$("$@" 2>&1)

@@ -469,8 +469,23 @@ comm_join_main(void *arg)
 		pthread_mutex_unlock(&p->mu);
 		comm_unref(p);
 	}
+	pthread_mutex_lock(&c->mu);
+	c->settled = true;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
 	comm_unref(c); /* the thread's reference */
 	return NULL;
+}
+
+void
+comm_shutdown_data(ncclComm_t c)
+{
+	for (int i = 0; c->out_fd && i < c->nranks; i++) {
+		if (c->out_fd[i] >= 0)
+			shutdown(c->out_fd[i], SHUT_RDWR);
+		if (c->in_fd[i] >= 0)
+			shutdown(c->in_fd[i], SHUT_RDWR);
+	}
 }
 
 void
@@ -480,12 +495,7 @@ comm_shutdown_fds(ncclComm_t c)
 		shutdown(c->listen_fd, SHUT_RDWR);
 	if (c->join_fd >= 0)
 		shutdown(c->join_fd, SHUT_RDWR);
-	for (int i = 0; c->out_fd && i < c->nranks; i++) {
-		if (c->out_fd[i] >= 0)
-			shutdown(c->out_fd[i], SHUT_RDWR);
-		if (c->in_fd[i] >= 0)
-			shutdown(c->in_fd[i], SHUT_RDWR);
-	}
+	comm_shutdown_data(c);
 }
 
 void

@@ -82,13 +82,13 @@ parse_delay(const char *s, unsigned *lo, unsigned *hi)
 	char *end;
 	unsigned long a = strtoul(s, &end, 10), b = a;
 
-	if (end == s)
+	if (end == s || *s < '0' || *s > '9')
 		return -1;
 	if (*end == '-') {
 		const char *t = end + 1;
 
 		b = strtoul(t, &end, 10);
-		if (end == t)
+		if (end == t || *t < '0' || *t > '9')
 			return -1;
 	}
 	if (*end || a > b || b > 10000000)
@@ -141,7 +141,7 @@ env_parse(void)
 	if (s && *s) {
 		unsigned long long n = strtoull(s, &end, 10);
 
-		if (*end || n == 0) {
+		if (*end || n == 0 || *s < '0' || *s > '9') {
 			emu_say("REFIT_EMU_DEVICE_MEM=\"%s\": want bytes > 0", s);
 			return -1;
 		}
@@ -180,12 +180,22 @@ env_parse(void)
 	return 0;
 }
 
+static _Atomic int forked;
+
+/* CUDA cannot be used in a child forked after the parent started it */
+static void
+on_fork_child(void)
+{
+	atomic_store(&forked, 1);
+}
+
 static void
 env_init(void)
 {
 	env_ok = env_parse() == 0;
 	if (env_ok)
 		emu_mem_init(&env);
+	pthread_atfork(NULL, NULL, on_fork_child);
 }
 
 const emu_env_t *
@@ -200,6 +210,9 @@ emu_enter(void)
 {
 	if (emu_env() == NULL)
 		return cudaErrorInitializationError;
+	if (atomic_load(&forked))
+		return emu_fail(cudaErrorInitializationError, "CUDA was started before this "
+				"process was forked: a forked child cannot use it");
 	return (cudaError_t)atomic_load(&sticky);
 }
 

@@ -8,7 +8,9 @@
  * below translates a device range to that mapping for the stream workers.
  * Addresses are not reused until the slice wraps around, so a freed pointer
  * stays invalid.  IPC handles name the exporter's (host, device, pid, seq);
- * opening one maps the same file into the importer's slice of that device.
+ * opening one maps the same file into the importer's slice of that device;
+ * using the mapping after the exporter freed the allocation (its file is
+ * gone) faults.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +51,7 @@ struct ipc_handle {
 	uint64_t seq;
 	uint64_t offset;       /* of the allocation in its file (always 0 here) */
 	uint64_t size;
+	uint64_t dir_hash;     /* REFIT_EMU_DIR, where the file is */
 };
 _Static_assert(sizeof(struct ipc_handle) <= CUDA_IPC_HANDLE_SIZE, "IPC handle too big");
 
@@ -184,6 +187,15 @@ emu_mem_find(const void *p, size_t len, bool pin, int *dev, uint8_t **mem, emu_a
 		}
 	}
 	pthread_mutex_unlock(&mu);
+	if (w == EMU_DEVICE && pin && (*out)->ipc && access((*out)->path, F_OK) != 0) {
+		/* CUDA: undefined; here the use of it faults */
+		emu_say("IPC memory %p (allocation %d.%llu of device %d) was freed by its "
+			"exporting process", p, (*out)->pid, (unsigned long long)(*out)->seq,
+			(*out)->dev);
+		emu_mem_unpin(*out);
+		*out = NULL;
+		w = EMU_BAD;
+	}
 	return w;
 }
 
@@ -374,6 +386,14 @@ cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p)
 
 /* ---- CUDA IPC --------------------------------------------------------------- */
 
+static uint64_t
+dir_hash(void)
+{
+	const char *d = emu_env()->dir;
+
+	return emu_hash(d, strlen(d), 0);
+}
+
 cudaError_t
 cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
@@ -393,7 +413,7 @@ cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 	if (a && !a->ipc) {
 		/* like CUDA: the handle names the whole allocation, whatever p is */
 		ih = (struct ipc_handle){IPC_MAGIC, a->dev, emu_env()->host_hash, a->pid, 0,
-					 a->seq, 0, a->size};
+					 a->seq, 0, a->size, dir_hash()};
 	}
 	pthread_mutex_unlock(&mu);
 	if (a == NULL)
@@ -432,6 +452,10 @@ ipc_check(const struct ipc_handle *ih, unsigned flags)
 		return emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: the "
 				"memory is on another host than \"%s\" (CUDA IPC works within "
 				"one host only)", env->host);
+	if (ih->dir_hash != dir_hash())
+		return emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: the "
+				"exporter used another REFIT_EMU_DIR than \"%s\" (all processes "
+				"of a host must share it)", env->dir);
 	if (ih->dev >= env->ndev)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle: device "
 				"%d of %d", ih->dev, env->ndev);

@@ -247,6 +247,7 @@ start_join(ncclComm_t c)
 		comm_unref(c);
 		pthread_mutex_lock(&c->mu);
 		c->pending = 0;
+		c->settled = true;
 		pthread_mutex_unlock(&c->mu);
 		comm_set_err(c, ncclSystemError, "cannot start a thread for rank %d", c->rank);
 		return ncclSystemError;
@@ -260,7 +261,7 @@ wait_ready(ncclComm_t c)
 	ncclResult_t r;
 
 	pthread_mutex_lock(&c->mu);
-	while (c->pending)
+	while (!c->settled) /* a blocking shrink returns with *newcomm written */
 		pthread_cond_wait(&c->cv, &c->mu);
 	r = c->err;
 	pthread_mutex_unlock(&c->mu);
@@ -324,8 +325,9 @@ ncclGetUniqueId(ncclUniqueId *id)
 
 	if (id == NULL)
 		return nccl_fail(ncclInvalidArgument, "ncclGetUniqueId(NULL)");
-	if (env == NULL)
-		return nccl_fail(ncclSystemError, "ncclGetUniqueId: the emulator did not start");
+	if (env == NULL || emu_enter() == cudaErrorInitializationError)
+		return nccl_fail(ncclSystemError, "ncclGetUniqueId: the emulator did not start "
+				 "(or this process was forked after it did)");
 	snprintf(w.path, sizeof(w.path), "%s/r.%d.%llu.sock", env->dir, (int)getpid(),
 		 (unsigned long long)atomic_fetch_add(&seq, 1));
 	if (root_start(w.path, true, why, sizeof(why)) == NULL)
@@ -418,8 +420,15 @@ ncclCommShrink(ncclComm_t comm, int *excl, int nex, ncclComm_t *newcomm, ncclCon
 	char why[300];
 
 	if ((r = comm_check(comm, "ncclCommShrink")) != ncclSuccess ||
-	    (r = shrink_check(comm, excl, nex, newcomm, flags)) != ncclSuccess ||
-	    (r = comm_ready(comm, "ncclCommShrink")) != ncclSuccess ||
+	    (r = shrink_check(comm, excl, nex, newcomm, flags)) != ncclSuccess)
+		return r;
+	if (flags & NCCL_SHRINK_ABORT) { /* first end the parent's operations */
+		pthread_mutex_lock(&comm->mu);
+		comm->terminated = true;
+		comm_shutdown_data(comm);
+		pthread_mutex_unlock(&comm->mu);
+	}
+	if ((r = comm_ready(comm, "ncclCommShrink")) != ncclSuccess ||
 	    (r = config_blocking(config, comm->blocking, &blocking)) != ncclSuccess)
 		return r;
 	*newcomm = NULL; /* NCCL: NULL until the shrink completes */
@@ -444,8 +453,14 @@ ncclCommShrink(ncclComm_t comm, int *excl, int nex, ncclComm_t *newcomm, ncclCon
 						      sizeof(why))) == NULL)
 		comm_set_err(c, ncclSystemError, "ncclCommShrink: %s", why);
 	cudaSetDevice(comm->dev); /* as NCCL does */
-	if ((r = start_join(c)) != ncclSuccess)
+	if ((r = start_join(c)) != ncclSuccess) {
+		pthread_mutex_lock(&comm->mu);
+		comm->children--;
+		pthread_mutex_unlock(&comm->mu);
+		comm_unref(comm);
+		c->parent = NULL;
 		return r;
+	}
 	return init_started(c);
 }
 
@@ -731,6 +746,10 @@ p2p_post(bool send, void *buf, size_t count, ncclDataType_t type, int peer, nccl
 
 	if (r != ncclSuccess)
 		return r;
+	if (c->terminated)
+		return nccl_fail(ncclInvalidUsage, "%s: rank %d: ncclCommShrink(NCCL_SHRINK_ABORT) "
+				 "ended this communicator's operations: destroy or abort it", w,
+				 c->rank);
 	if (type_size(type) == 0)
 		return nccl_fail(ncclInvalidArgument, "%s: datatype %d", w, (int)type);
 	if (peer < 0 || peer >= c->nranks)

@@ -32,10 +32,12 @@ struct ncclComm {
 	pthread_cond_t cv;
 	int refs;                  /* the handle, queued operations, the init thread */
 	int pending;               /* 1 while its init or shrink runs */
+	bool settled;              /* the init thread is done, *publish written */
 	int launching;             /* groups not yet queued on their streams */
 	int children;              /* shrinks of this communicator in progress */
 	ncclResult_t err;          /* first asynchronous error */
-	bool aborted;              /* abort (or a shrink with NCCL_SHRINK_ABORT) */
+	bool aborted;              /* ncclCommAbort */
+	bool terminated;           /* ncclCommShrink(NCCL_SHRINK_ABORT) ended its operations */
 	bool gone;                 /* destroyed or aborted: the handle is dead */
 	int shrinks;               /* shrink generation */
 	emu_peer_t *peers;
@@ -69,6 +71,8 @@ void root_unref(emu_root_t *r);
 void *comm_join_main(void *arg);
 /* Shut every socket of c down (abort): wakes whatever waits on them. */
 void comm_shutdown_fds(ncclComm_t c);
+/* Only the connections between ranks (NCCL_SHRINK_ABORT). */
+void comm_shutdown_data(ncclComm_t c);
 void comm_close_fds(ncclComm_t c);
 /* Connected socket to a unix path; -1 (errno) on failure. */
 int sock_connect(const char *path);

@@ -54,7 +54,7 @@ broken(ncclComm_t c)
 	bool b;
 
 	pthread_mutex_lock(&c->mu);
-	b = c->aborted || c->err != ncclSuccess;
+	b = c->aborted || c->terminated || c->err != ncclSuccess;
 	pthread_mutex_unlock(&c->mu);
 	return b;
 }

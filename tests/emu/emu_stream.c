@@ -32,7 +32,8 @@ struct CUstream_st {
 	emu_op_t *head, *tail;
 	uint64_t queued, done;
 	bool stop, idle;
-	struct CUstream_st *next; /* registry */
+	bool destroyed;           /* the handle is dead; queued work still runs */
+	struct CUstream_st *next; /* registry, until the worker ends */
 };
 
 struct CUevent_st {
@@ -98,6 +99,14 @@ worker(void *arg)
 		pthread_mutex_lock(&s->mu);
 	}
 	pthread_mutex_unlock(&s->mu);
+	pthread_mutex_lock(&reg_mu); /* out of the registry: its reference */
+	for (struct CUstream_st **pp = &streams; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	s->refs--;
+	pthread_mutex_unlock(&reg_mu);
 	stream_unref(s);
 	return NULL;
 }
@@ -142,7 +151,7 @@ emu_stream_get(cudaStream_t h, struct CUstream_st **out)
 			defaults[dev] = stream_new(dev, 0);
 		s = defaults[dev];
 	} else {
-		for (s = streams; s && s != h; s = s->next)
+		for (s = streams; s && (s != h || s->destroyed); s = s->next)
 			;
 	}
 	pthread_mutex_unlock(&reg_mu);
@@ -159,27 +168,114 @@ emu_stream_dev(const struct CUstream_st *s)
 	return s->dev;
 }
 
-void
-emu_stream_push(struct CUstream_st *s, emu_op_t *op)
-{
-	op->next = NULL;
-	pthread_mutex_lock(&s->mu);
-	if (s->tail)
-		s->tail->next = op;
-	else
-		s->head = op;
-	s->tail = op;
-	s->queued++;
-	pthread_cond_broadcast(&s->cv);
-	pthread_mutex_unlock(&s->mu);
-}
-
 static void
 stream_wait(struct CUstream_st *s, uint64_t target)
 {
 	pthread_mutex_lock(&s->mu);
 	while (s->done < target)
 		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * The legacy default (NULL) stream, as CUDA's: work queued on it runs after
+ * the work queued before on the device's blocking streams (created without
+ * cudaStreamNonBlocking), and work queued on those after the work queued
+ * before on it.  A barrier is an operation that waits for such work; it
+ * only ever waits for work queued before it, so barriers cannot wait on
+ * each other in a circle.
+ */
+typedef struct barrier {
+	emu_op_t h;
+	size_t n;
+	struct {
+		struct CUstream_st *s;   /* referenced */
+		uint64_t target;
+	} w[];
+} barrier_t;
+
+static void
+barrier_run(emu_op_t *op, struct CUstream_st *s)
+{
+	barrier_t *b = (barrier_t *)op;
+
+	(void)s;
+	for (size_t i = 0; i < b->n; i++)
+		stream_wait(b->w[i].s, b->w[i].target);
+}
+
+static void
+barrier_fini(emu_op_t *op)
+{
+	barrier_t *b = (barrier_t *)op;
+
+	for (size_t i = 0; i < b->n; i++)
+		stream_unref(b->w[i].s);
+	free(b);
+}
+
+/* What new work on s must wait for first; NULL when nothing. */
+static barrier_t *
+legacy_barrier(struct CUstream_st *s)
+{
+	barrier_t *b = NULL;
+	size_t cap = 0;
+	bool legacy = defaults[s->dev] == s;
+
+	if (!legacy && (s->flags & cudaStreamNonBlocking))
+		return NULL;
+	pthread_mutex_lock(&reg_mu);
+	for (struct CUstream_st *x = streams; x; x = x->next)
+		cap += x->dev == s->dev;
+	b = calloc(1, sizeof(*b) + cap * sizeof(b->w[0]));
+	if (b == NULL)
+		abort();
+	for (struct CUstream_st *x = streams; x; x = x->next) {
+		bool other_legacy = defaults[x->dev] == x;
+
+		if (x == s || x->dev != s->dev ||
+		    (legacy ? other_legacy || (x->flags & cudaStreamNonBlocking) : !other_legacy))
+			continue;
+		pthread_mutex_lock(&x->mu);
+		if (x->done < x->queued) {
+			b->w[b->n].s = x;
+			b->w[b->n++].target = x->queued;
+			x->refs++;
+		}
+		pthread_mutex_unlock(&x->mu);
+	}
+	pthread_mutex_unlock(&reg_mu);
+	if (b->n == 0) {
+		free(b);
+		return NULL;
+	}
+	b->h.run = barrier_run;
+	b->h.fini = barrier_fini;
+	return b;
+}
+
+static void
+push_locked(struct CUstream_st *s, emu_op_t *op)
+{
+	op->next = NULL;
+	if (s->tail)
+		s->tail->next = op;
+	else
+		s->head = op;
+	s->tail = op;
+	s->queued++;
+}
+
+void
+emu_stream_push(struct CUstream_st *s, emu_op_t *op)
+{
+	barrier_t *b = legacy_barrier(s);
+
+	pthread_mutex_lock(&s->mu);
+	if (b)
+		push_locked(s, &b->h);
+	push_locked(s, op);
+	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -257,7 +353,7 @@ cudaError_t
 cudaStreamDestroy(cudaStream_t h)
 {
 	cudaError_t e = emu_enter();
-	struct CUstream_st **pp, *s = NULL;
+	struct CUstream_st *s = NULL;
 
 	if (e)
 		return e;
@@ -265,22 +361,21 @@ cudaStreamDestroy(cudaStream_t h)
 	for (int d = 0; d < REFIT_EMU_MAX_DEVICES; d++)
 		if (h && defaults[d] == h)
 			h = NULL;
-	for (pp = &streams; h && *pp; pp = &(*pp)->next)
-		if (*pp == h) {
-			s = *pp;
-			*pp = s->next;
-			break;
-		}
+	for (s = streams; h && s && (s != h || s->destroyed); s = s->next)
+		;
+	if (h == NULL)
+		s = NULL;
+	if (s)
+		s->destroyed = true;
 	pthread_mutex_unlock(&reg_mu);
 	if (s == NULL)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p): not a "
 				"live stream", (void *)h);
 	emu_count_streams(-1);
-	pthread_mutex_lock(&s->mu);
+	pthread_mutex_lock(&s->mu); /* the worker ends once the queue is empty */
 	s->stop = true;
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
-	stream_unref(s);
 	return cudaSuccess;
 }
 

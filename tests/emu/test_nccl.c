@@ -1,0 +1,647 @@
+/*
+ * test_nccl.c - rule tests of the emulated NCCL: ids, init, shrink, groups,
+ * send/recv matching, abort, errors (see README.md).
+ */
+#include "tests/emu/test_emu.h"
+
+/* ---- NCCL ---------------------------------------------------------------------------------- */
+
+/* n ranks of one communicator in this process, rank i on device devs[i] */
+
+static void
+make_comms(int n, const int *devs, ncclComm_t *c, bool blocking)
+{
+	ncclUniqueId id;
+	ncclConfig_t cfg = nonblocking();
+
+	cfg.blocking = blocking;
+	NC(ncclGetUniqueId(&id));
+	NC(ncclGroupStart());
+	for (int i = 0; i < n; i++) {
+		CU(cudaSetDevice(devs[i]));
+		NC(ncclCommInitRankConfig(&c[i], n, id, i, &cfg));
+	}
+	NC(ncclGroupEnd());
+	for (int i = 0; i < n; i++)
+		CK(wait_comm(c[i], 20000) == ncclSuccess, "init of rank %d", i);
+}
+
+static cudaStream_t
+stream_on(int dev)
+{
+	cudaStream_t s;
+
+	CU(cudaSetDevice(dev));
+	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	return s;
+}
+
+static void *
+dev_buf(int dev, size_t n, unsigned seed)
+{
+	uint8_t *h = malloc(n);
+	void *d;
+
+	fill(h, n, seed);
+	CU(cudaSetDevice(dev));
+	CU(cudaMalloc(&d, n));
+	CU(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+	free(h);
+	return d;
+}
+
+static int id_pipe[2];
+
+static size_t
+xsize(int from, int to)
+{
+	return 1000 + 37 * (size_t)from + 11 * (size_t)to;
+}
+
+/* Ranks 2*proc and 2*proc+1 on devices 0 and 1 of host "host<proc>": each
+ * sends a distinct pattern to every rank (itself too), all in one group. */
+
+static void
+exchange_proc(int proc)
+{
+	enum { R = 4 };
+	ncclUniqueId id;
+	ncclComm_t comm[2];
+	cudaStream_t s[2];
+	uint8_t *sb[2][R], *rb[2][R];
+	ncclConfig_t cfg = nonblocking();
+
+	if (proc == 0) {
+		NC(ncclGetUniqueId(&id));
+		put(id_pipe[1], &id, sizeof(id));
+	} else {
+		get(id_pipe[0], &id, sizeof(id));
+	}
+	NCIS(ncclGroupStart(), ncclSuccess);
+	for (int l = 0; l < 2; l++) {
+		int me = proc * 2 + l;
+
+		s[l] = stream_on(l);
+		for (int p = 0; p < R; p++) {
+			sb[l][p] = dev_buf(l, xsize(me, p), (unsigned)(me * 16 + p));
+			rb[l][p] = dev_buf(l, xsize(p, me), 0);
+		}
+		CU(cudaSetDevice(l));
+		NCIS(ncclCommInitRankConfig(&comm[l], R, id, me, &cfg), ncclSuccess);
+		CK(comm[l] != NULL, "no handle while in progress");
+	}
+	NCIS(ncclGroupEnd(), ncclInProgress);
+	for (int l = 0; l < 2; l++)
+		CK(wait_comm(comm[l], 20000) == ncclSuccess, "init of rank %d", proc * 2 + l);
+	NCIS(ncclGroupStart(), ncclSuccess);
+	for (int l = 0; l < 2; l++)
+		for (int p = 0; p < R; p++) {
+			int me = proc * 2 + l;
+
+			NC(ncclSend(sb[l][p], xsize(me, p), ncclUint8, p, comm[l], s[l]));
+			NC(ncclRecv(rb[l][p], xsize(p, me), ncclUint8, p, comm[l], s[l]));
+		}
+	NCIS(ncclGroupEnd(), ncclInProgress);
+	for (int l = 0; l < 2; l++) {
+		CK(wait_comm(comm[l], 20000) == ncclSuccess, "launch");
+		CU(cudaStreamSynchronize(s[l]));
+	}
+	for (int l = 0; l < 2; l++)
+		for (int p = 0; p < R; p++) {
+			int me = proc * 2 + l;
+			size_t n = xsize(p, me);
+			uint8_t *got = malloc(n), *want = malloc(n);
+
+			fill(want, n, (unsigned)(p * 16 + me));
+			CU(cudaSetDevice(l)); /* the copy runs on the current device */
+			CU(cudaMemcpy(got, rb[l][p], n, cudaMemcpyDeviceToHost));
+			CK(memcmp(got, want, n) == 0, "rank %d from rank %d: bytes differ", me, p);
+			free(got);
+			free(want);
+		}
+	for (int l = 0; l < 2; l++) {
+		NCIS(ncclCommDestroy(comm[l]), ncclSuccess);
+		NCIS(ncclCommDestroy(comm[l]), ncclInvalidArgument); /* twice */
+	}
+	CK(counters().comms_live == 0 && counters().ids_unconsumed == 0, "comms %lld ids %lld",
+	   (long long)counters().comms_live, (long long)counters().ids_unconsumed);
+	CK(counters().pair_bytes[0][1] > 0 && counters().pair_bytes[1][0] > 0, "pair bytes");
+}
+
+static void
+t_nccl_exchange_4_ranks_2_processes(void)
+{
+	pid_t a, b;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	a = spawn(exchange_proc, 0, "host0");
+	b = spawn(exchange_proc, 1, "host1");
+	reap_ok(a);
+	reap_ok(b);
+}
+
+static void
+late_joiner(int arg)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+
+	(void)arg;
+	get(id_pipe[0], &id, sizeof(id));
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 1, NULL), ncclSuccess); /* blocking */
+	NCIS(ncclCommDestroy(c), ncclSuccess);
+}
+
+static void
+t_nccl_nonblocking_init(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c = NULL;
+	ncclConfig_t cfg = nonblocking(), bad = nonblocking();
+	ncclResult_t st;
+	int n;
+	void *buf;
+	cudaStream_t s;
+	pid_t pid;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	pid = spawn(late_joiner, 0, "hostB"); /* before this process starts the emulator */
+	s = stream_on(0);
+	buf = dev_buf(0, 64, 1);
+	NC(ncclGetUniqueId(&id));
+	bad.magic = 0;
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 0, &bad), ncclInvalidArgument);
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 2, &cfg), ncclInvalidArgument);
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress);
+	CK(c != NULL, "the handle must be valid at once");
+	NCIS(ncclCommGetAsyncError(c, &st), ncclSuccess);
+	CK(st == ncclInProgress, "state %d", st);
+	/* not ready: every use is refused, destroy too */
+	NCIS(ncclCommDestroy(c), ncclInvalidArgument);
+	NCIS(ncclSend(buf, 64, ncclUint8, 1, c, s), ncclInvalidArgument);
+	NCIS(ncclCommCount(c, &n), ncclInvalidArgument);
+	NCIS(ncclCommGetAsyncError(NULL, &st), ncclInvalidArgument);
+	NCIS(ncclGroupEnd(), ncclInvalidUsage);
+	CK(wait_comm(c, 300) == ncclInProgress, "ready before the other rank joined");
+	put(id_pipe[1], &id, sizeof(id));
+	CK(wait_comm(c, 20000) == ncclSuccess, "init");
+	NCIS(ncclCommCount(c, &n), ncclSuccess);
+	CK(n == 2, "count %d", n);
+	NCIS(ncclCommDestroy(c), ncclSuccess);
+	NCIS(ncclCommGetAsyncError(c, &st), ncclInvalidArgument); /* a dead handle */
+	reap_ok(pid);
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+}
+
+static void
+t_nccl_unconsumed_id(void)
+{
+	ncclUniqueId a, b;
+	ncclComm_t c;
+	char path[300];
+	struct stat st;
+
+	NC(ncclGetUniqueId(&a));
+	NC(ncclGetUniqueId(&b));
+	CK(counters().ids_unconsumed == 2, "ids %lld", (long long)counters().ids_unconsumed);
+	snprintf(path, sizeof(path), "%s/r.%d.1.sock", tdir, (int)getpid());
+	CK(stat(path, &st) == 0, "the root socket %s of the second id is not there", path);
+	NCIS(ncclCommInitRank(&c, 1, a, 0), ncclSuccess);
+	CK(counters().ids_unconsumed == 1, "ids %lld", (long long)counters().ids_unconsumed);
+	CK(stat(path, &st) == 0, "the unconsumed root went away");
+	NCIS(ncclCommDestroy(c), ncclSuccess);
+}
+
+static void
+same_device_rank(int rank)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	ncclConfig_t cfg = nonblocking();
+
+	if (rank == 0) {
+		NC(ncclGetUniqueId(&id));
+		put(id_pipe[1], &id, sizeof(id));
+		put(id_pipe[1], &id, sizeof(id));
+	}
+	get(id_pipe[0], &id, sizeof(id));
+	CU(cudaSetDevice(3));
+	NC(ncclCommInitRankConfig(&c, 2, id, rank, &cfg));
+	CK(wait_comm(c, 20000) == ncclInvalidUsage, "two ranks on one device were accepted");
+	NCIS(ncclCommDestroy(c), ncclInvalidUsage); /* an error: abort it */
+	NCIS(ncclCommAbort(c), ncclSuccess);
+	CK(counters().comms_live == 0, "comms");
+}
+
+static void
+t_nccl_two_ranks_one_device(void)
+{
+	pid_t a, b;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	a = spawn(same_device_rank, 0, "hostA");
+	b = spawn(same_device_rank, 1, "hostA");
+	reap_ok(a);
+	reap_ok(b);
+}
+
+static void
+mismatch_case(size_t scount, ncclDataType_t st, size_t rcount, ncclDataType_t rt)
+{
+	const int devs[2] = {0, 1};
+	ncclComm_t c[2];
+	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
+	void *b0 = dev_buf(0, 1024, 1), *b1 = dev_buf(1, 1024, 2);
+	ncclResult_t r0, r1;
+
+	make_comms(2, devs, c, true);
+	NC(ncclGroupStart());
+	NC(ncclSend(b0, scount, st, 1, c[0], s0));
+	NC(ncclRecv(b1, rcount, rt, 0, c[1], s1));
+	NC(ncclGroupEnd());
+	CK(wait_stream(s0, 20000) == cudaSuccess && wait_stream(s1, 20000) == cudaSuccess,
+	   "the mismatched operations did not end");
+	NCIS(ncclCommGetAsyncError(c[0], &r0), ncclSuccess);
+	NCIS(ncclCommGetAsyncError(c[1], &r1), ncclSuccess);
+	CK(r0 == ncclInvalidUsage && r1 == ncclInvalidUsage, "sender %d receiver %d", r0, r1);
+	CK(strstr(ncclGetLastError(NULL), "differ") != NULL, "message: %s",
+	   ncclGetLastError(NULL));
+	NCIS(ncclCommDestroy(c[0]), ncclInvalidUsage);
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+}
+
+static void
+t_nccl_mismatch_fails_both(void)
+{
+	mismatch_case(100, ncclUint8, 200, ncclUint8);   /* sizes */
+	mismatch_case(100, ncclUint8, 25, ncclInt32);    /* same bytes, datatypes */
+	CK(counters().comms_live == 0, "comms");
+}
+
+static void
+t_nccl_unmatched_blocks_until_abort(void)
+{
+	const int devs[2] = {0, 1};
+	ncclComm_t c[2];
+	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
+	void *b0 = dev_buf(0, 256, 1), *b1 = dev_buf(1, 256, 1);
+	ncclResult_t r;
+
+	make_comms(2, devs, c, false);
+	NCIS(ncclSend(b0, 256, ncclUint8, 1, c[0], s0), ncclInProgress); /* no receive */
+	CK(wait_comm(c[0], 20000) == ncclSuccess, "launch");
+	CK(wait_stream(s0, 500) == cudaErrorNotReady, "an unmatched send completed");
+	NCIS(ncclCommGetAsyncError(c[0], &r), ncclSuccess);
+	CK(r == ncclSuccess, "error %d while waiting", r);
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+	CK(wait_stream(s0, 10000) == cudaSuccess, "abort did not release the stream");
+	/* a receive that nobody sends to, released the same way (rank 0's
+	 * announced send would match a receive from rank 0: take one from
+	 * rank 1 itself, which never sends) */
+	NCIS(ncclRecv(b1, 256, ncclUint8, 1, c[1], s1), ncclInProgress);
+	CK(wait_comm(c[1], 20000) == ncclSuccess, "launch");
+	CK(wait_stream(s1, 500) == cudaErrorNotReady, "an unmatched receive completed");
+	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+	CK(wait_stream(s1, 10000) == cudaSuccess, "abort did not release the receive");
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+	CU(cudaSetDevice(0));
+	CU(cudaFree(b0));
+}
+
+static void
+t_nccl_shrink(void)
+{
+	const int devs[3] = {0, 1, 2};
+	ncclComm_t c[3], n0 = (ncclComm_t)1, n1 = (ncclComm_t)1;
+	ncclConfig_t cfg = nonblocking();
+	int ex[1] = {2}, self[1] = {0};
+	ncclResult_t st;
+	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
+	uint8_t *b0 = dev_buf(0, 512, 5), *b1 = dev_buf(1, 512, 0), got[512], want[512];
+
+	make_comms(3, devs, c, false);
+	NCIS(ncclCommShrink(c[0], self, 1, &n0, &cfg, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], ex, 0, &n0, &cfg, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], ex, 1, &n0, &cfg, NCCL_SHRINK_DEFAULT), ncclInProgress);
+	CK(n0 == NULL, "newcomm is published before the shrink completed");
+	NCIS(ncclCommGetAsyncError(c[0], &st), ncclSuccess);
+	CK(st == ncclInProgress, "parent state %d during the shrink", st);
+	NCIS(ncclCommDestroy(c[0]), ncclInvalidArgument);
+	CK(wait_comm(c[0], 300) == ncclInProgress, "a shrink completed without rank 1");
+	CK(n0 == NULL, "newcomm published without rank 1");
+	NCIS(ncclCommShrink(c[1], ex, 1, &n1, &cfg, NCCL_SHRINK_DEFAULT), ncclInProgress);
+	CK(wait_comm(c[0], 20000) == ncclSuccess && wait_comm(c[1], 20000) == ncclSuccess,
+	   "parents");
+	CK(n0 != NULL && n1 != NULL, "newcomm %p %p", (void *)n0, (void *)n1);
+	CK(wait_comm(n0, 20000) == ncclSuccess && wait_comm(n1, 20000) == ncclSuccess, "new");
+	{
+		int n = 0, r = -1;
+
+		NCIS(ncclCommCount(n1, &n), ncclSuccess);
+		NCIS(ncclCommUserRank(n1, &r), ncclSuccess);
+		CK(n == 2 && r == 1, "count %d rank %d", n, r);
+	}
+	NCIS(ncclSend(b0, 512, ncclUint8, 1, n0, s0), ncclInProgress);
+	NCIS(ncclRecv(b1, 512, ncclUint8, 0, n1, s1), ncclInProgress);
+	/* non-blocking: queued on the streams only once no longer in progress */
+	CK(wait_comm(n0, 20000) == ncclSuccess && wait_comm(n1, 20000) == ncclSuccess, "launch");
+	CU(cudaStreamSynchronize(s0));
+	CU(cudaStreamSynchronize(s1));
+	CU(cudaMemcpy(got, b1, 512, cudaMemcpyDeviceToHost));
+	fill(want, 512, 5);
+	CK(memcmp(got, want, 512) == 0, "bytes over the shrunk communicator differ");
+	for (int i = 0; i < 3; i++)
+		NCIS(ncclCommDestroy(c[i]), ncclSuccess);
+	NCIS(ncclCommDestroy(n0), ncclSuccess);
+	NCIS(ncclCommDestroy(n1), ncclSuccess);
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+}
+
+static void
+t_nccl_buffer_of_another_device(void)
+{
+	const int devs[2] = {0, 1};
+	ncclComm_t c[2];
+	cudaStream_t s0 = stream_on(0);
+	void *on1 = dev_buf(1, 64, 1);
+	ncclResult_t r;
+
+	make_comms(2, devs, c, true);
+	NCIS(ncclSend(on1, 64, ncclUint8, 1, c[0], s0), ncclSuccess);
+	CUIS(cudaStreamSynchronize(s0), cudaErrorIllegalAddress);
+	NCIS(ncclCommGetAsyncError(c[0], &r), ncclSuccess);
+	CK(r == ncclUnhandledCudaError, "async %d", r);
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+}
+
+static void
+t_nccl_stream_of_another_device(void)
+{
+	const int devs[2] = {0, 1};
+	ncclComm_t c[2];
+	cudaStream_t s1 = stream_on(1);
+	void *b = dev_buf(0, 64, 1), *h = malloc(64);
+
+	make_comms(2, devs, c, true);
+	NCIS(ncclSend(b, 64, ncclUint8, 1, c[0], s1), ncclInvalidArgument);
+	NCIS(ncclSend(b, 64, (ncclDataType_t)99, 1, c[0], s1), ncclInvalidArgument);
+	NCIS(ncclSend(b, 64, ncclUint8, 2, c[0], s1), ncclInvalidArgument);
+	CU(cudaGetLastError());
+	/* a host buffer: a kernel would fault */
+	NCIS(ncclSend(h, 64, ncclUint8, 1, c[1], s1), ncclSuccess);
+	CUIS(cudaStreamSynchronize(s1), cudaErrorIllegalAddress);
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+	free(h);
+}
+
+static void
+t_nccl_group_in_progress_until_launched(void)
+{
+	const int devs[2] = {0, 1};
+	ncclComm_t c[2];
+	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
+	uint8_t *b0 = dev_buf(0, 128, 4), *b1 = dev_buf(1, 128, 0), got[128], want[128];
+	ncclResult_t st;
+
+	/* REFIT_EMU_DELAY_US=1000000: the launch takes that long */
+	make_comms(2, devs, c, false);
+	NCIS(ncclGroupStart(), ncclSuccess);
+	NC(ncclSend(b0, 128, ncclUint8, 1, c[0], s0));
+	NC(ncclRecv(b1, 128, ncclUint8, 0, c[1], s1));
+	NCIS(ncclGroupEnd(), ncclInProgress);
+	NCIS(ncclCommGetAsyncError(c[0], &st), ncclSuccess);
+	CK(st == ncclInProgress, "state %d right after ncclGroupEnd", st);
+	/* the trap: the stream is still empty */
+	CU(cudaStreamQuery(s0));
+	NCIS(ncclSend(b0, 128, ncclUint8, 1, c[0], s0), ncclInvalidArgument);
+	CK(wait_comm(c[0], 20000) == ncclSuccess && wait_comm(c[1], 20000) == ncclSuccess, "after the launch");
+	CU(cudaStreamSynchronize(s1));
+	CU(cudaMemcpy(got, b1, 128, cudaMemcpyDeviceToHost));
+	fill(want, 128, 4);
+	CK(memcmp(got, want, 128) == 0, "bytes");
+	NCIS(ncclCommDestroy(c[0]), ncclSuccess);
+	NCIS(ncclCommDestroy(c[1]), ncclSuccess);
+}
+
+static void
+dying_peer(int rank)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	cudaStream_t s = stream_on(rank);
+	void *b = dev_buf(rank, 64, 1);
+	ncclResult_t r;
+
+	if (rank == 0) {
+		NC(ncclGetUniqueId(&id));
+		put(id_pipe[1], &id, sizeof(id));
+	} else {
+		get(id_pipe[0], &id, sizeof(id));
+	}
+	NCIS(ncclCommInitRank(&c, 2, id, rank), ncclSuccess);
+	if (rank == 1) {
+		NCIS(ncclSend(b, 64, ncclUint8, 0, c, s), ncclSuccess);
+		CU(cudaStreamSynchronize(s));
+		_exit(0); /* dies with its communicator */
+	}
+	NCIS(ncclRecv(b, 64, ncclUint8, 1, c, s), ncclSuccess);
+	NCIS(ncclRecv(b, 64, ncclUint8, 1, c, s), ncclSuccess);
+	CK(wait_stream(s, 20000) == cudaSuccess, "the receive from a dead peer never ended");
+	NCIS(ncclCommGetAsyncError(c, &r), ncclSuccess);
+	CK(r == ncclRemoteError, "async %d", r);
+	NCIS(ncclCommAbort(c), ncclSuccess);
+}
+
+static void
+t_nccl_peer_death_remote_error(void)
+{
+	pid_t a, b;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	a = spawn(dying_peer, 0, "hostA");
+	b = spawn(dying_peer, 1, "hostB");
+	reap_ok(b);
+	reap_ok(a);
+}
+
+static void
+t_nccl_abort_during_init(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	ncclConfig_t cfg = nonblocking();
+
+	NC(ncclGetUniqueId(&id));
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress); /* rank 1 never comes */
+	CK(wait_comm(c, 200) == ncclInProgress, "init finished alone");
+	NCIS(ncclCommAbort(c), ncclSuccess);
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+	CK(counters().ids_unconsumed == 1, "the root must still wait (NCCL leaks it too)");
+}
+
+static void
+exporter_of_id(int arg)
+{
+	ncclUniqueId id;
+
+	(void)arg;
+	NC(ncclGetUniqueId(&id));
+	put(id_pipe[1], &id, sizeof(id));
+	exit(0);
+}
+
+static void
+t_nccl_argument_errors(void)
+{
+	const int devs[3] = {0, 1, 2};
+	ncclComm_t c[3], n = NULL, x;
+	ncclUniqueId junk;
+	int v = 0, dup[2] = {2, 2}, far[1] = {7}, all[2] = {1, 2};
+	ncclConfig_t cfg = nonblocking();
+
+	NCIS(ncclGetVersion(&v), ncclSuccess);
+	CK(v == 22809, "version %d", v);
+	memset(&junk, 0x42, sizeof(junk));
+	NCIS(ncclCommInitRankConfig(&x, 2, junk, 0, NULL), ncclInvalidArgument);
+	NCIS(ncclCommInitRankConfig(NULL, 2, junk, 0, NULL), ncclInvalidArgument);
+	cfg.blocking = 5;
+	NCIS(ncclCommInitRankConfig(&x, 1, junk, 0, &cfg), ncclInvalidArgument);
+	make_comms(3, devs, c, true);
+	NCIS(ncclCommShrink(c[0], dup, 2, &n, NULL, 0), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], far, 1, &n, NULL, 0), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], all, 2, NULL, NULL, 0), ncclInvalidArgument);
+	NCIS(ncclCommShrink(c[0], far, 1, &n, NULL, 4), ncclInvalidArgument);
+	NCIS(ncclCommCuDevice(c[2], &v), ncclSuccess);
+	CK(v == 2, "device %d", v);
+	NCIS(ncclCommUserRank(c[2], NULL), ncclInvalidArgument);
+	NCIS(ncclSend(NULL, 4, ncclUint8, 1, c[0], NULL), ncclInvalidArgument);
+	for (int i = 0; i < 3; i++)
+		NCIS(ncclCommDestroy(c[i]), ncclSuccess);
+	NCIS(ncclCommAbort(c[0]), ncclInvalidArgument); /* destroyed */
+	NCIS(ncclCommDestroy(NULL), ncclSuccess);
+	NCIS(ncclCommAbort(NULL), ncclSuccess);
+	CK(strcmp(ncclGetErrorString(ncclInProgress), "NCCL operation in progress") == 0, "text");
+}
+
+static void
+wrong_size_rank(int rank)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+
+	get(id_pipe[0], &id, sizeof(id));
+	CU(cudaSetDevice(rank));
+	/* claims a world of 3 where rank 0 said 2 (or joins as rank 0 again) */
+	NCIS(ncclCommInitRankConfig(&c, rank == 1 ? 3 : 2, id, rank == 1 ? 1 : 0, NULL),
+	     ncclInvalidUsage);
+	NCIS(ncclCommAbort(c), ncclSuccess);
+}
+
+static void
+t_nccl_inconsistent_ranks(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	ncclConfig_t cfg = nonblocking();
+	pid_t a, b;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	a = spawn(wrong_size_rank, 1, "hostB");
+	b = spawn(wrong_size_rank, 2, "hostC");
+	NC(ncclGetUniqueId(&id));
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress);
+	usleep(100000); /* not a synchronisation: rank 0 only has to be first */
+	put(id_pipe[1], &id, sizeof(id));
+	put(id_pipe[1], &id, sizeof(id));
+	reap_ok(a);
+	reap_ok(b);
+	CK(wait_comm(c, 200) == ncclInProgress, "the wrong ranks completed the world");
+	NCIS(ncclCommAbort(c), ncclSuccess);
+}
+
+static void
+t_nccl_root_gone(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c;
+	int64_t t0;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	reap_ok(spawn(exporter_of_id, 0, NULL)); /* makes an id and exits */
+	get(id_pipe[0], &id, sizeof(id));
+	t0 = now_ms();
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 1, NULL), ncclSystemError);
+	CK(now_ms() - t0 >= 5000, "gave up after %lld ms", (long long)(now_ms() - t0));
+	NCIS(ncclCommAbort(c), ncclSuccess);
+}
+
+static void
+t_nccl_peer_gone_before_send(void)
+{
+	const int devs[2] = {0, 1};
+	ncclComm_t c[2];
+	cudaStream_t s0 = stream_on(0);
+	void *b0 = dev_buf(0, 64, 1);
+	ncclResult_t r;
+
+	make_comms(2, devs, c, true);
+	NCIS(ncclCommDestroy(c[1]), ncclSuccess);
+	NCIS(ncclSend(b0, 64, ncclUint8, 1, c[0], s0), ncclSuccess);
+	CK(wait_stream(s0, 20000) == cudaSuccess, "a send to a destroyed peer hung");
+	NCIS(ncclCommGetAsyncError(c[0], &r), ncclSuccess);
+	CK(r == ncclRemoteError, "async %d", r);
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+}
+
+
+static void
+t_nccl_shrink_abort_ends_operations(void)
+{
+	const int devs[3] = {0, 1, 2};
+	ncclComm_t c[3], n0 = NULL, n1 = NULL;
+	int ex[1] = {2};
+	cudaStream_t s0 = stream_on(0);
+	void *b0 = dev_buf(0, 64, 1);
+
+	make_comms(3, devs, c, true);
+	/* rank 0 waits for rank 2, which is leaving and never sends */
+	NCIS(ncclRecv(b0, 64, ncclUint8, 2, c[0], s0), ncclSuccess);
+	CK(wait_stream(s0, 300) == cudaErrorNotReady, "an unmatched receive completed");
+	NC(ncclGroupStart());
+	NC(ncclCommShrink(c[0], ex, 1, &n0, NULL, NCCL_SHRINK_ABORT));
+	NC(ncclCommShrink(c[1], ex, 1, &n1, NULL, NCCL_SHRINK_ABORT));
+	NCIS(ncclGroupEnd(), ncclSuccess); /* blocking, like the parents */
+	CK(n0 && n1, "no new communicators");
+	CK(wait_stream(s0, 10000) == cudaSuccess, "NCCL_SHRINK_ABORT left the receive waiting");
+	NCIS(ncclSend(b0, 64, ncclUint8, 1, c[0], s0), ncclInvalidUsage);
+	for (int i = 0; i < 3; i++)
+		NCIS(ncclCommDestroy(c[i]), ncclSuccess);
+	NCIS(ncclCommDestroy(n0), ncclSuccess);
+	NCIS(ncclCommDestroy(n1), ncclSuccess);
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+}
+
+const test_t nccl_tests[] = {
+	{"nccl_shrink_abort_ends_operations", t_nccl_shrink_abort_ends_operations, NULL},
+	{"nccl_exchange_4_ranks_2_processes", t_nccl_exchange_4_ranks_2_processes, NULL},
+	{"nccl_nonblocking_init", t_nccl_nonblocking_init, NULL},
+	{"nccl_unconsumed_id", t_nccl_unconsumed_id, NULL},
+	{"nccl_two_ranks_one_device", t_nccl_two_ranks_one_device, NULL},
+	{"nccl_mismatch_fails_both", t_nccl_mismatch_fails_both, NULL},
+	{"nccl_unmatched_blocks_until_abort", t_nccl_unmatched_blocks_until_abort, NULL},
+	{"nccl_shrink", t_nccl_shrink, NULL},
+	{"nccl_buffer_of_another_device", t_nccl_buffer_of_another_device, NULL},
+	{"nccl_stream_of_another_device", t_nccl_stream_of_another_device, NULL},
+	{"nccl_group_in_progress_until_launched", t_nccl_group_in_progress_until_launched,
+	 "REFIT_EMU_DELAY_US=1000000"},
+	{"nccl_peer_death_remote_error", t_nccl_peer_death_remote_error, NULL},
+	{"nccl_abort_during_init", t_nccl_abort_during_init, NULL},
+	{"nccl_argument_errors", t_nccl_argument_errors, NULL},
+	{"nccl_inconsistent_ranks", t_nccl_inconsistent_ranks, NULL},
+	{"nccl_root_gone", t_nccl_root_gone, NULL},
+	{"nccl_peer_gone_before_send", t_nccl_peer_gone_before_send, NULL},
+};
+const size_t nnccl_tests = sizeof(nccl_tests) / sizeof(nccl_tests[0]);
