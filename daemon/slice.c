@@ -568,8 +568,13 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 
 				VEC_PUSH(&ops, o);
 				VEC_PUSH(&opmsg, mine.v[i].idx);
-				s->st->msgs_out++;
-				s->st->bytes_out += pm->bytes;
+				if (to) { /* between two ranks of this node: local, as on tcp */
+					s->st->msgs_local++;
+					s->st->bytes_local += pm->bytes;
+				} else {
+					s->st->msgs_out++;
+					s->st->bytes_out += pm->bytes;
+				}
 			}
 			if (to) {
 				xport_op_t o = {false, pm->to, pm->from, to && from ? NULL : buf,
@@ -610,8 +615,10 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 				continue;
 			pm = msg_at(s, opmsg.v[i]);
 			rc = dp_unpack_msg(s->x, pm, ops.v[i].buf, err);
-			s->st->msgs_in++;
-			s->st->bytes_in += pm->bytes;
+			if (!is_local(c, pm->from)) {
+				s->st->msgs_in++;
+				s->st->bytes_in += pm->bytes;
+			}
 		}
 		if (rc == REFIT_OK)
 			rc = dev->sync(dev->ctx, err);

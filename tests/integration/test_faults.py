@@ -122,7 +122,10 @@ M = None
 
 def setup():
     global CL, M
-    CL = Cluster("f", 3, ["--test-msg-delay-ms", "25", "--slice-timeout-ms", "30000"],
+    # nccl sends fewer, larger messages (one group per bucket): slow them more,
+    # so that faults land mid-refit
+    delay = "25" if harness.TRANSPORT == "tcp" else "120"
+    CL = Cluster("f", 3, ["--test-msg-delay-ms", delay, "--slice-timeout-ms", "30000"],
                  ["--state-file", f"{TMP}/coord.state"], lease_ms=LEASE_MS)
     M = Model(CL, "fm")
     M.policy(retries=0, retry_backoff_ms=0, catch_up=False)
