@@ -385,7 +385,11 @@ job_after(uv_work_t *w, int status)
 	if (ok && atomic_load(&j->abort)) {
 		ok = false;
 		j->rc = refit_err_set(&j->err, REFIT_ERR_ABORTED, "aborted: %s", j->abort_why);
-	} else if (!ok && atomic_load(&j->abort) && j->abort_why[0]) {
+	} else if (!ok && atomic_load(&j->abort) && j->abort_why[0] &&
+		   (j->err.status == REFIT_ERR_ABORTED || strncmp(j->err.msg, "tcp: ", 5) == 0)) {
+		/* failed because of the abort; a failure of its own (a CRC
+		 * mismatch found before the abort came) keeps its own words,
+		 * so the coordinator names it as the cause */
 		refit_err_prefix(&j->err, "%s", j->abort_why);
 	}
 	if (ok) {

@@ -181,6 +181,13 @@ def scenario(cl, model, order, trainers):
                 assert cached == cl.n, f"{cached} of {cl.n} nodes found their plan cached"
                 row["e2e2_ms"] = g.finished_unix_ms - g.created_unix_ms
                 row["cached"] = cached
+                out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", cl.addr,
+                                      "status", str(rid)], capture_output=True, text=True,
+                                     timeout=60)
+                want = f"planning on the nodes: {cl.n} of {cl.n} reported, {cl.n} from " \
+                    "their cache"
+                assert out.returncode == 0 and want in out.stdout, out
+                assert "every slice running" in out.stdout, out.stdout
         row["threads"], row["rss_kib"] = proc_status(cl.coord.pid)
         row["names"] = thread_names(cl.coord.pid)
         ROWS.append(row)
