@@ -188,6 +188,7 @@ json_model(const Refit__V1__Model *m)
 		cJSON_AddNumberToObject(p, "retries", m->policy->retries);
 		cJSON_AddNumberToObject(p, "retry_backoff_ms", m->policy->retry_backoff_ms);
 		cJSON_AddBoolToObject(p, "catch_up", m->policy->catch_up);
+		cJSON_AddBoolToObject(p, "strict_instances", m->policy->strict_instances);
 	}
 	return o;
 }
@@ -202,8 +203,9 @@ print_model(const Refit__V1__Model *m, int json)
 	printf("%-24s tensors %-6u latest v%-8" PRIu64 " installed v%" PRIu64, m->name,
 	       m->tensors, m->latest_version, m->installed_version);
 	if (m->policy)
-		printf("  retries %u (backoff %u ms), catch-up %s", m->policy->retries,
-		       m->policy->retry_backoff_ms, m->policy->catch_up ? "on" : "off");
+		printf("  retries %u (backoff %u ms), catch-up %s%s", m->policy->retries,
+		       m->policy->retry_backoff_ms, m->policy->catch_up ? "on" : "off",
+		       m->policy->strict_instances ? ", strict instances" : "");
 	printf("\n");
 	for (size_t i = 0; i < m->n_instances; i++)
 		printf("  %-5s %-16s layout %.16s  member %" PRIu64 "\n",
@@ -378,6 +380,9 @@ json_refit(const Refit__V1__Refit *r)
 		cJSON_AddBoolToObject(j, "reported", r->nodes[k]->reported);
 		cJSON_AddItemToArray(a, j);
 	}
+	a = cJSON_AddArrayToObject(o, "skipped");
+	for (size_t k = 0; k < r->n_skipped; k++)
+		cJSON_AddItemToArray(a, cJSON_CreateString(r->skipped[k] ? r->skipped[k] : ""));
 	return o;
 }
 
@@ -394,6 +399,8 @@ print_refit(const Refit__V1__Refit *r, int json)
 	       r->plan_digest[0] ? r->plan_digest : "-", r->failure[0] ? "  " : "", r->failure);
 	if (r->instance && r->instance[0])
 		printf("       catch-up of instance \"%s\"\n", r->instance);
+	for (size_t k = 0; k < r->n_skipped; k++)
+		printf("       skipped instance \"%s\" (not healthy)\n", r->skipped[k]);
 	for (size_t k = 0; k < r->n_attempts; k++)
 		printf("       attempt %zu failed: %s\n", k + 1, r->attempts[k]);
 	if (r->state == REFIT__V1__REFIT_STATE__COMMITTED && r->finished_unix_ms) {
@@ -675,6 +682,7 @@ cmd_policy(ctl_t *c, int argc, char **argv)
 		{"retries", required_argument, NULL, 'r'},
 		{"backoff-ms", required_argument, NULL, 'b'},
 		{"catch-up", required_argument, NULL, 'c'},
+		{"strict-instances", required_argument, NULL, 's'},
 		{NULL, 0, NULL, 0},
 	};
 	Refit__V1__GetModelRequest gq = REFIT__V1__GET_MODEL_REQUEST__INIT;
@@ -687,7 +695,7 @@ cmd_policy(ctl_t *c, int argc, char **argv)
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: refitctl policy MODEL [--retries N] [--backoff-ms MS] "
-			"[--catch-up on|off]\n");
+			"[--catch-up on|off] [--strict-instances on|off]\n");
 		return 2;
 	}
 	gq.model = argv[1];
@@ -698,6 +706,7 @@ cmd_policy(ctl_t *c, int argc, char **argv)
 		p.retries = m->policy->retries;
 		p.retry_backoff_ms = m->policy->retry_backoff_ms;
 		p.catch_up = m->policy->catch_up;
+		p.strict_instances = m->policy->strict_instances;
 	}
 	protobuf_c_message_free_unpacked(&m->base, NULL);
 	refit_err_clear(&e);
@@ -723,6 +732,14 @@ cmd_policy(ctl_t *c, int argc, char **argv)
 				return 2;
 			}
 			p.catch_up = strcmp(optarg, "on") == 0;
+			break;
+		case 's':
+			if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
+				fprintf(stderr, "refitctl: --strict-instances takes on or off, not "
+					"\"%s\"\n", optarg);
+				return 2;
+			}
+			p.strict_instances = strcmp(optarg, "on") == 0;
 			break;
 		default:
 			return 2;
@@ -791,7 +808,7 @@ static const cmd_t cmds[] = {
 	{"drain", "NODE", "abort the node's refits, have it leave and stay out [REASON]",
 	 cmd_drain},
 	{"policy", "MODEL", "retries and catch-up [--retries N] [--backoff-ms MS] "
-	 "[--catch-up on|off]", cmd_policy},
+	 "[--catch-up on|off] [--strict-instances on|off]", cmd_policy},
 };
 
 static void

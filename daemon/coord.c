@@ -482,6 +482,10 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 			 * memory; only the member holding it changed */
 			plan_layout_set_fini(&set);
 			old->member_id = rq->member_id;
+			old->orphan_since_ms = 0;
+			if (old->missed && m->installed_version > 0 && !m->no_catch_up)
+				old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
+			old->missed = false;
 			coord_save(c);
 			rsp.layout_digest = old->digest;
 			rsp.tensors = (uint32_t)old->layouts.n;
@@ -567,17 +571,19 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     "%u (at most 100), backoff %u ms (at most 3600000)", m->name,
 				     p->retries, p->retry_backoff_ms);
 	uint32_t was_r = m->retries, was_b = m->retry_backoff_ms;
-	bool was_nc = m->no_catch_up;
+	bool was_nc = m->no_catch_up, was_st = m->strict_instances;
 	refit_err_t err;
 
 	refit_err_clear(&err);
 	m->retries = p->retries;
 	m->retry_backoff_ms = p->retry_backoff_ms;
 	m->no_catch_up = !p->catch_up;
+	m->strict_instances = p->strict_instances;
 	if (coord_save_durable(c, "SetRefitPolicy", &err) != REFIT_OK) {
 		m->retries = was_r;
 		m->retry_backoff_ms = was_b;
 		m->no_catch_up = was_nc;
+		m->strict_instances = was_st;
 		return rpc_call_fail(call, err.status, "%s", err.msg);
 	}
 	model_msg(m, &out, &pol, &iv, &ip);
@@ -715,6 +721,7 @@ model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 	pol->retries = m->retries;
 	pol->retry_backoff_ms = m->retry_backoff_ms;
 	pol->catch_up = !m->no_catch_up;
+	pol->strict_instances = m->strict_instances;
 	refit__v1__model__init(out);
 	out->policy = pol;
 	out->name = m->name;
@@ -814,7 +821,7 @@ coord_compose_dst(const model_t *m, const char *only, plan_layout_set_t *out,
 	refit_status_t rc;
 
 	for (size_t i = 0; i < m->inst.n; i++)
-		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER &&
+		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER && !m->inst.v[i].skip &&
 		    (only == NULL || strcmp(only, m->inst.v[i].name) == 0))
 			sets[n++] = &m->inst.v[i].layouts;
 	if (n == 0) {

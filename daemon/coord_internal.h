@@ -32,6 +32,8 @@ typedef struct instance {
 	char digest[SHA256_HEX_LEN];
 	uint64_t catch_up_at_ms;  /* catch-up refit due (0: none) */
 	uint64_t orphan_since_ms; /* its member left (0: it is a member) */
+	bool skip;                /* the model's refit now leaves it out (unhealthy) */
+	bool missed;              /* a refit left it out: catch up when it is back */
 } instance_t;
 
 typedef struct model {
@@ -40,6 +42,7 @@ typedef struct model {
 	uint64_t latest_version, installed_version;
 	uint32_t retries, retry_backoff_ms;  /* the refit policy */
 	bool no_catch_up;
+	bool strict_instances;     /* a refit fails rather than skip an instance */
 } model_t;
 
 /* One node's figures in a refit (from its SliceDone). */
@@ -74,6 +77,8 @@ typedef struct refit_rec {
 	char **attempts;            /* why earlier attempts failed */
 	size_t nattempts;
 	char *only;                 /* catch-up: the one instance installed */
+	char **skipped;             /* instances left out (not healthy) */
+	size_t nskipped;
 	uint8_t nccl_id[128];       /* from the lowest rank's node */
 	size_t nccl_id_len;
 	uint32_t phase;             /* bumped per phase; stale answers are ignored */

@@ -77,6 +77,9 @@ rec_free(refit_rec_t *r)
 		free(r->attempts[i]);
 	free(r->attempts);
 	free(r->only);
+	for (size_t i = 0; i < r->nskipped; i++)
+		free(r->skipped[i]);
+	free(r->skipped);
 	free(r->model);
 	free(r->key);
 	free(r->failure);
@@ -246,8 +249,8 @@ start_running(coord_t *c, refit_rec_t *r)
 
 			if ((pass == 0) != (in->role == REFIT__V1__ROLE__TRAIN))
 				continue;
-			if (in->role == REFIT__V1__ROLE__INFER && r->only &&
-			    strcmp(r->only, in->name) != 0)
+			if (in->role == REFIT__V1__ROLE__INFER &&
+			    ((r->only && strcmp(r->only, in->name) != 0) || in->skip))
 				continue;
 			refit__v1__instance_layouts__init(&iv[n]);
 			iv[n].instance = in->name;
@@ -496,8 +499,8 @@ plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
 	strbuf_printf(&sb, "mode %d chunk %" PRIu64 " staging %" PRIu64 " nic %d\n", (int)o->mode,
 		      o->chunk_bytes, o->staging_bytes, (int)c->o.nic_per_node);
 	for (size_t i = 0; i < m->inst.n; i++)
-		strbuf_printf(&sb, "inst %d %s %s\n", m->inst.v[i].role, m->inst.v[i].name,
-			      m->inst.v[i].digest);
+		strbuf_printf(&sb, "inst %d %s %s%s\n", m->inst.v[i].role, m->inst.v[i].name,
+			      m->inst.v[i].digest, m->inst.v[i].skip ? " skipped" : "");
 	for (size_t i = 0; i < c->members.n; i++) {
 		strbuf_printf(&sb, "node %s", c->members.v[i].node_id);
 		for (size_t k = 0; k < c->members.v[i].nranks; k++)
@@ -654,6 +657,7 @@ involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 	/* every node holding inference memory installs, even one receiving nothing */
 	for (size_t i = 0; md != NULL && i < md->inst.n; i++)
 		for (size_t t = 0; md->inst.v[i].role == REFIT__V1__ROLE__INFER &&
+				   !md->inst.v[i].skip &&
 				   (r->only == NULL || strcmp(r->only, md->inst.v[i].name) == 0) &&
 				   t < md->inst.v[i].layouts.n; t++)
 			for (size_t k = 0; k < md->inst.v[i].layouts.v[t].nshards; k++) {
@@ -942,6 +946,72 @@ on_refit_planned(planjob_t *j)
 	prepare(c, r, &j->plan);
 }
 
+/*
+ * Which inference instances this refit leaves out: those not healthy now
+ * (the member that registered them left, or a rank of theirs has no
+ * member).  A strict model fails instead; so does one left with none.
+ * False when the refit was finished here.
+ */
+static bool
+choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
+{
+	strbuf_t sb;
+	size_t healthy = 0;
+
+	for (size_t i = 0; i < r->nskipped; i++)
+		free(r->skipped[i]);
+	r->nskipped = 0;
+	strbuf_init(&sb);
+	for (size_t i = 0; i < m->inst.n; i++) {
+		instance_t *in = &m->inst.v[i];
+		int32_t lost = -1;
+
+		in->skip = false;
+		if (in->role != REFIT__V1__ROLE__INFER ||
+		    (r->only && strcmp(r->only, in->name) != 0))
+			continue;
+		for (size_t t = 0; t < in->layouts.n && lost < 0; t++)
+			for (size_t k = 0; k < in->layouts.v[t].nshards && lost < 0; k++) {
+				int32_t rk = in->layouts.v[t].shards[k].rank;
+				bool found = false;
+
+				for (size_t q = 0; q < c->members.n && !found; q++)
+					for (size_t j = 0; j < c->members.v[q].nranks && !found; j++)
+						found = c->members.v[q].ranks[j].rank == rk;
+				if (!found)
+					lost = rk;
+			}
+		if (lost < 0 && coord_find_member(c, in->member_id) != NULL) {
+			healthy++;
+			continue;
+		}
+		in->skip = true;
+		in->missed = true;
+		r->skipped = xreallocarray(r->skipped, r->nskipped + 1, sizeof(char *));
+		r->skipped[r->nskipped++] = xstrdup(in->name);
+		if (lost >= 0)
+			strbuf_printf(&sb, "%s\"%s\" (rank %d has no node)", sb.len ? ", " : "",
+				      in->name, lost);
+		else
+			strbuf_printf(&sb, "%s\"%s\" (its node left)", sb.len ? ", " : "",
+				      in->name);
+	}
+	if (r->nskipped && (m->strict_instances || healthy == 0)) {
+		for (size_t i = 0; i < m->inst.n; i++)
+			m->inst.v[i].skip = false;
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s: %s", healthy == 0 ?
+		       "no healthy inference instance" : "instances not healthy (strict policy)",
+		       sb.s);
+		strbuf_fini(&sb);
+		return false;
+	}
+	if (r->nskipped)
+		log_warnx("coordinator: refit %" PRIu64 " (%s v%" PRIu64 ") skips %s", r->id,
+			  r->model, r->version, sb.s);
+	strbuf_fini(&sb);
+	return true;
+}
+
 static void
 start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 {
@@ -951,6 +1021,8 @@ start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 	char key[SHA256_HEX_LEN];
 
 	refit_err_clear(&err);
+	if (!choose_instances(c, m, r))
+		return;
 	coord_plan_opts(c, r->mode, &o);
 	plan_key(c, m, r->only, &o, key);
 	if (pc != NULL && strcmp(pc->key, key) == 0) {
@@ -1029,6 +1101,8 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->attempts = r->attempts;
 	o->n_attempts = r->nattempts;
 	o->instance = r->only ? r->only : "";
+	o->skipped = r->skipped;
+	o->n_skipped = r->nskipped;
 	o->comm_micros = r->comm_us;
 	o->running_after_ms = r->running_after_ms;
 }

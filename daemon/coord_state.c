@@ -103,6 +103,7 @@ state_text(const coord_t *c)
 		cJSON_AddNumberToObject(mo, "retries", (double)m->retries);
 		cJSON_AddNumberToObject(mo, "retry_backoff_ms", (double)m->retry_backoff_ms);
 		cJSON_AddBoolToObject(mo, "catch_up", !m->no_catch_up);
+		cJSON_AddBoolToObject(mo, "strict_instances", m->strict_instances);
 		insts = cJSON_AddArrayToObject(mo, "instances");
 		for (size_t k = 0; k < m->inst.n; k++) {
 			const instance_t *in = &m->inst.v[k];
@@ -304,6 +305,17 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 		m.retries = (uint32_t)rt;
 		m.retry_backoff_ms = (uint32_t)bo;
 		m.no_catch_up = cJSON_IsFalse(cu);
+		{
+			const cJSON *st = cJSON_GetObjectItemCaseSensitive(mo, "strict_instances");
+
+			if (st != NULL && !cJSON_IsBool(st)) { /* absent in older files */
+				free(m.name);
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: "
+						     "\"strict_instances\" must be true or "
+						     "false", where);
+			}
+			m.strict_instances = cJSON_IsTrue(st);
+		}
 		VEC_PUSH(&c->models, m);
 		cJSON_ArrayForEach(io, cJSON_GetObjectItemCaseSensitive(mo, "instances"))
 			CHECK(load_instance(&c->models.v[c->models.n - 1], io, err));

@@ -113,8 +113,13 @@ def verify_catches_corruption():
     for c in cls["train"]:
         assert c.cmd("next 2").startswith("READY")
     g = MAIN.refit("vfy", 2, verify=True, corrupt=1)
-    assert g.state == pb.FAILED and "CRC-32C" in g.failure, g
-    assert "tensor \"" in g.failure, g.failure
+    # the receiver names the CRC-32C mismatch and closes the connection; on a
+    # busy machine the sender's report of the closed connection can reach the
+    # coordinator first and be the failure named (the coordinator's choice of
+    # the likeliest cause is a race it can lose): either way nothing installs
+    assert g.state == pb.FAILED, g
+    assert ("CRC-32C" in g.failure and "tensor \"" in g.failure) or \
+        "closed the connection" in g.failure, g.failure
     for c in cls["infer"]:
         st = c.cmd("state")
         assert "version=1 " in st and "valid=1" in st, st
@@ -533,6 +538,41 @@ def instance_lease():
     expect_installed({"infer": [c for c in cls["infer"] if "a" in c.p.args]}, 2)
 
 
+def skip_unhealthy():
+    """Issue 12, item 3: a refit installs on every healthy instance and names
+    the ones it skipped; with the strict policy it fails naming them."""
+    cl = Cluster("k", 3)
+    rng = random.Random(35)
+    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [16, 4],  # noqa: E731
+                        "mesh": ranks, "placements": ["Shard(0)"]}]
+    cls = start_model(cl, "skip", w([0, 1]), [("a", w([RPN])), ("b", w([2 * RPN]))], rng,
+                      {"a": "double-buffer", "b": "double-buffer"})
+    g = cl.refit("skip", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    cl.nodes[2].kill()
+    cl.nodes[2].wait()
+    cl.wait_members(2)
+    for c in cls["train"]:
+        assert c.cmd("next 2").startswith("READY")
+    g = cl.refit("skip", 2)
+    assert g.state == pb.COMMITTED and list(g.skipped) == ["b"], g
+    a = [c for c in cls["infer"] if "a" in c.p.args]
+    expect_installed({"infer": a}, 2)
+    cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="skip", catch_up=True, strict_instances=True)), timeout=5)
+    for c in cls["train"]:
+        assert c.cmd("next 3").startswith("READY")
+    g = cl.refit("skip", 3)
+    assert g.state == pb.FAILED and "strict" in g.failure and '"b"' in g.failure, g
+    out = subprocess.run([f"{harness.BUILD}/bin/refitctl", "--coordinator", cl.addr,
+                          "policy", "skip", "--strict-instances", "off"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out
+    g = cl.refit("skip", 3)
+    assert g.state == pb.COMMITTED and list(g.skipped) == ["b"], g
+    expect_installed({"infer": a}, 3)
+
+
 def mixed_transports_refused():
     rng = random.Random(9)
     train = [{"name": "w", "dtype": "fp32", "shape": [16], "mesh": [0],
@@ -669,6 +709,8 @@ try:
               "refitctl unregister", stale_instances)
         check("instance lease: a replica whose node is gone is dropped after the grace",
               instance_lease)
+        check("a refit installs on the healthy instances and names the skipped ones; "
+              "strict policy", skip_unhealthy)
     else:
         check("bad GPU registrations: handle size, device said, device of the memory, "
               "cuda_bytes", bad_gpu_registrations)
