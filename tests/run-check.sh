@@ -63,6 +63,7 @@ script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 script "conversion: C vs the numpy reference" /usr/bin/python3 tests/conversion/test_ref.py "$BUILD"
 script "conversion kernels on the GPU vs the host (skipped without one)" "$BUILD/tests/cvt-gpu-test" "$BUILD/lib/librefit-convert-cuda.so"
 script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy)" /usr/bin/python3 tests/integration/test_conversion.py "$BUILD"
+script "conversion end to end, ASan + UBSan" /usr/bin/python3 tests/integration/test_conversion.py "$BUILD/asan"
 
 echo "== GPU tests (tests/gpu/run.sh: they run where a GPU is, else say why not)"
 sh tests/gpu/run.sh "$BUILD" | tee -a "$log" | tail -3

@@ -241,7 +241,7 @@ def bad_conversion_refused():
     c = Client(CL, 2, "conv", "infer", p, instance="bad", install="in-place")
     try:
         assert c.first.startswith("ERROR") and "from fp16 but the source is bf16" in c.first, \
-            c.first
+            f"{c.first!r} {c.p.stderr.read()[:3000]}"
     finally:
         c.close()
         harness.PROCS.remove(c.p)   # it exits 1, as it should
