@@ -520,6 +520,7 @@ main(int argc, char **argv)
 		usleep(100 * 1000);
 	if (rc != 0) {
 		printf("ERROR %s %s\n", refit_status_name(rc), refit_errmsg(h));
+		fflush(stdout);   /* before any exit-time report (LeakSanitizer) */
 		fprintf(stderr, "refit-client: %s\n", refit_errmsg(h));
 		return 1;
 	}

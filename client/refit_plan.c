@@ -724,7 +724,7 @@ static const cmd_t cmds[] = {
 	 "build, validate and cost a plan; --json prints every transfer"},
 	{"explain", cmd_explain, "--src S --dst D --topology T [...]",
 	 "reshard next to gather-and-broadcast: bytes, busiest links, time, bound"},
-	{"model", cmd_model, "--model M --train SPEC --infer SPEC",
+	{"model", cmd_model, "--model M --train SPEC --infer SPEC [--infer-dtype fp8-block128]",
 	 "a whole model from the catalogue: reshard vs broadcast, time vs bound"},
 	{"help", cmd_help, "[COMMAND]", "this text, or a command's options"},
 };

@@ -25,7 +25,7 @@ struct dp_conv {
 	const plan_conv_t *c;
 	const plan_layout_set_t *src, *dst;
 	dp_mem_ops_t under, mem;
-	VEC(cbuf_t) bufs;
+	VEC(cbuf_t *) bufs;  /* each on the heap: pointers stay valid as it grows */
 	strmap_t index;    /* buffer key -> index in bufs */
 	int64_t *scale_src;/* per conversion: its scale tensor's source in c->src, or -1 */
 	bool **done;       /* per sender-side conversion: kept shard converted */
@@ -57,7 +57,7 @@ find(dp_conv_t *x, int kind, uint32_t k, int32_t rank, int32_t piece, uint32_t s
 
 	key_of(key, sizeof(key), kind, k, rank, piece, shard);
 	i = strmap_get(&x->index, key);
-	return i < 0 ? NULL : &x->bufs.v[i];
+	return i < 0 ? NULL : x->bufs.v[i];
 }
 
 /* Scratch of shape (zeroed) for one key. */
@@ -65,18 +65,19 @@ static cbuf_t *
 make(dp_conv_t *x, int kind, uint32_t k, int32_t rank, int32_t piece, uint32_t shard,
      int ndim, const int64_t *shape, plan_dtype_t dt)
 {
-	cbuf_t b = {kind, k, rank, piece, shard, {0}};
+	cbuf_t *b = xcalloc(1, sizeof(*b));
 	uint32_t e = (uint32_t)plan_dtype_size(dt);
 	uint64_t n = dp_view_bytes(ndim, shape, e);
 
 	char key[80];
 
-	dp_view_contiguous(&b.v, xcalloc(1, n ? n : 1), ndim, shape, e);
+	*b = (cbuf_t){kind, k, rank, piece, shard, {0}};
+	dp_view_contiguous(&b->v, xcalloc(1, n ? n : 1), ndim, shape, e);
 	x->bytes += n;
 	key_of(key, sizeof(key), kind, k, rank, piece, shard);
 	strmap_put(&x->index, key, (int32_t)x->bufs.n);
 	VEC_PUSH(&x->bufs, b);
-	return &x->bufs.v[x->bufs.n - 1];
+	return b;
 }
 
 /* The fp8 (or cast) scratch of a sender's piece, made on first use. */
@@ -319,8 +320,10 @@ dp_conv_free(dp_conv_t *x)
 {
 	if (x == NULL)
 		return;
-	for (size_t i = 0; i < x->bufs.n; i++)
-		free(x->bufs.v[i].v.base);
+	for (size_t i = 0; i < x->bufs.n; i++) {
+		free(x->bufs.v[i]->v.base);
+		free(x->bufs.v[i]);
+	}
 	VEC_FREE(&x->bufs);
 	strmap_fini(&x->index);
 	free(x->scale_src);

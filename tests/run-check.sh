@@ -45,6 +45,8 @@ script "conversion kernels on the GPU vs the host (skipped without one)" \
 	"$BUILD/tests/cvt-gpu-test" "$BUILD/lib/librefit-convert-cuda.so"
 script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy)" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD"
+script "conversion end to end, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD/asan"
 
 [ "$total_skip" -gt 0 ] && echo "($total_skip suite(s) skipped: see above why)"
 echo "check: $total_pass passed, $total_fail failed"

@@ -180,7 +180,7 @@ def compare(clients, layout_paths, version):
 
 # ---- tests ------------------------------------------------------------------------
 
-CL = Cluster("cv", 4)
+CL = Cluster("cv", 4, coord_extra=["--state-file", f"{TMP}/coord.state"])
 STATE = {}
 
 
@@ -224,6 +224,23 @@ def broadcast_bit_exact():
           f"equal the numpy reference")
 
 
+def coordinator_restart_keeps_conversions():
+    """The state file keeps the instances' conversions (and their digests)."""
+    CL.coord.terminate()
+    CL.coord.wait(timeout=20)
+    CL.restart_coord()
+    CL.wait_members(4, timeout=30)
+    for c in STATE["trainers"]:
+        out = c.cmd("next 3")
+        assert out.startswith("READY"), out
+    g = CL.refit("conv", 3)
+    assert g.state == pb.COMMITTED, g.failure
+    for c in STATE["infs"]:
+        out = c.cmd("wait 3 20000")
+        assert out.startswith("INSTALLED 3 "), out
+    compare(STATE["infs"], STATE["paths"], 3)
+
+
 def fp8_crosses_the_wire():
     """The coordinator's explain counts converted bytes: fewer than bf16."""
     r = subprocess.run([f"{BUILD}/bin/refit-plan", "explain", "--src", f"{TMP}/train.json",
@@ -241,7 +258,7 @@ def bad_conversion_refused():
     c = Client(CL, 2, "conv", "infer", p, instance="bad", install="in-place")
     try:
         assert c.first.startswith("ERROR") and "from fp16 but the source is bf16" in c.first, \
-            c.first
+            f"{c.first!r} {c.p.stderr.read()[:3000]}"
     finally:
         c.close()
         harness.PROCS.remove(c.p)   # it exits 1, as it should
@@ -254,6 +271,8 @@ try:
               reshard_bit_exact)
         check("gather-and-broadcast: the next version equal the numpy reference",
               broadcast_bit_exact)
+        check("coordinator restarted from its state file: the next version converts alike",
+              coordinator_restart_keeps_conversions)
         check("refit-plan explain shows both conversion sites", fp8_crosses_the_wire)
         check("a conversion that disagrees with the source is refused at registration",
               bad_conversion_refused)

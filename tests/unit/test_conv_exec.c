@@ -507,6 +507,90 @@ START_TEST(convert_apply_errors)
 }
 END_TEST
 
+/* strip, model fp8, match, rewrite, counts, names and scratch accounting */
+START_TEST(convert_helpers)
+{
+	plan_layout_set_t s, d, d0, m8, rs, rd;
+	plan_conv_t c;
+	char dst[1024];
+	int64_t blk[2] = {128, 128}, none[2] = {0, 0};
+	refit_err_t e;
+
+	snprintf(dst, sizeof(dst), "{\"tensors\":[%s,%s]}", W_DST("{\"from\":\"bf16\"}"),
+		 "{\"name\":\"w_scale_inv\",\"dtype\":\"fp32\",\"shape\":[3,2],"
+		 "\"mesh\":[8],\"placements\":[\"R\"]}");
+	th_layouts(W_SRC, &s);
+	th_layouts(dst, &d);
+	/* strip: the same refit unconverted, without the scales */
+	plan_convert_strip(&d, &d0);
+	ck_assert_uint_eq(d0.n, 1);
+	ck_assert_int_eq(d0.v[0].dtype, PLAN_DT_BF16);
+	ck_assert_ptr_null(d0.v[0].conv);
+	ck_assert_int_eq(plan_convert_match(&s, &d0, NULL), REFIT_OK);
+	ck_assert_int_eq(plan_convert_match(&s, &d, NULL), REFIT_OK);
+	refit_err_clear(&e);
+	d0.v[0].dtype = PLAN_DT_FP16;          /* as a source, it disagrees with "from" */
+	ck_assert_int_eq(plan_convert_match(&d0, &d, &e), REFIT_ERR_INVALID_ARG);
+	ck_assert_str_eq(e.msg, "layout \"w\": \"convert\" from bf16 but the source is fp16");
+	/* model fp8: projections convert, scales follow the weight's layout */
+	{
+		plan_layout_set_t ms;
+
+		th_layouts("{\"tensors\":[{\"name\":\"a.q_proj.weight\",\"dtype\":\"bf16\","
+			   "\"shape\":[300,256],\"mesh\":[8,9],\"placements\":[\"Shard(0)\"]},"
+			   "{\"name\":\"a.norm.weight\",\"dtype\":\"bf16\",\"shape\":[256],"
+			   "\"mesh\":[8],\"placements\":[\"R\"]}]}", &ms);
+		ck_assert_int_eq(plan_convert_model_fp8(&ms, blk, &m8, NULL), REFIT_OK);
+		ck_assert_uint_eq(m8.n, 3);
+		ck_assert_int_eq(m8.v[0].dtype, PLAN_DT_FP8E4M3);
+		ck_assert_str_eq(m8.v[1].name, "a.q_proj.weight_scale_inv");
+		ck_assert_int_eq(m8.v[1].shape[0], 3);
+		ck_assert_int_eq(m8.v[1].shape[1], 2);
+		ck_assert(m8.v[1].is_dtensor);
+		ck_assert_int_eq(m8.v[2].dtype, PLAN_DT_BF16);
+		ck_assert_int_eq(plan_convert_match(&ms, &m8, NULL), REFIT_OK);
+		plan_layout_set_fini(&m8);
+		ck_assert_int_eq(plan_convert_model_fp8(&ms, none, &m8, NULL), REFIT_OK);
+		ck_assert_int_eq(m8.v[1].ndim, 0);                /* a tensor scale */
+		ck_assert_int_eq(plan_convert_match(&ms, &m8, NULL), REFIT_OK);
+		plan_layout_set_fini(&m8);
+		plan_layout_set_fini(&ms);
+	}
+	/* rewrite in place equals apply; counts and names */
+	ck_assert_int_eq(plan_convert_apply(&s, &d, &c, NULL), REFIT_OK);
+	ck_assert_uint_eq(plan_convert_count(&c, PLAN_CONV_RECEIVER), 1);
+	ck_assert_uint_eq(plan_convert_count(&c, PLAN_CONV_SENDER), 0);
+	ck_assert_str_eq(plan_conv_site_name(PLAN_CONV_SENDER), "sender");
+	ck_assert_str_eq(plan_conv_site_name(PLAN_CONV_RECEIVER), "receiver");
+	plan_layout_set_copy(&rs, &s);
+	plan_layout_set_copy(&rd, &d);
+	ck_assert_int_eq(plan_convert_rewrite(&rs, &rd, NULL), REFIT_OK);
+	ck_assert_uint_eq(rd.n, c.dst.n);
+	ck_assert_int_eq(rd.v[0].dtype, c.dst.v[0].dtype);
+	ck_assert_uint_eq(rd.v[0].nshards, c.dst.v[0].nshards);
+	ck_assert_int_eq(plan_convert_rewrite(&rs, &rd, NULL), REFIT_OK);  /* nothing left */
+	/* scratch: nothing made before use; device memory refused */
+	{
+		dp_mem_ops_t dev = {tmem_view, NULL, (const dp_dev_ops_t *)&dev};
+		dp_conv_t *cx;
+
+		ck_assert_int_eq(dp_conv_new(&c, &s, &d, &(dp_mem_ops_t){tmem_view, NULL, NULL},
+					     &cx, NULL), REFIT_OK);
+		ck_assert_uint_eq(dp_conv_scratch_bytes(cx), 0);
+		dp_conv_free(cx);
+		refit_err_clear(&e);
+		ck_assert_int_eq(dp_conv_new(&c, &s, &d, &dev, &cx, &e), REFIT_ERR_UNAVAILABLE);
+		ck_assert_ptr_null(cx);
+	}
+	plan_convert_fini(&c);
+	plan_layout_set_fini(&rs);
+	plan_layout_set_fini(&rd);
+	plan_layout_set_fini(&d0);
+	plan_layout_set_fini(&s);
+	plan_layout_set_fini(&d);
+}
+END_TEST
+
 Suite *
 suite_conv_exec(void)
 {
@@ -517,6 +601,7 @@ suite_conv_exec(void)
 	tcase_add_loop_test(tc, random_shardings_bit_exact, 0, 3);
 	tcase_add_test(tc, convert_keys);
 	tcase_add_test(tc, convert_apply_errors);
+	tcase_add_test(tc, convert_helpers);
 	suite_add_tcase(s, tc);
 	return s;
 }
