@@ -34,6 +34,8 @@ script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 3
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
 script "faults, ASan + UBSan (5 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
+script "nccl on the CUDA + NCCL emulator (its rules, gpu-test, e2e and faults over nccl, normal and ASan)" \
+	sh tests/run-check-nccl.sh "$BUILD"
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
 	sh tests/fuzz/run.sh "$BUILD" 0 "$FUZZ_RUNS"
 gpu "GPU tests (tests/gpu/run.sh: skipped only where no GPU is)" sh tests/gpu/run.sh "$BUILD"
