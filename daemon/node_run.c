@@ -226,8 +226,9 @@ job_after(uv_work_t *w, int status)
 		rsp.comm_micros = j->st.comm_us;
 		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms: %" PRIu64 " bytes "
 			 "sent in %" PRIu64 " messages, %" PRIu64 " received, %" PRIu64
-			 " copied locally", n->node_id, j->refit_id, j->st.total_us / 1e3,
-			 j->st.bytes_out, j->st.msgs_out, j->st.bytes_in, j->st.bytes_local);
+			 " copied locally, relay staging peak %" PRIu64 " bytes", n->node_id,
+			 j->refit_id, j->st.total_us / 1e3, j->st.bytes_out, j->st.msgs_out,
+			 j->st.bytes_in, j->st.bytes_local, j->st.staged_max);
 		rpc_call_reply(j->call, &rsp.base);
 	} else {
 		log_warnx("node %s: refit %" PRIu64 ": slice failed: %s", n->node_id,
