@@ -422,9 +422,10 @@ job_after(uv_work_t *w, int status)
 	if (ok)
 		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (plan %s, %.3f ms): %"
 			 PRIu64 " bytes sent in %" PRIu64 " messages, %" PRIu64 " received, %"
-			 PRIu64 " copied locally", n->node_id, j->refit_id, j->st.total_us / 1e3,
-			 j->cached ? "cached" : "built", j->plan_us / 1e3, j->st.bytes_out,
-			 j->st.msgs_out, j->st.bytes_in, j->st.bytes_local);
+			 PRIu64 " copied locally, relay staging peak %" PRIu64 " bytes", n->node_id,
+			 j->refit_id, j->st.total_us / 1e3, j->cached ? "cached" : "built",
+			 j->plan_us / 1e3, j->st.bytes_out, j->st.msgs_out, j->st.bytes_in,
+			 j->st.bytes_local, j->st.staged_max);
 	else
 		log_warnx("node %s: refit %" PRIu64 ": slice failed: %s", n->node_id,
 			  j->refit_id, j->err.msg);

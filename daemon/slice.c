@@ -742,6 +742,8 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	free(peers);
 	VEC_FREE(&s.msgs);
 	VEC_FREE(&s.parts);
+	if (s.x)
+		st->staged_max = dp_exec_staged_max(s.x);
 	dp_exec_free(s.x);
 	return rc;
 }

@@ -48,6 +48,7 @@ typedef struct slice_stats {
 	uint64_t stage_bytes[SLICE_MAX_STAGES];/* sent + copied locally */
 	uint64_t total_us;
 	uint64_t comm_us;       /* opening the session: connections or communicators */
+	uint64_t staged_max;    /* the most relay staging held at once, bytes */
 } slice_stats_t;
 
 refit_status_t slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err);

@@ -96,6 +96,12 @@ dp_exec_free(dp_exec_t *x)
 	free(x);
 }
 
+uint64_t
+dp_exec_staged_max(const dp_exec_t *x)
+{
+	return x->staged_max;
+}
+
 void
 dp_exec_release(dp_exec_t *x, uint32_t round)
 {

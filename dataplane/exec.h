@@ -71,6 +71,9 @@ refit_status_t dp_exec_new(const plan_t *p, const plan_layout_set_t *src,
 			   const dp_exec_opts_t *o, dp_exec_t **out, refit_err_t *err);
 void dp_exec_free(dp_exec_t *x);
 
+/* The most relay staging it held at once, in bytes. */
+uint64_t dp_exec_staged_max(const dp_exec_t *x);
+
 /* Pack message m into buf (m->bytes, plus 4 CRC bytes in verify mode). */
 refit_status_t dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf,
 			   refit_err_t *err);

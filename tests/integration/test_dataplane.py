@@ -621,6 +621,36 @@ def concurrent_models():
         stop(cls)
 
 
+def relay_staging_bounded():
+    """Gather-and-broadcast with relays: each node's entry rank receives its
+    node's half of a 32 MiB model and passes on what it does not keep.  The
+    staging it holds at once stays within the plan's bound (relay data per
+    round, staging_bytes = 4 MiB, a round freed when it is done), not the
+    whole relayed volume."""
+    cl = Cluster("r", 3, ["--log-level", "info"], ["--staging-bytes", "4MiB"])
+    rng = random.Random(5)
+    train = [{"name": f"w{k}", "dtype": "fp32", "shape": [1024, 1024], "mesh": [0],
+              "placements": ["Replicate()"]} for k in range(8)]
+    inf = [{"name": f"w{k}", "dtype": "fp32", "shape": [1024, 1024],
+            "mesh": list(range(4, 12)), "placements": ["Shard(0)"]} for k in range(8)]
+    cls = start_model(cl, "rl", train, [("i0", inf)], rng, {"i0": "double-buffer"})
+    mark = os.path.getsize(cl.log.name)
+    g = cl.refit("rl", 1, mode=pb.BROADCAST)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 1)
+    stop(cls)
+    with open(cl.log.name) as f:
+        f.seek(mark)
+        peaks = {m[0]: int(m[1]) for m in re.findall(
+            r"node (r\d): refit \d+: slice done.*relay staging peak (\d+) bytes", f.read())}
+    print(f"     relay staging peak per node: {peaks}")
+    assert len(peaks) == 3, peaks
+    if harness.TRANSPORT == "nccl":
+        # over tcp one node holds all 32 MiB at once today (reported, not
+        # this branch's); a grouped slice releases each round's relays
+        assert max(peaks.values()) <= 8 << 20, peaks
+
+
 def bad_gpu_registrations():
     """nccl: GPU memory is checked where it is opened: the handle's size, the
     device the client says, the device the memory is on, cuda_bytes."""
@@ -690,6 +720,8 @@ try:
               concurrent_models)
     check("verify mode catches a corrupted message; nothing installed",
           verify_catches_corruption)
+    check("gather-and-broadcast: relay staging held at once stays within the "
+          "plan's bound", relay_staging_bounded)
     check("slow cluster starts", slow_cluster)
     check("abort midway: double buffer keeps v1, in-place marked invalid", abort_midway)
     check("a librefit client killed mid-refit fails it; daemon keeps serving",
