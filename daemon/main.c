@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -86,6 +87,24 @@ on_signal(uv_signal_t *h, int signum)
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sighup, NULL);
+}
+
+/*
+ * A coordinator holds two connections per member (the member's calls in,
+ * its own channel out) and a node one per peer it exchanges data with:
+ * the soft descriptor limit (often 1,024) goes up to the hard one.
+ */
+static void
+raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+		return;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+		log_warn("refitd: cannot raise the descriptor limit to %llu",
+			 (unsigned long long)rl.rlim_max);
 }
 
 static int parse_args(int argc, char **argv, refitd_config_t *cfg, bool *check_only,
@@ -330,6 +349,7 @@ main(int argc, char **argv)
 	co.instance_grace_ms = cfg.instance_grace_ms;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	signal(SIGPIPE, SIG_IGN);
+	raise_fd_limit();
 	/* calls to other processes do not use libuv's pool (rpc_async.c); the
 	 * coordinator plans on it (4 threads, the default), a node runs each
 	 * slice on it for the slice's length, so a node gets a few more */

@@ -718,7 +718,15 @@ h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 static void
 abort_job(slice_job_t *j, const char *why)
 {
-	snprintf(j->abort_why, sizeof(j->abort_why), "%s", why);
+	static const char coord[] = "aborted by the coordinator";
+	bool first = !atomic_load(&j->abort);
+
+	/* the first reason stays, except that a cause found here (a librefit
+	 * client gone) replaces the coordinator's abort, which only echoes
+	 * what other nodes saw of it */
+	if (first || (strncmp(j->abort_why, coord, sizeof(coord) - 1) == 0 &&
+		      strncmp(why, coord, sizeof(coord) - 1) != 0))
+		snprintf(j->abort_why, sizeof(j->abort_why), "%s", why);
 	atomic_store(&j->abort, 1);
 }
 

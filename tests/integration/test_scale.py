@@ -189,6 +189,9 @@ def scenario(cl, model, order, trainers):
                 assert out.returncode == 0 and want in out.stdout, out
                 assert "every slice running" in out.stdout, out.stdout
         row["threads"], row["rss_kib"] = proc_status(cl.coord.pid)
+        # one channel out and one connection in per member, not per call
+        row["fds"] = len(os.listdir(f"/proc/{cl.coord.pid}/fd"))
+        assert row["fds"] < 3 * cl.n + 64, f"coordinator holds {row['fds']} descriptors"
         row["names"] = thread_names(cl.coord.pid)
         ROWS.append(row)
     finally:
@@ -356,12 +359,13 @@ finally:
         print(f"FAIL processes exited badly (see {TMP}/*.log): {bad[:5]}")
 if ROWS:
     print(f"     {'nodes':>5} {'order':<16} {'split':>7} {'running_ms':>10} {'e2e_ms':>7} "
-          f"{'again_ms':>8} {'plan_ms':>7} {'cached':>6} {'threads':>7} {'rss_MiB':>7}")
+          f"{'again_ms':>8} {'plan_ms':>7} {'cached':>6} {'threads':>7} {'rss_MiB':>7} "
+          f"{'fds':>5}")
     print(f"     coordinator threads by name, 3 nodes: {SMALL.get('names')}; "
           f"{NODES} nodes: {ROWS[-1]['names']}")
     for r in ROWS:
         print(f"     {r['nodes']:>5} {r['order']:<16} {r['split']:>7} {r['running_ms']:>10} "
               f"{r['e2e_ms']:>7} {r['e2e2_ms']:>8} {r['plan_ms_max']:>7.1f} "
-              f"{r['cached']:>6} {r['threads']:>7} {r['rss_kib'] / 1024:>7.1f}")
+              f"{r['cached']:>6} {r['threads']:>7} {r['rss_kib'] / 1024:>7.1f} {r['fds']:>5}")
 print(f"scale: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
 sys.exit(1 if harness.counts["failed"] else 0)
