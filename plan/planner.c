@@ -86,7 +86,7 @@ typedef struct reshard {
 	uint64_t min_hop;     /* smallest part worth an extra NVLink hop */
 	/* which domains hop: hop_in where some NIC would take in more than
 	 * the domain's share from the ranks needing the data alone; hop_out
-	 * where some rank holds and needs nothing (its NIC is free to send) */
+	 * (holders' domains) where some rank holds and needs nothing */
 	uint64_t *dom_in;     /* per domain: network bytes it must take in */
 	uint64_t *own_in;     /* per NIC: what its ranks' own needs bring in */
 	uint8_t *busy;        /* per rank: holds or needs something */
@@ -484,7 +484,8 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0;
 	int32_t g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
 
-	if (!rs->hop_out[d] || b < rs->min_hop || nic_send(rs, g) >= nic_send(rs, best) ||
+	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop ||
+	    nic_send(rs, g) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
 		return best;
@@ -780,9 +781,11 @@ dst_ranks(reshard_t *rs)
 /*
  * Which domains take hops (hop_in, hop_out): a domain whose needing ranks
  * would each bring in no more than the domain's share (every NIC busy, as
- * on a DGX node) gains nothing from forwarding through another NIC, and a
- * domain whose every rank holds or needs data has no free NIC to send
- * through; hops there would only add NVLink copies and transfers.
+ * on a DGX node) gains nothing from taking parts in through another NIC,
+ * and a source domain whose every rank holds or needs data has no free NIC
+ * to send through; hops there would only add NVLink copies and transfers.
+ * (Relays between destination domains may always hop: which rank of a
+ * served domain holds a part is an accident of the receive side.)
  */
 static void
 choose_hops(reshard_t *rs, const plan_layout_set_t *src)

@@ -217,6 +217,23 @@ START_TEST(relays_between_domains)
 }
 END_TEST
 
+/* Full nodes (every rank holds, every rank needs): no hops, no relay
+ * data, nothing over NVLink — the plan of a DGX cluster stays direct. */
+START_TEST(full_nodes_take_no_hops)
+{
+	ctx_t x;
+
+	run(&x, W("w", "[1024,512]", "[0,1,2,3,4,5,6,7]", "[\"Shard(0)\"]"),
+	    W("w", "[1024,512]", "[8,9,10,11,12,13,14,15]", "[\"Shard(1)\"]"),
+	    "dgx-h100:16", PLAN_MODE_RESHARD, 64 << 10, 0);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 1024 * 512 * 4);
+	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 0);
+	ck_assert_uint_eq(x.chk.relay_bytes, 0);
+	ck_assert_uint_eq(x.c.max_nic_bytes, 1024 * 512 * 4 / 8);
+	done(&x);
+}
+END_TEST
+
 /* Two holder domains serve the first two of four domains, which need the
  * tensor at 1, 3, 1 and 2 ranks (so their pieces are cut into different
  * numbers of parts): relays must use one cut for the whole run. */
@@ -543,6 +560,7 @@ suite_planner(void)
 	tcase_add_test(tc, source_replicas_balanced);
 	tcase_add_test(tc, idle_nics_take_parts_in);
 	tcase_add_test(tc, relays_share_one_cut);
+	tcase_add_test(tc, full_nodes_take_no_hops);
 	tcase_add_test(tc, relays_between_domains);
 	tcase_add_test(tc, shared_nics_relay);
 	tcase_add_test(tc, broadcast_baseline);
