@@ -201,19 +201,24 @@ parse_convert(const cJSON *o, plan_layout_t *l, const char *what, refit_err_t *e
 			cv.scale = PLAN_SCALE_TENSOR;
 		else if (strcmp(s, "block") == 0)
 			cv.scale = PLAN_SCALE_BLOCK;
+		else if (strcmp(s, "mx") == 0)
+			cv.scale = PLAN_SCALE_MX;
 		else
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"scale\" is \"%s\" "
-					     "(known: none, tensor, block)", w, s);
+					     "(known: none, tensor, block, mx)", w, s);
 	}
 	if (bl != NULL) {
-		if (cv.scale != PLAN_SCALE_BLOCK)
+		if (cv.scale != PLAN_SCALE_BLOCK && cv.scale != PLAN_SCALE_MX)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"block\" needs "
-					     "\"scale\": \"block\"", w);
+					     "\"scale\": \"block\" or \"mx\"", w);
 		CHECK(json_int_array(bl, 1, (int64_t)1 << 31, cv.block, PLAN_MAX_DIMS,
 				     &cv.nblock, w, err));
 	} else if (cv.scale == PLAN_SCALE_BLOCK) {
 		cv.nblock = 2;
 		cv.block[0] = cv.block[1] = 128;
+	} else if (cv.scale == PLAN_SCALE_MX) {
+		cv.nblock = 1;    /* 1 x 32 along the last dim */
+		cv.block[0] = 32;
 	}
 	if (st != NULL && cv.scale == PLAN_SCALE_NONE)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"scale_tensor\" needs "
@@ -387,14 +392,14 @@ codec_boxes_json(const plan_layout_t *l, strbuf_t *out)
 void
 codec_convert_json(const plan_layout_t *l, strbuf_t *out)
 {
-	static const char *const scales[] = {"none", "tensor", "block"};
+	static const char *const scales[] = {"none", "tensor", "block", "mx"};
 	const plan_convert_t *c = l->conv;
 
 	if (c == NULL)
 		return;
 	strbuf_printf(out, ",\"convert\":{\"from\":\"%s\",\"scale\":\"%s\"",
 		      plan_dtype_name(c->from), scales[c->scale]);
-	if (c->scale == PLAN_SCALE_BLOCK) {
+	if (c->scale == PLAN_SCALE_BLOCK || c->scale == PLAN_SCALE_MX) {
 		strbuf_puts(out, ",\"block\":");
 		strbuf_i64_list(out, c->block, c->nblock);
 	}

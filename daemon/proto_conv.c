@@ -12,7 +12,7 @@
 #include "daemon/proto_conv.h"
 #include "plan/convert.h"
 
-static const char *const scale_names[] = {"none", "tensor", "block"};
+static const char *const scale_names[] = {"none", "tensor", "block", "mx"};
 
 /* The conversion of a destination tensor, checked (docs/conversion.md). */
 static refit_status_t
@@ -25,14 +25,15 @@ conv_from_proto(const Refit__V1__Conversion *p, plan_layout_t *l, refit_err_t *e
 	if (plan_dtype_parse(p->from ? p->from : "", &c.from) != REFIT_OK)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": convert: "
 				     "unknown dtype \"%s\" in from", l->name, p->from ? p->from : "");
-	for (k = 0; k < 3 && strcmp(p->scale ? p->scale : "", scale_names[k]) != 0; k++)
+	for (k = 0; k < 4 && strcmp(p->scale ? p->scale : "", scale_names[k]) != 0; k++)
 		;
-	if (k == 3)
+	if (k == 4)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": convert: scale "
-				     "\"%s\" (known: none, tensor, block)", l->name,
+				     "\"%s\" (known: none, tensor, block, mx)", l->name,
 				     p->scale ? p->scale : "");
 	c.scale = (plan_scale_t)k;
-	if (p->n_block > PLAN_MAX_DIMS || (c.scale == PLAN_SCALE_BLOCK) != (p->n_block > 0))
+	if (p->n_block > PLAN_MAX_DIMS ||
+	    (c.scale == PLAN_SCALE_BLOCK || c.scale == PLAN_SCALE_MX) != (p->n_block > 0))
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": convert: %zu "
 				     "block entries for scale \"%s\"", l->name, p->n_block,
 				     scale_names[k]);

@@ -39,6 +39,7 @@ quant_of(const plan_conv_tensor_t *t, dp_quant_t *q)
 	q->from = t->from;
 	q->to = t->to;
 	q->ndim = t->ndim;
+	q->mx = t->scale == PLAN_SCALE_MX;
 	memcpy(q->shape, t->shape, sizeof(q->shape));
 	memcpy(q->block, t->block, sizeof(q->block));
 }
@@ -105,7 +106,7 @@ scale_buf(dp_conv_t *x, uint32_t k, uint32_t i, cbuf_t **out)
 	*out = find(x, BUF_SCALE, k, sh->rank, sh->piece, i);
 	if (*out == NULL)
 		*out = make(x, BUF_SCALE, k, sh->rank, sh->piece, i, ss->ndim, sh->box.size,
-			    PLAN_DT_FP32);
+			    ss->dtype);
 	return REFIT_OK;
 }
 

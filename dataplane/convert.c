@@ -56,6 +56,18 @@ dp_e4m3_scale_inv(uint32_t amax)
 	return dp_elem_scale_inv(amax);
 }
 
+uint8_t
+dp_mx_scale(uint32_t amax)
+{
+	return dp_elem_mx_scale(amax);
+}
+
+uint32_t
+dp_mx_divisor(uint8_t e8m0)
+{
+	return dp_elem_mx_divisor(e8m0);
+}
+
 bool
 dp_cvt_supported(plan_dtype_t from, plan_dtype_t to)
 {
@@ -231,15 +243,18 @@ dp_quant_grid(const dp_quant_t *q, int64_t *grid)
 		grid[d] = (q->shape[d] + q->block[d] - 1) / q->block[d];
 }
 
-/* Write one scale at grid coordinate gc when scs holds it. */
+/* Write one scale (4 bytes, or 1 for a 1-byte view: e8m0) at grid
+ * coordinate gc when scs holds it. */
 static void
 put_scale(const dp_view_t *scv, const plan_shard_t *scs, const int64_t *gc, int nd,
 	  uint32_t s)
 {
 	plan_box_t one;
+	uint8_t b = (uint8_t)s;
+	const void *src = scv->elem == 1 ? (const void *)&b : (const void *)&s;
 
 	if (scv->ndim == 0) {
-		memcpy(scv->base, &s, 4);
+		memcpy(scv->base, src, scv->elem);
 		return;
 	}
 	for (int d = 0; d < nd; d++) {
@@ -247,7 +262,7 @@ put_scale(const dp_view_t *scv, const plan_shard_t *scs, const int64_t *gc, int 
 		one.size[d] = 1;
 	}
 	if (plan_box_contains(&scs->box, &one, nd))
-		memcpy(at(scv, scs, gc), &s, 4);
+		memcpy(at(scv, scs, gc), src, scv->elem);
 }
 
 void
@@ -267,7 +282,7 @@ dp_quant_region(const dp_quant_t *q, const dp_view_t *sv, const plan_shard_t *ss
 	}
 	for (;;) {
 		plan_box_t blk, part;
-		uint32_t s;
+		uint32_t s, sbyte;
 		int d;
 
 		for (d = 0; d < nd; d++) {
@@ -276,11 +291,20 @@ dp_quant_region(const dp_quant_t *q, const dp_view_t *sv, const plan_shard_t *ss
 			blk.off[d] = a;
 			blk.size[d] = (b < q->shape[d] ? b : q->shape[d]) - a;
 		}
-		s = dp_e4m3_scale_inv(dp_amax_box(sv, ss, q->from, &blk));
+		s = dp_amax_box(sv, ss, q->from, &blk);
+		if (q->mx) {   /* the byte to store; divide by the power of two */
+			uint8_t e = dp_mx_scale(s);
+
+			sbyte = e;
+			s = dp_mx_divisor(e);
+		} else {
+			s = dp_e4m3_scale_inv(s);
+			sbyte = s;
+		}
 		if (qv && plan_box_intersect(&blk, want, nd, &part))
 			dp_cvt_box(sv, ss, q->from, qv, qs, q->to, s, &part);
 		if (scv)
-			put_scale(scv, scs, gc, nd, s);
+			put_scale(scv, scs, gc, nd, sbyte);
 		for (d = nd - 1; d >= 0 && ++gc[d] > hi[d]; d--)
 			gc[d] = lo[d];
 		if (d < 0)

@@ -31,6 +31,9 @@ uint32_t dp_cvt_widen(const void *p, plan_dtype_t dt);
 /* e4m3 scale_inv (fp32 bits) of a block whose max |x| has fp32 bits amax
  * (any NaN bits: a block holding a NaN). */
 uint32_t dp_e4m3_scale_inv(uint32_t amax);
+/* MXFP8: the e8m0 scale byte of a block, and the divisor (fp32 bits) of a byte. */
+uint8_t dp_mx_scale(uint32_t amax);
+uint32_t dp_mx_divisor(uint8_t e8m0);
 
 /* Contiguous runs: n elements of `from` at src into `to` at dst; scale_inv
  * (fp32 bits) is used by fp8e4m3 targets only.  Returns false (nothing
@@ -52,6 +55,7 @@ typedef struct dp_quant {
 	int ndim;
 	int64_t shape[PLAN_MAX_DIMS];
 	int64_t block[PLAN_MAX_DIMS];   /* >= 1; 1 everywhere for a cast */
+	bool mx;                        /* MXFP8: e8m0 byte scales (1-byte scale view) */
 } dp_quant_t;
 
 /*

@@ -15,6 +15,30 @@
 #define DP_HD static __host__ __device__ __forceinline__
 #else
 #define DP_HD static inline
+/*
+ * MXFP8 (OCP MX v1.0): the block's shared scale 2^X, X = floor(log2(amax))
+ * - 8 clamped to [-127, 127], as its e8m0 byte X + 127; a block holding a
+ * NaN or an infinity gets 0xff (NaN).  Zero and subnormal amax give 0.
+ */
+DP_HD uint8_t
+dp_elem_mx_scale(uint32_t amax)
+{
+	uint32_t e = (amax & 0x7fffffffu) >> 23;
+
+	if (e == 0xff)
+		return 0xff;
+	return (uint8_t)(e > 8 ? e - 8 : 0);
+}
+
+/* The divisor 2^(b - 127) of an e8m0 byte, as fp32 bits (0xff: NaN). */
+DP_HD uint32_t
+dp_elem_mx_divisor(uint8_t b)
+{
+	if (b == 0xff)
+		return 0x7fc00000u;
+	return b ? (uint32_t)b << 23 : 0x00400000u;
+}
+
 #endif
 
 DP_HD uint32_t

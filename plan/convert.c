@@ -11,6 +11,12 @@
 #include "common/strmap.h"
 #include "plan/convert.h"
 
+plan_dtype_t
+plan_conv_scale_dtype(plan_scale_t s)
+{
+	return s == PLAN_SCALE_MX ? PLAN_DT_UINT8 : PLAN_DT_FP32;
+}
+
 const char *
 plan_conv_site_name(plan_conv_site_t s)
 {
@@ -50,7 +56,8 @@ plan_convert_check_spec(const plan_layout_t *l, refit_err_t *err)
 	if (l->dtype == PLAN_DT_FP8E4M3 && c->scale == PLAN_SCALE_NONE)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": \"convert\" to "
 				     "fp8e4m3 needs \"scale\": \"tensor\" or \"block\"", l->name);
-	if (c->scale == PLAN_SCALE_BLOCK && (c->nblock < 1 || c->nblock > l->ndim))
+	if ((c->scale == PLAN_SCALE_BLOCK || c->scale == PLAN_SCALE_MX) &&
+	    (c->nblock < 1 || c->nblock > l->ndim))
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": \"convert\": "
 				     "\"block\" has %d entries but the tensor has %d dims",
 				     l->name, c->nblock, l->ndim);
@@ -87,7 +94,7 @@ geometry(const plan_layout_t *d, plan_conv_tensor_t *t)
 		if (c->scale == PLAN_SCALE_TENSOR && d->shape[k] > 0)
 			t->block[k] = d->shape[k];
 	}
-	if (c->scale == PLAN_SCALE_BLOCK)
+	if (c->scale == PLAN_SCALE_BLOCK || c->scale == PLAN_SCALE_MX)
 		for (int k = 0; k < c->nblock; k++)
 			t->block[d->ndim - c->nblock + k] = c->block[k];
 	for (int k = 0; k < d->ndim; k++)
@@ -206,7 +213,7 @@ check_pair(const plan_layout_t *d, const plan_layout_t *s, const plan_layout_set
 
 	for (int e = 0; shape_ok && e < sc->ndim; e++)
 		shape_ok = sc->shape[e] == t->grid[e];
-	if (sc->dtype != PLAN_DT_FP32 || !shape_ok) {
+	if (sc->dtype != plan_conv_scale_dtype(t->scale) || !shape_ok) {
 		char want[160] = "[]";
 		size_t o = 0;
 
@@ -216,8 +223,9 @@ check_pair(const plan_layout_t *d, const plan_layout_t *s, const plan_layout_set
 		if (t->scale != PLAN_SCALE_TENSOR)
 			snprintf(want + o, sizeof(want) - o, "]");
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": scale tensor "
-				     "\"%s\" must be fp32 of shape %s (%s), not %s of %d dims",
-				     d->name, sc->name, want, t->scale == PLAN_SCALE_TENSOR ?
+				     "\"%s\" must be %s of shape %s (%s), not %s of %d dims",
+				     d->name, sc->name, plan_dtype_name(plan_conv_scale_dtype(t->scale)),
+				     want, t->scale == PLAN_SCALE_TENSOR ?
 				     "one scale for the tensor" : "one scale per block",
 				     plan_dtype_name(sc->dtype), sc->ndim);
 	}
@@ -276,8 +284,8 @@ scale_source(const plan_conv_tensor_t *t, const plan_layout_t *kept, const char 
 		if (nd)
 			to_grid(t, &kept->shards[i].box, &sh[i].box);
 	}
-	rc = plan_layout_init_explicit(out, name, PLAN_DT_FP32, nd, t->grid, sh, kept->nshards,
-				       err);
+	rc = plan_layout_init_explicit(out, name, plan_conv_scale_dtype(t->scale), nd, t->grid, sh,
+				       kept->nshards, err);
 	free(sh);
 	return rc;
 }

@@ -119,6 +119,8 @@ refit_status_t plan_convert_rewrite(plan_layout_set_t *src, plan_layout_set_t *d
 /* Tensors of dst that convert, and the bytes of their scale tensors. */
 size_t plan_convert_count(const plan_conv_t *c, plan_conv_site_t site);
 
+/* The scale tensor's dtype: uint8 (e8m0 bytes) for MX, else fp32. */
+plan_dtype_t plan_conv_scale_dtype(plan_scale_t s);
 /* "sender" / "receiver" */
 const char *plan_conv_site_name(plan_conv_site_t s);
 

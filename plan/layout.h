@@ -62,13 +62,14 @@ typedef enum plan_scale {
 	PLAN_SCALE_NONE,
 	PLAN_SCALE_TENSOR,
 	PLAN_SCALE_BLOCK,
+	PLAN_SCALE_MX,      /* MXFP8: power-of-two scales (e8m0 bytes) per block */
 } plan_scale_t;
 
 typedef struct plan_convert {
 	plan_dtype_t from;               /* the source's dtype */
 	plan_scale_t scale;
 	int nblock;                      /* block entries given (trailing dims) */
-	int64_t block[PLAN_MAX_DIMS];    /* PLAN_SCALE_BLOCK: extents, as given */
+	int64_t block[PLAN_MAX_DIMS];    /* BLOCK, MX: extents, as given */
 	char *scale_tensor;              /* scaled: name of the scale tensor */
 } plan_convert_t;
 

@@ -74,7 +74,7 @@ one_case(plan_dtype_t from)
 	size_t e = plan_dtype_size(from), n = (size_t)(rows * cols);
 	uint8_t *x = malloc(n * e), *q = malloc(n), *gq = malloc(n);
 	uint32_t *sc = malloc((size_t)(gr * gc) * 4), *gsc = malloc((size_t)(gr * gc) * 4);
-	dp_quant_t g = {from, PLAN_DT_FP8E4M3, 2, {rows, cols}, {br, bc}};
+	dp_quant_t g = {from, PLAN_DT_FP8E4M3, 2, {rows, cols}, {br, bc}, false};
 	int64_t gshape[2] = {gr, gc};
 	plan_box_t full, gb, want;
 	plan_shard_t fs, gs;

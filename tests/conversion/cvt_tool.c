@@ -2,7 +2,7 @@
  * cvt_tool.c - the C conversion of one whole tensor, for the numpy
  * cross-check (tests/conversion/test_ref.py).
  *
- *   cvt-tool FROM TO none|tensor|block SHAPE [BLOCK]   (SHAPE, BLOCK: 4,6)
+ *   cvt-tool FROM TO none|tensor|block|mx SHAPE [BLOCK]   (SHAPE, BLOCK: 4,6)
  *
  * reads the tensor's raw bits (row-major) from stdin, writes the converted
  * bits, then for fp8 the fp32 scales (row-major grid), to stdout.
@@ -45,7 +45,7 @@ main(int argc, char **argv)
 	    (q.ndim = dims(argv[4], q.shape)) < 1 ||
 	    (argc > 5 && (nb = dims(argv[5], bl)) < 1) || nb > q.ndim ||
 	    !dp_cvt_supported(q.from, q.to)) {
-		fprintf(stderr, "usage: cvt-tool FROM TO none|tensor|block SHAPE [BLOCK]\n");
+		fprintf(stderr, "usage: cvt-tool FROM TO none|tensor|block|mx SHAPE [BLOCK]\n");
 		return 2;
 	}
 	for (int d = 0; d < q.ndim; d++) {
@@ -53,9 +53,11 @@ main(int argc, char **argv)
 		q.block[d] = 1;
 		if (strcmp(argv[3], "tensor") == 0)
 			q.block[d] = q.shape[d] ? q.shape[d] : 1;
-		else if (strcmp(argv[3], "block") == 0 && d >= q.ndim - nb)
+		else if ((strcmp(argv[3], "block") == 0 || strcmp(argv[3], "mx") == 0) &&
+			 d >= q.ndim - nb)
 			q.block[d] = bl[d - (q.ndim - nb)];
 	}
+	q.mx = strcmp(argv[3], "mx") == 0;
 	dp_quant_grid(&q, grid);
 	for (int d = 0; d < q.ndim; d++)
 		ng *= grid[d];
@@ -79,11 +81,11 @@ main(int argc, char **argv)
 
 		plan_box_full(&gb, grid, q.ndim);
 		dp_shard_of_box(&gs, &gb);
-		dp_view_contiguous(&scv, sc, q.ndim, grid, 4);
+		dp_view_contiguous(&scv, sc, q.ndim, grid, q.mx ? 1 : 4);
 		dp_quant_region(&q, &sv, &sh, &full, &qv, &sh, &scv, &gs);
 	}
 	if (fwrite(out, oe, (size_t)n, stdout) != (size_t)n ||
-	    fwrite(sc, 4, (size_t)ng, stdout) != (size_t)ng)
+	    fwrite(sc, q.mx ? 1 : 4, (size_t)ng, stdout) != (size_t)ng)
 		return 1;
 	return 0;
 }

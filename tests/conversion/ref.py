@@ -111,12 +111,48 @@ def quantize_e4m3(bits, dtype, block=None):
     return q, scales
 
 
+def mx_scale(xf):
+    """e8m0 byte of one block (OCP MX v1.0, FP8 E4M3: emax 8): X =
+    floor(log2(amax)) - 8 clamped to [-127, 127], stored X + 127; 0xff for a
+    block holding a NaN or an infinity.  Uses frexp, not the fp32 bits."""
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.abs(xf.astype(np.float64))) if xf.size else 0.0
+    if np.isnan(amax) or np.isinf(amax):
+        return 0xff
+    if amax == 0:
+        return 0
+    _, e = np.frexp(amax)               # amax = m * 2^e, 0.5 <= m < 1
+    x = int(e) - 1 - 8
+    return min(127, max(-127, x)) + 127
+
+
+def quantize_mx(bits, dtype, block):
+    """MXFP8: e4m3 codes and uint8 e8m0 scales, blocks on the trailing dims."""
+    xf = to_f32(bits, dtype)
+    shape = xf.shape
+    nd = len(shape)
+    blk = [1] * (nd - len(block)) + list(block)
+    grid = tuple(-(-shape[d] // blk[d]) for d in range(nd))
+    q = np.zeros(shape, dtype=np.uint8)
+    scales = np.zeros(grid, dtype=np.uint8)
+    for g in np.ndindex(*grid):
+        sl = tuple(slice(g[d] * blk[d], min(shape[d], (g[d] + 1) * blk[d])) for d in range(nd))
+        b = mx_scale(xf[sl].reshape(-1))
+        scales[g] = b
+        div = np.float32(np.nan) if b == 0xff else np.float32(2.0 ** (b - 127))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            q[sl] = f32_to_e4m3(xf[sl] / div)
+    return q, scales
+
+
 def convert(bits, src, dst, scale="none", block=None):
     """The whole conversion of a tensor given as raw bits: returns
     (destination bits, scales or None)."""
     if dst in ("bf16", "fp16"):
         xf = to_f32(bits, src)
         return (f32_to_bf16(xf) if dst == "bf16" else f32_to_fp16(xf)), None
+    if dst == "fp8e4m3" and scale == "mx":
+        return quantize_mx(bits, src, block or [32])
     if dst == "fp8e4m3":
         return quantize_e4m3(bits, src, None if scale == "tensor" else (block or [128, 128]))
     raise ValueError("unknown destination dtype %r" % dst)

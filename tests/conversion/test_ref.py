@@ -29,7 +29,7 @@ def run_c(bits, src, dst, scale, block):
                          timeout=120).stdout
     n = bits.size * np.dtype(NP[dst]).itemsize
     q = np.frombuffer(out[:n], dtype=NP[dst]).reshape(bits.shape)
-    s = np.frombuffer(out[n:], dtype=np.uint32)
+    s = np.frombuffer(out[n:], dtype=np.uint8 if scale == "mx" else np.uint32)
     return q, s
 
 
@@ -38,9 +38,13 @@ def check(name, bits, src, dst, scale="none", block=None):
     q_c, s_c = run_c(bits, src, dst, scale, block)
     q_r, s_r = ref.convert(bits, src, dst, scale, block)
     bad = np.flatnonzero(q_c.reshape(-1) != np.asarray(q_r).reshape(-1))
-    s_r = np.asarray(s_r, dtype=np.float32).reshape(-1) if s_r is not None else np.zeros(0, np.float32)
-    s_rb = np.where(np.isnan(s_r), np.float32(np.nan), s_r).view(np.uint32)
-    s_rb = np.where(np.isnan(s_r), np.uint32(0x7fc00000), s_rb)
+    if scale == "mx":
+        s_rb = np.asarray(s_r, dtype=np.uint8).reshape(-1)
+    else:
+        s_r = np.asarray(s_r, dtype=np.float32).reshape(-1) if s_r is not None else \
+            np.zeros(0, np.float32)
+        s_rb = np.where(np.isnan(s_r), np.float32(np.nan), s_r).view(np.uint32)
+        s_rb = np.where(np.isnan(s_r), np.uint32(0x7fc00000), s_rb)
     sbad = np.flatnonzero(s_c != s_rb) if s_c.size == s_rb.size else [0]
     if len(bad) or len(sbad):
         failed += 1
@@ -84,6 +88,7 @@ def main():
               "fp8e4m3", "block", [128, 128])
         check("every %s value -> e4m3, 1x32 blocks" % src, allv, src, "fp8e4m3", "block", [1, 32])
         check("every %s value -> e4m3, tensor scale" % src, allv, src, "fp8e4m3", "tensor")
+        check("every %s value -> MXFP8, 1x32 blocks" % src, allv, src, "fp8e4m3", "mx", [32])
     for it in range(12):
         shape = tuple(int(v) for v in rng.integers(1, 300, 2))
         x = rand_f32(rng, shape)
@@ -92,6 +97,14 @@ def main():
         blk = [int(v) for v in rng.integers(1, 140, 2)]
         check("fp32 %s -> e4m3 blocks %s" % (shape, blk), rand_f32(rng, shape, it % 2 == 0),
               "fp32", "fp8e4m3", "block", blk)
+    for it in range(6):
+        shape = tuple(int(v) for v in rng.integers(1, 200, 2))
+        blk = [int(v) for v in rng.integers(1, 70, 1)]
+        check("fp32 %s -> MXFP8 blocks 1x%s" % (shape, blk), rand_f32(rng, shape, it % 2 == 0),
+              "fp32", "fp8e4m3", "mx", blk)
+    tiny = rand_f32(rng, (64, 64), False) & np.uint32(0x807fffff)   # subnormal and zero
+    tiny[::7] = 0
+    check("fp32 subnormals -> MXFP8 (X clamped to -127)", tiny, "fp32", "fp8e4m3", "mx", [32])
     x3 = rand_f32(rng, (3, 130, 257), False)
     check("fp32 (3,130,257) -> e4m3 blocks [128,128] on trailing dims", x3, "fp32", "fp8e4m3",
           "block", [128, 128])

@@ -36,7 +36,9 @@ import ref  # noqa: E402
 from harness import Client, Cluster, check, write  # noqa: E402
 
 harness.init(BUILD, TMP)
-NP = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32, "fp8e4m3": np.uint8}
+NP = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32, "fp8e4m3": np.uint8,
+      "uint8": np.uint8}
+MX = {"from": "bf16", "scale": "mx"}        # MXFP8: 1 x 32 blocks, e8m0 scales
 
 # ---- the model ------------------------------------------------------------------
 
@@ -60,6 +62,7 @@ TRAIN = [
                 {"rank": 5, "offset": [40, 0], "size": [24, 100]}]},
     dt("t", "fp16", [40, 33], [0, 1], ["Shard(1)"]),             # tensor scale, split
     dt("u", "bf16", [10], [3], ["Replicate()"]),
+    dt("x", "bf16", [64, 96], [2, 3], ["Shard(1)"]),             # 48 columns: splits blocks
 ]
 I0 = [  # TP4 on node 2, packed memory
     dt("w1", "fp8e4m3", [300, 520], [8, 9, 10, 11], ["Shard(1)"], FP8),
@@ -74,6 +77,8 @@ I0 = [  # TP4 on node 2, packed memory
     dt("t", "fp8e4m3", [40, 33], [8, 9], ["Shard(0)"], {"from": "fp16", "scale": "tensor"}),
     dt("t_scale_inv", "fp32", [], [8, 11], ["Replicate()"]),
     dt("u", "bf16", [10], [8], ["Replicate()"]),
+    dt("x", "fp8e4m3", [64, 96], [8, 9], ["Shard(0)"], MX),
+    dt("x_scale_inv", "uint8", [64, 3], [10], ["Replicate()"]),
 ]
 I1 = [  # other shardings on node 3, strided memory
     dt("w1", "fp8e4m3", [300, 520], [12, 13], ["Shard(0)"], FP8),
@@ -88,6 +93,8 @@ I1 = [  # other shardings on node 3, strided memory
     dt("t", "fp8e4m3", [40, 33], [13], ["Replicate()"], {"from": "fp16", "scale": "tensor"}),
     dt("t_scale_inv", "fp32", [], [12], ["Replicate()"]),
     dt("u", "bf16", [10], [14, 15], ["Shard(0)"]),
+    dt("x", "fp8e4m3", [64, 96], [14], ["Replicate()"], MX),
+    dt("x_scale_inv", "uint8", [64, 3], [12, 13], ["Shard(1)"]),
 ]
 
 # ---- the trainer's values (refit-client --finite), recomputed here ----------------
@@ -136,7 +143,9 @@ def expected(version):
         q, s = ref.convert(src, conv["from"], dst, conv.get("scale", "block" if dst == "fp8e4m3"
                                                             else "none"), conv.get("block"))
         out[t["name"]] = q
-        if s is not None:
+        if s is not None and conv.get("scale") == "mx":
+            out[t["name"] + "_scale_inv"] = np.asarray(s, dtype=np.uint8)
+        elif s is not None:
             s = np.asarray(s, dtype=np.float32)
             bits = np.where(np.isnan(s), np.float32(0), s).view(np.uint32)
             out[conv.get("scale_tensor", t["name"] + "_scale_inv")] = \

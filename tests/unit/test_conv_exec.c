@@ -188,7 +188,7 @@ conv_spec(plan_layout_t *l, plan_dtype_t from, plan_scale_t sc, int64_t b0, int6
 	memset(&c, 0, sizeof(c));
 	c.from = from;
 	c.scale = sc;
-	c.nblock = sc == PLAN_SCALE_BLOCK ? 2 : 0;
+	c.nblock = sc == PLAN_SCALE_BLOCK || sc == PLAN_SCALE_MX ? 2 : 0;
 	c.block[0] = b0;
 	c.block[1] = b1;
 	snprintf(name, sizeof(name), "%s_scale_inv", l->name);
@@ -240,7 +240,7 @@ compare(tmem_t *m, uint32_t t, const uint8_t *want)
 static void
 reference(const plan_conv_tensor_t *t, const uint8_t *x, uint8_t *q, uint8_t *sc)
 {
-	dp_quant_t g = {t->from, t->to, t->ndim, {0}, {0}};
+	dp_quant_t g = {t->from, t->to, t->ndim, {0}, {0}, t->scale == PLAN_SCALE_MX};
 	plan_box_t fb, gb;
 	plan_shard_t fs, gs;
 	dp_view_t sv, qv, scv;
@@ -257,7 +257,8 @@ reference(const plan_conv_tensor_t *t, const uint8_t *x, uint8_t *q, uint8_t *sc
 	}
 	plan_box_full(&gb, t->grid, t->ndim);
 	dp_shard_of_box(&gs, &gb);
-	dp_view_contiguous(&scv, sc, t->scale == PLAN_SCALE_TENSOR ? 0 : t->ndim, t->grid, 4);
+	dp_view_contiguous(&scv, sc, t->scale == PLAN_SCALE_TENSOR ? 0 : t->ndim, t->grid,
+			   t->scale == PLAN_SCALE_MX ? 1 : 4);
 	dp_quant_region(&g, &sv, &fs, &fb, &qv, &fs, &scv, &gs);
 }
 
@@ -275,9 +276,12 @@ START_TEST(random_shardings_bit_exact)
 		int64_t cshape[2] = {1 + gen_rnd(&seed, 40), 1 + gen_rnd(&seed, 40)};
 		int64_t tshape[2] = {1 + gen_rnd(&seed, 30), 1 + gen_rnd(&seed, 30)};
 		int64_t grid[2] = {(shape[0] + b0 - 1) / b0, (shape[1] + b1 - 1) / b1};
+		int64_t xshape[2] = {1 + gen_rnd(&seed, 20), 1 + gen_rnd(&seed, 100)};
+		int64_t xb = 1 + gen_rnd(&seed, 40);
+		int64_t xgrid[2] = {xshape[0], (xshape[1] + xb - 1) / xb};
 		plan_dtype_t wfrom = gen_rnd(&seed, 2) ? PLAN_DT_BF16 : PLAN_DT_FP32;
 		bool aligned_src = gen_rnd(&seed, 2);
-		uint8_t *full[3];
+		uint8_t *full[4];
 		refit_err_t e;
 
 		plan_layout_set_init(&src);
@@ -289,6 +293,10 @@ START_TEST(random_shardings_bit_exact)
 		grid_layout(&seed, "c", PLAN_DT_FP32, cshape, 0, 0, 0, 8, true, &l);
 		plan_layout_set_add(&src, &l);
 		grid_layout(&seed, "t", PLAN_DT_FP16, tshape, 0, 0, 0, 8, true, &l);
+		plan_layout_set_add(&src, &l);
+		/* x: bf16 -> MXFP8, 1 x xb blocks, e8m0 scales */
+		grid_layout(&seed, "x", PLAN_DT_BF16, xshape, aligned_src ? 1 : 0,
+			    aligned_src ? xb : 0, 0, 8, true, &l);
 		plan_layout_set_add(&src, &l);
 		grid_layout(&seed, "w", PLAN_DT_FP8E4M3, shape, 0, 0, 8, 8, false, &l);
 		conv_spec(&l, wfrom, PLAN_SCALE_BLOCK, b0, b1);
@@ -312,7 +320,12 @@ START_TEST(random_shardings_bit_exact)
 								   NULL, s, 2, NULL), REFIT_OK);
 			plan_layout_set_add(&dst, &l);
 		}
-		for (int k = 0; k < 3; k++) {
+		grid_layout(&seed, "x", PLAN_DT_FP8E4M3, xshape, 0, 0, 8, 8, false, &l);
+		conv_spec(&l, PLAN_DT_BF16, PLAN_SCALE_MX, 1, xb);
+		plan_layout_set_add(&dst, &l);
+		grid_layout(&seed, "x_scale_inv", PLAN_DT_UINT8, xgrid, 0, 0, 8, 8, false, &l);
+		plan_layout_set_add(&dst, &l);
+		for (int k = 0; k < 4; k++) {
 			int64_t n = plan_layout_numel(&src.v[k]);
 
 			full[k] = xmalloc((size_t)n * plan_dtype_size(src.v[k].dtype) + 1);
@@ -325,7 +338,7 @@ START_TEST(random_shardings_bit_exact)
 		refit_err_clear(&e);
 		ck_assert_msg(plan_convert_apply(&src, &dst, &c, &e) == REFIT_OK, "%s", e.msg);
 		ck_assert_msg(plan_convert_check(&c, &src, &dst, &e) == REFIT_OK, "%s", e.msg);
-		ck_assert_uint_eq(c.n, 3);
+		ck_assert_uint_eq(c.n, 4);
 		sites[c.t[0].site]++;
 		if (aligned_src)
 			ck_assert_int_eq(c.t[0].site, PLAN_CONV_SENDER);
@@ -358,7 +371,11 @@ START_TEST(random_shardings_bit_exact)
 				const plan_conv_tensor_t *t = &c.t[k];
 				int64_t n = plan_layout_numel(&dst.v[t->dst]);
 				uint8_t *q = xcalloc(1, (size_t)n * plan_dtype_size(t->to) + 1);
-				uint8_t *sc = xcalloc(1, (size_t)(grid[0] * grid[1] + 1) * 4);
+				int64_t ng = 1;
+
+				for (int d = 0; d < t->ndim; d++)
+					ng *= t->grid[d];
+				uint8_t *sc = xcalloc(1, (size_t)(ng + 1) * 4);
 
 				reference(t, full[t->src], q, sc);
 				ck_assert_msg(compare(&m, t->dst, q) == 0, "iteration %d, %s, tensor "
@@ -378,7 +395,7 @@ START_TEST(random_shardings_bit_exact)
 			plan_fini(&p);
 		}
 		plan_convert_fini(&c);
-		for (int k = 0; k < 3; k++)
+		for (int k = 0; k < 4; k++)
 			free(full[k]);
 		plan_layout_set_fini(&src);
 		plan_layout_set_fini(&dst);
@@ -443,7 +460,8 @@ START_TEST(convert_keys)
 			 "has 2 dims");
 	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"scale\":\"tensor\","
 					       "\"block\":[2]}")),
-			 "layout \"w\": \"convert\": \"block\" needs \"scale\": \"block\"");
+			 "layout \"w\": \"convert\": \"block\" needs \"scale\": \"block\" or "
+			 "\"mx\"");
 	ck_assert_str_eq(th_layout_error("{\"name\":\"c\",\"dtype\":\"bf16\",\"shape\":[2],"
 					 "\"mesh\":[0],\"placements\":[\"R\"],\"convert\":"
 					 "{\"from\":\"fp32\",\"scale_tensor\":\"x\"}}"),

@@ -119,7 +119,7 @@ START_TEST(special_blocks)
 			    {0x00000000, 0x00000000, 0x40000000, 0x40400000, 0xc0400000, 0xff800000}};
 	uint8_t q[2][6];
 	uint32_t sc[3];
-	dp_quant_t g = {PLAN_DT_FP32, PLAN_DT_FP8E4M3, 2, {2, 6}, {2, 2}};
+	dp_quant_t g = {PLAN_DT_FP32, PLAN_DT_FP8E4M3, 2, {2, 6}, {2, 2}, false};
 	int64_t shape[2] = {2, 6}, gshape[2] = {1, 3};
 	dp_view_t sv, qv, scv;
 	plan_shard_t ss, gs;
@@ -229,7 +229,7 @@ START_TEST(regions_match_whole_tensor)
 
 	for (int iter = 0; iter < 300; iter++) {
 		int nd = 1 + gen_rnd(&seed, 3);
-		dp_quant_t g = {PLAN_DT_FP32, PLAN_DT_FP8E4M3, nd, {0}, {0}};
+		dp_quant_t g = {PLAN_DT_FP32, PLAN_DT_FP8E4M3, nd, {0}, {0}, false};
 		int64_t n = 1, ng = 1, grid[PLAN_MAX_DIMS], sstr = 1;
 		plan_box_t full, want;
 		plan_shard_t ss, qs, gs;
@@ -291,6 +291,52 @@ START_TEST(regions_match_whole_tensor)
 }
 END_TEST
 
+/* MXFP8: e8m0 scale bytes, divisors, and a block quantized with them. */
+START_TEST(mx_scales)
+{
+	static const case_t sb[] = {
+		{0x43e00000, 127}, /* 448: 2^8 * 1.75 -> X = 0 */
+		{0x3f800000, 119}, /* 1.0 -> X = -8 */
+		{0x00000000, 0}, {0x00000001, 0}, /* zero, fp32 subnormal: X = -127 */
+		{0x7f7fffff, 246}, {0x7f800000, 0xff}, {0x7fc00001, 0xff},
+		{0x04000000, 0},   /* 2^-119: X = -127 (clamped) */
+		{0x04800000, 1},
+	};
+	static const case_t dv[] = {
+		{127, 0x3f800000}, {119, 0x3b800000}, {0, 0x00400000}, {1, 0x00800000},
+		{254, 0x7f000000}, {0xff, 0x7fc00000},
+	};
+	/* a 1 x 4 block of fp32: amax 1.0 -> divisor 2^-8 */
+	uint32_t x[4] = {0x3f800000, 0xbf000000, 0x3ff33333, 0x00000000};
+	uint8_t q[4], sc = 0;
+	dp_quant_t g = {PLAN_DT_FP32, PLAN_DT_FP8E4M3, 2, {1, 4}, {1, 4}, true};
+	int64_t shape[2] = {1, 4}, gshape[2] = {1, 1};
+	plan_box_t all, gall;
+	plan_shard_t ss, gs;
+	dp_view_t sv, qv, scv;
+
+	for (size_t i = 0; i < sizeof(sb) / sizeof(sb[0]); i++)
+		ck_assert_msg(dp_mx_scale(sb[i].in) == sb[i].want, "mx scale(%08x) = %u, want %u",
+			      sb[i].in, dp_mx_scale(sb[i].in), sb[i].want);
+	for (size_t i = 0; i < sizeof(dv) / sizeof(dv[0]); i++)
+		ck_assert_uint_eq(dp_mx_divisor((uint8_t)dv[i].in), dv[i].want);
+	plan_box_full(&all, shape, 2);
+	dp_shard_of_box(&ss, &all);
+	plan_box_full(&gall, gshape, 2);
+	dp_shard_of_box(&gs, &gall);
+	dp_view_contiguous(&sv, x, 2, shape, 4);
+	dp_view_contiguous(&qv, q, 2, shape, 1);
+	dp_view_contiguous(&scv, &sc, 2, gshape, 1);
+	x[2] = 0x3ff33333;  /* 1.9: the block's amax, 486.4 after scaling: saturates */
+	dp_quant_region(&g, &sv, &ss, &all, &qv, &ss, &scv, &gs);
+	ck_assert_uint_eq(sc, 119);
+	ck_assert_uint_eq(q[0], 0x78);   /* 256 */
+	ck_assert_uint_eq(q[1], 0xf0);   /* -128 */
+	ck_assert_uint_eq(q[2], 0x7e);   /* 486.4 -> 448 */
+	ck_assert_uint_eq(q[3], 0x00);
+}
+END_TEST
+
 Suite *
 suite_convert(void)
 {
@@ -302,6 +348,7 @@ suite_convert(void)
 	tcase_add_test(tc, e4m3_rounding);
 	tcase_add_test(tc, widen_and_scale);
 	tcase_add_test(tc, special_blocks);
+	tcase_add_test(tc, mx_scales);
 	tcase_add_test(tc, regions_match_whole_tensor);
 	suite_add_tcase(s, tc);
 	return s;
