@@ -292,7 +292,7 @@ model_usage(FILE *f)
 {
 	fprintf(f, "usage: %s model --model NAME|FILE --train SPEC --infer SPEC\n"
 		"          [--topology PRESET] [--placement packed|rack-aligned]\n"
-		"          [--chunk-bytes N] [--baseline-chunks LIST] [--json]\n"
+		"          [--chunk-bytes N] [--baseline-chunks LIST] [--validate] [--json]\n"
 		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
 		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
 		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
@@ -304,7 +304,8 @@ model_usage(FILE *f)
 		"         gb200-nvl72; packed for the others)\n"
 		"  --baseline-chunks  chunk sizes gather-and-broadcast is also planned with;\n"
 		"         the best is the baseline the speed-up is against (default\n"
-		"         1MiB,2MiB,4MiB,8MiB,16MiB,64MiB)\n",
+		"         1MiB,2MiB,4MiB,8MiB,16MiB,64MiB)\n"
+		"  --validate  also run the validator on the reshard plan\n",
 		progname);
 }
 
@@ -410,6 +411,7 @@ cmd_model(int argc, char **argv)
 		{"chunk-bytes", required_argument, NULL, 'c'}, {"json", no_argument, NULL, 'j'},
 		{"placement", required_argument, NULL, 'P'},
 		{"baseline-chunks", required_argument, NULL, 'B'},
+		{"validate", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
@@ -429,7 +431,8 @@ cmd_model(int argc, char **argv)
 	model_run_t rs, bc;
 	refit_err_t e;
 	strbuf_t sb;
-	int c, json = 0, rc;
+	int c, json = 0, validate = 0, rc;
+	plan_check_t chk = {0};
 
 	refit_err_clear(&e);
 	plan_opts_default(&o);
@@ -442,6 +445,7 @@ cmd_model(int argc, char **argv)
 		case 't': topo = optarg; break;
 		case 'j': json = 1; break;
 		case 'P': place = optarg; break;
+		case 'V': validate = 1; break;
 		case 'B':
 			if (parse_chunks(optarg, chunks, &nchunks, &e) != REFIT_OK)
 				return die_input(&e);
@@ -483,6 +487,11 @@ cmd_model(int argc, char **argv)
 	rc = model_plan(&s, &d, &t, &o, PLAN_MODE_RESHARD, &rs);
 	if (rc == 0 && (rc = model_plan(&s, &d, &t, &o, PLAN_MODE_BROADCAST, &bc)) != 0)
 		plan_fini(&rs.p);
+	if (rc == 0 && validate && plan_validate(&rs.p, &s, &d, &chk, &e) != REFIT_OK) {
+		rc = die_input(&e);
+		plan_fini(&rs.p);
+		plan_fini(&bc.p);
+	}
 	if (rc == 0) {
 		best = bc.c;
 		best_chunk = o.chunk_bytes;
@@ -507,9 +516,9 @@ cmd_model(int argc, char **argv)
 				      (unsigned long long)best_chunk);
 			codec_cost_json(&best, &sb);
 			strbuf_printf(&sb, "}, \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
-				      "\"plan_seconds\": %.3f, \"transfers\": %zu}\n",
+				      "\"plan_seconds\": %.3f, \"transfers\": %zu, \"validated\": %s}\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
-				      rs.p.nxfers);
+				      rs.p.nxfers, validate ? "true" : "false");
 		} else {
 			char bytes[32];
 
@@ -540,6 +549,10 @@ cmd_model(int argc, char **argv)
 				      "at its best chunk); planned in %.2f s (%zu transfers)\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
 				      rs.p.nxfers);
+			if (validate)
+				strbuf_printf(&sb, "validated: every needed element arrives exactly once "
+					      "(relay data at most %.1f MiB on one rank in a round)\n",
+					      (double)chk.max_staging / (1 << 20));
 		}
 		put(&sb);
 		strbuf_fini(&sb);
