@@ -361,7 +361,8 @@ model_usage(FILE *f)
 {
 	fprintf(f, "usage: %s model --model NAME|FILE --train SPEC --infer SPEC\n"
 		"          [--topology PRESET] [--placement packed|rack-aligned]\n"
-		"          [--chunk-bytes N] [--baseline-chunks LIST] [--infer-dtype D] [--json]\n"
+		"          [--chunk-bytes N] [--baseline-chunks LIST] [--infer-dtype D] [--validate]\n"
+		"          [--json]\n"
 		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
 		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
 		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
@@ -376,7 +377,8 @@ model_usage(FILE *f)
 		"         1MiB,2MiB,4MiB,8MiB,16MiB,64MiB)\n"
 		"  --infer-dtype same|fp8-block128|fp8-tensor  inference weights: as trained\n"
 		"         (default), or every projection in fp8e4m3 with 128 x 128 block\n"
-		"         scales or one scale per tensor (docs/conversion.md)\n",
+		"         scales or one scale per tensor (docs/conversion.md)\n"
+		"  --validate  also run the validator on the reshard plan\n",
 		progname);
 }
 
@@ -538,6 +540,7 @@ cmd_model(int argc, char **argv)
 		{"placement", required_argument, NULL, 'P'},
 		{"baseline-chunks", required_argument, NULL, 'B'},
 		{"infer-dtype", required_argument, NULL, 'D'},
+		{"validate", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
@@ -559,7 +562,8 @@ cmd_model(int argc, char **argv)
 	model_conv_t mc;
 	refit_err_t e;
 	strbuf_t sb;
-	int c, json = 0, rc;
+	int c, json = 0, validate = 0, rc;
+	plan_check_t chk = {0};
 
 	refit_err_clear(&e);
 	plan_opts_default(&o);
@@ -572,6 +576,7 @@ cmd_model(int argc, char **argv)
 		case 't': topo = optarg; break;
 		case 'j': json = 1; break;
 		case 'P': place = optarg; break;
+		case 'V': validate = 1; break;
 		case 'B':
 			if (parse_chunks(optarg, chunks, &nchunks, &e) != REFIT_OK)
 				return die_input(&e);
@@ -622,6 +627,11 @@ cmd_model(int argc, char **argv)
 		rc = model_plan(mc.ps, mc.pd, &t, &o, PLAN_MODE_RESHARD, &rs);
 	if (rc == 0 && (rc = model_plan(mc.ps, mc.pd, &t, &o, PLAN_MODE_BROADCAST, &bc)) != 0)
 		plan_fini(&rs.p);
+	if (rc == 0 && validate && plan_validate(&rs.p, mc.ps, mc.pd, &chk, &e) != REFIT_OK) {
+		rc = die_input(&e);
+		plan_fini(&rs.p);
+		plan_fini(&bc.p);
+	}
 	if (rc == 0) {
 		best = bc.c;
 		best_chunk = o.chunk_bytes;
@@ -656,9 +666,9 @@ cmd_model(int argc, char **argv)
 				strbuf_puts(&sb, "}");
 			}
 			strbuf_printf(&sb, ", \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
-				      "\"plan_seconds\": %.3f, \"transfers\": %zu}\n",
+				      "\"plan_seconds\": %.3f, \"transfers\": %zu, \"validated\": %s}\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
-				      rs.p.nxfers);
+				      rs.p.nxfers, validate ? "true" : "false");
 		} else {
 			char bytes[32];
 
@@ -700,6 +710,10 @@ cmd_model(int argc, char **argv)
 					      (double)rs.c.bytes[PLAN_LINK_NETWORK] /
 					      (double)mc.before.c.bytes[PLAN_LINK_NETWORK],
 					      rs.c.time_s / mc.before.c.time_s);
+			if (validate)
+				strbuf_printf(&sb, "validated: every needed element arrives exactly once "
+					      "(relay data at most %.1f MiB on one rank in a round)\n",
+					      (double)chk.max_staging / (1 << 20));
 		}
 		put(&sb);
 		strbuf_fini(&sb);

@@ -72,6 +72,7 @@ expect model-sized-topo 2 'give the preset name only' -- "$BIN" model --model qw
 expect model-baseline 0 "against gather-and-broadcast at its best chunk" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 1MiB,16MiB
 expect model-baseline-json 0 '"broadcast_best": {"chunk_bytes": ' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 64MiB --json
 expect model-bad-baseline 2 '--baseline-chunks: "4Q" is not a size' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 1MiB,4Q
+expect model-validate 0 "validated: every needed element arrives exactly once" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72 --baseline-chunks 4MiB --validate
 expect model-unknown 2 'model "gpt-9": no such file' -- "$BIN" model --model gpt-9 --train tp8 --infer tp8
 expect model-bad-spec 2 'parallel spec "tp8,zz2"' -- "$BIN" model --model llama-3-70b --train tp8,zz2 --infer tp8
 
