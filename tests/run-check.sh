@@ -46,6 +46,8 @@ script "conversion kernels on the GPU vs the host (skipped without one)" \
 script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy)" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD"
 
+script "librefit stands alone (exported symbols, soname, pkg-config, static)" \
+	sh tests/librefit/run.sh "$BUILD"
 [ "$total_skip" -gt 0 ] && echo "($total_skip suite(s) skipped: see above why)"
 echo "check: $total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]
