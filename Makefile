@@ -144,6 +144,8 @@ $(BUILD)/obj/client/%.o: client/%.c $(PROTO_C)
 
 # librefit: the client library (librefit.so, librefit.a, refit.pc)
 include client/librefit.mk
+# the Python package (python/refit): make install
+include python/install.mk
 
 # GPU tests: compiled in every build (a skip where the headers are missing)
 $(BUILD)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
