@@ -30,9 +30,9 @@ Q := @
 endif
 
 PKGS        := libcjson
-RPC_PKGS    := grpc libprotobuf-c libuv
+RPC_PKGS    := grpc libprotobuf-c libuv libmicrohttpd
 RPC_CFLAGS  := $(shell pkg-config --cflags $(RPC_PKGS) 2>/dev/null)
-RPC_LIBS    := $(shell pkg-config --libs $(RPC_PKGS) 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c -luv)
+RPC_LIBS    := $(shell pkg-config --libs $(RPC_PKGS) 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c -luv -lmicrohttpd)
 GEN         := $(BUILD)/gen
 PROTO_C     := $(GEN)/refit/v1/refit.pb-c.c
 PKG_CFLAGS  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -146,6 +146,8 @@ $(BUILD)/obj/client/%.o: client/%.c $(PROTO_C)
 include client/librefit.mk
 # the Python package (python/refit): make install
 include python/install.mk
+# operations: health proto, metrics
+include daemon/ops.mk
 
 # GPU tests: compiled in every build (a skip where the headers are missing)
 $(BUILD)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
