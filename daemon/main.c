@@ -319,6 +319,7 @@ main(int argc, char **argv)
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;
 	co.instance_grace_ms = cfg.instance_grace_ms;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
+	ops_set_log_format(cfg.log_format);
 	signal(SIGPIPE, SIG_IGN);
 	/* calls to other processes do not use libuv's pool (rpc_async.c); the
 	 * coordinator plans on it (4 threads, the default), a node runs each
