@@ -14,10 +14,11 @@ trainer per node.
 
 --dump DIR writes every published version's full tensors, row-major, to
 DIR/<version>/<tensor>.bin (the end-to-end test compares them byte for
-byte with what inference received).  --go-file F waits for F.<step> to
-exist before each step after the first, and for F.<steps+1> before it
-unregisters (the test paces the steps; a real trainer keeps stepping and
-stays registered while refits may read its last version).  Prints "READY <version>" per version.
+byte with what inference received).  Steps are --interval seconds apart;
+after the last it stays registered --linger seconds, so that refits can
+read it.  --go-file F instead waits for F.<step> to exist before each
+step after the first, and for F.<steps+1> before it unregisters (the test
+paces the steps that way).  Prints "READY <version>" per version.
 """
 import argparse
 import os
@@ -71,6 +72,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--dump", help="write every version's tensors under this folder")
     ap.add_argument("--go-file", help="before each later step, wait for this file")
+    ap.add_argument("--interval", type=float, default=10,
+                    help="seconds between steps, without --go-file")
+    ap.add_argument("--linger", type=float, default=30,
+                    help="seconds to stay registered after the last step, without --go-file")
     ap.add_argument("--timeout-ms", type=int, default=30000)
     a = ap.parse_args()
 
@@ -109,6 +114,9 @@ def main():
     client.weights_ready(1)
     print("READY 1", flush=True)
     def wait_go(step):
+        if not a.go_file:
+            time.sleep(a.interval if step <= a.steps else a.linger)
+            return
         end = time.time() + 300
         while a.go_file and not os.path.exists(f"{a.go_file}.{step}"):
             if time.time() > end:
