@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <ctype.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +19,12 @@ static const char *log_prog = "refit";
 static enum log_level log_lvl = LOG_LVL_INFO;
 static uint32_t log_mask = LOG_SUB_ALL;
 static __thread log_context_t log_ctx = {NULL, -1, 0, 0};
-static enum log_format log_fmt = LOG_FMT_TEXT;
+static atomic_int log_fmt = LOG_FMT_TEXT;   /* set by the loop, read by every thread */
 
 void
 log_set_format(enum log_format fmt)
 {
-	log_fmt = fmt;
+	atomic_store(&log_fmt, (int)fmt);
 }
 
 /* s (UTF-8) as a JSON string, quoted, at line + *n */
@@ -157,7 +158,7 @@ log_emit(enum log_level lvl, uint32_t sub, int with_errno, const char *fmt, ...)
 
 	if (lvl > log_lvl || (lvl == LOG_LVL_DEBUG && !(sub & log_mask)))
 		return;
-	if (log_fmt == LOG_FMT_JSON) {
+	if (atomic_load(&log_fmt) == LOG_FMT_JSON) {
 		char msg[1800], out[4096];
 		size_t bad;
 

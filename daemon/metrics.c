@@ -159,18 +159,6 @@ metrics_observe(metric_id_t id, const char *const *labels, double v)
 	pthread_mutex_unlock(&mu);
 }
 
-void
-metrics_reset(void)
-{
-	pthread_mutex_lock(&mu);
-	for (size_t i = 0; i < all.n; i++) {
-		free(all.v[i].labels);
-		free(all.v[i].counts);
-	}
-	all.n = 0;
-	pthread_mutex_unlock(&mu);
-}
-
 static void
 render_histogram(strbuf_t *out, const family_t *f, const series_t *s)
 {

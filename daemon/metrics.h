@@ -38,8 +38,6 @@ const char *metrics_name(metric_id_t id);
 
 /* Every family in the text exposition format (version 0.0.4). */
 void metrics_render(strbuf_t *out);
-/* Forget every series (tests). */
-void metrics_reset(void);
 
 /* Serve GET /metrics on listen ("HOST:PORT", "[V6]:PORT"); *port gets the
  * bound port.  One server per process. */

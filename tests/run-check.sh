@@ -52,6 +52,7 @@ script "Python package (torch trainer + inference examples as processes, DTensor
 	/usr/bin/python3 tests/integration/test_python.py "$BUILD"
 script "operations (/metrics + promtool, grpc health, systemd watchdog, JSON logs)" \
 	/usr/bin/python3 tests/integration/test_ops.py "$BUILD"
+script "operations, ASan + UBSan" /usr/bin/python3 tests/integration/test_ops.py "$BUILD/asan"
 [ "$total_skip" -gt 0 ] && echo "($total_skip suite(s) skipped: see above why)"
 echo "check: $total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]
