@@ -33,6 +33,7 @@ class Client:
 
     def __init__(self, socket, timeout_ms=5000):
         self._lock = threading.Lock()
+        self._h = None
         self.timeout_ms = int(timeout_ms)
         self.client_id = None
         self._keep = None
