@@ -5,10 +5,14 @@
  * and the bytes its plan moves by link class; it observes each phase's
  * duration when the next begins, and at the final state counts the
  * outcome once, its cause, its duration and (committed) its bytes.
- * Loop thread only (the registry is thread-safe for the scrapes).
+ * It also keeps the loop thread's log context at the current epoch (the
+ * ops timer refreshes it too, once a second), so that a refit's log lines
+ * carry the epoch it runs in.  Loop thread only (the registry is
+ * thread-safe for the scrapes).
  */
 #include <string.h>
 
+#include "common/log.h"
 #include "daemon/coord_internal.h"
 #include "daemon/metrics.h"
 
@@ -90,6 +94,7 @@ coord_metrics_refit(coord_t *c, const refit_rec_t *r, const plan_t *p)
 	track_t *t = NULL;
 	size_t i;
 
+	log_set_context(&(log_context_t){NULL, -1, c->epoch, 0});
 	for (i = 0; i < tracks.n && t == NULL; i++)
 		if (tracks.v[i].id == r->id)
 			t = &tracks.v[i];
