@@ -302,7 +302,7 @@ class Client:
             args += ["--version", str(version)]
         self.p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, bufsize=1,
-                       env=host_env(cl.host(node)))
+                       env=host_env(cl.host(node)) if TRANSPORT == "nccl" else None)
         self.first = self.p.stdout.readline().strip()
 
     def ok(self):
