@@ -30,9 +30,9 @@ Q := @
 endif
 
 PKGS        := libcjson
-RPC_PKGS    := grpc libprotobuf-c libuv
+RPC_PKGS    := grpc libprotobuf-c libuv libmicrohttpd
 RPC_CFLAGS  := $(shell pkg-config --cflags $(RPC_PKGS) 2>/dev/null)
-RPC_LIBS    := $(shell pkg-config --libs $(RPC_PKGS) 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c -luv)
+RPC_LIBS    := $(shell pkg-config --libs $(RPC_PKGS) 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c -luv -lmicrohttpd)
 GEN         := $(BUILD)/gen
 PROTO_C     := $(GEN)/refit/v1/refit.pb-c.c
 PKG_CFLAGS  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -142,13 +142,12 @@ $(BUILD)/obj/client/%.o: client/%.c $(PROTO_C)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
 
-# librefit: the client library, with everything it needs but gRPC, protobuf-c,
-# libuv and cJSON (link those: see docs/librefit.md)
-$(LIBREFIT): $(BUILD)/obj/client/librefit.o $(call objs,$(BUILD),$(DAEMON_SRC) $(LIB_SRC)) \
-	     $(BUILD)/obj/gen/refit.pb-c.o
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  AR      $@")
-	$(Q)rm -f $@ && ar rcs $@ $^
+# librefit: the client library (librefit.so, librefit.a, refit.pc)
+include client/librefit.mk
+# the Python package (python/refit): make install
+include python/install.mk
+# operations: health proto, metrics
+include daemon/ops.mk
 
 # GPU tests: compiled in every build (a skip where the headers are missing)
 $(BUILD)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
@@ -183,7 +182,7 @@ $(BUILD)/tests/cvt-tool: $(BUILD)/obj/tests/conversion/cvt_tool.o $(LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT)
+$(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)

@@ -3,17 +3,124 @@
  * once at start-up; the context is per thread.
  */
 #include <errno.h>
+#include <ctype.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/utf8.h"
 
 static const char *log_prog = "refit";
 static enum log_level log_lvl = LOG_LVL_INFO;
 static uint32_t log_mask = LOG_SUB_ALL;
 static __thread log_context_t log_ctx = {NULL, -1, 0, 0};
+static atomic_int log_fmt = LOG_FMT_TEXT;   /* set by the loop, read by every thread */
+
+void
+log_set_format(enum log_format fmt)
+{
+	atomic_store(&log_fmt, (int)fmt);
+}
+
+/* s (UTF-8) as a JSON string, quoted, at line + *n */
+static void
+json_str(char *line, size_t cap, size_t *n, const char *s)
+{
+	size_t len = strlen(s);
+
+	if (*n < cap)
+		line[(*n)++] = '"';
+	for (size_t i = 0; i < len && *n + 8 < cap; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if (ch == '"' || ch == '\\') {
+			line[(*n)++] = '\\';
+			line[(*n)++] = (char)ch;
+		} else if (ch < 0x20) {
+			*n += (size_t)snprintf(line + *n, cap - *n, "\\u%04x", ch);
+		} else {
+			line[(*n)++] = (char)ch;
+		}
+	}
+	if (*n < cap)
+		line[(*n)++] = '"';
+}
+
+static const char *
+sub_name(uint32_t sub)
+{
+	static const char *const n[] = {"main", "plan", "rpc", "coordinator", "node", "transport"};
+
+	for (int i = 0; i < 6; i++)
+		if (sub == 1u << i)
+			return n[i];
+	return NULL;
+}
+
+/* One JSON object for the message msg (already formatted). */
+static size_t
+json_line(char *line, size_t cap, enum log_level lvl, uint32_t sub, const char *msg)
+{
+	static const char *const tag[] = {"error", "warn", "info", "debug"};
+	char when[40], word[32];
+	const char *rf;
+	struct timespec ts;
+	struct tm tm;
+	size_t n = 0, w = 0;
+	unsigned long long refit = log_ctx.refit_id;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+	while (w + 1 < sizeof(word) && (islower((unsigned char)msg[w]) ||
+					isdigit((unsigned char)msg[w]) || msg[w] == '_' ||
+					msg[w] == '-'))
+		w++;
+	if (w > 0 && (msg[w] == ':' || msg[w] == ' ') && w + 1 < sizeof(word)) {
+		memcpy(word, msg, w);
+		word[w] = '\0';
+	} else {
+		snprintf(word, sizeof(word), "%s", log_prog);
+	}
+	if (refit == 0 && (rf = strstr(msg, "refit ")) != NULL && isdigit((unsigned char)rf[6]))
+		refit = strtoull(rf + 6, NULL, 10);
+	n += (size_t)snprintf(line + n, cap - n, "{\"time\":\"%s.%03ldZ\",\"level\":\"%s\","
+			      "\"subsystem\":", when, ts.tv_nsec / 1000000, tag[lvl]);
+	json_str(line, cap, &n, sub_name(sub) ? sub_name(sub) : word);
+	if (n < cap)
+		n += (size_t)snprintf(line + n, cap - n, ",\"node\":");
+	if (log_ctx.node)
+		json_str(line, cap, &n, log_ctx.node);
+	else if (n < cap)
+		n += (size_t)snprintf(line + n, cap - n, "null");
+	if (log_ctx.rank >= 0 && n < cap)
+		n += (size_t)snprintf(line + n, cap - n, ",\"rank\":%d", log_ctx.rank);
+	if (n < cap)
+		n += (size_t)snprintf(line + n, cap - n, log_ctx.epoch ? ",\"epoch\":%llu" :
+				      ",\"epoch\":null", (unsigned long long)log_ctx.epoch);
+	if (n < cap)
+		n += (size_t)snprintf(line + n, cap - n, refit ? ",\"refit\":%llu" :
+				      ",\"refit\":null", refit);
+	if (n < cap)
+		n += (size_t)snprintf(line + n, cap - n, ",\"message\":");
+	json_str(line, cap, &n, msg);
+	if (n + 2 < cap) {
+		line[n++] = '}';
+		line[n++] = '\n';
+	} else { /* cut: still one object */
+		n = (size_t)snprintf(line, cap, "{\"time\":\"%s.%03ldZ\",\"level\":\"%s\","
+				     "\"subsystem\":\"%s\",\"node\":null,\"epoch\":null,"
+				     "\"refit\":null,\"message\":\"(a log line too long for "
+				     "JSON was cut)\"}\n", when, ts.tv_nsec / 1000000, tag[lvl],
+				     log_prog);
+	}
+	return n;
+}
 
 void
 log_init(const char *progname, enum log_level level, uint32_t submask)
@@ -51,6 +158,22 @@ log_emit(enum log_level lvl, uint32_t sub, int with_errno, const char *fmt, ...)
 
 	if (lvl > log_lvl || (lvl == LOG_LVL_DEBUG && !(sub & log_mask)))
 		return;
+	if (atomic_load(&log_fmt) == LOG_FMT_JSON) {
+		char msg[1800], out[4096];
+		size_t bad;
+
+		va_start(ap, fmt);
+		n = (size_t)vsnprintf(msg, sizeof(msg), fmt, ap);
+		va_end(ap);
+		if (with_errno && n < sizeof(msg))
+			snprintf(msg + n, sizeof(msg) - n, ": %s", strerror(saved));
+		while (!utf8_valid(msg, strlen(msg), &bad))
+			msg[bad] = '?'; /* JSON is UTF-8: a stray byte becomes '?' */
+		n = json_line(out, sizeof(out), lvl, sub, msg);
+		(void)!write(STDERR_FILENO, out, n);
+		errno = saved;
+		return;
+	}
 	n = (size_t)snprintf(line, sizeof(line), "%s: %s:", log_prog, tag[lvl]);
 	if (log_ctx.node != NULL && n < sizeof(line))
 		n += (size_t)snprintf(line + n, sizeof(line) - n, " node=%s", log_ctx.node);

@@ -5,6 +5,13 @@
  * the context set with log_set_context (node, rank, epoch, refit id) where
  * known.  Thread-safe: each line is formatted then written with one write(2).
  * Output goes to stderr (journald picks it up under systemd).
+ *
+ * LOG_FMT_JSON writes one JSON object per line instead (docs/operations.md):
+ * {"time", "level", "subsystem", "node", "epoch", "refit", "message"}
+ * (+ "rank" when known); unknown context is null.  The subsystem is the
+ * debug subsystem, else the message's leading word ("coordinator: ...",
+ * "node n0: ..."), else the program; the refit is the context's, else the
+ * one the message names ("refit 12").
  */
 #ifndef REFIT_COMMON_LOG_H
 #define REFIT_COMMON_LOG_H
@@ -30,7 +37,10 @@ typedef struct log_context {
 	uint64_t refit_id; /* 0 when unknown */
 } log_context_t;
 
+enum log_format { LOG_FMT_TEXT, LOG_FMT_JSON };
+
 void log_init(const char *progname, enum log_level level, uint32_t submask);
+void log_set_format(enum log_format fmt);
 /* Parse "error|warn|info|debug"; returns -1 on unknown names. */
 int log_level_parse(const char *s);
 void log_set_context(const log_context_t *ctx);

@@ -92,6 +92,11 @@ static const key_t_ keys[] = {
 	 "tests only: sleep this long before each message a node sends (nccl: each group)"},
 	{"instance_grace_ms", K_MS, F(instance_grace_ms), "60000", 100, 86400000, NULL, false,
 	 "coordinator: an instance whose node left is dropped after this long"},
+	{"metrics_listen", K_STR, F(metrics_listen), NULL, 0, 0, NULL, false,
+	 "Prometheus metrics at http://HOST:PORT/metrics (unset: off); docs/operations.md"},
+	{"log_format", K_ENUM, F(log_format), "text", 0, 0, "text|json", true,
+	 "log lines as text, or one JSON object per line (time, level, subsystem, node, "
+	 "epoch, refit, message)"},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

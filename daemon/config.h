@@ -39,6 +39,8 @@ typedef struct refitd_config {
 	char *gpu_devices;    /* nccl: "0,1,..." local rank i -> CUDA device */
 	uint64_t instance_grace_ms;   /* coordinator: an instance whose node is gone
 					 is dropped after this long */
+	char *metrics_listen; /* Prometheus /metrics HOST:PORT (NULL: off) */
+	char *log_format;     /* "text" | "json" */
 } refitd_config_t;
 
 /* All keys at their defaults. */

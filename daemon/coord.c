@@ -21,6 +21,7 @@
 #include "daemon/proto_conv.h"
 
 #include "daemon/coord_internal.h"
+#include "daemon/metrics.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -179,10 +180,12 @@ on_lease_timer(uv_timer_t *t)
 	uint64_t now = uv_now(c->loop);
 
 	for (size_t i = 0; i < c->members.n;) {
-		if (now - c->members.v[i].last_beat_ms > c->o.lease_ttl_ms)
+		if (now - c->members.v[i].last_beat_ms > c->o.lease_ttl_ms) {
+			metrics_add(M_LEASE_EXPIRIES_TOTAL, NULL, 1);
 			remove_member(c, i, "lease expired");
-		else
+		} else {
 			i++;
+		}
 	}
 	instances_tick(c, now);
 	coord_refits_tick(c);

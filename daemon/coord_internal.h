@@ -195,5 +195,7 @@ void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
 void coord_refits_fini(coord_t *c);
 /* Timer: retries and catch-up refits that are due. */
 void coord_refits_tick(coord_t *c);
+/* metrics (coord_metrics.c): after every change of r's state; p: its plan, when taken */
+void coord_metrics_refit(coord_t *c, const refit_rec_t *r, const plan_t *p);
 
 #endif

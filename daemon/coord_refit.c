@@ -149,6 +149,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		memset(r->stage_bytes, 0, sizeof(r->stage_bytes));
 		if (bump)
 			nccl_failed_epoch(c);
+		coord_metrics_refit(c, r, NULL);
 		coord_save(c);
 		return;
 	}
@@ -165,6 +166,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	}
 	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
 		 r->version, state_name(state), msg[0] ? ": " : "", msg);
+	coord_metrics_refit(c, r, NULL);
 	coord_save(c);
 }
 
@@ -231,6 +233,7 @@ start_running(coord_t *c, refit_rec_t *r)
 	}
 	r->state = REFIT__V1__REFIT_STATE__RUNNING;
 	r->phase++;
+	coord_metrics_refit(c, r, NULL);
 	free(r->nstate);
 	free(r->ntime);
 	r->nstate = xcalloc(r->nnodes + 1, sizeof(*r->nstate));
@@ -289,6 +292,7 @@ start_commit(coord_t *c, refit_rec_t *r)
 
 	r->committing = true;
 	r->phase++;
+	coord_metrics_refit(c, r, NULL);
 	rq.refit_id = r->id;
 	rq.epoch = r->epoch;
 	rq.model = r->model;
@@ -813,6 +817,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 	r->epoch = c->epoch;
 	r->state = REFIT__V1__REFIT_STATE__PREPARING;
 	r->phase++;
+	coord_metrics_refit(c, r, p);
 	r->nccl = nccl;
 	coord_save(c);
 	if (r->nccl && other != NULL) {

@@ -17,10 +17,12 @@
 
 #include "codec/json.h"
 #include "common/log.h"
+#include "common/sdnotify.h"
 #include "daemon/config.h"
 #include "daemon/transport/gpu.h"
 #include "daemon/coord.h"
 #include "daemon/node.h"
+#include "daemon/ops.h"
 
 typedef struct daemon_state {
 	uv_loop_t loop;
@@ -32,31 +34,15 @@ typedef struct daemon_state {
 	coord_t *coord;
 	node_t *node;
 	rpc_async_t *rpc;     /* the one client engine: calls to nodes or the coordinator */
+	ops_t *ops;           /* metrics, health, watchdog (daemon/ops.h) */
 	bool stopping;
 } daemon_state_t;
 
-/* systemd's notify protocol: one datagram to $NOTIFY_SOCKET. */
+/* systemd's notify protocol (common/sdnotify.c); failures change nothing */
 static void
 sd_notify_msg(const char *msg)
 {
-	const char *path = getenv("NOTIFY_SOCKET");
-	struct sockaddr_un sa;
-	int fd;
-
-	if (path == NULL || (path[0] != '/' && path[0] != '@') ||
-	    strlen(path) >= sizeof(sa.sun_path))
-		return;
-	memset(&sa, 0, sizeof(sa));
-	sa.sun_family = AF_UNIX;
-	memcpy(sa.sun_path, path, strlen(path));
-	if (sa.sun_path[0] == '@')
-		sa.sun_path[0] = '\0';
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return;
-	(void)!sendto(fd, msg, strlen(msg), 0, (struct sockaddr *)&sa,
-		      (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path)));
-	close(fd);
+	(void)sd_notify_send(msg);
 }
 
 /* The coordinator has finished its work in flight: the server can go. */
@@ -79,6 +65,8 @@ on_signal(uv_signal_t *h, int signum)
 	if (d->stopping)
 		return; /* already on its way out */
 	d->stopping = true;
+	ops_stop(d->ops);
+	d->ops = NULL;
 	rpc_server_drain(d->srv);
 	node_close(d->node);
 	d->node = NULL;
@@ -147,6 +135,7 @@ on_hup(uv_signal_t *h, int signum)
 	}
 	config_diff(d->cfg, &n, note_change, &restart);
 	log_init("refitd", (enum log_level)log_level_parse(n.log_level), LOG_SUB_ALL);
+	ops_set_log_format(n.log_format);
 	if (d->srv)
 		rpc_server_set_token(d->srv, token);
 	if (d->coord)
@@ -169,7 +158,8 @@ usage(FILE *f)
 		"flags override the file.  Keys: role, listen, coordinator, tls_cert, tls_key,\n"
 		"tls_client_ca, tls_ca, token_file, lease_ttl_ms, heartbeat_ms, transport,\n"
 		"staging_bytes, max_msg_bytes, state_file, log_level, cuda_library,\n"
-		"nccl_library, gpu_kernels_library, gpu_devices.  See config/*.json.\n");
+		"nccl_library, gpu_kernels_library, gpu_devices, metrics_listen, log_format.\n"
+		"See config/*.json and docs/operations.md.\n");
 }
 
 static char *
@@ -348,6 +338,7 @@ main(int argc, char **argv)
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;
 	co.instance_grace_ms = cfg.instance_grace_ms;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
+	ops_set_log_format(cfg.log_format);
 	signal(SIGPIPE, SIG_IGN);
 	raise_fd_limit();
 	/* calls to other processes do not use libuv's pool (rpc_async.c); the
@@ -359,8 +350,10 @@ main(int argc, char **argv)
 	uv_loop_init(&d.loop);
 	if ((d.srv = rpc_server_new(&so, &d.loop, &err)) == NULL ||
 	    start_role(&d, &cfg, &co, token, &err) != REFIT_OK ||
+	    (d.ops = ops_start(&d.loop, d.srv, d.coord, d.node, &cfg, &err)) == NULL ||
 	    rpc_server_start(d.srv, &port, &err) != REFIT_OK) {
 		fprintf(stderr, "refitd: %s\n", err.msg);
+		ops_stop(d.ops);
 		if (d.srv)
 			rpc_server_drain(d.srv);
 		node_close(d.node);

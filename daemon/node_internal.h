@@ -185,4 +185,7 @@ node_plan_t *node_plans_put(node_t *n, const char *key, plan_t *p);
 void node_plan_release(node_t *n, node_plan_t *e);
 void node_plans_fini(node_t *n);
 
+/* node_run.c: staging reserved by the running slices (metrics) */
+uint64_t node_staging_reserved(const node_t *n);
+
 #endif

@@ -789,3 +789,15 @@ const rpc_method_cfg_t node_run_methods[] = {
 	{"Abort", h_abort, false},
 };
 const size_t node_run_nmethods = sizeof(node_run_methods) / sizeof(node_run_methods[0]);
+
+/* Staging reserved by the slices running now: their staging_bytes budgets
+ * (metrics, daemon/ops.c). */
+uint64_t
+node_staging_reserved(const node_t *n)
+{
+	uint64_t sum = 0;
+
+	for (size_t i = 0; i < n->jobs.n; i++)
+		sum += n->jobs.v[i]->opts.staging_bytes;
+	return sum;
+}

@@ -26,6 +26,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/utf8.h"
+#include "daemon/metrics.h"
 #include "daemon/proto_conv.h"
 #include "daemon/rpc.h"
 #include "daemon/rpc_internal.h"
@@ -59,6 +60,7 @@ struct rpc_call {
 	const method_ent_t *m;
 	ProtobufCMessage *req;
 	char *peer;
+	uint64_t t0_ns;             /* arrival (metrics: refitd_rpc_duration_seconds) */
 	rpc_call_t *next;
 };
 
@@ -110,6 +112,17 @@ call_unref(rpc_call_t *c)
 		call_destroy(c);
 }
 
+/* The call's latency by method and status code (unknown methods: "unknown"). */
+static void
+rpc_server_observe(const rpc_call_t *c, int code)
+{
+	const char *method = c->m ? c->m->md->name : "unknown";
+
+	metrics_observe(M_RPC_SECONDS, (const char *[]){"method", method, "code",
+							rpc_grpc_code_name(code), NULL},
+			c->t0_ns ? (double)(uv_hrtime() - c->t0_ns) / 1e9 : 0.0);
+}
+
 /* Start the final batch: status, and a message when resp is given. */
 static void
 send_final(rpc_call_t *c, int code, const char *msg, const ProtobufCMessage *resp)
@@ -131,6 +144,7 @@ send_final(rpc_call_t *c, int code, const char *msg, const ProtobufCMessage *res
 		ops[n].data.send_message.send_message = c->send_buf;
 		n++;
 	}
+	rpc_server_observe(c, code);
 	grpc_slice_unref(c->status_details);
 	c->status_details = grpc_slice_from_copied_string(msg ? msg : "");
 	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
@@ -246,6 +260,7 @@ on_new(rpc_server_t *s, rpc_call_t *c)
 	grpc_op op;
 
 	request_new(s); /* keep one request outstanding */
+	c->t0_ns = uv_hrtime();
 	c->peer = grpc_call_get_peer(c->gc);
 	atomic_store(&c->refs, 2); /* close batch + recv batch */
 	memset(&op, 0, sizeof(op));

@@ -50,6 +50,13 @@ script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block an
 script "conversion end to end, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD/asan"
 
+script "librefit stands alone (exported symbols, soname, pkg-config, static)" \
+	sh tests/librefit/run.sh "$BUILD"
+script "Python package (torch trainer + inference examples as processes, DTensor-like layouts, pip install)" \
+	/usr/bin/python3 tests/integration/test_python.py "$BUILD"
+script "operations (/metrics + promtool, grpc health, systemd watchdog, JSON logs)" \
+	/usr/bin/python3 tests/integration/test_ops.py "$BUILD"
+script "operations, ASan + UBSan" /usr/bin/python3 tests/integration/test_ops.py "$BUILD/asan"
 [ "$total_skip" -gt 0 ] && echo "($total_skip suite(s) skipped: see above why)"
 echo "check: $total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]

@@ -183,7 +183,10 @@ def spawn(args, **kw):
 class Cluster:
     """A coordinator and n node daemons; node k serves ranks k*RPN..."""
 
-    def __init__(self, name, n, extra=(), coord_extra=(), lease_ms=3000):
+    def __init__(self, name, n, extra=(), coord_extra=(), lease_ms=3000, node_extra=None,
+                 env=None):
+        """node_extra(k): more arguments for node k; env: the environment of
+        every daemon (None: this one's)."""
         self.name, self.n = name, n
         if TRANSPORT == "nccl":  # info: the tests read what the transport logs
             extra = ["--transport", "nccl", "--gpu-devices", gpu_devices()] + \
@@ -195,7 +198,7 @@ class Cluster:
                            self.addr, "--heartbeat-ms", str(max(50, lease_ms // 10)),
                            "--lease-ttl-ms", str(lease_ms), "--log-level", "warn"] + \
             list(coord_extra)
-        self.coord = spawn(self.coord_args, stderr=self.log)
+        self.coord = spawn(self.coord_args, stderr=self.log, env=env)
         self.node_args = []
         self.nodes = []
         for k in range(n):
@@ -205,9 +208,10 @@ class Cluster:
                 [f"{BUILD}/bin/refitd", "--role", "node", "--listen",
                  f"127.0.0.1:{np_}", "--coordinator", self.addr, "--node-id",
                  f"{name}{k}", "--ranks", ranks, "--heartbeat-ms", "300",
-                 "--local-socket", self.sock(k), "--log-level", "warn"] + list(extra))
+                 "--local-socket", self.sock(k), "--log-level", "warn"] + list(extra) +
+                list(node_extra(k) if node_extra else ()))
             self.nodes.append(spawn(self.node_args[k], stderr=self.log,
-                                    env=host_env(self.host(k))))
+                                    env=host_env(self.host(k)) or env))
         self.ch = grpc.insecure_channel(self.addr)
         grpc.channel_ready_future(self.ch).result(timeout=10)
         self.stub = pbg.CoordinatorStub(self.ch)
@@ -298,7 +302,7 @@ class Client:
             args += ["--version", str(version)]
         self.p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, bufsize=1,
-                       env=host_env(cl.host(node)))
+                       env=host_env(cl.host(node)) if TRANSPORT == "nccl" else None)
         self.first = self.p.stdout.readline().strip()
 
     def ok(self):

@@ -18,5 +18,6 @@ Suite *suite_dataplane(void);
 Suite *suite_model(void);
 Suite *suite_convert(void);
 Suite *suite_conv_exec(void);
+Suite *suite_ops(void);
 
 #endif

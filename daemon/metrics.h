@@ -1,0 +1,47 @@
+/*
+ * metrics.h - refitd's Prometheus metrics: a fixed table of families
+ * (metrics.c, docs/operations.md), series made on first use, the text
+ * exposition format, and an HTTP endpoint (libmicrohttpd) serving
+ * GET /metrics on its own thread.  Every function is thread-safe.
+ *
+ * Labels are given as a NULL-terminated array of name, value pairs:
+ *   metrics_observe(M_RPC_SECONDS, (const char *[]){"method", "Join", NULL}, 0.002);
+ */
+#ifndef REFIT_DAEMON_METRICS_H
+#define REFIT_DAEMON_METRICS_H
+
+#include "common/err.h"
+#include "common/strbuf.h"
+
+typedef enum metric_id {
+	M_REFIT_PHASE_SECONDS,   /* histogram {phase} */
+	M_REFIT_SECONDS,         /* histogram {outcome} */
+	M_REFITS_TOTAL,          /* counter {outcome} */
+	M_REFIT_FAILURES_TOTAL,  /* counter {cause} */
+	M_REFIT_RETRIES_TOTAL,   /* counter */
+	M_REFIT_BYTES_TOTAL,     /* counter {link} */
+	M_EPOCH,                 /* gauge */
+	M_MEMBERS,               /* gauge */
+	M_LEASE_EXPIRIES_TOTAL,  /* counter */
+	M_RPC_SECONDS,           /* histogram {method, code} */
+	M_STAGING_BYTES,         /* gauge */
+	M_SLICES_RUNNING,        /* gauge */
+	M_CLIENTS,               /* gauge {role} */
+	M_COUNT
+} metric_id_t;
+
+void metrics_add(metric_id_t id, const char *const *labels, double v);
+void metrics_set(metric_id_t id, const char *const *labels, double v);
+void metrics_observe(metric_id_t id, const char *const *labels, double v);
+/* The metric's family name ("refitd_epoch"). */
+const char *metrics_name(metric_id_t id);
+
+/* Every family in the text exposition format (version 0.0.4). */
+void metrics_render(strbuf_t *out);
+
+/* Serve GET /metrics on listen ("HOST:PORT", "[V6]:PORT"); *port gets the
+ * bound port.  One server per process. */
+refit_status_t metrics_serve_start(const char *listen, int *port, refit_err_t *err);
+void metrics_serve_stop(void);
+
+#endif

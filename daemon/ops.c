@@ -1,0 +1,164 @@
+/*
+ * ops.c - see ops.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/sdnotify.h"
+#include "daemon/coord_internal.h"
+#include "daemon/health.h"
+#include "daemon/metrics.h"
+#include "daemon/node_internal.h"
+#include "daemon/ops.h"
+
+#define OPS_TICK_MS 1000   /* gauges; the watchdog may ask for a shorter tick */
+
+struct ops {
+	uv_timer_t timer;
+	coord_t *coord;
+	node_t *node;
+	uint64_t watchdog_us;
+	bool metrics;
+	char *node_id;
+};
+
+/* what the health service reads (kept past ops_stop, which clears it) */
+static struct {
+	coord_t *coord;
+	node_t *node;
+} live;
+
+static const char *const coord_services[] = {"refit.v1.Coordinator", NULL};
+static const char *const node_services[] = {"refit.v1.Node", NULL};
+
+/* SERVING: the coordinator while it runs; a node while it is a member and
+ * not drained or stopping. */
+static bool
+serving(void *ctx)
+{
+	(void)ctx;
+	if (live.coord)
+		return !live.coord->closing;
+	if (live.node)
+		return live.node->member_id != 0 && !live.node->drained && !live.node->closing;
+	return false;
+}
+
+static void
+refresh(ops_t *o)
+{
+	log_context_t lc = {o->node_id, -1, 0, 0};
+
+	if (o->coord) {
+		metrics_set(M_EPOCH, NULL, (double)o->coord->epoch);
+		metrics_set(M_MEMBERS, NULL, (double)o->coord->members.n);
+		lc.epoch = o->coord->epoch;
+	} else if (o->node) {
+		const node_t *n = o->node;
+		size_t train = 0, infer = 0;
+
+		for (size_t i = 0; i < n->clients.n; i++) {
+			if (n->clients.v[i]->dead)
+				continue;
+			if (n->clients.v[i]->role == REFIT__V1__ROLE__TRAIN)
+				train++;
+			else
+				infer++;
+		}
+		metrics_set(M_EPOCH, NULL, (double)n->epoch);
+		metrics_set(M_CLIENTS, (const char *[]){"role", "train", NULL}, (double)train);
+		metrics_set(M_CLIENTS, (const char *[]){"role", "infer", NULL}, (double)infer);
+		metrics_set(M_SLICES_RUNNING, NULL, (double)n->jobs.n);
+		metrics_set(M_STAGING_BYTES, NULL, (double)node_staging_reserved(n));
+		lc.epoch = n->epoch;
+	}
+	log_set_context(&lc);
+}
+
+static void
+on_tick(uv_timer_t *t)
+{
+	ops_t *o = t->data;
+
+	refresh(o);
+	if (o->watchdog_us)
+		(void)sd_notify_send("WATCHDOG=1");
+}
+
+void
+ops_set_log_format(const char *fmt)
+{
+	log_set_format(fmt && strcmp(fmt, "json") == 0 ? LOG_FMT_JSON : LOG_FMT_TEXT);
+}
+
+ops_t *
+ops_start(uv_loop_t *loop, rpc_server_t *srv, coord_t *coord, node_t *node,
+	  const refitd_config_t *cfg, refit_err_t *err)
+{
+	ops_t *o = xcalloc(1, sizeof(*o));
+	uint64_t tick = OPS_TICK_MS;
+	int port = 0;
+
+	o->coord = coord;
+	o->node = node;
+	o->node_id = node ? xstrdup(node->node_id) : NULL;
+	ops_set_log_format(cfg->log_format);
+	live.coord = coord;
+	live.node = node;
+	if (health_register(srv, coord ? coord_services : node_services, serving, NULL, err) !=
+	    REFIT_OK)
+		goto fail;
+	if (cfg->metrics_listen) {
+		if (metrics_serve_start(cfg->metrics_listen, &port, err) != REFIT_OK)
+			goto fail;
+		o->metrics = true;
+		log_info("refitd: metrics on http://%s/metrics (port %d)", cfg->metrics_listen,
+			 port);
+	}
+	o->watchdog_us = sd_watchdog_usec();
+	if (o->watchdog_us) {
+		/* half the interval, as sd_watchdog_enabled(3) advises */
+		uint64_t half = o->watchdog_us / 2000;
+
+		tick = half < 1 ? 1 : half < tick ? half : tick;
+		log_info("refitd: systemd watchdog: %llu ms, pinging every %llu ms",
+			 (unsigned long long)(o->watchdog_us / 1000), (unsigned long long)tick);
+	}
+	refresh(o);
+	uv_timer_init(loop, &o->timer);
+	o->timer.data = o;
+	uv_timer_start(&o->timer, on_tick, tick, tick);
+	return o;
+fail:
+	live.coord = NULL;
+	live.node = NULL;
+	free(o->node_id);
+	free(o);
+	return NULL;
+}
+
+static void
+on_closed(uv_handle_t *h)
+{
+	ops_t *o = h->data;
+
+	free(o->node_id);
+	free(o);
+}
+
+void
+ops_stop(ops_t *o)
+{
+	if (o == NULL)
+		return;
+	if (o->metrics)
+		metrics_serve_stop();
+	o->coord = live.coord = NULL;
+	o->node = live.node = NULL;
+	/* the log context keeps pointing at node_id until the handle is freed */
+	log_set_context(&(log_context_t){NULL, -1, 0, 0});
+	uv_timer_stop(&o->timer);
+	uv_close((uv_handle_t *)&o->timer, on_closed);
+}

@@ -1,0 +1,299 @@
+#!/usr/bin/python3
+"""The Python package (python/refit) end to end: a coordinator and three
+node daemons as real processes on loopback (harness.py), the examples of
+python/examples as real processes (a torch trainer stepping and publishing
+three versions; a double-buffered and an in-place inference loop switching
+versions between requests), every piece checked byte for byte against what
+the trainer published; the DTensor path with objects shaped like a DTensor
+checked against the C library's boxes (refit-plan boxes); an existing
+strided tensor registered by copying it once; typed errors carrying the
+daemon's message; `pip install` of the package from the tree, offline.
+
+Usage: test_python.py BUILD_DIR.  Prints "python: N passed, N failed" last.
+"""
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+TMP = tempfile.mkdtemp(prefix="refit-py-")
+subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
+                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
+                "proto/refit/v1/refit.proto"], check=True)
+sys.path.insert(0, TMP)
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import RPN, Cluster, check, spawn, wait_for  # noqa: E402
+
+harness.init(BUILD, TMP)
+LIB = os.path.abspath(f"{BUILD}/lib/librefit.so")
+os.environ["REFIT_LIBRARY"] = LIB
+# the package from the tree; the generated refit.v1 modules are a namespace
+# package of their own (refit/v1 under TMP) and must not shadow it
+sys.path.remove(TMP)
+for m in [m for m in sys.modules if m == "refit" or m.startswith("refit.")]:
+    if not m.startswith("refit.v1"):
+        del sys.modules[m]
+sys.path.insert(0, os.path.abspath("python"))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import refit  # noqa: E402
+
+assert os.path.dirname(refit.__file__) == os.path.abspath("python/refit"), refit.__file__
+ENV = dict(os.environ, PYTHONPATH=os.path.abspath("python"), REFIT_LIBRARY=LIB)
+PY = "/usr/bin/python3"
+T_RANKS = f"0-{RPN - 1}"
+CL = Cluster("py", 3)
+
+
+def read_until(p, prefix, timeout=120):
+    """Lines of p's stdout up to and including the first starting with prefix."""
+    lines = []
+    end = time.time() + timeout
+    while time.time() < end:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError(f"{p.args[2]} ended before {prefix!r}: {lines} "
+                                 f"{p.stderr.read() if p.stderr else ''}")
+        lines.append(line.strip())
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"no {prefix!r} in {timeout} s: {lines}")
+
+
+def expected_sha(dump, version, name, off, size):
+    full = np.fromfile(f"{dump}/{version}/{name}.bin", dtype=np.int16)
+    full = full.reshape([32, 16] if name == "fc.weight" else [32])
+    box = full[tuple(slice(o, o + s) for o, s in zip(off, size))]
+    return hashlib.sha256(np.ascontiguousarray(box).tobytes()).hexdigest()
+
+
+def examples():
+    dump, go = f"{TMP}/dump", f"{TMP}/go"
+    infs = []
+    for k, (inst, install) in enumerate([("serve0", "double-buffer"), ("serve1", "in-place")]):
+        node = k + 1
+        p = spawn([PY, "python/examples/inference.py", "--socket", CL.sock(node), "--model",
+                   "tiny", "--instance", inst, "--install", install, "--ranks",
+                   f"{node * RPN}-{node * RPN + RPN - 1}", "--until", "3"],
+                  env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        read_until(p, "REGISTERED")
+        infs.append(p)
+    tr = spawn([PY, "python/examples/trainer.py", "--socket", CL.sock(0), "--model", "tiny",
+                "--ranks", T_RANKS, "--steps", "3", "--dump", dump, "--go-file", go],
+               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checked = 0
+    for v in (1, 2, 3):
+        read_until(tr, f"READY {v}")
+        g = CL.refit("tiny", v)
+        assert g.state == pb.COMMITTED, (v, g.failure)
+        assert g.bytes > 0, g
+        for p in infs:
+            lines = read_until(p, f"SERVING {v} ")
+            pieces = []
+            while len(pieces) < 2 * RPN:  # fc.weight and fc.bias on each rank
+                pieces += [ln for ln in read_until(p, "PIECE") if ln.startswith("PIECE")]
+            for ln in pieces:
+                _, ver, name, rank, off, size, sha = ln.split()
+                off, size = [int(x) for x in off.split(",")], [int(x) for x in size.split(",")]
+                assert int(ver) == v, ln
+                assert sha == expected_sha(dump, v, name, off, size), \
+                    f"{ln}: bytes differ from what the trainer published (lines {lines})"
+                checked += 1
+        open(f"{go}.{v + 1}", "w").close()  # the trainer's next step (4: leave)
+    for p in infs + [tr]:
+        p.wait(timeout=60)
+        assert p.returncode == 0, (p.args, p.returncode, p.stderr.read())
+    assert checked == 3 * 2 * 2 * RPN, checked
+
+
+class Shard:
+    def __init__(self, dim):
+        self.dim = dim
+
+
+class Replicate:
+    pass
+
+
+class _StridedShard:
+    def __init__(self, dim, split_factor):
+        self.dim, self.split_factor = dim, split_factor
+
+
+class Partial:
+    pass
+
+
+class Mesh:
+    def __init__(self, ranks):
+        self.mesh = torch.tensor(ranks)
+
+
+class DTensorLike:
+    def __init__(self, shape, dtype, mesh, placements):
+        self.shape, self.dtype = torch.Size(shape), dtype
+        self.device_mesh, self.placements = Mesh(mesh), placements
+
+
+def dtensor_path():
+    cases = [([10, 5], torch.float32, [[0, 1], [2, 3]], [Shard(0), Shard(0)]),
+             ([7, 9, 3], torch.bfloat16, [4, 2, 6], [Shard(1)]),
+             ([6], torch.float16, [[3, 1, 2], [0, 5, 4]], [Replicate(), Shard(-1)]),
+             ([4, 8], torch.int32, [[0, 1], [2, 3]], [Shard(1), Shard(0)]),
+             ([3, 3], torch.float64, [0, 1, 2, 3, 4], [Shard(0)])]  # empty shards
+    for i, (shape, dt, mesh, places) in enumerate(cases):
+        lay = refit.layout.dtensor(f"t{i}", DTensorLike(shape, dt, mesh, places))
+        strings = [str(p) if isinstance(p, str) else
+                   ("Replicate()" if isinstance(p, Replicate) else f"Shard({p.dim})")
+                   for p in places]
+        assert lay == refit.layout.placements(f"t{i}", dt, shape, mesh, strings), lay
+        path = f"{TMP}/dt{i}.json"
+        with open(path, "w") as f:
+            f.write(refit.layout.to_json(lay))
+        out = subprocess.run([f"{BUILD}/bin/refit-plan", "boxes", path], capture_output=True,
+                             text=True, check=True).stdout
+        d = json.loads(out)
+        for s in d.get("tensors", [d])[0]["shards"]:
+            got = refit.layout.local_boxes(lay, s["rank"])
+            assert got == [(s["offset"], s["size"])], (lay, s, got)
+    strided = refit.layout.dtensor("s", DTensorLike([8, 4], torch.float32, [[0, 1], [2, 3]],
+                                                    [_StridedShard(0, 2), Shard(0)]))
+    assert strided["placements"] == ["_StridedShard(dim=0, split_factor=2)", "Shard(0)"]
+    with open(f"{TMP}/s.json", "w") as f:
+        f.write(refit.layout.to_json(strided))
+    subprocess.run([f"{BUILD}/bin/refit-plan", "boxes", f"{TMP}/s.json"], check=True,
+                   capture_output=True)  # the C library takes the same JSON
+    try:
+        refit.layout.dtensor("p", DTensorLike([4], torch.float32, [0, 1], [Partial()]))
+        raise AssertionError("Partial accepted")
+    except ValueError as e:
+        assert "reduce it first" in str(e), e
+    b = refit.layout.boxes("e", "fp16", [6, 4], [(0, [0, 0], [4, 4]), (1, [4, 0], [2, 4])])
+    assert refit.layout.local_boxes(b, 1) == [([4, 0], [2, 4])], b
+
+
+def shared_strided():
+    """A transposed torch tensor and a column-sliced numpy array registered
+    by copying them once (strides kept), refit into another node."""
+    src_t = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4).t()  # 4x6, strides (1, 4)
+    src_n = np.arange(5 * 8, dtype=np.int32).reshape(5, 8)[:, ::2]      # 5x4, strided
+    t, n = refit.share(src_t), refit.share(src_n)
+    assert t.stride() == (1, 4) and torch.equal(t, src_t), t.stride()
+    assert n.strides == src_n.strides and (n == src_n).all(), n.strides
+    r0, r1 = 0, RPN  # node 0 trains, node 1 serves
+    lays = [refit.layout.placements("a", torch.float32, [4, 6], [r0], ["Replicate()"]),
+            refit.layout.placements("b", np.int32, [5, 4], [r0], ["Replicate()"])]
+    ilays = [refit.layout.placements("a", "fp32", [4, 6], [r1], ["Replicate()"]),
+             refit.layout.placements("b", "int32", [5, 4], [r1], ["Replicate()"])]
+    tr = refit.Client(CL.sock(0), timeout_ms=20000)
+    tr.register("strided", "train", lays, {("a", r0): t, ("b", r0): n})
+    tr.weights_ready(1)
+    ia = refit.empty([4, 6], "float32", copies=2, torch=True, strides=[1, 4])
+    ib = refit.empty([5, 4], "int32", copies=2)
+    inf = refit.Client(CL.sock(1), timeout_ms=20000)
+    inf.register("strided", "infer", ilays, {("a", r1): ia, ("b", r1): ib}, instance="x")
+    g = CL.refit("strided", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    st = inf.wait_version(1, 20000)
+    assert st.version == 1 and st.valid, st
+    assert torch.equal(ia[st.active], src_t) and (ib[st.active] == src_n).all()
+    assert inf.state().version == 1
+    inf.unregister()
+    tr.unregister()
+    inf.close()
+    tr.close()
+
+
+def typed_errors():
+    try:
+        refit.Client(f"{TMP}/nobody.sock", timeout_ms=2000)
+        raise AssertionError("connected to nothing")
+    except refit.Unavailable as e:
+        assert "nobody.sock" in e.message and e.code == "ERR_UNAVAILABLE", e
+    c = refit.Client(CL.sock(2), timeout_ms=20000)
+    w = refit.empty([4], "float32")
+    # a rank this node does not serve: the daemon says which
+    try:
+        c.register("bad", "train", [refit.layout.placements("w", "fp32", [4], [0], ["R"])],
+                   {("w", 0): w})
+        raise AssertionError("registered a rank of another node")
+    except refit.InvalidArgument as e:
+        print("     daemon said:", type(e).__name__, e.message)
+        assert "rank 0" in e.message, e
+    lay = refit.layout.placements("w", "fp32", [4], [2 * RPN], ["R"])
+    try:  # bad JSON is refused by the library before anything is sent
+        c.register("bad", "train", '{"tensors": [{"name": "w"}]}', {})
+        raise AssertionError("bad layout accepted")
+    except refit.InvalidArgument as e:
+        assert "layouts" in e.message, e
+    try:
+        c.register("bad", "train", [lay], {("w", 2 * RPN): np.zeros(4, np.float32)})
+        raise AssertionError("memory of the heap accepted")
+    except ValueError as e:
+        assert "refit.share" in str(e), e
+    c.register("late", "infer", [lay], {("w", 2 * RPN): refit.empty([4], "float32", copies=2)},
+               instance="z")
+    t0 = time.time()
+    try:
+        c.wait_version(5, 300)
+        raise AssertionError("waited for a version nobody publishes")
+    except refit.Timeout as e:
+        assert isinstance(e, TimeoutError) and e.message, e
+    assert time.time() - t0 < 60  # bounded (generous: a busy machine)
+    c.unregister()
+    try:
+        c.state()
+        raise AssertionError("state of an unregistered client")
+    except ValueError as e:
+        assert "not registered" in str(e), e
+    c.close()
+
+
+def pip_install():
+    """pip install of the tree's package, offline, importable elsewhere."""
+    src = f"{TMP}/pysrc"
+    shutil.copytree("python", src, ignore=shutil.ignore_patterns("build", "*.egg-info",
+                                                                  "__pycache__"))
+    r = subprocess.run([PY, "-m", "pip", "install", "--no-index", "--no-build-isolation",
+                        "--target", f"{TMP}/site", src], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = dict(os.environ, PYTHONPATH=f"{TMP}/site", REFIT_LIBRARY=LIB)
+    r = subprocess.run([PY, "-c", "import refit, sys; print(refit.__file__); "
+                        "print(refit.empty([2], 'float32').shape)"], cwd=TMP, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith(f"{TMP}/site/refit/"), r
+    r = subprocess.run([PY, "-c", "import refit"], cwd=TMP, capture_output=True, text=True,
+                       env=dict(env, REFIT_LIBRARY=f"{TMP}/none.so"))
+    assert r.returncode != 0 and "librefit.so not found" in r.stderr, r.stderr
+
+
+try:
+    check("examples: torch trainer (3 versions) -> double-buffered and in-place inference "
+          "loops switching between requests, every piece byte for byte", examples)
+    check("DTensor-like objects, placement strings and boxes give the C library's layouts",
+          dtensor_path)
+    check("existing tensors registered by copying once, strides kept (torch .t(), numpy "
+          "slices), refit byte for byte", shared_strided)
+    check("typed exceptions carry the daemon's and library's messages; bounded waits",
+          typed_errors)
+    check("pip install of python/ offline; REFIT_LIBRARY; a clear error without the library",
+          pip_install)
+finally:
+    harness.stop_all()
+    bad = [(p.args[:3], p.returncode) for p in harness.PROCS
+           if p.returncode not in (0, -9, -15)]
+    if bad:
+        harness.counts["failed"] += 1
+        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+print(f"python: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
+sys.exit(1 if harness.counts["failed"] else 0)
