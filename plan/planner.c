@@ -79,7 +79,6 @@ typedef struct reshard {
 	uint32_t *round_of;   /* per rank: the last round it relays in */
 	uint64_t *round_fill; /* per rank: relay bytes in that round */
 	uint32_t max_local;   /* largest stage inside a round */
-	bool rounds;          /* some unit went past round 0 */
 	uint64_t *dom_send;   /* per domain: bytes its NICs send */
 	const plan_box_t *cur_part; /* the part being assigned */
 	const work_t *cur_w;  /* and its work item */
@@ -248,7 +247,6 @@ unit_end(reshard_t *rs)
 		rs->max_local = x->stage > rs->max_local ? x->stage : rs->max_local;
 		x->stage |= round << ROUND_SHIFT;
 	}
-	rs->rounds |= round > 0;
 }
 
 /* Stages from (round, stage inside it) to round * per_round + stage. */
