@@ -1115,6 +1115,10 @@ nccl_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err
 	if (rc != REFIT_OK)
 		return group_fail(x, err);
 	CHECK(wait_comms(x, &s->cfg, "point-to-point group", err));
+	/* the fault suite waits for this line: the node is in the wait below,
+	 * and PrepareEpoch (set_world, x->mu) must still be answered */
+	log_debug(LOG_SUB_XPORT, "nccl: node %s: group of %zu operations issued, waiting for "
+		  "it", x->node_id, n);
 	/* the group is issued: wait for its kernels, bounded, without x->mu */
 	for (size_t i = 0; i < cm->nlocal; i++) {
 		for (;;) {

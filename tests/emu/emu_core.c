@@ -154,6 +154,18 @@ env_parse(void)
 		emu_say("REFIT_EMU_DELAY_US=\"%s\": want N or MIN-MAX microseconds", s);
 		return -1;
 	}
+	s = getenv("REFIT_EMU_NCCL_VERSION");
+	env.nccl_version = NCCL_VERSION_CODE;
+	if (s && *s) {
+		long v = strtol(s, &end, 10);
+
+		if (*end || *s < '0' || *s > '9' || v < 1 || v > 999999) {
+			emu_say("REFIT_EMU_NCCL_VERSION=\"%s\": want a version code 1..999999 "
+				"(NCCL 2.28.9 is 22809)", s);
+			return -1;
+		}
+		env.nccl_version = (int)v;
+	}
 	s = getenv("REFIT_EMU_DIR");
 	if (s && *s)
 		snprintf(env.dir, sizeof(env.dir), "%s", s);

@@ -29,6 +29,7 @@ typedef struct emu_env {
 	uint64_t host_hash;
 	uint64_t dev_mem;         /* bytes per device */
 	unsigned delay_min_us, delay_max_us;
+	int nccl_version;         /* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says */
 } emu_env_t;
 
 /* Initialise once (environment, address space); NULL when that failed (and

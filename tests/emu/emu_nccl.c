@@ -309,9 +309,13 @@ config_blocking(const ncclConfig_t *cfg, bool dflt, bool *out)
 ncclResult_t
 ncclGetVersion(int *version)
 {
+	const emu_env_t *env = emu_env();
+
 	if (version == NULL)
 		return nccl_fail(ncclInvalidArgument, "ncclGetVersion(NULL)");
-	*version = NCCL_VERSION_CODE;
+	if (env == NULL)
+		return nccl_fail(ncclSystemError, "ncclGetVersion: the emulator did not start");
+	*version = env->nccl_version; /* NCCL_VERSION_CODE unless REFIT_EMU_NCCL_VERSION */
 	return ncclSuccess;
 }
 

@@ -525,6 +525,7 @@ bad_env_child(int which)
 		{"REFIT_EMU_DEVICE_MEM", "-1"}, {"REFIT_EMU_DELAY_US", "9-2"},
 		{"REFIT_EMU_DIR", "/tmp/a-directory-name-that-is-far-too-long-for-the-unix-socket-"
 				  "paths-that-live-in-it"},
+		{"REFIT_EMU_NCCL_VERSION", "2.27"},
 	};
 	int n;
 	void *p;
@@ -539,7 +540,7 @@ bad_env_child(int which)
 static void
 t_bad_environment(void)
 {
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < 6; i++)
 		reap_ok(spawn(bad_env_child, i, NULL));
 }
 

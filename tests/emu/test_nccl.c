@@ -493,6 +493,16 @@ exporter_of_id(int arg)
 	exit(0);
 }
 
+/* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says (refitd's minimum check) */
+static void
+t_nccl_version_env(void)
+{
+	int v = 0;
+
+	NCIS(ncclGetVersion(&v), ncclSuccess);
+	CK(v == 22610, "version %d with REFIT_EMU_NCCL_VERSION=22610", v);
+}
+
 static void
 t_nccl_argument_errors(void)
 {
@@ -640,6 +650,7 @@ const test_t nccl_tests[] = {
 	{"nccl_peer_death_remote_error", t_nccl_peer_death_remote_error, NULL},
 	{"nccl_abort_during_init", t_nccl_abort_during_init, NULL},
 	{"nccl_argument_errors", t_nccl_argument_errors, NULL},
+	{"nccl_version_env", t_nccl_version_env, "REFIT_EMU_NCCL_VERSION=22610"},
 	{"nccl_inconsistent_ranks", t_nccl_inconsistent_ranks, NULL},
 	{"nccl_root_gone", t_nccl_root_gone, NULL},
 	{"nccl_peer_gone_before_send", t_nccl_peer_gone_before_send, NULL},

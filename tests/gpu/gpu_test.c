@@ -20,7 +20,9 @@
  *      GPU NCCL uses its network transport): a ring of sends, then one
  *      process leaves and the two others shrink their communicators
  *      (ncclCommShrink, no new unique id) and exchange again;
- *   6. a loopback communicator: 256 MiB to itself, byte-exact, GB/s.
+ *   6. a loopback communicator: 256 MiB to itself, byte-exact, GB/s;
+ *   7. (emulator) the loader's fallback: on a machine without
+ *      libcudart.so.13 the search loads libcudart.so.12.
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -31,10 +33,12 @@
  */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -604,6 +608,58 @@ emu_check(const char *who)
 	return bad;
 }
 
+/* ---- 7. libcudart.so.12 when there is no .so.13 ----------------------------------------- */
+
+/*
+ * The child plays a machine with CUDA 12 only: this program's dlopen (it
+ * takes the place of libc's for gpu.c) refuses libcudart.so.13 by name and
+ * in /usr/local/cuda/lib64 (this machine may have a real one there), and
+ * CUDA_HOME is a directory whose lib64 holds only libcudart.so.12, a link
+ * to the emulator's runtime.  Nothing is configured: the search must find
+ * the .so.12 (issue 10, defect 10: it never fell back).
+ */
+static bool no_cudart13;
+
+void *
+dlopen(const char *file, int mode)
+{
+	static void *(*real)(const char *, int);
+
+	if (real == NULL)
+		*(void **)&real = dlsym(RTLD_NEXT, "dlopen");
+	if (no_cudart13 && file != NULL && (strcmp(file, "libcudart.so.13") == 0 ||
+	    strcmp(file, "/usr/local/cuda/lib64/libcudart.so.13") == 0))
+		return NULL;
+	return real(file, mode);
+}
+
+static int
+so12_child(const char *cudart)
+{
+	char dir[] = "/tmp/refit-so12-XXXXXX", lib64[64], link[96], target[PATH_MAX], why[1024];
+	const gpu_api_t *a;
+	int bad = 0;
+
+	if (mkdtemp(dir) == NULL || realpath(cudart, target) == NULL)
+		return 1;
+	snprintf(lib64, sizeof(lib64), "%s/lib64", dir);
+	snprintf(link, sizeof(link), "%s/libcudart.so.12", lib64);
+	if (mkdir(lib64, 0700) != 0 || symlink(target, link) != 0)
+		return 1;
+	setenv("CUDA_HOME", dir, 1);
+	unsetenv("REFIT_CUDA_LIBRARY");
+	no_cudart13 = true;
+	a = gpu_load(1, why, sizeof(why));
+	EXPECT(a != NULL, "no CUDA runtime: %s", why);
+	if (a != NULL)
+		EXPECT(strcmp(a->cuda_path, link) == 0, "the CUDA runtime loaded is %s, not %s",
+		       a->cuda_path, link);
+	unlink(link);
+	rmdir(lib64);
+	rmdir(dir);
+	return bad ? 1 : 0;
+}
+
 /* ---- main ------------------------------------------------------------------------------ */
 
 static int
@@ -628,7 +684,8 @@ main(int argc, char **argv)
 {
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2];
-	pid_t ipc_pid, rp[3];
+	pid_t ipc_pid, rp[3], so12_pid = -1;
+	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
 	const gpu_api_t *a;
 	uint8_t id[512];
@@ -651,6 +708,8 @@ main(int argc, char **argv)
 		_exit(ipc_child(ipc[0]));
 	}
 	close(ipc[0]);
+	if (emu && cudart != NULL && (so12_pid = fork()) == 0)
+		_exit(so12_child(cudart));
 	for (int k = 0; k < 3; k++)
 		if ((rp[k] = fork()) == 0) {
 			int rc = ring_child(k, k ? idp[k - 1][0] : -1, idp[0][1], idp[1][1],
@@ -666,6 +725,8 @@ main(int argc, char **argv)
 			waitpid(rp[k], NULL, 0);
 		}
 		waitpid(ipc_pid, NULL, 0);
+		if (so12_pid > 0)
+			waitpid(so12_pid, NULL, 0);
 		return 77;
 	}
 	printf("     CUDA runtime %s, NCCL %d from %s, %d device(s), kernel %s\n", a->cuda_path,
@@ -755,6 +816,14 @@ main(int argc, char **argv)
 		EXPECT(rc0 == 0 && rc1 == 0, "ranks 0 and 1 exited %d and %d", rc0, rc1);
 		result("three processes, one rank each: a ring of sends; one leaves, the two "
 		       "others shrink their communicators (no new id) and exchange again", bad);
+	}
+	if (so12_pid > 0) {
+		int rc = wait_child(so12_pid, 60);
+
+		bad = 0;
+		EXPECT(rc == 0, "the child exited %d", rc);
+		result("no libcudart.so.13 on the machine: the search loads libcudart.so.12 "
+		       "($CUDA_HOME/lib64)", bad);
 	}
 	bad = emu_check("the main process");
 	if (emu)

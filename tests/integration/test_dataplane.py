@@ -712,6 +712,26 @@ def bad_gpu_registrations():
         ch.close()
 
 
+def nccl_version_checked():
+    """Issue 10, defect 10: refitd logs the NCCL version it loaded, and
+    refuses to start the nccl transport below 2.27 (ncclCommShrink), naming
+    the library, its version and the minimum (REFIT_EMU_NCCL_VERSION makes
+    the emulator's ncclGetVersion say 2.26.10)."""
+    with open(MAIN.log.name) as f:
+        log = f.read()
+    assert f"NCCL 2.28.9 from {harness.EMU_LIB}/libnccl.so.2" in log, log[-3000:]
+    env = harness.host_env("oldnccl")
+    env.pop("REFIT_EMU_COUNTERS", None)
+    env["REFIT_EMU_NCCL_VERSION"] = "22610"
+    args = harness.node_spawn_args(MAIN, "oldnccl", "40-40")
+    # no coordinator there: a refitd that wrongly starts joins nothing
+    args[args.index("--coordinator") + 1] = f"127.0.0.1:{harness.free_port()}"
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0, out
+    assert (f'transport "nccl" cannot run here: {harness.EMU_LIB}/libnccl.so.2 is NCCL '
+            "2.26.10; refit needs 2.27 or newer") in out.stderr, out.stderr
+
+
 try:
     check("random layout pairs, reshard and broadcast, several models at once, byte-exact",
           random_pairs)
@@ -746,6 +766,8 @@ try:
     else:
         check("bad GPU registrations: handle size, device said, device of the memory, "
               "cuda_bytes", bad_gpu_registrations)
+        check("the NCCL version is logged; below 2.27 refitd refuses nccl, naming both",
+              nccl_version_checked)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
           mixed_transports_refused)
 finally:

@@ -404,6 +404,79 @@ def leave_shrinks():
         assert "communicators of epoch" not in log, log[-3000:]  # none built anew
 
 
+def group_wait_keeps_loop():
+    """Issue 10, defect 7: a node whose nccl slice waits in an NCCL group
+    (its peer is stopped before posting its half) still answers its loop's
+    calls -- PrepareEpoch of the same epoch (nccl_set_world takes the
+    transport's lock), NcclId (the lock too), Local Hello -- while the group
+    still waits: nothing may poll under that lock.  With the lock held over
+    the wait, PrepareEpoch returns only once the slice gave up at its
+    deadline, and the refit is FAILED by then."""
+    # w0 (trainer, ranks 0-3) sleeps 2 s before each send, w1 (instance,
+    # ranks 4-7) posts its receives at once and logs that its group waits
+    cl = Cluster("w", 2, ["--slice-timeout-ms", "30000"], lease_ms=30000,
+                 node_extra=lambda k: ["--test-msg-delay-ms", "2000"] if k == 0
+                 else ["--log-level", "debug"])
+    procs = [cl.coord] + cl.nodes
+    try:
+        def lay(ranks):
+            return [{"name": "w", "dtype": "fp32", "shape": [256, 64], "mesh": ranks,
+                     "placements": ["Shard(0)"]}]
+        tr = Client(cl, 0, "wm", "train", write(f"{TMP}/wm-t.json", lay([0, 1])))
+        inst = Client(cl, 1, "wm", "infer", write(f"{TMP}/wm-i.json", lay([4, 5])),
+                      instance="i", install="double-buffer")
+        procs += [tr.p, inst.p]
+        assert tr.ok() and inst.ok(), (tr.first, inst.first)
+        mark = os.path.getsize(cl.log.name)
+        rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="wm", version=1),
+                                   timeout=5).refit_id
+
+        def waiting():
+            with open(cl.log.name) as f:
+                f.seek(mark)
+                return "nccl: node w1: group of 2 operations issued, waiting" in f.read()
+        harness.wait_for(waiting, 60, "node w1 to wait in its NCCL group")
+        cl.nodes[0].send_signal(signal.SIGSTOP)   # in its 2 x 2 s sleep: no sends
+        try:
+            g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+            assert g.state == pb.RUNNING, g
+            mem = cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
+            w1 = [m for m in mem.members if m.node_id == "w1"][0]
+            nch = grpc.insecure_channel(w1.rpc_endpoint)
+            lch = grpc.insecure_channel(f"unix:{cl.sock(1)}")
+            node = pbg.NodeStub(nch)
+            # the bounds are far beyond the 30 s slice deadline: the order of
+            # events is what is checked, not the time taken
+            fut = node.PrepareEpoch.future(pb.PrepareEpochRequest(
+                epoch=g.epoch, token=b"w" * 16, members=mem.members), timeout=90)
+            h = pbg.LocalStub(lch).Hello(pb.HelloRequest(), timeout=90)
+            assert h.node_id == "w1" and h.joined, h
+            assert fut.result().epoch == g.epoch
+            assert len(node.NcclId(pb.NcclIdRequest(epoch=g.epoch),
+                                   timeout=90).nccl_unique_id) > 0
+            nch.close()
+            lch.close()
+            g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+            assert g.state == pb.RUNNING, \
+                f"w1 answered only after its NCCL group gave up: {g.state} {g.failure}"
+            with open(cl.log.name) as f:
+                f.seek(mark)
+                assert "slice done" not in f.read()   # w1's group still waits
+        finally:
+            cl.nodes[0].send_signal(signal.SIGCONT)
+        g = cl.wait_final(rid, 90)
+        assert g.state == pb.COMMITTED, g.failure
+        out = inst.cmd("wait 1 20000")
+        assert out.startswith("INSTALLED") and "mismatches=0" in out, out
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=20)
+
+
 def fds(pid):
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -500,6 +573,9 @@ try:
         check("drain mid-refit: ABORTED, old version kept, node stays out", drain_midway)
         check("a node leaves between refits: the survivors shrink, next refit commits",
               leave_shrinks)
+    if harness.TRANSPORT == "nccl":
+        check("a node waiting in an NCCL group answers PrepareEpoch, NcclId and Hello "
+              "(no polling under the transport's lock)", group_wait_keeps_loop)
     check("coordinator restart without a state file: epochs go on, clients re-registered",
           coordinator_restart_without_state)
     check(f"soak: refits with random node kills for {SOAK:.0f} s", soak)
