@@ -7,7 +7,12 @@
 
 #include "codec/json.h"
 #include "plan/internal.h"
+#include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
+
+#define PIN_RANDOM "3b8accbaf84b25cb82f64c8a8b0300a14a2a1e647e45163b72f08ec20f8ae270"
+#define PIN_QWEN "041b6263247218dcdd908cae1644a541409762629f7f6744ef75d9fb987955e7"
+#define PIN_DEEPSEEK "90549c68678f439a0d62ef980fe20cecf523b9813fe7c8460fb048441c8bc714"
 
 typedef struct tcase_ctx {
 	plan_layout_set_t s, d;
@@ -547,11 +552,111 @@ START_TEST(names_and_links)
 }
 END_TEST
 
+/*
+ * Pinned digests.  The planner's internal representation may change (a
+ * compact transfer record, boxes stored once), but the plan it produces,
+ * and so the digest the validator, the nodes and the coordinator agree on,
+ * must not.  These values were computed by the planner before those
+ * changes; a differing digest means the produced plan changed.
+ */
+static void
+pin_hash(sha256_ctx_t *h, const plan_layout_set_t *s, const plan_layout_set_t *d,
+	 const plan_topo_t *t, plan_mode_t mode, uint64_t chunk, uint64_t staging)
+{
+	plan_opts_t o;
+	plan_t p;
+	refit_err_t e;
+
+	plan_opts_default(&o);
+	o.mode = mode;
+	o.chunk_bytes = chunk;
+	if (staging)
+		o.staging_bytes = staging;
+	refit_err_clear(&e);
+	ck_assert_msg(plan_build(s, d, t, &o, &p, &e) == REFIT_OK, "%s", e.msg);
+	sha256_update(h, p.digest_hex, strlen(p.digest_hex));
+	plan_fini(&p);
+}
+
+static void
+pin_model(const char *model, int layers, const char *tr, const char *in,
+	  const char *topo, uint64_t chunk, char *hex)
+{
+	static const char *const dirs[] = {"config/models", NULL};
+	plan_arch_t a;
+	plan_par_t pt, pi;
+	plan_layout_set_t s, d;
+	plan_topo_t t;
+	sha256_ctx_t h;
+	uint8_t dg[SHA256_DIGEST_LEN];
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	ck_assert_msg(codec_arch_load(model, dirs, &a, &e) == REFIT_OK, "%s", e.msg);
+	a.layers = layers;
+	ck_assert_int_eq(plan_par_parse(tr, true, &pt, NULL), REFIT_OK);
+	ck_assert_int_eq(plan_par_parse(in, false, &pi, NULL), REFIT_OK);
+	plan_layout_set_init(&s);
+	plan_layout_set_init(&d);
+	ck_assert_msg(plan_model_layouts(&a, &pt, &pi, &s, &d, &e) == REFIT_OK, "%s", e.msg);
+	th_topo(topo, &t);
+	sha256_init(&h);
+	pin_hash(&h, &s, &d, &t, PLAN_MODE_RESHARD, chunk, 0);
+	pin_hash(&h, &s, &d, &t, PLAN_MODE_RESHARD, chunk, 16 * chunk);
+	pin_hash(&h, &s, &d, &t, PLAN_MODE_BROADCAST, chunk, 0);
+	sha256_final(&h, dg);
+	sha256_to_hex(dg, hex);
+	plan_topo_fini(&t);
+	plan_layout_set_fini(&s);
+	plan_layout_set_fini(&d);
+}
+
+START_TEST(pinned_digests)
+{
+	char hex[SHA256_HEX_LEN];
+	sha256_ctx_t h;
+	uint8_t dg[SHA256_DIGEST_LEN];
+	unsigned seed = 16;
+
+	/* the property tests' random layouts: 300 cases, both planners, two
+	 * chunk sizes, default and tight staging */
+	sha256_init(&h);
+	for (int i = 0; i < 300; i++) {
+		plan_layout_set_t s, d;
+		plan_topo_t t;
+		int nranks;
+
+		gen_case(&seed, &s, &d, &t, &nranks);
+		for (int mode = 0; mode < 2; mode++) {
+			plan_mode_t m = mode ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
+
+			pin_hash(&h, &s, &d, &t, m, 64, 0);
+			pin_hash(&h, &s, &d, &t, m, 1024, 4096);
+		}
+		plan_topo_fini(&t);
+		plan_layout_set_fini(&s);
+		plan_layout_set_fini(&d);
+	}
+	sha256_final(&h, dg);
+	sha256_to_hex(dg, hex);
+	ck_assert_str_eq(hex, PIN_RANDOM);
+	/* catalogue models, shortened: relays between domains, hops on NVL72 */
+	pin_model("qwen3-30b-a3b", 4, "tp2,pp2,ep4", "tp8,dp2,ep8", "dgx-h100:32",
+		  1u << 20, hex);
+	ck_assert_str_eq(hex, PIN_QWEN);
+	pin_model("deepseek-v3", 3, "pp2,ep16", "tp32,dp2", "gb200-nvl72:96",
+		  4u << 20, hex);
+	ck_assert_str_eq(hex, PIN_DEEPSEEK);
+}
+END_TEST
+
 Suite *
 suite_planner(void)
 {
 	Suite *s = suite_create("planner");
 	TCase *tc = tcase_create("cases");
+
+	tcase_set_timeout(tc, 120);
 
 	tcase_add_test(tc, tp2_to_tp4_other_node);
 	tcase_add_test(tc, replicas_in_domain_enter_once);
@@ -567,6 +672,7 @@ suite_planner(void)
 	tcase_add_test(tc, broadcast_rounds_respect_staging);
 	tcase_add_test(tc, small_tensors_batched);
 	tcase_add_test(tc, deterministic_digest);
+	tcase_add_test(tc, pinned_digests);
 	tcase_add_test(tc, broadcast_independent_of_rank_order);
 	tcase_add_test(tc, build_errors);
 	tcase_add_test(tc, scalars_and_empty);
