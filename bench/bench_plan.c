@@ -226,6 +226,85 @@ single_tensor(const char *label, const char *dst_pl, int64_t rows, int64_t cols)
 	free(md);
 }
 
+static double
+cpu_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static long
+peak_kb(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_maxrss;
+}
+
+/*
+ * The scaling curve: catalogue models as refit-plan model builds them
+ * (dgx-h100, packed), inference data-parallel degree doubling.  plan_s is
+ * the CPU time of plan_build (reshard), so other load on the machine does
+ * not count; peak_MiB is the process's peak RSS after the case (cases run
+ * smallest first, so it is that case's peak or an earlier, smaller one's).
+ */
+static void
+curve(const char *model, const char *train, const char *tp, const int *dps, int n)
+{
+	static const char *const dirs[] = {"config/models", NULL};
+	plan_arch_t a;
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	if (codec_arch_load(model, dirs, &a, &e) != REFIT_OK) {
+		fprintf(stderr, "bench: %s\n", e.msg);
+		exit(1);
+	}
+	for (int i = 0; i < n; i++) {
+		plan_par_t pt, pi;
+		plan_layout_set_t s, d;
+		plan_topo_t t;
+		plan_jobs_t jobs;
+		plan_opts_t o;
+		plan_t p;
+		char inf[64];
+		double t0;
+
+		snprintf(inf, sizeof(inf), "%s,dp%d", tp, dps[i]);
+		plan_layout_set_init(&s);
+		plan_layout_set_init(&d);
+		if (plan_par_parse(train, true, &pt, &e) != REFIT_OK ||
+		    plan_par_parse(inf, false, &pi, &e) != REFIT_OK ||
+		    plan_model_layouts(&a, &pt, &pi, &s, &d, &e) != REFIT_OK) {
+			fprintf(stderr, "bench: %s\n", e.msg);
+			exit(1);
+		}
+		jobs = (plan_jobs_t){(int32_t)plan_par_world(&pt), (int32_t)pi.dp,
+				     (int32_t)(pi.tp ? pi.tp : 1)};
+		if (plan_topo_preset_jobs(&t, "dgx-h100", &jobs, PLAN_PLACE_PACKED, NULL,
+					  &e) != REFIT_OK) {
+			fprintf(stderr, "bench: %s\n", e.msg);
+			exit(1);
+		}
+		plan_opts_default(&o);
+		t0 = cpu_now();
+		if (plan_build(&s, &d, &t, &o, &p, &e) != REFIT_OK) {
+			fprintf(stderr, "bench: %s\n", e.msg);
+			exit(1);
+		}
+		printf("%-12s %-12s %-12s %6d %10zu %8.2f %9.0f\n", model, train, inf, t.nranks,
+		       p.nxfers, cpu_now() - t0, (double)peak_kb() / 1024.0);
+		fflush(stdout);
+		plan_fini(&p);
+		plan_topo_fini(&t);
+		plan_layout_set_fini(&s);
+		plan_layout_set_fini(&d);
+	}
+}
+
 int
 main(void)
 {
@@ -234,6 +313,8 @@ main(void)
 
 	if (getenv("BENCH_QUICK"))
 		sizes[1] = 15;
+	if (getenv("BENCH_CURVE")) /* the scaling curve alone */
+		goto scaling;
 
 	printf("refit planner benchmark (one core; times in seconds, memory = RSS growth)\n\n");
 	printf("%-34s %-9s %7s %10s %9s %8s %8s %8s %7s %6s %7s\n", "case", "mode", "tensors",
@@ -256,5 +337,17 @@ main(void)
 	plan_topo_fini(&topo);
 	single_tensor("1 tensor 1024->1024, S(0)->S(0)", "Shard(0)", 1000003, 8192);
 	single_tensor("1 tensor 1024->1024, S(0)->S(1)", "Shard(1)", 1000003, 8192);
+
+scaling:;
+	/* ranks vs time and memory (BENCH_QUICK: DeepSeek-V3 only) */
+	static const int ds[] = {2, 4, 8}, kimi[] = {16, 32, 64};
+
+	printf("\nscaling curve (reshard; plan_s = CPU seconds of plan_build, peak_MiB = "
+	       "process peak RSS)\n");
+	printf("%-12s %-12s %-12s %6s %10s %8s %9s\n", "model", "train", "infer", "ranks",
+	       "transfers", "plan_s", "peak_MiB");
+	curve("deepseek-v3", "pp16,ep16", "tp32", ds, 3);
+	if (!getenv("BENCH_QUICK"))
+		curve("kimi-k2", "pp16,ep64", "tp16", kimi, 3);
 	return 0;
 }

@@ -96,13 +96,34 @@ void plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw);
 void plan_init_tensors(plan_t *p, const plan_layout_set_t *dst,
 		       const plan_opts_t *opts);
 
+/*
+ * A compact transfer record: the box is an index into a table where each
+ * box a planner cuts is stored once, however many transfers move it (a
+ * part forwarded to 31 ranks of its domain is one box, 32 transfers).
+ * 20 bytes instead of plan_xfer_t's 144 while the planner works.
+ */
+typedef struct plan_cx {
+	uint32_t stage;
+	int32_t from, to;
+	uint32_t tensor;
+	uint32_t box;    /* index into the box table */
+} plan_cx_t;
+typedef VEC(plan_cx_t) cxvec_t;
+
+/* plan_finalize for compact records: sorts them into plan order and
+ * writes p->xfers (exactly nraw, in order) from them and the box table;
+ * frees raw (heap).  The plan is the one plan_finalize makes of the same
+ * transfers. */
+void plan_finalize_compact(plan_t *p, plan_cx_t *raw, size_t nraw,
+			   const plan_box_t *boxes);
+
 /* Planners (planner.c, bcast.c). */
 typedef VEC(plan_xfer_t) xfervec_t;
 refit_status_t plan_reshard(const plan_layout_set_t *src,
 			    const plan_layout_set_t *dst, const size_t *map,
 			    const plan_topo_t *topo, const plan_opts_t *opts,
-			    xfervec_t *out, uint32_t *stages_per_round,
-			    refit_err_t *err);
+			    cxvec_t *out, boxvec_t *boxes,
+			    uint32_t *stages_per_round, refit_err_t *err);
 refit_status_t plan_broadcast(const plan_layout_set_t *src,
 			      const plan_layout_set_t *dst, const size_t *map,
 			      const plan_topo_t *topo, const plan_opts_t *opts,

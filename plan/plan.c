@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "plan/internal.h"
 
@@ -271,23 +272,57 @@ plan_bits_for(uint64_t n)
 	return b;
 }
 
+/* Comparison of compact records: the same order, boxes from the table. */
+typedef struct cxctx {
+	const plan_cx_t *v;
+	const plan_box_t *boxes;
+} cxctx_t;
+
+static int
+cmp_cx_full(const void *a, const void *b, void *ctx)
+{
+	const cxctx_t *c = ctx;
+	const plan_cx_t *x = &c->v[((const xkey_t *)a)->idx], *y = &c->v[((const xkey_t *)b)->idx];
+
+	if (x->stage != y->stage)
+		return x->stage < y->stage ? -1 : 1;
+	if (x->from != y->from)
+		return x->from < y->from ? -1 : 1;
+	if (x->to != y->to)
+		return x->to < y->to ? -1 : 1;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	return plan_box_cmp(&c->boxes[x->box], &c->boxes[y->box], PLAN_MAX_DIMS);
+}
+
+static int
+cmp_cx_box(const void *a, const void *b, void *ctx)
+{
+	const cxctx_t *c = ctx;
+
+	return plan_box_cmp(&c->boxes[c->v[((const xkey_t *)a)->idx].box],
+			    &c->boxes[c->v[((const xkey_t *)b)->idx].box], PLAN_MAX_DIMS);
+}
+
 /*
  * Order raw transfers by (stage, from, to, tensor, box): a radix sort on
  * the packed key (each field takes the bits its largest value needs, which
  * fits 64 bits for any realistic plan; else qsort), then equal keys by box.
+ * Either full records (raw) or compact ones (cx with its box table).
  */
+#define XF(i, f) (raw ? raw[i].f : cx->v[i].f)
 static xkey_t *
-sort_xfers(const plan_xfer_t *raw, size_t n)
+sort_any(const plan_xfer_t *raw, const cxctx_t *cx, size_t n)
 {
 	xkey_t *k = xmalloc((n ? n : 1) * sizeof(*k));
 	uint64_t ms = 0, mf = 0, mt = 0, mx = 0;
 	int bs, bf, bt, bx;
 
 	for (size_t i = 0; i < n; i++) {
-		ms = raw[i].stage > ms ? raw[i].stage : ms;
-		mf = (uint64_t)raw[i].from > mf ? (uint64_t)raw[i].from : mf;
-		mt = (uint64_t)raw[i].to > mt ? (uint64_t)raw[i].to : mt;
-		mx = raw[i].tensor > mx ? raw[i].tensor : mx;
+		ms = XF(i, stage) > ms ? XF(i, stage) : ms;
+		mf = (uint64_t)XF(i, from) > mf ? (uint64_t)XF(i, from) : mf;
+		mt = (uint64_t)XF(i, to) > mt ? (uint64_t)XF(i, to) : mt;
+		mx = XF(i, tensor) > mx ? XF(i, tensor) : mx;
 	}
 	bs = plan_bits_for(ms), bf = plan_bits_for(mf), bt = plan_bits_for(mt),
 	bx = plan_bits_for(mx);
@@ -296,14 +331,13 @@ sort_xfers(const plan_xfer_t *raw, size_t n)
 			k[i] = (xkey_t){0, (uint32_t)i};
 		/* fall back: compare whole transfers (rare: huge ids) */
 		if (n > 1)
-			qsort_r(k, n, sizeof(*k), cmp_full, (void *)raw);
+			qsort_r(k, n, sizeof(*k), raw ? cmp_full : cmp_cx_full,
+				raw ? (void *)raw : (void *)cx);
 		return k;
 	}
 	for (size_t i = 0; i < n; i++) {
-		const plan_xfer_t *x = &raw[i];
-
-		k[i].key = ((((uint64_t)x->stage << bf | (uint64_t)x->from) << bt |
-			     (uint64_t)x->to) << bx) | x->tensor;
+		k[i].key = ((((uint64_t)XF(i, stage) << bf | (uint64_t)XF(i, from)) << bt |
+			     (uint64_t)XF(i, to)) << bx) | XF(i, tensor);
 		k[i].idx = (uint32_t)i;
 	}
 	plan_radix_sort(k, n, bs + bf + bt + bx);
@@ -313,11 +347,13 @@ sort_xfers(const plan_xfer_t *raw, size_t n)
 		while (j < n && k[j].key == k[i].key)
 			j++;
 		if (j - i > 1)
-			qsort_r(k + i, j - i, sizeof(*k), cmp_box_idx, (void *)raw);
+			qsort_r(k + i, j - i, sizeof(*k), raw ? cmp_box_idx : cmp_cx_box,
+				raw ? (void *)raw : (void *)cx);
 		i = j;
 	}
 	return k;
 }
+#undef XF
 
 /* Little-endian framing into a SHA-256 context through a small buffer. */
 typedef struct hw {
@@ -448,10 +484,22 @@ count_msgs(const plan_t *p)
 	return n;
 }
 
+/* Stages, messages and digest of the sorted transfers. */
+static void
+finish(plan_t *p, size_t nraw)
+{
+	p->nxfers = nraw;
+	p->nstages = nraw ? p->xfers[nraw - 1].stage + 1 : 0;
+	if (p->stages_per_round == 0)
+		p->stages_per_round = p->nstages ? p->nstages : 1;
+	p->nmsgs = count_msgs(p);
+	compute_digest(p);
+}
+
 void
 plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw)
 {
-	xkey_t *k = sort_xfers(raw, nraw);
+	xkey_t *k = sort_any(raw, NULL, nraw);
 
 	/* apply the order in place, cycle by cycle: no second copy of what
 	 * may be millions of transfers */
@@ -474,12 +522,51 @@ plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw)
 	}
 	free(k);
 	p->xfers = raw;
-	p->nxfers = nraw;
-	p->nstages = nraw ? p->xfers[nraw - 1].stage + 1 : 0;
-	if (p->stages_per_round == 0)
-		p->stages_per_round = p->nstages ? p->nstages : 1;
-	p->nmsgs = count_msgs(p);
-	compute_digest(p);
+	finish(p, nraw);
+}
+
+/*
+ * n transfers' worth of memory, freed with free().  Large arrays are
+ * 2 MiB aligned and marked for transparent huge pages: the array is
+ * written once, front to back, and with 4 KiB pages the first touch of
+ * each page (a fault and a page clear) costs about as much as the writes.
+ */
+static plan_xfer_t *
+xfers_alloc(size_t n)
+{
+	const size_t huge = (size_t)2 << 20;
+	size_t bytes = n * sizeof(plan_xfer_t);
+	void *v = NULL;
+
+	if (bytes < 4 * huge)
+		return xmalloc(bytes);
+	if (posix_memalign(&v, huge, bytes) != 0)
+		return xmalloc(bytes); /* aborts when memory is out */
+	(void)madvise(v, bytes & ~(huge - 1), MADV_HUGEPAGE); /* a hint only */
+	return v;
+}
+
+void
+plan_finalize_compact(plan_t *p, plan_cx_t *raw, size_t nraw, const plan_box_t *boxes)
+{
+	cxctx_t c = {raw, boxes};
+	xkey_t *k = sort_any(NULL, &c, nraw);
+
+	/* the full records are written once, in order, at their final size */
+	p->xfers = nraw ? xfers_alloc(nraw) : NULL;
+	for (size_t i = 0; i < nraw; i++) {
+		const plan_cx_t *x = &raw[k[i].idx];
+		plan_xfer_t *o = &p->xfers[i];
+
+		o->stage = x->stage;
+		o->from = x->from;
+		o->to = x->to;
+		o->tensor = x->tensor;
+		o->box = boxes[x->box];
+	}
+	free(k);
+	free(raw);
+	finish(p, nraw);
 }
 
 void
@@ -534,6 +621,8 @@ plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 {
 	size_t *map = NULL;
 	xfervec_t raw = {0};
+	cxvec_t craw = {0};
+	boxvec_t boxes = {0};
 	uint32_t per_round = 0;
 	refit_status_t rc;
 
@@ -551,18 +640,26 @@ plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		}
 	}
 	if (opts->mode == PLAN_MODE_RESHARD)
-		rc = plan_reshard(src, dst, map, topo, opts, &raw, &per_round, err);
+		rc = plan_reshard(src, dst, map, topo, opts, &craw, &boxes, &per_round, err);
 	else
 		rc = plan_broadcast(src, dst, map, topo, opts, &raw, &per_round, err);
 	if (rc != REFIT_OK)
 		goto out;
 	plan_init_tensors(p, dst, opts);
 	p->stages_per_round = per_round;
-	plan_finalize(p, raw.v, raw.n);
-	raw.v = NULL; /* the plan owns it now */
-	raw.n = raw.cap = 0;
+	if (opts->mode == PLAN_MODE_RESHARD) {
+		plan_finalize_compact(p, craw.v, craw.n, boxes.v);
+		craw.v = NULL; /* freed there */
+		craw.n = craw.cap = 0;
+	} else {
+		plan_finalize(p, raw.v, raw.n);
+		raw.v = NULL; /* the plan owns it now */
+		raw.n = raw.cap = 0;
+	}
 out:
 	VEC_FREE(&raw);
+	VEC_FREE(&craw);
+	VEC_FREE(&boxes);
 	free(map);
 	return rc;
 }

@@ -49,7 +49,7 @@ typedef struct urelay {
 
 /* Boxes of one tensor a rank received as relay data (relays_*). */
 typedef struct relrec {
-	plan_box_t box;
+	uint32_t box;     /* in the box table */
 	uint32_t next;    /* UINT32_MAX: end */
 } relrec_t;
 
@@ -68,7 +68,8 @@ typedef struct reshard {
 	i32vec_t arena;
 	uint32_t *group_off;  /* per source group of the current tensor */
 	loads_t ld;
-	xfervec_t *out;
+	cxvec_t *out;         /* compact transfers */
+	boxvec_t *boxes;      /* their boxes, each stored once */
 	size_t rotate;        /* spreads relay roots over domains */
 	/* hierarchical receive: every rank of a domain may take a part in */
 	int32_t *dom_r0;      /* per domain + 1: offsets into dom_ranks */
@@ -81,6 +82,7 @@ typedef struct reshard {
 	uint32_t max_local;   /* largest stage inside a round */
 	uint64_t *dom_send;   /* per domain: bytes its NICs send */
 	const plan_box_t *cur_part; /* the part being assigned */
+	uint32_t cur_box;     /* its index in the box table */
 	const work_t *cur_w;  /* and its work item */
 	uint64_t min_hop;     /* smallest part worth an extra NVLink hop */
 	/* which domains hop: hop_in where some NIC would take in more than
@@ -173,12 +175,20 @@ least(const int32_t *ranks, uint32_t n, const uint64_t *load)
 
 static void
 emit(reshard_t *rs, uint32_t stage, int32_t from, int32_t to, uint32_t tensor,
-     const plan_box_t *box)
+     uint32_t box)
 {
-	plan_xfer_t x = {.stage = stage, .from = from, .to = to,
-			 .tensor = tensor, .box = *box};
+	plan_cx_t x = {.stage = stage, .from = from, .to = to,
+		       .tensor = tensor, .box = box};
 
 	VEC_PUSH(rs->out, x);
+}
+
+/* Store box in the table; its index. */
+static uint32_t
+box_add(reshard_t *rs, const plan_box_t *box)
+{
+	VEC_PUSH(rs->boxes, *box);
+	return (uint32_t)(rs->boxes->n - 1);
 }
 
 /*
@@ -242,7 +252,7 @@ unit_end(reshard_t *rs)
 		}
 	}
 	for (size_t i = rs->unit0; i < rs->out->n; i++) {
-		plan_xfer_t *x = &rs->out->v[i];
+		plan_cx_t *x = &rs->out->v[i];
 
 		rs->max_local = x->stage > rs->max_local ? x->stage : rs->max_local;
 		x->stage |= round << ROUND_SHIFT;
@@ -256,7 +266,7 @@ number_stages(reshard_t *rs)
 	uint32_t per = rs->max_local + 1;
 
 	for (size_t i = 0; i < rs->out->n; i++) {
-		plan_xfer_t *x = &rs->out->v[i];
+		plan_cx_t *x = &rs->out->v[i];
 
 		x->stage = (x->stage >> ROUND_SHIFT) * per +
 			   (x->stage & ((1u << ROUND_SHIFT) - 1));
@@ -334,7 +344,8 @@ relay_ok(const reshard_t *rs, int32_t rank, bool dst_ok)
 	if (m->key[i] == 0)
 		return true;
 	for (uint32_t k = m->head[i]; k != UINT32_MAX; k = m->rec.v[k].next)
-		if (nd == 0 || plan_box_overlaps(&m->rec.v[k].box, rs->cur_part, nd))
+		if (nd == 0 || plan_box_overlaps(&rs->boxes->v[m->rec.v[k].box],
+						 rs->cur_part, nd))
 			return false;
 	return true;
 }
@@ -344,7 +355,7 @@ relay_note(reshard_t *rs, int32_t rank)
 {
 	relays_t *m = &rs->relayed;
 	uint64_t key = ((uint64_t)rs->cur_w->tensor << 32 | (uint32_t)rank) + 1;
-	relrec_t r = {*rs->cur_part, UINT32_MAX};
+	relrec_t r = {rs->cur_box, UINT32_MAX};
 	size_t i;
 
 	if (2 * (m->n + 1) > m->cap)
@@ -392,7 +403,7 @@ assign_local(reshard_t *rs, const work_t *w)
 {
 	const int32_t *h = rs->arena.v + w->h0, *need = rs->arena.v + w->n0;
 	int32_t *in_dom = xmalloc(w->nh * sizeof(*in_dom));
-	uint32_t nin = 0;
+	uint32_t nin = 0, bid = box_add(rs, &w->box);
 
 	for (uint32_t k = 0; k < w->nh; k++)
 		if (plan_topo_domain(rs->topo, h[k]) == w->domain)
@@ -401,13 +412,13 @@ assign_local(reshard_t *rs, const work_t *w)
 		int32_t n = need[k], s;
 
 		if (xbsearch(&n, h, w->nh, sizeof(*h), cmp_i32v) != NULL) {
-			emit(rs, 0, n, n, w->tensor, &w->box);
+			emit(rs, 0, n, n, w->tensor, bid);
 			continue;
 		}
 		s = least(in_dom, nin, rs->ld.nvl_send);
 		rs->ld.nvl_send[s] += w->bytes;
 		rs->ld.nvl_recv[n] += w->bytes;
-		emit(rs, 0, s, n, w->tensor, &w->box);
+		emit(rs, 0, s, n, w->tensor, bid);
 	}
 	free(in_dom);
 }
@@ -453,6 +464,7 @@ typedef struct served {
 			     on (-1: none yet), which holds it from help_at */
 	uint32_t *help_at;
 	int64_t np;
+	uint32_t box0;    /* the parts' first index in the box table */
 	const work_t *w;  /* the domain's work item (domain, ranks needing it) */
 } served_t;
 
@@ -583,7 +595,7 @@ copy:
 	relay_note(rs, g);
 	rs->ld.nvl_send[best] += b;
 	rs->ld.nvl_recv[g] += b;
-	emit(rs, *stage - 1, best, g, w->tensor, rs->cur_part);
+	emit(rs, *stage - 1, best, g, w->tensor, rs->cur_box);
 	return g;
 }
 
@@ -605,6 +617,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		out->np = like->np;
 		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
 		memcpy(out->parts, like->parts, (size_t)out->np * sizeof(*out->parts));
+		out->box0 = like->box0; /* the same boxes */
 	} else {
 		out->np = part_count(rs, w, t->ndim, &dim);
 		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
@@ -612,6 +625,9 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 			out->parts[0] = w->box;
 		else
 			plan_box_split(&w->box, dim, out->np, out->parts);
+		out->box0 = (uint32_t)rs->boxes->n;
+		for (int64_t p = 0; p < out->np; p++)
+			box_add(rs, &out->parts[p]);
 	}
 	out->recv = xmalloc((size_t)out->np * sizeof(*out->recv));
 	out->at = xmalloc((size_t)out->np * sizeof(*out->at));
@@ -626,6 +642,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		int32_t s, r;
 
 		rs->cur_part = &out->parts[p];
+		rs->cur_box = out->box0 + (uint32_t)p;
 		rs->cur_w = w;
 		s = pick_sender(rs, w, pool, npool, p, b, &stage);
 		r = pick_receiver(rs, w, b);
@@ -634,13 +651,13 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
 		out->recv[p] = r;
 		out->at[p] = stage;
-		emit(rs, stage, s, r, w->tensor, &out->parts[p]);
+		emit(rs, stage, s, r, w->tensor, rs->cur_box);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
 				continue;
 			rs->ld.nvl_send[r] += b;
 			rs->ld.nvl_recv[need[k]] += b;
-			emit(rs, stage + 1, r, need[k], w->tensor, &out->parts[p]);
+			emit(rs, stage + 1, r, need[k], w->tensor, rs->cur_box);
 		}
 	}
 }
@@ -827,9 +844,10 @@ choose_hops(reshard_t *rs, const plan_layout_set_t *src)
 refit_status_t
 plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	     const size_t *map, const plan_topo_t *topo, const plan_opts_t *opts,
-	     xfervec_t *out, uint32_t *stages_per_round, refit_err_t *err)
+	     cxvec_t *out, boxvec_t *boxes, uint32_t *stages_per_round, refit_err_t *err)
 {
-	reshard_t rs = {.dst = dst, .topo = topo, .opts = opts, .out = out};
+	reshard_t rs = {.dst = dst, .topo = topo, .opts = opts, .out = out,
+			.boxes = boxes};
 	needs_visitor_t v = {.item = on_item, .ctx = &rs};
 	size_t ns = (size_t)topo->nslots;
 	refit_status_t rc = REFIT_OK;
