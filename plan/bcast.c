@@ -26,7 +26,8 @@ typedef VEC(part_t) partvec_t;
 typedef struct bcast {
 	const plan_topo_t *topo;
 	const plan_opts_t *opts;
-	xfervec_t *out;
+	cxvec_t *out;       /* compact transfers */
+	boxvec_t *boxes;    /* their boxes, each stored once */
 	uint64_t *net_send, *net_recv, *nvl_send, *round_load;
 	i32vec_t touched;   /* ranks with round_load != 0 */
 	uint32_t round, spr;
@@ -44,12 +45,20 @@ cmp_part(const void *a, const void *b)
 	return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
+/* Store box in the table; its index. */
+static uint32_t
+box_add(bcast_t *bc, const plan_box_t *box)
+{
+	VEC_PUSH(bc->boxes, *box);
+	return (uint32_t)(bc->boxes->n - 1);
+}
+
 static void
 emit(bcast_t *bc, uint32_t stage, int32_t from, int32_t to, uint32_t tensor,
-     const plan_box_t *box, uint64_t bytes)
+     uint32_t box, uint64_t bytes)
 {
-	plan_xfer_t x = {.stage = stage, .from = from, .to = to, .tensor = tensor,
-			 .box = *box};
+	plan_cx_t x = {.stage = stage, .from = from, .to = to, .tensor = tensor,
+		       .box = box};
 
 	if (plan_link_of(bc->topo, from, to) == PLAN_LINK_NETWORK) {
 		bc->net_send[from] += bytes;
@@ -160,7 +169,7 @@ gather(bcast_t *bc, const srcidx_t *ix, const plan_layout_t *src, uint32_t tenso
 				     load < (best_local ? bc->nvl_send[best] : bc->net_send[best])))
 					best = r, best_local = local;
 			}
-			emit(bc, base, best, root, tensor, &pieces.v[k],
+			emit(bc, base, best, root, tensor, box_add(bc, &pieces.v[k]),
 			     (uint64_t)plan_box_volume(&pieces.v[k], src->ndim) * elem);
 		}
 	}
@@ -180,7 +189,7 @@ chain(bcast_t *bc, uint32_t tensor, int32_t root, const plan_box_t *u,
       uint32_t base)
 {
 	int32_t prev = root, root_dom = -1;
-	uint32_t hop = 0;
+	uint32_t hop = 0, ub = box_add(bc, u);
 
 	for (size_t i = 0; i < ps->n; i++)
 		if (ps->v[i].rank == root)
@@ -206,15 +215,16 @@ chain(bcast_t *bc, uint32_t tensor, int32_t root, const plan_box_t *u,
 				recv = root;
 				box_minus(u, gathered->v, gathered->n, ndim, &held);
 				for (size_t k = 0; k < held.n; k++)
-					emit(bc, base + 1, root, root, tensor, &held.v[k], 0);
+					emit(bc, base + 1, root, root, tensor,
+					     box_add(bc, &held.v[k]), 0);
 				VEC_FREE(&held);
 			} else {
-				emit(bc, base + 1 + hop++, prev, recv, tensor, u, bytes);
+				emit(bc, base + 1 + hop++, prev, recv, tensor, ub, bytes);
 			}
 			for (size_t k = i; k < j; k++)
 				if (ps->v[k].rank != recv)
 					emit(bc, base + bc->spr - 1, recv, ps->v[k].rank,
-					     tensor, u, bytes);
+					     tensor, ub, bytes);
 			prev = recv;
 			i = j;
 		}
@@ -255,9 +265,10 @@ root_of(const plan_layout_t *src)
 refit_status_t
 plan_broadcast(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	       const size_t *map, const plan_topo_t *topo, const plan_opts_t *opts,
-	       xfervec_t *out, uint32_t *stages_per_round, refit_err_t *err)
+	       cxvec_t *out, boxvec_t *boxes, uint32_t *stages_per_round,
+	       refit_err_t *err)
 {
-	bcast_t bc = {.topo = topo, .opts = opts, .out = out};
+	bcast_t bc = {.topo = topo, .opts = opts, .out = out, .boxes = boxes};
 	size_t ns = (size_t)topo->nslots;
 	partvec_t ps = {0};
 	boxvec_t units = {0}, gathered = {0};

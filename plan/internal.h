@@ -127,8 +127,8 @@ refit_status_t plan_reshard(const plan_layout_set_t *src,
 refit_status_t plan_broadcast(const plan_layout_set_t *src,
 			      const plan_layout_set_t *dst, const size_t *map,
 			      const plan_topo_t *topo, const plan_opts_t *opts,
-			      xfervec_t *out, uint32_t *stages_per_round,
-			      refit_err_t *err);
+			      cxvec_t *out, boxvec_t *boxes,
+			      uint32_t *stages_per_round, refit_err_t *err);
 
 static inline int
 cmp_i32v(const void *a, const void *b)

@@ -620,7 +620,6 @@ plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	   refit_err_t *err)
 {
 	size_t *map = NULL;
-	xfervec_t raw = {0};
 	cxvec_t craw = {0};
 	boxvec_t boxes = {0};
 	uint32_t per_round = 0;
@@ -642,22 +641,15 @@ plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	if (opts->mode == PLAN_MODE_RESHARD)
 		rc = plan_reshard(src, dst, map, topo, opts, &craw, &boxes, &per_round, err);
 	else
-		rc = plan_broadcast(src, dst, map, topo, opts, &raw, &per_round, err);
+		rc = plan_broadcast(src, dst, map, topo, opts, &craw, &boxes, &per_round, err);
 	if (rc != REFIT_OK)
 		goto out;
 	plan_init_tensors(p, dst, opts);
 	p->stages_per_round = per_round;
-	if (opts->mode == PLAN_MODE_RESHARD) {
-		plan_finalize_compact(p, craw.v, craw.n, boxes.v);
-		craw.v = NULL; /* freed there */
-		craw.n = craw.cap = 0;
-	} else {
-		plan_finalize(p, raw.v, raw.n);
-		raw.v = NULL; /* the plan owns it now */
-		raw.n = raw.cap = 0;
-	}
+	plan_finalize_compact(p, craw.v, craw.n, boxes.v);
+	craw.v = NULL; /* freed there */
+	craw.n = craw.cap = 0;
 out:
-	VEC_FREE(&raw);
 	VEC_FREE(&craw);
 	VEC_FREE(&boxes);
 	free(map);
