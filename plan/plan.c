@@ -5,7 +5,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "plan/internal.h"
 
@@ -525,27 +524,6 @@ plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw)
 	finish(p, nraw);
 }
 
-/*
- * n transfers' worth of memory, freed with free().  Large arrays are
- * 2 MiB aligned and marked for transparent huge pages: the array is
- * written once, front to back, and with 4 KiB pages the first touch of
- * each page (a fault and a page clear) costs about as much as the writes.
- */
-static plan_xfer_t *
-xfers_alloc(size_t n)
-{
-	const size_t huge = (size_t)2 << 20;
-	size_t bytes = n * sizeof(plan_xfer_t);
-	void *v = NULL;
-
-	if (bytes < 4 * huge)
-		return xmalloc(bytes);
-	if (posix_memalign(&v, huge, bytes) != 0)
-		return xmalloc(bytes); /* aborts when memory is out */
-	(void)madvise(v, bytes & ~(huge - 1), MADV_HUGEPAGE); /* a hint only */
-	return v;
-}
-
 void
 plan_finalize_compact(plan_t *p, plan_cx_t *raw, size_t nraw, const plan_box_t *boxes)
 {
@@ -553,7 +531,7 @@ plan_finalize_compact(plan_t *p, plan_cx_t *raw, size_t nraw, const plan_box_t *
 	xkey_t *k = sort_any(NULL, &c, nraw);
 
 	/* the full records are written once, in order, at their final size */
-	p->xfers = nraw ? xfers_alloc(nraw) : NULL;
+	p->xfers = nraw ? xmalloc(nraw * sizeof(*p->xfers)) : NULL;
 	for (size_t i = 0; i < nraw; i++) {
 		const plan_cx_t *x = &raw[k[i].idx];
 		plan_xfer_t *o = &p->xfers[i];
