@@ -21,10 +21,11 @@
  * marks the finished slice committed, showing clients nothing; Publish
  * (every node committed) flips double buffers (or marks in-place weights
  * valid) and moves the installed version.  A slice that fails or is
- * aborted, or a commit never published, installs nothing; the next RunSlice
- * of the model drops it.  An Abort is remembered (per epoch and attempt,
- * the last NODE_ABORTED_MAX), so a RunSlice arriving after its Abort is
- * refused at once instead of waiting for peers that stopped.
+ * aborted, or a commit never published, installs nothing; the next
+ * RunSlice writing the same clients drops it.  An Abort is remembered (per
+ * epoch and attempt, the last NODE_ABORTED_MAX), so a RunSlice arriving
+ * after its Abort is refused at once instead of waiting for peers that
+ * stopped.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -617,6 +618,17 @@ was_aborted(const node_t *n, uint64_t id, uint64_t epoch, uint32_t attempt)
 	return NULL;
 }
 
+/* Does the finished slice p hold a client that job j writes? */
+static bool
+shares_client(const prepared_t *p, const slice_job_t *j)
+{
+	for (size_t i = 0; i < p->nclients; i++)
+		for (size_t k = 0; k < j->cl[1].n; k++)
+			if (j->cl[1].v[k].c->id == p->clients[i])
+				return true;
+	return false;
+}
+
 static void
 run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -673,10 +685,11 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 		job_free(j);
 		return;
 	}
-	/* a commit of this model never published (the coordinator restarted,
-	 * or its Publish was lost) is superseded: it must not flip later */
+	/* a commit never published (the coordinator restarted, or its Publish
+	 * was lost) of memory this slice writes again is superseded: it must
+	 * not flip later */
 	for (size_t i = 0; i < n->prepared.n;)
-		if (strcmp(n->prepared.v[i].model, j->model) == 0) {
+		if (shares_client(&n->prepared.v[i], j)) {
 			log_info("node %s: refit %" PRIu64 " (version %" PRIu64 ") was never "
 				 "published here; refit %" PRIu64 " replaces it", n->node_id,
 				 n->prepared.v[i].refit_id, n->prepared.v[i].version,
