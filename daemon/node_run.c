@@ -866,6 +866,7 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	Refit__V1__AbortResponse rsp = REFIT__V1__ABORT_RESPONSE__INIT;
 	prepared_t *p = find_prepared(n, rq->refit_id);
 	aborted_t *a;
+	uint64_t id;
 	char why[300];
 
 	if (rq->epoch != n->prepared_epoch)
@@ -894,8 +895,9 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	}
 	log_info("node %s: refit %" PRIu64 " aborted: %s", n->node_id, rq->refit_id,
 		 nz(rq->reason));
-	rpc_call_reply(call, &rsp.base);
-	node_run_held_tick(n, rq->refit_id);
+	id = rq->refit_id;
+	rpc_call_reply(call, &rsp.base);  /* frees rq */
+	node_run_held_tick(n, id);
 }
 
 void
