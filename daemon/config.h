@@ -35,6 +35,8 @@ typedef struct refitd_config {
 	char *local_socket;   /* node role: unix socket for librefit */
 	uint64_t slice_timeout_ms;
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
+	uint64_t test_fail_commit;    /* tests: refuse the node's Nth Commit */
+	uint64_t test_hold_run_ms;    /* tests: hold RunSlice until its Abort */
 	char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl: what to load */
 	char *gpu_devices;    /* nccl: "0,1,..." local rank i -> CUDA device */
 	uint64_t instance_grace_ms;   /* coordinator: an instance whose node is gone

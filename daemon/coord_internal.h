@@ -22,6 +22,7 @@ typedef struct member {
 	size_t nranks;
 	uint64_t last_beat_ms;
 	bool draining;          /* told to leave at its next heartbeat */
+	uint64_t prepared_epoch;/* the last epoch it acknowledged (PrepareEpoch) */
 } member_t;
 
 typedef struct instance {
@@ -64,6 +65,7 @@ typedef struct refit_rec {
 	size_t nnodes;
 	uint32_t pending;           /* node calls outstanding in this phase */
 	bool committing;            /* RUNNING: every slice ran, Commit sent */
+	bool publishing;            /* committing: every node committed, Publish sent */
 	bool failing, failing_symptom;               /* RUNNING: a slice failed; the rest are aborted
 				       and their answers collected for the cause */
 	int64_t corrupt;            /* tests: TriggerRefit.test_corrupt_msg */

@@ -4,12 +4,16 @@
  *
  *   PENDING -> PREPARING  plan taken (from the cache when layouts, members
  *                         and options are unchanged); every node taking part
- *                         is told the epoch (Node.PrepareEpoch)
+ *                         is told the epoch (Node.PrepareEpoch), unless it
+ *                         acknowledged this epoch already
  *           -> RUNNING    every node starts its slice (Node.RunSlice, answered
  *                         at the start) and reports its end (SliceDone,
  *                         counted once per node and attempt)
- *           -> COMMITTED  every node succeeded: the model's installed
- *                         version moves
+ *           -> COMMITTED  every node succeeded, then committed (Node.Commit:
+ *                         ready, nothing shown to clients), then published
+ *                         (Node.Publish, sent only once every node
+ *                         committed: an instance spanning nodes switches on
+ *                         all or none): the model's installed version moves
  *   any non-final state -> FAILED  (a node failed, could not be reached, or
  *                         membership changed) or ABORTED (AbortRefit)
  *
@@ -126,7 +130,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	       r->state != REFIT__V1__REFIT_STATE__PENDING;
 	r->phase++;
 	r->pending = 0;
-	if (!r->committing)
+	if (!r->publishing)
 		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
 	free(r->failure);
 	r->failure = msg[0] ? xstrdup(msg) : NULL;
@@ -142,7 +146,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 		r->attempt++;
 		r->state = REFIT__V1__REFIT_STATE__PENDING;
 		r->retry_at_ms = coord_now_ms() + (wait ? wait : 1);
-		r->committing = r->failing = r->failing_symptom = false;
+		r->committing = r->publishing = r->failing = r->failing_symptom = false;
 		r->bytes = r->comm_us = 0;   /* figures are the last attempt's */
 		r->nstages = 0;
 		memset(r->stage_us, 0, sizeof(r->stage_us));
@@ -185,10 +189,11 @@ coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o)
 static void on_node_done(void *arg, refit_status_t st, const char *msg,
 			 ProtobufCMessage *resp);
 
-/* Call method on every node of r; fails r when a call cannot start. */
+/* Call method on every node of r (but those that acknowledged epoch
+ * skip_epoch, when not 0); fails r when a call cannot start. */
 static void
 call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessage *req,
-	   int64_t timeout_ms)
+	   int64_t timeout_ms, uint64_t skip_epoch)
 {
 	refit_err_t err;
 
@@ -204,6 +209,8 @@ call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessag
 			       "left the membership");
 			return;
 		}
+		if (skip_epoch != 0 && m->prepared_epoch == skip_epoch)
+			continue;
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
 		if (rpc_async_call(c->rpc, r->id, m->rpc_ep, &refit__v1__node__descriptor,
@@ -277,14 +284,15 @@ start_running(coord_t *c, refit_rec_t *r)
 	rq.corrupt_msg = r->corrupt;
 	rq.nic_per_node = c->o.nic_per_node;
 	rq.attempt = r->attempt;
-	call_nodes(c, r, "RunSlice", &rq.base, NODE_CALL_MS);
+	call_nodes(c, r, "RunSlice", &rq.base, NODE_CALL_MS, 0);
 	for (size_t i = 0; i < n; i++)
 		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
 	free(iv);
 	free(ip);
 }
 
-/* Every slice ran: install the version everywhere. */
+/* Every slice ran: first phase of the install, every node keeps its
+ * slice's result ready without showing it (Node.Commit). */
 static void
 start_commit(coord_t *c, refit_rec_t *r)
 {
@@ -297,7 +305,22 @@ start_commit(coord_t *c, refit_rec_t *r)
 	rq.epoch = r->epoch;
 	rq.model = r->model;
 	rq.version = r->version;
-	call_nodes(c, r, "Commit", &rq.base, NODE_CALL_MS);
+	call_nodes(c, r, "Commit", &rq.base, NODE_CALL_MS, 0);
+}
+
+/* Every node committed: show the version to the clients (Node.Publish). */
+static void
+start_publish(coord_t *c, refit_rec_t *r)
+{
+	Refit__V1__PublishRequest rq = REFIT__V1__PUBLISH_REQUEST__INIT;
+
+	r->publishing = true;
+	r->phase++;
+	rq.refit_id = r->id;
+	rq.epoch = r->epoch;
+	rq.model = r->model;
+	rq.version = r->version;
+	call_nodes(c, r, "Publish", &rq.base, NODE_CALL_MS, 0);
 }
 
 static void abort_on_nodes(coord_t *c, refit_rec_t *r);
@@ -422,20 +445,34 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 
 		if (k != SIZE_MAX)
 			slice_started(c, r, k, m ? m->node_id : "?", st, msg);
+	} else if (st != REFIT_OK && r->publishing) {
+		/* every node had committed: the others publish (the decision
+		 * was taken); this one did not get it (it died or is cut off) */
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: Publish: %s (every node "
+		       "had committed; the others published version %" PRIu64 ")",
+		       m ? m->node_id : "?", msg, r->version);
 	} else if (st != REFIT_OK) {
-		/* a failed Commit leaves the nodes that did commit at the new
-		 * version: the refit is FAILED and says which node did not */
-		bool committing = r->committing;
+		/* a failed Commit or PrepareEpoch: nothing was published
+		 * anywhere; the other nodes drop what they committed */
+		const char *what = r->committing ? "Commit" : "PrepareEpoch";
 
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s",
-		       m ? m->node_id : "?", committing ? "Commit" : "PrepareEpoch", msg);
-		if (!committing)
-			abort_on_nodes(c, r);
-	} else if (--r->pending == 0) {
-		if (r->state == REFIT__V1__REFIT_STATE__PREPARING)
+		r->committing = false;  /* its other calls are cancelled */
+		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s%s",
+		       m ? m->node_id : "?", what, msg, what[0] == 'C' ?
+		       " (nothing was published)" : "");
+		abort_on_nodes(c, r);
+	} else {
+		if (r->state == REFIT__V1__REFIT_STATE__PREPARING && m != NULL)
+			m->prepared_epoch = r->epoch;
+		if (--r->pending > 0) {
+			/* more answers to come */
+		} else if (r->state == REFIT__V1__REFIT_STATE__PREPARING) {
 			start_running(c, r);
-		else
+		} else if (!r->publishing) {
+			start_publish(c, r);
+		} else {
 			finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL);
+		}
 	}
 	free(x);
 	coord_maybe_free(c);
@@ -907,7 +944,9 @@ send_prepare(coord_t *c, refit_rec_t *r)
 	}
 	rq.members = mp;
 	rq.n_members = c->members.n;
-	call_nodes(c, r, "PrepareEpoch", &rq.base, NODE_CALL_MS);
+	/* a node that acknowledged this epoch already (for another refit)
+	 * is not told again: same members, same token, same unique id */
+	call_nodes(c, r, "PrepareEpoch", &rq.base, NODE_CALL_MS, r->epoch);
 	for (size_t i = 0; i < c->members.n; i++) {
 		for (size_t k = 0; k < mv[i].n_ranks; k++)
 			free(mv[i].ranks[k]);
@@ -915,6 +954,8 @@ send_prepare(coord_t *c, refit_rec_t *r)
 	}
 	free(mv);
 	free(mp);
+	if (r->state == REFIT__V1__REFIT_STATE__PREPARING && r->pending == 0)
+		start_running(c, r);  /* every node had it */
 }
 
 static void start_refit(coord_t *c, model_t *m, refit_rec_t *r);
@@ -1333,6 +1374,9 @@ abort_on_nodes(coord_t *c, refit_rec_t *r)
 	ab.refit_id = r->id;
 	ab.epoch = r->epoch;
 	ab.reason = r->failure;
+	/* the attempt that ended: finish() already moved a retried refit on */
+	ab.attempt = r->state == REFIT__V1__REFIT_STATE__PENDING && r->attempt > 1 ?
+		     r->attempt - 1 : r->attempt;
 	for (size_t i = 0; i < r->nnodes; i++) {
 		member_t *m = coord_find_member(c, r->nodes[i]);
 		nctx_t *x;

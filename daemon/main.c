@@ -221,6 +221,8 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.local_socket = cfg->local_socket;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
 	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
+	no.test_fail_commit = cfg->test_fail_commit;
+	no.test_hold_run_ms = cfg->test_hold_run_ms;
 	no.cuda_library = cfg->cuda_library;
 	no.nccl_library = cfg->nccl_library;
 	no.gpu_kernels_library = cfg->gpu_kernels_library;

@@ -168,6 +168,7 @@ on_sweep(uv_timer_t *t)
 {
 	node_waiters_sweep(t->data);
 	node_reports_tick(t->data);
+	node_run_held_tick(t->data, 0);
 }
 
 /* ---- Node service -------------------------------------------------------- */
@@ -310,6 +311,8 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->rpc = o->rpc;
 	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
+	n->test_fail_commit = o->test_fail_commit;
+	n->test_hold_run_ms = o->test_hold_run_ms;
 	n->closing = true; /* until started: node_maybe_free frees */
 	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
 	if (n->xo == NULL) {
@@ -400,6 +403,7 @@ node_close(node_t *n)
 	rpc_async_cancel(n->rpc, RPC_GROUP_ALL);  /* before Leave, which goes last */
 	leave(n);
 	node_run_abort_all(n, "the node daemon is shutting down");
+	node_run_held_tick(n, 0);   /* closing: refused */
 	node_waiters_fail_all(n, "the node daemon is shutting down");
 	node_local_close(n);
 	uv_timer_stop(&n->beat);

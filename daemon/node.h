@@ -23,6 +23,8 @@ typedef struct node_opts {
 	const char *local_socket; /* unix socket path for librefit */
 	uint64_t slice_timeout_ms;
 	uint64_t test_msg_delay_ms;
+	uint64_t test_fail_commit;  /* tests: refuse the Nth Commit (0: none) */
+	uint64_t test_hold_run_ms;  /* tests: hold RunSlice until its Abort (0: no) */
 	const char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl */
 	const char *gpu_devices;  /* nccl: "0,1,..." (NULL: local rank i -> device i) */
 	rpc_async_t *rpc;         /* the process's client for calls (not owned) */

@@ -74,13 +74,31 @@ typedef struct epoch_member {
 	size_t nranks;
 } epoch_member_t;
 
-/* A slice that ran and waits for the coordinator's commit. */
+/* A slice that ran and waits for the coordinator's Commit, then Publish. */
 typedef struct prepared {
 	uint64_t refit_id, version;
 	char *model;
 	uint64_t *clients;
 	size_t nclients;
+	bool committed;         /* Commit came: only Publish shows it to clients */
 } prepared_t;
+
+/* A refit aborted here (Abort), remembered so a RunSlice of it arriving
+ * after the Abort is refused at once. */
+typedef struct aborted {
+	uint64_t refit_id, epoch;
+	uint32_t attempt;
+} aborted_t;
+
+#define NODE_ABORTED_MAX 64
+
+/* tests (test_hold_run_ms): a RunSlice held until its Abort or a deadline */
+typedef struct held_run {
+	rpc_call_t *call;
+	const ProtobufCMessage *msg;
+	uint64_t refit_id;
+	int64_t until_ms;
+} held_run_t;
 
 typedef struct slice_job slice_job_t;
 
@@ -129,6 +147,10 @@ struct node {
 	rpc_server_t *local;          /* the librefit socket */
 	char *local_path;
 	uint64_t slice_timeout_ms, test_msg_delay_ms;
+	uint64_t test_fail_commit, test_hold_run_ms, ncommits;
+	aborted_t aborted[NODE_ABORTED_MAX];  /* ring, the epoch's aborted refits */
+	size_t naborted;                      /* entries written (mod the size) */
+	VEC(held_run_t) held;                 /* tests: RunSlice calls held back */
 	VEC(client_t *) clients;
 	uint64_t next_client;
 	VEC(waiter_t) waiters;
@@ -167,6 +189,9 @@ void node_waiters_fail_all(node_t *n, const char *why);
 extern const rpc_method_cfg_t node_run_methods[];
 extern const size_t node_run_nmethods;
 void node_run_abort_all(node_t *n, const char *why);
+/* tests: run the held RunSlice calls of refit_id (0: those past their
+ * deadline; all when closing). */
+void node_run_held_tick(node_t *n, uint64_t refit_id);
 /* The client died: abort slices using it. */
 void node_run_client_gone(node_t *n, uint64_t client_id, const char *why);
 void node_maybe_free(node_t *n);

@@ -16,8 +16,16 @@
  * on, or REPORT_GIVE_UP_MS pass).  Plans come from the node's cache when
  * the inputs' digest matches (node_plans.c); planning time is reported.
  * Double-buffered clients are written in their inactive copy.
- * Commit flips them (or marks in-place weights valid) and moves the
- * installed version; a slice that fails or is aborted installs nothing.
+ * The install has two phases, so that an instance spanning nodes switches
+ * on all of them or on none: Commit (every slice of the refit ran) only
+ * marks the finished slice committed, showing clients nothing; Publish
+ * (every node committed) flips double buffers (or marks in-place weights
+ * valid) and moves the installed version.  A slice that fails or is
+ * aborted, or a commit never published, installs nothing; the next
+ * RunSlice writing the same clients drops it.  An Abort is remembered (per
+ * epoch and attempt, the last NODE_ABORTED_MAX), so a RunSlice arriving
+ * after its Abort is refused at once instead of waiting for peers that
+ * stopped.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -393,7 +401,7 @@ job_after(uv_work_t *w, int status)
 		refit_err_prefix(&j->err, "%s", j->abort_why);
 	}
 	if (ok) {
-		prepared_t pr = {j->refit_id, j->version, xstrdup(j->model), NULL, 0};
+		prepared_t pr = {j->refit_id, j->version, xstrdup(j->model), NULL, 0, false};
 
 		pr.clients = xcalloc(j->cl[1].n + 1, sizeof(*pr.clients));
 		for (size_t i = 0; i < j->cl[1].n; i++)
@@ -591,20 +599,62 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 	return rc;
 }
 
-static void
-h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+static void drop_prepared(node_t *n, prepared_t *p);
+
+/* Was (refit, epoch, attempt) aborted here?  An attempt of 0 in the Abort
+ * (an older coordinator) covers every attempt. */
+static const aborted_t *
+was_aborted(const node_t *n, uint64_t id, uint64_t epoch, uint32_t attempt)
 {
-	node_t *n = ctx;
+	size_t m = n->naborted < NODE_ABORTED_MAX ? n->naborted : NODE_ABORTED_MAX;
+
+	for (size_t i = 0; i < m; i++) {
+		const aborted_t *a = &n->aborted[i];
+
+		if (a->refit_id == id && a->epoch == epoch &&
+		    (a->attempt == 0 || a->attempt == attempt))
+			return a;
+	}
+	return NULL;
+}
+
+/* Does the finished slice p hold a client that job j writes? */
+static bool
+shares_client(const prepared_t *p, const slice_job_t *j)
+{
+	for (size_t i = 0; i < p->nclients; i++)
+		for (size_t k = 0; k < j->cl[1].n; k++)
+			if (j->cl[1].v[k].c->id == p->clients[i])
+				return true;
+	return false;
+}
+
+static void
+run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
+{
 	const Refit__V1__RunSliceRequest *rq = (const void *)msg;
 	Refit__V1__RunSliceResponse rsp = REFIT__V1__RUN_SLICE_RESPONSE__INIT;
 	slice_job_t *j;
 	refit_err_t err;
 
+	if (n->closing)
+		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "node %s: shutting down",
+				     n->node_id);
 	if (rq->epoch != n->prepared_epoch)
 		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: RunSlice for refit %"
 				     PRIu64 " carries epoch %" PRIu64 ", this node prepared epoch %"
 				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
 				     n->prepared_epoch);
+	if (was_aborted(n, rq->refit_id, rq->epoch, rq->attempt) != NULL) {
+		/* the Abort overtook it: the peers have stopped, so the slice
+		 * would only wait for them until its deadline */
+		log_info("node %s: refit %" PRIu64 " (attempt %u): RunSlice refused: the refit "
+			 "was aborted here before it came", n->node_id, rq->refit_id,
+			 rq->attempt);
+		return rpc_call_fail(call, REFIT_ERR_ABORTED, "node %s: refit %" PRIu64
+				     " (attempt %u) was aborted by the coordinator before its "
+				     "RunSlice came", n->node_id, rq->refit_id, rq->attempt);
+	}
 	for (size_t i = 0; i < n->jobs.n; i++)
 		if (n->jobs.v[i]->refit_id == rq->refit_id)
 			return rpc_call_fail(call, REFIT_ERR_EXISTS, "node %s: refit %" PRIu64
@@ -635,6 +685,19 @@ h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		job_free(j);
 		return;
 	}
+	/* a commit never published (the coordinator restarted, or its Publish
+	 * was lost) of memory this slice writes again is superseded: it must
+	 * not flip later */
+	for (size_t i = 0; i < n->prepared.n;)
+		if (shares_client(&n->prepared.v[i], j)) {
+			log_info("node %s: refit %" PRIu64 " (version %" PRIu64 ") was never "
+				 "published here; refit %" PRIu64 " replaces it", n->node_id,
+				 n->prepared.v[i].refit_id, n->prepared.v[i].version,
+				 j->refit_id);
+			drop_prepared(n, &n->prepared.v[i]);
+		} else {
+			i++;
+		}
 	for (int s = 0; s < 2; s++)
 		for (size_t i = 0; i < j->cl[s].n; i++) {
 			client_t *c = j->cl[s].v[i].c;
@@ -659,6 +722,43 @@ h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rsp.refit_id = rq->refit_id;
 	rsp.started = true;
 	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+h_run(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__RunSliceRequest *rq = (const void *)msg;
+
+	if (n->test_hold_run_ms > 0 && !n->closing) {
+		held_run_t h = {call, msg, rq->refit_id,
+				xport_now_ms() + (int64_t)n->test_hold_run_ms};
+
+		log_info("node %s: refit %" PRIu64 ": RunSlice held (test_hold_run_ms)",
+			 n->node_id, rq->refit_id);
+		VEC_PUSH(&n->held, h);
+		return;
+	}
+	run_slice(n, call, msg);
+}
+
+void
+node_run_held_tick(node_t *n, uint64_t refit_id)
+{
+	int64_t now = xport_now_ms();
+
+	for (size_t i = 0; i < n->held.n;) {
+		held_run_t h = n->held.v[i];
+
+		if (!n->closing && (refit_id ? h.refit_id != refit_id : now < h.until_ms)) {
+			i++;
+			continue;
+		}
+		n->held.v[i] = n->held.v[--n->held.n];
+		run_slice(n, h.call, h.msg);
+	}
+	if (n->held.n == 0)
+		VEC_FREE(&n->held);
 }
 
 /* ---- Commit and Abort ---------------------------------------------------------- */
@@ -696,6 +796,34 @@ h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "node %s: refit %" PRIu64 " has "
 				     "no finished slice here to commit", n->node_id,
 				     rq->refit_id);
+	if (n->test_fail_commit && ++n->ncommits == n->test_fail_commit)
+		return rpc_call_fail(call, REFIT_ERR_SYS, "node %s: refit %" PRIu64 ": Commit "
+				     "refused (test_fail_commit %" PRIu64 ")", n->node_id,
+				     rq->refit_id, n->test_fail_commit);
+	/* first phase: nothing is shown to clients until Publish */
+	p->committed = true;
+	log_info("node %s: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " committed, "
+		 "waiting for Publish", n->node_id, p->refit_id, p->model, p->version);
+	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__PublishRequest *rq = (const void *)msg;
+	Refit__V1__PublishResponse rsp = REFIT__V1__PUBLISH_RESPONSE__INIT;
+	prepared_t *p = find_prepared(n, rq->refit_id);
+
+	if (rq->epoch != n->prepared_epoch)
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: Publish for refit %"
+				     PRIu64 " carries epoch %" PRIu64 ", this node is at %" PRIu64,
+				     n->node_id, rq->refit_id, rq->epoch, n->prepared_epoch);
+	if (p == NULL || !p->committed)
+		return rpc_call_fail(call, p ? REFIT_ERR_STALE_EPOCH : REFIT_ERR_NOT_FOUND,
+				     "node %s: refit %" PRIu64 " has %s here to publish",
+				     n->node_id, rq->refit_id, p ? "a slice not committed" :
+				     "no committed slice");
 	for (size_t i = 0; i < p->nclients; i++) {
 		client_t *c = node_client(n, p->clients[i]);
 
@@ -737,6 +865,8 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	const Refit__V1__AbortRequest *rq = (const void *)msg;
 	Refit__V1__AbortResponse rsp = REFIT__V1__ABORT_RESPONSE__INIT;
 	prepared_t *p = find_prepared(n, rq->refit_id);
+	aborted_t *a;
+	uint64_t id;
 	char why[300];
 
 	if (rq->epoch != n->prepared_epoch)
@@ -745,14 +875,29 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
 				     n->prepared_epoch);
 	snprintf(why, sizeof(why), "aborted by the coordinator: %s", nz(rq->reason));
+	/* remembered: a RunSlice that the Abort overtook is refused */
+	a = &n->aborted[n->naborted++ % NODE_ABORTED_MAX];
+	*a = (aborted_t){rq->refit_id, rq->epoch, rq->attempt};
 	for (size_t i = 0; i < n->jobs.n; i++)
 		if (n->jobs.v[i]->refit_id == rq->refit_id)
 			abort_job(n->jobs.v[i], why);
-	if (p != NULL)
+	if (p != NULL) {
+		/* never published: double buffers keep serving the old copy,
+		 * in-place weights stay invalid; the clients are told why */
+		for (size_t i = 0; i < p->nclients; i++) {
+			client_t *c = node_client(n, p->clients[i]);
+
+			if (c != NULL && !c->dead)
+				set_failure(c, "refit %" PRIu64 " (version %" PRIu64 ") was not "
+					    "installed: %s", p->refit_id, p->version, why);
+		}
 		drop_prepared(n, p);
+	}
 	log_info("node %s: refit %" PRIu64 " aborted: %s", n->node_id, rq->refit_id,
 		 nz(rq->reason));
-	rpc_call_reply(call, &rsp.base);
+	id = rq->refit_id;
+	rpc_call_reply(call, &rsp.base);  /* frees rq */
+	node_run_held_tick(n, id);
 }
 
 void
@@ -787,6 +932,7 @@ const rpc_method_cfg_t node_run_methods[] = {
 	{"RunSlice", h_run, false},
 	{"Commit", h_commit, false},
 	{"Abort", h_abort, false},
+	{"Publish", h_publish, false},
 };
 const size_t node_run_nmethods = sizeof(node_run_methods) / sizeof(node_run_methods[0]);
 

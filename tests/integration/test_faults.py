@@ -554,6 +554,139 @@ def soak():
     assert end_fd[0] <= base_fd[0] + 8 and end_fd[1] <= base_fd[1] + 8, FIG["soak"]
 
 
+def stop_cluster(cl, clients):
+    """End a cluster of its own (SIGTERM), so later checks have the CPU."""
+    for c in clients:
+        c.close()
+    for q in cl.nodes + [cl.coord]:
+        if q.poll() is None:
+            q.terminate()
+            q.wait(timeout=30)
+
+
+def log_lines(cl, text):
+    cl.log.flush()
+    with open(f"{TMP}/{cl.name}.log") as f:
+        return [ln for ln in f if text in ln]
+
+
+def atomic_switch():
+    """Issue 12, item 9: an instance whose ranks span two nodes switches to a
+    version on both or on neither.  Node at2 refuses its second Commit
+    (test_fail_commit 2): refit v2 fails and NO rank of either instance shows
+    v2 (the double buffers serve v1 byte-exact, in place stays invalid and
+    says why); v3 then installs everywhere."""
+    rpn = harness.RPN
+    cl = Cluster("at", 2, ["--slice-timeout-ms", "30000"], lease_ms=3000)
+    args = harness.node_spawn_args(cl, "at2", f"{2 * rpn}-{3 * rpn - 1}") + \
+        ["--test-fail-commit", "2"]
+    cl.nodes.append(spawn(args, stderr=cl.log, env=harness.host_env(cl.host(2))))
+    cl.wait_members(3)
+    tl = write(f"{TMP}/at-t.json", tensors([0, 1], "Shard(0)"))
+    trainer = Client(cl, 0, "am", "train", tl)
+    assert trainer.ok(), trainer.first
+    inst = {}
+    for name, ranks, mode in (("x", [rpn, 2 * rpn], "double-buffer"),
+                              ("y", [rpn + 1, 2 * rpn + 1], "in-place")):
+        lay = write(f"{TMP}/at-{name}.json", tensors(ranks, "Shard(1)"))
+        for node in (1, 2):
+            c = Client(cl, node, "am", "infer", lay, instance=name, install=mode)
+            assert c.ok(), c.first
+            inst[(name, node)] = c
+    cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="am", retries=0, retry_backoff_ms=0, catch_up=False)), timeout=5)
+    g = cl.refit("am", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    for c in inst.values():
+        out = c.cmd("wait 1 20000")
+        assert out.startswith("INSTALLED 1 ") and "mismatches=0" in out, out
+    # v2: every slice runs, at2's Commit is refused
+    out = trainer.cmd("next 2")
+    assert out.startswith("READY"), out
+    g = cl.refit("am", 2)
+    assert g.state == pb.FAILED and "at2" in g.failure and "Commit" in g.failure, g
+    for (name, node), c in inst.items():
+        st = c.cmd("state")
+        assert "version=2" not in st, (name, node, st)
+        assert "version=1 " in st, (name, node, st)
+        if name == "x":  # double buffer: still serving v1, byte-exact
+            assert "valid=1" in st, (name, node, st)
+            assert c.cmd("check 1").endswith("mismatches=0"), (name, node)
+        else:  # in place: written, never shown, and it says so
+            assert "valid=0" in st and "not installed" in st, (name, node, st)
+    # the next refit installs on every rank
+    out = trainer.cmd("next 3")
+    assert out.startswith("READY"), out
+    g = cl.refit("am", 3)
+    assert g.state == pb.COMMITTED, g.failure
+    for c in inst.values():
+        out = c.cmd("wait 3 20000")
+        assert out.startswith("INSTALLED 3 ") and "valid=1" in out and \
+            "mismatches=0" in out, out
+    stop_cluster(cl, [trainer] + list(inst.values()))
+
+
+def abort_before_run_slice():
+    """An Abort that overtakes RunSlice is remembered: the RunSlice is refused
+    at once (it used to start and wait for peers that had stopped, until its
+    deadline).  Node ab1 holds RunSlice until the Abort of its refit came
+    (test_hold_run_ms); its slice deadline (60 s) is above the wait here."""
+    rpn = harness.RPN
+    cl = Cluster("ab", 1, ["--slice-timeout-ms", "60000"], lease_ms=3000)
+    args = harness.node_spawn_args(cl, "ab1", f"{rpn}-{2 * rpn - 1}") + \
+        ["--test-hold-run-ms", "30000", "--slice-timeout-ms", "60000", "--log-level", "info"]
+    cl.nodes.append(spawn(args, stderr=cl.log, env=harness.host_env(cl.host(1))))
+    cl.wait_members(2)
+    trainer = Client(cl, 0, "bm", "train", write(f"{TMP}/ab-t.json",
+                                                 tensors([0, 1], "Shard(0)")))
+    assert trainer.ok(), trainer.first
+    ip = Client(cl, 1, "bm", "infer", write(f"{TMP}/ab-ip.json",
+                                            tensors([rpn, rpn + 1], "Shard(1)")),
+                instance="ip", install="in-place")
+    assert ip.ok(), ip.first
+    rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="bm", version=1),
+                               timeout=5).refit_id
+    harness.wait_for(lambda: log_lines(cl, f"node ab1: refit {rid}: RunSlice held"),
+                     what="ab1 to hold the RunSlice")
+    g = cl.stub.AbortRefit(pb.AbortRefitRequest(refit_id=rid, reason="test"), timeout=5)
+    assert g.state == pb.ABORTED, g
+    harness.wait_for(lambda: log_lines(cl, f"node ab1: refit {rid} (attempt 1): RunSlice "
+                                           "refused"),
+                     what="ab1 to refuse the RunSlice the Abort overtook")
+    st = ip.cmd("state")  # nothing was written: in place still valid
+    assert "valid=1" in st and "version=0" in st, st
+    assert not log_lines(cl, f"node ab1: refit {rid}: slice"), \
+        log_lines(cl, f"node ab1: refit {rid}: slice")
+    stop_cluster(cl, [trainer, ip])
+
+
+def prepare_once_per_epoch():
+    """Issue 12, item 8: two refits in one epoch send PrepareEpoch once per
+    node (a second one used to reset the transport of the epoch)."""
+    rpn = harness.RPN
+    cl = Cluster("pe", 2, ["--log-level", "info"], lease_ms=3000)
+    trainer = Client(cl, 0, "pm", "train", write(f"{TMP}/pe-t.json",
+                                                 tensors([0, 1], "Shard(0)")))
+    assert trainer.ok(), trainer.first
+    db = Client(cl, 1, "pm", "infer", write(f"{TMP}/pe-db.json",
+                                            tensors([rpn, rpn + 1], "Shard(1)")),
+                instance="db", install="double-buffer")
+    assert db.ok(), db.first
+    g1 = cl.refit("pm", 1)
+    assert g1.state == pb.COMMITTED, g1.failure
+    out = trainer.cmd("next 2")
+    assert out.startswith("READY"), out
+    g2 = cl.refit("pm", 2)
+    assert g2.state == pb.COMMITTED, g2.failure
+    assert db.cmd("wait 2 20000").startswith("INSTALLED 2 ")
+    assert g1.epoch == g2.epoch, ("the membership changed between the refits",
+                                  g1.epoch, g2.epoch)
+    for k in range(2):
+        got = log_lines(cl, f"node pe{k}: epoch {g1.epoch} prepared")
+        assert len(got) == 1, (k, got)
+    stop_cluster(cl, [trainer, db])
+
+
 try:
     check("cluster, model and first refit", setup)
     if CL is not None and M is not None:
@@ -578,6 +711,11 @@ try:
               "(no polling under the transport's lock)", group_wait_keeps_loop)
     check("coordinator restart without a state file: epochs go on, clients re-registered",
           coordinator_restart_without_state)
+    check("atomic switch: a Commit refused on one node publishes the version nowhere",
+          atomic_switch)
+    check("an Abort that overtakes RunSlice: the RunSlice is refused at once",
+          abort_before_run_slice)
+    check("two refits in one epoch: one PrepareEpoch per node", prepare_once_per_epoch)
     check(f"soak: refits with random node kills for {SOAK:.0f} s", soak)
 finally:
     harness.stop_all()

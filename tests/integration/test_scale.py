@@ -103,6 +103,10 @@ class Scale:
     def sock(self, k):
         return f"{TMP}/{self.name}{k}.local"
 
+    def host(self, k):
+        """Node k's host (harness.Client asks; only the nccl emulator uses it)."""
+        return f"{self.name}{k}"
+
     def wait_members(self, n, timeout=120):
         end = time.time() + timeout
         while time.time() < end:
