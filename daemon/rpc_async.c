@@ -196,8 +196,9 @@ on_watch(rpc_async_t *a, chan_t *c)
 {
 	rpc_conn_t old = c->state, now;
 
-	c->watching = false;
+	/* c->watching stays set until the end: the hook may drop c */
 	if (c->dropped || a->closing || c->ch == NULL) {
+		c->watching = false;
 		chan_release(c);
 		return;
 	}
@@ -224,6 +225,7 @@ on_watch(rpc_async_t *a, chan_t *c)
 			a->conn_fn(a->conn_arg, c->target, old, now);
 		/* the hook may have dropped the channel (rpc_async_forget) */
 		if (c->dropped) {
+			c->watching = false;
 			chan_release(c);
 			return;
 		}
