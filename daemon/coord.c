@@ -688,6 +688,7 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		mv[i].rpc_endpoint = m->rpc_ep;
 		mv[i].data_endpoint = m->data_ep;
 		mv[i].transport = m->transport;
+		mv[i].connection = (char *)rpc_conn_name(rpc_async_conn(c->rpc, m->rpc_ep));
 		mv[i].joined_epoch = m->joined_epoch;
 		mv[i].lease_age_ms = now - m->last_beat_ms;
 		mv[i].lease_ttl_ms = c->o.lease_ttl_ms;
@@ -704,6 +705,7 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rsp.epoch = c->epoch;
 	rsp.members = mp;
 	rsp.n_members = n;
+	rsp.node_calls_cancelled = rpc_async_cancelled(c->rpc);
 	rpc_call_reply(call, &rsp.base);
 	free(mv);
 	free(mp);
@@ -904,6 +906,30 @@ static const rpc_method_cfg_t methods[] = {
 
 static void on_timer_closed_free(coord_t *c);
 
+/*
+ * The connectivity watch saw a channel change (rpc_async.c).  A member's
+ * channel in TRANSIENT_FAILURE means a connection to it was lost or refused
+ * and reconnecting failed: the refits in flight that need the node fail now
+ * rather than at its lease (coord_refits_on_lost).
+ */
+static void
+on_conn(void *arg, const char *target, rpc_conn_t old, rpc_conn_t now)
+{
+	coord_t *c = arg;
+
+	(void)old;
+	if (c->closing || now != RPC_CONN_TRANSIENT_FAILURE)
+		return;
+	for (size_t i = 0; i < c->members.n; i++)
+		if (strcmp(c->members.v[i].rpc_ep, target) == 0) {
+			char node[256];
+
+			snprintf(node, sizeof(node), "%s", c->members.v[i].node_id);
+			coord_refits_on_lost(c, c->members.v[i].id, node, target);
+			return;
+		}
+}
+
 coord_t *
 coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t *err)
 {
@@ -928,6 +954,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	c->lease_timer.data = c;
 	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(o->lease_ttl_ms),
 		       TICK_MS(o->lease_ttl_ms));
+	rpc_async_on_conn(c->rpc, on_conn, c);
 	return c;
 }
 
@@ -980,6 +1007,7 @@ coord_close(coord_t *c, void (*done)(void *arg), void *arg)
 		return;
 	}
 	c->closing = true;
+	rpc_async_on_conn(c->rpc, NULL, NULL);
 	rpc_async_cancel(c->rpc, RPC_GROUP_ALL); /* nodes' answers are not awaited */
 	c->closed_cb = done;
 	c->closed_arg = arg;

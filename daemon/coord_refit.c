@@ -130,8 +130,14 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	       r->state != REFIT__V1__REFIT_STATE__PENDING;
 	r->phase++;
 	r->pending = 0;
-	if (!r->publishing)
-		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
+	if (!r->publishing) {
+		size_t n = rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
+
+		if (n > 0)
+			log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): cancelled %zu "
+				 "outstanding node call%s", r->id, r->model, r->version, n,
+				 n == 1 ? "" : "s");
+	}
 	free(r->failure);
 	r->failure = msg[0] ? xstrdup(msg) : NULL;
 	if (state == REFIT__V1__REFIT_STATE__FAILED && r->attempt <= r->retries) {
@@ -1391,6 +1397,30 @@ abort_on_nodes(coord_t *c, refit_rec_t *r)
 			c->inflight++;
 		else
 			free(x);
+	}
+}
+
+void
+coord_refits_on_lost(coord_t *c, uint64_t id, const char *node, const char *target)
+{
+	char why[REFIT_ERR_MSG_MAX];
+
+	snprintf(why, sizeof(why), "unreachable: connection lost (the coordinator's channel "
+		 "to %s went TRANSIENT_FAILURE)", target);
+	utf8_cut(why);
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+		size_t k = node_index(r, id);
+
+		if (is_final(r->state) || k == SIZE_MAX || r->committing)
+			continue;
+		if (r->state == REFIT__V1__REFIT_STATE__PREPARING) {
+			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s %s", node, why);
+			abort_on_nodes(c, r);
+		} else if (r->state == REFIT__V1__REFIT_STATE__RUNNING && r->nstate != NULL &&
+			   !(r->nstate[k] & NODE_REPORTED)) {
+			slice_result(c, r, k, node, REFIT_ERR_UNAVAILABLE, why, NULL);
+		}
 	}
 }
 
