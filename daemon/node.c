@@ -313,9 +313,9 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->rpc = o->rpc;
 	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
-	/* the data plane's buffers, kept across refits of an epoch; the first
-	 * slice sets the bound (its staging_bytes per local rank); relay parts
-	 * under 64 KiB come from the heap */
+	/* the data plane's buffers, kept across refits of an epoch; slices raise
+	 * the bound to their staging_bytes per local rank; relay parts under
+	 * 64 KiB come from the heap */
 	n->pool = dp_pool_new(0, (uint64_t)64 << 10, DP_POOL_HUGE);
 	n->closing = true; /* until started: node_maybe_free frees */
 	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
