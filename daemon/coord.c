@@ -930,6 +930,26 @@ on_conn(void *arg, const char *target, rpc_conn_t old, rpc_conn_t now)
 		}
 }
 
+/*
+ * Member ids are never reused, not even by a coordinator restarted without
+ * its state file: a node still heartbeating with an id of the last
+ * incarnation must not be taken for the node that got that id now (it would
+ * stay "alive" under another node's name and never join again).  So ids go
+ * on from the wall clock in microseconds when that is ahead (below 2^53: the
+ * state file keeps them as JSON numbers).
+ */
+static void
+coord_member_ids_from_clock(coord_t *c)
+{
+	struct timespec ts;
+	uint64_t us;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	if (c->next_member < us)
+		c->next_member = us;
+}
+
 coord_t *
 coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t *err)
 {
@@ -943,6 +963,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 		on_timer_closed_free(c);
 		return NULL;
 	}
+	coord_member_ids_from_clock(c);
 	if (rpc_server_add_service(srv, &refit__v1__coordinator__descriptor, methods,
 				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK ||
 	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,

@@ -454,10 +454,16 @@ def coordinator_restart_without_state():
     assert g.state == pb.COMMITTED, g.failure
     m.installed()
     high = g.epoch
+    before = {m.member_id for m in cl.stub.ListMembers(pb.ListMembersRequest(),
+                                                        timeout=5).members}
     cl.coord.kill()
     cl.coord.wait()
     cl.restart_coord()
-    cl.wait_members(3)
+    after = {m.member_id for m in cl.wait_members(3).members}
+    # member ids are never reused: a node still heartbeating with an id of the
+    # last coordinator must not be taken for the node that got it now (it
+    # would never join again)
+    assert not before & after, (before, after)
     # the model is known again, with the trainer's ready version
     mod = harness.wait_for(lambda: (lambda x: x if x.latest_version == m.version and len(
         x.instances) == 3 else None)(cl.stub.GetModel(pb.GetModelRequest(model="nm"),
