@@ -192,9 +192,6 @@ extern const size_t coord_refit_nmethods;
 /* Abort the refits in flight that use member id; their ids into *ids. */
 size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
 				 size_t max);
-/* member id's channel (target) went TRANSIENT_FAILURE: the refits in
- * flight that need node fail, naming it */
-void coord_refits_on_lost(coord_t *c, uint64_t id, const char *node, const char *target);
 /* membership changed (why names the member and the cause): refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
 void coord_refits_fini(coord_t *c);

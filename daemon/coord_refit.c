@@ -1400,30 +1400,6 @@ abort_on_nodes(coord_t *c, refit_rec_t *r)
 	}
 }
 
-void
-coord_refits_on_lost(coord_t *c, uint64_t id, const char *node, const char *target)
-{
-	char why[REFIT_ERR_MSG_MAX];
-
-	snprintf(why, sizeof(why), "unreachable: connection lost (the coordinator's channel "
-		 "to %s went TRANSIENT_FAILURE)", target);
-	utf8_cut(why);
-	for (size_t i = 0; i < c->refits.n; i++) {
-		refit_rec_t *r = c->refits.v[i];
-		size_t k = node_index(r, id);
-
-		if (is_final(r->state) || k == SIZE_MAX || r->committing)
-			continue;
-		if (r->state == REFIT__V1__REFIT_STATE__PREPARING) {
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s %s", node, why);
-			abort_on_nodes(c, r);
-		} else if (r->state == REFIT__V1__REFIT_STATE__RUNNING && r->nstate != NULL &&
-			   !(r->nstate[k] & NODE_REPORTED)) {
-			slice_result(c, r, k, node, REFIT_ERR_UNAVAILABLE, why, NULL);
-		}
-	}
-}
-
 static void
 h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
