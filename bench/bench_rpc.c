@@ -19,51 +19,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_proc.h"
 #include "daemon/rpc.h"
 #include "refit/v1/refit.pb-c.h"
 
 #define SVC (&refit__v1__coordinator__descriptor)
 #define THREADS 4
-
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int
-free_port(void)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-	bind(fd, (struct sockaddr *)&a, sizeof(a));
-	getsockname(fd, (struct sockaddr *)&a, &len);
-	port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
-/* coordinator CPU seconds (user + system) */
-static double
-cpu_of(pid_t pid)
-{
-	char path[64], buf[1024], *p;
-	unsigned long ut = 0, st = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	if ((f = fopen(path, "r")) == NULL)
-		return 0;
-	if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')) != NULL)
-		sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st);
-	fclose(f);
-	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
 
 static int
 cmp_d(const void *a, const void *b)

@@ -20,18 +20,14 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 SIZES = [int(x) for x in sys.argv[2:]] or [16, 32, 64, 128, 256]
-TMP = tempfile.mkdtemp(prefix="refit-bsc-")
-subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
-                "proto/refit/v1/refit.proto"], check=True)
-sys.path.insert(0, TMP)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "integration"))
+import protostubs  # noqa: E402
+TMP = protostubs.generate("refit-bsc-")
 import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402

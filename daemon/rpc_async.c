@@ -236,8 +236,8 @@ on_watch(rpc_async_t *a, chan_t *c)
 static chan_t *
 chan_get(rpc_async_t *a, const char *target)
 {
-	grpc_arg args[8];
-	grpc_channel_args ca = {8, args};
+	grpc_arg args[RPC_CHANNEL_ARGS + 3];
+	grpc_channel_args ca = {RPC_CHANNEL_ARGS + 3, args};
 	chan_t *c;
 
 	for (size_t i = 0; i < a->chans.n; i++)
@@ -255,18 +255,13 @@ chan_get(rpc_async_t *a, const char *target)
 		if (lru != SIZE_MAX)
 			chan_drop(a, lru);
 	}
-	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)a->max_msg);
-	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)a->max_msg);
-	/* the same back-off as the blocking client: a restarted peer is found
-	 * again within a second; a connection attempt gets 5 s */
-	args[2] = rpc_arg_int(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
-	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+	/* the same size and back-off as the blocking client */
+	rpc_channel_args(args, a->max_msg);
 	/* a peer that vanished under a call in flight is noticed (servers
 	 * here accept pings this often, see rpc_server.c) */
-	args[5] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIME_MS, RPC_KEEPALIVE_MS);
-	args[6] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000); /* a busy peer is not a dead one */
-	args[7] = rpc_arg_int(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+	args[RPC_CHANNEL_ARGS] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIME_MS, RPC_KEEPALIVE_MS);
+	args[RPC_CHANNEL_ARGS + 1] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000); /* a busy peer is not a dead one */
+	args[RPC_CHANNEL_ARGS + 2] = rpc_arg_int(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
 	c = xcalloc(1, sizeof(*c));
 	c->q.kind = Q_WATCH;
 	c->target = xstrdup(target);

@@ -32,6 +32,19 @@ rpc_arg_int(const char *key, int value)
 	return a;
 }
 
+void
+rpc_channel_args(grpc_arg *args, size_t max_msg)
+{
+	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)max_msg);
+	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)max_msg);
+	/* a restarted peer is found again within a second, not after gRPC's
+	 * default back-off (up to two minutes); the minimum is also the time a
+	 * connection attempt gets (TLS over a slow link needs a few seconds) */
+	args[2] = rpc_arg_int(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
+	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+}
+
 static refit_status_t
 read_pem(const char *path, char **out, refit_err_t *err)
 {
@@ -124,8 +137,8 @@ rpc_client_t *
 rpc_client_new(const char *target, const rpc_client_opts_t *o, refit_err_t *err)
 {
 	size_t max = o && o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
-	grpc_arg args[5];
-	grpc_channel_args ca = {5, args};
+	grpc_arg args[RPC_CHANNEL_ARGS];
+	grpc_channel_args ca = {RPC_CHANNEL_ARGS, args};
 	grpc_channel_credentials *creds;
 	rpc_client_t *c;
 	rpc_tls_t none = {0};
@@ -135,14 +148,7 @@ rpc_client_new(const char *target, const rpc_client_opts_t *o, refit_err_t *err)
 	grpc_init();
 	c = xcalloc(1, sizeof(*c));
 	c->target = xstrdup(target);
-	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)max);
-	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)max);
-	/* a restarted peer is found again within a second, not after gRPC's
-	 * default back-off (up to two minutes); the minimum is also the time a
-	 * connection attempt gets (TLS over a slow link needs a few seconds) */
-	args[2] = rpc_arg_int(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
-	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+	rpc_channel_args(args, max);
 	c->ch = grpc_channel_create(target, creds, &ca);
 	grpc_channel_credentials_release(creds);
 	if (o && o->token && o->token[0]) {

@@ -14,6 +14,10 @@
 #define RPC_MIN_PING_MS 10000
 
 grpc_arg rpc_arg_int(const char *key, int value);
+/* The channel arguments every client here uses (message size, reconnect
+ * back-off) into args[0..RPC_CHANNEL_ARGS-1]. */
+#define RPC_CHANNEL_ARGS 5
+void rpc_channel_args(grpc_arg *args, size_t max_msg);
 /* Server credentials from tls (insecure when no cert file). */
 refit_status_t rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out,
 				refit_err_t *err);

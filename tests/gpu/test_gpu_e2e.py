@@ -15,21 +15,16 @@ N failed" last.
 """
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("REFIT_TEST_TRANSPORT", "nccl")
 os.environ["REFIT_TEST_RPN"] = "1"
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
-TMP = tempfile.mkdtemp(prefix="refit-gpu-")
-subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
-                "proto/refit/v1/refit.proto"], check=True)
-sys.path.insert(0, TMP)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                 "integration"))
+import protostubs  # noqa: E402
+TMP = protostubs.generate("refit-gpu-")
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 import harness  # noqa: E402
 from harness import Client, Cluster, check, spawn, write  # noqa: E402

@@ -12,17 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
-TMP = tempfile.mkdtemp(prefix="refit-cp-")
-subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
-                "proto/refit/v1/refit.proto"], check=True)
-sys.path.insert(0, TMP)
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-cp-")
 import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402

@@ -21,11 +21,8 @@ import tempfile
 import numpy as np
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
-TMP = tempfile.mkdtemp(prefix="refit-cv-")
-subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
-                "proto/refit/v1/refit.proto"], check=True)
-sys.path.insert(0, TMP)
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-cv-")
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

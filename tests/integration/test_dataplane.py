@@ -19,16 +19,12 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 PAIRS = int(sys.argv[2]) if len(sys.argv) > 2 else 50
-TMP = tempfile.mkdtemp(prefix="refit-dp-")
-subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
-                "proto/refit/v1/refit.proto"], check=True)
-sys.path.insert(0, TMP)
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-dp-")
 import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402

@@ -35,16 +35,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
-TMP = tempfile.mkdtemp(prefix="refit-ops-")
-subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
-                "proto/refit/v1/refit.proto"], check=True)
-sys.path.insert(0, TMP)
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-ops-")
 import grpc  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402

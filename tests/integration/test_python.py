@@ -18,15 +18,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
-TMP = tempfile.mkdtemp(prefix="refit-py-")
-subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto",
-                f"--python_out={TMP}", f"--grpc_python_out={TMP}",
-                "proto/refit/v1/refit.proto"], check=True)
-sys.path.insert(0, TMP)
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-py-")
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
