@@ -688,7 +688,6 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		mv[i].rpc_endpoint = m->rpc_ep;
 		mv[i].data_endpoint = m->data_ep;
 		mv[i].transport = m->transport;
-		mv[i].connection = (char *)rpc_conn_name(rpc_async_conn(c->rpc, m->rpc_ep));
 		mv[i].joined_epoch = m->joined_epoch;
 		mv[i].lease_age_ms = now - m->last_beat_ms;
 		mv[i].lease_ttl_ms = c->o.lease_ttl_ms;
@@ -705,7 +704,6 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rsp.epoch = c->epoch;
 	rsp.members = mp;
 	rsp.n_members = n;
-	rsp.node_calls_cancelled = rpc_async_cancelled(c->rpc);
 	rpc_call_reply(call, &rsp.base);
 	free(mv);
 	free(mp);
@@ -907,31 +905,6 @@ static const rpc_method_cfg_t methods[] = {
 static void on_timer_closed_free(coord_t *c);
 
 /*
- * The connectivity watch saw a channel change (rpc_async.c): a member's
- * channel in TRANSIENT_FAILURE is logged with the node's name.  Refits are
- * not failed on it: at 100 nodes on a loaded machine a live node's channel
- * was seen failing for a moment (a refit failed that would have committed);
- * a node that is really gone is caught by the Abort path (a refit's Abort
- * that finds it unreachable fails its slice at once) or by its lease.
- */
-static void
-on_conn(void *arg, const char *target, rpc_conn_t old, rpc_conn_t now)
-{
-	coord_t *c = arg;
-
-	(void)old;
-	if (c->closing || now != RPC_CONN_TRANSIENT_FAILURE)
-		return;
-	for (size_t i = 0; i < c->members.n; i++)
-		if (strcmp(c->members.v[i].rpc_ep, target) == 0) {
-			log_warnx("coordinator: node %s (member %" PRIu64 "): its channel "
-				  "(%s) is failing", c->members.v[i].node_id,
-				  c->members.v[i].id, target);
-			return;
-		}
-}
-
-/*
  * Member ids are never reused, not even by a coordinator restarted without
  * its state file: a node still heartbeating with an id of the last
  * incarnation must not be taken for the node that got that id now (it would
@@ -976,7 +949,6 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	c->lease_timer.data = c;
 	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(o->lease_ttl_ms),
 		       TICK_MS(o->lease_ttl_ms));
-	rpc_async_on_conn(c->rpc, on_conn, c);
 	return c;
 }
 
@@ -1029,7 +1001,6 @@ coord_close(coord_t *c, void (*done)(void *arg), void *arg)
 		return;
 	}
 	c->closing = true;
-	rpc_async_on_conn(c->rpc, NULL, NULL);
 	rpc_async_cancel(c->rpc, RPC_GROUP_ALL); /* nodes' answers are not awaited */
 	c->closed_cb = done;
 	c->closed_arg = arg;

@@ -130,14 +130,8 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	       r->state != REFIT__V1__REFIT_STATE__PENDING;
 	r->phase++;
 	r->pending = 0;
-	if (!r->publishing) {
-		size_t n = rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
-
-		if (n > 0)
-			log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): cancelled %zu "
-				 "outstanding node call%s", r->id, r->model, r->version, n,
-				 n == 1 ? "" : "s");
-	}
+	if (!r->publishing)
+		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
 	free(r->failure);
 	r->failure = msg[0] ? xstrdup(msg) : NULL;
 	if (state == REFIT__V1__REFIT_STATE__FAILED && r->attempt <= r->retries) {

@@ -643,7 +643,7 @@ refit_status_t
 slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 {
 	slice_t s = {.c = c, .st = st, .t0 = now_us()};
-	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1, .pool = c->pool};
+	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1};
 	xport_peer_t *peers = xcalloc(c->nnodes, sizeof(*peers));
 	xport_session_t *sess = NULL;
 	bool any = false;
@@ -663,12 +663,6 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	s.held = xcalloc(c->nnodes, sizeof(*s.held));
 	/* half the staging bytes for packed outgoing messages, the rest for
 	 * arrivals (one buffer per sending peer) and relays */
-	/* the node's pool keeps at most staging_bytes per local rank; a new
-	 * epoch empties it */
-	if (c->pool)
-		dp_pool_epoch(c->pool, c->epoch,
-			      c->plan->opts.staging_bytes * (c->nodes[c->self].nranks ?
-							     c->nodes[c->self].nranks : 1));
 	s.cap = c->plan->opts.staging_bytes / 2 / maxmsg;
 	if (s.cap < 1)
 		s.cap = 1;
@@ -681,14 +675,8 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		peers[i].send_to = i != c->self && s.out[i].n > 0;
 		peers[i].recv_from = i != c->self && s.in[i].n > 0;
 		any |= peers[i].send_to || peers[i].recv_from;
-		if ((s.out[i].n || (i == c->self && s.local_left)) && c->pool) {
-			s.buf[i] = dp_pool_get(c->pool, maxmsg);
-			if (s.buf[i] == NULL)
-				rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot map a "
-						   "%" PRIu64 "-byte message buffer", maxmsg);
-		} else if (s.out[i].n || (i == c->self && s.local_left)) {
+		if (s.out[i].n || (i == c->self && s.local_left))
 			s.buf[i] = xmalloc(maxmsg);
-		}
 	}
 	if (rc == REFIT_OK && c->xo->group) { /* grouped backend: every node takes part */
 		xport_session_cfg_t sc = {
@@ -719,7 +707,7 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		xport_session_cfg_t sc = {
 			.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers,
 			.npeers = c->nnodes, .max_msg_bytes = maxmsg,
-			.deadline_ms = c->deadline_ms, .abort = c->abort, .pool = c->pool,
+			.deadline_ms = c->deadline_ms, .abort = c->abort,
 		};
 		xport_io_t io = {&s, pull, push, done, peer_done};
 		int64_t t0 = now_us();
@@ -739,10 +727,7 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		VEC_FREE(&s.out[i]);
 		VEC_FREE(&s.in[i]);
 		VEC_FREE(&s.ready[i]);
-		if (c->pool)
-			dp_pool_put(c->pool, s.buf[i]);
-		else
-			free(s.buf[i]);
+		free(s.buf[i]);
 	}
 	free(s.out);
 	free(s.in);

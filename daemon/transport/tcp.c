@@ -612,10 +612,7 @@ tcp_close(xport_session_t *s)
 			close(s->out[i].fd);
 		if (s->in[i].fd >= 0)
 			close(s->in[i].fd);
-		if (s->cfg.pool)
-			dp_pool_put(s->cfg.pool, s->in[i].rbuf);
-		else
-			free(s->in[i].rbuf);
+		free(s->in[i].rbuf);
 	}
 	free(s->out);
 	free(s->in);
@@ -753,15 +750,8 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 						     "announced a %" PRIu64 "-byte message (at "
 						     "most %" PRIu64 ")", s->peers[i].node_id,
 						     len, s->cfg.max_msg_bytes);
-			if (c->rbuf == NULL && s->cfg.pool) {
-				c->rbuf = dp_pool_get(s->cfg.pool, s->cfg.max_msg_bytes);
-				if (c->rbuf == NULL)
-					return refit_err_set(err, REFIT_ERR_NOMEM, "tcp: cannot "
-							     "map a %" PRIu64 "-byte receive "
-							     "buffer", s->cfg.max_msg_bytes);
-			} else if (c->rbuf == NULL) {
+			if (c->rbuf == NULL)
 				c->rbuf = xmalloc(s->cfg.max_msg_bytes ? s->cfg.max_msg_bytes : 1);
-			}
 			c->rlen = len;
 			c->rmsg = seq;
 		}

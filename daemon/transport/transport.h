@@ -21,7 +21,6 @@
 #ifndef REFIT_DAEMON_TRANSPORT_H
 #define REFIT_DAEMON_TRANSPORT_H
 
-#include "dataplane/pool.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -57,7 +56,6 @@ typedef struct xport_session_cfg {
 	uint64_t max_msg_bytes;  /* a peer announcing more is refused */
 	int64_t deadline_ms;     /* CLOCK_MONOTONIC ms */
 	atomic_int *abort;       /* nonzero: stop at once */
-	dp_pool_t *pool;         /* host receive buffers from here (NULL: malloc) */
 } xport_session_cfg_t;
 
 /* What the executor gives an exchange: callbacks on the session's thread. */

@@ -332,70 +332,6 @@ START_TEST(idle_nics_byte_exact)
 }
 END_TEST
 
-/*
- * Relay staging from a pool: random broadcast plans with several staging
- * rounds, each run twice through one pool (two refits of an epoch).  Both
- * runs are byte-exact; the second makes no buffer (every round's staging
- * reuses the first's); nothing stays handed out; the pool keeps its bound.
- */
-START_TEST(pool_staging_reused)
-{
-	unsigned seed = 0x9001u;
-	int staged = 0;
-
-	for (int iter = 0; iter < 60; iter++) {
-		plan_layout_set_t src, dst;
-		plan_topo_t topo;
-		plan_opts_t o;
-		plan_t p;
-		int nranks;
-		dp_pool_t *pl;
-		dp_pool_stats_t st;
-		uint64_t made = 0;
-
-		gen_case(&seed, &src, &dst, &topo, &nranks);
-		plan_opts_default(&o);
-		o.mode = PLAN_MODE_BROADCAST;
-		o.chunk_bytes = (uint64_t)64 << gen_rnd(&seed, 3);
-		o.staging_bytes = o.chunk_bytes << gen_rnd(&seed, 2);
-		ck_assert_int_eq(plan_build(&src, &dst, &topo, &o, &p, NULL), REFIT_OK);
-		pl = dp_pool_new((uint64_t)256 << 20, 0, 0); /* every part pooled */
-		dp_pool_epoch(pl, 1, 0);
-		for (int run = 0; run < 2; run++) {
-			mem_t m = {&src, &dst, NULL, {0}};
-			dp_mem_ops_t ops = {mem_view, &m, NULL};
-			dp_exec_opts_t eo = {.verify = run, .corrupt_msg = -1, .pool = pl};
-			dp_exec_stats_t es;
-			dp_exec_t *x;
-			refit_err_t e;
-
-			refit_err_clear(&e);
-			ck_assert_int_eq(plan_match(&src, &dst, &m.map, NULL), REFIT_OK);
-			ck_assert_int_eq(dp_exec_new(&p, &src, &dst, &ops, &eo, &x, &e), REFIT_OK);
-			ck_assert_msg(dp_exec_local(x, &es, &e) == REFIT_OK, "%s", e.msg);
-			ck_assert_int_eq(count_bad(&m), 0);
-			dp_exec_free(x);
-			mem_fini(&m);
-			dp_pool_stats(pl, &st);
-			ck_assert_uint_eq(st.busy, 0);
-			ck_assert_uint_le(st.held, st.cap);
-			if (run == 0)
-				made = st.made;
-			else
-				ck_assert_uint_eq(st.made, made);
-			staged += run == 0 && es.staged_bytes_max > 0;
-			ck_assert_uint_eq(st.oneoff, 0);
-		}
-		dp_pool_free(pl);
-		plan_fini(&p);
-		plan_layout_set_fini(&src);
-		plan_layout_set_fini(&dst);
-		plan_topo_fini(&topo);
-	}
-	ck_assert_int_ge(staged, 5);   /* the cases do stage relays */
-}
-END_TEST
-
 START_TEST(verify_catches_corruption)
 {
 	plan_layout_set_t s, d;
@@ -451,7 +387,6 @@ suite_dataplane(void)
 	tcase_add_loop_test(tc, random_plans_byte_exact, 0, 2);
 	tcase_add_test(tc, verify_catches_corruption);
 	tcase_add_test(tc, idle_nics_byte_exact);
-	tcase_add_test(tc, pool_staging_reused);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
