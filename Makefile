@@ -71,7 +71,9 @@ LDLIBS  := $(PKG_LIBS) -lm -lpthread
 SAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
 	     -fno-omit-frame-pointer
 
-DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/transport/*.c))
+# the RPC layer (rpc/) sits below the daemon's roles and the client library
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/coord/*.c daemon/node/*.c \
+		daemon/transport/*.c rpc/*.c))
 COMMON_SRC := $(wildcard common/*.c)
 PLAN_SRC   := $(wildcard plan/*.c)
 CODEC_SRC  := $(wildcard codec/*.c)
@@ -136,6 +138,11 @@ $(BUILD)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(BUILD)/obj/rpc/%.o: rpc/%.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
 
 $(BUILD)/obj/client/%.o: client/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
@@ -278,6 +285,11 @@ $(ASAN)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC-SAN  $<")
 	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
+
+$(ASAN)/obj/rpc/%.o: rpc/%.c $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC-SAN  $<")
+	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
 
 $(ASAN)/obj/client/%.o: client/%.c $(PROTO_C)
 	@mkdir -p $(dir $@)

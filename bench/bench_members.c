@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "bench/bench_proc.h"
-#include "daemon/rpc.h"
+#include "rpc/rpc.h"
 #include "refit/v1/refit.pb-c.h"
 
 #define SVC (&refit__v1__coordinator__descriptor)

@@ -21,8 +21,8 @@
 #include "client/refit.h"
 #include "codec/json.h"
 #include "common/alloc.h"
-#include "daemon/proto_conv.h"
-#include "daemon/rpc.h"
+#include "rpc/proto_conv.h"
+#include "rpc/rpc.h"
 #include "refit/v1/refit.pb-c.h"
 
 struct refit {

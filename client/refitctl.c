@@ -17,7 +17,7 @@
 
 #include "codec/json.h"
 #include "common/parse.h"
-#include "daemon/rpc.h"
+#include "rpc/rpc.h"
 #include "refit/v1/refit.pb-c.h"
 
 #define SVC (&refit__v1__coordinator__descriptor)

@@ -10,7 +10,7 @@
 
 #include <stdbool.h>
 
-#include "daemon/rpc.h"
+#include "rpc/rpc.h"
 
 typedef bool (*health_serving_fn)(void *ctx);
 

@@ -20,8 +20,8 @@
 #include "common/sdnotify.h"
 #include "daemon/config.h"
 #include "daemon/transport/gpu.h"
-#include "daemon/coord.h"
-#include "daemon/node.h"
+#include "daemon/coord/coord.h"
+#include "daemon/node/node.h"
 #include "daemon/ops.h"
 
 typedef struct daemon_state {

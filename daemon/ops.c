@@ -7,10 +7,10 @@
 
 #include "common/log.h"
 #include "common/sdnotify.h"
-#include "daemon/coord_internal.h"
+#include "daemon/coord/coord_internal.h"
 #include "daemon/health.h"
 #include "daemon/metrics.h"
-#include "daemon/node_internal.h"
+#include "daemon/node/node_internal.h"
 #include "daemon/ops.h"
 
 #define OPS_TICK_MS 1000   /* gauges; the watchdog may ask for a shorter tick */

@@ -14,9 +14,9 @@
 #define REFIT_DAEMON_OPS_H
 
 #include "daemon/config.h"
-#include "daemon/coord.h"
-#include "daemon/node.h"
-#include "daemon/rpc.h"
+#include "daemon/coord/coord.h"
+#include "daemon/node/node.h"
+#include "rpc/rpc.h"
 
 typedef struct ops ops_t;
 

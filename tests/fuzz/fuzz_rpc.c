@@ -1,13 +1,13 @@
 /*
  * fuzz_rpc.c - libFuzzer harness for the RPC edge: bytes decoded as a
  * RegisterLayoutRequest (protobuf-c) and converted and validated into
- * layouts (daemon/proto_conv.c), as the coordinator does with what arrives;
+ * layouts (rpc/proto_conv.c), as the coordinator does with what arrives;
  * the string check of the RPC edge runs first, as in rpc_server.c.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "daemon/proto_conv.h"
+#include "rpc/proto_conv.h"
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

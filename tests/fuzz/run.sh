@@ -29,7 +29,7 @@ for h in layout topo placement arch rpc; do
 		# the RPC edge: generated protobuf-c code and the conversion layer
 		[ -f "$BUILD/gen/refit/v1/refit.pb-c.c" ] ||
 			{ echo "fuzz rpc: build first (make)"; failed=$((failed + 1)); continue; }
-		extra="-I$BUILD/gen $BUILD/gen/refit/v1/refit.pb-c.c daemon/proto_conv.c -lprotobuf-c"
+		extra="-I$BUILD/gen $BUILD/gen/refit/v1/refit.pb-c.c rpc/proto_conv.c -lprotobuf-c"
 	fi
 	corpus=tests/fuzz/corpus/$h
 	work=$OUT/corpus-$h

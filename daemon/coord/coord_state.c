@@ -22,8 +22,8 @@
 
 #include "codec/json.h"
 #include "common/log.h"
-#include "daemon/coord_internal.h"
-#include "daemon/proto_conv.h"
+#include "daemon/coord/coord_internal.h"
+#include "rpc/proto_conv.h"
 
 #define STATE_VERSION 1
 

@@ -27,9 +27,9 @@
 #include "common/log.h"
 #include "common/utf8.h"
 #include "daemon/metrics.h"
-#include "daemon/proto_conv.h"
-#include "daemon/rpc.h"
-#include "daemon/rpc_internal.h"
+#include "rpc/proto_conv.h"
+#include "rpc/rpc.h"
+#include "rpc/rpc_internal.h"
 
 typedef enum tag_kind { TAG_NEW, TAG_RECV, TAG_CLOSE, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
 

@@ -9,7 +9,7 @@
 #include "common/alloc.h"
 #include "common/strbuf.h"
 #include "common/utf8.h"
-#include "daemon/proto_conv.h"
+#include "rpc/proto_conv.h"
 #include "plan/convert.h"
 
 static const char *const scale_names[] = {"none", "tensor", "block", "mx"};

@@ -3,12 +3,12 @@
  * the layout registry.  All state is owned by the daemon's libuv loop
  * thread; RPC handlers run there (see rpc.h).
  */
-#ifndef REFIT_DAEMON_COORD_H
-#define REFIT_DAEMON_COORD_H
+#ifndef REFIT_DAEMON_COORD_COORD_H
+#define REFIT_DAEMON_COORD_COORD_H
 
 #include <uv.h>
 
-#include "daemon/rpc.h"
+#include "rpc/rpc.h"
 
 typedef struct coord_opts {
 	uint32_t lease_ttl_ms;  /* a member is removed this long after its last beat */

@@ -35,9 +35,9 @@
 #include "common/log.h"
 #include "dataplane/conv_exec.h"
 #include "plan/convert.h"
-#include "daemon/node_internal.h"
-#include "daemon/proto_conv.h"
-#include "daemon/slice.h"
+#include "daemon/node/node_internal.h"
+#include "rpc/proto_conv.h"
+#include "daemon/node/slice.h"
 
 
 typedef struct jclient {

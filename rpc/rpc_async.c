@@ -33,7 +33,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "daemon/rpc_internal.h"
+#include "rpc/rpc_internal.h"
 
 /* more targets than this: idle channels go, least recently used first */
 #define MAX_CHANNELS 8192

@@ -32,8 +32,8 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "daemon/node_internal.h"
-#include "daemon/proto_conv.h"
+#include "daemon/node/node_internal.h"
+#include "rpc/proto_conv.h"
 #include "daemon/transport/transport.h"
 #include "dataplane/view.h"
 

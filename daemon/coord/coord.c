@@ -17,10 +17,10 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "plan/convert.h"
-#include "daemon/coord.h"
-#include "daemon/proto_conv.h"
+#include "daemon/coord/coord.h"
+#include "rpc/proto_conv.h"
 
-#include "daemon/coord_internal.h"
+#include "daemon/coord/coord_internal.h"
 #include "daemon/metrics.h"
 
 /* ---- helpers ------------------------------------------------------------- */

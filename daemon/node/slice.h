@@ -10,8 +10,8 @@
  * moment they land, whatever their stage.  Staging: one packed message per
  * peer each way, plus relay data the plan keeps (exec.h).
  */
-#ifndef REFIT_DAEMON_SLICE_H
-#define REFIT_DAEMON_SLICE_H
+#ifndef REFIT_DAEMON_NODE_SLICE_H
+#define REFIT_DAEMON_NODE_SLICE_H
 
 #include "daemon/transport/transport.h"
 #include "dataplane/exec.h"

@@ -17,8 +17,8 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/strbuf.h"
-#include "daemon/node_internal.h"
-#include "daemon/proto_conv.h"
+#include "daemon/node/node_internal.h"
+#include "rpc/proto_conv.h"
 
 void
 node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,

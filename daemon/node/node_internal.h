@@ -4,13 +4,13 @@
  * the Local service) and node_run.c (plan slices).  Loop thread only,
  * except where a field says otherwise.
  */
-#ifndef REFIT_DAEMON_NODE_INTERNAL_H
-#define REFIT_DAEMON_NODE_INTERNAL_H
+#ifndef REFIT_DAEMON_NODE_NODE_INTERNAL_H
+#define REFIT_DAEMON_NODE_NODE_INTERNAL_H
 
 #include <stdatomic.h>
 
 #include "common/alloc.h"
-#include "daemon/node.h"
+#include "daemon/node/node.h"
 #include "daemon/transport/transport.h"
 #include "plan/plan.h"
 #include "refit/v1/refit.pb-c.h"

@@ -5,8 +5,8 @@
  * carrying a bad layout is answered with the same precise message a layout
  * file would get.  Nothing protobuf passes this file.
  */
-#ifndef REFIT_DAEMON_PROTO_CONV_H
-#define REFIT_DAEMON_PROTO_CONV_H
+#ifndef REFIT_RPC_PROTO_CONV_H
+#define REFIT_RPC_PROTO_CONV_H
 
 #include "plan/plan.h"
 #include "refit/v1/refit.pb-c.h"

@@ -36,8 +36,8 @@
 #include "common/log.h"
 #include "common/utf8.h"
 #include "plan/convert.h"
-#include "daemon/coord_internal.h"
-#include "daemon/proto_conv.h"
+#include "daemon/coord/coord_internal.h"
+#include "rpc/proto_conv.h"
 
 #define REFIT_KEEP 256
 #define NODE_CALL_MS 30000

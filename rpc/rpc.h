@@ -20,8 +20,8 @@
  * (rpc_async_*).  Connection errors are explained (which address, which
  * reason).
  */
-#ifndef REFIT_DAEMON_RPC_H
-#define REFIT_DAEMON_RPC_H
+#ifndef REFIT_RPC_RPC_H
+#define REFIT_RPC_RPC_H
 
 #include <stdbool.h>
 #include <stddef.h>

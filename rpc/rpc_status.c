@@ -3,7 +3,7 @@
  */
 #include <grpc/status.h>
 
-#include "daemon/rpc.h"
+#include "rpc/rpc.h"
 
 int
 rpc_status_to_grpc(refit_status_t st)

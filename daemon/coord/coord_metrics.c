@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "daemon/coord_internal.h"
+#include "daemon/coord/coord_internal.h"
 #include "daemon/metrics.h"
 
 typedef struct track {

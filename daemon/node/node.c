@@ -16,7 +16,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "daemon/node_internal.h"
+#include "daemon/node/node_internal.h"
 #include "daemon/transport/gpu.h"
 #include "refit/v1/refit.pb-c.h"
 

@@ -1,13 +1,13 @@
 /*
  * rpc_internal.h - helpers shared by the RPC server and client.
  */
-#ifndef REFIT_DAEMON_RPC_INTERNAL_H
-#define REFIT_DAEMON_RPC_INTERNAL_H
+#ifndef REFIT_RPC_RPC_INTERNAL_H
+#define REFIT_RPC_RPC_INTERNAL_H
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 
-#include "daemon/rpc.h"
+#include "rpc/rpc.h"
 
 /* clients ping an idle call this often; servers accept pings this often */
 #define RPC_KEEPALIVE_MS 30000

@@ -10,7 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "daemon/slice.h"
+#include "daemon/node/slice.h"
 
 enum { M_OUT, M_IN, M_LOCAL };
 

@@ -3,10 +3,10 @@
  * serves refit.v1.Node (epoch preparation with fencing, slices, aborts).
  * State is owned by the daemon's loop thread.
  */
-#ifndef REFIT_DAEMON_NODE_H
-#define REFIT_DAEMON_NODE_H
+#ifndef REFIT_DAEMON_NODE_NODE_H
+#define REFIT_DAEMON_NODE_NODE_H
 
-#include "daemon/rpc.h"
+#include "rpc/rpc.h"
 
 typedef struct node_opts {
 	const char *coordinator;  /* coordinator address */

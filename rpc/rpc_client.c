@@ -12,7 +12,7 @@
 
 #include "codec/json.h"
 #include "common/alloc.h"
-#include "daemon/rpc_internal.h"
+#include "rpc/rpc_internal.h"
 
 struct rpc_client {
 	grpc_channel *ch;

@@ -2,11 +2,11 @@
  * coord_internal.h - the coordinator's state, shared by coord.c (handlers)
  * and coord_state.c (the state file).  Loop thread only.
  */
-#ifndef REFIT_DAEMON_COORD_INTERNAL_H
-#define REFIT_DAEMON_COORD_INTERNAL_H
+#ifndef REFIT_DAEMON_COORD_COORD_INTERNAL_H
+#define REFIT_DAEMON_COORD_COORD_INTERNAL_H
 
 #include "common/alloc.h"
-#include "daemon/coord.h"
+#include "daemon/coord/coord.h"
 #include "plan/plan.h"
 #include "refit/v1/refit.pb-c.h"
 
