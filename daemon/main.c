@@ -22,6 +22,7 @@
 #include "daemon/transport/gpu.h"
 #include "daemon/coord/coord.h"
 #include "daemon/node/node.h"
+#include "daemon/metrics.h"
 #include "daemon/ops.h"
 
 typedef struct daemon_state {
@@ -348,6 +349,7 @@ main(int argc, char **argv)
 	 * slice on it for the slice's length, so a node gets a few more */
 	if (strcmp(cfg.role, "node") == 0)
 		setenv("UV_THREADPOOL_SIZE", "8", 0);
+	so.observe = metrics_observe_rpc;
 	memset(&d, 0, sizeof(d));
 	uv_loop_init(&d.loop);
 	if ((d.srv = rpc_server_new(&so, &d.loop, &err)) == NULL ||

@@ -307,3 +307,10 @@ metrics_serve_stop(void)
 		MHD_stop_daemon(mhd);
 	mhd = NULL;
 }
+
+void
+metrics_observe_rpc(const char *method, const char *code, double seconds)
+{
+	metrics_observe(M_RPC_SECONDS, (const char *[]){"method", method, "code", code, NULL},
+			seconds);
+}

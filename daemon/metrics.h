@@ -44,4 +44,8 @@ void metrics_render(strbuf_t *out);
 refit_status_t metrics_serve_start(const char *listen, int *port, refit_err_t *err);
 void metrics_serve_stop(void);
 
+/* refitd_rpc_duration_seconds{method, code}: the servers' observe hook
+ * (rpc_server_opts_t.observe). */
+void metrics_observe_rpc(const char *method, const char *code, double seconds);
+
 #endif

@@ -58,6 +58,10 @@ typedef struct rpc_server_opts {
 	size_t max_msg_bytes;  /* 0 = RPC_DEFAULT_MAX_MSG */
 	rpc_tls_t tls;
 	const char *token;     /* bearer token for operator methods; NULL = none */
+	/* called on the loop when a call ends: its method ("unknown" for methods
+	 * not registered), gRPC code name and seconds since arrival; NULL = none
+	 * (refitd passes its metrics histogram, so rpc/ knows nothing of it) */
+	void (*observe)(const char *method, const char *code, double seconds);
 } rpc_server_opts_t;
 
 /* Create a server whose handlers run on loop.  Thread: the loop's. */

@@ -26,7 +26,6 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/utf8.h"
-#include "daemon/metrics.h"
 #include "rpc/proto_conv.h"
 #include "rpc/rpc.h"
 #include "rpc/rpc_internal.h"
@@ -60,7 +59,7 @@ struct rpc_call {
 	const method_ent_t *m;
 	ProtobufCMessage *req;
 	char *peer;
-	uint64_t t0_ns;             /* arrival (metrics: refitd_rpc_duration_seconds) */
+	uint64_t t0_ns;             /* arrival (for opts.observe) */
 	rpc_call_t *next;
 };
 
@@ -80,6 +79,7 @@ struct rpc_server {
 	rpc_tls_t tls;
 	int lockfd;
 	tag_t t_shutdown;
+	void (*observe)(const char *method, const char *code, double seconds);
 };
 
 /* ---- calls ---------------------------------------------------------------- */
@@ -118,8 +118,9 @@ rpc_server_observe(const rpc_call_t *c, int code)
 {
 	const char *method = c->m ? c->m->md->name : "unknown";
 
-	metrics_observe(M_RPC_SECONDS, (const char *[]){"method", method, "code",
-							rpc_grpc_code_name(code), NULL},
+	if (c->srv->observe == NULL)
+		return;
+	c->srv->observe(method, rpc_grpc_code_name(code),
 			c->t0_ns ? (double)(uv_hrtime() - c->t0_ns) / 1e9 : 0.0);
 }
 
@@ -461,6 +462,7 @@ rpc_server_new(const rpc_server_opts_t *o, uv_loop_t *loop, refit_err_t *err)
 	s->listen = xstrdup(o->listen);
 	s->token = o->token && o->token[0] ? xstrdup(o->token) : NULL;
 	s->max_msg = o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
+	s->observe = o->observe;
 	s->tls = o->tls;
 	s->lockfd = -1;
 	s->t_shutdown = (tag_t){NULL, TAG_SHUTDOWN};

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "daemon/metrics.h"
 #include "daemon/node/node_internal.h"
 #include "rpc/proto_conv.h"
 #include "daemon/transport/transport.h"
@@ -1129,6 +1130,7 @@ node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err)
 				     "be an absolute path", nz(o->local_socket));
 	snprintf(addr, sizeof(addr), "unix:%s", o->local_socket);
 	so.listen = addr;
+	so.observe = metrics_observe_rpc;
 	n->local = rpc_server_new(&so, n->loop, err);
 	if (n->local == NULL)
 		return err->status;
