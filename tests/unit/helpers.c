@@ -1,9 +1,35 @@
 /*
  * helpers.c - see helpers.h.
  */
+#include <stdarg.h>
 #include <string.h>
 
 #include "tests/unit/helpers.h"
+
+TCase *
+th_tcase(const char *name, double timeout_s, const TTest *const *tests, size_t n)
+{
+	TCase *tc = tcase_create(name);
+
+	if (timeout_s > 0)
+		tcase_set_timeout(tc, timeout_s);
+	for (size_t i = 0; i < n; i++)
+		tcase_add_test(tc, tests[i]);
+	return tc;
+}
+
+Suite *
+th_suite(const char *name, TCase *tc, ...)
+{
+	Suite *s = suite_create(name);
+	va_list ap;
+
+	va_start(ap, tc);
+	for (; tc != NULL; tc = va_arg(ap, TCase *))
+		suite_add_tcase(s, tc);
+	va_end(ap);
+	return s;
+}
 
 void
 th_layouts(const char *json, plan_layout_set_t *out)

@@ -1,11 +1,23 @@
 /*
- * helpers.h - shared test helpers: layouts from JSON strings, lookups.
+ * helpers.h - shared test helpers: suites from lists of tests, layouts from
+ * JSON strings, lookups.
  */
 #ifndef REFIT_TESTS_HELPERS_H
 #define REFIT_TESTS_HELPERS_H
 
 #include "codec/json.h"
 #include "tests/unit/suites.h"
+
+/* The arguments tests, n of th_tcase for the tests named (START_TEST names). */
+#define TH_TESTS(...)                                        \
+	(const TTest *const[]){__VA_ARGS__},                 \
+		sizeof((const TTest *const[]){__VA_ARGS__}) / sizeof(const TTest *)
+
+/* A test case named name holding tests[0..n), each run once; timeout_s > 0
+ * replaces Check's default timeout.  Add loop tests to the result. */
+TCase *th_tcase(const char *name, double timeout_s, const TTest *const *tests, size_t n);
+/* A suite named name holding the test cases given, NULL-terminated. */
+Suite *th_suite(const char *name, TCase *tc, ...);
 
 /* Parse json into a fresh set; the test fails with the message on error. */
 void th_layouts(const char *json, plan_layout_set_t *out);

@@ -98,12 +98,6 @@ END_TEST
 Suite *
 suite_codec(void)
 {
-	Suite *s = suite_create("codec");
-	TCase *tc = tcase_create("json");
-
-	tcase_add_test(tc, tensors_list_and_boxes_json);
-	tcase_add_test(tc, bad_documents);
-	tcase_add_test(tc, plan_json_shape);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("codec", th_tcase("json", 0, TH_TESTS(tensors_list_and_boxes_json,
+			bad_documents, plan_json_shape)), NULL);
 }

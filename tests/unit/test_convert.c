@@ -340,16 +340,7 @@ END_TEST
 Suite *
 suite_convert(void)
 {
-	Suite *s = suite_create("convert");
-	TCase *tc = tcase_create("kernels");
-
-	tcase_add_test(tc, bf16_rounding);
-	tcase_add_test(tc, fp16_rounding);
-	tcase_add_test(tc, e4m3_rounding);
-	tcase_add_test(tc, widen_and_scale);
-	tcase_add_test(tc, special_blocks);
-	tcase_add_test(tc, mx_scales);
-	tcase_add_test(tc, regions_match_whole_tensor);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("convert", th_tcase("kernels", 0, TH_TESTS(bf16_rounding, fp16_rounding,
+			e4m3_rounding, widen_and_scale, special_blocks, mx_scales,
+			regions_match_whole_tensor)), NULL);
 }

@@ -471,25 +471,13 @@ END_TEST
 Suite *
 suite_layout(void)
 {
-	Suite *s = suite_create("layout");
-	TCase *tc = tcase_create("dtensor");
-	TCase *tv = tcase_create("validation");
+	TCase *tc = th_tcase("dtensor", 60, TH_TESTS(pytorch_shard_shard_same_dim, uneven_and_empty,
+			nested_shard_order, strided_shard_fsdp_tp, strided_shard_multi_box,
+			negative_dim_and_replicate, noncontiguous_ranks_any_order,
+			dtensor_matches_index_oracle));
+	TCase *tv = th_tcase("validation", 0, TH_TESTS(placement_parsing, validation_messages,
+			explicit_and_coverage, duplicate_tensor_is_invalid,
+			match_reports_differences));
 
-	tcase_add_test(tc, pytorch_shard_shard_same_dim);
-	tcase_add_test(tc, uneven_and_empty);
-	tcase_add_test(tc, nested_shard_order);
-	tcase_add_test(tc, strided_shard_fsdp_tp);
-	tcase_add_test(tc, strided_shard_multi_box);
-	tcase_add_test(tc, negative_dim_and_replicate);
-	tcase_add_test(tc, noncontiguous_ranks_any_order);
-	tcase_add_test(tc, dtensor_matches_index_oracle);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tv, placement_parsing);
-	tcase_add_test(tv, validation_messages);
-	tcase_add_test(tv, explicit_and_coverage);
-	tcase_add_test(tv, duplicate_tensor_is_invalid);
-	tcase_add_test(tv, match_reports_differences);
-	suite_add_tcase(s, tc);
-	suite_add_tcase(s, tv);
-	return s;
+	return th_suite("layout", tc, tv, NULL);
 }

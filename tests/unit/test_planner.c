@@ -653,30 +653,12 @@ END_TEST
 Suite *
 suite_planner(void)
 {
-	Suite *s = suite_create("planner");
-	TCase *tc = tcase_create("cases");
-
-	tcase_set_timeout(tc, 120);
-
-	tcase_add_test(tc, tp2_to_tp4_other_node);
-	tcase_add_test(tc, replicas_in_domain_enter_once);
-	tcase_add_test(tc, replicas_across_domains);
-	tcase_add_test(tc, colocated_no_network);
-	tcase_add_test(tc, source_replicas_balanced);
-	tcase_add_test(tc, idle_nics_take_parts_in);
-	tcase_add_test(tc, relays_share_one_cut);
-	tcase_add_test(tc, full_nodes_take_no_hops);
-	tcase_add_test(tc, relays_between_domains);
-	tcase_add_test(tc, shared_nics_relay);
-	tcase_add_test(tc, broadcast_baseline);
-	tcase_add_test(tc, broadcast_rounds_respect_staging);
-	tcase_add_test(tc, small_tensors_batched);
-	tcase_add_test(tc, deterministic_digest);
-	tcase_add_test(tc, pinned_digests);
-	tcase_add_test(tc, broadcast_independent_of_rank_order);
-	tcase_add_test(tc, build_errors);
-	tcase_add_test(tc, scalars_and_empty);
-	tcase_add_test(tc, names_and_links);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("planner", th_tcase("cases", 120, TH_TESTS(tp2_to_tp4_other_node,
+			replicas_in_domain_enter_once, replicas_across_domains,
+			colocated_no_network, source_replicas_balanced, idle_nics_take_parts_in,
+			relays_share_one_cut, full_nodes_take_no_hops, relays_between_domains,
+			shared_nics_relay, broadcast_baseline, broadcast_rounds_respect_staging,
+			small_tensors_batched, deterministic_digest, pinned_digests,
+			broadcast_independent_of_rank_order, build_errors, scalars_and_empty,
+			names_and_links)), NULL);
 }

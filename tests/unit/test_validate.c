@@ -277,19 +277,8 @@ END_TEST
 Suite *
 suite_validate(void)
 {
-	Suite *s = suite_create("validate");
-	TCase *tc = tcase_create("mutations");
-
-	tcase_add_test(tc, dropped_transfer);
-	tcase_add_test(tc, duplicated_transfer);
-	tcase_add_test(tc, sender_lacks_data);
-	tcase_add_test(tc, forward_too_early);
-	tcase_add_test(tc, out_of_bounds_box);
-	tcase_add_test(tc, message_over_chunk);
-	tcase_add_test(tc, staging_exceeded);
-	tcase_add_test(tc, wrong_tensor_table);
-	tcase_add_test(tc, relay_sends_before_it_holds);
-	tcase_add_test(tc, relay_data_is_staging);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("validate", th_tcase("mutations", 0, TH_TESTS(dropped_transfer,
+			duplicated_transfer, sender_lacks_data, forward_too_early,
+			out_of_bounds_box, message_over_chunk, staging_exceeded, wrong_tensor_table,
+			relay_sends_before_it_holds, relay_data_is_staging)), NULL);
 }
