@@ -97,3 +97,38 @@ th_topo(const char *spec, plan_topo_t *t)
 	if (plan_topo_preset(t, spec, 0, &e) != REFIT_OK)
 		ck_abort_msg("topology %s: %s", spec, e.msg);
 }
+
+void
+th_plan_make(th_plan_t *x, const plan_opts_t *o)
+{
+	plan_opts_t def;
+	refit_err_t e;
+
+	if (o == NULL) {
+		plan_opts_default(&def);
+		o = &def;
+	}
+	refit_err_clear(&e);
+	ck_assert_msg(plan_build(&x->s, &x->d, &x->t, o, &x->p, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_validate(&x->p, &x->s, &x->d, &x->chk, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_cost(&x->p, &x->s, &x->d, &x->t, &x->c, &e) == REFIT_OK, "%s", e.msg);
+}
+
+void
+th_plan_build(th_plan_t *x, const char *src, const char *dst, const char *topo,
+	      const plan_opts_t *o)
+{
+	th_layouts(src, &x->s);
+	th_layouts(dst, &x->d);
+	th_topo(topo, &x->t);
+	th_plan_make(x, o);
+}
+
+void
+th_plan_fini(th_plan_t *x)
+{
+	plan_fini(&x->p);
+	plan_topo_fini(&x->t);
+	plan_layout_set_fini(&x->s);
+	plan_layout_set_fini(&x->d);
+}

@@ -32,4 +32,21 @@ int th_nshards(const plan_layout_t *l, int32_t rank);
 /* Preset topology; fails the test on error. */
 void th_topo(const char *spec, plan_topo_t *t);
 
+/* A plan with its inputs, its check and its cost. */
+typedef struct th_plan {
+	plan_layout_set_t s, d;
+	plan_topo_t t;
+	plan_t p;
+	plan_check_t chk;
+	plan_cost_t c;
+} th_plan_t;
+/* Build, validate and cost the plan from x->s to x->d on x->t with o
+ * (the defaults when NULL); the test fails on any error. */
+void th_plan_make(th_plan_t *x, const plan_opts_t *o);
+/* Parse src and dst, take the preset topology topo, then th_plan_make. */
+void th_plan_build(th_plan_t *x, const char *src, const char *dst, const char *topo,
+		   const plan_opts_t *o);
+/* Free the plan and its inputs. */
+void th_plan_fini(th_plan_t *x);
+
 #endif
