@@ -590,6 +590,7 @@ pin_model(const char *model, int layers, const char *tr, const char *in,
 
 START_TEST(pinned_digests)
 {
+	static const plan_mode_t modes[] = {PLAN_MODE_RESHARD, PLAN_MODE_BROADCAST};
 	char hex[SHA256_HEX_LEN];
 	sha256_ctx_t h;
 	uint8_t dg[SHA256_DIGEST_LEN];
@@ -604,11 +605,9 @@ START_TEST(pinned_digests)
 		int nranks;
 
 		gen_case(&seed, &s, &d, &t, &nranks);
-		for (int mode = 0; mode < 2; mode++) {
-			plan_mode_t m = mode ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
-
-			pin_hash(&h, &s, &d, &t, m, 64, 0);
-			pin_hash(&h, &s, &d, &t, m, 1024, 4096);
+		for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+			pin_hash(&h, &s, &d, &t, modes[m], 64, 0);
+			pin_hash(&h, &s, &d, &t, modes[m], 1024, 4096);
 		}
 		plan_topo_fini(&t);
 		plan_layout_set_fini(&s);
