@@ -11,7 +11,6 @@ daemon's message; `pip install` of the package from the tree, offline.
 
 Usage: test_python.py BUILD_DIR.  Prints "python: N passed, N failed" last.
 """
-import glob
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import RPN, Cluster, check, spawn, wait_for  # noqa: E402
+from harness import RPN, Cluster, check, spawn  # noqa: E402
 
 harness.init(BUILD, TMP)
 LIB = os.path.abspath(f"{BUILD}/lib/librefit.so")
@@ -286,10 +285,5 @@ try:
           pip_install)
 finally:
     harness.stop_all()
-    bad = [(p.args[:3], p.returncode) for p in harness.PROCS
-           if p.returncode not in (0, -9, -15)]
-    if bad:
-        harness.counts["failed"] += 1
-        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
-print(f"python: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+    harness.check_exits()
+harness.summary("python")
