@@ -44,6 +44,11 @@ import torch  # noqa: E402
 import refit  # noqa: E402
 
 assert os.path.dirname(refit.__file__) == os.path.abspath("python/refit"), refit.__file__
+
+sys.path.insert(0, os.path.abspath("python/examples"))
+import trainer as trainer_example  # noqa: E402
+from trainer import Mesh, Replicate, Shard  # noqa: E402
+
 ENV = dict(os.environ, PYTHONPATH=os.path.abspath("python"), REFIT_LIBRARY=LIB)
 PY = "/usr/bin/python3"
 T_RANKS = f"0-{RPN - 1}"
@@ -111,15 +116,7 @@ def examples():
     assert checked == 3 * 2 * 2 * RPN, checked
 
 
-class Shard:
-    def __init__(self, dim):
-        self.dim = dim
-
-
-class Replicate:
-    pass
-
-
+# the DTensor stand-ins of the trainer example (Shard, Replicate, Mesh), and two more
 class _StridedShard:
     def __init__(self, dim, split_factor):
         self.dim, self.split_factor = dim, split_factor
@@ -129,15 +126,9 @@ class Partial:
     pass
 
 
-class Mesh:
-    def __init__(self, ranks):
-        self.mesh = torch.tensor(ranks)
-
-
-class DTensorLike:
-    def __init__(self, shape, dtype, mesh, placements):
-        self.shape, self.dtype = torch.Size(shape), dtype
-        self.device_mesh, self.placements = Mesh(mesh), placements
+def DTensorLike(shape, dtype, mesh, placements):  # noqa: N802  (stands in for a class)
+    """The example's DTensorLike over a mesh of these global ranks."""
+    return trainer_example.DTensorLike(shape, dtype, Mesh(mesh), placements)
 
 
 def dtensor_path():
