@@ -27,25 +27,35 @@ check_run() {
 	[ -n "${CHECK_LOG:-}" ] && cat "$check_out" >>"$CHECK_LOG"
 }
 
+# check_fail WHY: one failure, with the end of the suite's output
+check_fail() {
+	echo "FAIL $1; see $check_out"
+	tail -20 "$check_out"
+	check_add 0 1
+}
+
 # the failure when the status says so but the counts do not
 check_status() { # failures-counted
 	if [ "$check_rc" -ne 0 ] && [ "$1" -eq 0 ]; then
-		echo "FAIL exit status $check_rc with no failure counted (a crash?); see $check_out"
-		tail -20 "$check_out"
-		check_add 0 1
+		check_fail "exit status $check_rc with no failure counted (a crash?)"
 	fi
+}
+
+# check_line SHOW RESULT WHAT: prints the output's lines matching SHOW and
+# sets $line to the last line matching RESULT; without one, one failure
+# naming the WHAT line, and status 1
+check_line() {
+	grep -E "$1" "$check_out"
+	line=$(grep -E "$2" "$check_out" | tail -1)
+	[ -n "$line" ] && return 0
+	check_fail "no $3 line (status $check_rc)"
+	return 1
 }
 
 unit() {
 	check_run "$@"
-	grep -E "^[0-9]+%: Checks|:[EF]:" "$check_out"
-	line=$(grep -E "^[0-9]+%: Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+" "$check_out" | tail -1)
-	if [ -z "$line" ]; then
-		echo "FAIL no Check result line (status $check_rc); see $check_out"
-		tail -20 "$check_out"
-		check_add 0 1
-		return
-	fi
+	check_line "^[0-9]+%: Checks|:[EF]:" \
+		"^[0-9]+%: Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+" "Check result" || return 0
 	n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
 	f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+).*/\1/')
 	e=$(echo "$line" | sed -E 's/.*Errors: ([0-9]+).*/\1/')
@@ -55,14 +65,8 @@ unit() {
 
 script() {
 	check_run "$@"
-	grep -E "FAIL|passed, [0-9]+ failed" "$check_out"
-	line=$(grep -E "(^|[^0-9])[0-9]+ passed, [0-9]+ failed" "$check_out" | tail -1)
-	if [ -z "$line" ]; then
-		echo "FAIL no \"N passed, N failed\" line (status $check_rc); see $check_out"
-		tail -20 "$check_out"
-		check_add 0 1
-		return
-	fi
+	check_line "FAIL|passed, [0-9]+ failed" "(^|[^0-9])[0-9]+ passed, [0-9]+ failed" \
+		'"N passed, N failed"' || return 0
 	p=$(echo "$line" | sed -E 's/^(.*[^0-9])?([0-9]+) passed, ([0-9]+) failed.*/\2/')
 	f=$(echo "$line" | sed -E 's/^(.*[^0-9])?([0-9]+) passed, ([0-9]+) failed.*/\3/')
 	check_add "$p" "$f"
@@ -80,7 +84,6 @@ gpu() {
 	elif [ "$check_rc" -eq 0 ] && grep -q "^gpu: passed" "$check_out"; then
 		check_add 1 0
 	else
-		echo "FAIL GPU suite: status $check_rc; see $check_out"
-		check_add 0 1
+		check_fail "GPU suite: status $check_rc"
 	fi
 }

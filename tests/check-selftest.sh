@@ -34,19 +34,24 @@ expect() {
 	fi
 }
 
-expect "unit: good result" 3 1 0 -- unit t sh -c 'echo "100%: Checks: 4, Failures: 1, Errors: 0"; exit 1'
-expect "unit: crash before the result line" 0 1 0 -- unit t sh -c 'echo starting; kill -SEGV $$'
-expect "unit: result line then a crash" 4 1 0 -- unit t sh -c 'echo "100%: Checks: 4, Failures: 0, Errors: 0"; kill -ABRT $$'
-expect "script: good result" 5 0 0 -- script t sh -c 'echo "x: 5 passed, 0 failed"'
-expect "script: counts its own failures" 5 2 0 -- script t sh -c 'echo "x: 5 passed, 2 failed"; exit 1'
-expect "script: no result line" 0 1 0 -- script t sh -c 'echo "Traceback"; exit 1'
-expect "script: all passed but exit status 1" 5 1 0 -- script t sh -c 'echo "x: 5 passed, 0 failed"; exit 1'
-expect "script: the last result line counts" 2 1 0 -- script t sh -c 'echo "a: 9 passed, 0 failed"; echo "b: 2 passed, 1 failed"; exit 1'
-expect "gpu: no GPU is a skip" 0 0 1 -- gpu t sh -c 'echo "gpu: skipped: no NVIDIA GPU on this machine (no nvidia-smi)"'
-expect "gpu: a skip where a GPU is fails" 0 1 0 -- gpu t sh -c 'echo "gpu: skipped: libnccl.so.2 not found"'
-expect "gpu: passed" 1 0 0 -- gpu t sh -c 'echo "gpu: passed (0 failures)"'
-expect "gpu: failed" 0 1 0 -- gpu t sh -c 'echo "gpu: FAILED (2 failures)"; exit 1'
-expect "gpu: crash" 0 1 0 -- gpu t sh -c 'echo "ok   pack"; kill -SEGV $$'
+# NAME|PASS|FAIL|SKIP|KIND|the fake suite's shell command
+while IFS='|' read -r name wp wf ws kind cmd; do
+	expect "$name" "$wp" "$wf" "$ws" -- "$kind" t sh -c "$cmd" </dev/null
+done <<'EOF'
+unit: good result|3|1|0|unit|echo "100%: Checks: 4, Failures: 1, Errors: 0"; exit 1
+unit: crash before the result line|0|1|0|unit|echo starting; kill -SEGV $$
+unit: result line then a crash|4|1|0|unit|echo "100%: Checks: 4, Failures: 0, Errors: 0"; kill -ABRT $$
+script: good result|5|0|0|script|echo "x: 5 passed, 0 failed"
+script: counts its own failures|5|2|0|script|echo "x: 5 passed, 2 failed"; exit 1
+script: no result line|0|1|0|script|echo "Traceback"; exit 1
+script: all passed but exit status 1|5|1|0|script|echo "x: 5 passed, 0 failed"; exit 1
+script: the last result line counts|2|1|0|script|echo "a: 9 passed, 0 failed"; echo "b: 2 passed, 1 failed"; exit 1
+gpu: no GPU is a skip|0|0|1|gpu|echo "gpu: skipped: no NVIDIA GPU on this machine (no nvidia-smi)"
+gpu: a skip where a GPU is fails|0|1|0|gpu|echo "gpu: skipped: libnccl.so.2 not found"
+gpu: passed|1|0|0|gpu|echo "gpu: passed (0 failures)"
+gpu: failed|0|1|0|gpu|echo "gpu: FAILED (2 failures)"; exit 1
+gpu: crash|0|1|0|gpu|echo "ok   pack"; kill -SEGV $$
+EOF
 
 echo "selftest: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -95,17 +95,22 @@ sock_addr(const char *path, struct sockaddr_un *a)
 	return 0;
 }
 
-int
-sock_connect(const char *path)
+/* A stream socket connected to path, or listening on it; -1 with errno set. */
+static int
+sock_at(const char *path, bool listening)
 {
 	struct sockaddr_un a;
-	int fd;
+	int fd, rc;
 
-	if (sock_addr(path, &a) != 0)
+	if (sock_addr(path, &a) != 0 || (fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
 		return -1;
-	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
-		return -1;
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+	if (listening) {
+		unlink(path);
+		rc = bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 256) != 0 ? -1 : 0;
+	} else {
+		rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
+	}
+	if (rc != 0) {
 		int e = errno;
 
 		close(fd);
@@ -116,24 +121,15 @@ sock_connect(const char *path)
 }
 
 int
+sock_connect(const char *path)
+{
+	return sock_at(path, false);
+}
+
+int
 sock_listen(const char *path)
 {
-	struct sockaddr_un a;
-	int fd;
-
-	if (sock_addr(path, &a) != 0)
-		return -1;
-	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
-		return -1;
-	unlink(path);
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 256) != 0) {
-		int e = errno;
-
-		close(fd);
-		errno = e;
-		return -1;
-	}
-	return fd;
+	return sock_at(path, true);
 }
 
 /* ---- roots -------------------------------------------------------------------- */
@@ -248,7 +244,7 @@ root_collect(emu_root_t *r)
 	/* every rank joined: the id is consumed (before anyone hears so) */
 	unlink(r->path);
 	if (r->count_id) {
-		emu_count_ids(-1);
+		emu_count(EMU_IDS, -1);
 		r->count_id = false;
 	}
 	rp.nranks = n;
@@ -277,7 +273,7 @@ root_main(void *arg)
 	if (root_collect(r) != 0) /* cancelled (a shrink aborted) */
 		unlink(r->path);
 	if (r->count_id)
-		emu_count_ids(-1);
+		emu_count(EMU_IDS, -1);
 	root_unref(r);
 	return NULL;
 }
@@ -309,7 +305,7 @@ root_start(const char *path, bool count_id, char *why, size_t n)
 	atexit_set = true;
 	pthread_mutex_unlock(&root_mu);
 	if (count_id)
-		emu_count_ids(1);
+		emu_count(EMU_IDS, 1);
 	pthread_attr_init(&at);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 	pthread_attr_setstacksize(&at, 256 << 10);
@@ -317,7 +313,7 @@ root_start(const char *path, bool count_id, char *why, size_t n)
 		pthread_attr_destroy(&at);
 		snprintf(why, n, "cannot start the root thread");
 		if (count_id)
-			emu_count_ids(-1);
+			emu_count(EMU_IDS, -1);
 		unlink(path);
 		root_unref(r);
 		root_unref(r);
@@ -328,17 +324,6 @@ root_start(const char *path, bool count_id, char *why, size_t n)
 }
 
 /* ---- joining ---------------------------------------------------------------------- */
-
-static bool
-comm_aborted(ncclComm_t c)
-{
-	bool a;
-
-	pthread_mutex_lock(&c->mu);
-	a = c->aborted;
-	pthread_mutex_unlock(&c->mu);
-	return a;
-}
 
 /* Connect to the root: retry while it does not exist yet (10 s for an init,
  * until aborted for a shrink, whose root another rank starts). */
@@ -354,7 +339,7 @@ join_connect(ncclComm_t c)
 		if (fd >= 0 || (errno != ENOENT && errno != ECONNREFUSED))
 			return fd;
 		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (comm_aborted(c) || (!c->root_wait && now.tv_sec - t0.tv_sec >= 10))
+		if (comm_flags(c).aborted || (!c->root_wait && now.tv_sec - t0.tv_sec >= 10))
 			return -1;
 		usleep(5000);
 	}
@@ -373,16 +358,16 @@ join(ncclComm_t c, char *msg, size_t n)
 	snprintf(h.path, sizeof(h.path), "%s", c->listen_path);
 	if ((fd = join_connect(c)) < 0) {
 		snprintf(msg, n, "cannot reach the root %s: %s", c->root_path,
-			 comm_aborted(c) ? "aborted" : strerror(errno));
-		return comm_aborted(c) ? ncclInvalidUsage : ncclSystemError;
+			 comm_flags(c).aborted ? "aborted" : strerror(errno));
+		return comm_flags(c).aborted ? ncclInvalidUsage : ncclSystemError;
 	}
 	pthread_mutex_lock(&c->mu);
 	c->join_fd = fd;
 	pthread_mutex_unlock(&c->mu);
-	if (comm_aborted(c) || write_full(fd, &h, sizeof(h)) != 0 ||
+	if (comm_flags(c).aborted || write_full(fd, &h, sizeof(h)) != 0 ||
 	    read_full(fd, &rp, sizeof(rp)) != 0 || rp.magic != WIRE_MAGIC) {
 		snprintf(msg, n, "the root %s went away before every rank joined", c->root_path);
-		return comm_aborted(c) ? ncclInvalidUsage : ncclRemoteError;
+		return comm_flags(c).aborted ? ncclInvalidUsage : ncclRemoteError;
 	}
 	if (rp.status != ncclSuccess) {
 		snprintf(msg, n, "%s", rp.msg);

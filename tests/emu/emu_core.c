@@ -28,18 +28,15 @@ static __thread cudaError_t last_err;
 static __thread int cur_dev;
 
 static _Atomic int64_t c_alloc[REFIT_EMU_MAX_DEVICES], c_bytes[REFIT_EMU_MAX_DEVICES];
-static _Atomic int64_t c_ipc, c_streams, c_comms, c_ids;
+static _Atomic int64_t c_live[EMU_NCOUNTERS];
 static _Atomic int64_t c_pair[REFIT_EMU_MAX_DEVICES + 1][REFIT_EMU_MAX_DEVICES + 1];
 
 void
 emu_say(const char *fmt, ...)
 {
 	char buf[600];
-	va_list ap;
 
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
+	EMU_VFORMAT(buf, fmt);
 	fprintf(stderr, "refit-emu[%d]: %s\n", (int)getpid(), buf);
 }
 
@@ -238,11 +235,8 @@ cudaError_t
 emu_fail(cudaError_t e, const char *fmt, ...)
 {
 	char buf[400];
-	va_list ap;
 
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
+	EMU_VFORMAT(buf, fmt);
 	emu_say("%s (%s)", buf, cudaGetErrorName(e));
 	last_err = e;
 	return e;
@@ -252,12 +246,9 @@ void
 emu_fault(cudaError_t e, const char *fmt, ...)
 {
 	char buf[400];
-	va_list ap;
 	int zero = 0;
 
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
+	EMU_VFORMAT(buf, fmt);
 	pthread_mutex_lock(&sticky_mu);
 	if (atomic_compare_exchange_strong(&sticky, &zero, (int)e)) {
 		snprintf(sticky_msg, sizeof(sticky_msg), "%s: %s", cudaGetErrorName(e), buf);
@@ -285,17 +276,24 @@ emu_delay(void)
 
 /* ---- device selection, versions, errors --------------------------------- */
 
-cudaError_t
-cudaGetDeviceCount(int *count)
+/* *out = *v, read after the entry checks (the first call sets env up). */
+static cudaError_t
+get_int(const char *what, int *out, const int *v)
 {
 	cudaError_t e = emu_enter();
 
 	if (e)
 		return e;
-	if (count == NULL)
-		return emu_fail(cudaErrorInvalidValue, "cudaGetDeviceCount(NULL)");
-	*count = env.ndev;
+	if (out == NULL)
+		return emu_fail(cudaErrorInvalidValue, "%s(NULL)", what);
+	*out = *v;
 	return cudaSuccess;
+}
+
+cudaError_t
+cudaGetDeviceCount(int *count)
+{
+	return get_int("cudaGetDeviceCount", count, &env.ndev);
 }
 
 cudaError_t
@@ -315,14 +313,7 @@ cudaSetDevice(int device)
 cudaError_t
 cudaGetDevice(int *device)
 {
-	cudaError_t e = emu_enter();
-
-	if (e)
-		return e;
-	if (device == NULL)
-		return emu_fail(cudaErrorInvalidValue, "cudaGetDevice(NULL)");
-	*device = cur_dev;
-	return cudaSuccess;
+	return get_int("cudaGetDevice", device, &cur_dev);
 }
 
 cudaError_t
@@ -360,10 +351,12 @@ cudaPeekAtLastError(void)
 	return e ? e : last_err;
 }
 
-static const struct {
+typedef struct err_row {
 	cudaError_t e;
 	const char *name, *text;
-} errs[] = {
+} err_row_t;
+
+static const err_row_t errs[] = {
 	{cudaSuccess, "cudaSuccess", "no error"},
 	{cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
 	{cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
@@ -390,22 +383,30 @@ static const struct {
 	{cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
-const char *
-cudaGetErrorName(cudaError_t e)
+/* The row of e, or NULL. */
+static const err_row_t *
+err_find(cudaError_t e)
 {
 	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++)
 		if (errs[i].e == e)
-			return errs[i].name;
-	return "cudaErrorUnknown";
+			return &errs[i];
+	return NULL;
+}
+
+const char *
+cudaGetErrorName(cudaError_t e)
+{
+	const err_row_t *r = err_find(e);
+
+	return r ? r->name : "cudaErrorUnknown";
 }
 
 const char *
 cudaGetErrorString(cudaError_t e)
 {
-	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++)
-		if (errs[i].e == e)
-			return errs[i].text;
-	return "unrecognized error code";
+	const err_row_t *r = err_find(e);
+
+	return r ? r->text : "unrecognized error code";
 }
 
 /* ---- counters -------------------------------------------------------------- */
@@ -418,27 +419,9 @@ emu_count_alloc(int dev, int64_t n, int64_t bytes)
 }
 
 void
-emu_count_ipc(int delta)
+emu_count(emu_counter_t which, int delta)
 {
-	atomic_fetch_add(&c_ipc, delta);
-}
-
-void
-emu_count_streams(int delta)
-{
-	atomic_fetch_add(&c_streams, delta);
-}
-
-void
-emu_count_comms(int delta)
-{
-	atomic_fetch_add(&c_comms, delta);
-}
-
-void
-emu_count_ids(int delta)
-{
-	atomic_fetch_add(&c_ids, delta);
+	atomic_fetch_add(&c_live[which], delta);
 }
 
 void
@@ -462,10 +445,10 @@ refitEmuGetCounters(refitEmuCounters_t *out)
 		out->alloc_live[d] = atomic_load(&c_alloc[d]);
 		out->alloc_bytes_live[d] = atomic_load(&c_bytes[d]);
 	}
-	out->ipc_open = atomic_load(&c_ipc);
-	out->streams_live = atomic_load(&c_streams);
-	out->comms_live = atomic_load(&c_comms);
-	out->ids_unconsumed = atomic_load(&c_ids);
+	out->ipc_open = atomic_load(&c_live[EMU_IPC]);
+	out->streams_live = atomic_load(&c_live[EMU_STREAMS]);
+	out->comms_live = atomic_load(&c_live[EMU_COMMS]);
+	out->ids_unconsumed = atomic_load(&c_live[EMU_IDS]);
 	for (int s = 0; s <= REFIT_EMU_HOST; s++)
 		for (int d = 0; d <= REFIT_EMU_HOST; d++)
 			out->pair_bytes[s][d] = atomic_load(&c_pair[s][d]);

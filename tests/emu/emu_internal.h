@@ -19,6 +19,15 @@
 
 #define EMU_API __attribute__((visibility("default")))
 #define EMU_PRINTF(a, b) __attribute__((format(printf, a, b)))
+/* Format the arguments after fmt of the enclosing variadic function into
+ * the array buf (truncated to fit). */
+#define EMU_VFORMAT(buf, fmt)                              \
+	do {                                               \
+		va_list ap_;                               \
+		va_start(ap_, fmt);                        \
+		vsnprintf(buf, sizeof(buf), fmt, ap_);     \
+		va_end(ap_);                               \
+	} while (0)
 
 /* ---- process state (emu_mem.c) ------------------------------------------ */
 
@@ -76,10 +85,10 @@ void emu_mem_init(const emu_env_t *e);
 
 EMU_API void emu_count_pair(int src, int dst, uint64_t bytes);
 EMU_API void emu_count_alloc(int dev, int64_t n, int64_t bytes);
-EMU_API void emu_count_ipc(int delta);
-EMU_API void emu_count_streams(int delta);
-EMU_API void emu_count_comms(int delta);
-EMU_API void emu_count_ids(int delta);
+/* The process-wide live counts (refitEmuCounters_t's ipc_open, streams_live,
+ * comms_live, ids_unconsumed). */
+typedef enum emu_counter { EMU_IPC, EMU_STREAMS, EMU_COMMS, EMU_IDS, EMU_NCOUNTERS } emu_counter_t;
+EMU_API void emu_count(emu_counter_t which, int delta);
 
 /* ---- streams (emu_stream.c) ----------------------------------------------- */
 

@@ -227,7 +227,7 @@ alloc_drop(emu_alloc_t *a)
 		unlink(a->path);
 		emu_count_alloc(a->dev, -1, -(int64_t)a->size);
 	} else {
-		emu_count_ipc(-1);
+		emu_count(EMU_IPC, -1);
 	}
 	free(a);
 }
@@ -488,7 +488,7 @@ cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 		a->ipc_refs++;
 		*p = (void *)a->va;
 		pthread_mutex_unlock(&mu);
-		emu_count_ipc(1);
+		emu_count(EMU_IPC, 1);
 		return cudaSuccess;
 	}
 	pthread_mutex_unlock(&mu);
@@ -509,7 +509,7 @@ cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 		free(a);
 		return e;
 	}
-	emu_count_ipc(1);
+	emu_count(EMU_IPC, 1);
 	*p = (void *)a->va;
 	return cudaSuccess;
 }
@@ -535,6 +535,6 @@ cudaIpcCloseMemHandle(void *p)
 	if (last)
 		alloc_drop(a);
 	else
-		emu_count_ipc(-1);
+		emu_count(EMU_IPC, -1);
 	return cudaSuccess;
 }

@@ -61,11 +61,8 @@ static ncclResult_t EMU_PRINTF(2, 3)
 nccl_fail(ncclResult_t r, const char *fmt, ...)
 {
 	char buf[400];
-	va_list ap;
 
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
+	EMU_VFORMAT(buf, fmt);
 	emu_say("NCCL WARN %s (%s)", buf, ncclGetErrorString(r));
 	pthread_mutex_lock(&reg_mu);
 	snprintf(last_msg, sizeof(last_msg), "%s", buf);
@@ -77,12 +74,9 @@ void
 comm_set_err(ncclComm_t c, ncclResult_t r, const char *fmt, ...)
 {
 	char buf[400];
-	va_list ap;
 	bool first;
 
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
+	EMU_VFORMAT(buf, fmt);
 	pthread_mutex_lock(&c->mu);
 	first = c->err == ncclSuccess;
 	if (first)
@@ -151,7 +145,7 @@ comm_new(int rank, int nranks, int dev, bool blocking)
 	c->reg_next = comms;
 	comms = c;
 	pthread_mutex_unlock(&reg_mu);
-	emu_count_comms(1);
+	emu_count(EMU_COMMS, 1);
 	return c;
 }
 
@@ -171,7 +165,7 @@ comm_unregister(ncclComm_t c)
 		}
 	pthread_mutex_unlock(&reg_mu);
 	if (found)
-		emu_count_comms(-1);
+		emu_count(EMU_COMMS, -1);
 	return found;
 }
 
@@ -198,10 +192,24 @@ comm_check(ncclComm_t c, const char *what)
 	return ncclSuccess;
 }
 
+/* Under c->mu: whether an operation of c is still in flight. */
 static bool
 comm_busy(ncclComm_t c)
 {
 	return c->pending || c->launching || c->children;
+}
+
+comm_flags_t
+comm_flags(ncclComm_t c)
+{
+	comm_flags_t f;
+
+	pthread_mutex_lock(&c->mu);
+	f.err = c->err;
+	f.busy = comm_busy(c);
+	f.aborted = c->aborted;
+	pthread_mutex_unlock(&c->mu);
+	return f;
 }
 
 /* NCCL's ncclCommEnsureReady: live, not in progress, no asynchronous error. */
@@ -209,20 +217,17 @@ static ncclResult_t
 comm_ready(ncclComm_t c, const char *what)
 {
 	ncclResult_t r = comm_check(c, what);
-	bool busy;
+	comm_flags_t f;
 
 	if (r != ncclSuccess)
 		return r;
-	pthread_mutex_lock(&c->mu);
-	busy = comm_busy(c);
-	r = c->err;
-	pthread_mutex_unlock(&c->mu);
-	if (busy)
+	f = comm_flags(c);
+	if (f.busy)
 		return nccl_fail(ncclInvalidArgument, "%s: rank %d: attempt to use communicator "
 				 "before the previous operation returned ncclSuccess", what,
 				 c->rank);
-	if (r != ncclSuccess)
-		return nccl_fail(r, "%s: rank %d: the communicator has an asynchronous error "
+	if (f.err != ncclSuccess)
+		return nccl_fail(f.err, "%s: rank %d: the communicator has an asynchronous error "
 				 "(abort it)", what, c->rank);
 	if (emu_sticky() != cudaSuccess)
 		return nccl_fail(ncclUnhandledCudaError, "%s: %s", what,
@@ -472,16 +477,14 @@ ncclResult_t
 ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *out)
 {
 	ncclResult_t r = comm_check(c, "ncclCommGetAsyncError");
+	comm_flags_t f;
 
 	if (r != ncclSuccess)
 		return r;
 	if (out == NULL)
 		return nccl_fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
-	pthread_mutex_lock(&c->mu);
-	r = c->err;
-	if (r == ncclSuccess && comm_busy(c))
-		r = ncclInProgress;
-	pthread_mutex_unlock(&c->mu);
+	f = comm_flags(c);
+	r = f.err == ncclSuccess && f.busy ? ncclInProgress : f.err;
 	if (r == ncclSuccess && emu_sticky() != cudaSuccess)
 		r = ncclUnhandledCudaError;
 	*out = r;
@@ -492,22 +495,19 @@ ncclResult_t
 ncclCommDestroy(ncclComm_t c)
 {
 	ncclResult_t r;
-	bool busy;
+	comm_flags_t f;
 
 	if (c == NULL)
 		return ncclSuccess;
 	if ((r = comm_check(c, "ncclCommDestroy")) != ncclSuccess)
 		return r;
-	pthread_mutex_lock(&c->mu);
-	busy = comm_busy(c);
-	r = c->err;
-	pthread_mutex_unlock(&c->mu);
-	if (busy)
+	f = comm_flags(c);
+	if (f.busy)
 		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: rank %d: attempt to use "
 				 "communicator before the previous operation returned "
 				 "ncclSuccess", c->rank);
-	if (r != ncclSuccess)
-		return nccl_fail(r, "ncclCommDestroy: rank %d has an asynchronous error: abort "
+	if (f.err != ncclSuccess)
+		return nccl_fail(f.err, "ncclCommDestroy: rank %d has an asynchronous error: abort "
 				 "it instead", c->rank);
 	if (!comm_unregister(c))
 		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: comm %p destroyed twice",

@@ -59,6 +59,13 @@ struct ncclComm {
 void comm_ref(ncclComm_t c);
 void comm_unref(ncclComm_t c);
 void comm_set_err(ncclComm_t c, ncclResult_t r, const char *fmt, ...) EMU_PRINTF(3, 4);
+/* A consistent view of c's state, taken under c->mu. */
+typedef struct comm_flags {
+	ncclResult_t err;          /* the asynchronous error */
+	bool busy;                 /* an operation is still in flight */
+	bool aborted;
+} comm_flags_t;
+comm_flags_t comm_flags(ncclComm_t c);
 const char *type_name(ncclDataType_t t);
 size_t type_size(ncclDataType_t t);
 

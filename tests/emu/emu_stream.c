@@ -321,23 +321,34 @@ emu_streams_sync(int dev)
 	free(target);
 }
 
+/* The entry checks of a cudaXCreateWithFlags: out set, no flag outside allowed. */
+static cudaError_t
+create_check(const char *what, const void *out, unsigned flags, unsigned allowed)
+{
+	cudaError_t e = emu_enter();
+
+	if (e)
+		return e;
+	if (out == NULL || (flags & ~allowed))
+		return emu_fail(cudaErrorInvalidValue, "%s(%p, 0x%x)", what, out, flags);
+	return cudaSuccess;
+}
+
 cudaError_t
 cudaStreamCreateWithFlags(cudaStream_t *out, unsigned flags)
 {
-	cudaError_t e = emu_enter();
+	cudaError_t e = create_check("cudaStreamCreateWithFlags", out, flags,
+				     cudaStreamNonBlocking);
 	struct CUstream_st *s;
 
 	if (e)
 		return e;
-	if (out == NULL || (flags & ~(unsigned)cudaStreamNonBlocking))
-		return emu_fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags(%p, 0x%x)",
-				(void *)out, flags);
 	pthread_mutex_lock(&reg_mu);
 	s = stream_new(emu_cur_dev(), flags);
 	pthread_mutex_unlock(&reg_mu);
 	if (s == NULL)
 		return emu_fail(cudaErrorMemoryAllocation, "cudaStreamCreate: no thread");
-	emu_count_streams(1);
+	emu_count(EMU_STREAMS, 1);
 	*out = s;
 	return cudaSuccess;
 }
@@ -371,7 +382,7 @@ cudaStreamDestroy(cudaStream_t h)
 	if (s == NULL)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p): not a "
 				"live stream", (void *)h);
-	emu_count_streams(-1);
+	emu_count(EMU_STREAMS, -1);
 	pthread_mutex_lock(&s->mu); /* the worker ends once the queue is empty */
 	s->stop = true;
 	pthread_cond_broadcast(&s->cv);
@@ -436,14 +447,11 @@ event_find(cudaEvent_t h)
 cudaError_t
 cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags)
 {
-	cudaError_t e = emu_enter();
+	cudaError_t e = create_check("cudaEventCreateWithFlags", out, flags, 3u);
 	struct CUevent_st *ev;
 
 	if (e)
 		return e;
-	if (out == NULL || (flags & ~3u))
-		return emu_fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags(%p, 0x%x)",
-				(void *)out, flags);
 	if ((ev = calloc(1, sizeof(*ev))) == NULL)
 		return emu_fail(cudaErrorMemoryAllocation, "cudaEventCreate");
 	ev->magic = EVENT_MAGIC;

@@ -35,23 +35,28 @@ t_devices(void)
 	CK(td == 0, "a new thread's device is %d", td);
 }
 
+/* the device allocation of a test, for the processes it forks */
+static void *forked_buf;
+
+static void
+write_device_pointer(int arg)
+{
+	volatile uint8_t *b = forked_buf;
+
+	(void)arg;
+	signal(SIGSEGV, SIG_DFL); /* no sanitizer report: the plain signal */
+	b[0] = 1; /* a device pointer: must fault */
+	_exit(0);
+}
+
 static void
 t_host_deref_segv(void)
 {
-	void *p;
-	pid_t pid;
-
-	CU(cudaMalloc(&p, 4096));
-	pid = fork();
-	if (pid == 0) {
-		volatile uint8_t *b = p;
-
-		signal(SIGSEGV, SIG_DFL); /* no sanitizer report: the plain signal */
-		b[0] = 1; /* a device pointer: must fault */
-		_exit(0);
-	}
-	CK(reap(pid) == 128 + SIGSEGV, "writing through a device pointer did not SIGSEGV");
-	CK(cudaPointerGetAttributes(&(struct cudaPointerAttributes){0}, p) == cudaSuccess, "attrs");
+	CU(cudaMalloc(&forked_buf, 4096));
+	CK(reap(spawn(write_device_pointer, 0, NULL)) == 128 + SIGSEGV,
+	   "writing through a device pointer did not SIGSEGV");
+	CK(cudaPointerGetAttributes(&(struct cudaPointerAttributes){0}, forked_buf) == cudaSuccess,
+	   "attrs");
 }
 
 static void
@@ -65,7 +70,7 @@ t_copies_exact(void)
 
 	fill(h, N, 1);
 	CU(cudaSetDevice(1));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	s = stream_nb();
 	CU(cudaMalloc((void **)&a, N));
 	CU(cudaMalloc((void **)&b, N));
 	CU(cudaMemcpyAsync(a, h, N, cudaMemcpyHostToDevice, s));
@@ -99,7 +104,7 @@ t_async_stale_notready(void)
 	/* set by the driver: REFIT_EMU_DELAY_US=1000000 */
 	memset(src, 7, sizeof(src));
 	CU(cudaMalloc((void **)&d, 64));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	s = stream_nb();
 	CU(cudaEventCreate(&ev));
 	CU(cudaMemcpyAsync(d, src, 64, cudaMemcpyHostToDevice, s));
 	CU(cudaMemcpyAsync(h, d, 64, cudaMemcpyDeviceToHost, s));
@@ -124,7 +129,7 @@ t_cross_device_copy_sticky(void)
 	CU(cudaMalloc((void **)&d1, 256));
 	CU(cudaSetDevice(0));
 	CU(cudaMalloc((void **)&d0, 256));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	s = stream_nb();
 	CU(cudaMemcpyAsync(d0, d1, 256, cudaMemcpyDeviceToDevice, s)); /* queued fine */
 	CUIS(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
 	/* the context is dead: every later call fails the same way */
@@ -168,7 +173,7 @@ t_pitch_and_kind_errors(void)
 	struct cudaMemcpy3DParms p = {0};
 
 	CU(cudaMalloc((void **)&d, 4096));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	s = stream_nb();
 	CUIS(cudaMemcpy2DAsync(d, 8, h, 16, 16, 4, cudaMemcpyDefault, s),
 	     cudaErrorInvalidPitchValue);                       /* dpitch < width */
 	CUIS(cudaGetLastError(), cudaErrorInvalidPitchValue);
@@ -201,14 +206,12 @@ static void
 t_copy_2d_3d_exact(void)
 {
 	uint8_t src[4096], out[4096];
-	uint8_t *d;
-	cudaStream_t s;
+	uint8_t *d = dev_alloc(4096);
+	cudaStream_t s = stream_nb();
 	struct cudaMemcpy3DParms p = {0};
 
 	fill(src, sizeof(src), 3);
 	memset(out, 0, sizeof(out));
-	CU(cudaMalloc((void **)&d, 4096));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 	CU(cudaMemset(d, 0, 4096));
 	/* 5 rows of 12 bytes, source pitch 40, device pitch 16, then back */
 	CU(cudaMemcpy2DAsync(d, 16, src, 40, 12, 5, cudaMemcpyHostToDevice, s));
@@ -242,7 +245,7 @@ t_kernel_strided(void)
 
 	CU(cudaMalloc((void **)&dm, sizeof(m)));
 	CU(cudaMalloc((void **)&dt, sizeof(t)));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	s = stream_nb();
 	CU(cudaMemcpy(dm, m, sizeof(m), cudaMemcpyHostToDevice));
 	/* transpose a 2x3 matrix into 3x2 */
 	CU(refitGpuCopyStrided(s, dt, dm, 2, shape, dst, src, 4));
@@ -262,7 +265,7 @@ t_kernel_strided(void)
 	CUIS(refitGpuCopyStrided(s, dt, dm, 2, shape, bsrc, src, 4), cudaErrorInvalidValue);
 	/* a launch on a stream of another device than the current one */
 	CU(cudaSetDevice(1));
-	CU(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+	s1 = stream_nb();
 	CU(cudaSetDevice(0));
 	CUIS(refitGpuCopyStrided(s1, dt, dm, 2, shape, dst, src, 4),
 	     cudaErrorInvalidResourceHandle);
@@ -283,7 +286,7 @@ t_kernel_cross_device_sticky(void)
 	CU(cudaMalloc((void **)&d1, 64));
 	CU(cudaSetDevice(0));
 	CU(cudaMalloc((void **)&d0, 64));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	s = stream_nb();
 	CU(refitGpuCopyStrided(s, d0, d1, 1, shape, st, st, 4));
 	CUIS(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
 	CUIS(cudaStreamQuery(s), cudaErrorIllegalAddress);
@@ -360,7 +363,7 @@ ipc_reader(int mode)
 	CK(p == q, "the same handle opened twice gives %p and %p", (void *)p, (void *)q);
 	CK(counters().ipc_open == 2, "ipc_open %lld", (long long)counters().ipc_open);
 	CU(cudaIpcCloseMemHandle(q));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	s = stream_nb();
 	fill(want, sizeof(want), 9);
 	CU(cudaMemcpyAsync(got, p + 100, 256, cudaMemcpyDeviceToHost, s)); /* an offset */
 	CU(cudaStreamSynchronize(s));
@@ -379,7 +382,7 @@ ipc_reader(int mode)
 		cudaStream_t s0;
 
 		CU(cudaSetDevice(0));
-		CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+		s0 = stream_nb();
 		CU(cudaMemcpyAsync(got, p, 16, cudaMemcpyDeviceToHost, s0));
 		CUIS(cudaStreamSynchronize(s0), cudaErrorIllegalAddress);
 		put(chan_b[1], "k", 1);
@@ -499,14 +502,12 @@ static void
 t_stream_destroy_and_free_sync(void)
 {
 	uint8_t src[4096], dst[4096];
-	uint8_t *d;
-	cudaStream_t s;
+	uint8_t *d = dev_alloc(sizeof(src));
+	cudaStream_t s = stream_nb();
 
 	/* REFIT_EMU_DELAY_US=1000000 */
 	memset(src, 3, sizeof(src));
 	memset(dst, 0, sizeof(dst));
-	CU(cudaMalloc((void **)&d, sizeof(src)));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 	CU(cudaMemcpyAsync(d, src, sizeof(src), cudaMemcpyHostToDevice, s));
 	CU(cudaMemcpyAsync(dst, d, sizeof(dst), cudaMemcpyDeviceToHost, s));
 	CU(cudaStreamDestroy(s)); /* returns at once; the work still runs */
@@ -559,9 +560,9 @@ t_cuda_argument_errors(void)
 	CUIS(cudaStreamCreateWithFlags(&s0, 8), cudaErrorInvalidValue);
 	CUIS(cudaEventCreateWithFlags(&ev, 16), cudaErrorInvalidValue);
 	CU(cudaMalloc(&d, 64));
-	CU(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+	s0 = stream_nb();
 	CU(cudaSetDevice(1));
-	CU(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+	s1 = stream_nb();
 	CU(cudaEventCreate(&ev));
 	CUIS(cudaEventRecord(ev, s0), cudaErrorInvalidResourceHandle); /* device 0's stream */
 	CU(cudaEventRecord(ev, s1));
@@ -649,51 +650,40 @@ t_legacy_default_stream(void)
 }
 
 
+/* A child of an initialised process: every call fails. */
+static void
+use_after_fork(int arg)
+{
+	int n;
+	void *p;
+	ncclUniqueId id;
+
+	(void)arg;
+	CUIS(cudaGetDeviceCount(&n), cudaErrorInitializationError);
+	CUIS(cudaMalloc(&p, 64), cudaErrorInitializationError);
+	NCIS(ncclGetUniqueId(&id), ncclSystemError);
+}
+
 static void
 t_fork_after_init(void)
 {
 	void *p;
-	pid_t pid;
 
 	CU(cudaMalloc(&p, 64));
-	pid = fork();
-	if (pid == 0) {
-		int n;
-		ncclUniqueId id;
-
-		CUIS(cudaGetDeviceCount(&n), cudaErrorInitializationError);
-		CUIS(cudaMalloc(&p, 64), cudaErrorInitializationError);
-		NCIS(ncclGetUniqueId(&id), ncclSystemError);
-		exit(0);
-	}
-	reap_ok(pid);
+	reap_ok(spawn(use_after_fork, 0, NULL));
 	CU(cudaFree(p)); /* the parent is fine */
 }
 
 const test_t cuda_tests[] = {
-	{"fork_after_init", t_fork_after_init, NULL},
-	{"legacy_default_stream", t_legacy_default_stream, "REFIT_EMU_DELAY_US=200000"},
-	{"devices", t_devices, NULL},
-	{"host_deref_segv", t_host_deref_segv, NULL},
-	{"copies_exact", t_copies_exact, NULL},
-	{"async_stale_notready", t_async_stale_notready, "REFIT_EMU_DELAY_US=1000000"},
-	{"cross_device_copy_sticky", t_cross_device_copy_sticky, NULL},
-	{"out_of_allocation_sticky", t_out_of_allocation_sticky, NULL},
-	{"use_after_free_sticky", t_use_after_free_sticky, NULL},
-	{"pitch_and_kind_errors", t_pitch_and_kind_errors, NULL},
-	{"copy_2d_3d_exact", t_copy_2d_3d_exact, NULL},
-	{"kernel_strided", t_kernel_strided, NULL},
-	{"kernel_cross_device_sticky", t_kernel_cross_device_sticky, NULL},
-	{"memory_limit", t_memory_limit, "REFIT_EMU_DEVICE_MEM=1048576"},
-	{"counters_and_dump", t_counters_and_dump, NULL},
-	{"ipc_between_processes", t_ipc_between_processes, NULL},
-	{"ipc_mapping_device", t_ipc_mapping_device, NULL},
-	{"ipc_use_after_exporter_free", t_ipc_use_after_exporter_free, NULL},
-	{"ipc_refused", t_ipc_refused, NULL},
-	{"stream_destroy_and_free_sync", t_stream_destroy_and_free_sync,
-	 "REFIT_EMU_DELAY_US=1000000"},
-	{"bad_environment", t_bad_environment, NULL},
-	{"cuda_argument_errors", t_cuda_argument_errors, NULL},
-	{"ipc_of_freed_memory", t_ipc_of_freed_memory, NULL},
+	TEST(fork_after_init), TEST_ENV(legacy_default_stream, "REFIT_EMU_DELAY_US=200000"),
+	TEST(devices), TEST(host_deref_segv), TEST(copies_exact),
+	TEST_ENV(async_stale_notready, "REFIT_EMU_DELAY_US=1000000"),
+	TEST(cross_device_copy_sticky), TEST(out_of_allocation_sticky), TEST(use_after_free_sticky),
+	TEST(pitch_and_kind_errors), TEST(copy_2d_3d_exact), TEST(kernel_strided),
+	TEST(kernel_cross_device_sticky), TEST_ENV(memory_limit, "REFIT_EMU_DEVICE_MEM=1048576"),
+	TEST(counters_and_dump), TEST(ipc_between_processes), TEST(ipc_mapping_device),
+	TEST(ipc_use_after_exporter_free), TEST(ipc_refused),
+	TEST_ENV(stream_destroy_and_free_sync, "REFIT_EMU_DELAY_US=1000000"), TEST(bad_environment),
+	TEST(cuda_argument_errors), TEST(ipc_of_freed_memory),
 };
 const size_t ncuda_tests = sizeof(cuda_tests) / sizeof(cuda_tests[0]);

@@ -106,6 +106,24 @@ wait_stream(cudaStream_t s, int ms)
 	return e;
 }
 
+void *
+dev_alloc(size_t n)
+{
+	void *d;
+
+	CU(cudaMalloc(&d, n));
+	return d;
+}
+
+cudaStream_t
+stream_nb(void)
+{
+	cudaStream_t s;
+
+	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	return s;
+}
+
 ncclConfig_t
 nonblocking(void)
 {

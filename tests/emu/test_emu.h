@@ -62,6 +62,10 @@ typedef struct test {
 	const char *env;            /* extra NAME=VALUE settings, space separated */
 } test_t;
 
+/* Rows of a test table: the test "name" runs t_name, with extra environment. */
+#define TEST(name) {#name, t_##name, NULL}
+#define TEST_ENV(name, env) {#name, t_##name, env}
+
 extern const test_t cuda_tests[], nccl_tests[];
 extern const size_t ncuda_tests, nnccl_tests;
 
@@ -76,6 +80,10 @@ void put(int fd, const void *p, size_t n);
 void get(int fd, void *p, size_t n);
 ncclResult_t wait_comm(ncclComm_t c, int ms);
 cudaError_t wait_stream(cudaStream_t s, int ms);
+/* n bytes on the current device */
+void *dev_alloc(size_t n);
+/* a new non-blocking stream on the current device */
+cudaStream_t stream_nb(void);
 ncclConfig_t nonblocking(void);
 void fill(uint8_t *p, size_t n, unsigned seed);
 refitEmuCounters_t counters(void);

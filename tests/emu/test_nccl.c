@@ -6,10 +6,10 @@
 
 /* ---- NCCL ---------------------------------------------------------------------------------- */
 
-/* n ranks of one communicator in this process, rank i on device devs[i] */
+/* n ranks of one communicator in this process, rank i on device i */
 
 static void
-make_comms(int n, const int *devs, ncclComm_t *c, bool blocking)
+make_comms(int n, ncclComm_t *c, bool blocking)
 {
 	ncclUniqueId id;
 	ncclConfig_t cfg = nonblocking();
@@ -18,7 +18,7 @@ make_comms(int n, const int *devs, ncclComm_t *c, bool blocking)
 	NC(ncclGetUniqueId(&id));
 	NC(ncclGroupStart());
 	for (int i = 0; i < n; i++) {
-		CU(cudaSetDevice(devs[i]));
+		CU(cudaSetDevice(i));
 		NC(ncclCommInitRankConfig(&c[i], n, id, i, &cfg));
 	}
 	NC(ncclGroupEnd());
@@ -29,11 +29,8 @@ make_comms(int n, const int *devs, ncclComm_t *c, bool blocking)
 static cudaStream_t
 stream_on(int dev)
 {
-	cudaStream_t s;
-
 	CU(cudaSetDevice(dev));
-	CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-	return s;
+	return stream_nb();
 }
 
 static void *
@@ -51,6 +48,20 @@ dev_buf(int dev, size_t n, unsigned seed)
 }
 
 static int id_pipe[2];
+
+/* Ranks 0 and 1 of fn, each in its own process on its host, sharing id_pipe;
+ * both must exit 0. */
+static void
+run_pair(void (*fn)(int), const char *host0, const char *host1)
+{
+	pid_t a, b;
+
+	CK(pipe(id_pipe) == 0, "pipe");
+	a = spawn(fn, 0, host0);
+	b = spawn(fn, 1, host1);
+	reap_ok(a);
+	reap_ok(b);
+}
 
 static size_t
 xsize(int from, int to)
@@ -131,13 +142,7 @@ exchange_proc(int proc)
 static void
 t_nccl_exchange_4_ranks_2_processes(void)
 {
-	pid_t a, b;
-
-	CK(pipe(id_pipe) == 0, "pipe");
-	a = spawn(exchange_proc, 0, "host0");
-	b = spawn(exchange_proc, 1, "host1");
-	reap_ok(a);
-	reap_ok(b);
+	run_pair(exchange_proc, "host0", "host1");
 }
 
 static void
@@ -236,25 +241,18 @@ same_device_rank(int rank)
 static void
 t_nccl_two_ranks_one_device(void)
 {
-	pid_t a, b;
-
-	CK(pipe(id_pipe) == 0, "pipe");
-	a = spawn(same_device_rank, 0, "hostA");
-	b = spawn(same_device_rank, 1, "hostA");
-	reap_ok(a);
-	reap_ok(b);
+	run_pair(same_device_rank, "hostA", "hostA");
 }
 
 static void
 mismatch_case(size_t scount, ncclDataType_t st, size_t rcount, ncclDataType_t rt)
 {
-	const int devs[2] = {0, 1};
 	ncclComm_t c[2];
 	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
 	void *b0 = dev_buf(0, 1024, 1), *b1 = dev_buf(1, 1024, 2);
 	ncclResult_t r0, r1;
 
-	make_comms(2, devs, c, true);
+	make_comms(2, c, true);
 	NC(ncclGroupStart());
 	NC(ncclSend(b0, scount, st, 1, c[0], s0));
 	NC(ncclRecv(b1, rcount, rt, 0, c[1], s1));
@@ -282,13 +280,12 @@ t_nccl_mismatch_fails_both(void)
 static void
 t_nccl_unmatched_blocks_until_abort(void)
 {
-	const int devs[2] = {0, 1};
 	ncclComm_t c[2];
 	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
 	void *b0 = dev_buf(0, 256, 1), *b1 = dev_buf(1, 256, 1);
 	ncclResult_t r;
 
-	make_comms(2, devs, c, false);
+	make_comms(2, c, false);
 	NCIS(ncclSend(b0, 256, ncclUint8, 1, c[0], s0), ncclInProgress); /* no receive */
 	CK(wait_comm(c[0], 20000) == ncclSuccess, "launch");
 	CK(wait_stream(s0, 500) == cudaErrorNotReady, "an unmatched send completed");
@@ -312,7 +309,6 @@ t_nccl_unmatched_blocks_until_abort(void)
 static void
 t_nccl_shrink(void)
 {
-	const int devs[3] = {0, 1, 2};
 	ncclComm_t c[3], n0 = (ncclComm_t)1, n1 = (ncclComm_t)1;
 	ncclConfig_t cfg = nonblocking();
 	int ex[1] = {2}, self[1] = {0};
@@ -320,7 +316,7 @@ t_nccl_shrink(void)
 	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
 	uint8_t *b0 = dev_buf(0, 512, 5), *b1 = dev_buf(1, 512, 0), got[512], want[512];
 
-	make_comms(3, devs, c, false);
+	make_comms(3, c, false);
 	NCIS(ncclCommShrink(c[0], self, 1, &n0, &cfg, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
 	NCIS(ncclCommShrink(c[0], ex, 0, &n0, &cfg, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
 	NCIS(ncclCommShrink(c[0], ex, 1, &n0, &cfg, NCCL_SHRINK_DEFAULT), ncclInProgress);
@@ -358,33 +354,47 @@ t_nccl_shrink(void)
 	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
 }
 
+/* Two blocking ranks on devices 0 and 1, a stream on device 0 and 64 bytes
+ * on device buf_dev, for one send from rank 0 to rank 1. */
+typedef struct send_pair {
+	ncclComm_t c[2];
+	cudaStream_t s0;
+	void *buf;
+} send_pair_t;
+
+static send_pair_t
+send_pair(int buf_dev)
+{
+	send_pair_t p;
+
+	p.s0 = stream_on(0);
+	p.buf = dev_buf(buf_dev, 64, 1);
+	make_comms(2, p.c, true);
+	return p;
+}
+
 static void
 t_nccl_buffer_of_another_device(void)
 {
-	const int devs[2] = {0, 1};
-	ncclComm_t c[2];
-	cudaStream_t s0 = stream_on(0);
-	void *on1 = dev_buf(1, 64, 1);
+	send_pair_t p = send_pair(1);
 	ncclResult_t r;
 
-	make_comms(2, devs, c, true);
-	NCIS(ncclSend(on1, 64, ncclUint8, 1, c[0], s0), ncclSuccess);
-	CUIS(cudaStreamSynchronize(s0), cudaErrorIllegalAddress);
-	NCIS(ncclCommGetAsyncError(c[0], &r), ncclSuccess);
+	NCIS(ncclSend(p.buf, 64, ncclUint8, 1, p.c[0], p.s0), ncclSuccess);
+	CUIS(cudaStreamSynchronize(p.s0), cudaErrorIllegalAddress);
+	NCIS(ncclCommGetAsyncError(p.c[0], &r), ncclSuccess);
 	CK(r == ncclUnhandledCudaError, "async %d", r);
-	NCIS(ncclCommAbort(c[0]), ncclSuccess);
-	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+	NCIS(ncclCommAbort(p.c[0]), ncclSuccess);
+	NCIS(ncclCommAbort(p.c[1]), ncclSuccess);
 }
 
 static void
 t_nccl_stream_of_another_device(void)
 {
-	const int devs[2] = {0, 1};
 	ncclComm_t c[2];
 	cudaStream_t s1 = stream_on(1);
 	void *b = dev_buf(0, 64, 1), *h = malloc(64);
 
-	make_comms(2, devs, c, true);
+	make_comms(2, c, true);
 	NCIS(ncclSend(b, 64, ncclUint8, 1, c[0], s1), ncclInvalidArgument);
 	NCIS(ncclSend(b, 64, (ncclDataType_t)99, 1, c[0], s1), ncclInvalidArgument);
 	NCIS(ncclSend(b, 64, ncclUint8, 2, c[0], s1), ncclInvalidArgument);
@@ -400,14 +410,13 @@ t_nccl_stream_of_another_device(void)
 static void
 t_nccl_group_in_progress_until_launched(void)
 {
-	const int devs[2] = {0, 1};
 	ncclComm_t c[2];
 	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
 	uint8_t *b0 = dev_buf(0, 128, 4), *b1 = dev_buf(1, 128, 0), got[128], want[128];
 	ncclResult_t st;
 
 	/* REFIT_EMU_DELAY_US=1000000: the launch takes that long */
-	make_comms(2, devs, c, false);
+	make_comms(2, c, false);
 	NCIS(ncclGroupStart(), ncclSuccess);
 	NC(ncclSend(b0, 128, ncclUint8, 1, c[0], s0));
 	NC(ncclRecv(b1, 128, ncclUint8, 0, c[1], s1));
@@ -458,13 +467,7 @@ dying_peer(int rank)
 static void
 t_nccl_peer_death_remote_error(void)
 {
-	pid_t a, b;
-
-	CK(pipe(id_pipe) == 0, "pipe");
-	a = spawn(dying_peer, 0, "hostA");
-	b = spawn(dying_peer, 1, "hostB");
-	reap_ok(b);
-	reap_ok(a);
+	run_pair(dying_peer, "hostA", "hostB");
 }
 
 static void
@@ -506,7 +509,6 @@ t_nccl_version_env(void)
 static void
 t_nccl_argument_errors(void)
 {
-	const int devs[3] = {0, 1, 2};
 	ncclComm_t c[3], n = NULL, x;
 	ncclUniqueId junk;
 	int v = 0, dup[2] = {2, 2}, far[1] = {7}, all[2] = {1, 2};
@@ -519,7 +521,7 @@ t_nccl_argument_errors(void)
 	NCIS(ncclCommInitRankConfig(NULL, 2, junk, 0, NULL), ncclInvalidArgument);
 	cfg.blocking = 5;
 	NCIS(ncclCommInitRankConfig(&x, 1, junk, 0, &cfg), ncclInvalidArgument);
-	make_comms(3, devs, c, true);
+	make_comms(3, c, true);
 	NCIS(ncclCommShrink(c[0], dup, 2, &n, NULL, 0), ncclInvalidArgument);
 	NCIS(ncclCommShrink(c[0], far, 1, &n, NULL, 0), ncclInvalidArgument);
 	NCIS(ncclCommShrink(c[0], all, 2, NULL, NULL, 0), ncclInvalidArgument);
@@ -591,32 +593,27 @@ t_nccl_root_gone(void)
 static void
 t_nccl_peer_gone_before_send(void)
 {
-	const int devs[2] = {0, 1};
-	ncclComm_t c[2];
-	cudaStream_t s0 = stream_on(0);
-	void *b0 = dev_buf(0, 64, 1);
+	send_pair_t p = send_pair(0);
 	ncclResult_t r;
 
-	make_comms(2, devs, c, true);
-	NCIS(ncclCommDestroy(c[1]), ncclSuccess);
-	NCIS(ncclSend(b0, 64, ncclUint8, 1, c[0], s0), ncclSuccess);
-	CK(wait_stream(s0, 20000) == cudaSuccess, "a send to a destroyed peer hung");
-	NCIS(ncclCommGetAsyncError(c[0], &r), ncclSuccess);
+	NCIS(ncclCommDestroy(p.c[1]), ncclSuccess);
+	NCIS(ncclSend(p.buf, 64, ncclUint8, 1, p.c[0], p.s0), ncclSuccess);
+	CK(wait_stream(p.s0, 20000) == cudaSuccess, "a send to a destroyed peer hung");
+	NCIS(ncclCommGetAsyncError(p.c[0], &r), ncclSuccess);
 	CK(r == ncclRemoteError, "async %d", r);
-	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+	NCIS(ncclCommAbort(p.c[0]), ncclSuccess);
 }
 
 
 static void
 t_nccl_shrink_abort_ends_operations(void)
 {
-	const int devs[3] = {0, 1, 2};
 	ncclComm_t c[3], n0 = NULL, n1 = NULL;
 	int ex[1] = {2};
 	cudaStream_t s0 = stream_on(0);
 	void *b0 = dev_buf(0, 64, 1);
 
-	make_comms(3, devs, c, true);
+	make_comms(3, c, true);
 	/* rank 0 waits for rank 2, which is leaving and never sends */
 	NCIS(ncclRecv(b0, 64, ncclUint8, 2, c[0], s0), ncclSuccess);
 	CK(wait_stream(s0, 300) == cudaErrorNotReady, "an unmatched receive completed");
@@ -635,24 +632,13 @@ t_nccl_shrink_abort_ends_operations(void)
 }
 
 const test_t nccl_tests[] = {
-	{"nccl_shrink_abort_ends_operations", t_nccl_shrink_abort_ends_operations, NULL},
-	{"nccl_exchange_4_ranks_2_processes", t_nccl_exchange_4_ranks_2_processes, NULL},
-	{"nccl_nonblocking_init", t_nccl_nonblocking_init, NULL},
-	{"nccl_unconsumed_id", t_nccl_unconsumed_id, NULL},
-	{"nccl_two_ranks_one_device", t_nccl_two_ranks_one_device, NULL},
-	{"nccl_mismatch_fails_both", t_nccl_mismatch_fails_both, NULL},
-	{"nccl_unmatched_blocks_until_abort", t_nccl_unmatched_blocks_until_abort, NULL},
-	{"nccl_shrink", t_nccl_shrink, NULL},
-	{"nccl_buffer_of_another_device", t_nccl_buffer_of_another_device, NULL},
-	{"nccl_stream_of_another_device", t_nccl_stream_of_another_device, NULL},
-	{"nccl_group_in_progress_until_launched", t_nccl_group_in_progress_until_launched,
-	 "REFIT_EMU_DELAY_US=1000000"},
-	{"nccl_peer_death_remote_error", t_nccl_peer_death_remote_error, NULL},
-	{"nccl_abort_during_init", t_nccl_abort_during_init, NULL},
-	{"nccl_argument_errors", t_nccl_argument_errors, NULL},
-	{"nccl_version_env", t_nccl_version_env, "REFIT_EMU_NCCL_VERSION=22610"},
-	{"nccl_inconsistent_ranks", t_nccl_inconsistent_ranks, NULL},
-	{"nccl_root_gone", t_nccl_root_gone, NULL},
-	{"nccl_peer_gone_before_send", t_nccl_peer_gone_before_send, NULL},
+	TEST(nccl_shrink_abort_ends_operations), TEST(nccl_exchange_4_ranks_2_processes),
+	TEST(nccl_nonblocking_init), TEST(nccl_unconsumed_id), TEST(nccl_two_ranks_one_device),
+	TEST(nccl_mismatch_fails_both), TEST(nccl_unmatched_blocks_until_abort), TEST(nccl_shrink),
+	TEST(nccl_buffer_of_another_device), TEST(nccl_stream_of_another_device),
+	TEST_ENV(nccl_group_in_progress_until_launched, "REFIT_EMU_DELAY_US=1000000"),
+	TEST(nccl_peer_death_remote_error), TEST(nccl_abort_during_init),
+	TEST(nccl_argument_errors), TEST_ENV(nccl_version_env, "REFIT_EMU_NCCL_VERSION=22610"),
+	TEST(nccl_inconsistent_ranks), TEST(nccl_root_gone), TEST(nccl_peer_gone_before_send),
 };
 const size_t nnccl_tests = sizeof(nccl_tests) / sizeof(nccl_tests[0]);

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import traceback
 
@@ -129,6 +130,23 @@ PROCS = []
 NODES = 6
 RPN = int(os.environ.get("REFIT_TEST_RPN", "4"))  # ranks per node
 DTYPES = ["bf16", "fp32", "u8", "fp64", "fp16"]
+
+
+def check_exits():
+    """After stop_all: one failure when a process exited other than with 0
+    (stopped), -9 (killed on purpose) or -15 (stopped mid-call): a sanitizer
+    abort or a crash."""
+    bad = [(p.args[0], p.args[1:3], p.returncode) for p in PROCS
+           if p.returncode not in (0, -9, -15)]
+    if bad:
+        counts["failed"] += 1
+        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+
+
+def summary(suite):
+    """The suite's last line, "SUITE: N passed, N failed"; exits 1 when any failed."""
+    print(f"{suite}: {counts['passed']} passed, {counts['failed']} failed")
+    sys.exit(1 if counts["failed"] else 0)
 
 
 def free_port():

@@ -205,27 +205,29 @@ def setup():
     STATE.update(trainers=trainers, infs=infs, paths=paths)
 
 
-def reshard_bit_exact():
-    g = CL.refit("conv", 1)
+def refit_version(version, mode=pb.RESHARD):
+    """The trainers step to version (past the first), it is refitted in mode,
+    every instance installs it, and each equals the numpy reference."""
+    if version > 1:
+        for c in STATE["trainers"]:
+            out = c.cmd(f"next {version}")
+            assert out.startswith("READY"), out
+    g = CL.refit("conv", version, mode=mode)
     assert g.state == pb.COMMITTED, g.failure
     for c in STATE["infs"]:
-        out = c.cmd("wait 1 20000")
-        assert out.startswith("INSTALLED 1 "), out
-    n = compare(STATE["infs"], STATE["paths"], 1)
+        out = c.cmd(f"wait {version} 20000")
+        assert out.startswith(f"INSTALLED {version} "), out
+    return g, compare(STATE["infs"], STATE["paths"], version)
+
+
+def reshard_bit_exact():
+    g, n = refit_version(1)
     print(f"     reshard: {n['elements']} elements in {n['shards']} shards equal the "
           f"numpy reference ({g.bytes} bytes over tcp)")
 
 
 def broadcast_bit_exact():
-    for c in STATE["trainers"]:
-        out = c.cmd("next 2")
-        assert out.startswith("READY"), out
-    g = CL.refit("conv", 2, mode=pb.BROADCAST)
-    assert g.state == pb.COMMITTED, g.failure
-    for c in STATE["infs"]:
-        out = c.cmd("wait 2 20000")
-        assert out.startswith("INSTALLED 2 "), out
-    n = compare(STATE["infs"], STATE["paths"], 2)
+    _, n = refit_version(2, mode=pb.BROADCAST)
     print(f"     gather-and-broadcast: {n['elements']} elements in {n['shards']} shards "
           f"equal the numpy reference")
 
@@ -236,15 +238,7 @@ def coordinator_restart_keeps_conversions():
     CL.coord.wait(timeout=20)
     CL.restart_coord()
     CL.wait_members(4, timeout=30)
-    for c in STATE["trainers"]:
-        out = c.cmd("next 3")
-        assert out.startswith("READY"), out
-    g = CL.refit("conv", 3)
-    assert g.state == pb.COMMITTED, g.failure
-    for c in STATE["infs"]:
-        out = c.cmd("wait 3 20000")
-        assert out.startswith("INSTALLED 3 "), out
-    compare(STATE["infs"], STATE["paths"], 3)
+    refit_version(3)
 
 
 def fp8_crosses_the_wire():
@@ -287,10 +281,5 @@ finally:
         for c in STATE.get(k, []):
             c.close()
     harness.stop_all()
-    bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
-           if p.returncode not in (0, -9, -15)]
-    if bad:
-        harness.counts["failed"] += 1
-        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
-print(f"conversion: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+    harness.check_exits()
+harness.summary("conversion")

@@ -168,7 +168,7 @@ def abort_midway():
     assert g.state == pb.ABORTED, g
     for c in cls["infer"]:
         if c.p.args[c.p.args.index("--instance") + 1] == "db":
-            st = harness.wait_for(lambda: (lambda s: s if "version=1 " in s and "valid=1" in s
+            harness.wait_for(lambda: (lambda s: s if "version=1 " in s and "valid=1" in s
                                            else None)(c.cmd("state")),
                                   what="the double-buffered instance to keep v1")
             assert c.cmd("check 1").endswith("mismatches=0")
@@ -512,19 +512,27 @@ def stale_instances():
     stop(cls)
 
 
+def instance_b_lost(cl, model, seed):
+    """model, a [16, 4] weight trained on ranks 0-1, with double-buffered
+    instances a (node 1) and b (node 2), refitted to version 1; then b's node
+    is killed.  The clients, as start_model returns them."""
+    rng = random.Random(seed)
+    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [16, 4],  # noqa: E731
+                        "mesh": ranks, "placements": ["Shard(0)"]}]
+    cls = start_model(cl, model, w([0, 1]), [("a", w([RPN])), ("b", w([2 * RPN]))], rng,
+                      {"a": "double-buffer", "b": "double-buffer"})
+    g = cl.refit(model, 1)
+    assert g.state == pb.COMMITTED, g.failure
+    cl.nodes[2].kill()
+    cl.nodes[2].wait()
+    return cls
+
+
 def instance_lease():
     """Issue 12, item 3: an instance whose node is gone is dropped after the
     grace period; the other replica goes on being updated."""
     cl = Cluster("g", 3, coord_extra=["--instance-grace-ms", "1000"])
-    rng = random.Random(34)
-    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [16, 4],  # noqa: E731
-                        "mesh": ranks, "placements": ["Shard(0)"]}]
-    cls = start_model(cl, "lease", w([0, 1]), [("a", w([RPN])), ("b", w([2 * RPN]))], rng,
-                      {"a": "double-buffer", "b": "double-buffer"})
-    g = cl.refit("lease", 1)
-    assert g.state == pb.COMMITTED, g.failure
-    cl.nodes[2].kill()
-    cl.nodes[2].wait()
+    cls = instance_b_lost(cl, "lease", 34)
     harness.wait_for(lambda: instances_of(cl, "lease") == ["", "a"],
                      what="instance b to be dropped after the grace period")
     for c in cls["train"]:
@@ -538,15 +546,7 @@ def skip_unhealthy():
     """Issue 12, item 3: a refit installs on every healthy instance and names
     the ones it skipped; with the strict policy it fails naming them."""
     cl = Cluster("k", 3)
-    rng = random.Random(35)
-    w = lambda ranks: [{"name": "w", "dtype": "fp32", "shape": [16, 4],  # noqa: E731
-                        "mesh": ranks, "placements": ["Shard(0)"]}]
-    cls = start_model(cl, "skip", w([0, 1]), [("a", w([RPN])), ("b", w([2 * RPN]))], rng,
-                      {"a": "double-buffer", "b": "double-buffer"})
-    g = cl.refit("skip", 1)
-    assert g.state == pb.COMMITTED, g.failure
-    cl.nodes[2].kill()
-    cl.nodes[2].wait()
+    cls = instance_b_lost(cl, "skip", 35)
     cl.wait_members(2)
     for c in cls["train"]:
         assert c.cmd("next 2").startswith("READY")
@@ -768,11 +768,6 @@ try:
           mixed_transports_refused)
 finally:
     harness.stop_all()
-    bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
-           if p.returncode not in (0, -9, -15)]
-    if bad:
-        harness.counts["failed"] += 1
-        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+    harness.check_exits()
     harness.report_emu_leaks()
-print(f"dataplane: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+harness.summary("dataplane")

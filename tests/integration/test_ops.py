@@ -333,10 +333,5 @@ try:
     check("bad metrics_listen / log_format are refused naming the key", bad_flags)
 finally:
     harness.stop_all()
-    bad = [(p.args[:3], p.returncode) for p in harness.PROCS
-           if p.returncode not in (0, -9, -15)]
-    if bad:
-        harness.counts["failed"] += 1
-        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
-print(f"ops: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+    harness.check_exits()
+harness.summary("ops")

@@ -11,7 +11,6 @@ daemon's message; `pip install` of the package from the tree, offline.
 
 Usage: test_python.py BUILD_DIR.  Prints "python: N passed, N failed" last.
 """
-import glob
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import RPN, Cluster, check, spawn, wait_for  # noqa: E402
+from harness import RPN, Cluster, check, spawn  # noqa: E402
 
 harness.init(BUILD, TMP)
 LIB = os.path.abspath(f"{BUILD}/lib/librefit.so")
@@ -45,6 +44,11 @@ import torch  # noqa: E402
 import refit  # noqa: E402
 
 assert os.path.dirname(refit.__file__) == os.path.abspath("python/refit"), refit.__file__
+
+sys.path.insert(0, os.path.abspath("python/examples"))
+import trainer as trainer_example  # noqa: E402
+from trainer import Mesh, Replicate, Shard  # noqa: E402
+
 ENV = dict(os.environ, PYTHONPATH=os.path.abspath("python"), REFIT_LIBRARY=LIB)
 PY = "/usr/bin/python3"
 T_RANKS = f"0-{RPN - 1}"
@@ -112,15 +116,7 @@ def examples():
     assert checked == 3 * 2 * 2 * RPN, checked
 
 
-class Shard:
-    def __init__(self, dim):
-        self.dim = dim
-
-
-class Replicate:
-    pass
-
-
+# the DTensor stand-ins of the trainer example (Shard, Replicate, Mesh), and two more
 class _StridedShard:
     def __init__(self, dim, split_factor):
         self.dim, self.split_factor = dim, split_factor
@@ -130,15 +126,9 @@ class Partial:
     pass
 
 
-class Mesh:
-    def __init__(self, ranks):
-        self.mesh = torch.tensor(ranks)
-
-
-class DTensorLike:
-    def __init__(self, shape, dtype, mesh, placements):
-        self.shape, self.dtype = torch.Size(shape), dtype
-        self.device_mesh, self.placements = Mesh(mesh), placements
+def DTensorLike(shape, dtype, mesh, placements):  # noqa: N802  (stands in for a class)
+    """The example's DTensorLike over a mesh of these global ranks."""
+    return trainer_example.DTensorLike(shape, dtype, Mesh(mesh), placements)
 
 
 def dtensor_path():
@@ -286,10 +276,5 @@ try:
           pip_install)
 finally:
     harness.stop_all()
-    bad = [(p.args[:3], p.returncode) for p in harness.PROCS
-           if p.returncode not in (0, -9, -15)]
-    if bad:
-        harness.counts["failed"] += 1
-        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
-print(f"python: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+    harness.check_exits()
+harness.summary("python")

@@ -3,28 +3,26 @@
  * so a crash fails one test, not the run.  Exit status 0 when all pass.
  * Check's own CK_RUN_SUITE / CK_RUN_CASE select a part.
  */
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "tests/unit/suites.h"
 
+/* The suites, in the order they run. */
+static Suite *(*const suites[])(void) = {
+	suite_common,  suite_box,       suite_layout,   suite_topo,      suite_codec,
+	suite_planner, suite_validate,  suite_property, suite_dataplane, suite_model,
+	suite_convert, suite_conv_exec, suite_ops,
+};
+
 int
 main(void)
 {
-	SRunner *sr = srunner_create(suite_common());
+	SRunner *sr = srunner_create(NULL);
 	int failed;
 
-	srunner_add_suite(sr, suite_box());
-	srunner_add_suite(sr, suite_layout());
-	srunner_add_suite(sr, suite_topo());
-	srunner_add_suite(sr, suite_codec());
-	srunner_add_suite(sr, suite_planner());
-	srunner_add_suite(sr, suite_validate());
-	srunner_add_suite(sr, suite_property());
-	srunner_add_suite(sr, suite_dataplane());
-	srunner_add_suite(sr, suite_model());
-	srunner_add_suite(sr, suite_convert());
-	srunner_add_suite(sr, suite_conv_exec());
-	srunner_add_suite(sr, suite_ops());
+	for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
+		srunner_add_suite(sr, suites[i]());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

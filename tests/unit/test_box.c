@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "plan/internal.h"
-#include "tests/unit/suites.h"
+#include "tests/unit/helpers.h"
 
 static plan_box_t
 B2(int64_t o0, int64_t o1, int64_t s0, int64_t s1)
@@ -151,15 +151,6 @@ END_TEST
 Suite *
 suite_box(void)
 {
-	Suite *s = suite_create("box");
-	TCase *tc = tcase_create("core");
-
-	tcase_add_test(tc, intersect_and_contains);
-	tcase_add_test(tc, subtract_random);
-	tcase_add_test(tc, split_near_equal);
-	tcase_add_test(tc, chunk_bounds_and_tiles);
-	tcase_add_test(tc, dtypes);
-	tcase_add_test(tc, box_cmp_order);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("box", th_tcase("core", 0, TH_TESTS(intersect_and_contains, subtract_random,
+			split_near_equal, chunk_bounds_and_tiles, dtypes, box_cmp_order)), NULL);
 }

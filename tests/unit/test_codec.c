@@ -67,43 +67,28 @@ END_TEST
 
 START_TEST(plan_json_shape)
 {
-	plan_layout_set_t s, d;
-	plan_topo_t t;
-	plan_t p;
-	plan_opts_t o;
+	th_plan_t x;
 	strbuf_t sb;
 
-	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[4],\"mesh\":[0,1],"
-		   "\"placements\":[\"Shard(0)\"]}", &s);
-	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[4],\"mesh\":[8],"
-		   "\"placements\":[\"Replicate()\"]}", &d);
-	th_topo("dgx-h100:16", &t);
-	plan_opts_default(&o);
-	ck_assert_int_eq(plan_build(&s, &d, &t, &o, &p, NULL), REFIT_OK);
+	th_plan_build(&x, "{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[4],\"mesh\":[0,1],"
+		      "\"placements\":[\"Shard(0)\"]}",
+		      "{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[4],\"mesh\":[8],"
+		      "\"placements\":[\"Replicate()\"]}", "dgx-h100:16", NULL);
 	strbuf_init(&sb);
-	codec_plan_json(&p, NULL, &sb);
+	codec_plan_json(&x.p, NULL, &sb);
 	ck_assert_ptr_nonnull(strstr(sb.s, "\"digest\": \""));
 	ck_assert_ptr_nonnull(strstr(sb.s, "{\"stage\": 0, \"from\": 0, \"to\": 8, \"tensor\": "
 				     "\"w\", \"offset\": [0], \"size\": [2]}"));
 	ck_assert_ptr_nonnull(strstr(sb.s, "{\"stage\": 0, \"from\": 1, \"to\": 8, \"tensor\": "
 				     "\"w\", \"offset\": [2], \"size\": [2]}"));
 	strbuf_fini(&sb);
-	plan_fini(&p);
-	plan_topo_fini(&t);
-	plan_layout_set_fini(&s);
-	plan_layout_set_fini(&d);
+	th_plan_fini(&x);
 }
 END_TEST
 
 Suite *
 suite_codec(void)
 {
-	Suite *s = suite_create("codec");
-	TCase *tc = tcase_create("json");
-
-	tcase_add_test(tc, tensors_list_and_boxes_json);
-	tcase_add_test(tc, bad_documents);
-	tcase_add_test(tc, plan_json_shape);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("codec", th_tcase("json", 0, TH_TESTS(tensors_list_and_boxes_json,
+			bad_documents, plan_json_shape)), NULL);
 }

@@ -14,7 +14,7 @@
 #include "common/sha256.h"
 #include "common/strbuf.h"
 #include "common/utf8.h"
-#include "tests/unit/suites.h"
+#include "tests/unit/helpers.h"
 
 START_TEST(utf8_checks)
 {
@@ -241,19 +241,7 @@ END_TEST
 Suite *
 suite_common(void)
 {
-	Suite *s = suite_create("common");
-	TCase *tc = tcase_create("core");
-
-	tcase_add_test(tc, sha256_vectors);
-	tcase_add_test(tc, err_first_wins);
-	tcase_add_test(tc, err_prefix_truncates);
-	tcase_add_test(tc, strbuf_grows_and_escapes);
-	tcase_add_test(tc, parse_sizes);
-	tcase_add_test(tc, vec_push);
-	tcase_add_test(tc, strmap_intern);
-	tcase_add_test(tc, log_levels);
-	tcase_add_test(tc, crc32c_vectors);
-	tcase_add_test(tc, utf8_checks);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("common", th_tcase("core", 0, TH_TESTS(sha256_vectors, err_first_wins,
+			err_prefix_truncates, strbuf_grows_and_escapes, parse_sizes, vec_push,
+			strmap_intern, log_levels, crc32c_vectors, utf8_checks)), NULL);
 }

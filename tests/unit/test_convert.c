@@ -14,69 +14,89 @@
 
 typedef struct { uint32_t in; uint32_t want; } case_t;
 
-START_TEST(bf16_rounding)
-{
-	static const case_t c[] = {
-		{0x3f800000, 0x3f80}, {0x3f808000, 0x3f80}, /* tie, even stays */
-		{0x3f818000, 0x3f82}, /* tie, odd rounds up */
-		{0x3f808001, 0x3f81}, {0xbf808001, 0xbf81},
-		{0x7f7fffff, 0x7f80}, /* fp32 max rounds to inf */
-		{0x7f7f7fff, 0x7f7f}, {0xff800000, 0xff80}, {0x7f800000, 0x7f80},
-		{0x7fc00001, 0x7fc0}, {0xffc00000, 0x7fc0}, {0x7f800001, 0x7fc0},
-		{0x00000001, 0x0000}, {0x00008000, 0x0000}, {0x00018000, 0x0002},
-		{0x80000000, 0x8000}, {0x807fffff, 0x8080},
-	};
+static const case_t bf16_cases[] = {
+	{0x3f800000, 0x3f80}, {0x3f808000, 0x3f80}, /* tie, even stays */
+	{0x3f818000, 0x3f82}, /* tie, odd rounds up */
+	{0x3f808001, 0x3f81}, {0xbf808001, 0xbf81},
+	{0x7f7fffff, 0x7f80}, /* fp32 max rounds to inf */
+	{0x7f7f7fff, 0x7f7f}, {0xff800000, 0xff80}, {0x7f800000, 0x7f80},
+	{0x7fc00001, 0x7fc0}, {0xffc00000, 0x7fc0}, {0x7f800001, 0x7fc0},
+	{0x00000001, 0x0000}, {0x00008000, 0x0000}, {0x00018000, 0x0002},
+	{0x80000000, 0x8000}, {0x807fffff, 0x8080},
+};
 
-	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
-		ck_assert_msg(dp_cvt_bf16(c[i].in) == c[i].want, "bf16(%08x) = %04x, want %04x",
-			      c[i].in, dp_cvt_bf16(c[i].in), c[i].want);
+static const case_t fp16_cases[] = {
+	{0x3f800000, 0x3c00}, {0x477fe000, 0x7bff}, {0x477fefff, 0x7bff},
+	{0x477ff000, 0x7c00}, /* 65520: tie, rounds to inf */
+	{0x7f800000, 0x7c00}, {0xff800000, 0xfc00}, {0x7f7fffff, 0x7c00},
+	{0x33800000, 0x0001}, /* 2^-24 */
+	{0x33000000, 0x0000}, /* 2^-25: tie to even 0 */
+	{0xb3000000, 0x8000}, {0x33000001, 0x0001},
+	{0x33400000, 0x0001}, {0x33c00000, 0x0002}, /* 3 * 2^-25: tie to even 2 */
+	{0x38800000, 0x0400}, {0x387fc000, 0x03ff}, {0x387fe000, 0x0400},
+	{0x7fc00000, 0x7e00}, {0xffc00001, 0x7e00}, {0x80000000, 0x8000},
+	{0x3f801000, 0x3c00}, {0x3f803000, 0x3c02}, {0x00000001, 0x0000},
+};
+
+static const case_t e4m3_cases[] = {
+	{0x00000000, 0x00}, {0x80000000, 0x80}, {0x3f800000, 0x38},
+	{0x3f880000, 0x38}, /* 1.0625: tie to even 1.0 */
+	{0x3f980000, 0x3a}, /* 1.1875: tie to even 1.25 */
+	{0x3f880001, 0x39}, {0x43e00000, 0x7e}, {0xc3e00000, 0xfe},
+	{0x43dfffff, 0x7e}, {0x43e80000, 0x7e}, /* 464: saturates */
+	{0x4e6e6b28, 0x7e}, {0x7f800000, 0x7e}, {0xff800000, 0xfe},
+	{0x7fc00000, 0x7f}, {0xffc00000, 0x7f}, {0x7f800001, 0x7f},
+	{0x3c800000, 0x08}, /* 2^-6, smallest normal */
+	{0x3b000000, 0x01}, /* 2^-9, smallest subnormal */
+	{0x3a800000, 0x00}, /* 2^-10: tie to even 0 */
+	{0xba800000, 0x80}, {0x3a800001, 0x01},
+	{0x3b400000, 0x02}, /* 3 * 2^-10: tie to even 2 */
+	{0x3c700000, 0x08}, /* 15 * 2^-10: tie to even 8, a normal */
+	{0x3c600000, 0x07}, {0x43700000, 0x77}, {0x3f000000, 0x30},
+	{0x00000001, 0x00}, {0x80000001, 0x80}, {0x3d100000, 0x11},
+};
+
+static uint32_t
+cvt_bf16(uint32_t f32)
+{
+	return dp_cvt_bf16(f32);
 }
-END_TEST
 
-START_TEST(fp16_rounding)
+static uint32_t
+cvt_fp16(uint32_t f32)
 {
-	static const case_t c[] = {
-		{0x3f800000, 0x3c00}, {0x477fe000, 0x7bff}, {0x477fefff, 0x7bff},
-		{0x477ff000, 0x7c00}, /* 65520: tie, rounds to inf */
-		{0x7f800000, 0x7c00}, {0xff800000, 0xfc00}, {0x7f7fffff, 0x7c00},
-		{0x33800000, 0x0001}, /* 2^-24 */
-		{0x33000000, 0x0000}, /* 2^-25: tie to even 0 */
-		{0xb3000000, 0x8000}, {0x33000001, 0x0001},
-		{0x33400000, 0x0001}, {0x33c00000, 0x0002}, /* 3 * 2^-25: tie to even 2 */
-		{0x38800000, 0x0400}, {0x387fc000, 0x03ff}, {0x387fe000, 0x0400},
-		{0x7fc00000, 0x7e00}, {0xffc00001, 0x7e00}, {0x80000000, 0x8000},
-		{0x3f801000, 0x3c00}, {0x3f803000, 0x3c02}, {0x00000001, 0x0000},
-	};
-
-	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
-		ck_assert_msg(dp_cvt_fp16(c[i].in) == c[i].want, "fp16(%08x) = %04x, want %04x",
-			      c[i].in, dp_cvt_fp16(c[i].in), c[i].want);
+	return dp_cvt_fp16(f32);
 }
-END_TEST
 
-START_TEST(e4m3_rounding)
+static uint32_t
+cvt_e4m3(uint32_t f32)
 {
-	static const case_t c[] = {
-		{0x00000000, 0x00}, {0x80000000, 0x80}, {0x3f800000, 0x38},
-		{0x3f880000, 0x38}, /* 1.0625: tie to even 1.0 */
-		{0x3f980000, 0x3a}, /* 1.1875: tie to even 1.25 */
-		{0x3f880001, 0x39}, {0x43e00000, 0x7e}, {0xc3e00000, 0xfe},
-		{0x43dfffff, 0x7e}, {0x43e80000, 0x7e}, /* 464: saturates */
-		{0x4e6e6b28, 0x7e}, {0x7f800000, 0x7e}, {0xff800000, 0xfe},
-		{0x7fc00000, 0x7f}, {0xffc00000, 0x7f}, {0x7f800001, 0x7f},
-		{0x3c800000, 0x08}, /* 2^-6, smallest normal */
-		{0x3b000000, 0x01}, /* 2^-9, smallest subnormal */
-		{0x3a800000, 0x00}, /* 2^-10: tie to even 0 */
-		{0xba800000, 0x80}, {0x3a800001, 0x01},
-		{0x3b400000, 0x02}, /* 3 * 2^-10: tie to even 2 */
-		{0x3c700000, 0x08}, /* 15 * 2^-10: tie to even 8, a normal */
-		{0x3c600000, 0x07}, {0x43700000, 0x77}, {0x3f000000, 0x30},
-		{0x00000001, 0x00}, {0x80000001, 0x80}, {0x3d100000, 0x11},
-	};
+	return dp_cvt_e4m3(f32);
+}
 
-	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
-		ck_assert_msg(dp_cvt_e4m3(c[i].in) == c[i].want, "e4m3(%08x) = %02x, want %02x",
-			      c[i].in, dp_cvt_e4m3(c[i].in), c[i].want);
+/* A rounding kernel with its hand-computed cases. */
+typedef struct kernel {
+	const char *name;
+	uint32_t (*cvt)(uint32_t f32);
+	const case_t *c;
+	size_t n;
+} kernel_t;
+
+#define KERNEL(name, fn, cases) {name, fn, cases, sizeof(cases) / sizeof(cases[0])}
+
+static const kernel_t kernels[] = {
+	KERNEL("bf16", cvt_bf16, bf16_cases),
+	KERNEL("fp16", cvt_fp16, fp16_cases),
+	KERNEL("e4m3", cvt_e4m3, e4m3_cases),
+};
+
+START_TEST(rounding)
+{
+	const kernel_t *k = &kernels[_i];
+
+	for (size_t i = 0; i < k->n; i++)
+		ck_assert_msg(k->cvt(k->c[i].in) == k->c[i].want, "%s(%08x) = %x, want %x", k->name,
+			      k->c[i].in, k->cvt(k->c[i].in), k->c[i].want);
 }
 END_TEST
 
@@ -340,16 +360,9 @@ END_TEST
 Suite *
 suite_convert(void)
 {
-	Suite *s = suite_create("convert");
-	TCase *tc = tcase_create("kernels");
+	TCase *tc = th_tcase("kernels", 0, TH_TESTS(widen_and_scale, special_blocks, mx_scales,
+			regions_match_whole_tensor));
 
-	tcase_add_test(tc, bf16_rounding);
-	tcase_add_test(tc, fp16_rounding);
-	tcase_add_test(tc, e4m3_rounding);
-	tcase_add_test(tc, widen_and_scale);
-	tcase_add_test(tc, special_blocks);
-	tcase_add_test(tc, mx_scales);
-	tcase_add_test(tc, regions_match_whole_tensor);
-	suite_add_tcase(s, tc);
-	return s;
+	tcase_add_loop_test(tc, rounding, 0, sizeof(kernels) / sizeof(kernels[0]));
+	return th_suite("convert", tc, NULL);
 }

@@ -34,31 +34,43 @@ START_TEST(pytorch_shard_shard_same_dim)
 }
 END_TEST
 
+#define T(dtype, shape, mesh, pl) \
+	"{\"name\":\"t\",\"dtype\":\"" dtype "\",\"shape\":" shape ",\"mesh\":" mesh \
+	",\"placements\":" pl "}"
+
+/* A dim of the first shard of a rank: offset and size. */
+typedef struct box1 {
+	int32_t rank;
+	int d;
+	int64_t off, size;
+} box1_t;
+
+/* Uneven and empty shards: layouts and dims of their ranks' shards. */
+static const struct uneven {
+	const char *json;
+	int n;
+	box1_t want[4];
+} uneven[] = {
+	/* 5 over 4 ranks: 2, 2, 1 and an empty one at the end */
+	{T("bf16", "[5]", "[0,1,2,3]", "[\"Shard(0)\"]"), 4,
+	 {{0, 0, 0, 2}, {1, 0, 2, 2}, {2, 0, 4, 1}, {3, 0, 5, 0}}},
+	/* ceil(3/4) = 1: sizes 1,1,1,0; and 0-sized dims */
+	{T("bf16", "[3,0]", "[0,1,2,3]", "[\"S(0)\"]"), 3, {{2, 0, 2, 1}, {3, 0, 3, 0}, {0, 1, 0, 0}}},
+	/* 2-D mesh, two dims, uneven on both */
+	{T("bf16", "[5,7]", "[[0,1,2],[3,4,5]]", "[\"Shard(0)\",\"Shard(1)\"]"), 4,
+	 {{0, 0, 0, 3}, {4, 0, 3, 2}, {4, 1, 3, 3}, {5, 1, 6, 1}}},
+};
+
 START_TEST(uneven_and_empty)
 {
+	const struct uneven *u = &uneven[_i];
 	plan_layout_t l;
 
-	th_layout("{\"name\":\"t\",\"dtype\":\"bf16\",\"shape\":[5],"
-		  "\"mesh\":[0,1,2,3],\"placements\":[\"Shard(0)\"]}", &l);
-	assert_box1(th_shard(&l, 0, 0), 0, 0, 2);
-	assert_box1(th_shard(&l, 1, 0), 0, 2, 2);
-	assert_box1(th_shard(&l, 2, 0), 0, 4, 1);
-	assert_box1(th_shard(&l, 3, 0), 0, 5, 0); /* empty, at the end */
-	plan_layout_fini(&l);
-	/* ceil(3/4) = 1: sizes 1,1,1,0; and 0-sized dims */
-	th_layout("{\"name\":\"t\",\"dtype\":\"bf16\",\"shape\":[3,0],"
-		  "\"mesh\":[0,1,2,3],\"placements\":[\"S(0)\"]}", &l);
-	assert_box1(th_shard(&l, 2, 0), 0, 2, 1);
-	assert_box1(th_shard(&l, 3, 0), 0, 3, 0);
-	assert_box1(th_shard(&l, 0, 0), 1, 0, 0);
-	plan_layout_fini(&l);
-	/* 2-D mesh, two dims, uneven on both */
-	th_layout("{\"name\":\"t\",\"dtype\":\"bf16\",\"shape\":[5,7],"
-		  "\"mesh\":[[0,1,2],[3,4,5]],\"placements\":[\"Shard(0)\",\"Shard(1)\"]}", &l);
-	assert_box1(th_shard(&l, 0, 0), 0, 0, 3);
-	assert_box1(th_shard(&l, 4, 0), 0, 3, 2);
-	assert_box1(th_shard(&l, 4, 0), 1, 3, 3);
-	assert_box1(th_shard(&l, 5, 0), 1, 6, 1);
+	ck_assert_int_gt(u->n, 0);
+	th_layout(u->json, &l);
+	for (int k = 0; k < u->n; k++)
+		assert_box1(th_shard(&l, u->want[k].rank, 0), u->want[k].d, u->want[k].off,
+			    u->want[k].size);
 	plan_layout_fini(&l);
 }
 END_TEST
@@ -471,25 +483,13 @@ END_TEST
 Suite *
 suite_layout(void)
 {
-	Suite *s = suite_create("layout");
-	TCase *tc = tcase_create("dtensor");
-	TCase *tv = tcase_create("validation");
+	TCase *tc = th_tcase("dtensor", 60, TH_TESTS(pytorch_shard_shard_same_dim, nested_shard_order,
+			strided_shard_fsdp_tp, strided_shard_multi_box, negative_dim_and_replicate, noncontiguous_ranks_any_order,
+			dtensor_matches_index_oracle));
+	TCase *tv = th_tcase("validation", 0, TH_TESTS(placement_parsing, validation_messages,
+			explicit_and_coverage, duplicate_tensor_is_invalid,
+			match_reports_differences));
 
-	tcase_add_test(tc, pytorch_shard_shard_same_dim);
-	tcase_add_test(tc, uneven_and_empty);
-	tcase_add_test(tc, nested_shard_order);
-	tcase_add_test(tc, strided_shard_fsdp_tp);
-	tcase_add_test(tc, strided_shard_multi_box);
-	tcase_add_test(tc, negative_dim_and_replicate);
-	tcase_add_test(tc, noncontiguous_ranks_any_order);
-	tcase_add_test(tc, dtensor_matches_index_oracle);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tv, placement_parsing);
-	tcase_add_test(tv, validation_messages);
-	tcase_add_test(tv, explicit_and_coverage);
-	tcase_add_test(tv, duplicate_tensor_is_invalid);
-	tcase_add_test(tv, match_reports_differences);
-	suite_add_tcase(s, tc);
-	suite_add_tcase(s, tv);
-	return s;
+	tcase_add_loop_test(tc, uneven_and_empty, 0, sizeof(uneven) / sizeof(uneven[0]));
+	return th_suite("layout", tc, tv, NULL);
 }

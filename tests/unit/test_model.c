@@ -136,14 +136,6 @@ END_TEST
 Suite *
 suite_model(void)
 {
-	Suite *s = suite_create("model");
-	TCase *tc = tcase_create("catalogue");
-
-	tcase_add_test(tc, par_specs);
-	tcase_add_test(tc, catalogue_sizes);
-	tcase_add_test(tc, layouts_plan_and_validate);
-	tcase_add_test(tc, arch_errors);
-	tcase_set_timeout(tc, 120);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("model", th_tcase("catalogue", 120, TH_TESTS(par_specs, catalogue_sizes,
+			layouts_plan_and_validate, arch_errors)), NULL);
 }

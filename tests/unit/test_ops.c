@@ -12,7 +12,7 @@
 
 #include "common/log.h"
 #include "common/sdnotify.h"
-#include "tests/unit/suites.h"
+#include "tests/unit/helpers.h"
 
 START_TEST(watchdog_usec)
 {
@@ -136,12 +136,6 @@ END_TEST
 Suite *
 suite_ops(void)
 {
-	Suite *s = suite_create("ops");
-	TCase *tc = tcase_create("ops");
-
-	tcase_add_test(tc, watchdog_usec);
-	tcase_add_test(tc, notify_datagrams);
-	tcase_add_test(tc, json_lines);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("ops", th_tcase("ops", 0, TH_TESTS(watchdog_usec, notify_datagrams,
+			json_lines)), NULL);
 }

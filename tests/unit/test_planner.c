@@ -2,6 +2,7 @@
  * test_planner.c - the reshard and broadcast planners on hand-made cases,
  * with exact byte counts, and the cost model.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,13 +15,7 @@
 #define PIN_QWEN "041b6263247218dcdd908cae1644a541409762629f7f6744ef75d9fb987955e7"
 #define PIN_DEEPSEEK "90549c68678f439a0d62ef980fe20cecf523b9813fe7c8460fb048441c8bc714"
 
-typedef struct tcase_ctx {
-	plan_layout_set_t s, d;
-	plan_topo_t t;
-	plan_t p;
-	plan_cost_t c;
-	plan_check_t chk;
-} ctx_t;
+typedef th_plan_t ctx_t;
 
 /* Build, validate and cost; the test fails on any error. */
 static void
@@ -28,235 +23,250 @@ run(ctx_t *x, const char *src, const char *dst, const char *topo, plan_mode_t mo
     uint64_t chunk, uint64_t staging)
 {
 	plan_opts_t o;
-	refit_err_t e;
 
-	th_layouts(src, &x->s);
-	th_layouts(dst, &x->d);
-	th_topo(topo, &x->t);
 	plan_opts_default(&o);
 	o.mode = mode;
 	if (chunk)
 		o.chunk_bytes = chunk;
 	if (staging)
 		o.staging_bytes = staging;
-	refit_err_clear(&e);
-	ck_assert_msg(plan_build(&x->s, &x->d, &x->t, &o, &x->p, &e) == REFIT_OK, "%s", e.msg);
-	ck_assert_msg(plan_validate(&x->p, &x->s, &x->d, &x->chk, &e) == REFIT_OK, "%s", e.msg);
-	ck_assert_msg(plan_cost(&x->p, &x->s, &x->d, &x->t, &x->c, &e) == REFIT_OK, "%s", e.msg);
-}
-
-static void
-done(ctx_t *x)
-{
-	plan_fini(&x->p);
-	plan_topo_fini(&x->t);
-	plan_layout_set_fini(&x->s);
-	plan_layout_set_fini(&x->d);
+	th_plan_build(x, src, dst, topo, &o);
 }
 
 #define W(name, shape, mesh, pl) \
 	"{\"name\":\"" name "\",\"dtype\":\"fp32\",\"shape\":" shape ",\"mesh\":" mesh \
 	",\"placements\":" pl "}"
+/* A shard of rank r holding all of a [64,1024] tensor. */
+#define FULL(r) "{\"rank\":" #r ",\"offset\":[0,0],\"size\":[64,1024]}"
 
-START_TEST(tp2_to_tp4_other_node)
+/* ---- hand-made cases, as data ----------------------------------------- */
+
+/* What a case's expectations read from the plan, its check and its cost. */
+typedef enum metric {
+	NET, NVL, ONNODE, LOCAL, LB_NET, MAX_NIC, PAYLOAD, NEEDED, RELAY, MAX_STAGING,
+	NXFERS, NSTAGES, NMSGS,
+} metric_t;
+
+static const char *const metric_names[] = {
+	"network bytes", "nvlink bytes", "local + nvlink bytes", "local bytes",
+	"network lower bound", "busiest NIC bytes", "payload bytes", "needed bytes",
+	"relay bytes", "max staging", "transfers", "stages", "messages",
+};
+
+static uint64_t
+metric_of(const ctx_t *x, metric_t m)
 {
-	ctx_t x;
-
-	run(&x, W("w", "[8,4]", "[0,1]", "[\"Shard(0)\"]"),
-	    W("w", "[8,4]", "[8,9,10,11]", "[\"Shard(0)\"]"), "dgx-h100:16",
-	    PLAN_MODE_RESHARD, 0, 0);
-	ck_assert_uint_eq(x.p.nxfers, 4);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 128);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 0);
-	ck_assert_uint_eq(x.c.lb_network_bytes, 128);
-	ck_assert_uint_eq(x.chk.needed_bytes, 128);
-	ck_assert_uint_eq(x.chk.relay_bytes, 0);
-	for (size_t i = 0; i < x.p.nxfers; i++) {
-		ck_assert_int_eq(x.p.xfers[i].from, x.p.xfers[i].to < 10 ? 0 : 1);
-		ck_assert_int_eq(x.p.xfers[i].stage, 0);
+	switch (m) {
+	case NET: return x->c.bytes[PLAN_LINK_NETWORK];
+	case NVL: return x->c.bytes[PLAN_LINK_NVLINK];
+	case ONNODE: return x->c.bytes[PLAN_LINK_LOCAL] + x->c.bytes[PLAN_LINK_NVLINK];
+	case LOCAL: return x->c.bytes[PLAN_LINK_LOCAL];
+	case LB_NET: return x->c.lb_network_bytes;
+	case MAX_NIC: return x->c.max_nic_bytes;
+	case PAYLOAD: return x->c.payload_bytes;
+	case NEEDED: return x->chk.needed_bytes;
+	case RELAY: return x->chk.relay_bytes;
+	case MAX_STAGING: return x->chk.max_staging;
+	case NXFERS: return x->p.nxfers;
+	case NSTAGES: return x->p.nstages;
+	case NMSGS: return x->p.nmsgs;
 	}
-	done(&x);
+	ck_abort_msg("metric %d", (int)m);
+	return 0;
 }
-END_TEST
 
-/* DP2 x TP2 inside one node: each element enters the node once. */
-START_TEST(replicas_in_domain_enter_once)
+/* One expectation: metric op value, op one of "==", "<=", ">=", ">". */
+typedef struct expect {
+	metric_t m;
+	const char *op;
+	uint64_t v;
+} expect_t;
+
+static void
+expect(const char *name, const ctx_t *x, const expect_t *w)
 {
-	ctx_t x;
+	uint64_t v = metric_of(x, w->m);
+	bool ok;
 
-	run(&x, W("w", "[64,64]", "[0,1]", "[\"Shard(1)\"]"),
-	    W("w", "[64,64]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"),
-	    "dgx-h100:12", PLAN_MODE_RESHARD, 4096, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 64 * 64 * 4);
-	{
-		/* inside the destination node, each replica's half is forwarded
-		 * once (the source node may also use its idle NICs to send) */
-		uint64_t in_dst = 0;
+	if (strcmp(w->op, "==") == 0)
+		ok = v == w->v;
+	else if (strcmp(w->op, "<=") == 0)
+		ok = v <= w->v;
+	else if (strcmp(w->op, ">=") == 0)
+		ok = v >= w->v;
+	else if (strcmp(w->op, ">") == 0)
+		ok = v > w->v;
+	else
+		ck_abort_msg("%s: unknown op \"%s\"", name, w->op);
+	ck_assert_msg(ok, "%s: %s is %" PRIu64 ", expected %s %" PRIu64, name,
+		      metric_names[w->m], v, w->op, w->v);
+}
 
-		for (size_t i = 0; i < x.p.nxfers; i++)
-			if (x.p.xfers[i].from >= 8 &&
-			    plan_link_of(&x.t, x.p.xfers[i].from, x.p.xfers[i].to) == PLAN_LINK_NVLINK)
-				in_dst += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
-		ck_assert_uint_eq(in_dst, 64 * 64 * 4);
+typedef struct pcase {
+	const char *name, *src, *dst, *topo;
+	plan_mode_t mode;
+	uint64_t chunk, staging;     /* 0: the default */
+	expect_t want[8];            /* ends at the first without op */
+	void (*more)(const ctx_t *x); /* checks the table cannot say, or NULL */
+} pcase_t;
+
+/* tp2 -> tp4 on another node: rank 0 serves ranks 8, 9 and rank 1 serves
+ * 10, 11, all in stage 0. */
+static void
+tp2_sources(const ctx_t *x)
+{
+	for (size_t i = 0; i < x->p.nxfers; i++) {
+		ck_assert_int_eq(x->p.xfers[i].from, x->p.xfers[i].to < 10 ? 0 : 1);
+		ck_assert_int_eq(x->p.xfers[i].stage, 0);
 	}
-	ck_assert_uint_eq(x.c.payload_bytes, 2 * 64 * 64 * 4);
-	ck_assert_uint_eq(x.c.lb_network_bytes, 64 * 64 * 4);
-	ck_assert_uint_le(x.chk.max_staging, PLAN_DEFAULT_STAGING_BYTES);
-	/* both replicas' NICs share the work */
-	ck_assert_uint_le(x.c.max_nic_bytes, 64 * 64 * 4 / 2);
-	{
-		plan_msgs_t it;
-		plan_msg_t m;
-		size_t n = 0;
+}
 
-		plan_msgs_init(&it, &x.p, 0, x.p.nxfers);
-		while (plan_msgs_next(&it, &m)) {
-			ck_assert_uint_le(m.bytes, 4096);
-			n++;
-		}
-		plan_msgs_fini(&it);
-		ck_assert_uint_eq(n, x.p.nmsgs);
-		ck_assert_uint_ge(n, 64 * 64 * 4 * 2 / 4096);
+/* Inside the destination node, each replica's half is forwarded once (the
+ * source node may also use its idle NICs to send); messages keep to the
+ * chunk and the iterator yields exactly the plan's messages. */
+static void
+forwarded_once(const ctx_t *x)
+{
+	uint64_t in_dst = 0;
+	plan_msgs_t it;
+	plan_msg_t m;
+	size_t n = 0;
+
+	for (size_t i = 0; i < x->p.nxfers; i++)
+		if (x->p.xfers[i].from >= 8 &&
+		    plan_link_of(&x->t, x->p.xfers[i].from, x->p.xfers[i].to) == PLAN_LINK_NVLINK)
+			in_dst += plan_xfer_bytes(&x->p, &x->p.xfers[i]);
+	ck_assert_uint_eq(in_dst, 64 * 64 * 4);
+	plan_msgs_init(&it, &x->p, 0, x->p.nxfers);
+	while (plan_msgs_next(&it, &m)) {
+		ck_assert_uint_le(m.bytes, 4096);
+		n++;
 	}
-	done(&x);
+	plan_msgs_fini(&it);
+	ck_assert_uint_eq(n, x->p.nmsgs);
 }
-END_TEST
 
-START_TEST(replicas_across_domains)
+/* Idle ranks (12..15) only pass parts on, so they receive over the network. */
+static void
+idle_receive_from_network(const ctx_t *x)
 {
-	ctx_t x;
-
-	run(&x, W("w", "[16]", "[0]", "[\"Replicate()\"]"),
-	    W("w", "[16]", "[[8,9],[16,17]]", "[\"Replicate()\",\"Shard(0)\"]"),
-	    "dgx-h100:24", PLAN_MODE_RESHARD, 0, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 2 * 16 * 4);
-	ck_assert_uint_eq(x.c.lb_network_bytes, 2 * 16 * 4);
-	done(&x);
-}
-END_TEST
-
-/* Training and inference on the same GPUs: nothing crosses the network. */
-START_TEST(colocated_no_network)
-{
-	ctx_t x;
-
-	run(&x, W("w", "[8,8]", "[[0,1],[2,3]]", "[\"Shard(0)\",\"Shard(1)\"]"),
-	    W("w", "[8,8]", "[0,1,2,3]", "[\"Shard(1)\"]"), "dgx-h100:8",
-	    PLAN_MODE_RESHARD, 0, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 0);
-	ck_assert_uint_eq(x.c.lb_network_bytes, 0);
-	ck_assert_uint_gt(x.c.bytes[PLAN_LINK_LOCAL], 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_LOCAL] + x.c.bytes[PLAN_LINK_NVLINK], 8 * 8 * 4);
-	done(&x);
-}
-END_TEST
-
-/* A source replicated on four nodes: sends spread over the replicas. */
-START_TEST(source_replicas_balanced)
-{
-	ctx_t x;
-
-	run(&x, W("w", "[64,1024]", "[0,8,16,24]", "[\"Replicate()\"]"),
-	    W("w", "[64,1024]", "[32,33,34,35,36,37,38,39]", "[\"Shard(0)\"]"),
-	    "dgx-h100:40", PLAN_MODE_RESHARD, 64 << 10, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 64 * 1024 * 4);
-	/* the holders' domains send through all their NICs (hierarchical
-	 * send), so the eight receiving NICs are the busiest */
-	ck_assert_uint_eq(x.c.max_nic_bytes, 64 * 1024 * 4 / 8);
-	done(&x);
-}
-END_TEST
-
-/* Hierarchical receive: the same DP2 x TP2 in a node with four more GPUs
- * that hold nothing; all eight NICs take parts in, the idle ones forward
- * theirs over NVLink, and the relayed bytes stay within staging. */
-START_TEST(idle_nics_take_parts_in)
-{
-	ctx_t x;
-
-	run(&x, W("w", "[1024,512]", "[0,1]", "[\"Shard(1)\"]"),
-	    W("w", "[1024,512]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"),
-	    "dgx-h100:16", PLAN_MODE_RESHARD, 4096, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 1024 * 512 * 4);
-	ck_assert_uint_eq(x.c.lb_network_bytes, 1024 * 512 * 4);
-	/* 4 pieces cut in 2 parts each: all eight NICs take one in (the four
-	 * needing ranks alone would take 2 MiB / 4 each) */
-	ck_assert_uint_le(x.c.max_nic_bytes, 1024 * 512 * 4 / 8);
-	ck_assert_uint_gt(x.chk.relay_bytes, 0);
-	ck_assert_uint_le(x.chk.max_staging, PLAN_DEFAULT_STAGING_BYTES);
-	for (size_t i = 0; i < x.p.nxfers; i++) /* idle ranks only pass parts on */
-		if (x.p.xfers[i].to >= 12)
-			ck_assert_int_eq(plan_link_of(&x.t, x.p.xfers[i].from, x.p.xfers[i].to),
+	for (size_t i = 0; i < x->p.nxfers; i++)
+		if (x->p.xfers[i].to >= 12)
+			ck_assert_int_eq(plan_link_of(&x->t, x->p.xfers[i].from, x->p.xfers[i].to),
 					 PLAN_LINK_NETWORK);
-	done(&x);
 }
-END_TEST
 
-/* One holder, eight domains: the holder sends once, domains relay. */
-START_TEST(relays_between_domains)
+/* Rank 0 sends the tensor once. */
+static void
+holder_sends_once(const ctx_t *x)
 {
+	uint64_t sent0 = 0;
+
+	for (size_t i = 0; i < x->p.nxfers; i++)
+		if (x->p.xfers[i].from == 0)
+			sent0 += plan_xfer_bytes(&x->p, &x->p.xfers[i]);
+	ck_assert_uint_eq(sent0, 1024 * 64 * 4);
+}
+
+static void
+several_rounds(const ctx_t *x)
+{
+	ck_assert_uint_gt(x->p.nstages, x->p.stages_per_round);
+}
+
+static const pcase_t cases[] = {
+	{"tp2_to_tp4_other_node", W("w", "[8,4]", "[0,1]", "[\"Shard(0)\"]"),
+	 W("w", "[8,4]", "[8,9,10,11]", "[\"Shard(0)\"]"), "dgx-h100:16", PLAN_MODE_RESHARD, 0, 0,
+	 {{NXFERS, "==", 4}, {NET, "==", 128}, {NVL, "==", 0}, {LB_NET, "==", 128},
+	  {NEEDED, "==", 128}, {RELAY, "==", 0}}, tp2_sources},
+	/* DP2 x TP2 inside one node: each element enters the node once, both
+	 * replicas' NICs share the work, messages fill the 4 KiB chunks */
+	{"replicas_in_domain_enter_once", W("w", "[64,64]", "[0,1]", "[\"Shard(1)\"]"),
+	 W("w", "[64,64]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"), "dgx-h100:12",
+	 PLAN_MODE_RESHARD, 4096, 0,
+	 {{NET, "==", 64 * 64 * 4}, {PAYLOAD, "==", 2 * 64 * 64 * 4}, {LB_NET, "==", 64 * 64 * 4},
+	  {MAX_STAGING, "<=", PLAN_DEFAULT_STAGING_BYTES}, {MAX_NIC, "<=", 64 * 64 * 4 / 2},
+	  {NMSGS, ">=", 64 * 64 * 4 * 2 / 4096}},
+	 forwarded_once},
+	{"replicas_across_domains", W("w", "[16]", "[0]", "[\"Replicate()\"]"),
+	 W("w", "[16]", "[[8,9],[16,17]]", "[\"Replicate()\",\"Shard(0)\"]"), "dgx-h100:24",
+	 PLAN_MODE_RESHARD, 0, 0, {{NET, "==", 2 * 16 * 4}, {LB_NET, "==", 2 * 16 * 4}}, NULL},
+	/* training and inference on the same GPUs: nothing crosses the network */
+	{"colocated_no_network", W("w", "[8,8]", "[[0,1],[2,3]]", "[\"Shard(0)\",\"Shard(1)\"]"),
+	 W("w", "[8,8]", "[0,1,2,3]", "[\"Shard(1)\"]"), "dgx-h100:8", PLAN_MODE_RESHARD, 0, 0,
+	 {{NET, "==", 0}, {LB_NET, "==", 0}, {LOCAL, ">", 0}, {ONNODE, "==", 8 * 8 * 4}}, NULL},
+	/* a source replicated on four nodes: sends spread over the replicas;
+	 * the holders' domains send through all their NICs (hierarchical send),
+	 * so the eight receiving NICs are the busiest */
+	{"source_replicas_balanced", W("w", "[64,1024]", "[0,8,16,24]", "[\"Replicate()\"]"),
+	 W("w", "[64,1024]", "[32,33,34,35,36,37,38,39]", "[\"Shard(0)\"]"), "dgx-h100:40",
+	 PLAN_MODE_RESHARD, 64 << 10, 0,
+	 {{NET, "==", 64 * 1024 * 4}, {MAX_NIC, "==", 64 * 1024 * 4 / 8}}, NULL},
+	/* hierarchical receive: the same DP2 x TP2 in a node with four more GPUs
+	 * that hold nothing; 4 pieces cut in 2 parts each: all eight NICs take
+	 * one in (the four needing ranks alone would take 2 MiB / 4 each), the
+	 * idle ones forward theirs over NVLink, and the relayed bytes stay
+	 * within staging */
+	{"idle_nics_take_parts_in", W("w", "[1024,512]", "[0,1]", "[\"Shard(1)\"]"),
+	 W("w", "[1024,512]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"),
+	 "dgx-h100:16", PLAN_MODE_RESHARD, 4096, 0,
+	 {{NET, "==", 1024 * 512 * 4}, {LB_NET, "==", 1024 * 512 * 4},
+	  {MAX_NIC, "<=", 1024 * 512 * 4 / 8}, {RELAY, ">", 0},
+	  {MAX_STAGING, "<=", PLAN_DEFAULT_STAGING_BYTES}}, idle_receive_from_network},
+	/* one holder, eight domains: the holder sends once, domains relay; relays
+	 * double the served domains (1, 2, 4, 8), each wave from the least-loaded
+	 * NIC of a served domain: its receiver (one stage after arrival) or an
+	 * idle rank it copies the part to over NVLink (two stages after); the
+	 * busiest NIC sends at most twice (log2(8) - 1), not eight times */
+	{"relays_between_domains", W("w", "[1024,64]", "[0]", "[\"Replicate()\"]"),
+	 W("w", "[1024,64]", "[8,16,24,32,40,48,56,64]", "[\"Replicate()\"]"), "dgx-h100:72",
+	 PLAN_MODE_RESHARD, 64 << 10, 0,
+	 {{NET, "==", 8 * 1024 * 64 * 4}, {LB_NET, "==", 8 * 1024 * 64 * 4}, {NSTAGES, ">=", 4},
+	  {NSTAGES, "<=", 2 * 3 + 2}, {MAX_NIC, "<=", 2 * 1024 * 64 * 4}}, holder_sends_once},
+	/* full nodes (every rank holds, every rank needs): no hops, no relay
+	 * data, nothing over NVLink: the plan of a DGX cluster stays direct */
+	{"full_nodes_take_no_hops", W("w", "[1024,512]", "[0,1,2,3,4,5,6,7]", "[\"Shard(0)\"]"),
+	 W("w", "[1024,512]", "[8,9,10,11,12,13,14,15]", "[\"Shard(1)\"]"), "dgx-h100:16",
+	 PLAN_MODE_RESHARD, 64 << 10, 0,
+	 {{NET, "==", 1024 * 512 * 4}, {NVL, "==", 0}, {RELAY, "==", 0},
+	  {MAX_NIC, "==", 1024 * 512 * 4 / 8}}, NULL},
+	/* two holder domains serve the first two of four domains, which need the
+	 * tensor at 1, 3, 1 and 2 ranks (so their pieces are cut into different
+	 * numbers of parts): relays must use one cut for the whole run */
+	{"relays_share_one_cut", W("w", "[64,1024]", "[0,8]", "[\"Replicate()\"]"),
+	 "{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[64,1024],\"shards\":[" FULL(16) ","
+	 FULL(24) "," FULL(25) "," FULL(26) "," FULL(32) "," FULL(40) "," FULL(41) "]}",
+	 "dgx-h100:48", PLAN_MODE_RESHARD, 64 << 10, 0, {{NET, "==", 4 * 64 * 1024 * 4}}, NULL},
+	{"broadcast_rounds_respect_staging",
+	 "{\"tensors\":[" W("a", "[64,16]", "[0,1]", "[\"Shard(0)\"]") ","
+	 W("b", "[64,16]", "[0,1]", "[\"Shard(1)\"]") "]}",
+	 "{\"tensors\":[" W("a", "[64,16]", "[8,16]", "[\"Shard(1)\"]") ","
+	 W("b", "[64,16]", "[8,16]", "[\"Replicate()\"]") "]}",
+	 "dgx-h100:24", PLAN_MODE_BROADCAST, 512, 1024, {{MAX_STAGING, "<=", 1024}},
+	 several_rounds},
+	/* scalars (0-d tensors) and empty tensors plan like any other */
+	{"scalars_and_empty",
+	 "{\"tensors\":[" W("s", "[]", "[0,1]", "[\"Replicate()\"]") ","
+	 W("e", "[0,3]", "[0,1]", "[\"Shard(0)\"]") "]}",
+	 "{\"tensors\":[" W("s", "[]", "[8,9,16]", "[\"Replicate()\"]") ","
+	 W("e", "[0,3]", "[8]", "[\"Shard(1)\"]") "]}",
+	 "dgx-h100:24", PLAN_MODE_RESHARD, 0, 0, {{NET, "==", 2 * 4}, {NVL, "==", 4}}, NULL},
+};
+
+#define NCASES ((int)(sizeof(cases) / sizeof(cases[0])))
+
+START_TEST(planner_cases)
+{
+	const pcase_t *k = &cases[_i];
 	ctx_t x;
 
-	run(&x, W("w", "[1024,64]", "[0]", "[\"Replicate()\"]"),
-	    W("w", "[1024,64]", "[8,16,24,32,40,48,56,64]", "[\"Replicate()\"]"),
-	    "dgx-h100:72", PLAN_MODE_RESHARD, 64 << 10, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 8 * 1024 * 64 * 4);
-	ck_assert_uint_eq(x.c.lb_network_bytes, 8 * 1024 * 64 * 4);
-	/* rank 0 sends the tensor once; relays double the served domains
-	 * (1, 2, 4, 8), each wave from the least-loaded NIC of a served domain:
-	 * its receiver (one stage after arrival) or an idle rank it copies the
-	 * part to over NVLink (two stages after) */
-	{
-		uint64_t sent0 = 0;
-
-		for (size_t i = 0; i < x.p.nxfers; i++)
-			if (x.p.xfers[i].from == 0)
-				sent0 += plan_xfer_bytes(&x.p, &x.p.xfers[i]);
-		ck_assert_uint_eq(sent0, 1024 * 64 * 4);
-	}
-	ck_assert_uint_ge(x.p.nstages, 4);
-	ck_assert_uint_le(x.p.nstages, 2 * 3 + 2);
-	/* the busiest NIC sends at most twice (log2(8) - 1), not eight times */
-	ck_assert_uint_le(x.c.max_nic_bytes, 2 * 1024 * 64 * 4);
-	done(&x);
-}
-END_TEST
-
-/* Full nodes (every rank holds, every rank needs): no hops, no relay
- * data, nothing over NVLink — the plan of a DGX cluster stays direct. */
-START_TEST(full_nodes_take_no_hops)
-{
-	ctx_t x;
-
-	run(&x, W("w", "[1024,512]", "[0,1,2,3,4,5,6,7]", "[\"Shard(0)\"]"),
-	    W("w", "[1024,512]", "[8,9,10,11,12,13,14,15]", "[\"Shard(1)\"]"),
-	    "dgx-h100:16", PLAN_MODE_RESHARD, 64 << 10, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 1024 * 512 * 4);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 0);
-	ck_assert_uint_eq(x.chk.relay_bytes, 0);
-	ck_assert_uint_eq(x.c.max_nic_bytes, 1024 * 512 * 4 / 8);
-	done(&x);
-}
-END_TEST
-
-/* Two holder domains serve the first two of four domains, which need the
- * tensor at 1, 3, 1 and 2 ranks (so their pieces are cut into different
- * numbers of parts): relays must use one cut for the whole run. */
-START_TEST(relays_share_one_cut)
-{
-	ctx_t x;
-	char dst[1024], *p = dst;
-	static const int ranks[] = {16, 24, 25, 26, 32, 40, 41};
-
-	p += sprintf(p, "{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[64,1024],\"shards\":[");
-	for (int i = 0; i < 7; i++)
-		p += sprintf(p, "%s{\"rank\":%d,\"offset\":[0,0],\"size\":[64,1024]}",
-			     i ? "," : "", ranks[i]);
-	sprintf(p, "]}");
-	run(&x, W("w", "[64,1024]", "[0,8]", "[\"Replicate()\"]"), dst, "dgx-h100:48",
-	    PLAN_MODE_RESHARD, 64 << 10, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 4 * 64 * 1024 * 4);
-	done(&x);
+	ck_assert_msg(k->want[0].op != NULL, "%s: no expectations", k->name);
+	run(&x, k->src, k->dst, k->topo, k->mode, k->chunk, k->staging);
+	for (const expect_t *w = k->want; w->op != NULL; w++)
+		expect(k->name, &x, w);
+	if (k->more)
+		k->more(&x);
+	th_plan_fini(&x);
 }
 END_TEST
 
@@ -280,9 +290,7 @@ run_nic(ctx_t *x, const char *nic)
 	ck_assert_msg(codec_topo_parse(topo, strlen(topo), &x->t, &e) == REFIT_OK, "%s", e.msg);
 	plan_opts_default(&o);
 	o.chunk_bytes = 64 << 10;
-	ck_assert_msg(plan_build(&x->s, &x->d, &x->t, &o, &x->p, &e) == REFIT_OK, "%s", e.msg);
-	ck_assert_msg(plan_validate(&x->p, &x->s, &x->d, &x->chk, &e) == REFIT_OK, "%s", e.msg);
-	ck_assert_msg(plan_cost(&x->p, &x->s, &x->d, &x->t, &x->c, &e) == REFIT_OK, "%s", e.msg);
+	th_plan_make(x, &o);
 }
 
 START_TEST(shared_nics_relay)
@@ -319,8 +327,8 @@ START_TEST(shared_nics_relay)
 	 * counts a domain's one shared NIC */
 	ck_assert_uint_le(y.c.max_nic_bytes, 2 * tb);
 	ck_assert(y.c.lb_time_s >= (double)tb / (1e9 / 8));
-	done(&x);
-	done(&y);
+	th_plan_fini(&x);
+	th_plan_fini(&y);
 }
 END_TEST
 
@@ -344,23 +352,8 @@ START_TEST(broadcast_baseline)
 	ck_assert_uint_le(r.chk.max_staging, 256);
 	ck_assert_uint_lt(r.c.max_nic_bytes, x.c.max_nic_bytes);
 	ck_assert(x.c.time_s > r.c.time_s);
-	done(&x);
-	done(&r);
-}
-END_TEST
-
-START_TEST(broadcast_rounds_respect_staging)
-{
-	ctx_t x;
-
-	run(&x, "{\"tensors\":[" W("a", "[64,16]", "[0,1]", "[\"Shard(0)\"]") ","
-		W("b", "[64,16]", "[0,1]", "[\"Shard(1)\"]") "]}",
-	    "{\"tensors\":[" W("a", "[64,16]", "[8,16]", "[\"Shard(1)\"]") ","
-		W("b", "[64,16]", "[8,16]", "[\"Replicate()\"]") "]}",
-	    "dgx-h100:24", PLAN_MODE_BROADCAST, 512, 1024);
-	ck_assert_uint_le(x.chk.max_staging, 1024);
-	ck_assert_uint_gt(x.p.nstages, x.p.stages_per_round); /* several rounds */
-	done(&x);
+	th_plan_fini(&x);
+	th_plan_fini(&r);
 }
 END_TEST
 
@@ -396,7 +389,7 @@ START_TEST(small_tensors_batched)
 		ck_assert(!plan_msgs_next(&it, &m));
 		plan_msgs_fini(&it);
 	}
-	done(&x);
+	th_plan_fini(&x);
 }
 END_TEST
 
@@ -413,9 +406,9 @@ START_TEST(deterministic_digest)
 	ck_assert_uint_eq(a.p.nxfers, b.p.nxfers);
 	ck_assert(memcmp(a.p.xfers, b.p.xfers, a.p.nxfers * sizeof(plan_xfer_t)) == 0);
 	ck_assert_str_ne(a.p.digest_hex, c.p.digest_hex);
-	done(&a);
-	done(&b);
-	done(&c);
+	th_plan_fini(&a);
+	th_plan_fini(&b);
+	th_plan_fini(&c);
 }
 END_TEST
 
@@ -496,22 +489,6 @@ START_TEST(build_errors)
 				   W("w", "[4]", "[8]", "[\"R\"]"), "dgx-h100:16", 4096, 1024),
 			 "staging bytes 1024 is smaller than chunk bytes 4096: a message must "
 			 "fit in staging");
-}
-END_TEST
-
-/* Scalars (0-d tensors) and empty tensors plan like any other. */
-START_TEST(scalars_and_empty)
-{
-	ctx_t x;
-
-	run(&x, "{\"tensors\":[" W("s", "[]", "[0,1]", "[\"Replicate()\"]") ","
-		W("e", "[0,3]", "[0,1]", "[\"Shard(0)\"]") "]}",
-	    "{\"tensors\":[" W("s", "[]", "[8,9,16]", "[\"Replicate()\"]") ","
-		W("e", "[0,3]", "[8]", "[\"Shard(1)\"]") "]}",
-	    "dgx-h100:24", PLAN_MODE_RESHARD, 0, 0);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NETWORK], 2 * 4);
-	ck_assert_uint_eq(x.c.bytes[PLAN_LINK_NVLINK], 4);
-	done(&x);
 }
 END_TEST
 
@@ -613,6 +590,7 @@ pin_model(const char *model, int layers, const char *tr, const char *in,
 
 START_TEST(pinned_digests)
 {
+	static const plan_mode_t modes[] = {PLAN_MODE_RESHARD, PLAN_MODE_BROADCAST};
 	char hex[SHA256_HEX_LEN];
 	sha256_ctx_t h;
 	uint8_t dg[SHA256_DIGEST_LEN];
@@ -627,11 +605,9 @@ START_TEST(pinned_digests)
 		int nranks;
 
 		gen_case(&seed, &s, &d, &t, &nranks);
-		for (int mode = 0; mode < 2; mode++) {
-			plan_mode_t m = mode ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
-
-			pin_hash(&h, &s, &d, &t, m, 64, 0);
-			pin_hash(&h, &s, &d, &t, m, 1024, 4096);
+		for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+			pin_hash(&h, &s, &d, &t, modes[m], 64, 0);
+			pin_hash(&h, &s, &d, &t, modes[m], 1024, 4096);
 		}
 		plan_topo_fini(&t);
 		plan_layout_set_fini(&s);
@@ -653,30 +629,10 @@ END_TEST
 Suite *
 suite_planner(void)
 {
-	Suite *s = suite_create("planner");
-	TCase *tc = tcase_create("cases");
+	TCase *tc = th_tcase("cases", 120, TH_TESTS(shared_nics_relay, broadcast_baseline,
+			small_tensors_batched, deterministic_digest, pinned_digests,
+			broadcast_independent_of_rank_order, build_errors, names_and_links));
 
-	tcase_set_timeout(tc, 120);
-
-	tcase_add_test(tc, tp2_to_tp4_other_node);
-	tcase_add_test(tc, replicas_in_domain_enter_once);
-	tcase_add_test(tc, replicas_across_domains);
-	tcase_add_test(tc, colocated_no_network);
-	tcase_add_test(tc, source_replicas_balanced);
-	tcase_add_test(tc, idle_nics_take_parts_in);
-	tcase_add_test(tc, relays_share_one_cut);
-	tcase_add_test(tc, full_nodes_take_no_hops);
-	tcase_add_test(tc, relays_between_domains);
-	tcase_add_test(tc, shared_nics_relay);
-	tcase_add_test(tc, broadcast_baseline);
-	tcase_add_test(tc, broadcast_rounds_respect_staging);
-	tcase_add_test(tc, small_tensors_batched);
-	tcase_add_test(tc, deterministic_digest);
-	tcase_add_test(tc, pinned_digests);
-	tcase_add_test(tc, broadcast_independent_of_rank_order);
-	tcase_add_test(tc, build_errors);
-	tcase_add_test(tc, scalars_and_empty);
-	tcase_add_test(tc, names_and_links);
-	suite_add_tcase(s, tc);
-	return s;
+	tcase_add_loop_test(tc, planner_cases, 0, NCASES);
+	return th_suite("planner", tc, NULL);
 }

@@ -190,12 +190,9 @@ END_TEST
 Suite *
 suite_property(void)
 {
-	Suite *s = suite_create("property");
-	TCase *tc = tcase_create("random");
+	TCase *tc = th_tcase("random", 300, NULL, 0);
 
 	/* 4 x 500 = 2000 random layout pairs, each in both modes */
 	tcase_add_loop_test(tc, random_pairs, 0, 4);
-	tcase_set_timeout(tc, 300);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("property", tc, NULL);
 }

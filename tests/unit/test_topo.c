@@ -190,12 +190,6 @@ END_TEST
 Suite *
 suite_topo(void)
 {
-	Suite *s = suite_create("topo");
-	TCase *tc = tcase_create("core");
-
-	tcase_add_test(tc, presets);
-	tcase_add_test(tc, topo_json);
-	tcase_add_test(tc, placements);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("topo", th_tcase("core", 0, TH_TESTS(presets, topo_json, placements)),
+			NULL);
 }

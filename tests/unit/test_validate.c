@@ -10,183 +10,228 @@
 #include "plan/internal.h"
 #include "tests/unit/helpers.h"
 
-typedef struct vx {
-	plan_layout_set_t s, d;
-	plan_topo_t t;
-	plan_t p;
-} vx_t;
+typedef th_plan_t vx_t;
 
-static void
+#define W(shape, mesh, pl) \
+	"{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":" shape ",\"mesh\":" mesh \
+	",\"placements\":" pl "}"
+
+/* A valid plan of 128 bytes into a DP2 x TP2 group; 0, no relay index. */
+static size_t
 setup(vx_t *x, plan_mode_t mode)
 {
 	plan_opts_t o;
 
-	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[8,4],\"mesh\":[0,1],"
-		   "\"placements\":[\"Shard(0)\"]}", &x->s);
-	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[8,4],"
-		   "\"mesh\":[[8,9],[10,11]],\"placements\":[\"Replicate()\",\"Shard(1)\"]}",
-		   &x->d);
-	th_topo("dgx-h100:16", &x->t);
 	plan_opts_default(&o);
 	o.mode = mode;
-	ck_assert_int_eq(plan_build(&x->s, &x->d, &x->t, &o, &x->p, NULL), REFIT_OK);
-	ck_assert_int_eq(plan_validate(&x->p, &x->s, &x->d, &(plan_check_t){0}, NULL),
-			 REFIT_OK);
+	th_plan_build(x, W("[8,4]", "[0,1]", "[\"Shard(0)\"]"),
+		      W("[8,4]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(1)\"]"),
+		      "dgx-h100:16", &o);
+	return 0;
 }
 
-static plan_xfer_t *
-copy_of(const plan_xfer_t *v, size_t n)
+/*
+ * A plan with hierarchical relays: 2 MiB into a DP2 x TP2 group whose node
+ * has four idle GPUs, from two holders whose node has six.  Returns the
+ * index of a transfer sent by a rank that neither holds nor needs the
+ * data (an idle rank passing a part on).
+ */
+static size_t
+setup_relay(vx_t *x, plan_mode_t mode)
 {
-	plan_xfer_t *c = xmalloc((n ? n : 1) * sizeof(*c));
+	size_t k = 0;
 
-	memcpy(c, v, n * sizeof(*c));
-	return c;
+	ck_assert_int_eq(mode, PLAN_MODE_RESHARD);
+	th_plan_build(x, W("[1024,512]", "[0,1]", "[\"Shard(1)\"]"),
+		      W("[1024,512]", "[[8,9],[10,11]]", "[\"Replicate()\",\"Shard(0)\"]"),
+		      "dgx-h100:16", NULL);
+	ck_assert_uint_gt(x->chk.relay_bytes, 0);
+	while (k < x->p.nxfers && (x->p.xfers[k].from < 2 ||
+				   (x->p.xfers[k].from >= 8 && x->p.xfers[k].from < 12)))
+		k++;
+	ck_assert_uint_lt(k, x->p.nxfers);
+	ck_assert_uint_gt(x->p.xfers[k].stage, 0);
+	return k;
 }
 
 /* Replace x->p by a plan of the given transfers; return the validator's text. */
 static const char *
-revalidate(vx_t *x, plan_xfer_t *raw, size_t n)
+revalidate(vx_t *x, const plan_xfer_t *raw, size_t n)
 {
 	static refit_err_t e;
+	plan_xfer_t *c = xmalloc((n ? n : 1) * sizeof(*c));
 	plan_t q;
 	plan_check_t chk;
 
+	memcpy(c, raw, n * sizeof(*c));
 	memset(&q, 0, sizeof(q));
 	plan_init_tensors(&q, &x->d, &x->p.opts);
 	q.stages_per_round = x->p.stages_per_round;
-	plan_finalize(&q, copy_of(raw, n), n);
+	plan_finalize(&q, c, n);
 	refit_err_clear(&e);
 	ck_assert_int_eq(plan_validate(&q, &x->s, &x->d, &chk, &e), REFIT_ERR_INTERNAL);
 	plan_fini(&q);
 	return e.msg;
 }
 
-static void
-teardown(vx_t *x)
+/* Validate x->p itself (its messages as built); return the validator's text. */
+static const char *
+validate_as_is(vx_t *x)
 {
-	plan_fini(&x->p);
-	plan_topo_fini(&x->t);
-	plan_layout_set_fini(&x->s);
-	plan_layout_set_fini(&x->d);
+	static refit_err_t e;
+	plan_check_t chk;
+
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_validate(&x->p, &x->s, &x->d, &chk, &e), REFIT_ERR_INTERNAL);
+	return e.msg;
 }
 
-static plan_xfer_t *
-copy_xfers(const vx_t *x, size_t extra)
-{
-	plan_xfer_t *v = xmalloc((x->p.nxfers + extra) * sizeof(*v));
+/*
+ * The mutations.  Each gets the plan (whose options it may change), a copy
+ * v of its n transfers with room for one more, and the relay index k of
+ * setup_relay; it returns how many transfers the broken plan has.
+ */
+typedef size_t mutate_fn(vx_t *x, plan_xfer_t *v, size_t n, size_t k);
 
-	memcpy(v, x->p.xfers, x->p.nxfers * sizeof(*v));
-	return v;
+/* Drop the last stage-1 forward. */
+static size_t
+drop_last_forward(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)x, (void)k;
+	ck_assert_int_eq(v[n - 1].stage, 1);
+	return n - 1;
 }
 
-START_TEST(dropped_transfer)
+static size_t
+send_first_twice(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
 {
+	(void)x, (void)k;
+	v[n] = v[0];
+	v[n].stage = 1;
+	return n + 1;
+}
+
+static size_t
+send_from_rank5(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)x, (void)k;
+	v[0].from = 5; /* holds nothing */
+	return n;
+}
+
+/* Forward in stage 0 what arrives in stage 0. */
+static size_t
+forward_too_early(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)x;
+	for (k = 0; v[k].stage != 1; k++)
+		ck_assert_uint_lt(k + 1, n);
+	v[k].stage = 0;
+	return n;
+}
+
+static size_t
+box_out_of_bounds(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)x, (void)k;
+	v[0].box.size[1] = 9;
+	return n;
+}
+
+static size_t
+chunk_of_8(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)v, (void)k;
+	x->p.opts.chunk_bytes = 8;
+	return n;
+}
+
+/* Staging one byte under what the broadcast plan relays. */
+static size_t
+staging_under_need(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)v, (void)k;
+	ck_assert_uint_gt(x->chk.max_staging, 0);
+	x->p.opts.staging_bytes = x->chk.max_staging - 1;
+	return n;
+}
+
+/* The relay passes the part on in the stage it arrives. */
+static size_t
+relay_same_stage(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)x;
+	v[k].stage--;
+	return n;
+}
+
+/* Relay data is freed when its round ends: a later round cannot use it. */
+static size_t
+relay_next_round(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	v[k].stage += x->p.stages_per_round;
+	return n;
+}
+
+/* Relay data counts against the staging bound. */
+static size_t
+relay_tiny_staging(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
+{
+	(void)v, (void)k;
+	x->p.opts.staging_bytes = x->p.opts.chunk_bytes / 64;
+	return n;
+}
+
+typedef struct mutation {
+	const char *name;
+	size_t (*setup)(vx_t *x, plan_mode_t mode);
+	plan_mode_t mode;
+	mutate_fn *mutate;
+	bool relayout;           /* re-lay the messages out (else validate as is) */
+	const char *want[2];     /* in the message; the second may be NULL */
+} mutation_t;
+
+static const mutation_t mutations[] = {
+	{"dropped_transfer", setup, PLAN_MODE_RESHARD, drop_last_forward, true,
+	 {"never receives it"}},
+	{"duplicated_transfer", setup, PLAN_MODE_RESHARD, send_first_twice, true,
+	 {"receives it twice"}},
+	{"sender_lacks_data", setup, PLAN_MODE_RESHARD, send_from_rank5, true,
+	 {"rank 5 -> rank", "does not hold it"}},
+	{"forward_too_early", setup, PLAN_MODE_RESHARD, forward_too_early, true,
+	 {"does not hold it at the start of the stage"}},
+	{"out_of_bounds_box", setup, PLAN_MODE_RESHARD, box_out_of_bounds, true,
+	 {"box is empty or out of bounds"}},
+	{"message_over_chunk", setup, PLAN_MODE_RESHARD, chunk_of_8, false, {"it counts"}},
+	{"staging_exceeded", setup, PLAN_MODE_BROADCAST, staging_under_need, false,
+	 {"relayed bytes in round 0, over the staging bound"}},
+	{"relay_sends_before_it_holds", setup_relay, PLAN_MODE_RESHARD, relay_same_stage, true,
+	 {"does not hold it at the start of the stage"}},
+	{"relay_data_is_staging", setup_relay, PLAN_MODE_RESHARD, relay_next_round, true,
+	 {"does not hold it at the start of the stage"}},
+	{"relay_counts_in_staging", setup_relay, PLAN_MODE_RESHARD, relay_tiny_staging, true,
+	 {"over the staging bound"}},
+};
+
+#define NMUTATIONS ((int)(sizeof(mutations) / sizeof(mutations[0])))
+
+START_TEST(mutated_plans)
+{
+	const mutation_t *u = &mutations[_i];
 	vx_t x;
-	plan_xfer_t *v;
-
-	setup(&x, PLAN_MODE_RESHARD);
-	v = copy_xfers(&x, 0);
-	/* drop the last stage-1 forward */
-	ck_assert_int_eq(v[x.p.nxfers - 1].stage, 1);
-	ck_assert_ptr_nonnull(strstr(revalidate(&x, v, x.p.nxfers - 1), "never receives it"));
-	free(v);
-	teardown(&x);
-}
-END_TEST
-
-START_TEST(duplicated_transfer)
-{
-	vx_t x;
-	plan_xfer_t *v;
-
-	setup(&x, PLAN_MODE_RESHARD);
-	v = copy_xfers(&x, 1);
-	v[x.p.nxfers] = v[0];
-	v[x.p.nxfers].stage = 1;
-	ck_assert_ptr_nonnull(strstr(revalidate(&x, v, x.p.nxfers + 1), "receives it twice"));
-	free(v);
-	teardown(&x);
-}
-END_TEST
-
-START_TEST(sender_lacks_data)
-{
-	vx_t x;
-	plan_xfer_t *v;
+	size_t k = u->setup(&x, u->mode);
+	plan_xfer_t *v = xmalloc((x.p.nxfers + 1) * sizeof(*v));
+	size_t n;
 	const char *m;
 
-	setup(&x, PLAN_MODE_RESHARD);
-	v = copy_xfers(&x, 0);
-	v[0].from = 5; /* holds nothing */
-	m = revalidate(&x, v, x.p.nxfers);
-	ck_assert_msg(strstr(m, "rank 5 -> rank") && strstr(m, "does not hold it"), "%s", m);
+	memcpy(v, x.p.xfers, x.p.nxfers * sizeof(*v));
+	n = u->mutate(&x, v, x.p.nxfers, k);
+	m = u->relayout ? revalidate(&x, v, n) : validate_as_is(&x);
+	for (int w = 0; w < 2 && u->want[w] != NULL; w++)
+		ck_assert_msg(strstr(m, u->want[w]) != NULL, "%s: \"%s\" lacks \"%s\"", u->name, m,
+			      u->want[w]);
 	free(v);
-	teardown(&x);
-}
-END_TEST
-
-START_TEST(forward_too_early)
-{
-	vx_t x;
-	plan_xfer_t *v;
-	size_t k = 0;
-
-	setup(&x, PLAN_MODE_RESHARD);
-	v = copy_xfers(&x, 0);
-	while (v[k].stage != 1)
-		k++;
-	v[k].stage = 0; /* forwards what it has not received yet */
-	ck_assert_ptr_nonnull(strstr(revalidate(&x, v, x.p.nxfers),
-				     "does not hold it at the start of the stage"));
-	free(v);
-	teardown(&x);
-}
-END_TEST
-
-START_TEST(out_of_bounds_box)
-{
-	vx_t x;
-	plan_xfer_t *v;
-
-	setup(&x, PLAN_MODE_RESHARD);
-	v = copy_xfers(&x, 0);
-	v[0].box.size[1] = 9;
-	ck_assert_ptr_nonnull(strstr(revalidate(&x, v, x.p.nxfers),
-				     "box is empty or out of bounds"));
-	free(v);
-	teardown(&x);
-}
-END_TEST
-
-START_TEST(message_over_chunk)
-{
-	vx_t x;
-	refit_err_t e;
-	plan_check_t chk;
-
-	setup(&x, PLAN_MODE_RESHARD);
-	x.p.opts.chunk_bytes = 8;
-	refit_err_clear(&e);
-	ck_assert_int_eq(plan_validate(&x.p, &x.s, &x.d, &chk, &e), REFIT_ERR_INTERNAL);
-	ck_assert_ptr_nonnull(strstr(e.msg, "it counts"));
-	teardown(&x);
-}
-END_TEST
-
-START_TEST(staging_exceeded)
-{
-	vx_t x;
-	refit_err_t e;
-	plan_check_t chk;
-
-	setup(&x, PLAN_MODE_BROADCAST);
-	ck_assert_int_eq(plan_validate(&x.p, &x.s, &x.d, &chk, NULL), REFIT_OK);
-	ck_assert_uint_gt(chk.max_staging, 0);
-	x.p.opts.staging_bytes = chk.max_staging - 1;
-	refit_err_clear(&e);
-	ck_assert_int_eq(plan_validate(&x.p, &x.s, &x.d, &chk, &e), REFIT_ERR_INTERNAL);
-	ck_assert_ptr_nonnull(strstr(e.msg, "relayed bytes in round 0, over the staging bound"));
-	teardown(&x);
+	th_plan_fini(&x);
 }
 END_TEST
 
@@ -202,94 +247,15 @@ START_TEST(wrong_tensor_table)
 	ck_assert_int_ne(plan_validate(&x.p, &other, &other, &(plan_check_t){0}, &e), REFIT_OK);
 	ck_assert_str_eq(e.msg, "plan has 1 tensors, the destination 0");
 	plan_layout_set_fini(&other);
-	teardown(&x);
-}
-END_TEST
-
-/*
- * A plan with hierarchical relays: 2 MiB into a DP2 x TP2 group whose node
- * has four idle GPUs, from two holders whose node has six.  Returns the
- * index of a transfer sent by a rank that neither holds nor needs the
- * data (an idle rank passing a part on).
- */
-static size_t
-setup_relay(vx_t *x)
-{
-	plan_check_t chk;
-	plan_opts_t o;
-	size_t k = 0;
-
-	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[1024,512],\"mesh\":[0,1],"
-		   "\"placements\":[\"Shard(1)\"]}", &x->s);
-	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[1024,512],"
-		   "\"mesh\":[[8,9],[10,11]],\"placements\":[\"Replicate()\",\"Shard(0)\"]}",
-		   &x->d);
-	th_topo("dgx-h100:16", &x->t);
-	plan_opts_default(&o);
-	ck_assert_int_eq(plan_build(&x->s, &x->d, &x->t, &o, &x->p, NULL), REFIT_OK);
-	ck_assert_int_eq(plan_validate(&x->p, &x->s, &x->d, &chk, NULL), REFIT_OK);
-	ck_assert_uint_gt(chk.relay_bytes, 0);
-	while (k < x->p.nxfers && (x->p.xfers[k].from < 2 ||
-				   (x->p.xfers[k].from >= 8 && x->p.xfers[k].from < 12)))
-		k++;
-	ck_assert_uint_lt(k, x->p.nxfers);
-	ck_assert_uint_gt(x->p.xfers[k].stage, 0);
-	return k;
-}
-
-START_TEST(relay_sends_before_it_holds)
-{
-	vx_t x;
-	size_t k = setup_relay(&x);
-	plan_xfer_t *v = copy_xfers(&x, 0);
-	const char *m;
-
-	v[k].stage--; /* passes the part on in the stage it arrives */
-	m = revalidate(&x, v, x.p.nxfers);
-	ck_assert_msg(strstr(m, "does not hold it at the start of the stage"), "%s", m);
-	free(v);
-	teardown(&x);
-}
-END_TEST
-
-START_TEST(relay_data_is_staging)
-{
-	vx_t x;
-	size_t k = setup_relay(&x);
-	plan_xfer_t *v = copy_xfers(&x, 0);
-	const char *m;
-
-	/* relay data is freed when its round ends: a later round cannot use it */
-	v[k].stage += x.p.stages_per_round;
-	m = revalidate(&x, v, x.p.nxfers);
-	ck_assert_msg(strstr(m, "does not hold it at the start of the stage"), "%s", m);
-	free(v);
-	/* and it counts against the staging bound */
-	x.p.opts.staging_bytes = x.p.opts.chunk_bytes / 64;
-	v = copy_xfers(&x, 0);
-	m = revalidate(&x, v, x.p.nxfers);
-	ck_assert_msg(strstr(m, "over the staging bound"), "%s", m);
-	free(v);
-	teardown(&x);
+	th_plan_fini(&x);
 }
 END_TEST
 
 Suite *
 suite_validate(void)
 {
-	Suite *s = suite_create("validate");
-	TCase *tc = tcase_create("mutations");
+	TCase *tc = th_tcase("mutations", 0, TH_TESTS(wrong_tensor_table));
 
-	tcase_add_test(tc, dropped_transfer);
-	tcase_add_test(tc, duplicated_transfer);
-	tcase_add_test(tc, sender_lacks_data);
-	tcase_add_test(tc, forward_too_early);
-	tcase_add_test(tc, out_of_bounds_box);
-	tcase_add_test(tc, message_over_chunk);
-	tcase_add_test(tc, staging_exceeded);
-	tcase_add_test(tc, wrong_tensor_table);
-	tcase_add_test(tc, relay_sends_before_it_holds);
-	tcase_add_test(tc, relay_data_is_staging);
-	suite_add_tcase(s, tc);
-	return s;
+	tcase_add_loop_test(tc, mutated_plans, 0, NMUTATIONS);
+	return th_suite("validate", tc, NULL);
 }
