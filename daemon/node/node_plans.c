@@ -3,9 +3,11 @@
  * (source and destination layouts, the epoch's topology, plan options), so
  * a refit whose membership and layouts did not change does not plan again.
  *
- * A small LRU of NODE_PLANS_MAX entries.  An entry is shared read-only by
- * the slices using it (a reference each); one evicted while in use is freed
- * when its last slice releases it.  Loop thread only (slices take their
+ * An LRU bounded by bytes (plan_cache_bytes, the plans' own memory as
+ * node_plan_bytes counts it): a new plan evicts the least recently used
+ * ones until it fits; a plan larger than the whole bound is not kept.  An
+ * entry is shared read-only by the slices using it (a reference each); one
+ * evicted while in use is freed when its last slice releases it.  Loop thread only (slices take their
  * reference on the loop before running on the pool, and give it back on the
  * loop after).
  */
@@ -43,6 +45,17 @@ node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	strbuf_fini(&sb);
 }
 
+uint64_t
+node_plan_bytes(const plan_t *p)
+{
+	uint64_t b = sizeof(node_plan_t) + (uint64_t)p->ntensors * sizeof(*p->tensors) +
+		     (uint64_t)p->nxfers * sizeof(*p->xfers);
+
+	for (uint32_t i = 0; i < p->ntensors; i++)
+		b += p->tensors[i].name ? strlen(p->tensors[i].name) + 1 : 0;
+	return b;
+}
+
 static void
 entry_free(node_plan_t *e)
 {
@@ -69,17 +82,25 @@ node_plan_t *
 node_plans_put(node_t *n, const char *key, plan_t *p)
 {
 	node_plan_t *e = node_plans_get(n, key);
+	uint64_t bytes;
 
 	if (e != NULL) {  /* another slice built the same plan meanwhile */
 		plan_fini(p);
 		return e;
 	}
-	if (n->plans.n >= NODE_PLANS_MAX) {
+	bytes = node_plan_bytes(p);
+	if (bytes > n->plan_cache_max) {
+		log_info("node %s: a plan of %" PRIu64 " bytes is not kept "
+			  "(plan_cache_bytes %" PRIu64 ")", n->node_id, bytes, n->plan_cache_max);
+		return NULL;  /* p stays the caller's */
+	}
+	while (n->plans.n > 0 && n->plan_cache_used + bytes > n->plan_cache_max) {
 		size_t lru = 0;
 
 		for (size_t i = 1; i < n->plans.n; i++)
 			if (n->plans.v[i]->used < n->plans.v[lru]->used)
 				lru = i;
+		n->plan_cache_used -= n->plans.v[lru]->bytes;
 		node_plan_release(n, n->plans.v[lru]);  /* the cache's reference */
 		n->plans.v[lru] = n->plans.v[--n->plans.n];
 	}
@@ -87,6 +108,8 @@ node_plans_put(node_t *n, const char *key, plan_t *p)
 	snprintf(e->key, sizeof(e->key), "%s", key);
 	e->plan = *p;
 	memset(p, 0, sizeof(*p));
+	e->bytes = bytes;
+	n->plan_cache_used += bytes;
 	e->refs = 2;  /* the cache's and the caller's */
 	e->used = ++n->plan_clock;
 	VEC_PUSH(&n->plans, e);
@@ -107,4 +130,5 @@ node_plans_fini(node_t *n)
 	for (size_t i = 0; i < n->plans.n; i++)
 		node_plan_release(n, n->plans.v[i]);
 	VEC_FREE(&n->plans);
+	n->plan_cache_used = 0;
 }
