@@ -398,15 +398,6 @@ on_wake(uv_async_t *h)
 	}
 }
 
-static const ProtobufCMethodDescriptor *
-method_of(const ProtobufCServiceDescriptor *svc, const char *name)
-{
-	for (unsigned i = 0; i < svc->n_methods; i++)
-		if (strcmp(svc->methods[i].name, name) == 0)
-			return &svc->methods[i];
-	return NULL;
-}
-
 /* The unary exchange as one batch tagged x. */
 static grpc_call_error
 start_batch(rpc_async_t *a, acall_t *x)
@@ -441,7 +432,7 @@ rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 	       const ProtobufCMessage *req, int64_t timeout_ms, rpc_done_fn done, void *arg,
 	       refit_err_t *err)
 {
-	const ProtobufCMethodDescriptor *md = method_of(svc, method);
+	const ProtobufCMethodDescriptor *md = rpc_method_of(svc, method);
 	char path[256];
 	grpc_slice sl;
 	acall_t *x;
