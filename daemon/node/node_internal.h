@@ -203,6 +203,12 @@ void node_reports_drop(node_t *n);
 /* node_plans.c */
 void node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		   const plan_topo_t *topo, const plan_opts_t *o, char key[SHA256_HEX_LEN]);
+/* plan_build on a thread of its own, NODE_PLAN_NICE nice levels below the
+ * daemon (see node_plans.c); blocks the calling (pool) thread meanwhile. */
+#define NODE_PLAN_NICE 10
+refit_status_t node_plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+			       const plan_topo_t *topo, const plan_opts_t *o, plan_t *out,
+			       refit_err_t *err);
 /* The memory a plan holds (the cache's measure). */
 uint64_t node_plan_bytes(const plan_t *p);
 /* The plan of key with a reference taken, or NULL. */

@@ -11,10 +11,14 @@
  * reference on the loop before running on the pool, and give it back on the
  * loop after).
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/sha256.h"
@@ -43,6 +47,45 @@ node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 				      topo->domains[topo->rank_domain[r]]);
 	sha256_hex(sb.s, sb.len, key);
 	strbuf_fini(&sb);
+}
+
+typedef struct plan_run {
+	const plan_layout_set_t *src, *dst;
+	const plan_topo_t *topo;
+	const plan_opts_t *o;
+	plan_t *out;
+	refit_err_t *err;
+	refit_status_t rc;
+} plan_run_t;
+
+static void *
+plan_thread(void *arg)
+{
+	plan_run_t *r = arg;
+	id_t tid = (id_t)gettid();
+	int prio;
+
+	/* this thread only (a Linux thread id); the daemon keeps its priority.
+	 * Failing to lower it is harmless: the plan is the same. */
+	errno = 0;
+	prio = getpriority(PRIO_PROCESS, tid);
+	if (errno == 0 && setpriority(PRIO_PROCESS, tid, prio + NODE_PLAN_NICE) != 0)
+		log_debug(LOG_SUB_NODE, "node: cannot lower the planning thread's priority");
+	r->rc = plan_build(r->src, r->dst, r->topo, r->o, r->out, r->err);
+	return NULL;
+}
+
+refit_status_t
+node_plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+		const plan_topo_t *topo, const plan_opts_t *o, plan_t *out, refit_err_t *err)
+{
+	plan_run_t r = {src, dst, topo, o, out, err, REFIT_OK};
+	pthread_t th;
+
+	if (pthread_create(&th, NULL, plan_thread, &r) != 0)
+		return plan_build(src, dst, topo, o, out, err);  /* here, then */
+	pthread_join(th, NULL);
+	return r.rc;
 }
 
 uint64_t

@@ -174,7 +174,7 @@ job_work(uv_work_t *w)
 	} else {
 		uint64_t t0 = uv_hrtime();
 
-		j->rc = plan_build(ps, pd, &j->topo, &j->opts, &j->built, &j->err);
+		j->rc = node_plan_build(ps, pd, &j->topo, &j->opts, &j->built, &j->err);
 		j->plan_us = (uv_hrtime() - t0) / 1000;
 		p = &j->built;
 	}
