@@ -598,6 +598,11 @@ def long_lease_setup():
     m = members_ctl(GL)
     assert [x["connection"] for x in m["members"]] == ["READY"] * 3, m
     assert int(m["node_calls_outstanding"]) == 0, m
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", GL.addr, "members"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "CONNECTION" in out.stdout, out
+    assert out.stdout.count(" READY ") == 3 and "node calls: 0 outstanding" in out.stdout, \
+        out.stdout
 
 
 def abort_cancels_calls():
