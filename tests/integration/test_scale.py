@@ -13,7 +13,8 @@ previous one is a member):
   random           30 % of the nodes, picked at random, train
 each refit twice (the second must find every node's plan in its cache),
 byte-exact.  Then, on small clusters: SliceDone is counted once (duplicates
-and unknown refits are answered, nothing counted twice), and SIGTERM ends
+and unknown refits are answered, nothing counted twice), the nodes' plan
+cache keeps plans within plan_cache_bytes (least recently used evicted), and SIGTERM ends
 the coordinator within 10 s while a node is SIGSTOPped holding a call, or
 mid-slice.  Prints a table (nodes, order, result, times, coordinator threads
 and RSS) and "scale: N passed, N failed" last.
