@@ -10,7 +10,8 @@ Per N: time for the daemons to start and join (started in groups of 16,
 each after the previous joined), trigger -> every slice running, end to end
 (first refit, second), the slowest node's planning time, the coordinator's
 threads and RSS (/proc/PID/status), the coordinator's RSS growth per member
-and a node daemon's mean RSS.
+and a node daemon's mean RSS before the refits and after them (with the
+plan it keeps).
 
 Usage: [LEASE_MS=30000] [START_ONLY=1] bench_scale.py BUILD_DIR [N ...]
 (default 16 32 64 128 256; START_ONLY: start and join the daemons, no refit).
@@ -129,13 +130,15 @@ def one(n):
             assert "mismatches=0" in out, out
         rows[v] = g
     th, rss = status(coord.pid)
+    node_rss_after = sum(status(p.pid)[1] for p in nodes) / n
     g1, g2 = rows[1], rows[2]
     print(f"{n:>6} {start_s:>8.1f} {g1.running_after_ms:>10} "
           f"{g1.finished_unix_ms - g1.created_unix_ms:>8} "
           f"{g2.finished_unix_ms - g2.created_unix_ms:>9} "
           f"{max(x.plan_micros for x in g1.nodes) / 1e3:>8.1f} "
           f"{sum(x.plan_cached for x in g2.nodes):>7} {th:>8} {rss / 1024:>8.1f} "
-          f"{(rss - rss0) / n:>11.1f} {node_rss / 1024:>9.1f}", flush=True)
+          f"{(rss - rss0) / n:>11.1f} {node_rss / 1024:>9.1f} {node_rss_after / 1024:>9.1f}",
+          flush=True)
     for c in tr + inf:
         c.close()
     stop(procs0, ch)
@@ -157,7 +160,7 @@ print("control plane at scale: N node daemons (one rank each), half train, half 
       "every receiver needs every sender; one run")
 print(f"{'nodes':>6} {'start_s':>8} {'running_ms':>10} {'e2e_ms':>8} {'again_ms':>9} "
       f"{'plan_ms':>8} {'cached':>7} {'threads':>8} {'rss_MiB':>8} {'KiB/member':>11} "
-      f"{'node_MiB':>9}")
+      f"{'node_MiB':>9} {'after_MiB':>9}")
 try:
     for n in SIZES:
         one(n)

@@ -144,20 +144,25 @@ cmd_members(ctl_t *c, int argc, char **argv)
 			}
 			ju64(j, "joined_epoch", m->joined_epoch);
 			ju64(j, "lease_age_ms", m->lease_age_ms);
+			jstr(j, "connection", m->connection);
 			cJSON_AddItemToArray(ms, j);
 		}
+		ju64(o, "node_calls_outstanding", r->node_calls_outstanding);
+		ju64(o, "node_calls_cancelled", r->node_calls_cancelled);
 		jemit(o);
 	} else {
 		printf("epoch %" PRIu64 ", %zu members\n", r->epoch, r->n_members);
-		printf("%-6s %-20s %-22s %-7s %-12s %s\n", "ID", "NODE", "HOST", "RANKS",
-		       "JOINED@EPOCH", "LEASE AGE");
+		printf("%-6s %-20s %-22s %-7s %-12s %-20s %s\n", "ID", "NODE", "HOST", "RANKS",
+		       "JOINED@EPOCH", "CONNECTION", "LEASE AGE");
 		for (size_t i = 0; i < r->n_members; i++) {
 			Refit__V1__Member *m = r->members[i];
 
-			printf("%-6" PRIu64 " %-20s %-22s %-7zu %-12" PRIu64 " %" PRIu64 " ms / %u ms\n",
-			       m->member_id, m->node_id, m->host, m->n_ranks, m->joined_epoch,
-			       m->lease_age_ms, m->lease_ttl_ms);
+			printf("%-6" PRIu64 " %-20s %-22s %-7zu %-12" PRIu64 " %-20s %" PRIu64
+			       " ms / %u ms\n", m->member_id, m->node_id, m->host, m->n_ranks,
+			       m->joined_epoch, m->connection, m->lease_age_ms, m->lease_ttl_ms);
 		}
+		printf("node calls: %" PRIu64 " outstanding, %" PRIu64 " cancelled since start\n",
+		       r->node_calls_outstanding, r->node_calls_cancelled);
 	}
 	protobuf_c_message_free_unpacked(&r->base, NULL);
 	return 0;

@@ -152,8 +152,40 @@ refit_status_t rpc_async_call(rpc_async_t *a, uint64_t group, const char *target
 			      const ProtobufCMessage *req, int64_t timeout_ms,
 			      rpc_done_fn done, void *arg, refit_err_t *err);
 /* Cancel the outstanding calls of group (RPC_GROUP_ALL: every call); their
- * done callbacks run later, with REFIT_ERR_ABORTED. */
-void rpc_async_cancel(rpc_async_t *a, uint64_t group);
+ * done callbacks run later, with REFIT_ERR_ABORTED.  Returns how many. */
+size_t rpc_async_cancel(rpc_async_t *a, uint64_t group);
+/* Calls cancelled by rpc_async_cancel since the engine started. */
+uint64_t rpc_async_cancelled(const rpc_async_t *a);
+
+/*
+ * Connectivity of the cached channels (gRPC's states, same values), watched
+ * on the engine's completion queue.  RPC_CONN_NONE: no channel is cached
+ * for the target.
+ */
+typedef enum rpc_conn {
+	RPC_CONN_NONE = -1,
+	RPC_CONN_IDLE = 0,
+	RPC_CONN_CONNECTING = 1,
+	RPC_CONN_READY = 2,
+	RPC_CONN_TRANSIENT_FAILURE = 3,
+	RPC_CONN_SHUTDOWN = 4,
+} rpc_conn_t;
+
+/*
+ * fn(arg, target, old, now, outage) runs on the loop thread on every change
+ * of a cached channel's state that the watch observes (one hook per
+ * engine).  outage is 1 on the first TRANSIENT_FAILURE/SHUTDOWN since the
+ * channel was last READY (however often the back-off retries), -1 when it
+ * is READY again after one, else 0.  With no hook the engine logs outages
+ * itself (warning, naming the target); with one, the hook does.
+ */
+typedef void (*rpc_conn_fn)(void *arg, const char *target, rpc_conn_t old, rpc_conn_t now,
+			    int outage);
+void rpc_async_on_conn(rpc_async_t *a, rpc_conn_fn fn, void *arg);
+/* The last observed state of target's channel (RPC_CONN_NONE: none). */
+rpc_conn_t rpc_async_conn(const rpc_async_t *a, const char *target);
+/* "IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE", "SHUTDOWN", "NONE" */
+const char *rpc_conn_name(rpc_conn_t st);
 /* Drop target's cached channel (a member left); calls on it finish first. */
 void rpc_async_forget(rpc_async_t *a, const char *target);
 size_t rpc_async_outstanding(const rpc_async_t *a);

@@ -14,6 +14,18 @@
  * member left) or when the cache is full and a channel is idle.  A channel
  * dropped while calls use it is destroyed after the last of them.
  *
+ * Connectivity: every cached channel has a connectivity watch on the same
+ * queue (grpc_channel_watch_connectivity_state, re-armed after each change
+ * and every WATCH_MS), so no thread waits for it.  Every change goes to
+ * the owner's hook (rpc_async_on_conn), flagged when the channel enters
+ * TRANSIENT_FAILURE or SHUTDOWN -- once until it is READY again, however
+ * often the reconnect back-off retries -- or recovers; without a hook the
+ * engine logs those two itself.  A connection that was READY and
+ * went IDLE (gRPC's way of saying it was lost) is reconnected at once, so a
+ * peer that is gone shows as TRANSIENT_FAILURE, not as a quiet IDLE.  A
+ * dropped channel is destroyed, which ends its watch; its record is freed
+ * when the watch's tag comes back.
+ *
  * Deadlines are gRPC's own (every call has one).  rpc_async_cancel cancels
  * a group's calls (grpc_call_cancel; their done callbacks still run, with
  * REFIT_ERR_ABORTED); rpc_async_close cancels everything and frees the
@@ -37,16 +49,30 @@
 
 /* more targets than this: idle channels go, least recently used first */
 #define MAX_CHANNELS 8192
+/* a connectivity watch is re-armed at least this often */
+#define WATCH_MS 60000
+
+/* What a completion-queue tag is: every tag starts with one. */
+typedef struct qent {
+	enum { Q_CALL, Q_WATCH } kind;
+	int ok;                   /* the event's success, from the queue */
+	struct qent *qnext;       /* finished, waiting for the loop (under mu) */
+} qent_t;
 
 typedef struct chan {
+	qent_t q;              /* the connectivity watch's tag */
 	char *target;
 	grpc_channel *ch;
 	uint32_t calls;        /* outstanding calls using it */
 	bool dropped;          /* out of the cache: destroyed after its last call */
 	uint64_t used;         /* last use, a counter */
+	rpc_conn_t state;      /* last observed */
+	bool watching;         /* a watch is armed (the record lives until it ends) */
+	bool lost_logged;      /* TRANSIENT_FAILURE/SHUTDOWN logged, not READY since */
 } chan_t;
 
 typedef struct acall {
+	qent_t q;              /* first: the tag */
 	rpc_async_t *a;
 	chan_t *chan;
 	grpc_call *call;
@@ -57,11 +83,9 @@ typedef struct acall {
 	grpc_metadata auth;
 	grpc_status_code code;
 	grpc_slice details;
-	int ok;                /* the batch's success, from the queue */
 	rpc_done_fn done;
 	void *arg;
 	struct acall *prev, *next;  /* outstanding calls (loop thread) */
-	struct acall *qnext;        /* finished, waiting for the loop (under mu) */
 } acall_t;
 
 struct rpc_async {
@@ -70,7 +94,7 @@ struct rpc_async {
 	grpc_completion_queue *cq;
 	pthread_t th;
 	pthread_mutex_t mu;
-	acall_t *qhead, *qtail;     /* under mu */
+	qent_t *qhead, *qtail;      /* under mu */
 	/* loop thread only */
 	grpc_channel_credentials *creds;
 	size_t max_msg;
@@ -79,7 +103,9 @@ struct rpc_async {
 	uint64_t clock;
 	acall_t *live;
 	size_t nlive;
-	uint64_t started, finished;
+	uint64_t started, finished, cancelled;
+	rpc_conn_fn conn_fn;
+	void *conn_arg;
 	bool closing, torn_down;
 };
 
@@ -94,7 +120,7 @@ cq_thread(void *arg)
 		grpc_event ev = grpc_completion_queue_next(a->cq,
 							   gpr_inf_future(GPR_CLOCK_REALTIME),
 							   NULL);
-		acall_t *x;
+		qent_t *x;
 
 		if (ev.type == GRPC_QUEUE_SHUTDOWN)
 			break;
@@ -117,10 +143,19 @@ cq_thread(void *arg)
 
 /* ---- channels -------------------------------------------------------------- */
 
+/* A dropped channel: destroyed after its last call (which ends its
+ * watch), its record freed once the watch's tag is back. */
 static void
-chan_destroy(chan_t *c)
+chan_release(chan_t *c)
 {
-	grpc_channel_destroy(c->ch);
+	if (!c->dropped || c->calls > 0)
+		return;
+	if (c->ch) {
+		grpc_channel_destroy(c->ch);
+		c->ch = NULL;
+	}
+	if (c->watching)
+		return;
 	free(c->target);
 	free(c);
 }
@@ -133,8 +168,77 @@ chan_drop(rpc_async_t *a, size_t i)
 
 	a->chans.v[i] = a->chans.v[--a->chans.n];
 	c->dropped = true;
-	if (c->calls == 0)
-		chan_destroy(c);
+	chan_release(c);
+}
+
+const char *
+rpc_conn_name(rpc_conn_t st)
+{
+	static const char *const n[] = {"IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE",
+					"SHUTDOWN"};
+
+	return st >= RPC_CONN_IDLE && st <= RPC_CONN_SHUTDOWN ? n[st] : "NONE";
+}
+
+static void
+watch_arm(rpc_async_t *a, chan_t *c)
+{
+	grpc_channel_watch_connectivity_state(c->ch, (grpc_connectivity_state)c->state,
+					      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+							   gpr_time_from_millis(WATCH_MS,
+										GPR_TIMESPAN)),
+					      a->cq, &c->q);
+	c->watching = true;
+}
+
+/* c's watch ended (a change, or its deadline): note the state, re-arm. */
+static void
+on_watch(rpc_async_t *a, chan_t *c)
+{
+	rpc_conn_t old = c->state, now;
+
+	/* c->watching stays set until the end: the hook may drop c */
+	if (c->dropped || a->closing || c->ch == NULL) {
+		c->watching = false;
+		chan_release(c);
+		return;
+	}
+	now = (rpc_conn_t)grpc_channel_check_connectivity_state(c->ch, 0);
+	if (now != old) {
+		int outage = 0;
+
+		c->state = now;
+		log_debug(LOG_SUB_RPC, "rpc: channel to %s: %s -> %s", c->target,
+			  rpc_conn_name(old), rpc_conn_name(now));
+		if ((now == RPC_CONN_TRANSIENT_FAILURE || now == RPC_CONN_SHUTDOWN) &&
+		    !c->lost_logged) {
+			c->lost_logged = true;
+			outage = 1;
+		} else if (now == RPC_CONN_READY && c->lost_logged) {
+			c->lost_logged = false;
+			outage = -1;
+		}
+		/* the owner's hook says it with its own names; else it is said here */
+		if (outage > 0 && a->conn_fn == NULL)
+			log_warnx("rpc: channel to %s: %s (connection lost or refused; "
+				  "reconnecting with back-off)", c->target, rpc_conn_name(now));
+		else if (outage < 0 && a->conn_fn == NULL)
+			log_info("rpc: channel to %s: READY again", c->target);
+		/* READY -> IDLE: the connection went away; find out now whether
+		 * the peer is still there */
+		if (old == RPC_CONN_READY && now == RPC_CONN_IDLE)
+			c->state = now = (rpc_conn_t)grpc_channel_check_connectivity_state(c->ch,
+											    1);
+		if (a->conn_fn)
+			a->conn_fn(a->conn_arg, c->target, old, now, outage);
+		/* the hook may have dropped the channel (rpc_async_forget) */
+		if (c->dropped) {
+			c->watching = false;
+			chan_release(c);
+			return;
+		}
+	}
+	watch_arm(a, c);
 }
 
 static chan_t *
@@ -167,9 +271,12 @@ chan_get(rpc_async_t *a, const char *target)
 	args[RPC_CHANNEL_ARGS + 1] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000); /* a busy peer is not a dead one */
 	args[RPC_CHANNEL_ARGS + 2] = rpc_arg_int(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
 	c = xcalloc(1, sizeof(*c));
+	c->q.kind = Q_WATCH;
 	c->target = xstrdup(target);
 	c->ch = grpc_channel_create(target, a->creds, &ca);
 	c->used = ++a->clock;
+	c->state = (rpc_conn_t)grpc_channel_check_connectivity_state(c->ch, 0);
+	watch_arm(a, c);
 	VEC_PUSH(&a->chans, c);
 	return c;
 }
@@ -207,8 +314,8 @@ call_free(rpc_async_t *a, acall_t *x)
 	grpc_metadata_array_destroy(&x->trail_md);
 	grpc_slice_unref(x->details);
 	free(x);
-	if (--c->calls == 0 && c->dropped)
-		chan_destroy(c);
+	c->calls--;
+	chan_release(c);
 }
 
 /* The answer of a finished call: status, message and decoded response. */
@@ -220,7 +327,7 @@ call_result(acall_t *x, ProtobufCMessage **resp, refit_err_t *err)
 	grpc_slice all;
 
 	*resp = NULL;
-	if (!x->ok)
+	if (!x->q.ok)
 		return refit_err_set(err, REFIT_ERR_INTERNAL, "%s %s: the call's batch failed",
 				     target, method);
 	if (x->code != GRPC_STATUS_OK) {
@@ -254,14 +361,20 @@ on_wake(uv_async_t *h)
 		ProtobufCMessage *resp;
 		refit_err_t err;
 		acall_t *x;
+		qent_t *q;
 
 		pthread_mutex_lock(&a->mu);
-		x = a->qhead;
-		if (x != NULL && (a->qhead = x->qnext) == NULL)
+		q = a->qhead;
+		if (q != NULL && (a->qhead = q->qnext) == NULL)
 			a->qtail = NULL;
 		pthread_mutex_unlock(&a->mu);
-		if (x == NULL)
+		if (q == NULL)
 			break;
+		if (q->kind == Q_WATCH) {
+			on_watch(a, (chan_t *)q);
+			continue;
+		}
+		x = (acall_t *)q;
 		if (x->prev)
 			x->prev->next = x->next;
 		else
@@ -283,15 +396,6 @@ on_wake(uv_async_t *h)
 		else
 			uv_unref((uv_handle_t *)&a->wake); /* idle: the loop may end */
 	}
-}
-
-static const ProtobufCMethodDescriptor *
-method_of(const ProtobufCServiceDescriptor *svc, const char *name)
-{
-	for (unsigned i = 0; i < svc->n_methods; i++)
-		if (strcmp(svc->methods[i].name, name) == 0)
-			return &svc->methods[i];
-	return NULL;
 }
 
 /* The unary exchange as one batch tagged x. */
@@ -328,7 +432,7 @@ rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 	       const ProtobufCMessage *req, int64_t timeout_ms, rpc_done_fn done, void *arg,
 	       refit_err_t *err)
 {
-	const ProtobufCMethodDescriptor *md = method_of(svc, method);
+	const ProtobufCMethodDescriptor *md = rpc_method_of(svc, method);
 	char path[256];
 	grpc_slice sl;
 	acall_t *x;
@@ -344,6 +448,7 @@ rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 				     "shutting down", method, target);
 	snprintf(path, sizeof(path), "/%s/%s", svc->name, method);
 	x = xcalloc(1, sizeof(*x));
+	x->q.kind = Q_CALL;
 	x->a = a;
 	x->md = md;
 	x->group = group;
@@ -380,14 +485,44 @@ rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 	return REFIT_OK;
 }
 
-void
+size_t
 rpc_async_cancel(rpc_async_t *a, uint64_t group)
+{
+	size_t n = 0;
+
+	if (a == NULL)
+		return 0;
+	for (acall_t *x = a->live; x; x = x->next)
+		if (group == RPC_GROUP_ALL || x->group == group) {
+			grpc_call_cancel(x->call, NULL);
+			n++;
+		}
+	a->cancelled += n;
+	return n;
+}
+
+uint64_t
+rpc_async_cancelled(const rpc_async_t *a)
+{
+	return a ? a->cancelled : 0;
+}
+
+void
+rpc_async_on_conn(rpc_async_t *a, rpc_conn_fn fn, void *arg)
 {
 	if (a == NULL)
 		return;
-	for (acall_t *x = a->live; x; x = x->next)
-		if (group == RPC_GROUP_ALL || x->group == group)
-			grpc_call_cancel(x->call, NULL);
+	a->conn_fn = fn;
+	a->conn_arg = arg;
+}
+
+rpc_conn_t
+rpc_async_conn(const rpc_async_t *a, const char *target)
+{
+	for (size_t i = 0; a && target && i < a->chans.n; i++)
+		if (strcmp(a->chans.v[i]->target, target) == 0)
+			return a->chans.v[i]->state;
+	return RPC_CONN_NONE;
 }
 
 size_t
@@ -449,24 +584,44 @@ on_closed(uv_handle_t *h)
 	grpc_shutdown();
 }
 
-/* No call is outstanding: stop the thread, destroy channels and queue. */
+/*
+ * No call is outstanding: destroy the channels (which ends their watches),
+ * stop the thread once the queue has given back every tag, free the
+ * channels' records and the queue.
+ */
 static void
 teardown(rpc_async_t *a)
 {
+	qent_t *q;
+
 	if (a->torn_down)
 		return;
 	a->torn_down = true;
-	grpc_completion_queue_shutdown(a->cq);
-	if (a->th)
-		pthread_join(a->th, NULL);
-	else
-		while (grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
-						  NULL).type != GRPC_QUEUE_SHUTDOWN)
-			;
-	grpc_completion_queue_destroy(a->cq);
 	while (a->chans.n)
 		chan_drop(a, a->chans.n - 1);
 	VEC_FREE(&a->chans);
+	grpc_completion_queue_shutdown(a->cq);
+	if (a->th) {
+		pthread_join(a->th, NULL);
+	} else {
+		for (;;) {
+			grpc_event ev = grpc_completion_queue_next(
+				a->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+
+			if (ev.type == GRPC_QUEUE_SHUTDOWN)
+				break;
+			if (ev.type == GRPC_OP_COMPLETE)
+				on_watch(a, ev.tag);  /* no call was ever made */
+		}
+	}
+	/* what the thread handed over last: only watches (no call is out) */
+	while ((q = a->qhead) != NULL) {
+		a->qhead = q->qnext;
+		if (q->kind == Q_WATCH)
+			on_watch(a, (chan_t *)q);
+	}
+	a->qtail = NULL;
+	grpc_completion_queue_destroy(a->cq);
 	grpc_channel_credentials_release(a->creds);
 	uv_ref((uv_handle_t *)&a->wake);
 	uv_close((uv_handle_t *)&a->wake, on_closed);

@@ -178,8 +178,8 @@ rpc_client_target(const rpc_client_t *c)
 	return c->target;
 }
 
-static const ProtobufCMethodDescriptor *
-method_of(const ProtobufCServiceDescriptor *svc, const char *name)
+const ProtobufCMethodDescriptor *
+rpc_method_of(const ProtobufCServiceDescriptor *svc, const char *name)
 {
 	for (unsigned i = 0; i < svc->n_methods; i++)
 		if (strcmp(svc->methods[i].name, name) == 0)
@@ -250,7 +250,7 @@ rpc_client_call(rpc_client_t *c, const ProtobufCServiceDescriptor *svc,
 		const char *method, const ProtobufCMessage *req, ProtobufCMessage **resp,
 		int64_t timeout_ms, refit_err_t *err)
 {
-	const ProtobufCMethodDescriptor *md = method_of(svc, method);
+	const ProtobufCMethodDescriptor *md = rpc_method_of(svc, method);
 	grpc_completion_queue *cq;
 	grpc_call *call;
 	grpc_byte_buffer *rb = NULL, *sb;

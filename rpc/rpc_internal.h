@@ -25,4 +25,8 @@ refit_status_t rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **
 refit_status_t rpc_channel_creds(const rpc_tls_t *tls, grpc_channel_credentials **out,
 				 refit_err_t *err);
 
+/* svc's method called name, or NULL (both clients). */
+const ProtobufCMethodDescriptor *rpc_method_of(const ProtobufCServiceDescriptor *svc,
+					       const char *name);
+
 #endif

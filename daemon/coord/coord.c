@@ -688,6 +688,7 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		mv[i].rpc_endpoint = m->rpc_ep;
 		mv[i].data_endpoint = m->data_ep;
 		mv[i].transport = m->transport;
+		mv[i].connection = (char *)rpc_conn_name(rpc_async_conn(c->rpc, m->rpc_ep));
 		mv[i].joined_epoch = m->joined_epoch;
 		mv[i].lease_age_ms = now - m->last_beat_ms;
 		mv[i].lease_ttl_ms = c->o.lease_ttl_ms;
@@ -704,6 +705,8 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rsp.epoch = c->epoch;
 	rsp.members = mp;
 	rsp.n_members = n;
+	rsp.node_calls_cancelled = rpc_async_cancelled(c->rpc);
+	rsp.node_calls_outstanding = rpc_async_outstanding(c->rpc);
 	rpc_call_reply(call, &rsp.base);
 	free(mv);
 	free(mp);
@@ -924,6 +927,33 @@ coord_member_ids_from_clock(coord_t *c)
 		c->next_member = us;
 }
 
+/*
+ * The connectivity watch saw a channel change (rpc_async.c).  A member's
+ * channel that starts failing (TRANSIENT_FAILURE) or comes back is logged
+ * once per outage with the node's name; refitctl members shows the state.
+ * It does not by itself fail a refit: under load a live node's channel can
+ * fail for a moment, and SliceDone, deadlines and leases decide.
+ */
+static void
+on_conn(void *arg, const char *target, rpc_conn_t old, rpc_conn_t now, int outage)
+{
+	coord_t *c = arg;
+	const char *node = "(not a member)";
+
+	(void)old;
+	if (outage == 0 || c->closing)
+		return;
+	for (size_t i = 0; i < c->members.n; i++)
+		if (strcmp(c->members.v[i].rpc_ep, target) == 0)
+			node = c->members.v[i].node_id;
+	if (outage > 0)
+		log_warnx("coordinator: node %s: channel to %s %s (connection lost or refused; "
+			  "reconnecting with back-off; its refits go on until SliceDone, a "
+			  "deadline or its lease decides)", node, target, rpc_conn_name(now));
+	else
+		log_info("coordinator: node %s: channel to %s READY again", node, target);
+}
+
 coord_t *
 coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t *err)
 {
@@ -949,6 +979,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	c->lease_timer.data = c;
 	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(o->lease_ttl_ms),
 		       TICK_MS(o->lease_ttl_ms));
+	rpc_async_on_conn(c->rpc, on_conn, c);
 	return c;
 }
 
@@ -1001,6 +1032,7 @@ coord_close(coord_t *c, void (*done)(void *arg), void *arg)
 		return;
 	}
 	c->closing = true;
+	rpc_async_on_conn(c->rpc, NULL, NULL);
 	rpc_async_cancel(c->rpc, RPC_GROUP_ALL); /* nodes' answers are not awaited */
 	c->closed_cb = done;
 	c->closed_arg = arg;

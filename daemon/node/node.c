@@ -22,6 +22,21 @@
 
 #define CALL_MS 5000
 
+/* Forget the epoch's members (the world a PrepareEpoch described). */
+static void
+world_clear(node_t *n)
+{
+	for (size_t i = 0; i < n->world.n; i++) {
+		free(n->world.v[i].node_id);
+		free(n->world.v[i].data_ep);
+		free(n->world.v[i].ranks);
+		for (size_t k = 0; k < n->world.v[i].nranks; k++)
+			free(n->world.v[i].domains[k]);
+		free(n->world.v[i].domains);
+	}
+	n->world.n = 0;
+}
+
 void
 node_maybe_free(node_t *n)
 {
@@ -33,14 +48,7 @@ node_maybe_free(node_t *n)
 	node_local_stop(n);
 	if (n->x)
 		n->xo->stop(n->x);
-	for (size_t i = 0; i < n->world.n; i++) {
-		free(n->world.v[i].node_id);
-		free(n->world.v[i].data_ep);
-		free(n->world.v[i].ranks);
-		for (size_t k = 0; k < n->world.v[i].nranks; k++)
-			free(n->world.v[i].domains[k]);
-		free(n->world.v[i].domains);
-	}
+	world_clear(n);
 	VEC_FREE(&n->world);
 	free(n->coordinator);
 	free(n->node_id);
@@ -53,14 +61,21 @@ node_maybe_free(node_t *n)
 
 /* ---- membership --------------------------------------------------------- */
 
+/* A Join or Heartbeat answered: the next may go; false when closing. */
+static bool
+member_call_settled(node_t *n)
+{
+	n->inflight--;
+	n->busy = false;
+	return !n->closing;
+}
+
 static void
 on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
 	node_t *n = arg;
 
-	n->inflight--;
-	n->busy = false;
-	if (!n->closing) {
+	if (member_call_settled(n)) {
 		if (st != REFIT_OK) {
 			log_warnx("node %s: Join: %s (retrying)", n->node_id, msg);
 		} else {
@@ -86,9 +101,7 @@ on_beat_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 {
 	node_t *n = arg;
 
-	n->inflight--;
-	n->busy = false;
-	if (!n->closing) {
+	if (member_call_settled(n)) {
 		if (st == REFIT_ERR_NOT_FOUND) {
 			log_warnx("node %s: %s: joining again", n->node_id, msg);
 			n->member_id = 0;
@@ -226,15 +239,7 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 					     rq->members[i]->node_id);
 	if (rq->epoch != n->prepared_epoch)
 		node_run_abort_all(n, "a new epoch was prepared");
-	for (size_t i = 0; i < n->world.n; i++) {
-		free(n->world.v[i].node_id);
-		free(n->world.v[i].data_ep);
-		free(n->world.v[i].ranks);
-		for (size_t k = 0; k < n->world.v[i].nranks; k++)
-			free(n->world.v[i].domains[k]);
-		free(n->world.v[i].domains);
-	}
-	n->world.n = 0;
+	world_clear(n);
 	for (size_t i = 0; i < rq->n_members; i++) {
 		const Refit__V1__Member *m = rq->members[i];
 		epoch_member_t em = {xstrdup(m->node_id ? m->node_id : ""),
@@ -310,6 +315,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->client = o->client;
 	n->rpc = o->rpc;
 	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
+	n->plan_cache_max = o->plan_cache_bytes;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->test_fail_commit = o->test_fail_commit;
 	n->test_hold_run_ms = o->test_hold_run_ms;

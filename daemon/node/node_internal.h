@@ -108,9 +108,8 @@ typedef struct node_plan {
 	plan_t plan;
 	uint32_t refs;          /* the cache's, plus one per slice using it */
 	uint64_t used;
+	uint64_t bytes;         /* node_plan_bytes, counted against plan_cache_bytes */
 } node_plan_t;
-
-#define NODE_PLANS_MAX 4
 
 /* A slice's end, sent to the coordinator (SliceDone) until acknowledged. */
 typedef struct slice_report {
@@ -160,6 +159,7 @@ struct node {
 	VEC(slice_report_t *) reports;/* SliceDone not yet acknowledged */
 	VEC(node_plan_t *) plans;     /* plans built here, by input digest */
 	uint64_t plan_clock;
+	uint64_t plan_cache_used, plan_cache_max; /* bytes: kept, bound (plan_cache_bytes) */
 	/* the memory socket: clients pass sealed memfds (SCM_RIGHTS) */
 	int mem_fd;                   /* listening, -1: none */
 	uv_poll_t mem_poll;
@@ -203,9 +203,19 @@ void node_reports_drop(node_t *n);
 /* node_plans.c */
 void node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		   const plan_topo_t *topo, const plan_opts_t *o, char key[SHA256_HEX_LEN]);
+/* plan_build on a thread of its own, NODE_PLAN_NICE nice levels below the
+ * daemon (see node_plans.c); blocks the calling (pool) thread meanwhile. */
+#define NODE_PLAN_NICE 10
+refit_status_t node_plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+			       const plan_topo_t *topo, const plan_opts_t *o, plan_t *out,
+			       refit_err_t *err);
+/* The memory a plan holds (the cache's measure). */
+uint64_t node_plan_bytes(const plan_t *p);
 /* The plan of key with a reference taken, or NULL. */
 node_plan_t *node_plans_get(node_t *n, const char *key);
-/* Keep *p (taken) under key; returns the entry with a reference taken. */
+/* Keep *p (taken) under key, evicting the least recently used plans until
+ * the cache is within plan_cache_bytes; returns the entry with a reference
+ * taken, or NULL (*p left to the caller) for a plan larger than the bound. */
 node_plan_t *node_plans_put(node_t *n, const char *key, plan_t *p);
 void node_plan_release(node_t *n, node_plan_t *e);
 void node_plans_fini(node_t *n);

@@ -3,16 +3,22 @@
  * (source and destination layouts, the epoch's topology, plan options), so
  * a refit whose membership and layouts did not change does not plan again.
  *
- * A small LRU of NODE_PLANS_MAX entries.  An entry is shared read-only by
- * the slices using it (a reference each); one evicted while in use is freed
- * when its last slice releases it.  Loop thread only (slices take their
+ * An LRU bounded by bytes (plan_cache_bytes, the plans' own memory as
+ * node_plan_bytes counts it): a new plan evicts the least recently used
+ * ones until it fits; a plan larger than the whole bound is not kept.  An
+ * entry is shared read-only by the slices using it (a reference each); one
+ * evicted while in use is freed when its last slice releases it.  Loop thread only (slices take their
  * reference on the loop before running on the pool, and give it back on the
  * loop after).
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/sha256.h"
@@ -43,6 +49,56 @@ node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	strbuf_fini(&sb);
 }
 
+typedef struct plan_run {
+	const plan_layout_set_t *src, *dst;
+	const plan_topo_t *topo;
+	const plan_opts_t *o;
+	plan_t *out;
+	refit_err_t *err;
+	refit_status_t rc;
+} plan_run_t;
+
+static void *
+plan_thread(void *arg)
+{
+	plan_run_t *r = arg;
+	id_t tid = (id_t)gettid();
+	int prio;
+
+	/* this thread only (a Linux thread id); the daemon keeps its priority.
+	 * Failing to lower it is harmless: the plan is the same. */
+	errno = 0;
+	prio = getpriority(PRIO_PROCESS, tid);
+	if (errno == 0 && setpriority(PRIO_PROCESS, tid, prio + NODE_PLAN_NICE) != 0)
+		log_debug(LOG_SUB_NODE, "node: cannot lower the planning thread's priority");
+	r->rc = plan_build(r->src, r->dst, r->topo, r->o, r->out, r->err);
+	return NULL;
+}
+
+refit_status_t
+node_plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
+		const plan_topo_t *topo, const plan_opts_t *o, plan_t *out, refit_err_t *err)
+{
+	plan_run_t r = {src, dst, topo, o, out, err, REFIT_OK};
+	pthread_t th;
+
+	if (pthread_create(&th, NULL, plan_thread, &r) != 0)
+		return plan_build(src, dst, topo, o, out, err);  /* here, then */
+	pthread_join(th, NULL);
+	return r.rc;
+}
+
+uint64_t
+node_plan_bytes(const plan_t *p)
+{
+	uint64_t b = sizeof(node_plan_t) + (uint64_t)p->ntensors * sizeof(*p->tensors) +
+		     (uint64_t)p->nxfers * sizeof(*p->xfers);
+
+	for (uint32_t i = 0; i < p->ntensors; i++)
+		b += p->tensors[i].name ? strlen(p->tensors[i].name) + 1 : 0;
+	return b;
+}
+
 static void
 entry_free(node_plan_t *e)
 {
@@ -69,17 +125,25 @@ node_plan_t *
 node_plans_put(node_t *n, const char *key, plan_t *p)
 {
 	node_plan_t *e = node_plans_get(n, key);
+	uint64_t bytes;
 
 	if (e != NULL) {  /* another slice built the same plan meanwhile */
 		plan_fini(p);
 		return e;
 	}
-	if (n->plans.n >= NODE_PLANS_MAX) {
+	bytes = node_plan_bytes(p);
+	if (bytes > n->plan_cache_max) {
+		log_info("node %s: a plan of %" PRIu64 " bytes is not kept "
+			  "(plan_cache_bytes %" PRIu64 ")", n->node_id, bytes, n->plan_cache_max);
+		return NULL;  /* p stays the caller's */
+	}
+	while (n->plans.n > 0 && n->plan_cache_used + bytes > n->plan_cache_max) {
 		size_t lru = 0;
 
 		for (size_t i = 1; i < n->plans.n; i++)
 			if (n->plans.v[i]->used < n->plans.v[lru]->used)
 				lru = i;
+		n->plan_cache_used -= n->plans.v[lru]->bytes;
 		node_plan_release(n, n->plans.v[lru]);  /* the cache's reference */
 		n->plans.v[lru] = n->plans.v[--n->plans.n];
 	}
@@ -87,6 +151,8 @@ node_plans_put(node_t *n, const char *key, plan_t *p)
 	snprintf(e->key, sizeof(e->key), "%s", key);
 	e->plan = *p;
 	memset(p, 0, sizeof(*p));
+	e->bytes = bytes;
+	n->plan_cache_used += bytes;
 	e->refs = 2;  /* the cache's and the caller's */
 	e->used = ++n->plan_clock;
 	VEC_PUSH(&n->plans, e);
@@ -107,4 +173,5 @@ node_plans_fini(node_t *n)
 	for (size_t i = 0; i < n->plans.n; i++)
 		node_plan_release(n, n->plans.v[i]);
 	VEC_FREE(&n->plans);
+	n->plan_cache_used = 0;
 }

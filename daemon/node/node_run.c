@@ -174,7 +174,7 @@ job_work(uv_work_t *w)
 	} else {
 		uint64_t t0 = uv_hrtime();
 
-		j->rc = plan_build(ps, pd, &j->topo, &j->opts, &j->built, &j->err);
+		j->rc = node_plan_build(ps, pd, &j->topo, &j->opts, &j->built, &j->err);
 		j->plan_us = (uv_hrtime() - t0) / 1000;
 		p = &j->built;
 	}
@@ -629,6 +629,20 @@ shares_client(const prepared_t *p, const slice_job_t *j)
 	return false;
 }
 
+/* A call for a refit of another epoch than the one prepared here fails
+ * (STALE_EPOCH); true when it did. */
+static bool
+epoch_refused(node_t *n, rpc_call_t *call, const char *method, uint64_t refit_id,
+	      uint64_t epoch)
+{
+	if (epoch == n->prepared_epoch)
+		return false;
+	rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: %s for refit %" PRIu64 " carries "
+		      "epoch %" PRIu64 ", this node prepared epoch %" PRIu64, n->node_id, method,
+		      refit_id, epoch, n->prepared_epoch);
+	return true;
+}
+
 static void
 run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -640,11 +654,8 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (n->closing)
 		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "node %s: shutting down",
 				     n->node_id);
-	if (rq->epoch != n->prepared_epoch)
-		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: RunSlice for refit %"
-				     PRIu64 " carries epoch %" PRIu64 ", this node prepared epoch %"
-				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
-				     n->prepared_epoch);
+	if (epoch_refused(n, call, "RunSlice", rq->refit_id, rq->epoch))
+		return;
 	if (was_aborted(n, rq->refit_id, rq->epoch, rq->attempt) != NULL) {
 		/* the Abort overtook it: the peers have stopped, so the slice
 		 * would only wait for them until its deadline */
@@ -788,10 +799,8 @@ h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	Refit__V1__CommitResponse rsp = REFIT__V1__COMMIT_RESPONSE__INIT;
 	prepared_t *p = find_prepared(n, rq->refit_id);
 
-	if (rq->epoch != n->prepared_epoch)
-		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: Commit for refit %"
-				     PRIu64 " carries epoch %" PRIu64 ", this node is at %" PRIu64,
-				     n->node_id, rq->refit_id, rq->epoch, n->prepared_epoch);
+	if (epoch_refused(n, call, "Commit", rq->refit_id, rq->epoch))
+		return;
 	if (p == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "node %s: refit %" PRIu64 " has "
 				     "no finished slice here to commit", n->node_id,
@@ -815,10 +824,8 @@ h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	Refit__V1__PublishResponse rsp = REFIT__V1__PUBLISH_RESPONSE__INIT;
 	prepared_t *p = find_prepared(n, rq->refit_id);
 
-	if (rq->epoch != n->prepared_epoch)
-		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: Publish for refit %"
-				     PRIu64 " carries epoch %" PRIu64 ", this node is at %" PRIu64,
-				     n->node_id, rq->refit_id, rq->epoch, n->prepared_epoch);
+	if (epoch_refused(n, call, "Publish", rq->refit_id, rq->epoch))
+		return;
 	if (p == NULL || !p->committed)
 		return rpc_call_fail(call, p ? REFIT_ERR_STALE_EPOCH : REFIT_ERR_NOT_FOUND,
 				     "node %s: refit %" PRIu64 " has %s here to publish",
@@ -869,11 +876,8 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	uint64_t id;
 	char why[300];
 
-	if (rq->epoch != n->prepared_epoch)
-		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: Abort for refit %"
-				     PRIu64 " carries epoch %" PRIu64 ", this node prepared epoch %"
-				     PRIu64, n->node_id, rq->refit_id, rq->epoch,
-				     n->prepared_epoch);
+	if (epoch_refused(n, call, "Abort", rq->refit_id, rq->epoch))
+		return;
 	snprintf(why, sizeof(why), "aborted by the coordinator: %s", nz(rq->reason));
 	/* remembered: a RunSlice that the Abort overtook is refused */
 	a = &n->aborted[n->naborted++ % NODE_ABORTED_MAX];

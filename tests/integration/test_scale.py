@@ -13,7 +13,8 @@ previous one is a member):
   random           30 % of the nodes, picked at random, train
 each refit twice (the second must find every node's plan in its cache),
 byte-exact.  Then, on small clusters: SliceDone is counted once (duplicates
-and unknown refits are answered, nothing counted twice), and SIGTERM ends
+and unknown refits are answered, nothing counted twice), the nodes' plan
+cache keeps plans within plan_cache_bytes (least recently used evicted), and SIGTERM ends
 the coordinator within 10 s while a node is SIGSTOPped holding a call, or
 mid-slice.  Prints a table (nodes, order, result, times, coordinator threads
 and RSS) and "scale: N passed, N failed" last.
@@ -234,20 +235,81 @@ def scale_refits(cl):
 
 # ---- small clusters: SliceDone once, SIGTERM with a stopped node ---------------
 
-def small_model(cl, name):
+def small_model(cl, name, ntensors=8):
     """Trainer on node 0 (ranks 0, 1), one instance on nodes 1 and 2."""
     tl = write(f"{TMP}/{name}-t.json", [{"name": f"w{k}", "dtype": "fp32",
                                          "shape": [256, 64], "mesh": [0, 1],
-                                         "placements": ["Shard(0)"]} for k in range(8)])
+                                         "placements": ["Shard(0)"]}
+                                        for k in range(ntensors)])
     il = write(f"{TMP}/{name}-i.json", [{"name": f"w{k}", "dtype": "fp32",
                                          "shape": [256, 64], "mesh": [4, 5, 8, 9],
-                                         "placements": ["Shard(1)"]} for k in range(8)])
+                                         "placements": ["Shard(1)"]}
+                                        for k in range(ntensors)])
     cs = [Client(cl, 0, name, "train", tl)]
     cs += [Client(cl, k, name, "infer", il, instance="i0", install="double-buffer")
            for k in (1, 2)]
     for c in cs:
         assert c.ok(), c.first
     return cs
+
+
+def refit_cached(cl, cs, model, v):
+    """Refit model (clients cs, trainer first) to version v, byte-exact;
+    how many nodes found their plan in their cache."""
+    if v > 1:
+        out = cs[0].cmd(f"next {v}")
+        assert out.startswith("READY"), out
+    g = cl.refit(model, v)
+    assert g.state == pb.COMMITTED, g.failure
+    for c in cs[1:]:
+        out = c.cmd(f"wait {v} 20000")
+        assert out.startswith(f"INSTALLED {v} ") and "mismatches=0" in out, out
+    return sum(x.plan_cached for x in g.nodes)
+
+
+def plan_sizes(cl, model):
+    """The plan sizes the nodes of cl logged as not kept for model's refits."""
+    cl.log.flush()
+    with open(f"{TMP}/{cl.name}.log") as f:
+        return [int(ln.split("a plan of ")[1].split()[0]) for ln in f
+                if "a plan of " in ln and "is not kept" in ln]
+
+
+def plan_cache_bytes():
+    """Nodes keep plans within plan_cache_bytes, not a count.  With 1 byte
+    nothing is kept (and each plan's size is logged); with room for either
+    of two models' plans but not both, refitting the other model evicts the
+    first (a count-bounded cache kept both), and a repeat finds it again."""
+    cl = Cluster("pc", 3, ["--plan-cache-bytes", "1", "--log-level", "info"], lease_ms=20000)
+    a = small_model(cl, "pa")
+    b = small_model(cl, "pb", ntensors=7)
+    try:
+        assert refit_cached(cl, a, "pa", 1) == 0
+        size_a = max(plan_sizes(cl, "pa"))
+        assert refit_cached(cl, a, "pa", 2) == 0, "a plan kept beyond plan_cache_bytes"
+        assert refit_cached(cl, b, "pb", 1) == 0
+        size_b = min(x for x in plan_sizes(cl, "pb") if x != size_a)
+    finally:
+        for c in a + b:
+            c.close()
+    assert size_b < size_a, (size_a, size_b)
+    bound = size_a + size_b - 1
+    cl = Cluster("pk", 3, ["--plan-cache-bytes", str(bound)], lease_ms=20000)
+    a = small_model(cl, "pa")
+    b = small_model(cl, "pb", ntensors=7)
+    try:
+        assert refit_cached(cl, a, "pa", 1) == 0
+        assert refit_cached(cl, a, "pa", 2) == 3, "pa's plan not kept"
+        assert refit_cached(cl, b, "pb", 1) == 0
+        assert refit_cached(cl, b, "pb", 2) == 3, "pb's plan not kept"
+        assert refit_cached(cl, a, "pa", 3) == 0, \
+            f"pa's plan still kept with pb's: {size_a} + {size_b} > {bound} bytes"
+        assert refit_cached(cl, a, "pa", 4) == 3, "pa's plan not kept again"
+    finally:
+        for c in a + b:
+            c.close()
+    print(f"     plan cache: plans of {size_a} and {size_b} bytes, bound {bound}: "
+          "one kept at a time")
 
 
 def wait_state(cl, rid, state, timeout=30):
@@ -346,6 +408,8 @@ try:
     check(f"{NODES} node daemons (one rank each) start and join", start_cluster)
     if CL is not None:
         scale_refits(CL)
+    check("plan cache bounded by plan_cache_bytes (least recently used evicted)",
+          plan_cache_bytes)
     check("SIGTERM: coordinator exits within 10 s, a node stopped holding PrepareEpoch",
           lambda: sigterm_with_stopped_node("prepare"))
     check("SIGTERM: coordinator exits within 10 s, a node stopped mid-slice",
