@@ -644,11 +644,18 @@ cmd_model(int argc, char **argv)
 	if (rc == 0) {
 		strbuf_init(&sb);
 		if (json) {
-			strbuf_printf(&sb, "{\"model\": \"%s\", \"params\": %lld, \"tensors\": %zu, "
-				      "\"train\": \"%s\", \"infer\": \"%s\", \"topology\": \"%s\", "
-				      "\"placement\": \"%s\", \"ranks\": %d, \"idle_ranks\": %d, "
-				      "\"reshard\": ", a.name, (long long)plan_arch_params(&a), s.n,
-				      tr, inf, topo, plan_place_name(pl), t.nranks, idle);
+			/* every string escaped: the model's name comes from its file */
+			strbuf_puts(&sb, "{\"model\": ");
+			strbuf_json_str(&sb, a.name);
+			strbuf_printf(&sb, ", \"params\": %lld, \"tensors\": %zu, \"train\": ",
+				      (long long)plan_arch_params(&a), s.n);
+			strbuf_json_str(&sb, tr);
+			strbuf_puts(&sb, ", \"infer\": ");
+			strbuf_json_str(&sb, inf);
+			strbuf_puts(&sb, ", \"topology\": ");
+			strbuf_json_str(&sb, topo);
+			strbuf_printf(&sb, ", \"placement\": \"%s\", \"ranks\": %d, \"idle_ranks\": %d, "
+				      "\"reshard\": ", plan_place_name(pl), t.nranks, idle);
 			codec_cost_json(&rs.c, &sb);
 			strbuf_puts(&sb, ", \"broadcast\": ");
 			codec_cost_json(&bc.c, &sb);
