@@ -206,6 +206,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	if (cfg->node_id == NULL && gethostname(hostname_buf, sizeof(hostname_buf) - 1) < 0)
 		snprintf(hostname_buf, sizeof(hostname_buf), "node");
 	no.node_id = cfg->node_id ? cfg->node_id : hostname_buf;
+	log_set_node(no.node_id); /* every line of this process names the node */
 	no.coordinator = cfg->coordinator;
 	no.advertise = cfg->advertise ? cfg->advertise : cfg->listen;
 	no.domain = cfg->domain;
