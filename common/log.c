@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/str.h"
 #include "common/utf8.h"
 
 static const char *log_prog = "refit";
@@ -173,7 +174,7 @@ log_set_refit(uint64_t refit_id)
 void
 log_set_node(const char *node)
 {
-	snprintf(log_node, sizeof(log_node), "%s", node ? node : "");
+	snprintf(log_node, sizeof(log_node), "%s", str_nz(node));
 }
 
 void
