@@ -21,6 +21,7 @@
 
 #include "codec/json.h"
 #include "common/parse.h"
+#include "common/str.h"
 #include "rpc/rpc.h"
 #include "refit/v1/refit.pb-c.h"
 
@@ -62,8 +63,11 @@ struct cmd {
 	/* what the table cannot say: options, checks; 0 or an exit code, -1
 	 * for a usage error (NULL: nothing to add) */
 	int (*build)(ctl_t *c, args_t *a, ProtobufCMessage *rq);
+	/* the output: of the response, or with `list` of each item of that
+	 * repeated field of the response ({"list": [...]}; `none` when empty) */
 	void (*text)(const void *resp, const args_t *a);
 	cJSON *(*json)(const void *resp, const args_t *a); /* NULL result: print nothing */
+	const char *list, *none;
 	/* after the output, with the response; the exit code (NULL: 0) */
 	int (*then)(ctl_t *c, args_t *a, const void *resp);
 };
@@ -166,7 +170,7 @@ jnew(void)
 static void
 jstr(cJSON *o, const char *k, const char *v)
 {
-	cJSON_AddStringToObject(o, k, v ? v : "");
+	cJSON_AddStringToObject(o, k, str_nz(v));
 }
 
 static cJSON *
@@ -191,7 +195,7 @@ jstrings(char **v, size_t n)
 	cJSON *a = oom(cJSON_CreateArray());
 
 	for (size_t k = 0; k < n; k++)
-		cJSON_AddItemToArray(a, oom(cJSON_CreateString(v[k] ? v[k] : "")));
+		cJSON_AddItemToArray(a, oom(cJSON_CreateString(str_nz(v[k]))));
 	return a;
 }
 
@@ -204,6 +208,29 @@ jemit(cJSON *o)
 	puts(t);
 	cJSON_free(t);
 	cJSON_Delete(o);
+}
+
+/* A list response: each item's text, or `none` when there are none. */
+static void
+text_list(void *const *v, size_t n, void (*one)(const void *, const args_t *),
+	  const char *none, const args_t *a)
+{
+	for (size_t i = 0; i < n; i++)
+		one(v[i], a);
+	if (n == 0)
+		printf("%s\n", none);
+}
+
+/* A list response as {"key": [item, ...]}. */
+static cJSON *
+json_list(const char *key, void *const *v, size_t n,
+	  cJSON *(*one)(const void *, const args_t *), const args_t *a)
+{
+	cJSON *o = jnew(), *arr = cJSON_AddArrayToObject(o, key);
+
+	for (size_t i = 0; i < n; i++)
+		cJSON_AddItemToArray(arr, one(v[i], a));
+	return o;
 }
 
 /* ---- members ------------------------------------------------------------ */
@@ -324,28 +351,6 @@ text_model(const void *resp, const args_t *a)
 		row(2, 4, wi, (const char *const[]){role_name(in->role),
 			in->instance[0] ? in->instance : "-", lay, mem});
 	}
-}
-
-static void
-text_models(const void *resp, const args_t *a)
-{
-	const Refit__V1__ListModelsResponse *r = resp;
-
-	for (size_t i = 0; i < r->n_models; i++)
-		text_model(r->models[i], a);
-	if (r->n_models == 0)
-		printf("no models registered\n");
-}
-
-static cJSON *
-json_models(const void *resp, const args_t *a)
-{
-	const Refit__V1__ListModelsResponse *r = resp;
-	cJSON *o = jnew(), *ms = cJSON_AddArrayToObject(o, "models");
-
-	for (size_t i = 0; i < r->n_models; i++)
-		cJSON_AddItemToArray(ms, json_model(r->models[i], a));
-	return o;
 }
 
 /* ---- plan --------------------------------------------------------------- */
@@ -496,38 +501,36 @@ json_refit(const void *resp, const args_t *a)
 	return o;
 }
 
+/* The repeated message field `name` of m: its items and their count. */
 static void
-text_refits(const void *resp, const args_t *a)
+items(const ProtobufCMessage *m, const char *name, void *const **v, size_t *n)
 {
-	const Refit__V1__ListRefitsResponse *r = resp;
+	const ProtobufCFieldDescriptor *f =
+		protobuf_c_message_descriptor_get_field_by_name(m->descriptor, name);
 
-	for (size_t i = 0; i < r->n_refits; i++)
-		text_refit(r->refits[i], a);
-	if (r->n_refits == 0)
-		printf("no refits\n");
-}
-
-static cJSON *
-json_refits(const void *resp, const args_t *a)
-{
-	const Refit__V1__ListRefitsResponse *r = resp;
-	cJSON *o = jnew(), *rs = cJSON_AddArrayToObject(o, "refits");
-
-	for (size_t i = 0; i < r->n_refits; i++)
-		cJSON_AddItemToArray(rs, json_refit(r->refits[i], a));
-	return o;
+	*v = *(void *const *const *)((const char *)m + f->offset);
+	*n = *(const size_t *)((const char *)m + f->quantifier_offset);
 }
 
 /* the response as text, or as one line of JSON with --json */
 static void
 emit(ctl_t *c, const cmd_t *cmd, const void *resp, const args_t *a)
 {
+	void *const *v;
 	cJSON *o;
+	size_t n;
 
-	if (!c->json)
+	if (cmd->list != NULL) {
+		items(resp, cmd->list, &v, &n);
+		if (c->json)
+			jemit(json_list(cmd->list, v, n, cmd->json, a));
+		else
+			text_list(v, n, cmd->text, cmd->none, a);
+	} else if (!c->json) {
 		cmd->text(resp, a);
-	else if ((o = cmd->json(resp, a)) != NULL)
+	} else if ((o = cmd->json(resp, a)) != NULL) {
 		jemit(o);
+	}
 }
 
 /* Poll until the refit is final; prints each new state (--json: the final
@@ -803,34 +806,45 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 /* ---- the table ---------------------------------------------------------- */
 
 static const cmd_t cmds[] = {
-	{"members", "", "membership: nodes, ranks, epoch, lease ages", 0, 0, "ListMembers",
-	 {NULL}, NULL, NULL, NULL, text_members, json_members, NULL},
-	{"models", "", "registered models, instances, versions, digests", 0, 0, "ListModels",
-	 {NULL}, NULL, NULL, NULL, text_models, json_models, NULL},
-	{"model", "NAME", "one model", 1, 1, "GetModel",
-	 {"model"}, NULL, NULL, NULL, text_model, json_model, NULL},
-	{"plan", "MODEL", "the planner's explain table for MODEL's layouts", 1, 1, "ExplainPlan",
-	 {"model"}, NULL, NULL, NULL, text_plan, json_plan, NULL},
-	{"trigger", "MODEL [--version N] [--mode reshard|broadcast] [--verify] [--key K] [--wait]",
-	 "start a refit (--wait: follow it until it is final)", 1, 1, "TriggerRefit",
-	 {"model"}, NULL, trigger_opts, build_trigger, text_trigger, json_trigger, then_trigger},
-	{"status", "ID", "one refit: state, epoch, plan, bytes, failure", 1, 1, "GetRefit",
-	 {"refit_id"}, NULL, NULL, NULL, text_refit, json_refit, NULL},
-	{"list", "[MODEL]", "refits, newest first", 0, 1, "ListRefits",
-	 {"model"}, NULL, NULL, NULL, text_refits, json_refits, NULL},
-	{"watch", "ID", "follow a refit until it is final", 1, 1, "GetRefit",
-	 {"refit_id"}, NULL, NULL, NULL, NULL, NULL, then_watch},
-	{"abort", "ID [REASON]", "stop a refit", 1, 2, "AbortRefit",
-	 {"refit_id", "reason"}, "refitctl abort", NULL, NULL, text_refit, json_refit, NULL},
-	{"unregister", "MODEL INSTANCE", "forget a stale inference instance (its clients are "
-	 "gone)", 2, 2, "UnregisterLayout", {"model", "instance"}, NULL, NULL, build_unregister,
-	 text_unregister, json_unregister, NULL},
-	{"drain", "NODE [REASON]", "abort the node's refits, have it leave and stay out", 1, 2,
-	 "DrainMember", {"node_id", "reason"}, "refitctl drain", NULL, NULL, text_drain,
-	 json_drain, NULL},
-	{"policy", "MODEL [--retries N] [--backoff-ms MS] [--catch-up on|off] "
-	 "[--strict-instances on|off]", "retries, back-off and catch-up of a model", 1, 1,
-	 "SetRefitPolicy", {NULL}, NULL, policy_opts, build_policy, text_model, json_model, NULL},
+	{.name = "members", .args = "", .help = "membership: nodes, ranks, epoch, lease ages",
+	 .method = "ListMembers", .text = text_members, .json = json_members},
+	{.name = "models", .args = "", .help = "registered models, instances, versions, digests",
+	 .method = "ListModels", .text = text_model, .json = json_model, .list = "models",
+	 .none = "no models registered"},
+	{.name = "model", .args = "NAME", .help = "one model", .min_args = 1, .max_args = 1,
+	 .method = "GetModel", .field = {"model"}, .text = text_model, .json = json_model},
+	{.name = "plan", .args = "MODEL", .help = "the planner's explain table for MODEL's layouts",
+	 .min_args = 1, .max_args = 1, .method = "ExplainPlan", .field = {"model"},
+	 .text = text_plan, .json = json_plan},
+	{.name = "trigger",
+	 .args = "MODEL [--version N] [--mode reshard|broadcast] [--verify] [--key K] [--wait]",
+	 .help = "start a refit (--wait: follow it until it is final)", .min_args = 1,
+	 .max_args = 1, .method = "TriggerRefit", .field = {"model"}, .opts = trigger_opts,
+	 .build = build_trigger, .text = text_trigger, .json = json_trigger,
+	 .then = then_trigger},
+	{.name = "status", .args = "ID", .help = "one refit: state, epoch, plan, bytes, failure",
+	 .min_args = 1, .max_args = 1, .method = "GetRefit", .field = {"refit_id"},
+	 .text = text_refit, .json = json_refit},
+	{.name = "list", .args = "[MODEL]", .help = "refits, newest first", .max_args = 1,
+	 .method = "ListRefits", .field = {"model"}, .text = text_refit, .json = json_refit,
+	 .list = "refits", .none = "no refits"},
+	{.name = "watch", .args = "ID", .help = "follow a refit until it is final", .min_args = 1,
+	 .max_args = 1, .method = "GetRefit", .field = {"refit_id"}, .then = then_watch},
+	{.name = "abort", .args = "ID [REASON]", .help = "stop a refit", .min_args = 1,
+	 .max_args = 2, .method = "AbortRefit", .field = {"refit_id", "reason"},
+	 .dflt = "refitctl abort", .text = text_refit, .json = json_refit},
+	{.name = "unregister", .args = "MODEL INSTANCE",
+	 .help = "forget a stale inference instance (its clients are gone)", .min_args = 2,
+	 .max_args = 2, .method = "UnregisterLayout", .field = {"model", "instance"},
+	 .build = build_unregister, .text = text_unregister, .json = json_unregister},
+	{.name = "drain", .args = "NODE [REASON]",
+	 .help = "abort the node's refits, have it leave and stay out", .min_args = 1,
+	 .max_args = 2, .method = "DrainMember", .field = {"node_id", "reason"},
+	 .dflt = "refitctl drain", .text = text_drain, .json = json_drain},
+	{.name = "policy", .args = "MODEL [--retries N] [--backoff-ms MS] [--catch-up on|off] "
+	 "[--strict-instances on|off]", .help = "retries, back-off and catch-up of a model",
+	 .min_args = 1, .max_args = 1, .method = "SetRefitPolicy", .opts = policy_opts,
+	 .build = build_policy, .text = text_model, .json = json_model},
 };
 
 #define NCMDS (sizeof(cmds) / sizeof(cmds[0]))
@@ -900,7 +914,7 @@ run(ctl_t *c, const cmd_t *cmd, int argc, char **argv)
 	rq = oom(calloc(1, m->input->sizeof_message));
 	protobuf_c_message_init(m->input, rq);
 	if ((rc = build(c, cmd, &a, rq)) == 0 && (rc = call(c, cmd->method, rq, &resp)) == 0) {
-		if (cmd->text)
+		if (cmd->text != NULL)
 			emit(c, cmd, resp, &a);
 		rc = cmd->then ? cmd->then(c, &a, resp) : 0;
 		protobuf_c_message_free_unpacked(resp, NULL);
