@@ -22,6 +22,7 @@
 #include "codec/json.h"
 #include "common/alloc.h"
 #include "common/str.h"
+#include "common/wire.h"
 #include "rpc/proto_conv.h"
 #include "rpc/rpc.h"
 #include "refit/v1/refit.pb-c.h"
@@ -210,7 +211,7 @@ mem_pass(refit_t *h, const char *name, refit_err_t *err)
 	if (ans[0] != 0 || r != 9)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "memory \"%s\": %s", name,
 				     r > 1 ? (char *)ans + 1 : "refused");
-	memcpy(&h->mem_key, ans + 1, 8);
+	h->mem_key = wire_get_le(ans + 1, 8);
 	VEC_PUSH(&h->sent, xstrdup(name));
 	return REFIT_OK;
 }

@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/crc32c.h"
 #include "common/strbuf.h"
+#include "common/wire.h"
 #include "dataplane/exec.h"
 
 typedef struct staged {
@@ -232,8 +233,7 @@ dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf, refit_err_t *err)
 		if (x->mem.dev)
 			CHECK(x->mem.dev->sync(x->mem.dev->ctx, err));
 		c = crc_of(x, m->from, buf, m->bytes);
-		for (int i = 0; i < 4; i++)
-			t[i] = (uint8_t)(c >> (8 * i));
+		wire_put_le(t, c, 4);
 		if (x->mem.dev)
 			x->mem.dev->from_host(x->mem.dev->ctx, m->from, buf + m->bytes, t, 4);
 		else
@@ -302,8 +302,7 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 		} else {
 			memcpy(t, buf + m->bytes, 4);
 		}
-		for (int i = 0; i < 4; i++)
-			want |= (uint32_t)t[i] << (8 * i);
+		want = (uint32_t)wire_get_le(t, 4);
 		if (want != got)
 			return crc_mismatch(x, m, want, got, err);
 	}
