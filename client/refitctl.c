@@ -937,20 +937,6 @@ usage(FILE *f)
 		"3 coordinator unreachable, 4 the refit waited for ended FAILED or ABORTED.\n");
 }
 
-/* --token-file: the file's text without trailing blanks (caller frees) */
-static char *
-read_token(const char *path, refit_err_t *e)
-{
-	char *token;
-	size_t len;
-
-	if (codec_read_file(path, &token, &len, e) != REFIT_OK)
-		return NULL;
-	while (len && (token[len - 1] == '\n' || token[len - 1] == ' '))
-		token[--len] = '\0';
-	return token;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -984,7 +970,7 @@ main(int argc, char **argv)
 		case 'j': c.json = 1; break;
 		case 't':
 			free(token);
-			if ((token = read_token(optarg, &e)) == NULL)
+			if (codec_read_token(optarg, &token, &e) != REFIT_OK)
 				return bad_input(&e);
 			co.token = token;
 			break;

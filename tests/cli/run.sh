@@ -116,6 +116,9 @@ if [ -x "$CTL" ]; then
 	expect ctl-policy-retries 2 '--retries: "many"' -- "$CTL" $NOWHERE policy m --retries many
 	expect ctl-policy-catch-up 2 '--catch-up takes on or off, not "maybe"' -- "$CTL" $NOWHERE policy m --catch-up maybe
 	expect ctl-timeout 2 "--timeout-ms" -- "$CTL" --timeout-ms 0 members
+	printf '\n \r\n' >"$TMP/empty-token"
+	expect ctl-token-empty 2 "empty-token: the token file is empty" -- "$CTL" $NOWHERE --token-file "$TMP/empty-token" members
+	expect ctl-token-missing 2 "nope-token: No such file" -- "$CTL" $NOWHERE --token-file "$TMP/nope-token" members
 	expect ctl-unreachable 3 "is a coordinator running at" -- "$CTL" $NOWHERE members
 fi
 
