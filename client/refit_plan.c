@@ -9,9 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "codec/json.h"
+#include "common/clock.h"
 #include "common/parse.h"
 #include "plan/convert.h"
 
@@ -347,15 +347,6 @@ cmd_explain(int argc, char **argv)
 #define REFIT_DATADIR "/usr/local/share/refit"
 #endif
 
-static double
-seconds(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void
 model_usage(FILE *f)
 {
@@ -393,7 +384,7 @@ model_plan(const plan_layout_set_t *s, const plan_layout_set_t *d, plan_topo_t *
 	   plan_opts_t *o, plan_mode_t mode, model_run_t *r)
 {
 	refit_err_t e;
-	double t0 = seconds();
+	double t0 = clock_mono_s();
 
 	refit_err_clear(&e);
 	o->mode = mode;
@@ -402,7 +393,7 @@ model_plan(const plan_layout_set_t *s, const plan_layout_set_t *d, plan_topo_t *
 		plan_fini(&r->p);
 		return die_input(&e);
 	}
-	r->secs = seconds() - t0;
+	r->secs = clock_mono_s() - t0;
 	return 0;
 }
 
