@@ -309,45 +309,47 @@ endif
 emu: $(EMU_OUT)
 check: emu
 
-$(EMU_DIR)/obj/%.o: tests/emu/%.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(EMU_CFLAGS) -c $< -o $@
+# the emulator's two libraries and its rule tests, built twice from these
+# rules: $(EMU_DIR) and, under ASan + UBSan, $(EMU_DIR)/asan (the rule
+# tests run both).  The ASan libraries leave the sanitizer runtime's
+# symbols to the program (no -z defs).
+EMU_DIR_normal := $(EMU_DIR)
+EMU_CF_normal   = $(EMU_CFLAGS)
+EMU_LF_normal  :=
+EMU_DEFS_normal := -Wl,-z,defs
+EMU_DIR_asan   := $(EMU_DIR)/asan
+EMU_CF_asan     = $(filter-out $(OPT),$(EMU_CFLAGS)) $(SAN_FLAGS)
+EMU_LF_asan     = $(SAN_FLAGS)
+EMU_DEFS_asan  :=
 
-$(EMU_CUDART): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_RT_SRC))
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libcudart.so.13 -Wl,-z,defs -o $@ $^ -lpthread
+# $(call emu_rules,V)
+define emu_rules
+$$(EMU_DIR_$(1))/obj/%.o: tests/emu/%.c
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),printf '  %-8s%s\n' $$(TAG_$(1)) $$<)
+	$$(Q)$$(CC) $$(EMU_CF_$(1)) -c $$< -o $$@
 
-$(EMU_NCCL): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_NCCL_SRC)) $(EMU_CUDART)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libnccl.so.2 -Wl,-z,defs -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR) -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
+$$(EMU_DIR_$(1))/libcudart.so.13: $$(patsubst tests/emu/%.c,$$(EMU_DIR_$(1))/obj/%.o,$$(EMU_RT_SRC))
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(EMU_LF_$(1)) -shared -Wl,-soname,libcudart.so.13 $$(EMU_DEFS_$(1)) -o $$@ $$^ \
 		-lpthread
 
-$(EMU_DIR)/test-emu: $(addprefix $(EMU_DIR)/obj/,$(EMU_TEST_OBJ)) $(EMU_NCCL) $(EMU_CUDART)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -o $@ $(filter %.o,$^) -L$(EMU_DIR) -l:libnccl.so.2 -l:libcudart.so.13 \
-		-Wl,-rpath,'$$ORIGIN' -lpthread
+$$(EMU_DIR_$(1))/libnccl.so.2: $$(patsubst tests/emu/%.c,$$(EMU_DIR_$(1))/obj/%.o,$$(EMU_NCCL_SRC)) \
+		$$(EMU_DIR_$(1))/libcudart.so.13
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(EMU_LF_$(1)) -shared -Wl,-soname,libnccl.so.2 $$(EMU_DEFS_$(1)) -o $$@ \
+		$$(filter %.o,$$^) -L$$(EMU_DIR_$(1)) -l:libcudart.so.13 \
+		-Wl,--disable-new-dtags,-rpath,'$$$$ORIGIN' -lpthread
 
-# the same under ASan + UBSan (the rule tests run both)
-$(EMU_DIR)/asan/obj/%.o: tests/emu/%.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $< (asan)")
-	$(Q)$(CC) $(filter-out $(OPT),$(EMU_CFLAGS)) $(SAN_FLAGS) -c $< -o $@
+$$(EMU_DIR_$(1))/test-emu: $$(addprefix $$(EMU_DIR_$(1))/obj/,$$(EMU_TEST_OBJ)) \
+		$$(EMU_DIR_$(1))/libnccl.so.2 $$(EMU_DIR_$(1))/libcudart.so.13
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(EMU_LF_$(1)) -o $$@ $$(filter %.o,$$^) -L$$(EMU_DIR_$(1)) -l:libnccl.so.2 \
+		-l:libcudart.so.13 -Wl,-rpath,'$$$$ORIGIN' -lpthread
+endef
 
-$(EMU_DIR)/asan/libcudart.so.13: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_RT_SRC))
-	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libcudart.so.13 -o $@ $^ -lpthread
-
-$(EMU_DIR)/asan/libnccl.so.2: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_NCCL_SRC)) \
-			      $(EMU_DIR)/asan/libcudart.so.13
-	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR)/asan -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
-		-lpthread
-
-$(EMU_DIR)/asan/test-emu: $(addprefix $(EMU_DIR)/asan/obj/,$(EMU_TEST_OBJ)) \
-			  $(EMU_DIR)/asan/libnccl.so.2
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $(filter %.o,$^) -L$(EMU_DIR)/asan -l:libnccl.so.2 \
-		-l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+$(eval $(call emu_rules,normal))
+$(eval $(call emu_rules,asan))
 
 $(EMU_DIR)/abi-dump: tests/emu/abi_dump.c tests/emu/cuda_abi.h
 	@mkdir -p $(dir $@)
