@@ -4,8 +4,11 @@
  * One binary, one table of subcommands (cmds[] at the bottom) that drives
  * --help, argument checks, the request, the RPC, the output and the exit
  * status: each row names the command, its arguments, the Coordinator
- * method, a request builder and a printer (text, and a cJSON object for
- * --json).  run() does call, print and free for every command.  Exit codes:
+ * method, the request fields its arguments fill, a builder for what the
+ * table cannot say (options), the printers (text through one row helper,
+ * and a cJSON object for --json, so every string is escaped) and what
+ * follows (trigger --wait, watch).  run() does request, call, print and
+ * free for every command.  Exit codes:
  * 0 success, 1 the coordinator answered with an error, 2 usage or bad
  * input, 3 the coordinator could not be reached (address and reason
  * printed), 4 the refit waited for ended FAILED or ABORTED.
