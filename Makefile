@@ -64,8 +64,9 @@ OPT     ?= -O2
 CFLAGS_COMMON := -std=gnu11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -g -MMD -MP \
 		 -Wno-format-truncation \
 		 -I. $(PKG_CFLAGS) -fno-strict-aliasing
+DEFINES := -DREFIT_DATADIR=\"$(PREFIX)/share/refit\"
 CFLAGS  ?=
-CFLAGS  += $(CFLAGS_COMMON) $(OPT) -DREFIT_DATADIR=\"$(PREFIX)/share/refit\"
+CFLAGS  += $(CFLAGS_COMMON) $(OPT) $(DEFINES)
 LDLIBS  := $(PKG_LIBS) -lm -lpthread
 
 SAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
@@ -80,6 +81,8 @@ CODEC_SRC  := $(wildcard codec/*.c)
 DP_SRC     := $(wildcard dataplane/*.c)
 LIB_SRC    := $(COMMON_SRC) $(PLAN_SRC) $(CODEC_SRC) $(DP_SRC)
 UNIT_SRC   := $(wildcard tests/unit/*.c)
+# pure parts of the daemon the unit tests link (no gRPC, no libuv)
+UNIT_DAEMON_SRC :=
 
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))
@@ -91,6 +94,9 @@ REFITD   := $(BUILD)/bin/refitd
 REFITCTL := $(BUILD)/bin/refitctl
 UNIT     := $(BUILD)/tests/unit
 BENCH    := $(BUILD)/bin/bench-plan
+BENCH_RPC := $(BUILD)/bin/bench-rpc
+BENCH_DP  := $(BUILD)/bin/bench-dataplane
+BENCH_MEMBERS := $(BUILD)/bin/bench-members
 ASAN     := $(BUILD)/asan
 ASAN_LIB := $(ASAN)/lib/librefit-core.a
 ASAN_BIN := $(ASAN)/bin/refit-plan
@@ -123,49 +129,127 @@ $(PROTO_C): proto/refit/v1/refit.proto
 	$(Q)protoc-c --c_out=$(GEN) -Iproto $<
 $(PROTO_C:.c=.h): $(PROTO_C)
 
-# ---- normal build -------------------------------------------------------
-$(BUILD)/obj/%.o: %.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+# ---- the builds: one set of rules, instantiated twice ---------------------
+# $(BUILD) with CFLAGS, and $(ASAN) (= $(BUILD)/asan) under ASan + UBSan.
+# Each variant V has a folder DIR_V, compile flags CF_V, link flags LF_V
+# and a tag for the quiet output; build_rules below holds every rule both
+# share (objects, the core and RPC archives, refit-plan, refitd, refitctl,
+# refit-client, the unit tests, gpu-test).
+DIR_normal := $(BUILD)
+CF_normal   = $(CFLAGS)
+LF_normal   = $(CFLAGS)
+TAG_normal := CC
+DIR_asan   := $(ASAN)
+CF_asan     = $(CFLAGS_COMMON) $(SAN_FLAGS) $(DEFINES)
+LF_asan     = $(SAN_FLAGS)
+TAG_asan   := CC-SAN
+# refit-client links the client library: librefit.a in the normal build
+# (what a user links), its objects under ASan
+REFITCLI_LIBS_normal = $(LIBREFIT)
+REFITCLI_LIBS_asan   = $(ASAN)/obj/client/librefit.o $(ASAN)/lib/librefit-rpc.a
 
-$(LIB): $(call objs,$(BUILD),$(LIB_SRC))
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  AR      $@")
-	$(Q)rm -f $@ && ar rcs $@ $^
+# $(call compile,V,extra flags): the recipe that compiles $< into $@
+define compile
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),printf '  %-8s%s\n' $$(TAG_$(1)) $$<)
+	$$(Q)$$(CC) $(2) -c $$< -o $$@
+endef
 
-$(BUILD)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
+# $(call link,V,extra libraries): the recipe that links $^ into $@
+define link
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(LF_$(1)) -o $$@ $$^ $(2)
+endef
 
-$(BUILD)/obj/rpc/%.o: rpc/%.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+# $(call archive): the recipe that archives $^ into $@
+define archive
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  AR      $$@")
+	$$(Q)rm -f $$@ && ar rcs $$@ $$^
+endef
 
-$(BUILD)/obj/client/%.o: client/%.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
+# $(call build_rules,V)
+define build_rules
+$$(DIR_$(1))/obj/%.o: %.c
+$(call compile,$(1),$$(CF_$(1)))
 
+# the RPC layer, the daemon and the clients see gRPC, protobuf-c and the
+# generated messages; the daemon also the CUDA / NCCL headers where found
+$$(DIR_$(1))/obj/daemon/%.o: daemon/%.c $$(PROTO_C)
+$(call compile,$(1),$$(CF_$(1)) $$(RPC_CFLAGS) $$(GPU_CFLAGS) -I$$(GEN))
+$$(DIR_$(1))/obj/rpc/%.o: rpc/%.c $$(PROTO_C)
+$(call compile,$(1),$$(CF_$(1)) $$(RPC_CFLAGS) -I$$(GEN))
+$$(DIR_$(1))/obj/client/%.o: client/%.c $$(PROTO_C)
+$(call compile,$(1),$$(CF_$(1)) $$(RPC_CFLAGS) -I$$(GEN))
+$$(DIR_$(1))/obj/bench/%.o: bench/%.c $$(PROTO_C)
+$(call compile,$(1),$$(CF_$(1)) $$(RPC_CFLAGS) -I$$(GEN))
+$$(DIR_$(1))/obj/tests/unit/%.o: tests/unit/%.c
+$(call compile,$(1),$$(CF_$(1)) $$(CHECK_CFLAGS))
+# GPU tests: compiled in every build (a skip where the headers are missing)
+$$(DIR_$(1))/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $$(PROTO_C)
+$(call compile,$(1),$$(CF_$(1)) $$(GPU_CFLAGS) -I$$(GEN))
+# generated code: warnings are not ours to fix
+$$(DIR_$(1))/obj/gen/refit.pb-c.o: $$(PROTO_C)
+$(call compile,$(1),$$(filter-out $$(WERROR),$$(CF_$(1))) $$(RPC_CFLAGS) -I$$(GEN))
+
+$$(DIR_$(1))/lib/librefit-core.a: $$(call objs,$$(DIR_$(1)),$$(LIB_SRC))
+$(call archive)
+$$(DIR_$(1))/lib/librefit-rpc.a: $$(call objs,$$(DIR_$(1)),$$(DAEMON_SRC)) \
+		$$(DIR_$(1))/obj/gen/refit.pb-c.o
+$(call archive)
+
+$$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c) \
+		$$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(LDLIBS))
+$$(DIR_$(1))/tests/unit: $$(call objs,$$(DIR_$(1)),$$(UNIT_SRC) $$(UNIT_DAEMON_SRC)) \
+		$$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(CHECK_LIBS) $$(LDLIBS))
+$$(DIR_$(1))/bin/refitd: $$(call objs,$$(DIR_$(1)),daemon/main.c) \
+		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
+$$(DIR_$(1))/bin/refitctl: $$(call objs,$$(DIR_$(1)),client/refitctl.c) \
+		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
+$$(DIR_$(1))/bin/refit-client: $$(call objs,$$(DIR_$(1)),client/refit_client.c) \
+		$$(REFITCLI_LIBS_$(1)) $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
+$$(DIR_$(1))/tests/gpu-test: $$(call objs,$$(DIR_$(1)),tests/gpu/gpu_test.c) \
+		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(RPC_LIBS) $$(LDLIBS) -ldl)
+# the conversion kernels against the host (tests/conversion), and the C
+# conversion of one tensor for the numpy cross-check
+$$(DIR_$(1))/tests/cvt-gpu-test: $$(DIR_$(1))/obj/tests/conversion/cvt_gpu_test.o \
+		$$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(LDLIBS) -ldl)
+$$(DIR_$(1))/tests/cvt-tool: $$(DIR_$(1))/obj/tests/conversion/cvt_tool.o \
+		$$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(LDLIBS))
+
+# benchmarks (make bench builds the normal ones)
+$$(DIR_$(1))/bin/bench-plan: $$(DIR_$(1))/obj/bench/bench_plan.o $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(LDLIBS))
+$$(DIR_$(1))/bin/bench-dataplane: $$(DIR_$(1))/obj/bench/bench_dataplane.o \
+		$$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(LDLIBS))
+$$(DIR_$(1))/bin/bench-rpc: $$(DIR_$(1))/obj/bench/bench_rpc.o \
+		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
+$$(DIR_$(1))/bin/bench-members: $$(DIR_$(1))/obj/bench/bench_members.o \
+		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
+endef
+
+$(eval $(call build_rules,normal))
+$(eval $(call build_rules,asan))
+
+# ---- the normal build only ------------------------------------------------
 # librefit: the client library (librefit.so, librefit.a, refit.pc)
 include client/librefit.mk
 # the Python package (python/refit): make install
 include python/install.mk
 # operations: health proto, metrics
 include daemon/ops.mk
-
-# GPU tests: compiled in every build (a skip where the headers are missing)
-$(BUILD)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(BUILD)/tests/gpu-test: $(BUILD)/obj/tests/gpu/gpu_test.o $(RPCLIB) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
 
 # the shared CUDA runtime: one runtime (one current device per thread) with refitd's
 $(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h
@@ -177,149 +261,6 @@ $(BUILD)/lib/librefit-convert-cuda.so: daemon/transport/convert_kernels.cu \
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) -std=c++14 -O2 -I. -Xcompiler -fPIC -shared $(NVCC_ARCH) -o $@ $<
-
-$(BUILD)/tests/cvt-gpu-test: $(BUILD)/obj/tests/conversion/cvt_gpu_test.o $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) -ldl
-
-# the C conversion of one tensor, for the numpy cross-check (tests/conversion)
-$(BUILD)/tests/cvt-tool: $(BUILD)/obj/tests/conversion/cvt_tool.o $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
-$(REFITCLI): $(BUILD)/obj/client/refit_client.o $(LIBREFIT) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-$(BUILD)/obj/gen/refit.pb-c.o: $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(filter-out $(WERROR),$(CFLAGS)) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(RPCLIB): $(call objs,$(BUILD),$(DAEMON_SRC)) $(BUILD)/obj/gen/refit.pb-c.o
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  AR      $@")
-	$(Q)rm -f $@ && ar rcs $@ $^
-
-$(REFITD): $(call objs,$(BUILD),daemon/main.c) $(RPCLIB) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-$(REFITCTL): $(BUILD)/obj/client/refitctl.o $(RPCLIB) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-BENCH_RPC := $(BUILD)/bin/bench-rpc
-BENCH_DP  := $(BUILD)/bin/bench-dataplane
-BENCH_MEMBERS := $(BUILD)/bin/bench-members
-
-$(BUILD)/obj/bench/bench_members.o: bench/bench_members.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(BENCH_MEMBERS): $(BUILD)/obj/bench/bench_members.o $(RPCLIB) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-$(BENCH_DP): $(call objs,$(BUILD),bench/bench_dataplane.c) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
-$(BUILD)/obj/bench/bench_rpc.o: bench/bench_rpc.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(BENCH_RPC): $(BUILD)/obj/bench/bench_rpc.o $(RPCLIB) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-$(BIN): $(call objs,$(BUILD),client/refit_plan.c) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
-$(BENCH): $(call objs,$(BUILD),bench/bench_plan.c) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
-$(BUILD)/obj/tests/unit/%.o: tests/unit/%.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) -c $< -o $@
-
-$(UNIT): $(call objs,$(BUILD),$(UNIT_SRC)) $(LIB)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
-
-# ---- ASan + UBSan build -------------------------------------------------
-$(ASAN)/obj/%.o: %.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC-SAN  $<")
-	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(CHECK_CFLAGS) -c $< -o $@
-
-$(ASAN_LIB): $(call objs,$(ASAN),$(LIB_SRC))
-	@mkdir -p $(dir $@)
-	$(Q)rm -f $@ && ar rcs $@ $^
-
-$(ASAN_BIN): $(call objs,$(ASAN),client/refit_plan.c) $(ASAN_LIB)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(LDLIBS)
-
-$(ASAN_UNIT): $(call objs,$(ASAN),$(UNIT_SRC)) $(ASAN_LIB)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
-
-$(ASAN)/obj/daemon/%.o: daemon/%.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC-SAN  $<")
-	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(ASAN)/obj/rpc/%.o: rpc/%.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC-SAN  $<")
-	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(ASAN)/obj/client/%.o: client/%.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(ASAN)/bin/refit-client: $(ASAN)/obj/client/refit_client.o $(ASAN)/obj/client/librefit.o \
-			  $(call objs,$(ASAN),$(DAEMON_SRC)) $(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-$(ASAN)/obj/gen/refit.pb-c.o: $(PROTO_C)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(filter-out $(WERROR),$(CFLAGS_COMMON)) $(SAN_FLAGS) $(RPC_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(ASAN)/bin/refitd: $(call objs,$(ASAN),daemon/main.c $(DAEMON_SRC)) $(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-$(ASAN)/bin/refitctl: $(ASAN)/obj/client/refitctl.o $(call objs,$(ASAN),$(DAEMON_SRC)) $(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS)
-
-$(ASAN)/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $(PROTO_C)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS_COMMON) $(SAN_FLAGS) $(GPU_CFLAGS) -I$(GEN) -c $< -o $@
-
-$(ASAN)/tests/gpu-test: $(ASAN)/obj/tests/gpu/gpu_test.o $(call objs,$(ASAN),$(DAEMON_SRC)) \
-			$(ASAN)/obj/gen/refit.pb-c.o $(ASAN_LIB)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(RPC_LIBS) $(LDLIBS) -ldl
 
 asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl $(ASAN)/bin/refit-client \
       $(ASAN)/tests/gpu-test
@@ -368,45 +309,47 @@ endif
 emu: $(EMU_OUT)
 check: emu
 
-$(EMU_DIR)/obj/%.o: tests/emu/%.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(EMU_CFLAGS) -c $< -o $@
+# the emulator's two libraries and its rule tests, built twice from these
+# rules: $(EMU_DIR) and, under ASan + UBSan, $(EMU_DIR)/asan (the rule
+# tests run both).  The ASan libraries leave the sanitizer runtime's
+# symbols to the program (no -z defs).
+EMU_DIR_normal := $(EMU_DIR)
+EMU_CF_normal   = $(EMU_CFLAGS)
+EMU_LF_normal  :=
+EMU_DEFS_normal := -Wl,-z,defs
+EMU_DIR_asan   := $(EMU_DIR)/asan
+EMU_CF_asan     = $(filter-out $(OPT),$(EMU_CFLAGS)) $(SAN_FLAGS)
+EMU_LF_asan     = $(SAN_FLAGS)
+EMU_DEFS_asan  :=
 
-$(EMU_CUDART): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_RT_SRC))
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libcudart.so.13 -Wl,-z,defs -o $@ $^ -lpthread
+# $(call emu_rules,V)
+define emu_rules
+$$(EMU_DIR_$(1))/obj/%.o: tests/emu/%.c
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),printf '  %-8s%s\n' $$(TAG_$(1)) $$<)
+	$$(Q)$$(CC) $$(EMU_CF_$(1)) -c $$< -o $$@
 
-$(EMU_NCCL): $(patsubst tests/emu/%.c,$(EMU_DIR)/obj/%.o,$(EMU_NCCL_SRC)) $(EMU_CUDART)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libnccl.so.2 -Wl,-z,defs -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR) -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
+$$(EMU_DIR_$(1))/libcudart.so.13: $$(patsubst tests/emu/%.c,$$(EMU_DIR_$(1))/obj/%.o,$$(EMU_RT_SRC))
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(EMU_LF_$(1)) -shared -Wl,-soname,libcudart.so.13 $$(EMU_DEFS_$(1)) -o $$@ $$^ \
 		-lpthread
 
-$(EMU_DIR)/test-emu: $(addprefix $(EMU_DIR)/obj/,$(EMU_TEST_OBJ)) $(EMU_NCCL) $(EMU_CUDART)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -o $@ $(filter %.o,$^) -L$(EMU_DIR) -l:libnccl.so.2 -l:libcudart.so.13 \
-		-Wl,-rpath,'$$ORIGIN' -lpthread
+$$(EMU_DIR_$(1))/libnccl.so.2: $$(patsubst tests/emu/%.c,$$(EMU_DIR_$(1))/obj/%.o,$$(EMU_NCCL_SRC)) \
+		$$(EMU_DIR_$(1))/libcudart.so.13
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(EMU_LF_$(1)) -shared -Wl,-soname,libnccl.so.2 $$(EMU_DEFS_$(1)) -o $$@ \
+		$$(filter %.o,$$^) -L$$(EMU_DIR_$(1)) -l:libcudart.so.13 \
+		-Wl,--disable-new-dtags,-rpath,'$$$$ORIGIN' -lpthread
 
-# the same under ASan + UBSan (the rule tests run both)
-$(EMU_DIR)/asan/obj/%.o: tests/emu/%.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  CC      $< (asan)")
-	$(Q)$(CC) $(filter-out $(OPT),$(EMU_CFLAGS)) $(SAN_FLAGS) -c $< -o $@
+$$(EMU_DIR_$(1))/test-emu: $$(addprefix $$(EMU_DIR_$(1))/obj/,$$(EMU_TEST_OBJ)) \
+		$$(EMU_DIR_$(1))/libnccl.so.2 $$(EMU_DIR_$(1))/libcudart.so.13
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(EMU_LF_$(1)) -o $$@ $$(filter %.o,$$^) -L$$(EMU_DIR_$(1)) -l:libnccl.so.2 \
+		-l:libcudart.so.13 -Wl,-rpath,'$$$$ORIGIN' -lpthread
+endef
 
-$(EMU_DIR)/asan/libcudart.so.13: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_RT_SRC))
-	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libcudart.so.13 -o $@ $^ -lpthread
-
-$(EMU_DIR)/asan/libnccl.so.2: $(patsubst tests/emu/%.c,$(EMU_DIR)/asan/obj/%.o,$(EMU_NCCL_SRC)) \
-			      $(EMU_DIR)/asan/libcudart.so.13
-	$(Q)$(CC) $(SAN_FLAGS) -shared -Wl,-soname,libnccl.so.2 -o $@ $(filter %.o,$^) \
-		-L$(EMU_DIR)/asan -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN' \
-		-lpthread
-
-$(EMU_DIR)/asan/test-emu: $(addprefix $(EMU_DIR)/asan/obj/,$(EMU_TEST_OBJ)) \
-			  $(EMU_DIR)/asan/libnccl.so.2
-	$(Q)$(CC) $(SAN_FLAGS) -o $@ $(filter %.o,$^) -L$(EMU_DIR)/asan -l:libnccl.so.2 \
-		-l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN' -lpthread
+$(eval $(call emu_rules,normal))
+$(eval $(call emu_rules,asan))
 
 $(EMU_DIR)/abi-dump: tests/emu/abi_dump.c tests/emu/cuda_abi.h
 	@mkdir -p $(dir $@)

@@ -21,6 +21,8 @@
 #include "client/refit.h"
 #include "codec/json.h"
 #include "common/alloc.h"
+#include "common/str.h"
+#include "common/wire.h"
 #include "rpc/proto_conv.h"
 #include "rpc/rpc.h"
 #include "refit/v1/refit.pb-c.h"
@@ -122,7 +124,7 @@ refit_open(const char *socket_path, int timeout_ms, refit_t **out, char *errbuf,
 		refit_close(h);
 		return rc;
 	}
-	h->node_id = xstrdup(rsp->node_id ? rsp->node_id : "");
+	h->node_id = xstrdup(str_nz(rsp->node_id));
 	h->nranks = rsp->n_ranks;
 	h->ranks = xcalloc(rsp->n_ranks ? rsp->n_ranks : 1, sizeof(*h->ranks));
 	memcpy(h->ranks, rsp->ranks, rsp->n_ranks * sizeof(*h->ranks));
@@ -209,7 +211,7 @@ mem_pass(refit_t *h, const char *name, refit_err_t *err)
 	if (ans[0] != 0 || r != 9)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "memory \"%s\": %s", name,
 				     r > 1 ? (char *)ans + 1 : "refused");
-	memcpy(&h->mem_key, ans + 1, 8);
+	h->mem_key = wire_get_le(ans + 1, 8);
 	VEC_PUSH(&h->sent, xstrdup(name));
 	return REFIT_OK;
 }
@@ -294,7 +296,7 @@ refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client)
 			refit__v1__piece_memory__init(&pm[k]);
 			pm[k].rank = m->rank;
 			pm[k].piece = m->piece;
-			pm[k].shm_name = (char *)(m->shm_name ? m->shm_name : "");
+			pm[k].shm_name = (char *)str_nz(m->shm_name);
 			pm[k].cuda_ipc.data = (uint8_t *)m->cuda_ipc;
 			pm[k].cuda_ipc.len = m->cuda_ipc ? m->cuda_ipc_len : 0;
 			pm[k].cuda_bytes = m->cuda_bytes;
@@ -314,7 +316,7 @@ refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client)
 	}
 	rq.model = (char *)r->model;
 	rq.role = (Refit__V1__Role)r->role;
-	rq.instance = (char *)(r->instance ? r->instance : "");
+	rq.instance = (char *)str_nz(r->instance);
 	rq.install = (Refit__V1__InstallMode)r->install;
 	rq.pid = (uint32_t)getpid();
 	rq.mem_key = h->mem_key;
@@ -355,7 +357,7 @@ client_call(refit_t *h, const char *method, uint64_t client, uint64_t version,
 		st->active = rsp->active;
 		st->valid = rsp->valid;
 		st->reading = rsp->reading;
-		snprintf(st->failure, sizeof(st->failure), "%s", rsp->failure ? rsp->failure : "");
+		snprintf(st->failure, sizeof(st->failure), "%s", str_nz(rsp->failure));
 	}
 	protobuf_c_message_free_unpacked(&rsp->base, NULL);
 	return REFIT_OK;
@@ -403,7 +405,7 @@ refit_shm_create(const char *name, uint64_t bytes, void **ptr, char *errbuf, siz
 	if (name == NULL || !name[0] || strlen(name) > 249 || bytes == 0 ||
 	    bytes > (uint64_t)INT64_MAX) {
 		snprintf(errbuf, errlen, "shared memory \"%s\": a name of 1 to 249 bytes and "
-			 "a size of at least 1 byte", name ? name : "");
+			 "a size of at least 1 byte", str_nz(name));
 		return REFIT_ERR_INVALID_ARG;
 	}
 	pthread_mutex_lock(&shm_lock);

@@ -9,9 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "codec/json.h"
+#include "common/clock.h"
 #include "common/parse.h"
 #include "plan/convert.h"
 
@@ -347,15 +347,6 @@ cmd_explain(int argc, char **argv)
 #define REFIT_DATADIR "/usr/local/share/refit"
 #endif
 
-static double
-seconds(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void
 model_usage(FILE *f)
 {
@@ -393,7 +384,7 @@ model_plan(const plan_layout_set_t *s, const plan_layout_set_t *d, plan_topo_t *
 	   plan_opts_t *o, plan_mode_t mode, model_run_t *r)
 {
 	refit_err_t e;
-	double t0 = seconds();
+	double t0 = clock_mono_s();
 
 	refit_err_clear(&e);
 	o->mode = mode;
@@ -402,7 +393,7 @@ model_plan(const plan_layout_set_t *s, const plan_layout_set_t *d, plan_topo_t *
 		plan_fini(&r->p);
 		return die_input(&e);
 	}
-	r->secs = seconds() - t0;
+	r->secs = clock_mono_s() - t0;
 	return 0;
 }
 
@@ -644,11 +635,18 @@ cmd_model(int argc, char **argv)
 	if (rc == 0) {
 		strbuf_init(&sb);
 		if (json) {
-			strbuf_printf(&sb, "{\"model\": \"%s\", \"params\": %lld, \"tensors\": %zu, "
-				      "\"train\": \"%s\", \"infer\": \"%s\", \"topology\": \"%s\", "
-				      "\"placement\": \"%s\", \"ranks\": %d, \"idle_ranks\": %d, "
-				      "\"reshard\": ", a.name, (long long)plan_arch_params(&a), s.n,
-				      tr, inf, topo, plan_place_name(pl), t.nranks, idle);
+			/* every string escaped: the model's name comes from its file */
+			strbuf_puts(&sb, "{\"model\": ");
+			strbuf_json_str(&sb, a.name);
+			strbuf_printf(&sb, ", \"params\": %lld, \"tensors\": %zu, \"train\": ",
+				      (long long)plan_arch_params(&a), s.n);
+			strbuf_json_str(&sb, tr);
+			strbuf_puts(&sb, ", \"infer\": ");
+			strbuf_json_str(&sb, inf);
+			strbuf_puts(&sb, ", \"topology\": ");
+			strbuf_json_str(&sb, topo);
+			strbuf_printf(&sb, ", \"placement\": \"%s\", \"ranks\": %d, \"idle_ranks\": %d, "
+				      "\"reshard\": ", plan_place_name(pl), t.nranks, idle);
 			codec_cost_json(&rs.c, &sb);
 			strbuf_puts(&sb, ", \"broadcast\": ");
 			codec_cost_json(&bc.c, &sb);

@@ -19,6 +19,9 @@
 /* Read a whole file (at most 1 GiB) into a NUL-terminated heap buffer. */
 refit_status_t codec_read_file(const char *path, char **buf, size_t *len,
 			       refit_err_t *err);
+/* A token file (a bearer token, a secret): its text without trailing
+ * newlines and blanks into *token (caller frees); an empty one is an error. */
+refit_status_t codec_read_token(const char *path, char **token, refit_err_t *err);
 
 /*
  * Parse a layout document: one tensor object or {"tensors": [...]}.

@@ -1,5 +1,6 @@
 /*
- * json_util.c - small strict accessors over cJSON, and file reading.
+ * json_util.c - small strict accessors over cJSON, and file reading (documents,
+ * token files).
  */
 #include <errno.h>
 #include <math.h>
@@ -42,6 +43,24 @@ codec_read_file(const char *path, char **buf, size_t *len, refit_err_t *err)
 	b[n] = '\0';
 	*buf = b;
 	*len = n;
+	return REFIT_OK;
+}
+
+refit_status_t
+codec_read_token(const char *path, char **token, refit_err_t *err)
+{
+	size_t len;
+
+	CHECK(codec_read_file(path, token, &len, err));
+	while (len > 0 && ((*token)[len - 1] == '\n' || (*token)[len - 1] == '\r' ||
+			   (*token)[len - 1] == ' '))
+		(*token)[--len] = '\0';
+	if (len == 0) {
+		free(*token);
+		*token = NULL;
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: the token file is empty",
+				     path);
+	}
 	return REFIT_OK;
 }
 

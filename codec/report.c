@@ -113,82 +113,52 @@ codec_plan_summary(const plan_t *p, const plan_cost_t *c, const plan_topo_t *top
 		      "minimum network bytes %s\n", a, b, c->ratio, e);
 }
 
-typedef void (*cell_fn)(const plan_t *p, const plan_cost_t *c, char *buf, size_t n);
+/* One cell of the explain table: what row arg of cost c says, in b. */
+typedef void (*cell_fn)(const plan_cost_t *c, int arg, char *b, size_t n);
 
+/* bytes over link class arg */
 static void
-cell_net(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
+cell_bytes(const plan_cost_t *c, int arg, char *b, size_t n)
 {
-	(void)p;
-	codec_fmt_bytes((double)c->bytes[PLAN_LINK_NETWORK], b, n);
+	codec_fmt_bytes((double)c->bytes[arg], b, n);
 }
 
 static void
-cell_nvl(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
+cell_msgs(const plan_cost_t *c, int arg, char *b, size_t n)
 {
-	(void)p;
-	codec_fmt_bytes((double)c->bytes[PLAN_LINK_NVLINK], b, n);
-}
-
-static void
-cell_local(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
-{
-	(void)p;
-	codec_fmt_bytes((double)c->bytes[PLAN_LINK_LOCAL], b, n);
-}
-
-static void
-cell_msgs(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
-{
+	(void)arg;
 	snprintf(b, n, "%" PRIu64 " / %" PRIu64, c->msgs[PLAN_LINK_NETWORK],
 		 c->msgs[PLAN_LINK_NVLINK]);
-	(void)p;
 }
 
+/* "1.50 GiB (rank 3)": the busiest NIC, or (arg 1) NVLink port */
 static void
-cell_nic(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
+cell_busiest(const plan_cost_t *c, int arg, char *b, size_t n)
 {
 	char t[32];
 
-	(void)p;
-	codec_fmt_bytes((double)c->max_nic_bytes, t, sizeof(t));
-	snprintf(b, n, "%s (rank %d)", t, c->max_nic_rank);
+	codec_fmt_bytes((double)(arg ? c->max_nvl_bytes : c->max_nic_bytes), t, sizeof(t));
+	snprintf(b, n, "%s (rank %d)", t, arg ? c->max_nvl_rank : c->max_nic_rank);
 }
 
 static void
-cell_port(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
+cell_stages(const plan_cost_t *c, int arg, char *b, size_t n)
 {
-	char t[32];
-
-	(void)p;
-	codec_fmt_bytes((double)c->max_nvl_bytes, t, sizeof(t));
-	snprintf(b, n, "%s (rank %d)", t, c->max_nvl_rank);
-}
-
-static void
-cell_stages(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
-{
+	(void)arg;
 	snprintf(b, n, "%u", c->stages_used);
-	(void)p;
+}
+
+/* the modelled time, or (arg 1) the lower bound */
+static void
+cell_time(const plan_cost_t *c, int arg, char *b, size_t n)
+{
+	codec_fmt_time(arg ? c->lb_time_s : c->time_s, b, n);
 }
 
 static void
-cell_time(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
+cell_ratio(const plan_cost_t *c, int arg, char *b, size_t n)
 {
-	(void)p;
-	codec_fmt_time(c->time_s, b, n);
-}
-
-static void
-cell_lb(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
-{
-	(void)p;
-	codec_fmt_time(c->lb_time_s, b, n);
-}
-
-static void
-cell_ratio(const plan_t *p, const plan_cost_t *c, char *b, size_t n)
-{
-	(void)p;
+	(void)arg;
 	snprintf(b, n, "%.3f", c->ratio);
 }
 
@@ -199,20 +169,22 @@ codec_explain_table(const plan_t *rs, const plan_cost_t *rc, const plan_t *bc,
 	static const struct {
 		const char *label;
 		cell_fn fn;
+		int arg;
 	} rows[] = {
-		{"network bytes", cell_net},
-		{"nvlink bytes", cell_nvl},
-		{"local bytes", cell_local},
-		{"messages (net / nvl)", cell_msgs},
-		{"busiest NIC", cell_nic},
-		{"busiest NVLink port", cell_port},
-		{"stages used", cell_stages},
-		{"modelled time", cell_time},
-		{"lower bound", cell_lb},
-		{"time / lower bound", cell_ratio},
+		{"network bytes", cell_bytes, PLAN_LINK_NETWORK},
+		{"nvlink bytes", cell_bytes, PLAN_LINK_NVLINK},
+		{"local bytes", cell_bytes, PLAN_LINK_LOCAL},
+		{"messages (net / nvl)", cell_msgs, 0},
+		{"busiest NIC", cell_busiest, 0},
+		{"busiest NVLink port", cell_busiest, 1},
+		{"stages used", cell_stages, 0},
+		{"modelled time", cell_time, 0},
+		{"lower bound", cell_time, 1},
+		{"time / lower bound", cell_ratio, 0},
 	};
 	char a[64], b[64];
 
+	(void)bc; /* its cost says all the table shows */
 	codec_fmt_bytes((double)rc->payload_bytes, a, sizeof(a));
 	strbuf_printf(out, "%u tensors, payload %s\n", rs->ntensors, a);
 	topo_line(topo, out);
@@ -220,8 +192,8 @@ codec_explain_table(const plan_t *rs, const plan_cost_t *rc, const plan_t *bc,
 	strbuf_printf(out, "minimum network bytes for these layouts: %s\n\n", a);
 	strbuf_printf(out, "%-22s %-26s %-26s\n", "", "reshard", "gather-and-broadcast");
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		rows[i].fn(rs, rc, a, sizeof(a));
-		rows[i].fn(bc, bcc, b, sizeof(b));
+		rows[i].fn(rc, rows[i].arg, a, sizeof(a));
+		rows[i].fn(bcc, rows[i].arg, b, sizeof(b));
 		strbuf_printf(out, "%-22s %-26s %-26s\n", rows[i].label, a, b);
 	}
 	strbuf_printf(out, "%-22s x%.2f\n", "reshard speed-up",

@@ -1,6 +1,7 @@
 /*
  * log.c - see log.h.  Global state here is process-wide configuration set
- * once at start-up; the context is per thread.
+ * once at start-up, and the process's node and epoch; a thread's own
+ * context overrides them.
  */
 #include <errno.h>
 #include <ctype.h>
@@ -13,13 +14,29 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/str.h"
 #include "common/utf8.h"
 
 static const char *log_prog = "refit";
 static enum log_level log_lvl = LOG_LVL_INFO;
 static uint32_t log_mask = LOG_SUB_ALL;
 static __thread log_context_t log_ctx = {NULL, -1, 0, 0};
+static char log_node[128];                  /* set before threads log */
+static _Atomic uint64_t log_epoch;          /* the process's, any thread */
 static atomic_int log_fmt = LOG_FMT_TEXT;   /* set by the loop, read by every thread */
+
+/* This thread's context with the process's node and epoch where it has none. */
+static log_context_t
+context(void)
+{
+	log_context_t c = log_ctx;
+
+	if (c.node == NULL && log_node[0])
+		c.node = log_node;
+	if (c.epoch == 0)
+		c.epoch = atomic_load(&log_epoch);
+	return c;
+}
 
 void
 log_set_format(enum log_format fmt)
@@ -67,12 +84,13 @@ static size_t
 json_line(char *line, size_t cap, enum log_level lvl, uint32_t sub, const char *msg)
 {
 	static const char *const tag[] = {"error", "warn", "info", "debug"};
+	log_context_t ctx = context();
 	char when[40], word[32];
 	const char *rf;
 	struct timespec ts;
 	struct tm tm;
 	size_t n = 0, w = 0;
-	unsigned long long refit = log_ctx.refit_id;
+	unsigned long long refit = ctx.refit_id;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
@@ -94,15 +112,15 @@ json_line(char *line, size_t cap, enum log_level lvl, uint32_t sub, const char *
 	json_str(line, cap, &n, sub_name(sub) ? sub_name(sub) : word);
 	if (n < cap)
 		n += (size_t)snprintf(line + n, cap - n, ",\"node\":");
-	if (log_ctx.node)
-		json_str(line, cap, &n, log_ctx.node);
+	if (ctx.node)
+		json_str(line, cap, &n, ctx.node);
 	else if (n < cap)
 		n += (size_t)snprintf(line + n, cap - n, "null");
-	if (log_ctx.rank >= 0 && n < cap)
-		n += (size_t)snprintf(line + n, cap - n, ",\"rank\":%d", log_ctx.rank);
+	if (ctx.rank >= 0 && n < cap)
+		n += (size_t)snprintf(line + n, cap - n, ",\"rank\":%d", ctx.rank);
 	if (n < cap)
-		n += (size_t)snprintf(line + n, cap - n, log_ctx.epoch ? ",\"epoch\":%llu" :
-				      ",\"epoch\":null", (unsigned long long)log_ctx.epoch);
+		n += (size_t)snprintf(line + n, cap - n, ctx.epoch ? ",\"epoch\":%llu" :
+				      ",\"epoch\":null", (unsigned long long)ctx.epoch);
 	if (n < cap)
 		n += (size_t)snprintf(line + n, cap - n, refit ? ",\"refit\":%llu" :
 				      ",\"refit\":null", refit);
@@ -148,12 +166,31 @@ log_set_context(const log_context_t *ctx)
 }
 
 void
+log_set_refit(uint64_t refit_id)
+{
+	log_ctx.refit_id = refit_id;
+}
+
+void
+log_set_node(const char *node)
+{
+	snprintf(log_node, sizeof(log_node), "%s", str_nz(node));
+}
+
+void
+log_set_epoch(uint64_t epoch)
+{
+	atomic_store(&log_epoch, epoch);
+}
+
+void
 log_emit(enum log_level lvl, uint32_t sub, int with_errno, const char *fmt, ...)
 {
 	static const char *const tag[] = {"error", "warn", "info", "debug"};
 	char line[2048];
 	size_t n;
 	int saved = errno;
+	log_context_t ctx;
 	va_list ap;
 
 	if (lvl > log_lvl || (lvl == LOG_LVL_DEBUG && !(sub & log_mask)))
@@ -174,17 +211,18 @@ log_emit(enum log_level lvl, uint32_t sub, int with_errno, const char *fmt, ...)
 		errno = saved;
 		return;
 	}
+	ctx = context();
 	n = (size_t)snprintf(line, sizeof(line), "%s: %s:", log_prog, tag[lvl]);
-	if (log_ctx.node != NULL && n < sizeof(line))
-		n += (size_t)snprintf(line + n, sizeof(line) - n, " node=%s", log_ctx.node);
-	if (log_ctx.rank >= 0 && n < sizeof(line))
-		n += (size_t)snprintf(line + n, sizeof(line) - n, " rank=%d", log_ctx.rank);
-	if (log_ctx.epoch && n < sizeof(line))
+	if (ctx.node != NULL && n < sizeof(line))
+		n += (size_t)snprintf(line + n, sizeof(line) - n, " node=%s", ctx.node);
+	if (ctx.rank >= 0 && n < sizeof(line))
+		n += (size_t)snprintf(line + n, sizeof(line) - n, " rank=%d", ctx.rank);
+	if (ctx.epoch && n < sizeof(line))
 		n += (size_t)snprintf(line + n, sizeof(line) - n, " epoch=%llu",
-				      (unsigned long long)log_ctx.epoch);
-	if (log_ctx.refit_id && n < sizeof(line))
+				      (unsigned long long)ctx.epoch);
+	if (ctx.refit_id && n < sizeof(line))
 		n += (size_t)snprintf(line + n, sizeof(line) - n, " refit=%llu",
-				      (unsigned long long)log_ctx.refit_id);
+				      (unsigned long long)ctx.refit_id);
 	if (n < sizeof(line))
 		line[n++] = ' ';
 	va_start(ap, fmt);

@@ -2,8 +2,12 @@
  * log.h - logging with levels, a subsystem mask and context.
  *
  * log_warn appends strerror(errno); log_warnx does not.  Every line carries
- * the context set with log_set_context (node, rank, epoch, refit id) where
- * known.  Thread-safe: each line is formatted then written with one write(2).
+ * its context (node, rank, epoch, refit id) where known: the process's node
+ * and epoch (log_set_node at start, log_set_epoch as membership changes;
+ * refitd's ops tick does the latter), seen by every thread, and what a
+ * thread set for itself (log_set_refit around one refit's work on a worker
+ * thread; log_set_context for every field), which wins where it is known.
+ * Thread-safe: each line is formatted then written with one write(2).
  * Output goes to stderr (journald picks it up under systemd).
  *
  * LOG_FMT_JSON writes one JSON object per line instead (docs/operations.md):
@@ -43,7 +47,15 @@ void log_init(const char *progname, enum log_level level, uint32_t submask);
 void log_set_format(enum log_format fmt);
 /* Parse "error|warn|info|debug"; returns -1 on unknown names. */
 int log_level_parse(const char *s);
+/* This thread's context, every field (unknown ones: the process's). */
 void log_set_context(const log_context_t *ctx);
+/* This thread's refit id (0: none), the rest of its context kept. */
+void log_set_refit(uint64_t refit_id);
+/* The process's node id (copied, at most 127 bytes; NULL: none).  Set it
+ * before other threads log. */
+void log_set_node(const char *node);
+/* The process's epoch (0: unknown); any thread, at any time. */
+void log_set_epoch(uint64_t epoch);
 
 void log_emit(enum log_level lvl, uint32_t sub, int with_errno,
 	      const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -98,7 +98,6 @@ raise_fd_limit(void)
 
 static int parse_args(int argc, char **argv, refitd_config_t *cfg, bool *check_only,
 		      refit_err_t *err);
-static char *read_token(const char *path, refit_err_t *err);
 
 static void
 note_change(void *ctx, const char *key, bool reloadable)
@@ -129,7 +128,7 @@ on_hup(uv_signal_t *h, int signum)
 	refit_err_clear(&err);
 	config_init(&n);
 	if (parse_args(d->argc, d->argv, &n, &check_only, &err) >= 0 ||
-	    (n.token_file && (token = read_token(n.token_file, &err)) == NULL)) {
+	    (n.token_file && codec_read_token(n.token_file, &token, &err) != REFIT_OK)) {
 		log_warnx("refitd: reload refused, configuration unchanged: %s", err.msg);
 		config_fini(&n);
 		return;
@@ -163,24 +162,6 @@ usage(FILE *f)
 		"See config/*.json and docs/operations.md.\n");
 }
 
-static char *
-read_token(const char *path, refit_err_t *err)
-{
-	char *buf;
-	size_t len;
-
-	if (codec_read_file(path, &buf, &len, err) != REFIT_OK)
-		return NULL;
-	while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
-		buf[--len] = '\0';
-	if (len == 0) {
-		refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: the token file is empty", path);
-		free(buf);
-		return NULL;
-	}
-	return buf;
-}
-
 static char hostname_buf[256];
 
 /* The role's state on the loop: coordinator or node. */
@@ -206,6 +187,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	if (cfg->node_id == NULL && gethostname(hostname_buf, sizeof(hostname_buf) - 1) < 0)
 		snprintf(hostname_buf, sizeof(hostname_buf), "node");
 	no.node_id = cfg->node_id ? cfg->node_id : hostname_buf;
+	log_set_node(no.node_id); /* every line of this process names the node */
 	no.coordinator = cfg->coordinator;
 	no.advertise = cfg->advertise ? cfg->advertise : cfg->listen;
 	no.domain = cfg->domain;
@@ -322,7 +304,7 @@ main(int argc, char **argv)
 		config_fini(&cfg);
 		return 0;
 	}
-	if (cfg.token_file && (token = read_token(cfg.token_file, &err)) == NULL) {
+	if (cfg.token_file && codec_read_token(cfg.token_file, &token, &err) != REFIT_OK) {
 		fprintf(stderr, "refitd: %s\n", err.msg);
 		config_fini(&cfg);
 		return 2;

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 
 #include "common/alloc.h"
+#include "common/str.h"
 #include "daemon/metrics.h"
 
 typedef enum { KIND_COUNTER, KIND_GAUGE, KIND_HISTOGRAM } kind_t;
@@ -106,13 +107,13 @@ series_get(metric_id_t id, const char *const *labels)
 		strbuf_puts(&sb, "\"");
 	}
 	for (size_t i = 0; i < all.n; i++)
-		if (all.v[i].id == id && strcmp(all.v[i].labels, sb.s ? sb.s : "") == 0) {
+		if (all.v[i].id == id && strcmp(all.v[i].labels, str_nz(sb.s)) == 0) {
 			strbuf_fini(&sb);
 			return &all.v[i];
 		}
 	memset(&s, 0, sizeof(s));
 	s.id = id;
-	s.labels = xstrdup(sb.s ? sb.s : "");
+	s.labels = xstrdup(str_nz(sb.s));
 	if (families[id].kind == KIND_HISTOGRAM)
 		s.counts = xcalloc(families[id].nbuckets + 1, sizeof(*s.counts));
 	strbuf_fini(&sb);

@@ -21,7 +21,6 @@ struct ops {
 	node_t *node;
 	uint64_t watchdog_us;
 	bool metrics;
-	char *node_id;
 };
 
 /* what the health service reads (kept past ops_stop, which clears it) */
@@ -46,15 +45,14 @@ serving(void *ctx)
 	return false;
 }
 
+/* the gauges, and the epoch every log line of the process carries */
 static void
 refresh(ops_t *o)
 {
-	log_context_t lc = {o->node_id, -1, 0, 0};
-
 	if (o->coord) {
 		metrics_set(M_EPOCH, NULL, (double)o->coord->epoch);
 		metrics_set(M_MEMBERS, NULL, (double)o->coord->members.n);
-		lc.epoch = o->coord->epoch;
+		log_set_epoch(o->coord->epoch);
 	} else if (o->node) {
 		const node_t *n = o->node;
 		size_t train = 0, infer = 0;
@@ -72,9 +70,8 @@ refresh(ops_t *o)
 		metrics_set(M_CLIENTS, (const char *[]){"role", "infer", NULL}, (double)infer);
 		metrics_set(M_SLICES_RUNNING, NULL, (double)n->jobs.n);
 		metrics_set(M_STAGING_BYTES, NULL, (double)node_staging_reserved(n));
-		lc.epoch = n->epoch;
+		log_set_epoch(n->epoch);
 	}
-	log_set_context(&lc);
 }
 
 static void
@@ -103,7 +100,6 @@ ops_start(uv_loop_t *loop, rpc_server_t *srv, coord_t *coord, node_t *node,
 
 	o->coord = coord;
 	o->node = node;
-	o->node_id = node ? xstrdup(node->node_id) : NULL;
 	ops_set_log_format(cfg->log_format);
 	live.coord = coord;
 	live.node = node;
@@ -134,7 +130,6 @@ ops_start(uv_loop_t *loop, rpc_server_t *srv, coord_t *coord, node_t *node,
 fail:
 	live.coord = NULL;
 	live.node = NULL;
-	free(o->node_id);
 	free(o);
 	return NULL;
 }
@@ -142,10 +137,7 @@ fail:
 static void
 on_closed(uv_handle_t *h)
 {
-	ops_t *o = h->data;
-
-	free(o->node_id);
-	free(o);
+	free(h->data);
 }
 
 void
@@ -157,8 +149,7 @@ ops_stop(ops_t *o)
 		metrics_serve_stop();
 	o->coord = live.coord = NULL;
 	o->node = live.node = NULL;
-	/* the log context keeps pointing at node_id until the handle is freed */
-	log_set_context(&(log_context_t){NULL, -1, 0, 0});
+	log_set_epoch(0);
 	uv_timer_stop(&o->timer);
 	uv_close((uv_handle_t *)&o->timer, on_closed);
 }

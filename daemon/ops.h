@@ -5,7 +5,8 @@
  *
  * ops_start registers the health service (before the server starts) and
  * starts a timer on the loop that refreshes the gauges (epoch, members,
- * clients, slices, staging), the log context's epoch, and pings systemd's
+ * clients, slices, staging), the process's epoch in the log context
+ * (log_set_epoch: every thread's lines carry it), and pings systemd's
  * watchdog (WATCHDOG=1 at half of $WATCHDOG_USEC; a stuck loop stops the
  * pings, so systemd restarts the daemon).  ops_stop before the role's state
  * is closed.  Loop thread only.

@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/crc32c.h"
 #include "common/strbuf.h"
+#include "common/wire.h"
 #include "dataplane/exec.h"
 
 typedef struct staged {
@@ -121,15 +122,6 @@ dp_exec_release(dp_exec_t *x, uint32_t round)
 }
 
 static void
-box_text(strbuf_t *sb, const plan_box_t *b, int nd)
-{
-	strbuf_puts(sb, "offset ");
-	strbuf_i64_list(sb, b->off, nd);
-	strbuf_puts(sb, " size ");
-	strbuf_i64_list(sb, b->size, nd);
-}
-
-static void
 copy_box(const dp_exec_t *x, int32_t rank, const dp_view_t *sv, const plan_shard_t *ss,
 	 const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box)
 {
@@ -207,7 +199,7 @@ gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
 		strbuf_t sb;
 
 		strbuf_init(&sb);
-		box_text(&sb, b, nd);
+		plan_box_str(&sb, b, nd);
 		rc = refit_err_set(err, REFIT_ERR_INTERNAL, "executor: rank %d does not hold "
 				   "tensor \"%s\" %s", rank, x->dst->v[t].name, sb.s);
 		strbuf_fini(&sb);
@@ -241,8 +233,7 @@ dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf, refit_err_t *err)
 		if (x->mem.dev)
 			CHECK(x->mem.dev->sync(x->mem.dev->ctx, err));
 		c = crc_of(x, m->from, buf, m->bytes);
-		for (int i = 0; i < 4; i++)
-			t[i] = (uint8_t)(c >> (8 * i));
+		wire_put_le(t, c, 4);
 		if (x->mem.dev)
 			x->mem.dev->from_host(x->mem.dev->ctx, m->from, buf + m->bytes, t, 4);
 		else
@@ -261,7 +252,7 @@ crc_mismatch(dp_exec_t *x, const plan_msg_t *m, uint32_t want, uint32_t got,
 	refit_status_t rc;
 
 	strbuf_init(&sb);
-	box_text(&sb, &m->parts[0].box, t->ndim);
+	plan_box_str(&sb, &m->parts[0].box, t->ndim);
 	rc = refit_err_set(err, REFIT_ERR_REMOTE, "verify: message from rank %d to rank %d "
 			   "(stage %u, %" PRIu64 " bytes, %u parts) fails its CRC-32C "
 			   "(sent %08x, received %08x); it carries tensor \"%s\" %s%s",
@@ -311,8 +302,7 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 		} else {
 			memcpy(t, buf + m->bytes, 4);
 		}
-		for (int i = 0; i < 4; i++)
-			want |= (uint32_t)t[i] << (8 * i);
+		want = (uint32_t)wire_get_le(t, 4);
 		if (want != got)
 			return crc_mismatch(x, m, want, got, err);
 	}

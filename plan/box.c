@@ -3,6 +3,7 @@
  */
 #include <string.h>
 
+#include "common/strbuf.h"
 #include "plan/box.h"
 
 static const struct {
@@ -224,4 +225,13 @@ plan_box_split(const plan_box_t *b, int dim, int64_t k, plan_box_t *out)
 		out[i].size[dim] = len;
 		pos += len;
 	}
+}
+
+void
+plan_box_str(strbuf_t *sb, const plan_box_t *b, int ndim)
+{
+	strbuf_puts(sb, "offset ");
+	strbuf_i64_list(sb, b->off, ndim);
+	strbuf_puts(sb, " size ");
+	strbuf_i64_list(sb, b->size, ndim);
 }

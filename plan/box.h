@@ -74,4 +74,8 @@ bool plan_box_in_bounds(const plan_box_t *b, const int64_t *shape, int ndim);
  */
 void plan_box_split(const plan_box_t *b, int dim, int64_t k, plan_box_t *out);
 
+struct strbuf;
+/* Append "offset [o0, o1] size [s0, s1]" (error messages). */
+void plan_box_str(struct strbuf *sb, const plan_box_t *b, int ndim);
+
 #endif

@@ -48,15 +48,6 @@ typedef struct vctx {
 	refit_err_t *err;
 } vctx_t;
 
-static void
-box_str(strbuf_t *sb, const plan_box_t *b, int ndim)
-{
-	strbuf_puts(sb, "offset ");
-	strbuf_i64_list(sb, b->off, ndim);
-	strbuf_puts(sb, " size ");
-	strbuf_i64_list(sb, b->size, ndim);
-}
-
 static refit_status_t
 fail(vctx_t *v, const char *what, const plan_xfer_t *x, const int64_t *elem)
 {
@@ -70,7 +61,7 @@ fail(vctx_t *v, const char *what, const plan_xfer_t *x, const int64_t *elem)
 	strbuf_printf(&sb, "tensor \"%s\"", v->dst->name);
 	if (x != NULL) {
 		strbuf_puts(&sb, " box ");
-		box_str(&sb, &x->box, v->ndim);
+		plan_box_str(&sb, &x->box, v->ndim);
 	}
 	if (elem != NULL) {
 		strbuf_puts(&sb, ", element ");

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/wire.h"
 #include "daemon/metrics.h"
 #include "daemon/node/node_internal.h"
 #include "rpc/proto_conv.h"
@@ -233,7 +234,7 @@ mem_answer(memconn_t *mc, bool ok, const char *fmt, ...)
 
 	buf[0] = ok ? 0 : 1;
 	if (ok) {
-		memcpy(buf + 1, &mc->key, 8);
+		wire_put_le(buf + 1, mc->key, 8);
 	} else {
 		va_start(ap, fmt);
 		vsnprintf((char *)buf + 1, sizeof(buf) - 1, fmt, ap);

@@ -149,6 +149,7 @@ job_work(uv_work_t *w)
 	slice_cfg_t sc;
 
 	refit_err_clear(&j->err);
+	log_set_refit(j->refit_id); /* this pool thread's log lines name the refit */
 	/* conversions (docs/conversion.md): the plan moves the rewritten pair,
 	 * the wrapper converts between it and the clients' memory */
 	if (plan_convert_any(&j->dst)) {
@@ -210,6 +211,7 @@ out:
 		dp_conv_free(cx);
 		plan_convert_fini(&cv);
 	}
+	log_set_refit(0);
 }
 
 static void

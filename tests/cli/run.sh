@@ -1,6 +1,9 @@
 #!/bin/sh
-# CLI tests for refit-plan: exit codes, error messages, output formats.
-# Usage: run.sh path/to/refit-plan.  Prints "cli: N passed, N failed".
+# CLI tests for refit-plan, and for refitctl where no coordinator is needed
+# (refitctl against a coordinator: tests/integration/test_control_plane.py):
+# exit codes, error messages, output formats.
+# Usage: run.sh path/to/refit-plan (refitctl is taken from the same folder).
+# Prints "cli: N passed, N failed".
 set -u
 BIN=$1
 EX=config/examples
@@ -88,6 +91,35 @@ if [ -x /usr/bin/python3 ]; then
 	expect model-json-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); b=d['broadcast_best']; assert d['placement'] == 'rack-aligned' and d['idle_ranks'] == 80 and b['cost']['time_s'] <= d['broadcast']['time_s'] and b['chunk_bytes'] in (1<<20, 4<<20, 64<<20)" "$TMP/model.json"
 	"$BIN" boxes $EX/train-tp2pp2dp2.json >"$TMP/boxes.json"
 	expect boxes-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['tensors']) == 23" "$TMP/boxes.json"
+	# names from the user's files are escaped in JSON
+	sed 's/"name": "llama-3-70b"/"name": "l\\"q\\\\x"/' config/models/llama-3-70b.json >"$TMP/quoted.json"
+	"$BIN" model --model "$TMP/quoted.json" --train tp8,pp4 --infer tp8,dp4 --json >"$TMP/quoted.out"
+	expect model-json-escaped 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['model'] == 'l\"q\\\\x', d['model']" "$TMP/quoted.out"
+fi
+
+# refitctl without a coordinator: usage and argument errors exit 2 before
+# any call, an unreachable coordinator 3
+CTL=$(dirname "$BIN")/refitctl
+if [ -x "$CTL" ]; then
+	NOWHERE="--coordinator 127.0.0.1:1 --timeout-ms 2000"
+	expect ctl-help 0 "trigger MODEL [--version N]" -- "$CTL" --help
+	expect ctl-no-cmd 2 "usage: refitctl" -- "$CTL"
+	expect ctl-unknown 2 'unknown command "frob"' -- "$CTL" $NOWHERE frob
+	expect ctl-model-args 2 "usage: refitctl model NAME" -- "$CTL" $NOWHERE model
+	expect ctl-list-args 2 "usage: refitctl list [MODEL]" -- "$CTL" $NOWHERE list a b
+	expect ctl-status-id 2 'refit id: "x" is not' -- "$CTL" $NOWHERE status x
+	expect ctl-abort-id 2 'refit id: "0" is not a whole number from 1' -- "$CTL" $NOWHERE abort 0
+	expect ctl-unregister-empty 2 "usage: refitctl unregister MODEL INSTANCE" -- "$CTL" $NOWHERE unregister m ""
+	expect ctl-trigger-mode 2 '--mode "fast": reshard or broadcast' -- "$CTL" $NOWHERE trigger m --mode fast
+	expect ctl-trigger-option 2 "usage: refitctl trigger MODEL" -- "$CTL" $NOWHERE trigger m --bogus
+	# policy options are checked before the coordinator is asked for the policy
+	expect ctl-policy-retries 2 '--retries: "many"' -- "$CTL" $NOWHERE policy m --retries many
+	expect ctl-policy-catch-up 2 '--catch-up takes on or off, not "maybe"' -- "$CTL" $NOWHERE policy m --catch-up maybe
+	expect ctl-timeout 2 "--timeout-ms" -- "$CTL" --timeout-ms 0 members
+	printf '\n \r\n' >"$TMP/empty-token"
+	expect ctl-token-empty 2 "empty-token: the token file is empty" -- "$CTL" $NOWHERE --token-file "$TMP/empty-token" members
+	expect ctl-token-missing 2 "nope-token: No such file" -- "$CTL" $NOWHERE --token-file "$TMP/nope-token" members
+	expect ctl-unreachable 3 "is a coordinator running at" -- "$CTL" $NOWHERE members
 fi
 
 echo "cli: $passed passed, $failed failed"

@@ -130,6 +130,15 @@ START_TEST(json_lines)
 	/* text stays as it was */
 	capture(LOG_FMT_TEXT, &ctx, "hello", out, sizeof(out));
 	ck_assert_str_eq(out, "refitd: info: node=n\"0 rank=3 epoch=7 hello\n");
+	/* the process's node and epoch where the thread has none; the thread's win */
+	log_set_node("p0");
+	log_set_epoch(9);
+	capture(LOG_FMT_TEXT, &none, "hello", out, sizeof(out));
+	ck_assert_str_eq(out, "refitd: info: node=p0 epoch=9 hello\n");
+	capture(LOG_FMT_JSON, &ctx, "hello", out, sizeof(out));
+	ck_assert_msg(strstr(out, "\"node\":\"n\\\"0\",\"rank\":3,\"epoch\":7,") != NULL, "%s", out);
+	log_set_node(NULL);
+	log_set_epoch(0);
 }
 END_TEST
 
