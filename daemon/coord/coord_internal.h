@@ -50,10 +50,13 @@ typedef struct model {
 typedef struct refit_node_time {
 	uint64_t plan_us, slice_us;
 	bool plan_cached;
+	uint64_t decode_us, slice_xfers; /* decoding its slice, the slice's transfers */
 } refit_node_time_t;
 
 #define NODE_STARTED 1u      /* RunSlice answered: the slice runs */
 #define NODE_REPORTED 2u     /* SliceDone (or a failed RunSlice) counted */
+
+typedef struct coord_slices coord_slices_t;  /* coord_slice.c */
 
 typedef struct refit_rec {
 	uint64_t id, version, epoch, created_ms, finished_ms, bytes;
@@ -90,6 +93,9 @@ typedef struct refit_rec {
 	uint32_t nstarted;
 	uint64_t run_deadline_ms;   /* backstop when a node never reports */
 	uint64_t running_after_ms;  /* trigger -> every slice started */
+	coord_slices_t *slices;     /* PREPARING: each node's slice of the plan */
+	uint64_t plan_us, plan_xfers; /* the coordinator's planning time (0: cached), transfers */
+	bool plan_cached;
 } refit_rec_t;
 
 /* The last plan built for a model, reused while its inputs stay the same. */
@@ -179,9 +185,15 @@ typedef struct planjob {
 	void (*done)(struct planjob *j);
 	uint64_t refit_id;
 	rpc_call_t *call;           /* held until done answers it */
+	uint64_t plan_us;           /* plan_build's time */
 } planjob_t;
 
 void coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o);
+/* coord_slice.c: every node's slice of p, kept with r (replacing any) */
+void coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p);
+/* A RunSliceRequest (anything else is left alone) gets member's slice of r. */
+void coord_slice_attach(const refit_rec_t *r, uint64_t member_id, ProtobufCMessage *req);
+void coord_slices_free(refit_rec_t *r);
 refit_status_t coord_plan_async(coord_t *c, model_t *m, const char *only,
 				const plan_opts_t *o, bool explain, void (*done)(planjob_t *j),
 				uint64_t refit_id, rpc_call_t *call, refit_err_t *err);

@@ -90,6 +90,7 @@ rec_free(refit_rec_t *r)
 	free(r->nodes);
 	free(r->nstate);
 	free(r->ntime);
+	coord_slices_free(r);
 	free(r);
 }
 
@@ -130,6 +131,7 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	       r->state != REFIT__V1__REFIT_STATE__PENDING;
 	r->phase++;
 	r->pending = 0;
+	coord_slices_free(r);
 	if (!r->publishing)
 		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
 	free(r->failure);
@@ -192,7 +194,7 @@ static void on_node_done(void *arg, refit_status_t st, const char *msg,
 /* Call method on every node of r (but those that acknowledged epoch
  * skip_epoch, when not 0); fails r when a call cannot start. */
 static void
-call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessage *req,
+call_nodes(coord_t *c, refit_rec_t *r, const char *method, ProtobufCMessage *req,
 	   int64_t timeout_ms, uint64_t skip_epoch)
 {
 	refit_err_t err;
@@ -211,6 +213,7 @@ call_nodes(coord_t *c, refit_rec_t *r, const char *method, const ProtobufCMessag
 		}
 		if (skip_epoch != 0 && m->prepared_epoch == skip_epoch)
 			continue;
+		coord_slice_attach(r, m->id, req);  /* RunSlice: this node's slice */
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
 		if (rpc_async_call(c->rpc, r->id, m->rpc_ep, &refit__v1__node__descriptor,
@@ -285,6 +288,7 @@ start_running(coord_t *c, refit_rec_t *r)
 	rq.nic_per_node = c->o.nic_per_node;
 	rq.attempt = r->attempt;
 	call_nodes(c, r, "RunSlice", &rq.base, NODE_CALL_MS, 0);
+	coord_slices_free(r);  /* packed into the calls */
 	for (size_t i = 0; i < n; i++)
 		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
 	free(iv);
@@ -519,6 +523,8 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	mark_started(r, k);  /* its RunSlice answer may still be on its way */
 	r->ntime[k].plan_us = rq->plan_micros;
 	r->ntime[k].plan_cached = rq->plan_cached;
+	r->ntime[k].decode_us = rq->slice_micros;
+	r->ntime[k].slice_xfers = rq->slice_xfers;
 	r->ntime[k].slice_us = rq->stats ? rq->stats->micros : 0;
 	slice_result(c, r, k, node, rq->code == 0 ? REFIT_OK : rpc_status_from_grpc(rq->code),
 		     rq->message && rq->message[0] ? rq->message : "failed", rq->stats);
@@ -563,8 +569,12 @@ planjob_work(uv_work_t *w)
 	refit_err_clear(&j->err);
 	/* conversions (docs/conversion.md): plan the pair as it crosses the wire */
 	j->rc = plan_convert_rewrite(&j->src, &j->dst, &j->err);
-	if (j->rc == REFIT_OK)
+	if (j->rc == REFIT_OK) {
+		uint64_t t0 = uv_hrtime();
+
 		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
+		j->plan_us = (uv_hrtime() - t0) / 1000;
+	}
 	if (j->rc != REFIT_OK || !j->explain)
 		return;
 	j->rc = plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &j->err);
@@ -856,6 +866,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 	r->phase++;
 	coord_metrics_refit(c, r, p);
 	r->nccl = nccl;
+	coord_slices_make(c, r, p);
 	coord_save(c);
 	if (r->nccl && other != NULL) {
 		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "mixed transports: node %s uses "
@@ -984,6 +995,8 @@ on_refit_planned(planjob_t *j)
 		start_refit(c, m, r); /* layouts or members changed: plan again */
 		return;
 	}
+	r->plan_us = j->plan_us;
+	r->plan_cached = false;
 	if (j->only == NULL) {
 		prepare(c, r, cache_store(c, j));
 		return;
@@ -1072,6 +1085,8 @@ start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 	coord_plan_opts(c, r->mode, &o);
 	plan_key(c, m, r->only, &o, key);
 	if (pc != NULL && strcmp(pc->key, key) == 0) {
+		r->plan_us = 0;
+		r->plan_cached = true;
 		prepare(c, r, &pc->plan);
 		return;
 	}
@@ -1151,6 +1166,9 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->n_skipped = r->nskipped;
 	o->comm_micros = r->comm_us;
 	o->running_after_ms = r->running_after_ms;
+	o->plan_micros = r->plan_us;
+	o->plan_cached = r->plan_cached;
+	o->plan_xfers = r->plan_xfers;
 }
 
 /* fill_refit's per-node figures (node names are c's; free nv and np). */
@@ -1169,6 +1187,8 @@ fill_nodes(coord_t *c, const refit_rec_t *r, Refit__V1__Refit *o, Refit__V1__Nod
 		(*nv)[k].node_id = m ? m->node_id : "(left)";
 		(*nv)[k].plan_micros = r->ntime[k].plan_us;
 		(*nv)[k].plan_cached = r->ntime[k].plan_cached;
+		(*nv)[k].decode_micros = r->ntime[k].decode_us;
+		(*nv)[k].slice_xfers = r->ntime[k].slice_xfers;
 		(*nv)[k].slice_micros = r->ntime[k].slice_us;
 		(*nv)[k].reported = (r->nstate[k] & NODE_REPORTED) != 0;
 		(*np)[k] = &(*nv)[k];
