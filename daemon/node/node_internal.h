@@ -193,6 +193,8 @@ void node_reports_drop(node_t *n);
  * table (dst: the composed destination layouts, converted), into *out
  * (plan_fini), with options o.  The error names the bad record. */
 #define NODE_SLICE_MAX_STAGES 65536u
+/* Is rank r one of this node's? */
+bool node_serves(const node_t *n, int32_t r);
 refit_status_t node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest *rq,
 			       const plan_layout_set_t *dst, const plan_topo_t *topo,
 			       const plan_opts_t *o, plan_t *out, refit_err_t *err);

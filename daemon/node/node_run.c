@@ -7,14 +7,14 @@
  * piece on its ranks (holding the refit's version, not being written), an
  * inference client for every inference piece, and that the layouts the
  * coordinator sent are the ones registered here (digests).  In-place
- * clients are marked invalid before the first byte is written.  The slice
- * then runs on libuv's pool: the plan is rebuilt from the same inputs as
- * the coordinator's and must have the same digest, and slice_run moves the
- * data.  RunSlice is answered as soon as the slice is queued; its end goes
- * to the coordinator as SliceDone, resent with back-off until the
- * coordinator acknowledges it (or says the refit is gone, the epoch moves
- * on, or REPORT_GIVE_UP_MS pass).  Plans come from the node's cache when
- * the inputs' digest matches (node_plans.c); planning time is reported.
+ * clients are marked invalid before the first byte is written, and the
+ * slice of the plan the coordinator sent is decoded and checked
+ * (node_slice.c): the node does not plan.  The slice then runs on libuv's
+ * pool (slice_run moves the data).  RunSlice is answered as soon as the
+ * slice is queued; its end goes to the coordinator as SliceDone (with the
+ * time the slice took to decode and its size), resent with back-off until
+ * the coordinator acknowledges it (or says the refit is gone, the epoch
+ * moves on, or REPORT_GIVE_UP_MS pass).
  * Double-buffered clients are written in their inactive copy.
  * The install has two phases, so that an instance spanning nodes switches
  * on all of them or on none: Commit (every slice of the refit ran) only
@@ -411,15 +411,6 @@ job_after(uv_work_t *w, int status)
 
 /* ---- RunSlice --------------------------------------------------------------- */
 
-static bool
-serves(const node_t *n, int32_t r)
-{
-	for (size_t i = 0; i < n->nranks; i++)
-		if (n->ranks[i] == r)
-			return true;
-	return false;
-}
-
 /* The client registered here for (model, role, instance), if any. */
 static client_t *
 find_client(node_t *n, const char *model, int role, const char *instance)
@@ -447,7 +438,7 @@ take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set
 
 	for (size_t t = 0; t < s->n && !here; t++)
 		for (size_t k = 0; k < s->v[t].nshards && !here; k++)
-			here = serves(n, s->v[t].shards[k].rank);
+			here = node_serves(n, s->v[t].shards[k].rank);
 	if (!here)
 		return REFIT_OK;
 	c = find_client(n, j->model, role, iname);

@@ -17,8 +17,8 @@
 #include "daemon/node/node_internal.h"
 #include "rpc/proto_conv.h"
 
-static bool
-own(const node_t *n, int32_t r)
+bool
+node_serves(const node_t *n, int32_t r)
 {
 	for (size_t i = 0; i < n->nranks; i++)
 		if (n->ranks[i] == r)
@@ -52,7 +52,7 @@ check_rec(const node_t *n, const plan_t *p, const plan_layout_set_t *dst,
 				     "epoch %" PRIu64, rec_name(what, sizeof(what), i, x, p),
 				     plan_topo_node(topo, x->from) < 0 ? x->from : x->to,
 				     n->prepared_epoch);
-	if (!whole && !own(n, x->from) && !own(n, x->to))
+	if (!whole && !node_serves(n, x->from) && !node_serves(n, x->to))
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: neither rank is this "
 				     "node's", rec_name(what, sizeof(what), i, x, p));
 	if (prev != NULL && (prev->stage > x->stage ||
