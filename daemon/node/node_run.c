@@ -61,7 +61,6 @@ struct slice_job {
 	dp_conv_t *cx;          /* conversions: the clients' memory, wrapped */
 	bool converts;
 	char *model;
-	char digest[SHA256_HEX_LEN];
 	plan_opts_t opts;
 	bool verify;
 	int64_t corrupt;
@@ -392,11 +391,12 @@ job_after(uv_work_t *w, int status)
 			node_client_release(n, c);
 		}
 	if (ok)
-		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (%zu of the plan's %"
-			 PRIu64 " transfers, decoded in %.3f ms): %" PRIu64 " bytes sent in %" PRIu64
-			 " messages, %" PRIu64 " received, %" PRIu64 " copied locally, relay "
+		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (%zu of the %" PRIu64
+			 " transfers of plan %.12s, decoded in %.3f ms): %" PRIu64 " bytes sent in %"
+			 PRIu64 " messages, %" PRIu64 " received, %" PRIu64 " copied locally, relay "
 			 "staging peak %" PRIu64 " bytes", n->node_id, j->refit_id,
-			 j->st.total_us / 1e3, j->plan.nxfers, j->plan_xfers, j->slice_us / 1e3,
+			 j->st.total_us / 1e3, j->plan.nxfers, j->plan_xfers, j->plan.digest_hex,
+			 j->slice_us / 1e3,
 			 j->st.bytes_out, j->st.msgs_out, j->st.bytes_in,
 			 j->st.bytes_local, j->st.staged_max);
 	else
@@ -659,7 +659,6 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 	j->epoch = rq->epoch;
 	j->version = rq->version;
 	j->model = xstrdup(nz(rq->model));
-	snprintf(j->digest, sizeof(j->digest), "%s", nz(rq->plan_digest));
 	plan_opts_default(&j->opts);
 	j->opts.mode = rq->mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST :
 								  PLAN_MODE_RESHARD;
