@@ -189,8 +189,9 @@ typedef struct planjob {
 } planjob_t;
 
 void coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o);
-/* coord_slice.c: every node's slice of p, kept with r (replacing any) */
-void coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p);
+/* coord_slice.c: every node's slice of p (whole: every node gets all of
+ * p, for grouped transports), kept with r (replacing any) */
+void coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p, bool whole);
 /* A RunSliceRequest (anything else is left alone) gets member's slice of r. */
 void coord_slice_attach(const refit_rec_t *r, uint64_t member_id, ProtobufCMessage *req);
 void coord_slices_free(refit_rec_t *r);

@@ -866,7 +866,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 	r->phase++;
 	coord_metrics_refit(c, r, p);
 	r->nccl = nccl;
-	coord_slices_make(c, r, p);
+	coord_slices_make(c, r, p, nccl);
 	coord_save(c);
 	if (r->nccl && other != NULL) {
 		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "mixed transports: node %s uses "

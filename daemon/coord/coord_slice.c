@@ -54,7 +54,7 @@ put(coord_slices_t *s, size_t k, const plan_t *p, const plan_xfer_t *x)
 }
 
 void
-coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p)
+coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p, bool whole)
 {
 	coord_slices_t *s = xcalloc(1, sizeof(*s));
 	int32_t maxr = -1;
@@ -63,7 +63,7 @@ coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p)
 	coord_slices_free(r);
 	r->slices = s;
 	r->plan_xfers = p->nxfers;
-	s->whole = r->nccl;
+	s->whole = whole;
 	s->nstages = p->nstages;
 	s->stages_per_round = p->stages_per_round;
 	s->ntensors = p->ntensors;
