@@ -76,6 +76,9 @@ static const key_t_ keys[] = {
 	 "node role: unix socket librefit clients connect to"},
 	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), "600000", 100, 86400000, NULL, false,
 	 "node role: a plan slice that runs longer fails"},
+	{"plan_cache_bytes", K_SIZE, F(plan_cache_bytes), "1GiB", 0, 1ull << 40, NULL, false,
+	 "ignored: nodes keep no plans, they receive their slice of each plan (accepted so "
+	 "older configuration files load)"},
 	{"cuda_library", K_STR, F(cuda_library), NULL, 0, 0, NULL, false,
 	 "node role, nccl: the CUDA runtime to load (default: $REFIT_CUDA_LIBRARY, then "
 	 "libcudart.so.13, .so.12)"},
