@@ -84,6 +84,9 @@ UNIT_SRC   := $(wildcard tests/unit/*.c)
 # pure parts of the daemon the unit tests link (no gRPC, no libuv)
 UNIT_DAEMON_SRC :=
 
+# the configuration table (tests/unit/test_config.c)
+UNIT_DAEMON_SRC += daemon/config.c
+
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))
 
