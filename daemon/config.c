@@ -430,6 +430,38 @@ config_dump(const refitd_config_t *c, strbuf_t *out)
 	strbuf_puts(out, "\n}\n");
 }
 
+void
+config_help(strbuf_t *out)
+{
+	static const char *const kind[] = {
+		[K_STR] = "TEXT", [K_MS] = "MS", [K_SIZE] = "SIZE", [K_ENUM] = "",
+	};
+
+	for (size_t i = 0; i < NKEYS; i++) {
+		const key_t_ *k = &keys[i];
+		const char *sep = " (";
+
+		strbuf_puts(out, "  --");
+		for (const char *p = k->name; *p; p++)
+			strbuf_add(out, *p == '_' ? "-" : p, 1);
+		strbuf_printf(out, " %s", k->type == K_ENUM ? k->choices : kind[k->type]);
+		if (k->type == K_MS || k->type == K_SIZE) {
+			strbuf_printf(out, "%s%" PRIu64 " to %" PRIu64 "%s", sep, k->lo, k->hi,
+				      k->type == K_SIZE ? " bytes" : "");
+			sep = ", ";
+		}
+		if (k->def != NULL) {
+			strbuf_printf(out, "%sdefault %s", sep, k->def);
+			sep = ", ";
+		}
+		if (k->reloadable) {
+			strbuf_printf(out, "%sreloadable", sep);
+			sep = ", ";
+		}
+		strbuf_printf(out, "%s\n      %s\n", sep[0] == ',' ? ")" : "", k->help);
+	}
+}
+
 static int
 cmp_rank(const void *a, const void *b)
 {

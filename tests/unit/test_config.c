@@ -899,6 +899,50 @@ START_TEST(dump_round_trip)
 }
 END_TEST
 
+/* --help: every key as its flag, with its default and whether reloadable. */
+START_TEST(help_lists_every_key)
+{
+	refitd_config_t c;
+	strbuf_t sb;
+	cJSON *def;
+	const cJSON *it;
+
+	config_init(&c);
+	def = dump_json(&c);
+	strbuf_init(&sb);
+	config_help(&sb);
+	cJSON_ArrayForEach(it, def) {
+		char flag[64], *line, *end;
+		const kcase_t *k = case_of(it->string);
+
+		snprintf(flag, sizeof(flag), "  --%s ", it->string);
+		for (char *p = flag + 4; *p; p++)
+			*p = *p == '_' ? '-' : *p;
+		line = strstr(sb.s, flag);
+		ck_assert_msg(line != NULL, "--help has no %s", flag);
+		/* the flag's two lines */
+		end = strchr(line, '\n');
+		ck_assert_ptr_nonnull(end);
+		end = strchr(end + 1, '\n');
+		ck_assert_ptr_nonnull(end);
+		*end = '\0';
+		ck_assert_msg((strstr(line, "reloadable") != NULL) == reloadable(k),
+			      "--help: %s", line);
+		if (cJSON_IsString(it)) {
+			char want[128];
+
+			snprintf(want, sizeof(want), "default %s", it->valuestring);
+			ck_assert_msg(strstr(line, want) != NULL, "--help: %s", line);
+		}
+		*end = '\n';
+	}
+	ck_assert_str_eq(shown(&c, "role"), "\"node\"");
+	strbuf_fini(&sb);
+	cJSON_Delete(def);
+	config_fini(&c);
+}
+END_TEST
+
 Suite *
 suite_config(void)
 {
@@ -908,6 +952,7 @@ suite_config(void)
 	return th_suite("config", keys,
 			th_tcase("config", 0, TH_TESTS(unknown_keys, duplicate_keys, documents,
 				 size_suffixes, durations, cross_checks, role_checks,
-				 ranks_lists, reload, docs_table, files, dump_round_trip)),
+				 ranks_lists, reload, docs_table, files, dump_round_trip,
+				 help_lists_every_key)),
 			NULL);
 }
