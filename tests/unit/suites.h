@@ -19,5 +19,7 @@ Suite *suite_model(void);
 Suite *suite_convert(void);
 Suite *suite_conv_exec(void);
 Suite *suite_ops(void);
+Suite *suite_config(void);
+Suite *suite_node_plans(void);
 
 #endif
