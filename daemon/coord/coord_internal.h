@@ -181,10 +181,18 @@ typedef struct planjob {
 	rpc_call_t *call;           /* held until done answers it */
 } planjob_t;
 
+/* coord_plan.c: a refit's plan options (the same when planning and in RunSlice) */
 void coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o);
+/* The digest of everything a plan of m depends on (layouts, members, options). */
+void coord_plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
+		    char hex[SHA256_HEX_LEN]);
 refit_status_t coord_plan_async(coord_t *c, model_t *m, const char *only,
 				const plan_opts_t *o, bool explain, void (*done)(planjob_t *j),
 				uint64_t refit_id, rpc_call_t *call, refit_err_t *err);
+/* The model's last plan (NULL: none yet). */
+plan_cache_t *coord_plan_cached(coord_t *c, const char *model);
+/* Keep j's plan as the model's last plan (j gives it up); returns it. */
+const plan_t *coord_plan_keep(coord_t *c, planjob_t *j);
 
 /* coord_refit.c: the refit methods and state machine */
 extern const rpc_method_cfg_t coord_refit_methods[];

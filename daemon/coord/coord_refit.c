@@ -174,16 +174,6 @@ finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
 	coord_save(c);
 }
 
-/* The options of a refit's plan: the same when planning and in RunSlice. */
-void
-coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o)
-{
-	plan_opts_default(o);
-	o->mode = mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
-	if (c->o.staging_bytes)
-		o->staging_bytes = c->o.staging_bytes;
-}
-
 /* ---- node calls ----------------------------------------------------------- */
 
 static void on_node_done(void *arg, refit_status_t st, const char *msg,
@@ -525,158 +515,6 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rpc_call_reply(call, &rsp.base);  /* frees rq */
 }
 
-/* ---- plans ----------------------------------------------------------------- */
-
-/* Digest of everything a plan depends on. */
-static void
-plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
-	 char hex[SHA256_HEX_LEN])
-{
-	strbuf_t sb;
-
-	strbuf_init(&sb);
-	if (only)
-		strbuf_printf(&sb, "only %s\n", only);
-	strbuf_printf(&sb, "mode %d chunk %" PRIu64 " staging %" PRIu64 " nic %d\n", (int)o->mode,
-		      o->chunk_bytes, o->staging_bytes, (int)c->o.nic_per_node);
-	for (size_t i = 0; i < m->inst.n; i++)
-		strbuf_printf(&sb, "inst %d %s %s%s\n", m->inst.v[i].role, m->inst.v[i].name,
-			      m->inst.v[i].digest, m->inst.v[i].skip ? " skipped" : "");
-	for (size_t i = 0; i < c->members.n; i++) {
-		strbuf_printf(&sb, "node %s", c->members.v[i].node_id);
-		for (size_t k = 0; k < c->members.v[i].nranks; k++)
-			strbuf_printf(&sb, " %d@%s", c->members.v[i].ranks[k].rank,
-				      c->members.v[i].ranks[k].domain);
-		strbuf_puts(&sb, "\n");
-	}
-	sha256_hex(sb.s, sb.len, hex);
-	strbuf_fini(&sb);
-}
-
-/* ---- planning off the loop ---------------------------------------------- */
-
-static void
-planjob_work(uv_work_t *w)
-{
-	planjob_t *j = w->data;
-
-	refit_err_clear(&j->err);
-	/* conversions (docs/conversion.md): plan the pair as it crosses the wire */
-	j->rc = plan_convert_rewrite(&j->src, &j->dst, &j->err);
-	if (j->rc == REFIT_OK)
-		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
-	if (j->rc != REFIT_OK || !j->explain)
-		return;
-	j->rc = plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &j->err);
-	if (j->rc != REFIT_OK)
-		return;
-	j->opts.mode = PLAN_MODE_BROADCAST;
-	j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->bplan, &j->err);
-	if (j->rc == REFIT_OK)
-		j->rc = plan_cost(&j->bplan, &j->src, &j->dst, &j->topo, &j->bcost, &j->err);
-}
-
-static void
-planjob_free(planjob_t *j)
-{
-	plan_fini(&j->plan);
-	plan_fini(&j->bplan);
-	plan_layout_set_fini(&j->src);
-	plan_layout_set_fini(&j->dst);
-	plan_topo_fini(&j->topo);
-	free(j->model);
-	free(j->only);
-	free(j);
-}
-
-static void
-planjob_after(uv_work_t *w, int status)
-{
-	planjob_t *j = w->data;
-	coord_t *c = j->c;
-
-	(void)status;
-	c->inflight--;
-	if (!c->closing)
-		j->done(j);
-	else if (j->call != NULL)
-		rpc_call_fail(j->call, REFIT_ERR_UNAVAILABLE, "coordinator is shutting down");
-	planjob_free(j);
-	coord_maybe_free(c);
-}
-
-refit_status_t
-coord_plan_async(coord_t *c, model_t *m, const char *only, const plan_opts_t *o,
-		 bool explain,
-		 void (*done)(planjob_t *j), uint64_t refit_id, rpc_call_t *call,
-		 refit_err_t *err)
-{
-	planjob_t *j = xcalloc(1, sizeof(*j));
-	instance_t *t = coord_train_instance(m);
-	refit_status_t rc;
-
-	if (t == NULL) {
-		free(j);
-		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no registered "
-				     "trainer", m->name);
-	}
-	rc = coord_compose_dst(m, only, &j->dst, err);
-	if (rc == REFIT_OK)
-		rc = coord_members_topo(c, &j->topo, err);
-	if (rc != REFIT_OK) {
-		planjob_free(j);
-		return rc;
-	}
-	plan_layout_set_copy(&j->src, &t->layouts);
-	plan_key(c, m, only, o, j->key);
-	j->only = only ? xstrdup(only) : NULL;
-	j->c = c;
-	j->model = xstrdup(m->name);
-	j->opts = *o;
-	j->explain = explain;
-	j->done = done;
-	j->refit_id = refit_id;
-	j->call = call;
-	j->w.data = j;
-	if (uv_queue_work(c->loop, &j->w, planjob_work, planjob_after) != 0) {
-		planjob_free(j);
-		return refit_err_set(err, REFIT_ERR_SYS, "cannot queue planning work");
-	}
-	c->inflight++;
-	return REFIT_OK;
-}
-
-static plan_cache_t *
-cache_of(coord_t *c, const char *model)
-{
-	for (size_t i = 0; i < c->plans.n; i++)
-		if (strcmp(c->plans.v[i].model, model) == 0)
-			return &c->plans.v[i];
-	return NULL;
-}
-
-/* Keep j's plan as the model's cached plan (the job gives it up). */
-static const plan_t *
-cache_store(coord_t *c, planjob_t *j)
-{
-	plan_cache_t *pc = cache_of(c, j->model);
-
-	if (pc == NULL) {
-		plan_cache_t n = {.model = xstrdup(j->model)};
-
-		VEC_PUSH(&c->plans, n);
-		pc = &c->plans.v[c->plans.n - 1];
-	} else {
-		plan_fini(&pc->plan);
-	}
-	memcpy(pc->key, j->key, sizeof(pc->key));
-	pc->plan = j->plan;
-	memset(&j->plan, 0, sizeof(j->plan));
-	log_info("coordinator: model \"%s\": plan %.12s built (%zu transfers)", j->model,
-		 pc->plan.digest_hex, pc->plan.nxfers);
-	return &pc->plan;
-}
-
 /* Members owning a rank that sends or receives in p: one pass over p. */
 static void
 involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
@@ -979,13 +817,13 @@ on_refit_planned(planjob_t *j)
 		       "planning", j->model);
 		return;
 	}
-	plan_key(c, m, j->only, &j->opts, key);
+	coord_plan_key(c, m, j->only, &j->opts, key);
 	if (strcmp(key, j->key) != 0) {
 		start_refit(c, m, r); /* layouts or members changed: plan again */
 		return;
 	}
 	if (j->only == NULL) {
-		prepare(c, r, cache_store(c, j));
+		prepare(c, r, coord_plan_keep(c, j));
 		return;
 	}
 	/* a catch-up plan is used once: keep it with the refit until prepared */
@@ -1061,7 +899,7 @@ choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
 static void
 start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 {
-	plan_cache_t *pc = r->only ? NULL : cache_of(c, m->name);
+	plan_cache_t *pc = r->only ? NULL : coord_plan_cached(c, m->name);
 	plan_opts_t o;
 	refit_err_t err;
 	char key[SHA256_HEX_LEN];
@@ -1070,7 +908,7 @@ start_refit(coord_t *c, model_t *m, refit_rec_t *r)
 	if (!choose_instances(c, m, r))
 		return;
 	coord_plan_opts(c, r->mode, &o);
-	plan_key(c, m, r->only, &o, key);
+	coord_plan_key(c, m, r->only, &o, key);
 	if (pc != NULL && strcmp(pc->key, key) == 0) {
 		prepare(c, r, &pc->plan);
 		return;
