@@ -25,58 +25,11 @@
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static void
-member_fini(member_t *m)
-{
-	free(m->node_id);
-	free(m->host);
-	free(m->rpc_ep);
-	free(m->data_ep);
-	free(m->transport);
-	for (size_t i = 0; i < m->nranks; i++)
-		free(m->ranks[i].domain);
-	free(m->ranks);
-}
-
-void
-coord_instance_fini(instance_t *in)
-{
-	free(in->name);
-	plan_layout_set_fini(&in->layouts);
-}
-
-member_t *
-coord_find_member(coord_t *c, uint64_t id)
-{
-	for (size_t i = 0; i < c->members.n; i++)
-		if (c->members.v[i].id == id)
-			return &c->members.v[i];
-	return NULL;
-}
-
-model_t *
-coord_find_model(coord_t *c, const char *name)
-{
-	for (size_t i = 0; i < c->models.n; i++)
-		if (strcmp(c->models.v[i].name, name) == 0)
-			return &c->models.v[i];
-	return NULL;
-}
-
 static instance_t *
 find_instance(model_t *m, int role, const char *name)
 {
 	for (size_t i = 0; i < m->inst.n; i++)
 		if (m->inst.v[i].role == role && strcmp(m->inst.v[i].name, name) == 0)
-			return &m->inst.v[i];
-	return NULL;
-}
-
-instance_t *
-coord_train_instance(model_t *m)
-{
-	for (size_t i = 0; i < m->inst.n; i++)
-		if (m->inst.v[i].role == REFIT__V1__ROLE__TRAIN)
 			return &m->inst.v[i];
 	return NULL;
 }
@@ -87,39 +40,8 @@ nz(const char *s)
 	return s ? s : "";
 }
 
-/* Persist after a change; a failed write is logged, the change stands. */
-void
-coord_save(coord_t *c)
-{
-	refit_err_t err;
-
-	refit_err_clear(&err);
-	if (coord_state_save(c, &err) != REFIT_OK)
-		log_warnx("coordinator: %s", err.msg);
-}
-
-refit_status_t
-coord_save_durable(coord_t *c, const char *what, refit_err_t *err)
-{
-	if (coord_state_save(c, err) == REFIT_OK)
-		return REFIT_OK;
-	log_warnx("coordinator: %s refused: %s", what, err->msg);
-	refit_err_prefix(err, "%s: the change cannot be made durable, so it was not made",
-			 what);
-	err->status = REFIT_ERR_UNAVAILABLE;
-	return err->status;
-}
-
 /* leases, retries and catch-ups are checked this often */
 #define TICK_MS(ttl) ((ttl) / 4 + 1 < 100 ? (ttl) / 4 + 1 : 100)
-
-void
-coord_bump_epoch(coord_t *c, const char *why)
-{
-	c->epoch++;
-	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
-	coord_refits_on_epoch(c, c->epoch - 1, why);
-}
 
 static void
 remove_member(coord_t *c, size_t i, const char *why)
@@ -129,7 +51,7 @@ remove_member(coord_t *c, size_t i, const char *why)
 	snprintf(what, sizeof(what), "%s: member %" PRIu64 " (%s)", why, c->members.v[i].id,
 		 c->members.v[i].node_id);
 	rpc_async_forget(c->rpc, c->members.v[i].rpc_ep);
-	member_fini(&c->members.v[i]);
+	coord_member_fini(&c->members.v[i]);
 	c->members.v[i] = c->members.v[--c->members.n];
 	coord_bump_epoch(c, what);
 }
@@ -544,15 +466,6 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 static void model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 		      Refit__V1__Instance **iv, Refit__V1__Instance ***ip);
 
-uint64_t
-coord_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static void
 h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -796,50 +709,6 @@ h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(ip);
 }
 
-/* The topology of the current members. */
-refit_status_t
-coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
-{
-	plan_topo_init(t);
-	t->nic_per_node = c->o.nic_per_node;
-	for (size_t i = 0; i < c->members.n; i++)
-		for (size_t k = 0; k < c->members.v[i].nranks; k++)
-			CHECK(plan_topo_add_rank(t, c->members.v[i].ranks[k].rank,
-						 c->members.v[i].node_id,
-						 c->members.v[i].ranks[k].domain, err));
-	return REFIT_OK;
-}
-
-/*
- * Inference instances are replicas: compose them into one destination
- * layout, tensor by tensor, as explicit layouts holding every instance's
- * shards.
- */
-refit_status_t
-coord_compose_dst(const model_t *m, const char *only, plan_layout_set_t *out,
-		  refit_err_t *err)
-{
-	const plan_layout_set_t **sets = xcalloc(m->inst.n + 1, sizeof(*sets));
-	size_t n = 0;
-	refit_status_t rc;
-
-	for (size_t i = 0; i < m->inst.n; i++)
-		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER && !m->inst.v[i].skip &&
-		    (only == NULL || strcmp(only, m->inst.v[i].name) == 0))
-			sets[n++] = &m->inst.v[i].layouts;
-	if (n == 0) {
-		free(sets);
-		plan_layout_set_init(out);
-		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no inference "
-				     "instance", m->name);
-	}
-	rc = plan_layout_compose(sets, n, out, err);
-	free(sets);
-	if (rc != REFIT_OK)
-		refit_err_prefix(err, "model \"%s\"", m->name);
-	return rc;
-}
-
 static void
 on_explained(planjob_t *j)
 {
@@ -902,8 +771,6 @@ static const rpc_method_cfg_t methods[] = {
 	{"ExplainPlan", h_explain, true},
 };
 
-static void on_timer_closed_free(coord_t *c);
-
 /*
  * Member ids are never reused, not even by a coordinator restarted without
  * its state file: a node still heartbeating with an id of the last
@@ -934,7 +801,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	c->rpc = o->rpc;
 	c->state_file = o->state_file ? xstrdup(o->state_file) : NULL;
 	if (coord_state_load(c, err) != REFIT_OK) {
-		on_timer_closed_free(c);
+		coord_free(c);
 		return NULL;
 	}
 	coord_member_ids_from_clock(c);
@@ -942,7 +809,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK ||
 	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,
 				   coord_refit_methods, coord_refit_nmethods, c, err) != REFIT_OK) {
-		on_timer_closed_free(c);
+		coord_free(c);
 		return NULL;
 	}
 	uv_timer_init(loop, &c->lease_timer);
@@ -950,37 +817,6 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(o->lease_ttl_ms),
 		       TICK_MS(o->lease_ttl_ms));
 	return c;
-}
-
-static void
-on_timer_closed_free(coord_t *c)
-{
-	for (size_t i = 0; i < c->members.n; i++)
-		member_fini(&c->members.v[i]);
-	VEC_FREE(&c->members);
-	for (size_t i = 0; i < c->models.n; i++) {
-		for (size_t k = 0; k < c->models.v[i].inst.n; k++)
-			coord_instance_fini(&c->models.v[i].inst.v[k]);
-		VEC_FREE(&c->models.v[i].inst);
-		free(c->models.v[i].name);
-	}
-	VEC_FREE(&c->models);
-	coord_refits_fini(c);
-	free(c->state_file);
-	free(c);
-}
-
-void
-coord_maybe_free(coord_t *c)
-{
-	void (*cb)(void *) = c->closed_cb;
-	void *arg = c->closed_arg;
-
-	if (!c->closing || !c->timer_closed || c->inflight != 0)
-		return;
-	on_timer_closed_free(c);
-	if (cb)
-		cb(arg);
 }
 
 static void
