@@ -81,7 +81,7 @@ DP_SRC     := $(wildcard dataplane/*.c)
 LIB_SRC    := $(COMMON_SRC) $(PLAN_SRC) $(CODEC_SRC) $(DP_SRC)
 UNIT_SRC   := $(wildcard tests/unit/*.c)
 # pure parts of the daemon the unit tests link (no gRPC, no libuv)
-UNIT_DAEMON_SRC := daemon/coord/refit_fsm.c
+UNIT_DAEMON_SRC := daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))

@@ -38,6 +38,7 @@
 #include "common/strbuf.h"
 #include "common/utf8.h"
 #include "daemon/coord/coord_internal.h"
+#include "daemon/coord/coord_rules.h"
 #include "rpc/proto_conv.h"
 
 #define REFIT_KEEP 256
@@ -922,24 +923,6 @@ on_refit_planned(planjob_t *j)
 	prepare(c, r, &j->plan);
 }
 
-/* The first rank of in that no member holds, or -1. */
-static int32_t
-lost_rank(coord_t *c, const instance_t *in)
-{
-	for (size_t t = 0; t < in->layouts.n; t++)
-		for (size_t k = 0; k < in->layouts.v[t].nshards; k++) {
-			int32_t rk = in->layouts.v[t].shards[k].rank;
-			bool found = false;
-
-			for (size_t q = 0; q < c->members.n && !found; q++)
-				for (size_t j = 0; j < c->members.v[q].nranks && !found; j++)
-					found = c->members.v[q].ranks[j].rank == rk;
-			if (!found)
-				return rk;
-		}
-	return -1;
-}
-
 /*
  * Which inference instances this refit leaves out: those not healthy now
  * (the member that registered them left, or a rank of theirs has no
@@ -959,12 +942,13 @@ choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
 	for (size_t i = 0; i < m->inst.n; i++) {
 		instance_t *in = &m->inst.v[i];
 		int32_t lost;
+		size_t t;
 
 		in->skip = false;
 		if (in->role != REFIT__V1__ROLE__INFER ||
 		    (r->only && strcmp(r->only, in->name) != 0))
 			continue;
-		lost = lost_rank(c, in);
+		lost = coord_rules_unheld_rank(c->members.v, c->members.n, &in->layouts, &t);
 		if (lost < 0 && coord_find_member(c, in->member_id) != NULL) {
 			healthy++;
 			continue;
