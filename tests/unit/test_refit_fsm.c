@@ -115,6 +115,10 @@ static const row_t ROWS[] = {
 	 "keep-cause abort-nodes"},
 	{ST(RUNNING), 2, 1, 0, 0, SLICE_FAILED(true), ST(FAILING_SYMPTOM), 1, 1,
 	 "keep-cause abort-nodes"},
+	/* a later attempt keeps its own cause, not the last attempt's (a bug
+	 * of the flags this machine replaced) */
+	{ST(RUNNING), 2, 2, 2, 0, SLICE_FAILED(false), ST(FAILING), 1, 2,
+	 "keep-cause abort-nodes"},
 	{ST(RUNNING), 1, 1, 0, 0, SLICE_FAILED(false), ST(FAILED), 0, 1,
 	 "keep-cause cancel-calls end abort-nodes"},
 	{ST(RUNNING), 1, 1, 1, 1, SLICE_FAILED(true), ST(RETRY_WAIT), 0, 2,
