@@ -480,14 +480,6 @@ send_install(coord_t *c, refit_rec_t *r)
 	call_nodes(c, r, r->fsm.state == REFIT_FSM_PUBLISHING ? &pq.base : &cq.base, 0);
 }
 
-/* What a peer saw of another's failure, rather than a cause. */
-static bool
-symptom_of(const char *msg)
-{
-	return strstr(msg, "tcp: ") != NULL ||   /* the transport saw it */
-	       strstr(msg, "aborted by the coordinator") != NULL;
-}
-
 /*
  * Node k's slice ended (its SliceDone, or a RunSlice that failed): counted
  * once.  A failure makes the others stop; the refit fails once all have
@@ -506,7 +498,7 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 		snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", node, msg);
 		utf8_cut(buf);
 		ev.kind = REFIT_FSM_EV_SLICE_FAILED;
-		ev.u.slice.symptom = symptom_of(msg);
+		ev.u.slice.symptom = coord_rules_is_symptom(msg);
 		return refit_event(c, r, &ev, buf, NULL);
 	}
 	if (rs != NULL) {

@@ -95,3 +95,18 @@ coord_rules_own_ranks(const model_t *m, const char *iname, const plan_layout_set
 	}
 	return REFIT_OK;
 }
+
+bool
+coord_rules_is_symptom(const char *msg)
+{
+	static const char *const seen[] = {
+		"tcp: ",                        /* the tcp transport lost its peer */
+		"remote process exited",        /* NCCL's remote error: a peer died */
+		"aborted by the coordinator",   /* stopped after another's failure */
+	};
+
+	for (size_t i = 0; i < sizeof(seen) / sizeof(seen[0]); i++)
+		if (strstr(msg, seen[i]) != NULL)
+			return true;
+	return false;
+}

@@ -2,7 +2,7 @@
  * coord_rules.h - the membership's and the registry's rules as pure
  * functions over the records (coord_records.h): who may join with which
  * ranks, which ranks of a layout no member holds, and which ranks two
- * inference instances share.  No I/O, no globals; coord.c and
+ * inference instances share; which slice failures are symptoms.  No I/O, no globals; coord.c and
  * coord_refit.c apply them, tests/unit/test_coord_rules.c checks them.
  */
 #ifndef REFIT_DAEMON_COORD_COORD_RULES_H
@@ -34,5 +34,12 @@ int32_t coord_rules_shared_rank(const plan_layout_set_t *a, const plan_layout_se
  */
 refit_status_t coord_rules_own_ranks(const model_t *m, const char *iname,
 				     const plan_layout_set_t *set, refit_err_t *err);
+
+/*
+ * Is a failed slice's message what a peer saw of another node's failure
+ * rather than a cause: its transport lost the peer (tcp, or NCCL's remote
+ * error), or the coordinator aborted it?  A refit names a cause over it.
+ */
+bool coord_rules_is_symptom(const char *msg);
 
 #endif

@@ -151,6 +151,31 @@ START_TEST(shared_rank)
 }
 END_TEST
 
+/* A peer's view of a failure is a symptom; a failure of its own is a cause
+ * (a killed nccl node's peers report NCCL's remote error: before, that
+ * named a survivor as the cause). */
+START_TEST(symptoms)
+{
+	static const struct {
+		const char *msg;
+		bool symptom;
+	} rows[] = {
+		{"tcp: recv from rank 4: connection reset by peer", true},
+		{"nccl transport: point-to-point group (rank 5): remote process exited or there "
+		 "was a network error", true},
+		{"aborted by the coordinator: node f2 failed", true},
+		{"unreachable during its slice (UNAVAILABLE)", false},
+		{"127.0.0.1:4000 RunSlice: UNAVAILABLE: Socket closed", false},
+		{"nccl transport: cudaMemcpy: out of memory (cudaError 2)", false},
+		{"", false},
+	};
+
+	for (size_t i = 0; i < NELEM(rows); i++)
+		ck_assert_msg(coord_rules_is_symptom(rows[i].msg) == rows[i].symptom, "row %zu: %s",
+			      i, rows[i].msg);
+}
+END_TEST
+
 Suite *
 suite_coord_rules(void)
 {
@@ -161,6 +186,7 @@ suite_coord_rules(void)
 	tcase_add_test(tc, unheld_rank);
 	tcase_add_test(tc, own_ranks);
 	tcase_add_test(tc, shared_rank);
+	tcase_add_test(tc, symptoms);
 	suite_add_tcase(s, tc);
 	return s;
 }
