@@ -73,7 +73,7 @@ refits_json(const coord_t *c, cJSON *arr)
 		cJSON_AddNumberToObject(o, "epoch", (double)r->epoch);
 		cJSON_AddNumberToObject(o, "mode", r->mode);
 		cJSON_AddBoolToObject(o, "verify", r->verify);
-		cJSON_AddNumberToObject(o, "state", r->state);
+		cJSON_AddNumberToObject(o, "state", refit_fsm_public(r->fsm.state));
 		cJSON_AddStringToObject(o, "plan_digest", r->plan_digest);
 		cJSON_AddNumberToObject(o, "created_unix_ms", (double)r->created_ms);
 		cJSON_AddNumberToObject(o, "finished_unix_ms", (double)r->finished_ms);
@@ -323,24 +323,28 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 	return REFIT_OK;
 }
 
-static const char *const state_names[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
-					  "FAILED", "ABORTED"};
-
 /*
  * Refit records come back as they were, except that one a crash cut short
- * is FAILED now: it never silently disappears.
+ * is FAILED now: it never silently disappears.  A state that is no
+ * RefitState is an error.
  */
-static void
-load_refits(coord_t *c, const cJSON *arr)
+static refit_status_t
+load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 {
 	const cJSON *o;
 
 	cJSON_ArrayForEach(o, arr) {
-		refit_rec_t *r = xcalloc(1, sizeof(*r));
 		const char *model = str(o, "model"), *dg = str(o, "plan_digest");
 		const char *failure = str(o, "failure"), *key = str(o, "key");
 		int st = (int)num(o, "state");
+		refit_fsm_state_t fs;
+		refit_rec_t *r;
 
+		if (refit_fsm_of_public(st, &fs, err) != REFIT_OK) {
+			refit_err_prefix(err, "refit %" PRIu64, num(o, "id"));
+			return err->status;
+		}
+		r = xcalloc(1, sizeof(*r));
 		r->id = num(o, "id");
 		r->model = xstrdup(model ? model : "");
 		r->version = num(o, "version");
@@ -353,20 +357,21 @@ load_refits(coord_t *c, const cJSON *arr)
 		snprintf(r->plan_digest, sizeof(r->plan_digest), "%s", dg ? dg : "");
 		r->key = key && key[0] ? xstrdup(key) : NULL;
 		r->failure = failure && failure[0] ? xstrdup(failure) : NULL;
-		r->state = st;
-		if (st < REFIT__V1__REFIT_STATE__COMMITTED) {
+		r->fsm.state = fs;
+		if (!refit_fsm_is(fs, REFIT_FSM_FINAL)) {
 			char msg[128];
 
 			snprintf(msg, sizeof(msg), "the coordinator restarted while the refit "
-				 "was %s", state_names[st >= 0 && st <= 2 ? st : 0]);
+				 "was %s", refit_fsm_public_name(st));
 			free(r->failure);
 			r->failure = xstrdup(msg);
-			r->state = REFIT__V1__REFIT_STATE__FAILED;
+			r->fsm.state = REFIT_FSM_FAILED;
 			r->finished_ms = (uint64_t)time(NULL) * 1000;
 			log_warnx("coordinator: refit %" PRIu64 " (%s): %s", r->id, r->model, msg);
 		}
 		VEC_PUSH(&c->refits, r);
 	}
+	return REFIT_OK;
 }
 
 refit_status_t
@@ -409,7 +414,8 @@ coord_state_load(coord_t *c, refit_err_t *err)
 			else
 				rc = load_models(c, ms, err);
 			if (rc == REFIT_OK)
-				load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"));
+				rc = load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"),
+						 err);
 		}
 		if (rc != REFIT_OK)
 			refit_err_prefix(err, "state file %s", c->state_file);

@@ -21,5 +21,7 @@ Suite *suite_conv_exec(void);
 Suite *suite_ops(void);
 Suite *suite_config(void);
 Suite *suite_node_plans(void);
+Suite *suite_refit_fsm(void);
+Suite *suite_coord_rules(void);
 
 #endif
