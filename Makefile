@@ -80,6 +80,8 @@ CODEC_SRC  := $(wildcard codec/*.c)
 DP_SRC     := $(wildcard dataplane/*.c)
 LIB_SRC    := $(COMMON_SRC) $(PLAN_SRC) $(CODEC_SRC) $(DP_SRC)
 UNIT_SRC   := $(wildcard tests/unit/*.c)
+# the node's slice executor, run over a scripted transport (test_dataplane.c)
+UNIT_DAEMON := daemon/node/slice.c
 
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))
@@ -258,7 +260,7 @@ $(BUILD)/obj/tests/unit/%.o: tests/unit/%.c
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(CHECK_CFLAGS) -c $< -o $@
 
-$(UNIT): $(call objs,$(BUILD),$(UNIT_SRC)) $(LIB)
+$(UNIT): $(call objs,$(BUILD),$(UNIT_SRC) $(UNIT_DAEMON)) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
@@ -277,7 +279,7 @@ $(ASAN_BIN): $(call objs,$(ASAN),client/refit_plan.c) $(ASAN_LIB)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(LDLIBS)
 
-$(ASAN_UNIT): $(call objs,$(ASAN),$(UNIT_SRC)) $(ASAN_LIB)
+$(ASAN_UNIT): $(call objs,$(ASAN),$(UNIT_SRC) $(UNIT_DAEMON)) $(ASAN_LIB)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(SAN_FLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 

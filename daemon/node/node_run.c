@@ -201,6 +201,7 @@ job_work(uv_work_t *w)
 	sc.deadline_ms = j->deadline_ms;
 	sc.abort = &j->abort;
 	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
+	sc.pool = j->n->pool;
 	j->rc = slice_run(&sc, &j->st, &j->err);
 	/* everything this node receives has arrived: quantize into its ranks */
 	for (size_t r = 0; cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)

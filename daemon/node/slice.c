@@ -38,6 +38,8 @@ typedef struct slice {
 	size_t *ready_i, *in_got;
 	idxvec_t work;       /* local messages ready to run */
 	uint8_t **buf;       /* per node: packed outgoing message */
+	uint64_t *out_max;   /* per node: its largest message from here (self: local) */
+	uint64_t *in_max;    /* per node: its largest message to here */
 	uint64_t out_left, in_left, local_left, sent;
 	uint64_t *stage_left;/* per stage: this node's messages not done */
 	uint32_t round;      /* rounds before it are done here: relay data freed */
@@ -377,6 +379,11 @@ collect(slice_t *s, refit_err_t *err)
 			VEC_PUSH(&s->in[f], s->msgs.n);
 			s->in_left++;
 		}
+		/* buffers are sized by what each peer really exchanges, not the bound */
+		if (f == c->self && m.bytes > s->out_max[t])
+			s->out_max[t] = m.bytes;
+		if (t == c->self && f != c->self && m.bytes > s->in_max[f])
+			s->in_max[f] = m.bytes;
 		s->stage_left[m.stage]++;
 		VEC_PUSH(&s->msgs, sm);
 	}
@@ -643,7 +650,7 @@ refit_status_t
 slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 {
 	slice_t s = {.c = c, .st = st, .t0 = now_us()};
-	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1};
+	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1, .pool = c->pool};
 	xport_peer_t *peers = xcalloc(c->nnodes, sizeof(*peers));
 	xport_session_t *sess = NULL;
 	bool any = false;
@@ -659,10 +666,18 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	s.ready_i = xcalloc(c->nnodes, sizeof(*s.ready_i));
 	s.in_got = xcalloc(c->nnodes, sizeof(*s.in_got));
 	s.buf = xcalloc(c->nnodes, sizeof(*s.buf));
+	s.out_max = xcalloc(c->nnodes, sizeof(*s.out_max));
+	s.in_max = xcalloc(c->nnodes, sizeof(*s.in_max));
 	s.stage_left = xcalloc(c->plan->nstages + 1, sizeof(*s.stage_left));
 	s.held = xcalloc(c->nnodes, sizeof(*s.held));
 	/* half the staging bytes for packed outgoing messages, the rest for
 	 * arrivals (one buffer per sending peer) and relays */
+	/* the node's pool keeps at most staging_bytes per local rank; a new
+	 * epoch empties it */
+	if (c->pool)
+		dp_pool_epoch(c->pool, c->epoch,
+			      c->plan->opts.staging_bytes * (c->nodes[c->self].nranks ?
+							     c->nodes[c->self].nranks : 1));
 	s.cap = c->plan->opts.staging_bytes / 2 / maxmsg;
 	if (s.cap < 1)
 		s.cap = 1;
@@ -674,9 +689,17 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		peers[i].endpoint = c->nodes[i].endpoint;
 		peers[i].send_to = i != c->self && s.out[i].n > 0;
 		peers[i].recv_from = i != c->self && s.in[i].n > 0;
+		peers[i].max_in_bytes = peers[i].recv_from ? s.in_max[i] + s.trail : 0;
 		any |= peers[i].send_to || peers[i].recv_from;
-		if (s.out[i].n || (i == c->self && s.local_left))
-			s.buf[i] = xmalloc(maxmsg);
+		if ((s.out[i].n || (i == c->self && s.local_left)) && c->pool) {
+			s.buf[i] = dp_pool_get(c->pool, s.out_max[i] + s.trail);
+			if (s.buf[i] == NULL)
+				rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot map a "
+						   "%" PRIu64 "-byte message buffer",
+						   s.out_max[i] + s.trail);
+		} else if (s.out[i].n || (i == c->self && s.local_left)) {
+			s.buf[i] = xmalloc(s.out_max[i] + s.trail + 1);
+		}
 	}
 	if (rc == REFIT_OK && c->xo->group) { /* grouped backend: every node takes part */
 		xport_session_cfg_t sc = {
@@ -707,7 +730,7 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		xport_session_cfg_t sc = {
 			.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers,
 			.npeers = c->nnodes, .max_msg_bytes = maxmsg,
-			.deadline_ms = c->deadline_ms, .abort = c->abort,
+			.deadline_ms = c->deadline_ms, .abort = c->abort, .pool = c->pool,
 		};
 		xport_io_t io = {&s, pull, push, done, peer_done};
 		int64_t t0 = now_us();
@@ -727,7 +750,10 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		VEC_FREE(&s.out[i]);
 		VEC_FREE(&s.in[i]);
 		VEC_FREE(&s.ready[i]);
-		free(s.buf[i]);
+		if (c->pool)
+			dp_pool_put(c->pool, s.buf[i]);
+		else
+			free(s.buf[i]);
 	}
 	free(s.out);
 	free(s.in);
@@ -735,6 +761,8 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 	free(s.ready_i);
 	free(s.in_got);
 	free(s.buf);
+	free(s.out_max);
+	free(s.in_max);
 	free(s.stage_left);
 	VEC_FREE(&s.deps);
 	VEC_FREE(&s.work);

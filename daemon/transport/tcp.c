@@ -612,7 +612,10 @@ tcp_close(xport_session_t *s)
 			close(s->out[i].fd);
 		if (s->in[i].fd >= 0)
 			close(s->in[i].fd);
-		free(s->in[i].rbuf);
+		if (s->cfg.pool)
+			dp_pool_put(s->cfg.pool, s->in[i].rbuf);
+		else
+			free(s->in[i].rbuf);
 	}
 	free(s->out);
 	free(s->in);
@@ -707,6 +710,24 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 	}
 }
 
+/* The receive buffer of c: the size of the peer's largest message, taken
+ * once per session (from the node's pool when it has one). */
+static refit_status_t
+rbuf_get(xport_session_t *s, conn_t *c, uint64_t bytes, refit_err_t *err)
+{
+	if (c->rbuf != NULL)
+		return REFIT_OK;
+	if (s->cfg.pool == NULL) {
+		c->rbuf = xmalloc(bytes ? bytes : 1);
+		return REFIT_OK;
+	}
+	c->rbuf = dp_pool_get(s->cfg.pool, bytes);
+	if (c->rbuf == NULL)
+		return refit_err_set(err, REFIT_ERR_NOMEM, "tcp: cannot map a %" PRIu64
+				     "-byte receive buffer", bytes);
+	return REFIT_OK;
+}
+
 /* Read what the incoming connection from peer i has; push whole frames. */
 static refit_status_t
 do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
@@ -745,13 +766,13 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" sent "
 						     "a bad frame (message %" PRIu64 ")",
 						     s->peers[i].node_id, c->rseq);
-			if (len > s->cfg.max_msg_bytes)
+			if (len > s->cfg.max_msg_bytes || len > s->peers[i].max_in_bytes)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" "
 						     "announced a %" PRIu64 "-byte message (at "
-						     "most %" PRIu64 ")", s->peers[i].node_id,
-						     len, s->cfg.max_msg_bytes);
-			if (c->rbuf == NULL)
-				c->rbuf = xmalloc(s->cfg.max_msg_bytes ? s->cfg.max_msg_bytes : 1);
+						     "most %" PRIu64 " in this refit)",
+						     s->peers[i].node_id, len,
+						     s->peers[i].max_in_bytes);
+			CHECK(rbuf_get(s, c, s->peers[i].max_in_bytes, err));
 			c->rlen = len;
 			c->rmsg = seq;
 		}

@@ -21,6 +21,7 @@
 #ifndef REFIT_DAEMON_TRANSPORT_H
 #define REFIT_DAEMON_TRANSPORT_H
 
+#include "dataplane/pool.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -47,6 +48,8 @@ typedef struct xport_peer {
 	const char *endpoint; /* tcp: host:port */
 	bool send_to;         /* this node sends to the peer in this refit */
 	bool recv_from;       /* ... receives from it */
+	uint64_t max_in_bytes;/* its largest message to this node in this refit (the
+				 receive buffer's size; a peer announcing more is refused) */
 } xport_peer_t;
 
 typedef struct xport_session_cfg {
@@ -56,6 +59,7 @@ typedef struct xport_session_cfg {
 	uint64_t max_msg_bytes;  /* a peer announcing more is refused */
 	int64_t deadline_ms;     /* CLOCK_MONOTONIC ms */
 	atomic_int *abort;       /* nonzero: stop at once */
+	dp_pool_t *pool;         /* host receive buffers from here (NULL: malloc) */
 } xport_session_cfg_t;
 
 /* What the executor gives an exchange: callbacks on the session's thread. */

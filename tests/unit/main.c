@@ -25,6 +25,7 @@ main(void)
 	srunner_add_suite(sr, suite_convert());
 	srunner_add_suite(sr, suite_conv_exec());
 	srunner_add_suite(sr, suite_ops());
+	srunner_add_suite(sr, suite_pool());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

@@ -19,5 +19,6 @@ Suite *suite_model(void);
 Suite *suite_convert(void);
 Suite *suite_conv_exec(void);
 Suite *suite_ops(void);
+Suite *suite_pool(void);
 
 #endif
