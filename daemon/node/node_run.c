@@ -152,7 +152,7 @@ job_work(uv_work_t *w)
 	/* conversions (docs/conversion.md): the plan moves the rewritten pair,
 	 * the wrapper converts between it and the clients' memory */
 	if (plan_convert_any(&j->dst)) {
-		if (j->n->xo->group) {
+		if (j->n->xo->memory == XPORT_MEM_DEVICE) {
 			j->rc = refit_err_set(&j->err, REFIT_ERR_UNAVAILABLE, "model \"%s\" converts "
 					      "dtypes, which the %s transport does not do yet (tcp "
 					      "does)", j->model, j->n->xo->name);

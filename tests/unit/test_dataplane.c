@@ -508,6 +508,7 @@ scr_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 		if ((size_t)x->node_of[m.from] == other && (size_t)x->node_of[m.to] == x->self)
 			VEC_PUSH(&in, m.bytes);
 	plan_msgs_fini(&it);
+	CHECK(io->begin(io->arg, err));
 	for (int round = 0; round < 100000 && !io->done(io->arg); round++) {
 		const uint8_t *b;
 		uint64_t len = 0, seq;
@@ -531,6 +532,13 @@ scr_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 	return REFIT_OK;
 }
 
+static const dp_dev_ops_t *
+scr_dev(xport_session_t *s)
+{
+	(void)s;
+	return NULL;  /* host memory */
+}
+
 static void
 scr_close(xport_session_t *s)
 {
@@ -539,8 +547,10 @@ scr_close(xport_session_t *s)
 	free(s);
 }
 
+/* the slots a slice uses (the node's are never called here) */
 static const xport_ops_t scripted = {
-	.name = "scripted", .open = scr_open, .exchange = scr_exchange, .close = scr_close,
+	.name = "scripted", .open = scr_open, .dev = scr_dev, .exchange = scr_exchange,
+	.close = scr_close,
 };
 
 /*
