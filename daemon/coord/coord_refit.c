@@ -366,8 +366,6 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 	if (st != REFIT_OK) {
 		char buf[REFIT_ERR_MSG_MAX];
 		bool symptom = strstr(msg, "tcp: ") != NULL || /* the transport saw it */
-			       /* ncclRemoteError: a peer of the group died or left */
-			       strstr(msg, "remote process exited") != NULL ||
 			       strstr(msg, "aborted by the coordinator") != NULL;
 
 		snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", node, msg);
