@@ -93,6 +93,8 @@ UNIT_DAEMON_SRC += daemon/node/node_plans.c rpc/proto_conv.c gen/refit.pb-c.c
 UNIT_LIBS  := $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
 # the refit state machine and the coordinator's rules (test_refit_fsm.c, test_coord_rules.c)
 UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
+# the node's slice executor, run over a scripted transport (test_dataplane.c)
+UNIT_DAEMON_SRC += daemon/node/slice.c
 
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))

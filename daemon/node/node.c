@@ -48,6 +48,7 @@ node_maybe_free(node_t *n)
 	node_local_stop(n);
 	if (n->x)
 		n->xo->stop(n->x);
+	dp_pool_free(n->pool);
 	world_clear(n);
 	VEC_FREE(&n->world);
 	free(n->coordinator);
@@ -262,8 +263,10 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	n->prepared_epoch = rq->epoch;
 	memcpy(n->token, rq->token.data, rq->token.len);
 	n->token_len = rq->token.len;
-	if (changed)
+	if (changed) {
 		n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
+		dp_pool_epoch(n->pool, rq->epoch, 0); /* idle buffers go now */
+	}
 	if (n->xo->set_world) {
 		VEC(int32_t) all = {0};
 		xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
@@ -319,6 +322,10 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->test_fail_commit = o->test_fail_commit;
 	n->test_hold_run_ms = o->test_hold_run_ms;
+	/* the data plane's buffers, kept across refits of an epoch; slices raise
+	 * the bound to their staging_bytes per local rank; relay parts under
+	 * 64 KiB come from the heap */
+	n->pool = dp_pool_new(0, (uint64_t)64 << 10, DP_POOL_HUGE);
 	n->closing = true; /* until started: node_maybe_free frees */
 	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
 	if (n->xo == NULL) {

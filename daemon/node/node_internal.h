@@ -142,6 +142,7 @@ struct node {
 	/* data plane */
 	const xport_ops_t *xo;
 	xport_t *x;
+	dp_pool_t *pool;              /* buffers of the tcp slices (dataplane/pool.h) */
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
 	char *local_path;

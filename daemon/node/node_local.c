@@ -546,7 +546,7 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 		seg_t sg = {xstrdup("(CUDA IPC)"), NULL, pm->cuda_bytes, true};
 		void *b = NULL;
 
-		if (n->xo->mem_open == NULL) {
+		if (n->xo->memory != XPORT_MEM_DEVICE) {
 			free(sg.name);
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
 					     "GPU memory (a CUDA IPC handle) needs the nccl "
@@ -563,7 +563,7 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 		sg.base = b;
 		VEC_PUSH(&c->segs, sg);
 		seg = &c->segs.v[c->segs.n - 1];
-	} else if (n->xo->mem_open != NULL) {
+	} else if (n->xo->memory == XPORT_MEM_DEVICE) {
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: the %s "
 				     "transport moves GPU memory: give a CUDA IPC handle, not "
 				     "shared memory", l->name, pm->rank, n->xo->name);

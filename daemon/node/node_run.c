@@ -153,7 +153,7 @@ job_work(uv_work_t *w)
 	/* conversions (docs/conversion.md): the plan moves the rewritten pair,
 	 * the wrapper converts between it and the clients' memory */
 	if (plan_convert_any(&j->dst)) {
-		if (j->n->xo->group) {
+		if (j->n->xo->memory == XPORT_MEM_DEVICE) {
 			j->rc = refit_err_set(&j->err, REFIT_ERR_UNAVAILABLE, "model \"%s\" converts "
 					      "dtypes, which the %s transport does not do yet (tcp "
 					      "does)", j->model, j->n->xo->name);
@@ -202,6 +202,7 @@ job_work(uv_work_t *w)
 	sc.deadline_ms = j->deadline_ms;
 	sc.abort = &j->abort;
 	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
+	sc.pool = j->n->pool;
 	j->rc = slice_run(&sc, &j->st, &j->err);
 	/* everything this node receives has arrived: quantize into its ranks */
 	for (size_t r = 0; cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
