@@ -207,14 +207,30 @@ h_nccl_id(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 
 	(void)msg;
 	refit_err_clear(&err);
-	if (n->xo->unique_id == NULL)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: NcclId: this node "
-				     "uses the %s transport", n->node_id, n->xo->name);
 	if (n->xo->unique_id(n->x, id, &len, &err) != REFIT_OK)
 		return rpc_call_fail(call, err.status, "node %s: %s", n->node_id, err.msg);
 	rsp.nccl_unique_id.data = id;
 	rsp.nccl_unique_id.len = len;
 	rpc_call_reply(call, &rsp.base);
+}
+
+/* Hand the epoch's world (every member's ranks, sorted, and the NCCL unique id
+ * when the coordinator sent one) to the transport; tcp keeps nothing of it. */
+static void
+world_tell(node_t *n, const Refit__V1__PrepareEpochRequest *rq)
+{
+	VEC(int32_t) all = {0};
+	xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
+			   rq->nccl_unique_id.data, rq->nccl_unique_id.len};
+
+	for (size_t i = 0; i < n->world.n; i++)
+		for (size_t k = 0; k < n->world.v[i].nranks; k++)
+			VEC_PUSH(&all, n->world.v[i].ranks[k]);
+	xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
+	w.ranks = all.v;
+	w.nranks = all.n;
+	n->xo->set_world(n->x, &w);
+	VEC_FREE(&all);
 }
 
 static void
@@ -267,20 +283,7 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
 		dp_pool_epoch(n->pool, rq->epoch, 0); /* idle buffers go now */
 	}
-	if (n->xo->set_world) {
-		VEC(int32_t) all = {0};
-		xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
-				   rq->nccl_unique_id.data, rq->nccl_unique_id.len};
-
-		for (size_t i = 0; i < n->world.n; i++)
-			for (size_t k = 0; k < n->world.v[i].nranks; k++)
-				VEC_PUSH(&all, n->world.v[i].ranks[k]);
-		xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
-		w.ranks = all.v;
-		w.nranks = all.n;
-		n->xo->set_world(n->x, &w);
-		VEC_FREE(&all);
-	}
+	world_tell(n, rq);
 	rsp.epoch = rq->epoch;
 	rsp.micros = (uv_hrtime() - t0) / 1000;
 	log_info("node %s: epoch %" PRIu64 " prepared", n->node_id, rq->epoch);
