@@ -735,9 +735,11 @@ local_layouts(client_t *c, const Refit__V1__LocalRegisterRequest *rq,
 }
 
 /*
- * RegisterClient: the node checks what only it can (the process, its own
- * ranks' memory), then forwards the layouts as the client sent them, as
- * received, with its member id; the coordinator checks the registration.
+ * RegisterClient: the node checks what only it can (the install mode, the
+ * process, its own ranks' memory), then forwards the layouts as the client
+ * sent them, with its member id; the coordinator checks the registration
+ * (the model's name, the role, the layouts against each other and the
+ * members).  Errors from there come back prefixed "register model ...".
  */
 static void
 h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
@@ -750,25 +752,21 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	regjob_t *j;
 	refit_err_t err;
 
+	/* the model's name and the role are the coordinator's to check */
 	refit_err_clear(&err);
-	if (rq->model == NULL || !rq->model[0])
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register: model is empty");
-	if (rq->role != REFIT__V1__ROLE__TRAIN && rq->role != REFIT__V1__ROLE__INFER)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": role must be "
-				     "TRAIN or INFER", rq->model);
 	if (rq->install != REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER &&
 	    rq->install != REFIT__V1__INSTALL_MODE__IN_PLACE)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": unknown "
-				     "install mode %d", rq->model, (int)rq->install);
+				     "install mode %d", nz(rq->model), (int)rq->install);
 	if (rq->pid == 0 || kill((pid_t)rq->pid, 0) < 0)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": pid %u is "
-				     "not a running process", rq->model, rq->pid);
+				     "not a running process", nz(rq->model), rq->pid);
 	if (n->member_id == 0)
 		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "register \"%s\": node %s has "
-				     "not joined the coordinator yet: retry", rq->model,
+				     "not joined the coordinator yet: retry", nz(rq->model),
 				     n->node_id);
 	c = xcalloc(1, sizeof(*c));
-	c->model = xstrdup(rq->model);
+	c->model = xstrdup(nz(rq->model));
 	c->instance = xstrdup(nz(rq->instance));
 	c->role = (int)rq->role;
 	c->install = (int)rq->install;
@@ -780,7 +778,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (local_layouts(c, rq, tl, &err) == REFIT_OK)
 		check_memory(n, c, rq, &err);
 	if (err.status != REFIT_OK) {
-		rpc_call_fail(call, err.status, "register \"%s\": %s", rq->model, err.msg);
+		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
 		client_free(c);
 		free(tl);
 		return;
@@ -800,7 +798,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 			   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw.base,
 			   CALL_MS, on_registered, j, &err) != REFIT_OK) {
-		rpc_call_fail(call, err.status, "register \"%s\": %s", rq->model, err.msg);
+		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
 		client_free(c);
 		free(j);
 	} else {
