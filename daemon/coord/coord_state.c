@@ -27,39 +27,6 @@
 
 #define STATE_VERSION 1
 
-static cJSON *
-layouts_json(const plan_layout_set_t *s)
-{
-	strbuf_t sb;
-	cJSON *arr;
-
-	strbuf_init(&sb);
-	strbuf_puts(&sb, "[");
-	for (size_t i = 0; i < s->n; i++) {
-		const plan_layout_t *l = &s->v[i];
-
-		strbuf_puts(&sb, i ? ",{\"name\":" : "{\"name\":");
-		strbuf_json_str(&sb, l->name);
-		strbuf_printf(&sb, ",\"dtype\":\"%s\",\"shape\":", plan_dtype_name(l->dtype));
-		strbuf_i64_list(&sb, l->shape, l->ndim);
-		codec_convert_json(l, &sb);
-		strbuf_puts(&sb, ",\"shards\":[");
-		for (size_t k = 0; k < l->nshards; k++) {
-			strbuf_printf(&sb, "%s{\"rank\":%d,\"offset\":", k ? "," : "",
-				      l->shards[k].rank);
-			strbuf_i64_list(&sb, l->shards[k].box.off, l->ndim);
-			strbuf_puts(&sb, ",\"size\":");
-			strbuf_i64_list(&sb, l->shards[k].box.size, l->ndim);
-			strbuf_puts(&sb, "}");
-		}
-		strbuf_puts(&sb, "]}");
-	}
-	strbuf_puts(&sb, "]");
-	arr = cJSON_Parse(sb.s);
-	strbuf_fini(&sb);
-	return arr;
-}
-
 static void
 refits_json(const coord_t *c, cJSON *arr)
 {
@@ -114,7 +81,7 @@ state_text(const coord_t *c)
 						"train" : "infer");
 			cJSON_AddNumberToObject(io, "member_id", (double)in->member_id);
 			cJSON_AddStringToObject(io, "digest", in->digest);
-			cJSON_AddItemToObject(io, "tensors", layouts_json(&in->layouts));
+			cJSON_AddItemToObject(io, "tensors", codec_layouts_tree(&in->layouts));
 			cJSON_AddItemToArray(insts, io);
 		}
 		cJSON_AddItemToArray(models, mo);
@@ -220,10 +187,7 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 {
 	const char *name = str(io, "name"), *role = str(io, "role"), *dg = str(io, "digest");
 	const cJSON *t = cJSON_GetObjectItemCaseSensitive(io, "tensors");
-	cJSON *wrap;
-	char *text;
 	instance_t in;
-	refit_status_t rc;
 
 	uint64_t mid;
 	char where[300];
@@ -243,14 +207,7 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 					     where);
 	memset(&in, 0, sizeof(in));
 	plan_layout_set_init(&in.layouts);
-	wrap = cJSON_CreateObject();
-	cJSON_AddItemReferenceToObject(wrap, "tensors", (cJSON *)t);
-	text = cJSON_PrintUnformatted(wrap);
-	cJSON_Delete(wrap);
-	rc = codec_layouts_parse(text, strlen(text), &in.layouts, NULL, err);
-	cJSON_free(text);
-	if (rc != REFIT_OK)
-		return rc;
+	CHECK(codec_layouts_from_tree(t, &in.layouts, err));
 	conv_layouts_digest(&in.layouts, in.digest);
 	if (strcmp(in.digest, dg) != 0) {
 		plan_layout_set_fini(&in.layouts);

@@ -44,6 +44,13 @@ typedef struct client {
 	bool polling;
 	plan_layout_set_t layouts;
 	char digest[SHA256_HEX_LEN];
+	/*
+	 * The RegisterLayout request forwarded to the coordinator (the
+	 * client's layouts as it sent them), packed with member_id 0: sent
+	 * again when the node joins again, with no struct round trip.
+	 */
+	uint8_t *reg;
+	size_t reg_len;
 	VEC(seg_t) segs;
 	VEC(piece_mem_t) mem;
 	/* state */
