@@ -263,6 +263,8 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		fprintf(stderr, "bench: %s\n", e.msg);
 		exit(1);
 	}
+	const char *only = getenv("BENCH_CURVE_DP"); /* one inference dp alone */
+
 	for (int i = 0; i < n; i++) {
 		plan_par_t pt, pi;
 		plan_layout_set_t s, d;
@@ -273,6 +275,8 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		char inf[64];
 		double t0;
 
+		if (only && atoi(only) != dps[i])
+			continue;
 		snprintf(inf, sizeof(inf), "%s,dp%d", tp, dps[i]);
 		plan_layout_set_init(&s);
 		plan_layout_set_init(&d);

@@ -207,7 +207,7 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 				 x->from != p->xfers[i - 1].from || x->to != p->xfers[i - 1].to;
 
 		if (b > chunk) {
-			n = plan_box_chunk_count(&x->box, t->ndim, t->elem, chunk);
+			n = plan_box_chunk_count(plan_xfer_box(p, x), t->ndim, t->elem, chunk);
 			fill_bytes = chunk + 1;
 		} else if (new_group || fill_bytes + b > chunk) {
 			n = 1;

@@ -27,15 +27,30 @@
 
 #include "plan/internal.h"
 
-typedef struct work {
+/*
+ * A piece: one box of one source group's data, stored once however many
+ * domains need it (they form its run).  Work items, one per (domain,
+ * piece), are 20 bytes: a 2,048-rank plan has over ten million.
+ */
+typedef struct piece {
 	plan_box_t box;
 	uint64_t bytes;
-	uint32_t tensor, seq;
-	int32_t domain;
+	uint32_t tensor;
 	uint32_t h0, nh;  /* holders in the arena */
+} piece_t;
+
+typedef struct work {
+	uint32_t piece;
+	int32_t domain;
 	uint32_t n0, nn;  /* ranks needing it, in the arena */
 	bool local;
 } work_t;
+
+/* Pieces by (holders, box): open addressing, slot = piece index + 1. */
+typedef struct pieceidx {
+	uint32_t *slot;
+	size_t cap;
+} pieceidx_t;
 
 typedef struct loads {
 	uint64_t *net_send, *net_recv, *nvl_send, *nvl_recv; /* per rank id */
@@ -65,6 +80,8 @@ typedef struct reshard {
 	const plan_topo_t *topo;
 	const plan_opts_t *opts;
 	VEC(work_t) work;
+	VEC(piece_t) pieces;
+	pieceidx_t pidx;
 	i32vec_t arena;
 	uint32_t *group_off;  /* per source group of the current tensor */
 	loads_t ld;
@@ -97,31 +114,93 @@ typedef struct reshard {
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
 } reshard_t;
 
+static inline const piece_t *
+pc(const reshard_t *rs, const work_t *w)
+{
+	return &rs->pieces.v[w->piece];
+}
+
+static uint64_t
+piece_hash(uint32_t h0, const plan_box_t *b)
+{
+	uint64_t h = h0 * 0x9e3779b97f4a7c15ull;
+
+	for (int d = 0; d < PLAN_MAX_DIMS; d++) {
+		h = (h ^ (uint64_t)b->off[d]) * 0xff51afd7ed558ccdull;
+		h = (h ^ (uint64_t)b->size[d]) * 0xc4ceb9fe1a85ec53ull;
+	}
+	return h ^ (h >> 29);
+}
+
+static size_t
+piece_slot(const reshard_t *rs, uint32_t h0, const plan_box_t *b)
+{
+	const pieceidx_t *ix = &rs->pidx;
+	size_t i = (size_t)piece_hash(h0, b) & (ix->cap - 1);
+
+	for (;; i = (i + 1) & (ix->cap - 1)) {
+		const piece_t *p;
+
+		if (ix->slot[i] == 0)
+			return i;
+		p = &rs->pieces.v[ix->slot[i] - 1];
+		if (p->h0 == h0 && memcmp(&p->box, b, sizeof(*b)) == 0)
+			return i;
+	}
+}
+
+/* The piece (holders h0, box b), added when new. */
+static uint32_t
+piece_of(reshard_t *rs, uint32_t h0, uint32_t nh, uint32_t tensor, const plan_box_t *b,
+	 uint64_t bytes)
+{
+	pieceidx_t *ix = &rs->pidx;
+	size_t i;
+
+	if (2 * (rs->pieces.n + 1) > ix->cap) {
+		pieceidx_t old = *ix;
+
+		ix->cap = ix->cap ? ix->cap * 2 : 4096;
+		ix->slot = xcalloc(ix->cap, sizeof(*ix->slot));
+		for (size_t k = 0; k < old.cap; k++)
+			if (old.slot[k] != 0) {
+				const piece_t *p = &rs->pieces.v[old.slot[k] - 1];
+
+				ix->slot[piece_slot(rs, p->h0, &p->box)] = old.slot[k];
+			}
+		free(old.slot);
+	}
+	i = piece_slot(rs, h0, b);
+	if (ix->slot[i] == 0) {
+		piece_t p = {.box = *b, .bytes = bytes, .tensor = tensor, .h0 = h0, .nh = nh};
+
+		VEC_PUSH(&rs->pieces, p);
+		ix->slot[i] = (uint32_t)rs->pieces.n;
+	}
+	return ix->slot[i] - 1;
+}
+
 static void
 on_item(void *ctx, const needs_item_t *it)
 {
 	reshard_t *rs = ctx;
 	const plan_layout_t *t = &rs->dst->v[it->tensor];
 	const srcgroup_t *g = &it->src->g[it->group];
-	work_t w = {
-		.box = *it->box, .tensor = it->tensor, .domain = it->domain,
-		.seq = (uint32_t)rs->work.n, .nh = g->nh, .nn = it->nneed,
-		.local = it->local,
-	};
+	work_t w = {.domain = it->domain, .nn = it->nneed, .local = it->local};
+	uint64_t bytes = (uint64_t)plan_box_volume(it->box, t->ndim) *
+			 plan_dtype_size(t->dtype);
 
-	w.bytes = (uint64_t)plan_box_volume(it->box, t->ndim) *
-		  plan_dtype_size(t->dtype);
 	if (!it->local) {
-		rs->dom_in[it->domain] += w.bytes;
+		rs->dom_in[it->domain] += bytes;
 		for (uint32_t k = 0; k < it->nneed; k++)
-			rs->own_in[plan_topo_nic(rs->topo, it->need[k])] += w.bytes / it->nneed;
+			rs->own_in[plan_topo_nic(rs->topo, it->need[k])] += bytes / it->nneed;
 	}
 	if (rs->group_off[it->group] == UINT32_MAX) {
 		rs->group_off[it->group] = (uint32_t)rs->arena.n;
 		for (uint32_t k = 0; k < g->nh; k++)
 			VEC_PUSH(&rs->arena, it->src->holders[g->h0 + k]);
 	}
-	w.h0 = rs->group_off[it->group];
+	w.piece = piece_of(rs, rs->group_off[it->group], g->nh, it->tensor, it->box, bytes);
 	w.n0 = (uint32_t)rs->arena.n;
 	for (uint32_t k = 0; k < it->nneed; k++)
 		VEC_PUSH(&rs->arena, it->need[k]);
@@ -147,10 +226,10 @@ least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t
 static uint32_t
 holder_domains(const reshard_t *rs, const work_t *w)
 {
-	const int32_t *h = rs->arena.v + w->h0;
+	const int32_t *h = rs->arena.v + pc(rs, w)->h0;
 	uint32_t n = 0;
 
-	for (uint32_t k = 0; k < w->nh; k++) {
+	for (uint32_t k = 0; k < pc(rs, w)->nh; k++) {
 		bool seen = false;
 
 		for (uint32_t j = 0; j < k && !seen; j++)
@@ -330,7 +409,7 @@ static bool
 relay_ok(const reshard_t *rs, int32_t rank, bool dst_ok)
 {
 	const relays_t *m = &rs->relayed;
-	uint32_t t = rs->cur_w->tensor;
+	uint32_t t = pc(rs, rs->cur_w)->tensor;
 	int nd = rs->dst->v[t].ndim;
 	uint64_t key = ((uint64_t)t << 32 | (uint32_t)rank) + 1;
 	size_t i;
@@ -354,7 +433,7 @@ static void
 relay_note(reshard_t *rs, int32_t rank)
 {
 	relays_t *m = &rs->relayed;
-	uint64_t key = ((uint64_t)rs->cur_w->tensor << 32 | (uint32_t)rank) + 1;
+	uint64_t key = ((uint64_t)pc(rs, rs->cur_w)->tensor << 32 | (uint32_t)rank) + 1;
 	relrec_t r = {rs->cur_box, UINT32_MAX};
 	size_t i;
 
@@ -401,24 +480,24 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b)
 static void
 assign_local(reshard_t *rs, const work_t *w)
 {
-	const int32_t *h = rs->arena.v + w->h0, *need = rs->arena.v + w->n0;
-	int32_t *in_dom = xmalloc(w->nh * sizeof(*in_dom));
-	uint32_t nin = 0, bid = box_add(rs, &w->box);
+	const int32_t *h = rs->arena.v + pc(rs, w)->h0, *need = rs->arena.v + w->n0;
+	int32_t *in_dom = xmalloc(pc(rs, w)->nh * sizeof(*in_dom));
+	uint32_t nin = 0, bid = box_add(rs, &pc(rs, w)->box);
 
-	for (uint32_t k = 0; k < w->nh; k++)
+	for (uint32_t k = 0; k < pc(rs, w)->nh; k++)
 		if (plan_topo_domain(rs->topo, h[k]) == w->domain)
 			in_dom[nin++] = h[k];
 	for (uint32_t k = 0; k < w->nn; k++) {
 		int32_t n = need[k], s;
 
-		if (xbsearch(&n, h, w->nh, sizeof(*h), cmp_i32v) != NULL) {
-			emit(rs, 0, n, n, w->tensor, bid);
+		if (xbsearch(&n, h, pc(rs, w)->nh, sizeof(*h), cmp_i32v) != NULL) {
+			emit(rs, 0, n, n, pc(rs, w)->tensor, bid);
 			continue;
 		}
 		s = least(in_dom, nin, rs->ld.nvl_send);
-		rs->ld.nvl_send[s] += w->bytes;
-		rs->ld.nvl_recv[n] += w->bytes;
-		emit(rs, 0, s, n, w->tensor, bid);
+		rs->ld.nvl_send[s] += pc(rs, w)->bytes;
+		rs->ld.nvl_recv[n] += pc(rs, w)->bytes;
+		emit(rs, 0, s, n, pc(rs, w)->tensor, bid);
 	}
 	free(in_dom);
 }
@@ -437,22 +516,22 @@ part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 
 	if (min_part < (64u << 10))
 		min_part = 64u << 10;
-	cap = (int64_t)(w->bytes / min_part);
+	cap = (int64_t)(pc(rs, w)->bytes / min_part);
 	if (want > cap)
 		want = cap;
 	if (want < 2 || ndim == 0)
 		return 1;
 	for (int d = 0; d < ndim; d++) {
-		if (w->box.size[d] >= want) {
+		if (pc(rs, w)->box.size[d] >= want) {
 			*dim = d;
 			return want;
 		}
 	}
 	*dim = 0;
 	for (int d = 1; d < ndim; d++)
-		if (w->box.size[d] > w->box.size[*dim])
+		if (pc(rs, w)->box.size[d] > pc(rs, w)->box.size[*dim])
 			*dim = d;
-	return w->box.size[*dim];
+	return pc(rs, w)->box.size[*dim];
 }
 
 /* How a piece reached a domain: its parts, who took each in and when. */
@@ -560,9 +639,9 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	int32_t best, g;
 
 	if (npool == 0) {
-		const int32_t *h = rs->arena.v + w->h0;
+		const int32_t *h = rs->arena.v + pc(rs, w)->h0;
 
-		best = least_nic(t, h, w->nh, rs->ld.net_send);
+		best = least_nic(t, h, pc(rs, w)->nh, rs->ld.net_send);
 		/* a piece other domains need too would reach the helper twice */
 		g = helper_of(rs, plan_topo_domain(t, best), best, b, false);
 		*stage = g != best;
@@ -595,7 +674,7 @@ copy:
 	relay_note(rs, g);
 	rs->ld.nvl_send[best] += b;
 	rs->ld.nvl_recv[g] += b;
-	emit(rs, *stage - 1, best, g, w->tensor, rs->cur_box);
+	emit(rs, *stage - 1, best, g, pc(rs, w)->tensor, rs->cur_box);
 	return g;
 }
 
@@ -609,7 +688,7 @@ static void
 assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	       const served_t *like, served_t *out)
 {
-	const plan_layout_t *t = &rs->dst->v[w->tensor];
+	const plan_layout_t *t = &rs->dst->v[pc(rs, w)->tensor];
 	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
 
@@ -622,9 +701,9 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		out->np = part_count(rs, w, t->ndim, &dim);
 		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
 		if (out->np == 1)
-			out->parts[0] = w->box;
+			out->parts[0] = pc(rs, w)->box;
 		else
-			plan_box_split(&w->box, dim, out->np, out->parts);
+			plan_box_split(&pc(rs, w)->box, dim, out->np, out->parts);
 		out->box0 = (uint32_t)rs->boxes->n;
 		for (int64_t p = 0; p < out->np; p++)
 			box_add(rs, &out->parts[p]);
@@ -651,13 +730,13 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
 		out->recv[p] = r;
 		out->at[p] = stage;
-		emit(rs, stage, s, r, w->tensor, rs->cur_box);
+		emit(rs, stage, s, r, pc(rs, w)->tensor, rs->cur_box);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
 				continue;
 			rs->ld.nvl_send[r] += b;
 			rs->ld.nvl_recv[need[k]] += b;
-			emit(rs, stage + 1, r, need[k], w->tensor, rs->cur_box);
+			emit(rs, stage + 1, r, need[k], pc(rs, w)->tensor, rs->cur_box);
 		}
 	}
 }
@@ -671,7 +750,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
  * first rotates from run to run so no domain relays everything.
  */
 static void
-assign_relayed(reshard_t *rs, const size_t *run, size_t k)
+assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 {
 	served_t *sv = xcalloc(k, sizeof(*sv));
 	size_t nh = holder_domains(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
@@ -696,55 +775,35 @@ assign_relayed(reshard_t *rs, const size_t *run, size_t k)
 	free(sv);
 }
 
-/* Order of network pieces by source group and box, to find runs. */
-static int
-cmp_piece(const void *a, const void *b, void *ctx)
-{
-	const work_t *v = ctx, *x = &v[*(const size_t *)a], *y = &v[*(const size_t *)b];
-	int c;
-
-	if (x->h0 != y->h0)
-		return x->h0 < y->h0 ? -1 : 1;
-	c = plan_box_cmp(&x->box, &y->box, PLAN_MAX_DIMS);
-	if (c)
-		return c;
-	return (x->seq > y->seq) - (x->seq < y->seq);
-}
-
 /*
- * For every network piece, the first index of its run (same source group,
- * same box, other domains) in *run_of, and runs laid out in *runs; a run
- * is relayed when it has more domains than holders.
+ * Runs: the network work items of each piece (same source group, same
+ * box, other domains), in creation order, laid out piece by piece in
+ * *runs_out; run_off / run_len per piece.  A run is relayed when it has
+ * more domains than holders.
  */
 static void
-find_runs(reshard_t *rs, size_t **runs_out, size_t **start_out, size_t **len_out)
+find_runs(reshard_t *rs, uint32_t **runs_out, uint32_t **off_out, uint32_t **len_out)
 {
-	size_t n = rs->work.n, m = 0;
-	size_t *idx = xmalloc((n ? n : 1) * sizeof(*idx));
-	size_t *start = xmalloc((n ? n : 1) * sizeof(*start));
-	size_t *len = xcalloc(n ? n : 1, sizeof(*len));
+	size_t n = rs->work.n, np = rs->pieces.n;
+	uint32_t *len = xcalloc(np ? np : 1, sizeof(*len));
+	uint32_t *off = xmalloc((np ? np : 1) * sizeof(*off));
+	uint32_t *fill = xmalloc((np ? np : 1) * sizeof(*fill));
+	uint32_t *runs, m = 0;
 
 	for (size_t i = 0; i < n; i++)
 		if (!rs->work.v[i].local)
-			idx[m++] = i;
-	if (m > 1)
-		qsort_r(idx, m, sizeof(*idx), cmp_piece, rs->work.v);
-	for (size_t i = 0; i < n; i++)
-		start[i] = SIZE_MAX;
-	for (size_t i = 0; i < m;) {
-		size_t j = i;
-		const work_t *w = &rs->work.v[idx[i]];
-
-		while (j < m && rs->work.v[idx[j]].h0 == w->h0 &&
-		       plan_box_equal(&rs->work.v[idx[j]].box, &w->box, PLAN_MAX_DIMS))
-			j++;
-		for (size_t k = i; k < j; k++)
-			start[idx[k]] = i;
-		len[i] = j - i;
-		i = j;
+			len[rs->work.v[i].piece]++;
+	for (size_t p = 0; p < np; p++) {
+		off[p] = fill[p] = m;
+		m += len[p];
 	}
-	*runs_out = idx;
-	*start_out = start;
+	runs = xmalloc((m ? m : 1) * sizeof(*runs));
+	for (size_t i = 0; i < n; i++)
+		if (!rs->work.v[i].local)
+			runs[fill[rs->work.v[i].piece]++] = (uint32_t)i;
+	free(fill);
+	*runs_out = runs;
+	*off_out = off;
 	*len_out = len;
 }
 
@@ -882,25 +941,31 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		uint64_t max = 0;
 
 		for (size_t i = 0; i < rs.work.n; i++)
-			max = rs.work.v[i].bytes > max ? rs.work.v[i].bytes : max;
+			max = pc(&rs, &rs.work.v[i])->bytes > max ? pc(&rs, &rs.work.v[i])->bytes : max;
 		for (size_t i = 0; i < rs.work.n; i++)
-			k[i] = (xkey_t){max - rs.work.v[i].bytes, (uint32_t)i};
+			k[i] = (xkey_t){max - pc(&rs, &rs.work.v[i])->bytes, (uint32_t)i};
 		plan_radix_sort(k, rs.work.n, plan_bits_for(max));
-		size_t *runs, *start, *len;
+		uint32_t *order = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*order));
 
-		find_runs(&rs, &runs, &start, &len);
+		for (size_t i = 0; i < rs.work.n; i++)
+			order[i] = k[i].idx;
+		free(k);
+		uint32_t *runs, *run_off, *run_len;
+
+		find_runs(&rs, &runs, &run_off, &run_len);
 		for (size_t i = 0; i < rs.work.n; i++) {
-			size_t wi = k[i].idx, st = start[wi];
-			const work_t *w = &rs.work.v[wi];
+			const work_t *w = &rs.work.v[order[i]];
+			uint32_t *len = &run_len[w->piece];
 			served_t one;
 
 			unit_begin(&rs);
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (len[st] > 1) {
-				assign_relayed(&rs, runs + st, len[st]); /* the whole run */
-				len[st] = 0;
-			} else if (len[st] != 0) {
+			} else if (*len > 1) {
+				/* the whole run */
+				assign_relayed(&rs, runs + run_off[w->piece], *len);
+				*len = 0;
+			} else if (*len != 0) {
 				assign_network(&rs, w, NULL, 0, NULL, &one);
 				served_fini(&one);
 			}
@@ -908,11 +973,13 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		}
 		*stages_per_round = number_stages(&rs);
 		free(runs);
-		free(start);
-		free(len);
-		free(k);
+		free(run_off);
+		free(run_len);
+		free(order);
 	}
 	VEC_FREE(&rs.work);
+	VEC_FREE(&rs.pieces);
+	free(rs.pidx.slot);
 	VEC_FREE(&rs.arena);
 	VEC_FREE(&rs.unit);
 	free(rs.round_of);

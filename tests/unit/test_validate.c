@@ -54,7 +54,10 @@ revalidate(vx_t *x, plan_xfer_t *raw, size_t n)
 	memset(&q, 0, sizeof(q));
 	plan_init_tensors(&q, &x->d, &x->p.opts);
 	q.stages_per_round = x->p.stages_per_round;
-	plan_finalize(&q, copy_of(raw, n), n);
+	plan_box_t *boxes = xmalloc((x->p.nboxes ? x->p.nboxes : 1) * sizeof(*boxes));
+
+	memcpy(boxes, x->p.boxes, x->p.nboxes * sizeof(*boxes));
+	plan_finalize(&q, copy_of(raw, n), n, boxes, x->p.nboxes);
 	refit_err_clear(&e);
 	ck_assert_int_eq(plan_validate(&q, &x->s, &x->d, &chk, &e), REFIT_ERR_INTERNAL);
 	plan_fini(&q);
@@ -150,7 +153,7 @@ START_TEST(out_of_bounds_box)
 
 	setup(&x, PLAN_MODE_RESHARD);
 	v = copy_xfers(&x, 0);
-	v[0].box.size[1] = 9;
+	x.p.boxes[v[0].box].size[1] = 9;
 	ck_assert_ptr_nonnull(strstr(revalidate(&x, v, x.p.nxfers),
 				     "box is empty or out of bounds"));
 	free(v);
