@@ -299,8 +299,9 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 			fprintf(stderr, "bench: %s\n", e.msg);
 			exit(1);
 		}
-		printf("%-12s %-12s %-12s %6d %10zu %8.2f %9.0f\n", model, train, inf, t.nranks,
-		       p.nxfers, cpu_now() - t0, (double)peak_kb() / 1024.0);
+		printf("%-12s %-12s %-12s %6d %10zu %8.2f %9.0f  %.12s\n", model, train, inf,
+		       t.nranks, p.nxfers, cpu_now() - t0, (double)peak_kb() / 1024.0,
+		       p.digest_hex);
 		fflush(stdout);
 		plan_fini(&p);
 		plan_topo_fini(&t);
@@ -348,8 +349,8 @@ scaling:;
 
 	printf("\nscaling curve (reshard; plan_s = CPU seconds of plan_build, peak_MiB = "
 	       "process peak RSS)\n");
-	printf("%-12s %-12s %-12s %6s %10s %8s %9s\n", "model", "train", "infer", "ranks",
-	       "transfers", "plan_s", "peak_MiB");
+	printf("%-12s %-12s %-12s %6s %10s %8s %9s  %s\n", "model", "train", "infer", "ranks",
+	       "transfers", "plan_s", "peak_MiB", "digest");
 	curve("deepseek-v3", "pp16,ep16", "tp32", ds, 3);
 	if (!getenv("BENCH_QUICK"))
 		curve("kimi-k2", "pp16,ep64", "tp16", kimi, 3);

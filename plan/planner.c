@@ -80,6 +80,7 @@ typedef struct reshard {
 	const plan_topo_t *topo;
 	const plan_opts_t *opts;
 	VEC(work_t) work;
+	i32vec_t scratch;     /* assign_local's */
 	VEC(piece_t) pieces;
 	pieceidx_t pidx;
 	i32vec_t arena;
@@ -110,6 +111,8 @@ typedef struct reshard {
 	uint8_t *busy;        /* per rank: holds or needs something */
 	uint8_t *hop_in, *hop_out; /* per domain */
 	relays_t relayed;     /* what each rank received as relay data */
+	int32_t *nic_dom;     /* per NIC: the domain of its ranks (-1: several) */
+	uint64_t *dom_gen, all_gen; /* send generations (send_gen) */
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
 } reshard_t;
@@ -481,8 +484,11 @@ static void
 assign_local(reshard_t *rs, const work_t *w)
 {
 	const int32_t *h = rs->arena.v + pc(rs, w)->h0, *need = rs->arena.v + w->n0;
-	int32_t *in_dom = xmalloc(pc(rs, w)->nh * sizeof(*in_dom));
+	int32_t *in_dom;
 	uint32_t nin = 0, bid = box_add(rs, &pc(rs, w)->box);
+
+	VEC_RESERVE(&rs->scratch, pc(rs, w)->nh);
+	in_dom = rs->scratch.v;
 
 	for (uint32_t k = 0; k < pc(rs, w)->nh; k++)
 		if (plan_topo_domain(rs->topo, h[k]) == w->domain)
@@ -499,7 +505,6 @@ assign_local(reshard_t *rs, const work_t *w)
 		rs->ld.nvl_recv[n] += pc(rs, w)->bytes;
 		emit(rs, 0, s, n, pc(rs, w)->tensor, bid);
 	}
-	free(in_dom);
 }
 
 /*
@@ -542,25 +547,50 @@ typedef struct served {
 	int32_t *help;    /* per part: the rank it was copied to for sending
 			     on (-1: none yet), which holds it from help_at */
 	uint32_t *help_at;
+	void *mem;        /* one block holding the arrays above (parts may
+			     be another domain's: the same boxes) */
 	int64_t np;
 	uint32_t box0;    /* the parts' first index in the box table */
 	const work_t *w;  /* the domain's work item (domain, ranks needing it) */
+	/* the first rank needing it whose NIC has sent least, and that load,
+	 * as of send generation gen (see send_gen) */
+	uint64_t gen, min_load;
+	int32_t min_rank;
 } served_t;
 
 static void
 served_fini(served_t *s)
 {
-	free(s->parts);
-	free(s->recv);
-	free(s->at);
-	free(s->help);
-	free(s->help_at);
+	free(s->mem);
 }
 
 static uint64_t
 nic_send(const reshard_t *rs, int32_t r)
 {
 	return rs->ld.net_send[plan_topo_nic(rs->topo, r)];
+}
+
+/*
+ * Send generations: a count that changes whenever a NIC of domain d sends
+ * more (NICs shared across domains bump every domain's), so a minimum
+ * over a domain's NICs can be kept until then.  Never 0.
+ */
+static uint64_t
+send_gen(const reshard_t *rs, int32_t d)
+{
+	return rs->dom_gen[d] + rs->all_gen + 1;
+}
+
+static void
+send_add(reshard_t *rs, int32_t rank, uint64_t b)
+{
+	int32_t nic = plan_topo_nic(rs->topo, rank);
+
+	rs->ld.net_send[nic] += b;
+	if (rs->nic_dom[nic] >= 0)
+		rs->dom_gen[rs->nic_dom[nic]]++;
+	else
+		rs->all_gen++;
 }
 
 /*
@@ -591,19 +621,34 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 static int32_t
 least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stage)
 {
-	const int32_t *need = rs->arena.v + sv->w->n0;
 	int32_t best = sv->recv[p];
+	uint64_t gen = send_gen(rs, sv->w->domain);
 
 	*stage = sv->at[p] + 1;
 	if (sv->help[p] >= 0 && nic_send(rs, sv->help[p]) < nic_send(rs, best)) {
 		best = sv->help[p];
 		*stage = sv->help_at[p];
 	}
-	for (uint32_t k = 0; k < sv->w->nn; k++)
-		if (nic_send(rs, need[k]) < nic_send(rs, best)) {
-			best = need[k];
-			*stage = sv->at[p] + 2;
-		}
+	/* the first of the needing ranks with the least load, when below
+	 * best's (what taking each strictly less loaded one in turn gives);
+	 * kept per served domain until a NIC of its domain sends more */
+	if (sv->gen != gen) {
+		const int32_t *need = rs->arena.v + sv->w->n0;
+		served_t *c = (served_t *)sv;
+
+		c->min_rank = -1;
+		c->min_load = UINT64_MAX;
+		for (uint32_t k = 0; k < sv->w->nn; k++)
+			if (nic_send(rs, need[k]) < c->min_load) {
+				c->min_rank = need[k];
+				c->min_load = nic_send(rs, need[k]);
+			}
+		c->gen = gen;
+	}
+	if (sv->min_load < nic_send(rs, best)) {
+		best = sv->min_rank;
+		*stage = sv->at[p] + 2;
+	}
 	return best;
 }
 
@@ -652,11 +697,15 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	/* the served domain whose NICs have sent least: all of them when it
 	 * may hop, else the one that took the part in */
 	sv = &pool[0];
-	for (size_t i = 1; i < npool; i++) {
-		double la = relay_load(rs, &pool[i], p), lc = relay_load(rs, sv, p);
+	double lc = relay_load(rs, sv, p);
 
-		if (la < lc || (la == lc && pool[i].w->domain < sv->w->domain))
+	for (size_t i = 1; i < npool; i++) {
+		double la = relay_load(rs, &pool[i], p);
+
+		if (la < lc || (la == lc && pool[i].w->domain < sv->w->domain)) {
 			sv = &pool[i];
+			lc = la;
+		}
 	}
 	best = least_holding(rs, sv, p, stage);
 	/* a rank of the served domain not needing the part needs nothing of
@@ -692,14 +741,25 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
 
-	if (like) { /* the parts of the run's other domains */
-		out->np = like->np;
-		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
-		memcpy(out->parts, like->parts, (size_t)out->np * sizeof(*out->parts));
-		out->box0 = like->box0; /* the same boxes */
+	size_t np;
+
+	out->np = like ? like->np : part_count(rs, w, t->ndim, &dim);
+	np = (size_t)out->np;
+	/* parts first: the block is aligned for them */
+	out->mem = xmalloc(np * (like ? 0 : sizeof(*out->parts)) +
+			   np * (sizeof(*out->recv) + sizeof(*out->at) + sizeof(*out->help) +
+				 sizeof(*out->help_at)));
+	out->recv = (int32_t *)((char *)out->mem + np * (like ? 0 : sizeof(*out->parts)));
+	out->at = (uint32_t *)(out->recv + np);
+	out->help = (int32_t *)(out->at + np);
+	out->help_at = (uint32_t *)(out->help + np);
+	memset(out->help, 0xff, np * sizeof(*out->help));
+	memset(out->help_at, 0, np * sizeof(*out->help_at));
+	if (like) { /* the parts of the run's other domains: the same boxes */
+		out->parts = like->parts;
+		out->box0 = like->box0;
 	} else {
-		out->np = part_count(rs, w, t->ndim, &dim);
-		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
+		out->parts = out->mem;
 		if (out->np == 1)
 			out->parts[0] = pc(rs, w)->box;
 		else
@@ -708,12 +768,8 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		for (int64_t p = 0; p < out->np; p++)
 			box_add(rs, &out->parts[p]);
 	}
-	out->recv = xmalloc((size_t)out->np * sizeof(*out->recv));
-	out->at = xmalloc((size_t)out->np * sizeof(*out->at));
-	out->help = xmalloc((size_t)out->np * sizeof(*out->help));
-	out->help_at = xcalloc((size_t)out->np, sizeof(*out->help_at));
-	memset(out->help, 0xff, (size_t)out->np * sizeof(*out->help));
 	out->w = w;
+	out->gen = 0;
 	for (int64_t p = 0; p < out->np; p++) {
 		uint64_t b = (uint64_t)plan_box_volume(&out->parts[p], t->ndim) *
 			     plan_dtype_size(t->dtype);
@@ -725,7 +781,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		rs->cur_w = w;
 		s = pick_sender(rs, w, pool, npool, p, b, &stage);
 		r = pick_receiver(rs, w, b);
-		rs->ld.net_send[plan_topo_nic(rs->topo, s)] += b;
+		send_add(rs, s, b);
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
 		out->recv[p] = r;
@@ -829,6 +885,26 @@ domain_ranks(reshard_t *rs)
 	free(fill);
 }
 
+/* Which domain each NIC's ranks are in, for send generations. */
+static void
+nic_domains(reshard_t *rs)
+{
+	const plan_topo_t *t = rs->topo;
+
+	rs->dom_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
+	rs->nic_dom = xmalloc(((size_t)t->nslots + 1) * sizeof(int32_t));
+	for (int32_t n = 0; n <= t->nslots; n++)
+		rs->nic_dom[n] = -2; /* no rank yet */
+	for (int32_t r = 0; r < t->nslots; r++) {
+		int32_t d = t->rank_domain[r], *nd;
+
+		if (d < 0)
+			continue;
+		nd = &rs->nic_dom[plan_topo_nic(t, r)];
+		*nd = *nd == -2 || *nd == d ? d : -1;
+	}
+}
+
 /* Every tensor's destination ranks, ascending (CSR in dst_r0 / dst_ranks). */
 static void
 dst_ranks(reshard_t *rs)
@@ -919,6 +995,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	rs.round_fill = xcalloc(ns, sizeof(uint64_t));
 	domain_ranks(&rs);
 	dst_ranks(&rs);
+	nic_domains(&rs);
 	rs.ld.net_send = xcalloc(ns, sizeof(uint64_t));
 	rs.ld.net_recv = xcalloc(ns, sizeof(uint64_t));
 	rs.ld.nvl_send = xcalloc(ns, sizeof(uint64_t));
@@ -978,6 +1055,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		free(order);
 	}
 	VEC_FREE(&rs.work);
+	VEC_FREE(&rs.scratch);
 	VEC_FREE(&rs.pieces);
 	free(rs.pidx.slot);
 	VEC_FREE(&rs.arena);
@@ -995,6 +1073,8 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.round_fill);
 	free(rs.dom_r0);
 	free(rs.dom_ranks);
+	free(rs.nic_dom);
+	free(rs.dom_gen);
 	free(rs.ld.net_send);
 	free(rs.ld.net_recv);
 	free(rs.ld.nvl_send);
