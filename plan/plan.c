@@ -388,18 +388,19 @@ hw_u32(hw_t *w, uint32_t v)
 }
 
 /* LEB128 of a zigzag-coded signed value: small deltas cost one byte. */
-static void
+static inline void
 hw_var(hw_t *w, int64_t v)
 {
 	uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
-	uint8_t b[10];
-	size_t n = 0;
 
+	if (w->n + 10 > sizeof(w->buf)) { /* written straight into the buffer */
+		sha256_update(&w->c, w->buf, w->n);
+		w->n = 0;
+	}
 	do {
-		b[n++] = (uint8_t)((z & 0x7f) | (z > 0x7f ? 0x80 : 0));
+		w->buf[w->n++] = (uint8_t)((z & 0x7f) | (z > 0x7f ? 0x80 : 0));
 		z >>= 7;
 	} while (z);
-	hw_bytes(w, b, n);
 }
 
 /* The canonical form (see plan.h), hashed as it is written. */

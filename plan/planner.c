@@ -540,13 +540,17 @@ part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 }
 
 /* How a piece reached a domain: its parts, who took each in and when. */
+typedef struct spart {
+	int32_t recv;     /* the rank that took it in */
+	uint32_t at;      /* the stage it crossed into the domain */
+	int32_t help;     /* the rank it was copied to for sending on (-1:
+			     none yet), which holds it from help_at */
+	uint32_t help_at;
+} spart_t;
+
 typedef struct served {
 	plan_box_t *parts;
-	int32_t *recv;
-	uint32_t *at;     /* per part: the stage it crossed into the domain */
-	int32_t *help;    /* per part: the rank it was copied to for sending
-			     on (-1: none yet), which holds it from help_at */
-	uint32_t *help_at;
+	spart_t *pt;      /* per part */
 	void *mem;        /* one block holding the arrays above (parts may
 			     be another domain's: the same boxes) */
 	int64_t np;
@@ -621,13 +625,13 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 static int32_t
 least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stage)
 {
-	int32_t best = sv->recv[p];
+	int32_t best = sv->pt[p].recv;
 	uint64_t gen = send_gen(rs, sv->w->domain);
 
-	*stage = sv->at[p] + 1;
-	if (sv->help[p] >= 0 && nic_send(rs, sv->help[p]) < nic_send(rs, best)) {
-		best = sv->help[p];
-		*stage = sv->help_at[p];
+	*stage = sv->pt[p].at + 1;
+	if (sv->pt[p].help >= 0 && nic_send(rs, sv->pt[p].help) < nic_send(rs, best)) {
+		best = sv->pt[p].help;
+		*stage = sv->pt[p].help_at;
 	}
 	/* the first of the needing ranks with the least load, when below
 	 * best's (what taking each strictly less loaded one in turn gives);
@@ -647,7 +651,7 @@ least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stag
 	}
 	if (sv->min_load < nic_send(rs, best)) {
 		best = sv->min_rank;
-		*stage = sv->at[p] + 2;
+		*stage = sv->pt[p].at + 2;
 	}
 	return best;
 }
@@ -711,13 +715,13 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	/* a rank of the served domain not needing the part needs nothing of
 	 * it: the domain's regions are disjoint */
 	g = helper_of(rs, sv->w->domain, best, b, true);
-	if (g == best || sv->help[p] >= 0) /* one helper per part and domain */
+	if (g == best || sv->pt[p].help >= 0) /* one helper per part and domain */
 		return best;
 	/* g is less loaded than every rank holding the part: a new helper */
-	*stage = sv->at[p] + 2;
-	best = sv->recv[p];
-	((served_t *)sv)->help[p] = g;
-	((served_t *)sv)->help_at[p] = *stage;
+	*stage = sv->pt[p].at + 2;
+	best = sv->pt[p].recv;
+	((served_t *)sv)->pt[p].help = g;
+	((served_t *)sv)->pt[p].help_at = *stage;
 copy:
 	unit_relay(rs, g, b);
 	relay_note(rs, g);
@@ -740,21 +744,13 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 	const plan_layout_t *t = &rs->dst->v[pc(rs, w)->tensor];
 	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
-
 	size_t np;
 
 	out->np = like ? like->np : part_count(rs, w, t->ndim, &dim);
 	np = (size_t)out->np;
 	/* parts first: the block is aligned for them */
-	out->mem = xmalloc(np * (like ? 0 : sizeof(*out->parts)) +
-			   np * (sizeof(*out->recv) + sizeof(*out->at) + sizeof(*out->help) +
-				 sizeof(*out->help_at)));
-	out->recv = (int32_t *)((char *)out->mem + np * (like ? 0 : sizeof(*out->parts)));
-	out->at = (uint32_t *)(out->recv + np);
-	out->help = (int32_t *)(out->at + np);
-	out->help_at = (uint32_t *)(out->help + np);
-	memset(out->help, 0xff, np * sizeof(*out->help));
-	memset(out->help_at, 0, np * sizeof(*out->help_at));
+	out->mem = xmalloc(np * ((like ? 0 : sizeof(*out->parts)) + sizeof(*out->pt)));
+	out->pt = (spart_t *)((char *)out->mem + np * (like ? 0 : sizeof(*out->parts)));
 	if (like) { /* the parts of the run's other domains: the same boxes */
 		out->parts = like->parts;
 		out->box0 = like->box0;
@@ -784,8 +780,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		send_add(rs, s, b);
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
-		out->recv[p] = r;
-		out->at[p] = stage;
+		out->pt[p] = (spart_t){.recv = r, .at = stage, .help = -1};
 		emit(rs, stage, s, r, pc(rs, w)->tensor, rs->cur_box);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
