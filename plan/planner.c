@@ -556,6 +556,7 @@ typedef struct served {
 	int64_t np;
 	uint32_t box0;    /* the parts' first index in the box table */
 	const work_t *w;  /* the domain's work item (domain, ranks needing it) */
+	int32_t dom;      /* w->domain */
 	/* the first rank needing it whose NIC has sent least, and that load,
 	 * as of send generation gen (see send_gen) */
 	uint64_t gen, min_load;
@@ -622,33 +623,52 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
  * helper it was copied to for an earlier wave, or a rank needing it (two
  * stages after: it was forwarded).
  */
+/* Refresh sv's least-loaded needing rank when a NIC of its domain has
+ * sent more since: the first of the ranks needing it with the least load. */
+static void
+served_min_slow(const reshard_t *rs, const served_t *sv, uint64_t gen)
+{
+	const int32_t *need = rs->arena.v + sv->w->n0;
+	served_t *c = (served_t *)sv;
+
+	c->min_rank = -1;
+	c->min_load = UINT64_MAX;
+	for (uint32_t k = 0; k < sv->w->nn; k++)
+		if (nic_send(rs, need[k]) < c->min_load) {
+			c->min_rank = need[k];
+			c->min_load = nic_send(rs, need[k]);
+		}
+	c->gen = gen;
+}
+
+static inline void
+served_min(const reshard_t *rs, const served_t *sv)
+{
+	uint64_t gen = send_gen(rs, sv->dom);
+
+	if (sv->gen != gen)
+		served_min_slow(rs, sv, gen);
+}
+
+/*
+ * The least-loaded rank of served domain sv holding part p, and from which
+ * stage (*stage): the rank that took it in (one stage after it arrived), a
+ * helper it was copied to for an earlier wave, or a rank needing it (two
+ * stages after: it was forwarded).  Of the ranks needing it, the first with
+ * the least load, when below the others' (what taking each strictly less
+ * loaded one in turn gives).
+ */
 static int32_t
 least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stage)
 {
 	int32_t best = sv->pt[p].recv;
-	uint64_t gen = send_gen(rs, sv->w->domain);
 
 	*stage = sv->pt[p].at + 1;
 	if (sv->pt[p].help >= 0 && nic_send(rs, sv->pt[p].help) < nic_send(rs, best)) {
 		best = sv->pt[p].help;
 		*stage = sv->pt[p].help_at;
 	}
-	/* the first of the needing ranks with the least load, when below
-	 * best's (what taking each strictly less loaded one in turn gives);
-	 * kept per served domain until a NIC of its domain sends more */
-	if (sv->gen != gen) {
-		const int32_t *need = rs->arena.v + sv->w->n0;
-		served_t *c = (served_t *)sv;
-
-		c->min_rank = -1;
-		c->min_load = UINT64_MAX;
-		for (uint32_t k = 0; k < sv->w->nn; k++)
-			if (nic_send(rs, need[k]) < c->min_load) {
-				c->min_rank = need[k];
-				c->min_load = nic_send(rs, need[k]);
-			}
-		c->gen = gen;
-	}
+	served_min(rs, sv);
 	if (sv->min_load < nic_send(rs, best)) {
 		best = sv->min_rank;
 		*stage = sv->pt[p].at + 2;
@@ -657,16 +677,23 @@ least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stag
 }
 
 /* How loaded the NICs are that could pass part p on from served domain sv:
- * all of the domain's when it may hop, else the ranks holding the part. */
-static double
+ * all of the domain's when it may hop, else the least loaded of the ranks
+ * holding the part (least_holding's choice). */
+static inline double
 relay_load(const reshard_t *rs, const served_t *sv, int64_t p)
 {
-	int32_t d = sv->w->domain;
-	uint32_t st;
+	int32_t d = sv->dom;
+	uint64_t l;
 
 	if (rs->hop_out[d])
 		return (double)rs->dom_send[d] / rs->topo->domain_size[d];
-	return (double)nic_send(rs, least_holding(rs, sv, p, &st));
+	served_min(rs, sv);
+	l = sv->min_load;
+	if (nic_send(rs, sv->pt[p].recv) < l)
+		l = nic_send(rs, sv->pt[p].recv);
+	if (sv->pt[p].help >= 0 && nic_send(rs, sv->pt[p].help) < l)
+		l = nic_send(rs, sv->pt[p].help);
+	return (double)l;
 }
 
 /*
@@ -706,7 +733,7 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	for (size_t i = 1; i < npool; i++) {
 		double la = relay_load(rs, &pool[i], p);
 
-		if (la < lc || (la == lc && pool[i].w->domain < sv->w->domain)) {
+		if (la < lc || (la == lc && pool[i].dom < sv->dom)) {
 			sv = &pool[i];
 			lc = la;
 		}
@@ -714,7 +741,7 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	best = least_holding(rs, sv, p, stage);
 	/* a rank of the served domain not needing the part needs nothing of
 	 * it: the domain's regions are disjoint */
-	g = helper_of(rs, sv->w->domain, best, b, true);
+	g = helper_of(rs, sv->dom, best, b, true);
 	if (g == best || sv->pt[p].help >= 0) /* one helper per part and domain */
 		return best;
 	/* g is less loaded than every rank holding the part: a new helper */
@@ -765,6 +792,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 			box_add(rs, &out->parts[p]);
 	}
 	out->w = w;
+	out->dom = w->domain;
 	out->gen = 0;
 	for (int64_t p = 0; p < out->np; p++) {
 		uint64_t b = (uint64_t)plan_box_volume(&out->parts[p], t->ndim) *
