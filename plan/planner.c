@@ -605,17 +605,17 @@ send_add(reshard_t *rs, int32_t rank, uint64_t b)
 static int32_t
 helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 {
-	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0;
-	int32_t g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
+	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0, g;
 
-	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop ||
-	    nic_send(rs, g) >= nic_send(rs, best) ||
+	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop)
+		return best;
+	g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
+	if (nic_send(rs, g) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
 		return best;
 	return g;
 }
-
 
 /*
  * The least-loaded rank of served domain sv holding part p, and from which
