@@ -246,7 +246,8 @@ peak_kb(void)
 
 /*
  * The scaling curve: catalogue models as refit-plan model builds them
- * (dgx-h100, packed), inference data-parallel degree doubling.  plan_s is
+ * (dgx-h100, packed; BENCH_CURVE_TOPO=gb200-nvl72: rack-aligned), inference
+ * data-parallel degree doubling (BENCH_CURVE_DP=N: that one alone).  plan_s is
  * the CPU time of plan_build (reshard), so other load on the machine does
  * not count; peak_MiB is the process's peak RSS after the case (cases run
  * smallest first, so it is that case's peak or an earlier, smaller one's).
@@ -264,6 +265,7 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		exit(1);
 	}
 	const char *only = getenv("BENCH_CURVE_DP"); /* one inference dp alone */
+	const char *topo = getenv("BENCH_CURVE_TOPO") ? getenv("BENCH_CURVE_TOPO") : "dgx-h100";
 
 	for (int i = 0; i < n; i++) {
 		plan_par_t pt, pi;
@@ -288,7 +290,8 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		}
 		jobs = (plan_jobs_t){(int32_t)plan_par_world(&pt), (int32_t)pi.dp,
 				     (int32_t)(pi.tp ? pi.tp : 1)};
-		if (plan_topo_preset_jobs(&t, "dgx-h100", &jobs, PLAN_PLACE_PACKED, NULL,
+		if (plan_topo_preset_jobs(&t, topo, &jobs, strcmp(topo, "gb200-nvl72") == 0 ?
+					  PLAN_PLACE_RACK_ALIGNED : PLAN_PLACE_PACKED, NULL,
 					  &e) != REFIT_OK) {
 			fprintf(stderr, "bench: %s\n", e.msg);
 			exit(1);
