@@ -123,12 +123,14 @@ pc(const reshard_t *rs, const work_t *w)
 	return &rs->pieces.v[w->piece];
 }
 
+/* A hash of the piece's key; its dims beyond the tensor's (nd) do not
+ * count here, but piece_slot compares whole boxes. */
 static uint64_t
-piece_hash(uint32_t h0, const plan_box_t *b)
+piece_hash(uint32_t h0, const plan_box_t *b, int nd)
 {
 	uint64_t h = h0 * 0x9e3779b97f4a7c15ull;
 
-	for (int d = 0; d < PLAN_MAX_DIMS; d++) {
+	for (int d = 0; d < nd; d++) {
 		h = (h ^ (uint64_t)b->off[d]) * 0xff51afd7ed558ccdull;
 		h = (h ^ (uint64_t)b->size[d]) * 0xc4ceb9fe1a85ec53ull;
 	}
@@ -136,10 +138,10 @@ piece_hash(uint32_t h0, const plan_box_t *b)
 }
 
 static size_t
-piece_slot(const reshard_t *rs, uint32_t h0, const plan_box_t *b)
+piece_slot(const reshard_t *rs, uint32_t h0, const plan_box_t *b, int nd)
 {
 	const pieceidx_t *ix = &rs->pidx;
-	size_t i = (size_t)piece_hash(h0, b) & (ix->cap - 1);
+	size_t i = (size_t)piece_hash(h0, b, nd) & (ix->cap - 1);
 
 	for (;; i = (i + 1) & (ix->cap - 1)) {
 		const piece_t *p;
@@ -169,11 +171,12 @@ piece_of(reshard_t *rs, uint32_t h0, uint32_t nh, uint32_t tensor, const plan_bo
 			if (old.slot[k] != 0) {
 				const piece_t *p = &rs->pieces.v[old.slot[k] - 1];
 
-				ix->slot[piece_slot(rs, p->h0, &p->box)] = old.slot[k];
+				ix->slot[piece_slot(rs, p->h0, &p->box,
+						    rs->dst->v[p->tensor].ndim)] = old.slot[k];
 			}
 		free(old.slot);
 	}
-	i = piece_slot(rs, h0, b);
+	i = piece_slot(rs, h0, b, rs->dst->v[tensor].ndim);
 	if (ix->slot[i] == 0) {
 		piece_t p = {.box = *b, .bytes = bytes, .tensor = tensor, .h0 = h0, .nh = nh};
 
