@@ -388,19 +388,27 @@ hw_u32(hw_t *w, uint32_t v)
 }
 
 /* LEB128 of a zigzag-coded signed value: small deltas cost one byte. */
+/* Room for `n` more bytes in the buffer. */
+static inline void
+hw_room(hw_t *w, size_t n)
+{
+	if (w->n + n > sizeof(w->buf)) {
+		sha256_update(&w->c, w->buf, w->n);
+		w->n = 0;
+	}
+}
+
+/* Written straight into the buffer: the caller made room (10 bytes). */
 static inline void
 hw_var(hw_t *w, int64_t v)
 {
 	uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
 
-	if (w->n + 10 > sizeof(w->buf)) { /* written straight into the buffer */
-		sha256_update(&w->c, w->buf, w->n);
-		w->n = 0;
-	}
-	do {
-		w->buf[w->n++] = (uint8_t)((z & 0x7f) | (z > 0x7f ? 0x80 : 0));
+	while (z > 0x7f) {
+		w->buf[w->n++] = (uint8_t)(z | 0x80);
 		z >>= 7;
-	} while (z);
+	}
+	w->buf[w->n++] = (uint8_t)z;
 }
 
 /* The canonical form (see plan.h), hashed as it is written. */
@@ -438,6 +446,7 @@ compute_digest(plan_t *p)
 		const plan_xfer_t *x = &p->xfers[i];
 		const plan_box_t *xb = plan_xfer_box(p, x);
 
+		hw_room(&w, 10 * (4 + 2 * PLAN_MAX_DIMS));
 		hw_var(&w, (int64_t)x->stage - (int64_t)prev.stage);
 		hw_var(&w, (int64_t)x->from - prev.from);
 		hw_var(&w, (int64_t)x->to - prev.to);
