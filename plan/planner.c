@@ -30,7 +30,7 @@
 /*
  * A piece: one box of one source group's data, stored once however many
  * domains need it (they form its run).  Work items, one per (domain,
- * piece), are 20 bytes: a 2,048-rank plan has over ten million.
+ * piece), are 16 bytes: a 2,048-rank plan has over ten million.
  */
 typedef struct piece {
 	plan_box_t box;
@@ -42,8 +42,9 @@ typedef struct piece {
 typedef struct work {
 	uint32_t piece;
 	int32_t domain;
-	uint32_t n0, nn;  /* ranks needing it, in the arena */
-	bool local;
+	uint32_t n0;      /* ranks needing it, in the arena */
+	uint32_t nn : 31;
+	uint32_t local : 1; /* a holder is in the domain */
 } work_t;
 
 /* Pieces by (holders, box): open addressing, slot = piece index + 1. */
@@ -1048,16 +1049,22 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		for (size_t i = 0; i < rs.work.n; i++)
 			k[i] = (xkey_t){max - pc(&rs, &rs.work.v[i])->bytes, (uint32_t)i};
 		plan_radix_sort(k, rs.work.n, plan_bits_for(max));
-		uint32_t *order = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*order));
+		/* the items in that order (before the transfers grow, so this
+		 * copy is not the peak); a piece's items all have its bytes, so
+		 * each run stays in creation order */
+		work_t *sorted = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*sorted));
 
 		for (size_t i = 0; i < rs.work.n; i++)
-			order[i] = k[i].idx;
+			sorted[i] = rs.work.v[k[i].idx];
 		free(k);
+		free(rs.work.v);
+		rs.work.v = sorted;
+		rs.work.cap = rs.work.n;
 		uint32_t *runs, *run_off, *run_len;
 
 		find_runs(&rs, &runs, &run_off, &run_len);
 		for (size_t i = 0; i < rs.work.n; i++) {
-			const work_t *w = &rs.work.v[order[i]];
+			const work_t *w = &rs.work.v[i];
 			uint32_t *len = &run_len[w->piece];
 			served_t one;
 
@@ -1078,7 +1085,6 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		free(runs);
 		free(run_off);
 		free(run_len);
-		free(order);
 	}
 	VEC_FREE(&rs.work);
 	VEC_FREE(&rs.scratch);
