@@ -16,6 +16,8 @@
  * ratio to the lower bound.  Timings are one run on this machine; compare
  * rows of one run, not runs of different days.
  */
+#include <stdbool.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,13 +237,37 @@ cpu_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The peak RSS since peak_reset (VmHWM), in KiB. */
 static long
 peak_kb(void)
 {
-	struct rusage ru;
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kb = 0;
 
-	getrusage(RUSAGE_SELF, &ru);
-	return ru.ru_maxrss;
+	while (f && fgets(line, sizeof(line), f))
+		if (strncmp(line, "VmHWM:", 6) == 0)
+			kb = atol(line + 6);
+	if (f)
+		fclose(f);
+	return kb;
+}
+
+/* Start a new peak (Linux: "5" > /proc/self/clear_refs) after giving
+ * freed heap back; false when the peak stays the process's. */
+static bool
+peak_reset(void)
+{
+	FILE *f;
+	bool ok;
+
+	malloc_trim(0); /* earlier cases' freed heap is not this case's */
+	f = fopen("/proc/self/clear_refs", "w");
+	ok = f != NULL && fputs("5", f) >= 0;
+
+	if (f != NULL && fclose(f) != 0)
+		ok = false;
+	return ok;
 }
 
 /*
@@ -249,8 +275,8 @@ peak_kb(void)
  * (dgx-h100, packed; BENCH_CURVE_TOPO=gb200-nvl72: rack-aligned), inference
  * data-parallel degree doubling (BENCH_CURVE_DP=N: that one alone).  plan_s is
  * the CPU time of plan_build (reshard), so other load on the machine does
- * not count; peak_MiB is the process's peak RSS after the case (cases run
- * smallest first, so it is that case's peak or an earlier, smaller one's).
+ * not count; peak_MiB is the case's peak RSS (its layouts and plan; the
+ * process's, marked *, where the peak cannot be reset).
  */
 static void
 curve(const char *model, const char *train, const char *tp, const int *dps, int n)
@@ -276,6 +302,7 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		plan_t p;
 		char inf[64];
 		double t0;
+		bool reset;
 
 		if (only && atoi(only) != dps[i])
 			continue;
@@ -297,14 +324,15 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 			exit(1);
 		}
 		plan_opts_default(&o);
+		reset = peak_reset();
 		t0 = cpu_now();
 		if (plan_build(&s, &d, &t, &o, &p, &e) != REFIT_OK) {
 			fprintf(stderr, "bench: %s\n", e.msg);
 			exit(1);
 		}
-		printf("%-12s %-12s %-12s %6d %10zu %8.2f %9.0f  %.12s\n", model, train, inf,
+		printf("%-12s %-12s %-12s %6d %10zu %8.2f %8.0f%s  %.12s\n", model, train, inf,
 		       t.nranks, p.nxfers, cpu_now() - t0, (double)peak_kb() / 1024.0,
-		       p.digest_hex);
+		       reset ? " " : "*", p.digest_hex);
 		fflush(stdout);
 		plan_fini(&p);
 		plan_topo_fini(&t);
@@ -351,7 +379,7 @@ scaling:;
 	static const int ds[] = {2, 4, 8}, kimi[] = {16, 32, 64};
 
 	printf("\nscaling curve (reshard; plan_s = CPU seconds of plan_build, peak_MiB = "
-	       "process peak RSS)\n");
+	       "the case's peak RSS)\n");
 	printf("%-12s %-12s %-12s %6s %10s %8s %9s  %s\n", "model", "train", "infer", "ranks",
 	       "transfers", "plan_s", "peak_MiB", "digest");
 	curve("deepseek-v3", "pp16,ep16", "tp32", ds, 3);
