@@ -35,16 +35,18 @@ now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:" the peak since
+ * peak_reset); 0 when absent. */
 static long
-rss_kb(void)
+status_kb(const char *key)
 {
 	FILE *f = fopen("/proc/self/status", "r");
 	char line[256];
 	long kb = 0;
 
 	while (f && fgets(line, sizeof(line), f))
-		if (strncmp(line, "VmRSS:", 6) == 0)
-			kb = atol(line + 6);
+		if (strncmp(line, key, strlen(key)) == 0)
+			kb = atol(line + strlen(key));
 	if (f)
 		fclose(f);
 	return kb;
@@ -161,7 +163,7 @@ run_case(const char *label, const plan_layout_set_t *src, const plan_layout_set_
 		plan_cost_t c;
 		plan_check_t chk;
 		refit_err_t e;
-		long r0 = rss_kb();
+		long r0 = status_kb("VmRSS:");
 		double t0 = now(), t1, t2, t3 = 0;
 		char payload[32];
 
@@ -177,7 +179,7 @@ run_case(const char *label, const plan_layout_set_t *src, const plan_layout_set_
 			exit(1);
 		}
 		t1 = now();
-		long r1 = rss_kb();
+		long r1 = status_kb("VmRSS:");
 		if (plan_cost(&p, src, dst, topo, &c, &e) != REFIT_OK)
 			exit(1);
 		t2 = now();
@@ -235,22 +237,6 @@ cpu_now(void)
 
 	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* The peak RSS since peak_reset (VmHWM), in KiB. */
-static long
-peak_kb(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	long kb = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		if (strncmp(line, "VmHWM:", 6) == 0)
-			kb = atol(line + 6);
-	if (f)
-		fclose(f);
-	return kb;
 }
 
 /* Start a new peak (Linux: "5" > /proc/self/clear_refs) after giving
@@ -331,7 +317,7 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 			exit(1);
 		}
 		printf("%-12s %-12s %-12s %6d %10zu %8.2f %8.0f%s  %.12s\n", model, train, inf,
-		       t.nranks, p.nxfers, cpu_now() - t0, (double)peak_kb() / 1024.0,
+		       t.nranks, p.nxfers, cpu_now() - t0, (double)status_kb("VmHWM:") / 1024.0,
 		       reset ? " " : "*", p.digest_hex);
 		fflush(stdout);
 		plan_fini(&p);
