@@ -233,10 +233,11 @@ least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t
 static uint32_t
 holder_domains(const reshard_t *rs, const work_t *w)
 {
-	const int32_t *h = rs->arena.v + pc(rs, w)->h0;
+	const piece_t *pw = pc(rs, w);
+	const int32_t *h = rs->arena.v + pw->h0;
 	uint32_t n = 0;
 
-	for (uint32_t k = 0; k < pc(rs, w)->nh; k++) {
+	for (uint32_t k = 0; k < pw->nh; k++) {
 		bool seen = false;
 
 		for (uint32_t j = 0; j < k && !seen; j++)
@@ -487,27 +488,28 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b)
 static void
 assign_local(reshard_t *rs, const work_t *w)
 {
-	const int32_t *h = rs->arena.v + pc(rs, w)->h0, *need = rs->arena.v + w->n0;
+	const piece_t *pw = pc(rs, w);
+	const int32_t *h = rs->arena.v + pw->h0, *need = rs->arena.v + w->n0;
 	int32_t *in_dom;
-	uint32_t nin = 0, bid = box_add(rs, &pc(rs, w)->box);
+	uint32_t nin = 0, bid = box_add(rs, &pw->box);
 
-	VEC_RESERVE(&rs->scratch, pc(rs, w)->nh);
+	VEC_RESERVE(&rs->scratch, pw->nh);
 	in_dom = rs->scratch.v;
 
-	for (uint32_t k = 0; k < pc(rs, w)->nh; k++)
+	for (uint32_t k = 0; k < pw->nh; k++)
 		if (plan_topo_domain(rs->topo, h[k]) == w->domain)
 			in_dom[nin++] = h[k];
 	for (uint32_t k = 0; k < w->nn; k++) {
 		int32_t n = need[k], s;
 
-		if (xbsearch(&n, h, pc(rs, w)->nh, sizeof(*h), cmp_i32v) != NULL) {
-			emit(rs, 0, n, n, pc(rs, w)->tensor, bid);
+		if (xbsearch(&n, h, pw->nh, sizeof(*h), cmp_i32v) != NULL) {
+			emit(rs, 0, n, n, pw->tensor, bid);
 			continue;
 		}
 		s = least(in_dom, nin, rs->ld.nvl_send);
-		rs->ld.nvl_send[s] += pc(rs, w)->bytes;
-		rs->ld.nvl_recv[n] += pc(rs, w)->bytes;
-		emit(rs, 0, s, n, pc(rs, w)->tensor, bid);
+		rs->ld.nvl_send[s] += pw->bytes;
+		rs->ld.nvl_recv[n] += pw->bytes;
+		emit(rs, 0, s, n, pw->tensor, bid);
 	}
 }
 
@@ -520,27 +522,28 @@ assign_local(reshard_t *rs, const work_t *w)
 static int64_t
 part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 {
+	const piece_t *pw = pc(rs, w);
 	uint64_t min_part = rs->opts->chunk_bytes / 16;
 	int64_t want = w->nn, cap;
 
 	if (min_part < (64u << 10))
 		min_part = 64u << 10;
-	cap = (int64_t)(pc(rs, w)->bytes / min_part);
+	cap = (int64_t)(pw->bytes / min_part);
 	if (want > cap)
 		want = cap;
 	if (want < 2 || ndim == 0)
 		return 1;
 	for (int d = 0; d < ndim; d++) {
-		if (pc(rs, w)->box.size[d] >= want) {
+		if (pw->box.size[d] >= want) {
 			*dim = d;
 			return want;
 		}
 	}
 	*dim = 0;
 	for (int d = 1; d < ndim; d++)
-		if (pc(rs, w)->box.size[d] > pc(rs, w)->box.size[*dim])
+		if (pw->box.size[d] > pw->box.size[*dim])
 			*dim = d;
-	return pc(rs, w)->box.size[*dim];
+	return pw->box.size[*dim];
 }
 
 /* How a piece reached a domain: its parts, who took each in and when. */
@@ -714,14 +717,15 @@ static int32_t
 pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	    int64_t p, uint64_t b, uint32_t *stage)
 {
+	const piece_t *pw = pc(rs, w);
 	const plan_topo_t *t = rs->topo;
 	const served_t *sv;
 	int32_t best, g;
 
 	if (npool == 0) {
-		const int32_t *h = rs->arena.v + pc(rs, w)->h0;
+		const int32_t *h = rs->arena.v + pw->h0;
 
-		best = least_nic(t, h, pc(rs, w)->nh, rs->ld.net_send);
+		best = least_nic(t, h, pw->nh, rs->ld.net_send);
 		/* a piece other domains need too would reach the helper twice */
 		g = helper_of(rs, plan_topo_domain(t, best), best, b, false);
 		*stage = g != best;
@@ -758,7 +762,7 @@ copy:
 	relay_note(rs, g);
 	rs->ld.nvl_send[best] += b;
 	rs->ld.nvl_recv[g] += b;
-	emit(rs, *stage - 1, best, g, pc(rs, w)->tensor, rs->cur_box);
+	emit(rs, *stage - 1, best, g, pw->tensor, rs->cur_box);
 	return g;
 }
 
@@ -772,7 +776,8 @@ static void
 assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	       const served_t *like, served_t *out)
 {
-	const plan_layout_t *t = &rs->dst->v[pc(rs, w)->tensor];
+	const piece_t *pw = pc(rs, w);
+	const plan_layout_t *t = &rs->dst->v[pw->tensor];
 	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
 	size_t np;
@@ -788,9 +793,9 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 	} else {
 		out->parts = out->mem;
 		if (out->np == 1)
-			out->parts[0] = pc(rs, w)->box;
+			out->parts[0] = pw->box;
 		else
-			plan_box_split(&pc(rs, w)->box, dim, out->np, out->parts);
+			plan_box_split(&pw->box, dim, out->np, out->parts);
 		out->box0 = (uint32_t)rs->boxes->n;
 		for (int64_t p = 0; p < out->np; p++)
 			box_add(rs, &out->parts[p]);
@@ -813,13 +818,13 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
 		out->pt[p] = (spart_t){.recv = r, .at = stage, .help = -1};
-		emit(rs, stage, s, r, pc(rs, w)->tensor, rs->cur_box);
+		emit(rs, stage, s, r, pw->tensor, rs->cur_box);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
 				continue;
 			rs->ld.nvl_send[r] += b;
 			rs->ld.nvl_recv[need[k]] += b;
-			emit(rs, stage + 1, r, need[k], pc(rs, w)->tensor, rs->cur_box);
+			emit(rs, stage + 1, r, need[k], pw->tensor, rs->cur_box);
 		}
 	}
 }
