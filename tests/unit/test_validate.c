@@ -161,6 +161,31 @@ START_TEST(out_of_bounds_box)
 }
 END_TEST
 
+/* A transfer naming a box or tensor the plan lacks is refused before
+ * anything reads through the index. */
+START_TEST(index_out_of_range)
+{
+	vx_t x;
+	refit_err_t e;
+	plan_check_t chk;
+	uint32_t box;
+
+	setup(&x, PLAN_MODE_RESHARD);
+	box = x.p.xfers[0].box;
+	x.p.xfers[0].box = (uint32_t)x.p.nboxes;
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_validate(&x.p, &x.s, &x.d, &chk, &e), REFIT_ERR_INTERNAL);
+	ck_assert_msg(strstr(e.msg, "transfer 0 names tensor 0 and box") != NULL, "%s", e.msg);
+	x.p.xfers[0].box = box;
+	x.p.xfers[0].tensor = x.p.ntensors;
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_validate(&x.p, &x.s, &x.d, &chk, &e), REFIT_ERR_INTERNAL);
+	ck_assert_msg(strstr(e.msg, "names tensor 1 and box") != NULL, "%s", e.msg);
+	x.p.xfers[0].tensor = 0;
+	teardown(&x);
+}
+END_TEST
+
 START_TEST(message_over_chunk)
 {
 	vx_t x;
@@ -288,6 +313,7 @@ suite_validate(void)
 	tcase_add_test(tc, sender_lacks_data);
 	tcase_add_test(tc, forward_too_early);
 	tcase_add_test(tc, out_of_bounds_box);
+	tcase_add_test(tc, index_out_of_range);
 	tcase_add_test(tc, message_over_chunk);
 	tcase_add_test(tc, staging_exceeded);
 	tcase_add_test(tc, wrong_tensor_table);
