@@ -76,6 +76,30 @@ typedef struct relays {
 	VEC(relrec_t) rec;
 } relays_t;
 
+/*
+ * The relayed run being assigned (assign_relayed): for each served domain
+ * in the pool, its load when no part-specific rank counts (v: the hop
+ * load, or its least-loaded needing NIC's), kept current as NICs send;
+ * and per part the served domains where one does (a receiver that does
+ * not need the part, a helper), listed in spec.  The domain pick_sender
+ * wants is then the least of v, or one of those.
+ */
+typedef struct specrec {
+	uint32_t entry;
+	int32_t next;     /* -1: end */
+} specrec_t;
+
+struct served;
+
+typedef struct run {
+	struct served *sv;  /* NULL: no run */
+	size_t n;           /* entries in the pool (with v) */
+	double *v;
+	int32_t *spec_head; /* per part */
+	VEC(specrec_t) spec;
+	int32_t *dom_slot;  /* per domain: its entry in the run, -1 */
+} run_t;
+
 typedef struct reshard {
 	const plan_layout_set_t *dst;
 	const plan_topo_t *topo;
@@ -112,6 +136,7 @@ typedef struct reshard {
 	uint8_t *busy;        /* per rank: holds or needs something */
 	uint8_t *hop_in, *hop_out; /* per domain */
 	relays_t relayed;     /* what each rank received as relay data */
+	run_t run;            /* the relayed run being assigned */
 	int32_t *nic_dom;     /* per NIC: the domain of its ranks (-1: several) */
 	uint64_t *dom_gen, all_gen; /* send generations (send_gen) */
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
@@ -359,6 +384,16 @@ number_stages(reshard_t *rs)
 			   (x->stage & ((1u << ROUND_SHIFT) - 1));
 	}
 	return per;
+}
+
+/* true when rank is one of ranks[0..n) */
+static bool
+among_n(const int32_t *ranks, uint32_t n, int32_t rank)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ranks[i] == rank)
+			return true;
+	return false;
 }
 
 /* true when rank is one of the n sorted ranks */
@@ -703,6 +738,46 @@ relay_load(const reshard_t *rs, const served_t *sv, int64_t p)
 	return (double)l;
 }
 
+/* A served domain's load when no part-specific rank counts: relay_load
+ * of a part it took in through a rank needing it and has no helper for. */
+static double
+run_value(const reshard_t *rs, const served_t *sv)
+{
+	if (rs->hop_out[sv->dom])
+		return (double)rs->dom_send[sv->dom] / rs->topo->domain_size[sv->dom];
+	served_min(rs, sv);
+	return (double)sv->min_load;
+}
+
+/* After rank s sent more: the run's values that may have changed. */
+static void
+run_touch(reshard_t *rs, int32_t s)
+{
+	run_t *r = &rs->run;
+	int32_t d = plan_topo_domain(rs->topo, s), slot;
+
+	if (r->sv == NULL)
+		return;
+	if (rs->nic_dom[plan_topo_nic(rs->topo, s)] != d) { /* a NIC shared by domains */
+		for (size_t i = 0; i < r->n; i++)
+			r->v[i] = run_value(rs, &r->sv[i]);
+		return;
+	}
+	slot = r->dom_slot[d];
+	if (slot >= 0 && (size_t)slot < r->n)
+		r->v[slot] = run_value(rs, &r->sv[slot]);
+}
+
+/* Part p of the run's entry sv counts a rank of its own (see run_t). */
+static void
+run_spec(reshard_t *rs, const served_t *sv, int64_t p)
+{
+	run_t *r = &rs->run;
+
+	VEC_PUSH(&r->spec, ((specrec_t){(uint32_t)(sv - r->sv), r->spec_head[p]}));
+	r->spec_head[p] = (int32_t)(r->spec.n - 1);
+}
+
 /*
  * Who sends part p of w over the network and in which stage (*stage).
  * From the holders (pool empty): the least-loaded holder's NIC in stage 0,
@@ -736,14 +811,40 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	/* the served domain whose NICs have sent least: all of them when it
 	 * may hop, else the one that took the part in */
 	sv = &pool[0];
-	double lc = relay_load(rs, sv, p);
+	double lc;
 
-	for (size_t i = 1; i < npool; i++) {
-		double la = relay_load(rs, &pool[i], p);
+	if (pool == rs->run.sv && npool <= rs->run.n) {
+		/* the least of the kept values, or a domain where a rank of
+		 * this part counts: the same choice as the loop below */
+		const double *v = rs->run.v;
 
-		if (la < lc || (la == lc && pool[i].dom < sv->dom)) {
-			sv = &pool[i];
-			lc = la;
+		lc = v[0];
+		for (size_t i = 1; i < npool; i++)
+			if (v[i] < lc || (v[i] == lc && pool[i].dom < sv->dom)) {
+				sv = &pool[i];
+				lc = v[i];
+			}
+		for (int32_t k = rs->run.spec_head[p]; k >= 0; k = rs->run.spec.v[k].next) {
+			size_t i = rs->run.spec.v[k].entry;
+			double la;
+
+			if (i >= npool)
+				continue;
+			la = relay_load(rs, &pool[i], p);
+			if (la < lc || (la == lc && pool[i].dom < sv->dom)) {
+				sv = &pool[i];
+				lc = la;
+			}
+		}
+	} else {
+		lc = relay_load(rs, sv, p);
+		for (size_t i = 1; i < npool; i++) {
+			double la = relay_load(rs, &pool[i], p);
+
+			if (la < lc || (la == lc && pool[i].dom < sv->dom)) {
+				sv = &pool[i];
+				lc = la;
+			}
 		}
 	}
 	best = least_holding(rs, sv, p, stage);
@@ -757,6 +858,8 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	best = sv->pt[p].recv;
 	((served_t *)sv)->pt[p].help = g;
 	((served_t *)sv)->pt[p].help_at = *stage;
+	if (pool == rs->run.sv)
+		run_spec(rs, sv, p);
 copy:
 	unit_relay(rs, g, b);
 	relay_note(rs, g);
@@ -781,6 +884,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
 	size_t np;
+	bool in_run = rs->run.sv != NULL;
 
 	out->np = like ? like->np : part_count(rs, w, t->ndim, &dim);
 	np = (size_t)out->np;
@@ -799,6 +903,10 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		out->box0 = (uint32_t)rs->boxes->n;
 		for (int64_t p = 0; p < out->np; p++)
 			box_add(rs, &out->parts[p]);
+		if (in_run) { /* the run's first domain: the parts of all */
+			rs->run.spec_head = xmalloc(np * sizeof(*rs->run.spec_head));
+			memset(rs->run.spec_head, 0xff, np * sizeof(*rs->run.spec_head));
+		}
 	}
 	out->w = w;
 	out->dom = w->domain;
@@ -817,7 +925,10 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		send_add(rs, s, b);
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
+		run_touch(rs, s);
 		out->pt[p] = (spart_t){.recv = r, .at = stage, .help = -1};
+		if (in_run && !among_n(need, w->nn, r))
+			run_spec(rs, out, p);
 		emit(rs, stage, s, r, pw->tensor, rs->cur_box);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
@@ -849,18 +960,33 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 	 * sources' domains send each piece about once, not K times */
 	if (nh > (k + 1) / 2)
 		nh = (k + 1) / 2;
+	rs->run.sv = sv;
+	rs->run.n = 0;
+	rs->run.v = xmalloc(k * sizeof(*rs->run.v));
+	rs->run.spec.n = 0;
+	for (size_t i = 0; i < k; i++)
+		rs->run.dom_slot[rs->work.v[run[(i + off) % k]].domain] = (int32_t)i;
 	while (done < k) {
 		size_t take = wave == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
 
+		for (; rs->run.n < done; rs->run.n++) /* they join the pool */
+			rs->run.v[rs->run.n] = run_value(rs, &sv[rs->run.n]);
 		for (size_t i = done; i < done + take; i++)
 			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
 				       wave ? done : 0, i ? &sv[0] : NULL, &sv[i]);
 		done += take;
 		wave++;
 	}
-	for (size_t i = 0; i < k; i++)
+	for (size_t i = 0; i < k; i++) {
+		rs->run.dom_slot[sv[i].dom] = -1;
 		served_fini(&sv[i]);
+	}
 	free(sv);
+	free(rs->run.v);
+	free(rs->run.spec_head);
+	rs->run.sv = NULL;
+	rs->run.v = NULL;
+	rs->run.spec_head = NULL;
 }
 
 /*
@@ -924,6 +1050,9 @@ nic_domains(reshard_t *rs)
 	const plan_topo_t *t = rs->topo;
 
 	rs->dom_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
+	rs->run.dom_slot = xmalloc(((size_t)t->ndomains + 1) * sizeof(int32_t));
+	for (int32_t d = 0; d <= t->ndomains; d++)
+		rs->run.dom_slot[d] = -1;
 	rs->nic_dom = xmalloc(((size_t)t->nslots + 1) * sizeof(int32_t));
 	for (int32_t n = 0; n <= t->nslots; n++)
 		rs->nic_dom[n] = -2; /* no rank yet */
@@ -1112,6 +1241,8 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.dom_ranks);
 	free(rs.nic_dom);
 	free(rs.dom_gen);
+	free(rs.run.dom_slot);
+	VEC_FREE(&rs.run.spec);
 	free(rs.ld.net_send);
 	free(rs.ld.net_recv);
 	free(rs.ld.nvl_send);
