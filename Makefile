@@ -84,6 +84,13 @@ UNIT_SRC   := $(wildcard tests/unit/*.c)
 # pure parts of the daemon the unit tests link (no gRPC, no libuv)
 UNIT_DAEMON_SRC :=
 
+# the configuration table (tests/unit/test_config.c)
+UNIT_DAEMON_SRC += daemon/config.c
+# the refit state machine and the coordinator's rules (test_refit_fsm.c, test_coord_rules.c)
+UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
+# the node's slice executor, run over a scripted transport (test_dataplane.c)
+UNIT_DAEMON_SRC += daemon/node/slice.c
+
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))
 

@@ -16,6 +16,8 @@
  * ratio to the lower bound.  Timings are one run on this machine; compare
  * rows of one run, not runs of different days.
  */
+#include <stdbool.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,16 +35,18 @@ now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:" the peak since
+ * peak_reset); 0 when absent. */
 static long
-rss_kb(void)
+status_kb(const char *key)
 {
 	FILE *f = fopen("/proc/self/status", "r");
 	char line[256];
 	long kb = 0;
 
 	while (f && fgets(line, sizeof(line), f))
-		if (strncmp(line, "VmRSS:", 6) == 0)
-			kb = atol(line + 6);
+		if (strncmp(line, key, strlen(key)) == 0)
+			kb = atol(line + strlen(key));
 	if (f)
 		fclose(f);
 	return kb;
@@ -159,7 +163,7 @@ run_case(const char *label, const plan_layout_set_t *src, const plan_layout_set_
 		plan_cost_t c;
 		plan_check_t chk;
 		refit_err_t e;
-		long r0 = rss_kb();
+		long r0 = status_kb("VmRSS:");
 		double t0 = now(), t1, t2, t3 = 0;
 		char payload[32];
 
@@ -175,7 +179,7 @@ run_case(const char *label, const plan_layout_set_t *src, const plan_layout_set_
 			exit(1);
 		}
 		t1 = now();
-		long r1 = rss_kb();
+		long r1 = status_kb("VmRSS:");
 		if (plan_cost(&p, src, dst, topo, &c, &e) != REFIT_OK)
 			exit(1);
 		t2 = now();
@@ -235,21 +239,30 @@ cpu_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static long
-peak_kb(void)
+/* Start a new peak (Linux: "5" > /proc/self/clear_refs) after giving
+ * freed heap back; false when the peak stays the process's. */
+static bool
+peak_reset(void)
 {
-	struct rusage ru;
+	FILE *f;
+	bool ok;
 
-	getrusage(RUSAGE_SELF, &ru);
-	return ru.ru_maxrss;
+	malloc_trim(0); /* earlier cases' freed heap is not this case's */
+	f = fopen("/proc/self/clear_refs", "w");
+	ok = f != NULL && fputs("5", f) >= 0;
+
+	if (f != NULL && fclose(f) != 0)
+		ok = false;
+	return ok;
 }
 
 /*
  * The scaling curve: catalogue models as refit-plan model builds them
- * (dgx-h100, packed), inference data-parallel degree doubling.  plan_s is
+ * (dgx-h100, packed; BENCH_CURVE_TOPO=gb200-nvl72: rack-aligned), inference
+ * data-parallel degree doubling (BENCH_CURVE_DP=N: that one alone).  plan_s is
  * the CPU time of plan_build (reshard), so other load on the machine does
- * not count; peak_MiB is the process's peak RSS after the case (cases run
- * smallest first, so it is that case's peak or an earlier, smaller one's).
+ * not count; peak_MiB is the case's peak RSS (its layouts and plan; the
+ * process's, marked *, where the peak cannot be reset).
  */
 static void
 curve(const char *model, const char *train, const char *tp, const int *dps, int n)
@@ -263,6 +276,9 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		fprintf(stderr, "bench: %s\n", e.msg);
 		exit(1);
 	}
+	const char *only = getenv("BENCH_CURVE_DP"); /* one inference dp alone */
+	const char *topo = getenv("BENCH_CURVE_TOPO") ? getenv("BENCH_CURVE_TOPO") : "dgx-h100";
+
 	for (int i = 0; i < n; i++) {
 		plan_par_t pt, pi;
 		plan_layout_set_t s, d;
@@ -272,7 +288,10 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		plan_t p;
 		char inf[64];
 		double t0;
+		bool reset;
 
+		if (only && atoi(only) != dps[i])
+			continue;
 		snprintf(inf, sizeof(inf), "%s,dp%d", tp, dps[i]);
 		plan_layout_set_init(&s);
 		plan_layout_set_init(&d);
@@ -284,19 +303,22 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		}
 		jobs = (plan_jobs_t){(int32_t)plan_par_world(&pt), (int32_t)pi.dp,
 				     (int32_t)(pi.tp ? pi.tp : 1)};
-		if (plan_topo_preset_jobs(&t, "dgx-h100", &jobs, PLAN_PLACE_PACKED, NULL,
+		if (plan_topo_preset_jobs(&t, topo, &jobs, strcmp(topo, "gb200-nvl72") == 0 ?
+					  PLAN_PLACE_RACK_ALIGNED : PLAN_PLACE_PACKED, NULL,
 					  &e) != REFIT_OK) {
 			fprintf(stderr, "bench: %s\n", e.msg);
 			exit(1);
 		}
 		plan_opts_default(&o);
+		reset = peak_reset();
 		t0 = cpu_now();
 		if (plan_build(&s, &d, &t, &o, &p, &e) != REFIT_OK) {
 			fprintf(stderr, "bench: %s\n", e.msg);
 			exit(1);
 		}
-		printf("%-12s %-12s %-12s %6d %10zu %8.2f %9.0f\n", model, train, inf, t.nranks,
-		       p.nxfers, cpu_now() - t0, (double)peak_kb() / 1024.0);
+		printf("%-12s %-12s %-12s %6d %10zu %8.2f %8.0f%s  %.12s\n", model, train, inf,
+		       t.nranks, p.nxfers, cpu_now() - t0, (double)status_kb("VmHWM:") / 1024.0,
+		       reset ? " " : "*", p.digest_hex);
 		fflush(stdout);
 		plan_fini(&p);
 		plan_topo_fini(&t);
@@ -343,9 +365,9 @@ scaling:;
 	static const int ds[] = {2, 4, 8}, kimi[] = {16, 32, 64};
 
 	printf("\nscaling curve (reshard; plan_s = CPU seconds of plan_build, peak_MiB = "
-	       "process peak RSS)\n");
-	printf("%-12s %-12s %-12s %6s %10s %8s %9s\n", "model", "train", "infer", "ranks",
-	       "transfers", "plan_s", "peak_MiB");
+	       "the case's peak RSS)\n");
+	printf("%-12s %-12s %-12s %6s %10s %8s %9s  %s\n", "model", "train", "infer", "ranks",
+	       "transfers", "plan_s", "peak_MiB", "digest");
 	curve("deepseek-v3", "pp16,ep16", "tp32", ds, 3);
 	if (!getenv("BENCH_QUICK"))
 		curve("kimi-k2", "pp16,ep64", "tp16", kimi, 3);

@@ -1,7 +1,8 @@
 /*
  * json.h - the JSON edge: layout, topology and plan files <-> plan structs.
  *
- * cJSON objects live only inside codec/: parsers turn text into plan/
+ * cJSON objects live only inside codec/ (and the coordinator's state
+ * file, which embeds layouts as trees): parsers turn text into plan/
  * structs and emitters turn plan/ structs into text.  Every parser is
  * strict (unknown keys are errors that name the key and its object) and
  * every error names the tensor and field at fault.  Parsers take text and
@@ -33,6 +34,17 @@ refit_status_t codec_layouts_parse(const char *text, size_t len,
 				   refit_err_t *err);
 refit_status_t codec_layouts_load(const char *path, plan_layout_set_t *out,
 				  int *was_list, refit_err_t *err);
+/*
+ * The same, from and to a parsed tree: the coordinator's state file holds
+ * layouts inside its own document (no text round trip).  From: a
+ * "tensors" array, checked as codec_layouts_parse does.  To: a new array
+ * of explicit-form tensors (name, dtype, shape, convert, shards), the
+ * caller's to free with cJSON_Delete.
+ */
+struct cJSON;
+refit_status_t codec_layouts_from_tree(const struct cJSON *list, plan_layout_set_t *out,
+				       refit_err_t *err);
+struct cJSON *codec_layouts_tree(const plan_layout_set_t *s);
 
 /* Parse a topology document into *t (initialised here). */
 refit_status_t codec_topo_parse(const char *text, size_t len, plan_topo_t *t,
@@ -45,9 +57,6 @@ refit_status_t codec_topo_load(const char *spec, plan_topo_t *t,
 			       refit_err_t *err);
 
 /* {"name": ..., "shards": [{"rank", "offset", "size"}...]} of one layout. */
-/* `,"convert":{...}` of a destination tensor that converts (nothing
- * otherwise), in the layout format's keys. */
-void codec_convert_json(const plan_layout_t *l, strbuf_t *out);
 void codec_boxes_json(const plan_layout_t *l, strbuf_t *out);
 
 /* The plan as JSON: digest, options, transfers, and cost when given. */

@@ -297,35 +297,26 @@ parse_tensor(const cJSON *o, size_t index, plan_layout_t *l, refit_err_t *err)
 	return rc;
 }
 
-refit_status_t
-codec_layouts_parse(const char *text, size_t len, plan_layout_set_t *out,
-		    int *was_list, refit_err_t *err)
+/* The tensors of the array list (or of the one tensor object) into *out. */
+static refit_status_t
+layouts_of_tree(const cJSON *list, bool one, plan_layout_set_t *out, refit_err_t *err)
 {
-	static const char *const top_keys[] = {"tensors", "model", NULL};
-	cJSON *root;
-	const cJSON *list, *it;
+	const cJSON *it;
 	plan_layout_set_t tmp;
 	refit_status_t rc = REFIT_OK;
 	size_t i = 0;
 
-	CHECK(json_parse(text, len, &root, "layout", err));
 	plan_layout_set_init(&tmp);
-	list = cJSON_GetObjectItemCaseSensitive(root, "tensors");
-	if (was_list)
-		*was_list = list != NULL;
-	if (!cJSON_IsObject(root)) {
-		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
-				   "layout: expected a tensor object or {\"tensors\": [...]}");
-	} else if (list == NULL) {
+	if (one) {
 		plan_layout_t l;
 
-		rc = parse_tensor(root, 0, &l, err);
+		rc = parse_tensor(list, 0, &l, err);
 		if (rc == REFIT_OK)
 			plan_layout_set_add(&tmp, &l);
-	} else if ((rc = json_check_keys(root, top_keys, "layout", err)) == REFIT_OK) {
-		if (!cJSON_IsArray(list))
-			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
-					   "layout: \"tensors\" must be an array");
+	} else if (!cJSON_IsArray(list)) {
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				   "layout: \"tensors\" must be an array");
+	} else {
 		cJSON_ArrayForEach(it, list) {
 			plan_layout_t l;
 
@@ -338,7 +329,6 @@ codec_layouts_parse(const char *text, size_t len, plan_layout_set_t *out,
 	}
 	if (rc == REFIT_OK)
 		rc = plan_layout_set_check_unique(&tmp, err);
-	cJSON_Delete(root);
 	if (rc != REFIT_OK) {
 		plan_layout_set_fini(&tmp);
 		return rc;
@@ -347,6 +337,88 @@ codec_layouts_parse(const char *text, size_t len, plan_layout_set_t *out,
 		plan_layout_set_add(out, &tmp.v[k]);
 	free(tmp.v);
 	return REFIT_OK;
+}
+
+refit_status_t
+codec_layouts_parse(const char *text, size_t len, plan_layout_set_t *out,
+		    int *was_list, refit_err_t *err)
+{
+	static const char *const top_keys[] = {"tensors", "model", NULL};
+	cJSON *root;
+	const cJSON *list;
+	refit_status_t rc;
+
+	CHECK(json_parse(text, len, &root, "layout", err));
+	list = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+	if (was_list)
+		*was_list = list != NULL;
+	if (!cJSON_IsObject(root))
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
+				   "layout: expected a tensor object or {\"tensors\": [...]}");
+	else if (list == NULL)
+		rc = layouts_of_tree(root, true, out, err);
+	else if ((rc = json_check_keys(root, top_keys, "layout", err)) == REFIT_OK)
+		rc = layouts_of_tree(list, false, out, err);
+	cJSON_Delete(root);
+	return rc;
+}
+
+refit_status_t
+codec_layouts_from_tree(const cJSON *list, plan_layout_set_t *out, refit_err_t *err)
+{
+	return layouts_of_tree(list, false, out, err);
+}
+
+static cJSON *
+i64_array(const int64_t *v, int n)
+{
+	cJSON *a = cJSON_CreateArray();
+
+	for (int i = 0; i < n; i++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+	return a;
+}
+
+/*
+ * Key for key and in the order the text form had (the state file stays
+ * byte for byte what it was when it was printed from text).
+ */
+cJSON *
+codec_layouts_tree(const plan_layout_set_t *s)
+{
+	static const char *const scales[] = {"none", "tensor", "block", "mx"};
+	cJSON *arr = cJSON_CreateArray();
+
+	for (size_t i = 0; i < s->n; i++) {
+		const plan_layout_t *l = &s->v[i];
+		const plan_convert_t *c = l->conv;
+		cJSON *o = cJSON_CreateObject(), *shards;
+
+		cJSON_AddStringToObject(o, "name", l->name);
+		cJSON_AddStringToObject(o, "dtype", plan_dtype_name(l->dtype));
+		cJSON_AddItemToObject(o, "shape", i64_array(l->shape, l->ndim));
+		if (c != NULL) {
+			cJSON *co = cJSON_AddObjectToObject(o, "convert");
+
+			cJSON_AddStringToObject(co, "from", plan_dtype_name(c->from));
+			cJSON_AddStringToObject(co, "scale", scales[c->scale]);
+			if (c->scale == PLAN_SCALE_BLOCK || c->scale == PLAN_SCALE_MX)
+				cJSON_AddItemToObject(co, "block", i64_array(c->block, c->nblock));
+			if (c->scale != PLAN_SCALE_NONE)
+				cJSON_AddStringToObject(co, "scale_tensor", c->scale_tensor);
+		}
+		shards = cJSON_AddArrayToObject(o, "shards");
+		for (size_t k = 0; k < l->nshards; k++) {
+			cJSON *so = cJSON_CreateObject();
+
+			cJSON_AddNumberToObject(so, "rank", l->shards[k].rank);
+			cJSON_AddItemToObject(so, "offset", i64_array(l->shards[k].box.off, l->ndim));
+			cJSON_AddItemToObject(so, "size", i64_array(l->shards[k].box.size, l->ndim));
+			cJSON_AddItemToArray(shards, so);
+		}
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
 }
 
 refit_status_t
@@ -389,23 +461,3 @@ codec_boxes_json(const plan_layout_t *l, strbuf_t *out)
 	strbuf_puts(out, "\n]}");
 }
 
-void
-codec_convert_json(const plan_layout_t *l, strbuf_t *out)
-{
-	static const char *const scales[] = {"none", "tensor", "block", "mx"};
-	const plan_convert_t *c = l->conv;
-
-	if (c == NULL)
-		return;
-	strbuf_printf(out, ",\"convert\":{\"from\":\"%s\",\"scale\":\"%s\"",
-		      plan_dtype_name(c->from), scales[c->scale]);
-	if (c->scale == PLAN_SCALE_BLOCK || c->scale == PLAN_SCALE_MX) {
-		strbuf_puts(out, ",\"block\":");
-		strbuf_i64_list(out, c->block, c->nblock);
-	}
-	if (c->scale != PLAN_SCALE_NONE) {
-		strbuf_puts(out, ",\"scale_tensor\":");
-		strbuf_json_str(out, c->scale_tensor);
-	}
-	strbuf_puts(out, "}");
-}

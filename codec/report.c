@@ -72,9 +72,9 @@ codec_plan_json(const plan_t *p, const plan_cost_t *cost, strbuf_t *out)
 			      i ? "," : "", x->stage, x->from, x->to);
 		strbuf_json_str(out, p->tensors[x->tensor].name);
 		strbuf_puts(out, ", \"offset\": ");
-		strbuf_i64_list(out, x->box.off, nd);
+		strbuf_i64_list(out, plan_xfer_box(p, x)->off, nd);
 		strbuf_puts(out, ", \"size\": ");
-		strbuf_i64_list(out, x->box.size, nd);
+		strbuf_i64_list(out, plan_xfer_box(p, x)->size, nd);
 		strbuf_puts(out, "}");
 	}
 	strbuf_puts(out, "\n]}\n");

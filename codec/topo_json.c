@@ -3,6 +3,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -43,7 +44,16 @@ static refit_status_t
 parse_topo(const cJSON *root, plan_topo_t *t, refit_err_t *err)
 {
 	static const char *const keys[] = {"ranks", "network_gbps", "nvlink_gbps",
-					   "latency_us", "nic", NULL};
+					   "latency_us", "nic", "pack_gbps", "unpack_gbps",
+					   "connection_us", NULL};
+	static const struct {
+		const char *key, *what;
+		size_t off;
+	} host[] = { /* calibrated host costs (plan/topo.h) */
+		{"pack_gbps", "topology: pack_gbps", offsetof(plan_topo_t, pack_gbps)},
+		{"unpack_gbps", "topology: unpack_gbps", offsetof(plan_topo_t, unpack_gbps)},
+		{"connection_us", "topology: connection_us",
+		 offsetof(plan_topo_t, connection_us)}};
 	static const char *const lat_keys[] = {"network", "nvlink", NULL};
 	const cJSON *v;
 
@@ -79,6 +89,10 @@ parse_topo(const cJSON *root, plan_topo_t *t, refit_err_t *err)
 			CHECK(json_num(l, &t->latency_nvlink_us,
 				       "topology: latency_us.nvlink", err));
 	}
+	for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+		if ((v = cJSON_GetObjectItemCaseSensitive(root, host[i].key)) != NULL)
+			CHECK(json_num(v, (double *)((char *)t + host[i].off), host[i].what,
+				       err));
 	return plan_topo_check(t, err);
 }
 

@@ -1,6 +1,7 @@
 /*
  * config.c - the configuration table (see config.h).
  */
+#include <ctype.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -177,9 +178,15 @@ set_key(refitd_config_t *c, const key_t_ *k, const char *v, refit_err_t *err)
 					     "\"%s\" is not one of %s", k->name, v, k->choices);
 		/* fall through */
 	case K_STR:
+		/* "" unsets a key; one with a default (node_id: the hostname)
+		 * cannot be unset */
 		if (v[0] == '\0' && strcmp(k->name, "node_id") == 0)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"node_id\" "
 					     "is empty (leave it out for the hostname)");
+		if (v[0] == '\0' && k->def != NULL)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\" is "
+					     "empty (leave it out for the default \"%s\")", k->name,
+					     k->def);
 		free(*str_at(c, k));
 		*str_at(c, k) = v[0] ? xstrdup(v) : NULL;
 		return REFIT_OK;
@@ -190,8 +197,8 @@ set_key(refitd_config_t *c, const key_t_ *k, const char *v, refit_err_t *err)
 		CHECK(refit_parse_size(v, &n, k->name, err));
 		if (n < k->lo || n > k->hi)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": "
-					     "%" PRIu64 " bytes is outside %" PRIu64 " to %"
-					     PRIu64, k->name, n, k->lo, k->hi);
+					     "\"%s\" (%" PRIu64 " bytes) is outside %" PRIu64
+					     " to %" PRIu64 " bytes", k->name, v, n, k->lo, k->hi);
 		break;
 	}
 	*num_at(c, k) = n;
@@ -247,7 +254,8 @@ config_copy(refitd_config_t *dst, const refitd_config_t *src)
 refit_status_t
 config_parse(refitd_config_t *c, const char *text, size_t len, refit_err_t *err)
 {
-	cJSON *root = cJSON_ParseWithLength(text, len);
+	const char *end = NULL;
+	cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
 	const cJSON *it;
 	refitd_config_t tmp;
 	refit_status_t rc = REFIT_OK;
@@ -256,6 +264,15 @@ config_parse(refitd_config_t *c, const char *text, size_t len, refit_err_t *err)
 		cJSON_Delete(root);
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
 				     "config: not a JSON object (malformed JSON?)");
+	}
+	/* one object: cJSON stops after the first value and says nothing of
+	 * what follows */
+	while (end < text + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+		end++;
+	if (end < text + len) {
+		cJSON_Delete(root);
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: text after the JSON "
+				     "object at byte %zu: \"%.20s\"", (size_t)(end - text), end);
 	}
 	config_copy(&tmp, c);
 	cJSON_ArrayForEach(it, root) {
@@ -313,40 +330,43 @@ config_load(refitd_config_t *c, const char *path, refit_err_t *err)
 	return rc;
 }
 
-/* "host:port" with a port 0..65535 (0 only where allow0), or "unix:/path". */
+/* "host:port" with a port 0..65535 (0 only where allow0), or "unix:/path"
+ * where unix_ok; NULL (unset) passes. */
 static refit_status_t
-check_port(const char *key, const char *v, bool allow0, refit_err_t *err)
+check_port(const char *key, const char *v, bool allow0, bool unix_ok, refit_err_t *err)
 {
 	const char *p;
 	char *end;
 	unsigned long port;
 
-	if (v == NULL || strncmp(v, "unix:", 5) == 0)
+	if (v == NULL || (unix_ok && strncmp(v, "unix:", 5) == 0))
 		return REFIT_OK;
 	p = strrchr(v, ':');
 	if (p == NULL || p == v || p[1] == '\0')
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": \"%s\" is "
-				     "not host:port", key, v);
+				     "not host:port%s", key, v, unix_ok ? " or unix:/path" : "");
 	for (const char *q = p + 1; *q; q++)
 		if (*q < '0' || *q > '9')
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": port "
-					     "\"%s\" is not a number", key, p + 1);
+					     "\"%s\" is not a number in \"%s\"", key, p + 1, v);
 	port = strtoul(p + 1, &end, 10);
 	if (strlen(p + 1) > 5 || port > 65535 || (port == 0 && !allow0))
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": port %s is "
-				     "outside %d to 65535", key, p + 1, allow0 ? 0 : 1);
+				     "outside %d to 65535 in \"%s\"", key, p + 1, allow0 ? 0 : 1, v);
 	return REFIT_OK;
 }
 
 refit_status_t
 config_check(const refitd_config_t *c, refit_err_t *err)
 {
-	CHECK(check_port("listen", c->listen, true, err));
+	CHECK(check_port("listen", c->listen, true, true, err));
+	/* metrics: TCP only (metrics.c), port 0 binds any free port */
+	CHECK(check_port("metrics_listen", c->metrics_listen, true, false, err));
 	if (strcmp(c->role, "node") == 0) {
-		CHECK(check_port("coordinator", c->coordinator, false, err));
-		CHECK(check_port("advertise", c->advertise, false, err));
-		CHECK(check_port("data_listen", c->data_listen, true, err));
-		CHECK(check_port("data_advertise", c->data_advertise, false, err));
+		CHECK(check_port("coordinator", c->coordinator, false, true, err));
+		CHECK(check_port("advertise", c->advertise, false, true, err));
+		CHECK(check_port("data_listen", c->data_listen, true, true, err));
+		CHECK(check_port("data_advertise", c->data_advertise, false, true, err));
 	}
 	if (c->staging_bytes < PLAN_DEFAULT_CHUNK_BYTES)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: staging_bytes %" PRIu64
@@ -370,7 +390,9 @@ config_check(const refitd_config_t *c, refit_err_t *err)
 			int32_t *d = NULL;
 			size_t nd = 0;
 
-			if (config_parse_ranks(c->gpu_devices, &d, &nd, err) != REFIT_OK || nd != n) {
+			/* no err: its message would name "ranks", and the first
+			 * error set is the one kept */
+			if (config_parse_ranks(c->gpu_devices, &d, &nd, NULL) != REFIT_OK || nd != n) {
 				free(d);
 				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key "
 						     "\"gpu_devices\": \"%s\" must list one CUDA "
@@ -408,6 +430,38 @@ config_dump(const refitd_config_t *c, strbuf_t *out)
 	strbuf_puts(out, "\n}\n");
 }
 
+void
+config_help(strbuf_t *out)
+{
+	static const char *const kind[] = {
+		[K_STR] = "TEXT", [K_MS] = "MS", [K_SIZE] = "SIZE", [K_ENUM] = "",
+	};
+
+	for (size_t i = 0; i < NKEYS; i++) {
+		const key_t_ *k = &keys[i];
+		const char *sep = " (";
+
+		strbuf_puts(out, "  --");
+		for (const char *p = k->name; *p; p++)
+			strbuf_add(out, *p == '_' ? "-" : p, 1);
+		strbuf_printf(out, " %s", k->type == K_ENUM ? k->choices : kind[k->type]);
+		if (k->type == K_MS || k->type == K_SIZE) {
+			strbuf_printf(out, "%s%" PRIu64 " to %" PRIu64 "%s", sep, k->lo, k->hi,
+				      k->type == K_SIZE ? " bytes" : "");
+			sep = ", ";
+		}
+		if (k->def != NULL) {
+			strbuf_printf(out, "%sdefault %s", sep, k->def);
+			sep = ", ";
+		}
+		if (k->reloadable) {
+			strbuf_printf(out, "%sreloadable", sep);
+			sep = ", ";
+		}
+		strbuf_printf(out, "%s\n      %s\n", sep[0] == ',' ? ")" : "", k->help);
+	}
+}
+
 static int
 cmp_rank(const void *a, const void *b)
 {
@@ -427,24 +481,30 @@ config_parse_ranks(const char *spec, int32_t **out, size_t *n, refit_err_t *err)
 	if (spec == NULL || spec[0] == '\0')
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: the node role needs "
 				     "\"ranks\" (e.g. \"0-7\")");
-	while (*p) {
+	for (;;) {
 		char *end;
-		long a = strtol(p, &end, 10), b = a;
+		long a, b;
 
-		if (end == p || a < 0 || a >= (1 << 24))
+		/* digits only: strtol would also take blanks and signs */
+		if (!isdigit((unsigned char)*p))
+			goto bad;
+		a = b = strtol(p, &end, 10);
+		if (a >= (1 << 24))
 			goto bad;
 		p = end;
 		if (*p == '-') {
+			if (!isdigit((unsigned char)p[1]))
+				goto bad;
 			b = strtol(p + 1, &end, 10);
-			if (end == p + 1 || b < a || b >= (1 << 24) || b - a > 65536)
+			if (b < a || b >= (1 << 24) || b - a > 65536)
 				goto bad;
 			p = end;
 		}
 		for (long r = a; r <= b; r++)
 			VEC_PUSH(&v, (int32_t)r);
-		if (*p == ',')
-			p++;
-		else if (*p != '\0')
+		if (*p == '\0')
+			break;
+		if (*p++ != ',')
 			goto bad;
 	}
 	{

@@ -71,5 +71,8 @@ void config_diff(const refitd_config_t *a, const refitd_config_t *b,
 void config_apply_reloadable(refitd_config_t *running, const refitd_config_t *fresh);
 /* The effective configuration as JSON, every key. */
 void config_dump(const refitd_config_t *c, strbuf_t *out);
+/* Every key as its flag (--lease-ttl-ms), two lines each: the value (its
+ * kind or choices), bounds, default, whether reloadable; then the help. */
+void config_help(strbuf_t *out);
 
 #endif

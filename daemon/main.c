@@ -151,15 +151,17 @@ on_hup(uv_signal_t *h, int signum)
 static void
 usage(FILE *f)
 {
+	strbuf_t keys;
+
+	strbuf_init(&keys);
+	config_help(&keys);  /* from the key table: every key, as it is */
 	fprintf(f,
 		"usage: refitd [--config FILE] [--KEY VALUE ...]\n"
 		"       refitd --check-config FILE   validate FILE, print the effective config\n"
 		"Every config key is also a flag (--lease-ttl-ms 5000 sets lease_ttl_ms);\n"
-		"flags override the file.  Keys: role, listen, coordinator, tls_cert, tls_key,\n"
-		"tls_client_ca, tls_ca, token_file, lease_ttl_ms, heartbeat_ms, transport,\n"
-		"staging_bytes, max_msg_bytes, state_file, log_level, cuda_library,\n"
-		"nccl_library, gpu_kernels_library, gpu_devices, metrics_listen, log_format.\n"
-		"See config/*.json and docs/operations.md.\n");
+		"flags override the file.  See config/*.json, docs/control-plane.md and\n"
+		"docs/operations.md.  Keys:\n%s", keys.s);
+	strbuf_fini(&keys);
 }
 
 static char hostname_buf[256];

@@ -7,23 +7,22 @@
 #include "dataplane/convert.h"
 #include "dataplane/convert_elem.h"
 
-uint16_t
-dp_cvt_bf16(uint32_t u)
-{
-	return dp_elem_bf16(u);
-}
+/*
+ * The host entry points of the element rules, which live in convert_elem.h
+ * (shared with the CUDA kernels): each is the rule of that name, called.
+ */
+#define HOST_RULE(ret, name, arg, rule) \
+	ret name(arg v)                 \
+	{                               \
+		return rule(v);         \
+	}
 
-uint16_t
-dp_cvt_fp16(uint32_t u)
-{
-	return dp_elem_fp16(u);
-}
-
-uint8_t
-dp_cvt_e4m3(uint32_t u)
-{
-	return dp_elem_e4m3(u);
-}
+HOST_RULE(uint16_t, dp_cvt_bf16, uint32_t, dp_elem_bf16)
+HOST_RULE(uint16_t, dp_cvt_fp16, uint32_t, dp_elem_fp16)
+HOST_RULE(uint8_t, dp_cvt_e4m3, uint32_t, dp_elem_e4m3)
+HOST_RULE(uint32_t, dp_e4m3_scale_inv, uint32_t, dp_elem_scale_inv)
+HOST_RULE(uint8_t, dp_mx_scale, uint32_t, dp_elem_mx_scale)
+HOST_RULE(uint32_t, dp_mx_divisor, uint8_t, dp_elem_mx_divisor)
 
 #define bits_of dp_bits_of
 #define float_of dp_float_of
@@ -50,23 +49,6 @@ dp_cvt_widen(const void *p, plan_dtype_t dt)
 	}
 }
 
-uint32_t
-dp_e4m3_scale_inv(uint32_t amax)
-{
-	return dp_elem_scale_inv(amax);
-}
-
-uint8_t
-dp_mx_scale(uint32_t amax)
-{
-	return dp_elem_mx_scale(amax);
-}
-
-uint32_t
-dp_mx_divisor(uint8_t e8m0)
-{
-	return dp_elem_mx_divisor(e8m0);
-}
 
 bool
 dp_cvt_supported(plan_dtype_t from, plan_dtype_t to)
@@ -152,17 +134,6 @@ dp_amax_run(const void *src, plan_dtype_t dt, size_t n)
 	return m;
 }
 
-/* Pointer to global element g inside view v holding sh. */
-static uint8_t *
-at(const dp_view_t *v, const plan_shard_t *sh, const int64_t *g)
-{
-	int64_t off = 0;
-
-	for (int d = 0; d < v->ndim; d++)
-		off += (sh->local_off[d] + g[d] - sh->box.off[d]) * v->stride[d];
-	return v->base + off * (int64_t)v->elem;
-}
-
 /* Odometer over every dim but the last; false when done. */
 static bool
 next_row(int64_t *g, const plan_box_t *box, int nd)
@@ -193,7 +164,7 @@ dp_cvt_box(const dp_view_t *sv, const plan_shard_t *ss, plan_dtype_t from,
 	run = box->size[nd - 1];
 	memcpy(g, box->off, sizeof(g));
 	do {
-		uint8_t *s = at(sv, ss, g), *t = at(dv, ds, g);
+		uint8_t *s = dp_view_at(sv, ss, g), *t = dp_view_at(dv, ds, g);
 
 		if (sv->stride[nd - 1] == 1 && dv->stride[nd - 1] == 1) {
 			dp_cvt_run(s, from, t, to, scale_inv, (size_t)run);
@@ -221,7 +192,7 @@ dp_amax_box(const dp_view_t *sv, const plan_shard_t *ss, plan_dtype_t dt,
 	run = box->size[nd - 1];
 	memcpy(g, box->off, sizeof(g));
 	do {
-		uint8_t *s = at(sv, ss, g);
+		uint8_t *s = dp_view_at(sv, ss, g);
 
 		if (sv->stride[nd - 1] == 1) {
 			a = dp_amax_run(s, dt, (size_t)run);
@@ -262,7 +233,7 @@ put_scale(const dp_view_t *scv, const plan_shard_t *scs, const int64_t *gc, int 
 		one.size[d] = 1;
 	}
 	if (plan_box_contains(&scs->box, &one, nd))
-		memcpy(at(scv, scs, gc), src, scv->elem);
+		memcpy(dp_view_at(scv, scs, gc), src, scv->elem);
 }
 
 void

@@ -41,30 +41,29 @@ dp_elem_mx_divisor(uint8_t b)
 
 #endif
 
+/* The same 32 bits as the other type: the intrinsic on the device, memcpy
+ * on the host (no aliasing games). */
+#ifdef __CUDA_ARCH__
+#define DP_BITCAST(to, v, intrinsic) return intrinsic(v)
+#else
+#define DP_BITCAST(to, v, intrinsic)              \
+	do {                                      \
+		to r_;                            \
+		memcpy(&r_, &(v), sizeof(r_));    \
+		return r_;                        \
+	} while (0)
+#endif
+
 DP_HD uint32_t
 dp_bits_of(float f)
 {
-#ifdef __CUDA_ARCH__
-	return __float_as_uint(f);
-#else
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-#endif
+	DP_BITCAST(uint32_t, f, __float_as_uint);
 }
 
 DP_HD float
 dp_float_of(uint32_t u)
 {
-#ifdef __CUDA_ARCH__
-	return __uint_as_float(u);
-#else
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-#endif
+	DP_BITCAST(float, u, __uint_as_float);
 }
 
 /* a >> sh rounded to nearest, ties to even (1 <= sh <= 31) */
@@ -85,46 +84,49 @@ dp_elem_bf16(uint32_t u)
 	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* fp32 bits -> fp16 bits: IEEE nearest even, overflow to inf, NaN -> 0x7e00 */
+/*
+ * fp32 bits -> the bits of a narrower float, nearest even: the sign moves
+ * down sshift bits; NaN -> nan; |x| at or past over -> over_code (inf or the
+ * saturated max); normals (|x| >= normal) lose rebias from the exponent and
+ * drop low mantissa bits; below 2^(zero_e - 127) -> zero; the rest are
+ * subnormals, the significand shifted by sub_base - e.
+ */
+DP_HD uint32_t
+dp_narrow(uint32_t u, uint32_t sshift, uint32_t nan, uint32_t over, uint32_t over_code,
+	  uint32_t normal, uint32_t rebias, uint32_t drop, uint32_t zero_e, uint32_t sub_base)
+{
+	uint32_t s = (u & 0x80000000u) >> sshift;
+	uint32_t a = u & 0x7fffffffu, e = a >> 23;
+
+	if (a > 0x7f800000u)
+		return nan;
+	if (a >= over)
+		return s | over_code;
+	if (a >= normal) {
+		uint32_t r = a - (rebias << 23);
+
+		return s | ((r + ((1u << (drop - 1)) - 1) + ((r >> drop) & 1u)) >> drop);
+	}
+	if (e < zero_e)
+		return s;
+	return s | dp_shr_rne((a & 0x7fffffu) | 0x800000u, sub_base - e);
+}
+
+/* fp32 bits -> fp16 bits: IEEE nearest even, overflow to inf, NaN -> 0x7e00;
+ * >= 65520 rounds past 65504; normal from 2^-14; below 2^-25 rounds to zero */
 DP_HD uint16_t
 dp_elem_fp16(uint32_t u)
 {
-	uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
-	uint32_t a = u & 0x7fffffffu, e = a >> 23;
-
-	if (a > 0x7f800000u)
-		return 0x7e00;
-	if (a >= 0x477ff000u)           /* >= 65520: rounds past 65504 */
-		return s | 0x7c00;
-	if (a >= 0x38800000u) {          /* >= 2^-14: normal */
-		uint32_t r = a - (112u << 23);
-
-		return s | (uint16_t)((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
-	}
-	if (e < 102)                     /* < 2^-25: rounds to zero */
-		return s;
-	return s | (uint16_t)dp_shr_rne((a & 0x7fffffu) | 0x800000u, 126 - e);
+	return (uint16_t)dp_narrow(u, 16, 0x7e00, 0x477ff000u, 0x7c00, 0x38800000u, 112, 13, 102,
+				   126);
 }
 
-/* fp32 bits -> e4m3fn code: nearest even, saturating to +-448, NaN -> 0x7f */
+/* fp32 bits -> e4m3fn code: nearest even, saturating to +-448 (inf too),
+ * NaN -> 0x7f; normal from 2^-6; at most 2^-10 rounds to zero (ties to 0) */
 DP_HD uint8_t
 dp_elem_e4m3(uint32_t u)
 {
-	uint8_t s = (uint8_t)((u >> 24) & 0x80u);
-	uint32_t a = u & 0x7fffffffu, e = a >> 23;
-
-	if (a > 0x7f800000u)
-		return 0x7f;
-	if (a >= 0x43e00000u)            /* >= 448, inf: saturate */
-		return s | 0x7e;
-	if (a >= 0x3c800000u) {          /* >= 2^-6: normal */
-		uint32_t r = a - (120u << 23);
-
-		return s | (uint8_t)((r + 0x7ffffu + ((r >> 20) & 1u)) >> 20);
-	}
-	if (e < 117)                     /* <= 2^-10 (ties to 0) */
-		return s;
-	return s | (uint8_t)dp_shr_rne((a & 0x7fffffu) | 0x800000u, 141 - e);
+	return (uint8_t)dp_narrow(u, 24, 0x7f, 0x43e00000u, 0x7e, 0x3c800000u, 120, 20, 117, 141);
 }
 
 /* fp16 bits -> fp32 bits, exact */

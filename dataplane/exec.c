@@ -113,6 +113,8 @@ dp_exec_release(dp_exec_t *x, uint32_t round)
 			continue;
 		if (x->mem.dev)
 			x->mem.dev->free(x->mem.dev->ctx, s->rank, s->data);
+		else if (x->o.pool)
+			dp_pool_put(x->o.pool, s->data);
 		else
 			free(s->data);
 		x->staged_bytes -= (uint64_t)plan_box_volume(&s->box, x->dst->v[s->tensor].ndim) *
@@ -275,6 +277,12 @@ stage_part(dp_exec_t *x, int32_t rank, uint32_t t, uint32_t round, const plan_bo
 			return refit_err_set(err, REFIT_ERR_NOMEM, "executor: cannot allocate "
 					     "%" PRIu64 " bytes of device staging", bytes);
 		x->mem.dev->copy(x->mem.dev->ctx, rank, s.data, data, bytes);
+	} else if (x->o.pool) {
+		s.data = dp_pool_get(x->o.pool, bytes);
+		if (s.data == NULL)
+			return refit_err_set(err, REFIT_ERR_NOMEM, "executor: cannot map "
+					     "%" PRIu64 " bytes of relay staging", bytes);
+		memcpy(s.data, data, bytes);
 	} else {
 		s.data = xmalloc(bytes ? bytes : 1);
 		memcpy(s.data, data, bytes);

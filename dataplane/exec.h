@@ -19,6 +19,7 @@
 #ifndef REFIT_DATAPLANE_EXEC_H
 #define REFIT_DATAPLANE_EXEC_H
 
+#include "dataplane/pool.h"
 #include "dataplane/view.h"
 #include "plan/plan.h"
 
@@ -54,6 +55,7 @@ typedef struct dp_mem_ops {
 typedef struct dp_exec_opts {
 	bool verify;          /* CRC-32C per message */
 	int64_t corrupt_msg;  /* tests: flip a byte of this message (-1: none) */
+	dp_pool_t *pool;      /* host relay staging from this pool (NULL: malloc) */
 } dp_exec_opts_t;
 
 typedef struct dp_exec_stats {

@@ -62,9 +62,8 @@ dp_shard_of_box(plan_shard_t *sh, const plan_box_t *box)
 	sh->box = *box;
 }
 
-/* Pointer to global element start[] of the box inside view v holding sh. */
-static uint8_t *
-at(const dp_view_t *v, const plan_shard_t *sh, const int64_t *g)
+uint8_t *
+dp_view_at(const dp_view_t *v, const plan_shard_t *sh, const int64_t *g)
 {
 	int64_t off = 0;
 
@@ -102,7 +101,7 @@ dp_copy_box(const dp_view_t *sv, const plan_shard_t *ss, const dp_view_t *dv,
 	for (int d = 0; d < nd; d++)
 		g[d] = box->off[d];
 	for (;;) {
-		uint8_t *s = at(sv, ss, g), *t = at(dv, ds, g);
+		uint8_t *s = dp_view_at(sv, ss, g), *t = dp_view_at(dv, ds, g);
 
 		if (sv->stride[nd - 1] == 1 && dv->stride[nd - 1] == 1) {
 			memcpy(t, s, (size_t)run * e);

@@ -39,6 +39,8 @@ refit_status_t dp_local_shape(const plan_layout_t *l, int32_t rank, int32_t piec
  */
 void dp_copy_box(const dp_view_t *sv, const plan_shard_t *ss, const dp_view_t *dv,
 		 const plan_shard_t *ds, const plan_box_t *box);
+/* Pointer to global element g (inside sh's box) in view v, which holds sh. */
+uint8_t *dp_view_at(const dp_view_t *v, const plan_shard_t *sh, const int64_t *g);
 /* A shard describing a contiguous buffer that holds exactly box. */
 void dp_shard_of_box(plan_shard_t *sh, const plan_box_t *box);
 

@@ -8,6 +8,12 @@
  * per message it carries.  Stages are pipelined through chunks, so the
  * plan takes as long as its busiest resource, plus one chunk's fill time
  * for every stage after the first.  Local copies (from == to) are free.
+ * Calibrated host costs, when the topology gives them (0: not modelled):
+ * every NIC's ranks (a rank, or a node sharing one NIC) have a copier
+ * that packs what they send and unpacks what they receive over NVLink
+ * or the network at pack_gbps / unpack_gbps, a resource of its own that
+ * works while other messages are on the wire; and every distinct
+ * (from, to) network pair of NICs costs connection_us on both NICs once.
  *
  * Lower bound, for the same inputs and topology and independent of any
  * plan: a destination domain must receive over the network every byte its
@@ -179,6 +185,28 @@ charge(tm_t *m, plan_link_t l, int32_t from, int32_t to, uint64_t b, uint64_t n)
 	cnt[m->ns + (size_t)to] += b;
 }
 
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Setup time t on both NICs of every distinct network pair (from << 32 |
+ * to, NIC indices) in v[0..n). */
+static void
+connections(tm_t *m, uint64_t *v, size_t n, double t)
+{
+	if (n > 1)
+		qsort(v, n, sizeof(*v), cmp_u64);
+	for (size_t i = 0; i < n; i++)
+		if (i == 0 || v[i] != v[i - 1]) {
+			m->busy[(size_t)(v[i] >> 32)] += t;             /* net tx */
+			m->busy[m->ns + (size_t)(uint32_t)v[i]] += t;   /* net rx */
+		}
+}
+
 /*
  * Busy time of every resource under the message rule (plan.h), and the
  * pipeline fill of every used stage: one message of the stage before.
@@ -195,6 +223,10 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 	double *fill = xcalloc(per, sizeof(double)); /* per stage inside a round */
 	int64_t cur_stage = -1;
 
+	double pack_Bps = topo->pack_gbps * 1e9 / 8, unpack_Bps = topo->unpack_gbps * 1e9 / 8;
+	double *host = xcalloc(m.ns, sizeof(double)); /* per NIC index: copy time */
+	VEC(uint64_t) pairs = {0};
+
 	m.busy = xcalloc(4 * m.ns, sizeof(double));
 	m.nic = xcalloc(2 * m.ns, sizeof(uint64_t));
 	m.port = xcalloc(2 * m.ns, sizeof(uint64_t));
@@ -207,7 +239,7 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 				 x->from != p->xfers[i - 1].from || x->to != p->xfers[i - 1].to;
 
 		if (b > chunk) {
-			n = plan_box_chunk_count(&x->box, t->ndim, t->elem, chunk);
+			n = plan_box_chunk_count(plan_xfer_box(p, x), t->ndim, t->elem, chunk);
 			fill_bytes = chunk + 1;
 		} else if (new_group || fill_bytes + b > chunk) {
 			n = 1;
@@ -226,7 +258,19 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 		fill[x->stage % per] = fmax(fill[x->stage % per],
 					    (double)(b < chunk ? b : chunk) / m.bw[l] + m.lat[l]);
 		charge(&m, l, x->from, x->to, b, n);
+		if (pack_Bps > 0)
+			host[plan_topo_nic(topo, x->from)] += (double)b / pack_Bps;
+		if (unpack_Bps > 0)
+			host[plan_topo_nic(topo, x->to)] += (double)b / unpack_Bps;
+		if (topo->connection_us > 0 && l == PLAN_LINK_NETWORK && new_group)
+			VEC_PUSH(&pairs, (uint64_t)plan_topo_nic(topo, x->from) << 32 |
+					 (uint32_t)plan_topo_nic(topo, x->to));
 	}
+	connections(&m, pairs.v, pairs.n, topo->connection_us * 1e-6);
+	VEC_FREE(&pairs);
+	for (size_t i = 0; i < m.ns; i++)
+		tmax = fmax(tmax, host[i]);
+	free(host);
 	for (uint32_t k = 0; k < per; k++) {
 		fill_sum += fill[k];
 		fill_max = fmax(fill_max, fill[k]);

@@ -89,36 +89,23 @@ void plan_radix_sort(xkey_t *k, size_t n, int bits);
 /* Bits needed to write n (0 for 0). */
 int plan_bits_for(uint64_t n);
 
-/* Sort the transfers into plan order, count messages, digest (plan.c).
- * Takes ownership of raw (heap, from VEC or xmalloc). */
-void plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw);
+/*
+ * Sort the transfers raw[0..nraw) into plan order in place, count
+ * messages, digest (plan.c).  Takes ownership of raw and of the box table
+ * boxes[0..nboxes) their box fields index (both heap, from VEC or
+ * xmalloc, may be NULL when empty).
+ */
+void plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw, plan_box_t *boxes,
+		   size_t nboxes);
 /* Tensor table and options from the destination set (plan.c). */
 void plan_init_tensors(plan_t *p, const plan_layout_set_t *dst,
 		       const plan_opts_t *opts);
 
-/*
- * A compact transfer record: the box is an index into a table where each
- * box a planner cuts is stored once, however many transfers move it (a
- * part forwarded to 31 ranks of its domain is one box, 32 transfers).
- * 20 bytes instead of plan_xfer_t's 144 while the planner works.
- */
-typedef struct plan_cx {
-	uint32_t stage;
-	int32_t from, to;
-	uint32_t tensor;
-	uint32_t box;    /* index into the box table */
-} plan_cx_t;
+/* What the planners emit: plan_xfer_t itself (20 bytes, box by index). */
+typedef plan_xfer_t plan_cx_t;
 typedef VEC(plan_cx_t) cxvec_t;
 
-/* plan_finalize for compact records: sorts them into plan order and
- * writes p->xfers (exactly nraw, in order) from them and the box table;
- * frees raw (heap).  The plan is the one plan_finalize makes of the same
- * transfers. */
-void plan_finalize_compact(plan_t *p, plan_cx_t *raw, size_t nraw,
-			   const plan_box_t *boxes);
-
 /* Planners (planner.c, bcast.c). */
-typedef VEC(plan_xfer_t) xfervec_t;
 refit_status_t plan_reshard(const plan_layout_set_t *src,
 			    const plan_layout_set_t *dst, const size_t *map,
 			    const plan_topo_t *topo, const plan_opts_t *opts,

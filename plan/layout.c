@@ -366,6 +366,18 @@ resolve_dtensor(plan_layout_t *l, refit_err_t *err)
 	return REFIT_OK;
 }
 
+/* Name, dtype and shape of a layout being built (checked already). */
+static void
+set_head(plan_layout_t *l, const char *name, plan_dtype_t dtype, int ndim,
+	 const int64_t *shape)
+{
+	l->name = xstrdup(name);
+	l->dtype = dtype;
+	l->ndim = ndim;
+	for (int d = 0; d < ndim; d++) /* shape may be NULL for a scalar */
+		l->shape[d] = shape[d];
+}
+
 static refit_status_t
 check_common(const char *name, int ndim, const int64_t *shape, refit_err_t *err)
 {
@@ -474,11 +486,7 @@ plan_layout_init_dtensor(plan_layout_t *l, const char *name, plan_dtype_t dtype,
 	CHECK(check_mesh(name, ndim, mesh_ndim, mesh_shape, mesh, placements, err));
 	for (int i = 0; i < mesh_ndim; i++)
 		n *= (size_t)mesh_shape[i];
-	l->name = xstrdup(name);
-	l->dtype = dtype;
-	l->ndim = ndim;
-	for (int d = 0; d < ndim; d++) /* shape may be NULL for a scalar */
-		l->shape[d] = shape[d];
+	set_head(l, name, dtype, ndim, shape);
 	l->is_dtensor = true;
 	l->mesh_ndim = mesh_ndim;
 	memcpy(l->mesh_shape, mesh_shape, (size_t)mesh_ndim * sizeof(*mesh_shape));
@@ -524,11 +532,7 @@ plan_layout_init_explicit(plan_layout_t *l, const char *name, plan_dtype_t dtype
 					     shape[d]);
 		}
 	}
-	l->name = xstrdup(name);
-	l->dtype = dtype;
-	l->ndim = ndim;
-	for (int d = 0; d < ndim; d++) /* shape may be NULL for a scalar */
-		l->shape[d] = shape[d];
+	set_head(l, name, dtype, ndim, shape);
 	l->nshards = nshards;
 	l->shards = xcalloc(nshards ? nshards : 1, sizeof(*l->shards));
 	for (size_t i = 0; i < nshards; i++) {

@@ -234,6 +234,18 @@ note_problem(strbuf_t *sb, int *count, const char *what)
 	(*count)++;
 }
 
+/* Note a tensor that one side has and the other lacks. */
+static void
+note_missing(strbuf_t *sb, int *count, const char *name, const char *in, const char *not_in)
+{
+	strbuf_t t;
+
+	strbuf_init(&t);
+	strbuf_printf(&t, "tensor \"%s\" is in the %s but not in the %s", name, in, not_in);
+	note_problem(sb, count, t.s);
+	strbuf_fini(&t);
+}
+
 refit_status_t
 plan_match(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	   size_t **map, refit_err_t *err)
@@ -260,13 +272,7 @@ plan_match(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 
 		hit = xbsearch(&key, ix, src->n, sizeof(*ix), cmp_name);
 		if (hit == NULL) {
-			strbuf_t t;
-
-			strbuf_init(&t);
-			strbuf_printf(&t, "tensor \"%s\" is in the destination but not "
-				      "in the source", dst->v[i].name);
-			note_problem(&sb, &problems, t.s);
-			strbuf_fini(&t);
+			note_missing(&sb, &problems, dst->v[i].name, "destination", "source");
 			continue;
 		}
 		used[hit->i] = true;
@@ -276,15 +282,8 @@ plan_match(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 			note_problem(&sb, &problems, e.msg);
 	}
 	for (size_t i = 0; i < src->n; i++) {
-		if (!used[i]) {
-			strbuf_t t;
-
-			strbuf_init(&t);
-			strbuf_printf(&t, "tensor \"%s\" is in the source but not in the "
-				      "destination", src->v[i].name);
-			note_problem(&sb, &problems, t.s);
-			strbuf_fini(&t);
-		}
+		if (!used[i])
+			note_missing(&sb, &problems, src->v[i].name, "source", "destination");
 	}
 	if (problems > 0) {
 		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,

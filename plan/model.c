@@ -78,19 +78,27 @@ typedef struct gen {
 	refit_err_t *err;
 } gen_t;
 
+/* Add a dtensor layout on the n consecutive ranks from `first`. */
 static refit_status_t
 add(gen_t *g, plan_layout_set_t *set, const char *name, int ndim, const int64_t *shape,
-    int mdim, const int64_t *msh, const int32_t *mesh, const char *const *pl)
+    int mdim, const int64_t *msh, int64_t first, int64_t n, const char *const *pl)
 {
 	plan_placement_t p[4];
 	plan_layout_t l;
+	int32_t *mesh;
+	refit_status_t rc;
 
 	for (int i = 0; i < mdim; i++)
 		CHECK(plan_placement_parse(pl[i], &p[i], name, g->err));
-	CHECK(plan_layout_init_dtensor(&l, name, g->a->dtype, ndim, shape, mdim, msh, mesh, p,
-				       g->err));
-	plan_layout_set_add(set, &l);
-	return REFIT_OK;
+	mesh = xmalloc((size_t)n * sizeof(*mesh));
+	for (int64_t i = 0; i < n; i++)
+		mesh[i] = (int32_t)(first + i);
+	rc = plan_layout_init_dtensor(&l, name, g->a->dtype, ndim, shape, mdim, msh, mesh, p,
+				      g->err);
+	free(mesh);
+	if (rc == REFIT_OK)
+		plan_layout_set_add(set, &l);
+	return rc;
 }
 
 static const char *
@@ -131,22 +139,16 @@ add_train(gen_t *g, const char *name, int ndim, const int64_t *shape, split_t s,
 {
 	const plan_par_t *t = g->tr;
 	int64_t msh[4] = {t->dp / t->ep, t->ep}, n = t->dp * t->tp;
-	int32_t *mesh = xmalloc((size_t)n * sizeof(*mesh));
 	const char *pl[4] = {"Replicate()", "Replicate()", "Replicate()", "Replicate()"};
 	int md = 2;
-	refit_status_t rc;
 
-	for (int64_t i = 0; i < n; i++)
-		mesh[i] = (int32_t)(stage * n + i);
 	if (s == SPLIT_EXPERT) {
 		pl[1] = "Shard(0)";         /* experts over EP, whole per rank */
 		msh[md++] = t->tp;
 	} else {
 		md += tp_dims(g, t->tp, s, ndim, msh + 2, pl + 2);
 	}
-	rc = add(g, g->src, name, ndim, shape, md, msh, mesh, pl);
-	free(mesh);
-	return rc;
+	return add(g, g->src, name, ndim, shape, md, msh, stage * n, n, pl);
 }
 
 /* Inference: [dp][tp...] from the first inference rank. */
@@ -155,22 +157,16 @@ add_infer(gen_t *g, const char *name, int ndim, const int64_t *shape, split_t s)
 {
 	const plan_par_t *p = g->in;
 	int64_t msh[3] = {p->dp}, n = p->dp * p->tp;
-	int32_t *mesh = xmalloc((size_t)n * sizeof(*mesh));
 	const char *pl[3] = {"Replicate()", "Replicate()", "Replicate()"};
 	int md = 1;
-	refit_status_t rc;
 
-	for (int64_t i = 0; i < n; i++)
-		mesh[i] = (int32_t)(g->base + i);
 	if (s == SPLIT_EXPERT) {
 		msh[md] = p->tp;
 		pl[md++] = p->ep > 1 ? "Shard(0)" : "Replicate()";
 	} else {
 		md += tp_dims(g, p->tp, s, ndim, msh + 1, pl + 1);
 	}
-	rc = add(g, g->dst, name, ndim, shape, md, msh, mesh, pl);
-	free(mesh);
-	return rc;
+	return add(g, g->dst, name, ndim, shape, md, msh, g->base, n, pl);
 }
 
 /* One parameter on both sides. */

@@ -188,7 +188,7 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 	if (b > chunk) {
 		it->chunks.n = 0;
 		it->chunk_i = 0;
-		plan_box_chunk(&first->box, t->ndim, t->elem, chunk, &it->chunks);
+		plan_box_chunk(plan_xfer_box(p, first), t->ndim, t->elem, chunk, &it->chunks);
 		it->x++;
 		return plan_msgs_next(it, m);
 	}
@@ -199,7 +199,7 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 
 		if (xb > chunk || m->bytes + xb > chunk)
 			break;
-		VEC_PUSH(&it->parts, ((plan_part_t){(uint32_t)it->x, x->box, xb}));
+		VEC_PUSH(&it->parts, ((plan_part_t){(uint32_t)it->x, *plan_xfer_box(p, x), xb}));
 		m->bytes += xb;
 		it->x++;
 	}
@@ -210,32 +210,6 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 
 /* ---- sorting, digest ---------------------------------------------------- */
 
-
-static int
-cmp_full(const void *a, const void *b, void *ctx)
-{
-	const plan_xfer_t *v = ctx;
-	const plan_xfer_t *x = &v[((const xkey_t *)a)->idx], *y = &v[((const xkey_t *)b)->idx];
-
-	if (x->stage != y->stage)
-		return x->stage < y->stage ? -1 : 1;
-	if (x->from != y->from)
-		return x->from < y->from ? -1 : 1;
-	if (x->to != y->to)
-		return x->to < y->to ? -1 : 1;
-	if (x->tensor != y->tensor)
-		return x->tensor < y->tensor ? -1 : 1;
-	return plan_box_cmp(&x->box, &y->box, PLAN_MAX_DIMS);
-}
-
-static int
-cmp_box_idx(const void *a, const void *b, void *ctx)
-{
-	const plan_xfer_t *v = ctx;
-
-	return plan_box_cmp(&v[((const xkey_t *)a)->idx].box,
-			    &v[((const xkey_t *)b)->idx].box, PLAN_MAX_DIMS);
-}
 
 void
 plan_radix_sort(xkey_t *k, size_t n, int bits)
@@ -271,17 +245,19 @@ plan_bits_for(uint64_t n)
 	return b;
 }
 
-/* Comparison of compact records: the same order, boxes from the table. */
-typedef struct cxctx {
-	const plan_cx_t *v;
-	const plan_box_t *boxes;
-} cxctx_t;
+static int
+cmp_xfer_box(const void *a, const void *b, void *ctx)
+{
+	const plan_box_t *boxes = ctx;
+
+	return plan_box_cmp(&boxes[((const plan_xfer_t *)a)->box],
+			    &boxes[((const plan_xfer_t *)b)->box], PLAN_MAX_DIMS);
+}
 
 static int
-cmp_cx_full(const void *a, const void *b, void *ctx)
+cmp_xfer_full(const void *a, const void *b, void *ctx)
 {
-	const cxctx_t *c = ctx;
-	const plan_cx_t *x = &c->v[((const xkey_t *)a)->idx], *y = &c->v[((const xkey_t *)b)->idx];
+	const plan_xfer_t *x = a, *y = b;
 
 	if (x->stage != y->stage)
 		return x->stage < y->stage ? -1 : 1;
@@ -291,68 +267,85 @@ cmp_cx_full(const void *a, const void *b, void *ctx)
 		return x->to < y->to ? -1 : 1;
 	if (x->tensor != y->tensor)
 		return x->tensor < y->tensor ? -1 : 1;
-	return plan_box_cmp(&c->boxes[x->box], &c->boxes[y->box], PLAN_MAX_DIMS);
+	return cmp_xfer_box(a, b, ctx);
 }
 
-static int
-cmp_cx_box(const void *a, const void *b, void *ctx)
-{
-	const cxctx_t *c = ctx;
+/* Bits of the packed sort key: stage, from, to, tensor. */
+typedef struct xbits {
+	int s, f, t, x;
+} xbits_t;
 
-	return plan_box_cmp(&c->boxes[c->v[((const xkey_t *)a)->idx].box],
-			    &c->boxes[c->v[((const xkey_t *)b)->idx].box], PLAN_MAX_DIMS);
+static inline uint64_t
+xfer_key(const plan_xfer_t *x, const xbits_t *b)
+{
+	return ((((uint64_t)x->stage << b->f | (uint64_t)(uint32_t)x->from) << b->t |
+		 (uint64_t)(uint32_t)x->to) << b->x) | x->tensor;
 }
 
 /*
- * Order raw transfers by (stage, from, to, tensor, box): a radix sort on
- * the packed key (each field takes the bits its largest value needs, which
- * fits 64 bits for any realistic plan; else qsort), then equal keys by box.
- * Either full records (raw) or compact ones (cx with its box table).
+ * Order transfers by (stage, from, to, tensor, box), in place: an LSD
+ * radix sort of the records themselves on the packed key (each field takes
+ * the bits its largest value needs, which fits 64 bits for any realistic
+ * plan; else qsort), then runs of equal keys by box.  Memory: one copy of
+ * the records, no per-record keys.
  */
-#define XF(i, f) (raw ? raw[i].f : cx->v[i].f)
-static xkey_t *
-sort_any(const plan_xfer_t *raw, const cxctx_t *cx, size_t n)
+static void
+sort_xfers(plan_xfer_t *v, size_t n, const plan_box_t *boxes)
 {
-	xkey_t *k = xmalloc((n ? n : 1) * sizeof(*k));
 	uint64_t ms = 0, mf = 0, mt = 0, mx = 0;
-	int bs, bf, bt, bx;
+	xbits_t b;
+	int bits;
 
 	for (size_t i = 0; i < n; i++) {
-		ms = XF(i, stage) > ms ? XF(i, stage) : ms;
-		mf = (uint64_t)XF(i, from) > mf ? (uint64_t)XF(i, from) : mf;
-		mt = (uint64_t)XF(i, to) > mt ? (uint64_t)XF(i, to) : mt;
-		mx = XF(i, tensor) > mx ? XF(i, tensor) : mx;
+		ms = v[i].stage > ms ? v[i].stage : ms;
+		mf = (uint64_t)(uint32_t)v[i].from > mf ? (uint64_t)(uint32_t)v[i].from : mf;
+		mt = (uint64_t)(uint32_t)v[i].to > mt ? (uint64_t)(uint32_t)v[i].to : mt;
+		mx = v[i].tensor > mx ? v[i].tensor : mx;
 	}
-	bs = plan_bits_for(ms), bf = plan_bits_for(mf), bt = plan_bits_for(mt),
-	bx = plan_bits_for(mx);
-	if (bs + bf + bt + bx > 64) {
+	b = (xbits_t){plan_bits_for(ms), plan_bits_for(mf), plan_bits_for(mt),
+		      plan_bits_for(mx)};
+	bits = b.s + b.f + b.t + b.x;
+	if (n < 2)
+		return;
+	if (bits > 64) { /* rare: huge ids */
+		qsort_r(v, n, sizeof(*v), cmp_xfer_full, (void *)boxes);
+		return;
+	}
+	plan_xfer_t *tmp = xmalloc(n * sizeof(*tmp)), *a = v, *o = tmp;
+	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
+
+	for (int shift = 0; shift < bits; shift += 16) {
+		memset(cnt, 0, 65536 * sizeof(*cnt));
 		for (size_t i = 0; i < n; i++)
-			k[i] = (xkey_t){0, (uint32_t)i};
-		/* fall back: compare whole transfers (rare: huge ids) */
-		if (n > 1)
-			qsort_r(k, n, sizeof(*k), raw ? cmp_full : cmp_cx_full,
-				raw ? (void *)raw : (void *)cx);
-		return k;
+			cnt[(xfer_key(&a[i], &b) >> shift) & 0xffff]++;
+		for (size_t i = 0, sum = 0; i < 65536; i++) {
+			size_t c = cnt[i];
+
+			cnt[i] = sum;
+			sum += c;
+		}
+		for (size_t i = 0; i < n; i++)
+			o[cnt[(xfer_key(&a[i], &b) >> shift) & 0xffff]++] = a[i];
+		plan_xfer_t *sw = a;
+
+		a = o;
+		o = sw;
 	}
-	for (size_t i = 0; i < n; i++) {
-		k[i].key = ((((uint64_t)XF(i, stage) << bf | (uint64_t)XF(i, from)) << bt |
-			     (uint64_t)XF(i, to)) << bx) | XF(i, tensor);
-		k[i].idx = (uint32_t)i;
-	}
-	plan_radix_sort(k, n, bs + bf + bt + bx);
+	if (a != v)
+		memcpy(v, a, n * sizeof(*v));
+	free(tmp);
+	free(cnt);
 	for (size_t i = 0; i < n;) {
+		uint64_t key = xfer_key(&v[i], &b);
 		size_t j = i + 1;
 
-		while (j < n && k[j].key == k[i].key)
+		while (j < n && xfer_key(&v[j], &b) == key)
 			j++;
 		if (j - i > 1)
-			qsort_r(k + i, j - i, sizeof(*k), raw ? cmp_box_idx : cmp_cx_box,
-				raw ? (void *)raw : (void *)cx);
+			qsort_r(v + i, j - i, sizeof(*v), cmp_xfer_box, (void *)boxes);
 		i = j;
 	}
-	return k;
 }
-#undef XF
 
 /* Little-endian framing into a SHA-256 context through a small buffer. */
 typedef struct hw {
@@ -395,18 +388,27 @@ hw_u32(hw_t *w, uint32_t v)
 }
 
 /* LEB128 of a zigzag-coded signed value: small deltas cost one byte. */
-static void
+/* Room for `n` more bytes in the buffer. */
+static inline void
+hw_room(hw_t *w, size_t n)
+{
+	if (w->n + n > sizeof(w->buf)) {
+		sha256_update(&w->c, w->buf, w->n);
+		w->n = 0;
+	}
+}
+
+/* Written straight into the buffer: the caller made room (10 bytes). */
+static inline void
 hw_var(hw_t *w, int64_t v)
 {
 	uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
-	uint8_t b[10];
-	size_t n = 0;
 
-	do {
-		b[n++] = (uint8_t)((z & 0x7f) | (z > 0x7f ? 0x80 : 0));
+	while (z > 0x7f) {
+		w->buf[w->n++] = (uint8_t)(z | 0x80);
 		z >>= 7;
-	} while (z);
-	hw_bytes(w, b, n);
+	}
+	w->buf[w->n++] = (uint8_t)z;
 }
 
 /* The canonical form (see plan.h), hashed as it is written. */
@@ -435,21 +437,26 @@ compute_digest(plan_t *p)
 	hw_u64(&w, p->nxfers);
 	/* transfers: every field as the zigzag-varint delta from the previous
 	 * transfer's (a bijective encoding, so the digest still covers all) */
+	static const plan_box_t zero;
 	plan_xfer_t prev;
+	const plan_box_t *pb = &zero;
 
 	memset(&prev, 0, sizeof(prev));
 	for (size_t i = 0; i < p->nxfers; i++) {
 		const plan_xfer_t *x = &p->xfers[i];
+		const plan_box_t *xb = plan_xfer_box(p, x);
 
+		hw_room(&w, 10 * (4 + 2 * PLAN_MAX_DIMS));
 		hw_var(&w, (int64_t)x->stage - (int64_t)prev.stage);
 		hw_var(&w, (int64_t)x->from - prev.from);
 		hw_var(&w, (int64_t)x->to - prev.to);
 		hw_var(&w, (int64_t)x->tensor - (int64_t)prev.tensor);
 		for (int d = 0; d < p->tensors[x->tensor].ndim; d++) {
-			hw_var(&w, x->box.off[d] - prev.box.off[d]);
-			hw_var(&w, x->box.size[d] - prev.box.size[d]);
+			hw_var(&w, xb->off[d] - pb->off[d]);
+			hw_var(&w, xb->size[d] - pb->size[d]);
 		}
 		prev = *x;
+		pb = xb;
 	}
 	sha256_update(&w.c, w.buf, w.n);
 	sha256_final(&w.c, p->digest);
@@ -470,7 +477,7 @@ count_msgs(const plan_t *p)
 		bool new_group = i == 0 || !same_group(&p->xfers[i - 1], x);
 
 		if (b > chunk) {
-			n += plan_box_chunk_count(&x->box, t->ndim, t->elem, chunk);
+			n += plan_box_chunk_count(plan_xfer_box(p, x), t->ndim, t->elem, chunk);
 			fill = chunk + 1; /* nothing packs after a chunked transfer */
 			continue;
 		}
@@ -496,54 +503,12 @@ finish(plan_t *p, size_t nraw)
 }
 
 void
-plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw)
+plan_finalize(plan_t *p, plan_xfer_t *raw, size_t nraw, plan_box_t *boxes, size_t nboxes)
 {
-	xkey_t *k = sort_any(raw, NULL, nraw);
-
-	/* apply the order in place, cycle by cycle: no second copy of what
-	 * may be millions of transfers */
-	for (size_t i = 0; i < nraw; i++) {
-		plan_xfer_t tmp;
-		size_t j = i;
-
-		if (k[i].idx == i)
-			continue;
-		tmp = raw[i];
-		while (k[j].idx != i) {
-			size_t next = k[j].idx;
-
-			raw[j] = raw[next];
-			k[j].idx = (uint32_t)j;
-			j = next;
-		}
-		raw[j] = tmp;
-		k[j].idx = (uint32_t)j;
-	}
-	free(k);
+	sort_xfers(raw, nraw, boxes);
 	p->xfers = raw;
-	finish(p, nraw);
-}
-
-void
-plan_finalize_compact(plan_t *p, plan_cx_t *raw, size_t nraw, const plan_box_t *boxes)
-{
-	cxctx_t c = {raw, boxes};
-	xkey_t *k = sort_any(NULL, &c, nraw);
-
-	/* the full records are written once, in order, at their final size */
-	p->xfers = nraw ? xmalloc(nraw * sizeof(*p->xfers)) : NULL;
-	for (size_t i = 0; i < nraw; i++) {
-		const plan_cx_t *x = &raw[k[i].idx];
-		plan_xfer_t *o = &p->xfers[i];
-
-		o->stage = x->stage;
-		o->from = x->from;
-		o->to = x->to;
-		o->tensor = x->tensor;
-		o->box = boxes[x->box];
-	}
-	free(k);
-	free(raw);
+	p->boxes = boxes;
+	p->nboxes = nboxes;
 	finish(p, nraw);
 }
 
@@ -556,6 +521,7 @@ plan_fini(plan_t *p)
 		free(p->tensors[i].name);
 	free(p->tensors);
 	free(p->xfers);
+	free(p->boxes);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -624,9 +590,9 @@ plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		goto out;
 	plan_init_tensors(p, dst, opts);
 	p->stages_per_round = per_round;
-	plan_finalize_compact(p, craw.v, craw.n, boxes.v);
-	craw.v = NULL; /* freed there */
-	craw.n = craw.cap = 0;
+	plan_finalize(p, craw.v, craw.n, boxes.v, boxes.n);
+	craw = (cxvec_t){0}; /* the plan's now */
+	boxes = (boxvec_t){0};
 out:
 	VEC_FREE(&craw);
 	VEC_FREE(&boxes);

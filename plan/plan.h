@@ -63,11 +63,17 @@ typedef enum plan_link {
 	PLAN_LINK_COUNT
 } plan_link_t;
 
+/*
+ * One transfer: 20 bytes.  Its box is an index into the plan's box table,
+ * where each box a planner cuts is stored once however many transfers move
+ * it (a part forwarded to 31 ranks of its domain: one box, 32 transfers);
+ * plan_xfer_box gives the box.
+ */
 typedef struct plan_xfer {
 	uint32_t stage;
 	int32_t from, to;
 	uint32_t tensor; /* index into plan->tensors */
-	plan_box_t box;
+	uint32_t box;    /* index into plan->boxes */
 } plan_xfer_t;
 
 typedef struct plan_tensor_ref {
@@ -83,6 +89,8 @@ typedef struct plan {
 	uint32_t ntensors;
 	plan_xfer_t *xfers;         /* sorted by (stage, from, to, tensor, box) */
 	size_t nxfers;
+	plan_box_t *boxes;          /* the transfers' boxes (plan_xfer_box) */
+	size_t nboxes;
 	size_t nmsgs;               /* messages the message rule makes */
 	uint32_t nstages;
 	uint32_t stages_per_round;  /* stage s belongs to round s / this */
@@ -146,12 +154,20 @@ refit_status_t plan_build(const plan_layout_set_t *src,
 			  const plan_opts_t *opts, plan_t *p, refit_err_t *err);
 void plan_fini(plan_t *p);
 
+/* The box transfer x moves (x one of p's transfers, or a record whose box
+ * index is below p->nboxes). */
+static inline const plan_box_t *
+plan_xfer_box(const plan_t *p, const plan_xfer_t *x)
+{
+	return &p->boxes[x->box];
+}
+
 static inline uint64_t
 plan_xfer_bytes(const plan_t *p, const plan_xfer_t *x)
 {
 	const plan_tensor_ref_t *t = &p->tensors[x->tensor];
 
-	return (uint64_t)plan_box_volume(&x->box, t->ndim) * t->elem;
+	return (uint64_t)plan_box_volume(plan_xfer_box(p, x), t->ndim) * t->elem;
 }
 
 plan_link_t plan_link_of(const plan_topo_t *topo, int32_t from, int32_t to);
@@ -161,7 +177,9 @@ const char *plan_link_name(plan_link_t l);
  * The digest covers the plan's canonical form: a fixed little-endian
  * binary encoding of the options, the tensor table (name, dtype, ndim) and
  * every transfer in plan order (stage, from, to, tensor, then offset and
- * size per dim), framed by lengths.  See plan.c.
+ * size per dim of its box), framed by lengths.  Box indices are not part
+ * of it: how the box table is laid out does not change the digest.  See
+ * plan.c.
  */
 
 /* ---- validator ----------------------------------------------------- */

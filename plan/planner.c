@@ -27,15 +27,31 @@
 
 #include "plan/internal.h"
 
-typedef struct work {
+/*
+ * A piece: one box of one source group's data, stored once however many
+ * domains need it (they form its run).  Work items, one per (domain,
+ * piece), are 16 bytes: a 2,048-rank plan has over ten million.
+ */
+typedef struct piece {
 	plan_box_t box;
 	uint64_t bytes;
-	uint32_t tensor, seq;
-	int32_t domain;
+	uint32_t tensor;
 	uint32_t h0, nh;  /* holders in the arena */
-	uint32_t n0, nn;  /* ranks needing it, in the arena */
-	bool local;
+} piece_t;
+
+typedef struct work {
+	uint32_t piece;
+	int32_t domain;
+	uint32_t n0;      /* ranks needing it, in the arena */
+	uint32_t nn : 31;
+	uint32_t local : 1; /* a holder is in the domain */
 } work_t;
+
+/* Pieces by (holders, box): open addressing, slot = piece index + 1. */
+typedef struct pieceidx {
+	uint32_t *slot;
+	size_t cap;
+} pieceidx_t;
 
 typedef struct loads {
 	uint64_t *net_send, *net_recv, *nvl_send, *nvl_recv; /* per rank id */
@@ -60,11 +76,38 @@ typedef struct relays {
 	VEC(relrec_t) rec;
 } relays_t;
 
+/*
+ * The relayed run being assigned (assign_relayed): for each served domain
+ * in the pool, its load when no part-specific rank counts (v: the hop
+ * load, or its least-loaded needing NIC's), kept current as NICs send;
+ * and per part the served domains where one does (a receiver that does
+ * not need the part, a helper), listed in spec.  The domain pick_sender
+ * wants is then the least of v, or one of those.
+ */
+typedef struct specrec {
+	uint32_t entry;
+	int32_t next;     /* -1: end */
+} specrec_t;
+
+struct served;
+
+typedef struct run {
+	struct served *sv;  /* NULL: no run */
+	size_t n;           /* entries in the pool (with v) */
+	double *v;
+	int32_t *spec_head; /* per part */
+	VEC(specrec_t) spec;
+	int32_t *dom_slot;  /* per domain: its entry in the run, -1 */
+} run_t;
+
 typedef struct reshard {
 	const plan_layout_set_t *dst;
 	const plan_topo_t *topo;
 	const plan_opts_t *opts;
 	VEC(work_t) work;
+	i32vec_t scratch;     /* assign_local's */
+	VEC(piece_t) pieces;
+	pieceidx_t pidx;
 	i32vec_t arena;
 	uint32_t *group_off;  /* per source group of the current tensor */
 	loads_t ld;
@@ -93,9 +136,81 @@ typedef struct reshard {
 	uint8_t *busy;        /* per rank: holds or needs something */
 	uint8_t *hop_in, *hop_out; /* per domain */
 	relays_t relayed;     /* what each rank received as relay data */
+	run_t run;            /* the relayed run being assigned */
+	int32_t *nic_dom;     /* per NIC: the domain of its ranks (-1: several) */
+	uint64_t *dom_gen, all_gen; /* send generations (send_gen) */
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
 } reshard_t;
+
+static inline const piece_t *
+pc(const reshard_t *rs, const work_t *w)
+{
+	return &rs->pieces.v[w->piece];
+}
+
+/* A hash of the piece's key; its dims beyond the tensor's (nd) do not
+ * count here, but piece_slot compares whole boxes. */
+static uint64_t
+piece_hash(uint32_t h0, const plan_box_t *b, int nd)
+{
+	uint64_t h = h0 * 0x9e3779b97f4a7c15ull;
+
+	for (int d = 0; d < nd; d++) {
+		h = (h ^ (uint64_t)b->off[d]) * 0xff51afd7ed558ccdull;
+		h = (h ^ (uint64_t)b->size[d]) * 0xc4ceb9fe1a85ec53ull;
+	}
+	return h ^ (h >> 29);
+}
+
+static size_t
+piece_slot(const reshard_t *rs, uint32_t h0, const plan_box_t *b, int nd)
+{
+	const pieceidx_t *ix = &rs->pidx;
+	size_t i = (size_t)piece_hash(h0, b, nd) & (ix->cap - 1);
+
+	for (;; i = (i + 1) & (ix->cap - 1)) {
+		const piece_t *p;
+
+		if (ix->slot[i] == 0)
+			return i;
+		p = &rs->pieces.v[ix->slot[i] - 1];
+		if (p->h0 == h0 && memcmp(&p->box, b, sizeof(*b)) == 0)
+			return i;
+	}
+}
+
+/* The piece (holders h0, box b), added when new. */
+static uint32_t
+piece_of(reshard_t *rs, uint32_t h0, uint32_t nh, uint32_t tensor, const plan_box_t *b,
+	 uint64_t bytes)
+{
+	pieceidx_t *ix = &rs->pidx;
+	size_t i;
+
+	if (2 * (rs->pieces.n + 1) > ix->cap) {
+		pieceidx_t old = *ix;
+
+		ix->cap = ix->cap ? ix->cap * 2 : 4096;
+		ix->slot = xcalloc(ix->cap, sizeof(*ix->slot));
+		for (size_t k = 0; k < old.cap; k++)
+			if (old.slot[k] != 0) {
+				const piece_t *p = &rs->pieces.v[old.slot[k] - 1];
+
+				ix->slot[piece_slot(rs, p->h0, &p->box,
+						    rs->dst->v[p->tensor].ndim)] = old.slot[k];
+			}
+		free(old.slot);
+	}
+	i = piece_slot(rs, h0, b, rs->dst->v[tensor].ndim);
+	if (ix->slot[i] == 0) {
+		piece_t p = {.box = *b, .bytes = bytes, .tensor = tensor, .h0 = h0, .nh = nh};
+
+		VEC_PUSH(&rs->pieces, p);
+		ix->slot[i] = (uint32_t)rs->pieces.n;
+	}
+	return ix->slot[i] - 1;
+}
 
 static void
 on_item(void *ctx, const needs_item_t *it)
@@ -103,25 +218,21 @@ on_item(void *ctx, const needs_item_t *it)
 	reshard_t *rs = ctx;
 	const plan_layout_t *t = &rs->dst->v[it->tensor];
 	const srcgroup_t *g = &it->src->g[it->group];
-	work_t w = {
-		.box = *it->box, .tensor = it->tensor, .domain = it->domain,
-		.seq = (uint32_t)rs->work.n, .nh = g->nh, .nn = it->nneed,
-		.local = it->local,
-	};
+	work_t w = {.domain = it->domain, .nn = it->nneed, .local = it->local};
+	uint64_t bytes = (uint64_t)plan_box_volume(it->box, t->ndim) *
+			 plan_dtype_size(t->dtype);
 
-	w.bytes = (uint64_t)plan_box_volume(it->box, t->ndim) *
-		  plan_dtype_size(t->dtype);
 	if (!it->local) {
-		rs->dom_in[it->domain] += w.bytes;
+		rs->dom_in[it->domain] += bytes;
 		for (uint32_t k = 0; k < it->nneed; k++)
-			rs->own_in[plan_topo_nic(rs->topo, it->need[k])] += w.bytes / it->nneed;
+			rs->own_in[plan_topo_nic(rs->topo, it->need[k])] += bytes / it->nneed;
 	}
 	if (rs->group_off[it->group] == UINT32_MAX) {
 		rs->group_off[it->group] = (uint32_t)rs->arena.n;
 		for (uint32_t k = 0; k < g->nh; k++)
 			VEC_PUSH(&rs->arena, it->src->holders[g->h0 + k]);
 	}
-	w.h0 = rs->group_off[it->group];
+	w.piece = piece_of(rs, rs->group_off[it->group], g->nh, it->tensor, it->box, bytes);
 	w.n0 = (uint32_t)rs->arena.n;
 	for (uint32_t k = 0; k < it->nneed; k++)
 		VEC_PUSH(&rs->arena, it->need[k]);
@@ -147,10 +258,11 @@ least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t
 static uint32_t
 holder_domains(const reshard_t *rs, const work_t *w)
 {
-	const int32_t *h = rs->arena.v + w->h0;
+	const piece_t *pw = pc(rs, w);
+	const int32_t *h = rs->arena.v + pw->h0;
 	uint32_t n = 0;
 
-	for (uint32_t k = 0; k < w->nh; k++) {
+	for (uint32_t k = 0; k < pw->nh; k++) {
 		bool seen = false;
 
 		for (uint32_t j = 0; j < k && !seen; j++)
@@ -274,6 +386,16 @@ number_stages(reshard_t *rs)
 	return per;
 }
 
+/* true when rank is one of ranks[0..n) */
+static bool
+among_n(const int32_t *ranks, uint32_t n, int32_t rank)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ranks[i] == rank)
+			return true;
+	return false;
+}
+
 /* true when rank is one of the n sorted ranks */
 static bool
 among(const int32_t *ranks, uint32_t n, int32_t rank)
@@ -330,7 +452,7 @@ static bool
 relay_ok(const reshard_t *rs, int32_t rank, bool dst_ok)
 {
 	const relays_t *m = &rs->relayed;
-	uint32_t t = rs->cur_w->tensor;
+	uint32_t t = pc(rs, rs->cur_w)->tensor;
 	int nd = rs->dst->v[t].ndim;
 	uint64_t key = ((uint64_t)t << 32 | (uint32_t)rank) + 1;
 	size_t i;
@@ -354,7 +476,7 @@ static void
 relay_note(reshard_t *rs, int32_t rank)
 {
 	relays_t *m = &rs->relayed;
-	uint64_t key = ((uint64_t)rs->cur_w->tensor << 32 | (uint32_t)rank) + 1;
+	uint64_t key = ((uint64_t)pc(rs, rs->cur_w)->tensor << 32 | (uint32_t)rank) + 1;
 	relrec_t r = {rs->cur_box, UINT32_MAX};
 	size_t i;
 
@@ -401,26 +523,29 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b)
 static void
 assign_local(reshard_t *rs, const work_t *w)
 {
-	const int32_t *h = rs->arena.v + w->h0, *need = rs->arena.v + w->n0;
-	int32_t *in_dom = xmalloc(w->nh * sizeof(*in_dom));
-	uint32_t nin = 0, bid = box_add(rs, &w->box);
+	const piece_t *pw = pc(rs, w);
+	const int32_t *h = rs->arena.v + pw->h0, *need = rs->arena.v + w->n0;
+	int32_t *in_dom;
+	uint32_t nin = 0, bid = box_add(rs, &pw->box);
 
-	for (uint32_t k = 0; k < w->nh; k++)
+	VEC_RESERVE(&rs->scratch, pw->nh);
+	in_dom = rs->scratch.v;
+
+	for (uint32_t k = 0; k < pw->nh; k++)
 		if (plan_topo_domain(rs->topo, h[k]) == w->domain)
 			in_dom[nin++] = h[k];
 	for (uint32_t k = 0; k < w->nn; k++) {
 		int32_t n = need[k], s;
 
-		if (xbsearch(&n, h, w->nh, sizeof(*h), cmp_i32v) != NULL) {
-			emit(rs, 0, n, n, w->tensor, bid);
+		if (xbsearch(&n, h, pw->nh, sizeof(*h), cmp_i32v) != NULL) {
+			emit(rs, 0, n, n, pw->tensor, bid);
 			continue;
 		}
 		s = least(in_dom, nin, rs->ld.nvl_send);
-		rs->ld.nvl_send[s] += w->bytes;
-		rs->ld.nvl_recv[n] += w->bytes;
-		emit(rs, 0, s, n, w->tensor, bid);
+		rs->ld.nvl_send[s] += pw->bytes;
+		rs->ld.nvl_recv[n] += pw->bytes;
+		emit(rs, 0, s, n, pw->tensor, bid);
 	}
-	free(in_dom);
 }
 
 /*
@@ -432,50 +557,58 @@ assign_local(reshard_t *rs, const work_t *w)
 static int64_t
 part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 {
+	const piece_t *pw = pc(rs, w);
 	uint64_t min_part = rs->opts->chunk_bytes / 16;
 	int64_t want = w->nn, cap;
 
 	if (min_part < (64u << 10))
 		min_part = 64u << 10;
-	cap = (int64_t)(w->bytes / min_part);
+	cap = (int64_t)(pw->bytes / min_part);
 	if (want > cap)
 		want = cap;
 	if (want < 2 || ndim == 0)
 		return 1;
 	for (int d = 0; d < ndim; d++) {
-		if (w->box.size[d] >= want) {
+		if (pw->box.size[d] >= want) {
 			*dim = d;
 			return want;
 		}
 	}
 	*dim = 0;
 	for (int d = 1; d < ndim; d++)
-		if (w->box.size[d] > w->box.size[*dim])
+		if (pw->box.size[d] > pw->box.size[*dim])
 			*dim = d;
-	return w->box.size[*dim];
+	return pw->box.size[*dim];
 }
 
 /* How a piece reached a domain: its parts, who took each in and when. */
+typedef struct spart {
+	int32_t recv;     /* the rank that took it in */
+	uint32_t at;      /* the stage it crossed into the domain */
+	int32_t help;     /* the rank it was copied to for sending on (-1:
+			     none yet), which holds it from help_at */
+	uint32_t help_at;
+} spart_t;
+
 typedef struct served {
 	plan_box_t *parts;
-	int32_t *recv;
-	uint32_t *at;     /* per part: the stage it crossed into the domain */
-	int32_t *help;    /* per part: the rank it was copied to for sending
-			     on (-1: none yet), which holds it from help_at */
-	uint32_t *help_at;
+	spart_t *pt;      /* per part */
+	void *mem;        /* one block holding the arrays above (parts may
+			     be another domain's: the same boxes) */
 	int64_t np;
 	uint32_t box0;    /* the parts' first index in the box table */
 	const work_t *w;  /* the domain's work item (domain, ranks needing it) */
+	int32_t dom;      /* w->domain */
+	/* the first rank needing it whose NIC has sent least, and that load,
+	 * as of send generation gen (see send_gen) */
+	uint64_t gen, min_load;
+	int32_t min_rank;
 } served_t;
 
 static void
 served_fini(served_t *s)
 {
-	free(s->parts);
-	free(s->recv);
-	free(s->at);
-	free(s->help);
-	free(s->help_at);
+	free(s->mem);
 }
 
 static uint64_t
@@ -485,23 +618,46 @@ nic_send(const reshard_t *rs, int32_t r)
 }
 
 /*
+ * Send generations: a count that changes whenever a NIC of domain d sends
+ * more (NICs shared across domains bump every domain's), so a minimum
+ * over a domain's NICs can be kept until then.  Never 0.
+ */
+static uint64_t
+send_gen(const reshard_t *rs, int32_t d)
+{
+	return rs->dom_gen[d] + rs->all_gen + 1;
+}
+
+static void
+send_add(reshard_t *rs, int32_t rank, uint64_t b)
+{
+	int32_t nic = plan_topo_nic(rs->topo, rank);
+
+	rs->ld.net_send[nic] += b;
+	if (rs->nic_dom[nic] >= 0)
+		rs->dom_gen[rs->nic_dom[nic]]++;
+	else
+		rs->all_gen++;
+}
+
+/*
  * Hierarchical send: the least-loaded NIC of domain d, when it is less
  * loaded than `best`'s and its rank may stage b more bytes; else best.
  */
 static int32_t
 helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 {
-	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0;
-	int32_t g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
+	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0, g;
 
-	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop ||
-	    nic_send(rs, g) >= nic_send(rs, best) ||
+	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop)
+		return best;
+	g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
+	if (nic_send(rs, g) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
 		return best;
 	return g;
 }
-
 
 /*
  * The least-loaded rank of served domain sv holding part p, and from which
@@ -509,36 +665,117 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
  * helper it was copied to for an earlier wave, or a rank needing it (two
  * stages after: it was forwarded).
  */
+/* Refresh sv's least-loaded needing rank when a NIC of its domain has
+ * sent more since: the first of the ranks needing it with the least load. */
+static void
+served_min_slow(const reshard_t *rs, const served_t *sv, uint64_t gen)
+{
+	const int32_t *need = rs->arena.v + sv->w->n0;
+	served_t *c = (served_t *)sv;
+
+	c->min_rank = -1;
+	c->min_load = UINT64_MAX;
+	for (uint32_t k = 0; k < sv->w->nn; k++)
+		if (nic_send(rs, need[k]) < c->min_load) {
+			c->min_rank = need[k];
+			c->min_load = nic_send(rs, need[k]);
+		}
+	c->gen = gen;
+}
+
+static inline void
+served_min(const reshard_t *rs, const served_t *sv)
+{
+	uint64_t gen = send_gen(rs, sv->dom);
+
+	if (sv->gen != gen)
+		served_min_slow(rs, sv, gen);
+}
+
+/*
+ * The least-loaded rank of served domain sv holding part p, and from which
+ * stage (*stage): the rank that took it in (one stage after it arrived), a
+ * helper it was copied to for an earlier wave, or a rank needing it (two
+ * stages after: it was forwarded).  Of the ranks needing it, the first with
+ * the least load, when below the others' (what taking each strictly less
+ * loaded one in turn gives).
+ */
 static int32_t
 least_holding(const reshard_t *rs, const served_t *sv, int64_t p, uint32_t *stage)
 {
-	const int32_t *need = rs->arena.v + sv->w->n0;
-	int32_t best = sv->recv[p];
+	int32_t best = sv->pt[p].recv;
 
-	*stage = sv->at[p] + 1;
-	if (sv->help[p] >= 0 && nic_send(rs, sv->help[p]) < nic_send(rs, best)) {
-		best = sv->help[p];
-		*stage = sv->help_at[p];
+	*stage = sv->pt[p].at + 1;
+	if (sv->pt[p].help >= 0 && nic_send(rs, sv->pt[p].help) < nic_send(rs, best)) {
+		best = sv->pt[p].help;
+		*stage = sv->pt[p].help_at;
 	}
-	for (uint32_t k = 0; k < sv->w->nn; k++)
-		if (nic_send(rs, need[k]) < nic_send(rs, best)) {
-			best = need[k];
-			*stage = sv->at[p] + 2;
-		}
+	served_min(rs, sv);
+	if (sv->min_load < nic_send(rs, best)) {
+		best = sv->min_rank;
+		*stage = sv->pt[p].at + 2;
+	}
 	return best;
 }
 
 /* How loaded the NICs are that could pass part p on from served domain sv:
- * all of the domain's when it may hop, else the ranks holding the part. */
-static double
+ * all of the domain's when it may hop, else the least loaded of the ranks
+ * holding the part (least_holding's choice). */
+static inline double
 relay_load(const reshard_t *rs, const served_t *sv, int64_t p)
 {
-	int32_t d = sv->w->domain;
-	uint32_t st;
+	int32_t d = sv->dom;
+	uint64_t l;
 
 	if (rs->hop_out[d])
 		return (double)rs->dom_send[d] / rs->topo->domain_size[d];
-	return (double)nic_send(rs, least_holding(rs, sv, p, &st));
+	served_min(rs, sv);
+	l = sv->min_load;
+	if (nic_send(rs, sv->pt[p].recv) < l)
+		l = nic_send(rs, sv->pt[p].recv);
+	if (sv->pt[p].help >= 0 && nic_send(rs, sv->pt[p].help) < l)
+		l = nic_send(rs, sv->pt[p].help);
+	return (double)l;
+}
+
+/* A served domain's load when no part-specific rank counts: relay_load
+ * of a part it took in through a rank needing it and has no helper for. */
+static double
+run_value(const reshard_t *rs, const served_t *sv)
+{
+	if (rs->hop_out[sv->dom])
+		return (double)rs->dom_send[sv->dom] / rs->topo->domain_size[sv->dom];
+	served_min(rs, sv);
+	return (double)sv->min_load;
+}
+
+/* After rank s sent more: the run's values that may have changed. */
+static void
+run_touch(reshard_t *rs, int32_t s)
+{
+	run_t *r = &rs->run;
+	int32_t d = plan_topo_domain(rs->topo, s), slot;
+
+	if (r->sv == NULL)
+		return;
+	if (rs->nic_dom[plan_topo_nic(rs->topo, s)] != d) { /* a NIC shared by domains */
+		for (size_t i = 0; i < r->n; i++)
+			r->v[i] = run_value(rs, &r->sv[i]);
+		return;
+	}
+	slot = r->dom_slot[d];
+	if (slot >= 0 && (size_t)slot < r->n)
+		r->v[slot] = run_value(rs, &r->sv[slot]);
+}
+
+/* Part p of the run's entry sv counts a rank of its own (see run_t). */
+static void
+run_spec(reshard_t *rs, const served_t *sv, int64_t p)
+{
+	run_t *r = &rs->run;
+
+	VEC_PUSH(&r->spec, ((specrec_t){(uint32_t)(sv - r->sv), r->spec_head[p]}));
+	r->spec_head[p] = (int32_t)(r->spec.n - 1);
 }
 
 /*
@@ -555,14 +792,15 @@ static int32_t
 pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	    int64_t p, uint64_t b, uint32_t *stage)
 {
+	const piece_t *pw = pc(rs, w);
 	const plan_topo_t *t = rs->topo;
 	const served_t *sv;
 	int32_t best, g;
 
 	if (npool == 0) {
-		const int32_t *h = rs->arena.v + w->h0;
+		const int32_t *h = rs->arena.v + pw->h0;
 
-		best = least_nic(t, h, w->nh, rs->ld.net_send);
+		best = least_nic(t, h, pw->nh, rs->ld.net_send);
 		/* a piece other domains need too would reach the helper twice */
 		g = helper_of(rs, plan_topo_domain(t, best), best, b, false);
 		*stage = g != best;
@@ -573,29 +811,61 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	/* the served domain whose NICs have sent least: all of them when it
 	 * may hop, else the one that took the part in */
 	sv = &pool[0];
-	for (size_t i = 1; i < npool; i++) {
-		double la = relay_load(rs, &pool[i], p), lc = relay_load(rs, sv, p);
+	double lc;
 
-		if (la < lc || (la == lc && pool[i].w->domain < sv->w->domain))
-			sv = &pool[i];
+	if (pool == rs->run.sv && npool <= rs->run.n) {
+		/* the least of the kept values, or a domain where a rank of
+		 * this part counts: the same choice as the loop below */
+		const double *v = rs->run.v;
+
+		lc = v[0];
+		for (size_t i = 1; i < npool; i++)
+			if (v[i] < lc || (v[i] == lc && pool[i].dom < sv->dom)) {
+				sv = &pool[i];
+				lc = v[i];
+			}
+		for (int32_t k = rs->run.spec_head[p]; k >= 0; k = rs->run.spec.v[k].next) {
+			size_t i = rs->run.spec.v[k].entry;
+			double la;
+
+			if (i >= npool)
+				continue;
+			la = relay_load(rs, &pool[i], p);
+			if (la < lc || (la == lc && pool[i].dom < sv->dom)) {
+				sv = &pool[i];
+				lc = la;
+			}
+		}
+	} else {
+		lc = relay_load(rs, sv, p);
+		for (size_t i = 1; i < npool; i++) {
+			double la = relay_load(rs, &pool[i], p);
+
+			if (la < lc || (la == lc && pool[i].dom < sv->dom)) {
+				sv = &pool[i];
+				lc = la;
+			}
+		}
 	}
 	best = least_holding(rs, sv, p, stage);
 	/* a rank of the served domain not needing the part needs nothing of
 	 * it: the domain's regions are disjoint */
-	g = helper_of(rs, sv->w->domain, best, b, true);
-	if (g == best || sv->help[p] >= 0) /* one helper per part and domain */
+	g = helper_of(rs, sv->dom, best, b, true);
+	if (g == best || sv->pt[p].help >= 0) /* one helper per part and domain */
 		return best;
 	/* g is less loaded than every rank holding the part: a new helper */
-	*stage = sv->at[p] + 2;
-	best = sv->recv[p];
-	((served_t *)sv)->help[p] = g;
-	((served_t *)sv)->help_at[p] = *stage;
+	*stage = sv->pt[p].at + 2;
+	best = sv->pt[p].recv;
+	((served_t *)sv)->pt[p].help = g;
+	((served_t *)sv)->pt[p].help_at = *stage;
+	if (pool == rs->run.sv)
+		run_spec(rs, sv, p);
 copy:
 	unit_relay(rs, g, b);
 	relay_note(rs, g);
 	rs->ld.nvl_send[best] += b;
 	rs->ld.nvl_recv[g] += b;
-	emit(rs, *stage - 1, best, g, w->tensor, rs->cur_box);
+	emit(rs, *stage - 1, best, g, pw->tensor, rs->cur_box);
 	return g;
 }
 
@@ -609,32 +879,38 @@ static void
 assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	       const served_t *like, served_t *out)
 {
-	const plan_layout_t *t = &rs->dst->v[w->tensor];
+	const piece_t *pw = pc(rs, w);
+	const plan_layout_t *t = &rs->dst->v[pw->tensor];
 	const int32_t *need = rs->arena.v + w->n0;
 	int dim = 0;
+	size_t np;
+	bool in_run = rs->run.sv != NULL;
 
-	if (like) { /* the parts of the run's other domains */
-		out->np = like->np;
-		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
-		memcpy(out->parts, like->parts, (size_t)out->np * sizeof(*out->parts));
-		out->box0 = like->box0; /* the same boxes */
+	out->np = like ? like->np : part_count(rs, w, t->ndim, &dim);
+	np = (size_t)out->np;
+	/* parts first: the block is aligned for them */
+	out->mem = xmalloc(np * ((like ? 0 : sizeof(*out->parts)) + sizeof(*out->pt)));
+	out->pt = (spart_t *)((char *)out->mem + np * (like ? 0 : sizeof(*out->parts)));
+	if (like) { /* the parts of the run's other domains: the same boxes */
+		out->parts = like->parts;
+		out->box0 = like->box0;
 	} else {
-		out->np = part_count(rs, w, t->ndim, &dim);
-		out->parts = xmalloc((size_t)out->np * sizeof(*out->parts));
+		out->parts = out->mem;
 		if (out->np == 1)
-			out->parts[0] = w->box;
+			out->parts[0] = pw->box;
 		else
-			plan_box_split(&w->box, dim, out->np, out->parts);
+			plan_box_split(&pw->box, dim, out->np, out->parts);
 		out->box0 = (uint32_t)rs->boxes->n;
 		for (int64_t p = 0; p < out->np; p++)
 			box_add(rs, &out->parts[p]);
+		if (in_run) { /* the run's first domain: the parts of all */
+			rs->run.spec_head = xmalloc(np * sizeof(*rs->run.spec_head));
+			memset(rs->run.spec_head, 0xff, np * sizeof(*rs->run.spec_head));
+		}
 	}
-	out->recv = xmalloc((size_t)out->np * sizeof(*out->recv));
-	out->at = xmalloc((size_t)out->np * sizeof(*out->at));
-	out->help = xmalloc((size_t)out->np * sizeof(*out->help));
-	out->help_at = xcalloc((size_t)out->np, sizeof(*out->help_at));
-	memset(out->help, 0xff, (size_t)out->np * sizeof(*out->help));
 	out->w = w;
+	out->dom = w->domain;
+	out->gen = 0;
 	for (int64_t p = 0; p < out->np; p++) {
 		uint64_t b = (uint64_t)plan_box_volume(&out->parts[p], t->ndim) *
 			     plan_dtype_size(t->dtype);
@@ -646,18 +922,20 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		rs->cur_w = w;
 		s = pick_sender(rs, w, pool, npool, p, b, &stage);
 		r = pick_receiver(rs, w, b);
-		rs->ld.net_send[plan_topo_nic(rs->topo, s)] += b;
+		send_add(rs, s, b);
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
-		out->recv[p] = r;
-		out->at[p] = stage;
-		emit(rs, stage, s, r, w->tensor, rs->cur_box);
+		run_touch(rs, s);
+		out->pt[p] = (spart_t){.recv = r, .at = stage, .help = -1};
+		if (in_run && !among_n(need, w->nn, r))
+			run_spec(rs, out, p);
+		emit(rs, stage, s, r, pw->tensor, rs->cur_box);
 		for (uint32_t k = 0; k < w->nn; k++) {
 			if (need[k] == r)
 				continue;
 			rs->ld.nvl_send[r] += b;
 			rs->ld.nvl_recv[need[k]] += b;
-			emit(rs, stage + 1, r, need[k], w->tensor, rs->cur_box);
+			emit(rs, stage + 1, r, need[k], pw->tensor, rs->cur_box);
 		}
 	}
 }
@@ -671,7 +949,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
  * first rotates from run to run so no domain relays everything.
  */
 static void
-assign_relayed(reshard_t *rs, const size_t *run, size_t k)
+assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 {
 	served_t *sv = xcalloc(k, sizeof(*sv));
 	size_t nh = holder_domains(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
@@ -682,69 +960,64 @@ assign_relayed(reshard_t *rs, const size_t *run, size_t k)
 	 * sources' domains send each piece about once, not K times */
 	if (nh > (k + 1) / 2)
 		nh = (k + 1) / 2;
+	rs->run.sv = sv;
+	rs->run.n = 0;
+	rs->run.v = xmalloc(k * sizeof(*rs->run.v));
+	rs->run.spec.n = 0;
+	for (size_t i = 0; i < k; i++)
+		rs->run.dom_slot[rs->work.v[run[(i + off) % k]].domain] = (int32_t)i;
 	while (done < k) {
 		size_t take = wave == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
 
+		for (; rs->run.n < done; rs->run.n++) /* they join the pool */
+			rs->run.v[rs->run.n] = run_value(rs, &sv[rs->run.n]);
 		for (size_t i = done; i < done + take; i++)
 			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
 				       wave ? done : 0, i ? &sv[0] : NULL, &sv[i]);
 		done += take;
 		wave++;
 	}
-	for (size_t i = 0; i < k; i++)
+	for (size_t i = 0; i < k; i++) {
+		rs->run.dom_slot[sv[i].dom] = -1;
 		served_fini(&sv[i]);
+	}
 	free(sv);
-}
-
-/* Order of network pieces by source group and box, to find runs. */
-static int
-cmp_piece(const void *a, const void *b, void *ctx)
-{
-	const work_t *v = ctx, *x = &v[*(const size_t *)a], *y = &v[*(const size_t *)b];
-	int c;
-
-	if (x->h0 != y->h0)
-		return x->h0 < y->h0 ? -1 : 1;
-	c = plan_box_cmp(&x->box, &y->box, PLAN_MAX_DIMS);
-	if (c)
-		return c;
-	return (x->seq > y->seq) - (x->seq < y->seq);
+	free(rs->run.v);
+	free(rs->run.spec_head);
+	rs->run.sv = NULL;
+	rs->run.v = NULL;
+	rs->run.spec_head = NULL;
 }
 
 /*
- * For every network piece, the first index of its run (same source group,
- * same box, other domains) in *run_of, and runs laid out in *runs; a run
- * is relayed when it has more domains than holders.
+ * Runs: the network work items of each piece (same source group, same
+ * box, other domains), in creation order, laid out piece by piece in
+ * *runs_out; run_off / run_len per piece.  A run is relayed when it has
+ * more domains than holders.
  */
 static void
-find_runs(reshard_t *rs, size_t **runs_out, size_t **start_out, size_t **len_out)
+find_runs(reshard_t *rs, uint32_t **runs_out, uint32_t **off_out, uint32_t **len_out)
 {
-	size_t n = rs->work.n, m = 0;
-	size_t *idx = xmalloc((n ? n : 1) * sizeof(*idx));
-	size_t *start = xmalloc((n ? n : 1) * sizeof(*start));
-	size_t *len = xcalloc(n ? n : 1, sizeof(*len));
+	size_t n = rs->work.n, np = rs->pieces.n;
+	uint32_t *len = xcalloc(np ? np : 1, sizeof(*len));
+	uint32_t *off = xmalloc((np ? np : 1) * sizeof(*off));
+	uint32_t *fill = xmalloc((np ? np : 1) * sizeof(*fill));
+	uint32_t *runs, m = 0;
 
 	for (size_t i = 0; i < n; i++)
 		if (!rs->work.v[i].local)
-			idx[m++] = i;
-	if (m > 1)
-		qsort_r(idx, m, sizeof(*idx), cmp_piece, rs->work.v);
-	for (size_t i = 0; i < n; i++)
-		start[i] = SIZE_MAX;
-	for (size_t i = 0; i < m;) {
-		size_t j = i;
-		const work_t *w = &rs->work.v[idx[i]];
-
-		while (j < m && rs->work.v[idx[j]].h0 == w->h0 &&
-		       plan_box_equal(&rs->work.v[idx[j]].box, &w->box, PLAN_MAX_DIMS))
-			j++;
-		for (size_t k = i; k < j; k++)
-			start[idx[k]] = i;
-		len[i] = j - i;
-		i = j;
+			len[rs->work.v[i].piece]++;
+	for (size_t p = 0; p < np; p++) {
+		off[p] = fill[p] = m;
+		m += len[p];
 	}
-	*runs_out = idx;
-	*start_out = start;
+	runs = xmalloc((m ? m : 1) * sizeof(*runs));
+	for (size_t i = 0; i < n; i++)
+		if (!rs->work.v[i].local)
+			runs[fill[rs->work.v[i].piece]++] = (uint32_t)i;
+	free(fill);
+	*runs_out = runs;
+	*off_out = off;
 	*len_out = len;
 }
 
@@ -768,6 +1041,29 @@ domain_ranks(reshard_t *rs)
 		if (t->rank_domain[r] >= 0)
 			rs->dom_ranks[fill[t->rank_domain[r]]++] = r;
 	free(fill);
+}
+
+/* Which domain each NIC's ranks are in, for send generations. */
+static void
+nic_domains(reshard_t *rs)
+{
+	const plan_topo_t *t = rs->topo;
+
+	rs->dom_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
+	rs->run.dom_slot = xmalloc(((size_t)t->ndomains + 1) * sizeof(int32_t));
+	for (int32_t d = 0; d <= t->ndomains; d++)
+		rs->run.dom_slot[d] = -1;
+	rs->nic_dom = xmalloc(((size_t)t->nslots + 1) * sizeof(int32_t));
+	for (int32_t n = 0; n <= t->nslots; n++)
+		rs->nic_dom[n] = -2; /* no rank yet */
+	for (int32_t r = 0; r < t->nslots; r++) {
+		int32_t d = t->rank_domain[r], *nd;
+
+		if (d < 0)
+			continue;
+		nd = &rs->nic_dom[plan_topo_nic(t, r)];
+		*nd = *nd == -2 || *nd == d ? d : -1;
+	}
 }
 
 /* Every tensor's destination ranks, ascending (CSR in dst_r0 / dst_ranks). */
@@ -860,6 +1156,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	rs.round_fill = xcalloc(ns, sizeof(uint64_t));
 	domain_ranks(&rs);
 	dst_ranks(&rs);
+	nic_domains(&rs);
 	rs.ld.net_send = xcalloc(ns, sizeof(uint64_t));
 	rs.ld.net_recv = xcalloc(ns, sizeof(uint64_t));
 	rs.ld.nvl_send = xcalloc(ns, sizeof(uint64_t));
@@ -882,25 +1179,37 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		uint64_t max = 0;
 
 		for (size_t i = 0; i < rs.work.n; i++)
-			max = rs.work.v[i].bytes > max ? rs.work.v[i].bytes : max;
+			max = pc(&rs, &rs.work.v[i])->bytes > max ? pc(&rs, &rs.work.v[i])->bytes : max;
 		for (size_t i = 0; i < rs.work.n; i++)
-			k[i] = (xkey_t){max - rs.work.v[i].bytes, (uint32_t)i};
+			k[i] = (xkey_t){max - pc(&rs, &rs.work.v[i])->bytes, (uint32_t)i};
 		plan_radix_sort(k, rs.work.n, plan_bits_for(max));
-		size_t *runs, *start, *len;
+		/* the items in that order (before the transfers grow, so this
+		 * copy is not the peak); a piece's items all have its bytes, so
+		 * each run stays in creation order */
+		work_t *sorted = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*sorted));
 
-		find_runs(&rs, &runs, &start, &len);
+		for (size_t i = 0; i < rs.work.n; i++)
+			sorted[i] = rs.work.v[k[i].idx];
+		free(k);
+		free(rs.work.v);
+		rs.work.v = sorted;
+		rs.work.cap = rs.work.n;
+		uint32_t *runs, *run_off, *run_len;
+
+		find_runs(&rs, &runs, &run_off, &run_len);
 		for (size_t i = 0; i < rs.work.n; i++) {
-			size_t wi = k[i].idx, st = start[wi];
-			const work_t *w = &rs.work.v[wi];
+			const work_t *w = &rs.work.v[i];
+			uint32_t *len = &run_len[w->piece];
 			served_t one;
 
 			unit_begin(&rs);
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (len[st] > 1) {
-				assign_relayed(&rs, runs + st, len[st]); /* the whole run */
-				len[st] = 0;
-			} else if (len[st] != 0) {
+			} else if (*len > 1) {
+				/* the whole run */
+				assign_relayed(&rs, runs + run_off[w->piece], *len);
+				*len = 0;
+			} else if (*len != 0) {
 				assign_network(&rs, w, NULL, 0, NULL, &one);
 				served_fini(&one);
 			}
@@ -908,11 +1217,13 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		}
 		*stages_per_round = number_stages(&rs);
 		free(runs);
-		free(start);
-		free(len);
-		free(k);
+		free(run_off);
+		free(run_len);
 	}
 	VEC_FREE(&rs.work);
+	VEC_FREE(&rs.scratch);
+	VEC_FREE(&rs.pieces);
+	free(rs.pidx.slot);
 	VEC_FREE(&rs.arena);
 	VEC_FREE(&rs.unit);
 	free(rs.round_of);
@@ -928,6 +1239,10 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.round_fill);
 	free(rs.dom_r0);
 	free(rs.dom_ranks);
+	free(rs.nic_dom);
+	free(rs.dom_gen);
+	free(rs.run.dom_slot);
+	VEC_FREE(&rs.run.spec);
 	free(rs.ld.net_send);
 	free(rs.ld.net_recv);
 	free(rs.ld.nvl_send);

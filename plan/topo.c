@@ -316,6 +316,9 @@ plan_topo_check(const plan_topo_t *t, refit_err_t *err)
 		{"nvlink_gbps", t->nvlink_gbps, 0},
 		{"latency_us.network", t->latency_network_us, 1},
 		{"latency_us.nvlink", t->latency_nvlink_us, 1},
+		{"pack_gbps", t->pack_gbps, 1},
+		{"unpack_gbps", t->unpack_gbps, 1},
+		{"connection_us", t->connection_us, 1},
 	};
 
 	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)

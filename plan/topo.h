@@ -32,6 +32,12 @@ typedef struct plan_topo {
 	double nvlink_gbps;   /* per rank, Gbit/s per direction */
 	double latency_network_us;
 	double latency_nvlink_us;
+	/* calibrated host costs for the cost model (0: not modelled, the
+	 * presets' default): box copies into and out of message buffers, in
+	 * Gbit/s per NIC's ranks (a rank, or a node when "nic" is "node"),
+	 * and a setup time per (from, to) network pair and refit */
+	double pack_gbps, unpack_gbps;
+	double connection_us;
 } plan_topo_t;
 
 /* Empty topology with the dgx-h100 link figures. */

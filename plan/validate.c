@@ -61,7 +61,7 @@ fail(vctx_t *v, const char *what, const plan_xfer_t *x, const int64_t *elem)
 	strbuf_printf(&sb, "tensor \"%s\"", v->dst->name);
 	if (x != NULL) {
 		strbuf_puts(&sb, " box ");
-		plan_box_str(&sb, &x->box, v->ndim);
+		plan_box_str(&sb, plan_xfer_box(v->p, x), v->ndim);
 	}
 	if (elem != NULL) {
 		strbuf_puts(&sb, ", element ");
@@ -340,7 +340,7 @@ check_msgs(const plan_t *p, refit_err_t *err)
 			int nd = p->tensors[x->tensor].ndim;
 
 			if (x->stage != m.stage || x->from != m.from || x->to != m.to ||
-			    !plan_box_contains(&x->box, &pt->box, nd))
+			    !plan_box_contains(plan_xfer_box(p, x), &pt->box, nd))
 				rc = refit_err_set(err, REFIT_ERR_INTERNAL,
 						   "plan invalid: a message part does not match "
 						   "transfer %u", pt->xfer);
@@ -353,7 +353,7 @@ check_msgs(const plan_t *p, refit_err_t *err)
 					   "parts carry %" PRIu64, m.bytes, sum);
 	}
 	for (size_t i = 0; i < p->nxfers && rc == REFIT_OK; i++)
-		if (carried[i] != plan_box_volume(&p->xfers[i].box,
+		if (carried[i] != plan_box_volume(plan_xfer_box(p, &p->xfers[i]),
 						  p->tensors[p->xfers[i].tensor].ndim))
 			rc = refit_err_set(err, REFIT_ERR_INTERNAL,
 					   "plan invalid: transfer %zu is not carried exactly "
@@ -393,13 +393,14 @@ replay_tensor(vctx_t *v, const size_t *xi, size_t nx)
 		/* all sends of the stage are checked before any receive lands */
 		for (; j < nx && v->p->xfers[xi[j]].stage == stage; j++) {
 			const plan_xfer_t *x = &v->p->xfers[xi[j]];
+			const plan_box_t *xb = plan_xfer_box(v->p, x);
 
-			if (!plan_box_in_bounds(&x->box, v->dst->shape, v->ndim) ||
-			    plan_box_is_empty(&x->box, v->ndim)) {
+			if (!plan_box_in_bounds(xb, v->dst->shape, v->ndim) ||
+			    plan_box_is_empty(xb, v->ndim)) {
 				rc = fail(v, "box is empty or out of bounds", x, NULL);
 				break;
 			}
-			if (!holds(v, find_rs(v, x->from), &x->box, stage, missing)) {
+			if (!holds(v, find_rs(v, x->from), xb, stage, missing)) {
 				rc = fail(v, "the sender does not hold it at the start of "
 					  "the stage", x, missing);
 				break;
@@ -407,7 +408,8 @@ replay_tensor(vctx_t *v, const size_t *xi, size_t nx)
 		}
 		for (size_t k = i; k < j && rc == REFIT_OK; k++) {
 			const plan_xfer_t *x = &v->p->xfers[xi[k]];
-			held_t h = {x->box, x->stage, x->stage / v->p->stages_per_round};
+			held_t h = {*plan_xfer_box(v->p, x), x->stage,
+				    x->stage / v->p->stages_per_round};
 
 			VEC_PUSH(&find_rs(v, x->to)->held, h);
 		}
@@ -480,6 +482,15 @@ plan_validate(const plan_t *p, const plan_layout_set_t *src,
 					     "\"%s\"", t, p->tensors[t].name, dst->v[t].name);
 		}
 	}
+	/* every index in range before anything follows one */
+	for (size_t i = 0; i < p->nxfers; i++)
+		if (p->xfers[i].tensor >= p->ntensors || p->xfers[i].box >= p->nboxes) {
+			free(map);
+			return refit_err_set(err, REFIT_ERR_INTERNAL, "plan invalid: transfer "
+					     "%zu names tensor %u and box %u (%u tensors, %zu "
+					     "boxes)", i, p->xfers[i].tensor, p->xfers[i].box,
+					     p->ntensors, p->nboxes);
+		}
 	rc = check_msgs(p, err);
 	if (rc != REFIT_OK || p->stages_per_round == 0) {
 		free(map);
@@ -491,11 +502,6 @@ plan_validate(const plan_t *p, const plan_layout_set_t *src,
 	start = xcalloc((size_t)p->ntensors + 1, sizeof(*start));
 	order = xmalloc((p->nxfers ? p->nxfers : 1) * sizeof(*order));
 	for (size_t i = 0; i < p->nxfers; i++) {
-		if (p->xfers[i].tensor >= p->ntensors) {
-			rc = refit_err_set(err, REFIT_ERR_INTERNAL, "plan invalid: "
-					   "transfer %zu names tensor %u", i, p->xfers[i].tensor);
-			goto out;
-		}
 		start[p->xfers[i].tensor + 1]++;
 	}
 	for (uint32_t t = 0; t < p->ntensors; t++)
@@ -522,7 +528,6 @@ plan_validate(const plan_t *p, const plan_layout_set_t *src,
 	}
 	if (rc == REFIT_OK)
 		rc = check_staging(&v);
-out:
 	VEC_FREE(&v.relays);
 	free(order);
 	free(start);

@@ -391,17 +391,10 @@ conv_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t
 /* ---- slices -------------------------------------------------------------------- */
 
 /* The box of transfer x (one place to change if plan_xfer_t stops holding it). */
-static const plan_box_t *
-xfer_box(const plan_t *p, const plan_xfer_t *x)
-{
-	(void)p;
-	return &x->box;
-}
-
 void
 conv_slice_put(const plan_t *p, const plan_xfer_t *x, strbuf_t *out)
 {
-	const plan_box_t *b = xfer_box(p, x);
+	const plan_box_t *b = plan_xfer_box(p, x);
 	int nd = p->tensors[x->tensor].ndim;
 	uint8_t rec[CONV_SLICE_HEAD + 16 * PLAN_MAX_DIMS];
 
@@ -418,18 +411,21 @@ conv_slice_put(const plan_t *p, const plan_xfer_t *x, strbuf_t *out)
 
 refit_status_t
 conv_slice_get(const uint8_t *b, size_t len, size_t n, const int *ndim, uint32_t ntensors,
-	       plan_xfer_t *xfers, refit_err_t *err)
+	       plan_xfer_t *xfers, plan_box_t *boxes, refit_err_t *err)
 {
 	size_t at = 0;
 
 	for (size_t i = 0; i < n; i++) {
 		plan_xfer_t *x = &xfers[i];
+		plan_box_t *bx = &boxes[i];
 		int nd;
 
 		if (len - at < CONV_SLICE_HEAD)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "slice record %zu of %zu: "
 					     "cut short at byte %zu of %zu", i, n, at, len);
 		memset(x, 0, sizeof(*x));
+		memset(bx, 0, sizeof(*bx));
+		x->box = (uint32_t)i;
 		x->stage = (uint32_t)wire_get_le(b + at, 4);
 		x->from = (int32_t)(uint32_t)wire_get_le(b + at + 4, 4);
 		x->to = (int32_t)(uint32_t)wire_get_le(b + at + 8, 4);
@@ -445,8 +441,8 @@ conv_slice_get(const uint8_t *b, size_t len, size_t n, const int *ndim, uint32_t
 					     "its box is cut short at byte %zu of %zu", i, n, at,
 					     len);
 		for (int d = 0; d < nd; d++) {
-			x->box.off[d] = (int64_t)wire_get_le(b + at + 16 * d, 8);
-			x->box.size[d] = (int64_t)wire_get_le(b + at + 16 * d + 8, 8);
+			bx->off[d] = (int64_t)wire_get_le(b + at + 16 * d, 8);
+			bx->size[d] = (int64_t)wire_get_le(b + at + 16 * d + 8, 8);
 		}
 		at += 16 * (size_t)nd;
 	}

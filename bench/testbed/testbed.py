@@ -11,12 +11,14 @@ reach their node daemon through its unix socket).
 A scaled-down MoE model (Megatron-style training layout: 8 ranks on 2
 nodes, TP2 x EP4 with an uneven expert count; inference: 4 replicas of TP4,
 one per node) is refit at several sizes, reshard and gather-and-broadcast
-in the same run.  For each: wall time, achieved bandwidth as a fraction of
-the link limit (the cost model's lower bound for these links), the speed-up,
+in the same run, each mode --repeat times in a row (default 3: the first
+refit, then the steady state, reported as the median of the later ones;
+the nodes keep their data-plane buffers across refits of an epoch).  For
+each: wall time, achieved bandwidth as a fraction of the link limit (the cost model's lower bound for these links), the speed-up,
 and the cost model's prediction.  Writes build/testbed/results.json and,
 when gnuplot is there, build/testbed/time-vs-bytes.png.
 
-Usage: testbed.py BUILD_DIR [--rate-mbit N] [--sizes MiB,MiB,...]
+Usage: testbed.py BUILD_DIR [--rate-mbit N] [--sizes MiB,MiB,...] [--repeat N]
 Needs root, ip and tc; prints a skip line and exits 0 otherwise.  Removes
 every namespace, link and process it made, also after a failure.
 """
@@ -37,6 +39,8 @@ ap.add_argument("build", nargs="?", default="build")
 ap.add_argument("--rate-mbit", type=int, default=1000)
 ap.add_argument("--sizes", default="64,128,256")
 ap.add_argument("--chunk", default="4MiB")
+ap.add_argument("--repeat", type=int, default=3,
+                help="refits per mode and size: the first, then the steady state")
 A = ap.parse_args()
 BUILD = A.build
 TAG = f"rtb{os.getpid() % 100000}"
@@ -292,6 +296,54 @@ def calibrate():
     return rate
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def steady(rows, mode):
+    """The steady-state time of a mode: the median of its refits after the
+    first (the first alone when --repeat is 1)."""
+    ts = [r["measured_s"] for r in rows if r["mode"] == mode and r["run"] > 1]
+    return median(ts) if ts else [r["measured_s"] for r in rows if r["mode"] == mode][0]
+
+
+def summarize(rows):
+    """One line per (scenario, size, mode): the first refit and the steady
+    state (median of the later ones), each against the link limit, and the
+    calibrated cost model against the steady state."""
+    out = []
+    keys = []
+    for r in rows:
+        k = (r["scenario"], r["model_mib"], r["mode"])
+        if k not in keys:
+            keys.append(k)
+    for k in keys:
+        rs = [r for r in rows if (r["scenario"], r["model_mib"], r["mode"]) == k]
+        first = [r for r in rs if r["run"] == 1][0]
+        st = steady(rs, k[2])
+        out.append({"scenario": k[0], "model_mib": k[1], "mode": k[2],
+                    "net_bytes": first["net_bytes"], "runs": len(rs),
+                    "first_s": first["measured_s"], "steady_s": st,
+                    "bound_s": first["bound_s"], "modelled_s": first["modelled_s"],
+                    "calibrated_s": first["calibrated_s"]})
+    return out
+
+
+def print_summary(summ):
+    print(f"\nfirst refit vs steady state (median of refits 2..{A.repeat} of each mode; "
+          "the limit is the cost model's lower bound)")
+    print(f"{'scenario':>8} {'model':>6} {'mode':>9} {'net MiB':>8} {'first':>7} "
+          f"{'of lim.':>7} {'steady':>7} {'of lim.':>7} {'calib.':>7} {'err':>5}")
+    for x in summ:
+        print(f"{x['scenario']:>8} {x['model_mib']:5.0f}M {x['mode']:>9} "
+              f"{x['net_bytes'] / 2**20:8.0f} {x['first_s']:6.2f}s "
+              f"{x['bound_s'] / x['first_s'] * 100:6.0f}% {x['steady_s']:6.2f}s "
+              f"{x['bound_s'] / x['steady_s'] * 100:6.0f}% {x['calibrated_s']:6.2f}s "
+              f"{(x['calibrated_s'] - x['steady_s']) / x['steady_s'] * 100:+4.0f}%")
+
+
 def run_case(sc, size, topo, ctopo):
     layers = 1
     while bytes_of(moe(layers + 1)) <= size << 20:
@@ -313,31 +365,32 @@ def run_case(sc, size, topo, ctopo):
     rows = []
     v = 1
     for mode in ("reshard", "broadcast"):
-        if v > 1:
-            for p in trainers:
-                assert cmd(p, f"next {v}").startswith("READY")
-        r, data, e2e = refit(name, v, mode)
-        for p in infer:
-            out = cmd(p, f"wait {v} 900000")
-            assert "mismatches=0" in out, out
         pred, bound = predict(src, dst, topo, mode)
         cpred, _ = predict(src, dst, ctopo, mode)
-        row = {"scenario": sc["name"], "model_mib": bytes_of(tensors) / 2**20,
-               "layers": layers, "mode": mode, "net_bytes": r["bytes"],
-               "measured_s": data, "e2e_s": e2e, "bound_s": bound, "modelled_s": pred,
-               "calibrated_s": cpred}
-        rows.append(row)
-        print(f"{row['model_mib']:8.0f}M {mode:>9} {r['bytes'] / 2**20:8.0f} "
-              f"{data:8.2f}s {e2e:7.2f}s {bound:7.2f}s {bound / data * 100:7.0f}% "
-              f"{pred:7.2f}s {(pred - data) / data * 100:+5.0f}% "
-              f"{cpred:7.2f}s {(cpred - data) / data * 100:+5.0f}%")
-        v += 1
+        for run in range(1, A.repeat + 1):
+            if v > 1:
+                for p in trainers:
+                    assert cmd(p, f"next {v}").startswith("READY")
+            r, data, e2e = refit(name, v, mode)
+            for p in infer:
+                out = cmd(p, f"wait {v} 900000")
+                assert "mismatches=0" in out, out
+            row = {"scenario": sc["name"], "model_mib": bytes_of(tensors) / 2**20,
+                   "layers": layers, "mode": mode, "run": run, "net_bytes": r["bytes"],
+                   "measured_s": data, "e2e_s": e2e, "bound_s": bound, "modelled_s": pred,
+                   "calibrated_s": cpred}
+            rows.append(row)
+            print(f"{row['model_mib']:8.0f}M {mode:>9} {run:3d} {r['bytes'] / 2**20:8.0f} "
+                  f"{data:8.2f}s {e2e:7.2f}s {bound:7.2f}s {bound / data * 100:7.0f}% "
+                  f"{pred:7.2f}s {(pred - data) / data * 100:+5.0f}% "
+                  f"{cpred:7.2f}s {(cpred - data) / data * 100:+5.0f}%", flush=True)
+            v += 1
     for p in trainers + infer:
         p.stdin.close()
         p.wait(timeout=30)
-    a = {x["mode"]: x for x in rows}
-    print(f"{'':9} broadcast / reshard: x{a['broadcast']['measured_s'] / a['reshard']['measured_s']:.2f}"
-          f" measured, x{a['broadcast']['modelled_s'] / a['reshard']['modelled_s']:.2f} modelled")
+    a = {x["mode"]: steady(rows, x["mode"]) for x in rows}
+    print(f"{'':9} broadcast / reshard (steady): x{a['broadcast'] / a['reshard']:.2f}"
+          f" measured, x{rows[-1]['modelled_s'] / rows[0]['modelled_s']:.2f} modelled")
     return rows
 
 
@@ -361,17 +414,21 @@ def main():
     cal = calibrate()
     ctopo = topology(cal, "calibrated")
     rows = []
-    print(f"{'model':>9} {'mode':>9} {'net MiB':>8} {'measured':>9} {'e2e':>8} "
+    if A.repeat < 1:
+        raise SystemExit(f"testbed: --repeat {A.repeat}: needs at least 1")
+    print(f"{'model':>9} {'mode':>9} {'run':>3} {'net MiB':>8} {'measured':>9} {'e2e':>8} "
           f"{'limit':>8} {'of limit':>8} {'model':>8} {'err':>6} {'calib.':>8} {'err':>6}")
     for sc in SCENARIOS:
         print(f"-- {sc['name']}: {sc['what']}")
         for size in [int(x) for x in A.sizes.split(",")]:
             rows += run_case(sc, size, topo, ctopo)
+    summ = summarize(rows)
+    print_summary(summ)
     res = {"rate_mbit": A.rate_mbit, "calibrated_mbit": cal, "ranks_per_node": RPN,
-           "rows": rows}
+           "repeat": A.repeat, "rows": rows, "summary": summ}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
-    plot(rows)
+    plot(summ)
 
 
 def plot(rows):
@@ -383,20 +440,23 @@ def plot(rows):
     with open(dat, "w") as f:
         for name in names:  # one gnuplot data block per scenario
             f.write(f"# {name}: model_MiB reshard_s broadcast_s limit_s "
-                    "reshard_model_s broadcast_model_s (calibrated cost model)\n")
+                    "reshard_model_s broadcast_model_s (calibrated cost model) "
+                    "reshard_first_s (reshard_s, broadcast_s: steady state)\n")
             for size in sorted({r["model_mib"] for r in rows if r["scenario"] == name}):
                 a = {r["mode"]: r for r in rows
                      if r["model_mib"] == size and r["scenario"] == name}
-                f.write(f"{size:.1f} {a['reshard']['measured_s']:.4f} "
-                        f"{a['broadcast']['measured_s']:.4f} {a['reshard']['bound_s']:.4f} "
+                f.write(f"{size:.1f} {a['reshard']['steady_s']:.4f} "
+                        f"{a['broadcast']['steady_s']:.4f} {a['reshard']['bound_s']:.4f} "
                         f"{a['reshard']['calibrated_s']:.4f} "
-                        f"{a['broadcast']['calibrated_s']:.4f}\n")
+                        f"{a['broadcast']['calibrated_s']:.4f} "
+                        f"{a['reshard']['first_s']:.4f}\n")
             f.write("\n\n")
     png = os.path.join(OUT, "time-vs-bytes.png")
     plots = []
     for i, name in enumerate(names):
-        plots += [f"'{dat}' index {i} u 1:3 w lp lw 2 t '{name}: gather-and-broadcast'",
-                  f"'{dat}' index {i} u 1:2 w lp lw 2 t '{name}: reshard'",
+        plots += [f"'{dat}' index {i} u 1:3 w lp lw 2 t '{name}: gather-and-broadcast (steady)'",
+                  f"'{dat}' index {i} u 1:2 w lp lw 2 t '{name}: reshard (steady)'",
+                  f"'{dat}' index {i} u 1:7 w p pt 6 t '{name}: reshard, first refit'",
                   f"'{dat}' index {i} u 1:5 w l dt 2 t '{name}: reshard, calibrated cost model'",
                   f"'{dat}' index {i} u 1:4 w l lw 1 t '{name}: link limit'"]
     script = f"""

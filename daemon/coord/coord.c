@@ -21,47 +21,10 @@
 #include "rpc/proto_conv.h"
 
 #include "daemon/coord/coord_internal.h"
+#include "daemon/coord/coord_rules.h"
 #include "daemon/metrics.h"
 
 /* ---- helpers ------------------------------------------------------------- */
-
-static void
-member_fini(member_t *m)
-{
-	free(m->node_id);
-	free(m->host);
-	free(m->rpc_ep);
-	free(m->data_ep);
-	free(m->transport);
-	for (size_t i = 0; i < m->nranks; i++)
-		free(m->ranks[i].domain);
-	free(m->ranks);
-}
-
-void
-coord_instance_fini(instance_t *in)
-{
-	free(in->name);
-	plan_layout_set_fini(&in->layouts);
-}
-
-member_t *
-coord_find_member(coord_t *c, uint64_t id)
-{
-	for (size_t i = 0; i < c->members.n; i++)
-		if (c->members.v[i].id == id)
-			return &c->members.v[i];
-	return NULL;
-}
-
-model_t *
-coord_find_model(coord_t *c, const char *name)
-{
-	for (size_t i = 0; i < c->models.n; i++)
-		if (strcmp(c->models.v[i].name, name) == 0)
-			return &c->models.v[i];
-	return NULL;
-}
 
 static instance_t *
 find_instance(model_t *m, int role, const char *name)
@@ -72,54 +35,14 @@ find_instance(model_t *m, int role, const char *name)
 	return NULL;
 }
 
-instance_t *
-coord_train_instance(model_t *m)
-{
-	for (size_t i = 0; i < m->inst.n; i++)
-		if (m->inst.v[i].role == REFIT__V1__ROLE__TRAIN)
-			return &m->inst.v[i];
-	return NULL;
-}
-
 static const char *
 nz(const char *s)
 {
 	return s ? s : "";
 }
 
-/* Persist after a change; a failed write is logged, the change stands. */
-void
-coord_save(coord_t *c)
-{
-	refit_err_t err;
-
-	refit_err_clear(&err);
-	if (coord_state_save(c, &err) != REFIT_OK)
-		log_warnx("coordinator: %s", err.msg);
-}
-
-refit_status_t
-coord_save_durable(coord_t *c, const char *what, refit_err_t *err)
-{
-	if (coord_state_save(c, err) == REFIT_OK)
-		return REFIT_OK;
-	log_warnx("coordinator: %s refused: %s", what, err->msg);
-	refit_err_prefix(err, "%s: the change cannot be made durable, so it was not made",
-			 what);
-	err->status = REFIT_ERR_UNAVAILABLE;
-	return err->status;
-}
-
 /* leases, retries and catch-ups are checked this often */
 #define TICK_MS(ttl) ((ttl) / 4 + 1 < 100 ? (ttl) / 4 + 1 : 100)
-
-void
-coord_bump_epoch(coord_t *c, const char *why)
-{
-	c->epoch++;
-	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
-	coord_refits_on_epoch(c, c->epoch - 1, why);
-}
 
 static void
 remove_member(coord_t *c, size_t i, const char *why)
@@ -129,7 +52,7 @@ remove_member(coord_t *c, size_t i, const char *why)
 	snprintf(what, sizeof(what), "%s: member %" PRIu64 " (%s)", why, c->members.v[i].id,
 		 c->members.v[i].node_id);
 	rpc_async_forget(c->rpc, c->members.v[i].rpc_ep);
-	member_fini(&c->members.v[i]);
+	coord_member_fini(&c->members.v[i]);
 	c->members.v[i] = c->members.v[--c->members.n];
 	coord_bump_epoch(c, what);
 }
@@ -193,43 +116,32 @@ on_lease_timer(uv_timer_t *t)
 
 /* ---- membership ----------------------------------------------------------- */
 
+/* May rq's node join now (coord_rules_join)? */
+static refit_status_t
+join_check(coord_t *c, const Refit__V1__JoinRequest *rq, refit_err_t *err)
+{
+	int32_t *ranks = xcalloc(rq->n_ranks + 1, sizeof(*ranks));
+	refit_status_t rc;
+
+	for (size_t i = 0; i < rq->n_ranks; i++)
+		ranks[i] = rq->ranks[i]->rank;
+	refit_err_clear(err);
+	rc = coord_rules_join(c->members.v, c->members.n, rq->node_id, ranks, rq->n_ranks, err);
+	free(ranks);
+	return rc;
+}
+
 static void
 h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	coord_t *c = ctx;
 	const Refit__V1__JoinRequest *rq = (const void *)msg;
 	Refit__V1__JoinResponse rsp = REFIT__V1__JOIN_RESPONSE__INIT;
+	refit_err_t err;
 	member_t m;
 
-	if (rq->node_id == NULL || rq->node_id[0] == '\0')
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "Join: node_id is empty");
-	if (rq->n_ranks == 0)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "Join \"%s\": no ranks",
-				     rq->node_id);
-	for (size_t i = 0; i < rq->n_ranks; i++) {
-		int32_t r = rq->ranks[i]->rank;
-
-		if (r < 0 || r >= PLAN_MAX_RANK_ID)
-			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG,
-					     "Join \"%s\": rank %d is out of range", rq->node_id, r);
-		for (size_t k = 0; k < c->members.n; k++) {
-			member_t *o = &c->members.v[k];
-
-			if (strcmp(o->node_id, rq->node_id) == 0)
-				continue; /* a rejoin replaces it below */
-			for (size_t j = 0; j < o->nranks; j++)
-				if (o->ranks[j].rank == r)
-					return rpc_call_fail(call, REFIT_ERR_EXISTS,
-							     "Join \"%s\": rank %d already "
-							     "belongs to node \"%s\"",
-							     rq->node_id, r, o->node_id);
-		}
-		for (size_t j = 0; j < i; j++)
-			if (rq->ranks[j]->rank == r)
-				return rpc_call_fail(call, REFIT_ERR_INVALID_ARG,
-						     "Join \"%s\": rank %d listed twice",
-						     rq->node_id, r);
-	}
+	if (join_check(c, rq, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "%s", err.msg);
 	for (size_t k = 0; k < c->members.n; k++)
 		if (strcmp(c->members.v[k].node_id, rq->node_id) == 0) {
 			remove_member(c, k, "rejoin");
@@ -348,19 +260,12 @@ h_leave(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 static refit_status_t
 check_ranks_known(coord_t *c, const plan_layout_set_t *s, refit_err_t *err)
 {
-	for (size_t i = 0; i < s->n; i++)
-		for (size_t k = 0; k < s->v[i].nshards; k++) {
-			int32_t r = s->v[i].shards[k].rank;
-			bool found = false;
+	size_t t;
+	int32_t r = coord_rules_unheld_rank(c->members.v, c->members.n, s, &t);
 
-			for (size_t m = 0; m < c->members.n && !found; m++)
-				for (size_t j = 0; j < c->members.v[m].nranks && !found; j++)
-					found = c->members.v[m].ranks[j].rank == r;
-			if (!found)
-				return refit_err_set(err, REFIT_ERR_INVALID_ARG,
-						     "layout \"%s\": rank %d belongs to no member "
-						     "node", s->v[i].name, r);
-		}
+	if (r >= 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": rank %d belongs "
+				     "to no member node", s->v[t].name, r);
 	return REFIT_OK;
 }
 
@@ -383,126 +288,124 @@ check_against(model_t *m, int role, const plan_layout_set_t *s, refit_err_t *err
 	return rc;
 }
 
-static void
-h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+/*
+ * RegisterLayout's checks: the member, the model and role, the layouts
+ * (converted into *set, a trainer's covering every element), their ranks
+ * held by members, their tensors matching the other side's (ranks shared
+ * with another replica are checked after, by h_register).  REFIT_OK, or
+ * err says why (set is then freed).
+ */
+static refit_status_t
+register_check(coord_t *c, const Refit__V1__RegisterLayoutRequest *rq, plan_layout_set_t *set,
+	       refit_err_t *err)
 {
-	coord_t *c = ctx;
-	const Refit__V1__RegisterLayoutRequest *rq = (const void *)msg;
+	model_t *m = coord_find_model(c, nz(rq->model));
+
+	if (coord_find_member(c, rq->member_id) == NULL)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "RegisterLayout: member %" PRIu64
+				     " is not a member: join first", rq->member_id);
+	if (rq->model == NULL || rq->model[0] == '\0')
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "RegisterLayout: model is empty");
+	if (rq->role != REFIT__V1__ROLE__TRAIN && rq->role != REFIT__V1__ROLE__INFER)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": role "
+				     "must be TRAIN or INFER", rq->model);
+	if (conv_layouts_from_proto(rq->tensors, rq->n_tensors, set, err) != REFIT_OK) {
+		refit_err_prefix(err, "RegisterLayout \"%s\"", rq->model);
+		return err->status;
+	}
+	for (size_t i = 0; i < set->n && err->status == REFIT_OK; i++)
+		if (rq->role == REFIT__V1__ROLE__TRAIN)
+			plan_layout_check_coverage(&set->v[i], err);
+	if (err->status == REFIT_OK)
+		check_ranks_known(c, set, err);
+	if (err->status == REFIT_OK && m != NULL)
+		check_against(m, rq->role, set, err);
+	if (err->status == REFIT_OK)
+		return REFIT_OK;
+	plan_layout_set_fini(set);
+	refit_err_prefix(err, "RegisterLayout \"%s\"", rq->model);
+	return err->status;
+}
+
+/*
+ * An instance spread over several nodes: each node registers the same
+ * layout for it; another node registering a different one is refused.
+ * Answers the call and frees set.
+ */
+static void
+register_shared(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq,
+		instance_t *old, plan_layout_set_t *set)
+{
+	Refit__V1__RegisterLayoutResponse rsp = REFIT__V1__REGISTER_LAYOUT_RESPONSE__INIT;
+	const member_t *om = coord_find_member(c, old->member_id);
+	const char *iname = nz(rq->instance);
+	char dg[SHA256_HEX_LEN];
+
+	conv_layouts_digest(set, dg);
+	plan_layout_set_fini(set);
+	if (strcmp(dg, old->digest) != 0 && (old->role == REFIT__V1__ROLE__TRAIN ||
+					     strcmp(old->name, iname) == 0))
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": %s "
+				     "\"%s\" is registered by node %s with another layout "
+				     "(%.12s, this one %.12s)", rq->model,
+				     rq->role == REFIT__V1__ROLE__TRAIN ? "the trainer" :
+				     "instance", iname, om->node_id, old->digest, dg);
+	rsp.layout_digest = old->digest;
+	rsp.tensors = (uint32_t)old->layouts.n;
+	if (old->catch_up_at_ms) /* wait for every node of the instance */
+		old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
+	rpc_call_reply(call, &rsp.base);
+}
+
+/*
+ * A node joined again with its clients: the same layout, the same memory;
+ * only the member holding it changed.  True when that is so (the call is
+ * answered, set freed).
+ */
+static bool
+register_again(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq,
+	       model_t *m, instance_t *old, plan_layout_set_t *set)
+{
+	Refit__V1__RegisterLayoutResponse rsp = REFIT__V1__REGISTER_LAYOUT_RESPONSE__INIT;
+	char dg[SHA256_HEX_LEN];
+
+	conv_layouts_digest(set, dg);
+	if (strcmp(dg, old->digest) != 0)
+		return false;
+	plan_layout_set_fini(set);
+	old->member_id = rq->member_id;
+	old->orphan_since_ms = 0;
+	if (old->missed && m->installed_version > 0 && !m->no_catch_up)
+		old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
+	old->missed = false;
+	coord_save(c);
+	rsp.layout_digest = old->digest;
+	rsp.tensors = (uint32_t)old->layouts.n;
+	rpc_call_reply(call, &rsp.base);
+	return true;
+}
+
+/*
+ * The new instance into model m (NULL: a new model): a model has one
+ * trainer; an inference instance is replaced by name, the old one kept
+ * until the change is durable.  Answers the call; set is taken.
+ */
+static void
+register_store(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq,
+	       model_t *m, plan_layout_set_t *set)
+{
 	Refit__V1__RegisterLayoutResponse rsp = REFIT__V1__REGISTER_LAYOUT_RESPONSE__INIT;
 	const char *iname = nz(rq->instance);
-	plan_layout_set_t set;
-	refit_err_t err;
-	instance_t in, *old;
-	model_t *m;
-
-	refit_err_clear(&err);
-	if (coord_find_member(c, rq->member_id) == NULL)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "RegisterLayout: member %"
-				     PRIu64 " is not a member: join first", rq->member_id);
-	if (rq->model == NULL || rq->model[0] == '\0')
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout: model is empty");
-	if (rq->role != REFIT__V1__ROLE__TRAIN && rq->role != REFIT__V1__ROLE__INFER)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": role "
-				     "must be TRAIN or INFER", rq->model);
-	if (conv_layouts_from_proto(rq->tensors, rq->n_tensors, &set, &err) != REFIT_OK)
-		return rpc_call_fail(call, err.status, "RegisterLayout \"%s\": %s", rq->model,
-				     err.msg);
-	for (size_t i = 0; i < set.n && err.status == REFIT_OK; i++)
-		if (rq->role == REFIT__V1__ROLE__TRAIN)
-			plan_layout_check_coverage(&set.v[i], &err);
-	if (err.status == REFIT_OK)
-		check_ranks_known(c, &set, &err);
-	m = coord_find_model(c, rq->model);
-	if (err.status == REFIT_OK && m != NULL)
-		check_against(m, rq->role, &set, &err);
-	if (err.status != REFIT_OK) {
-		plan_layout_set_fini(&set);
-		return rpc_call_fail(call, err.status, "RegisterLayout \"%s\": %s", rq->model,
-				     err.msg);
-	}
-	/* an instance spread over several nodes: each node registers the same
-	 * layout for it; another node registering a different one is refused */
-	old = m == NULL ? NULL : rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
-					: find_instance(m, (int)rq->role, iname);
-	if (old != NULL && old->member_id != rq->member_id &&
-	    coord_find_member(c, old->member_id) != NULL) {
-		char dg[SHA256_HEX_LEN];
-		member_t *om = coord_find_member(c, old->member_id);
-
-		conv_layouts_digest(&set, dg);
-		plan_layout_set_fini(&set);
-		if (strcmp(dg, old->digest) != 0 && (old->role == REFIT__V1__ROLE__TRAIN ||
-						     strcmp(old->name, iname) == 0))
-			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": "
-					     "%s \"%s\" is registered by node %s with another "
-					     "layout (%.12s, this one %.12s)", rq->model,
-					     rq->role == REFIT__V1__ROLE__TRAIN ? "the trainer" :
-					     "instance", iname, om->node_id, old->digest, dg);
-		rsp.layout_digest = old->digest;
-		rsp.tensors = (uint32_t)old->layouts.n;
-		if (old->catch_up_at_ms) /* wait for every node of the instance */
-			old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
-		return rpc_call_reply(call, &rsp.base);
-	}
 	bool new_model = m == NULL, had_old = false;
-	instance_t was;
+	instance_t in = {0}, was, *old;
+	refit_err_t err;
 
-	if (rq->role == REFIT__V1__ROLE__INFER && m != NULL) {
-		/* replicas need ranks of their own: one overlapping another makes
-		 * every refit of the model fail at planning */
-		for (size_t i = 0; i < m->inst.n; i++) {
-			const instance_t *o = &m->inst.v[i];
-			int32_t r = -1;
-
-			if (o->role != REFIT__V1__ROLE__INFER || strcmp(o->name, iname) == 0)
-				continue;
-			for (size_t a = 0; a < set.n && r < 0; a++)
-				for (size_t k = 0; k < set.v[a].nshards && r < 0; k++)
-					for (size_t b = 0; b < o->layouts.n && r < 0; b++)
-						for (size_t q = 0; q < o->layouts.v[b].nshards; q++)
-							if (o->layouts.v[b].shards[q].rank ==
-							    set.v[a].shards[k].rank) {
-								r = set.v[a].shards[k].rank;
-								break;
-							}
-			if (r >= 0) {
-				plan_layout_set_fini(&set);
-				return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout "
-						     "\"%s\": instance \"%s\" uses rank %d, which "
-						     "instance \"%s\" uses too: instances need ranks "
-						     "of their own (a stale one goes with `refitctl "
-						     "unregister %s %s`)", rq->model, iname, r,
-						     o->name, rq->model, o->name);
-			}
-		}
-	}
-	if (old != NULL && rq->again) {
-		char dg[SHA256_HEX_LEN];
-
-		conv_layouts_digest(&set, dg);
-		if (strcmp(dg, old->digest) == 0) {
-			/* a node joined again with its clients: same layout, same
-			 * memory; only the member holding it changed */
-			plan_layout_set_fini(&set);
-			old->member_id = rq->member_id;
-			old->orphan_since_ms = 0;
-			if (old->missed && m->installed_version > 0 && !m->no_catch_up)
-				old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
-			old->missed = false;
-			coord_save(c);
-			rsp.layout_digest = old->digest;
-			rsp.tensors = (uint32_t)old->layouts.n;
-			return rpc_call_reply(call, &rsp.base);
-		}
-	}
 	if (m == NULL) {
 		model_t nm = {.name = xstrdup(rq->model)};
 
 		VEC_PUSH(&c->models, nm);
 		m = &c->models.v[c->models.n - 1];
 	}
-	/* a model has one trainer; an inference instance is replaced by name
-	 * (the old one is kept until the change is durable) */
 	old = rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
 						: find_instance(m, (int)rq->role, iname);
 	if (old != NULL) {
@@ -510,16 +413,16 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		had_old = true;
 		*old = m->inst.v[--m->inst.n];
 	}
-	memset(&in, 0, sizeof(in));
 	in.name = xstrdup(iname);
 	in.role = (int)rq->role;
 	in.member_id = rq->member_id;
-	in.layouts = set;
-	conv_layouts_digest(&set, in.digest);
+	in.layouts = *set;
+	conv_layouts_digest(set, in.digest);
 	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up &&
 	    !rq->again)
 		in.catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 	VEC_PUSH(&m->inst, in);
+	refit_err_clear(&err);
 	if (coord_save_durable(c, "RegisterLayout", &err) != REFIT_OK) {
 		coord_instance_fini(&m->inst.v[--m->inst.n]);
 		if (had_old)
@@ -535,23 +438,43 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		coord_instance_fini(&was);
 	log_info("coordinator: model \"%s\": %s instance \"%s\" registered (%zu tensors, %.12s)",
 		 m->name, rq->role == REFIT__V1__ROLE__TRAIN ? "train" : "infer", iname,
-		 set.n, in.digest);
+		 in.layouts.n, in.digest);
 	rsp.layout_digest = m->inst.v[m->inst.n - 1].digest;
-	rsp.tensors = (uint32_t)set.n;
+	rsp.tensors = (uint32_t)in.layouts.n;
 	rpc_call_reply(call, &rsp.base);
+}
+
+static void
+h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__RegisterLayoutRequest *rq = (const void *)msg;
+	plan_layout_set_t set;
+	refit_err_t err;
+	instance_t *old;
+	model_t *m;
+
+	refit_err_clear(&err);
+	if (register_check(c, rq, &set, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	m = coord_find_model(c, rq->model);
+	old = m == NULL ? NULL : rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
+					: find_instance(m, (int)rq->role, nz(rq->instance));
+	if (old != NULL && old->member_id != rq->member_id &&
+	    coord_find_member(c, old->member_id) != NULL)
+		return register_shared(c, call, rq, old, &set);
+	if (rq->role == REFIT__V1__ROLE__INFER && m != NULL &&
+	    coord_rules_own_ranks(m, nz(rq->instance), &set, &err) != REFIT_OK) {
+		plan_layout_set_fini(&set);
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
+	if (old != NULL && rq->again && register_again(c, call, rq, m, old, &set))
+		return;
+	register_store(c, call, rq, m, &set);
 }
 
 static void model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 		      Refit__V1__Instance **iv, Refit__V1__Instance ***ip);
-
-uint64_t
-coord_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void
 h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
@@ -799,50 +722,6 @@ h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(ip);
 }
 
-/* The topology of the current members. */
-refit_status_t
-coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
-{
-	plan_topo_init(t);
-	t->nic_per_node = c->o.nic_per_node;
-	for (size_t i = 0; i < c->members.n; i++)
-		for (size_t k = 0; k < c->members.v[i].nranks; k++)
-			CHECK(plan_topo_add_rank(t, c->members.v[i].ranks[k].rank,
-						 c->members.v[i].node_id,
-						 c->members.v[i].ranks[k].domain, err));
-	return REFIT_OK;
-}
-
-/*
- * Inference instances are replicas: compose them into one destination
- * layout, tensor by tensor, as explicit layouts holding every instance's
- * shards.
- */
-refit_status_t
-coord_compose_dst(const model_t *m, const char *only, plan_layout_set_t *out,
-		  refit_err_t *err)
-{
-	const plan_layout_set_t **sets = xcalloc(m->inst.n + 1, sizeof(*sets));
-	size_t n = 0;
-	refit_status_t rc;
-
-	for (size_t i = 0; i < m->inst.n; i++)
-		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER && !m->inst.v[i].skip &&
-		    (only == NULL || strcmp(only, m->inst.v[i].name) == 0))
-			sets[n++] = &m->inst.v[i].layouts;
-	if (n == 0) {
-		free(sets);
-		plan_layout_set_init(out);
-		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no inference "
-				     "instance", m->name);
-	}
-	rc = plan_layout_compose(sets, n, out, err);
-	free(sets);
-	if (rc != REFIT_OK)
-		refit_err_prefix(err, "model \"%s\"", m->name);
-	return rc;
-}
-
 static void
 on_explained(planjob_t *j)
 {
@@ -905,8 +784,6 @@ static const rpc_method_cfg_t methods[] = {
 	{"ExplainPlan", h_explain, true},
 };
 
-static void on_timer_closed_free(coord_t *c);
-
 /*
  * Member ids are never reused, not even by a coordinator restarted without
  * its state file: a node still heartbeating with an id of the last
@@ -964,7 +841,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	c->rpc = o->rpc;
 	c->state_file = o->state_file ? xstrdup(o->state_file) : NULL;
 	if (coord_state_load(c, err) != REFIT_OK) {
-		on_timer_closed_free(c);
+		coord_free(c);
 		return NULL;
 	}
 	coord_member_ids_from_clock(c);
@@ -972,7 +849,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK ||
 	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,
 				   coord_refit_methods, coord_refit_nmethods, c, err) != REFIT_OK) {
-		on_timer_closed_free(c);
+		coord_free(c);
 		return NULL;
 	}
 	uv_timer_init(loop, &c->lease_timer);
@@ -981,37 +858,6 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 		       TICK_MS(o->lease_ttl_ms));
 	rpc_async_on_conn(c->rpc, on_conn, c);
 	return c;
-}
-
-static void
-on_timer_closed_free(coord_t *c)
-{
-	for (size_t i = 0; i < c->members.n; i++)
-		member_fini(&c->members.v[i]);
-	VEC_FREE(&c->members);
-	for (size_t i = 0; i < c->models.n; i++) {
-		for (size_t k = 0; k < c->models.v[i].inst.n; k++)
-			coord_instance_fini(&c->models.v[i].inst.v[k]);
-		VEC_FREE(&c->models.v[i].inst);
-		free(c->models.v[i].name);
-	}
-	VEC_FREE(&c->models);
-	coord_refits_fini(c);
-	free(c->state_file);
-	free(c);
-}
-
-void
-coord_maybe_free(coord_t *c)
-{
-	void (*cb)(void *) = c->closed_cb;
-	void *arg = c->closed_arg;
-
-	if (!c->closing || !c->timer_closed || c->inflight != 0)
-		return;
-	on_timer_closed_free(c);
-	if (cb)
-		cb(arg);
 }
 
 static void

@@ -1,50 +1,20 @@
 /*
- * coord_internal.h - the coordinator's state, shared by coord.c (handlers)
- * and coord_state.c (the state file).  Loop thread only.
+ * coord_internal.h - the coordinator's records, shared by the files of
+ * daemon/coord/ (the layering is below), and what each file offers the
+ * others.  Loop thread only.
  */
 #ifndef REFIT_DAEMON_COORD_COORD_INTERNAL_H
 #define REFIT_DAEMON_COORD_COORD_INTERNAL_H
 
 #include "common/alloc.h"
 #include "daemon/coord/coord.h"
+#include "daemon/coord/coord_records.h"
+#include "daemon/coord/refit_fsm.h"
 #include "plan/plan.h"
 #include "refit/v1/refit.pb-c.h"
 
-typedef struct rank_info {
-	int32_t rank;
-	char *domain;
-} rank_info_t;
-
-typedef struct member {
-	uint64_t id, joined_epoch;
-	char *node_id, *host, *rpc_ep, *data_ep, *transport;
-	rank_info_t *ranks;
-	size_t nranks;
-	uint64_t last_beat_ms;
-	bool draining;          /* told to leave at its next heartbeat */
-	uint64_t prepared_epoch;/* the last epoch it acknowledged (PrepareEpoch) */
-} member_t;
-
-typedef struct instance {
-	char *name;
-	int role;              /* REFIT__V1__ROLE__TRAIN / __INFER */
-	uint64_t member_id;
-	plan_layout_set_t layouts;
-	char digest[SHA256_HEX_LEN];
-	uint64_t catch_up_at_ms;  /* catch-up refit due (0: none) */
-	uint64_t orphan_since_ms; /* its member left (0: it is a member) */
-	bool skip;                /* the model's refit now leaves it out (unhealthy) */
-	bool missed;              /* a refit left it out: catch up when it is back */
-} instance_t;
-
-typedef struct model {
-	char *name;
-	VEC(instance_t) inst;
-	uint64_t latest_version, installed_version;
-	uint32_t retries, retry_backoff_ms;  /* the refit policy */
-	bool no_catch_up;
-	bool strict_instances;     /* a refit fails rather than skip an instance */
-} model_t;
+_Static_assert(COORD_ROLE_TRAIN == REFIT__V1__ROLE__TRAIN &&
+	       COORD_ROLE_INFER == REFIT__V1__ROLE__INFER, "coord_records.h roles");
 
 /* One node's figures in a refit (from its SliceDone). */
 typedef struct refit_node_time {
@@ -61,24 +31,18 @@ typedef struct coord_slices coord_slices_t;  /* coord_slice.c */
 typedef struct refit_rec {
 	uint64_t id, version, epoch, created_ms, finished_ms, bytes;
 	char *model, *key, *failure;
-	int mode, state;            /* REFIT__V1__MODE__*, REFIT__V1__REFIT_STATE__* */
+	int mode;                   /* REFIT__V1__MODE__* */
+	refit_fsm_t fsm;            /* its lifecycle: state, attempt, answers pending */
 	bool verify;
 	char plan_digest[SHA256_HEX_LEN];
 	uint64_t *nodes;            /* member ids taking part */
 	size_t nnodes;
-	uint32_t pending;           /* node calls outstanding in this phase */
-	bool committing;            /* RUNNING: every slice ran, Commit sent */
-	bool publishing;            /* committing: every node committed, Publish sent */
-	bool failing, failing_symptom;               /* RUNNING: a slice failed; the rest are aborted
-				       and their answers collected for the cause */
 	int64_t corrupt;            /* tests: TriggerRefit.test_corrupt_msg */
 	uint32_t nstages;
 	uint64_t stage_us[64];      /* slowest node's time to the end of each stage */
 	uint64_t stage_bytes[64];   /* bytes moved in each stage, all nodes */
 	uint64_t comm_us;           /* slowest node's time to a usable session */
-	bool nccl;                  /* the nodes use the nccl transport */
-	uint32_t attempt, retries, backoff_ms;
-	uint64_t retry_at_ms;       /* PENDING: the next attempt starts then */
+	uint64_t retry_at_ms;       /* QUEUED, RETRY_WAIT: planned again then */
 	char **attempts;            /* why earlier attempts failed */
 	size_t nattempts;
 	char *only;                 /* catch-up: the one instance installed */
@@ -86,7 +50,8 @@ typedef struct refit_rec {
 	size_t nskipped;
 	uint8_t nccl_id[128];       /* from the lowest rank's node */
 	size_t nccl_id_len;
-	uint32_t phase;             /* bumped per phase; stale answers are ignored */
+	uint32_t phase;             /* bumped per round of node calls; stale answers
+				       are ignored */
 	/* RUNNING: per node of nodes, the slice's start and its report */
 	uint8_t *nstate;            /* NODE_STARTED | NODE_REPORTED */
 	refit_node_time_t *ntime;
@@ -118,7 +83,6 @@ struct coord {
 	VEC(plan_cache_t) plans;
 	rpc_async_t *rpc;           /* calls to nodes (shared with main) */
 	uint32_t inflight;          /* async node calls and plans not yet done */
-	bool bumping;               /* inside a failure's epoch bump */
 	uint8_t token[16];          /* data-plane token of token_epoch */
 	uint64_t token_epoch;
 	/* nccl: the unique id of nccl_epoch (len 0: that epoch shrinks the
@@ -135,17 +99,30 @@ struct coord {
 	void *closed_arg;
 };
 
-/* Write the state file (when configured); logs and returns on failure. */
+/*
+ * Which file calls which (no cycles): coord.c (membership, registry,
+ * setup) -> coord_refit.c (refits) -> coord_plan.c, coord_metrics.c ->
+ * coord_store.c -> coord_state.c; refit_fsm.c is pure, below them all.
+ */
+
+/* coord_state.c: write the state file (when configured); REFIT_OK or err */
 refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
 /* Read the state file into c (models, versions, epoch, ids). */
 refit_status_t coord_state_load(coord_t *c, refit_err_t *err);
+
+/* ---- coord_store.c: the records, lookups, persisting, freeing ---- */
+void coord_member_fini(member_t *m);
 void coord_instance_fini(instance_t *in);
-
-/* an instance's catch-up refit waits this long for its other nodes */
-#define CATCH_UP_DELAY_MS 500
+void coord_refit_free(refit_rec_t *r);
+model_t *coord_find_model(coord_t *c, const char *name);
+instance_t *coord_train_instance(model_t *m);
+member_t *coord_find_member(coord_t *c, uint64_t id);
+refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
+refit_status_t coord_compose_dst(const model_t *m, const char *only,
+				 plan_layout_set_t *out, refit_err_t *err);
+/* wall clock, ms since the epoch */
 uint64_t coord_now_ms(void);
-
-/* Persist the state now (coord.c; failures are logged). */
+/* Persist the state now (failures are logged). */
 void coord_save(coord_t *c);
 /*
  * Persist a change a caller is about to be told about: REFIT_OK once it is
@@ -153,20 +130,16 @@ void coord_save(coord_t *c);
  * change and refuses it (err says why).
  */
 refit_status_t coord_save_durable(coord_t *c, const char *what, refit_err_t *err);
-
-/* coord.c helpers used by coord_refit.c */
-model_t *coord_find_model(coord_t *c, const char *name);
-instance_t *coord_train_instance(model_t *m);
-member_t *coord_find_member(coord_t *c, uint64_t id);
-refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
-refit_status_t coord_compose_dst(const model_t *m, const char *only,
-				 plan_layout_set_t *out, refit_err_t *err);
-/* A new epoch (refits in flight of the old one fail). */
-void coord_bump_epoch(coord_t *c, const char *why);
-/* free c once closing and nothing is in flight */
+/* Free c and everything it holds (nothing may be in flight). */
+void coord_free(coord_t *c);
+/* Free c once closing, its timer closed and nothing in flight; then its
+ * closed callback.  Every async completion calls it. */
 void coord_maybe_free(coord_t *c);
 
-/* Planning off the loop (coord_refit.c): a job with its own copies of the
+/* an instance's catch-up refit waits this long for its other nodes */
+#define CATCH_UP_DELAY_MS 500
+
+/* Planning off the loop (coord_plan.c): a job with its own copies of the
  * inputs; done runs on the loop when the plan is built. */
 typedef struct planjob {
 	uv_work_t w;
@@ -188,7 +161,11 @@ typedef struct planjob {
 	uint64_t plan_us;           /* plan_build's time */
 } planjob_t;
 
+/* coord_plan.c: a refit's plan options (the same when planning and in RunSlice) */
 void coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o);
+/* The digest of everything a plan of m depends on (layouts, members, options). */
+void coord_plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
+		    char hex[SHA256_HEX_LEN]);
 /* coord_slice.c: every node's slice of p (whole: every node gets all of
  * p, for grouped transports), kept with r (replacing any) */
 void coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p, bool whole);
@@ -198,8 +175,14 @@ void coord_slices_free(refit_rec_t *r);
 refit_status_t coord_plan_async(coord_t *c, model_t *m, const char *only,
 				const plan_opts_t *o, bool explain, void (*done)(planjob_t *j),
 				uint64_t refit_id, rpc_call_t *call, refit_err_t *err);
+/* The model's last plan (NULL: none yet). */
+plan_cache_t *coord_plan_cached(coord_t *c, const char *model);
+/* Keep j's plan as the model's last plan (j gives it up); returns it. */
+const plan_t *coord_plan_keep(coord_t *c, planjob_t *j);
 
-/* coord_refit.c: the refit methods and state machine */
+/* ---- coord_refit.c: the refit methods and the driver of their state machine */
+/* A new epoch (refits in flight of the old one fail). */
+void coord_bump_epoch(coord_t *c, const char *why);
 extern const rpc_method_cfg_t coord_refit_methods[];
 extern const size_t coord_refit_nmethods;
 /* Abort the refits in flight that use member id; their ids into *ids. */
@@ -207,7 +190,6 @@ size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint6
 				 size_t max);
 /* membership changed (why names the member and the cause): refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
-void coord_refits_fini(coord_t *c);
 /* Timer: retries and catch-up refits that are due. */
 void coord_refits_tick(coord_t *c);
 /* metrics (coord_metrics.c): after every change of r's state; p: its plan, when taken */

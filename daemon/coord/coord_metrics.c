@@ -29,16 +29,7 @@ static VEC(track_t) tracks;
 static const char *
 phase_of(const refit_rec_t *r)
 {
-	switch (r->state) {
-	case REFIT__V1__REFIT_STATE__PENDING:
-		return "planning";
-	case REFIT__V1__REFIT_STATE__PREPARING:
-		return "preparing";
-	case REFIT__V1__REFIT_STATE__RUNNING:
-		return r->committing ? "committing" : "running";
-	default:
-		return NULL; /* final */
-	}
+	return refit_fsm_info(r->fsm.state)->phase; /* NULL: final */
 }
 
 /* The failure's cause, from the coordinator's own messages (coord_refit.c). */
@@ -47,7 +38,7 @@ cause_of(const refit_rec_t *r)
 {
 	const char *m = r->failure ? r->failure : "";
 
-	if (r->state == REFIT__V1__REFIT_STATE__ABORTED)
+	if (r->fsm.state == REFIT_FSM_ABORTED)
 		return "aborted";
 	if (strncmp(m, "plan", 4) == 0)
 		return "plan";
@@ -111,22 +102,20 @@ coord_metrics_refit(coord_t *c, const refit_rec_t *r, const plan_t *p)
 	metrics_observe(M_REFIT_PHASE_SECONDS, (const char *[]){"phase", t->phase, NULL},
 			now > t->since_ms ? (double)(now - t->since_ms) / 1000.0 : 0.0);
 	if (phase != NULL) {
-		if (r->state == REFIT__V1__REFIT_STATE__PENDING)
+		if (refit_fsm_public(r->fsm.state) == REFIT__V1__REFIT_STATE__PENDING)
 			metrics_add(M_REFIT_RETRIES_TOTAL, NULL, 1); /* back to planning */
 		t->phase = phase;
 		t->since_ms = now;
 		return;
 	}
 	{
-		const char *outcome = r->state == REFIT__V1__REFIT_STATE__COMMITTED ? "committed" :
-				      r->state == REFIT__V1__REFIT_STATE__ABORTED ? "aborted" :
-				      "failed";
+		const char *outcome = refit_fsm_info(r->fsm.state)->name; /* a final state */
 		uint64_t end = r->finished_ms ? r->finished_ms : now;
 
 		metrics_add(M_REFITS_TOTAL, (const char *[]){"outcome", outcome, NULL}, 1);
 		metrics_observe(M_REFIT_SECONDS, (const char *[]){"outcome", outcome, NULL},
 				end > r->created_ms ? (double)(end - r->created_ms) / 1000.0 : 0.0);
-		if (r->state != REFIT__V1__REFIT_STATE__COMMITTED)
+		if (r->fsm.state != REFIT_FSM_COMMITTED)
 			metrics_add(M_REFIT_FAILURES_TOTAL, (const char *[]){"cause", cause_of(r),
 									     NULL}, 1);
 		else if (t->have_bytes)

@@ -1,42 +1,44 @@
 /*
- * coord_refit.c - refits: TriggerRefit, GetRefit, ListRefits, AbortRefit
- * and the state machine that drives the nodes.
+ * coord_refit.c - refits: TriggerRefit, GetRefit, ListRefits, AbortRefit,
+ * SliceDone, and the driver of the refit state machine (refit_fsm.h).
  *
- *   PENDING -> PREPARING  plan taken (from the cache when layouts, members
- *                         and options are unchanged); every node taking part
- *                         is told the epoch (Node.PrepareEpoch), unless it
- *                         acknowledged this epoch already
- *           -> RUNNING    every node starts its slice (Node.RunSlice, answered
- *                         at the start) and reports its end (SliceDone,
- *                         counted once per node and attempt)
- *           -> COMMITTED  every node succeeded, then committed (Node.Commit:
- *                         ready, nothing shown to clients), then published
- *                         (Node.Publish, sent only once every node
- *                         committed: an instance spanning nodes switches on
- *                         all or none): the model's installed version moves
- *   any non-final state -> FAILED  (a node failed, could not be reached, or
- *                         membership changed) or ABORTED (AbortRefit)
+ * Everything that happens to a refit becomes an event of its machine
+ * (refit_event): a plan in hand, a node's answer, a slice's report, a
+ * membership change, an abort.  The machine says what comes next; this
+ * file carries the actions out, in the order given: bookkeeping first
+ * (the failure kept, calls cancelled, a retry noted, the end), then the
+ * refit's metrics and state file, then the calls to nodes, which feed
+ * events back.  The state is set before any action runs, so an action
+ * that reaches the refit again (a new epoch failing the refits of the old
+ * one) finds it in its new state: no re-entry guard is needed.
+ *
+ *   planning -> preparing (-> nccl-id first on nccl when the epoch needs a
+ *   unique id) -> running -> committing -> publishing -> committed; a slice
+ *   failure -> failing (the others are aborted, their reports collected);
+ *   a failure with retries left -> retry-wait -> planning; nccl refits wait
+ *   their turn in queued; any live state -> aborted (AbortRefit, a drain).
+ *   docs/control-plane.md has the whole table.
  *
  * Node calls are asynchronous (rpc_async_call, grouped by refit id, so a
  * refit that ends cancels the calls it still has out); an answer for a
  * refit that has moved on (phase counter) is ignored.  No call lasts as
  * long as a slice: a node that never reports is caught by its lease, its
- * own slice deadline, or at last by SLICE_RUN_MS here.  Triggers are idempotent per
- * (model, key).  The last REFIT_KEEP records are kept for ListRefits.
+ * own slice deadline, or at last by SLICE_RUN_MS here.  Triggers are
+ * idempotent per (model, key).  The last REFIT_KEEP records are kept for
+ * ListRefits.
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
-#include <stdarg.h>
 
-#include "codec/json.h"
 #include "common/log.h"
+#include "common/strbuf.h"
 #include "common/utf8.h"
-#include "plan/convert.h"
 #include "daemon/coord/coord_internal.h"
+#include "daemon/coord/coord_rules.h"
 #include "rpc/proto_conv.h"
 
 #define REFIT_KEEP 256
@@ -59,131 +61,215 @@ find_refit(coord_t *c, uint64_t id)
 }
 
 static bool
-is_final(int st)
+is_final(const refit_rec_t *r)
 {
-	return st == REFIT__V1__REFIT_STATE__COMMITTED || st == REFIT__V1__REFIT_STATE__FAILED ||
-	       st == REFIT__V1__REFIT_STATE__ABORTED;
+	return refit_fsm_is(r->fsm.state, REFIT_FSM_FINAL);
+}
+
+/* RUNNING, FAILING*: the round of RunSlice answers and slice reports. */
+static bool
+runs_slices(const refit_rec_t *r)
+{
+	return r->fsm.state == REFIT_FSM_RUNNING || r->fsm.state == REFIT_FSM_FAILING ||
+	       r->fsm.state == REFIT_FSM_FAILING_SYMPTOM;
 }
 
 static const char *
-state_name(int st)
+public_name(const refit_rec_t *r)
 {
-	static const char *const n[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
-					"FAILED", "ABORTED"};
-
-	return st >= 0 && st <= 5 ? n[st] : "?";
+	return refit_fsm_public_name(refit_fsm_public(r->fsm.state));
 }
 
-static void
-rec_free(refit_rec_t *r)
-{
-	for (size_t i = 0; i < r->nattempts; i++)
-		free(r->attempts[i]);
-	free(r->attempts);
-	free(r->only);
-	for (size_t i = 0; i < r->nskipped; i++)
-		free(r->skipped[i]);
-	free(r->skipped);
-	free(r->model);
-	free(r->key);
-	free(r->failure);
-	free(r->nodes);
-	free(r->nstate);
-	free(r->ntime);
-	coord_slices_free(r);
-	free(r);
-}
+/* ---- the driver ------------------------------------------------------------ */
+
+static void plan_refit(coord_t *c, refit_rec_t *r);
+static void ask_nccl_id(coord_t *c, refit_rec_t *r);
+static void send_prepare(coord_t *c, refit_rec_t *r);
+static void send_run(coord_t *c, refit_rec_t *r);
+static void send_install(coord_t *c, refit_rec_t *r);
+static void abort_on_nodes(coord_t *c, refit_rec_t *r, uint32_t attempt);
 
 /*
  * nccl: a failure or an abort may have aborted the communicators on some
  * nodes only; a new epoch with a new unique id makes every node build fresh
- * ones for the next refit (a node never reuses aborted ones).
+ * ones for the next refit (a node never reuses aborted ones).  At most one
+ * nccl refit holds an epoch at a time (nccl_busy), so the refits this new
+ * epoch fails are never nccl ones asking for another.
  */
 static void
 nccl_failed_epoch(coord_t *c)
 {
 	c->nccl_ok = false;
 	c->nccl_epoch = 0;
-	c->bumping = true;
 	coord_bump_epoch(c, "a refit on nccl failed");
-	c->bumping = false;
 }
 
+/* RETRY: the attempt that ended (was) is noted; the next one is planned
+ * in wait_ms with the members of then.  Figures are the last attempt's. */
 static void
-finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static void
-finish(coord_t *c, refit_rec_t *r, int state, const char *fmt, ...)
+note_retry(refit_rec_t *r, const refit_fsm_t *was, uint64_t wait_ms)
 {
-	char msg[REFIT_ERR_MSG_MAX] = "";
-	va_list ap;
-	bool bump;
+	const char *why = r->failure ? r->failure : "";
 
-	if (fmt != NULL) {
-		va_start(ap, fmt);
-		vsnprintf(msg, sizeof(msg), fmt, ap);
-		va_end(ap);
-		utf8_cut(msg); /* cut by the buffer: on a character boundary */
-	}
-	bump = (state == REFIT__V1__REFIT_STATE__FAILED ||
-		state == REFIT__V1__REFIT_STATE__ABORTED) && r->nccl && !c->bumping &&
-	       r->state != REFIT__V1__REFIT_STATE__PENDING;
-	r->phase++;
-	r->pending = 0;
+	r->attempts = xreallocarray(r->attempts, r->nattempts + 1, sizeof(char *));
+	r->attempts[r->nattempts++] = xstrdup(why);
+	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): attempt %u failed: %s; "
+		 "retrying in %" PRIu64 " ms", r->id, r->model, r->version, was->attempt, why,
+		 wait_ms);
+	r->retry_at_ms = coord_now_ms() + wait_ms;
 	coord_slices_free(r);
-	if (!r->publishing)
-		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
-	free(r->failure);
-	r->failure = msg[0] ? xstrdup(msg) : NULL;
-	if (state == REFIT__V1__REFIT_STATE__FAILED && r->attempt <= r->retries) {
-		/* the model's retry policy: plan again later, with the members of then */
-		uint64_t wait = (uint64_t)r->backoff_ms << (r->attempt - 1 < 16 ? r->attempt - 1 : 16);
+	r->bytes = r->comm_us = 0;
+	r->nstages = 0;
+	memset(r->stage_us, 0, sizeof(r->stage_us));
+	memset(r->stage_bytes, 0, sizeof(r->stage_bytes));
+}
 
-		r->attempts = xreallocarray(r->attempts, r->nattempts + 1, sizeof(char *));
-		r->attempts[r->nattempts++] = xstrdup(msg);
-		log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): attempt %u failed: %s; "
-			 "retrying in %" PRIu64 " ms", r->id, r->model, r->version, r->attempt, msg,
-			 wait);
-		r->attempt++;
-		r->state = REFIT__V1__REFIT_STATE__PENDING;
-		r->retry_at_ms = coord_now_ms() + (wait ? wait : 1);
-		r->committing = r->publishing = r->failing = r->failing_symptom = false;
-		r->bytes = r->comm_us = 0;   /* figures are the last attempt's */
-		r->nstages = 0;
-		memset(r->stage_us, 0, sizeof(r->stage_us));
-		memset(r->stage_bytes, 0, sizeof(r->stage_bytes));
-		if (bump)
-			nccl_failed_epoch(c);
-		coord_metrics_refit(c, r, NULL);
-		coord_save(c);
-		return;
-	}
-	r->state = state;
+/* END: a final state; a committed refit moves the model's installed version. */
+static void
+note_end(coord_t *c, refit_rec_t *r)
+{
 	r->retry_at_ms = 0;
 	r->finished_ms = coord_now_ms();
-	if (bump)
-		nccl_failed_epoch(c);
-	if (state == REFIT__V1__REFIT_STATE__COMMITTED) {
+	coord_slices_free(r);
+	if (r->fsm.state == REFIT_FSM_COMMITTED) {
 		model_t *m = coord_find_model(c, r->model);
 
+		free(r->failure);   /* an earlier attempt's failure is in attempts */
+		r->failure = NULL;
 		if (m != NULL && r->only == NULL && r->version > m->installed_version)
 			m->installed_version = r->version;
 	}
 	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
-		 r->version, state_name(state), msg[0] ? ": " : "", msg);
-	coord_metrics_refit(c, r, NULL);
-	coord_save(c);
+		 r->version, public_name(r), r->failure ? ": " : "",
+		 r->failure ? r->failure : "");
 }
 
-/* The options of a refit's plan: the same when planning and in RunSlice. */
-void
-coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o)
+static void
+do_action(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const refit_fsm_action_t *a,
+	  const char *msg)
 {
-	plan_opts_default(o);
-	o->mode = mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST : PLAN_MODE_RESHARD;
-	if (c->o.staging_bytes)
-		o->staging_bytes = c->o.staging_bytes;
+	switch (a->kind) {
+	case REFIT_FSM_ACT_KEEP_CAUSE:
+		free(r->failure);
+		r->failure = xstrdup(msg ? msg : "failed");
+		break;
+	case REFIT_FSM_ACT_CANCEL_CALLS:
+		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
+		break;
+	case REFIT_FSM_ACT_RETRY:
+		note_retry(r, was, a->wait_ms);
+		break;
+	case REFIT_FSM_ACT_WAIT:
+		r->retry_at_ms = coord_now_ms() + a->wait_ms;
+		break;
+	case REFIT_FSM_ACT_END:
+		note_end(c, r);
+		break;
+	case REFIT_FSM_ACT_NEW_EPOCH:
+		nccl_failed_epoch(c);
+		break;
+	case REFIT_FSM_ACT_PLAN:
+		plan_refit(c, r);
+		break;
+	case REFIT_FSM_ACT_ASK_NCCL_ID:
+		ask_nccl_id(c, r);
+		break;
+	case REFIT_FSM_ACT_SEND_PREPARE:
+		send_prepare(c, r);
+		break;
+	case REFIT_FSM_ACT_SEND_RUN:
+		send_run(c, r);
+		break;
+	case REFIT_FSM_ACT_SEND_COMMIT:
+	case REFIT_FSM_ACT_SEND_PUBLISH:
+		send_install(c, r);
+		break;
+	case REFIT_FSM_ACT_ABORT_NODES:
+		abort_on_nodes(c, r, was->attempt);
+		break;
+	default:
+		log_warnx("coordinator: refit %" PRIu64 ": unknown action %d", r->id,
+			  (int)a->kind);
+		break;
+	}
+}
+
+/* After the bookkeeping: metrics follow every change of state (p: the plan,
+ * when one was just taken); the state file every change clients can see. */
+static void
+settle(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const plan_t *p)
+{
+	if (was->state == r->fsm.state && p == NULL)
+		return;
+	coord_metrics_refit(c, r, p);
+	if (refit_fsm_public(was->state) != refit_fsm_public(r->fsm.state))
+		coord_save(c);
+}
+
+/* A new round of node calls (or none): answers of the last one are stale. */
+static bool
+new_round(refit_fsm_state_t from, refit_fsm_state_t to)
+{
+	const char *a = refit_fsm_info(from)->call, *b = refit_fsm_info(to)->call;
+
+	return from != to && (b == NULL || a == NULL || strcmp(a, b) != 0);
+}
+
+/*
+ * Feed ev to r's machine and carry out what it says (msg: the event's
+ * failure message, for KEEP_CAUSE; p: the plan just taken).  An event the
+ * state does not expect is a bug: logged, nothing changes.
+ */
+static void
+refit_event(coord_t *c, refit_rec_t *r, const refit_fsm_event_t *ev, const char *msg,
+	    const plan_t *p)
+{
+	refit_fsm_t was = r->fsm;
+	refit_fsm_out_t out;
+	refit_err_t err;
+	bool settled = false;
+
+	refit_err_clear(&err);
+	if (refit_fsm_step(&r->fsm, ev, &out, &err) != REFIT_OK) {
+		log_warnx("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s", r->id,
+			  r->model, r->version, err.msg);
+		return;
+	}
+	r->fsm = out.next;
+	if (new_round(was.state, r->fsm.state))
+		r->phase++;
+	for (size_t i = 0; i < out.nact; i++) {
+		if (!settled && out.act[i].kind >= REFIT_FSM_FIRST_CALL) {
+			settle(c, r, &was, p);
+			settled = true;
+		}
+		do_action(c, r, &was, &out.act[i], msg);
+	}
+	if (!settled)
+		settle(c, r, &was, p);
+}
+
+static void
+refit_on(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind)
+{
+	refit_event(c, r, &(refit_fsm_event_t){.kind = kind}, NULL, NULL);
+}
+
+/* An event with a failure message (cut on a character boundary). */
+static void refit_eventf(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind,
+			 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void
+refit_eventf(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind, const char *fmt, ...)
+{
+	char msg[REFIT_ERR_MSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	utf8_cut(msg);
+	refit_event(c, r, &(refit_fsm_event_t){.kind = kind}, msg, NULL);
 }
 
 /* ---- node calls ----------------------------------------------------------- */
@@ -191,143 +277,43 @@ coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o)
 static void on_node_done(void *arg, refit_status_t st, const char *msg,
 			 ProtobufCMessage *resp);
 
-/* Call method on every node of r (but those that acknowledged epoch
- * skip_epoch, when not 0); fails r when a call cannot start. */
+/*
+ * Call the state's node method (refit_fsm_info(state)->call) on every node
+ * of r but those that acknowledged epoch skip_epoch (when not 0), then
+ * count the round (CALLS_SENT); a call that cannot start fails r.
+ */
 static void
-call_nodes(coord_t *c, refit_rec_t *r, const char *method, ProtobufCMessage *req,
-	   int64_t timeout_ms, uint64_t skip_epoch)
+call_nodes(coord_t *c, refit_rec_t *r, ProtobufCMessage *req, uint64_t skip_epoch)
 {
+	const char *method = refit_fsm_info(r->fsm.state)->call;
+	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_CALLS_SENT};
 	refit_err_t err;
 
-	r->pending = 0;
 	for (size_t i = 0; i < r->nnodes; i++) {
 		member_t *m = coord_find_member(c, r->nodes[i]);
 		nctx_t *x;
 
 		refit_err_clear(&err);
-		if (m == NULL || m->rpc_ep[0] == '\0') {
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s",
-			       m ? m->node_id : "?", m ? "advertised no rpc_endpoint" :
-			       "left the membership");
-			return;
-		}
+		if (m == NULL || m->rpc_ep[0] == '\0')
+			return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "node %s: %s",
+					    m ? m->node_id : "?", m ? "advertised no "
+					    "rpc_endpoint" : "left the membership");
 		if (skip_epoch != 0 && m->prepared_epoch == skip_epoch)
 			continue;
 		coord_slice_attach(r, m->id, req);  /* RunSlice: this node's slice */
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
 		if (rpc_async_call(c->rpc, r->id, m->rpc_ep, &refit__v1__node__descriptor,
-				   method, req, timeout_ms, on_node_done, x, &err) != REFIT_OK) {
+				   method, req, NODE_CALL_MS, on_node_done, x, &err) != REFIT_OK) {
 			free(x);
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s", m->node_id,
-			       err.msg);
-			return;
+			return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "node %s: %s", m->node_id,
+					    err.msg);
 		}
 		c->inflight++;
-		r->pending++;
+		ev.u.calls.n++;
 	}
+	refit_event(c, r, &ev, NULL, NULL);
 }
-
-static void
-start_running(coord_t *c, refit_rec_t *r)
-{
-	Refit__V1__RunSliceRequest rq = REFIT__V1__RUN_SLICE_REQUEST__INIT;
-	model_t *m = coord_find_model(c, r->model);
-	Refit__V1__InstanceLayouts *iv, **ip;
-	plan_opts_t o;
-	size_t n = 0;
-
-	if (m == NULL) {
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "model \"%s\" went away", r->model);
-		return;
-	}
-	r->state = REFIT__V1__REFIT_STATE__RUNNING;
-	r->phase++;
-	coord_metrics_refit(c, r, NULL);
-	free(r->nstate);
-	free(r->ntime);
-	r->nstate = xcalloc(r->nnodes + 1, sizeof(*r->nstate));
-	r->ntime = xcalloc(r->nnodes + 1, sizeof(*r->ntime));
-	r->nstarted = 0;
-	r->running_after_ms = 0;
-	r->run_deadline_ms = coord_now_ms() + SLICE_RUN_MS;
-	coord_save(c);
-	coord_plan_opts(c, r->mode, &o);
-	iv = xcalloc(m->inst.n + 1, sizeof(*iv));
-	ip = xcalloc(m->inst.n + 1, sizeof(*ip));
-	/* the trainer first, then the instances in the order the plan composed them */
-	for (int pass = 0; pass < 2; pass++)
-		for (size_t i = 0; i < m->inst.n; i++) {
-			instance_t *in = &m->inst.v[i];
-
-			if ((pass == 0) != (in->role == REFIT__V1__ROLE__TRAIN))
-				continue;
-			if (in->role == REFIT__V1__ROLE__INFER &&
-			    ((r->only && strcmp(r->only, in->name) != 0) || in->skip))
-				continue;
-			refit__v1__instance_layouts__init(&iv[n]);
-			iv[n].instance = in->name;
-			iv[n].role = (Refit__V1__Role)in->role;
-			iv[n].tensors = conv_layouts_to_proto(&in->layouts);
-			iv[n].n_tensors = in->layouts.n;
-			ip[n] = &iv[n];
-			n++;
-		}
-	rq.refit_id = r->id;
-	rq.epoch = r->epoch;
-	rq.plan_digest = r->plan_digest;
-	rq.model = r->model;
-	rq.version = r->version;
-	rq.verify = r->verify;
-	rq.mode = (Refit__V1__Mode)r->mode;
-	rq.chunk_bytes = o.chunk_bytes;
-	rq.staging_bytes = o.staging_bytes;
-	rq.instances = ip;
-	rq.n_instances = n;
-	rq.corrupt_msg = r->corrupt;
-	rq.nic_per_node = c->o.nic_per_node;
-	rq.attempt = r->attempt;
-	call_nodes(c, r, "RunSlice", &rq.base, NODE_CALL_MS, 0);
-	coord_slices_free(r);  /* packed into the calls */
-	for (size_t i = 0; i < n; i++)
-		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
-	free(iv);
-	free(ip);
-}
-
-/* Every slice ran: first phase of the install, every node keeps its
- * slice's result ready without showing it (Node.Commit). */
-static void
-start_commit(coord_t *c, refit_rec_t *r)
-{
-	Refit__V1__CommitRequest rq = REFIT__V1__COMMIT_REQUEST__INIT;
-
-	r->committing = true;
-	r->phase++;
-	coord_metrics_refit(c, r, NULL);
-	rq.refit_id = r->id;
-	rq.epoch = r->epoch;
-	rq.model = r->model;
-	rq.version = r->version;
-	call_nodes(c, r, "Commit", &rq.base, NODE_CALL_MS, 0);
-}
-
-/* Every node committed: show the version to the clients (Node.Publish). */
-static void
-start_publish(coord_t *c, refit_rec_t *r)
-{
-	Refit__V1__PublishRequest rq = REFIT__V1__PUBLISH_REQUEST__INIT;
-
-	r->publishing = true;
-	r->phase++;
-	rq.refit_id = r->id;
-	rq.epoch = r->epoch;
-	rq.model = r->model;
-	rq.version = r->version;
-	call_nodes(c, r, "Publish", &rq.base, NODE_CALL_MS, 0);
-}
-
-static void abort_on_nodes(coord_t *c, refit_rec_t *r);
 
 /*
  * A node answered: the refit it belongs to, if the answer is still wanted
@@ -342,7 +328,7 @@ answer_of(const nctx_t *x, member_t **m)
 
 	c->inflight--;
 	*m = c->closing ? NULL : coord_find_member(c, x->member_id);
-	return r != NULL && r->phase == x->phase && !is_final(r->state) ? r : NULL;
+	return r != NULL && r->phase == x->phase && !is_final(r) ? r : NULL;
 }
 
 /* The index of member id among r's nodes, or SIZE_MAX. */
@@ -355,6 +341,149 @@ node_index(const refit_rec_t *r, uint64_t id)
 	return SIZE_MAX;
 }
 
+/* A call of the round failed (NcclId, PrepareEpoch, Commit, Publish). */
+static void
+node_failed(coord_t *c, refit_rec_t *r, const char *node, const char *msg)
+{
+	char extra[128] = "";
+
+	if (r->fsm.state == REFIT_FSM_PUBLISHING)
+		/* every node had committed: the others publish (the decision
+		 * was taken); this one did not get it (it died or is cut off) */
+		snprintf(extra, sizeof(extra), " (every node had committed; the others "
+			 "published version %" PRIu64 ")", r->version);
+	else if (r->fsm.state == REFIT_FSM_COMMITTING)
+		/* nothing was published anywhere: the others drop what they committed */
+		snprintf(extra, sizeof(extra), " (nothing was published)");
+	refit_eventf(c, r, REFIT_FSM_EV_NODE_FAILED, "node %s: %s: %s%s", node,
+		     refit_fsm_info(r->fsm.state)->call, msg, extra);
+}
+
+static void slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node,
+			  refit_status_t st, const char *msg);
+
+static void
+on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
+{
+	nctx_t *x = arg;
+	coord_t *c = x->c;
+	member_t *m;
+	refit_rec_t *r = answer_of(x, &m);
+	const char *node = m ? m->node_id : "?";
+
+	(void)resp;
+	if (r == NULL) {
+		/* moved on */
+	} else if (runs_slices(r)) {
+		size_t k = node_index(r, x->member_id);
+
+		if (k != SIZE_MAX)
+			slice_started(c, r, k, node, st, msg);
+	} else if (st != REFIT_OK) {
+		node_failed(c, r, node, msg);
+	} else {
+		if (r->fsm.state == REFIT_FSM_PREPARING && m != NULL)
+			m->prepared_epoch = r->epoch;
+		refit_on(c, r, REFIT_FSM_EV_NODE_OK);
+	}
+	free(x);
+	coord_maybe_free(c);
+}
+
+/* ---- slices ---------------------------------------------------------------- */
+
+/* The RunSlice instances of r: the trainer first, then the instances in
+ * the order the plan composed them (*n of them, in *iv; free_layouts). */
+static Refit__V1__InstanceLayouts **
+instance_layouts(const refit_rec_t *r, const model_t *m, Refit__V1__InstanceLayouts **iv,
+		 size_t *n)
+{
+	Refit__V1__InstanceLayouts **ip = xcalloc(m->inst.n + 1, sizeof(*ip));
+
+	*iv = xcalloc(m->inst.n + 1, sizeof(**iv));
+	*n = 0;
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < m->inst.n; i++) {
+			const instance_t *in = &m->inst.v[i];
+			Refit__V1__InstanceLayouts *o = &(*iv)[*n];
+
+			if ((pass == 0) != (in->role == REFIT__V1__ROLE__TRAIN))
+				continue;
+			if (in->role == REFIT__V1__ROLE__INFER &&
+			    ((r->only && strcmp(r->only, in->name) != 0) || in->skip))
+				continue;
+			refit__v1__instance_layouts__init(o);
+			o->instance = in->name;
+			o->role = (Refit__V1__Role)in->role;
+			o->tensors = conv_layouts_to_proto(&in->layouts);
+			o->n_tensors = in->layouts.n;
+			ip[(*n)++] = o;
+		}
+	return ip;
+}
+
+static void
+free_layouts(Refit__V1__InstanceLayouts *iv, Refit__V1__InstanceLayouts **ip, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
+	free(iv);
+	free(ip);
+}
+
+/* SEND_RUN: every node starts its slice (answered at the start). */
+static void
+send_run(coord_t *c, refit_rec_t *r)
+{
+	Refit__V1__RunSliceRequest rq = REFIT__V1__RUN_SLICE_REQUEST__INIT;
+	model_t *m = coord_find_model(c, r->model);
+	Refit__V1__InstanceLayouts *iv;
+	plan_opts_t o;
+
+	if (m == NULL)
+		return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "model \"%s\" went away", r->model);
+	free(r->nstate);
+	free(r->ntime);
+	r->nstate = xcalloc(r->nnodes + 1, sizeof(*r->nstate));
+	r->ntime = xcalloc(r->nnodes + 1, sizeof(*r->ntime));
+	r->nstarted = 0;
+	r->running_after_ms = 0;
+	r->run_deadline_ms = coord_now_ms() + SLICE_RUN_MS;
+	coord_plan_opts(c, r->mode, &o);
+	rq.instances = instance_layouts(r, m, &iv, &rq.n_instances);
+	rq.refit_id = r->id;
+	rq.epoch = r->epoch;
+	rq.plan_digest = r->plan_digest;
+	rq.model = r->model;
+	rq.version = r->version;
+	rq.verify = r->verify;
+	rq.mode = (Refit__V1__Mode)r->mode;
+	rq.chunk_bytes = o.chunk_bytes;
+	rq.staging_bytes = o.staging_bytes;
+	rq.corrupt_msg = r->corrupt;
+	rq.nic_per_node = c->o.nic_per_node;
+	rq.attempt = r->fsm.attempt;
+	call_nodes(c, r, &rq.base, 0);
+	coord_slices_free(r);  /* packed into the calls */
+	free_layouts(iv, rq.instances, rq.n_instances);
+}
+
+/* SEND_COMMIT, SEND_PUBLISH: the two phases of the install.  Commit: every
+ * node keeps its slice's result ready without showing it.  Publish, once
+ * every node committed: the clients are shown it. */
+static void
+send_install(coord_t *c, refit_rec_t *r)
+{
+	Refit__V1__CommitRequest cq = REFIT__V1__COMMIT_REQUEST__INIT;
+	Refit__V1__PublishRequest pq = REFIT__V1__PUBLISH_REQUEST__INIT;
+
+	cq.refit_id = pq.refit_id = r->id;
+	cq.epoch = pq.epoch = r->epoch;
+	cq.model = pq.model = r->model;
+	cq.version = pq.version = r->version;
+	call_nodes(c, r, r->fsm.state == REFIT_FSM_PUBLISHING ? &pq.base : &cq.base, 0);
+}
+
 /*
  * Node k's slice ended (its SliceDone, or a RunSlice that failed): counted
  * once.  A failure makes the others stop; the refit fails once all have
@@ -365,25 +494,18 @@ static void
 slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
 	     const char *msg, const Refit__V1__RunSliceResponse *rs)
 {
-	r->nstate[k] |= NODE_REPORTED;
-	r->pending--;
-	if (st != REFIT_OK) {
-		char buf[REFIT_ERR_MSG_MAX];
-		bool symptom = strstr(msg, "tcp: ") != NULL || /* the transport saw it */
-			       strstr(msg, "aborted by the coordinator") != NULL;
+	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_SLICE_OK};
+	char buf[REFIT_ERR_MSG_MAX];
 
+	r->nstate[k] |= NODE_REPORTED;
+	if (st != REFIT_OK) {
 		snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", node, msg);
 		utf8_cut(buf);
-		if (r->failure == NULL || (!symptom && r->failing_symptom)) {
-			free(r->failure);
-			r->failure = xstrdup(buf);
-			r->failing_symptom = symptom;
-		}
-		if (!r->failing) {
-			r->failing = true;
-			abort_on_nodes(c, r);
-		}
-	} else if (rs != NULL) {
+		ev.kind = REFIT_FSM_EV_SLICE_FAILED;
+		ev.u.slice.symptom = coord_rules_is_symptom(msg);
+		return refit_event(c, r, &ev, buf, NULL);
+	}
+	if (rs != NULL) {
 		r->bytes += rs->bytes;
 		if (rs->comm_micros > r->comm_us)
 			r->comm_us = rs->comm_micros;
@@ -397,12 +519,7 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 				r->nstages = sk + 1;
 		}
 	}
-	if (r->pending > 0)
-		return;
-	if (r->failing)
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s", r->failure);
-	else
-		start_commit(c, r);
+	refit_event(c, r, &ev, NULL, NULL);
 }
 
 /* Node k's slice runs (its RunSlice was answered, or it already reported). */
@@ -433,55 +550,6 @@ slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_stat
 	mark_started(r, k);
 }
 
-static void
-on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
-{
-	nctx_t *x = arg;
-	coord_t *c = x->c;
-	member_t *m;
-	refit_rec_t *r = answer_of(x, &m);
-
-	(void)resp;
-	if (r == NULL) {
-		/* moved on */
-	} else if (r->state == REFIT__V1__REFIT_STATE__RUNNING && !r->committing) {
-		size_t k = node_index(r, x->member_id);
-
-		if (k != SIZE_MAX)
-			slice_started(c, r, k, m ? m->node_id : "?", st, msg);
-	} else if (st != REFIT_OK && r->publishing) {
-		/* every node had committed: the others publish (the decision
-		 * was taken); this one did not get it (it died or is cut off) */
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: Publish: %s (every node "
-		       "had committed; the others published version %" PRIu64 ")",
-		       m ? m->node_id : "?", msg, r->version);
-	} else if (st != REFIT_OK) {
-		/* a failed Commit or PrepareEpoch: nothing was published
-		 * anywhere; the other nodes drop what they committed */
-		const char *what = r->committing ? "Commit" : "PrepareEpoch";
-
-		r->committing = false;  /* its other calls are cancelled */
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s: %s%s",
-		       m ? m->node_id : "?", what, msg, what[0] == 'C' ?
-		       " (nothing was published)" : "");
-		abort_on_nodes(c, r);
-	} else {
-		if (r->state == REFIT__V1__REFIT_STATE__PREPARING && m != NULL)
-			m->prepared_epoch = r->epoch;
-		if (--r->pending > 0) {
-			/* more answers to come */
-		} else if (r->state == REFIT__V1__REFIT_STATE__PREPARING) {
-			start_running(c, r);
-		} else if (!r->publishing) {
-			start_publish(c, r);
-		} else {
-			finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL);
-		}
-	}
-	free(x);
-	coord_maybe_free(c);
-}
-
 /*
  * SliceDone: a node's slice ended.  Counted once per (refit, attempt,
  * node); a duplicate, or a report for an attempt that has moved on, is
@@ -506,11 +574,12 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     " is node \"%s\", not \"%s\"", rq->member_id, m->node_id,
 				     node);
 	k = node_index(r, rq->member_id);
-	if (r->state != REFIT__V1__REFIT_STATE__RUNNING || r->committing ||
-	    r->epoch != rq->epoch || r->attempt != rq->attempt || r->nstate == NULL) {
-		log_debug(LOG_SUB_COORD, "coordinator: refit %" PRIu64 ": SliceDone from %s for epoch %" PRIu64
-			  " attempt %u: the refit has moved on (%s, attempt %u)", r->id, node,
-			  rq->epoch, rq->attempt, state_name(r->state), r->attempt);
+	if (!runs_slices(r) || r->epoch != rq->epoch || r->fsm.attempt != rq->attempt ||
+	    r->nstate == NULL) {
+		log_debug(LOG_SUB_COORD, "coordinator: refit %" PRIu64 ": SliceDone from %s for "
+			  "epoch %" PRIu64 " attempt %u: the refit has moved on (%s, attempt %u)",
+			  r->id, node, rq->epoch, rq->attempt, refit_fsm_state_name(r->fsm.state),
+			  r->fsm.attempt);
 		return rpc_call_reply(call, &rsp.base);
 	}
 	if (k == SIZE_MAX || m == NULL)
@@ -531,161 +600,7 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	rpc_call_reply(call, &rsp.base);  /* frees rq */
 }
 
-/* ---- plans ----------------------------------------------------------------- */
-
-/* Digest of everything a plan depends on. */
-static void
-plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
-	 char hex[SHA256_HEX_LEN])
-{
-	strbuf_t sb;
-
-	strbuf_init(&sb);
-	if (only)
-		strbuf_printf(&sb, "only %s\n", only);
-	strbuf_printf(&sb, "mode %d chunk %" PRIu64 " staging %" PRIu64 " nic %d\n", (int)o->mode,
-		      o->chunk_bytes, o->staging_bytes, (int)c->o.nic_per_node);
-	for (size_t i = 0; i < m->inst.n; i++)
-		strbuf_printf(&sb, "inst %d %s %s%s\n", m->inst.v[i].role, m->inst.v[i].name,
-			      m->inst.v[i].digest, m->inst.v[i].skip ? " skipped" : "");
-	for (size_t i = 0; i < c->members.n; i++) {
-		strbuf_printf(&sb, "node %s", c->members.v[i].node_id);
-		for (size_t k = 0; k < c->members.v[i].nranks; k++)
-			strbuf_printf(&sb, " %d@%s", c->members.v[i].ranks[k].rank,
-				      c->members.v[i].ranks[k].domain);
-		strbuf_puts(&sb, "\n");
-	}
-	sha256_hex(sb.s, sb.len, hex);
-	strbuf_fini(&sb);
-}
-
-/* ---- planning off the loop ---------------------------------------------- */
-
-static void
-planjob_work(uv_work_t *w)
-{
-	planjob_t *j = w->data;
-
-	refit_err_clear(&j->err);
-	/* conversions (docs/conversion.md): plan the pair as it crosses the wire */
-	j->rc = plan_convert_rewrite(&j->src, &j->dst, &j->err);
-	if (j->rc == REFIT_OK) {
-		uint64_t t0 = uv_hrtime();
-
-		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
-		j->plan_us = (uv_hrtime() - t0) / 1000;
-	}
-	if (j->rc != REFIT_OK || !j->explain)
-		return;
-	j->rc = plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &j->err);
-	if (j->rc != REFIT_OK)
-		return;
-	j->opts.mode = PLAN_MODE_BROADCAST;
-	j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->bplan, &j->err);
-	if (j->rc == REFIT_OK)
-		j->rc = plan_cost(&j->bplan, &j->src, &j->dst, &j->topo, &j->bcost, &j->err);
-}
-
-static void
-planjob_free(planjob_t *j)
-{
-	plan_fini(&j->plan);
-	plan_fini(&j->bplan);
-	plan_layout_set_fini(&j->src);
-	plan_layout_set_fini(&j->dst);
-	plan_topo_fini(&j->topo);
-	free(j->model);
-	free(j->only);
-	free(j);
-}
-
-static void
-planjob_after(uv_work_t *w, int status)
-{
-	planjob_t *j = w->data;
-	coord_t *c = j->c;
-
-	(void)status;
-	c->inflight--;
-	if (!c->closing)
-		j->done(j);
-	else if (j->call != NULL)
-		rpc_call_fail(j->call, REFIT_ERR_UNAVAILABLE, "coordinator is shutting down");
-	planjob_free(j);
-	coord_maybe_free(c);
-}
-
-refit_status_t
-coord_plan_async(coord_t *c, model_t *m, const char *only, const plan_opts_t *o,
-		 bool explain,
-		 void (*done)(planjob_t *j), uint64_t refit_id, rpc_call_t *call,
-		 refit_err_t *err)
-{
-	planjob_t *j = xcalloc(1, sizeof(*j));
-	instance_t *t = coord_train_instance(m);
-	refit_status_t rc;
-
-	if (t == NULL) {
-		free(j);
-		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no registered "
-				     "trainer", m->name);
-	}
-	rc = coord_compose_dst(m, only, &j->dst, err);
-	if (rc == REFIT_OK)
-		rc = coord_members_topo(c, &j->topo, err);
-	if (rc != REFIT_OK) {
-		planjob_free(j);
-		return rc;
-	}
-	plan_layout_set_copy(&j->src, &t->layouts);
-	plan_key(c, m, only, o, j->key);
-	j->only = only ? xstrdup(only) : NULL;
-	j->c = c;
-	j->model = xstrdup(m->name);
-	j->opts = *o;
-	j->explain = explain;
-	j->done = done;
-	j->refit_id = refit_id;
-	j->call = call;
-	j->w.data = j;
-	if (uv_queue_work(c->loop, &j->w, planjob_work, planjob_after) != 0) {
-		planjob_free(j);
-		return refit_err_set(err, REFIT_ERR_SYS, "cannot queue planning work");
-	}
-	c->inflight++;
-	return REFIT_OK;
-}
-
-static plan_cache_t *
-cache_of(coord_t *c, const char *model)
-{
-	for (size_t i = 0; i < c->plans.n; i++)
-		if (strcmp(c->plans.v[i].model, model) == 0)
-			return &c->plans.v[i];
-	return NULL;
-}
-
-/* Keep j's plan as the model's cached plan (the job gives it up). */
-static const plan_t *
-cache_store(coord_t *c, planjob_t *j)
-{
-	plan_cache_t *pc = cache_of(c, j->model);
-
-	if (pc == NULL) {
-		plan_cache_t n = {.model = xstrdup(j->model)};
-
-		VEC_PUSH(&c->plans, n);
-		pc = &c->plans.v[c->plans.n - 1];
-	} else {
-		plan_fini(&pc->plan);
-	}
-	memcpy(pc->key, j->key, sizeof(pc->key));
-	pc->plan = j->plan;
-	memset(&j->plan, 0, sizeof(j->plan));
-	log_info("coordinator: model \"%s\": plan %.12s built (%zu transfers)", j->model,
-		 pc->plan.digest_hex, pc->plan.nxfers);
-	return &pc->plan;
-}
+/* ---- preparing ------------------------------------------------------------- */
 
 /* Members owning a rank that sends or receives in p: one pass over p. */
 static void
@@ -731,9 +646,6 @@ involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
 	}
 	free(used);
 }
-
-static void send_prepare(coord_t *c, refit_rec_t *r);
-
 
 /* The id (or none: shrink) of r's epoch is the one every refit of it uses. */
 static void
@@ -787,11 +699,34 @@ nccl_busy(const coord_t *c, const refit_rec_t *r)
 	for (size_t i = 0; i < c->refits.n; i++) {
 		const refit_rec_t *o = c->refits.v[i];
 
-		if (o != r && o->nccl && (o->state == REFIT__V1__REFIT_STATE__PREPARING ||
-					  o->state == REFIT__V1__REFIT_STATE__RUNNING))
+		if (o != r && o->fsm.nccl && refit_fsm_is(o->fsm.state, REFIT_FSM_HOLDS_EPOCH))
 			return true;
 	}
 	return false;
+}
+
+/* The members' transports: whether any uses nccl, one that does not, and
+ * the member holding the lowest rank. */
+static void
+scan_members(coord_t *c, bool *nccl, const member_t **other, const member_t **low)
+{
+	int32_t lowr = INT32_MAX;
+
+	*nccl = false;
+	*other = *low = NULL;
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+
+		if (strcmp(m->transport, "nccl") == 0)
+			*nccl = true;
+		else
+			*other = m;
+		for (size_t k = 0; k < m->nranks; k++)
+			if (m->ranks[k].rank < lowr) {
+				lowr = m->ranks[k].rank;
+				*low = m;
+			}
+	}
 }
 
 static void
@@ -801,123 +736,145 @@ on_nccl_id(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp
 	coord_t *c = x->c;
 	member_t *m;
 	refit_rec_t *r = answer_of(x, &m);
+	const Refit__V1__NcclIdResponse *rs = (const void *)resp;
+	char bad[64];
 
-	if (r != NULL) {
-		const Refit__V1__NcclIdResponse *rs = (const void *)resp;
-
-		if (st != REFIT_OK) {
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: NcclId: %s",
-			       m ? m->node_id : "?", msg);
-		} else if (rs->nccl_unique_id.len == 0 ||
-			   rs->nccl_unique_id.len > sizeof(r->nccl_id)) {
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: NcclId: an id of "
-			       "%zu bytes", m ? m->node_id : "?", rs->nccl_unique_id.len);
-		} else {
-			memcpy(r->nccl_id, rs->nccl_unique_id.data, rs->nccl_unique_id.len);
-			r->nccl_id_len = rs->nccl_unique_id.len;
-			nccl_remember(c, r);
-			send_prepare(c, r);
-		}
+	if (r == NULL) {
+		/* moved on */
+	} else if (st != REFIT_OK) {
+		node_failed(c, r, m ? m->node_id : "?", msg);
+	} else if (rs->nccl_unique_id.len == 0 || rs->nccl_unique_id.len > sizeof(r->nccl_id)) {
+		snprintf(bad, sizeof(bad), "an id of %zu bytes", rs->nccl_unique_id.len);
+		node_failed(c, r, m ? m->node_id : "?", bad);
+	} else {
+		memcpy(r->nccl_id, rs->nccl_unique_id.data, rs->nccl_unique_id.len);
+		r->nccl_id_len = rs->nccl_unique_id.len;
+		nccl_remember(c, r);
+		refit_on(c, r, REFIT_FSM_EV_NODE_OK);
 	}
 	free(x);
 	coord_maybe_free(c);
 }
 
+/* ASK_NCCL_ID: the node of the lowest rank makes the epoch's unique id. */
+static void
+ask_nccl_id(coord_t *c, refit_rec_t *r)
+{
+	Refit__V1__NcclIdRequest rq = REFIT__V1__NCCL_ID_REQUEST__INIT;
+	const member_t *other, *low;
+	bool nccl;
+	nctx_t *x;
+	refit_err_t err;
+
+	scan_members(c, &nccl, &other, &low);
+	if (low == NULL)
+		return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "NcclId: no member holds a rank");
+	refit_err_clear(&err);
+	x = xcalloc(1, sizeof(*x));
+	*x = (nctx_t){c, r->id, low->id, r->phase};
+	rq.epoch = r->epoch;
+	if (rpc_async_call(c->rpc, r->id, low->rpc_ep, &refit__v1__node__descriptor, "NcclId",
+			   &rq.base, NODE_CALL_MS, on_nccl_id, x, &err) != REFIT_OK) {
+		free(x);
+		return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "node %s: %s", low->node_id,
+				    err.msg);
+	}
+	c->inflight++;
+}
+
 /*
- * With the plan in hand: tell every node taking part the epoch.  On the
- * nccl transport every member takes part (the communicators span the whole
- * epoch) and the unique id comes first from the node of the lowest rank.
+ * With the plan in hand: the nodes taking part, then PLANNED.  On the nccl
+ * transport every member takes part (the communicators span the whole
+ * epoch) and the unique id comes first from the node of the lowest rank;
+ * nccl refits run one at a time, cluster-wide, so that every node posts
+ * its NCCL groups in the same order (docs/dataplane.md): the others wait
+ * (queued) and are planned again at a tick after it ends.
  */
 static void
 prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 {
-	const member_t *low = NULL, *other = NULL;
-	int32_t lowr = INT32_MAX;
-	size_t nn = 0;
+	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_PLANNED};
+	const member_t *other, *low;
+	bool nccl;
 
-	bool nccl = false;
-
-	for (size_t i = 0; i < c->members.n; i++) {
-		const member_t *m = &c->members.v[i];
-
-		if (strcmp(m->transport, "nccl") == 0)
-			nccl = true;
-		else
-			other = m;
-		for (size_t k = 0; k < m->nranks; k++)
-			if (m->ranks[k].rank < lowr) {
-				lowr = m->ranks[k].rank;
-				low = m;
-			}
-	}
-	/*
-	 * nccl: one refit at a time, cluster-wide, so that every node posts
-	 * its NCCL groups in the same order (docs/dataplane.md); the others
-	 * wait, PENDING, and start at a tick after it ends.
-	 */
+	scan_members(c, &nccl, &other, &low);
 	if (nccl && other == NULL && nccl_busy(c, r)) {
-		r->retry_at_ms = coord_now_ms() + 1;
-		return;
+		ev.u.planned.wait_turn = true;
+		return refit_event(c, r, &ev, NULL, NULL);
 	}
 	memcpy(r->plan_digest, p->digest_hex, sizeof(r->plan_digest));
 	involved_nodes(c, p, coord_find_model(c, r->model), r);
 	r->epoch = c->epoch;
-	r->state = REFIT__V1__REFIT_STATE__PREPARING;
-	r->phase++;
-	coord_metrics_refit(c, r, p);
-	r->nccl = nccl;
+	if (nccl && other != NULL)
+		return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "mixed transports: node %s uses "
+				    "%s while others use nccl; every node of an epoch needs the "
+				    "same", other->node_id, other->transport);
+	ev.u.planned.nccl = nccl;
+	ev.u.planned.no_nodes = r->nnodes == 0;  /* nothing moves */
+	if (nccl && r->nnodes > 0) {
+		free(r->nodes);
+		r->nodes = xcalloc(c->members.n + 1, sizeof(*r->nodes));
+		for (size_t i = 0; i < c->members.n; i++)
+			r->nodes[i] = c->members.v[i].id;
+		r->nnodes = c->members.n;
+		ev.u.planned.need_id = nccl_need_id(c, r);
+	}
 	coord_slices_make(c, r, p, nccl);
-	coord_save(c);
-	if (r->nccl && other != NULL) {
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "mixed transports: node %s uses "
-		       "%s while others use nccl; every node of an epoch needs the same",
-		       other->node_id, other->transport);
-		return;
-	}
-	if (r->nnodes == 0) {
-		finish(c, r, REFIT__V1__REFIT_STATE__COMMITTED, NULL); /* nothing moves */
-		return;
-	}
-	if (!r->nccl) {
-		send_prepare(c, r);
-		return;
-	}
-	free(r->nodes);
-	r->nodes = xcalloc(c->members.n + 1, sizeof(*r->nodes));
-	for (size_t i = 0; i < c->members.n; i++)
-		r->nodes[nn++] = c->members.v[i].id;
-	r->nnodes = nn;
-	if (!nccl_need_id(c, r)) {
-		send_prepare(c, r);
-		return;
-	}
-	{
-		Refit__V1__NcclIdRequest rq = REFIT__V1__NCCL_ID_REQUEST__INIT;
-		nctx_t *x = xcalloc(1, sizeof(*x));
-		refit_err_t err;
-
-		refit_err_clear(&err);
-		*x = (nctx_t){c, r->id, low->id, r->phase};
-		rq.epoch = r->epoch;
-		if (rpc_async_call(c->rpc, r->id, low->rpc_ep, &refit__v1__node__descriptor,
-				   "NcclId", &rq.base, NODE_CALL_MS, on_nccl_id, x, &err) !=
-		    REFIT_OK) {
-			free(x);
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s: %s", low->node_id,
-			       err.msg);
-			return;
-		}
-		c->inflight++;
-	}
+	refit_event(c, r, &ev, NULL, p);
 }
 
+/* The current members as PrepareEpoch lists them, in *mv (members_msg_free). */
+static Refit__V1__Member **
+members_msg(coord_t *c, Refit__V1__Member **mv)
+{
+	Refit__V1__Member **mp = xcalloc(c->members.n + 1, sizeof(*mp));
+
+	*mv = xcalloc(c->members.n + 1, sizeof(**mv));
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+		Refit__V1__Member *o = &(*mv)[i];
+
+		refit__v1__member__init(o);
+		o->member_id = m->id;
+		o->node_id = m->node_id;
+		o->host = m->host;
+		o->rpc_endpoint = m->rpc_ep;
+		o->data_endpoint = m->data_ep;
+		o->transport = m->transport;
+		o->ranks = xcalloc(m->nranks + 1, sizeof(*o->ranks));
+		o->n_ranks = m->nranks;
+		for (size_t k = 0; k < m->nranks; k++) {
+			o->ranks[k] = xmalloc(sizeof(*o->ranks[k]));
+			refit__v1__rank_info__init(o->ranks[k]);
+			o->ranks[k]->rank = m->ranks[k].rank;
+			o->ranks[k]->domain = m->ranks[k].domain;
+		}
+		mp[i] = o;
+	}
+	return mp;
+}
+
+static void
+members_msg_free(Refit__V1__Member *mv, Refit__V1__Member **mp, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		for (size_t k = 0; k < mv[i].n_ranks; k++)
+			free(mv[i].ranks[k]);
+		free(mv[i].ranks);
+	}
+	free(mv);
+	free(mp);
+}
+
+/* SEND_PREPARE: every node taking part is told the epoch, its members,
+ * token and (nccl) unique id. */
 static void
 send_prepare(coord_t *c, refit_rec_t *r)
 {
 	Refit__V1__PrepareEpochRequest rq = REFIT__V1__PREPARE_EPOCH_REQUEST__INIT;
-	Refit__V1__Member *mv, **mp;
+	Refit__V1__Member *mv;
+	size_t n = c->members.n;
 
-	r->phase++;
 	/* one token per epoch: refits of several models share the epoch */
 	if (c->token_epoch != r->epoch) {
 		if (getrandom(c->token, sizeof(c->token), 0) != (ssize_t)sizeof(c->token))
@@ -927,49 +884,19 @@ send_prepare(coord_t *c, refit_rec_t *r)
 	rq.epoch = r->epoch;
 	rq.token.data = c->token;
 	rq.token.len = sizeof(c->token);
-	if (r->nccl && r->nccl_id_len) {
+	if (r->fsm.nccl && r->nccl_id_len) {
 		rq.nccl_unique_id.data = r->nccl_id;
 		rq.nccl_unique_id.len = r->nccl_id_len;
 	}
-	mv = xcalloc(c->members.n + 1, sizeof(*mv));
-	mp = xcalloc(c->members.n + 1, sizeof(*mp));
-	for (size_t i = 0; i < c->members.n; i++) {
-		const member_t *m = &c->members.v[i];
-
-		refit__v1__member__init(&mv[i]);
-		mv[i].member_id = m->id;
-		mv[i].node_id = m->node_id;
-		mv[i].host = m->host;
-		mv[i].rpc_endpoint = m->rpc_ep;
-		mv[i].data_endpoint = m->data_ep;
-		mv[i].transport = m->transport;
-		mv[i].ranks = xcalloc(m->nranks + 1, sizeof(*mv[i].ranks));
-		mv[i].n_ranks = m->nranks;
-		for (size_t k = 0; k < m->nranks; k++) {
-			mv[i].ranks[k] = xmalloc(sizeof(*mv[i].ranks[k]));
-			refit__v1__rank_info__init(mv[i].ranks[k]);
-			mv[i].ranks[k]->rank = m->ranks[k].rank;
-			mv[i].ranks[k]->domain = m->ranks[k].domain;
-		}
-		mp[i] = &mv[i];
-	}
-	rq.members = mp;
-	rq.n_members = c->members.n;
+	rq.members = members_msg(c, &mv);
+	rq.n_members = n;
 	/* a node that acknowledged this epoch already (for another refit)
 	 * is not told again: same members, same token, same unique id */
-	call_nodes(c, r, "PrepareEpoch", &rq.base, NODE_CALL_MS, r->epoch);
-	for (size_t i = 0; i < c->members.n; i++) {
-		for (size_t k = 0; k < mv[i].n_ranks; k++)
-			free(mv[i].ranks[k]);
-		free(mv[i].ranks);
-	}
-	free(mv);
-	free(mp);
-	if (r->state == REFIT__V1__REFIT_STATE__PREPARING && r->pending == 0)
-		start_running(c, r);  /* every node had it */
+	call_nodes(c, r, &rq.base, r->epoch);
+	members_msg_free(mv, rq.members, n);
 }
 
-static void start_refit(coord_t *c, model_t *m, refit_rec_t *r);
+/* ---- planning -------------------------------------------------------------- */
 
 static void
 on_refit_planned(planjob_t *j)
@@ -979,28 +906,20 @@ on_refit_planned(planjob_t *j)
 	model_t *m = coord_find_model(c, j->model);
 	char key[SHA256_HEX_LEN];
 
-	if (r == NULL || r->state != REFIT__V1__REFIT_STATE__PENDING)
+	if (r == NULL || r->fsm.state != REFIT_FSM_PLANNING)
 		return; /* aborted while planning */
-	if (j->rc != REFIT_OK) {
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", j->err.msg);
-		return;
-	}
-	if (m == NULL) {
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "model \"%s\" went away while "
-		       "planning", j->model);
-		return;
-	}
-	plan_key(c, m, j->only, &j->opts, key);
-	if (strcmp(key, j->key) != 0) {
-		start_refit(c, m, r); /* layouts or members changed: plan again */
-		return;
-	}
+	if (j->rc != REFIT_OK)
+		return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "plan: %s", j->err.msg);
+	if (m == NULL)
+		return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "model \"%s\" went away while "
+				    "planning", j->model);
+	coord_plan_key(c, m, j->only, &j->opts, key);
+	if (strcmp(key, j->key) != 0)
+		return refit_on(c, r, REFIT_FSM_EV_PLAN_STALE); /* layouts or members changed */
 	r->plan_us = j->plan_us;
 	r->plan_cached = false;
-	if (j->only == NULL) {
-		prepare(c, r, cache_store(c, j));
-		return;
-	}
+	if (j->only == NULL)
+		return prepare(c, r, coord_plan_keep(c, j));
 	/* a catch-up plan is used once: keep it with the refit until prepared */
 	prepare(c, r, &j->plan);
 }
@@ -1009,7 +928,7 @@ on_refit_planned(planjob_t *j)
  * Which inference instances this refit leaves out: those not healthy now
  * (the member that registered them left, or a rank of theirs has no
  * member).  A strict model fails instead; so does one left with none.
- * False when the refit was finished here.
+ * False when the refit failed here.
  */
 static bool
 choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
@@ -1023,23 +942,14 @@ choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
 	strbuf_init(&sb);
 	for (size_t i = 0; i < m->inst.n; i++) {
 		instance_t *in = &m->inst.v[i];
-		int32_t lost = -1;
+		int32_t lost;
+		size_t t;
 
 		in->skip = false;
 		if (in->role != REFIT__V1__ROLE__INFER ||
 		    (r->only && strcmp(r->only, in->name) != 0))
 			continue;
-		for (size_t t = 0; t < in->layouts.n && lost < 0; t++)
-			for (size_t k = 0; k < in->layouts.v[t].nshards && lost < 0; k++) {
-				int32_t rk = in->layouts.v[t].shards[k].rank;
-				bool found = false;
-
-				for (size_t q = 0; q < c->members.n && !found; q++)
-					for (size_t j = 0; j < c->members.v[q].nranks && !found; j++)
-						found = c->members.v[q].ranks[j].rank == rk;
-				if (!found)
-					lost = rk;
-			}
+		lost = coord_rules_unheld_rank(c->members.v, c->members.n, &in->layouts, &t);
 		if (lost < 0 && coord_find_member(c, in->member_id) != NULL) {
 			healthy++;
 			continue;
@@ -1058,9 +968,9 @@ choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
 	if (r->nskipped && (m->strict_instances || healthy == 0)) {
 		for (size_t i = 0; i < m->inst.n; i++)
 			m->inst.v[i].skip = false;
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "%s: %s", healthy == 0 ?
-		       "no healthy inference instance" : "instances not healthy (strict policy)",
-		       sb.s);
+		refit_eventf(c, r, REFIT_FSM_EV_FAIL, "%s: %s", healthy == 0 ?
+			     "no healthy inference instance" : "instances not healthy (strict "
+			     "policy)", sb.s);
 		strbuf_fini(&sb);
 		return false;
 	}
@@ -1071,28 +981,42 @@ choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
 	return true;
 }
 
+/* PLAN: the instances taking part, then the plan: the model's last one when
+ * its inputs are unchanged, else one built off the loop. */
 static void
-start_refit(coord_t *c, model_t *m, refit_rec_t *r)
+plan_refit(coord_t *c, refit_rec_t *r)
 {
-	plan_cache_t *pc = r->only ? NULL : cache_of(c, m->name);
+	model_t *m = coord_find_model(c, r->model);
+	plan_cache_t *pc;
 	plan_opts_t o;
 	refit_err_t err;
 	char key[SHA256_HEX_LEN];
 
-	refit_err_clear(&err);
+	if (m == NULL)
+		return refit_eventf(c, r, REFIT_FSM_EV_FAIL, "model \"%s\" went away", r->model);
 	if (!choose_instances(c, m, r))
 		return;
+	pc = r->only ? NULL : coord_plan_cached(c, m->name);
 	coord_plan_opts(c, r->mode, &o);
-	plan_key(c, m, r->only, &o, key);
+	coord_plan_key(c, m, r->only, &o, key);
 	if (pc != NULL && strcmp(pc->key, key) == 0) {
 		r->plan_us = 0;
 		r->plan_cached = true;
-		prepare(c, r, &pc->plan);
-		return;
+		return prepare(c, r, &pc->plan);
 	}
+	refit_err_clear(&err);
 	if (coord_plan_async(c, m, r->only, &o, false, on_refit_planned, r->id, NULL, &err) !=
 	    REFIT_OK)
-		finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "plan: %s", err.msg);
+		refit_eventf(c, r, REFIT_FSM_EV_FAIL, "plan: %s", err.msg);
+}
+
+/* A new epoch: refits in flight of the old one fail (coord_internal.h). */
+void
+coord_bump_epoch(coord_t *c, const char *why)
+{
+	c->epoch++;
+	log_info("coordinator: epoch %" PRIu64 " (%s)", c->epoch, why);
+	coord_refits_on_epoch(c, c->epoch - 1, why);
 }
 
 size_t
@@ -1103,14 +1027,13 @@ coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *id
 
 	for (size_t i = 0; i < c->refits.n; i++) {
 		refit_rec_t *r = c->refits.v[i];
-		bool uses = r->state == REFIT__V1__REFIT_STATE__PENDING;
+		bool uses = refit_fsm_public(r->fsm.state) == REFIT__V1__REFIT_STATE__PENDING;
 
 		for (size_t k = 0; k < r->nnodes && !uses; k++)
 			uses = r->nodes[k] == id;
-		if (is_final(r->state) || !uses)
+		if (is_final(r) || !uses)
 			continue;
-		finish(c, r, REFIT__V1__REFIT_STATE__ABORTED, "aborted: %s", why);
-		abort_on_nodes(c, r);
+		refit_eventf(c, r, REFIT_FSM_EV_ABORT, "aborted: %s", why);
 		if (n < max)
 			ids[n++] = r->id;
 	}
@@ -1123,19 +1046,13 @@ coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why)
 	for (size_t i = 0; i < c->refits.n; i++) {
 		refit_rec_t *r = c->refits.v[i];
 
-		if (!is_final(r->state) && r->state != REFIT__V1__REFIT_STATE__PENDING &&
-		    r->epoch == old_epoch) {
-			uint32_t a = r->attempt;
-
-			/* the change names the node (a lease that expired: the node
-			 * that died under the refit) */
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "membership changed (epoch %"
-			       PRIu64 " -> %" PRIu64 ": %s) during the refit", old_epoch,
-			       c->epoch, why);
-			/* the surviving nodes stop now, not at their slice deadline */
-			if (r->state == REFIT__V1__REFIT_STATE__FAILED || r->attempt != a)
-				abort_on_nodes(c, r);
-		}
+		/* the change names the node (a lease that expired: the node that
+		 * died under the refit); the surviving nodes stop now, not at
+		 * their slice deadline */
+		if (refit_fsm_is(r->fsm.state, REFIT_FSM_HOLDS_EPOCH) && r->epoch == old_epoch)
+			refit_eventf(c, r, REFIT_FSM_EV_EPOCH_CHANGED, "membership changed "
+				     "(epoch %" PRIu64 " -> %" PRIu64 ": %s) during the refit",
+				     old_epoch, c->epoch, why);
 	}
 }
 
@@ -1151,14 +1068,14 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->epoch = r->epoch;
 	o->mode = (Refit__V1__Mode)r->mode;
 	o->verify = r->verify;
-	o->state = (Refit__V1__RefitState)r->state;
+	o->state = (Refit__V1__RefitState)refit_fsm_public(r->fsm.state);
 	o->plan_digest = (char *)r->plan_digest;
 	o->created_unix_ms = r->created_ms;
 	o->finished_unix_ms = r->finished_ms;
 	o->bytes = r->bytes;
 	o->failure = r->failure ? r->failure : "";
 	o->idempotency_key = r->key ? r->key : "";
-	o->attempt = r->attempt;
+	o->attempt = r->fsm.attempt;
 	o->attempts = r->attempts;
 	o->n_attempts = r->nattempts;
 	o->instance = r->only ? r->only : "";
@@ -1217,8 +1134,8 @@ static void
 trim_records(coord_t *c)
 {
 	for (size_t i = 0; c->refits.n > REFIT_KEEP && i < c->refits.n;) {
-		if (is_final(c->refits.v[i]->state)) {
-			rec_free(c->refits.v[i]);
+		if (is_final(c->refits.v[i])) {
+			coord_refit_free(c->refits.v[i]);
 			memmove(&c->refits.v[i], &c->refits.v[i + 1],
 				(c->refits.n - i - 1) * sizeof(*c->refits.v));
 			c->refits.n--;
@@ -1226,6 +1143,47 @@ trim_records(coord_t *c)
 			i++;
 		}
 	}
+}
+
+/* A new refit of m to its latest version, PLANNING, added to c's records
+ * (only: a catch-up of that instance).  The caller persists and plans it. */
+static refit_rec_t *
+new_refit(coord_t *c, const model_t *m, const char *only)
+{
+	refit_rec_t *r = xcalloc(1, sizeof(*r));
+
+	r->id = ++c->next_refit;
+	r->model = xstrdup(m->name);
+	r->only = only ? xstrdup(only) : NULL;
+	r->version = m->latest_version;
+	r->mode = REFIT__V1__MODE__RESHARD;
+	r->created_ms = coord_now_ms();
+	refit_fsm_init(&r->fsm, m->retries, m->retry_backoff_ms);
+	VEC_PUSH(&c->refits, r);
+	return r;
+}
+
+/* Why m cannot take the trigger rq now (NULL: it can). */
+static refit_status_t
+trigger_check(coord_t *c, const model_t *m, const Refit__V1__TriggerRefitRequest *rq,
+	      refit_err_t *err)
+{
+	if (m->latest_version == 0)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "TriggerRefit \"%s\": no weights "
+				     "are ready yet (no WeightsReady)", m->name);
+	if (rq->version > m->latest_version)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "TriggerRefit \"%s\": version %"
+				     PRIu64 " is newer than the latest ready %" PRIu64, m->name,
+				     rq->version, m->latest_version);
+	if (rq->mode != REFIT__V1__MODE__RESHARD && rq->mode != REFIT__V1__MODE__BROADCAST)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "TriggerRefit: unknown mode %d",
+				     (int)rq->mode);
+	for (size_t i = 0; i < c->refits.n; i++)
+		if (!is_final(c->refits.v[i]) && strcmp(c->refits.v[i]->model, m->name) == 0)
+			return refit_err_set(err, REFIT_ERR_EXISTS, "TriggerRefit \"%s\": refit %"
+					     PRIu64 " is still %s", m->name, c->refits.v[i]->id,
+					     public_name(c->refits.v[i]));
+	return REFIT_OK;
 }
 
 static void
@@ -1237,6 +1195,7 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	const char *key = rq->idempotency_key && rq->idempotency_key[0] ? rq->idempotency_key : NULL;
 	model_t *m = coord_find_model(c, rq->model ? rq->model : "");
 	refit_rec_t *r;
+	refit_err_t err;
 
 	if (m == NULL || coord_train_instance(m) == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "TriggerRefit: model \"%s\" has "
@@ -1249,50 +1208,25 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 			return rpc_call_reply(call, &rsp.base);
 		}
 	}
-	if (m->latest_version == 0)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "TriggerRefit \"%s\": no weights "
-				     "are ready yet (no WeightsReady)", m->name);
-	if (rq->version > m->latest_version)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "TriggerRefit \"%s\": version %"
-				     PRIu64 " is newer than the latest ready %" PRIu64, m->name,
-				     rq->version, m->latest_version);
-	if (rq->mode != REFIT__V1__MODE__RESHARD && rq->mode != REFIT__V1__MODE__BROADCAST)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "TriggerRefit: unknown mode %d",
-				     (int)rq->mode);
-	for (size_t i = 0; i < c->refits.n; i++)
-		if (!is_final(c->refits.v[i]->state) && strcmp(c->refits.v[i]->model, m->name) == 0)
-			return rpc_call_fail(call, REFIT_ERR_EXISTS, "TriggerRefit \"%s\": refit %"
-					     PRIu64 " is still %s", m->name, c->refits.v[i]->id,
-					     state_name(c->refits.v[i]->state));
-	r = xcalloc(1, sizeof(*r));
-	r->id = ++c->next_refit;
-	r->model = xstrdup(m->name);
+	refit_err_clear(&err);
+	if (trigger_check(c, m, rq, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	r = new_refit(c, m, NULL);
 	r->key = key ? xstrdup(key) : NULL;
 	r->version = rq->version ? rq->version : m->latest_version;
 	r->mode = (int)rq->mode;
 	r->verify = rq->verify;
 	r->corrupt = rq->test_corrupt_msg;
-	r->attempt = 1;
-	r->retries = m->retries;
-	r->backoff_ms = m->retry_backoff_ms;
-	r->created_ms = coord_now_ms();
-	r->state = REFIT__V1__REFIT_STATE__PENDING;
-	VEC_PUSH(&c->refits, r);
-	{
-		refit_err_t err;
-
-		refit_err_clear(&err);
-		if (coord_save_durable(c, "TriggerRefit", &err) != REFIT_OK) {
-			c->refits.n--;
-			c->next_refit--;
-			rec_free(r);
-			return rpc_call_fail(call, err.status, "%s", err.msg);
-		}
+	if (coord_save_durable(c, "TriggerRefit", &err) != REFIT_OK) {
+		c->refits.n--;
+		c->next_refit--;
+		coord_refit_free(r);
+		return rpc_call_fail(call, err.status, "%s", err.msg);
 	}
 	trim_records(c);
 	rsp.refit_id = r->id;
 	rpc_call_reply(call, &rsp.base);
-	start_refit(c, m, r);
+	plan_refit(c, r);
 }
 
 static void
@@ -1358,8 +1292,8 @@ unreachable(coord_t *c, const nctx_t *x, const char *msg)
 	size_t k;
 	char buf[REFIT_ERR_MSG_MAX];
 
-	if (r == NULL || r->phase != x->phase || r->state != REFIT__V1__REFIT_STATE__RUNNING ||
-	    r->committing || r->nstate == NULL || m == NULL)
+	if (r == NULL || r->phase != x->phase || !runs_slices(r) || r->nstate == NULL ||
+	    m == NULL)
 		return;
 	k = node_index(r, x->member_id);
 	if (k == SIZE_MAX || (r->nstate[k] & NODE_REPORTED))
@@ -1385,18 +1319,16 @@ on_abort_sent(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 	coord_maybe_free(c);
 }
 
-/* Tell every node of r that it was aborted (best effort). */
+/* ABORT_NODES: tell every node of r that attempt was aborted (best effort). */
 static void
-abort_on_nodes(coord_t *c, refit_rec_t *r)
+abort_on_nodes(coord_t *c, refit_rec_t *r, uint32_t attempt)
 {
 	Refit__V1__AbortRequest ab = REFIT__V1__ABORT_REQUEST__INIT;
 
 	ab.refit_id = r->id;
 	ab.epoch = r->epoch;
 	ab.reason = r->failure;
-	/* the attempt that ended: finish() already moved a retried refit on */
-	ab.attempt = r->state == REFIT__V1__REFIT_STATE__PENDING && r->attempt > 1 ?
-		     r->attempt - 1 : r->attempt;
+	ab.attempt = attempt;
 	for (size_t i = 0; i < r->nnodes; i++) {
 		member_t *m = coord_find_member(c, r->nodes[i]);
 		nctx_t *x;
@@ -1425,12 +1357,11 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (r == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "AbortRefit: no refit %" PRIu64,
 				     rq->refit_id);
-	if (is_final(r->state))
+	if (is_final(r))
 		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "AbortRefit: refit %" PRIu64
-				     " is already %s", r->id, state_name(r->state));
-	finish(c, r, REFIT__V1__REFIT_STATE__ABORTED, "aborted: %s",
-	       rq->reason && rq->reason[0] ? rq->reason : "by request");
-	abort_on_nodes(c, r);
+				     " is already %s", r->id, public_name(r));
+	refit_eventf(c, r, REFIT_FSM_EV_ABORT, "aborted: %s",
+		     rq->reason && rq->reason[0] ? rq->reason : "by request");
 	fill_refit(r, &o);
 	rpc_call_reply(call, &o.base);
 }
@@ -1444,13 +1375,19 @@ const rpc_method_cfg_t coord_refit_methods[] = {
 };
 const size_t coord_refit_nmethods = sizeof(coord_refit_methods) / sizeof(coord_refit_methods[0]);
 
+/* ---- the timer --------------------------------------------------------------- */
+
+/* A refit of model in flight (one that waits is not in the way). */
 static bool
 model_busy(coord_t *c, const char *model)
 {
-	for (size_t i = 0; i < c->refits.n; i++)
-		if (!is_final(c->refits.v[i]->state) && strcmp(c->refits.v[i]->model, model) == 0 &&
-		    c->refits.v[i]->retry_at_ms == 0)
+	for (size_t i = 0; i < c->refits.n; i++) {
+		const refit_rec_t *r = c->refits.v[i];
+
+		if (!is_final(r) && !refit_fsm_is(r->fsm.state, REFIT_FSM_WAITS) &&
+		    strcmp(r->model, model) == 0)
 			return true;
+	}
 	return false;
 }
 
@@ -1465,41 +1402,16 @@ overdue(coord_t *c, refit_rec_t *r)
 	while (k < r->nnodes && (r->nstate[k] & NODE_REPORTED))
 		k++;
 	m = k < r->nnodes ? coord_find_member(c, r->nodes[k]) : NULL;
-	finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "node %s never reported its slice "
-	       "(SliceDone) within %d ms; %u of %zu did not", m ? m->node_id : "?",
-	       SLICE_RUN_MS, r->pending, r->nnodes);
-	abort_on_nodes(c, r);
+	refit_eventf(c, r, REFIT_FSM_EV_DEADLINE, "node %s never reported its slice "
+		     "(SliceDone) within %d ms; %u of %zu did not", m ? m->node_id : "?",
+		     SLICE_RUN_MS, r->fsm.pending, r->nnodes);
 }
 
-void
-coord_refits_tick(coord_t *c)
+/* Catch-up: an instance that registered after a version was ready gets it.
+ * True when one started (the vectors may have moved). */
+static bool
+catch_up(coord_t *c, uint64_t now)
 {
-	uint64_t now = coord_now_ms();
-
-	if (c->closing)
-		return;
-	for (size_t i = 0; i < c->refits.n; i++) {
-		refit_rec_t *r = c->refits.v[i];
-
-		if (r->state == REFIT__V1__REFIT_STATE__RUNNING && !r->committing &&
-		    r->nstate != NULL && now > r->run_deadline_ms)
-			overdue(c, r);
-	}
-	for (size_t i = 0; i < c->refits.n; i++) {
-		refit_rec_t *r = c->refits.v[i];
-		model_t *m;
-
-		if (r->state != REFIT__V1__REFIT_STATE__PENDING || r->retry_at_ms == 0 ||
-		    now < r->retry_at_ms)
-			continue;
-		r->retry_at_ms = 0;
-		if ((m = coord_find_model(c, r->model)) == NULL)
-			finish(c, r, REFIT__V1__REFIT_STATE__FAILED, "model \"%s\" went away",
-			       r->model);
-		else
-			start_refit(c, m, r);
-	}
-	/* catch-up: an instance that registered after a version was ready gets it */
 	for (size_t k = 0; k < c->models.n; k++) {
 		model_t *m = &c->models.v[k];
 
@@ -1514,40 +1426,37 @@ coord_refits_tick(coord_t *c)
 			in->catch_up_at_ms = 0;
 			if (m->latest_version == 0 || coord_train_instance(m) == NULL)
 				continue;
-			r = xcalloc(1, sizeof(*r));
-			r->id = ++c->next_refit;
-			r->model = xstrdup(m->name);
-			r->only = xstrdup(in->name);
-			r->version = m->latest_version;
-			r->mode = REFIT__V1__MODE__RESHARD;
-			r->created_ms = now;
-			r->state = REFIT__V1__REFIT_STATE__PENDING;
-			r->attempt = 1;
-			r->retries = m->retries;
-			r->backoff_ms = m->retry_backoff_ms;
-			VEC_PUSH(&c->refits, r);
+			r = new_refit(c, m, in->name);
 			trim_records(c);
 			log_info("coordinator: refit %" PRIu64 ": catch-up of instance \"%s\" of "
 				 "model \"%s\" to version %" PRIu64, r->id, in->name, m->name,
 				 r->version);
 			coord_save(c);
-			start_refit(c, m, r);
-			return; /* the vectors may have moved */
+			plan_refit(c, r);
+			return true;
 		}
 	}
+	return false;
 }
 
 void
-coord_refits_fini(coord_t *c)
+coord_refits_tick(coord_t *c)
 {
-	free(c->nccl_members);
-	c->nccl_members = NULL;
-	for (size_t i = 0; i < c->refits.n; i++)
-		rec_free(c->refits.v[i]);
-	VEC_FREE(&c->refits);
-	for (size_t i = 0; i < c->plans.n; i++) {
-		free(c->plans.v[i].model);
-		plan_fini(&c->plans.v[i].plan);
+	uint64_t now = coord_now_ms();
+
+	if (c->closing)
+		return;
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (runs_slices(r) && r->nstate != NULL && now > r->run_deadline_ms)
+			overdue(c, r);
 	}
-	VEC_FREE(&c->plans);
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (refit_fsm_is(r->fsm.state, REFIT_FSM_WAITS) && now >= r->retry_at_ms)
+			refit_on(c, r, REFIT_FSM_EV_DUE);
+	}
+	catch_up(c, now);
 }

@@ -27,39 +27,6 @@
 
 #define STATE_VERSION 1
 
-static cJSON *
-layouts_json(const plan_layout_set_t *s)
-{
-	strbuf_t sb;
-	cJSON *arr;
-
-	strbuf_init(&sb);
-	strbuf_puts(&sb, "[");
-	for (size_t i = 0; i < s->n; i++) {
-		const plan_layout_t *l = &s->v[i];
-
-		strbuf_puts(&sb, i ? ",{\"name\":" : "{\"name\":");
-		strbuf_json_str(&sb, l->name);
-		strbuf_printf(&sb, ",\"dtype\":\"%s\",\"shape\":", plan_dtype_name(l->dtype));
-		strbuf_i64_list(&sb, l->shape, l->ndim);
-		codec_convert_json(l, &sb);
-		strbuf_puts(&sb, ",\"shards\":[");
-		for (size_t k = 0; k < l->nshards; k++) {
-			strbuf_printf(&sb, "%s{\"rank\":%d,\"offset\":", k ? "," : "",
-				      l->shards[k].rank);
-			strbuf_i64_list(&sb, l->shards[k].box.off, l->ndim);
-			strbuf_puts(&sb, ",\"size\":");
-			strbuf_i64_list(&sb, l->shards[k].box.size, l->ndim);
-			strbuf_puts(&sb, "}");
-		}
-		strbuf_puts(&sb, "]}");
-	}
-	strbuf_puts(&sb, "]");
-	arr = cJSON_Parse(sb.s);
-	strbuf_fini(&sb);
-	return arr;
-}
-
 static void
 refits_json(const coord_t *c, cJSON *arr)
 {
@@ -73,7 +40,7 @@ refits_json(const coord_t *c, cJSON *arr)
 		cJSON_AddNumberToObject(o, "epoch", (double)r->epoch);
 		cJSON_AddNumberToObject(o, "mode", r->mode);
 		cJSON_AddBoolToObject(o, "verify", r->verify);
-		cJSON_AddNumberToObject(o, "state", r->state);
+		cJSON_AddNumberToObject(o, "state", refit_fsm_public(r->fsm.state));
 		cJSON_AddStringToObject(o, "plan_digest", r->plan_digest);
 		cJSON_AddNumberToObject(o, "created_unix_ms", (double)r->created_ms);
 		cJSON_AddNumberToObject(o, "finished_unix_ms", (double)r->finished_ms);
@@ -114,7 +81,7 @@ state_text(const coord_t *c)
 						"train" : "infer");
 			cJSON_AddNumberToObject(io, "member_id", (double)in->member_id);
 			cJSON_AddStringToObject(io, "digest", in->digest);
-			cJSON_AddItemToObject(io, "tensors", layouts_json(&in->layouts));
+			cJSON_AddItemToObject(io, "tensors", codec_layouts_tree(&in->layouts));
 			cJSON_AddItemToArray(insts, io);
 		}
 		cJSON_AddItemToArray(models, mo);
@@ -220,10 +187,7 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 {
 	const char *name = str(io, "name"), *role = str(io, "role"), *dg = str(io, "digest");
 	const cJSON *t = cJSON_GetObjectItemCaseSensitive(io, "tensors");
-	cJSON *wrap;
-	char *text;
 	instance_t in;
-	refit_status_t rc;
 
 	uint64_t mid;
 	char where[300];
@@ -243,14 +207,7 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 					     where);
 	memset(&in, 0, sizeof(in));
 	plan_layout_set_init(&in.layouts);
-	wrap = cJSON_CreateObject();
-	cJSON_AddItemReferenceToObject(wrap, "tensors", (cJSON *)t);
-	text = cJSON_PrintUnformatted(wrap);
-	cJSON_Delete(wrap);
-	rc = codec_layouts_parse(text, strlen(text), &in.layouts, NULL, err);
-	cJSON_free(text);
-	if (rc != REFIT_OK)
-		return rc;
+	CHECK(codec_layouts_from_tree(t, &in.layouts, err));
 	conv_layouts_digest(&in.layouts, in.digest);
 	if (strcmp(in.digest, dg) != 0) {
 		plan_layout_set_fini(&in.layouts);
@@ -323,24 +280,28 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 	return REFIT_OK;
 }
 
-static const char *const state_names[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
-					  "FAILED", "ABORTED"};
-
 /*
  * Refit records come back as they were, except that one a crash cut short
- * is FAILED now: it never silently disappears.
+ * is FAILED now: it never silently disappears.  A state that is no
+ * RefitState is an error.
  */
-static void
-load_refits(coord_t *c, const cJSON *arr)
+static refit_status_t
+load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 {
 	const cJSON *o;
 
 	cJSON_ArrayForEach(o, arr) {
-		refit_rec_t *r = xcalloc(1, sizeof(*r));
 		const char *model = str(o, "model"), *dg = str(o, "plan_digest");
 		const char *failure = str(o, "failure"), *key = str(o, "key");
 		int st = (int)num(o, "state");
+		refit_fsm_state_t fs;
+		refit_rec_t *r;
 
+		if (refit_fsm_of_public(st, &fs, err) != REFIT_OK) {
+			refit_err_prefix(err, "refit %" PRIu64, num(o, "id"));
+			return err->status;
+		}
+		r = xcalloc(1, sizeof(*r));
 		r->id = num(o, "id");
 		r->model = xstrdup(model ? model : "");
 		r->version = num(o, "version");
@@ -353,20 +314,21 @@ load_refits(coord_t *c, const cJSON *arr)
 		snprintf(r->plan_digest, sizeof(r->plan_digest), "%s", dg ? dg : "");
 		r->key = key && key[0] ? xstrdup(key) : NULL;
 		r->failure = failure && failure[0] ? xstrdup(failure) : NULL;
-		r->state = st;
-		if (st < REFIT__V1__REFIT_STATE__COMMITTED) {
+		r->fsm.state = fs;
+		if (!refit_fsm_is(fs, REFIT_FSM_FINAL)) {
 			char msg[128];
 
 			snprintf(msg, sizeof(msg), "the coordinator restarted while the refit "
-				 "was %s", state_names[st >= 0 && st <= 2 ? st : 0]);
+				 "was %s", refit_fsm_public_name(st));
 			free(r->failure);
 			r->failure = xstrdup(msg);
-			r->state = REFIT__V1__REFIT_STATE__FAILED;
+			r->fsm.state = REFIT_FSM_FAILED;
 			r->finished_ms = (uint64_t)time(NULL) * 1000;
 			log_warnx("coordinator: refit %" PRIu64 " (%s): %s", r->id, r->model, msg);
 		}
 		VEC_PUSH(&c->refits, r);
 	}
+	return REFIT_OK;
 }
 
 refit_status_t
@@ -409,7 +371,8 @@ coord_state_load(coord_t *c, refit_err_t *err)
 			else
 				rc = load_models(c, ms, err);
 			if (rc == REFIT_OK)
-				load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"));
+				rc = load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"),
+						 err);
 		}
 		if (rc != REFIT_OK)
 			refit_err_prefix(err, "state file %s", c->state_file);

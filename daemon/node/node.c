@@ -47,6 +47,7 @@ node_maybe_free(node_t *n)
 	node_local_stop(n);
 	if (n->x)
 		n->xo->stop(n->x);
+	dp_pool_free(n->pool);
 	world_clear(n);
 	VEC_FREE(&n->world);
 	free(n->coordinator);
@@ -205,14 +206,30 @@ h_nccl_id(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 
 	(void)msg;
 	refit_err_clear(&err);
-	if (n->xo->unique_id == NULL)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: NcclId: this node "
-				     "uses the %s transport", n->node_id, n->xo->name);
 	if (n->xo->unique_id(n->x, id, &len, &err) != REFIT_OK)
 		return rpc_call_fail(call, err.status, "node %s: %s", n->node_id, err.msg);
 	rsp.nccl_unique_id.data = id;
 	rsp.nccl_unique_id.len = len;
 	rpc_call_reply(call, &rsp.base);
+}
+
+/* Hand the epoch's world (every member's ranks, sorted, and the NCCL unique id
+ * when the coordinator sent one) to the transport; tcp keeps nothing of it. */
+static void
+world_tell(node_t *n, const Refit__V1__PrepareEpochRequest *rq)
+{
+	VEC(int32_t) all = {0};
+	xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
+			   rq->nccl_unique_id.data, rq->nccl_unique_id.len};
+
+	for (size_t i = 0; i < n->world.n; i++)
+		for (size_t k = 0; k < n->world.v[i].nranks; k++)
+			VEC_PUSH(&all, n->world.v[i].ranks[k]);
+	xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
+	w.ranks = all.v;
+	w.nranks = all.n;
+	n->xo->set_world(n->x, &w);
+	VEC_FREE(&all);
 }
 
 static void
@@ -261,22 +278,11 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	n->prepared_epoch = rq->epoch;
 	memcpy(n->token, rq->token.data, rq->token.len);
 	n->token_len = rq->token.len;
-	if (changed)
+	if (changed) {
 		n->xo->set_epoch(n->x, rq->epoch, n->token, n->token_len);
-	if (n->xo->set_world) {
-		VEC(int32_t) all = {0};
-		xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
-				   rq->nccl_unique_id.data, rq->nccl_unique_id.len};
-
-		for (size_t i = 0; i < n->world.n; i++)
-			for (size_t k = 0; k < n->world.v[i].nranks; k++)
-				VEC_PUSH(&all, n->world.v[i].ranks[k]);
-		xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
-		w.ranks = all.v;
-		w.nranks = all.n;
-		n->xo->set_world(n->x, &w);
-		VEC_FREE(&all);
+		dp_pool_epoch(n->pool, rq->epoch, 0); /* idle buffers go now */
 	}
+	world_tell(n, rq);
 	rsp.epoch = rq->epoch;
 	rsp.micros = (uv_hrtime() - t0) / 1000;
 	log_info("node %s: epoch %" PRIu64 " prepared", n->node_id, rq->epoch);
@@ -317,6 +323,10 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->test_fail_commit = o->test_fail_commit;
 	n->test_hold_run_ms = o->test_hold_run_ms;
+	/* the data plane's buffers, kept across refits of an epoch; slices raise
+	 * the bound to their staging_bytes per local rank; relay parts under
+	 * 64 KiB come from the heap */
+	n->pool = dp_pool_new(0, (uint64_t)64 << 10, DP_POOL_HUGE);
 	n->closing = true; /* until started: node_maybe_free frees */
 	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
 	if (n->xo == NULL) {

@@ -44,6 +44,13 @@ typedef struct client {
 	bool polling;
 	plan_layout_set_t layouts;
 	char digest[SHA256_HEX_LEN];
+	/*
+	 * The RegisterLayout request forwarded to the coordinator (the
+	 * client's layouts as it sent them), packed with member_id 0: sent
+	 * again when the node joins again, with no struct round trip.
+	 */
+	uint8_t *reg;
+	size_t reg_len;
 	VEC(seg_t) segs;
 	VEC(piece_mem_t) mem;
 	/* state */
@@ -133,6 +140,7 @@ struct node {
 	/* data plane */
 	const xport_ops_t *xo;
 	xport_t *x;
+	dp_pool_t *pool;              /* buffers of the tcp slices (dataplane/pool.h) */
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
 	char *local_path;

@@ -81,6 +81,7 @@ client_free(client_t *c)
 	VEC_FREE(&c->segs);
 	VEC_FREE(&c->mem);
 	plan_layout_set_fini(&c->layouts);
+	free(c->reg);
 	free(c->model);
 	free(c->instance);
 	free(c->failure);
@@ -546,7 +547,7 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 		seg_t sg = {xstrdup("(CUDA IPC)"), NULL, pm->cuda_bytes, true};
 		void *b = NULL;
 
-		if (n->xo->mem_open == NULL) {
+		if (n->xo->memory != XPORT_MEM_DEVICE) {
 			free(sg.name);
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
 					     "GPU memory (a CUDA IPC handle) needs the nccl "
@@ -563,7 +564,7 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 		sg.base = b;
 		VEC_PUSH(&c->segs, sg);
 		seg = &c->segs.v[c->segs.n - 1];
-	} else if (n->xo->mem_open != NULL) {
+	} else if (n->xo->memory == XPORT_MEM_DEVICE) {
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: the %s "
 				     "transport moves GPU memory: give a CUDA IPC handle, not "
 				     "shared memory", l->name, pm->rank, n->xo->name);
@@ -713,6 +714,33 @@ on_registered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 	node_maybe_free(n);
 }
 
+/*
+ * The client's tensors' layouts into c->layouts, for this node's own use
+ * (its memory checks, then slices).  The layouts themselves are validated
+ * by the planner on the way, as every struct is built; the checks of the
+ * registration as a whole (coverage, ranks held by members, agreement with
+ * the other side) are the coordinator's.
+ */
+static refit_status_t
+local_layouts(client_t *c, const Refit__V1__LocalRegisterRequest *rq,
+	      Refit__V1__TensorLayout **v, refit_err_t *err)
+{
+	for (size_t i = 0; i < rq->n_tensors; i++) {
+		v[i] = rq->tensors[i]->layout;
+		if (v[i] == NULL)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensors[%zu] has no "
+					     "layout", i);
+	}
+	return conv_layouts_from_proto(v, rq->n_tensors, &c->layouts, err);
+}
+
+/*
+ * RegisterClient: the node checks what only it can (the install mode, the
+ * process, its own ranks' memory), then forwards the layouts as the client
+ * sent them, with its member id; the coordinator checks the registration
+ * (the model's name, the role, the layouts against each other and the
+ * members).  Errors from there come back prefixed "register model ...".
+ */
 static void
 h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -724,25 +752,21 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	regjob_t *j;
 	refit_err_t err;
 
+	/* the model's name and the role are the coordinator's to check */
 	refit_err_clear(&err);
-	if (rq->model == NULL || !rq->model[0])
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register: model is empty");
-	if (rq->role != REFIT__V1__ROLE__TRAIN && rq->role != REFIT__V1__ROLE__INFER)
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": role must be "
-				     "TRAIN or INFER", rq->model);
 	if (rq->install != REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER &&
 	    rq->install != REFIT__V1__INSTALL_MODE__IN_PLACE)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": unknown "
-				     "install mode %d", rq->model, (int)rq->install);
+				     "install mode %d", nz(rq->model), (int)rq->install);
 	if (rq->pid == 0 || kill((pid_t)rq->pid, 0) < 0)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": pid %u is "
-				     "not a running process", rq->model, rq->pid);
+				     "not a running process", nz(rq->model), rq->pid);
 	if (n->member_id == 0)
 		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "register \"%s\": node %s has "
-				     "not joined the coordinator yet: retry", rq->model,
+				     "not joined the coordinator yet: retry", nz(rq->model),
 				     n->node_id);
 	c = xcalloc(1, sizeof(*c));
-	c->model = xstrdup(rq->model);
+	c->model = xstrdup(nz(rq->model));
 	c->instance = xstrdup(nz(rq->instance));
 	c->role = (int)rq->role;
 	c->install = (int)rq->install;
@@ -750,48 +774,37 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	c->valid = true;
 	c->xo = n->xo;
 	c->x = n->x;
-	{
-		Refit__V1__TensorLayout **v = xcalloc(rq->n_tensors ? rq->n_tensors : 1,
-						      sizeof(*v));
-		refit_status_t rc = REFIT_OK;
-
-		for (size_t i = 0; i < rq->n_tensors && rc == REFIT_OK; i++) {
-			v[i] = rq->tensors[i]->layout;
-			if (v[i] == NULL)
-				rc = refit_err_set(&err, REFIT_ERR_INVALID_ARG, "tensors[%zu] has "
-						   "no layout", i);
-		}
-		if (rc == REFIT_OK)
-			rc = conv_layouts_from_proto(v, rq->n_tensors, &c->layouts, &err);
-		free(v);
-		if (rc == REFIT_OK)
-			check_memory(n, c, rq, &err);
-	}
+	tl = xcalloc(rq->n_tensors ? rq->n_tensors : 1, sizeof(*tl));
+	if (local_layouts(c, rq, tl, &err) == REFIT_OK)
+		check_memory(n, c, rq, &err);
 	if (err.status != REFIT_OK) {
-		rpc_call_fail(call, err.status, "register \"%s\": %s", rq->model, err.msg);
+		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
 		client_free(c);
+		free(tl);
 		return;
 	}
-	/* forward the layout; the client exists once the coordinator agrees */
-	tl = conv_layouts_to_proto(&c->layouts);
-	fw.member_id = n->member_id;
+	/* forward the layouts as received; the client exists once the coordinator agrees */
 	fw.model = c->model;
 	fw.role = rq->role;
 	fw.instance = c->instance;
 	fw.tensors = tl;
-	fw.n_tensors = c->layouts.n;
+	fw.n_tensors = rq->n_tensors;
+	c->reg_len = protobuf_c_message_get_packed_size(&fw.base);
+	c->reg = xmalloc(c->reg_len ? c->reg_len : 1);
+	protobuf_c_message_pack(&fw.base, c->reg);
+	fw.member_id = n->member_id;
 	j = xcalloc(1, sizeof(*j));
 	*j = (regjob_t){n, call, c};
 	if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 			   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw.base,
 			   CALL_MS, on_registered, j, &err) != REFIT_OK) {
-		rpc_call_fail(call, err.status, "register \"%s\": %s", rq->model, err.msg);
+		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
 		client_free(c);
 		free(j);
 	} else {
 		n->inflight++;
 	}
-	conv_layouts_proto_free(tl, c->layouts.n);
+	free(tl);
 }
 
 static client_t *
@@ -996,29 +1009,32 @@ node_local_rejoined(node_t *n)
 {
 	for (size_t i = 0; i < n->clients.n; i++) {
 		client_t *c = n->clients.v[i];
-		Refit__V1__RegisterLayoutRequest fw = REFIT__V1__REGISTER_LAYOUT_REQUEST__INIT;
-		Refit__V1__TensorLayout **tl = conv_layouts_to_proto(&c->layouts);
-		rejob_t *j = xcalloc(1, sizeof(*j));
+		Refit__V1__RegisterLayoutRequest *fw;
+		rejob_t *j;
 		refit_err_t err;
 
+		/* the request forwarded at registration, under the new member id */
+		fw = (Refit__V1__RegisterLayoutRequest *)protobuf_c_message_unpack(
+			&refit__v1__register_layout_request__descriptor, NULL, c->reg_len, c->reg);
+		if (fw == NULL) { /* packed by this process: cannot happen but for memory */
+			log_warnx("node %s: client %" PRIu64 ": its registration does not unpack",
+				  n->node_id, c->id);
+			continue;
+		}
+		j = xcalloc(1, sizeof(*j));
 		*j = (rejob_t){n, c->id, n->member_id};
-		fw.member_id = n->member_id;
-		fw.model = c->model;
-		fw.role = (Refit__V1__Role)c->role;
-		fw.instance = c->instance;
-		fw.tensors = tl;
-		fw.n_tensors = c->layouts.n;
-		fw.again = true;
+		fw->member_id = n->member_id;
+		fw->again = true;
 		refit_err_clear(&err);
 		if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
-				   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw.base,
+				   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw->base,
 				   CALL_MS, on_reregistered, j, &err) == REFIT_OK) {
 			n->inflight++;
 		} else {
 			log_warnx("node %s: client %" PRIu64 ": %s", n->node_id, c->id, err.msg);
 			free(j);
 		}
-		conv_layouts_proto_free(tl, c->layouts.n);
+		protobuf_c_message_free_unpacked(&fw->base, NULL);
 	}
 }
 

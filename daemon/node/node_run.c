@@ -173,6 +173,7 @@ job_work(uv_work_t *w)
 	sc.deadline_ms = j->deadline_ms;
 	sc.abort = &j->abort;
 	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
+	sc.pool = j->n->pool;
 	j->rc = slice_run(&sc, &j->st, &j->err);
 	/* everything this node receives has arrived: quantize into its ranks */
 	for (size_t r = 0; j->cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
@@ -483,7 +484,7 @@ job_take_slice(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t
 	refit_status_t rc;
 
 	if (plan_convert_any(&j->dst)) {
-		if (j->n->xo->group)
+		if (j->n->xo->memory == XPORT_MEM_DEVICE)
 			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "model \"%s\" converts "
 					     "dtypes, which the %s transport does not do yet (tcp "
 					     "does)", j->model, j->n->xo->name);

@@ -42,6 +42,7 @@ check_rec(const node_t *n, const plan_t *p, const plan_layout_set_t *dst,
 {
 	const plan_xfer_t *x = &p->xfers[i], *prev = i ? &p->xfers[i - 1] : NULL;
 	const plan_layout_t *t = &dst->v[x->tensor];
+	const plan_box_t *b = plan_xfer_box(p, x);
 	char what[200];
 
 	if (x->stage >= p->nstages)
@@ -63,12 +64,11 @@ check_rec(const node_t *n, const plan_t *p, const plan_layout_set_t *dst,
 				     "stage %u, rank %d -> %d)", rec_name(what, sizeof(what), i,
 				     x, p), prev->stage, prev->from, prev->to);
 	for (int d = 0; d < t->ndim; d++)
-		if (x->box.size[d] < 1 || x->box.off[d] < 0 ||
-		    x->box.off[d] > t->shape[d] - x->box.size[d])
+		if (b->size[d] < 1 || b->off[d] < 0 || b->off[d] > t->shape[d] - b->size[d])
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: dim %d of its box "
 					     "(offset %" PRId64 ", size %" PRId64 ") is not inside "
 					     "the tensor (%" PRId64 ")", rec_name(what, sizeof(what),
-					     i, x, p), d, x->box.off[d], x->box.size[d],
+					     i, x, p), d, b->off[d], b->size[d],
 					     t->shape[d]);
 	return REFIT_OK;
 }
@@ -118,7 +118,9 @@ node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest *rq,
 		 rq->plan_digest : "");
 	out->xfers = xcalloc(nx ? nx : 1, sizeof(*out->xfers));
 	out->nxfers = nx;
-	rc = conv_slice_get(b, len, nx, ndim, out->ntensors, out->xfers, err);
+	out->boxes = xcalloc(nx ? nx : 1, sizeof(*out->boxes));  /* one per record */
+	out->nboxes = nx;
+	rc = conv_slice_get(b, len, nx, ndim, out->ntensors, out->xfers, out->boxes, err);
 	free(ndim);
 	for (size_t i = 0; i < nx && rc == REFIT_OK; i++)
 		rc = check_rec(n, out, dst, topo, rq->slice_whole, i, err);

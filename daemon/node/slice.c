@@ -27,6 +27,19 @@ typedef struct smsg {
 
 typedef VEC(size_t) idxvec_t;
 
+/* A message of this node in the grouped form: its (stage, bucket). */
+typedef struct gmsg {
+	size_t idx;          /* into msgs */
+	uint32_t stage;
+	uint64_t bucket;
+	size_t order;        /* in the plan's message order */
+} gmsg_t;
+
+typedef struct gbuf {
+	void *p;
+	int32_t rank;        /* whose device holds it */
+} gbuf_t;
+
 typedef struct slice {
 	const slice_cfg_t *c;
 	dp_exec_t *x;
@@ -38,6 +51,8 @@ typedef struct slice {
 	size_t *ready_i, *in_got;
 	idxvec_t work;       /* local messages ready to run */
 	uint8_t **buf;       /* per node: packed outgoing message */
+	uint64_t *out_max;   /* per node: its largest message from here (self: local) */
+	uint64_t *in_max;    /* per node: its largest message to here */
 	uint64_t out_left, in_left, local_left, sent;
 	uint64_t *stage_left;/* per stage: this node's messages not done */
 	uint32_t round;      /* rounds before it are done here: relay data freed */
@@ -46,6 +61,15 @@ typedef struct slice {
 	slice_stats_t *st;
 	int64_t t0;
 	uint64_t trail;      /* verify: 4 CRC bytes after each message */
+	/* the grouped form: this node's messages by (stage, bucket), the group
+	 * [ga, gb) being run, its ops and their messages, its device staging */
+	const dp_dev_ops_t *dev;  /* the session's device memory (NULL: host) */
+	VEC(gmsg_t) gm;
+	bool bucketed;
+	size_t ga, gb;
+	VEC(xport_op_t) gops;
+	VEC(size_t) gopmsg;
+	VEC(gbuf_t) gbufs;
 } slice_t;
 
 static int64_t
@@ -377,6 +401,11 @@ collect(slice_t *s, refit_err_t *err)
 			VEC_PUSH(&s->in[f], s->msgs.n);
 			s->in_left++;
 		}
+		/* buffers are sized by what each peer really exchanges, not the bound */
+		if (f == c->self && m.bytes > s->out_max[t])
+			s->out_max[t] = m.bytes;
+		if (t == c->self && f != c->self && m.bytes > s->in_max[f])
+			s->in_max[f] = m.bytes;
 		s->stage_left[m.stage]++;
 		VEC_PUSH(&s->msgs, sm);
 	}
@@ -411,7 +440,31 @@ start_ready(slice_t *s, refit_err_t *err)
 	return rc;
 }
 
-/* ---- grouped backends (nccl) --------------------------------------------------
+/* ---- the stream form (tcp) ----------------------------------------------------- */
+
+/* Before the first pull: one packed buffer per peer (and one for local
+ * copies), sized by the largest message it carries; then what needs no
+ * transfer runs. */
+static refit_status_t
+begin(void *arg, refit_err_t *err)
+{
+	slice_t *s = arg;
+	const slice_cfg_t *c = s->c;
+
+	for (size_t i = 0; i < c->nnodes; i++) {
+		uint64_t bytes = s->out_max[i] + s->trail;
+
+		if (s->out[i].n == 0 && !(i == c->self && s->local_left))
+			continue;
+		s->buf[i] = c->pool ? dp_pool_get(c->pool, bytes) : xmalloc(bytes + 1);
+		if (s->buf[i] == NULL)
+			return refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot map a %" PRIu64
+					     "-byte message buffer", bytes);
+	}
+	return start_ready(s, err);
+}
+
+/* ---- the grouped form (nccl) ----------------------------------------------------
 
  * Every message gets a bucket, computed identically on every node from the
  * global message order: per stage, each rank fills buckets of at most
@@ -420,13 +473,6 @@ start_ready(slice_t *s, refit_err_t *err)
  * their ranks' sends and receives of one bucket in one NCCL group, so both
  * ends of every message sit in the same group and no cycle of waits can form.
  */
-
-typedef struct gmsg {
-	size_t idx;          /* into s->msgs */
-	uint32_t stage;
-	uint64_t bucket;
-	size_t order;
-} gmsg_t;
 
 static int
 cmp_gmsg(const void *a, const void *b)
@@ -451,36 +497,41 @@ is_local(const slice_cfg_t *c, int32_t r)
 	return false;
 }
 
-static refit_status_t
-run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
+/* The highest rank any transfer of the plan names. */
+static int32_t
+max_rank(const plan_t *p)
+{
+	int32_t maxr = 0;
+
+	for (size_t i = 0; i < p->nxfers; i++) {
+		if (p->xfers[i].from > maxr)
+			maxr = p->xfers[i].from;
+		if (p->xfers[i].to > maxr)
+			maxr = p->xfers[i].to;
+	}
+	return maxr;
+}
+
+/* Bucket every message of the plan; keep this node's, sorted by (stage,
+ * bucket, plan order). */
+static void
+bucket_all(slice_t *s)
 {
 	const slice_cfg_t *c = s->c;
-	const dp_dev_ops_t *dev = c->xo->dev(sess);
 	uint64_t W = c->plan->opts.staging_bytes;
-	int32_t maxr = 0;
-	uint64_t *cur, *fill;
-	VEC(gmsg_t) mine = {0};
+	size_t nr = (size_t)max_rank(c->plan) + 1, order = 0, mi = 0;
+	uint64_t *cur = xcalloc(nr, sizeof(*cur)), *fill = xcalloc(nr, sizeof(*fill));
+	uint32_t stage = UINT32_MAX;
 	plan_msgs_t it;
 	plan_msg_t m;
-	size_t order = 0, mi = 0;
-	uint32_t stage = UINT32_MAX;
-	refit_status_t rc = REFIT_OK;
 
-	for (size_t i = 0; i < c->plan->nxfers; i++) {
-		if (c->plan->xfers[i].from > maxr)
-			maxr = c->plan->xfers[i].from;
-		if (c->plan->xfers[i].to > maxr)
-			maxr = c->plan->xfers[i].to;
-	}
-	cur = xcalloc((size_t)maxr + 1, sizeof(*cur));
-	fill = xcalloc((size_t)maxr + 1, sizeof(*fill));
 	plan_msgs_init(&it, c->plan, 0, c->plan->nxfers);
 	while (plan_msgs_next(&it, &m)) {
 		uint64_t k;
 
 		if (m.stage != stage) {
-			memset(cur, 0, ((size_t)maxr + 1) * sizeof(*cur));
-			memset(fill, 0, ((size_t)maxr + 1) * sizeof(*fill));
+			memset(cur, 0, nr * sizeof(*cur));
+			memset(fill, 0, nr * sizeof(*fill));
 			stage = m.stage;
 		}
 		k = cur[m.from] > cur[m.to] ? cur[m.from] : cur[m.to];
@@ -497,145 +548,293 @@ run_grouped(slice_t *s, xport_session_t *sess, refit_err_t *err)
 		fill[m.from] += m.bytes;
 		if (m.to != m.from)
 			fill[m.to] += m.bytes;
-		if (is_local(c, m.from) || is_local(c, m.to)) {
-			gmsg_t g = {mi++, m.stage, k, order};
-
-			VEC_PUSH(&mine, g);
-		}
+		/* gm[].idx counts this node's messages in plan order, as collect() kept them */
+		if (is_local(c, m.from) || is_local(c, m.to))
+			VEC_PUSH(&s->gm, ((gmsg_t){mi++, m.stage, k, order}));
 		order++;
 	}
 	plan_msgs_fini(&it);
 	free(cur);
 	free(fill);
-	/* mine[i].idx counts this node's messages in plan order, as collect() kept them */
-	xqsort(mine.v, mine.n, sizeof(*mine.v), cmp_gmsg);
-	for (size_t a = 0; a < mine.n && rc == REFIT_OK;) {
-		size_t b = a;
-		VEC(xport_op_t) ops = {0};
-		VEC(size_t) opmsg = {0};  /* the message of each op */
-		VEC(void *) bufs = {0};
-		VEC(int32_t) bufrank = {0}; /* the rank whose device holds each buffer */
-		uint32_t round = mine.v[a].stage / c->plan->stages_per_round;
+	xqsort(s->gm.v, s->gm.n, sizeof(*s->gm.v), cmp_gmsg);
+	s->bucketed = true;
+}
 
-		/* rounds before this one are done on every rank here: their relay
-		 * staging is spent (everything queued on it finished at the last
-		 * sync) */
-		if (round > s->round) {
-			dp_exec_release(s->x, round - 1);
-			s->round = round;
-		}
-		while (b < mine.n && mine.v[b].stage == mine.v[a].stage &&
-		       mine.v[b].bucket == mine.v[a].bucket)
-			b++;
-		for (size_t i = a; i < b && rc == REFIT_OK; i++) {
-			const plan_msg_t *pm = msg_at(s, mine.v[i].idx);
-			bool from = is_local(c, pm->from), to = is_local(c, pm->to);
-			int32_t br = from ? pm->from : pm->to;
-			uint8_t *buf = dev->alloc(dev->ctx, br, pm->bytes + s->trail);
+/* Device staging of bytes on rank's device, freed with the group. */
+static refit_status_t
+group_buf(slice_t *s, int32_t rank, uint64_t bytes, uint8_t **out, refit_err_t *err)
+{
+	const dp_dev_ops_t *dev = s->dev;
 
-			if (buf == NULL) {
-				rc = dev->sync(dev->ctx, err);
-				if (rc == REFIT_OK)
-					rc = refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot "
-							   "allocate %" PRIu64 " bytes of device "
-							   "staging for rank %d", pm->bytes + s->trail,
-							   br);
-				break;
-			}
-			VEC_PUSH(&bufs, buf);
-			VEC_PUSH(&bufrank, br);
-			if (from)
-				rc = dp_pack_msg(s->x, pm, buf, err);
-			if (rc == REFIT_OK && from && c->corrupt >= 0 && pm->from != pm->to &&
-			    s->sent++ == (uint64_t)c->corrupt && pm->bytes > 0) {
-				uint8_t b1;
-
-				dev->to_host(dev->ctx, pm->from, &b1, buf + pm->bytes / 2, 1);
-				b1 ^= 0x5a;
-				dev->from_host(dev->ctx, pm->from, buf + pm->bytes / 2, &b1, 1);
-			}
-			if (rc != REFIT_OK)
-				break;
-			if (pm->from == pm->to) {   /* the same rank: a copy */
-				CHECK_GOTO(dev->sync(dev->ctx, err), rc, next);
-				rc = dp_unpack_msg(s->x, pm, buf, err);
-				s->st->msgs_local++;
-				s->st->bytes_local += pm->bytes;
-				continue;
-			}
-			if (from) {
-				xport_op_t o = {true, pm->from, pm->to, buf, pm->bytes + s->trail};
-
-				VEC_PUSH(&ops, o);
-				VEC_PUSH(&opmsg, mine.v[i].idx);
-				if (to) { /* between two ranks of this node: local, as on tcp */
-					s->st->msgs_local++;
-					s->st->bytes_local += pm->bytes;
-				} else {
-					s->st->msgs_out++;
-					s->st->bytes_out += pm->bytes;
-				}
-			}
-			if (to) {
-				xport_op_t o = {false, pm->to, pm->from, to && from ? NULL : buf,
-						pm->bytes + s->trail};
-
-				if (from) { /* both ranks here: receive on the receiver's device */
-					o.buf = dev->alloc(dev->ctx, pm->to, pm->bytes + s->trail);
-					if (o.buf == NULL) {
-						rc = dev->sync(dev->ctx, err);
-						if (rc == REFIT_OK)
-							rc = refit_err_set(err, REFIT_ERR_NOMEM,
-									   "slice: cannot allocate "
-									   "device staging for rank "
-									   "%d", pm->to);
-						break;
-					}
-					VEC_PUSH(&bufs, o.buf);
-					VEC_PUSH(&bufrank, pm->to);
-				}
-				VEC_PUSH(&ops, o);
-				VEC_PUSH(&opmsg, mine.v[i].idx);
-			}
-			s->st->stage_bytes[pm->stage < SLICE_MAX_STAGES ? pm->stage :
-					   SLICE_MAX_STAGES - 1] += pm->bytes;
-		}
-		if (rc == REFIT_OK)
-			rc = dev->sync(dev->ctx, err);
-		if (rc == REFIT_OK && c->test_delay_ms) /* tests: slow refits, as tcp's */
-			for (size_t i = 0; i < ops.n && !atomic_load(c->abort); i++)
-				if (ops.v[i].send)
-					usleep(c->test_delay_ms * 1000u);
-		if (rc == REFIT_OK && ops.n)
-			rc = c->xo->group(sess, ops.v, ops.n, err);
-		for (size_t i = 0; i < ops.n && rc == REFIT_OK; i++) {
-			const plan_msg_t *pm;
-
-			if (ops.v[i].send)
-				continue;
-			pm = msg_at(s, opmsg.v[i]);
-			rc = dp_unpack_msg(s->x, pm, ops.v[i].buf, err);
-			if (!is_local(c, pm->from)) {
-				s->st->msgs_in++;
-				s->st->bytes_in += pm->bytes;
-			}
-		}
-		if (rc == REFIT_OK)
-			rc = dev->sync(dev->ctx, err);
-next:
-		for (size_t i = 0; i < bufs.n; i++)
-			dev->free(dev->ctx, bufrank.v[i], bufs.v[i]);
-		if (rc == REFIT_OK) /* a failed cudaFree fails the slice too */
-			rc = dev->sync(dev->ctx, err);
-		VEC_FREE(&bufs);
-		VEC_FREE(&bufrank);
-		VEC_FREE(&ops);
-		VEC_FREE(&opmsg);
-		if (rc == REFIT_OK)
-			stage_done(s, mine.v[a].stage);
-		a = b;
+	*out = dev->alloc(dev->ctx, rank, bytes);
+	if (*out == NULL) {
+		CHECK(dev->sync(dev->ctx, err)); /* the device's own error first */
+		return refit_err_set(err, REFIT_ERR_NOMEM, "slice: cannot allocate %" PRIu64
+				     " bytes of device staging for rank %d", bytes, rank);
 	}
-	VEC_FREE(&mine);
+	VEC_PUSH(&s->gbufs, ((gbuf_t){*out, rank}));
+	return REFIT_OK;
+}
+
+/* Tests: flip a byte of the chosen outgoing message, on its device. */
+static void
+group_corrupt(slice_t *s, const plan_msg_t *pm, uint8_t *buf)
+{
+	const dp_dev_ops_t *dev = s->dev;
+	uint8_t b1;
+
+	if (s->c->corrupt < 0 || pm->from == pm->to || s->sent++ != (uint64_t)s->c->corrupt ||
+	    pm->bytes == 0)
+		return;
+	dev->to_host(dev->ctx, pm->from, &b1, buf + pm->bytes / 2, 1);
+	b1 ^= 0x5a;
+	dev->from_host(dev->ctx, pm->from, buf + pm->bytes / 2, &b1, 1);
+}
+
+/*
+ * Message idx in the group being made: packed on its sender's device when
+ * the sender is here, its send and receive queued; a message from a rank to
+ * itself is copied now.
+ */
+static refit_status_t
+group_msg(slice_t *s, size_t idx, refit_err_t *err)
+{
+	const slice_cfg_t *c = s->c;
+	const plan_msg_t *pm = msg_at(s, idx);
+	bool from = is_local(c, pm->from), to = is_local(c, pm->to);
+	uint64_t len = pm->bytes + s->trail;
+	uint8_t *buf, *rbuf;
+
+	CHECK(group_buf(s, from ? pm->from : pm->to, len, &buf, err));
+	if (from) {
+		CHECK(dp_pack_msg(s->x, pm, buf, err));
+		group_corrupt(s, pm, buf);
+	}
+	if (pm->from == pm->to) {   /* the same rank: a copy */
+		CHECK(s->dev->sync(s->dev->ctx, err));
+		s->st->msgs_local++;
+		s->st->bytes_local += pm->bytes;
+		return dp_unpack_msg(s->x, pm, buf, err);
+	}
+	if (from) {
+		VEC_PUSH(&s->gops, ((xport_op_t){true, pm->from, pm->to, buf, len}));
+		VEC_PUSH(&s->gopmsg, idx);
+		if (to) { /* between two ranks of this node: local, as on tcp */
+			s->st->msgs_local++;
+			s->st->bytes_local += pm->bytes;
+		} else {
+			s->st->msgs_out++;
+			s->st->bytes_out += pm->bytes;
+		}
+	}
+	if (to) { /* both ranks here: receive on the receiver's device */
+		rbuf = buf;
+		if (from)
+			CHECK(group_buf(s, pm->to, len, &rbuf, err));
+		VEC_PUSH(&s->gops, ((xport_op_t){false, pm->to, pm->from, rbuf, len}));
+		VEC_PUSH(&s->gopmsg, idx);
+	}
+	s->st->stage_bytes[pm->stage < SLICE_MAX_STAGES ? pm->stage : SLICE_MAX_STAGES - 1] +=
+		pm->bytes;
+	return REFIT_OK;
+}
+
+/* The next group: the messages of the next (stage, bucket), packed and synced. */
+static refit_status_t
+next_group(void *arg, const xport_op_t **ops, size_t *n, bool *end, refit_err_t *err)
+{
+	slice_t *s = arg;
+	const slice_cfg_t *c = s->c;
+	const gmsg_t *g0;
+	uint32_t round;
+
+	if (!s->bucketed)
+		bucket_all(s);
+	*end = s->ga >= s->gm.n;
+	if (*end)
+		return REFIT_OK;
+	g0 = &s->gm.v[s->ga];
+	/* rounds before this one are done on every rank here: their relay
+	 * staging is spent (everything queued on it finished at the last sync) */
+	round = g0->stage / c->plan->stages_per_round;
+	if (round > s->round) {
+		dp_exec_release(s->x, round - 1);
+		s->round = round;
+	}
+	for (s->gb = s->ga; s->gb < s->gm.n && s->gm.v[s->gb].stage == g0->stage &&
+			    s->gm.v[s->gb].bucket == g0->bucket; s->gb++)
+		;
+	for (size_t i = s->ga; i < s->gb; i++)
+		CHECK(group_msg(s, s->gm.v[i].idx, err));
+	CHECK(s->dev->sync(s->dev->ctx, err));
+	if (c->test_delay_ms) /* tests: slow refits, as tcp's */
+		for (size_t i = 0; i < s->gops.n && !atomic_load(c->abort); i++)
+			if (s->gops.v[i].send)
+				usleep(c->test_delay_ms * 1000u);
+	*ops = s->gops.v;
+	*n = s->gops.n;
+	return REFIT_OK;
+}
+
+/* Free the group's device staging (also what a failure left). */
+static void
+group_free(slice_t *s)
+{
+	for (size_t i = 0; i < s->gbufs.n; i++)
+		s->dev->free(s->dev->ctx, s->gbufs.v[i].rank, s->gbufs.v[i].p);
+	s->gbufs.n = 0;
+	s->gops.n = 0;
+	s->gopmsg.n = 0;
+}
+
+/* The group ran: unpack its arrivals, free its staging, count its messages. */
+static refit_status_t
+group_done(void *arg, refit_err_t *err)
+{
+	slice_t *s = arg;
+	const dp_dev_ops_t *dev = s->dev;
+	refit_status_t rc = REFIT_OK;
+
+	for (size_t i = 0; i < s->gops.n && rc == REFIT_OK; i++) {
+		const plan_msg_t *pm;
+
+		if (s->gops.v[i].send)
+			continue;
+		pm = msg_at(s, s->gopmsg.v[i]);
+		rc = dp_unpack_msg(s->x, pm, s->gops.v[i].buf, err);
+		if (!is_local(s->c, pm->from)) {
+			s->st->msgs_in++;
+			s->st->bytes_in += pm->bytes;
+		}
+	}
+	if (rc == REFIT_OK)
+		rc = dev->sync(dev->ctx, err);
+	group_free(s);
+	if (rc == REFIT_OK) /* a failed cudaFree fails the slice too */
+		rc = dev->sync(dev->ctx, err);
+	if (rc != REFIT_OK)
+		return rc;
+	stage_done(s, s->gm.v[s->ga].stage);
+	for (; s->ga < s->gb; s->ga++) {
+		smsg_t *m = &s->msgs.v[s->gm.v[s->ga].idx];
+
+		m->done = true;
+		if (m->kind == M_OUT)
+			s->out_left--;
+		else if (m->kind == M_IN)
+			s->in_left--;
+		else
+			s->local_left--;
+	}
+	return REFIT_OK;
+}
+
+/* ---- one slice ------------------------------------------------------------------ */
+
+static void
+slice_init(slice_t *s)
+{
+	const slice_cfg_t *c = s->c;
+	size_t n = c->nnodes;
+
+	memset(s->st, 0, sizeof(*s->st));
+	s->trail = c->verify ? 4 : 0;
+	s->out = xcalloc(n, sizeof(*s->out));
+	s->in = xcalloc(n, sizeof(*s->in));
+	s->ready = xcalloc(n, sizeof(*s->ready));
+	s->ready_i = xcalloc(n, sizeof(*s->ready_i));
+	s->in_got = xcalloc(n, sizeof(*s->in_got));
+	s->buf = xcalloc(n, sizeof(*s->buf));
+	s->out_max = xcalloc(n, sizeof(*s->out_max));
+	s->in_max = xcalloc(n, sizeof(*s->in_max));
+	s->held = xcalloc(n, sizeof(*s->held));
+	s->stage_left = xcalloc(c->plan->nstages + 1, sizeof(*s->stage_left));
+	/* the node's pool keeps at most staging_bytes per local rank; a new
+	 * epoch empties it */
+	if (c->pool)
+		dp_pool_epoch(c->pool, c->epoch, c->plan->opts.staging_bytes *
+			      (c->nodes[c->self].nranks ? c->nodes[c->self].nranks : 1));
+	/* half the staging bytes for packed outgoing messages, the rest for
+	 * arrivals (one buffer per sending peer) and relays */
+	s->cap = c->plan->opts.staging_bytes / 2 / (c->plan->opts.chunk_bytes + s->trail);
+	if (s->cap < 1)
+		s->cap = 1;
+}
+
+static void
+slice_fini(slice_t *s)
+{
+	const slice_cfg_t *c = s->c;
+
+	for (size_t i = 0; i < c->nnodes; i++) {
+		VEC_FREE(&s->out[i]);
+		VEC_FREE(&s->in[i]);
+		VEC_FREE(&s->ready[i]);
+		if (c->pool)
+			dp_pool_put(c->pool, s->buf[i]);
+		else
+			free(s->buf[i]);
+	}
+	free(s->out);
+	free(s->in);
+	free(s->ready);
+	free(s->ready_i);
+	free(s->in_got);
+	free(s->buf);
+	free(s->out_max);
+	free(s->in_max);
+	free(s->held);
+	free(s->stage_left);
+	VEC_FREE(&s->deps);
+	VEC_FREE(&s->work);
+	VEC_FREE(&s->msgs);
+	VEC_FREE(&s->parts);
+	VEC_FREE(&s->gm);
+	VEC_FREE(&s->gops);
+	VEC_FREE(&s->gopmsg);
+	VEC_FREE(&s->gbufs);
+	if (s->x)
+		s->st->staged_max = dp_exec_staged_max(s->x);
+	dp_exec_free(s->x);
+}
+
+/* Open the session, make the executor on its memory, exchange, close. */
+static refit_status_t
+run_session(slice_t *s, refit_err_t *err)
+{
+	const slice_cfg_t *c = s->c;
+	xport_peer_t *peers = xcalloc(c->nnodes, sizeof(*peers));
+	xport_session_cfg_t sc = {
+		.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers, .npeers = c->nnodes,
+		.max_msg_bytes = c->plan->opts.chunk_bytes + s->trail,
+		.deadline_ms = c->deadline_ms, .abort = c->abort, .pool = c->pool,
+	};
+	xport_io_t io = {s, begin, pull, push, done, peer_done, next_group, group_done};
+	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1, .pool = c->pool};
+	dp_mem_ops_t dm = *c->mem;
+	xport_session_t *sess = NULL;
+	int64_t t0 = now_us();
+	refit_status_t rc;
+
+	for (size_t i = 0; i < c->nnodes; i++) {
+		peers[i].node_id = c->nodes[i].node_id;
+		peers[i].endpoint = c->nodes[i].endpoint;
+		peers[i].send_to = i != c->self && s->out[i].n > 0;
+		peers[i].recv_from = i != c->self && s->in[i].n > 0;
+		peers[i].max_in_bytes = peers[i].recv_from ? s->in_max[i] + s->trail : 0;
+	}
+	rc = c->xo->open(c->x, &sc, &sess, err);
+	s->st->comm_us = (uint64_t)(now_us() - t0);
+	if (rc == REFIT_OK) {
+		dm.dev = s->dev = c->xo->dev(sess);
+		rc = dp_exec_new(c->plan, c->src, c->dst, &dm, &eo, &s->x, err);
+	}
+	if (rc == REFIT_OK)
+		rc = c->xo->exchange(sess, &io, err);
+	if (s->dev)
+		group_free(s);
+	c->xo->close(sess);
+	free(peers);
 	return rc;
 }
 
@@ -643,107 +842,17 @@ refit_status_t
 slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 {
 	slice_t s = {.c = c, .st = st, .t0 = now_us()};
-	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1};
-	xport_peer_t *peers = xcalloc(c->nnodes, sizeof(*peers));
-	xport_session_t *sess = NULL;
-	bool any = false;
 	refit_status_t rc;
-	uint64_t maxmsg;
 
-	memset(st, 0, sizeof(*st));
-	s.trail = c->verify ? 4 : 0;
-	maxmsg = c->plan->opts.chunk_bytes + s.trail;
-	s.out = xcalloc(c->nnodes, sizeof(*s.out));
-	s.in = xcalloc(c->nnodes, sizeof(*s.in));
-	s.ready = xcalloc(c->nnodes, sizeof(*s.ready));
-	s.ready_i = xcalloc(c->nnodes, sizeof(*s.ready_i));
-	s.in_got = xcalloc(c->nnodes, sizeof(*s.in_got));
-	s.buf = xcalloc(c->nnodes, sizeof(*s.buf));
-	s.stage_left = xcalloc(c->plan->nstages + 1, sizeof(*s.stage_left));
-	s.held = xcalloc(c->nnodes, sizeof(*s.held));
-	/* half the staging bytes for packed outgoing messages, the rest for
-	 * arrivals (one buffer per sending peer) and relays */
-	s.cap = c->plan->opts.staging_bytes / 2 / maxmsg;
-	if (s.cap < 1)
-		s.cap = 1;
-	rc = dp_exec_new(c->plan, c->src, c->dst, c->mem, &eo, &s.x, err);
+	slice_init(&s);
+	rc = collect(&s, err);
 	if (rc == REFIT_OK)
-		rc = collect(&s, err);
-	for (size_t i = 0; i < c->nnodes && rc == REFIT_OK; i++) {
-		peers[i].node_id = c->nodes[i].node_id;
-		peers[i].endpoint = c->nodes[i].endpoint;
-		peers[i].send_to = i != c->self && s.out[i].n > 0;
-		peers[i].recv_from = i != c->self && s.in[i].n > 0;
-		any |= peers[i].send_to || peers[i].recv_from;
-		if (s.out[i].n || (i == c->self && s.local_left))
-			s.buf[i] = xmalloc(maxmsg);
-	}
-	if (rc == REFIT_OK && c->xo->group) { /* grouped backend: every node takes part */
-		xport_session_cfg_t sc = {
-			.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers,
-			.npeers = c->nnodes, .max_msg_bytes = maxmsg,
-			.deadline_ms = c->deadline_ms, .abort = c->abort,
-		};
-		dp_mem_ops_t dm = *c->mem;
-		int64_t t0 = now_us();
-
-		rc = c->xo->open(c->x, &sc, &sess, err);
-		st->comm_us = (uint64_t)(now_us() - t0);
-		if (rc == REFIT_OK) {
-			dm.dev = c->xo->dev(sess);
-			dp_exec_free(s.x);
-			s.x = NULL;
-			rc = dp_exec_new(c->plan, c->src, c->dst, &dm, &eo, &s.x, err);
-		}
-		if (rc == REFIT_OK)
-			rc = run_grouped(&s, sess, err);
-		c->xo->close(sess);
-		s.out_left = s.in_left = s.local_left = 0;
-		any = false;
-	}
-	if (rc == REFIT_OK && !c->xo->group)
-		rc = start_ready(&s, err);
-	if (rc == REFIT_OK && any) {
-		xport_session_cfg_t sc = {
-			.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers,
-			.npeers = c->nnodes, .max_msg_bytes = maxmsg,
-			.deadline_ms = c->deadline_ms, .abort = c->abort,
-		};
-		xport_io_t io = {&s, pull, push, done, peer_done};
-		int64_t t0 = now_us();
-
-		rc = c->xo->open(c->x, &sc, &sess, err);
-		st->comm_us = (uint64_t)(now_us() - t0);
-		if (rc == REFIT_OK)
-			rc = c->xo->exchange(sess, &io, err);
-		c->xo->close(sess);
-	}
+		rc = run_session(&s, err);
 	if (rc == REFIT_OK && !done(&s))
 		rc = refit_err_set(err, REFIT_ERR_INTERNAL, "slice: %" PRIu64 " messages never "
 				   "became ready (a dependency that never arrives)",
 				   s.out_left + s.local_left);
 	st->total_us = (uint64_t)(now_us() - s.t0);
-	for (size_t i = 0; i < c->nnodes; i++) {
-		VEC_FREE(&s.out[i]);
-		VEC_FREE(&s.in[i]);
-		VEC_FREE(&s.ready[i]);
-		free(s.buf[i]);
-	}
-	free(s.out);
-	free(s.in);
-	free(s.ready);
-	free(s.ready_i);
-	free(s.in_got);
-	free(s.buf);
-	free(s.stage_left);
-	VEC_FREE(&s.deps);
-	VEC_FREE(&s.work);
-	free(s.held);
-	free(peers);
-	VEC_FREE(&s.msgs);
-	VEC_FREE(&s.parts);
-	if (s.x)
-		st->staged_max = dp_exec_staged_max(s.x);
-	dp_exec_free(s.x);
+	slice_fini(&s);
 	return rc;
 }

@@ -36,6 +36,8 @@ typedef struct slice_cfg {
 	int64_t deadline_ms;
 	atomic_int *abort;
 	uint32_t test_delay_ms;   /* tests: sleep before each message sent */
+	dp_pool_t *pool;          /* the node's buffer pool (NULL: malloc per refit):
+				     packed messages, receive buffers, relay staging */
 } slice_cfg_t;
 
 #define SLICE_MAX_STAGES 64

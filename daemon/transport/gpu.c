@@ -64,14 +64,79 @@ gpu_root_release(gpu_root_t *r)
 	r->pid = 0;
 }
 
+/*
+ * Start the holder: this executable with GPU_ROOT_HOLDER_ARG, stdin from
+ * in[0], stdout to out[1], loading the libraries this process was
+ * configured to load.  0 or a posix_spawn error.
+ */
+static int
+spawn_holder(const int *in, const int *out, pid_t *pid)
+{
+	char *argv[] = {(char *)"refit-nccl-root", (char *)GPU_ROOT_HOLDER_ARG, NULL};
+	char cu[PATH_MAX + 32], nc[PATH_MAX + 32], **env;
+	posix_spawn_file_actions_t fa;
+	size_t ne = 0, k = 0;
+	int rc;
+
+	while (environ[ne])
+		ne++;
+	env = calloc(ne + 3, sizeof(*env));
+	if (env == NULL)
+		return ENOMEM;
+	pthread_mutex_lock(&mu);
+	snprintf(cu, sizeof(cu), "REFIT_CUDA_LIBRARY=%s", cfg_cuda);
+	snprintf(nc, sizeof(nc), "REFIT_NCCL_LIBRARY=%s", cfg_nccl);
+	pthread_mutex_unlock(&mu);
+	for (size_t i = 0; i < ne; i++)
+		if (!(cu[19] && strncmp(environ[i], "REFIT_CUDA_LIBRARY=", 19) == 0) &&
+		    !(nc[19] && strncmp(environ[i], "REFIT_NCCL_LIBRARY=", 19) == 0))
+			env[k++] = environ[i];
+	if (cu[19])
+		env[k++] = cu;
+	if (nc[19])
+		env[k++] = nc;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+	rc = posix_spawn(pid, "/proc/self/exe", &fa, NULL, argv, env);
+	posix_spawn_file_actions_destroy(&fa);
+	free(env);
+	return rc;
+}
+
+/* Read the holder's unique id from fd until end (CLOCK_MONOTONIC ms). */
+static int
+read_id(gpu_root_t *r, int fd, int64_t end, int timeout_ms, char *why, size_t n)
+{
+	size_t got = 0;
+
+	while (got < sizeof(r->id)) {
+		struct pollfd pf = {fd, POLLIN, 0};
+		int64_t left = end - mono_ms();
+		ssize_t k;
+
+		if (left <= 0 || poll(&pf, 1, (int)left) <= 0) {
+			snprintf(why, n, "root holder (pid %d): no unique id within %d ms",
+				 (int)r->pid, timeout_ms);
+			return -1;
+		}
+		k = read(fd, r->id + got, sizeof(r->id) - got);
+		if (k <= 0) {
+			snprintf(why, n, "root holder (pid %d) ended without an id (see its "
+				 "message above)", (int)r->pid);
+			return -1;
+		}
+		got += (size_t)k;
+	}
+	r->len = got;
+	return 0;
+}
+
 int
 gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n)
 {
 	int in[2], out[2], rc;
-	char *argv[] = {(char *)"refit-nccl-root", (char *)GPU_ROOT_HOLDER_ARG, NULL};
-	posix_spawn_file_actions_t fa;
 	pid_t pid;
-	size_t got = 0;
 	int64_t end = mono_ms() + timeout_ms;
 
 	memset(r, 0, sizeof(*r));
@@ -80,42 +145,7 @@ gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n)
 		snprintf(why, n, "root holder: pipe: %s", strerror(errno));
 		return -1;
 	}
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-	/* the holder loads what this process was configured to load */
-	{
-		size_t ne = 0, k = 0;
-		char **env, cu[PATH_MAX + 32], nc[PATH_MAX + 32];
-
-		while (environ[ne])
-			ne++;
-		env = calloc(ne + 3, sizeof(*env));
-		if (env == NULL) {
-			posix_spawn_file_actions_destroy(&fa);
-			snprintf(why, n, "root holder: out of memory");
-			close(in[0]);
-			close(in[1]);
-			close(out[0]);
-			close(out[1]);
-			return -1;
-		}
-		pthread_mutex_lock(&mu);
-		snprintf(cu, sizeof(cu), "REFIT_CUDA_LIBRARY=%s", cfg_cuda);
-		snprintf(nc, sizeof(nc), "REFIT_NCCL_LIBRARY=%s", cfg_nccl);
-		pthread_mutex_unlock(&mu);
-		for (size_t i = 0; i < ne; i++)
-			if (!(cu[19] && strncmp(environ[i], "REFIT_CUDA_LIBRARY=", 19) == 0) &&
-			    !(nc[19] && strncmp(environ[i], "REFIT_NCCL_LIBRARY=", 19) == 0))
-				env[k++] = environ[i];
-		if (cu[19])
-			env[k++] = cu;
-		if (nc[19])
-			env[k++] = nc;
-		rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, env);
-		free(env);
-	}
-	posix_spawn_file_actions_destroy(&fa);
+	rc = spawn_holder(in, out, &pid);
 	close(in[0]);
 	close(out[1]);
 	if (rc != 0) {
@@ -126,31 +156,11 @@ gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n)
 	}
 	r->pid = pid;
 	r->fd = in[1];
-	while (got < sizeof(r->id)) {
-		struct pollfd pf = {out[0], POLLIN, 0};
-		int64_t left = end - mono_ms();
-		ssize_t k;
-
-		if (left <= 0 || poll(&pf, 1, (int)left) <= 0) {
-			snprintf(why, n, "root holder (pid %d): no unique id within %d ms", (int)pid,
-				 timeout_ms);
-			break;
-		}
-		k = read(out[0], r->id + got, sizeof(r->id) - got);
-		if (k <= 0) {
-			snprintf(why, n, "root holder (pid %d) ended without an id (see its "
-				 "message above)", (int)pid);
-			break;
-		}
-		got += (size_t)k;
-	}
+	rc = read_id(r, out[0], end, timeout_ms, why, n);
 	close(out[0]);
-	if (got < sizeof(r->id)) {
+	if (rc != 0)
 		gpu_root_release(r);
-		return -1;
-	}
-	r->len = got;
-	return 0;
+	return rc;
 }
 
 #ifndef REFIT_HAVE_NCCL

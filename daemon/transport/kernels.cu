@@ -65,25 +65,17 @@ refitGpuCopyStrided(void *stream, void *dst, const void *src, int ndim, const in
 	blocks = (total + threads - 1) / threads;
 	if (blocks > 65535)
 		blocks = 65535;
+#define LAUNCH(T)                                                                   \
+	copy_strided<T><<<(unsigned)blocks, threads, 0, st>>>((T *)dst, (const T *)src, a, \
+							      total)
 	switch (elem_size) {
-	case 1:
-		copy_strided<uint8_t><<<(unsigned)blocks, threads, 0, st>>>(
-			(uint8_t *)dst, (const uint8_t *)src, a, total);
-		break;
-	case 2:
-		copy_strided<uint16_t><<<(unsigned)blocks, threads, 0, st>>>(
-			(uint16_t *)dst, (const uint16_t *)src, a, total);
-		break;
-	case 4:
-		copy_strided<uint32_t><<<(unsigned)blocks, threads, 0, st>>>(
-			(uint32_t *)dst, (const uint32_t *)src, a, total);
-		break;
-	case 8:
-		copy_strided<uint64_t><<<(unsigned)blocks, threads, 0, st>>>(
-			(uint64_t *)dst, (const uint64_t *)src, a, total);
-		break;
+	case 1: LAUNCH(uint8_t); break;
+	case 2: LAUNCH(uint16_t); break;
+	case 4: LAUNCH(uint32_t); break;
+	case 8: LAUNCH(uint64_t); break;
 	default:
 		return (int)cudaErrorInvalidValue;
 	}
+#undef LAUNCH
 	return (int)cudaGetLastError();
 }

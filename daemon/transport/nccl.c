@@ -49,7 +49,9 @@ nccl_unavailable(void)
 	return nowhy;
 }
 
-const xport_ops_t xport_nccl_ops = {.name = "nccl", .unavailable = nccl_unavailable};
+/* never started: unavailable says why, and refitd refuses to start with it */
+const xport_ops_t xport_nccl_ops = {.name = "nccl", .memory = XPORT_MEM_DEVICE,
+				    .unavailable = nccl_unavailable};
 
 #else
 
@@ -93,8 +95,8 @@ struct xport {
 	bool have_used;
 	VEC(gpu_root_t) roots;    /* mu: holders of the ids this node made */
 	const xport_session_cfg_t *scfg;   /* the owning session's bounds */
-	refit_err_t derr;         /* the session's first device error */
-	bool dfailed;
+	refit_err_t derr;         /* the session's first device error (dev ops
+				     return nothing: the next sync returns it) */
 	dp_dev_ops_t dev;
 };
 
@@ -174,15 +176,26 @@ device_of(const xport_t *x, int32_t r)
 
 /* ---- device memory operations -------------------------------------------------- */
 
-/* Keep the session's first device error (later ones follow from it). */
+/* A device error of the session so far (refit_err_set keeps the first:
+ * later ones follow from it). */
+static bool
+dfailed(const xport_t *x)
+{
+	return x->derr.status != REFIT_OK;
+}
+
 static void
 dfail(xport_t *x, cudaError_t e, int32_t rank, const char *what)
 {
-	if (x->dfailed)
-		return;
-	x->dfailed = true;
 	refit_err_set(&x->derr, REFIT_ERR_CUDA, "nccl transport: rank %d: %s: %s (cudaError "
 		      "%d)", rank, what, x->api->cudaGetErrorString(e), (int)e);
+}
+
+/* The session's device error, into err. */
+static refit_status_t
+dfail_out(const xport_t *x, refit_err_t *err)
+{
+	return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
 }
 
 /* Make rank's device current on this thread; its stream (NULL: failed). */
@@ -193,11 +206,8 @@ on_rank(xport_t *x, int32_t rank, cudaStream_t *st)
 	cudaError_t e;
 
 	if (li < 0) {
-		if (!x->dfailed) {
-			x->dfailed = true;
-			refit_err_set(&x->derr, REFIT_ERR_INTERNAL, "nccl transport: rank %d has "
-				      "no communicator on this node", rank);
-		}
+		refit_err_set(&x->derr, REFIT_ERR_INTERNAL, "nccl transport: rank %d has no "
+			      "communicator on this node", rank);
 		return false;
 	}
 	if ((e = x->api->cudaSetDevice(x->cm.dev[li])) != cudaSuccess) {
@@ -218,6 +228,52 @@ on_rank(xport_t *x, int32_t rank, cudaStream_t *st)
 	} while (0)
 
 /*
+ * The rows of one index of the outer dims, on stream st: sp and dp point at
+ * the box's first element there.  One dim: a row (or, strided, one element
+ * per row).  Two or more: the two innermost dims as one 2D copy, or row by
+ * row where rows overlap, or element by element without the kernel.
+ */
+static void
+copy_plane(xport_t *x, int32_t rank, cudaStream_t st, uint8_t *dp, const uint8_t *sp,
+	   const dp_view_t *sv, const dp_view_t *dv, const plan_box_t *box, bool contig)
+{
+	const gpu_api_t *a = x->api;
+	int nd = sv->ndim, c = nd - 1, r = nd - 2;
+	int64_t e = sv->elem;
+	uint64_t w = (uint64_t)box->size[c] * (uint64_t)e;
+
+	if (nd == 1 && contig)
+		DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice, st),
+		     "cudaMemcpyAsync");
+	else if (nd == 1)  /* no kernel: one element per row */
+		DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[0] * e, sp, sv->stride[0] * e,
+						   e, box->size[0], cudaMemcpyDeviceToDevice, st),
+		     "cudaMemcpy2DAsync");
+	else if (contig && box->size[r] == 1)
+		DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice, st),
+		     "cudaMemcpyAsync");
+	else if (contig && (uint64_t)(sv->stride[r] * e) >= w &&
+		 (uint64_t)(dv->stride[r] * e) >= w)
+		DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[r] * e, sp, sv->stride[r] * e,
+						   w, box->size[r], cudaMemcpyDeviceToDevice, st),
+		     "cudaMemcpy2DAsync");
+	else if (contig) /* rows that overlap: one copy each */
+		for (int64_t i = 0; i < box->size[r]; i++)
+			DCHK(x, rank, a->cudaMemcpyAsync(dp + i * dv->stride[r] * e,
+							 sp + i * sv->stride[r] * e, w,
+							 cudaMemcpyDeviceToDevice, st),
+			     "cudaMemcpyAsync");
+	else  /* no kernel: a 2D copy of single elements per row */
+		for (int64_t i = 0; i < box->size[r]; i++)
+			DCHK(x, rank, a->cudaMemcpy2DAsync(dp + i * dv->stride[r] * e,
+							   dv->stride[c] * e,
+							   sp + i * sv->stride[r] * e,
+							   sv->stride[c] * e, e, box->size[c],
+							   cudaMemcpyDeviceToDevice, st),
+			     "cudaMemcpy2DAsync");
+}
+
+/*
  * One box, from view sv (shard ss) to view dv (shard ds), both on rank's
  * device.  Dims of size 1 have no stride that matters.  Contiguous rows
  * (innermost stride 1 on both sides) go as 1D/2D copies, one per index of
@@ -228,16 +284,14 @@ dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *s
 	     const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box)
 {
 	xport_t *x = ctx;
-	const gpu_api_t *a = x->api;
 	cudaStream_t st;
-	int nd = sv->ndim;
-	uint64_t e = sv->elem;
+	int nd = sv->ndim, c = nd - 1, outer = nd >= 2 ? nd - 2 : 0;
+	int64_t e = sv->elem;
 	int64_t so[PLAN_MAX_DIMS], dof[PLAN_MAX_DIMS], idx[PLAN_MAX_DIMS] = {0};
 	int64_t soff = 0, doff = 0;
-	int outer, c = nd - 1, r = nd - 2;
-	bool inner_contig;
+	bool contig;
 
-	if (x->dfailed || !on_rank(x, rank, &st))
+	if (dfailed(x) || !on_rank(x, rank, &st))
 		return;
 	for (int d = 0; d < nd; d++) {
 		if (box->size[d] == 0)
@@ -248,81 +302,39 @@ dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *s
 		doff += dof[d] * dv->stride[d];
 	}
 	if (nd == 0) {
-		DCHK(x, rank, a->cudaMemcpyAsync(dv->base, sv->base, e, cudaMemcpyDeviceToDevice,
-						 st), "cudaMemcpyAsync");
+		DCHK(x, rank, x->api->cudaMemcpyAsync(dv->base, sv->base, (size_t)e,
+						      cudaMemcpyDeviceToDevice, st),
+		     "cudaMemcpyAsync");
 		return;
 	}
-	inner_contig = box->size[c] == 1 || (sv->stride[c] == 1 && dv->stride[c] == 1);
-	if (!inner_contig && x->api->copy_strided != NULL &&
+	contig = box->size[c] == 1 || (sv->stride[c] == 1 && dv->stride[c] == 1);
+	if (!contig && x->api->copy_strided != NULL &&
 	    (e == 1 || e == 2 || e == 4 || e == 8) && nd <= REFIT_GPU_MAX_DIMS) {
-		int rc = x->api->copy_strided(st, dv->base + doff * (int64_t)e,
-					      sv->base + soff * (int64_t)e, nd, box->size,
-					      dv->stride, sv->stride, (int)e);
+		int rc = x->api->copy_strided(st, dv->base + doff * e, sv->base + soff * e, nd,
+					      box->size, dv->stride, sv->stride, (int)e);
 
 		if (rc != 0)
 			dfail(x, (cudaError_t)rc, rank, "refitGpuCopyStrided");
 		return;
 	}
-	outer = nd >= 2 ? nd - 2 : 0;
 	for (;;) {
-		int64_t sbase = 0, dbase = 0;
+		int64_t sb = 0, db = 0;
+		int d;
 
-		for (int d = 0; d < outer; d++) {
-			sbase += (so[d] + idx[d]) * sv->stride[d];
-			dbase += (dof[d] + idx[d]) * dv->stride[d];
+		for (d = outer; d < nd; d++) {  /* the plane's first element */
+			sb += so[d] * sv->stride[d];
+			db += dof[d] * dv->stride[d];
 		}
-		if (nd == 1) {
-			uint8_t *sp = sv->base + so[0] * sv->stride[0] * (int64_t)e;
-			uint8_t *dp = dv->base + dof[0] * dv->stride[0] * (int64_t)e;
-
-			if (inner_contig)
-				DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, (size_t)box->size[0] * e,
-								 cudaMemcpyDeviceToDevice, st),
-				     "cudaMemcpyAsync");
-			else  /* no kernel: one element per row */
-				DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[0] * e, sp,
-								   sv->stride[0] * e, e,
-								   box->size[0],
-								   cudaMemcpyDeviceToDevice, st),
-				     "cudaMemcpy2DAsync");
-		} else {
-			uint8_t *sp = sv->base + (sbase + so[r] * sv->stride[r] +
-						  so[c] * sv->stride[c]) * (int64_t)e;
-			uint8_t *dp = dv->base + (dbase + dof[r] * dv->stride[r] +
-						  dof[c] * dv->stride[c]) * (int64_t)e;
-			uint64_t w = (uint64_t)box->size[c] * e;
-
-			if (inner_contig && box->size[r] == 1)
-				DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice,
-								 st), "cudaMemcpyAsync");
-			else if (inner_contig && (uint64_t)sv->stride[r] * e >= w &&
-				 (uint64_t)dv->stride[r] * e >= w)
-				DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[r] * e, sp,
-								   sv->stride[r] * e, w,
-								   box->size[r],
-								   cudaMemcpyDeviceToDevice, st),
-				     "cudaMemcpy2DAsync");
-			else if (inner_contig) /* rows that overlap: one copy each */
-				for (int64_t i = 0; i < box->size[r]; i++)
-					DCHK(x, rank, a->cudaMemcpyAsync(
-						     dp + i * dv->stride[r] * (int64_t)e,
-						     sp + i * sv->stride[r] * (int64_t)e, w,
-						     cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
-			else  /* no kernel: a 2D copy of single elements per row */
-				for (int64_t i = 0; i < box->size[r]; i++)
-					DCHK(x, rank, a->cudaMemcpy2DAsync(
-						     dp + i * dv->stride[r] * (int64_t)e,
-						     dv->stride[c] * e,
-						     sp + i * sv->stride[r] * (int64_t)e,
-						     sv->stride[c] * e, e, box->size[c],
-						     cudaMemcpyDeviceToDevice, st),
-					     "cudaMemcpy2DAsync");
+		for (d = 0; d < outer; d++) {
+			sb += (so[d] + idx[d]) * sv->stride[d];
+			db += (dof[d] + idx[d]) * dv->stride[d];
 		}
+		copy_plane(x, rank, st, dv->base + db * e, sv->base + sb * e, sv, dv, box, contig);
+		if (dfailed(x))
+			return;
 		/* next index over the outer dims */
-		int d = outer - 1;
-
-		while (d >= 0 && ++idx[d] == box->size[d])
-			idx[d--] = 0;
+		for (d = outer - 1; d >= 0 && ++idx[d] == box->size[d]; d--)
+			idx[d] = 0;
 		if (d < 0)
 			return;
 	}
@@ -374,7 +386,7 @@ dev_copy(void *ctx, int32_t rank, void *dst, const void *src, uint64_t n)
 	xport_t *x = ctx;
 	cudaStream_t st;
 
-	if (x->dfailed || !on_rank(x, rank, &st))
+	if (dfailed(x) || !on_rank(x, rank, &st))
 		return;
 	DCHK(x, rank, x->api->cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st),
 	     "cudaMemcpyAsync");
@@ -391,7 +403,7 @@ wait_stream(xport_t *x, int32_t rank, cudaStream_t st, refit_err_t *err)
 			return REFIT_OK;
 		if (e != cudaErrorNotReady) {
 			dfail(x, e, rank, "a queued copy (cudaStreamQuery)");
-			return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
+			return dfail_out(x, err);
 		}
 		if (x->scfg && atomic_load(x->scfg->abort))
 			return refit_err_set(err, REFIT_ERR_ABORTED, "nccl transport: aborted "
@@ -417,7 +429,7 @@ host_copy(xport_t *x, int32_t rank, void *dst, const void *src, uint64_t n,
 	cudaError_t e;
 	int64_t end;
 
-	if (x->dfailed || !on_rank(x, rank, &st))
+	if (dfailed(x) || !on_rank(x, rank, &st))
 		return;
 	DCHK(x, rank, x->api->cudaMemcpyAsync(dst, src, n, kind, st), kind ==
 	     cudaMemcpyDeviceToHost ? "cudaMemcpyAsync to the host" :
@@ -425,8 +437,7 @@ host_copy(xport_t *x, int32_t rank, void *dst, const void *src, uint64_t n,
 	end = xport_now_ms() + 60000;
 	while ((e = x->api->cudaStreamQuery(st)) == cudaErrorNotReady && xport_now_ms() < end)
 		usleep(50);
-	if (e == cudaErrorNotReady && !x->dfailed) {
-		x->dfailed = true;
+	if (e == cudaErrorNotReady && !dfailed(x)) {
 		refit_err_set(&x->derr, REFIT_ERR_TIMEOUT, "nccl transport: rank %d: a copy %s "
 			      "the host did not end in 60 s", rank,
 			      kind == cudaMemcpyDeviceToHost ? "to" : "from");
@@ -455,7 +466,7 @@ dev_sync(void *ctx, refit_err_t *err)
 {
 	xport_t *x = ctx;
 
-	for (size_t i = 0; i < x->cm.nlocal && !x->dfailed; i++) {
+	for (size_t i = 0; i < x->cm.nlocal && !dfailed(x); i++) {
 		cudaError_t e = x->api->cudaSetDevice(x->cm.dev[i]);
 
 		if (e != cudaSuccess) {
@@ -464,8 +475,8 @@ dev_sync(void *ctx, refit_err_t *err)
 		}
 		CHECK(wait_stream(x, x->cm.local[i], x->cm.stream[i], err));
 	}
-	if (x->dfailed)
-		return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
+	if (dfailed(x))
+		return dfail_out(x, err);
 	return REFIT_OK;
 }
 
@@ -478,6 +489,7 @@ nccl_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	const gpu_api_t *a = gpu_load(1, why, sizeof(why));
 	xport_t *x;
 	int *devs;
+	refit_status_t rc;
 
 	if (a == NULL)
 		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "nccl transport: %s", why);
@@ -513,22 +525,23 @@ nccl_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	}
 	for (size_t i = 0; i < cfg->nranks; i++) {
 		if (devs[i] >= a->ndevices) {
-			refit_err_set(err, REFIT_ERR_INVALID_ARG, "nccl transport: rank %d would run "
-				      "on CUDA device %d, but %s sees %d device%s%s", cfg->ranks[i],
-				      devs[i], a->cuda_path, a->ndevices, a->ndevices == 1 ? "" : "s",
-				      cfg->gpu_devices ? " (gpu_devices)" : " (set gpu_devices)");
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "nccl transport: rank %d "
+					   "would run on CUDA device %d, but %s sees %d device%s%s",
+					   cfg->ranks[i], devs[i], a->cuda_path, a->ndevices,
+					   a->ndevices == 1 ? "" : "s", cfg->gpu_devices ?
+					   " (gpu_devices)" : " (set gpu_devices)");
 			free(devs);
-			return err->status;
+			return rc;
 		}
 		for (size_t k = 0; k < i; k++)
 			if (devs[k] == devs[i]) {
-				refit_err_set(err, REFIT_ERR_INVALID_ARG, "nccl transport: ranks %d "
-					      "and %d on one device (%d): NCCL refuses two ranks of "
-					      "a communicator on one device (run one refitd per "
-					      "rank with NCCL_HOSTID instead)", cfg->ranks[k],
-					      cfg->ranks[i], devs[i]);
+				rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "nccl transport: ranks "
+						   "%d and %d on one device (%d): NCCL refuses two "
+						   "ranks of a communicator on one device (run one "
+						   "refitd per rank with NCCL_HOSTID instead)",
+						   cfg->ranks[k], cfg->ranks[i], devs[i]);
 				free(devs);
-				return err->status;
+				return rc;
 			}
 	}
 	x = xcalloc(1, sizeof(*x));
@@ -695,6 +708,19 @@ bounds(const xport_session_cfg_t *cfg, const char *what, refit_err_t *err)
 	return REFIT_OK;
 }
 
+/* End the NCCL group a loop of calls opened; rc: the loop's result (the
+ * first error stays), what: the calls' name for the message. */
+static refit_status_t
+group_end(const gpu_api_t *a, refit_status_t rc, const char *what, refit_err_t *err)
+{
+	ncclResult_t r = a->ncclGroupEnd();
+
+	if (rc == REFIT_OK && r != ncclSuccess && r != ncclInProgress)
+		return refit_err_set(err, REFIT_ERR_NCCL, "%sncclGroupEnd: %s", what,
+				     a->ncclGetErrorString(r));
+	return rc;
+}
+
 /*
  * Before aborting communicators that are still in progress: give what they
  * are doing up to 2 s to end.  A non-blocking group's operations reach
@@ -718,6 +744,8 @@ settle(xport_t *x)
 static refit_status_t
 wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_err_t *err)
 {
+	refit_status_t rc;
+
 	for (;;) {
 		bool pending = false;
 
@@ -727,20 +755,104 @@ wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_e
 			if (st == ncclInProgress) {
 				pending = true;
 			} else if (st != ncclSuccess) {
-				refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: %s (rank %d): "
-					      "%s", what, x->cm.local[i],
-					      x->api->ncclGetErrorString(st));
+				rc = refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: %s (rank "
+						   "%d): %s", what, x->cm.local[i],
+						   x->api->ncclGetErrorString(st));
 				drop_comms(x, true);
-				return REFIT_ERR_NCCL;
+				return rc;
 			}
 		}
 		if (!pending)
 			return REFIT_OK;
-		if (bounds(cfg, what, err) != REFIT_OK) {
+		if ((rc = bounds(cfg, what, err)) != REFIT_OK) {
 			settle(x);
 			drop_comms(x, true);
-			return err->status;
+			return rc;
 		}
+		usleep(200);
+	}
+}
+
+/* The communicator ranks (indices into cm->ranks) the world w drops; *nex
+ * of them.  NULL when w is not cm's world less some ranks. */
+static int *
+shrink_excluded(const comms_t *cm, const world_t *w, size_t *nex)
+{
+	int *excl = xcalloc(cm->nranks + 1, sizeof(*excl));
+	size_t k = 0;
+
+	*nex = 0;
+	for (size_t i = 0; i < cm->nranks; i++) {
+		while (k < w->nranks && w->ranks[k] < cm->ranks[i])
+			k++;
+		if (k < w->nranks && w->ranks[k] == cm->ranks[i])
+			continue;
+		excl[(*nex)++] = (int)i;
+	}
+	if (cm->nranks - *nex != w->nranks || *nex == 0) {
+		free(excl);
+		return NULL;
+	}
+	return excl;
+}
+
+/* ncclCommShrink on every local communicator, in one group; nc gets the
+ * new ones (NULL until their job ends). */
+static refit_status_t
+shrink_issue(xport_t *x, const int *excl, size_t nex, ncclComm_t *nc, refit_err_t *err)
+{
+	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
+	refit_status_t rc = REFIT_OK;
+
+	a->ncclGroupStart();
+	for (size_t i = 0; i < cm->nlocal && rc == REFIT_OK; i++) {
+		ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+		cudaError_t e;
+		ncclResult_t r;
+
+		c.blocking = 0;
+		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
+			rc = cuda_err(a, e, "cudaSetDevice", err);
+			break;
+		}
+		r = a->ncclCommShrink(cm->comm[i], (int *)excl, (int)nex, &nc[i], &c,
+				      NCCL_SHRINK_DEFAULT);
+		if (r != ncclSuccess && r != ncclInProgress)
+			rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): %s",
+					   cm->local[i], a->ncclGetErrorString(r));
+	}
+	return group_end(a, rc, "ncclCommShrink: ", err);
+}
+
+/* Until every shrink ended: parents first (until each is done its child
+ * may be NULL), then the children; bounded by the session. */
+static refit_status_t
+shrink_wait(xport_t *x, ncclComm_t *nc, const xport_session_cfg_t *cfg, refit_err_t *err)
+{
+	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
+
+	for (;;) {
+		bool pending = false;
+
+		for (size_t i = 0; i < cm->nlocal; i++) {
+			ncclResult_t st = comm_state(a, cm->comm[i]);
+
+			if (st == ncclSuccess && nc[i] != NULL)
+				st = comm_state(a, nc[i]);
+			else if (st == ncclSuccess) /* parent done, no child */
+				st = ncclInternalError;
+			if (st == ncclInProgress)
+				pending = true;
+			else if (st != ncclSuccess)
+				return refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): "
+						     "%s%s", cm->local[i], a->ncclGetErrorString(st),
+						     nc[i] ? "" : " (no new communicator)");
+		}
+		if (!pending)
+			return REFIT_OK;
+		CHECK(bounds(cfg, "shrinking the communicators", err));
 		usleep(200);
 	}
 }
@@ -756,90 +868,29 @@ wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_e
 static refit_status_t
 try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_err_t *err)
 {
-	const gpu_api_t *a = x->api;
 	comms_t *cm = &x->cm;
+	size_t nex = 0;
 	int *excl;
-	size_t nex = 0, k = 0;
 	ncclComm_t *nc;
-	bool issued_all = true;
-	refit_status_t rc = REFIT_OK;
-	ncclResult_t ge;
+	refit_status_t rc;
 
 	if (cm->nlocal != w->nlocal || memcmp(cm->local, w->local, w->nlocal * sizeof(int32_t)))
 		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: epoch %" PRIu64
 				     " came without a unique id, but this node's ranks changed: "
 				     "it cannot shrink its communicators", w->epoch);
-	excl = xcalloc(cm->nranks + 1, sizeof(*excl));
-	for (size_t i = 0; i < cm->nranks; i++) {
-		while (k < w->nranks && w->ranks[k] < cm->ranks[i])
-			k++;
-		if (k < w->nranks && w->ranks[k] == cm->ranks[i])
-			continue;
-		excl[nex++] = (int)i;
-	}
-	if (cm->nranks - nex != w->nranks || nex == 0) {
-		free(excl);
+	if ((excl = shrink_excluded(cm, w, &nex)) == NULL)
 		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "nccl transport: epoch %" PRIu64
 				     " came without a unique id, but its %zu ranks are not the %zu "
 				     "of this node's communicators less some: cannot shrink",
 				     w->epoch, w->nranks, cm->nranks);
-	}
 	nc = xcalloc(cm->nlocal + 1, sizeof(*nc));
-	a->ncclGroupStart();
-	for (size_t i = 0; i < cm->nlocal; i++) {
-		ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-		cudaError_t e;
-		ncclResult_t r;
-
-		c.blocking = 0;
-		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
-			cuda_err(a, e, "cudaSetDevice", err);
-			issued_all = false;
-			break;
-		}
-		r = a->ncclCommShrink(cm->comm[i], excl, (int)nex, &nc[i], &c, NCCL_SHRINK_DEFAULT);
-		if (r != ncclSuccess && r != ncclInProgress) {
-			refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): %s",
-				      cm->local[i], a->ncclGetErrorString(r));
-			issued_all = false;
-			break;
-		}
-	}
-	ge = a->ncclGroupEnd();
-	if (issued_all && ge != ncclSuccess && ge != ncclInProgress) {
-		refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink: ncclGroupEnd: %s",
-			      a->ncclGetErrorString(ge));
-		issued_all = false;
-	}
+	rc = shrink_issue(x, excl, nex, nc, err);
 	free(excl);
-	rc = issued_all ? REFIT_OK : err->status;
-	/* parents first: until each is done its child may be NULL */
-	while (rc == REFIT_OK) {
-		bool pending = false;
-
-		for (size_t i = 0; i < cm->nlocal && rc == REFIT_OK; i++) {
-			ncclResult_t st = comm_state(a, cm->comm[i]);
-
-			if (st == ncclSuccess && nc[i] != NULL)
-				st = comm_state(a, nc[i]);
-			else if (st == ncclSuccess) /* parent done, no child */
-				st = ncclInternalError;
-			if (st == ncclInProgress)
-				pending = true;
-			else if (st != ncclSuccess)
-				rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): "
-						   "%s%s", cm->local[i], a->ncclGetErrorString(st),
-						   nc[i] ? "" : " (no new communicator)");
-		}
-		if (rc != REFIT_OK || !pending)
-			break;
-		rc = bounds(cfg, "shrinking the communicators", err);
-		if (rc == REFIT_OK)
-			usleep(200);
-	}
+	if (rc == REFIT_OK)
+		rc = shrink_wait(x, nc, cfg, err);
 	if (rc != REFIT_OK) {
 		for (size_t i = 0; i < cm->nlocal; i++)
-			if (nc[i] != NULL && a->ncclCommAbort(nc[i]) != ncclSuccess)
+			if (nc[i] != NULL && x->api->ncclCommAbort(nc[i]) != ncclSuccess)
 				log_warnx("nccl: node %s: ncclCommAbort of a shrunk communicator "
 					  "failed", x->node_id);
 		free(nc);
@@ -847,11 +898,12 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 		return rc;
 	}
 	for (size_t i = 0; i < cm->nlocal; i++) {
-		ncclResult_t r = a->ncclCommDestroy(cm->comm[i]);
+		ncclResult_t r = x->api->ncclCommDestroy(cm->comm[i]);
 
 		if (r != ncclSuccess)
 			log_warnx("nccl: node %s: ncclCommDestroy of the old communicator (rank "
-				  "%d): %s", x->node_id, cm->local[i], a->ncclGetErrorString(r));
+				  "%d): %s", x->node_id, cm->local[i],
+				  x->api->ncclGetErrorString(r));
 		cm->comm[i] = nc[i];
 	}
 	free(nc);
@@ -923,10 +975,7 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 			break;
 		}
 	}
-	r = a->ncclGroupEnd();
-	if (rc == REFIT_OK && r != ncclSuccess && r != ncclInProgress)
-		rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclCommInitRankConfig: ncclGroupEnd: %s",
-				   a->ncclGetErrorString(r));
+	rc = group_end(a, rc, "ncclCommInitRankConfig: ", err);
 	if (rc != REFIT_OK) {
 		drop_comms(x, true);
 		return rc;
@@ -1036,7 +1085,6 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	s->x = x;
 	s->cfg = *cfg;
 	x->scfg = &s->cfg;
-	x->dfailed = false;
 	refit_err_clear(&x->derr);
 	rc = ensure_comms(x, &w, &s->cfg, err);
 	world_free(&w);
@@ -1049,44 +1097,24 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	return REFIT_OK;
 }
 
+/* A failure inside a group (rc, already in err): the communicators are
+ * aborted (the peers may wait on them). */
 static refit_status_t
-nccl_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
-{
-	(void)s;
-	(void)io;
-	return refit_err_set(err, REFIT_ERR_INTERNAL, "nccl transport: runs in groups, not "
-			     "streams");
-}
-
-/* A failure inside a group: the communicators are aborted (the peers may
- * wait on them). */
-static refit_status_t
-group_fail(xport_t *x, refit_err_t *err)
+group_fail(xport_t *x, refit_status_t rc)
 {
 	drop_comms(x, true);
-	return err->status;
+	return rc;
 }
 
+/* Post ops as one NCCL group on the local communicators. */
 static refit_status_t
-nccl_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err)
+post_group(xport_t *x, const xport_op_t *ops, size_t n, refit_err_t *err)
 {
-	xport_t *x = s->x;
 	const gpu_api_t *a = x->api;
 	comms_t *cm = &x->cm;
 	ncclResult_t r;
 	refit_status_t rc = REFIT_OK;
 
-	if (cm->comm == NULL)
-		return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: the communicators "
-				     "were aborted");
-	if (x->dfailed)
-		return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
-	for (size_t i = 0; i < n; i++)
-		if (local_index(cm, ops[i].rank) < 0 ||
-		    index_in(cm->ranks, cm->nranks, ops[i].peer) < 0)
-			return refit_err_set(err, REFIT_ERR_INTERNAL, "nccl transport: rank %d or "
-					     "%d is not in the communicators' world",
-					     ops[i].rank, ops[i].peer);
 	a->ncclGroupStart();
 	for (size_t i = 0; i < n && rc == REFIT_OK; i++) {
 		int li = local_index(cm, ops[i].rank);
@@ -1108,18 +1136,16 @@ nccl_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err
 					   ops[i].send ? "Send" : "Recv", ops[i].rank,
 					   ops[i].peer, a->ncclGetErrorString(r));
 	}
-	r = a->ncclGroupEnd();
-	if (rc == REFIT_OK && r != ncclSuccess && r != ncclInProgress)
-		rc = refit_err_set(err, REFIT_ERR_NCCL, "ncclGroupEnd: %s",
-				   a->ncclGetErrorString(r));
-	if (rc != REFIT_OK)
-		return group_fail(x, err);
-	CHECK(wait_comms(x, &s->cfg, "point-to-point group", err));
-	/* the fault suite waits for this line: the node is in the wait below,
-	 * and PrepareEpoch (set_world, x->mu) must still be answered */
-	log_debug(LOG_SUB_XPORT, "nccl: node %s: group of %zu operations issued, waiting for "
-		  "it", x->node_id, n);
-	/* the group is issued: wait for its kernels, bounded, without x->mu */
+	return group_end(a, rc, "", err);
+}
+
+/* The posted group's kernels on every local stream, bounded, without x->mu. */
+static refit_status_t
+wait_group(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
+{
+	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
+
 	for (size_t i = 0; i < cm->nlocal; i++) {
 		for (;;) {
 			cudaError_t e = a->cudaStreamQuery(cm->stream[i]);
@@ -1127,22 +1153,67 @@ nccl_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err
 
 			if (e == cudaSuccess)
 				break;
-			if (e != cudaErrorNotReady) {
-				cuda_err(a, e, "point-to-point group", err);
-				return group_fail(x, err);
-			}
+			if (e != cudaErrorNotReady)
+				return cuda_err(a, e, "point-to-point group", err);
 			if ((st = comm_state(a, cm->comm[i])) != ncclSuccess &&
-			    st != ncclInProgress) {
-				refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank %d: %s",
-					      cm->local[i], a->ncclGetErrorString(st));
-				return group_fail(x, err);
-			}
-			if (bounds(&s->cfg, "point-to-point group", err) != REFIT_OK)
-				return group_fail(x, err);
+			    st != ncclInProgress)
+				return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank "
+						     "%d: %s", cm->local[i],
+						     a->ncclGetErrorString(st));
+			CHECK(bounds(cfg, "point-to-point group", err));
 			usleep(50);
 		}
 	}
 	return REFIT_OK;
+}
+
+/* Run ops as one group, to completion, bounded by the session's deadline
+ * and abort flag; a failure aborts the communicators. */
+static refit_status_t
+run_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err)
+{
+	xport_t *x = s->x;
+	refit_status_t rc;
+
+	if (x->cm.comm == NULL)
+		return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: the communicators "
+				     "were aborted");
+	if (dfailed(x))
+		return dfail_out(x, err);
+	for (size_t i = 0; i < n; i++)
+		if (local_index(&x->cm, ops[i].rank) < 0 ||
+		    index_in(x->cm.ranks, x->cm.nranks, ops[i].peer) < 0)
+			return refit_err_set(err, REFIT_ERR_INTERNAL, "nccl transport: rank %d or "
+					     "%d is not in the communicators' world",
+					     ops[i].rank, ops[i].peer);
+	if ((rc = post_group(x, ops, n, err)) != REFIT_OK)
+		return group_fail(x, rc);
+	CHECK(wait_comms(x, &s->cfg, "point-to-point group", err));
+	/* the fault suite waits for this line: the node is in the wait below,
+	 * and PrepareEpoch (set_world, x->mu) must still be answered */
+	log_debug(LOG_SUB_XPORT, "nccl: node %s: group of %zu operations issued, waiting for "
+		  "it", x->node_id, n);
+	if ((rc = wait_group(x, &s->cfg, err)) != REFIT_OK)
+		return group_fail(x, rc);
+	return REFIT_OK;
+}
+
+/* The executor's groups, in its order, each run to completion. */
+static refit_status_t
+nccl_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
+{
+	for (;;) {
+		const xport_op_t *ops = NULL;
+		size_t n = 0;
+		bool end = false;
+
+		CHECK(io->next_group(io->arg, &ops, &n, &end, err));
+		if (end)
+			return REFIT_OK;
+		if (n > 0)
+			CHECK(run_group(s, ops, n, err));
+		CHECK(io->group_done(io->arg, err));
+	}
 }
 
 static const dp_dev_ops_t *
@@ -1170,6 +1241,7 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	int dev = device_of(x, rank);
 	cudaError_t e;
 	void *b = NULL;
+	refit_status_t rc;
 
 	*base = NULL;
 	if (len != sizeof(h))
@@ -1194,11 +1266,11 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 		return cuda_err(a, e, "cudaIpcOpenMemHandle", err);
 	memset(&at, 0, sizeof(at));
 	if ((e = a->cudaPointerGetAttributes(&at, b)) != cudaSuccess) {
-		cuda_err(a, e, "cudaPointerGetAttributes", err);
+		rc = cuda_err(a, e, "cudaPointerGetAttributes", err);
 		goto fail;
 	}
 	if (at.type != cudaMemoryTypeDevice || at.device != dev) {
-		refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the memory of the IPC handle "
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the memory of the IPC handle "
 			      "is %s %d, not on device %d where this node runs rank %d",
 			      rank, at.type == cudaMemoryTypeDevice ? "on device" :
 			      "not device memory, type", at.type == cudaMemoryTypeDevice ?
@@ -1212,7 +1284,7 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	if (e != cudaSuccess || at.type != cudaMemoryTypeDevice || at.device != dev) {
 		if (e != cudaSuccess)
 			a->cudaGetLastError(); /* clear the non-sticky error */
-		refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes %" PRIu64 " is "
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes %" PRIu64 " is "
 			      "larger than the allocation of the IPC handle (its last byte is "
 			      "not device memory of device %d)", rank, bytes, dev);
 		goto fail;
@@ -1223,7 +1295,7 @@ fail:
 	if ((e = a->cudaIpcCloseMemHandle(b)) != cudaSuccess)
 		log_warnx("nccl: node %s: cudaIpcCloseMemHandle: %s", x->node_id,
 			  a->cudaGetErrorString(e));
-	return err->status;
+	return rc;
 }
 
 static void
@@ -1259,21 +1331,5 @@ nccl_stop(xport_t *x)
 	free(x);
 }
 
-const xport_ops_t xport_nccl_ops = {
-	.name = "nccl",
-	.unavailable = nccl_unavailable,
-	.start = nccl_start,
-	.endpoint = nccl_endpoint,
-	.set_epoch = nccl_set_epoch,
-	.open = nccl_open,
-	.exchange = nccl_exchange,
-	.close = nccl_close,
-	.stop = nccl_stop,
-	.set_world = nccl_set_world,
-	.unique_id = nccl_unique_id,
-	.group = nccl_group,
-	.dev = nccl_dev,
-	.mem_open = nccl_mem_open,
-	.mem_close = nccl_mem_close,
-};
+const xport_ops_t xport_nccl_ops = XPORT_OPS("nccl", XPORT_MEM_DEVICE, nccl);
 #endif

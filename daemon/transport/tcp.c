@@ -16,11 +16,15 @@
  * flag, and peers' endpoints must be numeric addresses: no name resolution
  * without a bound on the data path.
  *
- * On the wire every message is a 24-byte frame header (magic, length, the
- * sequence number the executor gave it) and the payload.  A session's exchange polls all its
- * connections: outgoing ones write whatever the executor pulls, incoming
- * ones read frames and push them, so both directions of every pair move at
- * once and a slow peer never stalls the others.
+ * On the wire every message is a frame header of FRAME_BYTES (magic,
+ * length, the sequence number the executor gave it, each a little-endian
+ * u64) and the payload; the handshake is HS_BYTES, also encoded field by
+ * field little-endian (hs_encode), never a C struct's memory.  A session's
+ * exchange polls all its connections: outgoing ones write whatever the
+ * executor pulls, incoming ones read frames and push them, so both
+ * directions of every pair move at once and a slow peer never stalls the
+ * others.  What tcp has no use for in the interface (world, communicator
+ * id, device memory) it answers plainly, at the end of this file.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -44,6 +48,13 @@
 
 #define HS_MAGIC 0x31544652u    /* "RFT1" */
 #define FRAME_MAGIC 0x4d544652u /* "RFTM" */
+#define FRAME_BYTES 24          /* magic, length, seq: u64 each */
+#define HS_NODE_ID 128          /* node id bytes in a handshake, NUL-padded */
+/* handshake: magic u32, token length u32, epoch u64, refit id u64 (all
+ * little-endian), then the token and the node id at these offsets */
+#define HS_AT_TOKEN (4 + 4 + 8 + 8)
+#define HS_AT_NODE (HS_AT_TOKEN + XPORT_TOKEN_MAX)
+#define HS_BYTES (HS_AT_NODE + HS_NODE_ID)
 #define HS_TIMEOUT_MS 5000
 #define PARK_MAX 1024
 #define PENDING_MAX 256
@@ -55,13 +66,13 @@ typedef struct hs {
 	uint32_t magic, token_len;
 	uint64_t epoch, refit_id;
 	uint8_t token[XPORT_TOKEN_MAX];
-	char node_id[128];
+	char node_id[HS_NODE_ID];
 } hs_t;
 
 typedef struct parked {
 	int fd;
 	uint64_t refit_id, epoch;
-	char node_id[128];
+	char node_id[HS_NODE_ID];
 	int64_t at_ms;
 } parked_t;
 
@@ -82,13 +93,13 @@ struct xport {
 typedef struct conn {
 	int fd;
 	/* outgoing */
-	uint8_t hdr[24];
+	uint8_t hdr[FRAME_BYTES];
 	const uint8_t *buf;
 	uint64_t len, off;      /* off counts header + payload */
 	bool busy, idle;        /* idle: pull said nothing now */
 	uint64_t seq;
 	/* incoming */
-	uint8_t rhdr[24];
+	uint8_t rhdr[FRAME_BYTES];
 	uint8_t *rbuf;
 	uint64_t rlen, roff;
 	uint64_t rseq;          /* messages received */
@@ -102,30 +113,48 @@ struct xport_session {
 	conn_t *out, *in;       /* per peer; fd -1 when unused */
 };
 
-int64_t
-xport_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
+/* n bytes of v at p, little-endian. */
 static void
-put64(uint8_t *p, uint64_t v)
+put_le(uint8_t *p, uint64_t v, int n)
 {
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < n; i++)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* The little-endian n-byte number at p. */
 static uint64_t
-get64(const uint8_t *p)
+get_le(const uint8_t *p, int n)
 {
 	uint64_t v = 0;
 
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < n; i++)
 		v |= (uint64_t)p[i] << (8 * i);
 	return v;
+}
+
+/* The handshake on the wire: each field little-endian, in order. */
+static void
+hs_encode(const hs_t *h, uint8_t *b)
+{
+	put_le(b, h->magic, 4);
+	put_le(b + 4, h->token_len, 4);
+	put_le(b + 8, h->epoch, 8);
+	put_le(b + 16, h->refit_id, 8);
+	memcpy(b + HS_AT_TOKEN, h->token, XPORT_TOKEN_MAX);
+	memcpy(b + HS_AT_NODE, h->node_id, HS_NODE_ID);
+}
+
+/* The inverse of hs_encode; the node id comes out NUL-terminated. */
+static void
+hs_decode(const uint8_t *b, hs_t *h)
+{
+	h->magic = (uint32_t)get_le(b, 4);
+	h->token_len = (uint32_t)get_le(b + 4, 4);
+	h->epoch = get_le(b + 8, 8);
+	h->refit_id = get_le(b + 16, 8);
+	memcpy(h->token, b + HS_AT_TOKEN, XPORT_TOKEN_MAX);
+	memcpy(h->node_id, b + HS_AT_NODE, HS_NODE_ID);
+	h->node_id[HS_NODE_ID - 1] = '\0';
 }
 
 /* Read or write exactly n bytes with a deadline; -ECANCELED once *abort is
@@ -182,15 +211,15 @@ split_endpoint(const char *ep, char *host, size_t hn, char *port, size_t pn,
 
 /* ---- the listener --------------------------------------------------------- */
 
-/* A complete handshake h arrived on fd: park it or refuse it. */
+/* A complete handshake arrived on fd (b: HS_BYTES): park it or refuse it. */
 static void
-handshake(xport_t *x, int fd, hs_t *hp)
+handshake(xport_t *x, int fd, const uint8_t *b)
 {
-	hs_t h = *hp;
+	hs_t h;
 	uint8_t ans = HS_OK;
 	uint64_t here;
 
-	h.node_id[sizeof(h.node_id) - 1] = '\0';
+	hs_decode(b, &h);
 	pthread_mutex_lock(&x->mu);
 	here = x->epoch;
 	if (h.magic != HS_MAGIC || h.token_len > XPORT_TOKEN_MAX)
@@ -234,7 +263,7 @@ typedef struct pending {
 	int fd;
 	size_t got;
 	int64_t deadline;
-	hs_t h;
+	uint8_t hb[HS_BYTES];
 } pending_t;
 
 typedef VEC(pending_t) pending_vec_t;
@@ -246,6 +275,79 @@ pending_drop(pending_vec_t *pend, size_t i, const char *why)
 		log_warnx("tcp: a peer connected but %s: closed", why);
 	close(pend->v[i].fd);
 	pend->v[i] = pend->v[--pend->n];
+}
+
+/* Connections nobody picked up within a minute go. */
+static void
+expire_parked(xport_t *x, int64_t now)
+{
+	pthread_mutex_lock(&x->mu);
+	for (size_t i = 0; i < x->parked.n;) {
+		if (now - x->parked.v[i].at_ms > 60000) {
+			log_warnx("tcp: connection from node \"%s\" for refit %" PRIu64 " was "
+				  "never used: closed", x->parked.v[i].node_id,
+				  x->parked.v[i].refit_id);
+			close(x->parked.v[i].fd);
+			x->parked.v[i] = x->parked.v[--x->parked.n];
+		} else {
+			i++;
+		}
+	}
+	pthread_mutex_unlock(&x->mu);
+}
+
+/*
+ * Handshakes arriving, each on its own deadline; pf[i] is pending i's poll
+ * entry (from the back: the entries of those not yet looked at keep their
+ * index).
+ */
+static void
+read_pending(xport_t *x, pending_vec_t *pend, const struct pollfd *pf, int64_t now)
+{
+	for (size_t i = pend->n; i-- > 0;) {
+		pending_t *q = &pend->v[i];
+
+		if (pf[i].revents) {
+			ssize_t k = recv(q->fd, q->hb + q->got, HS_BYTES - q->got, MSG_DONTWAIT);
+
+			if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+				pending_drop(pend, i, "closed before its handshake");
+				continue;
+			}
+			if (k > 0)
+				q->got += (size_t)k;
+			if (q->got == HS_BYTES) {
+				pending_t done = *q;
+
+				pend->v[i] = pend->v[--pend->n];
+				handshake(x, done.fd, done.hb);
+				continue;
+			}
+		}
+		if (now >= q->deadline)
+			pending_drop(pend, i, "sent no complete handshake in time");
+	}
+}
+
+/* Take every new connection; its handshake has HS_TIMEOUT_MS to arrive. */
+static void
+accept_new(xport_t *x, pending_vec_t *pend, int64_t now)
+{
+	for (;;) {
+		int fd = accept4(x->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		size_t old = 0;
+		pending_t q = {.fd = fd, .deadline = now + HS_TIMEOUT_MS};
+
+		if (fd < 0)
+			return;
+		if (pend->n >= PENDING_MAX) { /* the oldest makes room */
+			for (size_t i = 1; i < pend->n; i++)
+				if (pend->v[i].deadline < pend->v[old].deadline)
+					old = i;
+			pending_drop(pend, old, "was the oldest of too many handshakes waiting");
+		}
+		VEC_PUSH(pend, q);
+	}
 }
 
 static void *
@@ -272,65 +374,10 @@ listener(void *arg)
 		if (pf.v[1].revents)
 			break;
 		now = xport_now_ms();
-		/* connections nobody picked up within a minute go */
-		pthread_mutex_lock(&x->mu);
-		for (size_t i = 0; i < x->parked.n;) {
-			if (now - x->parked.v[i].at_ms > 60000) {
-				log_warnx("tcp: connection from node \"%s\" for refit %" PRIu64
-					  " was never used: closed", x->parked.v[i].node_id,
-					  x->parked.v[i].refit_id);
-				close(x->parked.v[i].fd);
-				x->parked.v[i] = x->parked.v[--x->parked.n];
-			} else {
-				i++;
-			}
-		}
-		pthread_mutex_unlock(&x->mu);
-		/* handshakes arriving, each on its own deadline (from the back: the
-		 * poll entries of those not yet looked at keep their index) */
-		for (size_t i = pend.n; i-- > 0;) {
-			pending_t *q = &pend.v[i];
-			short re = pf.v[2 + i].revents;
-
-			if (re) {
-				ssize_t k = recv(q->fd, (uint8_t *)&q->h + q->got,
-						 sizeof(q->h) - q->got, MSG_DONTWAIT);
-
-				if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-					pending_drop(&pend, i, "closed before its handshake");
-					continue;
-				}
-				if (k > 0)
-					q->got += (size_t)k;
-				if (q->got == sizeof(q->h)) {
-					int fd = q->fd;
-					hs_t h = q->h;
-
-					pend.v[i] = pend.v[--pend.n];
-					handshake(x, fd, &h);
-					continue;
-				}
-			}
-			if (now >= q->deadline)
-				pending_drop(&pend, i, "sent no complete handshake in time");
-		}
-		if (!(pf.v[0].revents & POLLIN))
-			continue;
-		for (;;) {
-			int fd = accept4(x->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-			size_t old = 0;
-
-			if (fd < 0)
-				break;
-			if (pend.n >= PENDING_MAX) { /* the oldest makes room */
-				for (size_t i = 1; i < pend.n; i++)
-					if (pend.v[i].deadline < pend.v[old].deadline)
-						old = i;
-				pending_drop(&pend, old, "was the oldest of too many "
-					     "handshakes waiting");
-			}
-			VEC_PUSH(&pend, ((pending_t){fd, 0, now + HS_TIMEOUT_MS, {0}}));
-		}
+		expire_parked(x, now);
+		read_pending(x, &pend, pf.v + 2, now);
+		if (pf.v[0].revents & POLLIN)
+			accept_new(x, &pend, now);
 	}
 	for (size_t i = 0; i < pend.n; i++)
 		close(pend.v[i].fd);
@@ -447,6 +494,73 @@ tcp_stop(xport_t *x)
 
 /* ---- sessions -------------------------------------------------------------- */
 
+/* Connect fd to ai, bounded by the session's deadline and abort flag; 0 or
+ * -1 with errno set (ECANCELED: aborted). */
+static int
+connect_bounded(xport_session_t *s, int fd, const struct addrinfo *ai)
+{
+	struct pollfd pf = {fd, POLLOUT, 0};
+	int e = 0, pr = 0;
+	socklen_t el = sizeof(e);
+
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+		return 0;
+	if (errno != EINPROGRESS)
+		return -1;
+	for (;;) {
+		int64_t left = s->cfg.deadline_ms - xport_now_ms();
+
+		if (atomic_load(s->cfg.abort)) {
+			errno = ECANCELED;
+			return -1;
+		}
+		if (left <= 0)
+			break;
+		pr = poll(&pf, 1, (int)(left < SLICE_MS ? left : SLICE_MS));
+		if (pr != 0 && !(pr < 0 && errno == EINTR))
+			break;
+	}
+	if (pr != 1) {
+		errno = ETIMEDOUT;
+		return -1;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e != 0) {
+		errno = e;
+		return -1;
+	}
+	return 0;
+}
+
+/* Send this node's handshake on fd and read the answer (HS_OK or why not). */
+static refit_status_t
+send_handshake(xport_session_t *s, int fd, const xport_peer_t *p, refit_err_t *err)
+{
+	static const char *const why[] = {"", "it is at another epoch", "wrong token",
+					  "bad handshake", "too many connections"};
+	hs_t h = {.magic = HS_MAGIC, .epoch = s->cfg.epoch, .refit_id = s->cfg.refit_id};
+	uint8_t b[HS_BYTES], ans = 0xff;
+	int rc;
+
+	pthread_mutex_lock(&s->x->mu);
+	h.token_len = (uint32_t)s->x->token_len;
+	memcpy(h.token, s->x->token, s->x->token_len);
+	pthread_mutex_unlock(&s->x->mu);
+	snprintf(h.node_id, sizeof(h.node_id), "%s", s->x->node_id);
+	hs_encode(&h, b);
+	rc = io_full(fd, b, sizeof(b), true, s->cfg.deadline_ms, s->cfg.abort);
+	if (rc == 0)
+		rc = io_full(fd, &ans, 1, false, s->cfg.deadline_ms, s->cfg.abort);
+	if (rc == -ECANCELED)
+		return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted during the handshake "
+				     "with node \"%s\"", p->node_id);
+	if (rc != 0 || ans != HS_OK)
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" refused the "
+				     "data connection for epoch %" PRIu64 ": %s", p->node_id,
+				     s->cfg.epoch, rc != 0 ? strerror(-rc) :
+				     ans < 5 ? why[ans] : "unknown answer");
+	return REFIT_OK;
+}
+
 static refit_status_t
 dial(xport_session_t *s, size_t i, refit_err_t *err)
 {
@@ -456,10 +570,8 @@ dial(xport_session_t *s, size_t i, refit_err_t *err)
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
 				 .ai_flags = AI_NUMERICSERV | AI_NUMERICHOST};
 	struct addrinfo *ai = NULL;
-	hs_t h;
-	uint8_t ans = 0xff;
 	int fd, rc, one = 1;
-	int64_t dl = s->cfg.deadline_ms;
+	refit_status_t st;
 
 	CHECK(split_endpoint(p->endpoint, host, sizeof(host), port, sizeof(port), err));
 	rc = getaddrinfo(host, port, &hints, &ai);
@@ -477,68 +589,23 @@ dial(xport_session_t *s, size_t i, refit_err_t *err)
 		freeaddrinfo(ai);
 		return refit_err_set(err, REFIT_ERR_SYS, "tcp: socket: %s", strerror(errno));
 	}
-	rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+	rc = connect_bounded(s, fd, ai);
 	freeaddrinfo(ai);
-	if (rc < 0 && errno == EINPROGRESS) {
-		struct pollfd pf = {fd, POLLOUT, 0};
-		int e = 0, pr = 0;
-		socklen_t el = sizeof(e);
-
-		for (;;) {
-			int64_t left = dl - xport_now_ms();
-
-			if (atomic_load(s->cfg.abort)) {
-				close(fd);
-				return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted while "
-						     "connecting to node \"%s\"", p->node_id);
-			}
-			if (left <= 0)
-				break;
-			pr = poll(&pf, 1, (int)(left < SLICE_MS ? left : SLICE_MS));
-			if (pr != 0 && !(pr < 0 && errno == EINTR))
-				break;
-		}
-		rc = pr == 1 ? 0 : -1;
-		errno = ETIMEDOUT;
-		if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e != 0) {
-			rc = -1;
-			errno = e;
-		}
-	}
 	if (rc < 0) {
 		int e = errno;
 
 		close(fd);
+		if (e == ECANCELED)
+			return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted while "
+					     "connecting to node \"%s\"", p->node_id);
 		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: cannot reach node \"%s\" "
 				     "at %s: %s", p->node_id, p->endpoint, strerror(e));
 	}
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	memset(&h, 0, sizeof(h));
-	h.magic = HS_MAGIC;
-	h.epoch = s->cfg.epoch;
-	h.refit_id = s->cfg.refit_id;
-	pthread_mutex_lock(&s->x->mu);
-	h.token_len = (uint32_t)s->x->token_len;
-	memcpy(h.token, s->x->token, s->x->token_len);
-	pthread_mutex_unlock(&s->x->mu);
-	snprintf(h.node_id, sizeof(h.node_id), "%s", s->x->node_id);
-	rc = io_full(fd, &h, sizeof(h), true, dl, s->cfg.abort);
-	if (rc == 0)
-		rc = io_full(fd, &ans, 1, false, dl, s->cfg.abort);
-	if (rc == -ECANCELED) {
+	st = send_handshake(s, fd, p, err);
+	if (st != REFIT_OK) {
 		close(fd);
-		return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted during the handshake "
-				     "with node \"%s\"", p->node_id);
-	}
-	if (rc != 0 || ans != HS_OK) {
-		static const char *const why[] = {"", "it is at another epoch", "wrong token",
-						  "bad handshake", "too many connections"};
-
-		close(fd);
-		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" refused the "
-				     "data connection for epoch %" PRIu64 ": %s", p->node_id,
-				     s->cfg.epoch, rc != 0 ? strerror(-rc) :
-				     ans < 5 ? why[ans] : "unknown answer");
+		return st;
 	}
 	s->out[i].fd = fd;
 	return REFIT_OK;
@@ -612,7 +679,10 @@ tcp_close(xport_session_t *s)
 			close(s->out[i].fd);
 		if (s->in[i].fd >= 0)
 			close(s->in[i].fd);
-		free(s->in[i].rbuf);
+		if (s->cfg.pool)
+			dp_pool_put(s->cfg.pool, s->in[i].rbuf);
+		else
+			free(s->in[i].rbuf);
 	}
 	free(s->out);
 	free(s->in);
@@ -678,19 +748,19 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			c->buf = b;
 			c->len = n;
 			c->off = 0;
-			put64(c->hdr, FRAME_MAGIC);
-			put64(c->hdr + 8, n);
-			put64(c->hdr + 16, seq);
+			put_le(c->hdr, FRAME_MAGIC, 8);
+			put_le(c->hdr + 8, n, 8);
+			put_le(c->hdr + 16, seq, 8);
 			c->seq++;
 		}
-		if (c->off < 24) {
-			struct iovec iov[2] = {{c->hdr + c->off, 24 - c->off},
+		if (c->off < FRAME_BYTES) {
+			struct iovec iov[2] = {{c->hdr + c->off, FRAME_BYTES - c->off},
 					       {(void *)c->buf, c->len}};
 			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = c->len ? 2 : 1};
 
 			k = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
 		} else {
-			k = send(c->fd, c->buf + (c->off - 24), c->len - (c->off - 24),
+			k = send(c->fd, c->buf + (c->off - FRAME_BYTES), c->len - (c->off - FRAME_BYTES),
 				 MSG_NOSIGNAL);
 		}
 		if (k < 0) {
@@ -701,10 +771,28 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 					     s->peers[i].node_id, strerror(errno), c->seq - 1);
 		}
 		c->off += (uint64_t)k;
-		if (c->off < 24 + c->len)
+		if (c->off < FRAME_BYTES + c->len)
 			return REFIT_OK;
 		c->busy = false;
 	}
+}
+
+/* The receive buffer of c: the size of the peer's largest message, taken
+ * once per session (from the node's pool when it has one). */
+static refit_status_t
+rbuf_get(xport_session_t *s, conn_t *c, uint64_t bytes, refit_err_t *err)
+{
+	if (c->rbuf != NULL)
+		return REFIT_OK;
+	if (s->cfg.pool == NULL) {
+		c->rbuf = xmalloc(bytes ? bytes : 1);
+		return REFIT_OK;
+	}
+	c->rbuf = dp_pool_get(s->cfg.pool, bytes);
+	if (c->rbuf == NULL)
+		return refit_err_set(err, REFIT_ERR_NOMEM, "tcp: cannot map a %" PRIu64
+				     "-byte receive buffer", bytes);
+	return REFIT_OK;
 }
 
 /* Read what the incoming connection from peer i has; push whole frames. */
@@ -716,10 +804,10 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 	for (int rounds = 0; rounds < 64; rounds++) {
 		ssize_t k;
 
-		if (c->roff < 24)
-			k = recv(c->fd, c->rhdr + c->roff, 24 - c->roff, 0);
+		if (c->roff < FRAME_BYTES)
+			k = recv(c->fd, c->rhdr + c->roff, FRAME_BYTES - c->roff, 0);
 		else
-			k = recv(c->fd, c->rbuf + (c->roff - 24), c->rlen - (c->roff - 24), 0);
+			k = recv(c->fd, c->rbuf + (c->roff - FRAME_BYTES), c->rlen - (c->roff - FRAME_BYTES), 0);
 		if (k == 0 && c->roff == 0 && io->peer_done(io->arg, i)) {
 			close(c->fd); /* the peer sent everything and left */
 			c->fd = -1;
@@ -737,25 +825,25 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 					     strerror(errno));
 		}
 		c->roff += (uint64_t)k;
-		if (c->roff == 24) {
-			uint64_t magic = get64(c->rhdr), len = get64(c->rhdr + 8);
-			uint64_t seq = get64(c->rhdr + 16);
+		if (c->roff == FRAME_BYTES) {
+			uint64_t magic = get_le(c->rhdr, 8), len = get_le(c->rhdr + 8, 8);
+			uint64_t seq = get_le(c->rhdr + 16, 8);
 
 			if (magic != FRAME_MAGIC)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" sent "
 						     "a bad frame (message %" PRIu64 ")",
 						     s->peers[i].node_id, c->rseq);
-			if (len > s->cfg.max_msg_bytes)
+			if (len > s->cfg.max_msg_bytes || len > s->peers[i].max_in_bytes)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" "
 						     "announced a %" PRIu64 "-byte message (at "
-						     "most %" PRIu64 ")", s->peers[i].node_id,
-						     len, s->cfg.max_msg_bytes);
-			if (c->rbuf == NULL)
-				c->rbuf = xmalloc(s->cfg.max_msg_bytes ? s->cfg.max_msg_bytes : 1);
+						     "most %" PRIu64 " in this refit)",
+						     s->peers[i].node_id, len,
+						     s->peers[i].max_in_bytes);
+			CHECK(rbuf_get(s, c, s->peers[i].max_in_bytes, err));
 			c->rlen = len;
 			c->rmsg = seq;
 		}
-		if (c->roff >= 24 && c->roff == 24 + c->rlen) {
+		if (c->roff >= FRAME_BYTES && c->roff == FRAME_BYTES + c->rlen) {
 			CHECK(io->push(io->arg, i, c->rmsg, c->rbuf, c->rlen, err));
 			c->rseq++;
 			c->roff = 0;
@@ -781,7 +869,7 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 	size_t n = s->cfg.npeers;
 	struct pollfd *pf = xcalloc(2 * n + 1, sizeof(*pf));
 	size_t *who = xcalloc(2 * n + 1, sizeof(*who));
-	refit_status_t rc = REFIT_OK;
+	refit_status_t rc = io->begin(io->arg, err);
 
 	for (size_t i = 0; i < n && rc == REFIT_OK; i++)
 		if (s->out[i].fd >= 0)
@@ -834,14 +922,51 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 	return rc;
 }
 
-const xport_ops_t xport_tcp_ops = {
-	.name = "tcp",
-	.unavailable = tcp_unavailable,
-	.start = tcp_start,
-	.endpoint = tcp_endpoint,
-	.set_epoch = tcp_set_epoch,
-	.open = tcp_open,
-	.exchange = tcp_exchange,
-	.close = tcp_close,
-	.stop = tcp_stop,
-};
+/* ---- what tcp has no use for ------------------------------------------------ */
+
+static void
+tcp_set_world(xport_t *x, const xport_world_t *w)
+{
+	(void)x; /* peers are found by endpoint, not by a world of ranks */
+	(void)w;
+}
+
+static refit_status_t
+tcp_unique_id(xport_t *x, uint8_t *out, size_t *len, refit_err_t *err)
+{
+	(void)x;
+	(void)out;
+	(void)len;
+	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "NcclId: this node uses the tcp "
+			     "transport (no communicators)");
+}
+
+static const dp_dev_ops_t *
+tcp_dev(xport_session_t *s)
+{
+	(void)s;
+	return NULL; /* host memory: the executor copies itself */
+}
+
+static refit_status_t
+tcp_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t device,
+	     uint64_t bytes, void **base, refit_err_t *err)
+{
+	(void)x;
+	(void)ipc;
+	(void)len;
+	(void)device;
+	(void)bytes;
+	*base = NULL;
+	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: GPU memory (a CUDA IPC "
+			     "handle) needs the nccl transport; this node uses tcp", rank);
+}
+
+static void
+tcp_mem_close(xport_t *x, void *base)
+{
+	(void)x; /* tcp_mem_open never opens anything */
+	(void)base;
+}
+
+const xport_ops_t xport_tcp_ops = XPORT_OPS("tcp", XPORT_MEM_HOST, tcp);

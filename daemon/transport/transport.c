@@ -1,7 +1,9 @@
 /*
- * transport.c - backends by name (see transport.h).
+ * transport.c - backends by name, and the clock every backend bounds its
+ * waits with (see transport.h).
  */
 #include <string.h>
+#include <time.h>
 
 #include "daemon/transport/transport.h"
 
@@ -20,4 +22,13 @@ const char *
 xport_names(void)
 {
 	return "tcp, nccl";
+}
+
+int64_t
+xport_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }

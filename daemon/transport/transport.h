@@ -1,26 +1,31 @@
 /*
  * transport.h - the data-plane transport interface, one implementation per
- * backend (tcp.c, nccl.c), looked up by name.
+ * backend (tcp.c, nccl.c), looked up by name.  Every backend fills every
+ * slot (XPORT_OPS builds the table), so the node and the slice executor
+ * have one path whatever the backend.
  *
  * A transport instance lives as long as the node daemon: it owns what
- * accepts peers (the tcp listener).  The node tells it the epoch and the
- * epoch's token (xport_set_epoch); peers of other epochs or with another
- * token are refused and logged.  A session carries one refit's messages
- * between this node and its peers: opened with the peers it sends to and
- * receives from, run with xport_exchange until the executor says it is
- * done, then closed (or aborted).
+ * accepts peers (the tcp listener) or the communicators (nccl).  The node
+ * tells it the epoch and the epoch's token (set_epoch) and the epoch's
+ * ranks (set_world); peers of other epochs or with another token are
+ * refused and logged.  A session carries one refit's messages between this
+ * node and its peers: opened with the peers it sends to and receives from,
+ * run with exchange until the executor says it is done, then closed.
  *
- * Messages on a session are whole: the sender hands a packed buffer and a
- * sequence number naming it, the receiver gets the same bytes and number.
- * Both directions of every pair move at once.  Everything is bounded by the
- * session's deadline and its abort flag; nothing waits forever.
+ * Messages are whole: the receiver gets the bytes the sender packed.  How
+ * they move is the backend's: a stream (tcp, both directions of every pair
+ * at once, each message named by a sequence number) or groups of
+ * point-to-point operations posted in the same order on every node (nccl).
+ * Everything is bounded by the session's deadline and its abort flag;
+ * nothing waits forever.
  *
  * Threads: a session is driven by one thread (the executor's), never the
- * node's loop thread; xport_set_epoch may be called from any thread.
+ * node's loop thread; set_epoch and set_world may be called from any thread.
  */
 #ifndef REFIT_DAEMON_TRANSPORT_H
 #define REFIT_DAEMON_TRANSPORT_H
 
+#include "dataplane/pool.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -47,6 +52,8 @@ typedef struct xport_peer {
 	const char *endpoint; /* tcp: host:port */
 	bool send_to;         /* this node sends to the peer in this refit */
 	bool recv_from;       /* ... receives from it */
+	uint64_t max_in_bytes;/* its largest message to this node in this refit (the
+				 receive buffer's size; a peer announcing more is refused) */
 } xport_peer_t;
 
 typedef struct xport_session_cfg {
@@ -56,26 +63,56 @@ typedef struct xport_session_cfg {
 	uint64_t max_msg_bytes;  /* a peer announcing more is refused */
 	int64_t deadline_ms;     /* CLOCK_MONOTONIC ms */
 	atomic_int *abort;       /* nonzero: stop at once */
+	dp_pool_t *pool;         /* host receive buffers from here (NULL: malloc) */
 } xport_session_cfg_t;
 
-/* What the executor gives an exchange: callbacks on the session's thread. */
+/* One point-to-point operation of a group (grouped backends). */
+typedef struct xport_op {
+	bool send;
+	int32_t rank, peer;       /* global ranks: ours and the other end */
+	void *buf;                /* device memory */
+	uint64_t bytes;
+} xport_op_t;
+
+/*
+ * What the executor gives an exchange: callbacks on the session's thread.
+ * The executor offers its messages in two forms and each backend drives
+ * the one it can move; the executor itself has one path (open, exchange,
+ * close) whatever the backend.
+ *
+ * As a stream (tcp): begin once, then pull and push per peer, in any
+ * interleaving, until done.
+ *
+ * As groups (nccl): next_group hands the next group of operations, their
+ * buffers packed on the devices, in an order every node computes the same
+ * from the plan (so both ends of a message meet in one group); the backend
+ * runs the group to completion and calls group_done, until next_group
+ * says *end.
+ */
 typedef struct xport_io {
 	void *arg;
+	/* Stream: before the first pull: what needs no transfer runs now. */
+	refit_status_t (*begin)(void *arg, refit_err_t *err);
 	/*
-	 * The next message for peer, if one may go now: buf and len point at the
-	 * packed bytes (owned by the executor, valid until the next pull for
-	 * that peer), seq names it for the receiver (messages may go in any
-	 * order); *len == UINT64_MAX: nothing now.
+	 * Stream: the next message for peer, if one may go now: buf and len
+	 * point at the packed bytes (owned by the executor, valid until the next
+	 * pull for that peer), seq names it for the receiver (messages may go in
+	 * any order); *len == UINT64_MAX: nothing now.
 	 */
 	refit_status_t (*pull)(void *arg, size_t peer, const uint8_t **buf, uint64_t *len,
 			       uint64_t *seq, refit_err_t *err);
-	/* A whole message arrived from peer, with the seq its sender gave it. */
+	/* Stream: a whole message arrived from peer, with the seq its sender gave it. */
 	refit_status_t (*push)(void *arg, size_t peer, uint64_t seq, const uint8_t *buf,
 			       uint64_t len, refit_err_t *err);
-	/* Everything sent and received: the exchange returns. */
+	/* Stream: everything sent and received: the exchange returns. */
 	bool (*done)(void *arg);
-	/* Every message expected from peer has arrived (its end may close). */
+	/* Stream: every message expected from peer has arrived (its end may close). */
 	bool (*peer_done)(void *arg, size_t peer);
+	/* Groups: the next group (n may be 0: only copies), or *end: none left. */
+	refit_status_t (*next_group)(void *arg, const xport_op_t **ops, size_t *n, bool *end,
+				     refit_err_t *err);
+	/* Groups: the group handed last has run: its arrivals are unpacked. */
+	refit_status_t (*group_done)(void *arg, refit_err_t *err);
 } xport_io_t;
 
 /* The ranks of an epoch (grouped backends: communicator rank = index). */
@@ -89,48 +126,62 @@ typedef struct xport_world {
 	size_t id_len;
 } xport_world_t;
 
-/* One point-to-point operation of a group (grouped backends). */
-typedef struct xport_op {
-	bool send;
-	int32_t rank, peer;       /* global ranks: ours and the other end */
-	void *buf;                /* device memory */
-	uint64_t bytes;
-} xport_op_t;
+/* Where a backend moves data from: the clients' memory it takes. */
+typedef enum xport_mem {
+	XPORT_MEM_HOST,    /* shared host memory (memfd / shm segments) */
+	XPORT_MEM_DEVICE,  /* GPU memory, given as CUDA IPC handles (mem_open) */
+} xport_mem_t;
 
+/*
+ * A backend fills every slot; the callers never test one for NULL.  What a
+ * backend has no use for it answers plainly: tcp's set_world does nothing,
+ * its unique_id and mem_open are refused with an error naming the
+ * transport, its dev is NULL (host memory: the executor copies itself).
+ */
 typedef struct xport_ops {
 	const char *name;
+	xport_mem_t memory;
 	/* NULL when the backend can run here, else why it cannot */
 	const char *(*unavailable)(void);
 	refit_status_t (*start)(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err);
 	/* The endpoint peers reach this node at (after start). */
 	const char *(*endpoint)(xport_t *x);
 	void (*set_epoch)(xport_t *x, uint64_t epoch, const uint8_t *token, size_t len);
+	/* The epoch's ranks and communicator id (at PrepareEpoch). */
+	void (*set_world)(xport_t *x, const xport_world_t *w);
+	/* A new communicator id (on the lowest rank's node). */
+	refit_status_t (*unique_id)(xport_t *x, uint8_t *out, size_t *len, refit_err_t *err);
 	refit_status_t (*open)(xport_t *x, const xport_session_cfg_t *cfg,
 			       xport_session_t **out, refit_err_t *err);
+	/* The session's device memory operations (NULL: host memory). */
+	const dp_dev_ops_t *(*dev)(xport_session_t *s);
+	/* Move every message of the session, bounded by its deadline and abort
+	 * flag (grouped: a failure aborts the communicators). */
 	refit_status_t (*exchange)(xport_session_t *s, const xport_io_t *io,
 				   refit_err_t *err);
 	void (*close)(xport_session_t *s);
 	void (*stop)(xport_t *x);
 	/*
-	 * Grouped backends (nccl) only; NULL for stream backends (tcp).
-	 * set_world: the epoch's ranks and id (at PrepareEpoch).  unique_id:
-	 * a new communicator id (on the lowest rank's node).  group: run ops as
-	 * one group, to completion, bounded by the session's deadline and abort
-	 * flag (a failure aborts the communicators).  dev: the session's device
-	 * memory operations.  mem_open/mem_close: client memory from a CUDA IPC
-	 * handle, opened on rank's device; device: the ordinal the client says
-	 * it allocated on (-1: not said), bytes: the allocation's size the
-	 * client gives; both are checked against the memory.
+	 * Client memory from a CUDA IPC handle, opened on rank's device; device:
+	 * the ordinal the client says it allocated on (-1: not said), bytes: the
+	 * allocation's size the client gives; both are checked against the
+	 * memory.  mem_close unmaps what mem_open gave.
 	 */
-	void (*set_world)(xport_t *x, const xport_world_t *w);
-	refit_status_t (*unique_id)(xport_t *x, uint8_t *out, size_t *len, refit_err_t *err);
-	refit_status_t (*group)(xport_session_t *s, const xport_op_t *ops, size_t n,
-				refit_err_t *err);
-	const dp_dev_ops_t *(*dev)(xport_session_t *s);
 	refit_status_t (*mem_open)(xport_t *x, int32_t rank, const void *ipc, size_t len,
 				   int32_t device, uint64_t bytes, void **base, refit_err_t *err);
 	void (*mem_close)(xport_t *x, void *base);
 } xport_ops_t;
+
+/* A backend's table from its functions prefix_name: a slot left out does
+ * not compile. */
+#define XPORT_OPS(label, mem, p)                                                          \
+	{                                                                                 \
+		.name = label, .memory = mem, .unavailable = p##_unavailable,             \
+		.start = p##_start, .endpoint = p##_endpoint, .set_epoch = p##_set_epoch, \
+		.set_world = p##_set_world, .unique_id = p##_unique_id, .open = p##_open, \
+		.dev = p##_dev, .exchange = p##_exchange, .close = p##_close,             \
+		.stop = p##_stop, .mem_open = p##_mem_open, .mem_close = p##_mem_close,  \
+	}
 
 /* The backend called name, or NULL (then *known lists the names). */
 const xport_ops_t *xport_lookup(const char *name);

@@ -419,6 +419,38 @@ def strict_state_loader():
         assert out.returncode != 0 and msg in out.stderr, (msg, out)
 
 
+def old_state_file():
+    """A state file written by the coordinator before its layouts were built
+    as a tree (data/state-v1-main.json: refitd at commit 984c45b, a trainer,
+    two inference instances with every conversion form, names with quotes
+    and UTF-8, one committed refit) loads, and is written back byte for
+    byte, but for the generation bumped at start."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                       "state-v1-main.json")
+    old = open(src, encoding="utf-8").read()
+    gen = json.loads(old)["generation"]
+    path = os.path.join(TMP, "old-state.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(old)
+    port = free_port()
+    proc = subprocess.Popen([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
+                             f"127.0.0.1:{port}", "--state-file", path],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        # written back at start, with the next generation
+        wait_for(lambda: json.loads(open(path, encoding="utf-8").read())["generation"] ==
+                 gen + 1, what="the state file written back")
+        new = open(path, encoding="utf-8").read()
+        want = old.replace(f'"generation":{gen},', f'"generation":{gen + 1},', 1)
+        assert want != old and new == want, (old, new)
+        out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", f"127.0.0.1:{port}",
+                              "--json", "models"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and '"gm"' in out.stdout, out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, proc.stderr.read()
+
+
 def refitctl():
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", addr, "--token-file", tokfile]
     out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
@@ -841,6 +873,7 @@ try:
                      ("long failures and json", long_failures_and_json),
                      ("durable or refused", durable_or_refused),
                      ("strict state loader", strict_state_loader),
+                     ("old state file loads, written back the same", old_state_file),
                      ("refitctl", refitctl), ("reload on SIGHUP", reload_on_sighup),
                      ("lease expiry", lease_expiry),
                      ("config files", config_files),

@@ -269,8 +269,16 @@ def bad_registrations():
                                                      strides=[0, 1])],
                                      layout=big, model="wrap"),
                          grpc.StatusCode.INVALID_ARGUMENT, "tensor \"w\" rank 0")
-        ok = reg([pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
-                  pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])])
+        # the model's name and the role are checked once, by the coordinator;
+        # its answer comes back through the node, naming the problem
+        good = [pb.PieceMemory(rank=0, shm_name=shm, offsets=[0]),
+                pb.PieceMemory(rank=1, shm_name=shm, offsets=[32])]
+        expect_error(lambda: reg(good, model=""), grpc.StatusCode.INVALID_ARGUMENT,
+                     'RegisterLayout: model is empty')
+        expect_error(lambda: reg(good, role=pb.ROLE_UNSPECIFIED),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     'RegisterLayout "bad": role must be TRAIN or INFER')
+        ok = reg(good)
         assert ok.client_id > 0
         # an instance whose layout disagrees with the trainer's (shape)
         bad = pb.TensorLayout(name="w", dtype="fp32", shape=[8, 5], mesh_shape=[2],

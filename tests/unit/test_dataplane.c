@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "common/alloc.h"
+#include "daemon/node/slice.h"
 #include "dataplane/exec.h"
 #include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
@@ -332,6 +335,70 @@ START_TEST(idle_nics_byte_exact)
 }
 END_TEST
 
+/*
+ * Relay staging from a pool: random broadcast plans with several staging
+ * rounds, each run twice through one pool (two refits of an epoch).  Both
+ * runs are byte-exact; the second makes no buffer (every round's staging
+ * reuses the first's); nothing stays handed out; the pool keeps its bound.
+ */
+START_TEST(pool_staging_reused)
+{
+	unsigned seed = 0x9001u;
+	int staged = 0;
+
+	for (int iter = 0; iter < 60; iter++) {
+		plan_layout_set_t src, dst;
+		plan_topo_t topo;
+		plan_opts_t o;
+		plan_t p;
+		int nranks;
+		dp_pool_t *pl;
+		dp_pool_stats_t st;
+		uint64_t made = 0;
+
+		gen_case(&seed, &src, &dst, &topo, &nranks);
+		plan_opts_default(&o);
+		o.mode = PLAN_MODE_BROADCAST;
+		o.chunk_bytes = (uint64_t)64 << gen_rnd(&seed, 3);
+		o.staging_bytes = o.chunk_bytes << gen_rnd(&seed, 2);
+		ck_assert_int_eq(plan_build(&src, &dst, &topo, &o, &p, NULL), REFIT_OK);
+		pl = dp_pool_new((uint64_t)256 << 20, 0, 0); /* every part pooled */
+		dp_pool_epoch(pl, 1, 0);
+		for (int run = 0; run < 2; run++) {
+			mem_t m = {&src, &dst, NULL, {0}};
+			dp_mem_ops_t ops = {mem_view, &m, NULL};
+			dp_exec_opts_t eo = {.verify = run, .corrupt_msg = -1, .pool = pl};
+			dp_exec_stats_t es;
+			dp_exec_t *x;
+			refit_err_t e;
+
+			refit_err_clear(&e);
+			ck_assert_int_eq(plan_match(&src, &dst, &m.map, NULL), REFIT_OK);
+			ck_assert_int_eq(dp_exec_new(&p, &src, &dst, &ops, &eo, &x, &e), REFIT_OK);
+			ck_assert_msg(dp_exec_local(x, &es, &e) == REFIT_OK, "%s", e.msg);
+			ck_assert_int_eq(count_bad(&m), 0);
+			dp_exec_free(x);
+			mem_fini(&m);
+			dp_pool_stats(pl, &st);
+			ck_assert_uint_eq(st.busy, 0);
+			ck_assert_uint_le(st.held, st.cap);
+			if (run == 0)
+				made = st.made;
+			else
+				ck_assert_uint_eq(st.made, made);
+			staged += run == 0 && es.staged_bytes_max > 0;
+			ck_assert_uint_eq(st.oneoff, 0);
+		}
+		dp_pool_free(pl);
+		plan_fini(&p);
+		plan_layout_set_fini(&src);
+		plan_layout_set_fini(&dst);
+		plan_topo_fini(&topo);
+	}
+	ck_assert_int_ge(staged, 5);   /* the cases do stage relays */
+}
+END_TEST
+
 START_TEST(verify_catches_corruption)
 {
 	plan_layout_set_t s, d;
@@ -377,6 +444,198 @@ START_TEST(verify_catches_corruption)
 }
 END_TEST
 
+/*
+ * A scripted stream transport for one slice: it takes everything the
+ * executor pulls, and pushes the messages the plan has the other node send
+ * here (zeros: only sizes matter), into a receive buffer taken from the
+ * pool the way tcp takes it (the peer's max_in_bytes).  It records the
+ * largest bytes the pool held meanwhile.
+ */
+struct xport {
+	dp_pool_t *pool;
+	const plan_t *plan;
+	size_t self;
+	const int32_t *node_of;      /* rank -> node */
+	uint64_t held_peak, max_in[2], pulled_max[2];
+};
+
+struct xport_session {
+	xport_t *x;
+	xport_session_cfg_t cfg;
+	uint8_t *rbuf[2];
+};
+
+static void
+peak(xport_t *x)
+{
+	dp_pool_stats_t st;
+
+	dp_pool_stats(x->pool, &st);
+	if (st.held > x->held_peak)
+		x->held_peak = st.held;
+}
+
+static refit_status_t
+scr_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
+	 refit_err_t *err)
+{
+	xport_session_t *s = xcalloc(1, sizeof(*s));
+
+	(void)err;
+	ck_assert_uint_eq(cfg->npeers, 2);
+	s->x = x;
+	s->cfg = *cfg;
+	for (size_t i = 0; i < 2; i++) {
+		x->max_in[i] = cfg->peers[i].max_in_bytes;
+		if (cfg->peers[i].recv_from)
+			s->rbuf[i] = dp_pool_get(cfg->pool, cfg->peers[i].max_in_bytes);
+	}
+	*out = s;
+	return REFIT_OK;
+}
+
+static refit_status_t
+scr_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
+{
+	xport_t *x = s->x;
+	VEC(uint64_t) in = {0};   /* lengths of the other node's messages to here */
+	plan_msgs_t it;
+	plan_msg_t m;
+	size_t next = 0, other = 1 - x->self;
+
+	plan_msgs_init(&it, x->plan, 0, x->plan->nxfers);
+	while (plan_msgs_next(&it, &m))
+		if ((size_t)x->node_of[m.from] == other && (size_t)x->node_of[m.to] == x->self)
+			VEC_PUSH(&in, m.bytes);
+	plan_msgs_fini(&it);
+	CHECK(io->begin(io->arg, err));
+	for (int round = 0; round < 100000 && !io->done(io->arg); round++) {
+		const uint8_t *b;
+		uint64_t len = 0, seq;
+
+		while (s->cfg.peers[other].send_to && len != UINT64_MAX) {
+			CHECK(io->pull(io->arg, other, &b, &len, &seq, err));
+			if (len != UINT64_MAX && len > x->pulled_max[other])
+				x->pulled_max[other] = len;
+			peak(x);
+		}
+		if (next < in.n) {
+			ck_assert_uint_le(in.v[next], s->cfg.peers[other].max_in_bytes);
+			memset(s->rbuf[other], 0, in.v[next]);
+			CHECK(io->push(io->arg, other, next, s->rbuf[other], in.v[next], err));
+			next++;
+			peak(x);
+		}
+	}
+	ck_assert(io->done(io->arg));
+	VEC_FREE(&in);
+	return REFIT_OK;
+}
+
+static const dp_dev_ops_t *
+scr_dev(xport_session_t *s)
+{
+	(void)s;
+	return NULL;  /* host memory */
+}
+
+static void
+scr_close(xport_session_t *s)
+{
+	for (size_t i = 0; i < 2; i++)
+		dp_pool_put(s->cfg.pool, s->rbuf[i]);
+	free(s);
+}
+
+/* the slots a slice uses (the node's are never called here) */
+static const xport_ops_t scripted = {
+	.name = "scripted", .open = scr_open, .dev = scr_dev, .exchange = scr_exchange,
+	.close = scr_close,
+};
+
+/*
+ * The slice sizes each buffer by what that peer really exchanges: a refit
+ * of small tensors with the plan's bound at 4 MiB holds a few pages per
+ * peer, not 4 MiB per peer each way (100 node daemons sized by the bound
+ * ran a machine out of memory).  Rank 0 on node 0, rank 1 on node 1;
+ * uneven shards, so each direction has its own largest message.
+ */
+START_TEST(slice_buffers_sized_by_need)
+{
+	plan_layout_set_t src, dst;
+	plan_topo_t topo;
+	plan_opts_t o;
+	plan_t p;
+	int32_t node_of[2] = {0, 1}, r0 = 0, r1 = 1;
+	slice_node_t nodes[2] = {{"n0", "-", &r0, 1}, {"n1", "-", &r1, 1}};
+	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), want_out = 0, want_in = 0,
+		 want_local = 0;
+	plan_msgs_t it;
+	plan_msg_t m;
+
+	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[3,8192],\"mesh\":[0,1],"
+		   "\"placements\":[\"Shard(0)\"]}", &src);
+	th_layouts("{\"name\":\"w\",\"dtype\":\"fp32\",\"shape\":[3,8192],\"mesh\":[0,1],"
+		   "\"placements\":[\"Shard(1)\"]}", &dst);
+	plan_topo_init(&topo);
+	ck_assert_int_eq(plan_topo_add_rank(&topo, 0, "n0", "d0", NULL), REFIT_OK);
+	ck_assert_int_eq(plan_topo_add_rank(&topo, 1, "n1", "d1", NULL), REFIT_OK);
+	plan_opts_default(&o);
+	o.chunk_bytes = (uint64_t)4 << 20;
+	ck_assert_int_eq(plan_build(&src, &dst, &topo, &o, &p, NULL), REFIT_OK);
+	plan_msgs_init(&it, &p, 0, p.nxfers);
+	while (plan_msgs_next(&it, &m)) {
+		uint64_t *w = m.from == 0 ? (m.to == 0 ? &want_local : &want_out) :
+					    m.to == 0 ? &want_in : NULL;
+
+		if (w && m.bytes > *w)
+			*w = m.bytes;
+	}
+	plan_msgs_fini(&it);
+	/* rank 0 holds rows 0-1, rank 1 row 2: the two directions differ */
+	ck_assert_uint_eq(want_out, 2 * 4096 * 4);
+	ck_assert_uint_eq(want_in, 1 * 4096 * 4);
+	ck_assert_uint_eq(want_local, 2 * 4096 * 4);
+	for (int refit = 0; refit < 2; refit++) {
+		mem_t mm = {&src, &dst, NULL, {0}};
+		dp_mem_ops_t ops = {mem_view, &mm, NULL};
+		dp_pool_t *pl = dp_pool_new(0, 0, 0);   /* every buffer counted */
+		struct xport x = {pl, &p, 0, node_of, 0, {0}, {0}};
+		atomic_int no_abort = 0;
+		slice_cfg_t c = {
+			.plan = &p, .src = &src, .dst = &dst, .mem = &ops, .corrupt = -1,
+			.nodes = nodes, .nnodes = 2, .self = 0, .xo = &scripted, .x = &x,
+			.refit_id = 1, .epoch = 1, .deadline_ms = INT64_MAX, .abort = &no_abort,
+			.pool = pl,
+		};
+		slice_stats_t st;
+		refit_err_t e;
+
+		refit_err_clear(&e);
+		ck_assert_int_eq(plan_match(&src, &dst, &mm.map, NULL), REFIT_OK);
+		ck_assert_msg(slice_run(&c, &st, &e) == REFIT_OK, "%s", e.msg);
+		ck_assert_uint_eq(st.msgs_out, 1);
+		ck_assert_uint_eq(st.msgs_in, 1);
+		ck_assert_uint_eq(st.msgs_local, 1);
+		/* the receive bound is the peer's real largest message */
+		ck_assert_uint_eq(x.max_in[1], want_in);
+		ck_assert_uint_eq(x.max_in[0], 0);
+		ck_assert_uint_eq(x.pulled_max[1], want_out);
+		/* held: the packed buffer to n1, the local one, n1's receive buffer,
+		 * each rounded to pages after its tag page; far under the bound */
+		ck_assert_uint_eq(x.held_peak, (want_out + pg) + (want_local + pg) +
+					       (want_in + pg));
+		ck_assert_uint_lt(x.held_peak, o.chunk_bytes);
+		dp_pool_free(pl);
+		mem_fini(&mm);
+	}
+	plan_fini(&p);
+	plan_topo_fini(&topo);
+	plan_layout_set_fini(&src);
+	plan_layout_set_fini(&dst);
+}
+END_TEST
+
 Suite *
 suite_dataplane(void)
 {
@@ -387,6 +646,8 @@ suite_dataplane(void)
 	tcase_add_loop_test(tc, random_plans_byte_exact, 0, 2);
 	tcase_add_test(tc, verify_catches_corruption);
 	tcase_add_test(tc, idle_nics_byte_exact);
+	tcase_add_test(tc, pool_staging_reused);
+	tcase_add_test(tc, slice_buffers_sized_by_need);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;

@@ -293,6 +293,53 @@ run_nic(ctx_t *x, const char *nic)
 	th_plan_make(x, &o);
 }
 
+/* Calibrated host costs (topology pack_gbps, unpack_gbps, connection_us):
+ * 0 leaves the model as it was; each adds its own resource's time. */
+START_TEST(calibrated_host_costs)
+{
+	const char *json = "{\"ranks\":[{\"rank\":0,\"node\":\"a\"}],"
+			   "\"pack_gbps\":-1}";
+	const char *good = "{\"ranks\":[{\"rank\":0,\"node\":\"a\"}],\"pack_gbps\":48,"
+			   "\"unpack_gbps\":64,\"connection_us\":100}";
+	ctx_t x;
+	plan_cost_t c;
+	double base;
+	refit_err_t e;
+	plan_topo_t t;
+
+	run(&x, W("w", "[8,4]", "[0,1]", "[\"Shard(0)\"]"),
+	    W("w", "[8,4]", "[8,9,10,11]", "[\"Shard(0)\"]"), "dgx-h100:16",
+	    PLAN_MODE_RESHARD, 0, 0);
+	base = x.c.time_s;
+	ck_assert(base > 0 && base < 1e-3);
+	/* 1 byte/s: rank 0 packs 64 bytes (to ranks 8 and 9) */
+	x.t.pack_gbps = 8e-9;
+	ck_assert_int_eq(plan_cost(&x.p, &x.s, &x.d, &x.t, &c, NULL), REFIT_OK);
+	ck_assert_msg(c.time_s >= 64 && c.time_s <= 64 + base, "%g", c.time_s);
+	/* each receiver unpacks 32 bytes */
+	x.t.pack_gbps = 0;
+	x.t.unpack_gbps = 8e-9;
+	ck_assert_int_eq(plan_cost(&x.p, &x.s, &x.d, &x.t, &c, NULL), REFIT_OK);
+	ck_assert_msg(c.time_s >= 32 && c.time_s <= 32 + base, "%g", c.time_s);
+	/* rank 0's NIC opens two connections (to 8 and 9), 1 s each */
+	x.t.unpack_gbps = 0;
+	x.t.connection_us = 1e6;
+	ck_assert_int_eq(plan_cost(&x.p, &x.s, &x.d, &x.t, &c, NULL), REFIT_OK);
+	ck_assert_msg(c.time_s >= 2 && c.time_s <= 2 + base, "%g", c.time_s);
+	x.t.connection_us = 0;
+	ck_assert_int_eq(plan_cost(&x.p, &x.s, &x.d, &x.t, &c, NULL), REFIT_OK);
+	ck_assert(c.time_s == base);
+	th_plan_fini(&x);
+	/* read from a topology file; negative rates are refused, naming the key */
+	ck_assert_int_eq(codec_topo_parse(good, strlen(good), &t, NULL), REFIT_OK);
+	ck_assert(t.pack_gbps == 48 && t.unpack_gbps == 64 && t.connection_us == 100);
+	plan_topo_fini(&t);
+	refit_err_clear(&e);
+	ck_assert_int_ne(codec_topo_parse(json, strlen(json), &t, &e), REFIT_OK);
+	ck_assert_msg(strstr(e.msg, "pack_gbps = -1 must be >= 0") != NULL, "%s", e.msg);
+}
+END_TEST
+
 START_TEST(shared_nics_relay)
 {
 	const uint64_t tb = 1024 * 64 * 4;
@@ -629,7 +676,7 @@ END_TEST
 Suite *
 suite_planner(void)
 {
-	TCase *tc = th_tcase("cases", 120, TH_TESTS(shared_nics_relay, broadcast_baseline,
+	TCase *tc = th_tcase("cases", 120, TH_TESTS(calibrated_host_costs, shared_nics_relay, broadcast_baseline,
 			small_tensors_batched, deterministic_digest, pinned_digests,
 			broadcast_independent_of_rank_order, build_errors, names_and_links));
 

@@ -75,7 +75,7 @@ dense_check(const plan_t *p, uint32_t t, const plan_layout_t *src,
 
 			if (x->tensor != t)
 				continue;
-			mark(tmp, &x->box, dst->shape, ndim, 1);
+			mark(tmp, plan_xfer_box(p, x), dst->shape, ndim, 1);
 			for (int e = 0; e < numel; e++)
 				ck_assert_msg(!tmp[e] || D->hold[x->from][e] ||
 					      (D->got[x->from][e] &&
@@ -88,7 +88,7 @@ dense_check(const plan_t *p, uint32_t t, const plan_layout_t *src,
 
 			if (x->tensor != t)
 				continue;
-			mark(tmp, &x->box, dst->shape, ndim, 1);
+			mark(tmp, plan_xfer_box(p, x), dst->shape, ndim, 1);
 			for (int e = 0; e < numel; e++) {
 				if (!tmp[e])
 					continue;

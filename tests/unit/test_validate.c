@@ -67,7 +67,10 @@ revalidate(vx_t *x, const plan_xfer_t *raw, size_t n)
 	memset(&q, 0, sizeof(q));
 	plan_init_tensors(&q, &x->d, &x->p.opts);
 	q.stages_per_round = x->p.stages_per_round;
-	plan_finalize(&q, c, n);
+	plan_box_t *boxes = xmalloc((x->p.nboxes ? x->p.nboxes : 1) * sizeof(*boxes));
+
+	memcpy(boxes, x->p.boxes, x->p.nboxes * sizeof(*boxes));
+	plan_finalize(&q, c, n, boxes, x->p.nboxes);
 	refit_err_clear(&e);
 	ck_assert_int_eq(plan_validate(&q, &x->s, &x->d, &chk, &e), REFIT_ERR_INTERNAL);
 	plan_fini(&q);
@@ -133,8 +136,8 @@ forward_too_early(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
 static size_t
 box_out_of_bounds(vx_t *x, plan_xfer_t *v, size_t n, size_t k)
 {
-	(void)x, (void)k;
-	v[0].box.size[1] = 9;
+	(void)k;
+	x->p.boxes[v[0].box].size[1] = 9;
 	return n;
 }
 
@@ -251,10 +254,35 @@ START_TEST(wrong_tensor_table)
 }
 END_TEST
 
+/* A transfer naming a box or tensor the plan lacks is refused before
+ * anything reads through the index. */
+START_TEST(index_out_of_range)
+{
+	vx_t x;
+	refit_err_t e;
+	plan_check_t chk;
+	uint32_t box;
+
+	setup(&x, PLAN_MODE_RESHARD);
+	box = x.p.xfers[0].box;
+	x.p.xfers[0].box = (uint32_t)x.p.nboxes;
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_validate(&x.p, &x.s, &x.d, &chk, &e), REFIT_ERR_INTERNAL);
+	ck_assert_msg(strstr(e.msg, "transfer 0 names tensor 0 and box") != NULL, "%s", e.msg);
+	x.p.xfers[0].box = box;
+	x.p.xfers[0].tensor = x.p.ntensors;
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_validate(&x.p, &x.s, &x.d, &chk, &e), REFIT_ERR_INTERNAL);
+	ck_assert_msg(strstr(e.msg, "names tensor 1 and box") != NULL, "%s", e.msg);
+	x.p.xfers[0].tensor = 0;
+	th_plan_fini(&x);
+}
+END_TEST
+
 Suite *
 suite_validate(void)
 {
-	TCase *tc = th_tcase("mutations", 0, TH_TESTS(wrong_tensor_table));
+	TCase *tc = th_tcase("mutations", 0, TH_TESTS(wrong_tensor_table, index_out_of_range));
 
 	tcase_add_loop_test(tc, mutated_plans, 0, NMUTATIONS);
 	return th_suite("validate", tc, NULL);

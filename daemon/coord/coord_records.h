@@ -1,0 +1,55 @@
+/*
+ * coord_records.h - the coordinator's records of members, instances and
+ * models: plain data, no RPC or loop types, so that pure code
+ * (coord_rules.c) and its unit tests can use them.
+ */
+#ifndef REFIT_DAEMON_COORD_COORD_RECORDS_H
+#define REFIT_DAEMON_COORD_COORD_RECORDS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/alloc.h"
+#include "plan/plan.h"
+
+/* instance roles: refit.proto's Role (coord_internal.h checks the numbers) */
+#define COORD_ROLE_TRAIN 1
+#define COORD_ROLE_INFER 2
+
+typedef struct rank_info {
+	int32_t rank;
+	char *domain;
+} rank_info_t;
+
+typedef struct member {
+	uint64_t id, joined_epoch;
+	char *node_id, *host, *rpc_ep, *data_ep, *transport;
+	rank_info_t *ranks;
+	size_t nranks;
+	uint64_t last_beat_ms;
+	bool draining;          /* told to leave at its next heartbeat */
+	uint64_t prepared_epoch;/* the last epoch it acknowledged (PrepareEpoch) */
+} member_t;
+
+typedef struct instance {
+	char *name;
+	int role;              /* COORD_ROLE_TRAIN / COORD_ROLE_INFER */
+	uint64_t member_id;
+	plan_layout_set_t layouts;
+	char digest[SHA256_HEX_LEN];
+	uint64_t catch_up_at_ms;  /* catch-up refit due (0: none) */
+	uint64_t orphan_since_ms; /* its member left (0: it is a member) */
+	bool skip;                /* the model's refit now leaves it out (unhealthy) */
+	bool missed;              /* a refit left it out: catch up when it is back */
+} instance_t;
+
+typedef struct model {
+	char *name;
+	VEC(instance_t) inst;
+	uint64_t latest_version, installed_version;
+	uint32_t retries, retry_backoff_ms;  /* the refit policy */
+	bool no_catch_up;
+	bool strict_instances;     /* a refit fails rather than skip an instance */
+} model_t;
+
+#endif

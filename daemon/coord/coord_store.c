@@ -1,0 +1,211 @@
+/*
+ * coord_store.c - the coordinator's records and their lifetime: lookups of
+ * members, models and refits' inputs, the members' topology and the
+ * composed destination layout, the clock, persisting a change
+ * (coord_state.c writes the file), and freeing it all once nothing is in
+ * flight.  Below coord.c, coord_refit.c, coord_plan.c and coord_metrics.c;
+ * calls none of them.  Loop thread only.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "daemon/coord/coord_internal.h"
+
+void
+coord_member_fini(member_t *m)
+{
+	free(m->node_id);
+	free(m->host);
+	free(m->rpc_ep);
+	free(m->data_ep);
+	free(m->transport);
+	for (size_t i = 0; i < m->nranks; i++)
+		free(m->ranks[i].domain);
+	free(m->ranks);
+}
+
+void
+coord_instance_fini(instance_t *in)
+{
+	free(in->name);
+	plan_layout_set_fini(&in->layouts);
+}
+
+member_t *
+coord_find_member(coord_t *c, uint64_t id)
+{
+	for (size_t i = 0; i < c->members.n; i++)
+		if (c->members.v[i].id == id)
+			return &c->members.v[i];
+	return NULL;
+}
+
+model_t *
+coord_find_model(coord_t *c, const char *name)
+{
+	for (size_t i = 0; i < c->models.n; i++)
+		if (strcmp(c->models.v[i].name, name) == 0)
+			return &c->models.v[i];
+	return NULL;
+}
+
+instance_t *
+coord_train_instance(model_t *m)
+{
+	for (size_t i = 0; i < m->inst.n; i++)
+		if (m->inst.v[i].role == REFIT__V1__ROLE__TRAIN)
+			return &m->inst.v[i];
+	return NULL;
+}
+
+/* ---- derived from the records ---- */
+
+/* The topology of the current members. */
+refit_status_t
+coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err)
+{
+	plan_topo_init(t);
+	t->nic_per_node = c->o.nic_per_node;
+	for (size_t i = 0; i < c->members.n; i++)
+		for (size_t k = 0; k < c->members.v[i].nranks; k++)
+			CHECK(plan_topo_add_rank(t, c->members.v[i].ranks[k].rank,
+						 c->members.v[i].node_id,
+						 c->members.v[i].ranks[k].domain, err));
+	return REFIT_OK;
+}
+
+/*
+ * Inference instances are replicas: compose them into one destination
+ * layout, tensor by tensor, as explicit layouts holding every instance's
+ * shards.
+ */
+refit_status_t
+coord_compose_dst(const model_t *m, const char *only, plan_layout_set_t *out,
+		  refit_err_t *err)
+{
+	const plan_layout_set_t **sets = xcalloc(m->inst.n + 1, sizeof(*sets));
+	size_t n = 0;
+	refit_status_t rc;
+
+	for (size_t i = 0; i < m->inst.n; i++)
+		if (m->inst.v[i].role == REFIT__V1__ROLE__INFER && !m->inst.v[i].skip &&
+		    (only == NULL || strcmp(only, m->inst.v[i].name) == 0))
+			sets[n++] = &m->inst.v[i].layouts;
+	if (n == 0) {
+		free(sets);
+		plan_layout_set_init(out);
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\" has no inference "
+				     "instance", m->name);
+	}
+	rc = plan_layout_compose(sets, n, out, err);
+	free(sets);
+	if (rc != REFIT_OK)
+		refit_err_prefix(err, "model \"%s\"", m->name);
+	return rc;
+}
+
+uint64_t
+coord_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- persisting ---- */
+
+/* Persist after a change; a failed write is logged, the change stands. */
+void
+coord_save(coord_t *c)
+{
+	refit_err_t err;
+
+	refit_err_clear(&err);
+	if (coord_state_save(c, &err) != REFIT_OK)
+		log_warnx("coordinator: %s", err.msg);
+}
+
+refit_status_t
+coord_save_durable(coord_t *c, const char *what, refit_err_t *err)
+{
+	if (coord_state_save(c, err) == REFIT_OK)
+		return REFIT_OK;
+	log_warnx("coordinator: %s refused: %s", what, err->msg);
+	refit_err_prefix(err, "%s: the change cannot be made durable, so it was not made",
+			 what);
+	err->status = REFIT_ERR_UNAVAILABLE;
+	return err->status;
+}
+
+/* ---- freeing ---- */
+
+/* Free a refit record. */
+void
+coord_refit_free(refit_rec_t *r)
+{
+	for (size_t i = 0; i < r->nattempts; i++)
+		free(r->attempts[i]);
+	free(r->attempts);
+	free(r->only);
+	for (size_t i = 0; i < r->nskipped; i++)
+		free(r->skipped[i]);
+	free(r->skipped);
+	free(r->model);
+	free(r->key);
+	free(r->failure);
+	free(r->nodes);
+	free(r->nstate);
+	free(r->ntime);
+	coord_slices_free(r);
+	free(r);
+}
+
+/* The refit records, plans and nccl members of c. */
+static void
+refits_free(coord_t *c)
+{
+	free(c->nccl_members);
+	c->nccl_members = NULL;
+	for (size_t i = 0; i < c->refits.n; i++)
+		coord_refit_free(c->refits.v[i]);
+	VEC_FREE(&c->refits);
+	for (size_t i = 0; i < c->plans.n; i++) {
+		free(c->plans.v[i].model);
+		plan_fini(&c->plans.v[i].plan);
+	}
+	VEC_FREE(&c->plans);
+}
+
+void
+coord_free(coord_t *c)
+{
+	for (size_t i = 0; i < c->members.n; i++)
+		coord_member_fini(&c->members.v[i]);
+	VEC_FREE(&c->members);
+	for (size_t i = 0; i < c->models.n; i++) {
+		for (size_t k = 0; k < c->models.v[i].inst.n; k++)
+			coord_instance_fini(&c->models.v[i].inst.v[k]);
+		VEC_FREE(&c->models.v[i].inst);
+		free(c->models.v[i].name);
+	}
+	VEC_FREE(&c->models);
+	refits_free(c);
+	free(c->state_file);
+	free(c);
+}
+
+void
+coord_maybe_free(coord_t *c)
+{
+	void (*cb)(void *) = c->closed_cb;
+	void *arg = c->closed_arg;
+
+	if (!c->closing || !c->timer_closed || c->inflight != 0)
+		return;
+	coord_free(c);
+	if (cb)
+		cb(arg);
+}
