@@ -612,14 +612,9 @@ END_TEST
 Suite *
 suite_conv_exec(void)
 {
-	Suite *s = suite_create("conv_exec");
-	TCase *tc = tcase_create("sharded");
+	TCase *tc = th_tcase("sharded", 300,
+			     TH_TESTS(convert_keys, convert_apply_errors, convert_helpers));
 
-	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, random_shardings_bit_exact, 0, 3);
-	tcase_add_test(tc, convert_keys);
-	tcase_add_test(tc, convert_apply_errors);
-	tcase_add_test(tc, convert_helpers);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("conv_exec", tc, NULL);
 }

@@ -639,16 +639,11 @@ END_TEST
 Suite *
 suite_dataplane(void)
 {
-	Suite *s = suite_create("dataplane");
-	TCase *tc = tcase_create("exec");
+	TCase *tc = th_tcase("exec", 300,
+			     TH_TESTS(copy_box_strided, verify_catches_corruption,
+				      idle_nics_byte_exact, pool_staging_reused,
+				      slice_buffers_sized_by_need));
 
-	tcase_add_test(tc, copy_box_strided);
 	tcase_add_loop_test(tc, random_plans_byte_exact, 0, 2);
-	tcase_add_test(tc, verify_catches_corruption);
-	tcase_add_test(tc, idle_nics_byte_exact);
-	tcase_add_test(tc, pool_staging_reused);
-	tcase_add_test(tc, slice_buffers_sized_by_need);
-	tcase_set_timeout(tc, 300);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("dataplane", tc, NULL);
 }
