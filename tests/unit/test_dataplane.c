@@ -200,6 +200,30 @@ mem_fini(mem_t *m)
 	free(m->map);
 }
 
+/* Execute p in memory from src to dst (with verify): every destination
+ * element holds the pattern and every message of p was sent; what names
+ * the case in a failure. */
+static void
+exec_byte_exact(const plan_t *p, const plan_layout_set_t *src, const plan_layout_set_t *dst,
+		bool verify, const char *what)
+{
+	mem_t m = {src, dst, NULL, {0}};
+	dp_mem_ops_t ops = {mem_view, &m, NULL};
+	dp_exec_opts_t eo = {.verify = verify, .corrupt_msg = -1};
+	dp_exec_stats_t st;
+	dp_exec_t *x;
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_match(src, dst, &m.map, NULL), REFIT_OK);
+	ck_assert_int_eq(dp_exec_new(p, src, dst, &ops, &eo, &x, &e), REFIT_OK);
+	ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "%s: %s", what, e.msg);
+	ck_assert_int_eq(count_bad(&m), 0);
+	ck_assert_uint_eq(st.msgs, p->nmsgs);
+	dp_exec_free(x);
+	mem_fini(&m);
+}
+
 START_TEST(random_plans_byte_exact)
 {
 	unsigned seed = 0xda7a0000u + (unsigned)_i;
@@ -211,13 +235,9 @@ START_TEST(random_plans_byte_exact)
 
 		gen_case(&seed, &src, &dst, &topo, &nranks);
 		for (int mode = 0; mode < 2; mode++) {
+			bool verify = gen_rnd(&seed, 2);
 			plan_opts_t o;
 			plan_t p;
-			mem_t m = {&src, &dst, NULL, {0}};
-			dp_mem_ops_t ops = {mem_view, &m, NULL};
-			dp_exec_opts_t eo = {.verify = gen_rnd(&seed, 2), .corrupt_msg = -1};
-			dp_exec_stats_t st;
-			dp_exec_t *x;
 			refit_err_t e;
 
 			plan_opts_default(&o);
@@ -227,14 +247,7 @@ START_TEST(random_plans_byte_exact)
 			refit_err_clear(&e);
 			ck_assert_msg(plan_build(&src, &dst, &topo, &o, &p, &e) == REFIT_OK, "%s",
 				      e.msg);
-			ck_assert_int_eq(plan_match(&src, &dst, &m.map, NULL), REFIT_OK);
-			ck_assert_int_eq(dp_exec_new(&p, &src, &dst, &ops, &eo, &x, &e), REFIT_OK);
-			ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "%s: %s",
-				      plan_mode_name(o.mode), e.msg);
-			ck_assert_int_eq(count_bad(&m), 0);
-			ck_assert_uint_eq(st.msgs, p.nmsgs);
-			dp_exec_free(x);
-			mem_fini(&m);
+			exec_byte_exact(&p, &src, &dst, verify, plan_mode_name(o.mode));
 			plan_fini(&p);
 		}
 		plan_layout_set_fini(&src);
@@ -297,11 +310,7 @@ START_TEST(idle_nics_byte_exact)
 		plan_opts_t o;
 		plan_t p;
 		plan_check_t chk;
-		mem_t m = {&src, &dst, NULL, {0}};
-		dp_mem_ops_t ops = {mem_view, &m, NULL};
-		dp_exec_opts_t eo = {.verify = gen_rnd(&seed, 2), .corrupt_msg = -1};
-		dp_exec_stats_t st;
-		dp_exec_t *x;
+		bool verify = gen_rnd(&seed, 2);
 		refit_err_t e;
 		int nranks;
 
@@ -316,13 +325,7 @@ START_TEST(idle_nics_byte_exact)
 		ck_assert_uint_le(chk.max_staging, o.staging_bytes);
 		relayed += chk.relay_bytes > 0;
 		rounds += p.nstages > p.stages_per_round;
-		ck_assert_int_eq(plan_match(&src, &dst, &m.map, NULL), REFIT_OK);
-		ck_assert_int_eq(dp_exec_new(&p, &src, &dst, &ops, &eo, &x, &e), REFIT_OK);
-		ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "%s", e.msg);
-		ck_assert_int_eq(count_bad(&m), 0);
-		ck_assert_uint_eq(st.msgs, p.nmsgs);
-		dp_exec_free(x);
-		mem_fini(&m);
+		exec_byte_exact(&p, &src, &dst, verify, "idle nics");
 		plan_fini(&p);
 		plan_layout_set_fini(&src);
 		plan_layout_set_fini(&dst);
