@@ -430,6 +430,23 @@ apply_error(const char *src, const char *dst)
 
 START_TEST(convert_keys)
 {
+	static const struct { const char *json, *msg; } bad[] = {
+		{W_DST("{\"from\":\"bf16\",\"sclae\":1}"),
+		 "layout \"w\": \"convert\": unknown key \"sclae\" (known: from, scale, block, "
+		 "scale_tensor)"},
+		{W_DST("{\"from\":\"bf16\",\"scale\":\"none\"}"),
+		 "layout \"w\": \"convert\" to fp8e4m3 needs \"scale\": \"tensor\" or \"block\""},
+		{W_DST("{\"from\":\"fp8e5m2\"}"),
+		 "layout \"w\": \"convert\" from fp8e5m2 to fp8e4m3 is not supported (fp32 -> bf16 "
+		 "or fp16; bf16, fp16 or fp32 -> fp8e4m3)"},
+		{W_DST("{\"from\":\"bf16\",\"block\":[1,2,3]}"),
+		 "layout \"w\": \"convert\": \"block\" has 3 entries but the tensor has 2 dims"},
+		{W_DST("{\"from\":\"bf16\",\"scale\":\"tensor\",\"block\":[2]}"),
+		 "layout \"w\": \"convert\": \"block\" needs \"scale\": \"block\" or \"mx\""},
+		{"{\"name\":\"c\",\"dtype\":\"bf16\",\"shape\":[2],\"mesh\":[0],"
+		 "\"placements\":[\"R\"],\"convert\":{\"from\":\"fp32\",\"scale_tensor\":\"x\"}}",
+		 "layout \"c\": \"convert\": \"scale_tensor\" needs a scaled conversion"},
+	};
 	plan_layout_set_t d;
 	const plan_convert_t *c;
 
@@ -446,26 +463,8 @@ START_TEST(convert_keys)
 	ck_assert_int_eq(d.v[0].conv->block[1], 32);
 	ck_assert_str_eq(d.v[0].conv->scale_tensor, "s");
 	plan_layout_set_fini(&d);
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"sclae\":1}")),
-			 "layout \"w\": \"convert\": unknown key \"sclae\" (known: from, scale, "
-			 "block, scale_tensor)");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"scale\":\"none\"}")),
-			 "layout \"w\": \"convert\" to fp8e4m3 needs \"scale\": \"tensor\" or "
-			 "\"block\"");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"fp8e5m2\"}")),
-			 "layout \"w\": \"convert\" from fp8e5m2 to fp8e4m3 is not supported "
-			 "(fp32 -> bf16 or fp16; bf16, fp16 or fp32 -> fp8e4m3)");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"block\":[1,2,3]}")),
-			 "layout \"w\": \"convert\": \"block\" has 3 entries but the tensor "
-			 "has 2 dims");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"scale\":\"tensor\","
-					       "\"block\":[2]}")),
-			 "layout \"w\": \"convert\": \"block\" needs \"scale\": \"block\" or "
-			 "\"mx\"");
-	ck_assert_str_eq(th_layout_error("{\"name\":\"c\",\"dtype\":\"bf16\",\"shape\":[2],"
-					 "\"mesh\":[0],\"placements\":[\"R\"],\"convert\":"
-					 "{\"from\":\"fp32\",\"scale_tensor\":\"x\"}}"),
-			 "layout \"c\": \"convert\": \"scale_tensor\" needs a scaled conversion");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_str_eq(th_layout_error(bad[i].json), bad[i].msg);
 }
 END_TEST
 
