@@ -14,20 +14,14 @@
 #include "dataplane/convert.h"
 #include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
+#include "tests/unit/hostmem.h"
 
 /* ---- memory registered for the original sets ---------------------- */
-
-typedef struct tbuf {
-	int32_t rank, piece;
-	uint32_t tensor;
-	bool dst;
-	dp_view_t v;
-} tbuf_t;
 
 typedef struct tmem {
 	const plan_layout_set_t *src, *dst;
 	uint8_t **full;        /* per src tensor: the whole tensor, row-major */
-	VEC(tbuf_t) bufs;
+	th_bufs_t bufs;
 } tmem_t;
 
 static int32_t
@@ -46,21 +40,15 @@ tmem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_
 	tmem_t *m = ctx;
 	int32_t si = src_index(m, m->dst->v[t].name);
 	const plan_layout_t *l = dst ? &m->dst->v[t] : &m->src->v[si];
-	int64_t shape[PLAN_MAX_DIMS];
-	tbuf_t b = {rank, piece, t, dst, {0}};
+	const dp_view_t *had = th_bufs_find(&m->bufs, rank, t, dst, piece);
 	uint32_t e = (uint32_t)plan_dtype_size(l->dtype);
+	dp_view_t *v;
 
-	for (size_t i = 0; i < m->bufs.n; i++) {
-		tbuf_t *x = &m->bufs.v[i];
-
-		if (x->rank == rank && x->tensor == t && x->dst == dst && x->piece == piece) {
-			*out = x->v;
-			return REFIT_OK;
-		}
+	if (had != NULL) {
+		*out = *had;
+		return REFIT_OK;
 	}
-	CHECK(dp_local_shape(l, rank, piece, shape, err));
-	dp_view_contiguous(&b.v, xcalloc(1, dp_view_bytes(l->ndim, shape, e) + 1), l->ndim,
-			   shape, e);
+	CHECK(th_bufs_make(&m->bufs, l, rank, t, dst, piece, &v, err));
 	if (!dst) { /* fill the source piece from the whole tensor */
 		plan_shard_t whole;
 		plan_box_t fb;
@@ -71,19 +59,16 @@ tmem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_
 		dp_view_contiguous(&fv, m->full[si], l->ndim, l->shape, e);
 		for (size_t i = 0; i < l->nshards; i++)
 			if (l->shards[i].rank == rank && l->shards[i].piece == piece)
-				dp_copy_box(&fv, &whole, &b.v, &l->shards[i], &l->shards[i].box);
+				dp_copy_box(&fv, &whole, v, &l->shards[i], &l->shards[i].box);
 	}
-	VEC_PUSH(&m->bufs, b);
-	*out = b.v;
+	*out = *v;
 	return REFIT_OK;
 }
 
 static void
 tmem_fini(tmem_t *m)
 {
-	for (size_t i = 0; i < m->bufs.n; i++)
-		free(m->bufs.v[i].v.base);
-	VEC_FREE(&m->bufs);
+	th_bufs_free(&m->bufs);
 }
 
 /* ---- random layouts ------------------------------------------------ */

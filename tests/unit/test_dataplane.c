@@ -13,6 +13,7 @@
 #include "dataplane/exec.h"
 #include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
+#include "tests/unit/hostmem.h"
 
 /* The byte k of the element at global linear index g of tensor t. */
 static uint8_t
@@ -106,17 +107,10 @@ elem_at(const plan_layout_t *l, const plan_shard_t *s, const dp_view_t *v, int64
 }
 
 /* Host memory for every (rank, tensor, side, piece), made on demand. */
-typedef struct buf {
-	int32_t rank, piece;
-	uint32_t tensor;
-	bool dst;
-	dp_view_t v;
-} buf_t;
-
 typedef struct mem {
 	const plan_layout_set_t *src, *dst;
 	size_t *map;
-	VEC(buf_t) bufs;
+	th_bufs_t bufs;
 } mem_t;
 
 static refit_status_t
@@ -125,21 +119,14 @@ mem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_t
 {
 	mem_t *m = ctx;
 	const plan_layout_t *l = dst ? &m->dst->v[t] : &m->src->v[m->map[t]];
-	int64_t shape[PLAN_MAX_DIMS];
-	buf_t b = {rank, piece, t, dst, {0}};
+	const dp_view_t *had = th_bufs_find(&m->bufs, rank, t, dst, piece);
+	dp_view_t *v;
 
-	for (size_t i = 0; i < m->bufs.n; i++) {
-		buf_t *x = &m->bufs.v[i];
-
-		if (x->rank == rank && x->tensor == t && x->dst == dst && x->piece == piece) {
-			*out = x->v;
-			return REFIT_OK;
-		}
+	if (had != NULL) {
+		*out = *had;
+		return REFIT_OK;
 	}
-	CHECK(dp_local_shape(l, rank, piece, shape, err));
-	dp_view_contiguous(&b.v, xcalloc(1, dp_view_bytes(l->ndim, shape,
-							   (uint32_t)plan_dtype_size(l->dtype)) + 1),
-			   l->ndim, shape, (uint32_t)plan_dtype_size(l->dtype));
+	CHECK(th_bufs_make(&m->bufs, l, rank, t, dst, piece, &v, err));
 	if (!dst) {
 		/* fill the rank's training memory with the pattern */
 		for (size_t i = 0; i < l->nshards; i++) {
@@ -151,14 +138,13 @@ mem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_t
 			for (int64_t k = 0; k < n; k++) {
 				int64_t g, lo;
 
-				elem_at(l, s, &b.v, k, &g, &lo);
-				for (uint32_t j = 0; j < b.v.elem; j++)
-					b.v.base[lo * b.v.elem + j] = pattern(t, g, j);
+				elem_at(l, s, v, k, &g, &lo);
+				for (uint32_t j = 0; j < v->elem; j++)
+					v->base[lo * v->elem + j] = pattern(t, g, j);
 			}
 		}
 	}
-	VEC_PUSH(&m->bufs, b);
-	*out = b.v;
+	*out = *v;
 	return REFIT_OK;
 }
 
@@ -194,9 +180,7 @@ count_bad(mem_t *m)
 static void
 mem_fini(mem_t *m)
 {
-	for (size_t i = 0; i < m->bufs.n; i++)
-		free(m->bufs.v[i].v.base);
-	VEC_FREE(&m->bufs);
+	th_bufs_free(&m->bufs);
 	free(m->map);
 }
 
