@@ -473,8 +473,6 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	register_store(c, call, rq, m, &set);
 }
 
-static void model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
-		      Refit__V1__Instance **iv, Refit__V1__Instance ***ip);
 static void reply_model(rpc_call_t *call, const model_t *m);
 static model_t *model_or_fail(coord_t *c, rpc_call_t *call, const char *method,
 			      const char *name);
