@@ -21,8 +21,9 @@
 #define DST TENSOR("[8,9,10,11]")
 #define DST2 TENSOR("[8,9]")
 
-/* A plan of one tensor named name and nxfers (zeroed) transfers. */
-static void
+/* A plan of one tensor named name and nxfers (zeroed) transfers; its
+ * node_plan_bytes. */
+static uint64_t
 fake_plan(plan_t *p, const char *name, size_t nxfers)
 {
 	memset(p, 0, sizeof(*p));
@@ -31,6 +32,7 @@ fake_plan(plan_t *p, const char *name, size_t nxfers)
 	p->tensors[0].name = xstrdup(name);
 	p->nxfers = nxfers;
 	p->xfers = xcalloc(nxfers, sizeof(*p->xfers));
+	return node_plan_bytes(p);
 }
 
 /* A node whose cache holds at most max bytes. */
@@ -104,8 +106,7 @@ START_TEST(get_put_release)
 	node_plan_t *e, *f;
 	uint64_t bytes;
 
-	fake_plan(&p, "a", 4);
-	bytes = node_plan_bytes(&p);
+	bytes = fake_plan(&p, "a", 4);
 	n = cache_new(10 * bytes);
 	ck_assert_ptr_null(node_plans_get(n, "a"));
 	e = node_plans_put(n, "a", &p);
@@ -138,8 +139,7 @@ START_TEST(lru_by_bytes)
 	node_plan_t *in_use;
 	uint64_t bytes;
 
-	fake_plan(&p, "a", 4);
-	bytes = node_plan_bytes(&p);
+	bytes = fake_plan(&p, "a", 4);
 	plan_fini(&p);
 	/* room for two plans of this size, not three */
 	n = cache_new(3 * bytes - 1);
@@ -179,8 +179,7 @@ START_TEST(evicted_in_use)
 	node_plan_t *e;
 	uint64_t bytes;
 
-	fake_plan(&p, "a", 8);
-	bytes = node_plan_bytes(&p);
+	bytes = fake_plan(&p, "a", 8);
 	n = cache_new(bytes);
 	e = node_plans_put(n, "a", &p);  /* a slice runs it */
 	put(n, "b", 8);                  /* evicts a */
@@ -199,8 +198,7 @@ START_TEST(too_large_or_none)
 	plan_t p;
 	uint64_t bytes;
 
-	fake_plan(&p, "a", 8);
-	bytes = node_plan_bytes(&p);
+	bytes = fake_plan(&p, "a", 8);
 	n = cache_new(bytes - 1);
 	put(n, "small", 0);
 	ck_assert_ptr_null(node_plans_put(n, "a", &p));
