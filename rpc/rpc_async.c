@@ -115,18 +115,11 @@ static void *
 cq_thread(void *arg)
 {
 	rpc_async_t *a = arg;
+	grpc_event ev;
 
-	for (;;) {
-		grpc_event ev = grpc_completion_queue_next(a->cq,
-							   gpr_inf_future(GPR_CLOCK_REALTIME),
-							   NULL);
-		qent_t *x;
+	while (rpc_cq_next(a->cq, &ev)) {
+		qent_t *x = ev.tag;
 
-		if (ev.type == GRPC_QUEUE_SHUTDOWN)
-			break;
-		if (ev.type != GRPC_OP_COMPLETE)
-			continue;
-		x = ev.tag;
 		x->ok = ev.success;
 		x->qnext = NULL;
 		pthread_mutex_lock(&a->mu);

@@ -60,41 +60,54 @@ read_pem(const char *path, char **out, refit_err_t *err)
 	return REFIT_OK;
 }
 
-/* The PEM files tls names (NULL where none); freed by the caller. */
+/* The PEM files tls names (NULL where none), and the key pair of them. */
+typedef struct pems {
+	char *cert, *key, *ca;
+	grpc_ssl_pem_key_cert_pair pair;
+} pems_t;
+
+/* Read the PEM files tls names into *p; pems_free(p) in any case. */
 static refit_status_t
-read_pems(const rpc_tls_t *tls, char **cert, char **key, char **ca, refit_err_t *err)
+read_pems(const rpc_tls_t *tls, pems_t *p, refit_err_t *err)
 {
-	*cert = *key = *ca = NULL;
-	if (read_pem(tls->cert_file, cert, err) != REFIT_OK ||
-	    read_pem(tls->key_file, key, err) != REFIT_OK ||
-	    read_pem(tls->ca_file, ca, err) != REFIT_OK)
+	memset(p, 0, sizeof(*p));
+	if (read_pem(tls->cert_file, &p->cert, err) != REFIT_OK ||
+	    read_pem(tls->key_file, &p->key, err) != REFIT_OK ||
+	    read_pem(tls->ca_file, &p->ca, err) != REFIT_OK)
 		return REFIT_ERR_INVALID_ARG;
+	p->pair.private_key = p->key;
+	p->pair.cert_chain = p->cert;
 	return REFIT_OK;
+}
+
+static void
+pems_free(pems_t *p)
+{
+	free(p->cert);
+	free(p->key);
+	free(p->ca);
 }
 
 refit_status_t
 rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out, refit_err_t *err)
 {
-	char *cert = NULL, *key = NULL, *ca = NULL;
-	grpc_ssl_pem_key_cert_pair pair;
+	pems_t pm;
 	refit_status_t rc;
 
 	if (tls->cert_file == NULL || tls->cert_file[0] == '\0') {
 		*out = grpc_insecure_server_credentials_create();
 		return REFIT_OK;
 	}
-	if ((rc = read_pems(tls, &cert, &key, &ca, err)) != REFIT_OK)
+	if ((rc = read_pems(tls, &pm, err)) != REFIT_OK)
 		goto out;
-	if (key == NULL || (tls->require_client_cert && ca == NULL)) {
+	if (pm.key == NULL || (tls->require_client_cert && pm.ca == NULL)) {
 		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
 				   "tls: a certificate needs its key file%s",
 				   tls->require_client_cert ? " and, for mutual TLS, a client CA" : "");
 		goto out;
 	}
-	pair.private_key = key;
-	pair.cert_chain = cert;
 	*out = grpc_ssl_server_credentials_create_ex(
-		ca, &pair, 1,
+		pm.ca, &pm.pair, 1,
 		tls->require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
 					 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
 		NULL);
@@ -102,34 +115,28 @@ rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out, refit_err_
 		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "tls: bad certificate or key "
 				   "(%s, %s)", tls->cert_file, tls->key_file);
 out:
-	free(cert);
-	free(key);
-	free(ca);
+	pems_free(&pm);
 	return rc;
 }
 
 refit_status_t
 rpc_channel_creds(const rpc_tls_t *tls, grpc_channel_credentials **out, refit_err_t *err)
 {
-	char *cert = NULL, *key = NULL, *ca = NULL;
-	grpc_ssl_pem_key_cert_pair pair;
+	pems_t pm;
 	refit_status_t rc;
 
 	if (tls->ca_file == NULL || tls->ca_file[0] == '\0') {
 		*out = grpc_insecure_credentials_create();
 		return REFIT_OK;
 	}
-	if ((rc = read_pems(tls, &cert, &key, &ca, err)) != REFIT_OK)
-		goto out;
-	pair.private_key = key;
-	pair.cert_chain = cert;
-	*out = grpc_ssl_credentials_create(ca, cert && key ? &pair : NULL, NULL, NULL);
-	if (*out == NULL)
-		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "tls: bad CA file %s", tls->ca_file);
-out:
-	free(cert);
-	free(key);
-	free(ca);
+	if ((rc = read_pems(tls, &pm, err)) == REFIT_OK) {
+		*out = grpc_ssl_credentials_create(pm.ca, pm.cert && pm.key ? &pm.pair : NULL,
+						   NULL, NULL);
+		if (*out == NULL)
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "tls: bad CA file %s",
+					   tls->ca_file);
+	}
+	pems_free(&pm);
 	return rc;
 }
 

@@ -6,6 +6,7 @@
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
 
 #include "rpc/rpc.h"
 
@@ -28,5 +29,17 @@ refit_status_t rpc_channel_creds(const rpc_tls_t *tls, grpc_channel_credentials 
 /* svc's method called name, or NULL (both clients). */
 const ProtobufCMethodDescriptor *rpc_method_of(const ProtobufCServiceDescriptor *svc,
 					       const char *name);
+
+/* The next completed operation on cq into *ev, waiting without a deadline
+ * (the queue's owner shuts it down to end the wait); false once it is shut
+ * down. */
+static inline bool
+rpc_cq_next(grpc_completion_queue *cq, grpc_event *ev)
+{
+	do
+		*ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+	while (ev->type != GRPC_QUEUE_SHUTDOWN && ev->type != GRPC_OP_COMPLETE);
+	return ev->type == GRPC_OP_COMPLETE;
+}
 
 #endif

@@ -358,17 +358,11 @@ cq_thread(void *arg)
 	rpc_server_t *s = arg;
 	bool shut = false;
 
-	for (;;) {
-		grpc_event ev = grpc_completion_queue_next(s->cq,
-							   gpr_inf_future(GPR_CLOCK_REALTIME),
-							   NULL);
-		tag_t *t;
+	grpc_event ev;
 
-		if (ev.type == GRPC_QUEUE_SHUTDOWN)
-			break;
-		if (ev.type != GRPC_OP_COMPLETE)
-			continue;
-		t = ev.tag;
+	while (rpc_cq_next(s->cq, &ev)) {
+		tag_t *t = ev.tag;
+
 		switch (t->kind) {
 		case TAG_SHUTDOWN:
 			/* no batch may start on the queue after this */

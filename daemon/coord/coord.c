@@ -473,8 +473,9 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	register_store(c, call, rq, m, &set);
 }
 
-static void model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
-		      Refit__V1__Instance **iv, Refit__V1__Instance ***ip);
+static void reply_model(rpc_call_t *call, const model_t *m);
+static model_t *model_or_fail(coord_t *c, rpc_call_t *call, const char *method,
+			      const char *name);
 
 static void
 h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
@@ -482,16 +483,12 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	coord_t *c = ctx;
 	const Refit__V1__SetRefitPolicyRequest *rq = (const void *)msg;
 	const Refit__V1__RefitPolicy *p = rq->policy;
-	model_t *m = p ? coord_find_model(c, nz(p->model)) : NULL;
-	Refit__V1__Model out;
-	Refit__V1__RefitPolicy pol;
-	Refit__V1__Instance *iv, **ip;
+	model_t *m;
 
 	if (p == NULL)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy: no policy");
-	if (m == NULL)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "SetRefitPolicy: no model \"%s\"",
-				     nz(p->model));
+	if ((m = model_or_fail(c, call, "SetRefitPolicy", nz(p->model))) == NULL)
+		return;
 	if (p->retries > 100 || p->retry_backoff_ms > 3600000)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": retries "
 				     "%u (at most 100), backoff %u ms (at most 3600000)", m->name,
@@ -512,10 +509,7 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		m->strict_instances = was_st;
 		return rpc_call_fail(call, err.status, "%s", err.msg);
 	}
-	model_msg(m, &out, &pol, &iv, &ip);
-	rpc_call_reply(call, &out.base);
-	free(iv);
-	free(ip);
+	reply_model(call, m);
 }
 
 static void
@@ -703,23 +697,40 @@ h_list_models(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(mp);
 }
 
+/* Answer call with model m. */
+static void
+reply_model(rpc_call_t *call, const model_t *m)
+{
+	Refit__V1__Model out;
+	Refit__V1__RefitPolicy pol;
+	Refit__V1__Instance *iv, **ip;
+
+	model_msg(m, &out, &pol, &iv, &ip);
+	rpc_call_reply(call, &out.base);
+	free(iv);
+	free(ip);
+}
+
+/* The model called name, or NULL with call failed ("method: no model"). */
+static model_t *
+model_or_fail(coord_t *c, rpc_call_t *call, const char *method, const char *name)
+{
+	model_t *m = coord_find_model(c, name);
+
+	if (m == NULL)
+		rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "%s: no model \"%s\"", method, name);
+	return m;
+}
+
 static void
 h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	coord_t *c = ctx;
 	const Refit__V1__GetModelRequest *rq = (const void *)msg;
-	model_t *m = coord_find_model(c, nz(rq->model));
-	Refit__V1__Model out;
-	Refit__V1__RefitPolicy pol;
-	Refit__V1__Instance *iv, **ip;
+	model_t *m = model_or_fail(c, call, "GetModel", nz(rq->model));
 
-	if (m == NULL)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetModel: no model \"%s\"",
-				     nz(rq->model));
-	model_msg(m, &out, &pol, &iv, &ip);
-	rpc_call_reply(call, &out.base);
-	free(iv);
-	free(ip);
+	if (m != NULL)
+		reply_model(call, m);
 }
 
 static void
@@ -750,14 +761,13 @@ h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	coord_t *c = ctx;
 	const Refit__V1__ExplainPlanRequest *rq = (const void *)msg;
-	model_t *m = coord_find_model(c, nz(rq->model));
+	model_t *m = model_or_fail(c, call, "ExplainPlan", nz(rq->model));
 	plan_opts_t o;
 	refit_err_t err;
 
 	refit_err_clear(&err);
 	if (m == NULL)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "ExplainPlan: no model \"%s\"",
-				     nz(rq->model));
+		return;
 	plan_opts_default(&o);
 	if (rq->chunk_bytes)
 		o.chunk_bytes = rq->chunk_bytes;

@@ -160,23 +160,22 @@ abort_refit(const refit_fsm_t *m, refit_fsm_out_t *o)
 static void
 round_done(const refit_fsm_t *m, refit_fsm_out_t *o)
 {
-	switch (m->state) {
-	case REFIT_FSM_PREPARING:
-		enter(o, REFIT_FSM_RUNNING, REFIT_FSM_ACT_SEND_RUN);
-		break;
-	case REFIT_FSM_RUNNING:
-		enter(o, REFIT_FSM_COMMITTING, REFIT_FSM_ACT_SEND_COMMIT);
-		break;
-	case REFIT_FSM_COMMITTING:
-		enter(o, REFIT_FSM_PUBLISHING, REFIT_FSM_ACT_SEND_PUBLISH);
-		break;
-	case REFIT_FSM_PUBLISHING:
-		enter(o, REFIT_FSM_COMMITTED, REFIT_FSM_ACT_END);
-		break;
-	default: /* FAILING, FAILING_SYMPTOM: the cause is kept already */
-		fail(m, o, false, false);
-		break;
-	}
+	static const struct {
+		refit_fsm_state_t from, to;
+		refit_fsm_action_kind_t act;
+	} next[] = {
+		{REFIT_FSM_PREPARING, REFIT_FSM_RUNNING, REFIT_FSM_ACT_SEND_RUN},
+		{REFIT_FSM_RUNNING, REFIT_FSM_COMMITTING, REFIT_FSM_ACT_SEND_COMMIT},
+		{REFIT_FSM_COMMITTING, REFIT_FSM_PUBLISHING, REFIT_FSM_ACT_SEND_PUBLISH},
+		{REFIT_FSM_PUBLISHING, REFIT_FSM_COMMITTED, REFIT_FSM_ACT_END},
+	};
+
+	for (size_t i = 0; i < sizeof(next) / sizeof(next[0]); i++)
+		if (next[i].from == m->state) {
+			enter(o, next[i].to, next[i].act);
+			return;
+		}
+	fail(m, o, false, false); /* FAILING, FAILING_SYMPTOM: the cause is kept already */
 }
 
 static void

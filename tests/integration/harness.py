@@ -192,6 +192,18 @@ def wait_for(fn, timeout=30, what="the condition", every=0.02):
         time.sleep(every)
 
 
+def refit_final(stub, rid, timeout, rpc_timeout=10, every=0.02):
+    """Poll refit rid on the coordinator stub until it is final (returned);
+    AssertionError after timeout seconds.  gRPC errors are raised."""
+    end = time.time() + timeout
+    while time.time() < end:
+        g = stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=rpc_timeout)
+        if g.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED):
+            return g
+        time.sleep(every)
+    raise AssertionError(f"refit {rid} did not finish within {timeout} s")
+
+
 def spawn(args, **kw):
     p = subprocess.Popen(args, **kw)
     PROCS.append(p)
@@ -290,13 +302,7 @@ class Cluster:
         return self.wait_final(r.refit_id, timeout)
 
     def wait_final(self, rid, timeout=120):
-        end = time.time() + timeout
-        while time.time() < end:
-            g = self.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=10)
-            if g.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED):
-                return g
-            time.sleep(0.02)
-        raise AssertionError(f"refit {rid} did not finish")
+        return refit_final(self.stub, rid, timeout)
 
 
 class Client:

@@ -24,18 +24,10 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import expect_error, wait_for  # noqa: E402
+from harness import expect_error, free_port, wait_for  # noqa: E402
 
 TOKEN = "s3cret-operator-token"
 passed = failed = 0
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def check(name, fn):

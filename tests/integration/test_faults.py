@@ -81,12 +81,39 @@ class Model:
             out = self.inst[i].cmd(f"wait {v or self.version} 20000")
             assert "mismatches=0" in out and out.startswith("INSTALLED"), (i, out)
 
+    def running(self):
+        """Step to the next version and trigger its refit; returns its id once running."""
+        self.step()
+        rid = self.trigger()
+        wait_running(self.cl, rid)
+        return rid
+
+    def commits(self):
+        """Refit this version: it commits, every instance installs it byte-exact."""
+        g = self.cl.refit(self.name, self.version)
+        assert g.state == pb.COMMITTED, g.failure
+        self.installed()
+
     def state(self, inst):
         return self.inst[inst].cmd("state")
 
     def trigger(self):
         return self.cl.stub.TriggerRefit(pb.TriggerRefitRequest(
             model=self.name, version=self.version), timeout=5).refit_id
+
+
+def two_clients(cl, tag, model, inst, install):
+    """A trainer of model on node 0 (ranks 0, 1) and its instance inst on node 1
+    (that node's first two ranks), both registered; layouts in TMP/tag-*.json."""
+    rpn = harness.RPN
+    trainer = Client(cl, 0, model, "train", write(f"{TMP}/{tag}-t.json",
+                                                  tensors([0, 1], "Shard(0)")))
+    assert trainer.ok(), trainer.first
+    c = Client(cl, 1, model, "infer", write(f"{TMP}/{tag}-{inst}.json",
+                                            tensors([rpn, rpn + 1], "Shard(1)")),
+               instance=inst, install=install)
+    assert c.ok(), c.first
+    return trainer, c
 
 
 def wait_running(cl, rid):
@@ -131,9 +158,7 @@ def setup():
 
 
 def sigkill_node():
-    M.step()
-    rid = M.trigger()
-    wait_running(CL, rid)
+    rid = M.running()
     t0 = time.time()
     CL.nodes[2].kill()
     CL.nodes[2].wait()
@@ -147,16 +172,12 @@ def sigkill_node():
     CL.restart_node(2)
     CL.wait_members(3)
     M.start("ip")
-    g = CL.refit("fm", M.version)
-    assert g.state == pb.COMMITTED, g.failure
-    M.installed()
+    M.commits()
     FIG["SIGKILL recovery (restart node + client, refit)"] = time.time() - t1
 
 
 def sigstop_node():
-    M.step()
-    rid = M.trigger()
-    wait_running(CL, rid)
+    rid = M.running()
     t0 = time.time()
     CL.nodes[1].send_signal(signal.SIGSTOP)
     try:
@@ -171,16 +192,12 @@ def sigstop_node():
     t1 = time.time()
     CL.wait_members(3)
     old_version_intact(M, M.version - 1)
-    g = CL.refit("fm", M.version)
-    assert g.state == pb.COMMITTED, g.failure
-    M.installed()
+    M.commits()
     FIG["SIGSTOP recovery (rejoin, refit)"] = time.time() - t1
 
 
 def connection_cut():
-    M.step()
-    rid = M.trigger()
-    wait_running(CL, rid)
+    rid = M.running()
     mem = CL.stub.ListMembers(pb.ListMembersRequest(), timeout=5)
     ep = [m.data_endpoint for m in mem.members if m.node_id == "f1"][0]
     port = ep.rsplit(":", 1)[1]
@@ -204,9 +221,7 @@ def connection_cut():
 
 def retry_after_membership_change():
     M.policy(retries=2, retry_backoff_ms=200, catch_up=False)
-    M.step()
-    rid = M.trigger()
-    wait_running(CL, rid)
+    rid = M.running()
     if harness.TRANSPORT == "nccl":
         # every member of an nccl epoch builds communicators: a real node
         extra = spawn(harness.node_spawn_args(CL, "f9", "90-91"), stderr=CL.log,
@@ -283,15 +298,11 @@ def trainer_restart():
     M.version += 5
     M.trainer = Client(CL, 0, "fm", "train", M.tl, version=M.version)
     assert M.trainer.ok(), M.trainer.first
-    g = CL.refit("fm", M.version)
-    assert g.state == pb.COMMITTED, g.failure
-    M.installed()
+    M.commits()
 
 
 def coordinator_restart():
-    M.step()
-    rid = M.trigger()
-    wait_running(CL, rid)
+    rid = M.running()
     CL.coord.kill()
     CL.coord.wait()
     t0 = time.time()
@@ -361,9 +372,7 @@ def coordinator_restart_without_state():
 
 
 def drain_midway():
-    M.step()
-    rid = M.trigger()
-    wait_running(CL, rid)
+    rid = M.running()
     out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", CL.addr, "drain", "f2"],
                          capture_output=True, text=True, timeout=10)
     assert out.returncode == 0 and str(rid) in out.stdout, out
@@ -375,9 +384,7 @@ def drain_midway():
     CL.stub.UnregisterLayout(pb.UnregisterLayoutRequest(model="fm", role=pb.INFER,
                                                         instance="ip"), timeout=5)
     M.inst.pop("ip").close()
-    g = CL.refit("fm", M.version)
-    assert g.state == pb.COMMITTED, g.failure
-    M.installed()
+    M.commits()
 
 
 def leave_shrinks():
@@ -387,17 +394,13 @@ def leave_shrinks():
                   env=harness.host_env("f8"))
     CL.wait_members(3)
     M.step()
-    g = CL.refit("fm", M.version)       # the communicators span f8 too
-    assert g.state == pb.COMMITTED, g.failure
-    M.installed()
+    M.commits()       # the communicators span f8 too
     extra.send_signal(signal.SIGTERM)   # leaves gracefully
     assert extra.wait(timeout=20) == 0
     CL.wait_members(2)
     mark = os.path.getsize(CL.log.name)
     M.step()
-    g = CL.refit("fm", M.version)
-    assert g.state == pb.COMMITTED, g.failure
-    M.installed()
+    M.commits()
     if harness.TRANSPORT == "nccl":
         with open(CL.log.name) as f:
             f.seek(mark)
@@ -763,13 +766,7 @@ def abort_before_run_slice():
         ["--test-hold-run-ms", "30000", "--slice-timeout-ms", "60000", "--log-level", "info"]
     cl.nodes.append(spawn(args, stderr=cl.log, env=harness.host_env(cl.host(1))))
     cl.wait_members(2)
-    trainer = Client(cl, 0, "bm", "train", write(f"{TMP}/ab-t.json",
-                                                 tensors([0, 1], "Shard(0)")))
-    assert trainer.ok(), trainer.first
-    ip = Client(cl, 1, "bm", "infer", write(f"{TMP}/ab-ip.json",
-                                            tensors([rpn, rpn + 1], "Shard(1)")),
-                instance="ip", install="in-place")
-    assert ip.ok(), ip.first
+    trainer, ip = two_clients(cl, "ab", "bm", "ip", "in-place")
     rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="bm", version=1),
                                timeout=5).refit_id
     harness.wait_for(lambda: log_lines(cl, f"node ab1: refit {rid}: RunSlice held"),
@@ -789,15 +786,8 @@ def abort_before_run_slice():
 def prepare_once_per_epoch():
     """Issue 12, item 8: two refits in one epoch send PrepareEpoch once per
     node (a second one used to reset the transport of the epoch)."""
-    rpn = harness.RPN
     cl = Cluster("pe", 2, ["--log-level", "info"], lease_ms=3000)
-    trainer = Client(cl, 0, "pm", "train", write(f"{TMP}/pe-t.json",
-                                                 tensors([0, 1], "Shard(0)")))
-    assert trainer.ok(), trainer.first
-    db = Client(cl, 1, "pm", "infer", write(f"{TMP}/pe-db.json",
-                                            tensors([rpn, rpn + 1], "Shard(1)")),
-                instance="db", install="double-buffer")
-    assert db.ok(), db.first
+    trainer, db = two_clients(cl, "pe", "pm", "db", "double-buffer")
     g1 = cl.refit("pm", 1)
     assert g1.state == pb.COMMITTED, g1.failure
     out = trainer.cmd("next 2")

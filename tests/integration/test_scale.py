@@ -124,13 +124,7 @@ class Scale:
                                       timeout=30).refit_id
 
     def wait_final(self, rid, timeout=600):
-        end = time.time() + timeout
-        while time.time() < end:
-            g = self.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=30)
-            if g.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED):
-                return g
-            time.sleep(0.05)
-        raise AssertionError(f"refit {rid} did not finish within {timeout} s")
+        return harness.refit_final(self.stub, rid, timeout, rpc_timeout=30, every=0.05)
 
 
 def check_slices(g, one_sender=False):

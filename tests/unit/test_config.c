@@ -347,18 +347,18 @@ START_TEST(unknown_keys)
 
 	config_init(&c);
 	m = set_refused(&c, "lease_ttl", "5000");
-	ck_assert_msg(strstr(m, "unknown key \"lease_ttl\"") != NULL, "%s", m);
-	ck_assert_msg(strstr(m, "did you mean \"lease_ttl_ms\"") != NULL, "%s", m);
+	names(m, "unknown key \"lease_ttl\"", NULL);
+	names(m, "did you mean \"lease_ttl_ms\"", NULL);
 	m = set_refused(&c, "zzz", "1");
-	ck_assert_msg(strstr(m, "unknown key \"zzz\"") != NULL, "%s", m);
+	names(m, "unknown key \"zzz\"", NULL);
 	ck_assert_msg(strstr(m, "did you mean") == NULL, "%s", m);
 	/* the flag spelling is main.c's to translate, not a key */
 	names(set_refused(&c, "lease-ttl-ms", "5000"), "lease-ttl-ms", NULL);
 	/* keys are case-sensitive */
 	names(set_refused(&c, "Role", "node"), "Role", NULL);
 	/* in a file: named, and the keys before it are not applied */
-	m = parse_refused(&c, "{\"role\": \"coordinator\", \"stagingbytes\": \"1M\"}");
-	ck_assert_msg(strstr(m, "unknown key \"stagingbytes\"") != NULL, "%s", m);
+	names(parse_refused(&c, "{\"role\": \"coordinator\", \"stagingbytes\": \"1M\"}"),
+	      "unknown key \"stagingbytes\"", NULL);
 	ck_assert_str_eq(shown(&c, "role"), "\"node\"");
 	config_fini(&c);
 }
@@ -367,16 +367,14 @@ END_TEST
 START_TEST(duplicate_keys)
 {
 	refitd_config_t c;
-	const char *m;
 
 	config_init(&c);
-	m = parse_refused(&c, "{\"heartbeat_ms\": 1000, \"lease_ttl_ms\": 5000, "
-			  "\"heartbeat_ms\": 1000}");
-	ck_assert_msg(strstr(m, "\"heartbeat_ms\" appears twice") != NULL, "%s", m);
+	names(parse_refused(&c, "{\"heartbeat_ms\": 1000, \"lease_ttl_ms\": 5000, "
+			    "\"heartbeat_ms\": 1000}"),
+	      "\"heartbeat_ms\" appears twice", NULL);
 	/* also when the two values differ, and for a key the table lacks */
 	names(parse_refused(&c, "{\"role\": \"node\", \"role\": \"coordinator\"}"), "role", NULL);
-	m = parse_refused(&c, "{\"nosuch\": 1, \"nosuch\": 1}");
-	ck_assert_msg(strstr(m, "nosuch") != NULL, "%s", m);
+	names(parse_refused(&c, "{\"nosuch\": 1, \"nosuch\": 1}"), "nosuch", NULL);
 	ck_assert_str_eq(shown(&c, "lease_ttl_ms"), "10000");
 	config_fini(&c);
 }

@@ -14,20 +14,14 @@
 #include "dataplane/convert.h"
 #include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
+#include "tests/unit/hostmem.h"
 
 /* ---- memory registered for the original sets ---------------------- */
-
-typedef struct tbuf {
-	int32_t rank, piece;
-	uint32_t tensor;
-	bool dst;
-	dp_view_t v;
-} tbuf_t;
 
 typedef struct tmem {
 	const plan_layout_set_t *src, *dst;
 	uint8_t **full;        /* per src tensor: the whole tensor, row-major */
-	VEC(tbuf_t) bufs;
+	th_bufs_t bufs;
 } tmem_t;
 
 static int32_t
@@ -46,21 +40,15 @@ tmem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_
 	tmem_t *m = ctx;
 	int32_t si = src_index(m, m->dst->v[t].name);
 	const plan_layout_t *l = dst ? &m->dst->v[t] : &m->src->v[si];
-	int64_t shape[PLAN_MAX_DIMS];
-	tbuf_t b = {rank, piece, t, dst, {0}};
+	const dp_view_t *had = th_bufs_find(&m->bufs, rank, t, dst, piece);
 	uint32_t e = (uint32_t)plan_dtype_size(l->dtype);
+	dp_view_t *v;
 
-	for (size_t i = 0; i < m->bufs.n; i++) {
-		tbuf_t *x = &m->bufs.v[i];
-
-		if (x->rank == rank && x->tensor == t && x->dst == dst && x->piece == piece) {
-			*out = x->v;
-			return REFIT_OK;
-		}
+	if (had != NULL) {
+		*out = *had;
+		return REFIT_OK;
 	}
-	CHECK(dp_local_shape(l, rank, piece, shape, err));
-	dp_view_contiguous(&b.v, xcalloc(1, dp_view_bytes(l->ndim, shape, e) + 1), l->ndim,
-			   shape, e);
+	CHECK(th_bufs_make(&m->bufs, l, rank, t, dst, piece, &v, err));
 	if (!dst) { /* fill the source piece from the whole tensor */
 		plan_shard_t whole;
 		plan_box_t fb;
@@ -71,19 +59,16 @@ tmem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_
 		dp_view_contiguous(&fv, m->full[si], l->ndim, l->shape, e);
 		for (size_t i = 0; i < l->nshards; i++)
 			if (l->shards[i].rank == rank && l->shards[i].piece == piece)
-				dp_copy_box(&fv, &whole, &b.v, &l->shards[i], &l->shards[i].box);
+				dp_copy_box(&fv, &whole, v, &l->shards[i], &l->shards[i].box);
 	}
-	VEC_PUSH(&m->bufs, b);
-	*out = b.v;
+	*out = *v;
 	return REFIT_OK;
 }
 
 static void
 tmem_fini(tmem_t *m)
 {
-	for (size_t i = 0; i < m->bufs.n; i++)
-		free(m->bufs.v[i].v.base);
-	VEC_FREE(&m->bufs);
+	th_bufs_free(&m->bufs);
 }
 
 /* ---- random layouts ------------------------------------------------ */
@@ -430,6 +415,23 @@ apply_error(const char *src, const char *dst)
 
 START_TEST(convert_keys)
 {
+	static const struct { const char *json, *msg; } bad[] = {
+		{W_DST("{\"from\":\"bf16\",\"sclae\":1}"),
+		 "layout \"w\": \"convert\": unknown key \"sclae\" (known: from, scale, block, "
+		 "scale_tensor)"},
+		{W_DST("{\"from\":\"bf16\",\"scale\":\"none\"}"),
+		 "layout \"w\": \"convert\" to fp8e4m3 needs \"scale\": \"tensor\" or \"block\""},
+		{W_DST("{\"from\":\"fp8e5m2\"}"),
+		 "layout \"w\": \"convert\" from fp8e5m2 to fp8e4m3 is not supported (fp32 -> bf16 "
+		 "or fp16; bf16, fp16 or fp32 -> fp8e4m3)"},
+		{W_DST("{\"from\":\"bf16\",\"block\":[1,2,3]}"),
+		 "layout \"w\": \"convert\": \"block\" has 3 entries but the tensor has 2 dims"},
+		{W_DST("{\"from\":\"bf16\",\"scale\":\"tensor\",\"block\":[2]}"),
+		 "layout \"w\": \"convert\": \"block\" needs \"scale\": \"block\" or \"mx\""},
+		{"{\"name\":\"c\",\"dtype\":\"bf16\",\"shape\":[2],\"mesh\":[0],"
+		 "\"placements\":[\"R\"],\"convert\":{\"from\":\"fp32\",\"scale_tensor\":\"x\"}}",
+		 "layout \"c\": \"convert\": \"scale_tensor\" needs a scaled conversion"},
+	};
 	plan_layout_set_t d;
 	const plan_convert_t *c;
 
@@ -446,26 +448,8 @@ START_TEST(convert_keys)
 	ck_assert_int_eq(d.v[0].conv->block[1], 32);
 	ck_assert_str_eq(d.v[0].conv->scale_tensor, "s");
 	plan_layout_set_fini(&d);
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"sclae\":1}")),
-			 "layout \"w\": \"convert\": unknown key \"sclae\" (known: from, scale, "
-			 "block, scale_tensor)");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"scale\":\"none\"}")),
-			 "layout \"w\": \"convert\" to fp8e4m3 needs \"scale\": \"tensor\" or "
-			 "\"block\"");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"fp8e5m2\"}")),
-			 "layout \"w\": \"convert\" from fp8e5m2 to fp8e4m3 is not supported "
-			 "(fp32 -> bf16 or fp16; bf16, fp16 or fp32 -> fp8e4m3)");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"block\":[1,2,3]}")),
-			 "layout \"w\": \"convert\": \"block\" has 3 entries but the tensor "
-			 "has 2 dims");
-	ck_assert_str_eq(th_layout_error(W_DST("{\"from\":\"bf16\",\"scale\":\"tensor\","
-					       "\"block\":[2]}")),
-			 "layout \"w\": \"convert\": \"block\" needs \"scale\": \"block\" or "
-			 "\"mx\"");
-	ck_assert_str_eq(th_layout_error("{\"name\":\"c\",\"dtype\":\"bf16\",\"shape\":[2],"
-					 "\"mesh\":[0],\"placements\":[\"R\"],\"convert\":"
-					 "{\"from\":\"fp32\",\"scale_tensor\":\"x\"}}"),
-			 "layout \"c\": \"convert\": \"scale_tensor\" needs a scaled conversion");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_str_eq(th_layout_error(bad[i].json), bad[i].msg);
 }
 END_TEST
 
@@ -612,14 +596,9 @@ END_TEST
 Suite *
 suite_conv_exec(void)
 {
-	Suite *s = suite_create("conv_exec");
-	TCase *tc = tcase_create("sharded");
+	TCase *tc = th_tcase("sharded", 300,
+			     TH_TESTS(convert_keys, convert_apply_errors, convert_helpers));
 
-	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, random_shardings_bit_exact, 0, 3);
-	tcase_add_test(tc, convert_keys);
-	tcase_add_test(tc, convert_apply_errors);
-	tcase_add_test(tc, convert_helpers);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("conv_exec", tc, NULL);
 }

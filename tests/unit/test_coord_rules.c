@@ -179,14 +179,8 @@ END_TEST
 Suite *
 suite_coord_rules(void)
 {
-	Suite *s = suite_create("coord_rules");
-	TCase *tc = tcase_create("core");
-
-	tcase_add_test(tc, join);
-	tcase_add_test(tc, unheld_rank);
-	tcase_add_test(tc, own_ranks);
-	tcase_add_test(tc, shared_rank);
-	tcase_add_test(tc, symptoms);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("coord_rules",
+			th_tcase("core", 0,
+				 TH_TESTS(join, unheld_rank, own_ranks, shared_rank, symptoms)),
+			NULL);
 }

@@ -13,6 +13,7 @@
 #include "dataplane/exec.h"
 #include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
+#include "tests/unit/hostmem.h"
 
 /* The byte k of the element at global linear index g of tensor t. */
 static uint8_t
@@ -106,17 +107,10 @@ elem_at(const plan_layout_t *l, const plan_shard_t *s, const dp_view_t *v, int64
 }
 
 /* Host memory for every (rank, tensor, side, piece), made on demand. */
-typedef struct buf {
-	int32_t rank, piece;
-	uint32_t tensor;
-	bool dst;
-	dp_view_t v;
-} buf_t;
-
 typedef struct mem {
 	const plan_layout_set_t *src, *dst;
 	size_t *map;
-	VEC(buf_t) bufs;
+	th_bufs_t bufs;
 } mem_t;
 
 static refit_status_t
@@ -125,21 +119,14 @@ mem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_t
 {
 	mem_t *m = ctx;
 	const plan_layout_t *l = dst ? &m->dst->v[t] : &m->src->v[m->map[t]];
-	int64_t shape[PLAN_MAX_DIMS];
-	buf_t b = {rank, piece, t, dst, {0}};
+	const dp_view_t *had = th_bufs_find(&m->bufs, rank, t, dst, piece);
+	dp_view_t *v;
 
-	for (size_t i = 0; i < m->bufs.n; i++) {
-		buf_t *x = &m->bufs.v[i];
-
-		if (x->rank == rank && x->tensor == t && x->dst == dst && x->piece == piece) {
-			*out = x->v;
-			return REFIT_OK;
-		}
+	if (had != NULL) {
+		*out = *had;
+		return REFIT_OK;
 	}
-	CHECK(dp_local_shape(l, rank, piece, shape, err));
-	dp_view_contiguous(&b.v, xcalloc(1, dp_view_bytes(l->ndim, shape,
-							   (uint32_t)plan_dtype_size(l->dtype)) + 1),
-			   l->ndim, shape, (uint32_t)plan_dtype_size(l->dtype));
+	CHECK(th_bufs_make(&m->bufs, l, rank, t, dst, piece, &v, err));
 	if (!dst) {
 		/* fill the rank's training memory with the pattern */
 		for (size_t i = 0; i < l->nshards; i++) {
@@ -151,14 +138,13 @@ mem_view(void *ctx, int32_t rank, uint32_t t, bool dst, int32_t piece, dp_view_t
 			for (int64_t k = 0; k < n; k++) {
 				int64_t g, lo;
 
-				elem_at(l, s, &b.v, k, &g, &lo);
-				for (uint32_t j = 0; j < b.v.elem; j++)
-					b.v.base[lo * b.v.elem + j] = pattern(t, g, j);
+				elem_at(l, s, v, k, &g, &lo);
+				for (uint32_t j = 0; j < v->elem; j++)
+					v->base[lo * v->elem + j] = pattern(t, g, j);
 			}
 		}
 	}
-	VEC_PUSH(&m->bufs, b);
-	*out = b.v;
+	*out = *v;
 	return REFIT_OK;
 }
 
@@ -194,10 +180,32 @@ count_bad(mem_t *m)
 static void
 mem_fini(mem_t *m)
 {
-	for (size_t i = 0; i < m->bufs.n; i++)
-		free(m->bufs.v[i].v.base);
-	VEC_FREE(&m->bufs);
+	th_bufs_free(&m->bufs);
 	free(m->map);
+}
+
+/* Execute p in memory from src to dst (with verify): every destination
+ * element holds the pattern and every message of p was sent; what names
+ * the case in a failure. */
+static void
+exec_byte_exact(const plan_t *p, const plan_layout_set_t *src, const plan_layout_set_t *dst,
+		bool verify, const char *what)
+{
+	mem_t m = {src, dst, NULL, {0}};
+	dp_mem_ops_t ops = {mem_view, &m, NULL};
+	dp_exec_opts_t eo = {.verify = verify, .corrupt_msg = -1};
+	dp_exec_stats_t st;
+	dp_exec_t *x;
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_match(src, dst, &m.map, NULL), REFIT_OK);
+	ck_assert_int_eq(dp_exec_new(p, src, dst, &ops, &eo, &x, &e), REFIT_OK);
+	ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "%s: %s", what, e.msg);
+	ck_assert_int_eq(count_bad(&m), 0);
+	ck_assert_uint_eq(st.msgs, p->nmsgs);
+	dp_exec_free(x);
+	mem_fini(&m);
 }
 
 START_TEST(random_plans_byte_exact)
@@ -211,13 +219,9 @@ START_TEST(random_plans_byte_exact)
 
 		gen_case(&seed, &src, &dst, &topo, &nranks);
 		for (int mode = 0; mode < 2; mode++) {
+			bool verify = gen_rnd(&seed, 2);
 			plan_opts_t o;
 			plan_t p;
-			mem_t m = {&src, &dst, NULL, {0}};
-			dp_mem_ops_t ops = {mem_view, &m, NULL};
-			dp_exec_opts_t eo = {.verify = gen_rnd(&seed, 2), .corrupt_msg = -1};
-			dp_exec_stats_t st;
-			dp_exec_t *x;
 			refit_err_t e;
 
 			plan_opts_default(&o);
@@ -227,14 +231,7 @@ START_TEST(random_plans_byte_exact)
 			refit_err_clear(&e);
 			ck_assert_msg(plan_build(&src, &dst, &topo, &o, &p, &e) == REFIT_OK, "%s",
 				      e.msg);
-			ck_assert_int_eq(plan_match(&src, &dst, &m.map, NULL), REFIT_OK);
-			ck_assert_int_eq(dp_exec_new(&p, &src, &dst, &ops, &eo, &x, &e), REFIT_OK);
-			ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "%s: %s",
-				      plan_mode_name(o.mode), e.msg);
-			ck_assert_int_eq(count_bad(&m), 0);
-			ck_assert_uint_eq(st.msgs, p.nmsgs);
-			dp_exec_free(x);
-			mem_fini(&m);
+			exec_byte_exact(&p, &src, &dst, verify, plan_mode_name(o.mode));
 			plan_fini(&p);
 		}
 		plan_layout_set_fini(&src);
@@ -297,11 +294,7 @@ START_TEST(idle_nics_byte_exact)
 		plan_opts_t o;
 		plan_t p;
 		plan_check_t chk;
-		mem_t m = {&src, &dst, NULL, {0}};
-		dp_mem_ops_t ops = {mem_view, &m, NULL};
-		dp_exec_opts_t eo = {.verify = gen_rnd(&seed, 2), .corrupt_msg = -1};
-		dp_exec_stats_t st;
-		dp_exec_t *x;
+		bool verify = gen_rnd(&seed, 2);
 		refit_err_t e;
 		int nranks;
 
@@ -316,13 +309,7 @@ START_TEST(idle_nics_byte_exact)
 		ck_assert_uint_le(chk.max_staging, o.staging_bytes);
 		relayed += chk.relay_bytes > 0;
 		rounds += p.nstages > p.stages_per_round;
-		ck_assert_int_eq(plan_match(&src, &dst, &m.map, NULL), REFIT_OK);
-		ck_assert_int_eq(dp_exec_new(&p, &src, &dst, &ops, &eo, &x, &e), REFIT_OK);
-		ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "%s", e.msg);
-		ck_assert_int_eq(count_bad(&m), 0);
-		ck_assert_uint_eq(st.msgs, p.nmsgs);
-		dp_exec_free(x);
-		mem_fini(&m);
+		exec_byte_exact(&p, &src, &dst, verify, "idle nics");
 		plan_fini(&p);
 		plan_layout_set_fini(&src);
 		plan_layout_set_fini(&dst);
@@ -639,16 +626,11 @@ END_TEST
 Suite *
 suite_dataplane(void)
 {
-	Suite *s = suite_create("dataplane");
-	TCase *tc = tcase_create("exec");
+	TCase *tc = th_tcase("exec", 300,
+			     TH_TESTS(copy_box_strided, verify_catches_corruption,
+				      idle_nics_byte_exact, pool_staging_reused,
+				      slice_buffers_sized_by_need));
 
-	tcase_add_test(tc, copy_box_strided);
 	tcase_add_loop_test(tc, random_plans_byte_exact, 0, 2);
-	tcase_add_test(tc, verify_catches_corruption);
-	tcase_add_test(tc, idle_nics_byte_exact);
-	tcase_add_test(tc, pool_staging_reused);
-	tcase_add_test(tc, slice_buffers_sized_by_need);
-	tcase_set_timeout(tc, 300);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("dataplane", tc, NULL);
 }

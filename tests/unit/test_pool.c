@@ -177,12 +177,9 @@ END_TEST
 Suite *
 suite_pool(void)
 {
-	Suite *s = suite_create("pool");
-	TCase *tc = tcase_create("pool");
-
-	tcase_add_test(tc, pool_reuses_buffers);
-	tcase_add_test(tc, pool_keeps_its_bound);
-	tcase_add_test(tc, pool_epoch_change_empties_it);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("pool",
+			th_tcase("pool", 0,
+				 TH_TESTS(pool_reuses_buffers, pool_keeps_its_bound,
+					  pool_epoch_change_empties_it)),
+			NULL);
 }

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "daemon/coord/refit_fsm.h"
-#include "tests/unit/suites.h"
+#include "tests/unit/helpers.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -444,17 +444,10 @@ END_TEST
 Suite *
 suite_refit_fsm(void)
 {
-	Suite *s = suite_create("refit_fsm");
-	TCase *tc = tcase_create("core");
-
-	tcase_add_test(tc, table_matches_enums);
-	tcase_add_test(tc, every_pair);
-	tcase_add_test(tc, rows);
-	tcase_add_test(tc, planned_sets_nccl);
-	tcase_add_test(tc, count_underflow);
-	tcase_add_test(tc, backoff_doubles_and_is_capped);
-	tcase_add_test(tc, public_states);
-	tcase_add_test(tc, lifecycles);
-	suite_add_tcase(s, tc);
-	return s;
+	return th_suite("refit_fsm",
+			th_tcase("core", 0,
+				 TH_TESTS(table_matches_enums, every_pair, rows, planned_sets_nccl,
+					  count_underflow, backoff_doubles_and_is_capped,
+					  public_states, lifecycles)),
+			NULL);
 }
