@@ -1139,9 +1139,60 @@ post_group(xport_t *x, const xport_op_t *ops, size_t n, refit_err_t *err)
 	return group_end(a, rc, "", err);
 }
 
-/* The posted group's kernels on every local stream, bounded, without x->mu. */
+/* The peers of rank's operations in the group, for a message: "sends to
+ * rank 1, 3; receives from rank 2" (truncated with "..."). */
+static void
+group_peers(const xport_op_t *ops, size_t n, int32_t rank, char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (int send = 1; send >= 0; send--) {
+		bool first = true;
+
+		for (size_t i = 0; i < n; i++) {
+			int k;
+
+			if (ops[i].rank != rank || ops[i].send != (send == 1) || ops[i].bytes == 0)
+				continue;
+			k = first ? snprintf(buf + off, len - off, "%s%s rank %d", off ? "; " : "",
+					     send ? "sends to" : "receives from", ops[i].peer)
+				  : snprintf(buf + off, len - off, ", %d", ops[i].peer);
+			first = false;
+			if (k < 0 || (size_t)k >= len - off) {
+				if (len >= 4)
+					memcpy(buf + len - 4, "...", 4);
+				return;
+			}
+			off += (size_t)k;
+		}
+	}
+}
+
+/* Local rank i's communicator failed the group with st: name the rank and
+ * the peers of its operations (one of them died, refused or faulted). */
 static refit_status_t
-wait_group(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
+group_error(xport_t *x, size_t i, const xport_op_t *ops, size_t n, ncclResult_t st,
+	    refit_err_t *err)
+{
+	char peers[256];
+
+	group_peers(ops, n, x->cm.local[i], peers, sizeof(peers));
+	return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank %d (%s): the group "
+			     "failed: %s (ncclCommGetAsyncError)", x->cm.local[i],
+			     peers[0] ? peers : "no operations", x->api->ncclGetErrorString(st));
+}
+
+/*
+ * The posted group's kernels on every local stream, bounded, without x->mu.
+ * A drained stream is not enough: NCCL reports a failed operation through
+ * the communicator's asynchronous error, and a stream can drain with one
+ * set (a send whose data NCCL had buffered, an operation ended by the
+ * error), so the error is checked once more after the stream completed.
+ */
+static refit_status_t
+wait_group(xport_t *x, const xport_op_t *ops, size_t n, const xport_session_cfg_t *cfg,
+	   refit_err_t *err)
 {
 	const gpu_api_t *a = x->api;
 	comms_t *cm = &x->cm;
@@ -1151,15 +1202,14 @@ wait_group(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
 			cudaError_t e = a->cudaStreamQuery(cm->stream[i]);
 			ncclResult_t st;
 
-			if (e == cudaSuccess)
-				break;
-			if (e != cudaErrorNotReady)
+			if (e != cudaSuccess && e != cudaErrorNotReady)
 				return cuda_err(a, e, "point-to-point group", err);
-			if ((st = comm_state(a, cm->comm[i])) != ncclSuccess &&
-			    st != ncclInProgress)
-				return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank "
-						     "%d: %s", cm->local[i],
-						     a->ncclGetErrorString(st));
+			/* after the query: an error set before the stream drained is seen */
+			st = comm_state(a, cm->comm[i]);
+			if (st != ncclSuccess && st != ncclInProgress)
+				return group_error(x, i, ops, n, st, err);
+			if (e == cudaSuccess && st == ncclSuccess)
+				break;
 			CHECK(bounds(cfg, "point-to-point group", err));
 			usleep(50);
 		}
@@ -1193,7 +1243,7 @@ run_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err)
 	 * and PrepareEpoch (set_world, x->mu) must still be answered */
 	log_debug(LOG_SUB_XPORT, "nccl: node %s: group of %zu operations issued, waiting for "
 		  "it", x->node_id, n);
-	if ((rc = wait_group(x, &s->cfg, err)) != REFIT_OK)
+	if ((rc = wait_group(x, ops, n, &s->cfg, err)) != REFIT_OK)
 		return group_fail(x, rc);
 	return REFIT_OK;
 }

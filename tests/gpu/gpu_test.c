@@ -22,7 +22,9 @@
  *      (ncclCommShrink, no new unique id) and exchange again;
  *   6. a loopback communicator: 256 MiB to itself, byte-exact, GB/s;
  *   7. (emulator) the loader's fallback: on a machine without
- *      libcudart.so.13 the search loads libcudart.so.12.
+ *      libcudart.so.13 the search loads libcudart.so.12;
+ *   8. (emulator) a peer killed mid-group: the sender's group fails, naming
+ *      the peer, even when its stream drained before the transport looked.
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -567,6 +569,103 @@ ring_child(int32_t me, int idfd, int out1, int out2, int gofd, int donefd)
 	return bad ? 1 : 0;
 }
 
+/* ---- 8. a peer dies mid-group (emulator) -------------------------------------------- */
+
+/*
+ * The sender's side of a group whose peer dies: the emulated NCCL fails
+ * the send with ncclRemoteError and its stream then completes.  The first
+ * cudaStreamQuery of the group kills the peer and returns only once the
+ * stream drained (a poller descheduled while the error came: the stream is
+ * done, the communicator's asynchronous error is set).  The transport must
+ * report the group failed, naming the peer, and not done (the defect: only
+ * a stream still running had its communicator's error checked).
+ */
+static pid_t kill_on_query;
+static __typeof__(cudaStreamQuery) *real_query;
+
+static cudaError_t
+query_after_death(cudaStream_t st)
+{
+	if (kill_on_query > 0) {
+		kill(kill_on_query, SIGKILL);
+		kill_on_query = 0;
+		for (int i = 0; i < 60000 && real_query(st) == cudaErrorNotReady; i++)
+			usleep(1000);
+	}
+	return real_query(st);
+}
+
+/* Rank me of {0, 1} on its own host: rank 0 makes the id (writes it on
+ * idfd), rank 1 reads it (idfd), opens the session and waits to be
+ * killed; rank 0 sends to it and kills it (peer) mid-group. */
+static int
+dead_peer_child(int32_t me, int idfd, pid_t peer)
+{
+	int32_t world[2] = {0, 1};
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+	char host[64], why[1024];
+	gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	snprintf(host, sizeof(host), "%s-dead%d", getenv("NCCL_HOSTID") ?
+		 getenv("NCCL_HOSTID") : "gpu-test", me);
+	setenv("NCCL_HOSTID", host, 1);
+	/* the test's own stand-in for the loaded table (a static, writable) */
+	if ((a = (gpu_api_t *)gpu_load(1, why, sizeof(why))) == NULL) {
+		printf("FAIL dead-peer rank %d: %s\n", me, why);
+		return 1;
+	}
+	refit_err_clear(&err);
+	if ((x = start(&me, 1, "0", host, &err)) == NULL) {
+		printf("FAIL dead-peer rank %d: %s\n", me, err.msg);
+		return 1;
+	}
+	if (me == 0) {
+		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		if (write(idfd, id, idlen) != (ssize_t)idlen)
+			bad++;
+	} else {
+		ssize_t r = read(idfd, id, sizeof(id));
+
+		idlen = r > 0 ? (size_t)r : 0;
+	}
+	s = session(x, 1, world, 2, &me, 1, id, idlen, &err);
+	EXPECT(s != NULL, "dead-peer rank %d: communicators of 2: %s", me, err.msg);
+	if (me == 1) {
+		for (;;)      /* killed by rank 0 */
+			pause();
+	}
+	if (s) {
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		uint64_t n = 1 << 20;
+		uint8_t *buf = dev->alloc(dev->ctx, 0, n);
+		xport_op_t op = {true, 0, 1, buf, n};
+		refit_status_t rc;
+
+		EXPECT(buf != NULL, "cudaMalloc");
+		real_query = a->cudaStreamQuery;
+		a->cudaStreamQuery = query_after_death;
+		kill_on_query = peer;
+		rc = group_run(s, &op, 1, &err);
+		a->cudaStreamQuery = real_query;
+		EXPECT(kill_on_query == 0, "the group never queried its stream");
+		EXPECT(rc == REFIT_ERR_NCCL && strstr(err.msg, "sends to rank 1") &&
+		       strstr(err.msg, "remote process exited"), "a send to a peer killed "
+		       "mid-group: %s (%s)", rc == REFIT_OK ? "done" : "failed", err.msg);
+		/* freed although the communicators are gone (the counters check) */
+		dev->free(dev->ctx, 0, buf);
+		xport_nccl_ops.close(s);
+	}
+	xport_nccl_ops.stop(x);
+	bad += emu_check("the sender of a dead peer");
+	return bad ? 1 : 0;
+}
+
 /* ---- 6. loopback ------------------------------------------------------------------ */
 
 static int
@@ -721,8 +820,8 @@ int
 main(int argc, char **argv)
 {
 	char why[1024];
-	int ipc[2], idp[2][2], gop[2][2], donep[2];
-	pid_t ipc_pid, rp[3], so12_pid = -1;
+	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
+	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1};
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
 	const gpu_api_t *a;
@@ -739,7 +838,7 @@ main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	/* children first, before CUDA starts in this process */
 	if (pipe(ipc) < 0 || pipe(idp[0]) < 0 || pipe(idp[1]) < 0 || pipe(gop[0]) < 0 ||
-	    pipe(gop[1]) < 0 || pipe(donep) < 0)
+	    pipe(gop[1]) < 0 || pipe(donep) < 0 || pipe(deadp) < 0)
 		return 1;
 	if ((ipc_pid = fork()) == 0) {
 		close(ipc[1]);
@@ -754,6 +853,16 @@ main(int argc, char **argv)
 					    k < 2 ? gop[k][0] : -1, donep[1]);
 			_exit(rc);
 		}
+	/* 8, on the emulator only: real NCCL may hang or end a send to a dead
+	 * peer without an error (its proxy sends what the kernel buffered) */
+	if (emu && (dead_pid[1] = fork()) == 0) {
+		close(deadp[1]);
+		_exit(dead_peer_child(1, deadp[0], -1));
+	}
+	if (emu && dead_pid[1] > 0 && (dead_pid[0] = fork()) == 0)
+		_exit(dead_peer_child(0, deadp[1], dead_pid[1]));
+	close(deadp[0]);
+	close(deadp[1]);
 	a = gpu_load(1, why, sizeof(why));
 	if (a == NULL) {
 		printf("gpu: skipped: %s\n", why);
@@ -762,6 +871,11 @@ main(int argc, char **argv)
 			kill(rp[k], SIGKILL);
 			waitpid(rp[k], NULL, 0);
 		}
+		for (int k = 0; k < 2; k++)
+			if (dead_pid[k] > 0) {
+				kill(dead_pid[k], SIGKILL);
+				waitpid(dead_pid[k], NULL, 0);
+			}
 		waitpid(ipc_pid, NULL, 0);
 		if (so12_pid > 0)
 			waitpid(so12_pid, NULL, 0);
@@ -862,6 +976,18 @@ main(int argc, char **argv)
 		EXPECT(rc == 0, "the child exited %d", rc);
 		result("no libcudart.so.13 on the machine: the search loads libcudart.so.12 "
 		       "($CUDA_HOME/lib64)", bad);
+	}
+	if (dead_pid[0] > 0) {
+		int rc0 = wait_child(dead_pid[0], 180), rc1 = wait_child(dead_pid[1], 60);
+
+		bad = 0;
+		EXPECT(rc0 == 0, "the sender exited %d", rc0);
+		EXPECT(rc1 == 128 + SIGKILL, "the peer exited %d, not killed by the sender", rc1);
+		result("a peer killed mid-group: the sender's group fails naming the peer "
+		       "(ncclCommGetAsyncError after its stream drained), not done", bad);
+	} else if (dead_pid[1] > 0) {
+		kill(dead_pid[1], SIGKILL);
+		waitpid(dead_pid[1], NULL, 0);
 	}
 	bad = emu_check("the main process");
 	if (emu)
