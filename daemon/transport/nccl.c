@@ -587,6 +587,38 @@ comm_state(const gpu_api_t *a, ncclComm_t c)
 	return r == ncclSuccess ? st : r;
 }
 
+/*
+ * Free one communicator (local rank rank): ncclCommDestroy when it is ready
+ * and healthy, else ncclCommAbort, which works in any state.  The state can
+ * change between the check and the destroy (an asynchronous error of the
+ * proxy), so a refused destroy is followed by an abort.  NCCL 2.28 and
+ * later also leave the calling thread inside a group when they refuse a
+ * destroy (ncclGroupStart inside, an early return): that group is closed
+ * here, or every later group of this thread would never be launched (its
+ * ncclGroupEnd would only close the one left open) and its streams would
+ * look drained.
+ */
+static void
+comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
+{
+	const gpu_api_t *a = x->api;
+	ncclResult_t r;
+
+	if (!abort && comm_state(a, c) == ncclSuccess) {
+		if ((r = a->ncclCommDestroy(c)) == ncclSuccess)
+			return;
+		log_warnx("nccl: node %s: ncclCommDestroy (rank %d): %s; aborting it", x->node_id,
+			  rank, a->ncclGetErrorString(r));
+		if (a->nccl_version >= 22800 && (r = a->ncclGroupEnd()) != ncclSuccess &&
+		    r != ncclInProgress)
+			log_warnx("nccl: node %s: ncclGroupEnd after the refused ncclCommDestroy "
+				  "(rank %d): %s", x->node_id, rank, a->ncclGetErrorString(r));
+	}
+	if ((r = a->ncclCommAbort(c)) != ncclSuccess)
+		log_warnx("nccl: node %s: ncclCommAbort (rank %d): %s", x->node_id, rank,
+			  a->ncclGetErrorString(r));
+}
+
 /* Free the communicators and their streams: abort (they may be
  * mid-operation, or even in progress) or destroy.  Owner only. */
 static void
@@ -596,23 +628,15 @@ drop_comms(xport_t *x, bool abort)
 	comms_t *cm = &x->cm;
 
 	for (size_t i = 0; i < cm->nlocal && cm->comm; i++) {
-		ncclResult_t r = ncclSuccess;
 		cudaError_t e;
 
 		if (cm->dev && (e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess)
 			log_warnx("nccl: node %s: cudaSetDevice(%d): %s", x->node_id, cm->dev[i],
 				  a->cudaGetErrorString(e));
-		if (cm->comm[i] != NULL) {
-			/* a communicator in progress or with an error cannot be
-			 * destroyed (NCCL refuses): abort it */
-			bool ab = abort || comm_state(a, cm->comm[i]) != ncclSuccess;
-
-			r = ab ? a->ncclCommAbort(cm->comm[i]) : a->ncclCommDestroy(cm->comm[i]);
-			if (r != ncclSuccess)
-				log_warnx("nccl: node %s: %s (rank %d): %s", x->node_id,
-					  ab ? "ncclCommAbort" : "ncclCommDestroy", cm->local[i],
-					  a->ncclGetErrorString(r));
-		}
+		/* a communicator in progress or with an error cannot be destroyed
+		 * (NCCL refuses): it is aborted */
+		if (cm->comm[i] != NULL)
+			comm_free(x, cm->comm[i], cm->local[i], abort);
 		/* what the stream still holds (operations of an aborted communicator
 		 * end at once) finishes before its buffers can be freed */
 		for (int64_t end = xport_now_ms() + 10000; cm->stream && cm->stream[i] &&
@@ -898,12 +922,7 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 		return rc;
 	}
 	for (size_t i = 0; i < cm->nlocal; i++) {
-		ncclResult_t r = x->api->ncclCommDestroy(cm->comm[i]);
-
-		if (r != ncclSuccess)
-			log_warnx("nccl: node %s: ncclCommDestroy of the old communicator (rank "
-				  "%d): %s", x->node_id, cm->local[i],
-				  x->api->ncclGetErrorString(r));
+		comm_free(x, cm->comm[i], cm->local[i], false);  /* the old one */
 		cm->comm[i] = nc[i];
 	}
 	free(nc);

@@ -24,7 +24,9 @@
  *   7. (emulator) the loader's fallback: on a machine without
  *      libcudart.so.13 the search loads libcudart.so.12;
  *   8. (emulator) a peer killed mid-group: the sender's group fails, naming
- *      the peer, even when its stream drained before the transport looked.
+ *      the peer, even when its stream drained before the transport looked;
+ *   9. (emulator) a destroy refused by an asynchronous error that came after
+ *      the transport's check: aborted instead, no group left open.
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -95,6 +97,7 @@ now_s(void)
 }
 
 static atomic_int no_abort;
+static int64_t session_ms = 120000;   /* a session's deadline */
 
 /* A transport serving ranks (on devices devs, "0,1": NULL = identity). */
 static xport_t *
@@ -120,7 +123,7 @@ session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 	xport_session_t *s = NULL;
 
 	xport_nccl_ops.set_world(x, &w);
-	sc.deadline_ms = xport_now_ms() + 120000;
+	sc.deadline_ms = xport_now_ms() + session_ms;
 	if (xport_nccl_ops.open(x, &sc, &s, err) != REFIT_OK)
 		return NULL;
 	return s;
@@ -666,6 +669,124 @@ dead_peer_child(int32_t me, int idfd, pid_t peer)
 	return bad ? 1 : 0;
 }
 
+/* ---- 9. a destroy refused by a late error (emulator) ---------------------------------- */
+
+/*
+ * The transport destroys a communicator it found healthy; an asynchronous
+ * error that comes between its ncclCommGetAsyncError and its
+ * ncclCommDestroy makes NCCL refuse the destroy, and NCCL 2.28 then leaves
+ * the thread inside a group.  The error is brought in exactly there: the
+ * armed ncclCommGetAsyncError, once it read ncclSuccess for the old
+ * communicator, posts a mismatched send/recv to itself on it and returns
+ * only once that failed.  The old communicator must still be freed
+ * (aborted) and the thread's next group (the new epoch's communicators)
+ * must run: before, the destroy's refusal was logged and nothing else, the
+ * communicator leaked and the next ncclGroupEnd never launched the inits.
+ */
+static __typeof__(ncclCommGetAsyncError) *real_async;
+static __typeof__(ncclCommInitRankConfig) *real_init;
+static ncclComm_t late_comm;       /* the first communicator made */
+static bool late_armed;
+static void *late_buf[2];
+static cudaStream_t late_stream;
+static const gpu_api_t *late_api;
+
+static ncclResult_t
+init_capture(ncclComm_t *c, int n, ncclUniqueId id, int rank, ncclConfig_t *cfg)
+{
+	ncclResult_t r = real_init(c, n, id, rank, cfg);
+
+	if (late_comm == NULL && (r == ncclSuccess || r == ncclInProgress))
+		late_comm = *c;
+	return r;
+}
+
+static ncclResult_t
+async_then_error(ncclComm_t c, ncclResult_t *st)
+{
+	const gpu_api_t *a = late_api;
+	ncclResult_t r = real_async(c, st), now = ncclSuccess;
+
+	if (!late_armed || c != late_comm || r != ncclSuccess || *st != ncclSuccess)
+		return r;
+	late_armed = false;
+	if (a->cudaMalloc(&late_buf[0], 64) != cudaSuccess ||
+	    a->cudaMalloc(&late_buf[1], 64) != cudaSuccess ||
+	    a->cudaStreamCreateWithFlags(&late_stream, cudaStreamNonBlocking) != cudaSuccess)
+		return r;  /* the test then fails: no error came */
+	a->ncclGroupStart();
+	a->ncclSend(late_buf[0], 64, ncclUint8, 0, c, late_stream);
+	a->ncclRecv(late_buf[1], 32, ncclUint8, 0, c, late_stream);
+	a->ncclGroupEnd();
+	for (int i = 0; i < 20000 && real_async(c, &now) == ncclSuccess &&
+	     (now == ncclSuccess || now == ncclInProgress); i++)
+		usleep(1000);
+	return r;   /* what was true when it was read */
+}
+
+static int
+late_error_child(void)
+{
+	int32_t me = 0, world[1] = {0};
+	uint8_t id[512];
+	size_t idlen;
+	char host[64], why[1024];
+	gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	snprintf(host, sizeof(host), "%s-late", getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") :
+		 "gpu-test");
+	setenv("NCCL_HOSTID", host, 1);
+	if ((a = (gpu_api_t *)gpu_load(1, why, sizeof(why))) == NULL) {
+		printf("FAIL late-error child: %s\n", why);
+		return 1;
+	}
+	late_api = a;
+	session_ms = 20000;  /* the inits a group left open never launch: fail sooner */
+	real_async = a->ncclCommGetAsyncError;
+	real_init = a->ncclCommInitRankConfig;
+	a->ncclCommGetAsyncError = async_then_error;
+	a->ncclCommInitRankConfig = init_capture;
+	refit_err_clear(&err);
+	if ((x = start(&me, 1, "0", host, &err)) == NULL) {
+		printf("FAIL late-error child: %s\n", err.msg);
+		return 1;
+	}
+	for (uint64_t epoch = 1; epoch <= 2 && !bad; epoch++) {
+		idlen = sizeof(id);
+		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		/* epoch 2: its new id makes the transport drop epoch 1's communicator */
+		late_armed = epoch == 2;
+		s = session(x, epoch, world, 1, &me, 1, id, idlen, &err);
+		EXPECT(s != NULL, "epoch %" PRIu64 ": the communicator: %s", epoch, err.msg);
+		if (s) {
+			bad += group_two(s, me, me, 4096);
+			xport_nccl_ops.close(s);
+		}
+	}
+	EXPECT(late_buf[0] != NULL && !late_armed, "the late error was never brought in");
+	xport_nccl_ops.stop(x);
+	{
+		ncclResult_t r = a->ncclGroupEnd();
+
+		EXPECT(r == ncclInvalidUsage, "the thread was left inside a group (ncclGroupEnd "
+		       "said %s)", a->ncclGetErrorString(r));
+	}
+	a->cudaSetDevice(0);
+	if (late_buf[0] && a->cudaFree(late_buf[0]) != cudaSuccess)
+		bad++;
+	if (late_buf[1] && a->cudaFree(late_buf[1]) != cudaSuccess)
+		bad++;
+	if (late_stream && a->cudaStreamDestroy(late_stream) != cudaSuccess)
+		bad++;
+	bad += emu_check("the late-error child");
+	return bad ? 1 : 0;
+}
+
 /* ---- 6. loopback ------------------------------------------------------------------ */
 
 static int
@@ -821,7 +942,7 @@ main(int argc, char **argv)
 {
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
-	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1};
+	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
 	const gpu_api_t *a;
@@ -863,6 +984,8 @@ main(int argc, char **argv)
 		_exit(dead_peer_child(0, deadp[1], dead_pid[1]));
 	close(deadp[0]);
 	close(deadp[1]);
+	if (emu && (late_pid = fork()) == 0)
+		_exit(late_error_child());
 	a = gpu_load(1, why, sizeof(why));
 	if (a == NULL) {
 		printf("gpu: skipped: %s\n", why);
@@ -876,6 +999,10 @@ main(int argc, char **argv)
 				kill(dead_pid[k], SIGKILL);
 				waitpid(dead_pid[k], NULL, 0);
 			}
+		if (late_pid > 0) {
+			kill(late_pid, SIGKILL);
+			waitpid(late_pid, NULL, 0);
+		}
 		waitpid(ipc_pid, NULL, 0);
 		if (so12_pid > 0)
 			waitpid(so12_pid, NULL, 0);
@@ -988,6 +1115,15 @@ main(int argc, char **argv)
 	} else if (dead_pid[1] > 0) {
 		kill(dead_pid[1], SIGKILL);
 		waitpid(dead_pid[1], NULL, 0);
+	}
+	if (late_pid > 0) {
+		int rc = wait_child(late_pid, 60);
+
+		bad = 0;
+		EXPECT(rc == 0, "the child exited %d", rc);
+		result("a destroy refused by an error that came after the check: the "
+		       "communicator is aborted, the thread is not left inside a group, the "
+		       "next epoch's communicators form", bad);
 	}
 	bad = emu_check("the main process");
 	if (emu)
