@@ -310,8 +310,16 @@ dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *s
 	contig = box->size[c] == 1 || (sv->stride[c] == 1 && dv->stride[c] == 1);
 	if (!contig && x->api->copy_strided != NULL &&
 	    (e == 1 || e == 2 || e == 4 || e == 8) && nd <= REFIT_GPU_MAX_DIMS) {
-		int rc = x->api->copy_strided(st, dv->base + doff * e, sv->base + soff * e, nd,
-					      box->size, dv->stride, sv->stride, (int)e);
+		int rc;
+
+		/* the kernel library ends its launch with cudaGetLastError(): an
+		 * error an earlier call on this thread left there (handled where
+		 * it was returned, e.g. a refused copy of a failed session) would
+		 * come back as the launch's.  A sticky error stays (and the
+		 * launch returns it). */
+		(void)x->api->cudaGetLastError();
+		rc = x->api->copy_strided(st, dv->base + doff * e, sv->base + soff * e, nd,
+					  box->size, dv->stride, sv->stride, (int)e);
 
 		if (rc != 0)
 			dfail(x, (cudaError_t)rc, rank, "refitGpuCopyStrided");

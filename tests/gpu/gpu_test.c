@@ -129,6 +129,32 @@ session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 	return s;
 }
 
+/*
+ * A child process's transport for rank me, on its own host
+ * (NCCL_HOSTID + suffix: on one GPU NCCL then uses its network transport
+ * and refuses nothing), device 0; the loaded table in *api (a static,
+ * writable: tests put their stand-ins in it).  NULL: said why.
+ */
+static xport_t *
+child_start(const char *suffix, int32_t me, gpu_api_t **api)
+{
+	char host[64], why[1024];
+	refit_err_t err;
+	xport_t *x;
+
+	snprintf(host, sizeof(host), "%s-%s%d", getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") :
+		 "gpu-test", suffix, me);
+	setenv("NCCL_HOSTID", host, 1);
+	if ((*api = (gpu_api_t *)gpu_load(1, why, sizeof(why))) == NULL) {
+		printf("FAIL %s rank %d: %s\n", suffix, me, why);
+		return NULL;
+	}
+	refit_err_clear(&err);
+	if ((x = start(&me, 1, "0", host, &err)) == NULL)
+		printf("FAIL %s rank %d: %s\n", suffix, me, err.msg);
+	return x;
+}
+
 /* ---- 1. box copies ------------------------------------------------------------ */
 
 /* A random view of shape: padded rows, a strided innermost dim, stride-0
@@ -318,6 +344,26 @@ copy_error(xport_t *x, const int32_t *world, size_t nworld, const uint8_t *id, s
 		refit_err_clear(&err);
 		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK && memcmp(h, r, 64) == 0,
 		       "a copy after the failure: %s", err.msg);
+		if (kern != NULL) {
+			/* a box through the kernel, whose launch returns cudaGetLastError():
+			 * the refused 2D copy's error must not resurface there */
+			int64_t shape[1] = {4};
+			dp_view_t sv, dv;
+			plan_shard_t sh = {0};
+			plan_box_t box = {{0}, {4}};
+
+			dp_view_contiguous(&sv, g, 1, shape, 4);
+			dp_view_contiguous(&dv, g + 32, 1, shape, 4);
+			sv.stride[0] = 2;
+			sh.box.size[0] = 4;
+			dev->copy_box(dev->ctx, rank, &sv, &sh, &dv, &sh, &box);
+			dev->to_host(dev->ctx, rank, r, g + 32, 16);
+			refit_err_clear(&err);
+			EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "a kernel box copy after the "
+			       "failure: %s", err.msg);
+			for (int i = 0; i < 4 && err.status == REFIT_OK; i++)
+				EXPECT(memcmp(r + 4 * i, h + 8 * i, 4) == 0, "element %d", i);
+		}
 		dev->free(dev->ctx, rank, g);
 		xport_nccl_ops.close(s);
 	}
@@ -512,27 +558,16 @@ ring_child(int32_t me, int idfd, int out1, int out2, int gofd, int donefd)
 	int32_t world[3] = {0, 1, 2}, world2[2] = {0, 1};
 	uint8_t id[512];
 	size_t idlen = sizeof(id);
-	char host[64];
+	gpu_api_t *a;
 	xport_t *x;
 	xport_session_t *s;
 	refit_err_t err;
 	int bad = 0;
-	char why[1024], c;
+	char c;
 
-	/* every process its own host: on one GPU NCCL then uses its network
-	 * transport, and refuses nothing */
-	snprintf(host, sizeof(host), "%s-r%d", getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") :
-		 "gpu-test", me);
-	setenv("NCCL_HOSTID", host, 1);
-	if (gpu_load(1, why, sizeof(why)) == NULL) {
-		printf("FAIL rank %d: %s\n", me, why);
+	if ((x = child_start("r", me, &a)) == NULL)
 		return 1;
-	}
 	refit_err_clear(&err);
-	if ((x = start(&me, 1, "0", host, &err)) == NULL) {
-		printf("FAIL rank %d: %s\n", me, err.msg);
-		return 1;
-	}
 	if (me == 0) {
 		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
 		       err.msg);
@@ -607,26 +642,15 @@ dead_peer_child(int32_t me, int idfd, pid_t peer)
 	int32_t world[2] = {0, 1};
 	uint8_t id[512];
 	size_t idlen = sizeof(id);
-	char host[64], why[1024];
 	gpu_api_t *a;
 	xport_t *x;
 	xport_session_t *s;
 	refit_err_t err;
 	int bad = 0;
 
-	snprintf(host, sizeof(host), "%s-dead%d", getenv("NCCL_HOSTID") ?
-		 getenv("NCCL_HOSTID") : "gpu-test", me);
-	setenv("NCCL_HOSTID", host, 1);
-	/* the test's own stand-in for the loaded table (a static, writable) */
-	if ((a = (gpu_api_t *)gpu_load(1, why, sizeof(why))) == NULL) {
-		printf("FAIL dead-peer rank %d: %s\n", me, why);
+	if ((x = child_start("dead", me, &a)) == NULL)
 		return 1;
-	}
 	refit_err_clear(&err);
-	if ((x = start(&me, 1, "0", host, &err)) == NULL) {
-		printf("FAIL dead-peer rank %d: %s\n", me, err.msg);
-		return 1;
-	}
 	if (me == 0) {
 		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
 		       err.msg);
@@ -730,20 +754,14 @@ late_error_child(void)
 	int32_t me = 0, world[1] = {0};
 	uint8_t id[512];
 	size_t idlen;
-	char host[64], why[1024];
 	gpu_api_t *a;
 	xport_t *x;
 	xport_session_t *s;
 	refit_err_t err;
 	int bad = 0;
 
-	snprintf(host, sizeof(host), "%s-late", getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") :
-		 "gpu-test");
-	setenv("NCCL_HOSTID", host, 1);
-	if ((a = (gpu_api_t *)gpu_load(1, why, sizeof(why))) == NULL) {
-		printf("FAIL late-error child: %s\n", why);
+	if ((x = child_start("late", me, &a)) == NULL)
 		return 1;
-	}
 	late_api = a;
 	session_ms = 20000;  /* the inits a group left open never launch: fail sooner */
 	real_async = a->ncclCommGetAsyncError;
@@ -751,10 +769,6 @@ late_error_child(void)
 	a->ncclCommGetAsyncError = async_then_error;
 	a->ncclCommInitRankConfig = init_capture;
 	refit_err_clear(&err);
-	if ((x = start(&me, 1, "0", host, &err)) == NULL) {
-		printf("FAIL late-error child: %s\n", err.msg);
-		return 1;
-	}
 	for (uint64_t epoch = 1; epoch <= 2 && !bad; epoch++) {
 		idlen = sizeof(id);
 		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
