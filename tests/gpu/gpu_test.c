@@ -26,7 +26,8 @@
  *   8. (emulator) a peer killed mid-group: the sender's group fails, naming
  *      the peer, even when its stream drained before the transport looked;
  *   9. (emulator) a destroy refused by an asynchronous error that came after
- *      the transport's check: aborted instead, no group left open.
+ *      the transport's check: aborted instead, no group left open;
+ *  10. gpu_root_new whose second pipe fails leaves no descriptor open.
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -35,13 +36,16 @@
  * missing: the reason is printed; tests/gpu/run.sh decides whether that
  * is a failure).
  */
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -932,6 +936,56 @@ so12_child(const char *cudart)
 	return bad ? 1 : 0;
 }
 
+/* ---- 10. a root holder that cannot get its pipes ------------------------------------- */
+
+static int
+open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	if (d == NULL)
+		return -1;
+	while (readdir(d) != NULL)
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* A descriptor limit that leaves exactly two free below it: the first pipe
+ * of gpu_root_new gets them, the second fails; nothing may stay open. */
+static int
+root_pipe_failure(void)
+{
+	struct rlimit old, lim;
+	gpu_root_t r;
+	char why[256];
+	int bad = 0, before, after, rc, fd, freefds = 0;
+
+	if (getrlimit(RLIMIT_NOFILE, &old) != 0)
+		return 1;
+	for (fd = 0; fd < 4096 && freefds < 2; fd++)
+		if (fcntl(fd, F_GETFD) < 0)
+			freefds++;
+	lim = old;
+	lim.rlim_cur = (rlim_t)fd;
+	before = open_fds();
+	if (setrlimit(RLIMIT_NOFILE, &lim) != 0)
+		return 1;
+	rc = gpu_root_new(&r, 10000, why, sizeof(why));
+	after = open_fds();     /* the opendir fd fits again: the pipes' are back */
+	if (setrlimit(RLIMIT_NOFILE, &old) != 0)
+		bad++;
+	after = after < 0 ? open_fds() : after;
+	EXPECT(rc != 0 && strstr(why, "pipe"), "gpu_root_new with one free pipe: rc %d (%s)",
+	       rc, why);
+	if (rc == 0)
+		gpu_root_release(&r);
+	EXPECT(after == before, "%d descriptors open before, %d after the failed pipe", before,
+	       after);
+	return bad;
+}
+
 /* ---- main ------------------------------------------------------------------------------ */
 
 static int
@@ -1139,6 +1193,8 @@ main(int argc, char **argv)
 		       "communicator is aborted, the thread is not left inside a group, the "
 		       "next epoch's communicators form", bad);
 	}
+	result("a root holder whose second pipe fails (descriptor limit) leaves no "
+	       "descriptor open", root_pipe_failure());
 	bad = emu_check("the main process");
 	if (emu)
 		result("emulator counters: nothing left allocated, mapped or alive", bad);
