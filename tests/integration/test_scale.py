@@ -425,5 +425,4 @@ if ROWS:
         print(f"     {r['nodes']:>5} {r['order']:<16} {r['split']:>7} {r['running_ms']:>10} "
               f"{r['e2e_ms']:>7} {r['e2e2_ms']:>8} {r['plan_ms_max']:>7.1f} "
               f"{r['cached']:>6} {r['threads']:>7} {r['rss_kib'] / 1024:>7.1f} {r['fds']:>5}")
-print(f"scale: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+harness.summary("scale")
