@@ -36,11 +36,16 @@ if [ -z "$EMU" ] || [ ! -f "$EMU/libcudart.so.13" ]; then
 fi
 
 # the GPU test program over the emulator: one emulated host per process
+# (its emulated device memory lives in a folder of its own, removed when it passed)
 gputest() {
-	env REFIT_EMU_DEVICES=4 REFIT_EMU_DIR="$(mktemp -d /tmp/refit-gpu-emu.XXXXXX)" \
+	gd=$(mktemp -d /tmp/refit-gpu-emu.XXXXXX) || return 1
+	env REFIT_EMU_DEVICES=4 REFIT_EMU_DIR="$gd" \
 	    REFIT_EMU_COUNTERS=1 REFIT_CUDA_LIBRARY="$EMU/libcudart.so.13" \
 	    REFIT_NCCL_LIBRARY="$EMU/libnccl.so.2" \
 	    REFIT_GPU_KERNELS_LIBRARY="$EMU/libcudart.so.13" REFIT_GPU_TEST_EMU=1 "$1"
+	rc=$?
+	[ $rc -ne 0 ] || rm -rf "$gd"
+	return $rc
 }
 
 for v in normal asan; do

@@ -141,8 +141,14 @@ gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n)
 
 	memset(r, 0, sizeof(*r));
 	r->fd = -1;
-	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0) {
+	if (pipe2(in, O_CLOEXEC) < 0) {
 		snprintf(why, n, "root holder: pipe: %s", strerror(errno));
+		return -1;
+	}
+	if (pipe2(out, O_CLOEXEC) < 0) {
+		snprintf(why, n, "root holder: pipe: %s", strerror(errno));
+		close(in[0]);
+		close(in[1]);
 		return -1;
 	}
 	rc = spawn_holder(in, out, &pid);

@@ -310,8 +310,16 @@ dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *s
 	contig = box->size[c] == 1 || (sv->stride[c] == 1 && dv->stride[c] == 1);
 	if (!contig && x->api->copy_strided != NULL &&
 	    (e == 1 || e == 2 || e == 4 || e == 8) && nd <= REFIT_GPU_MAX_DIMS) {
-		int rc = x->api->copy_strided(st, dv->base + doff * e, sv->base + soff * e, nd,
-					      box->size, dv->stride, sv->stride, (int)e);
+		int rc;
+
+		/* the kernel library ends its launch with cudaGetLastError(): an
+		 * error an earlier call on this thread left there (handled where
+		 * it was returned, e.g. a refused copy of a failed session) would
+		 * come back as the launch's.  A sticky error stays (and the
+		 * launch returns it). */
+		(void)x->api->cudaGetLastError();
+		rc = x->api->copy_strided(st, dv->base + doff * e, sv->base + soff * e, nd,
+					  box->size, dv->stride, sv->stride, (int)e);
 
 		if (rc != 0)
 			dfail(x, (cudaError_t)rc, rank, "refitGpuCopyStrided");
@@ -587,6 +595,38 @@ comm_state(const gpu_api_t *a, ncclComm_t c)
 	return r == ncclSuccess ? st : r;
 }
 
+/*
+ * Free one communicator (local rank rank): ncclCommDestroy when it is ready
+ * and healthy, else ncclCommAbort, which works in any state.  The state can
+ * change between the check and the destroy (an asynchronous error of the
+ * proxy), so a refused destroy is followed by an abort.  NCCL 2.28 and
+ * later also leave the calling thread inside a group when they refuse a
+ * destroy (ncclGroupStart inside, an early return): that group is closed
+ * here, or every later group of this thread would never be launched (its
+ * ncclGroupEnd would only close the one left open) and its streams would
+ * look drained.
+ */
+static void
+comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
+{
+	const gpu_api_t *a = x->api;
+	ncclResult_t r;
+
+	if (!abort && comm_state(a, c) == ncclSuccess) {
+		if ((r = a->ncclCommDestroy(c)) == ncclSuccess)
+			return;
+		log_warnx("nccl: node %s: ncclCommDestroy (rank %d): %s; aborting it", x->node_id,
+			  rank, a->ncclGetErrorString(r));
+		if (a->nccl_version >= 22800 && (r = a->ncclGroupEnd()) != ncclSuccess &&
+		    r != ncclInProgress)
+			log_warnx("nccl: node %s: ncclGroupEnd after the refused ncclCommDestroy "
+				  "(rank %d): %s", x->node_id, rank, a->ncclGetErrorString(r));
+	}
+	if ((r = a->ncclCommAbort(c)) != ncclSuccess)
+		log_warnx("nccl: node %s: ncclCommAbort (rank %d): %s", x->node_id, rank,
+			  a->ncclGetErrorString(r));
+}
+
 /* Free the communicators and their streams: abort (they may be
  * mid-operation, or even in progress) or destroy.  Owner only. */
 static void
@@ -596,23 +636,15 @@ drop_comms(xport_t *x, bool abort)
 	comms_t *cm = &x->cm;
 
 	for (size_t i = 0; i < cm->nlocal && cm->comm; i++) {
-		ncclResult_t r = ncclSuccess;
 		cudaError_t e;
 
 		if (cm->dev && (e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess)
 			log_warnx("nccl: node %s: cudaSetDevice(%d): %s", x->node_id, cm->dev[i],
 				  a->cudaGetErrorString(e));
-		if (cm->comm[i] != NULL) {
-			/* a communicator in progress or with an error cannot be
-			 * destroyed (NCCL refuses): abort it */
-			bool ab = abort || comm_state(a, cm->comm[i]) != ncclSuccess;
-
-			r = ab ? a->ncclCommAbort(cm->comm[i]) : a->ncclCommDestroy(cm->comm[i]);
-			if (r != ncclSuccess)
-				log_warnx("nccl: node %s: %s (rank %d): %s", x->node_id,
-					  ab ? "ncclCommAbort" : "ncclCommDestroy", cm->local[i],
-					  a->ncclGetErrorString(r));
-		}
+		/* a communicator in progress or with an error cannot be destroyed
+		 * (NCCL refuses): it is aborted */
+		if (cm->comm[i] != NULL)
+			comm_free(x, cm->comm[i], cm->local[i], abort);
 		/* what the stream still holds (operations of an aborted communicator
 		 * end at once) finishes before its buffers can be freed */
 		for (int64_t end = xport_now_ms() + 10000; cm->stream && cm->stream[i] &&
@@ -898,12 +930,7 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 		return rc;
 	}
 	for (size_t i = 0; i < cm->nlocal; i++) {
-		ncclResult_t r = x->api->ncclCommDestroy(cm->comm[i]);
-
-		if (r != ncclSuccess)
-			log_warnx("nccl: node %s: ncclCommDestroy of the old communicator (rank "
-				  "%d): %s", x->node_id, cm->local[i],
-				  x->api->ncclGetErrorString(r));
+		comm_free(x, cm->comm[i], cm->local[i], false);  /* the old one */
 		cm->comm[i] = nc[i];
 	}
 	free(nc);
@@ -1139,9 +1166,60 @@ post_group(xport_t *x, const xport_op_t *ops, size_t n, refit_err_t *err)
 	return group_end(a, rc, "", err);
 }
 
-/* The posted group's kernels on every local stream, bounded, without x->mu. */
+/* The peers of rank's operations in the group, for a message: "sends to
+ * rank 1, 3; receives from rank 2" (truncated with "..."). */
+static void
+group_peers(const xport_op_t *ops, size_t n, int32_t rank, char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (int send = 1; send >= 0; send--) {
+		bool first = true;
+
+		for (size_t i = 0; i < n; i++) {
+			int k;
+
+			if (ops[i].rank != rank || ops[i].send != (send == 1) || ops[i].bytes == 0)
+				continue;
+			k = first ? snprintf(buf + off, len - off, "%s%s rank %d", off ? "; " : "",
+					     send ? "sends to" : "receives from", ops[i].peer)
+				  : snprintf(buf + off, len - off, ", %d", ops[i].peer);
+			first = false;
+			if (k < 0 || (size_t)k >= len - off) {
+				if (len >= 4)
+					memcpy(buf + len - 4, "...", 4);
+				return;
+			}
+			off += (size_t)k;
+		}
+	}
+}
+
+/* Local rank i's communicator failed the group with st: name the rank and
+ * the peers of its operations (one of them died, refused or faulted). */
 static refit_status_t
-wait_group(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
+group_error(xport_t *x, size_t i, const xport_op_t *ops, size_t n, ncclResult_t st,
+	    refit_err_t *err)
+{
+	char peers[256];
+
+	group_peers(ops, n, x->cm.local[i], peers, sizeof(peers));
+	return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank %d (%s): the group "
+			     "failed: %s (ncclCommGetAsyncError)", x->cm.local[i],
+			     peers[0] ? peers : "no operations", x->api->ncclGetErrorString(st));
+}
+
+/*
+ * The posted group's kernels on every local stream, bounded, without x->mu.
+ * A drained stream is not enough: NCCL reports a failed operation through
+ * the communicator's asynchronous error, and a stream can drain with one
+ * set (a send whose data NCCL had buffered, an operation ended by the
+ * error), so the error is checked once more after the stream completed.
+ */
+static refit_status_t
+wait_group(xport_t *x, const xport_op_t *ops, size_t n, const xport_session_cfg_t *cfg,
+	   refit_err_t *err)
 {
 	const gpu_api_t *a = x->api;
 	comms_t *cm = &x->cm;
@@ -1151,15 +1229,14 @@ wait_group(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
 			cudaError_t e = a->cudaStreamQuery(cm->stream[i]);
 			ncclResult_t st;
 
-			if (e == cudaSuccess)
-				break;
-			if (e != cudaErrorNotReady)
+			if (e != cudaSuccess && e != cudaErrorNotReady)
 				return cuda_err(a, e, "point-to-point group", err);
-			if ((st = comm_state(a, cm->comm[i])) != ncclSuccess &&
-			    st != ncclInProgress)
-				return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank "
-						     "%d: %s", cm->local[i],
-						     a->ncclGetErrorString(st));
+			/* after the query: an error set before the stream drained is seen */
+			st = comm_state(a, cm->comm[i]);
+			if (st != ncclSuccess && st != ncclInProgress)
+				return group_error(x, i, ops, n, st, err);
+			if (e == cudaSuccess && st == ncclSuccess)
+				break;
 			CHECK(bounds(cfg, "point-to-point group", err));
 			usleep(50);
 		}
@@ -1193,7 +1270,7 @@ run_group(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err)
 	 * and PrepareEpoch (set_world, x->mu) must still be answered */
 	log_debug(LOG_SUB_XPORT, "nccl: node %s: group of %zu operations issued, waiting for "
 		  "it", x->node_id, n);
-	if ((rc = wait_group(x, &s->cfg, err)) != REFIT_OK)
+	if ((rc = wait_group(x, ops, n, &s->cfg, err)) != REFIT_OK)
 		return group_fail(x, rc);
 	return REFIT_OK;
 }

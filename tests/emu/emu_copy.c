@@ -337,26 +337,51 @@ kernel_check(int ndim, const int64_t *shape, const int64_t *dst_stride,
 	return cudaSuccess;
 }
 
+/*
+ * As daemon/transport/kernels.cu: its own argument checks touch no runtime
+ * state; a launch ends with cudaGetLastError(), which returns (and clears)
+ * this thread's last error -- the launch's own, or a stale one that an
+ * earlier failed call on this thread left unconsumed, although the kernel
+ * was launched.  A box of no elements returns at once.
+ */
 EMU_API int
 refitGpuCopyStrided(void *stream, void *dst, const void *src, int ndim, const int64_t *shape,
 		    const int64_t *dst_stride, const int64_t *src_stride, int elem_size)
 {
-	cudaError_t e = emu_enter();
+	cudaError_t e = emu_enter(), prev;
 	struct CUstream_st *s;
 	kernel_op_t *k;
+	int64_t total = 1;
 
 	if (e)
 		return e;
-	if ((e = kernel_check(ndim, shape, dst_stride, src_stride, elem_size)) != cudaSuccess)
+	prev = emu_last_swap(cudaSuccess);
+	if ((e = kernel_check(ndim, shape, dst_stride, src_stride, elem_size)) != cudaSuccess) {
+		emu_last_swap(prev);
 		return e;
-	if ((e = emu_stream_get(stream, &s)) != cudaSuccess)
+	}
+	for (int i = 0; i < ndim; i++)
+		total *= shape[i];
+	if (total == 0) {
+		emu_last_swap(prev);
+		return cudaSuccess;
+	}
+	if ((e = emu_stream_get(stream, &s)) != cudaSuccess) {
+		emu_last_swap(cudaSuccess);
 		return e;
-	if (emu_stream_dev(s) != emu_cur_dev())
-		return emu_fail(cudaErrorInvalidResourceHandle, "refitGpuCopyStrided: launch on "
-				"a stream of device %d while the current device is %d",
-				emu_stream_dev(s), emu_cur_dev());
-	if ((k = calloc(1, sizeof(*k))) == NULL)
-		return emu_fail(cudaErrorMemoryAllocation, "refitGpuCopyStrided: out of memory");
+	}
+	if (emu_stream_dev(s) != emu_cur_dev()) {
+		e = emu_fail(cudaErrorInvalidResourceHandle, "refitGpuCopyStrided: launch on "
+			     "a stream of device %d while the current device is %d",
+			     emu_stream_dev(s), emu_cur_dev());
+		emu_last_swap(cudaSuccess);
+		return e;
+	}
+	if ((k = calloc(1, sizeof(*k))) == NULL) {
+		e = emu_fail(cudaErrorMemoryAllocation, "refitGpuCopyStrided: out of memory");
+		emu_last_swap(cudaSuccess);
+		return e;
+	}
 	k->h.run = kernel_run;
 	k->h.fini = op_free;
 	k->dst = dst;
@@ -367,5 +392,9 @@ refitGpuCopyStrided(void *stream, void *dst, const void *src, int ndim, const in
 	memcpy(k->dst_stride, dst_stride, (size_t)ndim * sizeof(*shape));
 	memcpy(k->src_stride, src_stride, (size_t)ndim * sizeof(*shape));
 	emu_stream_push(s, &k->h);
-	return cudaSuccess;
+	if (prev != cudaSuccess)
+		emu_say("refitGpuCopyStrided: launched, but cudaGetLastError() after the launch "
+			"returns an earlier call's unconsumed error (%s), as kernels.cu would",
+			cudaGetErrorName(prev));
+	return prev;
 }

@@ -335,6 +335,15 @@ cudaRuntimeGetVersion(int *v)
 }
 
 cudaError_t
+emu_last_swap(cudaError_t e)
+{
+	cudaError_t o = last_err;
+
+	last_err = e;
+	return o;
+}
+
+cudaError_t
 cudaGetLastError(void)
 {
 	cudaError_t e = emu_enter(), l = last_err;

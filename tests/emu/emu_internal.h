@@ -55,6 +55,8 @@ EMU_API cudaError_t emu_fail(cudaError_t e, const char *fmt, ...) EMU_PRINTF(2, 
  * later CUDA call of the process.  Says why on stderr (first time). */
 EMU_API void emu_fault(cudaError_t e, const char *fmt, ...) EMU_PRINTF(2, 3);
 EMU_API cudaError_t emu_sticky(void);
+/* This thread's last (non-sticky) error becomes e; the previous one. */
+EMU_API cudaError_t emu_last_swap(cudaError_t e);
 EMU_API int emu_cur_dev(void);
 EMU_API void emu_say(const char *fmt, ...) EMU_PRINTF(1, 2);
 /* Sleep the randomized execution delay (REFIT_EMU_DELAY_US). */

@@ -275,6 +275,40 @@ t_kernel_strided(void)
 	CUIS(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
 }
 
+/*
+ * kernels.cu ends a launch with cudaGetLastError(): an error an earlier
+ * call on this thread left unconsumed is returned by the next launch,
+ * which ran all the same; the kernel's own argument errors leave the last
+ * error alone.
+ */
+static void
+t_kernel_stale_last_error(void)
+{
+	int32_t h[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[4] = {0};
+	int32_t *d;
+	cudaStream_t s;
+	int64_t shape[1] = {4}, dst[1] = {1}, src[1] = {2};
+
+	CU(cudaMalloc((void **)&d, 64));
+	s = stream_nb();
+	CU(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice));
+	CUIS(cudaMemcpy2DAsync(d + 8, 0, d, 16, 16, 2, cudaMemcpyDeviceToDevice, s),
+	     cudaErrorInvalidPitchValue);
+	CUIS(refitGpuCopyStrided(s, d + 8, d, 1, shape, dst, src, 4), cudaErrorInvalidPitchValue);
+	CU(cudaMemcpyAsync(out, d + 8, sizeof(out), cudaMemcpyDeviceToHost, s));
+	CU(cudaStreamSynchronize(s));
+	CK(out[0] == 1 && out[1] == 3 && out[2] == 5 && out[3] == 7, "the kernel did not run: "
+	   "%d %d %d %d", out[0], out[1], out[2], out[3]);
+	CUIS(cudaGetLastError(), cudaSuccess);   /* the launch consumed it */
+	CU(refitGpuCopyStrided(s, d + 8, d, 1, shape, dst, src, 4));
+	CUIS(cudaMemcpy2DAsync(d + 8, 0, d, 16, 16, 2, cudaMemcpyDeviceToDevice, s),
+	     cudaErrorInvalidPitchValue);
+	CUIS(refitGpuCopyStrided(s, d + 8, d, 0, shape, dst, src, 4), cudaErrorInvalidValue);
+	CUIS(cudaGetLastError(), cudaErrorInvalidPitchValue);
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(d));
+}
+
 static void
 t_kernel_cross_device_sticky(void)
 {
@@ -680,6 +714,7 @@ const test_t cuda_tests[] = {
 	TEST_ENV(async_stale_notready, "REFIT_EMU_DELAY_US=1000000"),
 	TEST(cross_device_copy_sticky), TEST(out_of_allocation_sticky), TEST(use_after_free_sticky),
 	TEST(pitch_and_kind_errors), TEST(copy_2d_3d_exact), TEST(kernel_strided),
+	TEST(kernel_stale_last_error),
 	TEST(kernel_cross_device_sticky), TEST_ENV(memory_limit, "REFIT_EMU_DEVICE_MEM=1048576"),
 	TEST(counters_and_dump), TEST(ipc_between_processes), TEST(ipc_mapping_device),
 	TEST(ipc_use_after_exporter_free), TEST(ipc_refused),

@@ -186,6 +186,8 @@ t_nccl_nonblocking_init(void)
 	NCIS(ncclSend(buf, 64, ncclUint8, 1, c, s), ncclInvalidArgument);
 	NCIS(ncclCommCount(c, &n), ncclInvalidArgument);
 	NCIS(ncclCommGetAsyncError(NULL, &st), ncclInvalidArgument);
+	/* NCCL 2.28: the refused destroy left this thread inside a group */
+	NCIS(ncclGroupEnd(), ncclSuccess);
 	NCIS(ncclGroupEnd(), ncclInvalidUsage);
 	CK(wait_comm(c, 300) == ncclInProgress, "ready before the other rank joined");
 	put(id_pipe[1], &id, sizeof(id));
@@ -234,6 +236,7 @@ same_device_rank(int rank)
 	NC(ncclCommInitRankConfig(&c, 2, id, rank, &cfg));
 	CK(wait_comm(c, 20000) == ncclInvalidUsage, "two ranks on one device were accepted");
 	NCIS(ncclCommDestroy(c), ncclInvalidUsage); /* an error: abort it */
+	NCIS(ncclGroupEnd(), ncclSuccess);         /* and close the group it left open */
 	NCIS(ncclCommAbort(c), ncclSuccess);
 	CK(counters().comms_live == 0, "comms");
 }
@@ -265,6 +268,7 @@ mismatch_case(size_t scount, ncclDataType_t st, size_t rcount, ncclDataType_t rt
 	CK(strstr(ncclGetLastError(NULL), "differ") != NULL, "message: %s",
 	   ncclGetLastError(NULL));
 	NCIS(ncclCommDestroy(c[0]), ncclInvalidUsage);
+	NCIS(ncclGroupEnd(), ncclSuccess); /* the group the refused destroy left open */
 	NCIS(ncclCommAbort(c[0]), ncclSuccess);
 	NCIS(ncclCommAbort(c[1]), ncclSuccess);
 }
@@ -324,6 +328,7 @@ t_nccl_shrink(void)
 	NCIS(ncclCommGetAsyncError(c[0], &st), ncclSuccess);
 	CK(st == ncclInProgress, "parent state %d during the shrink", st);
 	NCIS(ncclCommDestroy(c[0]), ncclInvalidArgument);
+	NCIS(ncclGroupEnd(), ncclSuccess); /* the group the refused destroy left open */
 	CK(wait_comm(c[0], 300) == ncclInProgress, "a shrink completed without rank 1");
 	CK(n0 == NULL, "newcomm published without rank 1");
 	NCIS(ncclCommShrink(c[1], ex, 1, &n1, &cfg, NCCL_SHRINK_DEFAULT), ncclInProgress);
@@ -496,6 +501,67 @@ exporter_of_id(int arg)
 	exit(0);
 }
 
+/*
+ * A refused ncclCommDestroy (an asynchronous error here) leaves the thread
+ * inside a group in NCCL 2.28 (it opens one and returns without closing
+ * it): a send posted next is held until the thread's next ncclGroupEnd,
+ * which closes that group and runs it.  NCCL 2.27 opened none.
+ */
+static void
+destroy_refused(bool leaves_group)
+{
+	ncclComm_t c[2], g[2];
+	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
+	void *b0 = dev_buf(0, 64, 1), *b1 = dev_buf(1, 64, 2);
+	ncclResult_t r;
+
+	make_comms(2, c, true);
+	make_comms(2, g, true);
+	NC(ncclGroupStart());
+	NC(ncclSend(b0, 64, ncclUint8, 1, c[0], s0));
+	NC(ncclRecv(b1, 32, ncclUint8, 0, c[1], s1));
+	NC(ncclGroupEnd());
+	CK(wait_stream(s0, 20000) == cudaSuccess && wait_stream(s1, 20000) == cudaSuccess,
+	   "the mismatched operations did not end");
+	CK(wait_comm(c[0], 20000) == ncclInvalidUsage, "no mismatch error");
+	NCIS(ncclCommDestroy(c[0]), ncclInvalidUsage);
+	if (leaves_group) {
+		uint8_t want[64], got[64];
+
+		fill(want, 64, 1);
+		NCIS(ncclSend(b0, 64, ncclUint8, 1, g[0], s0), ncclSuccess);
+		NCIS(ncclRecv(b1, 64, ncclUint8, 0, g[1], s1), ncclSuccess);
+		CK(wait_stream(s1, 20000) == cudaSuccess, "stream");
+		CU(cudaSetDevice(1));
+		CU(cudaMemcpy(got, b1, 64, cudaMemcpyDeviceToHost));
+		CK(memcmp(got, want, 64) != 0, "the receive ran inside the group left open");
+		NCIS(ncclGroupEnd(), ncclSuccess); /* closes it: now they run */
+		CK(wait_stream(s0, 20000) == cudaSuccess && wait_stream(s1, 20000) == cudaSuccess,
+		   "the held send/recv did not end after ncclGroupEnd");
+		CU(cudaMemcpy(got, b1, 64, cudaMemcpyDeviceToHost));
+		CK(memcmp(got, want, 64) == 0, "the held receive did not run after ncclGroupEnd");
+		NCIS(ncclCommGetAsyncError(g[0], &r), ncclSuccess);
+		CK(r == ncclSuccess, "state %d", r);
+	}
+	NCIS(ncclGroupEnd(), ncclInvalidUsage);
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+	NCIS(ncclCommDestroy(g[0]), ncclSuccess);
+	NCIS(ncclCommDestroy(g[1]), ncclSuccess);
+}
+
+static void
+t_nccl_destroy_refused_leaves_group(void)
+{
+	destroy_refused(true);
+}
+
+static void
+t_nccl_destroy_refused_227_no_group(void)
+{
+	destroy_refused(false);
+}
+
 /* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says (refitd's minimum check) */
 static void
 t_nccl_version_env(void)
@@ -640,5 +706,7 @@ const test_t nccl_tests[] = {
 	TEST(nccl_peer_death_remote_error), TEST(nccl_abort_during_init),
 	TEST(nccl_argument_errors), TEST_ENV(nccl_version_env, "REFIT_EMU_NCCL_VERSION=22610"),
 	TEST(nccl_inconsistent_ranks), TEST(nccl_root_gone), TEST(nccl_peer_gone_before_send),
+	TEST(nccl_destroy_refused_leaves_group),
+	TEST_ENV(nccl_destroy_refused_227_no_group, "REFIT_EMU_NCCL_VERSION=22703"),
 };
 const size_t nnccl_tests = sizeof(nccl_tests) / sizeof(nccl_tests[0]);

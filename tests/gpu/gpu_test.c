@@ -22,7 +22,12 @@
  *      (ncclCommShrink, no new unique id) and exchange again;
  *   6. a loopback communicator: 256 MiB to itself, byte-exact, GB/s;
  *   7. (emulator) the loader's fallback: on a machine without
- *      libcudart.so.13 the search loads libcudart.so.12.
+ *      libcudart.so.13 the search loads libcudart.so.12;
+ *   8. (emulator) a peer killed mid-group: the sender's group fails, naming
+ *      the peer, even when its stream drained before the transport looked;
+ *   9. (emulator) a destroy refused by an asynchronous error that came after
+ *      the transport's check: aborted instead, no group left open;
+ *  10. gpu_root_new whose second pipe fails leaves no descriptor open.
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -31,13 +36,16 @@
  * missing: the reason is printed; tests/gpu/run.sh decides whether that
  * is a failure).
  */
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -93,6 +101,7 @@ now_s(void)
 }
 
 static atomic_int no_abort;
+static int64_t session_ms = 120000;   /* a session's deadline */
 
 /* A transport serving ranks (on devices devs, "0,1": NULL = identity). */
 static xport_t *
@@ -118,10 +127,36 @@ session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 	xport_session_t *s = NULL;
 
 	xport_nccl_ops.set_world(x, &w);
-	sc.deadline_ms = xport_now_ms() + 120000;
+	sc.deadline_ms = xport_now_ms() + session_ms;
 	if (xport_nccl_ops.open(x, &sc, &s, err) != REFIT_OK)
 		return NULL;
 	return s;
+}
+
+/*
+ * A child process's transport for rank me, on its own host
+ * (NCCL_HOSTID + suffix: on one GPU NCCL then uses its network transport
+ * and refuses nothing), device 0; the loaded table in *api (a static,
+ * writable: tests put their stand-ins in it).  NULL: said why.
+ */
+static xport_t *
+child_start(const char *suffix, int32_t me, gpu_api_t **api)
+{
+	char host[64], why[1024];
+	refit_err_t err;
+	xport_t *x;
+
+	snprintf(host, sizeof(host), "%s-%s%d", getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") :
+		 "gpu-test", suffix, me);
+	setenv("NCCL_HOSTID", host, 1);
+	if ((*api = (gpu_api_t *)gpu_load(1, why, sizeof(why))) == NULL) {
+		printf("FAIL %s rank %d: %s\n", suffix, me, why);
+		return NULL;
+	}
+	refit_err_clear(&err);
+	if ((x = start(&me, 1, "0", host, &err)) == NULL)
+		printf("FAIL %s rank %d: %s\n", suffix, me, err.msg);
+	return x;
 }
 
 /* ---- 1. box copies ------------------------------------------------------------ */
@@ -313,6 +348,26 @@ copy_error(xport_t *x, const int32_t *world, size_t nworld, const uint8_t *id, s
 		refit_err_clear(&err);
 		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK && memcmp(h, r, 64) == 0,
 		       "a copy after the failure: %s", err.msg);
+		if (kern != NULL) {
+			/* a box through the kernel, whose launch returns cudaGetLastError():
+			 * the refused 2D copy's error must not resurface there */
+			int64_t shape[1] = {4};
+			dp_view_t sv, dv;
+			plan_shard_t sh = {0};
+			plan_box_t box = {{0}, {4}};
+
+			dp_view_contiguous(&sv, g, 1, shape, 4);
+			dp_view_contiguous(&dv, g + 32, 1, shape, 4);
+			sv.stride[0] = 2;
+			sh.box.size[0] = 4;
+			dev->copy_box(dev->ctx, rank, &sv, &sh, &dv, &sh, &box);
+			dev->to_host(dev->ctx, rank, r, g + 32, 16);
+			refit_err_clear(&err);
+			EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "a kernel box copy after the "
+			       "failure: %s", err.msg);
+			for (int i = 0; i < 4 && err.status == REFIT_OK; i++)
+				EXPECT(memcmp(r + 4 * i, h + 8 * i, 4) == 0, "element %d", i);
+		}
 		dev->free(dev->ctx, rank, g);
 		xport_nccl_ops.close(s);
 	}
@@ -507,27 +562,16 @@ ring_child(int32_t me, int idfd, int out1, int out2, int gofd, int donefd)
 	int32_t world[3] = {0, 1, 2}, world2[2] = {0, 1};
 	uint8_t id[512];
 	size_t idlen = sizeof(id);
-	char host[64];
+	gpu_api_t *a;
 	xport_t *x;
 	xport_session_t *s;
 	refit_err_t err;
 	int bad = 0;
-	char why[1024], c;
+	char c;
 
-	/* every process its own host: on one GPU NCCL then uses its network
-	 * transport, and refuses nothing */
-	snprintf(host, sizeof(host), "%s-r%d", getenv("NCCL_HOSTID") ? getenv("NCCL_HOSTID") :
-		 "gpu-test", me);
-	setenv("NCCL_HOSTID", host, 1);
-	if (gpu_load(1, why, sizeof(why)) == NULL) {
-		printf("FAIL rank %d: %s\n", me, why);
+	if ((x = child_start("r", me, &a)) == NULL)
 		return 1;
-	}
 	refit_err_clear(&err);
-	if ((x = start(&me, 1, "0", host, &err)) == NULL) {
-		printf("FAIL rank %d: %s\n", me, err.msg);
-		return 1;
-	}
 	if (me == 0) {
 		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
 		       err.msg);
@@ -564,6 +608,200 @@ ring_child(int32_t me, int idfd, int out1, int out2, int gofd, int donefd)
 		bad++;
 	xport_nccl_ops.stop(x);
 	bad += emu_check(me ? "rank 1" : "rank 0");
+	return bad ? 1 : 0;
+}
+
+/* ---- 8. a peer dies mid-group (emulator) -------------------------------------------- */
+
+/*
+ * The sender's side of a group whose peer dies: the emulated NCCL fails
+ * the send with ncclRemoteError and its stream then completes.  The first
+ * cudaStreamQuery of the group kills the peer and returns only once the
+ * stream drained (a poller descheduled while the error came: the stream is
+ * done, the communicator's asynchronous error is set).  The transport must
+ * report the group failed, naming the peer, and not done (the defect: only
+ * a stream still running had its communicator's error checked).
+ */
+static pid_t kill_on_query;
+static __typeof__(cudaStreamQuery) *real_query;
+
+static cudaError_t
+query_after_death(cudaStream_t st)
+{
+	if (kill_on_query > 0) {
+		kill(kill_on_query, SIGKILL);
+		kill_on_query = 0;
+		for (int i = 0; i < 60000 && real_query(st) == cudaErrorNotReady; i++)
+			usleep(1000);
+	}
+	return real_query(st);
+}
+
+/* Rank me of {0, 1} on its own host: rank 0 makes the id (writes it on
+ * idfd), rank 1 reads it (idfd), opens the session and waits to be
+ * killed; rank 0 sends to it and kills it (peer) mid-group. */
+static int
+dead_peer_child(int32_t me, int idfd, pid_t peer)
+{
+	int32_t world[2] = {0, 1};
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+	gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	if ((x = child_start("dead", me, &a)) == NULL)
+		return 1;
+	refit_err_clear(&err);
+	if (me == 0) {
+		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		if (write(idfd, id, idlen) != (ssize_t)idlen)
+			bad++;
+	} else {
+		ssize_t r = read(idfd, id, sizeof(id));
+
+		idlen = r > 0 ? (size_t)r : 0;
+	}
+	s = session(x, 1, world, 2, &me, 1, id, idlen, &err);
+	EXPECT(s != NULL, "dead-peer rank %d: communicators of 2: %s", me, err.msg);
+	if (me == 1) {
+		for (;;)      /* killed by rank 0 */
+			pause();
+	}
+	if (s) {
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		uint64_t n = 1 << 20;
+		uint8_t *buf = dev->alloc(dev->ctx, 0, n);
+		xport_op_t op = {true, 0, 1, buf, n};
+		refit_status_t rc;
+
+		EXPECT(buf != NULL, "cudaMalloc");
+		real_query = a->cudaStreamQuery;
+		a->cudaStreamQuery = query_after_death;
+		kill_on_query = peer;
+		rc = group_run(s, &op, 1, &err);
+		a->cudaStreamQuery = real_query;
+		EXPECT(kill_on_query == 0, "the group never queried its stream");
+		EXPECT(rc == REFIT_ERR_NCCL && strstr(err.msg, "sends to rank 1") &&
+		       strstr(err.msg, "remote process exited"), "a send to a peer killed "
+		       "mid-group: %s (%s)", rc == REFIT_OK ? "done" : "failed", err.msg);
+		/* freed although the communicators are gone (the counters check) */
+		dev->free(dev->ctx, 0, buf);
+		xport_nccl_ops.close(s);
+	}
+	xport_nccl_ops.stop(x);
+	bad += emu_check("the sender of a dead peer");
+	return bad ? 1 : 0;
+}
+
+/* ---- 9. a destroy refused by a late error (emulator) ---------------------------------- */
+
+/*
+ * The transport destroys a communicator it found healthy; an asynchronous
+ * error that comes between its ncclCommGetAsyncError and its
+ * ncclCommDestroy makes NCCL refuse the destroy, and NCCL 2.28 then leaves
+ * the thread inside a group.  The error is brought in exactly there: the
+ * armed ncclCommGetAsyncError, once it read ncclSuccess for the old
+ * communicator, posts a mismatched send/recv to itself on it and returns
+ * only once that failed.  The old communicator must still be freed
+ * (aborted) and the thread's next group (the new epoch's communicators)
+ * must run: before, the destroy's refusal was logged and nothing else, the
+ * communicator leaked and the next ncclGroupEnd never launched the inits.
+ */
+static __typeof__(ncclCommGetAsyncError) *real_async;
+static __typeof__(ncclCommInitRankConfig) *real_init;
+static ncclComm_t late_comm;       /* the first communicator made */
+static bool late_armed;
+static void *late_buf[2];
+static cudaStream_t late_stream;
+static const gpu_api_t *late_api;
+
+static ncclResult_t
+init_capture(ncclComm_t *c, int n, ncclUniqueId id, int rank, ncclConfig_t *cfg)
+{
+	ncclResult_t r = real_init(c, n, id, rank, cfg);
+
+	if (late_comm == NULL && (r == ncclSuccess || r == ncclInProgress))
+		late_comm = *c;
+	return r;
+}
+
+static ncclResult_t
+async_then_error(ncclComm_t c, ncclResult_t *st)
+{
+	const gpu_api_t *a = late_api;
+	ncclResult_t r = real_async(c, st), now = ncclSuccess;
+
+	if (!late_armed || c != late_comm || r != ncclSuccess || *st != ncclSuccess)
+		return r;
+	late_armed = false;
+	if (a->cudaMalloc(&late_buf[0], 64) != cudaSuccess ||
+	    a->cudaMalloc(&late_buf[1], 64) != cudaSuccess ||
+	    a->cudaStreamCreateWithFlags(&late_stream, cudaStreamNonBlocking) != cudaSuccess)
+		return r;  /* the test then fails: no error came */
+	a->ncclGroupStart();
+	a->ncclSend(late_buf[0], 64, ncclUint8, 0, c, late_stream);
+	a->ncclRecv(late_buf[1], 32, ncclUint8, 0, c, late_stream);
+	a->ncclGroupEnd();
+	for (int i = 0; i < 20000 && real_async(c, &now) == ncclSuccess &&
+	     (now == ncclSuccess || now == ncclInProgress); i++)
+		usleep(1000);
+	return r;   /* what was true when it was read */
+}
+
+static int
+late_error_child(void)
+{
+	int32_t me = 0, world[1] = {0};
+	uint8_t id[512];
+	size_t idlen;
+	gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	if ((x = child_start("late", me, &a)) == NULL)
+		return 1;
+	late_api = a;
+	session_ms = 20000;  /* the inits a group left open never launch: fail sooner */
+	real_async = a->ncclCommGetAsyncError;
+	real_init = a->ncclCommInitRankConfig;
+	a->ncclCommGetAsyncError = async_then_error;
+	a->ncclCommInitRankConfig = init_capture;
+	refit_err_clear(&err);
+	for (uint64_t epoch = 1; epoch <= 2 && !bad; epoch++) {
+		idlen = sizeof(id);
+		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		/* epoch 2: its new id makes the transport drop epoch 1's communicator */
+		late_armed = epoch == 2;
+		s = session(x, epoch, world, 1, &me, 1, id, idlen, &err);
+		EXPECT(s != NULL, "epoch %" PRIu64 ": the communicator: %s", epoch, err.msg);
+		if (s) {
+			bad += group_two(s, me, me, 4096);
+			xport_nccl_ops.close(s);
+		}
+	}
+	EXPECT(late_buf[0] != NULL && !late_armed, "the late error was never brought in");
+	xport_nccl_ops.stop(x);
+	{
+		ncclResult_t r = a->ncclGroupEnd();
+
+		EXPECT(r == ncclInvalidUsage, "the thread was left inside a group (ncclGroupEnd "
+		       "said %s)", a->ncclGetErrorString(r));
+	}
+	a->cudaSetDevice(0);
+	if (late_buf[0] && a->cudaFree(late_buf[0]) != cudaSuccess)
+		bad++;
+	if (late_buf[1] && a->cudaFree(late_buf[1]) != cudaSuccess)
+		bad++;
+	if (late_stream && a->cudaStreamDestroy(late_stream) != cudaSuccess)
+		bad++;
+	bad += emu_check("the late-error child");
 	return bad ? 1 : 0;
 }
 
@@ -698,6 +936,56 @@ so12_child(const char *cudart)
 	return bad ? 1 : 0;
 }
 
+/* ---- 10. a root holder that cannot get its pipes ------------------------------------- */
+
+static int
+open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	if (d == NULL)
+		return -1;
+	while (readdir(d) != NULL)
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* A descriptor limit that leaves exactly two free below it: the first pipe
+ * of gpu_root_new gets them, the second fails; nothing may stay open. */
+static int
+root_pipe_failure(void)
+{
+	struct rlimit old, lim;
+	gpu_root_t r;
+	char why[256];
+	int bad = 0, before, after, rc, fd, freefds = 0;
+
+	if (getrlimit(RLIMIT_NOFILE, &old) != 0)
+		return 1;
+	for (fd = 0; fd < 4096 && freefds < 2; fd++)
+		if (fcntl(fd, F_GETFD) < 0)
+			freefds++;
+	lim = old;
+	lim.rlim_cur = (rlim_t)fd;
+	before = open_fds();
+	if (setrlimit(RLIMIT_NOFILE, &lim) != 0)
+		return 1;
+	rc = gpu_root_new(&r, 10000, why, sizeof(why));
+	after = open_fds();     /* the opendir fd fits again: the pipes' are back */
+	if (setrlimit(RLIMIT_NOFILE, &old) != 0)
+		bad++;
+	after = after < 0 ? open_fds() : after;
+	EXPECT(rc != 0 && strstr(why, "pipe"), "gpu_root_new with one free pipe: rc %d (%s)",
+	       rc, why);
+	if (rc == 0)
+		gpu_root_release(&r);
+	EXPECT(after == before, "%d descriptors open before, %d after the failed pipe", before,
+	       after);
+	return bad;
+}
+
 /* ---- main ------------------------------------------------------------------------------ */
 
 static int
@@ -721,8 +1009,8 @@ int
 main(int argc, char **argv)
 {
 	char why[1024];
-	int ipc[2], idp[2][2], gop[2][2], donep[2];
-	pid_t ipc_pid, rp[3], so12_pid = -1;
+	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
+	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
 	const gpu_api_t *a;
@@ -739,7 +1027,7 @@ main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	/* children first, before CUDA starts in this process */
 	if (pipe(ipc) < 0 || pipe(idp[0]) < 0 || pipe(idp[1]) < 0 || pipe(gop[0]) < 0 ||
-	    pipe(gop[1]) < 0 || pipe(donep) < 0)
+	    pipe(gop[1]) < 0 || pipe(donep) < 0 || pipe(deadp) < 0)
 		return 1;
 	if ((ipc_pid = fork()) == 0) {
 		close(ipc[1]);
@@ -754,6 +1042,18 @@ main(int argc, char **argv)
 					    k < 2 ? gop[k][0] : -1, donep[1]);
 			_exit(rc);
 		}
+	/* 8, on the emulator only: real NCCL may hang or end a send to a dead
+	 * peer without an error (its proxy sends what the kernel buffered) */
+	if (emu && (dead_pid[1] = fork()) == 0) {
+		close(deadp[1]);
+		_exit(dead_peer_child(1, deadp[0], -1));
+	}
+	if (emu && dead_pid[1] > 0 && (dead_pid[0] = fork()) == 0)
+		_exit(dead_peer_child(0, deadp[1], dead_pid[1]));
+	close(deadp[0]);
+	close(deadp[1]);
+	if (emu && (late_pid = fork()) == 0)
+		_exit(late_error_child());
 	a = gpu_load(1, why, sizeof(why));
 	if (a == NULL) {
 		printf("gpu: skipped: %s\n", why);
@@ -761,6 +1061,15 @@ main(int argc, char **argv)
 		for (int k = 0; k < 3; k++) {
 			kill(rp[k], SIGKILL);
 			waitpid(rp[k], NULL, 0);
+		}
+		for (int k = 0; k < 2; k++)
+			if (dead_pid[k] > 0) {
+				kill(dead_pid[k], SIGKILL);
+				waitpid(dead_pid[k], NULL, 0);
+			}
+		if (late_pid > 0) {
+			kill(late_pid, SIGKILL);
+			waitpid(late_pid, NULL, 0);
 		}
 		waitpid(ipc_pid, NULL, 0);
 		if (so12_pid > 0)
@@ -863,6 +1172,29 @@ main(int argc, char **argv)
 		result("no libcudart.so.13 on the machine: the search loads libcudart.so.12 "
 		       "($CUDA_HOME/lib64)", bad);
 	}
+	if (dead_pid[0] > 0) {
+		int rc0 = wait_child(dead_pid[0], 180), rc1 = wait_child(dead_pid[1], 60);
+
+		bad = 0;
+		EXPECT(rc0 == 0, "the sender exited %d", rc0);
+		EXPECT(rc1 == 128 + SIGKILL, "the peer exited %d, not killed by the sender", rc1);
+		result("a peer killed mid-group: the sender's group fails naming the peer "
+		       "(ncclCommGetAsyncError after its stream drained), not done", bad);
+	} else if (dead_pid[1] > 0) {
+		kill(dead_pid[1], SIGKILL);
+		waitpid(dead_pid[1], NULL, 0);
+	}
+	if (late_pid > 0) {
+		int rc = wait_child(late_pid, 60);
+
+		bad = 0;
+		EXPECT(rc == 0, "the child exited %d", rc);
+		result("a destroy refused by an error that came after the check: the "
+		       "communicator is aborted, the thread is not left inside a group, the "
+		       "next epoch's communicators form", bad);
+	}
+	result("a root holder whose second pipe fails (descriptor limit) leaves no "
+	       "descriptor open", root_pipe_failure());
 	bad = emu_check("the main process");
 	if (emu)
 		result("emulator counters: nothing left allocated, mapped or alive", bad);

@@ -181,5 +181,4 @@ finally:
         harness.counts["failed"] += 1
         print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
     harness.report_emu_leaks()
-print(f"gpu-e2e: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+harness.summary("gpu-e2e")

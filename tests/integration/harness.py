@@ -15,6 +15,7 @@ emulator's counters that every process writes at exit.
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,8 +144,21 @@ def check_exits():
         print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
 
 
+def tidy_tmp(tmp, failed):
+    """Remove the suite's temporary folder (logs, sockets, files) when nothing
+    failed; keep it and say where it is otherwise, or when REFIT_KEEP_TMP is set."""
+    if not tmp or not os.path.basename(tmp.rstrip("/")).startswith("refit-"):
+        return
+    if failed or os.environ.get("REFIT_KEEP_TMP"):
+        print(f"     logs and files kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def summary(suite):
-    """The suite's last line, "SUITE: N passed, N failed"; exits 1 when any failed."""
+    """The suite's last line, "SUITE: N passed, N failed"; exits 1 when any failed.
+    The temporary folder given to init goes when nothing failed (tidy_tmp)."""
+    tidy_tmp(TMP, counts["failed"])
     print(f"{suite}: {counts['passed']} passed, {counts['failed']} failed")
     sys.exit(1 if counts["failed"] else 0)
 

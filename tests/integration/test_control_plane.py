@@ -24,7 +24,7 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import expect_error, free_port, wait_for  # noqa: E402
+from harness import expect_error, free_port, tidy_tmp, wait_for  # noqa: E402
 
 TOKEN = "s3cret-operator-token"
 passed = failed = 0
@@ -879,5 +879,6 @@ finally:
     if coord.poll() is None:
         coord.kill()
         coord.wait()
+tidy_tmp(TMP, failed)
 print(f"control-plane: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

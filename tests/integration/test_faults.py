@@ -859,5 +859,4 @@ finally:
     harness.report_emu_leaks()
 for k, v in FIG.items():
     print(f"     {k}: {v if isinstance(v, str) else f'{v:.2f} s'}")
-print(f"faults: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+harness.summary("faults")

@@ -464,5 +464,4 @@ if ROWS:
               f"{r['e2e_ms']:>7} {r['e2e2_ms']:>8} {r['plan_ms']:>7.1f} "
               f"{r['plan_xfers']:>6} {r['slice_max']:>6} {r['decode_ms_max']:>9.2f} "
               f"{r['threads']:>7} {r['rss_kib'] / 1024:>7.1f} {r['fds']:>5}")
-print(f"scale: {harness.counts['passed']} passed, {harness.counts['failed']} failed")
-sys.exit(1 if harness.counts["failed"] else 0)
+harness.summary("scale")
