@@ -86,11 +86,6 @@ UNIT_DAEMON_SRC :=
 
 # the configuration table (tests/unit/test_config.c)
 UNIT_DAEMON_SRC += daemon/config.c
-# the node's plan cache (tests/unit/test_node_plans.c): its key digests the
-# layouts with rpc/proto_conv.c, so protobuf-c and the generated messages
-# come along (no gRPC; uv.h is read for node_t, libuv is not linked)
-UNIT_DAEMON_SRC += daemon/node/node_plans.c rpc/proto_conv.c gen/refit.pb-c.c
-UNIT_LIBS  := $(shell pkg-config --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
 # the refit state machine and the coordinator's rules (test_refit_fsm.c, test_coord_rules.c)
 UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
@@ -198,8 +193,6 @@ $$(DIR_$(1))/obj/bench/%.o: bench/%.c $$(PROTO_C)
 $(call compile,$(1),$$(CF_$(1)) $$(RPC_CFLAGS) -I$$(GEN))
 $$(DIR_$(1))/obj/tests/unit/%.o: tests/unit/%.c
 $(call compile,$(1),$$(CF_$(1)) $$(CHECK_CFLAGS))
-$$(DIR_$(1))/obj/tests/unit/test_node_plans.o: tests/unit/test_node_plans.c $$(PROTO_C)
-$(call compile,$(1),$$(CF_$(1)) $$(CHECK_CFLAGS) $$(RPC_CFLAGS) -I$$(GEN))
 # GPU tests: compiled in every build (a skip where the headers are missing)
 $$(DIR_$(1))/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $$(PROTO_C)
 $(call compile,$(1),$$(CF_$(1)) $$(GPU_CFLAGS) -I$$(GEN))
@@ -218,7 +211,7 @@ $$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c) \
 $(call link,$(1),$$(LDLIBS))
 $$(DIR_$(1))/tests/unit: $$(call objs,$$(DIR_$(1)),$$(UNIT_SRC) $$(UNIT_DAEMON_SRC)) \
 		$$(DIR_$(1))/lib/librefit-core.a
-$(call link,$(1),$$(CHECK_LIBS) $$(UNIT_LIBS) $$(LDLIBS))
+$(call link,$(1),$$(CHECK_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refitd: $$(call objs,$$(DIR_$(1)),daemon/main.c) \
 		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))

@@ -4,14 +4,16 @@ coordinator and N node daemons (one rank each) on loopback, a librefit
 client on every node, half the nodes training and half serving one model
 whose tensor is Shard(0) over the trainer ranks and Shard(1) over the
 inference ranks (every receiver needs every sender), a refit, then the same
-refit again (plans cached on the nodes).
+refit again (the plan from the coordinator's cache).  Nodes do not plan:
+each receives its slice of the plan in RunSlice.
 
 Per N: time for the daemons to start and join (started in groups of 16,
 each after the previous joined), trigger -> every slice running, end to end
-(first refit, second), the slowest node's planning time, the coordinator's
-threads and RSS (/proc/PID/status), the coordinator's RSS growth per member
-and a node daemon's mean RSS before the refits and after them (with the
-plan it keeps).
+(first refit, second), the coordinator's planning time and the plan's
+transfers, the largest node slice (transfers) and the slowest node's time to
+decode and check it, the coordinator's threads and RSS (/proc/PID/status),
+the coordinator's RSS growth per member and a node daemon's mean and largest
+RSS before the refits and after them.
 
 Usage: [LEASE_MS=30000] [START_ONLY=1] bench_scale.py BUILD_DIR [N ...]
 (default 16 32 64 128 256; START_ONLY: start and join the daemons, no refit).
@@ -131,13 +133,18 @@ def one(n):
         rows[v] = g
     th, rss = status(coord.pid)
     node_rss_after = sum(status(p.pid)[1] for p in nodes) / n
+    node_max_after = max(status(p.pid)[1] for p in nodes)
     g1, g2 = rows[1], rows[2]
+    # nodes never plan; the second refit takes the coordinator's cached plan
+    assert g2.plan_cached and all(x.plan_micros == 0 for x in list(g1.nodes) + list(g2.nodes))
     print(f"{n:>6} {start_s:>8.1f} {g1.running_after_ms:>10} "
           f"{g1.finished_unix_ms - g1.created_unix_ms:>8} "
           f"{g2.finished_unix_ms - g2.created_unix_ms:>9} "
-          f"{max(x.plan_micros for x in g1.nodes) / 1e3:>8.1f} "
-          f"{sum(x.plan_cached for x in g2.nodes):>7} {th:>8} {rss / 1024:>8.1f} "
-          f"{(rss - rss0) / n:>11.1f} {node_rss / 1024:>9.1f} {node_rss_after / 1024:>9.1f}",
+          f"{g1.plan_micros / 1e3:>8.1f} {g1.plan_xfers:>8} "
+          f"{max(x.slice_xfers for x in g1.nodes):>7} "
+          f"{max(x.decode_micros for x in g1.nodes) / 1e3:>9.2f} {th:>8} {rss / 1024:>8.1f} "
+          f"{(rss - rss0) / n:>11.1f} {node_rss / 1024:>9.1f} {node_rss_after / 1024:>9.1f} "
+          f"{node_max_after / 1024:>8.1f}",
           flush=True)
     for c in tr + inf:
         c.close()
@@ -159,8 +166,8 @@ def stop(procs0, ch):
 print("control plane at scale: N node daemons (one rank each), half train, half serve, "
       "every receiver needs every sender; one run")
 print(f"{'nodes':>6} {'start_s':>8} {'running_ms':>10} {'e2e_ms':>8} {'again_ms':>9} "
-      f"{'plan_ms':>8} {'cached':>7} {'threads':>8} {'rss_MiB':>8} {'KiB/member':>11} "
-      f"{'node_MiB':>9} {'after_MiB':>9}")
+      f"{'plan_ms':>8} {'xfers':>8} {'slice':>7} {'decode_ms':>9} {'threads':>8} "
+      f"{'rss_MiB':>8} {'KiB/member':>11} {'node_MiB':>9} {'after_MiB':>9} {'max_MiB':>8}")
 try:
     for n in SIZES:
         one(n)

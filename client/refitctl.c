@@ -389,31 +389,40 @@ json_plan(const void *resp, const args_t *a)
 
 /* ---- refits ------------------------------------------------------------- */
 
-/* Per-node planning: the slowest node, the mean, how many used a cached plan. */
+/* Planning (the coordinator's) and the nodes' slices: the largest, the
+ * slowest to decode, the mean decode time. */
 static void
 text_nodes(const Refit__V1__Refit *r)
 {
-	uint64_t max = 0, sum = 0;
-	size_t cached = 0, reported = 0, slow = 0;
+	uint64_t max = 0, sum = 0, most = 0;
+	size_t reported = 0, slow = 0;
 
 	if (r->running_after_ms)
 		printf("       every slice running %" PRIu64 " ms after the trigger\n",
 		       r->running_after_ms);
+	if (r->plan_xfers && r->plan_cached)
+		printf("       plan of %" PRIu64 " transfers: from the coordinator's cache\n",
+		       r->plan_xfers);
+	else if (r->plan_xfers)
+		printf("       plan of %" PRIu64 " transfers: built by the coordinator in %.1f "
+		       "ms\n", r->plan_xfers, r->plan_micros / 1e3);
 	for (size_t k = 0; k < r->n_nodes; k++) {
 		if (!r->nodes[k]->reported)
 			continue;
 		reported++;
-		cached += r->nodes[k]->plan_cached;
-		sum += r->nodes[k]->plan_micros;
-		if (r->nodes[k]->plan_micros >= max) {
-			max = r->nodes[k]->plan_micros;
+		sum += r->nodes[k]->decode_micros;
+		if (r->nodes[k]->slice_xfers > most)
+			most = r->nodes[k]->slice_xfers;
+		if (r->nodes[k]->decode_micros >= max) {
+			max = r->nodes[k]->decode_micros;
 			slow = k;
 		}
 	}
 	if (reported)
-		printf("       planning on the nodes: %zu of %zu reported, %zu from their cache; "
-		       "slowest %.1f ms (%s), mean %.1f ms\n", reported, r->n_nodes, cached,
-		       max / 1e3, r->nodes[slow]->node_id, sum / 1e3 / (double)reported);
+		printf("       slices on the nodes: %zu of %zu reported, at most %" PRIu64
+		       " transfers; decoded in %.1f ms at most (%s), mean %.1f ms\n", reported,
+		       r->n_nodes, most, max / 1e3, r->nodes[slow]->node_id,
+		       sum / 1e3 / (double)reported);
 }
 
 /* A committed refit: bytes, end-to-end time, the stages' data time. */
@@ -495,6 +504,9 @@ json_refit(const void *resp, const args_t *a)
 	jstr(o, "instance", r->instance);
 	cJSON_AddItemToObject(o, "attempts", jstrings(r->attempts, r->n_attempts));
 	ju64(o, "running_after_ms", r->running_after_ms);
+	ju64(o, "plan_micros", r->plan_micros);
+	cJSON_AddBoolToObject(o, "plan_cached", r->plan_cached);
+	ju64(o, "plan_xfers", r->plan_xfers);
 	arr = cJSON_AddArrayToObject(o, "nodes");
 	for (size_t k = 0; k < r->n_nodes; k++) {
 		cJSON *j = jnew();
@@ -502,6 +514,8 @@ json_refit(const void *resp, const args_t *a)
 		jstr(j, "node_id", r->nodes[k]->node_id);
 		ju64(j, "plan_micros", r->nodes[k]->plan_micros);
 		cJSON_AddBoolToObject(j, "plan_cached", r->nodes[k]->plan_cached);
+		ju64(j, "decode_micros", r->nodes[k]->decode_micros);
+		ju64(j, "slice_xfers", r->nodes[k]->slice_xfers);
 		ju64(j, "slice_micros", r->nodes[k]->slice_micros);
 		cJSON_AddBoolToObject(j, "reported", r->nodes[k]->reported);
 		cJSON_AddItemToArray(arr, j);

@@ -78,8 +78,8 @@ static const key_t_ keys[] = {
 	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), "600000", 100, 86400000, NULL, false,
 	 "node role: a plan slice that runs longer fails"},
 	{"plan_cache_bytes", K_SIZE, F(plan_cache_bytes), "1GiB", 0, 1ull << 40, NULL, false,
-	 "node role: memory for plans kept for later refits, least recently used go first "
-	 "(0: keep none)"},
+	 "ignored: nodes keep no plans, they receive their slice of each plan (accepted so "
+	 "older configuration files load)"},
 	{"cuda_library", K_STR, F(cuda_library), NULL, 0, 0, NULL, false,
 	 "node role, nccl: the CUDA runtime to load (default: $REFIT_CUDA_LIBRARY, then "
 	 "libcudart.so.13, .so.12)"},

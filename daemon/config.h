@@ -34,7 +34,7 @@ typedef struct refitd_config {
 	char *data_advertise; /* node role: data endpoint peers use (default: bound data_listen) */
 	char *local_socket;   /* node role: unix socket for librefit */
 	uint64_t slice_timeout_ms;
-	uint64_t plan_cache_bytes;    /* node role: plans kept by input digest */
+	uint64_t plan_cache_bytes;    /* ignored (nodes keep no plans): older files load */
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
 	uint64_t test_fail_commit;    /* tests: refuse the node's Nth Commit */
 	uint64_t test_hold_run_ms;    /* tests: hold RunSlice until its Abort */

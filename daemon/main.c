@@ -205,7 +205,6 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.data_advertise = cfg->data_advertise;
 	no.local_socket = cfg->local_socket;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
-	no.plan_cache_bytes = cfg->plan_cache_bytes;
 	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
 	no.test_fail_commit = cfg->test_fail_commit;
 	no.test_hold_run_ms = cfg->test_hold_run_ms;

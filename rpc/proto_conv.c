@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/strbuf.h"
 #include "common/utf8.h"
+#include "common/wire.h"
 #include "rpc/proto_conv.h"
 #include "plan/convert.h"
 
@@ -385,4 +386,68 @@ conv_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t
 		   refit_err_t *err)
 {
 	return check_msg(d, p, n, 0, err);
+}
+
+/* ---- slices -------------------------------------------------------------------- */
+
+/* The box of transfer x (one place to change if plan_xfer_t stops holding it). */
+void
+conv_slice_put(const plan_t *p, const plan_xfer_t *x, strbuf_t *out)
+{
+	const plan_box_t *b = plan_xfer_box(p, x);
+	int nd = p->tensors[x->tensor].ndim;
+	uint8_t rec[CONV_SLICE_HEAD + 16 * PLAN_MAX_DIMS];
+
+	wire_put_le(rec, x->stage, 4);
+	wire_put_le(rec + 4, (uint32_t)x->from, 4);
+	wire_put_le(rec + 8, (uint32_t)x->to, 4);
+	wire_put_le(rec + 12, x->tensor, 4);
+	for (int d = 0; d < nd; d++) {
+		wire_put_le(rec + CONV_SLICE_HEAD + 16 * d, (uint64_t)b->off[d], 8);
+		wire_put_le(rec + CONV_SLICE_HEAD + 16 * d + 8, (uint64_t)b->size[d], 8);
+	}
+	strbuf_add(out, rec, CONV_SLICE_HEAD + 16 * (size_t)nd);
+}
+
+refit_status_t
+conv_slice_get(const uint8_t *b, size_t len, size_t n, const int *ndim, uint32_t ntensors,
+	       plan_xfer_t *xfers, plan_box_t *boxes, refit_err_t *err)
+{
+	size_t at = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		plan_xfer_t *x = &xfers[i];
+		plan_box_t *bx = &boxes[i];
+		int nd;
+
+		if (len - at < CONV_SLICE_HEAD)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "slice record %zu of %zu: "
+					     "cut short at byte %zu of %zu", i, n, at, len);
+		memset(x, 0, sizeof(*x));
+		memset(bx, 0, sizeof(*bx));
+		x->box = (uint32_t)i;
+		x->stage = (uint32_t)wire_get_le(b + at, 4);
+		x->from = (int32_t)(uint32_t)wire_get_le(b + at + 4, 4);
+		x->to = (int32_t)(uint32_t)wire_get_le(b + at + 8, 4);
+		x->tensor = (uint32_t)wire_get_le(b + at + 12, 4);
+		if (x->tensor >= ntensors)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "slice record %zu (stage %u, "
+					     "rank %d -> %d): tensor %u, the plan has %u", i,
+					     x->stage, x->from, x->to, x->tensor, ntensors);
+		nd = ndim[x->tensor];
+		at += CONV_SLICE_HEAD;
+		if (len - at < 16 * (size_t)nd)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "slice record %zu of %zu: "
+					     "its box is cut short at byte %zu of %zu", i, n, at,
+					     len);
+		for (int d = 0; d < nd; d++) {
+			bx->off[d] = (int64_t)wire_get_le(b + at + 16 * d, 8);
+			bx->size[d] = (int64_t)wire_get_le(b + at + 16 * d + 8, 8);
+		}
+		at += 16 * (size_t)nd;
+	}
+	if (at != len)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "slice: %zu bytes after its %zu "
+				     "records", len - at, n);
+	return REFIT_OK;
 }

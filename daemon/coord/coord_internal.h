@@ -20,10 +20,13 @@ _Static_assert(COORD_ROLE_TRAIN == REFIT__V1__ROLE__TRAIN &&
 typedef struct refit_node_time {
 	uint64_t plan_us, slice_us;
 	bool plan_cached;
+	uint64_t decode_us, slice_xfers; /* decoding its slice, the slice's transfers */
 } refit_node_time_t;
 
 #define NODE_STARTED 1u      /* RunSlice answered: the slice runs */
 #define NODE_REPORTED 2u     /* SliceDone (or a failed RunSlice) counted */
+
+typedef struct coord_slices coord_slices_t;  /* coord_slice.c */
 
 typedef struct refit_rec {
 	uint64_t id, version, epoch, created_ms, finished_ms, bytes;
@@ -55,6 +58,9 @@ typedef struct refit_rec {
 	uint32_t nstarted;
 	uint64_t run_deadline_ms;   /* backstop when a node never reports */
 	uint64_t running_after_ms;  /* trigger -> every slice started */
+	coord_slices_t *slices;     /* PREPARING: each node's slice of the plan */
+	uint64_t plan_us, plan_xfers; /* the coordinator's planning time (0: cached), transfers */
+	bool plan_cached;
 } refit_rec_t;
 
 /* The last plan built for a model, reused while its inputs stay the same. */
@@ -152,6 +158,7 @@ typedef struct planjob {
 	void (*done)(struct planjob *j);
 	uint64_t refit_id;
 	rpc_call_t *call;           /* held until done answers it */
+	uint64_t plan_us;           /* plan_build's time */
 } planjob_t;
 
 /* coord_plan.c: a refit's plan options (the same when planning and in RunSlice) */
@@ -159,6 +166,12 @@ void coord_plan_opts(const coord_t *c, int mode, plan_opts_t *o);
 /* The digest of everything a plan of m depends on (layouts, members, options). */
 void coord_plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t *o,
 		    char hex[SHA256_HEX_LEN]);
+/* coord_slice.c: every node's slice of p (whole: every node gets all of
+ * p, for grouped transports), kept with r (replacing any) */
+void coord_slices_make(coord_t *c, refit_rec_t *r, const plan_t *p, bool whole);
+/* A RunSliceRequest (anything else is left alone) gets member's slice of r. */
+void coord_slice_attach(const refit_rec_t *r, uint64_t member_id, ProtobufCMessage *req);
+void coord_slices_free(refit_rec_t *r);
 refit_status_t coord_plan_async(coord_t *c, model_t *m, const char *only,
 				const plan_opts_t *o, bool explain, void (*done)(planjob_t *j),
 				uint64_t refit_id, rpc_call_t *call, refit_err_t *err);

@@ -62,8 +62,12 @@ planjob_work(uv_work_t *w)
 	refit_err_clear(&j->err);
 	/* conversions (docs/conversion.md): plan the pair as it crosses the wire */
 	j->rc = plan_convert_rewrite(&j->src, &j->dst, &j->err);
-	if (j->rc == REFIT_OK)
+	if (j->rc == REFIT_OK) {
+		uint64_t t0 = uv_hrtime();
+
 		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
+		j->plan_us = (uv_hrtime() - t0) / 1000;
+	}
 	if (j->rc != REFIT_OK || !j->explain)
 		return;
 	j->rc = plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &j->err);

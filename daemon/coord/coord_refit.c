@@ -117,6 +117,7 @@ note_retry(refit_rec_t *r, const refit_fsm_t *was, uint64_t wait_ms)
 		 "retrying in %" PRIu64 " ms", r->id, r->model, r->version, was->attempt, why,
 		 wait_ms);
 	r->retry_at_ms = coord_now_ms() + wait_ms;
+	coord_slices_free(r);
 	r->bytes = r->comm_us = 0;
 	r->nstages = 0;
 	memset(r->stage_us, 0, sizeof(r->stage_us));
@@ -129,6 +130,7 @@ note_end(coord_t *c, refit_rec_t *r)
 {
 	r->retry_at_ms = 0;
 	r->finished_ms = coord_now_ms();
+	coord_slices_free(r);
 	if (r->fsm.state == REFIT_FSM_COMMITTED) {
 		model_t *m = coord_find_model(c, r->model);
 
@@ -281,7 +283,7 @@ static void on_node_done(void *arg, refit_status_t st, const char *msg,
  * count the round (CALLS_SENT); a call that cannot start fails r.
  */
 static void
-call_nodes(coord_t *c, refit_rec_t *r, const ProtobufCMessage *req, uint64_t skip_epoch)
+call_nodes(coord_t *c, refit_rec_t *r, ProtobufCMessage *req, uint64_t skip_epoch)
 {
 	const char *method = refit_fsm_info(r->fsm.state)->call;
 	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_CALLS_SENT};
@@ -298,6 +300,7 @@ call_nodes(coord_t *c, refit_rec_t *r, const ProtobufCMessage *req, uint64_t ski
 					    "rpc_endpoint" : "left the membership");
 		if (skip_epoch != 0 && m->prepared_epoch == skip_epoch)
 			continue;
+		coord_slice_attach(r, m->id, req);  /* RunSlice: this node's slice */
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
 		if (rpc_async_call(c->rpc, r->id, m->rpc_ep, &refit__v1__node__descriptor,
@@ -461,6 +464,7 @@ send_run(coord_t *c, refit_rec_t *r)
 	rq.nic_per_node = c->o.nic_per_node;
 	rq.attempt = r->fsm.attempt;
 	call_nodes(c, r, &rq.base, 0);
+	coord_slices_free(r);  /* packed into the calls */
 	free_layouts(iv, rq.instances, rq.n_instances);
 }
 
@@ -588,6 +592,8 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	mark_started(r, k);  /* its RunSlice answer may still be on its way */
 	r->ntime[k].plan_us = rq->plan_micros;
 	r->ntime[k].plan_cached = rq->plan_cached;
+	r->ntime[k].decode_us = rq->slice_micros;
+	r->ntime[k].slice_xfers = rq->slice_xfers;
 	r->ntime[k].slice_us = rq->stats ? rq->stats->micros : 0;
 	slice_result(c, r, k, node, rq->code == 0 ? REFIT_OK : rpc_status_from_grpc(rq->code),
 		     rq->message && rq->message[0] ? rq->message : "failed", rq->stats);
@@ -813,6 +819,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 		r->nnodes = c->members.n;
 		ev.u.planned.need_id = nccl_need_id(c, r);
 	}
+	coord_slices_make(c, r, p, nccl);
 	refit_event(c, r, &ev, NULL, p);
 }
 
@@ -909,6 +916,8 @@ on_refit_planned(planjob_t *j)
 	coord_plan_key(c, m, j->only, &j->opts, key);
 	if (strcmp(key, j->key) != 0)
 		return refit_on(c, r, REFIT_FSM_EV_PLAN_STALE); /* layouts or members changed */
+	r->plan_us = j->plan_us;
+	r->plan_cached = false;
 	if (j->only == NULL)
 		return prepare(c, r, coord_plan_keep(c, j));
 	/* a catch-up plan is used once: keep it with the refit until prepared */
@@ -990,8 +999,11 @@ plan_refit(coord_t *c, refit_rec_t *r)
 	pc = r->only ? NULL : coord_plan_cached(c, m->name);
 	coord_plan_opts(c, r->mode, &o);
 	coord_plan_key(c, m, r->only, &o, key);
-	if (pc != NULL && strcmp(pc->key, key) == 0)
+	if (pc != NULL && strcmp(pc->key, key) == 0) {
+		r->plan_us = 0;
+		r->plan_cached = true;
 		return prepare(c, r, &pc->plan);
+	}
 	refit_err_clear(&err);
 	if (coord_plan_async(c, m, r->only, &o, false, on_refit_planned, r->id, NULL, &err) !=
 	    REFIT_OK)
@@ -1071,6 +1083,9 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->n_skipped = r->nskipped;
 	o->comm_micros = r->comm_us;
 	o->running_after_ms = r->running_after_ms;
+	o->plan_micros = r->plan_us;
+	o->plan_cached = r->plan_cached;
+	o->plan_xfers = r->plan_xfers;
 }
 
 /* fill_refit's per-node figures (node names are c's; free nv and np). */
@@ -1089,6 +1104,8 @@ fill_nodes(coord_t *c, const refit_rec_t *r, Refit__V1__Refit *o, Refit__V1__Nod
 		(*nv)[k].node_id = m ? m->node_id : "(left)";
 		(*nv)[k].plan_micros = r->ntime[k].plan_us;
 		(*nv)[k].plan_cached = r->ntime[k].plan_cached;
+		(*nv)[k].decode_micros = r->ntime[k].decode_us;
+		(*nv)[k].slice_xfers = r->ntime[k].slice_xfers;
 		(*nv)[k].slice_micros = r->ntime[k].slice_us;
 		(*nv)[k].reported = (r->nstate[k] & NODE_REPORTED) != 0;
 		(*np)[k] = &(*nv)[k];

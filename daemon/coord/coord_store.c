@@ -159,6 +159,7 @@ coord_refit_free(refit_rec_t *r)
 	free(r->nodes);
 	free(r->nstate);
 	free(r->ntime);
+	coord_slices_free(r);
 	free(r);
 }
 

@@ -44,7 +44,6 @@ node_maybe_free(node_t *n)
 		return;
 	node_reports_drop(n);
 	VEC_FREE(&n->reports);
-	node_plans_fini(n);
 	node_local_stop(n);
 	if (n->x)
 		n->xo->stop(n->x);
@@ -321,7 +320,6 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->client = o->client;
 	n->rpc = o->rpc;
 	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
-	n->plan_cache_max = o->plan_cache_bytes;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->test_fail_commit = o->test_fail_commit;
 	n->test_hold_run_ms = o->test_hold_run_ms;

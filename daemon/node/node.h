@@ -22,7 +22,6 @@ typedef struct node_opts {
 	const char *data_advertise; /* NULL: the bound data_listen */
 	const char *local_socket; /* unix socket path for librefit */
 	uint64_t slice_timeout_ms;
-	uint64_t plan_cache_bytes;  /* plans kept for later refits (0: none) */
 	uint64_t test_msg_delay_ms;
 	uint64_t test_fail_commit;  /* tests: refuse the Nth Commit (0: none) */
 	uint64_t test_hold_run_ms;  /* tests: hold RunSlice until its Abort (0: no) */

@@ -109,15 +109,6 @@ typedef struct held_run {
 
 typedef struct slice_job slice_job_t;
 
-/* A plan this node built, kept by a digest of its inputs (node_plans.c). */
-typedef struct node_plan {
-	char key[SHA256_HEX_LEN];
-	plan_t plan;
-	uint32_t refs;          /* the cache's, plus one per slice using it */
-	uint64_t used;
-	uint64_t bytes;         /* node_plan_bytes, counted against plan_cache_bytes */
-} node_plan_t;
-
 /* A slice's end, sent to the coordinator (SliceDone) until acknowledged. */
 typedef struct slice_report {
 	struct node *n;
@@ -165,9 +156,6 @@ struct node {
 	VEC(slice_job_t *) jobs;      /* slices running */
 	rpc_async_t *rpc;             /* calls to the coordinator (shared with main) */
 	VEC(slice_report_t *) reports;/* SliceDone not yet acknowledged */
-	VEC(node_plan_t *) plans;     /* plans built here, by input digest */
-	uint64_t plan_clock;
-	uint64_t plan_cache_used, plan_cache_max; /* bytes: kept, bound (plan_cache_bytes) */
 	/* the memory socket: clients pass sealed memfds (SCM_RIGHTS) */
 	int mem_fd;                   /* listening, -1: none */
 	uv_poll_t mem_poll;
@@ -208,25 +196,16 @@ void node_reports_tick(node_t *n);
 /* Drop the reports not in flight (shutting down). */
 void node_reports_drop(node_t *n);
 
-/* node_plans.c */
-void node_plan_key(const plan_layout_set_t *src, const plan_layout_set_t *dst,
-		   const plan_topo_t *topo, const plan_opts_t *o, char key[SHA256_HEX_LEN]);
-/* plan_build on a thread of its own, NODE_PLAN_NICE nice levels below the
- * daemon (see node_plans.c); blocks the calling (pool) thread meanwhile. */
-#define NODE_PLAN_NICE 10
-refit_status_t node_plan_build(const plan_layout_set_t *src, const plan_layout_set_t *dst,
-			       const plan_topo_t *topo, const plan_opts_t *o, plan_t *out,
-			       refit_err_t *err);
-/* The memory a plan holds (the cache's measure). */
-uint64_t node_plan_bytes(const plan_t *p);
-/* The plan of key with a reference taken, or NULL. */
-node_plan_t *node_plans_get(node_t *n, const char *key);
-/* Keep *p (taken) under key, evicting the least recently used plans until
- * the cache is within plan_cache_bytes; returns the entry with a reference
- * taken, or NULL (*p left to the caller) for a plan larger than the bound. */
-node_plan_t *node_plans_put(node_t *n, const char *key, plan_t *p);
-void node_plan_release(node_t *n, node_plan_t *e);
-void node_plans_fini(node_t *n);
+/* node_slice.c: the slice of the plan in rq, decoded and checked against
+ * this node's ranks, the epoch's topology (topo) and the plan's tensor
+ * table (dst: the composed destination layouts, converted), into *out
+ * (plan_fini), with options o.  The error names the bad record. */
+#define NODE_SLICE_MAX_STAGES 65536u
+/* Is rank r one of this node's? */
+bool node_serves(const node_t *n, int32_t r);
+refit_status_t node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest *rq,
+			       const plan_layout_set_t *dst, const plan_topo_t *topo,
+			       const plan_opts_t *o, plan_t *out, refit_err_t *err);
 
 /* node_run.c: staging reserved by the running slices (metrics) */
 uint64_t node_staging_reserved(const node_t *n);

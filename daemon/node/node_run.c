@@ -7,14 +7,14 @@
  * piece on its ranks (holding the refit's version, not being written), an
  * inference client for every inference piece, and that the layouts the
  * coordinator sent are the ones registered here (digests).  In-place
- * clients are marked invalid before the first byte is written.  The slice
- * then runs on libuv's pool: the plan is rebuilt from the same inputs as
- * the coordinator's and must have the same digest, and slice_run moves the
- * data.  RunSlice is answered as soon as the slice is queued; its end goes
- * to the coordinator as SliceDone, resent with back-off until the
- * coordinator acknowledges it (or says the refit is gone, the epoch moves
- * on, or REPORT_GIVE_UP_MS pass).  Plans come from the node's cache when
- * the inputs' digest matches (node_plans.c); planning time is reported.
+ * clients are marked invalid before the first byte is written, and the
+ * slice of the plan the coordinator sent is decoded and checked
+ * (node_slice.c): the node does not plan.  The slice then runs on libuv's
+ * pool (slice_run moves the data).  RunSlice is answered as soon as the
+ * slice is queued; its end goes to the coordinator as SliceDone (with the
+ * time the slice took to decode and its size), resent with back-off until
+ * the coordinator acknowledges it (or says the refit is gone, the epoch
+ * moves on, or REPORT_GIVE_UP_MS pass).
  * Double-buffered clients are written in their inactive copy.
  * The install has two phases, so that an instance spanning nodes switches
  * on all of them or on none: Commit (every slice of the refit ran) only
@@ -54,12 +54,13 @@ struct slice_job {
 	node_t *n;
 	uint64_t refit_id, epoch, version;
 	uint32_t attempt;
-	char plan_key[SHA256_HEX_LEN];
-	node_plan_t *cached;    /* the plan, from the cache (a reference) */
-	plan_t built;           /* the plan, built here (goes to the cache) */
-	uint64_t plan_us;
+	plan_t plan;            /* this node's slice of the plan (node_slice.c) */
+	uint64_t plan_xfers;    /* transfers in the whole plan */
+	uint64_t slice_us;      /* decoding and checking the slice */
+	plan_conv_t cv;         /* conversions: the pair the plan moves */
+	dp_conv_t *cx;          /* conversions: the clients' memory, wrapped */
+	bool converts;
 	char *model;
-	char digest[SHA256_HEX_LEN];
 	plan_opts_t opts;
 	bool verify;
 	int64_t corrupt;
@@ -131,8 +132,11 @@ job_free(slice_job_t *j)
 	plan_layout_set_fini(&j->src);
 	plan_layout_set_fini(&j->dst);
 	plan_topo_fini(&j->topo);
-	node_plan_release(j->n, j->cached);
-	plan_fini(&j->built);
+	plan_fini(&j->plan);
+	if (j->cx != NULL)
+		dp_conv_free(j->cx);
+	if (j->converts)
+		plan_convert_fini(&j->cv);
 	free(j->model);
 	free(j);
 }
@@ -141,55 +145,22 @@ static void
 job_work(uv_work_t *w)
 {
 	slice_job_t *j = w->data;
-	const plan_t *p;
 	dp_mem_ops_t mem = {job_view, j, NULL};
-	const plan_layout_set_t *ps = &j->src, *pd = &j->dst;
-	dp_conv_t *cx = NULL;
-	plan_conv_t cv;
 	slice_cfg_t sc;
 
 	refit_err_clear(&j->err);
 	log_set_refit(j->refit_id); /* this pool thread's log lines name the refit */
+	memset(&sc, 0, sizeof(sc));
+	sc.plan = &j->plan;   /* no planning here: the slice came checked (node_slice.c) */
+	sc.src = j->converts ? &j->cv.src : &j->src;
+	sc.dst = j->converts ? &j->cv.dst : &j->dst;
 	/* conversions (docs/conversion.md): the plan moves the rewritten pair,
 	 * the wrapper converts between it and the clients' memory */
-	if (plan_convert_any(&j->dst)) {
-		if (j->n->xo->memory == XPORT_MEM_DEVICE) {
-			j->rc = refit_err_set(&j->err, REFIT_ERR_UNAVAILABLE, "model \"%s\" converts "
-					      "dtypes, which the %s transport does not do yet (tcp "
-					      "does)", j->model, j->n->xo->name);
-			return;
-		}
-		j->rc = plan_convert_apply(&j->src, &j->dst, &cv, &j->err);
-		if (j->rc != REFIT_OK)
-			return;
-		j->rc = dp_conv_new(&cv, &j->src, &j->dst, &mem, &cx, &j->err);
-		if (j->rc != REFIT_OK) {
-			plan_convert_fini(&cv);
-			return;
-		}
-		ps = &cv.src;
-		pd = &cv.dst;
-	}
-	if (j->cached != NULL) {
-		p = &j->cached->plan;
-	} else {
-		uint64_t t0 = uv_hrtime();
-
-		j->rc = node_plan_build(ps, pd, &j->topo, &j->opts, &j->built, &j->err);
-		j->plan_us = (uv_hrtime() - t0) / 1000;
-		p = &j->built;
-	}
-	if (j->rc == REFIT_OK && strcmp(p->digest_hex, j->digest) != 0)
-		j->rc = refit_err_set(&j->err, REFIT_ERR_INTERNAL, "the plan built here (%.12s) "
-				      "is not the coordinator's (%.12s): versions differ?",
-				      p->digest_hex, j->digest);
+	if (j->converts)
+		j->rc = dp_conv_new(&j->cv, &j->src, &j->dst, &mem, &j->cx, &j->err);
 	if (j->rc != REFIT_OK)
 		goto out;
-	memset(&sc, 0, sizeof(sc));
-	sc.plan = p;
-	sc.src = ps;
-	sc.dst = pd;
-	sc.mem = cx ? dp_conv_mem(cx) : &mem;
+	sc.mem = j->cx ? dp_conv_mem(j->cx) : &mem;
 	sc.verify = j->verify;
 	sc.corrupt = j->corrupt;
 	sc.nodes = j->nodes;
@@ -205,13 +176,9 @@ job_work(uv_work_t *w)
 	sc.pool = j->n->pool;
 	j->rc = slice_run(&sc, &j->st, &j->err);
 	/* everything this node receives has arrived: quantize into its ranks */
-	for (size_t r = 0; cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
-		j->rc = dp_conv_finish(cx, j->nodes[j->self].ranks[r], &j->err);
+	for (size_t r = 0; j->cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
+		j->rc = dp_conv_finish(j->cx, j->nodes[j->self].ranks[r], &j->err);
 out:
-	if (cx) {
-		dp_conv_free(cx);
-		plan_convert_fini(&cv);
-	}
 	log_set_refit(0);
 }
 
@@ -368,8 +335,10 @@ report_queue(node_t *n, slice_job_t *j, bool ok)
 					      REFIT_ERR_INTERNAL);
 	rq.message = ok ? "" : j->err.msg[0] ? j->err.msg : "the slice did not run";
 	rq.stats = &rs;
-	rq.plan_micros = j->plan_us;
-	rq.plan_cached = j->cached != NULL;
+	rq.plan_micros = 0;   /* nodes do not plan: they decode their slice */
+	rq.plan_cached = false;
+	rq.slice_micros = j->slice_us;
+	rq.slice_xfers = j->plan.nxfers;
 	r->n = n;
 	r->refit_id = j->refit_id;
 	r->epoch = j->epoch;
@@ -422,20 +391,14 @@ job_after(uv_work_t *w, int status)
 					    j->refit_id, j->version, j->err.msg);
 			node_client_release(n, c);
 		}
-	/* keep a plan built here and matching the coordinator's for the next
-	 * refit (or a retry), whatever became of this slice */
-	if (j->cached == NULL && j->built.digest_hex[0] &&
-	    strcmp(j->built.digest_hex, j->digest) == 0) {
-		node_plan_t *e = node_plans_put(n, j->plan_key, &j->built);
-
-		node_plan_release(n, e);
-	}
 	if (ok)
-		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (plan %s, %.3f ms): %"
-			 PRIu64 " bytes sent in %" PRIu64 " messages, %" PRIu64 " received, %"
-			 PRIu64 " copied locally, relay staging peak %" PRIu64 " bytes", n->node_id,
-			 j->refit_id, j->st.total_us / 1e3, j->cached ? "cached" : "built",
-			 j->plan_us / 1e3, j->st.bytes_out, j->st.msgs_out, j->st.bytes_in,
+		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (%zu of the %" PRIu64
+			 " transfers of plan %.12s, decoded in %.3f ms): %" PRIu64 " bytes sent in %"
+			 PRIu64 " messages, %" PRIu64 " received, %" PRIu64 " copied locally, relay "
+			 "staging peak %" PRIu64 " bytes", n->node_id, j->refit_id,
+			 j->st.total_us / 1e3, j->plan.nxfers, j->plan_xfers, j->plan.digest_hex,
+			 j->slice_us / 1e3,
+			 j->st.bytes_out, j->st.msgs_out, j->st.bytes_in,
 			 j->st.bytes_local, j->st.staged_max);
 	else
 		log_warnx("node %s: refit %" PRIu64 ": slice failed: %s", n->node_id,
@@ -448,15 +411,6 @@ job_after(uv_work_t *w, int status)
 }
 
 /* ---- RunSlice --------------------------------------------------------------- */
-
-static bool
-serves(const node_t *n, int32_t r)
-{
-	for (size_t i = 0; i < n->nranks; i++)
-		if (n->ranks[i] == r)
-			return true;
-	return false;
-}
 
 /* The client registered here for (model, role, instance), if any. */
 static client_t *
@@ -485,7 +439,7 @@ take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set
 
 	for (size_t t = 0; t < s->n && !here; t++)
 		for (size_t k = 0; k < s->v[t].nshards && !here; k++)
-			here = serves(n, s->v[t].shards[k].rank);
+			here = node_serves(n, s->v[t].shards[k].rank);
 	if (!here)
 		return REFIT_OK;
 	c = find_client(n, j->model, role, iname);
@@ -518,6 +472,31 @@ take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set
 				jc.tmap[t] = (int32_t)k;
 	}
 	VEC_PUSH(&j->cl[role == REFIT__V1__ROLE__INFER], jc);
+	return REFIT_OK;
+}
+
+/* The plan's pair (converted: docs/conversion.md) and this node's slice of
+ * the plan, checked once here (node_slice.c): nothing is planned. */
+static refit_status_t
+job_take_slice(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err)
+{
+	uint64_t t0 = uv_hrtime();
+	refit_status_t rc;
+
+	if (plan_convert_any(&j->dst)) {
+		if (j->n->xo->memory == XPORT_MEM_DEVICE)
+			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "model \"%s\" converts "
+					     "dtypes, which the %s transport does not do yet (tcp "
+					     "does)", j->model, j->n->xo->name);
+		CHECK(plan_convert_apply(&j->src, &j->dst, &j->cv, err));
+		j->converts = true;
+	}
+	rc = node_slice_take(j->n, rq, j->converts ? &j->cv.dst : &j->dst, &j->topo, &j->opts,
+			     &j->plan, err);
+	if (rc != REFIT_OK)
+		return rc;
+	j->plan_xfers = rq->plan_xfers;
+	j->slice_us = (uv_hrtime() - t0) / 1000;
 	return REFIT_OK;
 }
 
@@ -599,7 +578,7 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 	if (rc == REFIT_OK && j->self == SIZE_MAX)
 		rc = refit_err_set(err, REFIT_ERR_STALE_EPOCH, "this node is not a member of "
 				   "epoch %" PRIu64, j->epoch);
-	return rc;
+	return rc == REFIT_OK ? job_take_slice(j, rq, err) : rc;
 }
 
 static void drop_prepared(node_t *n, prepared_t *p);
@@ -681,7 +660,6 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 	j->epoch = rq->epoch;
 	j->version = rq->version;
 	j->model = xstrdup(nz(rq->model));
-	snprintf(j->digest, sizeof(j->digest), "%s", nz(rq->plan_digest));
 	plan_opts_default(&j->opts);
 	j->opts.mode = rq->mode == REFIT__V1__MODE__BROADCAST ? PLAN_MODE_BROADCAST :
 								  PLAN_MODE_RESHARD;
@@ -722,8 +700,6 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 			else if (c->install == REFIT__V1__INSTALL_MODE__IN_PLACE)
 				c->valid = false; /* before the first byte lands */
 		}
-	node_plan_key(&j->src, &j->dst, &j->topo, &j->opts, j->plan_key);
-	j->cached = node_plans_get(n, j->plan_key);
 	j->w.data = j;
 	VEC_PUSH(&n->jobs, j);
 	if (uv_queue_work(n->loop, &j->w, job_work, job_after) != 0) {

@@ -11,17 +11,23 @@ previous one is a member):
   trainers first   the first half trains, the second half serves
   inference first  the first NODES-6 serve, the last 6 train
   random           30 % of the nodes, picked at random, train
-each refit twice (the second must find every node's plan in its cache),
-byte-exact.  Then, on small clusters: SliceDone is counted once (duplicates
-and unknown refits are answered, nothing counted twice), the nodes' plan
-cache keeps plans within plan_cache_bytes (least recently used evicted), and SIGTERM ends
+each refit twice (the second must find the plan in the coordinator's cache),
+byte-exact; nodes never plan: each receives its slice of the plan (the
+transfers its ranks send or receive, fewer than the plan's) and reports 0
+planning.  Then, on small clusters: SliceDone is counted once (duplicates
+and unknown refits are answered, nothing counted twice), a RunSlice with a
+forged slice (ranks not the node's, a box outside its tensor, a rank of no
+member, records cut short or out of order) is refused naming the record,
+and SIGTERM ends
 the coordinator within 10 s while a node is SIGSTOPped holding a call, or
 mid-slice.  Prints a table (nodes, order, result, times, coordinator threads
 and RSS) and "scale: N passed, N failed" last.
 """
+import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -121,6 +127,21 @@ class Scale:
         return harness.refit_final(self.stub, rid, timeout, rpc_timeout=30, every=0.05)
 
 
+def check_slices(g, one_sender=False):
+    """Nodes report no planning, and slices of the plan, not the plan: every
+    transfer is in its sender's and its receiver's slice (once when both
+    ranks are one node's), and no node got them all (but the only sender,
+    one_sender: every transfer is its)."""
+    assert g.plan_xfers > 0, g
+    for x in g.nodes:
+        assert x.plan_micros == 0 and not x.plan_cached, x
+        assert 0 < x.slice_xfers <= g.plan_xfers, (x, g.plan_xfers)
+    whole = [x.node_id for x in g.nodes if x.slice_xfers == g.plan_xfers]
+    assert len(whole) == (1 if one_sender else 0), (whole, g.plan_xfers)
+    total = sum(x.slice_xfers for x in g.nodes)
+    assert g.plan_xfers <= total <= 2 * g.plan_xfers, (total, g.plan_xfers)
+
+
 def layouts(trainers, infer, shard):
     """Every receiver needs every sender: Shard(0) over trainers, Shard(1) over
     the inference ranks."""
@@ -163,25 +184,30 @@ def scenario(cl, model, order, trainers):
             assert len(g.nodes) == cl.n and all(x.reported for x in g.nodes), g.nodes
             # recorded even when reports overtake RunSlice answers
             assert g.running_after_ms > 0, g
-            cached = sum(x.plan_cached for x in g.nodes)
+            check_slices(g)
             if v == 1:
-                # new layouts: no node may take an older model's plan
-                assert cached == 0, f"{cached} nodes used a cached plan for new layouts"
+                # new layouts: the coordinator plans (nodes never do)
+                assert not g.plan_cached and g.plan_micros > 0, g
                 row["running_ms"] = g.running_after_ms
                 row["e2e_ms"] = g.finished_unix_ms - g.created_unix_ms
-                row["plan_ms_max"] = max(x.plan_micros for x in g.nodes) / 1e3
+                row["plan_ms"] = g.plan_micros / 1e3
+                row["decode_ms_max"] = max(x.decode_micros for x in g.nodes) / 1e3
+                row["slice_max"] = max(x.slice_xfers for x in g.nodes)
+                row["plan_xfers"] = g.plan_xfers
                 row["wall_s"] = time.time() - t0
             else:
-                # unchanged membership and layouts: no node plans again
-                assert cached == cl.n, f"{cached} of {cl.n} nodes found their plan cached"
+                # unchanged membership and layouts: the coordinator's cache
+                assert g.plan_cached and g.plan_micros == 0, g
                 row["e2e2_ms"] = g.finished_unix_ms - g.created_unix_ms
-                row["cached"] = cached
                 out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", cl.addr,
                                       "status", str(rid)], capture_output=True, text=True,
                                      timeout=60)
-                want = f"planning on the nodes: {cl.n} of {cl.n} reported, {cl.n} from " \
-                    "their cache"
-                assert out.returncode == 0 and want in out.stdout, out
+                assert out.returncode == 0, out
+                assert f"plan of {g.plan_xfers} transfers: from the coordinator's cache" \
+                    in out.stdout, out.stdout
+                want = f"slices on the nodes: {cl.n} of {cl.n} reported, at most " \
+                    f"{max(x.slice_xfers for x in g.nodes)} transfers"
+                assert want in out.stdout, out.stdout
                 assert "every slice running" in out.stdout, out.stdout
         row["threads"], row["rss_kib"] = proc_status(cl.coord.pid)
         # one channel out and one connection in per member, not per call
@@ -247,63 +273,76 @@ def small_model(cl, name, ntensors=8):
     return cs
 
 
-def refit_cached(cl, cs, model, v):
-    """Refit model (clients cs, trainer first) to version v, byte-exact;
-    how many nodes found their plan in their cache."""
-    if v > 1:
-        out = cs[0].cmd(f"next {v}")
+def slice_rec(stage, frm, to, tensor, box):
+    """One record of RunSliceRequest.slice_xfers (proto/refit/v1/refit.proto)."""
+    b = struct.pack("<IiiI", stage, frm, to, tensor)
+    for off, size in box:
+        b += struct.pack("<qq", off, size)
+    return b
+
+
+def forged_slices():
+    """A RunSlice whose slice is forged is refused at the node's edge, the
+    error naming the record; nothing of it runs, and the next refit works."""
+    cl = Cluster("fs", 3, lease_ms=20000)
+    cs = small_model(cl, "fm", ntensors=1)
+    try:
+        g = cl.refit("fm", 1)
+        assert g.state == pb.COMMITTED, g.failure
+        check_slices(g, one_sender=True)
+        tl = json.load(open(f"{TMP}/fm-t.json"))["tensors"][0]
+        il = json.load(open(f"{TMP}/fm-i.json"))["tensors"][0]
+
+        def lay(t):
+            return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                                   mesh_shape=[len(t["mesh"])], mesh_ranks=t["mesh"],
+                                   placements=t["placements"])
+        # node 1 serves ranks 4..7 and holds inference ranks 4 and 5
+        node = pbg.NodeStub(grpc.insecure_channel(cl.node_args[1][4]))
+        good = slice_rec(0, 0, 4, 0, [(0, 128), (0, 16)])
+        cases = [
+            ([slice_rec(0, 0, 1, 0, [(0, 128), (0, 16)])], {},
+             'slice record 0 (stage 0, rank 0 -> 1, tensor "w0"): neither rank is this '
+             "node's"),
+            ([good, slice_rec(0, 0, 4, 0, [(250, 10), (0, 16)])], {},
+             'slice record 1 (stage 0, rank 0 -> 4, tensor "w0"): dim 0 of its box '
+             "(offset 250, size 10) is not inside the tensor (256)"),
+            ([slice_rec(0, 0, 77, 0, [(0, 128), (0, 16)])], {},
+             "slice record 0 (stage 0, rank 0 -> 77, tensor \"w0\"): rank 77 is no member's"),
+            ([slice_rec(0, 0, 5, 0, [(0, 8), (0, 16)]), good], {},
+             "slice record 1 (stage 0, rank 0 -> 4, tensor \"w0\"): out of plan order"),
+            ([slice_rec(3, 0, 4, 0, [(0, 8), (0, 16)])], {},
+             "slice record 0 (stage 3, rank 0 -> 4, tensor \"w0\"): the plan has 1 stages"),
+            ([slice_rec(0, 0, 4, 2, [(0, 8), (0, 16)])], {},
+             "slice record 0 (stage 0, rank 0 -> 4): tensor 2, the plan has 1"),
+            ([good[:-4]], {}, "slice record 0 of 1: its box is cut short"),
+            ([good], {"slice_nxfers": 9}, "the slice claims 9 transfers in 48 bytes"),
+            ([good], {"plan_tensors": 0}, "RunSlice carries no slice of the plan"),
+        ]
+        for k, (recs, over, want) in enumerate(cases):
+            fields = dict(refit_id=900 + k, epoch=g.epoch, attempt=1, model="fm", version=1,
+                          mode=pb.RESHARD, chunk_bytes=4 << 20, staging_bytes=256 << 20,
+                          instances=[pb.InstanceLayouts(role=pb.TRAIN, tensors=[lay(tl)]),
+                                     pb.InstanceLayouts(instance="i0", role=pb.INFER,
+                                                        tensors=[lay(il)])],
+                          slice_xfers=b"".join(recs), slice_nxfers=len(recs),
+                          plan_stages=1, plan_stages_per_round=1, plan_tensors=1,
+                          plan_xfers=100, plan_digest="f" * 64)
+            fields.update(over)
+            expect_error(lambda: node.RunSlice(pb.RunSliceRequest(**fields), timeout=10),
+                         grpc.StatusCode.INVALID_ARGUMENT, want)
+        # nothing of them ran or stuck: the next refit commits, byte-exact
+        out = cs[0].cmd("next 2")
         assert out.startswith("READY"), out
-    g = cl.refit(model, v)
-    assert g.state == pb.COMMITTED, g.failure
-    for c in cs[1:]:
-        out = c.cmd(f"wait {v} 20000")
-        assert out.startswith(f"INSTALLED {v} ") and "mismatches=0" in out, out
-    return sum(x.plan_cached for x in g.nodes)
-
-
-def plan_sizes(cl, model):
-    """The plan sizes the nodes of cl logged as not kept for model's refits."""
-    cl.log.flush()
-    with open(f"{TMP}/{cl.name}.log") as f:
-        return [int(ln.split("a plan of ")[1].split()[0]) for ln in f
-                if "a plan of " in ln and "is not kept" in ln]
-
-
-def plan_cache_bytes():
-    """Nodes keep plans within plan_cache_bytes, not a count.  With 1 byte
-    nothing is kept (and each plan's size is logged); with room for either
-    of two models' plans but not both, refitting the other model evicts the
-    first (a count-bounded cache kept both), and a repeat finds it again."""
-    cl = Cluster("pc", 3, ["--plan-cache-bytes", "1", "--log-level", "info"], lease_ms=20000)
-    a = small_model(cl, "pa")
-    b = small_model(cl, "pb", ntensors=7)
-    try:
-        assert refit_cached(cl, a, "pa", 1) == 0
-        size_a = max(plan_sizes(cl, "pa"))
-        assert refit_cached(cl, a, "pa", 2) == 0, "a plan kept beyond plan_cache_bytes"
-        assert refit_cached(cl, b, "pb", 1) == 0
-        size_b = min(x for x in plan_sizes(cl, "pb") if x != size_a)
+        g = cl.refit("fm", 2)
+        assert g.state == pb.COMMITTED, g.failure
+        for c in cs[1:]:
+            out = c.cmd("wait 2 20000")
+            assert out.startswith("INSTALLED 2 ") and "mismatches=0" in out, out
     finally:
-        for c in a + b:
+        for c in cs:
             c.close()
-    assert size_b < size_a, (size_a, size_b)
-    bound = size_a + size_b - 1
-    cl = Cluster("pk", 3, ["--plan-cache-bytes", str(bound)], lease_ms=20000)
-    a = small_model(cl, "pa")
-    b = small_model(cl, "pb", ntensors=7)
-    try:
-        assert refit_cached(cl, a, "pa", 1) == 0
-        assert refit_cached(cl, a, "pa", 2) == 3, "pa's plan not kept"
-        assert refit_cached(cl, b, "pb", 1) == 0
-        assert refit_cached(cl, b, "pb", 2) == 3, "pb's plan not kept"
-        assert refit_cached(cl, a, "pa", 3) == 0, \
-            f"pa's plan still kept with pb's: {size_a} + {size_b} > {bound} bytes"
-        assert refit_cached(cl, a, "pa", 4) == 3, "pa's plan not kept again"
-    finally:
-        for c in a + b:
-            c.close()
-    print(f"     plan cache: plans of {size_a} and {size_b} bytes, bound {bound}: "
-          "one kept at a time")
+    print(f"     forged slices: {len(cases)} kinds refused, each naming its record")
 
 
 def wait_state(cl, rid, state, timeout=30):
@@ -402,8 +441,7 @@ try:
     check(f"{NODES} node daemons (one rank each) start and join", start_cluster)
     if CL is not None:
         scale_refits(CL)
-    check("plan cache bounded by plan_cache_bytes (least recently used evicted)",
-          plan_cache_bytes)
+    check("a RunSlice with a forged slice is refused, naming the record", forged_slices)
     check("SIGTERM: coordinator exits within 10 s, a node stopped holding PrepareEpoch",
           lambda: sigterm_with_stopped_node("prepare"))
     check("SIGTERM: coordinator exits within 10 s, a node stopped mid-slice",
@@ -417,12 +455,13 @@ finally:
         print(f"FAIL processes exited badly (see {TMP}/*.log): {bad[:5]}")
 if ROWS:
     print(f"     {'nodes':>5} {'order':<16} {'split':>7} {'running_ms':>10} {'e2e_ms':>7} "
-          f"{'again_ms':>8} {'plan_ms':>7} {'cached':>6} {'threads':>7} {'rss_MiB':>7} "
-          f"{'fds':>5}")
+          f"{'again_ms':>8} {'plan_ms':>7} {'xfers':>6} {'slice':>6} {'decode_ms':>9} "
+          f"{'threads':>7} {'rss_MiB':>7} {'fds':>5}")
     print(f"     coordinator threads by name, 3 nodes: {SMALL.get('names')}; "
           f"{NODES} nodes: {ROWS[-1]['names']}")
     for r in ROWS:
         print(f"     {r['nodes']:>5} {r['order']:<16} {r['split']:>7} {r['running_ms']:>10} "
-              f"{r['e2e_ms']:>7} {r['e2e2_ms']:>8} {r['plan_ms_max']:>7.1f} "
-              f"{r['cached']:>6} {r['threads']:>7} {r['rss_kib'] / 1024:>7.1f} {r['fds']:>5}")
+              f"{r['e2e_ms']:>7} {r['e2e2_ms']:>8} {r['plan_ms']:>7.1f} "
+              f"{r['plan_xfers']:>6} {r['slice_max']:>6} {r['decode_ms_max']:>9.2f} "
+              f"{r['threads']:>7} {r['rss_kib'] / 1024:>7.1f} {r['fds']:>5}")
 harness.summary("scale")

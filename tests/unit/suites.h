@@ -20,7 +20,6 @@ Suite *suite_convert(void);
 Suite *suite_conv_exec(void);
 Suite *suite_ops(void);
 Suite *suite_config(void);
-Suite *suite_node_plans(void);
 Suite *suite_refit_fsm(void);
 Suite *suite_coord_rules(void);
 Suite *suite_pool(void);
