@@ -9,17 +9,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "dataplane/view.h"
-
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void
 run(const char *label, int nd, const int64_t *shape, const plan_box_t *box, uint32_t e)
@@ -40,21 +32,21 @@ run(const char *label, int nd, const int64_t *shape, const plan_box_t *box, uint
 	dp_shard_of_box(&ss, &full);
 	dp_view_contiguous(&bv, buf, nd, box->size, e);
 	dp_shard_of_box(&bs, box);
-	t0 = now();
+	t0 = clock_mono_s();
 	for (int r = 0; r < reps; r++)
 		dp_copy_box(&sv, &ss, &bv, &bs, box);
-	pack = now() - t0;
+	pack = clock_mono_s() - t0;
 	sv.base = dst;
-	t0 = now();
+	t0 = clock_mono_s();
 	for (int r = 0; r < reps; r++)
 		dp_copy_box(&bv, &bs, &sv, &ss, box);
-	unpack = now() - t0;
-	t0 = now();
+	unpack = clock_mono_s() - t0;
+	t0 = clock_mono_s();
 	for (int r = 0; r < reps; r++) {
 		memcpy(buf, src + (r & 1), bytes - 1);
 		__asm__ volatile("" ::: "memory");
 	}
-	mc = now() - t0;
+	mc = clock_mono_s() - t0;
 	printf("%-36s %9.1f MiB %8.2f %8.2f %8.2f   %.2f / %.2f\n", label,
 	       (double)bytes / (1 << 20), (double)bytes * reps / pack / 1e9,
 	       (double)bytes * reps / unpack / 1e9, (double)bytes * reps / mc / 1e9,
@@ -82,11 +74,11 @@ main(void)
 	run("bf16 [8192,8192], row slice 1/4", 2, m, &rows, 2);
 	run("bf16 [16,2048,7168], 2 experts x 512", 3, x, &expert, 2);
 	memset(b, 7, n);
-	t0 = now();
+	t0 = clock_mono_s();
 	for (int r = 0; r < 8; r++)
 		c = crc32c(c, b, n);
 	printf("\nCRC-32C (verify mode): %.2f GB/s (checksum %08x)\n",
-	       8.0 * (double)n / (now() - t0) / 1e9, c);
+	       8.0 * (double)n / (clock_mono_s() - t0) / 1e9, c);
 	free(b);
 	return 0;
 }

@@ -25,15 +25,7 @@
 #include <time.h>
 
 #include "codec/json.h"
-
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "common/clock.h"
 
 /* A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:" the peak since
  * peak_reset); 0 when absent. */
@@ -164,7 +156,7 @@ run_case(const char *label, const plan_layout_set_t *src, const plan_layout_set_
 		plan_check_t chk;
 		refit_err_t e;
 		long r0 = status_kb("VmRSS:");
-		double t0 = now(), t1, t2, t3 = 0;
+		double t0 = clock_mono_s(), t1, t2, t3 = 0;
 		char payload[32];
 
 		plan_opts_default(&o);
@@ -178,17 +170,17 @@ run_case(const char *label, const plan_layout_set_t *src, const plan_layout_set_
 			fprintf(stderr, "bench: %s\n", e.msg);
 			exit(1);
 		}
-		t1 = now();
+		t1 = clock_mono_s();
 		long r1 = status_kb("VmRSS:");
 		if (plan_cost(&p, src, dst, topo, &c, &e) != REFIT_OK)
 			exit(1);
-		t2 = now();
+		t2 = clock_mono_s();
 		if (validate) {
 			if (plan_validate(&p, src, dst, &chk, &e) != REFIT_OK) {
 				fprintf(stderr, "bench: %s\n", e.msg);
 				exit(1);
 			}
-			t3 = now() - t2;
+			t3 = clock_mono_s() - t2;
 		}
 		codec_fmt_bytes((double)c.payload_bytes, payload, sizeof(payload));
 		printf("%-34s %-9s %7zu %10zu %9zu %8.3f %8.3f %8s %7.0f %6.1f %7.3f\n",
@@ -228,15 +220,6 @@ single_tensor(const char *label, const char *dst_pl, int64_t rows, int64_t cols)
 	plan_layout_set_fini(&d);
 	free(ms);
 	free(md);
-}
-
-static double
-cpu_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Start a new peak (Linux: "5" > /proc/self/clear_refs) after giving
@@ -311,13 +294,13 @@ curve(const char *model, const char *train, const char *tp, const int *dps, int 
 		}
 		plan_opts_default(&o);
 		reset = peak_reset();
-		t0 = cpu_now();
+		t0 = clock_cpu_s();
 		if (plan_build(&s, &d, &t, &o, &p, &e) != REFIT_OK) {
 			fprintf(stderr, "bench: %s\n", e.msg);
 			exit(1);
 		}
 		printf("%-12s %-12s %-12s %6d %10zu %8.2f %8.0f%s  %.12s\n", model, train, inf,
-		       t.nranks, p.nxfers, cpu_now() - t0, (double)status_kb("VmHWM:") / 1024.0,
+		       t.nranks, p.nxfers, clock_cpu_s() - t0, (double)status_kb("VmHWM:") / 1024.0,
 		       reset ? " " : "*", p.digest_hex);
 		fflush(stdout);
 		plan_fini(&p);

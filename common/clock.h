@@ -1,6 +1,7 @@
 /*
  * clock.h - the monotonic clock, in the units callers count in: deadlines
- * in milliseconds, stage timings in microseconds, benchmarks in seconds.
+ * in milliseconds, stage timings in microseconds, benchmarks in seconds
+ * (and their CPU time, clock_cpu_s).
  * CLOCK_MONOTONIC: never jumps with the wall clock.  libc only.
  */
 #ifndef REFIT_COMMON_CLOCK_H
@@ -30,6 +31,16 @@ clock_mono_s(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the whole process (every thread), in seconds: benchmarks. */
+static inline double
+clock_cpu_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 

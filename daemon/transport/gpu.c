@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/clock.h"
 #include "daemon/transport/gpu.h"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -34,15 +35,6 @@ gpu_configure(const gpu_paths_t *p)
 }
 
 extern char **environ;
-
-static int64_t
-mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void
 gpu_root_release(gpu_root_t *r)
@@ -112,7 +104,7 @@ read_id(gpu_root_t *r, int fd, int64_t end, int timeout_ms, char *why, size_t n)
 
 	while (got < sizeof(r->id)) {
 		struct pollfd pf = {fd, POLLIN, 0};
-		int64_t left = end - mono_ms();
+		int64_t left = end - clock_mono_ms();
 		ssize_t k;
 
 		if (left <= 0 || poll(&pf, 1, (int)left) <= 0) {
@@ -137,7 +129,7 @@ gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n)
 {
 	int in[2], out[2], rc;
 	pid_t pid;
-	int64_t end = mono_ms() + timeout_ms;
+	int64_t end = clock_mono_ms() + timeout_ms;
 
 	memset(r, 0, sizeof(*r));
 	r->fd = -1;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "daemon/transport/transport.h"
 
 static const xport_ops_t *const backends[] = {&xport_tcp_ops, &xport_nccl_ops};
@@ -27,8 +28,5 @@ xport_names(void)
 int64_t
 xport_now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return clock_mono_ms();
 }

@@ -51,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "daemon/transport/gpu.h"
 #include "daemon/transport/transport.h"
 #include "dataplane/view.h"
@@ -89,15 +90,6 @@ result(const char *name, int bad)
 		printf("ok   %s\n", name);
 	}
 	fflush(stdout);
-}
-
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static atomic_int no_abort;
@@ -414,14 +406,20 @@ group_run(xport_session_t *s, const xport_op_t *ops, size_t n, refit_err_t *err)
 	return xport_nccl_ops.exchange(s, &io, err);
 }
 
+/*
+ * n bytes from rank r0's device to rank r1's (r0 == r1: to itself) in one
+ * group, checked byte for byte; then reps more groups timed (0: none), the
+ * rate printed.
+ */
 static int
-group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n)
+group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n, int reps)
 {
 	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
 	uint8_t *a = dev->alloc(dev->ctx, r0, n), *b = dev->alloc(dev->ctx, r1, n);
 	uint8_t *h = malloc(n), *g = malloc(n);
 	xport_op_t ops[2] = {{true, r0, r1, a, n}, {false, r1, r0, b, n}};
 	refit_err_t err;
+	double t0, t;
 	int bad = 0;
 
 	EXPECT(a && b, "cudaMalloc");
@@ -434,6 +432,14 @@ group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n)
 	dev->to_host(dev->ctx, r1, g, b, n);
 	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
 	EXPECT(memcmp(g, h, n) == 0, "rank %d -> rank %d changed the bytes", r0, r1);
+	t0 = clock_mono_s();
+	for (int i = 0; i < reps && !bad; i++)
+		EXPECT(group_run(s, ops, 2, &err) == REFIT_OK, "group: %s", err.msg);
+	t = clock_mono_s() - t0;
+	if (reps > 0)
+		printf("     %" PRIu64 " MiB send/recv rank %d -> %d byte-exact; %.1f GB/s over "
+		       "%d reps%s\n", n >> 20, r0, r1, n * reps / t / 1e9, reps,
+		       emu ? " (emulator: not a GPU figure)" : "");
 	dev->free(dev->ctx, r0, a);
 	dev->free(dev->ctx, r1, b);
 	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
@@ -782,7 +788,7 @@ late_error_child(void)
 		s = session(x, epoch, world, 1, &me, 1, id, idlen, &err);
 		EXPECT(s != NULL, "epoch %" PRIu64 ": the communicator: %s", epoch, err.msg);
 		if (s) {
-			bad += group_two(s, me, me, 4096);
+			bad += group_two(s, me, me, 4096, 0);
 			xport_nccl_ops.close(s);
 		}
 	}
@@ -810,37 +816,7 @@ late_error_child(void)
 static int
 loopback(xport_session_t *s, int32_t r)
 {
-	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
-	uint64_t n = emu ? 8ull << 20 : 256ull << 20;
-	uint8_t *a = dev->alloc(dev->ctx, r, n), *b = dev->alloc(dev->ctx, r, n);
-	uint8_t *h = malloc(n), *g = malloc(n);
-	xport_op_t ops[2] = {{true, r, r, a, n}, {false, r, r, b, n}};
-	refit_err_t err;
-	double t0, t;
-	int reps = 10, bad = 0;
-
-	EXPECT(a && b, "cudaMalloc");
-	for (uint64_t i = 0; i < n; i++)
-		h[i] = (uint8_t)(i * 131 + 7);
-	dev->from_host(dev->ctx, r, a, h, n);
-	refit_err_clear(&err);
-	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
-	EXPECT(group_run(s, ops, 2, &err) == REFIT_OK, "group: %s", err.msg);
-	dev->to_host(dev->ctx, r, g, b, n);
-	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
-	EXPECT(memcmp(g, h, n) == 0, "loopback send/recv changed the bytes");
-	t0 = now_s();
-	for (int i = 0; i < reps && !bad; i++)
-		EXPECT(group_run(s, ops, 2, &err) == REFIT_OK, "group: %s", err.msg);
-	t = now_s() - t0;
-	printf("     %" PRIu64 " MiB send/recv to itself byte-exact; %.1f GB/s over %d reps%s\n",
-	       n >> 20, n * reps / t / 1e9, reps, emu ? " (emulator: not a GPU figure)" : "");
-	dev->free(dev->ctx, r, a);
-	dev->free(dev->ctx, r, b);
-	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
-	free(h);
-	free(g);
-	return bad;
+	return group_two(s, r, r, emu ? 8ull << 20 : 256ull << 20, 10);
 }
 
 /* ---- the emulator's counters --------------------------------------------------------- */
@@ -1100,7 +1076,7 @@ main(int argc, char **argv)
 			if (nl == 2)
 				result("two local ranks on devices 0 and 1: staging on each rank's "
 				       "device, grouped send/recv between them",
-				       group_two(s, 0, 1, 1 << 20) + group_two(s, 1, 0, 12345));
+				       group_two(s, 0, 1, 1 << 20, 0) + group_two(s, 1, 0, 12345, 0));
 			else
 				printf("     skipped: two local ranks on two devices (one device)\n");
 			result("loopback communicator: send/recv to itself",

@@ -97,12 +97,18 @@ def wait_running(rid):
     raise AssertionError(f"refit {rid} never ran")
 
 
-def abort_midway():
+def next_running():
+    """The trainer steps; a refit of the new version is triggered and running."""
     cl = S["cl"]
     step()
     rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="gm", version=S["v"]),
                                timeout=5).refit_id
     wait_running(rid)
+    return cl, rid
+
+
+def abort_midway():
+    cl, rid = next_running()
     cl.stub.AbortRefit(pb.AbortRefitRequest(refit_id=rid, reason="test"), timeout=5)
     g = cl.wait_final(rid, 60)
     assert g.state in (pb.ABORTED, pb.COMMITTED), g
@@ -115,11 +121,7 @@ def abort_midway():
 
 
 def node_killed():
-    cl = S["cl"]
-    step()
-    rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="gm", version=S["v"]),
-                               timeout=5).refit_id
-    wait_running(rid)
+    cl, rid = next_running()
     t0 = time.time()
     cl.nodes[2].kill()
     cl.nodes[2].wait()

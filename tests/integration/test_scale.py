@@ -273,6 +273,14 @@ def small_model(cl, name, ntensors=8):
     return cs
 
 
+def committed_v2(g, cs):
+    """g committed and every inference client (cs[1:]) installed version 2 byte-exact."""
+    assert g.state == pb.COMMITTED, g.failure
+    for c in cs[1:]:
+        out = c.cmd("wait 2 20000")
+        assert out.startswith("INSTALLED 2 ") and "mismatches=0" in out, out
+
+
 def slice_rec(stage, frm, to, tensor, box):
     """One record of RunSliceRequest.slice_xfers (proto/refit/v1/refit.proto)."""
     b = struct.pack("<IiiI", stage, frm, to, tensor)
@@ -334,11 +342,7 @@ def forged_slices():
         # nothing of them ran or stuck: the next refit commits, byte-exact
         out = cs[0].cmd("next 2")
         assert out.startswith("READY"), out
-        g = cl.refit("fm", 2)
-        assert g.state == pb.COMMITTED, g.failure
-        for c in cs[1:]:
-            out = c.cmd("wait 2 20000")
-            assert out.startswith("INSTALLED 2 ") and "mismatches=0" in out, out
+        committed_v2(cl.refit("fm", 2), cs)
     finally:
         for c in cs:
             c.close()
@@ -390,11 +394,7 @@ def slice_done_once():
         # the real report of d2 came too and changed nothing; the next refit works
         rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="dm", version=2),
                                    timeout=5).refit_id
-        g = cl.wait_final(rid)
-        assert g.state == pb.COMMITTED, g.failure
-        for c in cs[1:]:
-            out = c.cmd("wait 2 20000")
-            assert out.startswith("INSTALLED 2 ") and "mismatches=0" in out, out
+        committed_v2(cl.wait_final(rid), cs)
     finally:
         for c in cs:
             c.close()
