@@ -15,14 +15,13 @@
 #include <time.h>
 #include <unistd.h>
 
-/* CLOCK_MONOTONIC in seconds */
+#include "common/clock.h"
+
+/* CLOCK_MONOTONIC in seconds (common/clock.h) */
 static inline double
 now(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	return clock_mono_s();
 }
 
 /* A loopback port nobody listens on now (0 if none could be had). */

@@ -327,12 +327,8 @@ layouts_of_tree(const cJSON *list, bool one, plan_layout_set_t *out, refit_err_t
 				plan_layout_set_add(&tmp, &l);
 		}
 	}
-	if (rc == REFIT_OK)
-		rc = plan_layout_set_check_unique(&tmp, err);
-	if (rc != REFIT_OK) {
-		plan_layout_set_fini(&tmp);
+	if ((rc = plan_layout_set_finish(&tmp, rc, err)) != REFIT_OK)
 		return rc;
-	}
 	for (size_t k = 0; k < tmp.n; k++)
 		plan_layout_set_add(out, &tmp.v[k]);
 	free(tmp.v);

@@ -22,8 +22,7 @@ refit_err_vset(refit_err_t *err, refit_status_t st, const char *fmt, va_list ap)
 	if (err == NULL || err->status != REFIT_OK)
 		return st;
 	err->status = st;
-	vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-	utf8_cut(err->msg); /* cut by the buffer: end on a character boundary */
+	utf8_vformat(err->msg, sizeof(err->msg), fmt, ap);
 	return st;
 }
 

@@ -1,6 +1,7 @@
 /*
  * utf8.c - UTF-8 well-formedness (RFC 3629 / Unicode table 3-7).
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/utf8.h"
@@ -55,4 +56,13 @@ utf8_cut(char *s)
 
 	if (!utf8_valid(s, n, &bad))
 		s[bad] = '\0';
+}
+
+void
+utf8_vformat(char *buf, size_t n, const char *fmt, va_list ap)
+{
+	if (n == 0)
+		return;
+	vsnprintf(buf, n, fmt, ap);
+	utf8_cut(buf);
 }

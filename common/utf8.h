@@ -5,6 +5,7 @@
 #ifndef REFIT_COMMON_UTF8_H
 #define REFIT_COMMON_UTF8_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -16,5 +17,8 @@ bool utf8_valid(const char *s, size_t n, size_t *bad);
 /* Cut the NUL-terminated s before its first byte that is not part of a
  * well-formed character (a message truncated mid-character ends cleanly). */
 void utf8_cut(char *s);
+/* vsnprintf into buf (n bytes), then utf8_cut: a message cut by the buffer
+ * ends on a character boundary. */
+void utf8_vformat(char *buf, size_t n, const char *fmt, va_list ap);
 
 #endif

@@ -155,6 +155,11 @@ void plan_layout_set_copy(plan_layout_set_t *dst, const plan_layout_set_t *src);
 /* Fail naming a tensor that appears twice. */
 refit_status_t plan_layout_set_check_unique(const plan_layout_set_t *s,
 					    refit_err_t *err);
+/* The end of building a set from parts: when rc is REFIT_OK, the names are
+ * checked unique; on any failure the set is freed (nothing half-built is
+ * kept).  Returns the outcome. */
+refit_status_t plan_layout_set_finish(plan_layout_set_t *s, refit_status_t rc,
+				      refit_err_t *err);
 /*
  * Compose replicas (inference instances, each a set with the same tensors
  * on ranks of its own) into one explicit destination set; every shard keeps

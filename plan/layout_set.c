@@ -207,6 +207,16 @@ plan_layout_set_copy(plan_layout_set_t *dst, const plan_layout_set_t *src)
 }
 
 refit_status_t
+plan_layout_set_finish(plan_layout_set_t *s, refit_status_t rc, refit_err_t *err)
+{
+	if (rc == REFIT_OK)
+		rc = plan_layout_set_check_unique(s, err);
+	if (rc != REFIT_OK)
+		plan_layout_set_fini(s);
+	return rc;
+}
+
+refit_status_t
 plan_layout_set_check_unique(const plan_layout_set_t *s, refit_err_t *err)
 {
 	name_idx_t *ix = index_names(s);

@@ -164,12 +164,8 @@ conv_layouts_from_proto(Refit__V1__TensorLayout *const *t, size_t n,
 		if (rc == REFIT_OK)
 			plan_layout_set_add(&tmp, &l);
 	}
-	if (rc == REFIT_OK)
-		rc = plan_layout_set_check_unique(&tmp, err);
-	if (rc != REFIT_OK) {
-		plan_layout_set_fini(&tmp);
+	if ((rc = plan_layout_set_finish(&tmp, rc, err)) != REFIT_OK)
 		return rc;
-	}
 	*out = tmp;
 	return REFIT_OK;
 }

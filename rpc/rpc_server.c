@@ -166,9 +166,8 @@ fail_now(rpc_call_t *c, int code, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	utf8_vformat(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	utf8_cut(msg);
 	send_final(c, code, msg, NULL);
 }
 

@@ -266,9 +266,8 @@ refit_eventf(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind, const char
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	utf8_vformat(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	utf8_cut(msg);
 	refit_event(c, r, &(refit_fsm_event_t){.kind = kind}, msg, NULL);
 }
 
