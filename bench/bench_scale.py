@@ -15,9 +15,11 @@ decode and check it, the coordinator's threads and RSS (/proc/PID/status),
 the coordinator's RSS growth per member and a node daemon's mean and largest
 RSS before the refits and after them.
 
-Usage: [LEASE_MS=30000] [START_ONLY=1] bench_scale.py BUILD_DIR [--layout all|pairs]
+Usage: [LEASE_MS=30000] [START_ONLY=1] [IDLE_S=0] bench_scale.py BUILD_DIR [--layout all|pairs]
        [--order trainers-first|inference-first|random] [N ...]
-(default 16 32 64 128 256; START_ONLY: start and join the daemons, no refit).
+(default 16 32 64 128 256; START_ONLY: start and join the daemons, no refit;
+IDLE_S: before the refits, measure the CPU of the coordinator and the node
+daemons over that many idle seconds, clients attached).
 --layout all (default): Shard(0) over the trainers -> Shard(1) over the
 inference ranks, every receiver needs every sender ((N/2)^2 transfers and
 tcp connections).  --layout pairs: Shard(0) -> Shard(0) over the same count,
@@ -169,6 +171,15 @@ def one(n):
     for c in tr + inf:
         assert c.ok(), c.first
     node_rss = sum(status(p.pid)[1] for p in nodes) / n
+    idle_s = float(os.environ.get("IDLE_S", "0"))
+    if idle_s > 0:  # CPU of the idle control plane (heartbeats, timers), clients attached
+        c0 = (cpu_s(coord.pid), sum(cpu_s(p.pid) for p in nodes))
+        time.sleep(idle_s)
+        c1 = (cpu_s(coord.pid) - c0[0], sum(cpu_s(p.pid) for p in nodes) - c0[1])
+        print(f"{n:>6} idle {idle_s:.0f} s, clients attached, no refit: coordinator "
+              f"{100 * c1[0] / idle_s:.1f} % of a core, node daemons {100 * c1[1] / idle_s:.1f} "
+              f"% of a core ({1e3 * c1[1] / idle_s / n:.2f} ms/s each), load {loadavg():.0f}",
+              flush=True)
     rows = {}
     for v in (1, 2):
         if v == 2:
