@@ -197,7 +197,10 @@ def one(n):
                     sum(cpu_s(c.p.pid) for c in tr + inf) - cpu0[2])
         if g.state != pb.COMMITTED:
             raise SystemExit(f"bench: {n} nodes ({LAYOUT}, {ORDER}): refit {v} {g.failure} "
-                             f"(load {loadavg():.0f}; coordinator log {TMP}/n{n}.log)")
+                             f"after {g.finished_unix_ms - g.created_unix_ms} ms (load "
+                             f"{loadavg():.0f}; CPU s coordinator {cpu1[0]:.1f}, node daemons "
+                             f"{cpu1[1]:.1f}, clients {cpu1[2]:.1f}; coordinator log "
+                             f"{TMP}/n{n}.log)")
         for c in inf:
             out = c.cmd(f"wait {v} 600000")
             assert "mismatches=0" in out, out
