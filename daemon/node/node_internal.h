@@ -150,6 +150,7 @@ struct node {
 	size_t naborted;                      /* entries written (mod the size) */
 	VEC(held_run_t) held;                 /* tests: RunSlice calls held back */
 	VEC(client_t *) clients;
+	int64_t pids_checked_ms;              /* sweep: clients' pids last checked */
 	uint64_t next_client;
 	VEC(waiter_t) waiters;
 	VEC(prepared_t) prepared;
