@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""check-layers.py BUILD [FOLDER...] - no file-level call cycles inside a folder.
+
+For each folder (default: daemon/coord, daemon/node, rpc, daemon/transport)
+the file-level call graph is read from the built objects with nm: file A
+calls file B when A's object leaves undefined a symbol that B's object
+defines (non-static functions, and global data such as a method table;
+static ones never cross a file).  A
+cycle (A -> B -> ... -> A) fails, naming its files and, for each edge, the
+functions called.  A passing folder prints its files in an order where
+each calls only those after it.  Ends with "N passed, N failed" (one per
+folder).  Run after the build: tests/run-check.sh does.
+"""
+import os
+import subprocess
+import sys
+
+FOLDERS = ["daemon/coord", "daemon/node", "rpc", "daemon/transport"]
+
+
+def symbols(obj):
+    """(defined global symbols, undefined symbols) of one object."""
+    out = subprocess.run(["nm", "-P", obj], check=True, capture_output=True,
+                         text=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 2:
+            continue
+        if f[1] in "TDRBGSVW":   # global: functions, data (a table of them)
+            defined.add(f[0])
+        elif f[1] == "U":
+            undefined.add(f[0])
+    return defined, undefined
+
+
+def graph(build, folder):
+    """{file: {callee file: sorted function names}} for the folder's sources."""
+    srcs = sorted(s for s in os.listdir(folder) if s.endswith(".c"))
+    syms = {}
+    for s in srcs:
+        obj = os.path.join(build, "obj", folder, s[:-2] + ".o")
+        if not os.path.exists(obj):
+            raise FileNotFoundError("%s: no object %s (build first)" % (folder, obj))
+        syms[s] = symbols(obj)
+    owner = {}
+    for s in srcs:
+        for name in syms[s][0]:
+            owner[name] = s
+    edges = {s: {} for s in srcs}
+    for s in srcs:
+        for name in syms[s][1]:
+            t = owner.get(name)
+            if t is not None and t != s:
+                edges[s].setdefault(t, []).append(name)
+    for s in srcs:
+        for t in edges[s]:
+            edges[s][t].sort()
+    return edges
+
+
+def cycles(edges):
+    """Strongly connected components of more than one file (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def order(edges):
+    """The files, each calling only those after it (the graph is acyclic)."""
+    done, out = set(), []
+
+    def visit(v):
+        if v in done:
+            return
+        done.add(v)
+        for w in sorted(edges[v]):
+            visit(w)
+        out.append(v)
+
+    for v in sorted(edges):
+        visit(v)
+    return list(reversed(out))
+
+
+def main():
+    if len(sys.argv) < 2:
+        print("usage: check-layers.py BUILD [FOLDER...]", file=sys.stderr)
+        return 2
+    build = sys.argv[1]
+    folders = sys.argv[2:] or FOLDERS
+    passed = failed = 0
+    for folder in folders:
+        try:
+            edges = graph(build, folder)
+        except (OSError, subprocess.CalledProcessError) as e:
+            print("FAIL %s: %s" % (folder, e))
+            failed += 1
+            continue
+        bad = cycles(edges)
+        if not bad:
+            print("ok %s: %s" % (folder, " -> ".join(order(edges))))
+            passed += 1
+            continue
+        for comp in bad:
+            print("FAIL %s: files calling each other (a cycle): %s"
+                  % (folder, ", ".join(comp)))
+            for a in comp:
+                for b in comp:
+                    if b in edges[a]:
+                        print("  %s -> %s: %s" % (a, b, ", ".join(edges[a][b])))
+        failed += 1
+    print("layers: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
