@@ -3,9 +3,10 @@
 
 For each folder (default: daemon/coord, daemon/node, rpc, daemon/transport)
 the file-level call graph is read from the built objects with nm: file A
-calls file B when A's object leaves undefined a symbol that B's object
-defines (non-static functions, and global data such as a method table;
-static ones never cross a file).  A
+calls file B when A's object leaves undefined a function that B's object
+defines (non-static functions; static ones never cross a file).  Global
+data is not counted: a registry's table of another file's ops (transport.c
+naming xport_tcp_ops) is how a lower file is plugged in, not a call.  A
 cycle (A -> B -> ... -> A) fails, naming its files and, for each edge, the
 functions called.  A passing folder prints its files in an order where
 each calls only those after it.  Ends with "N passed, N failed" (one per
@@ -19,7 +20,7 @@ FOLDERS = ["daemon/coord", "daemon/node", "rpc", "daemon/transport"]
 
 
 def symbols(obj):
-    """(defined global symbols, undefined symbols) of one object."""
+    """(defined non-static functions, undefined symbols) of one object."""
     out = subprocess.run(["nm", "-P", obj], check=True, capture_output=True,
                          text=True).stdout
     defined, undefined = set(), set()
@@ -27,7 +28,7 @@ def symbols(obj):
         f = line.split()
         if len(f) < 2:
             continue
-        if f[1] in "TDRBGSVW":   # global: functions, data (a table of them)
+        if f[1] in "TW":
             defined.add(f[0])
         elif f[1] == "U":
             undefined.add(f[0])
