@@ -9,7 +9,8 @@ data is not counted: a registry's table of another file's ops (transport.c
 naming xport_tcp_ops) is how a lower file is plugged in, not a call.  A
 cycle (A -> B -> ... -> A) fails, naming its files and, for each edge, the
 functions called.  A passing folder prints its files in an order where
-each calls only those after it.  Ends with "N passed, N failed" (one per
+each calls only those after it (files in one layer, by commas, do not
+call each other).  Ends with "N passed, N failed" (one per
 folder).  Run after the build: tests/run-check.sh does.
 """
 import os
@@ -92,20 +93,24 @@ def cycles(edges):
 
 
 def order(edges):
-    """The files, each calling only those after it (the graph is acyclic)."""
-    done, out = set(), []
+    """The files by layer (the graph is acyclic): a file's layer is the
+    longest chain of calls reaching it, so each calls only later layers."""
+    depth = {}
 
-    def visit(v):
-        if v in done:
+    def visit(v, d):
+        if depth.get(v, -1) >= d:
             return
-        done.add(v)
-        for w in sorted(edges[v]):
-            visit(w)
-        out.append(v)
+        depth[v] = d
+        for w in edges[v]:
+            visit(w, d + 1)
 
     for v in sorted(edges):
-        visit(v)
-    return list(reversed(out))
+        if not any(v in edges[u] for u in edges):
+            visit(v, 0)
+    layers = {}
+    for v, d in depth.items():
+        layers.setdefault(d, []).append(v)
+    return [", ".join(sorted(layers[d])) for d in sorted(layers)]
 
 
 def main():
