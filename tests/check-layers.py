@@ -11,11 +11,13 @@ cycle (A -> B -> ... -> A) fails, naming its files and, for each edge, the
 functions called.  A passing folder prints its files in an order where
 each calls only those after it (files in one layer, by commas, do not
 call each other).  Ends with "N passed, N failed" (one per
-folder).  Run after the build: tests/run-check.sh does.
+folder, one for a self-test on three small files compiled here).  Run
+after the build: tests/run-check.sh does.
 """
 import os
 import subprocess
 import sys
+import tempfile
 
 FOLDERS = ["daemon/coord", "daemon/node", "rpc", "daemon/transport"]
 
@@ -36,12 +38,13 @@ def symbols(obj):
     return defined, undefined
 
 
-def graph(build, folder):
-    """{file: {callee file: sorted function names}} for the folder's sources."""
+def graph(objdir, folder):
+    """{file: {callee file: sorted function names}} for the folder's sources,
+    their objects in objdir."""
     srcs = sorted(s for s in os.listdir(folder) if s.endswith(".c"))
     syms = {}
     for s in srcs:
-        obj = os.path.join(build, "obj", folder, s[:-2] + ".o")
+        obj = os.path.join(objdir, s[:-2] + ".o")
         if not os.path.exists(obj):
             raise FileNotFoundError("%s: no object %s (build first)" % (folder, obj))
         syms[s] = symbols(obj)
@@ -113,6 +116,32 @@ def order(edges):
     return [", ".join(sorted(layers[d])) for d in sorted(layers)]
 
 
+SELFTEST = {
+    "a.c": "void b(void); void a(void) { b(); }\n",
+    "b.c": "void a(void); static void s(void) {} void b(void) { s(); a(); }\n",
+    "c.c": "void a(void); void c(void) { a(); }\n",
+}
+
+
+def selftest():
+    """The check itself: a.c <-> b.c is a cycle, c.c -> a.c is not, b.c's
+    static s() is no file's; None, or what went wrong."""
+    with tempfile.TemporaryDirectory(prefix="check-layers.") as d:
+        for name, text in SELFTEST.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+            subprocess.run([os.environ.get("CC", "cc"), "-c", "-o",
+                            os.path.join(d, name[:-2] + ".o"), os.path.join(d, name)],
+                           check=True)
+        edges = graph(d, d)
+    want = {"a.c": {"b.c": ["b"]}, "b.c": {"a.c": ["a"]}, "c.c": {"a.c": ["a"]}}
+    if edges != want:
+        return "graph %r, not %r" % (edges, want)
+    if cycles(edges) != [["a.c", "b.c"]]:
+        return "cycles %r, not [['a.c', 'b.c']]" % cycles(edges)
+    return None
+
+
 def main():
     if len(sys.argv) < 2:
         print("usage: check-layers.py BUILD [FOLDER...]", file=sys.stderr)
@@ -120,9 +149,19 @@ def main():
     build = sys.argv[1]
     folders = sys.argv[2:] or FOLDERS
     passed = failed = 0
+    try:
+        why = selftest()
+    except (OSError, subprocess.CalledProcessError) as e:
+        why = str(e)
+    if why:
+        print("FAIL self-test: %s" % why)
+        failed += 1
+    else:
+        print("ok self-test: a cycle of two files is found, a call into it is not one")
+        passed += 1
     for folder in folders:
         try:
-            edges = graph(build, folder)
+            edges = graph(os.path.join(build, "obj", folder), folder)
         except (OSError, subprocess.CalledProcessError) as e:
             print("FAIL %s: %s" % (folder, e))
             failed += 1
