@@ -3,11 +3,11 @@
  *
  * Membership: a timer joins the coordinator, then heartbeats; a heartbeat
  * answered NOT_FOUND (lease lost, or the coordinator restarted) joins
- * again.  Node service: PrepareEpoch records the epoch and its data-plane
- * token and refuses an epoch older than the one prepared; RunSlice and
- * Abort refuse other epochs.  The data plane itself (transports, executor,
- * the librefit socket) is not part of this build, so RunSlice reports that
- * no client memory is registered here.
+ * again.  PrepareEpoch records the epoch and its data-plane token and
+ * refuses an epoch older than the one prepared.  Setup and teardown: the
+ * node's transport, services and timers; freed once closing and nothing
+ * holds it.  The top of the node's files (node_internal.h): it calls
+ * node_run.c and node_local.c, and fills the hooks they call up through.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -37,8 +37,9 @@ world_clear(node_t *n)
 	n->world.n = 0;
 }
 
-void
-node_maybe_free(node_t *n)
+/* node_hooks_t.maybe_free */
+static void
+free_if_idle(node_t *n)
 {
 	if (!n->closing || n->handles || n->inflight || n->jobs.n)
 		return;
@@ -58,6 +59,11 @@ node_maybe_free(node_t *n)
 	free(n->data_ep);
 	free(n);
 }
+
+static const node_hooks_t hooks = {
+	.maybe_free = free_if_idle,
+	.client_gone = node_run_client_gone,
+};
 
 /* ---- membership --------------------------------------------------------- */
 
@@ -318,6 +324,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 		return NULL;
 	}
 	n = xcalloc(1, sizeof(*n));
+	n->hooks = &hooks;
 	n->loop = loop;
 	n->coordinator = xstrdup(o->coordinator);
 	n->node_id = xstrdup(o->node_id);

@@ -1,8 +1,14 @@
 /*
- * node_internal.h - the node daemon's state, shared by node.c (membership
- * and the Node service), node_local.c (librefit clients and their memory,
- * the Local service) and node_run.c (plan slices).  Loop thread only,
- * except where a field says otherwise.
+ * node_internal.h - the node daemon's state, shared by its files.  Loop
+ * thread only, except where a field says otherwise.
+ *
+ * Files, each calling only those after it (no cycles; tests/check-layers.py
+ * checks it): node.c (membership, PrepareEpoch, setup, teardown) ->
+ * node_run.c (the Node service's RunSlice, Commit, Publish, Abort; slice
+ * reports) -> node_local.c (librefit clients and their memory, the Local
+ * service, waiters), node_slice.c (a RunSlice's slice, decoded and checked)
+ * and slice.c (the executor).  The two things a lower file must tell a
+ * higher one go up through node_hooks_t, which node.c fills.
  */
 #ifndef REFIT_DAEMON_NODE_NODE_INTERNAL_H
 #define REFIT_DAEMON_NODE_NODE_INTERNAL_H
@@ -109,6 +115,20 @@ typedef struct held_run {
 
 typedef struct slice_job slice_job_t;
 
+/*
+ * Calls up the layers, set by node.c in node_new before anything can call
+ * them.  A lower file holds a reference to the node it cannot free (a
+ * closing handle, a call in flight, a slice), and node_local.c sees a client
+ * go before node_run.c's slices do: a table rather than direct calls keeps
+ * each file calling only those below it (see the header comment).
+ */
+typedef struct node_hooks {
+	/* node.c: free the node if it is closing and nothing holds it */
+	void (*maybe_free)(node_t *n);
+	/* node_run.c: a librefit client went away: abort the slices using it */
+	void (*client_gone)(node_t *n, uint64_t client_id, const char *why);
+} node_hooks_t;
+
 /* A slice's end, sent to the coordinator (SliceDone) until acknowledged. */
 typedef struct slice_report {
 	struct node *n;
@@ -121,6 +141,7 @@ typedef struct slice_report {
 } slice_report_t;
 
 struct node {
+	const node_hooks_t *hooks;    /* calls up the layers (node.c) */
 	uv_loop_t *loop;
 	uv_timer_t beat, sweep;
 	char *coordinator, *node_id, *advertise, *domain;
@@ -164,6 +185,14 @@ struct node {
 	VEC(struct memconn *) memconns;
 };
 
+/* Free the node if it is closing and nothing holds it (node.c, by its hook:
+ * any file may call it). */
+static inline void
+node_maybe_free(node_t *n)
+{
+	n->hooks->maybe_free(n);
+}
+
 /* node_local.c */
 refit_status_t node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err);
 void node_local_stop(node_t *n);
@@ -189,9 +218,8 @@ void node_run_abort_all(node_t *n, const char *why);
 /* tests: run the held RunSlice calls of refit_id (0: those past their
  * deadline; all when closing). */
 void node_run_held_tick(node_t *n, uint64_t refit_id);
-/* The client died: abort slices using it. */
+/* The client died: abort slices using it (node_hooks_t.client_gone). */
 void node_run_client_gone(node_t *n, uint64_t client_id, const char *why);
-void node_maybe_free(node_t *n);
 /* Resend the slice reports that are due (the sweep timer). */
 void node_reports_tick(node_t *n);
 /* Drop the reports not in flight (shutting down). */

@@ -163,7 +163,7 @@ node_client_drop(node_t *n, client_t *c, const char *why)
 		 c->pid, why);
 	c->dead = true;
 	unregister_if_last(n, c);
-	node_run_client_gone(n, c->id, why);
+	n->hooks->client_gone(n, c->id, why);
 	c->busy++;
 	node_client_release(n, c);
 }
