@@ -558,6 +558,33 @@ ring(xport_session_t *s, int32_t me, const int32_t *world, size_t n, uint64_t by
 static int emu_check(const char *who);
 
 /*
+ * The NCCL unique id of a session across processes: rank 0 makes it (into
+ * id, *idlen bytes on entry: its room) and writes it to each of outs; the
+ * others read it from idfd.  Returns the failures.
+ */
+static int
+share_id(xport_t *x, int32_t me, const int *outs, int nouts, int idfd, uint8_t *id,
+	 size_t *idlen)
+{
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	if (me == 0) {
+		EXPECT(xport_nccl_ops.unique_id(x, id, idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		for (int i = 0; i < nouts; i++)
+			if (write(outs[i], id, *idlen) != (ssize_t)*idlen)
+				bad++;
+	} else {
+		ssize_t r = read(idfd, id, *idlen);
+
+		*idlen = r > 0 ? (size_t)r : 0;
+	}
+	return bad;
+}
+
+/*
  * Rank me of {0, 1, 2}: ids come on idfd (rank 0 makes one and writes it to
  * out0/out1), after the ring rank 2 leaves; 0 and 1 wait for a byte on
  * gofd (the parent writes it once rank 2 has exited) and shrink.
@@ -578,17 +605,7 @@ ring_child(int32_t me, int idfd, int out1, int out2, int gofd, int donefd)
 	if ((x = child_start("r", me, &a)) == NULL)
 		return 1;
 	refit_err_clear(&err);
-	if (me == 0) {
-		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
-		       err.msg);
-		if (write(out1, id, idlen) != (ssize_t)idlen || write(out2, id, idlen) !=
-		    (ssize_t)idlen)
-			bad++;
-	} else {
-		ssize_t r = read(idfd, id, sizeof(id));
-
-		idlen = r > 0 ? (size_t)r : 0;
-	}
+	bad += share_id(x, me, (const int[]){out1, out2}, 2, idfd, id, &idlen);
 	s = session(x, 1, world, 3, &me, 1, id, idlen, &err);
 	EXPECT(s != NULL, "rank %d: communicators of 3: %s", me, err.msg);
 	if (s) {
@@ -661,16 +678,7 @@ dead_peer_child(int32_t me, int idfd, pid_t peer)
 	if ((x = child_start("dead", me, &a)) == NULL)
 		return 1;
 	refit_err_clear(&err);
-	if (me == 0) {
-		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
-		       err.msg);
-		if (write(idfd, id, idlen) != (ssize_t)idlen)
-			bad++;
-	} else {
-		ssize_t r = read(idfd, id, sizeof(id));
-
-		idlen = r > 0 ? (size_t)r : 0;
-	}
+	bad += share_id(x, me, &idfd, 1, idfd, id, &idlen);
 	s = session(x, 1, world, 2, &me, 1, id, idlen, &err);
 	EXPECT(s != NULL, "dead-peer rank %d: communicators of 2: %s", me, err.msg);
 	if (me == 1) {
