@@ -413,7 +413,10 @@ def sigterm_with_stopped_node(when):
             rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="tm"),
                                        timeout=5).refit_id
             wait_state(cl, rid, pb.PREPARING)
-            time.sleep(0.3)  # let the PrepareEpoch calls go out (not a sync point)
+            # the PrepareEpoch call to the stopped node is out and unanswered
+            harness.wait_for(lambda: cl.stub.ListMembers(
+                pb.ListMembersRequest(), timeout=5).node_calls_outstanding >= 1,
+                what="a node call outstanding")
         else:
             rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="tm"),
                                        timeout=5).refit_id
