@@ -182,9 +182,10 @@ on_tick(uv_timer_t *t)
 		log_warnx("node %s: %s", n->node_id, err.msg);
 }
 
-/* Every 50 ms while waits, unacknowledged reports or held runs are pending,
- * every 500 ms otherwise (clients' pids): an idle node wakes 2 times a second
- * for it, not 20 (1,024 idle nodes on 2 cores spent a third of a core on it). */
+/* Every 50 ms while slices run or waits, unacknowledged reports or held runs
+ * are pending, every 500 ms otherwise (clients' pids): an idle node wakes 2
+ * times a second for it, not 20 (1,024 idle nodes on 2 cores spent a third of
+ * a core on it), and a client that dies mid-refit is still noticed at once. */
 static void
 on_sweep(uv_timer_t *t)
 {
@@ -194,7 +195,7 @@ on_sweep(uv_timer_t *t)
 	node_waiters_sweep(n);
 	node_reports_tick(n);
 	node_run_held_tick(n, 0);
-	period = n->waiters.n || n->reports.n || n->held.n ? 50 : 500;
+	period = n->jobs.n || n->waiters.n || n->reports.n || n->held.n ? 50 : 500;
 	if (uv_timer_get_repeat(t) != period)
 		uv_timer_set_repeat(t, period);
 }

@@ -1050,7 +1050,9 @@ static const rpc_method_cfg_t local_methods[] = {
 
 /* ---- waiters ---------------------------------------------------------------- */
 
-/* How often the sweep checks that registered clients' processes live. */
+/* How often the sweep checks that registered clients' processes live when no
+ * slice runs (while one runs: every sweep, so a refit into a client that died
+ * fails instead of committing into memory nobody reads). */
 #define NODE_PID_CHECK_MS 500
 
 /* A process is gone when kill() says so or it is a zombie. */
@@ -1082,7 +1084,7 @@ node_waiters_sweep(node_t *n)
 
 	/* Reading /proc/PID/stat for every client 20 times a second was most of
 	 * an idle node's CPU (1,024 nodes on 2 cores: over a core). */
-	bool check_pids = now - n->pids_checked_ms >= NODE_PID_CHECK_MS;
+	bool check_pids = n->jobs.n || now - n->pids_checked_ms >= NODE_PID_CHECK_MS;
 
 	if (check_pids)
 		n->pids_checked_ms = now;

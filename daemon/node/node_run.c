@@ -702,6 +702,12 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 		}
 	j->w.data = j;
 	VEC_PUSH(&n->jobs, j);
+	/* while a slice runs the sweep (node.c) checks clients every 50 ms: the
+	 * idle period is 500 ms, so bring the next tick forward now */
+	if (uv_timer_get_repeat(&n->sweep) != 50) {
+		uv_timer_set_repeat(&n->sweep, 50);
+		uv_timer_again(&n->sweep);
+	}
 	if (uv_queue_work(n->loop, &j->w, job_work, job_after) != 0) {
 		rpc_call_fail(call, REFIT_ERR_SYS, "node %s: cannot queue the slice", n->node_id);
 		j->rc = refit_err_set(&j->err, REFIT_ERR_SYS, "cannot queue the slice");
