@@ -67,20 +67,9 @@ import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 import harness  # noqa: E402
-from harness import Client, free_port, spawn, write  # noqa: E402
+from harness import Client, free_port, proc_status, spawn, write  # noqa: E402
 
 harness.init(BUILD, TMP)
-
-
-def status(pid):
-    th = rss = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                th = int(line.split()[1])
-            elif line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-    return th, rss
 
 
 def cpu_s(pid):
@@ -126,7 +115,7 @@ def one(n):
     ch = grpc.insecure_channel(addr)
     grpc.channel_ready_future(ch).result(timeout=30)
     stub = pbg.CoordinatorStub(ch)
-    rss0 = status(coord.pid)[1]
+    rss0 = proc_status(coord.pid)[1]
     nodes = []
     t0 = time.time()
     for g in range(0, n, 16):
@@ -145,10 +134,10 @@ def one(n):
             time.sleep(0.05)
     start_s = time.time() - t0
     if os.environ.get("START_ONLY"):
-        th, rss = status(coord.pid)
+        th, rss = proc_status(coord.pid)
         print(f"{n:>6} {start_s:>8.1f}  (started and joined; no refit)  coordinator threads "
               f"{th}, RSS {rss / 1024:.1f} MiB; node daemon RSS "
-              f"{sum(status(p.pid)[1] for p in nodes) / n / 1024:.1f} MiB", flush=True)
+              f"{sum(proc_status(p.pid)[1] for p in nodes) / n / 1024:.1f} MiB", flush=True)
         stop(procs0, ch)
         return
     order = [int(m.node_id[1:]) for m in
@@ -170,7 +159,7 @@ def one(n):
     inf = [Client(Sock(), k, "m", "infer", il, instance="i0") for k in infer]
     for c in tr + inf:
         assert c.ok(), c.first
-    node_rss = sum(status(p.pid)[1] for p in nodes) / n
+    node_rss = sum(proc_status(p.pid)[1] for p in nodes) / n
     idle_s = float(os.environ.get("IDLE_S", "0"))
     if idle_s > 0:  # CPU of the idle control plane (heartbeats, timers), clients attached
         c0 = (cpu_s(coord.pid), sum(cpu_s(p.pid) for p in nodes))
@@ -205,9 +194,9 @@ def one(n):
             out = c.cmd(f"wait {v} 600000")
             assert "mismatches=0" in out, out
         rows[v] = g
-    th, rss = status(coord.pid)
-    node_rss_after = sum(status(p.pid)[1] for p in nodes) / n
-    node_max_after = max(status(p.pid)[1] for p in nodes)
+    th, rss = proc_status(coord.pid)
+    node_rss_after = sum(proc_status(p.pid)[1] for p in nodes) / n
+    node_max_after = max(proc_status(p.pid)[1] for p in nodes)
     g1, g2 = rows[1], rows[2]
     # nodes never plan; the second refit takes the coordinator's cached plan
     assert g2.plan_cached and all(x.plan_micros == 0 for x in list(g1.nodes) + list(g2.nodes))

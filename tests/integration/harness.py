@@ -163,6 +163,18 @@ def summary(suite):
     sys.exit(1 if counts["failed"] else 0)
 
 
+def proc_status(pid):
+    """(threads, RSS in KiB) of a process, from /proc/PID/status."""
+    th = rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                th = int(line.split()[1])
+            elif line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    return th, rss
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

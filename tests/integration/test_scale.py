@@ -42,21 +42,10 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 import harness  # noqa: E402
 from harness import Client, Cluster, check, expect_error, free_port, spawn, write  # noqa: E402
+from harness import proc_status  # noqa: E402
 
 harness.init(BUILD, TMP)
 ROWS = []
-
-
-def proc_status(pid):
-    """(threads, RSS in KiB) of a process, from /proc/PID/status."""
-    th = rss = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                th = int(line.split()[1])
-            elif line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-    return th, rss
 
 
 def thread_names(pid):
