@@ -15,7 +15,9 @@
  *      staging on its own device, a grouped send/recv between them;
  *   4. CUDA IPC: a child process opens an allocation through the
  *      transport (mem_open) and reads pieces at offsets inside it; wrong
- *      cuda_bytes and a wrong device are refused;
+ *      cuda_bytes and a wrong device are refused, also a claim that ends
+ *      inside the next mapping (a second allocation, opened after the
+ *      first: device memory of the same device right past the first);
  *   5. three processes, one rank each (their own NCCL_HOSTID, so on one
  *      GPU NCCL uses its network transport): a ring of sends, then one
  *      process leaves and the two others shrink their communicators
@@ -27,7 +29,15 @@
  *      the peer, even when its stream drained before the transport looked;
  *   9. (emulator) a destroy refused by an asynchronous error that came after
  *      the transport's check: aborted instead, no group left open;
- *  10. gpu_root_new whose second pipe fails leaves no descriptor open.
+ *  10. gpu_root_new whose second pipe fails leaves no descriptor open;
+ *  11. (emulator) ncclGroupStart refused (NCCL < 2.27 did, while the
+ *      previous non-blocking group was launching): the group fails naming
+ *      it, nothing is posted outside a group;
+ *  12. (emulator) a host copy that never ends (a stuck device): the call
+ *      returns by the session's deadline, the communicators are aborted,
+ *      the node is poisoned (refuses the next refit, keeps the memory the
+ *      copy may still write), and the caller's buffer, reused after the
+ *      call, is never written when the copy finally runs.
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -450,21 +460,27 @@ group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n, int reps)
 
 /* ---- 4. CUDA IPC ------------------------------------------------------------------ */
 
-/* The child: opens the handle on rank 0's device, reads the pieces. */
+/* The allocations' size: 2 MiB, as CUDA advises for IPC (sub-allocations of
+ * a larger block would share the block). */
+#define IPC_BYTES (2u << 20)
+
+/* The child: opens the handles (two allocations A and B) on rank 0's
+ * device, reads pieces of A. */
 static int
 ipc_child(int rfd)
 {
 	const xport_ops_t *o = &xport_nccl_ops;
-	uint8_t handle[64], buf[1024];
+	uint8_t handle[64], hb[64], buf[1024];
 	int32_t r0 = 0;
 	xport_t *x;
 	refit_err_t err;
-	void *base = NULL;
+	void *base = NULL, *bb = NULL, *b2 = NULL;
 	int bad = 0;
 	const gpu_api_t *a;
 	char why[1024];
 
-	if (read(rfd, handle, sizeof(handle)) != (ssize_t)sizeof(handle))
+	if (read(rfd, handle, sizeof(handle)) != (ssize_t)sizeof(handle) ||
+	    read(rfd, hb, sizeof(hb)) != (ssize_t)sizeof(hb))
 		return 3;   /* the parent skipped */
 	if ((a = gpu_load(1, why, sizeof(why))) == NULL) {
 		printf("FAIL ipc child: %s\n", why);
@@ -478,17 +494,37 @@ ipc_child(int rfd)
 	/* cuda_bytes beyond the allocation, and a wrong device, are refused */
 	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), -1, 1 << 24, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
-	       "cuda_bytes 16 MiB for a 64 KiB allocation: %s", err.msg);
+	       "cuda_bytes 16 MiB for a 2 MiB allocation: %s", err.msg);
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, 65536, &base, &err) ==
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, IPC_BYTES, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "on CUDA device 1"),
 	       "device 1 said for rank 0: %s", err.msg);
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, 65536, &base, &err) == REFIT_OK,
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, IPC_BYTES, &base, &err) == REFIT_OK,
 	       "mem_open: %s", err.msg);
+	/* B, opened next: on the emulator its mapping starts where A's ends (as
+	 * CUDA may place it), so the byte past A is device memory of device 0 */
+	refit_err_clear(&err);
+	EXPECT(o->mem_open(x, 0, hb, sizeof(hb), 0, IPC_BYTES, &bb, &err) == REFIT_OK,
+	       "mem_open of the second allocation: %s", err.msg);
+	if (base && bb) {
+		printf("     the second mapping %s right after the first\n",
+		       (uint8_t *)bb == (uint8_t *)base + IPC_BYTES ? "starts" : "does not start");
+		if (emu)
+			EXPECT((uint8_t *)bb == (uint8_t *)base + IPC_BYTES, "emulator: B's mapping "
+			       "is not right after A's: the next case proves nothing");
+	}
+	/* A claimed 4 KiB larger than it is: the claim's last byte is in B */
+	refit_err_clear(&err);
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, IPC_BYTES + 4096, &b2, &err) ==
+	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
+	       "cuda_bytes 2 MiB + 4 KiB for a 2 MiB allocation, the next mapping right "
+	       "after it: %s", b2 ? "accepted" : err.msg);
+	if (b2)
+		o->mem_close(x, b2);
 	if (base) {
 		/* pieces at offsets inside the one allocation */
-		for (uint64_t off = 0; off < 65536 && !bad; off += 16384) {
+		for (uint64_t off = 0; off < IPC_BYTES && !bad; off += IPC_BYTES / 4) {
 			cudaError_t e = a->cudaSetDevice(0);
 
 			if (e == cudaSuccess)
@@ -505,6 +541,8 @@ ipc_child(int rfd)
 		}
 		o->mem_close(x, base);
 	}
+	if (bb)
+		o->mem_close(x, bb);
 	o->stop(x);
 	return bad ? 1 : 0;
 }
@@ -1097,35 +1135,44 @@ main(int argc, char **argv)
 		xport_nccl_ops.stop(x);
 	}
 
-	/* 4. IPC: an allocation of 64 KiB with a pattern, pieces read at offsets */
+	/* 4. IPC: two allocations of 2 MiB, the first with a pattern, pieces of
+	 * it read at offsets */
 	{
-		uint8_t *host = malloc(65536);
-		void *p = NULL;
-		cudaIpcMemHandle_t h;
+		uint8_t *host = malloc(IPC_BYTES);
+		void *p = NULL, *q = NULL;
+		cudaIpcMemHandle_t h, hq;
 		cudaError_t e;
 		int rc;
 
 		bad = 0;
-		for (size_t i = 0; i < 65536; i++)
+		for (size_t i = 0; i < IPC_BYTES; i++)
 			host[i] = (uint8_t)(i ^ 0x5a);
 		e = a->cudaSetDevice(0);
 		if (e == cudaSuccess)
-			e = a->cudaMalloc(&p, 65536);
+			e = a->cudaMalloc(&p, IPC_BYTES);
 		if (e == cudaSuccess)
-			e = a->cudaMemcpy(p, host, 65536, cudaMemcpyHostToDevice);
+			e = a->cudaMalloc(&q, IPC_BYTES);
+		if (e == cudaSuccess)
+			e = a->cudaMemcpy(p, host, IPC_BYTES, cudaMemcpyHostToDevice);
 		if (e == cudaSuccess)
 			e = a->cudaIpcGetMemHandle(&h, p);
+		if (e == cudaSuccess)
+			e = a->cudaIpcGetMemHandle(&hq, q);
 		EXPECT(e == cudaSuccess, "IPC setup: %s", a->cudaGetErrorString(e));
-		if (e == cudaSuccess && write(ipc[1], &h, sizeof(h)) != (ssize_t)sizeof(h))
+		if (e == cudaSuccess && (write(ipc[1], &h, sizeof(h)) != (ssize_t)sizeof(h) ||
+					 write(ipc[1], &hq, sizeof(hq)) != (ssize_t)sizeof(hq)))
 			bad++;
 		close(ipc[1]);
 		rc = wait_child(ipc_pid, 120);
 		EXPECT(rc == 0, "the IPC child exited %d", rc);
 		if (p != NULL && (e = a->cudaFree(p)) != cudaSuccess)
 			EXPECT(0, "cudaFree: %s", a->cudaGetErrorString(e));
+		if (q != NULL && (e = a->cudaFree(q)) != cudaSuccess)
+			EXPECT(0, "cudaFree: %s", a->cudaGetErrorString(e));
 		free(host);
 		result("CUDA IPC: another process opens the allocation on rank 0's device, reads "
-		       "pieces at offsets inside it; wrong cuda_bytes or device refused", bad);
+		       "pieces at offsets inside it; wrong cuda_bytes or device refused, also a "
+		       "claim ending inside the next mapping", bad);
 	}
 
 	/* 5. three processes */
