@@ -857,6 +857,178 @@ late_error_child(void)
 	return bad ? 1 : 0;
 }
 
+/* ---- 11, 12. a refused ncclGroupStart; a host copy that never ends (emulator) -------- */
+
+/* 11: ncclGroupStart refuses gstart_refuse times (as NCCL before 2.27 did
+ * while the previous non-blocking group was being launched): no group
+ * opened. */
+static __typeof__(ncclGroupStart) *real_gstart;
+static int gstart_refuse;
+
+static ncclResult_t
+gstart_refused(void)
+{
+	if (gstart_refuse > 0) {
+		gstart_refuse--;
+		return ncclInvalidUsage;
+	}
+	return real_gstart();
+}
+
+/*
+ * 12: the armed copy to the host is held, not queued, and its stream says
+ * cudaErrorNotReady from then on: a device that never ends the copy.  The
+ * test runs the held copy itself later, once the transport returned and
+ * the caller reused its buffer: the copy's destination must not be the
+ * caller's buffer (before: the transport queued the copy into it, waited
+ * 60 s and returned, and the copy could still write it).
+ */
+static __typeof__(cudaMemcpyAsync) *real_memcpy;
+static __typeof__(cudaStreamQuery) *real_query_stuck;
+static bool stuck_armed;
+static cudaStream_t stuck_st;
+static struct {
+	void *dst;
+	const void *src;
+	size_t n;
+	enum cudaMemcpyKind kind;
+} held;
+
+static cudaError_t
+memcpy_held(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t st)
+{
+	if (!stuck_armed || kind != cudaMemcpyDeviceToHost)
+		return real_memcpy(dst, src, n, kind, st);
+	stuck_armed = false;
+	held.dst = dst;
+	held.src = src;
+	held.n = n;
+	held.kind = kind;
+	stuck_st = st;
+	return cudaSuccess;
+}
+
+static cudaError_t
+query_stuck(cudaStream_t st)
+{
+	if (held.dst != NULL && st == stuck_st)
+		return cudaErrorNotReady;
+	return real_query_stuck(st);
+}
+
+static int
+stuck_child(void)
+{
+	int32_t me = 0, world[1] = {0};
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+	gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	if ((x = child_start("stuck", me, &a)) == NULL)
+		return 1;
+	session_ms = 3000;  /* the stuck copy waits for the deadline */
+	refit_err_clear(&err);
+	/* 11 */
+	EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+	       err.msg);
+	s = session(x, 1, world, 1, &me, 1, id, idlen, &err);
+	EXPECT(s != NULL, "epoch 1: %s", err.msg);
+	if (s) {
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		uint8_t *b0 = dev->alloc(dev->ctx, 0, 4096), *b1 = dev->alloc(dev->ctx, 0, 4096);
+		xport_op_t ops[2] = {{true, 0, 0, b0, 4096}, {false, 0, 0, b1, 4096}};
+		refit_status_t rc;
+		ncclResult_t r;
+
+		EXPECT(b0 && b1, "cudaMalloc");
+		real_gstart = a->ncclGroupStart;
+		a->ncclGroupStart = gstart_refused;
+		gstart_refuse = 1;
+		rc = group_run(s, ops, 2, &err);
+		a->ncclGroupStart = real_gstart;
+		EXPECT(rc == REFIT_ERR_NCCL && strstr(err.msg, "ncclGroupStart"), "a group whose "
+		       "ncclGroupStart was refused: %s (%s)", rc == REFIT_OK ? "done" : "failed",
+		       err.msg);
+		r = a->ncclGroupEnd();
+		EXPECT(r == ncclInvalidUsage, "a group was left open (ncclGroupEnd said %s)",
+		       a->ncclGetErrorString(r));
+		dev->free(dev->ctx, 0, b0);
+		dev->free(dev->ctx, 0, b1);
+		xport_nccl_ops.close(s);
+	}
+	/* 12, a new epoch (the communicators were aborted) */
+	refit_err_clear(&err);
+	idlen = sizeof(id);
+	EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+	       err.msg);
+	s = session(x, 2, world, 1, &me, 1, id, idlen, &err);
+	EXPECT(s != NULL, "epoch 2: %s", err.msg);
+	if (s) {
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		uint8_t *buf = dev->alloc(dev->ctx, 0, 4096), *h = malloc(4096);
+		cudaStream_t ts = NULL;
+		refit_status_t rc;
+		cudaError_t e;
+		size_t i;
+
+		EXPECT(buf != NULL, "cudaMalloc");
+		memset(h, 0x11, 4096);
+		dev->from_host(dev->ctx, 0, buf, h, 4096);
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+		real_memcpy = a->cudaMemcpyAsync;
+		real_query_stuck = a->cudaStreamQuery;
+		a->cudaMemcpyAsync = memcpy_held;
+		a->cudaStreamQuery = query_stuck;
+		stuck_armed = true;
+		refit_err_clear(&err);
+		dev->to_host(dev->ctx, 0, h, buf, 4096);
+		rc = dev->sync(dev->ctx, &err);
+		EXPECT(held.dst != NULL, "the copy to the host was never queued");
+		EXPECT(rc == REFIT_ERR_TIMEOUT && strstr(err.msg, "communicators were aborted"),
+		       "a copy to the host that never ends: %s (%s)", rc == REFIT_OK ? "done" :
+		       "failed", err.msg);
+		/* the caller reuses its buffer; then the device runs the copy */
+		memset(h, 0xee, 4096);
+		e = a->cudaSetDevice(0);
+		if (e == cudaSuccess)
+			e = a->cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking);
+		if (e == cudaSuccess && held.dst)
+			e = real_memcpy(held.dst, held.src, held.n, held.kind, ts);
+		if (e == cudaSuccess)
+			e = a->cudaStreamSynchronize(ts);
+		EXPECT(e == cudaSuccess, "the held copy: %s", a->cudaGetErrorString(e));
+		for (i = 0; i < 4096 && h[i] == 0xee; i++)
+			;
+		EXPECT(i == 4096, "the copy that ran after the call returned wrote the caller's "
+		       "buffer (byte %zu is 0x%02x)", i, i < 4096 ? h[i] : 0);
+		if (ts)
+			a->cudaStreamDestroy(ts);
+		held.dst = NULL;
+		a->cudaMemcpyAsync = real_memcpy;
+		a->cudaStreamQuery = real_query_stuck;
+		dev->free(dev->ctx, 0, buf);   /* kept: the node is poisoned */
+		xport_nccl_ops.close(s);
+		free(h);
+	}
+	/* the next refit is refused, saying why */
+	refit_err_clear(&err);
+	idlen = sizeof(id);
+	EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+	       err.msg);
+	s = session(x, 3, world, 1, &me, 1, id, idlen, &err);
+	EXPECT(s == NULL && err.status == REFIT_ERR_UNAVAILABLE && strstr(err.msg, "poisoned") &&
+	       strstr(err.msg, "kept"), "the refit after a stuck copy: %s",
+	       s ? "opened" : err.msg);
+	if (s)
+		xport_nccl_ops.close(s);
+	xport_nccl_ops.stop(x);
+	return bad ? 1 : 0;
+}
+
 /* ---- 6. loopback ------------------------------------------------------------------ */
 
 static int
@@ -1033,6 +1205,7 @@ main(int argc, char **argv)
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
+	pid_t stuck_pid = -1;
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
 	const gpu_api_t *a;
@@ -1076,6 +1249,8 @@ main(int argc, char **argv)
 	close(deadp[1]);
 	if (emu && (late_pid = fork()) == 0)
 		_exit(late_error_child());
+	if (emu && (stuck_pid = fork()) == 0)
+		_exit(stuck_child());
 	a = gpu_load(1, why, sizeof(why));
 	if (a == NULL) {
 		printf("gpu: skipped: %s\n", why);
@@ -1092,6 +1267,10 @@ main(int argc, char **argv)
 		if (late_pid > 0) {
 			kill(late_pid, SIGKILL);
 			waitpid(late_pid, NULL, 0);
+		}
+		if (stuck_pid > 0) {
+			kill(stuck_pid, SIGKILL);
+			waitpid(stuck_pid, NULL, 0);
 		}
 		waitpid(ipc_pid, NULL, 0);
 		if (so12_pid > 0)
@@ -1223,6 +1402,15 @@ main(int argc, char **argv)
 		result("a destroy refused by an error that came after the check: the "
 		       "communicator is aborted, the thread is not left inside a group, the "
 		       "next epoch's communicators form", bad);
+	}
+	if (stuck_pid > 0) {
+		int rc = wait_child(stuck_pid, 180);
+
+		bad = 0;
+		EXPECT(rc == 0, "the child exited %d", rc);
+		result("a refused ncclGroupStart fails the group naming it; a copy to the host "
+		       "that never ends: aborted by the deadline, the node poisoned (next refit "
+		       "refused, memory kept), the caller's buffer never written", bad);
 	}
 	result("a root holder whose second pipe fails (descriptor limit) leaves no "
 	       "descriptor open", root_pipe_failure());
