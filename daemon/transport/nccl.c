@@ -1025,9 +1025,11 @@ shrink_wait(xport_t *x, ncclComm_t *nc, const xport_session_cfg_t *cfg, refit_er
 
 		for (size_t i = 0; i < cm->nlocal; i++) {
 			ncclResult_t st = comm_state(a, cm->comm[i]);
+			/* NCCL's thread writes it (an atomic release store) */
+			ncclComm_t child = __atomic_load_n(&nc[i], __ATOMIC_ACQUIRE);
 
-			if (st == ncclSuccess && nc[i] != NULL)
-				st = comm_state(a, nc[i]);
+			if (st == ncclSuccess && child != NULL)
+				st = comm_state(a, child);
 			else if (st == ncclSuccess) /* parent done, no child */
 				st = ncclInternalError;
 			if (st == ncclInProgress)
@@ -1035,7 +1037,7 @@ shrink_wait(xport_t *x, ncclComm_t *nc, const xport_session_cfg_t *cfg, refit_er
 			else if (st != ncclSuccess)
 				return refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): "
 						     "%s%s", cm->local[i], a->ncclGetErrorString(st),
-						     nc[i] ? "" : " (no new communicator)");
+						     child ? "" : " (no new communicator)");
 		}
 		if (!pending)
 			return REFIT_OK;
@@ -1076,12 +1078,27 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 	if (rc == REFIT_OK)
 		rc = shrink_wait(x, nc, cfg, err);
 	if (rc != REFIT_OK) {
-		for (size_t i = 0; i < cm->nlocal; i++)
-			if (nc[i] != NULL && x->api->ncclCommAbort(nc[i]) != ncclSuccess)
+		size_t nl = cm->nlocal;
+
+		/*
+		 * The parents first: ncclCommAbort of a parent ends its shrink and
+		 * joins it (NCCL 2.28.9 init.cc: setCommAbortFlags sets the child's
+		 * abort flag, ncclCommEnsureReady -> ncclGroupJobAbort), and the
+		 * shrink, ending, writes its new communicator into nc[i], failed or
+		 * not (ncclCommInitRankFunc: "assign it to user pointer").  Only
+		 * then are the new ones known (aborted here) and nc freed: before,
+		 * nc was read and freed first, the shrinks in progress wrote into
+		 * freed memory and their communicators were never freed.
+		 */
+		drop_comms(x, true);
+		for (size_t i = 0; i < nl; i++) {
+			ncclComm_t c = __atomic_load_n(&nc[i], __ATOMIC_ACQUIRE);
+
+			if (c != NULL && x->api->ncclCommAbort(c) != ncclSuccess)
 				log_warnx("nccl: node %s: ncclCommAbort of a shrunk communicator "
 					  "failed", x->node_id);
+		}
 		free(nc);
-		drop_comms(x, true);  /* the parents, in progress or not */
 		return rc;
 	}
 	for (size_t i = 0; i < cm->nlocal; i++) {
@@ -1560,7 +1577,20 @@ fail:
 static void
 nccl_mem_close(xport_t *x, void *base)
 {
-	cudaError_t e = x->api->cudaIpcCloseMemHandle(base);
+	struct cudaPointerAttributes at;
+	cudaError_t e;
+
+	/* closed in the context it was opened in (cudaIpcOpenMemHandle counts
+	 * opens per context): its device current on this thread */
+	memset(&at, 0, sizeof(at));
+	if ((e = x->api->cudaPointerGetAttributes(&at, base)) != cudaSuccess)
+		log_warnx("nccl: node %s: cudaPointerGetAttributes of a client's mapping: %s",
+			  x->node_id, x->api->cudaGetErrorString(e));
+	else if (at.type == cudaMemoryTypeDevice &&
+		 (e = x->api->cudaSetDevice(at.device)) != cudaSuccess)
+		log_warnx("nccl: node %s: cudaSetDevice(%d): %s", x->node_id, at.device,
+			  x->api->cudaGetErrorString(e));
+	e = x->api->cudaIpcCloseMemHandle(base);
 
 	if (e != cudaSuccess)
 		log_warnx("nccl: node %s: cudaIpcCloseMemHandle: %s", x->node_id,

@@ -37,7 +37,12 @@
  *      returns by the session's deadline, the communicators are aborted,
  *      the node is poisoned (refuses the next refit, keeps the memory the
  *      copy may still write), and the caller's buffer, reused after the
- *      call, is never written when the copy finally runs.
+ *      call, is never written when the copy finally runs;
+ *  13. (emulator) a shrink that fails (a survivor never shrinks: the
+ *      deadline): the parent is aborted first, which ends the shrink and
+ *      makes NCCL write its new communicator, then that one is aborted:
+ *      no communicator is left (before, the variable NCCL writes was freed
+ *      first and the new communicator never freed).
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -1029,6 +1034,72 @@ stuck_child(void)
 	return bad ? 1 : 0;
 }
 
+/* ---- 13. a shrink that fails (emulator) -------------------------------------------- */
+
+/*
+ * role 0: rank 0 (its own host), makes the id (to idfd), forms the world
+ * {0, 1, 2}, then shrinks to {0, 1} -- which rank 1 never does: the shrink
+ * fails at the deadline; then says done (donefd).  role 1: ranks 1 and 2
+ * on devices 0 and 1 (another host), reads the id, forms the world, waits
+ * for done.
+ */
+static int
+shrink_fail_child(int role, int idfd, int donefd)
+{
+	int32_t world[3] = {0, 1, 2}, mine[2] = {1, 2}, me = 0;
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+	char host[64], why[1024], c = 'd';
+	const gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	snprintf(host, sizeof(host), "%s-sf%d", getenv("NCCL_HOSTID") ?
+		 getenv("NCCL_HOSTID") : "gpu-test", role);
+	setenv("NCCL_HOSTID", host, 1);
+	if ((a = gpu_load(1, why, sizeof(why))) == NULL) {
+		printf("FAIL shrink-fail role %d: %s\n", role, why);
+		return 1;
+	}
+	refit_err_clear(&err);
+	x = role == 0 ? start(&me, 1, "0", host, &err) : start(mine, 2, "0,1", host, &err);
+	if (x == NULL) {
+		printf("FAIL shrink-fail role %d: %s\n", role, err.msg);
+		return 1;
+	}
+	if (role == 0) {
+		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		EXPECT(write(idfd, &idlen, sizeof(idlen)) == (ssize_t)sizeof(idlen) &&
+		       write(idfd, id, idlen) == (ssize_t)idlen, "writing the id");
+	} else {
+		EXPECT(read(idfd, &idlen, sizeof(idlen)) == (ssize_t)sizeof(idlen) &&
+		       idlen <= sizeof(id) && read(idfd, id, idlen) == (ssize_t)idlen,
+		       "reading the id");
+	}
+	s = session(x, 1, world, 3, role == 0 ? &me : mine, role == 0 ? 1 : 2, id, idlen, &err);
+	EXPECT(s != NULL, "shrink-fail role %d: the world of 3: %s", role, err.msg);
+	if (s)
+		xport_nccl_ops.close(s);
+	if (role == 0 && !bad) {
+		session_ms = 3000;
+		refit_err_clear(&err);
+		s = session(x, 2, world, 2, &me, 1, NULL, 0, &err);
+		EXPECT(s == NULL && err.status == REFIT_ERR_TIMEOUT && strstr(err.msg, "shrink"),
+		       "a shrink rank 1 never joins: %s", s ? "opened" : err.msg);
+		if (s)
+			xport_nccl_ops.close(s);
+		EXPECT(write(donefd, &c, 1) == 1, "done");
+	} else if (role == 1) {
+		EXPECT(read(donefd, &c, 1) == 1, "waiting for rank 0");
+	}
+	xport_nccl_ops.stop(x);
+	bad += emu_check(role == 0 ? "the rank whose shrink failed" : "ranks 1 and 2");
+	return bad ? 1 : 0;
+}
+
 /* ---- 6. loopback ------------------------------------------------------------------ */
 
 static int
@@ -1205,7 +1276,8 @@ main(int argc, char **argv)
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
-	pid_t stuck_pid = -1;
+	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1};
+	int sfid[2], sfdone[2];
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
 	const gpu_api_t *a;
@@ -1251,6 +1323,16 @@ main(int argc, char **argv)
 		_exit(late_error_child());
 	if (emu && (stuck_pid = fork()) == 0)
 		_exit(stuck_child());
+	if (pipe(sfid) < 0 || pipe(sfdone) < 0)
+		return 1;
+	for (int k = 0; emu && k < 2; k++)
+		if ((sf_pid[k] = fork()) == 0)
+			_exit(shrink_fail_child(k, k ? sfid[0] : sfid[1],
+						k ? sfdone[0] : sfdone[1]));
+	close(sfid[0]);
+	close(sfid[1]);
+	close(sfdone[0]);
+	close(sfdone[1]);
 	a = gpu_load(1, why, sizeof(why));
 	if (a == NULL) {
 		printf("gpu: skipped: %s\n", why);
@@ -1272,6 +1354,11 @@ main(int argc, char **argv)
 			kill(stuck_pid, SIGKILL);
 			waitpid(stuck_pid, NULL, 0);
 		}
+		for (int k = 0; k < 2; k++)
+			if (sf_pid[k] > 0) {
+				kill(sf_pid[k], SIGKILL);
+				waitpid(sf_pid[k], NULL, 0);
+			}
 		waitpid(ipc_pid, NULL, 0);
 		if (so12_pid > 0)
 			waitpid(so12_pid, NULL, 0);
@@ -1411,6 +1498,14 @@ main(int argc, char **argv)
 		result("a refused ncclGroupStart fails the group naming it; a copy to the host "
 		       "that never ends: aborted by the deadline, the node poisoned (next refit "
 		       "refused, memory kept), the caller's buffer never written", bad);
+	}
+	if (sf_pid[0] > 0 && sf_pid[1] > 0) {
+		int rc0 = wait_child(sf_pid[0], 180), rc1 = wait_child(sf_pid[1], 60);
+
+		bad = 0;
+		EXPECT(rc0 == 0 && rc1 == 0, "the children exited %d and %d", rc0, rc1);
+		result("a shrink that fails (a survivor never shrinks): parents aborted first, "
+		       "the new communicators NCCL then publishes aborted, none left", bad);
 	}
 	result("a root holder whose second pipe fails (descriptor limit) leaves no "
 	       "descriptor open", root_pipe_failure());
