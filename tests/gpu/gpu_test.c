@@ -30,10 +30,10 @@
  *   9. (emulator) a destroy refused by an asynchronous error that came after
  *      the transport's check: aborted instead, no group left open;
  *  10. gpu_root_new whose second pipe fails leaves no descriptor open;
- *  11. (emulator) ncclGroupStart refused (NCCL < 2.27 did, while the
+ *  11. ncclGroupStart refused (NCCL < 2.27 did, while the
  *      previous non-blocking group was launching): the group fails naming
  *      it, nothing is posted outside a group;
- *  12. (emulator) a host copy that never ends (a stuck device): the call
+ *  12. a host copy that never ends (a stuck device): the call
  *      returns by the session's deadline, the communicators are aborted,
  *      the node is poisoned (refuses the next refit, keeps the memory the
  *      copy may still write), and the caller's buffer, reused after the
@@ -1321,7 +1321,9 @@ main(int argc, char **argv)
 	close(deadp[1]);
 	if (emu && (late_pid = fork()) == 0)
 		_exit(late_error_child());
-	if (emu && (stuck_pid = fork()) == 0)
+	/* 11, 12 on a GPU too: the stand-ins are in the loaded table, and the
+	 * real ncclCommAbort and cudaMallocHost run */
+	if ((stuck_pid = fork()) == 0)
 		_exit(stuck_child());
 	if (pipe(sfid) < 0 || pipe(sfdone) < 0)
 		return 1;
