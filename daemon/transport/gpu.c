@@ -331,6 +331,8 @@ load_kernels(void *cudart)
 			h = dlopen("librefit-gpu-kernels.so", RTLD_NOW | RTLD_LOCAL);
 	}
 	if (h != NULL) {
+		void *their;
+
 		*(void **)&api.copy_strided = dlsym(h, "refitGpuCopyStrided");
 		if (api.copy_strided == NULL) {
 			snprintf(load_why, sizeof(load_why), "the GPU kernel library has no symbol "
@@ -339,6 +341,26 @@ load_kernels(void *cudart)
 		}
 		path_of(h, p ? p : "librefit-gpu-kernels.so", api.kernels_path,
 			sizeof(api.kernels_path));
+		/*
+		 * Its launches must go through refitd's CUDA runtime: another one
+		 * (a static cudart, or a libcudart of another file or major
+		 * version) keeps its own current device per thread, so a kernel
+		 * for a rank on device 1 would be launched in device 0's context
+		 * with device 1's stream.  dlsym on the handle finds the runtime
+		 * the library binds to.
+		 */
+		their = dlsym(h, "cudaGetLastError");
+		if (their != NULL && their != *(void **)&api.cudaGetLastError) {
+			Dl_info di;
+
+			snprintf(load_why, sizeof(load_why), "the GPU kernel library %s uses another "
+				 "CUDA runtime (%s) than the one refitd loaded (%s): build it with "
+				 "nvcc -cudart shared against that runtime's major version, or set "
+				 "cuda_library to the runtime it needs", api.kernels_path,
+				 dladdr(their, &di) && di.dli_fname ? di.dli_fname : "linked in",
+				 api.cuda_path);
+			return -1;
+		}
 		return 0;
 	}
 	*(void **)&api.copy_strided = dlsym(cudart, "refitGpuCopyStrided");

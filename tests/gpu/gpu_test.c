@@ -42,7 +42,11 @@
  *      deadline): the parent is aborted first, which ends the shrink and
  *      makes NCCL write its new communicator, then that one is aborted:
  *      no communicator is left (before, the variable NCCL writes was freed
- *      first and the new communicator never freed).
+ *      first and the new communicator never freed);
+ *  14. (emulator) a kernel library bound to another CUDA runtime than the
+ *      one refitd loaded (here: a copy of the emulated runtime as the
+ *      runtime, the original as the kernels) is refused at load, naming
+ *      both (its launches would use the other runtime's current device).
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -1201,6 +1205,31 @@ so12_child(const char *cudart)
 	return bad ? 1 : 0;
 }
 
+/* ---- 14. a kernel library of another CUDA runtime (emulator) ------------------------- */
+
+static int
+two_runtimes_child(const char *cudart)
+{
+	char dir[] = "/tmp/refit-2rt-XXXXXX", copy[96], target[PATH_MAX], why[1024], cmd[600];
+	const gpu_api_t *a;
+	int bad = 0;
+
+	if (mkdtemp(dir) == NULL || realpath(cudart, target) == NULL)
+		return 1;
+	snprintf(copy, sizeof(copy), "%s/libcudart.so.13", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", target, copy);
+	if (system(cmd) != 0)
+		return 1;
+	setenv("REFIT_CUDA_LIBRARY", copy, 1);
+	setenv("REFIT_GPU_KERNELS_LIBRARY", target, 1);
+	a = gpu_load(1, why, sizeof(why));
+	EXPECT(a == NULL && strstr(why, "another CUDA runtime") && strstr(why, copy),
+	       "a kernel library bound to another runtime: %s", a ? "loaded" : why);
+	unlink(copy);
+	rmdir(dir);
+	return bad ? 1 : 0;
+}
+
 /* ---- 10. a root holder that cannot get its pipes ------------------------------------- */
 
 static int
@@ -1276,7 +1305,7 @@ main(int argc, char **argv)
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
-	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1};
+	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1}, rt2_pid = -1;
 	int sfid[2], sfdone[2];
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
@@ -1303,6 +1332,8 @@ main(int argc, char **argv)
 	close(ipc[0]);
 	if (emu && cudart != NULL && (so12_pid = fork()) == 0)
 		_exit(so12_child(cudart));
+	if (emu && cudart != NULL && (rt2_pid = fork()) == 0)
+		_exit(two_runtimes_child(cudart));
 	for (int k = 0; k < 3; k++)
 		if ((rp[k] = fork()) == 0) {
 			int rc = ring_child(k, k ? idp[k - 1][0] : -1, idp[0][1], idp[1][1],
@@ -1364,6 +1395,8 @@ main(int argc, char **argv)
 		waitpid(ipc_pid, NULL, 0);
 		if (so12_pid > 0)
 			waitpid(so12_pid, NULL, 0);
+		if (rt2_pid > 0)
+			waitpid(rt2_pid, NULL, 0);
 		return 77;
 	}
 	printf("     CUDA runtime %s, NCCL %d from %s, %d device(s), kernel %s\n", a->cuda_path,
@@ -1500,6 +1533,14 @@ main(int argc, char **argv)
 		result("a refused ncclGroupStart fails the group naming it; a copy to the host "
 		       "that never ends: aborted by the deadline, the node poisoned (next refit "
 		       "refused, memory kept), the caller's buffer never written", bad);
+	}
+	if (rt2_pid > 0) {
+		int rc = wait_child(rt2_pid, 60);
+
+		bad = 0;
+		EXPECT(rc == 0, "the child exited %d", rc);
+		result("a kernel library bound to another CUDA runtime than refitd's is refused "
+		       "at load, naming both", bad);
 	}
 	if (sf_pid[0] > 0 && sf_pid[1] > 0) {
 		int rc0 = wait_child(sf_pid[0], 180), rc1 = wait_child(sf_pid[1], 60);
