@@ -284,6 +284,28 @@ on_rank(xport_t *x, int32_t rank, cudaStream_t *st)
 		}                                                  \
 	} while (0)
 
+/* The largest pitch a 2D copy takes: cudaDeviceProp.memPitch, 2^31-1 on
+ * current GPUs; CUDA refuses more (cudaErrorInvalidPitchValue). */
+#define MAX_PITCH ((int64_t)INT32_MAX)
+
+static bool
+pitches_ok(int64_t a, int64_t b)
+{
+	return a <= MAX_PITCH && b <= MAX_PITCH;
+}
+
+/* n elements of e bytes, strides ds and ss (elements), one copy each: a
+ * 2D copy whose pitch CUDA would refuse. */
+static void
+copy_elems(xport_t *x, int32_t rank, cudaStream_t st, uint8_t *dp, const uint8_t *sp,
+	   int64_t ds, int64_t ss, int64_t e, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		DCHK(x, rank, x->api->cudaMemcpyAsync(dp + i * ds * e, sp + i * ss * e, (size_t)e,
+						      cudaMemcpyDeviceToDevice, st),
+		     "cudaMemcpyAsync");
+}
+
 /*
  * The rows of one index of the outer dims, on stream st: sp and dp point at
  * the box's first element there.  One dim: a row (or, strided, one element
@@ -302,6 +324,8 @@ copy_plane(xport_t *x, int32_t rank, cudaStream_t st, uint8_t *dp, const uint8_t
 	if (nd == 1 && contig)
 		DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice, st),
 		     "cudaMemcpyAsync");
+	else if (nd == 1 && !pitches_ok(dv->stride[0] * e, sv->stride[0] * e))
+		copy_elems(x, rank, st, dp, sp, dv->stride[0], sv->stride[0], e, box->size[0]);
 	else if (nd == 1)  /* no kernel: one element per row */
 		DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[0] * e, sp, sv->stride[0] * e,
 						   e, box->size[0], cudaMemcpyDeviceToDevice, st),
@@ -310,16 +334,20 @@ copy_plane(xport_t *x, int32_t rank, cudaStream_t st, uint8_t *dp, const uint8_t
 		DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice, st),
 		     "cudaMemcpyAsync");
 	else if (contig && (uint64_t)(sv->stride[r] * e) >= w &&
-		 (uint64_t)(dv->stride[r] * e) >= w)
+		 (uint64_t)(dv->stride[r] * e) >= w && pitches_ok(dv->stride[r] * e, sv->stride[r] * e))
 		DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[r] * e, sp, sv->stride[r] * e,
 						   w, box->size[r], cudaMemcpyDeviceToDevice, st),
 		     "cudaMemcpy2DAsync");
-	else if (contig) /* rows that overlap: one copy each */
+	else if (contig) /* rows that overlap, or a pitch too large: one copy each */
 		for (int64_t i = 0; i < box->size[r]; i++)
 			DCHK(x, rank, a->cudaMemcpyAsync(dp + i * dv->stride[r] * e,
 							 sp + i * sv->stride[r] * e, w,
 							 cudaMemcpyDeviceToDevice, st),
 			     "cudaMemcpyAsync");
+	else if (!pitches_ok(dv->stride[c] * e, sv->stride[c] * e))
+		for (int64_t i = 0; i < box->size[r] && !dfailed(x); i++)
+			copy_elems(x, rank, st, dp + i * dv->stride[r] * e, sp + i * sv->stride[r] * e,
+				   dv->stride[c], sv->stride[c], e, box->size[c]);
 	else  /* no kernel: a 2D copy of single elements per row */
 		for (int64_t i = 0; i < box->size[r]; i++)
 			DCHK(x, rank, a->cudaMemcpy2DAsync(dp + i * dv->stride[r] * e,

@@ -302,6 +302,49 @@ box_copies(xport_session_t *s, const int32_t *ranks, size_t nranks)
 	return bad;
 }
 
+/*
+ * 1b. two rows 2^31 + 64 bytes apart (a pitch CUDA's 2D copies refuse:
+ * cudaDeviceProp.memPitch is 2^31-1) to a compact box: copied row by row.
+ * Only the rows' bytes are written (the allocation is 2 GiB, sparse on the
+ * emulator).
+ */
+static int
+big_pitch(xport_session_t *s, int32_t rank)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	const int64_t pitch = (1ll << 31) + 64, shape[2] = {2, 16};
+	uint64_t n = (uint64_t)pitch + 16;
+	uint8_t *gs = dev->alloc(dev->ctx, rank, n), *gd = dev->alloc(dev->ctx, rank, 32);
+	uint8_t row[16], got[32];
+	dp_view_t sv = {gs, 2, {2, 16}, {pitch, 1}, 1}, dv;
+	plan_shard_t sh = {0};
+	plan_box_t box = {{0, 0}, {2, 16}};
+	refit_err_t err;
+	int bad = 0;
+
+	EXPECT(gs && gd, "cudaMalloc of %" PRIu64 " bytes", n);
+	if (gs == NULL || gd == NULL)
+		goto out;
+	dp_view_contiguous(&dv, gd, 2, shape, 1);
+	sh.box.size[0] = 2;
+	sh.box.size[1] = 16;
+	for (int i = 0; i < 2; i++) {
+		for (int k = 0; k < 16; k++)
+			row[k] = (uint8_t)(i * 16 + k + 1);
+		dev->from_host(dev->ctx, rank, gs + i * pitch, row, 16);
+	}
+	dev->copy_box(dev->ctx, rank, &sv, &sh, &dv, &sh, &box);
+	dev->to_host(dev->ctx, rank, got, gd, 32);
+	refit_err_clear(&err);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	for (int i = 0; i < 32 && !bad; i++)
+		EXPECT(got[i] == (uint8_t)(i + 1), "byte %d is %u, not %d", i, got[i], i + 1);
+out:
+	dev->free(dev->ctx, rank, gs);
+	dev->free(dev->ctx, rank, gd);
+	return bad;
+}
+
 /* ---- 2. a failed copy surfaces at sync ----------------------------------------- */
 
 static int
@@ -1428,6 +1471,9 @@ main(int argc, char **argv)
 				printf("     skipped: two local ranks on two devices (one device)\n");
 			result("loopback communicator: send/recv to itself",
 			       loopback(s, 0));
+			/* last in the session: a failure here stays in its error */
+			result("a box whose rows are 2^31 + 64 bytes apart (above CUDA's "
+			       "largest 2D pitch) is copied row by row", big_pitch(s, 0));
 			xport_nccl_ops.close(s);
 		}
 		/* same epoch, same id: the communicators are reused */
