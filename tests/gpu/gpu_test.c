@@ -8,7 +8,9 @@
  *      strided innermost dim (the strided-copy kernel), size-1 dims,
  *      stride-0 (broadcast) source dims -- through the transport's device
  *      operations on every local rank's device, byte for byte against the
- *      host copy (dp_copy_box); every error checked at sync;
+ *      host copy (dp_copy_box); every error checked at sync; and a box
+ *      whose rows are 2^31 + 64 bytes apart (above CUDA's largest 2D
+ *      pitch: copied row by row);
  *   2. a failed copy is reported at sync, not dropped (a 2D copy with a
  *      zero pitch, which CUDA refuses without poisoning the context);
  *   3. two local ranks on two devices (where there are two): each one's
@@ -968,12 +970,23 @@ query_stuck(cudaStream_t st)
 	return real_query_stuck(st);
 }
 
+/* A session of epoch on a world of one rank (me), from a new id. */
+static xport_session_t *
+own_session(xport_t *x, uint64_t epoch, int32_t me, refit_err_t *err)
+{
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+
+	refit_err_clear(err);
+	if (xport_nccl_ops.unique_id(x, id, &idlen, err) != REFIT_OK)
+		return NULL;
+	return session(x, epoch, &me, 1, &me, 1, id, idlen, err);
+}
+
 static int
 stuck_child(void)
 {
-	int32_t me = 0, world[1] = {0};
-	uint8_t id[512];
-	size_t idlen = sizeof(id);
+	int32_t me = 0;
 	gpu_api_t *a;
 	xport_t *x;
 	xport_session_t *s;
@@ -983,11 +996,8 @@ stuck_child(void)
 	if ((x = child_start("stuck", me, &a)) == NULL)
 		return 1;
 	session_ms = 3000;  /* the stuck copy waits for the deadline */
-	refit_err_clear(&err);
 	/* 11 */
-	EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
-	       err.msg);
-	s = session(x, 1, world, 1, &me, 1, id, idlen, &err);
+	s = own_session(x, 1, me, &err);
 	EXPECT(s != NULL, "epoch 1: %s", err.msg);
 	if (s) {
 		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
@@ -1013,11 +1023,7 @@ stuck_child(void)
 		xport_nccl_ops.close(s);
 	}
 	/* 12, a new epoch (the communicators were aborted) */
-	refit_err_clear(&err);
-	idlen = sizeof(id);
-	EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
-	       err.msg);
-	s = session(x, 2, world, 1, &me, 1, id, idlen, &err);
+	s = own_session(x, 2, me, &err);
 	EXPECT(s != NULL, "epoch 2: %s", err.msg);
 	if (s) {
 		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
@@ -1067,11 +1073,7 @@ stuck_child(void)
 		free(h);
 	}
 	/* the next refit is refused, saying why */
-	refit_err_clear(&err);
-	idlen = sizeof(id);
-	EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
-	       err.msg);
-	s = session(x, 3, world, 1, &me, 1, id, idlen, &err);
+	s = own_session(x, 3, me, &err);
 	EXPECT(s == NULL && err.status == REFIT_ERR_UNAVAILABLE && strstr(err.msg, "poisoned") &&
 	       strstr(err.msg, "kept"), "the refit after a stuck copy: %s",
 	       s ? "opened" : err.msg);
@@ -1342,6 +1344,16 @@ wait_child(pid_t pid, int timeout_s)
 	return 124;
 }
 
+/* Wait for a child that ran one case (bounded): the case's result. */
+static void
+child_result(pid_t pid, int timeout_s, const char *name)
+{
+	int bad = 0, rc = wait_child(pid, timeout_s);
+
+	EXPECT(rc == 0, "the child exited %d", rc);
+	result(name, bad);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1562,32 +1574,18 @@ main(int argc, char **argv)
 		kill(dead_pid[1], SIGKILL);
 		waitpid(dead_pid[1], NULL, 0);
 	}
-	if (late_pid > 0) {
-		int rc = wait_child(late_pid, 60);
-
-		bad = 0;
-		EXPECT(rc == 0, "the child exited %d", rc);
-		result("a destroy refused by an error that came after the check: the "
-		       "communicator is aborted, the thread is not left inside a group, the "
-		       "next epoch's communicators form", bad);
-	}
-	if (stuck_pid > 0) {
-		int rc = wait_child(stuck_pid, 180);
-
-		bad = 0;
-		EXPECT(rc == 0, "the child exited %d", rc);
-		result("a refused ncclGroupStart fails the group naming it; a copy to the host "
-		       "that never ends: aborted by the deadline, the node poisoned (next refit "
-		       "refused, memory kept), the caller's buffer never written", bad);
-	}
-	if (rt2_pid > 0) {
-		int rc = wait_child(rt2_pid, 60);
-
-		bad = 0;
-		EXPECT(rc == 0, "the child exited %d", rc);
-		result("a kernel library bound to another CUDA runtime than refitd's is refused "
-		       "at load, naming both", bad);
-	}
+	if (late_pid > 0)
+		child_result(late_pid, 60, "a destroy refused by an error that came after the "
+			     "check: the communicator is aborted, the thread is not left inside "
+			     "a group, the next epoch's communicators form");
+	if (stuck_pid > 0)
+		child_result(stuck_pid, 180, "a refused ncclGroupStart fails the group naming "
+			     "it; a copy to the host that never ends: aborted by the deadline, "
+			     "the node poisoned (next refit refused, memory kept), the caller's "
+			     "buffer never written");
+	if (rt2_pid > 0)
+		child_result(rt2_pid, 60, "a kernel library bound to another CUDA runtime than "
+			     "refitd's is refused at load, naming both");
 	if (sf_pid[0] > 0 && sf_pid[1] > 0) {
 		int rc0 = wait_child(sf_pid[0], 180), rc1 = wait_child(sf_pid[1], 60);
 
