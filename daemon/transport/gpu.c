@@ -255,6 +255,48 @@ open_lib(const char *cfg, const char *env, const char *key, const char *const *n
 		}                                                                    \
 	} while (0)
 
+/*
+ * cuMemGetAddressRange through the runtime (the driver's libcuda is not
+ * loaded here): cudaGetDriverEntryPointByVersion (CUDA 12.5 and later),
+ * else cudaGetDriverEntryPoint (12.0 to 12.4; deprecated in 13).  The node
+ * needs it to check a client's cuda_bytes against the mapping it opened.
+ */
+static int
+load_mem_range(void *cudart)
+{
+	typedef cudaError_t (*by_version_fn)(const char *, void **, unsigned int,
+					     unsigned long long, int *);
+	typedef cudaError_t (*entry_fn)(const char *, void **, unsigned long long, int *);
+	by_version_fn byv;
+	entry_fn ent;
+	void *fn = NULL;
+	int qr = -1;
+	cudaError_t e = cudaErrorNotSupported;
+
+	*(void **)&byv = dlsym(cudart, "cudaGetDriverEntryPointByVersion");
+	*(void **)&ent = dlsym(cudart, "cudaGetDriverEntryPoint");
+	if (byv != NULL)
+		e = byv("cuMemGetAddressRange", &fn, 12000, 0 /* cudaEnableDefault */, &qr);
+	else if (ent != NULL)
+		e = ent("cuMemGetAddressRange", &fn, 0 /* cudaEnableDefault */, &qr);
+	if (byv == NULL && ent == NULL) {
+		snprintf(load_why, sizeof(load_why), "%s has neither "
+			 "cudaGetDriverEntryPointByVersion nor cudaGetDriverEntryPoint (CUDA "
+			 "12.0 or newer is needed: cuMemGetAddressRange checks the size of "
+			 "clients' memory)", api.cuda_path);
+		return -1;
+	}
+	if (e != cudaSuccess || fn == NULL) {
+		snprintf(load_why, sizeof(load_why), "%s: the driver's cuMemGetAddressRange is "
+			 "not available (%s, query result %d): it checks the size of clients' "
+			 "memory", api.cuda_path, e != cudaSuccess ? api.cudaGetErrorString(e) :
+			 "no such function", qr);
+		return -1;
+	}
+	*(void **)&api.mem_range = fn;
+	return 0;
+}
+
 /* The kernel library: configured, else next to the executable, else the
  * loader's path, else the CUDA runtime itself (the emulator's). */
 static int
@@ -289,6 +331,8 @@ load_kernels(void *cudart)
 			h = dlopen("librefit-gpu-kernels.so", RTLD_NOW | RTLD_LOCAL);
 	}
 	if (h != NULL) {
+		void *their;
+
 		*(void **)&api.copy_strided = dlsym(h, "refitGpuCopyStrided");
 		if (api.copy_strided == NULL) {
 			snprintf(load_why, sizeof(load_why), "the GPU kernel library has no symbol "
@@ -297,6 +341,26 @@ load_kernels(void *cudart)
 		}
 		path_of(h, p ? p : "librefit-gpu-kernels.so", api.kernels_path,
 			sizeof(api.kernels_path));
+		/*
+		 * Its launches must go through refitd's CUDA runtime: another one
+		 * (a static cudart, or a libcudart of another file or major
+		 * version) keeps its own current device per thread, so a kernel
+		 * for a rank on device 1 would be launched in device 0's context
+		 * with device 1's stream.  dlsym on the handle finds the runtime
+		 * the library binds to.
+		 */
+		their = dlsym(h, "cudaGetLastError");
+		if (their != NULL && their != *(void **)&api.cudaGetLastError) {
+			Dl_info di;
+
+			snprintf(load_why, sizeof(load_why), "the GPU kernel library %s uses another "
+				 "CUDA runtime (%s) than the one refitd loaded (%s): build it with "
+				 "nvcc -cudart shared against that runtime's major version, or set "
+				 "cuda_library to the runtime it needs", api.kernels_path,
+				 dladdr(their, &di) && di.dli_fname ? di.dli_fname : "linked in",
+				 api.cuda_path);
+			return -1;
+		}
 		return 0;
 	}
 	*(void **)&api.copy_strided = dlsym(cudart, "refitGpuCopyStrided");
@@ -326,6 +390,8 @@ load(void)
 	SYM(cudart, cudaGetDevice);
 	SYM(cudart, cudaMalloc);
 	SYM(cudart, cudaFree);
+	SYM(cudart, cudaMallocHost);
+	SYM(cudart, cudaFreeHost);
 	SYM(cudart, cudaMemcpy);
 	SYM(cudart, cudaMemcpyAsync);
 	SYM(cudart, cudaMemcpy2DAsync);
@@ -341,6 +407,8 @@ load(void)
 	SYM(cudart, cudaGetLastError);
 	SYM(cudart, cudaDriverGetVersion);
 	SYM(cudart, cudaPointerGetAttributes);
+	if (load_mem_range(cudart) != 0)
+		return -1;
 	SYM(nccl, ncclGetUniqueId);
 	SYM(nccl, ncclCommInitRankConfig);
 	SYM(nccl, ncclCommGetAsyncError);

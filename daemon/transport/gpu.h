@@ -33,6 +33,16 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+/*
+ * cuMemGetAddressRange (cuda.h: "the base address ... and size ... of the
+ * allocation ... that contains the input pointer"), a driver function: the
+ * runtime hands it out through cudaGetDriverEntryPointByVersion (CUDA
+ * 12.5+) or cudaGetDriverEntryPoint (12.0+).  CUresult is an enum (0:
+ * CUDA_SUCCESS), CUdeviceptr an unsigned long long.
+ */
+typedef int (*gpu_mem_range_fn)(unsigned long long *base, size_t *size,
+				unsigned long long ptr);
+
 #define GPU_FN(name) __typeof__(name) *name
 typedef struct gpu_api {
 	GPU_FN(cudaGetDeviceCount);
@@ -40,6 +50,8 @@ typedef struct gpu_api {
 	GPU_FN(cudaGetDevice);
 	GPU_FN(cudaMalloc);
 	GPU_FN(cudaFree);
+	GPU_FN(cudaMallocHost);
+	GPU_FN(cudaFreeHost);
 	GPU_FN(cudaMemcpy);
 	GPU_FN(cudaMemcpyAsync);
 	GPU_FN(cudaMemcpy2DAsync);
@@ -67,6 +79,7 @@ typedef struct gpu_api {
 	GPU_FN(ncclGetErrorString);
 	GPU_FN(ncclGetVersion);
 	GPU_FN(ncclCommShrink);
+	gpu_mem_range_fn mem_range;            /* cuMemGetAddressRange */
 	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
 	int ndevices;
 	int nccl_version;         /* ncclGetVersion's code, e.g. 22809 */

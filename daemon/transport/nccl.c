@@ -98,7 +98,23 @@ struct xport {
 	refit_err_t derr;         /* the session's first device error (dev ops
 				     return nothing: the next sync returns it) */
 	dp_dev_ops_t dev;
+	void *bounce;             /* pinned, HOST_CHUNK bytes: every host copy goes
+				     through it (NULL until the first) */
+	/* mu: "" or why this node runs no more refits: work on a stream did
+	 * not end within its bound, even after its communicator was aborted,
+	 * and the memory that work may still write was kept (never freed or
+	 * reused: device staging, the pinned buffer) */
+	char poison[REFIT_ERR_MSG_MAX];
+	uint64_t kept;            /* allocations kept so (not freed) */
 };
+
+/* Host copies go through the pinned bounce buffer in chunks of this. */
+#define HOST_CHUNK (4u << 20)
+/* How long a stream may take to drain before its memory is freed (after an
+ * abort, NCCL's kernels end at once), and a host copy on an idle stream may
+ * take when no session bounds it: longer is a stuck device. */
+#define DRAIN_MS 10000
+#define HOST_COPY_MS 60000
 
 struct xport_session {
 	xport_t *x;
@@ -198,6 +214,47 @@ dfail_out(const xport_t *x, refit_err_t *err)
 	return refit_err_set(err, x->derr.status, "%s", x->derr.msg);
 }
 
+/* The node is poisoned (see xport.poison): why, or NULL. */
+static bool
+poisoned(xport_t *x)
+{
+	bool p;
+
+	pthread_mutex_lock(&x->mu);
+	p = x->poison[0] != '\0';
+	pthread_mutex_unlock(&x->mu);
+	return p;
+}
+
+/* Work on rank's stream did not end in time and may still write memory:
+ * from now on nothing that work may touch is freed or reused, and the node
+ * refuses refits (the first reason stays). */
+static void
+poison(xport_t *x, int32_t rank, const char *what)
+{
+	pthread_mutex_lock(&x->mu);
+	if (x->poison[0] == '\0')
+		snprintf(x->poison, sizeof(x->poison), "rank %d: %s; the memory it may still "
+			 "write is kept (never freed or reused) and this node runs no more "
+			 "refits until refitd restarts", rank, what);
+	pthread_mutex_unlock(&x->mu);
+	log_warnx("nccl: node %s: rank %d: %s: the node is poisoned (restart refitd)",
+		  x->node_id, rank, what);
+}
+
+/* Poll stream st until it drained, for at most ms: true when it did (or
+ * failed: a failed stream runs nothing more). */
+static bool
+drained(const gpu_api_t *a, cudaStream_t st, int64_t ms)
+{
+	for (int64_t end = xport_now_ms() + ms;; usleep(100)) {
+		if (a->cudaStreamQuery(st) != cudaErrorNotReady)
+			return true;
+		if (xport_now_ms() >= end)
+			return false;
+	}
+}
+
 /* Make rank's device current on this thread; its stream (NULL: failed). */
 static bool
 on_rank(xport_t *x, int32_t rank, cudaStream_t *st)
@@ -227,6 +284,28 @@ on_rank(xport_t *x, int32_t rank, cudaStream_t *st)
 		}                                                  \
 	} while (0)
 
+/* The largest pitch a 2D copy takes: cudaDeviceProp.memPitch, 2^31-1 on
+ * current GPUs; CUDA refuses more (cudaErrorInvalidPitchValue). */
+#define MAX_PITCH ((int64_t)INT32_MAX)
+
+static bool
+pitches_ok(int64_t a, int64_t b)
+{
+	return a <= MAX_PITCH && b <= MAX_PITCH;
+}
+
+/* n elements of e bytes, strides ds and ss (elements), one copy each: a
+ * 2D copy whose pitch CUDA would refuse. */
+static void
+copy_elems(xport_t *x, int32_t rank, cudaStream_t st, uint8_t *dp, const uint8_t *sp,
+	   int64_t ds, int64_t ss, int64_t e, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		DCHK(x, rank, x->api->cudaMemcpyAsync(dp + i * ds * e, sp + i * ss * e, (size_t)e,
+						      cudaMemcpyDeviceToDevice, st),
+		     "cudaMemcpyAsync");
+}
+
 /*
  * The rows of one index of the outer dims, on stream st: sp and dp point at
  * the box's first element there.  One dim: a row (or, strided, one element
@@ -245,6 +324,8 @@ copy_plane(xport_t *x, int32_t rank, cudaStream_t st, uint8_t *dp, const uint8_t
 	if (nd == 1 && contig)
 		DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice, st),
 		     "cudaMemcpyAsync");
+	else if (nd == 1 && !pitches_ok(dv->stride[0] * e, sv->stride[0] * e))
+		copy_elems(x, rank, st, dp, sp, dv->stride[0], sv->stride[0], e, box->size[0]);
 	else if (nd == 1)  /* no kernel: one element per row */
 		DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[0] * e, sp, sv->stride[0] * e,
 						   e, box->size[0], cudaMemcpyDeviceToDevice, st),
@@ -253,16 +334,20 @@ copy_plane(xport_t *x, int32_t rank, cudaStream_t st, uint8_t *dp, const uint8_t
 		DCHK(x, rank, a->cudaMemcpyAsync(dp, sp, w, cudaMemcpyDeviceToDevice, st),
 		     "cudaMemcpyAsync");
 	else if (contig && (uint64_t)(sv->stride[r] * e) >= w &&
-		 (uint64_t)(dv->stride[r] * e) >= w)
+		 (uint64_t)(dv->stride[r] * e) >= w && pitches_ok(dv->stride[r] * e, sv->stride[r] * e))
 		DCHK(x, rank, a->cudaMemcpy2DAsync(dp, dv->stride[r] * e, sp, sv->stride[r] * e,
 						   w, box->size[r], cudaMemcpyDeviceToDevice, st),
 		     "cudaMemcpy2DAsync");
-	else if (contig) /* rows that overlap: one copy each */
+	else if (contig) /* rows that overlap, or a pitch too large: one copy each */
 		for (int64_t i = 0; i < box->size[r]; i++)
 			DCHK(x, rank, a->cudaMemcpyAsync(dp + i * dv->stride[r] * e,
 							 sp + i * sv->stride[r] * e, w,
 							 cudaMemcpyDeviceToDevice, st),
 			     "cudaMemcpyAsync");
+	else if (!pitches_ok(dv->stride[c] * e, sv->stride[c] * e))
+		for (int64_t i = 0; i < box->size[r] && !dfailed(x); i++)
+			copy_elems(x, rank, st, dp + i * dv->stride[r] * e, sp + i * sv->stride[r] * e,
+				   dv->stride[c], sv->stride[c], e, box->size[c]);
 	else  /* no kernel: a 2D copy of single elements per row */
 		for (int64_t i = 0; i < box->size[r]; i++)
 			DCHK(x, rank, a->cudaMemcpy2DAsync(dp + i * dv->stride[r] * e,
@@ -374,17 +459,27 @@ dev_free(void *ctx, int32_t rank, void *p)
 
 	if (p == NULL)
 		return;
+	/* a poisoned node keeps its memory: work that never ended may write it
+	 * (and cudaFree, which synchronises the device, would wait for it) */
+	if (poisoned(x)) {
+		x->kept++;
+		return;
+	}
 	if (!on_rank(x, rank, &st)) { /* still free it: the current device does not matter */
+		/* the communicators were dropped: their streams drained (else the
+		 * node would be poisoned) */
 		if ((e = x->api->cudaFree(p)) != cudaSuccess)
 			log_warnx("nccl: node %s: cudaFree: %s", x->node_id,
 				  x->api->cudaGetErrorString(e));
 		return;
 	}
 	/* nothing queued may still use it (failed and aborted sessions skip
-	 * their syncs), bounded */
-	for (int64_t end = xport_now_ms() + 10000;
-	     x->api->cudaStreamQuery(st) == cudaErrorNotReady && xport_now_ms() < end;)
-		usleep(100);
+	 * their syncs), bounded: a stream that does not drain keeps it */
+	if (!drained(x->api, st, DRAIN_MS)) {
+		poison(x, rank, "staging was to be freed, but its stream did not drain in 10 s");
+		x->kept++;
+		return;
+	}
 	DCHK(x, rank, x->api->cudaFree(p), "cudaFree");
 }
 
@@ -423,35 +518,105 @@ wait_stream(xport_t *x, int32_t rank, cudaStream_t st, refit_err_t *err)
 	}
 }
 
+static void drop_comms(xport_t *x, bool abort);
+
 /*
- * A copy to or from the caller's host memory: it must be over before the
- * call returns, abort or not (the caller frees or reuses that memory next).
- * Bounded all the same: a stream that does not drain in 60 s is a stuck
- * device, reported.
+ * A host copy did not end: abort the communicators (their kernels end at
+ * once, and the stream drains unless the device is stuck; drop_comms waits
+ * 10 s and poisons the node if not).  A copy still running after that may
+ * write the pinned buffer: it is kept, never freed or reused.
+ */
+static void
+host_copy_abandon(xport_t *x, int32_t rank, refit_status_t st, const char *why)
+{
+	refit_err_set(&x->derr, st, "nccl transport: rank %d: a copy with the host %s; the "
+		      "communicators were aborted (the caller's memory was never given to "
+		      "the device: copies go through a pinned buffer)", rank, why);
+	drop_comms(x, true);
+	if (poisoned(x)) {
+		x->bounce = NULL;  /* kept */
+		x->kept++;
+	}
+}
+
+/*
+ * Wait for the copy just queued on st: bounded by the session's deadline
+ * and abort flag, and by HOST_COPY_MS.  true: done.
+ */
+static bool
+host_copy_wait(xport_t *x, int32_t rank, cudaStream_t st)
+{
+	int64_t end = xport_now_ms() + HOST_COPY_MS;
+	cudaError_t e;
+
+	if (x->scfg && x->scfg->deadline_ms < end)
+		end = x->scfg->deadline_ms;
+	for (;;) {
+		if ((e = x->api->cudaStreamQuery(st)) == cudaSuccess)
+			return true;
+		if (e != cudaErrorNotReady) {
+			dfail(x, e, rank, "a copy with the host (cudaStreamQuery)");
+			return false;
+		}
+		if (x->scfg && atomic_load(x->scfg->abort)) {
+			host_copy_abandon(x, rank, REFIT_ERR_ABORTED, "was still running at the "
+					  "abort");
+			return false;
+		}
+		if (xport_now_ms() >= end) {
+			host_copy_abandon(x, rank, REFIT_ERR_TIMEOUT, "did not end before the "
+					  "session's deadline (or in 60 s)");
+			return false;
+		}
+		usleep(50);
+	}
+}
+
+/*
+ * A copy to or from the caller's host memory, which the caller frees or
+ * reuses once this returns (a stack byte, a CRC buffer).  So the device
+ * never sees that memory: each chunk goes through the transport's pinned
+ * buffer (cudaMallocHost), copied to or from the caller's memory by the
+ * CPU.  Pinned also keeps cudaMemcpyAsync asynchronous (to pageable memory
+ * it returns only once the copy is done, cuda_runtime_api.h "API
+ * synchronization behavior", unbounded).  First the stream drains (bounded
+ * by the session: a copy queued behind a group that never ends would never
+ * start); then each chunk's copy is waited for, bounded; one that does not
+ * end aborts the communicators, and if it still runs then, the buffer is
+ * kept and the node poisoned.  Errors go to the session (next sync).
  */
 static void
 host_copy(xport_t *x, int32_t rank, void *dst, const void *src, uint64_t n,
 	  enum cudaMemcpyKind kind)
 {
+	const gpu_api_t *a = x->api;
+	bool d2h = kind == cudaMemcpyDeviceToHost;
 	cudaStream_t st;
 	cudaError_t e;
-	int64_t end;
 
 	if (dfailed(x) || !on_rank(x, rank, &st))
 		return;
-	DCHK(x, rank, x->api->cudaMemcpyAsync(dst, src, n, kind, st), kind ==
-	     cudaMemcpyDeviceToHost ? "cudaMemcpyAsync to the host" :
-	     "cudaMemcpyAsync from the host");
-	end = xport_now_ms() + 60000;
-	while ((e = x->api->cudaStreamQuery(st)) == cudaErrorNotReady && xport_now_ms() < end)
-		usleep(50);
-	if (e == cudaErrorNotReady && !dfailed(x)) {
-		refit_err_set(&x->derr, REFIT_ERR_TIMEOUT, "nccl transport: rank %d: a copy %s "
-			      "the host did not end in 60 s", rank,
-			      kind == cudaMemcpyDeviceToHost ? "to" : "from");
-		log_warnx("nccl: node %s: %s", x->node_id, x->derr.msg);
-	} else if (e != cudaSuccess && e != cudaErrorNotReady) {
-		dfail(x, e, rank, "a copy with the host (cudaStreamQuery)");
+	if (!host_copy_wait(x, rank, st))  /* what was queued before */
+		return;
+	if (x->bounce == NULL && (e = a->cudaMallocHost(&x->bounce, HOST_CHUNK)) != cudaSuccess) {
+		x->bounce = NULL;
+		dfail(x, e, rank, "cudaMallocHost (the pinned buffer of host copies)");
+		return;
+	}
+	for (uint64_t off = 0; off < n;) {
+		uint64_t k = n - off < HOST_CHUNK ? n - off : HOST_CHUNK;
+
+		if (!d2h)
+			memcpy(x->bounce, (const uint8_t *)src + off, k);
+		DCHK(x, rank, a->cudaMemcpyAsync(d2h ? x->bounce : (uint8_t *)dst + off,
+						 d2h ? (const uint8_t *)src + off : x->bounce, k,
+						 kind, st),
+		     d2h ? "cudaMemcpyAsync to the host" : "cudaMemcpyAsync from the host");
+		if (!host_copy_wait(x, rank, st))
+			return;
+		if (d2h)
+			memcpy((uint8_t *)dst + off, x->bounce, k);
+		off += k;
 	}
 }
 
@@ -646,11 +811,11 @@ drop_comms(xport_t *x, bool abort)
 		if (cm->comm[i] != NULL)
 			comm_free(x, cm->comm[i], cm->local[i], abort);
 		/* what the stream still holds (operations of an aborted communicator
-		 * end at once) finishes before its buffers can be freed */
-		for (int64_t end = xport_now_ms() + 10000; cm->stream && cm->stream[i] &&
-		     a->cudaStreamQuery(cm->stream[i]) == cudaErrorNotReady &&
-		     xport_now_ms() < end;)
-			usleep(100);
+		 * end at once) finishes before its buffers can be freed; a stream
+		 * that does not poisons the node: its buffers are kept */
+		if (cm->stream && cm->stream[i] && !drained(a, cm->stream[i], DRAIN_MS))
+			poison(x, cm->local[i], "its stream did not drain within 10 s of its "
+			       "communicator's end");
 		if (cm->stream && cm->stream[i] &&
 		    (e = a->cudaStreamDestroy(cm->stream[i])) != cudaSuccess)
 			log_warnx("nccl: node %s: cudaStreamDestroy (rank %d): %s", x->node_id,
@@ -737,6 +902,24 @@ bounds(const xport_session_cfg_t *cfg, const char *what, refit_err_t *err)
 	if (xport_now_ms() >= cfg->deadline_ms)
 		return refit_err_set(err, REFIT_ERR_TIMEOUT, "nccl transport: %s: deadline "
 				     "passed", what);
+	return REFIT_OK;
+}
+
+/*
+ * Open an NCCL group; what: the calls' name for the message.  NCCL 2.27
+ * and later never refuse (group.cc: ncclGroupStartInternal only counts the
+ * depth); earlier ones refused while the previous non-blocking group was
+ * still being launched (ncclInvalidUsage).  Refused: no group is open, and
+ * the calls must not be made (outside a group each would be its own).
+ */
+static refit_status_t
+group_start(const gpu_api_t *a, const char *what, refit_err_t *err)
+{
+	ncclResult_t r = a->ncclGroupStart();
+
+	if (r != ncclSuccess)
+		return refit_err_set(err, REFIT_ERR_NCCL, "%sncclGroupStart: %s", what,
+				     a->ncclGetErrorString(r));
 	return REFIT_OK;
 }
 
@@ -837,7 +1020,7 @@ shrink_issue(xport_t *x, const int *excl, size_t nex, ncclComm_t *nc, refit_err_
 	comms_t *cm = &x->cm;
 	refit_status_t rc = REFIT_OK;
 
-	a->ncclGroupStart();
+	CHECK(group_start(a, "ncclCommShrink: ", err));
 	for (size_t i = 0; i < cm->nlocal && rc == REFIT_OK; i++) {
 		ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
 		cudaError_t e;
@@ -870,9 +1053,11 @@ shrink_wait(xport_t *x, ncclComm_t *nc, const xport_session_cfg_t *cfg, refit_er
 
 		for (size_t i = 0; i < cm->nlocal; i++) {
 			ncclResult_t st = comm_state(a, cm->comm[i]);
+			/* NCCL's thread writes it (an atomic release store) */
+			ncclComm_t child = __atomic_load_n(&nc[i], __ATOMIC_ACQUIRE);
 
-			if (st == ncclSuccess && nc[i] != NULL)
-				st = comm_state(a, nc[i]);
+			if (st == ncclSuccess && child != NULL)
+				st = comm_state(a, child);
 			else if (st == ncclSuccess) /* parent done, no child */
 				st = ncclInternalError;
 			if (st == ncclInProgress)
@@ -880,7 +1065,7 @@ shrink_wait(xport_t *x, ncclComm_t *nc, const xport_session_cfg_t *cfg, refit_er
 			else if (st != ncclSuccess)
 				return refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): "
 						     "%s%s", cm->local[i], a->ncclGetErrorString(st),
-						     nc[i] ? "" : " (no new communicator)");
+						     child ? "" : " (no new communicator)");
 		}
 		if (!pending)
 			return REFIT_OK;
@@ -921,12 +1106,27 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 	if (rc == REFIT_OK)
 		rc = shrink_wait(x, nc, cfg, err);
 	if (rc != REFIT_OK) {
-		for (size_t i = 0; i < cm->nlocal; i++)
-			if (nc[i] != NULL && x->api->ncclCommAbort(nc[i]) != ncclSuccess)
+		size_t nl = cm->nlocal;
+
+		/*
+		 * The parents first: ncclCommAbort of a parent ends its shrink and
+		 * joins it (NCCL 2.28.9 init.cc: setCommAbortFlags sets the child's
+		 * abort flag, ncclCommEnsureReady -> ncclGroupJobAbort), and the
+		 * shrink, ending, writes its new communicator into nc[i], failed or
+		 * not (ncclCommInitRankFunc: "assign it to user pointer").  Only
+		 * then are the new ones known (aborted here) and nc freed: before,
+		 * nc was read and freed first, the shrinks in progress wrote into
+		 * freed memory and their communicators were never freed.
+		 */
+		drop_comms(x, true);
+		for (size_t i = 0; i < nl; i++) {
+			ncclComm_t c = __atomic_load_n(&nc[i], __ATOMIC_ACQUIRE);
+
+			if (c != NULL && x->api->ncclCommAbort(c) != ncclSuccess)
 				log_warnx("nccl: node %s: ncclCommAbort of a shrunk communicator "
 					  "failed", x->node_id);
+		}
 		free(nc);
-		drop_comms(x, true);  /* the parents, in progress or not */
 		return rc;
 	}
 	for (size_t i = 0; i < cm->nlocal; i++) {
@@ -984,7 +1184,10 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 	/* the id is spent from here on, whatever happens */
 	x->used_id = w->id;
 	x->have_used = true;
-	a->ncclGroupStart();
+	if ((rc = group_start(a, "ncclCommInitRankConfig: ", err)) != REFIT_OK) {
+		drop_comms(x, true);
+		return rc;
+	}
 	for (size_t i = 0; i < w->nlocal; i++) {
 		ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
 		cudaError_t e;
@@ -1105,6 +1308,12 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 		}
 		pthread_cond_timedwait(&x->cv, &x->mu, &ts);
 	}
+	if (x->poison[0] != '\0') {
+		rc = refit_err_set(err, REFIT_ERR_UNAVAILABLE, "nccl transport: node %s is "
+				   "poisoned: %s", x->node_id, x->poison);
+		pthread_mutex_unlock(&x->mu);
+		return rc;
+	}
 	x->busy = true;
 	world_copy(&w, &x->w);
 	pthread_mutex_unlock(&x->mu);
@@ -1142,7 +1351,7 @@ post_group(xport_t *x, const xport_op_t *ops, size_t n, refit_err_t *err)
 	ncclResult_t r;
 	refit_status_t rc = REFIT_OK;
 
-	a->ncclGroupStart();
+	CHECK(group_start(a, "", err));
 	for (size_t i = 0; i < n && rc == REFIT_OK; i++) {
 		int li = local_index(cm, ops[i].rank);
 		int peer = index_in(cm->ranks, cm->nranks, ops[i].peer);
@@ -1354,17 +1563,35 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 			      at.device : (int)at.type, dev, rank);
 		goto fail;
 	}
-	/* the last byte the client claims must be device memory of the same
-	 * device too (the runtime API does not give an allocation's size) */
-	memset(&at, 0, sizeof(at));
-	e = a->cudaPointerGetAttributes(&at, (uint8_t *)b + bytes - 1);
-	if (e != cudaSuccess || at.type != cudaMemoryTypeDevice || at.device != dev) {
-		if (e != cudaSuccess)
-			a->cudaGetLastError(); /* clear the non-sticky error */
-		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes %" PRIu64 " is "
-			      "larger than the allocation of the IPC handle (its last byte is "
-			      "not device memory of device %d)", rank, bytes, dev);
-		goto fail;
+	/*
+	 * The client's claim must lie inside what the handle mapped.  The last
+	 * claimed byte being device memory proves nothing: the runtime places
+	 * mappings and allocations next to each other, so a claim past the
+	 * mapping may end in another client's mapping or this node's staging,
+	 * and copies into the claim would write there.  cuMemGetAddressRange
+	 * gives the range the pointer lies in (cuda.h: "the base address ... and
+	 * size ... of the allocation ... that contains the input pointer"); the
+	 * mapping starts at b (cudaIpcOpenMemHandle returns its base).
+	 */
+	{
+		unsigned long long rb = 0;
+		size_t rsz = 0;
+		int cr = a->mem_range(&rb, &rsz, (unsigned long long)(uintptr_t)b);
+
+		if (cr != 0) {
+			rc = refit_err_set(err, REFIT_ERR_CUDA, "rank %d: cuMemGetAddressRange of "
+					   "the client's IPC mapping failed (CUresult %d): its "
+					   "size cannot be checked", rank, cr);
+			goto fail;
+		}
+		if (rb != (unsigned long long)(uintptr_t)b || bytes > rsz) {
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes %" PRIu64
+					   " is larger than the allocation of the IPC handle (%zu "
+					   "bytes mapped from offset %llu of it): refused before "
+					   "anything was written", rank, bytes, rsz,
+					   (unsigned long long)((uintptr_t)b - rb));
+			goto fail;
+		}
 	}
 	*base = b;
 	return REFIT_OK;
@@ -1378,7 +1605,20 @@ fail:
 static void
 nccl_mem_close(xport_t *x, void *base)
 {
-	cudaError_t e = x->api->cudaIpcCloseMemHandle(base);
+	struct cudaPointerAttributes at;
+	cudaError_t e;
+
+	/* closed in the context it was opened in (cudaIpcOpenMemHandle counts
+	 * opens per context): its device current on this thread */
+	memset(&at, 0, sizeof(at));
+	if ((e = x->api->cudaPointerGetAttributes(&at, base)) != cudaSuccess)
+		log_warnx("nccl: node %s: cudaPointerGetAttributes of a client's mapping: %s",
+			  x->node_id, x->api->cudaGetErrorString(e));
+	else if (at.type == cudaMemoryTypeDevice &&
+		 (e = x->api->cudaSetDevice(at.device)) != cudaSuccess)
+		log_warnx("nccl: node %s: cudaSetDevice(%d): %s", x->node_id, at.device,
+			  x->api->cudaGetErrorString(e));
+	e = x->api->cudaIpcCloseMemHandle(base);
 
 	if (e != cudaSuccess)
 		log_warnx("nccl: node %s: cudaIpcCloseMemHandle: %s", x->node_id,
@@ -1397,6 +1637,16 @@ nccl_stop(xport_t *x)
 	pthread_mutex_unlock(&x->mu);
 	/* a graceful stop destroys them; mid-refit ones are aborted */
 	drop_comms(x, x->busy);
+	if (x->bounce != NULL && !poisoned(x)) {
+		cudaError_t e = x->api->cudaFreeHost(x->bounce);
+
+		if (e != cudaSuccess)
+			log_warnx("nccl: node %s: cudaFreeHost: %s", x->node_id,
+				  x->api->cudaGetErrorString(e));
+	}
+	if (x->kept)
+		log_warnx("nccl: node %s: %" PRIu64 " buffers kept (never freed): work on "
+			  "them did not end", x->node_id, x->kept);
 	release_roots(x, NULL);
 	VEC_FREE(&x->roots);
 	world_free(&x->w);

@@ -41,6 +41,9 @@ main(void)
 	O(struct cudaMemcpy3DParms, extent); O(struct cudaMemcpy3DParms, kind);
 	S(cudaIpcMemHandle_t); S(cudaStream_t); S(cudaEvent_t);
 	V(cudaStreamNonBlocking); V(cudaEventDisableTiming); V(cudaIpcMemLazyEnablePeerAccess);
+	V(cudaDriverEntryPointSuccess); V(cudaDriverEntryPointSymbolNotFound);
+	V(cudaDriverEntryPointVersionNotSufficent); V(cudaEnableDefault);
+	S(enum cudaDriverEntryPointQueryResult);
 	V(NCCL_VERSION_CODE); V(NCCL_UNIQUE_ID_BYTES); S(ncclUniqueId);
 	V(ncclSuccess); V(ncclUnhandledCudaError); V(ncclSystemError); V(ncclInternalError);
 	V(ncclInvalidArgument); V(ncclInvalidUsage); V(ncclRemoteError); V(ncclInProgress);

@@ -144,6 +144,18 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);
 cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags);
 cudaError_t cudaIpcCloseMemHandle(void *devPtr);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaFreeHost(void *ptr);
+
+enum cudaDriverEntryPointQueryResult {
+	cudaDriverEntryPointSuccess = 0,
+	cudaDriverEntryPointSymbolNotFound = 1,
+	cudaDriverEntryPointVersionNotSufficent = 2
+};
+#define cudaEnableDefault 0x0
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+					     unsigned int cudaVersion, unsigned long long flags,
+					     enum cudaDriverEntryPointQueryResult *driverStatus);
 const char *cudaGetErrorString(cudaError_t error);
 const char *cudaGetErrorName(cudaError_t error);
 cudaError_t cudaGetLastError(void);

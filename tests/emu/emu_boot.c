@@ -449,6 +449,11 @@ comm_join_main(void *arg)
 		ncclComm_t p = c->parent;
 
 		pthread_mutex_lock(&p->mu);
+		for (ncclComm_t *k = &p->kids; *k; k = &(*k)->sib)
+			if (*k == c) {
+				*k = c->sib;
+				break;
+			}
 		p->children--;
 		pthread_cond_broadcast(&p->cv);
 		pthread_mutex_unlock(&p->mu);

@@ -140,10 +140,10 @@ tab_remove(emu_alloc_t *a)
 /* A free range of len bytes in dev's slice: bump, then first fit from the
  * start once the slice is used up.  0 when none.  Locked. */
 static uintptr_t
-va_take(int dev, size_t len)
+va_take(int dev, size_t len, bool guard)
 {
 	uintptr_t lo = arena + (uintptr_t)dev * SLICE, hi = lo + SLICE;
-	size_t span = (len + GRAIN - 1) / GRAIN * GRAIN + GRAIN;
+	size_t span = (len + GRAIN - 1) / GRAIN * GRAIN + (guard ? GRAIN : 0);
 	uintptr_t at = lo + GRAIN;
 
 	if (cursor[dev] + span <= hi) {
@@ -269,7 +269,12 @@ alloc_place(emu_alloc_t *a)
 				(unsigned long long)dev_used[a->dev],
 				(unsigned long long)e->dev_mem);
 	}
-	a->va = va_take(a->dev, a->size);
+	/* an IPC mapping gets no guard gap after it: what the importer maps
+	 * next (a mapping, an allocation) starts right at its rounded end, as
+	 * CUDA packs them, so a byte past a mapping can be live device memory
+	 * of the same device (cudaPointerGetAttributes says so); only
+	 * cuMemGetAddressRange tells where the mapping ends */
+	a->va = va_take(a->dev, a->size, !a->ipc);
 	if (a->va == 0) {
 		pthread_mutex_unlock(&mu);
 		return emu_fail(cudaErrorMemoryAllocation, "device %d: address space used up",
@@ -382,6 +387,138 @@ cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p)
 		return emu_fail(cudaErrorInvalidValue, "cudaPointerGetAttributes(%p): device "
 				"address outside every allocation", p);
 	}
+}
+
+/*
+ * The driver's cuMemGetAddressRange (cuda.h: "the base address ... and size
+ * ... of the allocation by cuMemAlloc() ... that contains the input
+ * pointer"; CUDA_ERROR_NOT_FOUND, 500, where none does), handed out by
+ * cudaGetDriverEntryPointByVersion: for an IPC mapping, the mapping (its
+ * exporter's allocation).  CUresult as int.
+ */
+static int
+emu_cu_mem_get_address_range(unsigned long long *pbase, size_t *psize, unsigned long long p)
+{
+	int r = 500;
+	long i;
+
+	if (emu_enter() != cudaSuccess)
+		return 3; /* CUDA_ERROR_NOT_INITIALIZED */
+	pthread_mutex_lock(&mu);
+	i = emu_is_dev_addr((void *)(uintptr_t)p) ? tab_find((uintptr_t)p) : -1;
+	if (i >= 0 && !tab[i]->dying && p - tab[i]->va < tab[i]->size) {
+		if (pbase)
+			*pbase = tab[i]->va;
+		if (psize)
+			*psize = tab[i]->size;
+		r = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	if (r != 0)
+		emu_say("cuMemGetAddressRange(0x%llx): not inside a live allocation or IPC "
+			"mapping (CUDA_ERROR_NOT_FOUND)", p);
+	return r;
+}
+
+/*
+ * cudaGetDriverEntryPointByVersion (cuda_runtime_api.h, CUDA 12.5+): the one
+ * driver function refit asks for, cuMemGetAddressRange.  Any other symbol:
+ * cudaSuccess with *funcPtr NULL and cudaDriverEntryPointSymbolNotFound, as
+ * the runtime says of a symbol it does not know; a version above the
+ * emulated driver's (13000) → cudaErrorInvalidValue.
+ */
+cudaError_t
+cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+				 unsigned long long flags,
+				 enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+	cudaError_t e = emu_enter();
+
+	if (e)
+		return e;
+	if (symbol == NULL || funcPtr == NULL || flags > 2)
+		return emu_fail(cudaErrorInvalidValue, "cudaGetDriverEntryPointByVersion(%s, "
+				"%p, %u, %llu)", symbol ? symbol : "NULL", (void *)funcPtr,
+				cudaVersion, flags);
+	if (cudaVersion > 13000)
+		return emu_fail(cudaErrorInvalidValue, "cudaGetDriverEntryPointByVersion(%s): "
+				"version %u is above the driver's 13000", symbol, cudaVersion);
+	*funcPtr = NULL;
+	if (strcmp(symbol, "cuMemGetAddressRange") == 0)
+		*(int (**)(unsigned long long *, size_t *, unsigned long long))funcPtr =
+			emu_cu_mem_get_address_range;
+	if (driverStatus)
+		*driverStatus = *funcPtr ? cudaDriverEntryPointSuccess :
+					   cudaDriverEntryPointSymbolNotFound;
+	return cudaSuccess;
+}
+
+/* ---- page-locked host memory ---------------------------------------------- */
+
+/* cudaMallocHost's buffers (cudaFreeHost accepts only those).  Host memory
+ * behaves as pinned everywhere in the emulator; these are plain memory. */
+static void **pinned;
+static size_t npinned, cappinned;
+
+cudaError_t
+cudaMallocHost(void **p, size_t size)
+{
+	cudaError_t e = emu_enter();
+	void *b;
+
+	if (e)
+		return e;
+	if (p == NULL)
+		return emu_fail(cudaErrorInvalidValue, "cudaMallocHost(NULL, %zu)", size);
+	*p = NULL;
+	if (size == 0)
+		return cudaSuccess;
+	if ((b = malloc(size)) == NULL)
+		return emu_fail(cudaErrorMemoryAllocation, "cudaMallocHost(%zu): out of host "
+				"memory", size);
+	pthread_mutex_lock(&mu);
+	if (npinned == cappinned) {
+		void **n = realloc(pinned, (cappinned ? cappinned * 2 : 16) * sizeof(*pinned));
+
+		if (n == NULL) {
+			pthread_mutex_unlock(&mu);
+			free(b);
+			return emu_fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+		}
+		pinned = n;
+		cappinned = cappinned ? cappinned * 2 : 16;
+	}
+	pinned[npinned++] = b;
+	pthread_mutex_unlock(&mu);
+	*p = b;
+	return cudaSuccess;
+}
+
+cudaError_t
+cudaFreeHost(void *p)
+{
+	cudaError_t e = emu_enter();
+	size_t i;
+	bool found;
+
+	if (e)
+		return e;
+	if (p == NULL)
+		return cudaSuccess;
+	pthread_mutex_lock(&mu);
+	for (i = 0; i < npinned && pinned[i] != p; i++)
+		;
+	found = i < npinned;
+	if (found)
+		pinned[i] = pinned[--npinned];
+	pthread_mutex_unlock(&mu);
+	if (!found)
+		return emu_fail(cudaErrorInvalidValue, "cudaFreeHost(%p): not from "
+				"cudaMallocHost", p);
+	/* as cudaFree: the device synchronises first (queued copies may use it) */
+	emu_streams_sync(-1);
+	free(p);
+	return emu_sticky();
 }
 
 /* ---- CUDA IPC --------------------------------------------------------------- */

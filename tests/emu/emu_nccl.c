@@ -451,6 +451,8 @@ ncclCommShrink(ncclComm_t comm, int *excl, int nex, ncclComm_t *newcomm, ncclCon
 	comm->shrinks++;
 	comm->children++;
 	comm->refs++;
+	c->sib = comm->kids;
+	comm->kids = c;
 	pthread_mutex_unlock(&comm->mu);
 	c->uid = emu_hash(excl, (size_t)nex * sizeof(int), uid);
 	c->parent = comm;
@@ -464,6 +466,11 @@ ncclCommShrink(ncclComm_t comm, int *excl, int nex, ncclComm_t *newcomm, ncclCon
 	cudaSetDevice(comm->dev); /* as NCCL does */
 	if ((r = start_join(c)) != ncclSuccess) {
 		pthread_mutex_lock(&comm->mu);
+		for (ncclComm_t *k = &comm->kids; *k; k = &(*k)->sib)
+			if (*k == c) {
+				*k = c->sib;
+				break;
+			}
 		comm->children--;
 		pthread_mutex_unlock(&comm->mu);
 		comm_unref(comm);
@@ -548,6 +555,26 @@ ncclCommAbort(ncclComm_t c)
 	root_cancel(c->own_root);
 	pthread_cond_broadcast(&c->cv);
 	while (c->pending) /* the init thread sees the abort and ends */
+		pthread_cond_wait(&c->cv, &c->mu);
+	/*
+	 * Shrinks of c in progress end too, and only then does the abort
+	 * return: NCCL 2.28.9 sets the child's abort flag (init.cc
+	 * setCommAbortFlags: comm->childAbortFlag) and joins c's group job,
+	 * the shrink's included (ncclCommEnsureReady -> ncclGroupJobAbort);
+	 * the shrink job, ending, writes its new communicator (failed, to be
+	 * aborted by the caller) into *newcomm (ncclCommInitRankFunc's exit:
+	 * "assign it to user pointer").  So that variable must live until the
+	 * parent's abort returned, and the new handle must be aborted then.
+	 */
+	for (ncclComm_t k = c->kids; k; k = k->sib) {
+		pthread_mutex_lock(&k->mu);
+		k->aborted = true;
+		comm_shutdown_fds(k);
+		root_cancel(k->own_root);
+		pthread_cond_broadcast(&k->cv);
+		pthread_mutex_unlock(&k->mu);
+	}
+	while (c->children) /* each one published its handle */
 		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);
 	comm_unref(c); /* operations still queued hold theirs and end at once */

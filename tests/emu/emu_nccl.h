@@ -51,6 +51,8 @@ struct ncclComm {
 	bool root_wait;            /* shrink: wait for the root to appear */
 	ncclComm_t *publish;
 	struct ncclComm *parent;
+	struct ncclComm *kids;     /* shrinks of this one in progress (parent's mu) */
+	struct ncclComm *sib;      /* next in the parent's kids */
 	emu_root_t *own_root;
 	struct ncclComm *reg_next;
 };

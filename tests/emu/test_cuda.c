@@ -503,6 +503,81 @@ ipc_refuser(int arg)
 	put(chan_b[1], "k", 1);
 }
 
+/*
+ * The importer maps A, then B: B starts where A ends, so the byte past A is
+ * device memory (cudaPointerGetAttributes cannot tell a claim past A from
+ * A); cuMemGetAddressRange, from cudaGetDriverEntryPointByVersion, gives
+ * each mapping's own base and size.
+ */
+typedef int (*range_fn)(unsigned long long *, size_t *, unsigned long long);
+
+static void
+ipc_ranger(int arg)
+{
+	cudaIpcMemHandle_t h[2];
+	struct cudaPointerAttributes at;
+	enum cudaDriverEntryPointQueryResult qr = cudaDriverEntryPointSymbolNotFound;
+	unsigned long long base = 0;
+	size_t size = 0;
+	uint8_t *p[2];
+	void *fn = NULL, *pin = NULL, *plain = malloc(16);
+	range_fn range;
+
+	(void)arg;
+	get(chan_a[0], h, sizeof(h));
+	CU(cudaSetDevice(1));
+	for (int i = 0; i < 2; i++)
+		CU(cudaIpcOpenMemHandle((void **)&p[i], h[i], cudaIpcMemLazyEnablePeerAccess));
+	CK(p[1] == p[0] + 65536, "B (%p) does not start where A (%p, 64 KiB) ends", p[1], p[0]);
+	CU(cudaPointerGetAttributes(&at, p[0] + 65536));
+	CK(at.type == cudaMemoryTypeDevice && at.device == 1, "the byte past A: type %d",
+	   (int)at.type);
+	CU(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+					    &qr));
+	CK(fn != NULL && qr == cudaDriverEntryPointSuccess, "no cuMemGetAddressRange (%d)", qr);
+	*(void **)&range = fn;
+	CK(range(&base, &size, (unsigned long long)(uintptr_t)(p[0] + 100)) == 0 &&
+	   base == (uintptr_t)p[0] && size == 65536, "A's range: 0x%llx + %zu", base, size);
+	CK(range(&base, &size, (unsigned long long)(uintptr_t)(p[0] + 65536)) == 0 &&
+	   base == (uintptr_t)p[1], "the byte past A is not in B (0x%llx)", base);
+	CK(range(&base, &size, (unsigned long long)(uintptr_t)plain) == 500, "host memory");
+	CU(cudaGetDriverEntryPointByVersion("cuNoSuchThing", &fn, 12000, 0, &qr));
+	CK(fn == NULL && qr == cudaDriverEntryPointSymbolNotFound, "an unknown symbol: %p %d", fn,
+	   qr);
+	CUIS(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 13010, 0, NULL),
+	     cudaErrorInvalidValue);
+	CU(cudaMallocHost(&pin, 4096));
+	CUIS(cudaFreeHost(plain), cudaErrorInvalidValue);
+	CU(cudaFreeHost(pin));
+	CUIS(cudaFreeHost(pin), cudaErrorInvalidValue);
+	free(plain);
+	for (int i = 0; i < 2; i++)
+		CU(cudaIpcCloseMemHandle(p[i]));
+	put(chan_b[1], "k", 1);
+}
+
+static void
+t_ipc_mappings_packed_address_range(void)
+{
+	cudaIpcMemHandle_t h[2];
+	void *d[2];
+	pid_t pid;
+	char k;
+
+	CK(pipe(chan_a) == 0 && pipe(chan_b) == 0, "pipe");
+	pid = spawn(ipc_ranger, 0, NULL);
+	CU(cudaSetDevice(1));
+	for (int i = 0; i < 2; i++) {
+		CU(cudaMalloc(&d[i], 65536));
+		CU(cudaIpcGetMemHandle(&h[i], d[i]));
+	}
+	put(chan_a[1], h, sizeof(h));
+	get(chan_b[0], &k, 1);
+	reap_ok(pid);
+	for (int i = 0; i < 2; i++)
+		CU(cudaFree(d[i]));
+}
+
 static void
 t_ipc_refused(void)
 {
@@ -719,6 +794,6 @@ const test_t cuda_tests[] = {
 	TEST(counters_and_dump), TEST(ipc_between_processes), TEST(ipc_mapping_device),
 	TEST(ipc_use_after_exporter_free), TEST(ipc_refused),
 	TEST_ENV(stream_destroy_and_free_sync, "REFIT_EMU_DELAY_US=1000000"), TEST(bad_environment),
-	TEST(cuda_argument_errors), TEST(ipc_of_freed_memory),
+	TEST(cuda_argument_errors), TEST(ipc_of_freed_memory), TEST(ipc_mappings_packed_address_range),
 };
 const size_t ncuda_tests = sizeof(cuda_tests) / sizeof(cuda_tests[0]);

@@ -697,7 +697,37 @@ t_nccl_shrink_abort_ends_operations(void)
 	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
 }
 
+/* An aborted parent ends its shrink in progress, which publishes its (failed)
+ * new handle before the abort returns (NCCL 2.28.9 init.cc: the child's
+ * abort flag, ncclGroupJobAbort, the job's exit writes *newcomm). */
+static void
+t_nccl_abort_parent_publishes_shrink(void)
+{
+	ncclComm_t c[3], n0 = (ncclComm_t)1;
+	ncclConfig_t cfg = nonblocking();
+	int ex[1] = {2};
+	ncclResult_t st = ncclSuccess;
+
+	make_comms(3, c, false);
+	NCIS(ncclCommShrink(c[0], ex, 1, &n0, &cfg, NCCL_SHRINK_DEFAULT), ncclInProgress);
+	CK(wait_comm(c[0], 300) == ncclInProgress, "a shrink completed without rank 1");
+	CK(n0 == NULL, "newcomm published without rank 1");
+	NCIS(ncclCommAbort(c[0]), ncclSuccess);
+	CK(n0 != NULL, "the aborted parent's shrink published nothing");
+	if (n0 != NULL) {
+		NCIS(ncclCommGetAsyncError(n0, &st), ncclSuccess);
+		CK(st != ncclSuccess && st != ncclInProgress, "the new handle says %d", st);
+		CK(counters().comms_live == 3, "comms %lld (2 others + the new one)",
+		   (long long)counters().comms_live);
+		NCIS(ncclCommAbort(n0), ncclSuccess);
+	}
+	NCIS(ncclCommAbort(c[1]), ncclSuccess);
+	NCIS(ncclCommAbort(c[2]), ncclSuccess);
+	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
+}
+
 const test_t nccl_tests[] = {
+	TEST(nccl_abort_parent_publishes_shrink),
 	TEST(nccl_shrink_abort_ends_operations), TEST(nccl_exchange_4_ranks_2_processes),
 	TEST(nccl_nonblocking_init), TEST(nccl_unconsumed_id), TEST(nccl_two_ranks_one_device),
 	TEST(nccl_mismatch_fails_both), TEST(nccl_unmatched_blocks_until_abort), TEST(nccl_shrink),

@@ -8,14 +8,18 @@
  *      strided innermost dim (the strided-copy kernel), size-1 dims,
  *      stride-0 (broadcast) source dims -- through the transport's device
  *      operations on every local rank's device, byte for byte against the
- *      host copy (dp_copy_box); every error checked at sync;
+ *      host copy (dp_copy_box); every error checked at sync; and a box
+ *      whose rows are 2^31 + 64 bytes apart (above CUDA's largest 2D
+ *      pitch: copied row by row);
  *   2. a failed copy is reported at sync, not dropped (a 2D copy with a
  *      zero pitch, which CUDA refuses without poisoning the context);
  *   3. two local ranks on two devices (where there are two): each one's
  *      staging on its own device, a grouped send/recv between them;
  *   4. CUDA IPC: a child process opens an allocation through the
  *      transport (mem_open) and reads pieces at offsets inside it; wrong
- *      cuda_bytes and a wrong device are refused;
+ *      cuda_bytes and a wrong device are refused, also a claim that ends
+ *      inside the next mapping (a second allocation, opened after the
+ *      first: device memory of the same device right past the first);
  *   5. three processes, one rank each (their own NCCL_HOSTID, so on one
  *      GPU NCCL uses its network transport): a ring of sends, then one
  *      process leaves and the two others shrink their communicators
@@ -27,7 +31,24 @@
  *      the peer, even when its stream drained before the transport looked;
  *   9. (emulator) a destroy refused by an asynchronous error that came after
  *      the transport's check: aborted instead, no group left open;
- *  10. gpu_root_new whose second pipe fails leaves no descriptor open.
+ *  10. gpu_root_new whose second pipe fails leaves no descriptor open;
+ *  11. ncclGroupStart refused (NCCL < 2.27 did, while the
+ *      previous non-blocking group was launching): the group fails naming
+ *      it, nothing is posted outside a group;
+ *  12. a host copy that never ends (a stuck device): the call
+ *      returns by the session's deadline, the communicators are aborted,
+ *      the node is poisoned (refuses the next refit, keeps the memory the
+ *      copy may still write), and the caller's buffer, reused after the
+ *      call, is never written when the copy finally runs;
+ *  13. (emulator) a shrink that fails (a survivor never shrinks: the
+ *      deadline): the parent is aborted first, which ends the shrink and
+ *      makes NCCL write its new communicator, then that one is aborted:
+ *      no communicator is left (before, the variable NCCL writes was freed
+ *      first and the new communicator never freed);
+ *  14. (emulator) a kernel library bound to another CUDA runtime than the
+ *      one refitd loaded (here: a copy of the emulated runtime as the
+ *      runtime, the original as the kernels) is refused at load, naming
+ *      both (its launches would use the other runtime's current device).
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -283,6 +304,49 @@ box_copies(xport_session_t *s, const int32_t *ranks, size_t nranks)
 	return bad;
 }
 
+/*
+ * 1b. two rows 2^31 + 64 bytes apart (a pitch CUDA's 2D copies refuse:
+ * cudaDeviceProp.memPitch is 2^31-1) to a compact box: copied row by row.
+ * Only the rows' bytes are written (the allocation is 2 GiB, sparse on the
+ * emulator).
+ */
+static int
+big_pitch(xport_session_t *s, int32_t rank)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	const int64_t pitch = (1ll << 31) + 64, shape[2] = {2, 16};
+	uint64_t n = (uint64_t)pitch + 16;
+	uint8_t *gs = dev->alloc(dev->ctx, rank, n), *gd = dev->alloc(dev->ctx, rank, 32);
+	uint8_t row[16], got[32];
+	dp_view_t sv = {gs, 2, {2, 16}, {pitch, 1}, 1}, dv;
+	plan_shard_t sh = {0};
+	plan_box_t box = {{0, 0}, {2, 16}};
+	refit_err_t err;
+	int bad = 0;
+
+	EXPECT(gs && gd, "cudaMalloc of %" PRIu64 " bytes", n);
+	if (gs == NULL || gd == NULL)
+		goto out;
+	dp_view_contiguous(&dv, gd, 2, shape, 1);
+	sh.box.size[0] = 2;
+	sh.box.size[1] = 16;
+	for (int i = 0; i < 2; i++) {
+		for (int k = 0; k < 16; k++)
+			row[k] = (uint8_t)(i * 16 + k + 1);
+		dev->from_host(dev->ctx, rank, gs + i * pitch, row, 16);
+	}
+	dev->copy_box(dev->ctx, rank, &sv, &sh, &dv, &sh, &box);
+	dev->to_host(dev->ctx, rank, got, gd, 32);
+	refit_err_clear(&err);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	for (int i = 0; i < 32 && !bad; i++)
+		EXPECT(got[i] == (uint8_t)(i + 1), "byte %d is %u, not %d", i, got[i], i + 1);
+out:
+	dev->free(dev->ctx, rank, gs);
+	dev->free(dev->ctx, rank, gd);
+	return bad;
+}
+
 /* ---- 2. a failed copy surfaces at sync ----------------------------------------- */
 
 static int
@@ -450,21 +514,27 @@ group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n, int reps)
 
 /* ---- 4. CUDA IPC ------------------------------------------------------------------ */
 
-/* The child: opens the handle on rank 0's device, reads the pieces. */
+/* The allocations' size: 2 MiB, as CUDA advises for IPC (sub-allocations of
+ * a larger block would share the block). */
+#define IPC_BYTES (2u << 20)
+
+/* The child: opens the handles (two allocations A and B) on rank 0's
+ * device, reads pieces of A. */
 static int
 ipc_child(int rfd)
 {
 	const xport_ops_t *o = &xport_nccl_ops;
-	uint8_t handle[64], buf[1024];
+	uint8_t handle[64], hb[64], buf[1024];
 	int32_t r0 = 0;
 	xport_t *x;
 	refit_err_t err;
-	void *base = NULL;
+	void *base = NULL, *bb = NULL, *b2 = NULL;
 	int bad = 0;
 	const gpu_api_t *a;
 	char why[1024];
 
-	if (read(rfd, handle, sizeof(handle)) != (ssize_t)sizeof(handle))
+	if (read(rfd, handle, sizeof(handle)) != (ssize_t)sizeof(handle) ||
+	    read(rfd, hb, sizeof(hb)) != (ssize_t)sizeof(hb))
 		return 3;   /* the parent skipped */
 	if ((a = gpu_load(1, why, sizeof(why))) == NULL) {
 		printf("FAIL ipc child: %s\n", why);
@@ -478,17 +548,37 @@ ipc_child(int rfd)
 	/* cuda_bytes beyond the allocation, and a wrong device, are refused */
 	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), -1, 1 << 24, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
-	       "cuda_bytes 16 MiB for a 64 KiB allocation: %s", err.msg);
+	       "cuda_bytes 16 MiB for a 2 MiB allocation: %s", err.msg);
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, 65536, &base, &err) ==
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, IPC_BYTES, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "on CUDA device 1"),
 	       "device 1 said for rank 0: %s", err.msg);
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, 65536, &base, &err) == REFIT_OK,
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, IPC_BYTES, &base, &err) == REFIT_OK,
 	       "mem_open: %s", err.msg);
+	/* B, opened next: on the emulator its mapping starts where A's ends (as
+	 * CUDA may place it), so the byte past A is device memory of device 0 */
+	refit_err_clear(&err);
+	EXPECT(o->mem_open(x, 0, hb, sizeof(hb), 0, IPC_BYTES, &bb, &err) == REFIT_OK,
+	       "mem_open of the second allocation: %s", err.msg);
+	if (base && bb) {
+		printf("     the second mapping %s right after the first\n",
+		       (uint8_t *)bb == (uint8_t *)base + IPC_BYTES ? "starts" : "does not start");
+		if (emu)
+			EXPECT((uint8_t *)bb == (uint8_t *)base + IPC_BYTES, "emulator: B's mapping "
+			       "is not right after A's: the next case proves nothing");
+	}
+	/* A claimed 4 KiB larger than it is: the claim's last byte is in B */
+	refit_err_clear(&err);
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, IPC_BYTES + 4096, &b2, &err) ==
+	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
+	       "cuda_bytes 2 MiB + 4 KiB for a 2 MiB allocation, the next mapping right "
+	       "after it: %s", b2 ? "accepted" : err.msg);
+	if (b2)
+		o->mem_close(x, b2);
 	if (base) {
 		/* pieces at offsets inside the one allocation */
-		for (uint64_t off = 0; off < 65536 && !bad; off += 16384) {
+		for (uint64_t off = 0; off < IPC_BYTES && !bad; off += IPC_BYTES / 4) {
 			cudaError_t e = a->cudaSetDevice(0);
 
 			if (e == cudaSuccess)
@@ -505,6 +595,8 @@ ipc_child(int rfd)
 		}
 		o->mem_close(x, base);
 	}
+	if (bb)
+		o->mem_close(x, bb);
 	o->stop(x);
 	return bad ? 1 : 0;
 }
@@ -819,6 +911,244 @@ late_error_child(void)
 	return bad ? 1 : 0;
 }
 
+/* ---- 11, 12. a refused ncclGroupStart; a host copy that never ends (emulator) -------- */
+
+/* 11: ncclGroupStart refuses gstart_refuse times (as NCCL before 2.27 did
+ * while the previous non-blocking group was being launched): no group
+ * opened. */
+static __typeof__(ncclGroupStart) *real_gstart;
+static int gstart_refuse;
+
+static ncclResult_t
+gstart_refused(void)
+{
+	if (gstart_refuse > 0) {
+		gstart_refuse--;
+		return ncclInvalidUsage;
+	}
+	return real_gstart();
+}
+
+/*
+ * 12: the armed copy to the host is held, not queued, and its stream says
+ * cudaErrorNotReady from then on: a device that never ends the copy.  The
+ * test runs the held copy itself later, once the transport returned and
+ * the caller reused its buffer: the copy's destination must not be the
+ * caller's buffer (before: the transport queued the copy into it, waited
+ * 60 s and returned, and the copy could still write it).
+ */
+static __typeof__(cudaMemcpyAsync) *real_memcpy;
+static __typeof__(cudaStreamQuery) *real_query_stuck;
+static bool stuck_armed;
+static cudaStream_t stuck_st;
+static struct {
+	void *dst;
+	const void *src;
+	size_t n;
+	enum cudaMemcpyKind kind;
+} held;
+
+static cudaError_t
+memcpy_held(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t st)
+{
+	if (!stuck_armed || kind != cudaMemcpyDeviceToHost)
+		return real_memcpy(dst, src, n, kind, st);
+	stuck_armed = false;
+	held.dst = dst;
+	held.src = src;
+	held.n = n;
+	held.kind = kind;
+	stuck_st = st;
+	return cudaSuccess;
+}
+
+static cudaError_t
+query_stuck(cudaStream_t st)
+{
+	if (held.dst != NULL && st == stuck_st)
+		return cudaErrorNotReady;
+	return real_query_stuck(st);
+}
+
+/* A session of epoch on a world of one rank (me), from a new id. */
+static xport_session_t *
+own_session(xport_t *x, uint64_t epoch, int32_t me, refit_err_t *err)
+{
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+
+	refit_err_clear(err);
+	if (xport_nccl_ops.unique_id(x, id, &idlen, err) != REFIT_OK)
+		return NULL;
+	return session(x, epoch, &me, 1, &me, 1, id, idlen, err);
+}
+
+static int
+stuck_child(void)
+{
+	int32_t me = 0;
+	gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	if ((x = child_start("stuck", me, &a)) == NULL)
+		return 1;
+	session_ms = 3000;  /* the stuck copy waits for the deadline */
+	/* 11 */
+	s = own_session(x, 1, me, &err);
+	EXPECT(s != NULL, "epoch 1: %s", err.msg);
+	if (s) {
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		uint8_t *b0 = dev->alloc(dev->ctx, 0, 4096), *b1 = dev->alloc(dev->ctx, 0, 4096);
+		xport_op_t ops[2] = {{true, 0, 0, b0, 4096}, {false, 0, 0, b1, 4096}};
+		refit_status_t rc;
+		ncclResult_t r;
+
+		EXPECT(b0 && b1, "cudaMalloc");
+		real_gstart = a->ncclGroupStart;
+		a->ncclGroupStart = gstart_refused;
+		gstart_refuse = 1;
+		rc = group_run(s, ops, 2, &err);
+		a->ncclGroupStart = real_gstart;
+		EXPECT(rc == REFIT_ERR_NCCL && strstr(err.msg, "ncclGroupStart"), "a group whose "
+		       "ncclGroupStart was refused: %s (%s)", rc == REFIT_OK ? "done" : "failed",
+		       err.msg);
+		r = a->ncclGroupEnd();
+		EXPECT(r == ncclInvalidUsage, "a group was left open (ncclGroupEnd said %s)",
+		       a->ncclGetErrorString(r));
+		dev->free(dev->ctx, 0, b0);
+		dev->free(dev->ctx, 0, b1);
+		xport_nccl_ops.close(s);
+	}
+	/* 12, a new epoch (the communicators were aborted) */
+	s = own_session(x, 2, me, &err);
+	EXPECT(s != NULL, "epoch 2: %s", err.msg);
+	if (s) {
+		const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+		uint8_t *buf = dev->alloc(dev->ctx, 0, 4096), *h = malloc(4096);
+		cudaStream_t ts = NULL;
+		refit_status_t rc;
+		cudaError_t e;
+		size_t i;
+
+		EXPECT(buf != NULL, "cudaMalloc");
+		memset(h, 0x11, 4096);
+		dev->from_host(dev->ctx, 0, buf, h, 4096);
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+		real_memcpy = a->cudaMemcpyAsync;
+		real_query_stuck = a->cudaStreamQuery;
+		a->cudaMemcpyAsync = memcpy_held;
+		a->cudaStreamQuery = query_stuck;
+		stuck_armed = true;
+		refit_err_clear(&err);
+		dev->to_host(dev->ctx, 0, h, buf, 4096);
+		rc = dev->sync(dev->ctx, &err);
+		EXPECT(held.dst != NULL, "the copy to the host was never queued");
+		EXPECT(rc == REFIT_ERR_TIMEOUT && strstr(err.msg, "communicators were aborted"),
+		       "a copy to the host that never ends: %s (%s)", rc == REFIT_OK ? "done" :
+		       "failed", err.msg);
+		/* the caller reuses its buffer; then the device runs the copy */
+		memset(h, 0xee, 4096);
+		e = a->cudaSetDevice(0);
+		if (e == cudaSuccess)
+			e = a->cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking);
+		if (e == cudaSuccess && held.dst)
+			e = real_memcpy(held.dst, held.src, held.n, held.kind, ts);
+		if (e == cudaSuccess)
+			e = a->cudaStreamSynchronize(ts);
+		EXPECT(e == cudaSuccess, "the held copy: %s", a->cudaGetErrorString(e));
+		for (i = 0; i < 4096 && h[i] == 0xee; i++)
+			;
+		EXPECT(i == 4096, "the copy that ran after the call returned wrote the caller's "
+		       "buffer (byte %zu is 0x%02x)", i, i < 4096 ? h[i] : 0);
+		if (ts)
+			a->cudaStreamDestroy(ts);
+		held.dst = NULL;
+		a->cudaMemcpyAsync = real_memcpy;
+		a->cudaStreamQuery = real_query_stuck;
+		dev->free(dev->ctx, 0, buf);   /* kept: the node is poisoned */
+		xport_nccl_ops.close(s);
+		free(h);
+	}
+	/* the next refit is refused, saying why */
+	s = own_session(x, 3, me, &err);
+	EXPECT(s == NULL && err.status == REFIT_ERR_UNAVAILABLE && strstr(err.msg, "poisoned") &&
+	       strstr(err.msg, "kept"), "the refit after a stuck copy: %s",
+	       s ? "opened" : err.msg);
+	if (s)
+		xport_nccl_ops.close(s);
+	xport_nccl_ops.stop(x);
+	return bad ? 1 : 0;
+}
+
+/* ---- 13. a shrink that fails (emulator) -------------------------------------------- */
+
+/*
+ * role 0: rank 0 (its own host), makes the id (to idfd), forms the world
+ * {0, 1, 2}, then shrinks to {0, 1} -- which rank 1 never does: the shrink
+ * fails at the deadline; then says done (donefd).  role 1: ranks 1 and 2
+ * on devices 0 and 1 (another host), reads the id, forms the world, waits
+ * for done.
+ */
+static int
+shrink_fail_child(int role, int idfd, int donefd)
+{
+	int32_t world[3] = {0, 1, 2}, mine[2] = {1, 2}, me = 0;
+	uint8_t id[512];
+	size_t idlen = sizeof(id);
+	char host[64], why[1024], c = 'd';
+	const gpu_api_t *a;
+	xport_t *x;
+	xport_session_t *s;
+	refit_err_t err;
+	int bad = 0;
+
+	snprintf(host, sizeof(host), "%s-sf%d", getenv("NCCL_HOSTID") ?
+		 getenv("NCCL_HOSTID") : "gpu-test", role);
+	setenv("NCCL_HOSTID", host, 1);
+	if ((a = gpu_load(1, why, sizeof(why))) == NULL) {
+		printf("FAIL shrink-fail role %d: %s\n", role, why);
+		return 1;
+	}
+	refit_err_clear(&err);
+	x = role == 0 ? start(&me, 1, "0", host, &err) : start(mine, 2, "0,1", host, &err);
+	if (x == NULL) {
+		printf("FAIL shrink-fail role %d: %s\n", role, err.msg);
+		return 1;
+	}
+	if (role == 0) {
+		EXPECT(xport_nccl_ops.unique_id(x, id, &idlen, &err) == REFIT_OK, "unique id: %s",
+		       err.msg);
+		EXPECT(write(idfd, &idlen, sizeof(idlen)) == (ssize_t)sizeof(idlen) &&
+		       write(idfd, id, idlen) == (ssize_t)idlen, "writing the id");
+	} else {
+		EXPECT(read(idfd, &idlen, sizeof(idlen)) == (ssize_t)sizeof(idlen) &&
+		       idlen <= sizeof(id) && read(idfd, id, idlen) == (ssize_t)idlen,
+		       "reading the id");
+	}
+	s = session(x, 1, world, 3, role == 0 ? &me : mine, role == 0 ? 1 : 2, id, idlen, &err);
+	EXPECT(s != NULL, "shrink-fail role %d: the world of 3: %s", role, err.msg);
+	if (s)
+		xport_nccl_ops.close(s);
+	if (role == 0 && !bad) {
+		session_ms = 3000;
+		refit_err_clear(&err);
+		s = session(x, 2, world, 2, &me, 1, NULL, 0, &err);
+		EXPECT(s == NULL && err.status == REFIT_ERR_TIMEOUT && strstr(err.msg, "shrink"),
+		       "a shrink rank 1 never joins: %s", s ? "opened" : err.msg);
+		if (s)
+			xport_nccl_ops.close(s);
+		EXPECT(write(donefd, &c, 1) == 1, "done");
+	} else if (role == 1) {
+		EXPECT(read(donefd, &c, 1) == 1, "waiting for rank 0");
+	}
+	xport_nccl_ops.stop(x);
+	bad += emu_check(role == 0 ? "the rank whose shrink failed" : "ranks 1 and 2");
+	return bad ? 1 : 0;
+}
+
 /* ---- 6. loopback ------------------------------------------------------------------ */
 
 static int
@@ -920,6 +1250,31 @@ so12_child(const char *cudart)
 	return bad ? 1 : 0;
 }
 
+/* ---- 14. a kernel library of another CUDA runtime (emulator) ------------------------- */
+
+static int
+two_runtimes_child(const char *cudart)
+{
+	char dir[] = "/tmp/refit-2rt-XXXXXX", copy[96], target[PATH_MAX], why[1024], cmd[600];
+	const gpu_api_t *a;
+	int bad = 0;
+
+	if (mkdtemp(dir) == NULL || realpath(cudart, target) == NULL)
+		return 1;
+	snprintf(copy, sizeof(copy), "%s/libcudart.so.13", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", target, copy);
+	if (system(cmd) != 0)
+		return 1;
+	setenv("REFIT_CUDA_LIBRARY", copy, 1);
+	setenv("REFIT_GPU_KERNELS_LIBRARY", target, 1);
+	a = gpu_load(1, why, sizeof(why));
+	EXPECT(a == NULL && strstr(why, "another CUDA runtime") && strstr(why, copy),
+	       "a kernel library bound to another runtime: %s", a ? "loaded" : why);
+	unlink(copy);
+	rmdir(dir);
+	return bad ? 1 : 0;
+}
+
 /* ---- 10. a root holder that cannot get its pipes ------------------------------------- */
 
 static int
@@ -989,12 +1344,24 @@ wait_child(pid_t pid, int timeout_s)
 	return 124;
 }
 
+/* Wait for a child that ran one case (bounded): the case's result. */
+static void
+child_result(pid_t pid, int timeout_s, const char *name)
+{
+	int bad = 0, rc = wait_child(pid, timeout_s);
+
+	EXPECT(rc == 0, "the child exited %d", rc);
+	result(name, bad);
+}
+
 int
 main(int argc, char **argv)
 {
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
+	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1}, rt2_pid = -1;
+	int sfid[2], sfdone[2];
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
 	const gpu_api_t *a;
@@ -1020,6 +1387,8 @@ main(int argc, char **argv)
 	close(ipc[0]);
 	if (emu && cudart != NULL && (so12_pid = fork()) == 0)
 		_exit(so12_child(cudart));
+	if (emu && cudart != NULL && (rt2_pid = fork()) == 0)
+		_exit(two_runtimes_child(cudart));
 	for (int k = 0; k < 3; k++)
 		if ((rp[k] = fork()) == 0) {
 			int rc = ring_child(k, k ? idp[k - 1][0] : -1, idp[0][1], idp[1][1],
@@ -1038,6 +1407,20 @@ main(int argc, char **argv)
 	close(deadp[1]);
 	if (emu && (late_pid = fork()) == 0)
 		_exit(late_error_child());
+	/* 11, 12 on a GPU too: the stand-ins are in the loaded table, and the
+	 * real ncclCommAbort and cudaMallocHost run */
+	if ((stuck_pid = fork()) == 0)
+		_exit(stuck_child());
+	if (pipe(sfid) < 0 || pipe(sfdone) < 0)
+		return 1;
+	for (int k = 0; emu && k < 2; k++)
+		if ((sf_pid[k] = fork()) == 0)
+			_exit(shrink_fail_child(k, k ? sfid[0] : sfid[1],
+						k ? sfdone[0] : sfdone[1]));
+	close(sfid[0]);
+	close(sfid[1]);
+	close(sfdone[0]);
+	close(sfdone[1]);
 	a = gpu_load(1, why, sizeof(why));
 	if (a == NULL) {
 		printf("gpu: skipped: %s\n", why);
@@ -1055,9 +1438,20 @@ main(int argc, char **argv)
 			kill(late_pid, SIGKILL);
 			waitpid(late_pid, NULL, 0);
 		}
+		if (stuck_pid > 0) {
+			kill(stuck_pid, SIGKILL);
+			waitpid(stuck_pid, NULL, 0);
+		}
+		for (int k = 0; k < 2; k++)
+			if (sf_pid[k] > 0) {
+				kill(sf_pid[k], SIGKILL);
+				waitpid(sf_pid[k], NULL, 0);
+			}
 		waitpid(ipc_pid, NULL, 0);
 		if (so12_pid > 0)
 			waitpid(so12_pid, NULL, 0);
+		if (rt2_pid > 0)
+			waitpid(rt2_pid, NULL, 0);
 		return 77;
 	}
 	printf("     CUDA runtime %s, NCCL %d from %s, %d device(s), kernel %s\n", a->cuda_path,
@@ -1089,6 +1483,9 @@ main(int argc, char **argv)
 				printf("     skipped: two local ranks on two devices (one device)\n");
 			result("loopback communicator: send/recv to itself",
 			       loopback(s, 0));
+			/* last in the session: a failure here stays in its error */
+			result("a box whose rows are 2^31 + 64 bytes apart (above CUDA's "
+			       "largest 2D pitch) is copied row by row", big_pitch(s, 0));
 			xport_nccl_ops.close(s);
 		}
 		/* same epoch, same id: the communicators are reused */
@@ -1097,35 +1494,44 @@ main(int argc, char **argv)
 		xport_nccl_ops.stop(x);
 	}
 
-	/* 4. IPC: an allocation of 64 KiB with a pattern, pieces read at offsets */
+	/* 4. IPC: two allocations of 2 MiB, the first with a pattern, pieces of
+	 * it read at offsets */
 	{
-		uint8_t *host = malloc(65536);
-		void *p = NULL;
-		cudaIpcMemHandle_t h;
+		uint8_t *host = malloc(IPC_BYTES);
+		void *p = NULL, *q = NULL;
+		cudaIpcMemHandle_t h, hq;
 		cudaError_t e;
 		int rc;
 
 		bad = 0;
-		for (size_t i = 0; i < 65536; i++)
+		for (size_t i = 0; i < IPC_BYTES; i++)
 			host[i] = (uint8_t)(i ^ 0x5a);
 		e = a->cudaSetDevice(0);
 		if (e == cudaSuccess)
-			e = a->cudaMalloc(&p, 65536);
+			e = a->cudaMalloc(&p, IPC_BYTES);
 		if (e == cudaSuccess)
-			e = a->cudaMemcpy(p, host, 65536, cudaMemcpyHostToDevice);
+			e = a->cudaMalloc(&q, IPC_BYTES);
+		if (e == cudaSuccess)
+			e = a->cudaMemcpy(p, host, IPC_BYTES, cudaMemcpyHostToDevice);
 		if (e == cudaSuccess)
 			e = a->cudaIpcGetMemHandle(&h, p);
+		if (e == cudaSuccess)
+			e = a->cudaIpcGetMemHandle(&hq, q);
 		EXPECT(e == cudaSuccess, "IPC setup: %s", a->cudaGetErrorString(e));
-		if (e == cudaSuccess && write(ipc[1], &h, sizeof(h)) != (ssize_t)sizeof(h))
+		if (e == cudaSuccess && (write(ipc[1], &h, sizeof(h)) != (ssize_t)sizeof(h) ||
+					 write(ipc[1], &hq, sizeof(hq)) != (ssize_t)sizeof(hq)))
 			bad++;
 		close(ipc[1]);
 		rc = wait_child(ipc_pid, 120);
 		EXPECT(rc == 0, "the IPC child exited %d", rc);
 		if (p != NULL && (e = a->cudaFree(p)) != cudaSuccess)
 			EXPECT(0, "cudaFree: %s", a->cudaGetErrorString(e));
+		if (q != NULL && (e = a->cudaFree(q)) != cudaSuccess)
+			EXPECT(0, "cudaFree: %s", a->cudaGetErrorString(e));
 		free(host);
 		result("CUDA IPC: another process opens the allocation on rank 0's device, reads "
-		       "pieces at offsets inside it; wrong cuda_bytes or device refused", bad);
+		       "pieces at offsets inside it; wrong cuda_bytes or device refused, also a "
+		       "claim ending inside the next mapping", bad);
 	}
 
 	/* 5. three processes */
@@ -1168,14 +1574,25 @@ main(int argc, char **argv)
 		kill(dead_pid[1], SIGKILL);
 		waitpid(dead_pid[1], NULL, 0);
 	}
-	if (late_pid > 0) {
-		int rc = wait_child(late_pid, 60);
+	if (late_pid > 0)
+		child_result(late_pid, 60, "a destroy refused by an error that came after the "
+			     "check: the communicator is aborted, the thread is not left inside "
+			     "a group, the next epoch's communicators form");
+	if (stuck_pid > 0)
+		child_result(stuck_pid, 180, "a refused ncclGroupStart fails the group naming "
+			     "it; a copy to the host that never ends: aborted by the deadline, "
+			     "the node poisoned (next refit refused, memory kept), the caller's "
+			     "buffer never written");
+	if (rt2_pid > 0)
+		child_result(rt2_pid, 60, "a kernel library bound to another CUDA runtime than "
+			     "refitd's is refused at load, naming both");
+	if (sf_pid[0] > 0 && sf_pid[1] > 0) {
+		int rc0 = wait_child(sf_pid[0], 180), rc1 = wait_child(sf_pid[1], 60);
 
 		bad = 0;
-		EXPECT(rc == 0, "the child exited %d", rc);
-		result("a destroy refused by an error that came after the check: the "
-		       "communicator is aborted, the thread is not left inside a group, the "
-		       "next epoch's communicators form", bad);
+		EXPECT(rc0 == 0 && rc1 == 0, "the children exited %d and %d", rc0, rc1);
+		result("a shrink that fails (a survivor never shrinks): parents aborted first, "
+		       "the new communicators NCCL then publishes aborted, none left", bad);
 	}
 	result("a root holder whose second pipe fails (descriptor limit) leaves no "
 	       "descriptor open", root_pipe_failure());

@@ -3,8 +3,12 @@
 # builds (make all: refitd, refit-client, the test program, and the
 # strided-copy kernel with nvcc), then runs
 #   1. build/tests/gpu-test: box copies (kernel, size-1 and stride-0 dims),
-#      a failed copy caught at sync, CUDA IPC at offsets, three processes
-#      with a ring and a shrink, a loopback communicator (GB/s);
+#      a failed copy caught at sync, CUDA IPC at offsets (2 MiB
+#      allocations; a cuda_bytes past the mapping refused by
+#      cuMemGetAddressRange), three processes with a ring and a shrink, a
+#      loopback communicator (GB/s), a refused ncclGroupStart and a host
+#      copy that never ends (stand-ins in the loaded table; the real
+#      ncclCommAbort, cudaMallocHost and poisoning run);
 #   2. tests/gpu/test_gpu_e2e.py: three refitd node daemons sharing the
 #      GPU (NCCL_HOSTID per daemon, NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1:
 #      NCCL's socket transport), librefit clients with GPU memory, refits
