@@ -282,6 +282,8 @@ xfer_key(const plan_xfer_t *x, const xbits_t *b)
 		 (uint64_t)(uint32_t)x->to) << b->x) | x->tensor;
 }
 
+#define RADIX_BITS 11
+
 /*
  * Order transfers by (stage, from, to, tensor, box), in place: an LSD
  * radix sort of the records themselves on the packed key (each field takes
@@ -307,25 +309,36 @@ sort_xfers(plan_xfer_t *v, size_t n, const plan_box_t *boxes)
 	bits = b.s + b.f + b.t + b.x;
 	if (n < 2)
 		return;
-	if (bits > 64) { /* rare: huge ids */
+	if (bits > 64 || n > UINT32_MAX) { /* rare: huge ids */
 		qsort_r(v, n, sizeof(*v), cmp_xfer_full, (void *)boxes);
 		return;
 	}
+	/* digits of at most RADIX_BITS (2,048 buckets: the scatter's write
+	 * streams stay in cache), every pass's histogram from one read */
+	int npass = (bits + RADIX_BITS - 1) / RADIX_BITS, w = (bits + npass - 1) / npass;
+	size_t nb = (size_t)1 << w;
+	uint64_t mask = nb - 1;
 	plan_xfer_t *tmp = xmalloc(n * sizeof(*tmp)), *a = v, *o = tmp;
-	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
+	uint32_t *cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));
 
-	for (int shift = 0; shift < bits; shift += 16) {
-		memset(cnt, 0, 65536 * sizeof(*cnt));
-		for (size_t i = 0; i < n; i++)
-			cnt[(xfer_key(&a[i], &b) >> shift) & 0xffff]++;
-		for (size_t i = 0, sum = 0; i < 65536; i++) {
-			size_t c = cnt[i];
+	for (size_t i = 0; i < n; i++) {
+		uint64_t k = xfer_key(&v[i], &b);
 
-			cnt[i] = sum;
-			sum += c;
+		for (int q = 0; q < npass; q++, k >>= w)
+			cnt[(size_t)q * nb + (k & mask)]++;
+	}
+	for (int q = 0; q < npass; q++) {
+		uint32_t *c = cnt + (size_t)q * nb, sum = 0;
+		int shift = q * w;
+
+		for (size_t i = 0; i < nb; i++) {
+			uint32_t x = c[i];
+
+			c[i] = sum;
+			sum += x;
 		}
 		for (size_t i = 0; i < n; i++)
-			o[cnt[(xfer_key(&a[i], &b) >> shift) & 0xffff]++] = a[i];
+			o[c[(xfer_key(&a[i], &b) >> shift) & mask]++] = a[i];
 		plan_xfer_t *sw = a;
 
 		a = o;
@@ -387,7 +400,6 @@ hw_u32(hw_t *w, uint32_t v)
 	hw_bytes(w, b, 4);
 }
 
-/* LEB128 of a zigzag-coded signed value: small deltas cost one byte. */
 /* Room for `n` more bytes in the buffer. */
 static inline void
 hw_room(hw_t *w, size_t n)
@@ -398,96 +410,99 @@ hw_room(hw_t *w, size_t n)
 	}
 }
 
-/* Written straight into the buffer: the caller made room (10 bytes). */
-static inline void
-hw_var(hw_t *w, int64_t v)
+/* LEB128 of a zigzag-coded signed value at o (small deltas cost one
+ * byte); returns the end. */
+static inline uint8_t *
+put_var(uint8_t *o, int64_t v)
 {
 	uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
 
 	while (z > 0x7f) {
-		w->buf[w->n++] = (uint8_t)(z | 0x80);
+		*o++ = (uint8_t)(z | 0x80);
 		z >>= 7;
 	}
-	w->buf[w->n++] = (uint8_t)z;
+	*o++ = (uint8_t)z;
+	return o;
 }
 
-/* The canonical form (see plan.h), hashed as it is written. */
+/* The canonical form's header (see plan.h). */
 static void
-compute_digest(plan_t *p)
+digest_header(hw_t *w, const plan_t *p)
 {
+	hw_bytes(w, "refit-plan/1", 12);
+	hw_u32(w, (uint32_t)p->opts.mode);
+	hw_u64(w, p->opts.chunk_bytes);
+	hw_u64(w, p->opts.staging_bytes);
+	hw_u32(w, p->nstages);
+	hw_u32(w, p->stages_per_round);
+	hw_u32(w, p->ntensors);
+	for (uint32_t i = 0; i < p->ntensors; i++) {
+		size_t n = strlen(p->tensors[i].name);
+
+		hw_u32(w, (uint32_t)n);
+		hw_bytes(w, p->tensors[i].name, n);
+		hw_u32(w, (uint32_t)p->tensors[i].dtype);
+		hw_u32(w, (uint32_t)p->tensors[i].ndim);
+	}
+	hw_u64(w, p->nxfers);
+}
+
+/*
+ * The canonical form (see plan.h), hashed as it is written, and the
+ * messages the rule makes (p->nmsgs), counted without building them: one
+ * pass over the transfers, each box looked up once.
+ */
+static void
+digest_and_count(plan_t *p)
+{
+	static const plan_box_t zero;
+	uint64_t chunk = p->opts.chunk_bytes, fill = 0;
+	const plan_box_t *pb = &zero;
+	plan_xfer_t prev;
+	size_t nmsgs = 0;
 	hw_t w;
 
 	sha256_init(&w.c);
 	w.n = 0;
-	hw_bytes(&w, "refit-plan/1", 12);
-	hw_u32(&w, (uint32_t)p->opts.mode);
-	hw_u64(&w, p->opts.chunk_bytes);
-	hw_u64(&w, p->opts.staging_bytes);
-	hw_u32(&w, p->nstages);
-	hw_u32(&w, p->stages_per_round);
-	hw_u32(&w, p->ntensors);
-	for (uint32_t i = 0; i < p->ntensors; i++) {
-		size_t n = strlen(p->tensors[i].name);
-
-		hw_u32(&w, (uint32_t)n);
-		hw_bytes(&w, p->tensors[i].name, n);
-		hw_u32(&w, (uint32_t)p->tensors[i].dtype);
-		hw_u32(&w, (uint32_t)p->tensors[i].ndim);
-	}
-	hw_u64(&w, p->nxfers);
+	digest_header(&w, p);
 	/* transfers: every field as the zigzag-varint delta from the previous
 	 * transfer's (a bijective encoding, so the digest still covers all) */
-	static const plan_box_t zero;
-	plan_xfer_t prev;
-	const plan_box_t *pb = &zero;
-
 	memset(&prev, 0, sizeof(prev));
 	for (size_t i = 0; i < p->nxfers; i++) {
 		const plan_xfer_t *x = &p->xfers[i];
 		const plan_box_t *xb = plan_xfer_box(p, x);
+		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
+		uint64_t b = (uint64_t)plan_box_volume(xb, t->ndim) * t->elem;
+		uint8_t *o;
 
-		hw_room(&w, 10 * (4 + 2 * PLAN_MAX_DIMS));
-		hw_var(&w, (int64_t)x->stage - (int64_t)prev.stage);
-		hw_var(&w, (int64_t)x->from - prev.from);
-		hw_var(&w, (int64_t)x->to - prev.to);
-		hw_var(&w, (int64_t)x->tensor - (int64_t)prev.tensor);
-		for (int d = 0; d < p->tensors[x->tensor].ndim; d++) {
-			hw_var(&w, xb->off[d] - pb->off[d]);
-			hw_var(&w, xb->size[d] - pb->size[d]);
+		if (b > chunk) {
+			nmsgs += plan_box_chunk_count(xb, t->ndim, t->elem, chunk);
+			fill = chunk + 1; /* nothing packs after a chunked transfer */
+		} else {
+			if (i == 0 || !same_group(&prev, x) || fill + b > chunk) {
+				nmsgs++;
+				fill = 0;
+			}
+			fill += b;
 		}
+		hw_room(&w, 10 * (4 + 2 * PLAN_MAX_DIMS));
+		o = w.buf + w.n;
+		o = put_var(o, (int64_t)x->stage - (int64_t)prev.stage);
+		o = put_var(o, (int64_t)x->from - prev.from);
+		o = put_var(o, (int64_t)x->to - prev.to);
+		o = put_var(o, (int64_t)x->tensor - (int64_t)prev.tensor);
+		for (int d = 0; d < t->ndim; d++) {
+			o = put_var(o, xb->off[d] - pb->off[d]);
+			o = put_var(o, xb->size[d] - pb->size[d]);
+		}
+		w.n = (size_t)(o - w.buf);
 		prev = *x;
 		pb = xb;
 	}
 	sha256_update(&w.c, w.buf, w.n);
 	sha256_final(&w.c, p->digest);
 	sha256_to_hex(p->digest, p->digest_hex);
-}
-
-/* Messages the rule makes, counted without building them. */
-static size_t
-count_msgs(const plan_t *p)
-{
-	uint64_t chunk = p->opts.chunk_bytes, fill = 0;
-	size_t n = 0;
-
-	for (size_t i = 0; i < p->nxfers; i++) {
-		const plan_xfer_t *x = &p->xfers[i];
-		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
-		uint64_t b = plan_xfer_bytes(p, x);
-		bool new_group = i == 0 || !same_group(&p->xfers[i - 1], x);
-
-		if (b > chunk) {
-			n += plan_box_chunk_count(plan_xfer_box(p, x), t->ndim, t->elem, chunk);
-			fill = chunk + 1; /* nothing packs after a chunked transfer */
-			continue;
-		}
-		if (new_group || fill + b > chunk) {
-			n++;
-			fill = 0;
-		}
-		fill += b;
-	}
-	return n;
+	p->nmsgs = nmsgs;
 }
 
 /* Stages, messages and digest of the sorted transfers. */
@@ -498,8 +513,7 @@ finish(plan_t *p, size_t nraw)
 	p->nstages = nraw ? p->xfers[nraw - 1].stage + 1 : 0;
 	if (p->stages_per_round == 0)
 		p->stages_per_round = p->nstages ? p->nstages : 1;
-	p->nmsgs = count_msgs(p);
-	compute_digest(p);
+	digest_and_count(p);
 }
 
 void
