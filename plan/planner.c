@@ -160,7 +160,9 @@ piece_hash(uint32_t h0, const plan_box_t *b, int nd)
 		h = (h ^ (uint64_t)b->off[d]) * 0xff51afd7ed558ccdull;
 		h = (h ^ (uint64_t)b->size[d]) * 0xc4ceb9fe1a85ec53ull;
 	}
-	return h ^ (h >> 29);
+	h ^= h >> 33; /* the high bits into the slot bits too */
+	h *= 0xff51afd7ed558ccdull;
+	return h ^ (h >> 33);
 }
 
 static size_t
