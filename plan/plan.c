@@ -214,23 +214,44 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 void
 plan_radix_sort(xkey_t *k, size_t n, int bits)
 {
-	xkey_t *tmp = xmalloc(n * sizeof(*tmp));
-	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
+	/* digits of at most 11 bits, every pass's histogram from one read,
+	 * passes back and forth between k and tmp */
+	int npass = (bits + 10) / 11, w = npass ? (bits + npass - 1) / npass : 0;
+	size_t nb = (size_t)1 << w;
+	uint64_t mask = nb - 1;
+	xkey_t *tmp, *a = k, *o;
+	size_t *cnt;
 
-	for (int shift = 0; shift < bits; shift += 16) {
-		memset(cnt, 0, 65536 * sizeof(*cnt));
-		for (size_t i = 0; i < n; i++)
-			cnt[(k[i].key >> shift) & 0xffff]++;
-		for (size_t i = 0, sum = 0; i < 65536; i++) {
-			size_t c = cnt[i];
+	if (n < 2 || bits == 0)
+		return;
+	tmp = xmalloc(n * sizeof(*tmp));
+	o = tmp;
+	cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));
+	for (size_t i = 0; i < n; i++) {
+		uint64_t key = k[i].key;
 
-			cnt[i] = sum;
-			sum += c;
+		for (int q = 0; q < npass; q++, key >>= w)
+			cnt[(size_t)q * nb + (key & mask)]++;
+	}
+	for (int q = 0; q < npass; q++) {
+		size_t *c = cnt + (size_t)q * nb, sum = 0;
+		int shift = q * w;
+
+		for (size_t i = 0; i < nb; i++) {
+			size_t x = c[i];
+
+			c[i] = sum;
+			sum += x;
 		}
 		for (size_t i = 0; i < n; i++)
-			tmp[cnt[(k[i].key >> shift) & 0xffff]++] = k[i];
-		memcpy(k, tmp, n * sizeof(*k));
+			o[c[(a[i].key >> shift) & mask]++] = a[i];
+		xkey_t *sw = a;
+
+		a = o;
+		o = sw;
 	}
+	if (a != k)
+		memcpy(k, a, n * sizeof(*k));
 	free(tmp);
 	free(cnt);
 }
