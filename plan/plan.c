@@ -616,6 +616,8 @@ digest_and_count(plan_t *p)
 		uint64_t b = (uint64_t)plan_box_volume(xb, t->ndim) * t->elem;
 		uint8_t *o;
 
+		if (i + 16 < p->nxfers) /* boxes are random reads: ask early */
+			__builtin_prefetch(plan_xfer_box(p, &p->xfers[i + 16]));
 		if (b > chunk) {
 			nmsgs += plan_box_chunk_count(xb, t->ndim, t->elem, chunk);
 			fill = chunk + 1; /* nothing packs after a chunked transfer */
