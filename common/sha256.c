@@ -1,7 +1,16 @@
 /*
- * sha256.c - straightforward SHA-256 after FIPS 180-4 section 6.2.
+ * sha256.c - SHA-256 after FIPS 180-4 section 6.2: padding and buffering,
+ * and two compression functions over whole 64-byte blocks, the portable C
+ * rounds and the x86 SHA extensions (SHA-NI), picked once by CPUID.
  */
+#include <pthread.h>
 #include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define HAVE_SHANI_BUILD 1
+#endif
 
 #include "common/sha256.h"
 
@@ -26,7 +35,7 @@ ror(uint32_t x, int n)
 }
 
 static void
-block(sha256_ctx_t *c, const uint8_t *p)
+block(uint32_t st[8], const uint8_t *p)
 {
 	uint32_t w[64], a, b, cc, d, e, f, g, h;
 
@@ -38,8 +47,8 @@ block(sha256_ctx_t *c, const uint8_t *p)
 		uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
 		w[i] = w[i - 16] + s0 + w[i - 7] + s1;
 	}
-	a = c->h[0]; b = c->h[1]; cc = c->h[2]; d = c->h[3];
-	e = c->h[4]; f = c->h[5]; g = c->h[6]; h = c->h[7];
+	a = st[0]; b = st[1]; cc = st[2]; d = st[3];
+	e = st[4]; f = st[5]; g = st[6]; h = st[7];
 	for (int i = 0; i < 64; i++) {
 		uint32_t S1 = ror(e, 6) ^ ror(e, 11) ^ ror(e, 25);
 		uint32_t ch = (e & f) ^ (~e & g);
@@ -51,8 +60,139 @@ block(sha256_ctx_t *c, const uint8_t *p)
 		h = g; g = f; f = e; e = d + t1;
 		d = cc; cc = b; b = a; a = t1 + t2;
 	}
-	c->h[0] += a; c->h[1] += b; c->h[2] += cc; c->h[3] += d;
-	c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
+	st[0] += a; st[1] += b; st[2] += cc; st[3] += d;
+	st[4] += e; st[5] += f; st[6] += g; st[7] += h;
+}
+
+static void
+blocks_portable(uint32_t st[8], const uint8_t *p, size_t n)
+{
+	for (; n > 0; n--, p += 64)
+		block(st, p);
+}
+
+#ifdef HAVE_SHANI_BUILD
+/*
+ * The same compression with SHA256RNDS2 (two rounds), SHA256MSG1 and
+ * SHA256MSG2 (the message schedule).  RNDS2 keeps the working variables
+ * as two vectors, {A, B, E, F} and {C, D, G, H} (A in the top lane), and
+ * takes W[t] + K[t] for its two rounds in the low two lanes.
+ */
+__attribute__((target("sha,sse4.1"))) static void
+blocks_shani(uint32_t st[8], const uint8_t *p, size_t n)
+{
+	/* big-endian words: reverse the bytes of each 32-bit lane */
+	const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bll, 0x0405060700010203ll);
+	__m128i abcd = _mm_loadu_si128((const __m128i *)&st[0]); /* lanes A B C D */
+	__m128i efgh = _mm_loadu_si128((const __m128i *)&st[4]); /* lanes E F G H */
+	__m128i badc = _mm_shuffle_epi32(abcd, 0xb1);             /* B A D C */
+	__m128i hgfe = _mm_shuffle_epi32(efgh, 0x1b);             /* H G F E */
+	__m128i abef = _mm_alignr_epi8(badc, hgfe, 8);            /* F E B A */
+	__m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xf0);         /* H G D C */
+
+	for (; n > 0; n--, p += 64) {
+		__m128i abef0 = abef, cdgh0 = cdgh, w[4];
+
+		for (int i = 0; i < 4; i++)
+			w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)),
+						bswap);
+#pragma GCC unroll 16
+		for (int q = 0; q < 16; q++) { /* rounds 4q .. 4q+3 */
+			__m128i wk;
+
+			if (q >= 4) {
+				/* W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16]:
+				 * w[q&3] holds W[4q-16..], the next ones follow */
+				__m128i x = _mm_sha256msg1_epu32(w[q & 3], w[(q + 1) & 3]);
+
+				x = _mm_add_epi32(x, _mm_alignr_epi8(w[(q + 3) & 3],
+								     w[(q + 2) & 3], 4));
+				w[q & 3] = _mm_sha256msg2_epu32(x, w[(q + 3) & 3]);
+			}
+			wk = _mm_add_epi32(w[q & 3], _mm_loadu_si128((const __m128i *)&K[4 * q]));
+			cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
+			abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0e));
+		}
+		abef = _mm_add_epi32(abef, abef0);
+		cdgh = _mm_add_epi32(cdgh, cdgh0);
+	}
+	__m128i feba = _mm_shuffle_epi32(abef, 0x1b); /* A B E F */
+	__m128i dchg = _mm_shuffle_epi32(cdgh, 0xb1); /* G H C D */
+
+	_mm_storeu_si128((__m128i *)&st[0], _mm_blend_epi16(feba, dchg, 0xf0));
+	_mm_storeu_si128((__m128i *)&st[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+/* CPUID: SHA (leaf 7, EBX bit 29), SSSE3 and SSE4.1 (leaf 1, ECX 9, 19). */
+static bool
+cpu_has_shani(void)
+{
+	unsigned a, b, c, d;
+
+	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 9)) || !(c & (1u << 19)))
+		return false;
+	if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+		return false;
+	return (b & (1u << 29)) != 0;
+}
+#else
+static bool
+cpu_has_shani(void)
+{
+	return false;
+}
+#endif
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static bool have_shani;
+static int impl = SHA256_IMPL_PORTABLE; /* read relaxed: set by init or the hook */
+
+static void
+impl_init(void)
+{
+	have_shani = cpu_has_shani();
+	__atomic_store_n(&impl, have_shani ? SHA256_IMPL_SHANI : SHA256_IMPL_PORTABLE,
+			 __ATOMIC_RELAXED);
+}
+
+static void
+blocks(sha256_ctx_t *c, const uint8_t *p, size_t n)
+{
+#ifdef HAVE_SHANI_BUILD
+	if (__atomic_load_n(&impl, __ATOMIC_RELAXED) == SHA256_IMPL_SHANI) {
+		blocks_shani(c->h, p, n);
+		return;
+	}
+#endif
+	blocks_portable(c->h, p, n);
+}
+
+bool
+sha256_impl_set(sha256_impl_t want)
+{
+	pthread_once(&once, impl_init);
+	if (want == SHA256_IMPL_AUTO)
+		want = have_shani ? SHA256_IMPL_SHANI : SHA256_IMPL_PORTABLE;
+	if (want == SHA256_IMPL_SHANI && !have_shani)
+		return false;
+	if (want != SHA256_IMPL_SHANI && want != SHA256_IMPL_PORTABLE)
+		return false;
+	__atomic_store_n(&impl, (int)want, __ATOMIC_RELAXED);
+	return true;
+}
+
+sha256_impl_t
+sha256_impl_get(void)
+{
+	pthread_once(&once, impl_init);
+	return (sha256_impl_t)__atomic_load_n(&impl, __ATOMIC_RELAXED);
+}
+
+const char *
+sha256_impl_name(sha256_impl_t i)
+{
+	return i == SHA256_IMPL_SHANI ? "sha-ni" : i == SHA256_IMPL_PORTABLE ? "portable"
+									   : "auto";
 }
 
 void
@@ -63,6 +203,7 @@ sha256_init(sha256_ctx_t *c)
 		0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
 	};
 
+	pthread_once(&once, impl_init);
 	memcpy(c->h, iv, sizeof(iv));
 	c->total = 0;
 	c->buflen = 0;
@@ -83,11 +224,14 @@ sha256_update(sha256_ctx_t *c, const void *data, size_t n)
 		n -= take;
 		if (c->buflen < 64)
 			return;
-		block(c, c->buf);
+		blocks(c, c->buf, 1);
 		c->buflen = 0;
 	}
-	for (; n >= 64; p += 64, n -= 64)
-		block(c, p);
+	if (n >= 64) {
+		blocks(c, p, n / 64);
+		p += n & ~(size_t)63;
+		n &= 63;
+	}
 	memcpy(c->buf, p, n);
 	c->buflen = n;
 }

@@ -55,25 +55,6 @@ plan_dtype_size(plan_dtype_t dt)
 	return (unsigned)dt < PLAN_DT_COUNT ? dtypes[dt].size : 0;
 }
 
-int64_t
-plan_box_volume(const plan_box_t *b, int ndim)
-{
-	int64_t v = 1;
-
-	for (int d = 0; d < ndim; d++)
-		v *= b->size[d];
-	return v;
-}
-
-bool
-plan_box_is_empty(const plan_box_t *b, int ndim)
-{
-	for (int d = 0; d < ndim; d++)
-		if (b->size[d] <= 0)
-			return true;
-	return false;
-}
-
 void
 plan_box_full(plan_box_t *b, const int64_t *shape, int ndim)
 {
@@ -98,18 +79,6 @@ plan_box_intersect(const plan_box_t *a, const plan_box_t *b, int ndim,
 	}
 	for (int d = ndim; d < PLAN_MAX_DIMS; d++)
 		out->off[d] = out->size[d] = 0;
-	return true;
-}
-
-bool
-plan_box_overlaps(const plan_box_t *a, const plan_box_t *b, int ndim)
-{
-	for (int d = 0; d < ndim; d++) {
-		if (a->off[d] >= b->off[d] + b->size[d] ||
-		    b->off[d] >= a->off[d] + a->size[d] ||
-		    a->size[d] <= 0 || b->size[d] <= 0)
-			return false;
-	}
 	return true;
 }
 
@@ -178,15 +147,6 @@ plan_boxvec_subtract(plan_boxvec_t *rem, const plan_box_t *cut, int ndim,
 	t = *rem;
 	*rem = *tmp;
 	*tmp = t;
-}
-
-bool
-plan_box_equal(const plan_box_t *a, const plan_box_t *b, int ndim)
-{
-	for (int d = 0; d < ndim; d++)
-		if (a->off[d] != b->off[d] || a->size[d] != b->size[d])
-			return false;
-	return true;
 }
 
 int

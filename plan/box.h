@@ -40,15 +40,44 @@ const char *plan_dtype_name(plan_dtype_t dt);
 /* Bytes per element. */
 size_t plan_dtype_size(plan_dtype_t dt);
 
-/* Product of sizes; 0 for an empty box, 1 for ndim 0. */
-int64_t plan_box_volume(const plan_box_t *b, int ndim);
-bool plan_box_is_empty(const plan_box_t *b, int ndim);
+/* Product of sizes; 0 for an empty box, 1 for ndim 0.  (This and the
+ * other small predicates are inline: the planner calls them per transfer.) */
+static inline int64_t
+plan_box_volume(const plan_box_t *b, int ndim)
+{
+	int64_t v = 1;
+
+	for (int d = 0; d < ndim; d++)
+		v *= b->size[d];
+	return v;
+}
+
+static inline bool
+plan_box_is_empty(const plan_box_t *b, int ndim)
+{
+	for (int d = 0; d < ndim; d++)
+		if (b->size[d] <= 0)
+			return true;
+	return false;
+}
+
 /* The whole tensor of `shape`. */
 void plan_box_full(plan_box_t *b, const int64_t *shape, int ndim);
 /* out = a & b; returns false (out unspecified) when the result is empty. */
 bool plan_box_intersect(const plan_box_t *a, const plan_box_t *b, int ndim,
 			plan_box_t *out);
-bool plan_box_overlaps(const plan_box_t *a, const plan_box_t *b, int ndim);
+static inline bool
+plan_box_overlaps(const plan_box_t *a, const plan_box_t *b, int ndim)
+{
+	for (int d = 0; d < ndim; d++) {
+		if (a->off[d] >= b->off[d] + b->size[d] ||
+		    b->off[d] >= a->off[d] + a->size[d] ||
+		    a->size[d] <= 0 || b->size[d] <= 0)
+			return false;
+	}
+	return true;
+}
+
 /* true when every element of inner lies in outer (an empty inner: true). */
 bool plan_box_contains(const plan_box_t *outer, const plan_box_t *inner, int ndim);
 /*
@@ -63,7 +92,15 @@ int plan_box_subtract(const plan_box_t *a, const plan_box_t *b, int ndim,
  */
 void plan_boxvec_subtract(plan_boxvec_t *rem, const plan_box_t *cut, int ndim,
 			  plan_boxvec_t *tmp);
-bool plan_box_equal(const plan_box_t *a, const plan_box_t *b, int ndim);
+static inline bool
+plan_box_equal(const plan_box_t *a, const plan_box_t *b, int ndim)
+{
+	for (int d = 0; d < ndim; d++)
+		if (a->off[d] != b->off[d] || a->size[d] != b->size[d])
+			return false;
+	return true;
+}
+
 /* Total order: offsets lexicographically, then sizes. */
 int plan_box_cmp(const plan_box_t *a, const plan_box_t *b, int ndim);
 /* true when every element of the box lies within shape. */

@@ -146,27 +146,40 @@ srcidx_fini(srcidx_t *ix)
 	memset(ix, 0, sizeof(*ix));
 }
 
+/* The first group that may overlap q (groups before it end before q). */
+static size_t
+query_first(const srcidx_t *ix, const plan_box_t *q)
+{
+	size_t lo = 0, hi = ix->ng;
+	int64_t from;
+
+	if (ix->ndim == 0)
+		return 0;
+	from = q->off[ix->idim] - ix->maxlen; /* first that may reach q */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (ix->g[mid].box.off[ix->idim] <= from)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Whether group i starts past q's end (it and the ones after miss q). */
+static inline bool
+query_past(const srcidx_t *ix, size_t i, const plan_box_t *q)
+{
+	return ix->ndim > 0 &&
+	       ix->g[i].box.off[ix->idim] >= q->off[ix->idim] + q->size[ix->idim];
+}
+
 void
 srcidx_query(const srcidx_t *ix, const plan_box_t *q, i32vec_t *out)
 {
-	size_t lo = 0, hi = ix->ng;
-
-	if (ix->ndim > 0) {
-		int64_t from = q->off[ix->idim] - ix->maxlen; /* first that may reach q */
-
-		while (lo < hi) {
-			size_t mid = lo + (hi - lo) / 2;
-
-			if (ix->g[mid].box.off[ix->idim] <= from)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
-		hi = ix->ng;
-	}
-	for (size_t i = lo; i < hi; i++) {
-		if (ix->ndim > 0 && ix->g[i].box.off[ix->idim] >= q->off[ix->idim] +
-							       q->size[ix->idim])
+	for (size_t i = query_first(ix, q); i < ix->ng; i++) {
+		if (query_past(ix, i, q))
 			break;
 		if (plan_box_overlaps(&ix->g[i].box, q, ix->ndim) || ix->ndim == 0)
 			VEC_PUSH(out, (int32_t)i);
@@ -197,22 +210,22 @@ srcidx_cover(const srcidx_t *ix, const plan_topo_t *topo, const plan_box_t *q,
 	i32vec_t cand = {0};
 	boxvec_t rem = {0}, next = {0};
 
-	srcidx_query(ix, q, &cand);
-	if (ix->disjoint) {
-		for (size_t i = 0; i < cand.n; i++) {
+	if (ix->disjoint) { /* the query's groups in order, no list built */
+		for (size_t i = query_first(ix, q); i < ix->ng; i++) {
 			plan_box_t in;
 
-			if (plan_box_intersect(q, &ix->g[cand.v[i]].box, ix->ndim, &in) ||
-			    ix->ndim == 0) {
-				if (ix->ndim == 0)
-					in = *q;
-				VEC_PUSH(pieces, in);
-				VEC_PUSH(groups, cand.v[i]);
-			}
+			if (query_past(ix, i, q))
+				break;
+			if (ix->ndim == 0)
+				in = *q;
+			else if (!plan_box_intersect(q, &ix->g[i].box, ix->ndim, &in))
+				continue;
+			VEC_PUSH(pieces, in);
+			VEC_PUSH(groups, (int32_t)i);
 		}
-		VEC_FREE(&cand);
 		return;
 	}
+	srcidx_query(ix, q, &cand);
 	/* Overlapping groups: take each element from the first group (local
 	 * ones first) that holds it, tracking the part of q still open. */
 	VEC_PUSH(&rem, *q);

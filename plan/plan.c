@@ -211,16 +211,17 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 /* ---- sorting, digest ---------------------------------------------------- */
 
 
-void
-plan_radix_sort(xkey_t *k, size_t n, int bits)
+/* plan_radix_sort for keys over 32 bits: through a second array. */
+static void
+plan_radix_sort_wide(xkey_t *k, size_t n, int bits)
 {
-	xkey_t *tmp = xmalloc(n * sizeof(*tmp));
+	xkey_t *tmp = xmalloc(n * sizeof(*tmp)), *a = k, *o = tmp;
 	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
 
 	for (int shift = 0; shift < bits; shift += 16) {
 		memset(cnt, 0, 65536 * sizeof(*cnt));
 		for (size_t i = 0; i < n; i++)
-			cnt[(k[i].key >> shift) & 0xffff]++;
+			cnt[(a[i].key >> shift) & 0xffff]++;
 		for (size_t i = 0, sum = 0; i < 65536; i++) {
 			size_t c = cnt[i];
 
@@ -228,11 +229,94 @@ plan_radix_sort(xkey_t *k, size_t n, int bits)
 			sum += c;
 		}
 		for (size_t i = 0; i < n; i++)
-			tmp[cnt[(k[i].key >> shift) & 0xffff]++] = k[i];
-		memcpy(k, tmp, n * sizeof(*k));
+			o[cnt[(a[i].key >> shift) & 0xffff]++] = a[i];
+		xkey_t *sw = a;
+
+		a = o;
+		o = sw;
 	}
+	if (a != k)
+		memcpy(k, a, n * sizeof(*k));
 	free(tmp);
 	free(cnt);
+}
+
+/*
+ * Stable LSD radix sort of a[0..n) on bits [lo, lo + bits) of each value,
+ * t scratch of n values: digits of at most 11 bits (2,048 buckets, so the
+ * scatter's write streams stay in cache), an even number of passes (the
+ * result ends in a), every pass's histogram from one read.
+ */
+static void
+radix_u64(uint64_t *a, uint64_t *t, size_t n, int lo, int bits)
+{
+	int npass = (bits + 10) / 11, w;
+	size_t nb, *cnt;
+	uint64_t mask;
+
+	if (n < 2 || bits == 0)
+		return;
+	npass += npass & 1;
+	w = (bits + npass - 1) / npass;
+	nb = (size_t)1 << w;
+	mask = nb - 1;
+	cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));
+	for (size_t i = 0; i < n; i++) {
+		uint64_t v = a[i] >> lo;
+
+		for (int q = 0; q < npass; q++, v >>= w)
+			cnt[(size_t)q * nb + (v & mask)]++;
+	}
+	for (int q = 0; q < npass; q++) {
+		size_t *c = cnt + (size_t)q * nb, sum = 0;
+		int shift = lo + q * w;
+		uint64_t *sw = a;
+
+		for (size_t i = 0; i < nb; i++) {
+			size_t x = c[i];
+
+			c[i] = sum;
+			sum += x;
+		}
+		for (size_t i = 0; i < n; i++)
+			t[c[(a[i] >> shift) & mask]++] = a[i];
+		a = t;
+		t = sw;
+	}
+	free(cnt);
+}
+
+_Static_assert(sizeof(xkey_t) >= 2 * sizeof(uint64_t), "plan_radix_sort packs in place");
+_Static_assert(sizeof(plan_xfer_t) >= 2 * sizeof(uint64_t), "sort_packed packs in place");
+
+/*
+ * Keys of at most 32 bits (the planner's) are packed with their index into
+ * one 64-bit value, in place: value i lives in bytes [8i, 8i + 8) of k's
+ * storage (written after k[i] was read, before k[j > i] is), and the upper
+ * half of k's storage is the scratch.  No allocation.
+ */
+void
+plan_radix_sort(xkey_t *k, size_t n, int bits)
+{
+	uint64_t *pk = (uint64_t *)(void *)k;
+
+	if (n < 2 || bits == 0)
+		return;
+	if (bits > 32) {
+		plan_radix_sort_wide(k, n, bits);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		xkey_t x = k[i];
+
+		pk[i] = x.key << 32 | x.idx;
+	}
+	radix_u64(pk, pk + n, n, 32, bits);
+	for (size_t i = n; i-- > 0;) { /* k[i] covers values 2i, 2i + 1: done */
+		uint64_t v = pk[i];
+
+		k[i] = (xkey_t){v >> 32, (uint32_t)v};
+	}
 }
 
 int
@@ -282,50 +366,47 @@ xfer_key(const plan_xfer_t *x, const xbits_t *b)
 		 (uint64_t)(uint32_t)x->to) << b->x) | x->tensor;
 }
 
+#define RADIX_BITS 11
+
+static inline uint64_t
+low_mask(int bits)
+{
+	return bits >= 64 ? UINT64_MAX : ((uint64_t)1 << bits) - 1;
+}
+
 /*
- * Order transfers by (stage, from, to, tensor, box), in place: an LSD
- * radix sort of the records themselves on the packed key (each field takes
- * the bits its largest value needs, which fits 64 bits for any realistic
- * plan; else qsort), then runs of equal keys by box.  Memory: one copy of
- * the records, no per-record keys.
+ * The radix sort of the records themselves, through a second copy:
+ * digits of at most RADIX_BITS (2,048 buckets: the scatter's write streams
+ * stay in cache), every pass's histogram from one read.
  */
 static void
-sort_xfers(plan_xfer_t *v, size_t n, const plan_box_t *boxes)
+sort_records(plan_xfer_t *v, size_t n, const xbits_t *bp, int bits)
 {
-	uint64_t ms = 0, mf = 0, mt = 0, mx = 0;
-	xbits_t b;
-	int bits;
+	xbits_t b = *bp;
+	int npass = (bits + RADIX_BITS - 1) / RADIX_BITS, w = (bits + npass - 1) / npass;
+	size_t nb = (size_t)1 << w;
+	uint64_t mask = nb - 1;
+	plan_xfer_t *tmp = xmalloc(n * sizeof(*tmp)), *a = v, *o = tmp;
+	uint32_t *cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));
 
 	for (size_t i = 0; i < n; i++) {
-		ms = v[i].stage > ms ? v[i].stage : ms;
-		mf = (uint64_t)(uint32_t)v[i].from > mf ? (uint64_t)(uint32_t)v[i].from : mf;
-		mt = (uint64_t)(uint32_t)v[i].to > mt ? (uint64_t)(uint32_t)v[i].to : mt;
-		mx = v[i].tensor > mx ? v[i].tensor : mx;
-	}
-	b = (xbits_t){plan_bits_for(ms), plan_bits_for(mf), plan_bits_for(mt),
-		      plan_bits_for(mx)};
-	bits = b.s + b.f + b.t + b.x;
-	if (n < 2)
-		return;
-	if (bits > 64) { /* rare: huge ids */
-		qsort_r(v, n, sizeof(*v), cmp_xfer_full, (void *)boxes);
-		return;
-	}
-	plan_xfer_t *tmp = xmalloc(n * sizeof(*tmp)), *a = v, *o = tmp;
-	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
+		uint64_t k = xfer_key(&v[i], &b);
 
-	for (int shift = 0; shift < bits; shift += 16) {
-		memset(cnt, 0, 65536 * sizeof(*cnt));
-		for (size_t i = 0; i < n; i++)
-			cnt[(xfer_key(&a[i], &b) >> shift) & 0xffff]++;
-		for (size_t i = 0, sum = 0; i < 65536; i++) {
-			size_t c = cnt[i];
+		for (int q = 0; q < npass; q++, k >>= w)
+			cnt[(size_t)q * nb + (k & mask)]++;
+	}
+	for (int q = 0; q < npass; q++) {
+		uint32_t *c = cnt + (size_t)q * nb, sum = 0;
+		int shift = q * w;
 
-			cnt[i] = sum;
-			sum += c;
+		for (size_t i = 0; i < nb; i++) {
+			uint32_t x = c[i];
+
+			c[i] = sum;
+			sum += x;
 		}
 		for (size_t i = 0; i < n; i++)
-			o[cnt[(xfer_key(&a[i], &b) >> shift) & 0xffff]++] = a[i];
+			o[c[(xfer_key(&a[i], &b) >> shift) & mask]++] = a[i];
 		plan_xfer_t *sw = a;
 
 		a = o;
@@ -335,6 +416,79 @@ sort_xfers(plan_xfer_t *v, size_t n, const plan_box_t *boxes)
 		memcpy(v, a, n * sizeof(*v));
 	free(tmp);
 	free(cnt);
+}
+
+/*
+ * The sort with each record packed into one 64-bit value (key << bb |
+ * box) in place: value i in bytes [8i, 8i + 8) of the records' storage
+ * (written after record i was read, before record j > i is), the next 8n
+ * bytes the scratch, then unpacked from the last down (record i covers
+ * values 2.5i .. 2.5i + 2, all unpacked by then).  No allocation, and
+ * passes move 8 bytes a record instead of 20.
+ */
+static void
+sort_packed(plan_xfer_t *v, size_t n, const xbits_t *b, int bits, int bb)
+{
+	uint64_t *pk = (uint64_t *)(void *)v;
+
+	for (size_t i = 0; i < n; i++) {
+		plan_xfer_t x = v[i];
+
+		pk[i] = xfer_key(&x, b) << bb | x.box;
+	}
+	radix_u64(pk, pk + n, n, bb, bits);
+	for (size_t i = n; i-- > 0;) {
+		uint64_t z = pk[i], k = z >> bb;
+		plan_xfer_t x;
+
+		x.box = (uint32_t)(z & low_mask(bb));
+		x.tensor = (uint32_t)(k & low_mask(b->x));
+		k >>= b->x;
+		x.to = (int32_t)(uint32_t)(k & low_mask(b->t));
+		k >>= b->t;
+		x.from = (int32_t)(uint32_t)(k & low_mask(b->f));
+		k >>= b->f;
+		x.stage = (uint32_t)k;
+		v[i] = x;
+	}
+}
+
+/*
+ * Order transfers by (stage, from, to, tensor, box), in place: a stable
+ * radix sort on the packed key (each field takes the bits its largest
+ * value needs, which fits 64 bits for any realistic plan; else qsort),
+ * then runs of equal keys by box.  When the key and the box index fit 64
+ * bits together (any realistic plan) the records are sorted packed, in
+ * their own storage; else through a second copy.
+ */
+static void
+sort_xfers(plan_xfer_t *v, size_t n, const plan_box_t *boxes)
+{
+	uint64_t ms = 0, mf = 0, mt = 0, mx = 0, mb = 0;
+	xbits_t b;
+	int bits, bb;
+
+	for (size_t i = 0; i < n; i++) {
+		ms = v[i].stage > ms ? v[i].stage : ms;
+		mf = (uint64_t)(uint32_t)v[i].from > mf ? (uint64_t)(uint32_t)v[i].from : mf;
+		mt = (uint64_t)(uint32_t)v[i].to > mt ? (uint64_t)(uint32_t)v[i].to : mt;
+		mx = v[i].tensor > mx ? v[i].tensor : mx;
+		mb = v[i].box > mb ? v[i].box : mb;
+	}
+	b = (xbits_t){plan_bits_for(ms), plan_bits_for(mf), plan_bits_for(mt),
+		      plan_bits_for(mx)};
+	bits = b.s + b.f + b.t + b.x;
+	bb = plan_bits_for(mb);
+	if (n < 2)
+		return;
+	if (bits > 64 || n > UINT32_MAX) { /* rare: huge ids */
+		qsort_r(v, n, sizeof(*v), cmp_xfer_full, (void *)boxes);
+		return;
+	}
+	if (bits + bb <= 64)
+		sort_packed(v, n, &b, bits, bb);
+	else
+		sort_records(v, n, &b, bits);
 	for (size_t i = 0; i < n;) {
 		uint64_t key = xfer_key(&v[i], &b);
 		size_t j = i + 1;
@@ -387,7 +541,6 @@ hw_u32(hw_t *w, uint32_t v)
 	hw_bytes(w, b, 4);
 }
 
-/* LEB128 of a zigzag-coded signed value: small deltas cost one byte. */
 /* Room for `n` more bytes in the buffer. */
 static inline void
 hw_room(hw_t *w, size_t n)
@@ -398,96 +551,101 @@ hw_room(hw_t *w, size_t n)
 	}
 }
 
-/* Written straight into the buffer: the caller made room (10 bytes). */
-static inline void
-hw_var(hw_t *w, int64_t v)
+/* LEB128 of a zigzag-coded signed value at o (small deltas cost one
+ * byte); returns the end. */
+static inline uint8_t *
+put_var(uint8_t *o, int64_t v)
 {
 	uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
 
 	while (z > 0x7f) {
-		w->buf[w->n++] = (uint8_t)(z | 0x80);
+		*o++ = (uint8_t)(z | 0x80);
 		z >>= 7;
 	}
-	w->buf[w->n++] = (uint8_t)z;
+	*o++ = (uint8_t)z;
+	return o;
 }
 
-/* The canonical form (see plan.h), hashed as it is written. */
+/* The canonical form's header (see plan.h). */
 static void
-compute_digest(plan_t *p)
+digest_header(hw_t *w, const plan_t *p)
 {
+	hw_bytes(w, "refit-plan/1", 12);
+	hw_u32(w, (uint32_t)p->opts.mode);
+	hw_u64(w, p->opts.chunk_bytes);
+	hw_u64(w, p->opts.staging_bytes);
+	hw_u32(w, p->nstages);
+	hw_u32(w, p->stages_per_round);
+	hw_u32(w, p->ntensors);
+	for (uint32_t i = 0; i < p->ntensors; i++) {
+		size_t n = strlen(p->tensors[i].name);
+
+		hw_u32(w, (uint32_t)n);
+		hw_bytes(w, p->tensors[i].name, n);
+		hw_u32(w, (uint32_t)p->tensors[i].dtype);
+		hw_u32(w, (uint32_t)p->tensors[i].ndim);
+	}
+	hw_u64(w, p->nxfers);
+}
+
+/*
+ * The canonical form (see plan.h), hashed as it is written, and the
+ * messages the rule makes (p->nmsgs), counted without building them: one
+ * pass over the transfers, each box looked up once.
+ */
+static void
+digest_and_count(plan_t *p)
+{
+	static const plan_box_t zero;
+	uint64_t chunk = p->opts.chunk_bytes, fill = 0;
+	const plan_box_t *pb = &zero;
+	plan_xfer_t prev;
+	size_t nmsgs = 0;
 	hw_t w;
 
 	sha256_init(&w.c);
 	w.n = 0;
-	hw_bytes(&w, "refit-plan/1", 12);
-	hw_u32(&w, (uint32_t)p->opts.mode);
-	hw_u64(&w, p->opts.chunk_bytes);
-	hw_u64(&w, p->opts.staging_bytes);
-	hw_u32(&w, p->nstages);
-	hw_u32(&w, p->stages_per_round);
-	hw_u32(&w, p->ntensors);
-	for (uint32_t i = 0; i < p->ntensors; i++) {
-		size_t n = strlen(p->tensors[i].name);
-
-		hw_u32(&w, (uint32_t)n);
-		hw_bytes(&w, p->tensors[i].name, n);
-		hw_u32(&w, (uint32_t)p->tensors[i].dtype);
-		hw_u32(&w, (uint32_t)p->tensors[i].ndim);
-	}
-	hw_u64(&w, p->nxfers);
+	digest_header(&w, p);
 	/* transfers: every field as the zigzag-varint delta from the previous
 	 * transfer's (a bijective encoding, so the digest still covers all) */
-	static const plan_box_t zero;
-	plan_xfer_t prev;
-	const plan_box_t *pb = &zero;
-
 	memset(&prev, 0, sizeof(prev));
 	for (size_t i = 0; i < p->nxfers; i++) {
 		const plan_xfer_t *x = &p->xfers[i];
 		const plan_box_t *xb = plan_xfer_box(p, x);
+		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
+		uint64_t b = (uint64_t)plan_box_volume(xb, t->ndim) * t->elem;
+		uint8_t *o;
 
-		hw_room(&w, 10 * (4 + 2 * PLAN_MAX_DIMS));
-		hw_var(&w, (int64_t)x->stage - (int64_t)prev.stage);
-		hw_var(&w, (int64_t)x->from - prev.from);
-		hw_var(&w, (int64_t)x->to - prev.to);
-		hw_var(&w, (int64_t)x->tensor - (int64_t)prev.tensor);
-		for (int d = 0; d < p->tensors[x->tensor].ndim; d++) {
-			hw_var(&w, xb->off[d] - pb->off[d]);
-			hw_var(&w, xb->size[d] - pb->size[d]);
+		if (i + 16 < p->nxfers) /* boxes are random reads: ask early */
+			__builtin_prefetch(plan_xfer_box(p, &p->xfers[i + 16]));
+		if (b > chunk) {
+			nmsgs += plan_box_chunk_count(xb, t->ndim, t->elem, chunk);
+			fill = chunk + 1; /* nothing packs after a chunked transfer */
+		} else {
+			if (i == 0 || !same_group(&prev, x) || fill + b > chunk) {
+				nmsgs++;
+				fill = 0;
+			}
+			fill += b;
 		}
+		hw_room(&w, 10 * (4 + 2 * PLAN_MAX_DIMS));
+		o = w.buf + w.n;
+		o = put_var(o, (int64_t)x->stage - (int64_t)prev.stage);
+		o = put_var(o, (int64_t)x->from - prev.from);
+		o = put_var(o, (int64_t)x->to - prev.to);
+		o = put_var(o, (int64_t)x->tensor - (int64_t)prev.tensor);
+		for (int d = 0; d < t->ndim; d++) {
+			o = put_var(o, xb->off[d] - pb->off[d]);
+			o = put_var(o, xb->size[d] - pb->size[d]);
+		}
+		w.n = (size_t)(o - w.buf);
 		prev = *x;
 		pb = xb;
 	}
 	sha256_update(&w.c, w.buf, w.n);
 	sha256_final(&w.c, p->digest);
 	sha256_to_hex(p->digest, p->digest_hex);
-}
-
-/* Messages the rule makes, counted without building them. */
-static size_t
-count_msgs(const plan_t *p)
-{
-	uint64_t chunk = p->opts.chunk_bytes, fill = 0;
-	size_t n = 0;
-
-	for (size_t i = 0; i < p->nxfers; i++) {
-		const plan_xfer_t *x = &p->xfers[i];
-		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
-		uint64_t b = plan_xfer_bytes(p, x);
-		bool new_group = i == 0 || !same_group(&p->xfers[i - 1], x);
-
-		if (b > chunk) {
-			n += plan_box_chunk_count(plan_xfer_box(p, x), t->ndim, t->elem, chunk);
-			fill = chunk + 1; /* nothing packs after a chunked transfer */
-			continue;
-		}
-		if (new_group || fill + b > chunk) {
-			n++;
-			fill = 0;
-		}
-		fill += b;
-	}
-	return n;
+	p->nmsgs = nmsgs;
 }
 
 /* Stages, messages and digest of the sorted transfers. */
@@ -498,8 +656,7 @@ finish(plan_t *p, size_t nraw)
 	p->nstages = nraw ? p->xfers[nraw - 1].stage + 1 : 0;
 	if (p->stages_per_round == 0)
 		p->stages_per_round = p->nstages ? p->nstages : 1;
-	p->nmsgs = count_msgs(p);
-	compute_digest(p);
+	digest_and_count(p);
 }
 
 void

@@ -160,7 +160,9 @@ piece_hash(uint32_t h0, const plan_box_t *b, int nd)
 		h = (h ^ (uint64_t)b->off[d]) * 0xff51afd7ed558ccdull;
 		h = (h ^ (uint64_t)b->size[d]) * 0xc4ceb9fe1a85ec53ull;
 	}
-	return h ^ (h >> 29);
+	h ^= h >> 33; /* the high bits into the slot bits too */
+	h *= 0xff51afd7ed558ccdull;
+	return h ^ (h >> 33);
 }
 
 static size_t
@@ -406,7 +408,10 @@ among(const int32_t *ranks, uint32_t n, int32_t rank)
 static size_t
 relays_slot(const relays_t *m, uint64_t key)
 {
-	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 17) & (m->cap - 1);
+	/* mixed so the tensor bits reach the slot bits (low bits of the
+	 * product alone see only the rank: one cluster per rank) */
+	uint64_t h = (key ^ (key >> 33)) * 0xff51afd7ed558ccdull;
+	size_t i = (size_t)(h ^ (h >> 33)) & (m->cap - 1);
 
 	while (m->key[i] != 0 && m->key[i] != key)
 		i = (i + 1) & (m->cap - 1);

@@ -23,5 +23,6 @@ Suite *suite_config(void);
 Suite *suite_refit_fsm(void);
 Suite *suite_coord_rules(void);
 Suite *suite_pool(void);
+Suite *suite_plansort(void);
 
 #endif

@@ -59,7 +59,9 @@ START_TEST(utf8_checks)
 }
 END_TEST
 
-START_TEST(sha256_vectors)
+/* The FIPS 180-4 example vectors with the implementation in use. */
+static void
+sha256_check_vectors(void)
 {
 	char hex[SHA256_HEX_LEN];
 	sha256_ctx_t c;
@@ -72,7 +74,10 @@ START_TEST(sha256_vectors)
 	ck_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 	sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", 56, hex);
 	ck_assert_str_eq(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-	/* the million-'a' vector, fed in uneven pieces */
+	sha256_hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmno"
+		   "ijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu", 112, hex);
+	ck_assert_str_eq(hex, "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+	/* the million-'a' vector, fed in uneven pieces, then in one call */
 	memset(million, 'a', 1000000);
 	sha256_init(&c);
 	for (size_t off = 0, step = 1; off < 1000000; off += step, step = step * 3 % 997 + 1)
@@ -80,7 +85,82 @@ START_TEST(sha256_vectors)
 	sha256_final(&c, d);
 	sha256_to_hex(d, hex);
 	ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+	sha256_hex(million, 1000000, hex);
+	ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 	free(million);
+}
+
+START_TEST(sha256_vectors)
+{
+	ck_assert(sha256_impl_set(SHA256_IMPL_PORTABLE));
+	ck_assert_int_eq(sha256_impl_get(), SHA256_IMPL_PORTABLE);
+	sha256_check_vectors();
+	if (sha256_impl_set(SHA256_IMPL_SHANI)) {
+		ck_assert_int_eq(sha256_impl_get(), SHA256_IMPL_SHANI);
+		sha256_check_vectors();
+	} else {
+		fprintf(stderr, "sha256_vectors: no SHA-NI here, the portable rounds alone\n");
+	}
+	ck_assert(sha256_impl_set(SHA256_IMPL_AUTO));
+	ck_assert_int_ne(sha256_impl_get(), SHA256_IMPL_AUTO);
+}
+END_TEST
+
+/* Digest of msg[0..n) fed in pieces cut at random points. */
+static void
+sha256_split(const uint8_t *msg, size_t n, uint32_t *seed, uint8_t d[SHA256_DIGEST_LEN])
+{
+	sha256_ctx_t c;
+	size_t off = 0;
+
+	sha256_init(&c);
+	while (off < n) {
+		size_t take;
+
+		*seed = *seed * 1103515245u + 12345u;
+		take = (*seed >> 8) % (n - off + 1);
+		sha256_update(&c, msg + off, take);
+		off += take;
+	}
+	sha256_final(&c, d);
+}
+
+/* Both implementations agree on every length 0..300 (random bytes,
+ * random splits) and on long messages. */
+START_TEST(sha256_impls_agree)
+{
+	uint8_t msg[4096], a[SHA256_DIGEST_LEN], b[SHA256_DIGEST_LEN];
+	uint32_t seed = 12345, sa, sb;
+
+	if (!sha256_impl_set(SHA256_IMPL_SHANI)) {
+		fprintf(stderr, "sha256_impls_agree: no SHA-NI here, nothing to compare\n");
+		return;
+	}
+	for (size_t i = 0; i < sizeof(msg); i++) {
+		seed = seed * 1103515245u + 12345u;
+		msg[i] = (uint8_t)(seed >> 16);
+	}
+	for (size_t n = 0; n <= 300; n++) {
+		sa = sb = (uint32_t)n * 7919u + 1;
+		ck_assert(sha256_impl_set(SHA256_IMPL_PORTABLE));
+		sha256_split(msg, n, &sa, a);
+		ck_assert(sha256_impl_set(SHA256_IMPL_SHANI));
+		sha256_split(msg, n, &sb, b);
+		ck_assert_msg(memcmp(a, b, sizeof(a)) == 0, "length %zu: digests differ", n);
+		/* a different split gives the same digest */
+		sb = (uint32_t)n + 99;
+		sha256_split(msg, n, &sb, b);
+		ck_assert_msg(memcmp(a, b, sizeof(a)) == 0, "length %zu: split changed it", n);
+	}
+	for (size_t n = 1000; n <= sizeof(msg); n += 1031) {
+		sa = sb = 7;
+		ck_assert(sha256_impl_set(SHA256_IMPL_PORTABLE));
+		sha256_split(msg, n, &sa, a);
+		ck_assert(sha256_impl_set(SHA256_IMPL_SHANI));
+		sha256_split(msg, n, &sb, b);
+		ck_assert_msg(memcmp(a, b, sizeof(a)) == 0, "length %zu: digests differ", n);
+	}
+	ck_assert(sha256_impl_set(SHA256_IMPL_AUTO));
 }
 END_TEST
 
@@ -241,7 +321,8 @@ END_TEST
 Suite *
 suite_common(void)
 {
-	return th_suite("common", th_tcase("core", 0, TH_TESTS(sha256_vectors, err_first_wins,
+	return th_suite("common", th_tcase("core", 0, TH_TESTS(sha256_vectors,
+			sha256_impls_agree, err_first_wins,
 			err_prefix_truncates, strbuf_grows_and_escapes, parse_sizes, vec_push,
 			strmap_intern, log_levels, crc32c_vectors, utf8_checks)), NULL);
 }
