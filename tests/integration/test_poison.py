@@ -214,6 +214,11 @@ def poisoned_exit():
     wait_for(lambda: p.poll() is not None, 60, "the poisoned node to exit")
     assert p.returncode == 75, p.returncode
     harness.PROCS.remove(p)   # exited 75 on purpose: not a crash for check_exits
+    # the node unit restarts it: on-failure covers 75, nothing prevents it
+    unit = open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                             "../../systemd/refitd.service.in")).read()
+    assert "\nRestart=on-failure\n" in unit and "RestartPreventExitStatus" not in unit and \
+        "SuccessExitStatus" not in unit, unit
 
 
 try:
