@@ -279,9 +279,8 @@ coord_member_poisoned(coord_t *c, member_t *m, const char *why)
 		return;
 	m->poisoned = xstrdup(why);
 	utf8_cut(m->poisoned);
-	log_errorx("coordinator: node %s (member %" PRIu64 ") is poisoned: %s: every refit "
-		   "that needs it fails until refitd restarts on it", m->node_id, m->id,
-		   m->poisoned);
+	log_errorx("coordinator: node %s (member %" PRIu64 ") is poisoned: %s; refits that "
+		   "need it fail at once", m->node_id, m->id, m->poisoned);
 }
 
 /* r needs poisoned member m: it fails now, and is not retried (m refuses
