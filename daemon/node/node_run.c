@@ -652,6 +652,12 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 				     n->node_id);
 	if (epoch_refused(n, call, "RunSlice", rq->refit_id, rq->epoch))
 		return;
+	/* refused before any client memory is touched (an in-place instance
+	 * would be marked invalid); the coordinator learns why from the next
+	 * Heartbeat and fails the refits needing this node from then on */
+	if (node_poisoned(n) != NULL)
+		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "node %s is poisoned: restart "
+				     "refitd on it: %s", n->node_id, n->poisoned);
 	if (was_aborted(n, rq->refit_id, rq->epoch, rq->attempt) != NULL) {
 		/* the Abort overtook it: the peers have stopped, so the slice
 		 * would only wait for them until its deadline */
