@@ -198,14 +198,17 @@ planned(const refit_fsm_t *m, const refit_fsm_event_t *ev, refit_fsm_out_t *o)
 }
 
 /* A slice report: the first failure makes the others stop; a cause found
- * later replaces a symptom kept so far; the last report ends the round. */
+ * later replaces a symptom kept so far, and the first final failure (a
+ * poisoned node) replaces any failure kept so far: it is why no attempt
+ * follows; the last report ends the round. */
 static void
 slice_report(const refit_fsm_t *m, const refit_fsm_event_t *ev, refit_fsm_out_t *o)
 {
 	bool failed = ev->kind == REFIT_FSM_EV_SLICE_FAILED;
 	bool symptom = failed && ev->u.slice.symptom;
 	bool first = failed && m->state == REFIT_FSM_RUNNING;
-	bool keep = first || (failed && m->state == REFIT_FSM_FAILING_SYMPTOM && !symptom);
+	bool keep = first || (failed && m->state == REFIT_FSM_FAILING_SYMPTOM && !symptom) ||
+		    (failed && ev->final && !m->final);
 
 	o->next.pending = m->pending - 1;
 	if (first)

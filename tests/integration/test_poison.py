@@ -48,7 +48,11 @@ if harness.TRANSPORT != "nccl" or harness.GPU_REAL:
     print("poison: 0 passed, 0 failed")
     sys.exit(0)
 harness.init(BUILD, TMP)
-SLICE_MS = 8000   # the hung copy is abandoned at the slice's deadline
+# the hung copy is abandoned at the slice's deadline or abort; the other
+# nodes' slices end first (their deadline), so a failure of theirs is kept
+# first and the poisoned node's report, 10 s later, must replace it
+SLICE_MS = 5000
+SLICE_MS_POISONED = 10000
 MPORT = {}
 STATE = {}
 
@@ -114,7 +118,7 @@ def ctl(cl, *args):
 def node_extra(k):
     MPORT[k] = free_port()
     return ["--metrics-listen", f"127.0.0.1:{MPORT[k]}", "--slice-timeout-ms",
-            str(SLICE_MS)]
+            str(SLICE_MS_POISONED if k == 1 else SLICE_MS)]
 
 
 MPORT["coord"] = free_port()

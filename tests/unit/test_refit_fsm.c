@@ -393,6 +393,22 @@ START_TEST(final_failure_not_retried)
 		m = out.next;
 		ck_assert_int_eq(refit_fsm_step(&m, &last, &out, &err), REFIT_OK);
 		ck_assert_int_eq(out.next.state, fin ? REFIT_FSM_FAILED : REFIT_FSM_RETRY_WAIT);
+		/* three slices: a cause is kept first; a final failure after it
+		 * replaces it (it is why no attempt follows); a second final one
+		 * does not */
+		m = machine(REFIT_FSM_RUNNING, 3, 1, 5, false);
+		bad.final = false;
+		ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+		m = out.next;
+		bad.final = fin;
+		ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+		ck_assert_int_eq(out.nact, fin ? 1 : 0);
+		if (fin)
+			ck_assert_int_eq(out.act[0].kind, REFIT_FSM_ACT_KEEP_CAUSE);
+		m = out.next;
+		ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+		ck_assert_int_eq(out.next.state, fin ? REFIT_FSM_FAILED : REFIT_FSM_RETRY_WAIT);
+		ck_assert(out.nact == 0 || out.act[0].kind != REFIT_FSM_ACT_KEEP_CAUSE);
 	}
 }
 END_TEST
