@@ -6,9 +6,11 @@ ends its first device-to-host copy (REFIT_EMU_HANG_D2H=1), which a refit
 with verify makes (the CRC of each message it receives).
 
  - a refit without verify commits (no copy to the host: nothing hangs)
- - the refit with verify fails: node 1's copy does not end by the slice's
-   deadline, its communicators are aborted, its stream still does not
-   drain, and the node is poisoned; the refit is not retried although the
+ - the refit with verify fails: node 1's copy does not end (the other
+   nodes' slices fail first, at their shorter deadline, and the refit's
+   abort reaches node 1), its communicators are aborted, its stream still
+   does not drain in 10 s, and the node is poisoned; its report replaces
+   the failure kept before it, and the refit is not retried although the
    model's policy allows 2 retries
  - node 1: grpc.health.v1 NOT_SERVING for "" and "refit.v1.Node";
    refitd_node_poisoned 1; one ERROR line with the reason
