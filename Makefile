@@ -259,6 +259,7 @@ include python/install.mk
 include daemon/ops.mk
 
 # the shared CUDA runtime: one runtime (one current device per thread) with refitd's
+# (both kernel libraries: a static cudart would be a second runtime in refitd)
 $(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
@@ -267,7 +268,7 @@ $(BUILD)/lib/librefit-convert-cuda.so: daemon/transport/convert_kernels.cu \
 		daemon/transport/convert_kernels.h dataplane/convert_elem.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) -std=c++14 -O2 -I. -Xcompiler -fPIC -shared $(NVCC_ARCH) -o $@ $<
+	$(Q)$(NVCC) -std=c++14 -O2 -I. -Xcompiler -fPIC -shared -cudart shared $(NVCC_ARCH) -o $@ $<
 
 asan: $(ASAN_BIN) $(ASAN_UNIT) $(ASAN)/bin/refitd $(ASAN)/bin/refitctl $(ASAN)/bin/refit-client \
       $(ASAN)/tests/gpu-test

@@ -238,17 +238,25 @@ json_list(const char *key, void *const *v, size_t n,
 
 /* ---- members ------------------------------------------------------------ */
 
+/* "poisoned" (it runs no more refits until refitd restarts on it), else "member" */
+static const char *
+member_state(const Refit__V1__Member *m)
+{
+	return m->poisoned && m->poisoned[0] ? "poisoned" : "member";
+}
+
 static void
 text_members(const void *resp, const args_t *a)
 {
-	static const int w[] = {6, 20, 22, 7, 12, 20, 0};
+	static const int w[] = {6, 20, 22, 7, 12, 20, 9, 0};
 	static const char *const head[] = {"ID", "NODE", "HOST", "RANKS", "JOINED@EPOCH",
-					   "CONNECTION", "LEASE AGE"};
+					   "CONNECTION", "STATE", "LEASE AGE"};
 	const Refit__V1__ListMembersResponse *r = resp;
+	size_t npoisoned = 0;
 
 	(void)a;
 	printf("epoch %" PRIu64 ", %zu members\n", r->epoch, r->n_members);
-	row(0, 7, w, head);
+	row(0, 8, w, head);
 	for (size_t i = 0; i < r->n_members; i++) {
 		const Refit__V1__Member *m = r->members[i];
 		char id[24], nr[24], joined[24], lease[64];
@@ -258,9 +266,15 @@ text_members(const void *resp, const args_t *a)
 		snprintf(joined, sizeof(joined), "%" PRIu64, m->joined_epoch);
 		snprintf(lease, sizeof(lease), "%" PRIu64 " ms / %u ms", m->lease_age_ms,
 			 m->lease_ttl_ms);
-		row(0, 7, w, (const char *const[]){id, m->node_id, m->host, nr, joined,
-						  m->connection, lease});
+		row(0, 8, w, (const char *const[]){id, m->node_id, m->host, nr, joined,
+						  m->connection, member_state(m), lease});
+		npoisoned += m->poisoned && m->poisoned[0];
 	}
+	/* why, under the table: the reason is long */
+	for (size_t i = 0; npoisoned && i < r->n_members; i++)
+		if (r->members[i]->poisoned && r->members[i]->poisoned[0])
+			printf("node %s is poisoned: restart refitd on it: %s\n",
+			       r->members[i]->node_id, r->members[i]->poisoned);
 	printf("node calls: %" PRIu64 " outstanding, %" PRIu64 " cancelled since start\n",
 	       r->node_calls_outstanding, r->node_calls_cancelled);
 }
@@ -292,6 +306,8 @@ json_members(const void *resp, const args_t *a)
 		ju64(j, "joined_epoch", m->joined_epoch);
 		ju64(j, "lease_age_ms", m->lease_age_ms);
 		jstr(j, "connection", m->connection);
+		jstr(j, "state", member_state(m));
+		jstr(j, "poisoned", m->poisoned ? m->poisoned : "");
 		cJSON_AddItemToArray(ms, j);
 	}
 	ju64(o, "node_calls_outstanding", r->node_calls_outstanding);

@@ -92,6 +92,10 @@ static const key_t_ keys[] = {
 	{"gpu_devices", K_STR, F(gpu_devices), NULL, 0, 0, NULL, false,
 	 "node role, nccl: CUDA device of each local rank in rank order, e.g. 0,1,2,3 "
 	 "(default: local rank i on device i)"},
+	{"poisoned_exit", K_ENUM, F(poisoned_exit), "off", 0, 0, "off|on", false,
+	 "node role, nccl: on a poisoned node (GPU work that never ended, its memory kept) "
+	 "exit with status 75 for systemd to restart refitd, instead of staying up "
+	 "NOT_SERVING; docs/operations.md"},
 	{"test_msg_delay_ms", K_MS, F(test_msg_delay_ms), "0", 0, 10000, NULL, false,
 	 "tests only: sleep this long before each message a node sends (nccl: each group)"},
 	{"test_fail_commit", K_MS, F(test_fail_commit), "0", 0, 1000000, NULL, false,

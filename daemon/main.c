@@ -37,6 +37,7 @@ typedef struct daemon_state {
 	rpc_async_t *rpc;     /* the one client engine: calls to nodes or the coordinator */
 	ops_t *ops;           /* metrics, health, watchdog (daemon/ops.h) */
 	bool stopping;
+	int exit_status;      /* 0, or NODE_EXIT_POISONED (poisoned_exit) */
 } daemon_state_t;
 
 /* systemd's notify protocol (common/sdnotify.c); failures change nothing */
@@ -56,12 +57,10 @@ on_coord_closed(void *arg)
 	d->srv = NULL;
 }
 
+/* Stop gracefully (SIGTERM, or a poisoned node with poisoned_exit). */
 static void
-on_signal(uv_signal_t *h, int signum)
+stop_daemon(daemon_state_t *d)
 {
-	daemon_state_t *d = h->data;
-
-	log_info("refitd: signal %d, stopping", signum);
 	sd_notify_msg("STOPPING=1");
 	if (d->stopping)
 		return; /* already on its way out */
@@ -76,6 +75,23 @@ on_signal(uv_signal_t *h, int signum)
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sighup, NULL);
+}
+
+static void
+on_signal(uv_signal_t *h, int signum)
+{
+	log_info("refitd: signal %d, stopping", signum);
+	stop_daemon(h->data);
+}
+
+/* node_opts_t.poisoned_exit (config poisoned_exit = "on") */
+static void
+on_poisoned_exit(void *arg)
+{
+	daemon_state_t *d = arg;
+
+	d->exit_status = NODE_EXIT_POISONED;
+	stop_daemon(d);
 }
 
 /*
@@ -212,6 +228,10 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.nccl_library = cfg->nccl_library;
 	no.gpu_kernels_library = cfg->gpu_kernels_library;
 	no.gpu_devices = cfg->gpu_devices;
+	if (cfg->poisoned_exit && strcmp(cfg->poisoned_exit, "on") == 0) {
+		no.poisoned_exit = on_poisoned_exit;
+		no.poisoned_exit_arg = d;
+	}
 	if ((d->rpc = no.rpc = rpc_async_new(&d->loop, &no.client, err)) == NULL) {
 		free(ranks);
 		return err->status;
@@ -373,6 +393,6 @@ main(int argc, char **argv)
 	uv_loop_close(&d.loop);
 	free(token);
 	config_fini(&cfg);
-	log_info("refitd: stopped");
-	return 0;
+	log_info("refitd: stopped%s", d.exit_status ? " (poisoned_exit)" : "");
+	return d.exit_status;
 }

@@ -66,6 +66,12 @@ static const family_t families[M_COUNT] = {
 		"Slices of refits running on this node; node", NULL, 0},
 	[M_CLIENTS] = {"refitd_clients", KIND_GAUGE,
 		"librefit clients registered with this node, by role; node", NULL, 0},
+	[M_NODE_POISONED] = {"refitd_node_poisoned", KIND_GAUGE,
+		"1 when this node runs no more refits until refitd restarts (GPU work never "
+		"ended, its memory is kept), else 0; node", NULL, 0},
+	[M_MEMBERS_POISONED] = {"refitd_members_poisoned", KIND_GAUGE,
+		"Members that said they are poisoned (refits needing them fail); coordinator",
+		NULL, 0},
 };
 
 typedef struct series {

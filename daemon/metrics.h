@@ -27,6 +27,8 @@ typedef enum metric_id {
 	M_STAGING_BYTES,         /* gauge */
 	M_SLICES_RUNNING,        /* gauge */
 	M_CLIENTS,               /* gauge {role} */
+	M_NODE_POISONED,         /* gauge: 0 or 1 */
+	M_MEMBERS_POISONED,      /* gauge */
 	M_COUNT
 } metric_id_t;
 

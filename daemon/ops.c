@@ -33,7 +33,7 @@ static const char *const coord_services[] = {"refit.v1.Coordinator", NULL};
 static const char *const node_services[] = {"refit.v1.Node", NULL};
 
 /* SERVING: the coordinator while it runs; a node while it is a member and
- * not drained or stopping. */
+ * not drained, poisoned or stopping. */
 static bool
 serving(void *ctx)
 {
@@ -41,7 +41,8 @@ serving(void *ctx)
 	if (live.coord)
 		return !live.coord->closing;
 	if (live.node)
-		return live.node->member_id != 0 && !live.node->drained && !live.node->closing;
+		return live.node->member_id != 0 && !live.node->drained && !live.node->closing &&
+		       node_poisoned(live.node) == NULL;
 	return false;
 }
 
@@ -50,11 +51,16 @@ static void
 refresh(ops_t *o)
 {
 	if (o->coord) {
+		size_t poisoned = 0;
+
+		for (size_t i = 0; i < o->coord->members.n; i++)
+			poisoned += o->coord->members.v[i].poisoned != NULL;
 		metrics_set(M_EPOCH, NULL, (double)o->coord->epoch);
 		metrics_set(M_MEMBERS, NULL, (double)o->coord->members.n);
+		metrics_set(M_MEMBERS_POISONED, NULL, (double)poisoned);
 		log_set_epoch(o->coord->epoch);
 	} else if (o->node) {
-		const node_t *n = o->node;
+		node_t *n = o->node;
 		size_t train = 0, infer = 0;
 
 		for (size_t i = 0; i < n->clients.n; i++) {
@@ -70,6 +76,7 @@ refresh(ops_t *o)
 		metrics_set(M_CLIENTS, (const char *[]){"role", "infer", NULL}, (double)infer);
 		metrics_set(M_SLICES_RUNNING, NULL, (double)n->jobs.n);
 		metrics_set(M_STAGING_BYTES, NULL, (double)node_staging_reserved(n));
+		metrics_set(M_NODE_POISONED, NULL, node_poisoned(n) ? 1 : 0);
 		log_set_epoch(n->epoch);
 	}
 }

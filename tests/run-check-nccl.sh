@@ -10,6 +10,8 @@
 #      devices each, clients registering GPU memory by CUDA IPC handle,
 #      the emulator's leak counters checked after each suite), and the
 #      GPU machine's e2e script (tests/gpu/test_gpu_e2e.py) on the emulator;
+#      a poisoned node (tests/integration/test_poison.py: a copy to the host
+#      that never ends, REFIT_EMU_HANG_D2H);
 # 2 and 3 once with the normal build and once under ASan + UBSan.
 # Ends with "check-nccl: N passed, N failed".
 # Usage: sh tests/run-check-nccl.sh [BUILD_DIR]  (NCCL_PAIRS, NCCL_SOAK, NCCL_ASAN_PAIRS)
@@ -63,6 +65,9 @@ for v in normal asan; do
 	script "faults over nccl on the emulator (${soak} s soak)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak"
+	script "a poisoned node: health, metric, members, refits refused at once, poisoned_exit$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_poison.py "$b"
 	script "tests/gpu/test_gpu_e2e.py (one rank per daemon) on the emulator$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/gpu/test_gpu_e2e.py "$b"

@@ -163,6 +163,7 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		m.ranks[i].domain = xstrdup(d && d[0] ? d : rq->node_id);
 	}
 	m.last_beat_ms = uv_now(c->loop);
+	coord_member_poisoned(c, &m, rq->poisoned);
 	if (rq->prepared_epoch >= c->epoch) {
 		/* this coordinator lost its state (or never had a state file):
 		 * epochs continue above what the node prepared, never go back */
@@ -197,6 +198,7 @@ h_heartbeat(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     " is not a member (lease expired or never joined): "
 				     "join again", rq->member_id);
 	m->last_beat_ms = uv_now(c->loop);
+	coord_member_poisoned(c, m, rq->poisoned);
 	rsp.epoch = c->epoch;
 	rsp.epoch_changed = rq->epoch != c->epoch;
 	rsp.lease_ttl_ms = c->o.lease_ttl_ms;
@@ -609,6 +611,7 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		mv[i].joined_epoch = m->joined_epoch;
 		mv[i].lease_age_ms = now - m->last_beat_ms;
 		mv[i].lease_ttl_ms = c->o.lease_ttl_ms;
+		mv[i].poisoned = m->poisoned ? m->poisoned : "";
 		mv[i].ranks = rp + nr;
 		mv[i].n_ranks = m->nranks;
 		for (size_t k = 0; k < m->nranks; k++, nr++) {

@@ -190,6 +190,9 @@ size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint6
 				 size_t max);
 /* membership changed (why names the member and the cause): refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
+/* Member m said it is poisoned (why; "" or NULL: it did not): kept with
+ * it and logged at ERROR once; every refit needing it fails at once. */
+void coord_member_poisoned(coord_t *c, member_t *m, const char *why);
 /* Timer: retries and catch-up refits that are due. */
 void coord_refits_tick(coord_t *c);
 /* metrics (coord_metrics.c): after every change of r's state; p: its plan, when taken */

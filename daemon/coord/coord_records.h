@@ -29,6 +29,9 @@ typedef struct member {
 	uint64_t last_beat_ms;
 	bool draining;          /* told to leave at its next heartbeat */
 	uint64_t prepared_epoch;/* the last epoch it acknowledged (PrepareEpoch) */
+	char *poisoned;         /* NULL, or why the node runs no more refits until
+				   refitd restarts on it (its Join, Heartbeat or
+				   SliceDone said so): refits needing it fail */
 } member_t;
 
 typedef struct instance {

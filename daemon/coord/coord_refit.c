@@ -271,6 +271,32 @@ refit_eventf(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind, const char
 	refit_event(c, r, &(refit_fsm_event_t){.kind = kind}, msg, NULL);
 }
 
+void
+coord_member_poisoned(coord_t *c, member_t *m, const char *why)
+{
+	(void)c;
+	if (m == NULL || why == NULL || why[0] == '\0' || m->poisoned != NULL)
+		return;
+	m->poisoned = xstrdup(why);
+	utf8_cut(m->poisoned);
+	log_errorx("coordinator: node %s (member %" PRIu64 ") is poisoned: %s; refits that "
+		   "need it fail at once", m->node_id, m->id, m->poisoned);
+}
+
+/* r needs poisoned member m: it fails now, and is not retried (m refuses
+ * every refit until refitd restarts on it). */
+static void
+fail_poisoned(coord_t *c, refit_rec_t *r, const member_t *m)
+{
+	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_FAIL, .final = true};
+	char msg[REFIT_ERR_MSG_MAX];
+
+	snprintf(msg, sizeof(msg), "node %s is poisoned: restart refitd on it (or drain it); "
+		 "it said: %s", m->node_id, m->poisoned);
+	utf8_cut(msg);
+	refit_event(c, r, &ev, msg, NULL);
+}
+
 /* ---- node calls ----------------------------------------------------------- */
 
 static void on_node_done(void *arg, refit_status_t st, const char *msg,
@@ -491,17 +517,23 @@ send_install(coord_t *c, refit_rec_t *r)
  */
 static void
 slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
-	     const char *msg, const Refit__V1__RunSliceResponse *rs)
+	     const char *msg, const Refit__V1__RunSliceResponse *rs, bool poisoned)
 {
 	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_SLICE_OK};
 	char buf[REFIT_ERR_MSG_MAX];
 
 	r->nstate[k] |= NODE_REPORTED;
 	if (st != REFIT_OK) {
-		snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", node, msg);
+		/* a poisoned node: the cause, and no retry (it refuses them all) */
+		if (poisoned)
+			snprintf(buf, sizeof(buf), "node %s: RunSlice: %s; node %s is poisoned: "
+				 "restart refitd on it", node, msg, node);
+		else
+			snprintf(buf, sizeof(buf), "node %s: RunSlice: %s", node, msg);
 		utf8_cut(buf);
 		ev.kind = REFIT_FSM_EV_SLICE_FAILED;
-		ev.u.slice.symptom = coord_rules_is_symptom(msg);
+		ev.final = poisoned;
+		ev.u.slice.symptom = !poisoned && coord_rules_is_symptom(msg);
 		return refit_event(c, r, &ev, buf, NULL);
 	}
 	if (rs != NULL) {
@@ -543,7 +575,7 @@ slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_stat
 {
 	if (st != REFIT_OK) {
 		if (!(r->nstate[k] & NODE_REPORTED))
-			slice_result(c, r, k, node, st, msg, NULL);
+			slice_result(c, r, k, node, st, msg, NULL, false);
 		return;
 	}
 	mark_started(r, k);
@@ -572,6 +604,7 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SliceDone: member %" PRIu64
 				     " is node \"%s\", not \"%s\"", rq->member_id, m->node_id,
 				     node);
+	coord_member_poisoned(c, m, rq->poisoned);
 	k = node_index(r, rq->member_id);
 	if (!runs_slices(r) || r->epoch != rq->epoch || r->fsm.attempt != rq->attempt ||
 	    r->nstate == NULL) {
@@ -595,7 +628,8 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	r->ntime[k].slice_xfers = rq->slice_xfers;
 	r->ntime[k].slice_us = rq->stats ? rq->stats->micros : 0;
 	slice_result(c, r, k, node, rq->code == 0 ? REFIT_OK : rpc_status_from_grpc(rq->code),
-		     rq->message && rq->message[0] ? rq->message : "failed", rq->stats);
+		     rq->message && rq->message[0] ? rq->message : "failed", rq->stats,
+		     rq->poisoned && rq->poisoned[0]);
 	rpc_call_reply(call, &rsp.base);  /* frees rq */
 }
 
@@ -816,8 +850,17 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 		for (size_t i = 0; i < c->members.n; i++)
 			r->nodes[i] = c->members.v[i].id;
 		r->nnodes = c->members.n;
-		ev.u.planned.need_id = nccl_need_id(c, r);
 	}
+	/* a node that refuses every refit: fail now, not at its RunSlice (on
+	 * nccl every member's ranks form the communicators: all are needed) */
+	for (size_t i = 0; i < r->nnodes; i++) {
+		const member_t *m = coord_find_member(c, r->nodes[i]);
+
+		if (m != NULL && m->poisoned != NULL)
+			return fail_poisoned(c, r, m);
+	}
+	if (nccl && r->nnodes > 0)
+		ev.u.planned.need_id = nccl_need_id(c, r);
 	coord_slices_make(c, r, p, nccl);
 	refit_event(c, r, &ev, NULL, p);
 }
@@ -1298,7 +1341,7 @@ unreachable(coord_t *c, const nctx_t *x, const char *msg)
 	if (k == SIZE_MAX || (r->nstate[k] & NODE_REPORTED))
 		return;
 	snprintf(buf, sizeof(buf), "unreachable during its slice (%s)", msg);
-	slice_result(c, r, k, m->node_id, REFIT_ERR_UNAVAILABLE, buf, NULL);
+	slice_result(c, r, k, m->node_id, REFIT_ERR_UNAVAILABLE, buf, NULL, false);
 }
 
 static void

@@ -21,6 +21,7 @@ coord_member_fini(member_t *m)
 	free(m->rpc_ep);
 	free(m->data_ep);
 	free(m->transport);
+	free(m->poisoned);
 	for (size_t i = 0; i < m->nranks; i++)
 		free(m->ranks[i].domain);
 	free(m->ranks);

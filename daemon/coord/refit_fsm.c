@@ -113,7 +113,8 @@ enter(refit_fsm_out_t *o, refit_fsm_state_t s, refit_fsm_action_kind_t k)
 
 /*
  * The attempt is over (from: the state it was in): retried after the
- * model's backoff while retries are left, else FAILED.  Calls still out
+ * model's backoff while retries are left and no event said that no attempt
+ * can succeed (final), else FAILED.  Calls still out
  * are cancelled, but not Publish: every node had committed, the others
  * publish.  On nccl a refit that reached the nodes leaves a new epoch.
  */
@@ -125,7 +126,7 @@ fail(const refit_fsm_t *m, refit_fsm_out_t *o, bool keep, bool abort_nodes)
 	if (m->state != REFIT_FSM_PUBLISHING)
 		act(o, REFIT_FSM_ACT_CANCEL_CALLS, 0);
 	o->next.pending = 0;
-	if (m->attempt <= m->retries) {
+	if (m->attempt <= m->retries && !o->next.final) {
 		uint32_t sh = m->attempt - 1 < 16 ? m->attempt - 1 : 16;
 		uint64_t wait = (uint64_t)m->backoff_ms << sh;
 
@@ -197,14 +198,17 @@ planned(const refit_fsm_t *m, const refit_fsm_event_t *ev, refit_fsm_out_t *o)
 }
 
 /* A slice report: the first failure makes the others stop; a cause found
- * later replaces a symptom kept so far; the last report ends the round. */
+ * later replaces a symptom kept so far, and the first final failure (a
+ * poisoned node) replaces any failure kept so far: it is why no attempt
+ * follows; the last report ends the round. */
 static void
 slice_report(const refit_fsm_t *m, const refit_fsm_event_t *ev, refit_fsm_out_t *o)
 {
 	bool failed = ev->kind == REFIT_FSM_EV_SLICE_FAILED;
 	bool symptom = failed && ev->u.slice.symptom;
 	bool first = failed && m->state == REFIT_FSM_RUNNING;
-	bool keep = first || (failed && m->state == REFIT_FSM_FAILING_SYMPTOM && !symptom);
+	bool keep = first || (failed && m->state == REFIT_FSM_FAILING_SYMPTOM && !symptom) ||
+		    (failed && ev->final && !m->final);
 
 	o->next.pending = m->pending - 1;
 	if (first)
@@ -265,6 +269,7 @@ refit_fsm_step(const refit_fsm_t *m, const refit_fsm_event_t *ev, refit_fsm_out_
 		return illegal(m, ev, "not expected there", err);
 	if (counts_one(m, ev) && m->pending == 0)
 		return illegal(m, ev, "no answer is outstanding", err);
+	o.next.final = m->final || ev->final;
 	switch (ev->kind) {
 	case REFIT_FSM_EV_PLANNED:
 		planned(m, ev, &o);

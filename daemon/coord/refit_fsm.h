@@ -57,6 +57,9 @@ typedef enum refit_fsm_event_kind {
 
 typedef struct refit_fsm_event {
 	refit_fsm_event_kind_t kind;
+	bool final;                 /* no further attempt can succeed (a node it
+				       needs is poisoned): the failure is not
+				       retried, whatever the policy */
 	union {
 		struct {
 			bool wait_turn; /* nccl: another refit runs; plan again later */
@@ -114,6 +117,8 @@ typedef struct refit_fsm {
 	uint32_t retries;     /* further attempts allowed (the model's policy) */
 	uint32_t backoff_ms;  /* wait before attempt 2; doubled for each next one */
 	bool nccl;            /* the nodes use nccl (known once planned) */
+	bool final;           /* an event said no attempt can succeed: a failure
+				 ends in FAILED, not RETRY_WAIT */
 } refit_fsm_t;
 
 typedef struct refit_fsm_out {

@@ -51,6 +51,7 @@ free_if_idle(node_t *n)
 	dp_pool_free(n->pool);
 	world_clear(n);
 	VEC_FREE(&n->world);
+	free(n->poisoned);
 	free(n->coordinator);
 	free(n->node_id);
 	free(n->advertise);
@@ -156,6 +157,7 @@ on_tick(uv_timer_t *t)
 		rq.data_endpoint = n->data_ep;
 		rq.transport = (char *)n->xo->name;
 		rq.prepared_epoch = n->prepared_epoch;
+		rq.poisoned = (char *)(node_poisoned(n) ? n->poisoned : "");
 		rq.ranks = rp;
 		rq.n_ranks = n->nranks;
 		if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
@@ -171,6 +173,7 @@ on_tick(uv_timer_t *t)
 
 		rq.member_id = n->member_id;
 		rq.epoch = n->epoch;
+		rq.poisoned = (char *)(node_poisoned(n) ? n->poisoned : "");
 		if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 				   &refit__v1__coordinator__descriptor, "Heartbeat", &rq.base,
 				   CALL_MS, on_beat_done, n, &err) == REFIT_OK) {
@@ -195,6 +198,17 @@ on_sweep(uv_timer_t *t)
 	node_waiters_sweep(n);
 	node_reports_tick(n);
 	node_run_held_tick(n, 0);
+	if (node_poisoned(n) && n->poisoned_exit && !n->exiting && !n->closing &&
+	    n->reports.n == 0) {
+		/* once the coordinator has the slice reports (they say so; each is
+		 * bounded by its give-up time) */
+		n->exiting = true;
+		log_errorx("node %s: poisoned_exit: stopping with status %d, for systemd to "
+			   "restart refitd (exiting hands the memory the GPU may still write "
+			   "back to the driver)", n->node_id, NODE_EXIT_POISONED);
+		n->poisoned_exit(n->poisoned_exit_arg);
+		return;
+	}
 	period = n->jobs.n || n->waiters.n || n->reports.n || n->held.n ? 50 : 500;
 	if (uv_timer_get_repeat(t) != period)
 		uv_timer_set_repeat(t, period);
@@ -340,6 +354,8 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->test_fail_commit = o->test_fail_commit;
 	n->test_hold_run_ms = o->test_hold_run_ms;
+	n->poisoned_exit = o->poisoned_exit;
+	n->poisoned_exit_arg = o->poisoned_exit_arg;
 	/* the data plane's buffers, kept across refits of an epoch; slices raise
 	 * the bound to their staging_bytes per local rank; relay parts under
 	 * 64 KiB come from the heap */

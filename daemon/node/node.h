@@ -28,7 +28,15 @@ typedef struct node_opts {
 	const char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl */
 	const char *gpu_devices;  /* nccl: "0,1,..." (NULL: local rank i -> device i) */
 	rpc_async_t *rpc;         /* the process's client for calls (not owned) */
+	/* called once on the loop when the transport poisoned the node (NULL:
+	 * the node stays up, reports it and refuses refits): poisoned_exit */
+	void (*poisoned_exit)(void *arg);
+	void *poisoned_exit_arg;
 } node_opts_t;
+
+/* refitd's exit status after poisoned_exit (EX_TEMPFAIL): not 0, so
+ * systemd's Restart=on-failure starts it again */
+#define NODE_EXIT_POISONED 75
 
 typedef struct node node_t;
 

@@ -155,6 +155,11 @@ struct node {
 	VEC(epoch_member_t) world;    /* members of the prepared epoch */
 	bool busy;                    /* a Join or Heartbeat is in flight */
 	bool drained;                 /* an operator drained us: stay out */
+	char *poisoned;               /* NULL, or why the transport runs no more
+					 refits here (node_poisoned) */
+	void (*poisoned_exit)(void *arg); /* node_opts_t.poisoned_exit */
+	void *poisoned_exit_arg;
+	bool exiting;                 /* poisoned_exit was called */
 	uint32_t inflight;
 	bool closing;
 	int handles;                  /* uv handles not yet closed */
@@ -236,6 +241,14 @@ refit_status_t node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest
 			       const plan_layout_set_t *dst, const plan_topo_t *topo,
 			       const plan_opts_t *o, plan_t *out, refit_err_t *err);
 
+/*
+ * node_run.c: why this node runs no more refits until refitd restarts (its
+ * transport poisoned it: nccl's GPU work that never ended, its memory
+ * kept), or NULL.  Noticed here, from the transport, and logged at ERROR
+ * once; from then on health answers NOT_SERVING and every Join, Heartbeat
+ * and SliceDone tells the coordinator.
+ */
+const char *node_poisoned(node_t *n);
 /* node_run.c: staging reserved by the running slices (metrics) */
 uint64_t node_staging_reserved(const node_t *n);
 

@@ -303,6 +303,19 @@ node_reports_drop(node_t *n)
 	}
 }
 
+const char *
+node_poisoned(node_t *n)
+{
+	char why[REFIT_ERR_MSG_MAX];
+
+	if (n->poisoned == NULL && n->x != NULL && n->xo->poisoned(n->x, why, sizeof(why))) {
+		n->poisoned = xstrdup(why);
+		log_errorx("node %s: poisoned: %s: restart refitd on this node", n->node_id,
+			   n->poisoned);
+	}
+	return n->poisoned;
+}
+
 /* The slice of j ended: tell the coordinator (SliceDone). */
 static void
 report_queue(node_t *n, slice_job_t *j, bool ok)
@@ -339,6 +352,7 @@ report_queue(node_t *n, slice_job_t *j, bool ok)
 	rq.plan_cached = false;
 	rq.slice_micros = j->slice_us;
 	rq.slice_xfers = j->plan.nxfers;
+	rq.poisoned = (char *)nz(node_poisoned(n));
 	r->n = n;
 	r->refit_id = j->refit_id;
 	r->epoch = j->epoch;
@@ -638,6 +652,12 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 				     n->node_id);
 	if (epoch_refused(n, call, "RunSlice", rq->refit_id, rq->epoch))
 		return;
+	/* refused before any client memory is touched (an in-place instance
+	 * would be marked invalid); the coordinator learns why from the next
+	 * Heartbeat and fails the refits needing this node from then on */
+	if (node_poisoned(n) != NULL)
+		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "node %s is poisoned: restart "
+				     "refitd on it: %s", n->node_id, n->poisoned);
 	if (was_aborted(n, rq->refit_id, rq->epoch, rq->attempt) != NULL) {
 		/* the Abort overtook it: the peers have stopped, so the slice
 		 * would only wait for them until its deadline */

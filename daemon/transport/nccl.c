@@ -1658,5 +1658,18 @@ nccl_stop(xport_t *x)
 	free(x);
 }
 
+static bool
+nccl_poisoned(xport_t *x, char *why, size_t len)
+{
+	bool p;
+
+	pthread_mutex_lock(&x->mu);
+	p = x->poison[0] != '\0';
+	if (p && len)
+		snprintf(why, len, "%s", x->poison);
+	pthread_mutex_unlock(&x->mu);
+	return p;
+}
+
 const xport_ops_t xport_nccl_ops = XPORT_OPS("nccl", XPORT_MEM_DEVICE, nccl);
 #endif

@@ -170,6 +170,13 @@ typedef struct xport_ops {
 	refit_status_t (*mem_open)(xport_t *x, int32_t rank, const void *ipc, size_t len,
 				   int32_t device, uint64_t bytes, void **base, refit_err_t *err);
 	void (*mem_close)(xport_t *x, void *base);
+	/*
+	 * Whether this node runs no more refits until refitd restarts, and why
+	 * (into why, len bytes): nccl's poisoning (work on a stream never ended,
+	 * even after its communicators were aborted; the memory it may still
+	 * write is kept).  Any thread.  tcp: never.
+	 */
+	bool (*poisoned)(xport_t *x, char *why, size_t len);
 } xport_ops_t;
 
 /* A backend's table from its functions prefix_name: a slot left out does
@@ -181,6 +188,7 @@ typedef struct xport_ops {
 		.set_world = p##_set_world, .unique_id = p##_unique_id, .open = p##_open, \
 		.dev = p##_dev, .exchange = p##_exchange, .close = p##_close,             \
 		.stop = p##_stop, .mem_open = p##_mem_open, .mem_close = p##_mem_close,  \
+		.poisoned = p##_poisoned,                                                 \
 	}
 
 /* The backend called name, or NULL (then *known lists the names). */

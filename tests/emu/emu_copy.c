@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/emu/emu_internal.h"
 
@@ -26,6 +27,7 @@ typedef struct copy_op {
 	size_t width, height, depth, dpitch, spitch, dslice, sslice;
 	bool memset;
 	int value;
+	bool hang;      /* REFIT_EMU_HANG_D2H: never ends, whatever aborts */
 } copy_op_t;
 
 typedef struct kernel_op {
@@ -87,8 +89,15 @@ copy_run(emu_op_t *op_, struct CUstream_st *s)
 	size_t dlen = (op->depth - 1) * op->dslice + (op->height - 1) * op->dpitch + op->width;
 	size_t slen = (op->depth - 1) * op->sslice + (op->height - 1) * op->spitch + op->width;
 	emu_alloc_t *dpin = NULL, *spin = NULL;
-	uint8_t *d = resolve(op->dst, dlen, sdev, false, op->what, "destination", &ddev, &dpin);
+	uint8_t *d;
 	const uint8_t *src = NULL;
+
+	/* a stuck device: the copy never ends and its stream never drains
+	 * (nothing, not even an abort of the communicators, ends it); it writes
+	 * nothing, so the process may exit */
+	while (op->hang)
+		pause();
+	d = resolve(op->dst, dlen, sdev, false, op->what, "destination", &ddev, &dpin);
 
 	if (d && !op->memset)
 		src = resolve(op->src, slen, sdev, false, op->what, "source", &srcdev, &spin);
@@ -187,6 +196,15 @@ copy_submit(copy_op_t *tmpl, int kind, cudaStream_t sh, bool sync)
 	if ((op = malloc(sizeof(*op))) == NULL)
 		return emu_fail(cudaErrorMemoryAllocation, "%s: out of host memory", w);
 	*op = *tmpl;
+	if (!tmpl->memset && emu_env()->hang_d2h && !emu_is_dev_addr(tmpl->dst) &&
+	    emu_is_dev_addr(tmpl->src)) {
+		static _Atomic uint64_t d2h;
+
+		op->hang = ++d2h == emu_env()->hang_d2h;
+		if (op->hang)
+			emu_say("%s: device-to-host copy %llu never ends (REFIT_EMU_HANG_D2H)", w,
+				(unsigned long long)emu_env()->hang_d2h);
+	}
 	op->h.run = copy_run;
 	op->h.fini = op_free;
 	emu_stream_push(s, &op->h);

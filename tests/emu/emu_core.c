@@ -163,6 +163,18 @@ env_parse(void)
 		}
 		env.nccl_version = (int)v;
 	}
+	s = getenv("REFIT_EMU_HANG_D2H");
+	env.hang_d2h = 0;
+	if (s && *s) {
+		unsigned long long n = strtoull(s, &end, 10);
+
+		if (*end || *s < '0' || *s > '9') {
+			emu_say("REFIT_EMU_HANG_D2H=\"%s\": want the number of the device-to-host "
+				"copy that never ends (1: the first; 0: none)", s);
+			return -1;
+		}
+		env.hang_d2h = n;
+	}
 	s = getenv("REFIT_EMU_DIR");
 	if (s && *s)
 		snprintf(env.dir, sizeof(env.dir), "%s", s);

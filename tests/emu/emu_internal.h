@@ -39,6 +39,8 @@ typedef struct emu_env {
 	uint64_t dev_mem;         /* bytes per device */
 	unsigned delay_min_us, delay_max_us;
 	int nccl_version;         /* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says */
+	uint64_t hang_d2h;        /* REFIT_EMU_HANG_D2H: this device-to-host copy of the
+				     process (counted from 1) never ends (0: none) */
 } emu_env_t;
 
 /* Initialise once (environment, address space); NULL when that failed (and

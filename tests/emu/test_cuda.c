@@ -93,6 +93,36 @@ t_copies_exact(void)
 	free(back);
 }
 
+/*
+ * REFIT_EMU_HANG_D2H=2 (set by the driver): the second device-to-host copy
+ * never ends and writes nothing; its stream stays not ready (the first and
+ * the copies of other kinds run); another stream is not held up.
+ */
+static void
+t_hang_d2h(void)
+{
+	uint8_t src[64], h1[64] = {0}, h2[64] = {0}, h3[64] = {0};
+	uint8_t *d;
+	cudaStream_t s = stream_nb(), o = stream_nb();
+
+	memset(src, 9, sizeof(src));
+	CU(cudaMalloc((void **)&d, 64));
+	CU(cudaMemcpyAsync(d, src, 64, cudaMemcpyHostToDevice, s));
+	CU(cudaMemcpyAsync(h1, d, 64, cudaMemcpyDeviceToHost, s));
+	CU(cudaStreamSynchronize(s));
+	CK(h1[0] == 9 && h1[63] == 9, "the first copy to the host did not run");
+	CU(cudaMemcpyAsync(h2, d, 64, cudaMemcpyDeviceToHost, s));
+	CU(cudaMemcpyAsync(h3, d, 64, cudaMemcpyDeviceToHost, o));
+	CU(cudaStreamSynchronize(o));
+	CK(h3[0] == 9, "the third copy (another stream) did not run");
+	for (int i = 0; i < 200; i++) {
+		CK(cudaStreamQuery(s) == cudaErrorNotReady, "the hung copy's stream drained");
+		usleep(1000);
+	}
+	CK(h2[0] == 0, "the hung copy wrote");
+	/* exit without freeing: the copy may still "run" (as on a stuck GPU) */
+}
+
 static void
 t_async_stale_notready(void)
 {
@@ -635,7 +665,7 @@ bad_env_child(int which)
 		{"REFIT_EMU_DEVICE_MEM", "-1"}, {"REFIT_EMU_DELAY_US", "9-2"},
 		{"REFIT_EMU_DIR", "/tmp/a-directory-name-that-is-far-too-long-for-the-unix-socket-"
 				  "paths-that-live-in-it"},
-		{"REFIT_EMU_NCCL_VERSION", "2.27"},
+		{"REFIT_EMU_NCCL_VERSION", "2.27"}, {"REFIT_EMU_HANG_D2H", "1x"},
 	};
 	int n;
 	void *p;
@@ -650,7 +680,7 @@ bad_env_child(int which)
 static void
 t_bad_environment(void)
 {
-	for (int i = 0; i < 6; i++)
+	for (int i = 0; i < 7; i++)
 		reap_ok(spawn(bad_env_child, i, NULL));
 }
 
@@ -795,5 +825,6 @@ const test_t cuda_tests[] = {
 	TEST(ipc_use_after_exporter_free), TEST(ipc_refused),
 	TEST_ENV(stream_destroy_and_free_sync, "REFIT_EMU_DELAY_US=1000000"), TEST(bad_environment),
 	TEST(cuda_argument_errors), TEST(ipc_of_freed_memory), TEST(ipc_mappings_packed_address_range),
+	TEST_ENV(hang_d2h, "REFIT_EMU_HANG_D2H=2"),
 };
 const size_t ncuda_tests = sizeof(cuda_tests) / sizeof(cuda_tests[0]);

@@ -240,9 +240,9 @@ class Cluster:
     """A coordinator and n node daemons; node k serves ranks k*RPN..."""
 
     def __init__(self, name, n, extra=(), coord_extra=(), lease_ms=3000, node_extra=None,
-                 env=None):
+                 env=None, node_env=None):
         """node_extra(k): more arguments for node k; env: the environment of
-        every daemon (None: this one's)."""
+        every daemon (None: this one's); node_env(k): more variables for node k."""
         self.name, self.n = name, n
         if TRANSPORT == "nccl":  # info: the tests read what the transport logs
             extra = ["--transport", "nccl", "--gpu-devices", gpu_devices()] + \
@@ -266,8 +266,10 @@ class Cluster:
                  f"{name}{k}", "--ranks", ranks, "--heartbeat-ms", "300",
                  "--local-socket", self.sock(k), "--log-level", "warn"] + list(extra) +
                 list(node_extra(k) if node_extra else ()))
-            self.nodes.append(spawn(self.node_args[k], stderr=self.log,
-                                    env=host_env(self.host(k)) or env))
+            nenv = host_env(self.host(k)) or env
+            if node_env:
+                nenv = dict(nenv or os.environ, **node_env(k))
+            self.nodes.append(spawn(self.node_args[k], stderr=self.log, env=nenv))
         self.ch = grpc.insecure_channel(self.addr)
         grpc.channel_ready_future(self.ch).result(timeout=10)
         self.stub = pbg.CoordinatorStub(self.ch)

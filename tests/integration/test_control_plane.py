@@ -293,6 +293,7 @@ def long_failures_and_json():
         d = json.loads(subprocess.run(ctl + ["members"], capture_output=True,
                                       text=True).stdout)
         assert d["members"][0]["node_id"] == nid, d
+        assert d["members"][0]["state"] == "member" and d["members"][0]["poisoned"] == "", d
         d = json.loads(subprocess.run(ctl + ["status", str(rid)], capture_output=True,
                                       text=True).stdout)
         assert d["model"] == model and d["failure"] == g.failure, d
@@ -447,6 +448,8 @@ def refitctl():
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", addr, "--token-file", tokfile]
     out = subprocess.run(ctl + ["members"], capture_output=True, text=True)
     assert out.returncode == 0 and "train0" in out.stdout and "infer0" in out.stdout, out
+    assert "STATE" in out.stdout and " member " in out.stdout, out
+    assert "poisoned" not in out.stdout, out
     out = subprocess.run(ctl + ["--json", "models"], capture_output=True, text=True)
     assert out.returncode == 0, out
     models = json.loads(out.stdout)["models"]

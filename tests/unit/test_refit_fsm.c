@@ -366,6 +366,53 @@ START_TEST(backoff_doubles_and_is_capped)
 }
 END_TEST
 
+/*
+ * A failure whose event is final (a node the refit needs is poisoned) ends
+ * in FAILED with retries left; so does a later failure of an attempt that
+ * saw a final event (a poisoned node's slice report, then the last report
+ * ending the round).  Without the flag the same events retry.
+ */
+START_TEST(final_failure_not_retried)
+{
+	for (int fin = 0; fin < 2; fin++) {
+		refit_fsm_t m = machine(REFIT_FSM_PLANNING, 0, 1, 5, false);
+		refit_fsm_event_t ev = EV(FAIL), bad = EV(SLICE_FAILED), last = EV(SLICE_OK);
+		refit_fsm_out_t out;
+		refit_err_t err;
+
+		refit_err_clear(&err);
+		ev.final = fin;
+		ck_assert_int_eq(refit_fsm_step(&m, &ev, &out, &err), REFIT_OK);
+		ck_assert_int_eq(out.next.state, fin ? REFIT_FSM_FAILED : REFIT_FSM_RETRY_WAIT);
+		/* two slices run: the first reports a final failure, the second ends well */
+		m = machine(REFIT_FSM_RUNNING, 2, 1, 5, false);
+		bad.final = fin;
+		ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+		ck_assert_int_eq(out.next.state, REFIT_FSM_FAILING);
+		ck_assert(out.next.final == (bool)fin);
+		m = out.next;
+		ck_assert_int_eq(refit_fsm_step(&m, &last, &out, &err), REFIT_OK);
+		ck_assert_int_eq(out.next.state, fin ? REFIT_FSM_FAILED : REFIT_FSM_RETRY_WAIT);
+		/* three slices: a cause is kept first; a final failure after it
+		 * replaces it (it is why no attempt follows); a second final one
+		 * does not */
+		m = machine(REFIT_FSM_RUNNING, 3, 1, 5, false);
+		bad.final = false;
+		ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+		m = out.next;
+		bad.final = fin;
+		ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+		ck_assert_int_eq(out.nact, fin ? 1 : 0);
+		if (fin)
+			ck_assert_int_eq(out.act[0].kind, REFIT_FSM_ACT_KEEP_CAUSE);
+		m = out.next;
+		ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+		ck_assert_int_eq(out.next.state, fin ? REFIT_FSM_FAILED : REFIT_FSM_RETRY_WAIT);
+		ck_assert(out.nact == 0 || out.act[0].kind != REFIT_FSM_ACT_KEEP_CAUSE);
+	}
+}
+END_TEST
+
 START_TEST(public_states)
 {
 	static const char *const names[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
@@ -448,6 +495,6 @@ suite_refit_fsm(void)
 			th_tcase("core", 0,
 				 TH_TESTS(table_matches_enums, every_pair, rows, planned_sets_nccl,
 					  count_underflow, backoff_doubles_and_is_capped,
-					  public_states, lifecycles)),
+					  final_failure_not_retried, public_states, lifecycles)),
 			NULL);
 }
