@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ap = argparse.ArgumentParser()
@@ -41,6 +42,14 @@ ap.add_argument("--sizes", default="64,128,256")
 ap.add_argument("--chunk", default="4MiB")
 ap.add_argument("--repeat", type=int, default=3,
                 help="refits per mode and size: the first, then the steady state")
+ap.add_argument("--scenarios", default="tp4x4,tp8x2",
+                help="which inference layouts to run (comma-separated names)")
+ap.add_argument("--cc", default="",
+                help="TCP congestion control in the nodes' namespaces (default: the "
+                     "kernel's default, printed)")
+ap.add_argument("--links", action="store_true",
+                help="sample every node's link counters during each refit and print "
+                     "how busy each link was")
 A = ap.parse_args()
 BUILD = A.build
 TAG = f"rtb{os.getpid() % 100000}"
@@ -108,6 +117,8 @@ def build_net(rate):
         sh("ip", "addr", "add", f"{ip}/24", "dev", peer, ns=ns)
         sh("ip", "link", "set", peer, "up", ns=ns)
         sh("ip", "link", "set", "lo", "up", ns=ns)
+        if A.cc:
+            sh("sysctl", "-q", f"net.ipv4.tcp_congestion_control={A.cc}", ns=ns)
         # the node's NIC: rate-limited both ways (upload in the namespace,
         # download on the bridge side)
         tbf = ["tbf", "rate", f"{rate}mbit", "burst", "512kb", "latency", "100ms"]
@@ -256,8 +267,86 @@ def predict(src, dst, topo, mode):
     return float(m.group(1)) * UNIT[m.group(2)], float(m.group(3)) * UNIT[m.group(4)]
 
 
+class Links:
+    """Samples every node's link counters (the bridge side of its veth: tx is
+    what the node downloads, rx what it uploads) every 10 ms while a refit
+    runs; report() says, per node and direction, the MiB moved and the
+    share of the refit's busy period the link ran at >= 90 % of its rate."""
+
+    def __init__(self):
+        self.samples, self.stop = [], threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    @staticmethod
+    def read():
+        out = []
+        for k in range(NODES):
+            d = f"/sys/class/net/{TAG}h{k}/statistics/"
+            out.append((int(open(d + "tx_bytes").read()), int(open(d + "rx_bytes").read())))
+        return out
+
+    @staticmethod
+    def cpu():
+        """(busy, total) jiffies of the whole machine."""
+        f = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+        return sum(f) - f[3] - f[4], sum(f)
+
+    def run(self):
+        while not self.stop.is_set():
+            self.samples.append((time.monotonic(), self.read(), self.cpu()))
+            time.sleep(0.01)
+
+    def report(self):
+        self.stop.set()
+        self.t.join()
+        s = self.samples
+        if len(s) < 3:
+            return ""
+        full = A.rate_mbit * 1e6 / 8
+        # the busy period: from the first to the last interval any link moved data
+        moving = [i for i in range(1, len(s)) if any(
+            s[i][1][k][d] - s[i - 1][1][k][d] > full * (s[i][0] - s[i - 1][0]) * 0.05
+            for k in range(NODES) for d in (0, 1))]
+        if not moving:
+            return ""
+        a, b = moving[0], moving[-1]
+        span = s[b][0] - s[a - 1][0]
+        cols = []
+        for k in range(NODES):
+            for d, what in ((1, "up"), (0, "down")):
+                moved = s[b][1][k][d] - s[a - 1][1][k][d]
+                busy = sum(s[i][0] - s[i - 1][0] for i in range(a, b + 1)
+                           if s[i][1][k][d] - s[i - 1][1][k][d] >=
+                           0.9 * full * (s[i][0] - s[i - 1][0]))
+                if moved > 1 << 20:
+                    cols.append(f"{NAMES[k]} {what} {moved / 2**20:.0f}M "
+                                f"{moved / full / span * 100:.0f}%/{busy / span * 100:.0f}%")
+        self.timeline = []   # per 100 ms of the busy period: each link's rate, % of nominal
+        t, i = s[a - 1][0], a - 1
+        while i < b:
+            j = i
+            while j < b and s[j][0] - t < 0.1:
+                j += 1
+            dt = s[j][0] - s[i][0]
+            self.timeline.append([round(s[i][0] - s[a - 1][0], 2)] + [
+                round((s[j][1][k][d] - s[i][1][k][d]) / full / dt * 100)
+                for k in range(NODES) for d in (1, 0)])
+            t, i = s[j][0], j
+        busy, total = (s[b][2][i] - s[a - 1][2][i] for i in (0, 1))
+        return f"{'':9} links over {span:.2f}s (MiB, mean rate/time at >=90%; CPU " \
+            f"{busy / max(total, 1) * 100:.0f}% busy): " + ", ".join(cols)
+
+
 def refit(model, version, mode):
+    links = Links() if A.links else None
     out = ctl("--json", "trigger", model, "--version", str(version), "--mode", mode, "--wait")
+    if links:
+        print(links.report())
+        with open(os.path.join(OUT, f"links-{model}-v{version}.txt"), "w") as f:
+            f.write("t_s " + " ".join(f"{n}_up {n}_down" for n in NAMES) + "\n")
+            for row in getattr(links, "timeline", []):
+                f.write(" ".join(str(v) for v in row) + "\n")
     r = json.loads(out.stdout.strip().splitlines()[-1])
     if r["state"] != "COMMITTED":
         raise RuntimeError(f"refit {model} v{version} {mode}: {r['failure']}")
@@ -408,8 +497,10 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     ips = build_net(A.rate_mbit)
     start(ips)
+    cc = sh("sysctl", "-n", "net.ipv4.tcp_congestion_control", ns=f"{TAG}n0").stdout.strip()
     print(f"testbed: {NODES} nodes in network namespaces, {RPN} ranks each, links "
-          f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}")
+          f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}, "
+          f"TCP congestion control {cc}")
     topo = topology(A.rate_mbit)
     cal = calibrate()
     ctopo = topology(cal, "calibrated")
@@ -418,7 +509,7 @@ def main():
         raise SystemExit(f"testbed: --repeat {A.repeat}: needs at least 1")
     print(f"{'model':>9} {'mode':>9} {'run':>3} {'net MiB':>8} {'measured':>9} {'e2e':>8} "
           f"{'limit':>8} {'of limit':>8} {'model':>8} {'err':>6} {'calib.':>8} {'err':>6}")
-    for sc in SCENARIOS:
+    for sc in [x for x in SCENARIOS if x["name"] in A.scenarios.split(",")]:
         print(f"-- {sc['name']}: {sc['what']}")
         for size in [int(x) for x in A.sizes.split(",")]:
             rows += run_case(sc, size, topo, ctopo)
@@ -436,7 +527,7 @@ def plot(rows):
         print("testbed: gnuplot not installed: no plot (apt-get install gnuplot-nox)")
         return
     dat = os.path.join(OUT, "time-vs-bytes.dat")
-    names = [sc["name"] for sc in SCENARIOS]
+    names = [sc["name"] for sc in SCENARIOS if any(r["scenario"] == sc["name"] for r in rows)]
     with open(dat, "w") as f:
         for name in names:  # one gnuplot data block per scenario
             f.write(f"# {name}: model_MiB reshard_s broadcast_s limit_s "
