@@ -237,14 +237,17 @@ def write(path, tensors):
     return path
 
 
-def topology(rate, name="topology"):
+def topology(rate, name="topology", host=None):
     """The cost model's picture of this testbed: one NIC per node, shared;
-    rate in Mbit/s (nominal, or calibrated)."""
+    rate in Mbit/s (nominal, or calibrated); host: the measured pack_gbps,
+    unpack_gbps and connection_us (calibrated), else not modelled."""
     ranks = [{"rank": r, "node": NAMES[r // RPN]} for r in range(NODES * RPN)]
     path = os.path.join(TMP, f"{name}.json")
+    topo = {"ranks": ranks, "nic": "node", "network_gbps": rate / 1000,
+            "nvlink_gbps": 400, "latency_us": {"network": 50, "nvlink": 5}}
+    topo.update(host or {})
     with open(path, "w") as f:
-        json.dump({"ranks": ranks, "nic": "node", "network_gbps": rate / 1000,
-                   "nvlink_gbps": 400, "latency_us": {"network": 50, "nvlink": 5}}, f)
+        json.dump(topo, f)
     return path
 
 
@@ -382,7 +385,23 @@ def calibrate():
     print(f"calibration: one pair, {r['bytes'] / 2**20:.0f} MiB in {data:.2f} s: "
           f"{rate:.0f} Mbit/s of payload on a {A.rate_mbit} Mbit/s link "
           f"({rate / A.rate_mbit * 100:.1f} %)")
-    return rate
+    # the connection: opening that refit's one data session (dial, handshake,
+    # the receiver taking it), as the node measured it
+    conn_us = r["comm_micros"]
+    # host copies: the executor's box copies, the slowest case of bench-dataplane
+    # (strided rows), on this machine under this load
+    out = subprocess.run([f"{BUILD}/bin/bench-dataplane"], capture_output=True, text=True,
+                         timeout=600)
+    rates = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(
+        r"MiB\s+([0-9.]+)\s+([0-9.]+)\s+[0-9.]+\s", out.stdout)]
+    if out.returncode != 0 or not rates:
+        raise RuntimeError(f"bench-dataplane: {out.stderr or out.stdout}")
+    host = {"pack_gbps": min(p for p, _ in rates) * 8,
+            "unpack_gbps": min(u for _, u in rates) * 8, "connection_us": conn_us}
+    print(f"calibration: host copies pack {host['pack_gbps'] / 8:.1f} GB/s, unpack "
+          f"{host['unpack_gbps'] / 8:.1f} GB/s (bench-dataplane, slowest case); "
+          f"one connection {conn_us / 1e3:.1f} ms (that refit's session open)")
+    return rate, host
 
 
 def median(xs):
@@ -502,8 +521,8 @@ def main():
           f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}, "
           f"TCP congestion control {cc}")
     topo = topology(A.rate_mbit)
-    cal = calibrate()
-    ctopo = topology(cal, "calibrated")
+    cal, host = calibrate()
+    ctopo = topology(cal, "calibrated", host)
     rows = []
     if A.repeat < 1:
         raise SystemExit(f"testbed: --repeat {A.repeat}: needs at least 1")
@@ -515,7 +534,8 @@ def main():
             rows += run_case(sc, size, topo, ctopo)
     summ = summarize(rows)
     print_summary(summ)
-    res = {"rate_mbit": A.rate_mbit, "calibrated_mbit": cal, "ranks_per_node": RPN,
+    res = {"rate_mbit": A.rate_mbit, "calibrated_mbit": cal, "calibrated_host": host,
+           "ranks_per_node": RPN,
            "repeat": A.repeat, "rows": rows, "summary": summ}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
