@@ -442,6 +442,8 @@ typedef struct unit {
 	uint64_t pushed, seq, len;   /* pushed: units pushed before it */
 } unit_t;
 
+typedef VEC(unit_t) unitvec_t;
+
 struct xport {
 	dp_pool_t *pool;
 	const plan_t *plan;
@@ -449,7 +451,7 @@ struct xport {
 	const int32_t *node_of;      /* rank -> node */
 	uint64_t held_peak, max_in[2], pulled_max[2];
 	bool split;                  /* push each message part by part, last part first */
-	VEC(unit_t) pulls;           /* every unit pulled, in order */
+	unitvec_t pulls;             /* every unit pulled, in order */
 };
 
 struct xport_session {
@@ -680,7 +682,11 @@ cut_plan(plan_t *p, plan_tensor_ref_t *t, plan_xfer_t *x, plan_box_t *b)
 	p->stages_per_round = 2;
 }
 
-START_TEST(slice_relays_cut_through)
+/* Node self's slice of cut_plan over transport xo (split: units part by
+ * part); the units it pulled go to pulls. */
+static refit_status_t
+cut_run(const xport_ops_t *xo, size_t self, bool split, unitvec_t *pulls, slice_stats_t *st,
+	refit_err_t *e)
 {
 	static const char *lay =
 		"{\"tensors\":[{\"name\":\"a\",\"dtype\":\"fp32\",\"shape\":[6,256],\"mesh\":%s,"
@@ -695,57 +701,67 @@ START_TEST(slice_relays_cut_through)
 	plan_t p;
 	int32_t node_of[3] = {0, 1, 1}, r0 = 0, r12[2] = {1, 2};
 	slice_node_t nodes[2] = {{"n0", "-", &r0, 1}, {"n1", "-", r12, 2}};
+	dp_pool_t *pl = dp_pool_new(0, 0, 0);
+	struct xport x = {pl, &p, self, node_of, 0, {0}, {0}, split, {0}};
+	mem_t mm = {&src, &dst, NULL, {0}};
+	dp_mem_ops_t ops = {mem_view, &mm, NULL};
+	atomic_int no_abort = 0;
+	slice_cfg_t c = {
+		.plan = &p, .src = &src, .dst = &dst, .mem = &ops, .corrupt = -1,
+		.nodes = nodes, .nnodes = 2, .self = self, .xo = xo, .x = &x,
+		.refit_id = 1, .epoch = 1, .deadline_ms = INT64_MAX, .abort = &no_abort,
+		.pool = pl,
+	};
+	refit_status_t rc;
 
 	snprintf(js, sizeof(js), lay, "[1]", "[1]");
 	th_layouts(js, &src);
 	snprintf(js, sizeof(js), lay, "[0,2]", "[0,2]");
 	th_layouts(js, &dst);
 	cut_plan(&p, t, xf, bx);
+	refit_err_clear(e);
+	ck_assert_int_eq(plan_match(&src, &dst, &mm.map, NULL), REFIT_OK);
+	rc = slice_run(&c, st, e);
+	*pulls = x.pulls;
+	dp_pool_free(pl);
+	mem_fini(&mm);
+	plan_layout_set_fini(&src);
+	plan_layout_set_fini(&dst);
+	return rc;
+}
+
+START_TEST(slice_relays_cut_through)
+{
 	for (size_t self = 0; self < 2; self++) {
 		for (int split = 0; split < 2; split++) {
-			mem_t mm = {&src, &dst, NULL, {0}};
-			dp_mem_ops_t ops = {mem_view, &mm, NULL};
-			dp_pool_t *pl = dp_pool_new(0, 0, 0);
-			struct xport x = {pl, &p, self, node_of, 0, {0}, {0}, split, {0}};
-			atomic_int no_abort = 0;
-			slice_cfg_t c = {
-				.plan = &p, .src = &src, .dst = &dst, .mem = &ops, .corrupt = -1,
-				.nodes = nodes, .nnodes = 2, .self = self, .xo = &scripted,
-				.x = &x, .refit_id = 1, .epoch = 1, .deadline_ms = INT64_MAX,
-				.abort = &no_abort, .pool = pl,
-			};
+			unitvec_t pulls;
 			slice_stats_t st;
 			refit_err_t e;
 
-			refit_err_clear(&e);
-			ck_assert_int_eq(plan_match(&src, &dst, &mm.map, NULL), REFIT_OK);
-			ck_assert_msg(slice_run(&c, &st, &e) == REFIT_OK, "%s", e.msg);
+			ck_assert_msg(cut_run(&scripted, self, split, &pulls, &st, &e) == REFIT_OK,
+				      "%s", e.msg);
 			if (self == 0) {
 				/* a's rows 0-1 went after one arrival, b's after the second */
-				ck_assert_uint_eq(x.pulls.n, 2);
-				ck_assert_uint_eq(x.pulls.v[0].pushed, 1);
-				ck_assert_uint_eq(x.pulls.v[0].seq, 0);
-				ck_assert_uint_eq(x.pulls.v[0].len, 2048);
-				ck_assert_uint_eq(x.pulls.v[1].pushed, 2);
-				ck_assert_uint_eq(x.pulls.v[1].seq, (uint64_t)1 << 32);
-				ck_assert_uint_eq(x.pulls.v[1].len, 2048);
+				ck_assert_uint_eq(pulls.n, 2);
+				ck_assert_uint_eq(pulls.v[0].pushed, 1);
+				ck_assert_uint_eq(pulls.v[0].seq, 0);
+				ck_assert_uint_eq(pulls.v[0].len, 2048);
+				ck_assert_uint_eq(pulls.v[1].pushed, 2);
+				ck_assert_uint_eq(pulls.v[1].seq, (uint64_t)1 << 32);
+				ck_assert_uint_eq(pulls.v[1].len, 2048);
 				ck_assert_uint_eq(st.msgs_out, 1);
 				ck_assert_uint_eq(st.bytes_out, 4096);
 				ck_assert_uint_eq(st.msgs_in, 2);
 			} else {
 				/* whole messages from the start: nothing waits */
-				ck_assert_uint_eq(x.pulls.n, 2);
-				ck_assert_uint_eq(x.pulls.v[0].len, 6144);
+				ck_assert_uint_eq(pulls.n, 2);
+				ck_assert_uint_eq(pulls.v[0].len, 6144);
 				ck_assert_uint_eq(st.msgs_in, 1);
 				ck_assert_uint_eq(st.bytes_in, 4096);
 			}
-			dp_pool_free(pl);
-			VEC_FREE(&x.pulls);
-			mem_fini(&mm);
+			VEC_FREE(&pulls);
 		}
 	}
-	plan_layout_set_fini(&src);
-	plan_layout_set_fini(&dst);
 }
 END_TEST
 
@@ -772,52 +788,20 @@ static const xport_ops_t scripted_bad = {
 
 START_TEST(slice_refuses_bad_units)
 {
-	static const char *lay =
-		"{\"tensors\":[{\"name\":\"a\",\"dtype\":\"fp32\",\"shape\":[6,256],\"mesh\":%s,"
-		"\"placements\":[\"Replicate()\"]},"
-		"{\"name\":\"b\",\"dtype\":\"fp32\",\"shape\":[6,256],\"mesh\":%s,"
-		"\"placements\":[\"Replicate()\"]}]}";
 	static const char *want[2] = {"which do not end at a part of it",
 				      "which has 2 parts, and that one arrived already"};
-	char js[1024];
-	plan_layout_set_t src, dst;
-	plan_tensor_ref_t t[2];
-	plan_xfer_t xf[6];
-	plan_box_t bx[3];
-	plan_t p;
-	int32_t node_of[3] = {0, 1, 1}, r0 = 0, r12[2] = {1, 2};
-	slice_node_t nodes[2] = {{"n0", "-", &r0, 1}, {"n1", "-", r12, 2}};
 
-	snprintf(js, sizeof(js), lay, "[1]", "[1]");
-	th_layouts(js, &src);
-	snprintf(js, sizeof(js), lay, "[0,2]", "[0,2]");
-	th_layouts(js, &dst);
-	cut_plan(&p, t, xf, bx);
 	for (int split = 0; split < 2; split++) {
-		mem_t mm = {&src, &dst, NULL, {0}};
-		dp_mem_ops_t ops = {mem_view, &mm, NULL};
-		dp_pool_t *pl = dp_pool_new(0, 0, 0);
-		struct xport x = {pl, &p, 1, node_of, 0, {0}, {0}, split, {0}};
-		atomic_int no_abort = 0;
-		slice_cfg_t c = {
-			.plan = &p, .src = &src, .dst = &dst, .mem = &ops, .corrupt = -1,
-			.nodes = nodes, .nnodes = 2, .self = 1, .xo = &scripted_bad, .x = &x,
-			.refit_id = 1, .epoch = 1, .deadline_ms = INT64_MAX, .abort = &no_abort,
-			.pool = pl,
-		};
+		unitvec_t pulls;
 		slice_stats_t st;
 		refit_err_t e;
 
-		refit_err_clear(&e);
-		ck_assert_int_eq(plan_match(&src, &dst, &mm.map, NULL), REFIT_OK);
-		ck_assert_int_eq(slice_run(&c, &st, &e), REFIT_ERR_REMOTE);
+		ck_assert_int_eq(cut_run(&scripted_bad, 1, split, &pulls, &st, &e),
+				 REFIT_ERR_REMOTE);
 		ck_assert_msg(strstr(e.msg, want[split]) && strstr(e.msg, "node \"n0\""),
 			      "%s", e.msg);
-		dp_pool_free(pl);
-		mem_fini(&mm);
+		VEC_FREE(&pulls);
 	}
-	plan_layout_set_fini(&src);
-	plan_layout_set_fini(&dst);
 }
 END_TEST
 
