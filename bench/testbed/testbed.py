@@ -15,10 +15,16 @@ in the same run, each mode --repeat times in a row (default 3: the first
 refit, then the steady state, reported as the median of the later ones;
 the nodes keep their data-plane buffers across refits of an epoch).  For
 each: wall time, achieved bandwidth as a fraction of the link limit (the cost model's lower bound for these links), the speed-up,
-and the cost model's prediction.  Writes build/testbed/results.json and,
-when gnuplot is there, build/testbed/time-vs-bytes.png.
+and the cost model's prediction, nominal and calibrated: the calibration
+first measures the link's payload rate (one pair, 128 MiB), one
+connection's cost (that refit's session open) and the host's pack and
+unpack rates (bench-dataplane), and gives all four to the cost model.
+Writes build/testbed/results.json and, when gnuplot is there,
+build/testbed/time-vs-bytes.png; with --links, how busy every link was per
+refit (and build/testbed/links-*.txt, a 100 ms timeline).
 
 Usage: testbed.py BUILD_DIR [--rate-mbit N] [--sizes MiB,MiB,...] [--repeat N]
+                  [--chunk SIZE] [--scenarios tp4x4,tp8x2] [--links] [--cc ALGO]
 Needs root, ip and tc; prints a skip line and exits 0 otherwise.  Removes
 every namespace, link and process it made, also after a failure.
 """
