@@ -15,10 +15,16 @@ in the same run, each mode --repeat times in a row (default 3: the first
 refit, then the steady state, reported as the median of the later ones;
 the nodes keep their data-plane buffers across refits of an epoch).  For
 each: wall time, achieved bandwidth as a fraction of the link limit (the cost model's lower bound for these links), the speed-up,
-and the cost model's prediction.  Writes build/testbed/results.json and,
-when gnuplot is there, build/testbed/time-vs-bytes.png.
+and the cost model's prediction, nominal and calibrated: the calibration
+first measures the link's payload rate (one pair, 128 MiB), one
+connection's cost (that refit's session open) and the host's pack and
+unpack rates (bench-dataplane), and gives all four to the cost model.
+Writes build/testbed/results.json and, when gnuplot is there,
+build/testbed/time-vs-bytes.png; with --links, how busy every link was per
+refit (and build/testbed/links-*.txt, a 100 ms timeline).
 
 Usage: testbed.py BUILD_DIR [--rate-mbit N] [--sizes MiB,MiB,...] [--repeat N]
+                  [--chunk SIZE] [--scenarios tp4x4,tp8x2] [--links] [--cc ALGO]
 Needs root, ip and tc; prints a skip line and exits 0 otherwise.  Removes
 every namespace, link and process it made, also after a failure.
 """
@@ -32,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ap = argparse.ArgumentParser()
@@ -41,6 +48,14 @@ ap.add_argument("--sizes", default="64,128,256")
 ap.add_argument("--chunk", default="4MiB")
 ap.add_argument("--repeat", type=int, default=3,
                 help="refits per mode and size: the first, then the steady state")
+ap.add_argument("--scenarios", default="tp4x4,tp8x2",
+                help="which inference layouts to run (comma-separated names)")
+ap.add_argument("--cc", default="",
+                help="TCP congestion control in the nodes' namespaces (default: the "
+                     "kernel's default, printed)")
+ap.add_argument("--links", action="store_true",
+                help="sample every node's link counters during each refit and print "
+                     "how busy each link was")
 A = ap.parse_args()
 BUILD = A.build
 TAG = f"rtb{os.getpid() % 100000}"
@@ -108,6 +123,8 @@ def build_net(rate):
         sh("ip", "addr", "add", f"{ip}/24", "dev", peer, ns=ns)
         sh("ip", "link", "set", peer, "up", ns=ns)
         sh("ip", "link", "set", "lo", "up", ns=ns)
+        if A.cc:
+            sh("sysctl", "-q", f"net.ipv4.tcp_congestion_control={A.cc}", ns=ns)
         # the node's NIC: rate-limited both ways (upload in the namespace,
         # download on the bridge side)
         tbf = ["tbf", "rate", f"{rate}mbit", "burst", "512kb", "latency", "100ms"]
@@ -226,14 +243,17 @@ def write(path, tensors):
     return path
 
 
-def topology(rate, name="topology"):
+def topology(rate, name="topology", host=None):
     """The cost model's picture of this testbed: one NIC per node, shared;
-    rate in Mbit/s (nominal, or calibrated)."""
+    rate in Mbit/s (nominal, or calibrated); host: the measured pack_gbps,
+    unpack_gbps and connection_us (calibrated), else not modelled."""
     ranks = [{"rank": r, "node": NAMES[r // RPN]} for r in range(NODES * RPN)]
     path = os.path.join(TMP, f"{name}.json")
+    topo = {"ranks": ranks, "nic": "node", "network_gbps": rate / 1000,
+            "nvlink_gbps": 400, "latency_us": {"network": 50, "nvlink": 5}}
+    topo.update(host or {})
     with open(path, "w") as f:
-        json.dump({"ranks": ranks, "nic": "node", "network_gbps": rate / 1000,
-                   "nvlink_gbps": 400, "latency_us": {"network": 50, "nvlink": 5}}, f)
+        json.dump(topo, f)
     return path
 
 
@@ -256,8 +276,86 @@ def predict(src, dst, topo, mode):
     return float(m.group(1)) * UNIT[m.group(2)], float(m.group(3)) * UNIT[m.group(4)]
 
 
+class Links:
+    """Samples every node's link counters (the bridge side of its veth: tx is
+    what the node downloads, rx what it uploads) every 10 ms while a refit
+    runs; report() says, per node and direction, the MiB moved and the
+    share of the refit's busy period the link ran at >= 90 % of its rate."""
+
+    def __init__(self):
+        self.samples, self.stop = [], threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    @staticmethod
+    def read():
+        out = []
+        for k in range(NODES):
+            d = f"/sys/class/net/{TAG}h{k}/statistics/"
+            out.append((int(open(d + "tx_bytes").read()), int(open(d + "rx_bytes").read())))
+        return out
+
+    @staticmethod
+    def cpu():
+        """(busy, total) jiffies of the whole machine."""
+        f = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+        return sum(f) - f[3] - f[4], sum(f)
+
+    def run(self):
+        while not self.stop.is_set():
+            self.samples.append((time.monotonic(), self.read(), self.cpu()))
+            time.sleep(0.01)
+
+    def report(self):
+        self.stop.set()
+        self.t.join()
+        s = self.samples
+        if len(s) < 3:
+            return ""
+        full = A.rate_mbit * 1e6 / 8
+        # the busy period: from the first to the last interval any link moved data
+        moving = [i for i in range(1, len(s)) if any(
+            s[i][1][k][d] - s[i - 1][1][k][d] > full * (s[i][0] - s[i - 1][0]) * 0.05
+            for k in range(NODES) for d in (0, 1))]
+        if not moving:
+            return ""
+        a, b = moving[0], moving[-1]
+        span = s[b][0] - s[a - 1][0]
+        cols = []
+        for k in range(NODES):
+            for d, what in ((1, "up"), (0, "down")):
+                moved = s[b][1][k][d] - s[a - 1][1][k][d]
+                busy = sum(s[i][0] - s[i - 1][0] for i in range(a, b + 1)
+                           if s[i][1][k][d] - s[i - 1][1][k][d] >=
+                           0.9 * full * (s[i][0] - s[i - 1][0]))
+                if moved > 1 << 20:
+                    cols.append(f"{NAMES[k]} {what} {moved / 2**20:.0f}M "
+                                f"{moved / full / span * 100:.0f}%/{busy / span * 100:.0f}%")
+        self.timeline = []   # per 100 ms of the busy period: each link's rate, % of nominal
+        t, i = s[a - 1][0], a - 1
+        while i < b:
+            j = i
+            while j < b and s[j][0] - t < 0.1:
+                j += 1
+            dt = s[j][0] - s[i][0]
+            self.timeline.append([round(s[i][0] - s[a - 1][0], 2)] + [
+                round((s[j][1][k][d] - s[i][1][k][d]) / full / dt * 100)
+                for k in range(NODES) for d in (1, 0)])
+            t, i = s[j][0], j
+        busy, total = (s[b][2][i] - s[a - 1][2][i] for i in (0, 1))
+        return f"{'':9} links over {span:.2f}s (MiB, mean rate/time at >=90%; CPU " \
+            f"{busy / max(total, 1) * 100:.0f}% busy): " + ", ".join(cols)
+
+
 def refit(model, version, mode):
+    links = Links() if A.links else None
     out = ctl("--json", "trigger", model, "--version", str(version), "--mode", mode, "--wait")
+    if links:
+        print(links.report())
+        with open(os.path.join(OUT, f"links-{model}-v{version}.txt"), "w") as f:
+            f.write("t_s " + " ".join(f"{n}_up {n}_down" for n in NAMES) + "\n")
+            for row in getattr(links, "timeline", []):
+                f.write(" ".join(str(v) for v in row) + "\n")
     r = json.loads(out.stdout.strip().splitlines()[-1])
     if r["state"] != "COMMITTED":
         raise RuntimeError(f"refit {model} v{version} {mode}: {r['failure']}")
@@ -293,7 +391,23 @@ def calibrate():
     print(f"calibration: one pair, {r['bytes'] / 2**20:.0f} MiB in {data:.2f} s: "
           f"{rate:.0f} Mbit/s of payload on a {A.rate_mbit} Mbit/s link "
           f"({rate / A.rate_mbit * 100:.1f} %)")
-    return rate
+    # the connection: opening that refit's one data session (dial, handshake,
+    # the receiver taking it), as the node measured it
+    conn_us = r["comm_micros"]
+    # host copies: the executor's box copies, the slowest case of bench-dataplane
+    # (strided rows), on this machine under this load
+    out = subprocess.run([f"{BUILD}/bin/bench-dataplane"], capture_output=True, text=True,
+                         timeout=600)
+    rates = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(
+        r"MiB\s+([0-9.]+)\s+([0-9.]+)\s+[0-9.]+\s", out.stdout)]
+    if out.returncode != 0 or not rates:
+        raise RuntimeError(f"bench-dataplane: {out.stderr or out.stdout}")
+    host = {"pack_gbps": min(p for p, _ in rates) * 8,
+            "unpack_gbps": min(u for _, u in rates) * 8, "connection_us": conn_us}
+    print(f"calibration: host copies pack {host['pack_gbps'] / 8:.1f} GB/s, unpack "
+          f"{host['unpack_gbps'] / 8:.1f} GB/s (bench-dataplane, slowest case); "
+          f"one connection {conn_us / 1e3:.1f} ms (that refit's session open)")
+    return rate, host
 
 
 def median(xs):
@@ -408,23 +522,26 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     ips = build_net(A.rate_mbit)
     start(ips)
+    cc = sh("sysctl", "-n", "net.ipv4.tcp_congestion_control", ns=f"{TAG}n0").stdout.strip()
     print(f"testbed: {NODES} nodes in network namespaces, {RPN} ranks each, links "
-          f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}")
+          f"{A.rate_mbit} Mbit/s per node each way (tc tbf), chunk {A.chunk}, "
+          f"TCP congestion control {cc}")
     topo = topology(A.rate_mbit)
-    cal = calibrate()
-    ctopo = topology(cal, "calibrated")
+    cal, host = calibrate()
+    ctopo = topology(cal, "calibrated", host)
     rows = []
     if A.repeat < 1:
         raise SystemExit(f"testbed: --repeat {A.repeat}: needs at least 1")
     print(f"{'model':>9} {'mode':>9} {'run':>3} {'net MiB':>8} {'measured':>9} {'e2e':>8} "
           f"{'limit':>8} {'of limit':>8} {'model':>8} {'err':>6} {'calib.':>8} {'err':>6}")
-    for sc in SCENARIOS:
+    for sc in [x for x in SCENARIOS if x["name"] in A.scenarios.split(",")]:
         print(f"-- {sc['name']}: {sc['what']}")
         for size in [int(x) for x in A.sizes.split(",")]:
             rows += run_case(sc, size, topo, ctopo)
     summ = summarize(rows)
     print_summary(summ)
-    res = {"rate_mbit": A.rate_mbit, "calibrated_mbit": cal, "ranks_per_node": RPN,
+    res = {"rate_mbit": A.rate_mbit, "calibrated_mbit": cal, "calibrated_host": host,
+           "ranks_per_node": RPN,
            "repeat": A.repeat, "rows": rows, "summary": summ}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -436,7 +553,7 @@ def plot(rows):
         print("testbed: gnuplot not installed: no plot (apt-get install gnuplot-nox)")
         return
     dat = os.path.join(OUT, "time-vs-bytes.dat")
-    names = [sc["name"] for sc in SCENARIOS]
+    names = [sc["name"] for sc in SCENARIOS if any(r["scenario"] == sc["name"] for r in rows)]
     with open(dat, "w") as f:
         for name in names:  # one gnuplot data block per scenario
             f.write(f"# {name}: model_MiB reshard_s broadcast_s limit_s "

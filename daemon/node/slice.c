@@ -21,9 +21,26 @@ typedef struct smsg {
 	bool done;
 	uint32_t peer;       /* the other node (M_OUT, M_IN) */
 	uint32_t pos;        /* index in its (sender, receiver) list: the wire's seq */
-	uint32_t ndeps;      /* arrivals it still waits for (M_OUT, M_LOCAL) */
-	uint32_t dep0, ndep; /* its dependents in the slice's dependents table */
+	uint32_t nleft;      /* its parts not yet sent, arrived or copied */
 } smsg_t;
+
+/*
+ * A part of a message (the slice's part table, parallel to parts): the
+ * unit of readiness.  A part that packs data this node received waits for
+ * exactly the arrived parts it overlaps, so a relay goes piece by piece as
+ * its pieces land (cut-through), not when every piece of its message has.
+ */
+typedef struct spart {
+	uint32_t msg;        /* its message */
+	uint32_t ndeps;      /* parts it still waits for (M_OUT, M_LOCAL) */
+	uint32_t dep0, ndep; /* its dependents in the slice's dependents table */
+	bool done;           /* sent, arrived or copied */
+} spart_t;
+
+/* On the wire a unit of message pos that starts at part k0 carries
+ * seq = pos | k0 << 32 (a whole message: seq = pos); its length says
+ * where it ends. */
+#define SEQ_PART_SHIFT 32
 
 typedef VEC(size_t) idxvec_t;
 
@@ -45,11 +62,12 @@ typedef struct slice {
 	dp_exec_t *x;
 	VEC(smsg_t) msgs;
 	VEC(plan_part_t) parts;
-	VEC(uint32_t) deps;  /* dependents, grouped per message */
+	VEC(spart_t) sp;     /* per part: its message, dependencies, state */
+	VEC(uint32_t) deps;  /* dependents (part indices), grouped per part */
 	idxvec_t *out, *in;  /* per node: message indices, plan order */
-	idxvec_t *ready;     /* per node: outgoing messages whose data is here */
+	idxvec_t *ready;     /* per node: outgoing parts whose data is here */
 	size_t *ready_i, *in_got;
-	idxvec_t work;       /* local messages ready to run */
+	idxvec_t work;       /* parts done whose dependents are to be told */
 	uint8_t **buf;       /* per node: packed outgoing message */
 	uint64_t *out_max;   /* per node: its largest message from here (self: local) */
 	uint64_t *in_max;    /* per node: its largest message to here */
@@ -112,11 +130,10 @@ msg_at(slice_t *s, size_t i)
 }
 
 static void
-count_stage(slice_t *s, uint32_t stage, uint64_t bytes)
+count_stage(slice_t *s, uint32_t stage)
 {
 	const plan_t *p = s->c->plan;
 
-	s->st->stage_bytes[stage < SLICE_MAX_STAGES ? stage : SLICE_MAX_STAGES - 1] += bytes;
 	if (--s->stage_left[stage] != 0)
 		return;
 	stage_done(s, stage);
@@ -137,78 +154,143 @@ count_stage(slice_t *s, uint32_t stage, uint64_t bytes)
 }
 
 /*
- * Message i is done (arrived, sent, or copied): its dependents may be
- * ready now.  Local messages that become ready run here, which may make
- * more ready.
+ * Parts [k0, k0 + n) of message i, bytes in all, were sent, arrived or
+ * copied: counted, and the message is done with its last part.
+ */
+static void
+parts_done(slice_t *s, size_t i, uint32_t k0, uint32_t n, uint64_t bytes)
+{
+	smsg_t *m = &s->msgs.v[i];
+	uint32_t stage = m->m.stage;
+
+	for (uint32_t k = k0; k < k0 + n; k++)
+		s->sp.v[m->part0 + k].done = true;
+	if (m->kind != M_IN) /* stage bytes: sent + copied locally */
+		s->st->stage_bytes[stage < SLICE_MAX_STAGES ? stage : SLICE_MAX_STAGES - 1] +=
+			bytes;
+	if (m->kind == M_OUT)
+		s->st->bytes_out += bytes;
+	else if (m->kind == M_IN)
+		s->st->bytes_in += bytes;
+	else
+		s->st->bytes_local += bytes;
+	m->nleft -= n;
+	if (m->nleft != 0)
+		return;
+	m->done = true;
+	if (m->kind == M_OUT) {
+		s->out_left--;
+		s->st->msgs_out++;
+	} else if (m->kind == M_IN) {
+		s->in_got[m->peer]++;
+		s->in_left--;
+		s->st->msgs_in++;
+	} else {
+		s->local_left--;
+		s->st->msgs_local++;
+	}
+	count_stage(s, stage);
+}
+
+/* The sub-message of message i made of parts [k0, k0 + n). */
+static plan_msg_t
+sub_msg(slice_t *s, size_t i, uint32_t k0, uint32_t n)
+{
+	const plan_msg_t *pm = msg_at(s, i);
+	plan_msg_t m = {pm->stage, pm->from, pm->to, 0, (plan_part_t *)pm->parts + k0, n};
+
+	for (uint32_t k = 0; k < n; k++)
+		m.bytes += m.parts[k].bytes;
+	return m;
+}
+
+/*
+ * Parts were done (arrived, sent, or copied; each pushed on s->work): their
+ * dependents may be ready now.  Local parts that become ready are copied
+ * here, which may make more ready.
  */
 static refit_status_t
-finished(slice_t *s, size_t i, refit_err_t *err)
+finished(slice_t *s, refit_err_t *err)
 {
-	VEC_PUSH(&s->work, i);
 	while (s->work.n) {
-		size_t k = s->work.v[--s->work.n];
-		smsg_t *m = &s->msgs.v[k];
+		size_t p = s->work.v[--s->work.n];
+		spart_t *q = &s->sp.v[p];
 
-		if (!m->done) { /* a local message whose data is here: copy it */
-			const plan_msg_t *pm = msg_at(s, k);
+		if (!q->done) { /* a local part whose data is here: copy it */
+			size_t i = q->msg;
+			plan_msg_t m = sub_msg(s, i, (uint32_t)(p - s->msgs.v[i].part0), 1);
 			uint8_t *b = s->buf[s->c->self];
 
-			CHECK(dp_pack_msg(s->x, pm, b, err));
-			CHECK(dp_unpack_msg(s->x, pm, b, err));
-			m->done = true;
-			s->local_left--;
-			s->st->msgs_local++;
-			s->st->bytes_local += pm->bytes;
-			count_stage(s, pm->stage, pm->bytes);
+			CHECK(dp_pack_msg(s->x, &m, b, err));
+			CHECK(dp_unpack_msg(s->x, &m, b, err));
+			parts_done(s, i, (uint32_t)(p - s->msgs.v[i].part0), 1, m.bytes);
 		}
-		for (uint32_t d = m->dep0; d < m->dep0 + m->ndep; d++) {
-			smsg_t *t = &s->msgs.v[s->deps.v[d]];
+		for (uint32_t d = q->dep0; d < q->dep0 + q->ndep; d++) {
+			uint32_t t = s->deps.v[d];
+			const smsg_t *tm = &s->msgs.v[s->sp.v[t].msg];
 
-			if (--t->ndeps != 0)
+			if (--s->sp.v[t].ndeps != 0)
 				continue;
-			if (t->kind == M_OUT)
-				VEC_PUSH(&s->ready[t->peer], s->deps.v[d]);
+			if (tm->kind == M_OUT)
+				VEC_PUSH(&s->ready[tm->peer], t);
 			else
-				VEC_PUSH(&s->work, s->deps.v[d]);
+				VEC_PUSH(&s->work, t);
 		}
 	}
 	return REFIT_OK;
 }
 
+/*
+ * The next unit for peer: the oldest ready part not sent yet and the ready
+ * parts that follow it in its message, packed as one frame.  A message
+ * whose parts are all here goes whole, as one frame.
+ */
 static refit_status_t
 pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, uint64_t *seq,
      refit_err_t *err)
 {
 	slice_t *s = arg;
-	const plan_msg_t *m;
-	size_t i;
+	smsg_t *sm;
+	plan_msg_t m;
+	size_t p, i;
+	uint32_t k0, n;
 
 	*len = UINT64_MAX;
 	if (s->held[peer]) { /* the transport asks again: the last one is written */
 		s->held[peer] = false;
 		s->nheld--;
 	}
+	while (s->ready_i[peer] < s->ready[peer].n &&
+	       s->sp.v[s->ready[peer].v[s->ready_i[peer]]].done)
+		s->ready_i[peer]++; /* went with an earlier unit */
 	if (s->ready_i[peer] >= s->ready[peer].n || s->nheld >= s->cap)
 		return REFIT_OK;
-	i = s->ready[peer].v[s->ready_i[peer]++];
-	m = msg_at(s, i);
+	p = s->ready[peer].v[s->ready_i[peer]++];
+	i = s->sp.v[p].msg;
+	sm = &s->msgs.v[i];
+	k0 = (uint32_t)(p - sm->part0);
+	for (n = 1; k0 + n < sm->m.nparts; n++) {
+		const spart_t *q = &s->sp.v[sm->part0 + k0 + n];
+
+		if (q->done || q->ndeps != 0)
+			break;
+	}
+	m = sub_msg(s, i, k0, n);
 	s->held[peer] = true;
 	s->nheld++;
 	if (s->c->test_delay_ms)
 		usleep(s->c->test_delay_ms * 1000u);
-	CHECK(dp_pack_msg(s->x, m, s->buf[peer], err));
-	if (s->c->corrupt >= 0 && s->sent == (uint64_t)s->c->corrupt && m->bytes > 0)
-		s->buf[peer][m->bytes / 2] ^= 0x5a;
+	CHECK(dp_pack_msg(s->x, &m, s->buf[peer], err));
+	if (s->c->corrupt >= 0 && s->sent == (uint64_t)s->c->corrupt && m.bytes > 0)
+		s->buf[peer][m.bytes / 2] ^= 0x5a;
 	s->sent++;
-	s->out_left--;
-	s->st->msgs_out++;
-	s->st->bytes_out += m->bytes;
-	s->msgs.v[i].done = true;
-	count_stage(s, m->stage, m->bytes);
 	*buf = s->buf[peer];
-	*len = m->bytes + s->trail;
-	*seq = s->msgs.v[i].pos;
-	return finished(s, i, err);
+	*len = m.bytes + s->trail;
+	*seq = sm->pos | (uint64_t)k0 << SEQ_PART_SHIFT;
+	parts_done(s, i, k0, n, m.bytes);
+	for (uint32_t k = k0; k < k0 + n; k++)
+		VEC_PUSH(&s->work, sm->part0 + k);
+	return finished(s, err);
 }
 
 static refit_status_t
@@ -217,30 +299,46 @@ push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
 {
 	slice_t *s = arg;
 	const slice_cfg_t *c = s->c;
-	const plan_msg_t *m;
+	uint64_t pos = seq & 0xffffffffu, k0 = seq >> SEQ_PART_SHIFT, want, got = 0;
+	const plan_msg_t *pm;
+	smsg_t *sm;
+	plan_msg_t m;
+	uint32_t n = 0;
 	size_t i;
 
-	if (seq >= s->in[peer].n || s->msgs.v[s->in[peer].v[seq]].done)
+	if (pos >= s->in[peer].n || s->msgs.v[s->in[peer].v[pos]].done)
 		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent message %" PRIu64
 				     ", which this node does not expect (it expects %zu, %zu "
-				     "arrived)", c->nodes[peer].node_id, seq, s->in[peer].n,
+				     "arrived)", c->nodes[peer].node_id, pos, s->in[peer].n,
 				     s->in_got[peer]);
-	i = s->in[peer].v[seq];
-	m = msg_at(s, i);
-	if (len != m->bytes + s->trail)
+	i = s->in[peer].v[pos];
+	sm = &s->msgs.v[i];
+	pm = msg_at(s, i);
+	if (k0 >= pm->nparts || s->sp.v[sm->part0 + k0].done)
+		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent part %" PRIu64
+				     " of message %" PRIu64 " (from rank %d to rank %d, stage "
+				     "%u), which has %u parts%s", c->nodes[peer].node_id, k0, pos,
+				     pm->from, pm->to, pm->stage, pm->nparts,
+				     k0 < pm->nparts ? ", and that one arrived already" : "");
+	/* the unit runs from part k0 until its bytes are used up (and over the
+	 * empty parts right after, which its sender packed with it) */
+	want = len >= s->trail ? len - s->trail : UINT64_MAX;
+	while (k0 + n < pm->nparts && !s->sp.v[sm->part0 + k0 + n].done &&
+	       (got < want || pm->parts[k0 + n].bytes == 0) && want != UINT64_MAX)
+		got += pm->parts[k0 + n++].bytes;
+	if (got != want)
 		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent %" PRIu64 " bytes "
-				     "for the message from rank %d to rank %d (stage %u), which "
-				     "has %" PRIu64 ": do both nodes run the same plan?",
-				     c->nodes[peer].node_id, len, m->from, m->to, m->stage,
-				     m->bytes + s->trail);
-	CHECK(dp_unpack_msg(s->x, m, buf, err));
-	s->msgs.v[i].done = true;
-	s->in_got[peer]++;
-	s->in_left--;
-	s->st->msgs_in++;
-	s->st->bytes_in += m->bytes;
-	count_stage(s, m->stage, 0);
-	return finished(s, i, err);
+				     "from part %" PRIu64 " of the message from rank %d to rank "
+				     "%d (stage %u), which do not end at a part of it (%" PRIu64
+				     " bytes in all): do both nodes run the same plan?",
+				     c->nodes[peer].node_id, len, k0, pm->from, pm->to, pm->stage,
+				     pm->bytes + s->trail);
+	m = sub_msg(s, i, (uint32_t)k0, n);
+	CHECK(dp_unpack_msg(s->x, &m, buf, err));
+	parts_done(s, i, (uint32_t)k0, n, m.bytes);
+	for (uint32_t k = (uint32_t)k0; k < k0 + n; k++)
+		VEC_PUSH(&s->work, sm->part0 + k);
+	return finished(s, err);
 }
 
 static bool
@@ -259,11 +357,11 @@ peer_done(void *arg, size_t peer)
 	return s->in_got[peer] >= s->in[peer].n;
 }
 
-/* A received part: which rank holds which box after which message. */
+/* A received part: which rank holds which box after which part. */
 typedef struct held {
 	int32_t rank;
 	uint32_t tensor, stage;
-	uint32_t msg;
+	uint32_t part;
 	plan_box_t box;
 } held_t;
 
@@ -278,19 +376,20 @@ cmp_held(const void *a, const void *b)
 }
 
 /*
- * Dependencies: a message sent (or copied) by rank r in stage s > 0 packs
+ * Dependencies: a part sent (or copied) by rank r in stage s > 0 packs
  * data r received earlier (forwards, relays); it waits for exactly the
- * arrivals at r, of earlier stages, whose boxes overlap its parts.  Data
+ * arrived parts at r, of earlier stages, whose boxes overlap it.  Data
  * from r's own training or inference memory needs nothing.  So a relay
- * goes as soon as its piece is here, not when the whole stage is: the
- * stages pipeline.  Edges follow stages upwards: no cycle, no deadlock.
+ * goes as soon as its piece is here, not when its whole message or the
+ * whole stage is: the stages pipeline, part by part.  Edges follow stages
+ * upwards: no cycle, no deadlock.
  */
 static void
 link_deps(slice_t *s)
 {
 	VEC(held_t) h = {0};
-	VEC(uint32_t) *adj = xcalloc(s->msgs.n + 1, sizeof(*adj));
-	uint32_t *stamp = xcalloc(s->msgs.n + 1, sizeof(*stamp));
+	VEC(uint32_t) *adj = xcalloc(s->parts.n + 1, sizeof(*adj));
+	uint32_t *stamp = xcalloc(s->parts.n + 1, sizeof(*stamp));
 
 	for (size_t i = 0; i < s->msgs.n; i++) {
 		smsg_t *m = &s->msgs.v[i];
@@ -300,7 +399,7 @@ link_deps(slice_t *s)
 			continue;
 		for (uint32_t k = 0; k < pm->nparts; k++) {
 			held_t e = {pm->to, s->c->plan->xfers[pm->parts[k].xfer].tensor,
-				    pm->stage, (uint32_t)i, pm->parts[k].box};
+				    pm->stage, (uint32_t)(m->part0 + k), pm->parts[k].box};
 
 			VEC_PUSH(&h, e);
 		}
@@ -314,6 +413,7 @@ link_deps(slice_t *s)
 			continue;
 		for (uint32_t k = 0; k < pm->nparts; k++) {
 			uint32_t t = s->c->plan->xfers[pm->parts[k].xfer].tensor;
+			uint32_t me = (uint32_t)(m->part0 + k);
 			held_t key = {.rank = pm->from, .tensor = t};
 			int nd = s->c->plan->tensors[t].ndim;
 			size_t lo = 0, hi = h.n;
@@ -327,23 +427,23 @@ link_deps(slice_t *s)
 					hi = mid;
 			}
 			for (size_t e = lo; e < h.n && cmp_held(&h.v[e], &key) == 0; e++) {
-				uint32_t src = h.v[e].msg;
+				uint32_t src = h.v[e].part;
 
-				if (h.v[e].stage >= pm->stage || stamp[src] == i + 1 ||
+				if (h.v[e].stage >= pm->stage || stamp[src] == me + 1 ||
 				    !plan_box_overlaps(&h.v[e].box, &pm->parts[k].box, nd))
 					continue;
-				stamp[src] = (uint32_t)i + 1;
-				VEC_PUSH(&adj[src], (uint32_t)i);
-				m->ndeps++;
+				stamp[src] = me + 1;
+				VEC_PUSH(&adj[src], me);
+				s->sp.v[me].ndeps++;
 			}
 		}
 	}
-	for (size_t i = 0; i < s->msgs.n; i++) {
-		s->msgs.v[i].dep0 = (uint32_t)s->deps.n;
-		s->msgs.v[i].ndep = (uint32_t)adj[i].n;
-		for (size_t k = 0; k < adj[i].n; k++)
-			VEC_PUSH(&s->deps, adj[i].v[k]);
-		VEC_FREE(&adj[i]);
+	for (size_t p = 0; p < s->parts.n; p++) {
+		s->sp.v[p].dep0 = (uint32_t)s->deps.n;
+		s->sp.v[p].ndep = (uint32_t)adj[p].n;
+		for (size_t k = 0; k < adj[p].n; k++)
+			VEC_PUSH(&s->deps, adj[p].v[k]);
+		VEC_FREE(&adj[p]);
 	}
 	free(adj);
 	free(stamp);
@@ -382,9 +482,12 @@ collect(slice_t *s, refit_err_t *err)
 		}
 		if (f != c->self && t != c->self)
 			continue;
-		for (uint32_t k = 0; k < m.nparts; k++)
+		for (uint32_t k = 0; k < m.nparts; k++) {
 			VEC_PUSH(&s->parts, m.parts[k]);
+			VEC_PUSH(&s->sp, ((spart_t){.msg = (uint32_t)s->msgs.n}));
+		}
 		sm.m.parts = NULL;
+		sm.nleft = m.nparts;
 		if (f == c->self && t == c->self) {
 			sm.kind = M_LOCAL;
 			s->local_left++;
@@ -415,29 +518,33 @@ collect(slice_t *s, refit_err_t *err)
 	return REFIT_OK;
 }
 
-/* Start: everything whose data is here already (a snapshot: what becomes
+/* Start: every part whose data is here already (a snapshot: what becomes
  * ready while local copies run is queued by finished()). */
 static refit_status_t
 start_ready(slice_t *s, refit_err_t *err)
 {
-	idxvec_t local = {0};
-	refit_status_t rc = REFIT_OK;
+	size_t nlocal = 0;
 
-	for (size_t i = 0; i < s->msgs.n; i++) {
-		smsg_t *m = &s->msgs.v[i];
+	for (size_t p = 0; p < s->parts.n; p++) {
+		const smsg_t *m = &s->msgs.v[s->sp.v[p].msg];
 
-		if (m->ndeps != 0 || m->kind == M_IN)
+		if (s->sp.v[p].ndeps != 0 || m->kind == M_IN)
 			continue;
 		if (m->kind == M_OUT)
-			VEC_PUSH(&s->ready[m->peer], i);
-		else
-			VEC_PUSH(&local, i);
+			VEC_PUSH(&s->ready[m->peer], p);
+		else {
+			VEC_PUSH(&s->work, p);
+			nlocal++;
+		}
 	}
-	for (size_t k = 0; k < local.n && rc == REFIT_OK; k++)
-		if (!s->msgs.v[local.v[k]].done)
-			rc = finished(s, local.v[k], err);
-	VEC_FREE(&local);
-	return rc;
+	/* the stack runs the last first: local parts in plan order */
+	for (size_t k = 0; k < nlocal / 2; k++) {
+		size_t t = s->work.v[k];
+
+		s->work.v[k] = s->work.v[nlocal - 1 - k];
+		s->work.v[nlocal - 1 - k] = t;
+	}
+	return finished(s, err);
 }
 
 /* ---- the stream form (tcp) ----------------------------------------------------- */
@@ -789,6 +896,7 @@ slice_fini(slice_t *s)
 	VEC_FREE(&s->work);
 	VEC_FREE(&s->msgs);
 	VEC_FREE(&s->parts);
+	VEC_FREE(&s->sp);
 	VEC_FREE(&s->gm);
 	VEC_FREE(&s->gops);
 	VEC_FREE(&s->gopmsg);

@@ -4,11 +4,14 @@
  * The node enumerates the plan's messages with the plan's one rule and
  * keeps those its ranks send or receive.  Messages between its own ranks
  * are copied in place; the others travel over one transport session, in
- * plan order per (sender node, receiver node).  A stage's messages are
- * packed only once every message of the earlier stages has arrived here
- * (forwards and relays send what they received); arrivals are unpacked the
- * moment they land, whatever their stage.  Staging: one packed message per
- * peer each way, plus relay data the plan keeps (exec.h).
+ * plan order per (sender node, receiver node).  Readiness is per part of
+ * a message: a part that packs data this node received (forwards, relays)
+ * goes once the arrived parts it overlaps are here, together with the ready
+ * parts after it in its message (a frame whose seq names the message and
+ * its first part: pos | k << 32; a message ready at once goes whole, seq =
+ * pos); arrivals are unpacked the moment they land, whatever their stage.
+ * Staging: one packed message per peer each way, plus relay data the plan
+ * keeps (exec.h).
  */
 #ifndef REFIT_DAEMON_NODE_SLICE_H
 #define REFIT_DAEMON_NODE_SLICE_H
