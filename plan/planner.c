@@ -100,6 +100,17 @@ typedef struct run {
 	int32_t *dom_slot;  /* per domain: its entry in the run, -1 */
 } run_t;
 
+/*
+ * Pair affinity: per (stage, sending NIC, destination domain), the rank
+ * that last took a part in from that NIC in that stage.  Open addressing;
+ * key 0 is a free slot.
+ */
+typedef struct pairmap {
+	uint64_t *key;
+	int32_t *rank;
+	size_t cap, n;
+} pairmap_t;
+
 typedef struct reshard {
 	const plan_layout_set_t *dst;
 	const plan_topo_t *topo;
@@ -141,6 +152,11 @@ typedef struct reshard {
 	uint64_t *dom_gen, all_gen; /* send generations (send_gen) */
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
+	/* aligned stages (net_stage): wave w of every piece crosses the
+	 * network in stage net0 + 2w, NVLink copies in the stages between */
+	uint32_t net0;        /* 1 when holders may send through helpers */
+	uint32_t wave;        /* of the part being assigned */
+	pairmap_t pair;       /* pair affinity (pick_receiver) */
 } reshard_t;
 
 static inline const piece_t *
@@ -371,18 +387,27 @@ unit_end(reshard_t *rs)
 	}
 }
 
-/* Stages from (round, stage inside it) to round * per_round + stage. */
+/* Stages from (round, stage inside it) to round * per_round + stage, the
+ * stages inside a round that no round uses left out (aligned stages,
+ * net_stage, may leave stage 0 empty). */
 static uint32_t
 number_stages(reshard_t *rs)
 {
-	uint32_t per = rs->max_local + 1;
+	uint32_t n = rs->max_local + 1, per = 0;
+	uint32_t *to = xcalloc(n, sizeof(*to));
 
+	for (size_t i = 0; i < rs->out->n; i++)
+		to[rs->out->v[i].stage & ((1u << ROUND_SHIFT) - 1)] = 1;
+	for (uint32_t k = 0; k < n; k++)
+		to[k] = to[k] ? per++ : per;
+	per = per ? per : 1;
 	for (size_t i = 0; i < rs->out->n; i++) {
 		plan_cx_t *x = &rs->out->v[i];
 
 		x->stage = (x->stage >> ROUND_SHIFT) * per +
-			   (x->stage & ((1u << ROUND_SHIFT) - 1));
+			   to[x->stage & ((1u << ROUND_SHIFT) - 1)];
 	}
+	free(to);
 	return per;
 }
 
@@ -493,6 +518,63 @@ relay_note(reshard_t *rs, int32_t rank)
 	VEC_PUSH(&m->rec, r);
 }
 
+static uint64_t
+pair_key(uint32_t stage, int32_t nic, int32_t dom)
+{
+	return ((uint64_t)stage << 48 | (uint64_t)(uint32_t)nic << 24 | (uint32_t)dom) + 1;
+}
+
+static size_t
+pair_slot(const pairmap_t *m, uint64_t key)
+{
+	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & (m->cap - 1);
+
+	while (m->key[i] != 0 && m->key[i] != key)
+		i = (i + 1) & (m->cap - 1);
+	return i;
+}
+
+/* The rank that last took a part in from nic in stage (-1: none). */
+static int32_t
+pair_get(const pairmap_t *m, uint64_t key)
+{
+	size_t i;
+
+	if (m->cap == 0)
+		return -1;
+	i = pair_slot(m, key);
+	return m->key[i] == key ? m->rank[i] : -1;
+}
+
+static void
+pair_set(pairmap_t *m, uint64_t key, int32_t rank)
+{
+	size_t i;
+
+	if (2 * (m->n + 1) > m->cap) {
+		pairmap_t g = {.cap = m->cap ? m->cap * 2 : 1024, .n = m->n};
+
+		g.key = xcalloc(g.cap, sizeof(*g.key));
+		g.rank = xmalloc(g.cap * sizeof(*g.rank));
+		for (size_t k = 0; k < m->cap; k++)
+			if (m->key[k] != 0) {
+				size_t j = pair_slot(&g, m->key[k]);
+
+				g.key[j] = m->key[k];
+				g.rank[j] = m->rank[k];
+			}
+		free(m->key);
+		free(m->rank);
+		*m = g;
+	}
+	i = pair_slot(m, key);
+	if (m->key[i] == 0) {
+		m->key[i] = key;
+		m->n++;
+	}
+	m->rank[i] = rank;
+}
+
 /*
  * The rank of domain w->domain that takes part b in over the network: the
  * needing rank with the least-loaded NIC, unless another rank of the domain
@@ -501,22 +583,56 @@ relay_note(reshard_t *rs, int32_t rank)
  * part is relay data in its staging (hierarchical receive).
  */
 static int32_t
-pick_receiver(reshard_t *rs, const work_t *w, uint64_t b)
+pick_least(reshard_t *rs, const work_t *w, uint64_t b, bool hop)
 {
 	const plan_topo_t *t = rs->topo;
 	const int32_t *need = rs->arena.v + w->n0;
 	int32_t r = least_nic(t, need, w->nn, rs->ld.net_recv), q;
 	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
 
-	if (!rs->hop_in[w->domain] || nd <= (int32_t)w->nn || b < rs->min_hop)
+	if (!hop)
 		return r;
 	q = least_nic(t, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_recv);
 	if (rs->ld.net_recv[plan_topo_nic(t, q)] >= rs->ld.net_recv[plan_topo_nic(t, r)] ||
 	    unit_relayed(rs, q) + b > rs->opts->staging_bytes / 2 || !relay_ok(rs, q, true))
 		return r;
-	unit_relay(rs, q, b);
-	relay_note(rs, q);
 	return q;
+}
+
+/*
+ * Pair affinity: parts from one sending NIC in one stage go to the rank
+ * that took the last one in from it (pairmap_t), while its NIC is within
+ * chunk_bytes of the least-loaded choice, so a receiving NIC takes its
+ * share from few senders in few (stage, from, to) groups: fuller messages,
+ * fewer latencies (the message rule packs a group's transfers).
+ */
+static int32_t
+pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t stage)
+{
+	const plan_topo_t *t = rs->topo;
+	const int32_t *need = rs->arena.v + w->n0;
+	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
+	bool hop = rs->hop_in[w->domain] && nd > (int32_t)w->nn && b >= rs->min_hop;
+	/* without hops the part enters through a rank needing it: pairs per
+	 * set of such ranks (the domain's regions give disjoint or equal sets,
+	 * named by their first rank) */
+	uint64_t key = pair_key(stage, plan_topo_nic(t, s),
+				hop ? w->domain : (int32_t)(need[0] | 1 << 23));
+	int32_t r = pick_least(rs, w, b, hop), q = pair_get(&rs->pair, key);
+
+	if (q >= 0 && q != r &&
+	    rs->ld.net_recv[plan_topo_nic(t, q)] <=
+		    rs->ld.net_recv[plan_topo_nic(t, r)] + rs->opts->chunk_bytes &&
+	    (among_n(need, w->nn, q) ||
+	     (hop && unit_relayed(rs, q) + b <= rs->opts->staging_bytes / 2 &&
+	      relay_ok(rs, q, true))))
+		r = q;
+	pair_set(&rs->pair, key, r);
+	if (!among_n(need, w->nn, r)) {
+		unit_relay(rs, r, b);
+		relay_note(rs, r);
+	}
+	return r;
 }
 
 /* A piece held inside its destination domain: NVLink or local copies. */
@@ -779,6 +895,25 @@ run_spec(reshard_t *rs, const served_t *sv, int64_t p)
 }
 
 /*
+ * The stage in which the part being assigned crosses the network, when
+ * its sender has it from stage `ready` on: net0 + 2 * wave.  Every wave of
+ * every piece sends in one stage (the one before holds the NVLink copies
+ * to helpers, the one after the forwards to the ranks needing the part),
+ * so a round's pipeline fills through one network message per wave, not
+ * one per stage some part happens to send in, and parts between the same
+ * pair of NICs share stages, hence messages.  A sender of wave w has its
+ * part by then: it was served in an earlier wave (stage net0 + 2(w-1) or
+ * before) and forwarded or copied in the stage after.
+ */
+static uint32_t
+net_stage(const reshard_t *rs, uint32_t ready)
+{
+	uint32_t s = rs->net0 + 2 * rs->wave;
+
+	return ready > s ? ready : s;
+}
+
+/*
  * Who sends part p of w over the network and in which stage (*stage).
  * From the holders (pool empty): the least-loaded holder's NIC in stage 0,
  * or a less loaded NIC of its domain that the holder copies the part to
@@ -803,7 +938,7 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 		best = least_nic(t, h, pw->nh, rs->ld.net_send);
 		/* a piece other domains need too would reach the helper twice */
 		g = helper_of(rs, plan_topo_domain(t, best), best, b, false);
-		*stage = g != best;
+		*stage = net_stage(rs, g != best);
 		if (g != best)
 			goto copy;
 		return best;
@@ -851,10 +986,12 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	/* a rank of the served domain not needing the part needs nothing of
 	 * it: the domain's regions are disjoint */
 	g = helper_of(rs, sv->dom, best, b, true);
-	if (g == best || sv->pt[p].help >= 0) /* one helper per part and domain */
+	if (g == best || sv->pt[p].help >= 0) { /* one helper per part and domain */
+		*stage = net_stage(rs, *stage);
 		return best;
+	}
 	/* g is less loaded than every rank holding the part: a new helper */
-	*stage = sv->pt[p].at + 2;
+	*stage = net_stage(rs, sv->pt[p].at + 2);
 	best = sv->pt[p].recv;
 	((served_t *)sv)->pt[p].help = g;
 	((served_t *)sv)->pt[p].help_at = *stage;
@@ -921,7 +1058,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		rs->cur_box = out->box0 + (uint32_t)p;
 		rs->cur_w = w;
 		s = pick_sender(rs, w, pool, npool, p, b, &stage);
-		r = pick_receiver(rs, w, b);
+		r = pick_receiver(rs, w, b, s, stage);
 		send_add(rs, s, b);
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
@@ -971,12 +1108,14 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 
 		for (; rs->run.n < done; rs->run.n++) /* they join the pool */
 			rs->run.v[rs->run.n] = run_value(rs, &sv[rs->run.n]);
+		rs->wave = wave;
 		for (size_t i = done; i < done + take; i++)
 			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
 				       wave ? done : 0, i ? &sv[0] : NULL, &sv[i]);
 		done += take;
 		wave++;
 	}
+	rs->wave = 0;
 	for (size_t i = 0; i < k; i++) {
 		rs->run.dom_slot[sv[i].dom] = -1;
 		served_fini(&sv[i]);
@@ -1132,6 +1271,8 @@ choose_hops(reshard_t *rs, const plan_layout_set_t *src)
 	for (size_t d = 0; d < nd; d++)
 		rs->hop_in[d] = dom_nics[d] > 0 &&
 				max_own[d] > rs->dom_in[d] / dom_nics[d] + rs->opts->chunk_bytes;
+	for (size_t d = 0; d < nd; d++)
+		rs->net0 |= rs->hop_out[d];
 	free(dom_nics);
 	free(max_own);
 	free(nic_seen);
@@ -1234,6 +1375,8 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.hop_in);
 	free(rs.hop_out);
 	relays_fini(&rs.relayed);
+	free(rs.pair.key);
+	free(rs.pair.rank);
 	free(rs.dst_r0);
 	free(rs.dst_ranks);
 	free(rs.round_fill);

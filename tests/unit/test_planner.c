@@ -11,9 +11,9 @@
 #include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
 
-#define PIN_RANDOM "3b8accbaf84b25cb82f64c8a8b0300a14a2a1e647e45163b72f08ec20f8ae270"
-#define PIN_QWEN "041b6263247218dcdd908cae1644a541409762629f7f6744ef75d9fb987955e7"
-#define PIN_DEEPSEEK "90549c68678f439a0d62ef980fe20cecf523b9813fe7c8460fb048441c8bc714"
+#define PIN_RANDOM "44f33617b68cbca65ca691c80e6014a097944bff90ed54025d95c9892fdac02b"
+#define PIN_QWEN "b6a674f6546ab5f952f405b029ef6e5813c1f07973553dbc6bb0605ccb138874"
+#define PIN_DEEPSEEK "aa3240d5b598d364e1f8fe539f6925eb1a869f008e2c1a67355d8a635f5e0916"
 
 typedef th_plan_t ctx_t;
 
