@@ -101,13 +101,19 @@ typedef struct run {
 } run_t;
 
 /*
- * Pair affinity: per (stage, sending NIC, destination domain), the rank
- * that last took a part in from that NIC in that stage.  Open addressing;
- * key 0 is a free slot.
+ * Pair affinity: per (stage, sending NIC, destination domain or set of
+ * ranks needing the part), the rank that last took a part in from that NIC
+ * in that stage, and how full the last message of that (stage, from, to)
+ * group is.  Open addressing; key 0 is a free slot.
  */
+typedef struct pairent {
+	int32_t rank;
+	uint64_t fill;    /* bytes in the group's last message; > chunk: full */
+} pairent_t;
+
 typedef struct pairmap {
 	uint64_t *key;
-	int32_t *rank;
+	pairent_t *e;
 	size_t cap, n;
 } pairmap_t;
 
@@ -146,6 +152,7 @@ typedef struct reshard {
 	uint64_t *own_in;     /* per NIC: what its ranks' own needs bring in */
 	uint8_t *busy;        /* per rank: holds or needs something */
 	uint8_t *hop_in, *hop_out; /* per domain */
+	uint64_t *dom_nics;   /* per domain: its NICs */
 	relays_t relayed;     /* what each rank received as relay data */
 	run_t run;            /* the relayed run being assigned */
 	int32_t *nic_dom;     /* per NIC: the domain of its ranks (-1: several) */
@@ -156,7 +163,9 @@ typedef struct reshard {
 	 * network in stage net0 + 2w, NVLink copies in the stages between */
 	uint32_t net0;        /* 1 when holders may send through helpers */
 	uint32_t wave;        /* of the part being assigned */
-	pairmap_t pair;       /* pair affinity (pick_receiver) */
+	pairmap_t pair;       /* pair affinity (pick_receiver): partners */
+	pairmap_t group;      /* per (stage, NIC, rank): its last message */
+	pairmap_t sendpair;   /* per (wave, domain, set): the last sender */
 } reshard_t;
 
 static inline const piece_t *
@@ -534,20 +543,9 @@ pair_slot(const pairmap_t *m, uint64_t key)
 	return i;
 }
 
-/* The rank that last took a part in from nic in stage (-1: none). */
-static int32_t
-pair_get(const pairmap_t *m, uint64_t key)
-{
-	size_t i;
-
-	if (m->cap == 0)
-		return -1;
-	i = pair_slot(m, key);
-	return m->key[i] == key ? m->rank[i] : -1;
-}
-
-static void
-pair_set(pairmap_t *m, uint64_t key, int32_t rank)
+/* The entry of key, added (rank -1) when new. */
+static pairent_t *
+pair_get(pairmap_t *m, uint64_t key)
 {
 	size_t i;
 
@@ -555,24 +553,25 @@ pair_set(pairmap_t *m, uint64_t key, int32_t rank)
 		pairmap_t g = {.cap = m->cap ? m->cap * 2 : 1024, .n = m->n};
 
 		g.key = xcalloc(g.cap, sizeof(*g.key));
-		g.rank = xmalloc(g.cap * sizeof(*g.rank));
+		g.e = xmalloc(g.cap * sizeof(*g.e));
 		for (size_t k = 0; k < m->cap; k++)
 			if (m->key[k] != 0) {
 				size_t j = pair_slot(&g, m->key[k]);
 
 				g.key[j] = m->key[k];
-				g.rank[j] = m->rank[k];
+				g.e[j] = m->e[k];
 			}
 		free(m->key);
-		free(m->rank);
+		free(m->e);
 		*m = g;
 	}
 	i = pair_slot(m, key);
 	if (m->key[i] == 0) {
 		m->key[i] = key;
+		m->e[i] = (pairent_t){-1, 0};
 		m->n++;
 	}
-	m->rank[i] = rank;
+	return &m->e[i];
 }
 
 /*
@@ -600,11 +599,36 @@ pick_least(reshard_t *rs, const work_t *w, uint64_t b, bool hop)
 }
 
 /*
- * Pair affinity: parts from one sending NIC in one stage go to the rank
- * that took the last one in from it (pairmap_t), while its NIC is within
- * chunk_bytes of the least-loaded choice, so a receiving NIC takes its
- * share from few senders in few (stage, from, to) groups: fuller messages,
- * fewer latencies (the message rule packs a group's transfers).
+ * How far above the least-loaded choice an affinity may keep a NIC: n
+ * chunks, but at most n / 32 of the NIC's share of what w's domain takes
+ * in, so that small plans stay balanced.
+ */
+static uint64_t
+slack(const reshard_t *rs, const work_t *w, uint64_t n)
+{
+	uint64_t c = n * rs->opts->chunk_bytes, nics = rs->dom_nics[w->domain];
+	uint64_t s = nics ? n * (rs->dom_in[w->domain] / nics / 32) : 0;
+
+	return c < s ? c : s;
+}
+
+/* May r take the part in: it needs it, or it may hop and stage it. */
+static bool
+recv_ok(reshard_t *rs, const work_t *w, int32_t r, uint64_t b, bool hop)
+{
+	return among_n(rs->arena.v + w->n0, w->nn, r) ||
+	       (hop && unit_relayed(rs, r) + b <= rs->opts->staging_bytes / 2 &&
+		relay_ok(rs, r, true));
+}
+
+/*
+ * Pair affinity: the message rule packs the transfers of one (stage, from,
+ * to) group into messages of up to chunk_bytes, so a part from a sending
+ * NIC goes to the rank that took the last one in from it in that stage
+ * (pairmap_t) while it fits in that group's last message: the message
+ * fills up instead of a new one starting elsewhere.  When it does not fit
+ * a new message starts anyway, and the part goes to the least-loaded
+ * rank (the partner when within chunk_bytes of it, keeping groups few).
  */
 static int32_t
 pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t stage)
@@ -613,22 +637,45 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t st
 	const int32_t *need = rs->arena.v + w->n0;
 	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
 	bool hop = rs->hop_in[w->domain] && nd > (int32_t)w->nn && b >= rs->min_hop;
-	/* without hops the part enters through a rank needing it: pairs per
-	 * set of such ranks (the domain's regions give disjoint or equal sets,
-	 * named by their first rank) */
-	uint64_t key = pair_key(stage, plan_topo_nic(t, s),
-				hop ? w->domain : (int32_t)(need[0] | 1 << 23));
-	int32_t r = pick_least(rs, w, b, hop), q = pair_get(&rs->pair, key);
+	int32_t nic = plan_topo_nic(t, s), r = pick_least(rs, w, b, hop), q = -1;
+	/* partners per domain, and per set of ranks needing the part (the
+	 * domain's regions give disjoint or equal sets, named by their first
+	 * rank) for parts that must enter through one of them */
+	pairent_t *pd = pair_get(&rs->pair, pair_key(stage, nic, w->domain));
+	pairent_t *ps = pair_get(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
+	const int32_t cand[2] = {pd->rank, ps->rank};
+	uint64_t chunk = rs->opts->chunk_bytes, lr = rs->ld.net_recv[plan_topo_nic(t, r)];
+	bool fits = false;
+	pairent_t *g;
 
-	if (q >= 0 && q != r &&
-	    rs->ld.net_recv[plan_topo_nic(t, q)] <=
-		    rs->ld.net_recv[plan_topo_nic(t, r)] + rs->opts->chunk_bytes &&
-	    (among_n(need, w->nn, q) ||
-	     (hop && unit_relayed(rs, q) + b <= rs->opts->staging_bytes / 2 &&
-	      relay_ok(rs, q, true))))
+	for (int i = 0; i < 2; i++) {
+		int32_t c = cand[i];
+		bool f;
+
+		if (c < 0 || (i == 1 && c == cand[0]))
+			continue;
+		g = pair_get(&rs->group, pair_key(stage, nic, c));
+		f = b <= chunk && g->fill + b <= chunk;
+		if (rs->ld.net_recv[plan_topo_nic(t, c)] > lr + slack(rs, w, f ? 2 : hop) ||
+		    (q >= 0 && (fits || !f)) || !recv_ok(rs, w, c, b, hop))
+			continue;
+		q = c;
+		fits = f;
+	}
+	if (q >= 0) {
 		r = q;
-	pair_set(&rs->pair, key, r);
-	if (!among_n(need, w->nn, r)) {
+	} else {
+		g = pair_get(&rs->group, pair_key(stage, nic, r));
+		fits = b <= chunk && g->fill + b <= chunk;
+	}
+	g = pair_get(&rs->group, pair_key(stage, nic, r)); /* pd, ps may move */
+	g->fill = b > chunk ? chunk + 1 : fits ? g->fill + b : b;
+	pd = pair_get(&rs->pair, pair_key(stage, nic, w->domain));
+	pd->rank = r;
+	if (among_n(need, w->nn, r)) {
+		ps = pair_get(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
+		ps->rank = r;
+	} else {
 		unit_relay(rs, r, b);
 		relay_note(rs, r);
 	}
@@ -686,6 +733,18 @@ part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 		return 1;
 	for (int d = 0; d < ndim; d++) {
 		if (pw->box.size[d] >= want) {
+			/* in a small domain (a DGX node) a part a little over
+			 * chunk_bytes (up to two) is cut to chunk_bytes: it would
+			 * travel as two messages that nothing else can share, and
+			 * the rest of each can carry small transfers.  On an NVL72
+			 * rack the same cut costs many transfers (parts times ranks
+			 * needing them) for no measured gain. */
+			int64_t n = pw->box.size[d], k = (n + want - 1) / want;
+			uint64_t row = pw->bytes / (uint64_t)n;
+			int64_t m = row ? (int64_t)(rs->opts->chunk_bytes / row) : n;
+
+			if (rs->dom_nics[w->domain] <= 16 && m >= 1 && k > m && k <= 2 * m)
+				want = (n + m - 1) / m;
 			*dim = d;
 			return want;
 		}
@@ -768,7 +827,7 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop)
 		return best;
 	g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
-	if (nic_send(rs, g) >= nic_send(rs, best) ||
+	if (nic_send(rs, g) + (dst_ok && !rs->hop_out[d] ? 8 * rs->opts->chunk_bytes : 0) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
 		return best;
@@ -914,6 +973,33 @@ net_stage(const reshard_t *rs, uint32_t ready)
 }
 
 /*
+ * Sender affinity, for parts sent from their holders: the rank that sent
+ * the last part of this destination domain and set of ranks needing it
+ * (a holder, or a helper of the same domain) sends this one too while its
+ * NIC is within two chunks of the least-loaded choice g, so a sending NIC
+ * serves few receivers (pick_receiver pairs it with one per set) in few
+ * (stage, from, to) groups.  best: the least-loaded holder.
+ */
+static int32_t
+sender_affinity(reshard_t *rs, const work_t *w, const int32_t *h, uint32_t nh, int32_t best,
+		int32_t g, uint64_t b)
+{
+	const plan_topo_t *t = rs->topo;
+	const int32_t *need = rs->arena.v + w->n0;
+	pairent_t *pe = pair_get(&rs->sendpair, pair_key(rs->wave, w->domain, need[0] | 1 << 23));
+	int32_t p = pe->rank, d = plan_topo_domain(t, best);
+
+	if (p >= 0 && p != g &&
+	    nic_send(rs, p) <= nic_send(rs, g) + slack(rs, w, 2) &&
+	    (xbsearch(&p, h, nh, sizeof(*h), cmp_i32v) != NULL ||
+	     (plan_topo_domain(t, p) == d && rs->hop_out[d] && b >= rs->min_hop &&
+	      unit_relayed(rs, p) + b <= rs->opts->staging_bytes / 2 && relay_ok(rs, p, false))))
+		g = p;
+	pe->rank = g;
+	return g;
+}
+
+/*
  * Who sends part p of w over the network and in which stage (*stage).
  * From the holders (pool empty): the least-loaded holder's NIC in stage 0,
  * or a less loaded NIC of its domain that the holder copies the part to
@@ -938,6 +1024,9 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 		best = least_nic(t, h, pw->nh, rs->ld.net_send);
 		/* a piece other domains need too would reach the helper twice */
 		g = helper_of(rs, plan_topo_domain(t, best), best, b, false);
+		g = sender_affinity(rs, w, h, pw->nh, best, g, b);
+		if (xbsearch(&g, h, pw->nh, sizeof(*h), cmp_i32v) != NULL)
+			best = g; /* a holder: no copy */
 		*stage = net_stage(rs, g != best);
 		if (g != best)
 			goto copy;
@@ -1090,6 +1179,7 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 {
 	served_t *sv = xcalloc(k, sizeof(*sv));
 	size_t nh = holder_domains(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
+	size_t fan = SIZE_MAX;
 	uint32_t wave = 0;
 
 	/* the sources serve at most half the domains and the served ones relay
@@ -1101,10 +1191,16 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 	rs->run.n = 0;
 	rs->run.v = xmalloc(k * sizeof(*rs->run.v));
 	rs->run.spec.n = 0;
-	for (size_t i = 0; i < k; i++)
-		rs->run.dom_slot[rs->work.v[run[(i + off) % k]].domain] = (int32_t)i;
+	for (size_t i = 0; i < k; i++) {
+		int32_t d = rs->work.v[run[(i + off) % k]].domain;
+
+		rs->run.dom_slot[d] = (int32_t)i;
+		fan = rs->dom_nics[d] / 4 < fan ? rs->dom_nics[d] / 4 : fan;
+	}
+	fan = fan ? fan : 1;
 	while (done < k) {
-		size_t take = wave == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
+		size_t take = wave == 0 ? (nh < k ? nh : k)
+					: (done * fan < k - done ? done * fan : k - done);
 
 		for (; rs->run.n < done; rs->run.n++) /* they join the pool */
 			rs->run.v[rs->run.n] = run_value(rs, &sv[rs->run.n]);
@@ -1242,7 +1338,7 @@ choose_hops(reshard_t *rs, const plan_layout_set_t *src)
 {
 	const plan_topo_t *t = rs->topo;
 	size_t nd = (size_t)t->ndomains;
-	uint64_t *dom_nics = xcalloc(nd + 1, sizeof(uint64_t));
+	uint64_t *dom_nics = rs->dom_nics = xcalloc(nd + 1, sizeof(uint64_t));
 	uint64_t *max_own = xcalloc(nd + 1, sizeof(uint64_t));
 	uint8_t *nic_seen = xcalloc((size_t)t->nslots + 1, 1);
 
@@ -1273,7 +1369,6 @@ choose_hops(reshard_t *rs, const plan_layout_set_t *src)
 				max_own[d] > rs->dom_in[d] / dom_nics[d] + rs->opts->chunk_bytes;
 	for (size_t d = 0; d < nd; d++)
 		rs->net0 |= rs->hop_out[d];
-	free(dom_nics);
 	free(max_own);
 	free(nic_seen);
 }
@@ -1374,9 +1469,14 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.busy);
 	free(rs.hop_in);
 	free(rs.hop_out);
+	free(rs.dom_nics);
 	relays_fini(&rs.relayed);
 	free(rs.pair.key);
-	free(rs.pair.rank);
+	free(rs.pair.e);
+	free(rs.group.key);
+	free(rs.group.e);
+	free(rs.sendpair.key);
+	free(rs.sendpair.e);
 	free(rs.dst_r0);
 	free(rs.dst_ranks);
 	free(rs.round_fill);

@@ -11,9 +11,9 @@
 #include "tests/unit/gen.h"
 #include "tests/unit/helpers.h"
 
-#define PIN_RANDOM "44f33617b68cbca65ca691c80e6014a097944bff90ed54025d95c9892fdac02b"
-#define PIN_QWEN "b6a674f6546ab5f952f405b029ef6e5813c1f07973553dbc6bb0605ccb138874"
-#define PIN_DEEPSEEK "aa3240d5b598d364e1f8fe539f6925eb1a869f008e2c1a67355d8a635f5e0916"
+#define PIN_RANDOM "cdac5a6cacca3d2d527a81e0689e6cdf42dd7f66e1f9f50dc18aa37dfcc7f8ca"
+#define PIN_QWEN "0966151657c8f1320e7940056042da4ba5a2021b6fedb6707031f633bd244780"
+#define PIN_DEEPSEEK "0ca5ead12a904d71f21b5867e305269055685742448a6a4a6e469f7285582f24"
 
 typedef th_plan_t ctx_t;
 
