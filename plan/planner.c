@@ -16,8 +16,13 @@
  *     least-loaded NIC of a holder's domain (pick_sender: a holder, or a
  *     rank the holder copies it to over NVLink first);
  *   - a piece needed in several domains is sent by its holders' domains to
- *     at most half of them and relayed on by the served ones (waves).
- * Stages are per part (one after the sender has the data).  Relay data
+ *     at most half of them and relayed on by the served ones (waves, each
+ *     served domain passing it to up to a quarter as many domains as it
+ *     has NICs);
+ *   - receivers and holders' senders keep their partners while a part fits
+ *     the group's last message (pair affinity, pick_receiver), so NICs
+ *     exchange fewer, fuller messages.
+ * Wave w crosses the network in stage net0 + 2w (net_stage).  Relay data
  * lives in staging until its round ends, so each unit of work goes into
  * the first round where its relay ranks have room (unit_end).  Ties are
  * broken by rank id, so the plan is deterministic.
@@ -108,7 +113,8 @@ typedef struct run {
  */
 typedef struct pairent {
 	int32_t rank;
-	uint64_t fill;    /* bytes in the group's last message; > chunk: full */
+	uint32_t fill;    /* bytes in the group's last message (saturating);
+			     > chunk: full */
 } pairent_t;
 
 typedef struct pairmap {
@@ -164,7 +170,6 @@ typedef struct reshard {
 	uint32_t net0;        /* 1 when holders may send through helpers */
 	uint32_t wave;        /* of the part being assigned */
 	pairmap_t pair;       /* pair affinity (pick_receiver): partners */
-	pairmap_t group;      /* per (stage, NIC, rank): its last message */
 	pairmap_t sendpair;   /* per (wave, domain, set): the last sender */
 } reshard_t;
 
@@ -536,16 +541,29 @@ pair_key(uint32_t stage, int32_t nic, int32_t dom)
 static size_t
 pair_slot(const pairmap_t *m, uint64_t key)
 {
-	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & (m->cap - 1);
+	uint64_t h = (key ^ (key >> 31)) * 0x9e3779b97f4a7c15ull;
+	size_t i = (size_t)(h ^ (h >> 29)) & (m->cap - 1);
 
 	while (m->key[i] != 0 && m->key[i] != key)
 		i = (i + 1) & (m->cap - 1);
 	return i;
 }
 
-/* The entry of key, added (rank -1) when new. */
-static pairent_t *
-pair_get(pairmap_t *m, uint64_t key)
+/* The entry of key: its partner and fill, or none (rank -1). */
+static pairent_t
+pair_find(const pairmap_t *m, uint64_t key)
+{
+	size_t i;
+
+	if (m->cap == 0)
+		return (pairent_t){-1, 0};
+	i = pair_slot(m, key);
+	return m->key[i] == key ? m->e[i] : (pairent_t){-1, 0};
+}
+
+/* Set key's entry to (rank, fill). */
+static void
+pair_put(pairmap_t *m, uint64_t key, int32_t rank, uint64_t fill)
 {
 	size_t i;
 
@@ -568,10 +586,9 @@ pair_get(pairmap_t *m, uint64_t key)
 	i = pair_slot(m, key);
 	if (m->key[i] == 0) {
 		m->key[i] = key;
-		m->e[i] = (pairent_t){-1, 0};
 		m->n++;
 	}
-	return &m->e[i];
+	m->e[i] = (pairent_t){rank, fill < UINT32_MAX ? (uint32_t)fill : UINT32_MAX};
 }
 
 /*
@@ -641,40 +658,33 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t st
 	/* partners per domain, and per set of ranks needing the part (the
 	 * domain's regions give disjoint or equal sets, named by their first
 	 * rank) for parts that must enter through one of them */
-	pairent_t *pd = pair_get(&rs->pair, pair_key(stage, nic, w->domain));
-	pairent_t *ps = pair_get(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
-	const int32_t cand[2] = {pd->rank, ps->rank};
+	uint64_t kd = pair_key(stage, nic, w->domain), ks = pair_key(stage, nic, need[0] | 1 << 23);
+	const pairent_t cand[2] = {pair_find(&rs->pair, kd), pair_find(&rs->pair, ks)};
 	uint64_t chunk = rs->opts->chunk_bytes, lr = rs->ld.net_recv[plan_topo_nic(t, r)];
+	uint64_t fill = 0;
 	bool fits = false;
-	pairent_t *g;
 
 	for (int i = 0; i < 2; i++) {
-		int32_t c = cand[i];
+		int32_t c = cand[i].rank;
 		bool f;
 
-		if (c < 0 || (i == 1 && c == cand[0]))
+		if (c < 0 || (i == 1 && c == cand[0].rank))
 			continue;
-		g = pair_get(&rs->group, pair_key(stage, nic, c));
-		f = b <= chunk && g->fill + b <= chunk;
+		f = b <= chunk && cand[i].fill + b <= chunk;
 		if (rs->ld.net_recv[plan_topo_nic(t, c)] > lr + slack(rs, w, f ? 2 : hop) ||
 		    (q >= 0 && (fits || !f)) || !recv_ok(rs, w, c, b, hop))
 			continue;
 		q = c;
 		fits = f;
+		fill = cand[i].fill;
 	}
-	if (q >= 0) {
+	if (q >= 0)
 		r = q;
-	} else {
-		g = pair_get(&rs->group, pair_key(stage, nic, r));
-		fits = b <= chunk && g->fill + b <= chunk;
-	}
-	g = pair_get(&rs->group, pair_key(stage, nic, r)); /* pd, ps may move */
-	g->fill = b > chunk ? chunk + 1 : fits ? g->fill + b : b;
-	pd = pair_get(&rs->pair, pair_key(stage, nic, w->domain));
-	pd->rank = r;
+	/* the group's last message after this part (a new one unless it fits) */
+	fill = b > chunk ? chunk + 1 : fits ? fill + b : b;
+	pair_put(&rs->pair, kd, r, fill);
 	if (among_n(need, w->nn, r)) {
-		ps = pair_get(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
-		ps->rank = r;
+		pair_put(&rs->pair, ks, r, fill);
 	} else {
 		unit_relay(rs, r, b);
 		relay_note(rs, r);
@@ -986,8 +996,8 @@ sender_affinity(reshard_t *rs, const work_t *w, const int32_t *h, uint32_t nh, i
 {
 	const plan_topo_t *t = rs->topo;
 	const int32_t *need = rs->arena.v + w->n0;
-	pairent_t *pe = pair_get(&rs->sendpair, pair_key(rs->wave, w->domain, need[0] | 1 << 23));
-	int32_t p = pe->rank, d = plan_topo_domain(t, best);
+	uint64_t key = pair_key(rs->wave, w->domain, need[0] | 1 << 23);
+	int32_t p = pair_find(&rs->sendpair, key).rank, d = plan_topo_domain(t, best);
 
 	if (p >= 0 && p != g &&
 	    nic_send(rs, p) <= nic_send(rs, g) + slack(rs, w, 2) &&
@@ -995,7 +1005,7 @@ sender_affinity(reshard_t *rs, const work_t *w, const int32_t *h, uint32_t nh, i
 	     (plan_topo_domain(t, p) == d && rs->hop_out[d] && b >= rs->min_hop &&
 	      unit_relayed(rs, p) + b <= rs->opts->staging_bytes / 2 && relay_ok(rs, p, false))))
 		g = p;
-	pe->rank = g;
+	pair_put(&rs->sendpair, key, g, 0);
 	return g;
 }
 
@@ -1473,8 +1483,6 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	relays_fini(&rs.relayed);
 	free(rs.pair.key);
 	free(rs.pair.e);
-	free(rs.group.key);
-	free(rs.group.e);
 	free(rs.sendpair.key);
 	free(rs.sendpair.e);
 	free(rs.dst_r0);
