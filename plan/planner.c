@@ -117,9 +117,13 @@ typedef struct pairent {
 			     > chunk: full */
 } pairent_t;
 
+typedef struct pairslot {
+	uint64_t key;
+	pairent_t e;      /* beside its key: one cache line per lookup */
+} pairslot_t;
+
 typedef struct pairmap {
-	uint64_t *key;
-	pairent_t *e;
+	pairslot_t *s;
 	size_t cap, n;
 } pairmap_t;
 
@@ -544,51 +548,48 @@ pair_slot(const pairmap_t *m, uint64_t key)
 	uint64_t h = (key ^ (key >> 31)) * 0x9e3779b97f4a7c15ull;
 	size_t i = (size_t)(h ^ (h >> 29)) & (m->cap - 1);
 
-	while (m->key[i] != 0 && m->key[i] != key)
+	while (m->s[i].key != 0 && m->s[i].key != key)
 		i = (i + 1) & (m->cap - 1);
 	return i;
 }
 
-/* The entry of key: its partner and fill, or none (rank -1). */
-static pairent_t
-pair_find(const pairmap_t *m, uint64_t key)
+/* Room for n more keys: the map grows (rehashes) only here. */
+static void
+pair_reserve(pairmap_t *m, size_t n)
 {
-	size_t i;
+	pairmap_t g;
 
-	if (m->cap == 0)
-		return (pairent_t){-1, 0};
-	i = pair_slot(m, key);
-	return m->key[i] == key ? m->e[i] : (pairent_t){-1, 0};
+	if (2 * (m->n + n) <= m->cap)
+		return;
+	g = (pairmap_t){.cap = m->cap ? m->cap * 2 : 1024, .n = m->n};
+	while (2 * (m->n + n) > g.cap)
+		g.cap *= 2;
+	g.s = xcalloc(g.cap, sizeof(*g.s));
+	for (size_t k = 0; k < m->cap; k++)
+		if (m->s[k].key != 0)
+			g.s[pair_slot(&g, m->s[k].key)] = m->s[k];
+	free(m->s);
+	*m = g;
 }
 
-/* Set key's entry to (rank, fill). */
-static void
-pair_put(pairmap_t *m, uint64_t key, int32_t rank, uint64_t fill)
+/* key's entry, added as none (rank -1) when new; valid until the next
+ * pair_reserve. */
+static pairent_t *
+pair_at(pairmap_t *m, uint64_t key)
 {
-	size_t i;
+	size_t i = pair_slot(m, key);
 
-	if (2 * (m->n + 1) > m->cap) {
-		pairmap_t g = {.cap = m->cap ? m->cap * 2 : 1024, .n = m->n};
-
-		g.key = xcalloc(g.cap, sizeof(*g.key));
-		g.e = xmalloc(g.cap * sizeof(*g.e));
-		for (size_t k = 0; k < m->cap; k++)
-			if (m->key[k] != 0) {
-				size_t j = pair_slot(&g, m->key[k]);
-
-				g.key[j] = m->key[k];
-				g.e[j] = m->e[k];
-			}
-		free(m->key);
-		free(m->e);
-		*m = g;
-	}
-	i = pair_slot(m, key);
-	if (m->key[i] == 0) {
-		m->key[i] = key;
+	if (m->s[i].key == 0) {
+		m->s[i] = (pairslot_t){key, {-1, 0}};
 		m->n++;
 	}
-	m->e[i] = (pairent_t){rank, fill < UINT32_MAX ? (uint32_t)fill : UINT32_MAX};
+	return &m->s[i].e;
+}
+
+static uint32_t
+fill32(uint64_t fill)
+{
+	return fill < UINT32_MAX ? (uint32_t)fill : UINT32_MAX;
 }
 
 /*
@@ -658,12 +659,17 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t st
 	/* partners per domain, and per set of ranks needing the part (the
 	 * domain's regions give disjoint or equal sets, named by their first
 	 * rank) for parts that must enter through one of them */
-	uint64_t kd = pair_key(stage, nic, w->domain), ks = pair_key(stage, nic, need[0] | 1 << 23);
-	const pairent_t cand[2] = {pair_find(&rs->pair, kd), pair_find(&rs->pair, ks)};
+	pairent_t *pd, *ps;
+	pairent_t cand[2];
 	uint64_t chunk = rs->opts->chunk_bytes, lr = rs->ld.net_recv[plan_topo_nic(t, r)];
 	uint64_t fill = 0;
 	bool fits = false;
 
+	pair_reserve(&rs->pair, 2);
+	pd = pair_at(&rs->pair, pair_key(stage, nic, w->domain));
+	ps = pair_at(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
+	cand[0] = *pd;
+	cand[1] = *ps;
 	for (int i = 0; i < 2; i++) {
 		int32_t c = cand[i].rank;
 		bool f;
@@ -682,9 +688,9 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t st
 		r = q;
 	/* the group's last message after this part (a new one unless it fits) */
 	fill = b > chunk ? chunk + 1 : fits ? fill + b : b;
-	pair_put(&rs->pair, kd, r, fill);
+	*pd = (pairent_t){r, fill32(fill)};
 	if (among_n(need, w->nn, r)) {
-		pair_put(&rs->pair, ks, r, fill);
+		*ps = (pairent_t){r, fill32(fill)};
 	} else {
 		unit_relay(rs, r, b);
 		relay_note(rs, r);
@@ -996,8 +1002,12 @@ sender_affinity(reshard_t *rs, const work_t *w, const int32_t *h, uint32_t nh, i
 {
 	const plan_topo_t *t = rs->topo;
 	const int32_t *need = rs->arena.v + w->n0;
-	uint64_t key = pair_key(rs->wave, w->domain, need[0] | 1 << 23);
-	int32_t p = pair_find(&rs->sendpair, key).rank, d = plan_topo_domain(t, best);
+	pairent_t *pe;
+	int32_t p, d = plan_topo_domain(t, best);
+
+	pair_reserve(&rs->sendpair, 1);
+	pe = pair_at(&rs->sendpair, pair_key(rs->wave, w->domain, need[0] | 1 << 23));
+	p = pe->rank;
 
 	if (p >= 0 && p != g &&
 	    nic_send(rs, p) <= nic_send(rs, g) + slack(rs, w, 2) &&
@@ -1005,7 +1015,7 @@ sender_affinity(reshard_t *rs, const work_t *w, const int32_t *h, uint32_t nh, i
 	     (plan_topo_domain(t, p) == d && rs->hop_out[d] && b >= rs->min_hop &&
 	      unit_relayed(rs, p) + b <= rs->opts->staging_bytes / 2 && relay_ok(rs, p, false))))
 		g = p;
-	pair_put(&rs->sendpair, key, g, 0);
+	pe->rank = g;
 	return g;
 }
 
@@ -1481,10 +1491,8 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.hop_out);
 	free(rs.dom_nics);
 	relays_fini(&rs.relayed);
-	free(rs.pair.key);
-	free(rs.pair.e);
-	free(rs.sendpair.key);
-	free(rs.sendpair.e);
+	free(rs.pair.s);
+	free(rs.sendpair.s);
 	free(rs.dst_r0);
 	free(rs.dst_ranks);
 	free(rs.round_fill);
