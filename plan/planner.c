@@ -667,6 +667,11 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t st
 
 	pair_reserve(&rs->pair, 2);
 	pd = pair_at(&rs->pair, pair_key(stage, nic, w->domain));
+	if (!hop && w->nn == 1) { /* no choice: the domain's partner follows */
+		fits = pd->rank == r && b <= chunk && pd->fill + b <= chunk;
+		*pd = (pairent_t){r, fill32(b > chunk ? chunk + 1 : fits ? pd->fill + b : b)};
+		return r;
+	}
 	ps = pair_at(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
 	cand[0] = *pd;
 	cand[1] = *ps;
