@@ -5,6 +5,7 @@
  * Exit codes: 0 success, 1 internal failure (e.g. a plan the validator
  * rejects: a bug), 2 bad input or usage.  Errors go to stderr.
  */
+#include <inttypes.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -353,7 +354,7 @@ model_usage(FILE *f)
 	fprintf(f, "usage: %s model --model NAME|FILE --train SPEC --infer SPEC\n"
 		"          [--topology PRESET] [--placement packed|rack-aligned]\n"
 		"          [--chunk-bytes N] [--baseline-chunks LIST] [--infer-dtype D] [--validate]\n"
-		"          [--json]\n"
+		"          [--explain] [--json]\n"
 		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
 		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
 		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
@@ -369,7 +370,9 @@ model_usage(FILE *f)
 		"  --infer-dtype same|fp8-block128|fp8-tensor  inference weights: as trained\n"
 		"         (default), or every projection in fp8e4m3 with 128 x 128 block\n"
 		"         scales or one scale per tensor (docs/conversion.md)\n"
-		"  --validate  also run the validator on the reshard plan\n",
+		"  --validate  also run the validator on the reshard plan\n"
+		"  --explain   what the reshard's modelled time is made of: its busiest\n"
+		"         resource (bytes, messages, latency) and the pipeline fill\n",
 		progname);
 }
 
@@ -467,6 +470,40 @@ model_row(const char *label, const model_run_t *r, strbuf_t *sb)
 		      nvl, nic, tm, lb, r->c.ratio);
 }
 
+static const char *const res_names[] = {"network send", "network receive",
+					 "NVLink send", "NVLink receive", "host copies"};
+static const char *const res_keys[] = {"net_tx", "net_rx", "nvlink_tx", "nvlink_rx", "host"};
+
+/* --explain: the reshard's modelled time, term by term (plan_cost_t.busiest). */
+static void
+explain_text(const plan_cost_t *c, strbuf_t *sb)
+{
+	char b[32];
+
+	codec_fmt_bytes((double)c->busiest.bytes, b, sizeof(b));
+	strbuf_printf(sb, "\nreshard %.3f ms = busiest resource %.3f ms + pipeline fill %.3f ms "
+		      "(%u stages)\n", c->time_s * 1e3, (c->time_s - c->fill_s) * 1e3,
+		      c->fill_s * 1e3, c->stages_used);
+	strbuf_printf(sb, "busiest resource: %s of rank %d: %s in %" PRIu64 " messages "
+		      "(%.2f MiB each on average): %.3f ms bytes + %.3f ms latency + %.3f ms "
+		      "other\n", res_names[c->busiest.kind], c->busiest.rank, b, c->busiest.msgs,
+		      c->busiest.msgs ? (double)c->busiest.bytes / (double)c->busiest.msgs / (1 << 20)
+				      : 0.0,
+		      c->busiest.bytes_s * 1e3, c->busiest.latency_s * 1e3,
+		      (c->busiest.other_s > 0 ? c->busiest.other_s : 0) * 1e3);
+}
+
+static void
+explain_json(const plan_cost_t *c, strbuf_t *sb)
+{
+	strbuf_printf(sb, ", \"explain\": {\"resource\": \"%s\", \"rank\": %d, \"bytes\": %" PRIu64
+		      ", \"messages\": %" PRIu64 ", \"bytes_s\": %.9g, \"latency_s\": %.9g, "
+		      "\"other_s\": %.9g, \"fill_s\": %.9g}", res_keys[c->busiest.kind],
+		      c->busiest.rank, c->busiest.bytes, c->busiest.msgs, c->busiest.bytes_s,
+		      c->busiest.latency_s, c->busiest.other_s > 0 ? c->busiest.other_s : 0,
+		      c->fill_s);
+}
+
 /* "1MiB,4MiB,..." into out[] (at most 16). */
 static refit_status_t
 parse_chunks(const char *arg, uint64_t *out, size_t *n, refit_err_t *err)
@@ -531,7 +568,7 @@ cmd_model(int argc, char **argv)
 		{"placement", required_argument, NULL, 'P'},
 		{"baseline-chunks", required_argument, NULL, 'B'},
 		{"infer-dtype", required_argument, NULL, 'D'},
-		{"validate", no_argument, NULL, 'V'},
+		{"validate", no_argument, NULL, 'V'}, {"explain", no_argument, NULL, 'E'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
@@ -553,7 +590,7 @@ cmd_model(int argc, char **argv)
 	model_conv_t mc;
 	refit_err_t e;
 	strbuf_t sb;
-	int c, json = 0, validate = 0, rc;
+	int c, json = 0, validate = 0, explain = 0, rc;
 	plan_check_t chk = {0};
 
 	refit_err_clear(&e);
@@ -568,6 +605,7 @@ cmd_model(int argc, char **argv)
 		case 'j': json = 1; break;
 		case 'P': place = optarg; break;
 		case 'V': validate = 1; break;
+		case 'E': explain = 1; break;
 		case 'B':
 			if (parse_chunks(optarg, chunks, &nchunks, &e) != REFIT_OK)
 				return die_input(&e);
@@ -663,6 +701,8 @@ cmd_model(int argc, char **argv)
 				codec_cost_json(&mc.before.c, &sb);
 				strbuf_puts(&sb, "}");
 			}
+			if (explain)
+				explain_json(&rs.c, &sb);
 			strbuf_printf(&sb, ", \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
 				      "\"plan_seconds\": %.3f, \"transfers\": %zu, \"validated\": %s}\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
@@ -708,6 +748,8 @@ cmd_model(int argc, char **argv)
 					      (double)rs.c.bytes[PLAN_LINK_NETWORK] /
 					      (double)mc.before.c.bytes[PLAN_LINK_NETWORK],
 					      rs.c.time_s / mc.before.c.time_s);
+			if (explain)
+				explain_text(&rs.c, &sb);
 			if (validate)
 				strbuf_printf(&sb, "validated: every needed element arrives exactly once "
 					      "(relay data at most %.1f MiB on one rank in a round)\n",

@@ -163,6 +163,7 @@ typedef struct tm {
 	const plan_topo_t *topo;
 	size_t ns;
 	double *busy;       /* 4 per rank: net tx, net rx, nvl tx, nvl rx */
+	uint64_t *msgs;     /* 4 per rank: messages, the same resources */
 	uint64_t *nic, *port; /* 2 per rank: tx, rx */
 	double bw[PLAN_LINK_COUNT], lat[PLAN_LINK_COUNT];
 } tm_t;
@@ -181,6 +182,8 @@ charge(tm_t *m, plan_link_t l, int32_t from, int32_t to, uint64_t b, uint64_t n)
 	}
 	m->busy[base * m->ns + (size_t)from] += t;
 	m->busy[(base + 1) * m->ns + (size_t)to] += t;
+	m->msgs[base * m->ns + (size_t)from] += n;
+	m->msgs[(base + 1) * m->ns + (size_t)to] += n;
 	cnt[(size_t)from] += b;
 	cnt[m->ns + (size_t)to] += b;
 }
@@ -207,6 +210,39 @@ connections(tm_t *m, uint64_t *v, size_t n, double t)
 		}
 }
 
+/* A rank behind NIC index i (a node's first rank when NICs are per node). */
+static int32_t
+nic_rank(const plan_topo_t *topo, int32_t i)
+{
+	int32_t r = i;
+
+	if (topo->nic_per_node)
+		for (r = 0; r < topo->nslots && topo->rank_node[r] != i; r++)
+			;
+	return r;
+}
+
+/* Resource i (of m.busy) is the busiest so far: what its time is made of. */
+static void
+busiest(const tm_t *m, size_t i, plan_cost_t *out, double *tmax)
+{
+	int kind = (int)(i / m->ns);
+	int32_t r = (int32_t)(i % m->ns);
+	bool net = kind == PLAN_RES_NET_TX || kind == PLAN_RES_NET_RX;
+	plan_link_t l = net ? PLAN_LINK_NETWORK : PLAN_LINK_NVLINK;
+	uint64_t b = net ? m->nic[(size_t)(kind & 1) * m->ns + (size_t)r]
+			 : m->port[(size_t)(kind & 1) * m->ns + (size_t)r];
+
+	*tmax = m->busy[i];
+	out->busiest.kind = kind;
+	out->busiest.rank = net ? nic_rank(m->topo, r) : r;
+	out->busiest.bytes = b;
+	out->busiest.msgs = m->msgs[i];
+	out->busiest.bytes_s = (double)b / m->bw[l];
+	out->busiest.latency_s = (double)m->msgs[i] * m->lat[l];
+	out->busiest.other_s = m->busy[i] - out->busiest.bytes_s - out->busiest.latency_s;
+}
+
 /*
  * Busy time of every resource under the message rule (plan.h), and the
  * pipeline fill of every used stage: one message of the stage before.
@@ -228,6 +264,7 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 	VEC(uint64_t) pairs = {0};
 
 	m.busy = xcalloc(4 * m.ns, sizeof(double));
+	m.msgs = xcalloc(4 * m.ns, sizeof(uint64_t));
 	m.nic = xcalloc(2 * m.ns, sizeof(uint64_t));
 	m.port = xcalloc(2 * m.ns, sizeof(uint64_t));
 	for (size_t i = 0; i < p->nxfers; i++) {
@@ -269,7 +306,12 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 	connections(&m, pairs.v, pairs.n, topo->connection_us * 1e-6);
 	VEC_FREE(&pairs);
 	for (size_t i = 0; i < m.ns; i++)
-		tmax = fmax(tmax, host[i]);
+		if (host[i] > tmax) {
+			tmax = host[i];
+			out->busiest.kind = PLAN_RES_HOST;
+			out->busiest.rank = nic_rank(topo, (int32_t)i);
+			out->busiest.other_s = host[i];
+		}
 	free(host);
 	for (uint32_t k = 0; k < per; k++) {
 		fill_sum += fill[k];
@@ -277,17 +319,12 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 	}
 	free(fill);
 	for (size_t i = 0; i < 4 * m.ns; i++)
-		tmax = fmax(tmax, m.busy[i]);
+		if (m.busy[i] > tmax)
+			busiest(&m, i, out, &tmax);
 	for (size_t i = 0; i < 2 * m.ns; i++) {
 		if (m.nic[i] > out->max_nic_bytes) {
-			int32_t r = (int32_t)(i % m.ns);
-
 			out->max_nic_bytes = m.nic[i];
-			if (topo->nic_per_node) /* a NIC index is a node: name its first rank */
-				for (r = 0; r < topo->nslots && topo->rank_node[r] != (int32_t)(i % m.ns);
-				     r++)
-					;
-			out->max_nic_rank = r;
+			out->max_nic_rank = nic_rank(topo, (int32_t)(i % m.ns));
 		}
 		if (m.port[i] > out->max_nvl_bytes) {
 			out->max_nvl_bytes = m.port[i];
@@ -297,8 +334,10 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 	/* each stage after the first waits for one message of the one before;
 	 * rounds overlap (the executor orders messages by the data they carry,
 	 * rounds only say when staging is freed), so a round's depth counts */
-	out->time_s = tmax + (fill_sum - fill_max);
+	out->fill_s = fill_sum - fill_max;
+	out->time_s = tmax + out->fill_s;
 	free(m.busy);
+	free(m.msgs);
 	free(m.nic);
 	free(m.port);
 }
@@ -312,7 +351,7 @@ plan_cost(const plan_t *p, const plan_layout_set_t *src,
 	refit_status_t rc;
 
 	memset(out, 0, sizeof(*out));
-	out->max_nic_rank = out->max_nvl_rank = -1;
+	out->max_nic_rank = out->max_nvl_rank = out->busiest.rank = -1;
 	CHECK(plan_match(src, dst, &map, err));
 	rc = lower_bound(src, dst, map, topo, out, err);
 	free(map);

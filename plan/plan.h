@@ -205,6 +205,9 @@ refit_status_t plan_validate(const plan_t *p, const plan_layout_set_t *src,
 
 /* ---- cost model ---------------------------------------------------- */
 
+/* Resources of the cost model (plan_cost_t.busiest.kind). */
+enum { PLAN_RES_NET_TX, PLAN_RES_NET_RX, PLAN_RES_NVL_TX, PLAN_RES_NVL_RX, PLAN_RES_HOST };
+
 typedef struct plan_cost {
 	uint64_t payload_bytes;              /* sum of destination needs */
 	uint64_t bytes[PLAN_LINK_COUNT];     /* by link class */
@@ -215,6 +218,14 @@ typedef struct plan_cost {
 	int32_t max_nvl_rank;
 	uint32_t stages_used;
 	double time_s;                       /* modelled */
+	/* what time_s is made of: the busiest resource and the pipeline fill */
+	struct {
+		int kind;        /* PLAN_RES_*: which resource */
+		int32_t rank;    /* its rank (NIC: a rank behind it) */
+		uint64_t bytes, msgs;
+		double bytes_s, latency_s, other_s; /* other: connection setup */
+	} busiest;
+	double fill_s;
 	/* lower bound for these inputs and topology, independent of the plan */
 	uint64_t lb_network_bytes;           /* minimum bytes over the network */
 	double lb_time_s;

@@ -16,8 +16,13 @@
  *     least-loaded NIC of a holder's domain (pick_sender: a holder, or a
  *     rank the holder copies it to over NVLink first);
  *   - a piece needed in several domains is sent by its holders' domains to
- *     at most half of them and relayed on by the served ones (waves).
- * Stages are per part (one after the sender has the data).  Relay data
+ *     at most half of them and relayed on by the served ones (waves, each
+ *     served domain passing it to up to a quarter as many domains as it
+ *     has NICs);
+ *   - receivers and holders' senders keep their partners while a part fits
+ *     the group's last message (pair affinity, pick_receiver), so NICs
+ *     exchange fewer, fuller messages.
+ * Wave w crosses the network in stage net0 + 2w (net_stage).  Relay data
  * lives in staging until its round ends, so each unit of work goes into
  * the first round where its relay ranks have room (unit_end).  Ties are
  * broken by rank id, so the plan is deterministic.
@@ -100,6 +105,28 @@ typedef struct run {
 	int32_t *dom_slot;  /* per domain: its entry in the run, -1 */
 } run_t;
 
+/*
+ * Pair affinity: per (stage, sending NIC, destination domain or set of
+ * ranks needing the part), the rank that last took a part in from that NIC
+ * in that stage, and how full the last message of that (stage, from, to)
+ * group is.  Open addressing; key 0 is a free slot.
+ */
+typedef struct pairent {
+	int32_t rank;
+	uint32_t fill;    /* bytes in the group's last message (saturating);
+			     > chunk: full */
+} pairent_t;
+
+typedef struct pairslot {
+	uint64_t key;
+	pairent_t e;      /* beside its key: one cache line per lookup */
+} pairslot_t;
+
+typedef struct pairmap {
+	pairslot_t *s;
+	size_t cap, n;
+} pairmap_t;
+
 typedef struct reshard {
 	const plan_layout_set_t *dst;
 	const plan_topo_t *topo;
@@ -135,12 +162,19 @@ typedef struct reshard {
 	uint64_t *own_in;     /* per NIC: what its ranks' own needs bring in */
 	uint8_t *busy;        /* per rank: holds or needs something */
 	uint8_t *hop_in, *hop_out; /* per domain */
+	uint64_t *dom_nics;   /* per domain: its NICs */
 	relays_t relayed;     /* what each rank received as relay data */
 	run_t run;            /* the relayed run being assigned */
 	int32_t *nic_dom;     /* per NIC: the domain of its ranks (-1: several) */
 	uint64_t *dom_gen, all_gen; /* send generations (send_gen) */
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
+	/* aligned stages (net_stage): wave w of every piece crosses the
+	 * network in stage net0 + 2w, NVLink copies in the stages between */
+	uint32_t net0;        /* 1 when holders may send through helpers */
+	uint32_t wave;        /* of the part being assigned */
+	pairmap_t pair;       /* pair affinity (pick_receiver): partners */
+	pairmap_t sendpair;   /* per (wave, domain, set): the last sender */
 } reshard_t;
 
 static inline const piece_t *
@@ -373,18 +407,27 @@ unit_end(reshard_t *rs)
 	}
 }
 
-/* Stages from (round, stage inside it) to round * per_round + stage. */
+/* Stages from (round, stage inside it) to round * per_round + stage, the
+ * stages inside a round that no round uses left out (aligned stages,
+ * net_stage, may leave stage 0 empty). */
 static uint32_t
 number_stages(reshard_t *rs)
 {
-	uint32_t per = rs->max_local + 1;
+	uint32_t n = rs->max_local + 1, per = 0;
+	uint32_t *to = xcalloc(n, sizeof(*to));
 
+	for (size_t i = 0; i < rs->out->n; i++)
+		to[rs->out->v[i].stage & ((1u << ROUND_SHIFT) - 1)] = 1;
+	for (uint32_t k = 0; k < n; k++)
+		to[k] = to[k] ? per++ : per;
+	per = per ? per : 1;
 	for (size_t i = 0; i < rs->out->n; i++) {
 		plan_cx_t *x = &rs->out->v[i];
 
 		x->stage = (x->stage >> ROUND_SHIFT) * per +
-			   (x->stage & ((1u << ROUND_SHIFT) - 1));
+			   to[x->stage & ((1u << ROUND_SHIFT) - 1)];
 	}
+	free(to);
 	return per;
 }
 
@@ -498,6 +541,62 @@ relay_note(reshard_t *rs, int32_t rank)
 	VEC_PUSH(&m->rec, r);
 }
 
+static uint64_t
+pair_key(uint32_t stage, int32_t nic, int32_t dom)
+{
+	return ((uint64_t)stage << 48 | (uint64_t)(uint32_t)nic << 24 | (uint32_t)dom) + 1;
+}
+
+static size_t
+pair_slot(const pairmap_t *m, uint64_t key)
+{
+	uint64_t h = (key ^ (key >> 31)) * 0x9e3779b97f4a7c15ull;
+	size_t i = (size_t)(h ^ (h >> 29)) & (m->cap - 1);
+
+	while (m->s[i].key != 0 && m->s[i].key != key)
+		i = (i + 1) & (m->cap - 1);
+	return i;
+}
+
+/* Room for n more keys: the map grows (rehashes) only here. */
+static void
+pair_reserve(pairmap_t *m, size_t n)
+{
+	pairmap_t g;
+
+	if (2 * (m->n + n) <= m->cap)
+		return;
+	g = (pairmap_t){.cap = m->cap ? m->cap * 2 : 1024, .n = m->n};
+	while (2 * (m->n + n) > g.cap)
+		g.cap *= 2;
+	g.s = xcalloc(g.cap, sizeof(*g.s));
+	for (size_t k = 0; k < m->cap; k++)
+		if (m->s[k].key != 0)
+			g.s[pair_slot(&g, m->s[k].key)] = m->s[k];
+	free(m->s);
+	*m = g;
+}
+
+/* key's entry, added as none (rank -1) when new; valid until the next
+ * pair_reserve. */
+static pairent_t *
+pair_at(pairmap_t *m, uint64_t key)
+{
+	size_t i = pair_slot(m, key);
+
+	if (m->s[i].key == 0) {
+		m->s[i] = (pairslot_t){key, {-1, 0}};
+		m->n++;
+	}
+	return &m->s[i].e;
+}
+
+static uint32_t
+fill32(uint64_t fill)
+{
+	return fill < UINT32_MAX ? (uint32_t)fill : UINT32_MAX;
+}
+
 /*
  * The rank of domain w->domain that takes part b in over the network: the
  * needing rank with the least-loaded NIC, unless another rank of the domain
@@ -506,22 +605,107 @@ relay_note(reshard_t *rs, int32_t rank)
  * part is relay data in its staging (hierarchical receive).
  */
 static int32_t
-pick_receiver(reshard_t *rs, const work_t *w, uint64_t b)
+pick_least(reshard_t *rs, const work_t *w, uint64_t b, bool hop)
 {
 	const plan_topo_t *t = rs->topo;
 	const int32_t *need = rs->arena.v + w->n0;
 	int32_t r = least_nic(t, need, w->nn, rs->ld.net_recv), q;
 	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
 
-	if (!rs->hop_in[w->domain] || nd <= (int32_t)w->nn || b < rs->min_hop)
+	if (!hop)
 		return r;
 	q = least_nic(t, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_recv);
 	if (rs->ld.net_recv[plan_topo_nic(t, q)] >= rs->ld.net_recv[plan_topo_nic(t, r)] ||
 	    unit_relayed(rs, q) + b > rs->opts->staging_bytes / 2 || !relay_ok(rs, q, true))
 		return r;
-	unit_relay(rs, q, b);
-	relay_note(rs, q);
 	return q;
+}
+
+/*
+ * How far above the least-loaded choice an affinity may keep a NIC: n
+ * chunks, but at most n / 32 of the NIC's share of what w's domain takes
+ * in, so that small plans stay balanced.
+ */
+static uint64_t
+slack(const reshard_t *rs, const work_t *w, uint64_t n)
+{
+	uint64_t c = n * rs->opts->chunk_bytes, nics = rs->dom_nics[w->domain];
+	uint64_t s = nics ? n * (rs->dom_in[w->domain] / nics / 32) : 0;
+
+	return c < s ? c : s;
+}
+
+/* May r take the part in: it needs it, or it may hop and stage it. */
+static bool
+recv_ok(reshard_t *rs, const work_t *w, int32_t r, uint64_t b, bool hop)
+{
+	return among_n(rs->arena.v + w->n0, w->nn, r) ||
+	       (hop && unit_relayed(rs, r) + b <= rs->opts->staging_bytes / 2 &&
+		relay_ok(rs, r, true));
+}
+
+/*
+ * Pair affinity: the message rule packs the transfers of one (stage, from,
+ * to) group into messages of up to chunk_bytes, so a part from a sending
+ * NIC goes to the rank that took the last one in from it in that stage
+ * (pairmap_t) while it fits in that group's last message: the message
+ * fills up instead of a new one starting elsewhere.  When it does not fit
+ * a new message starts anyway, and the part goes to the least-loaded
+ * rank (the partner when within chunk_bytes of it, keeping groups few).
+ */
+static int32_t
+pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t stage)
+{
+	const plan_topo_t *t = rs->topo;
+	const int32_t *need = rs->arena.v + w->n0;
+	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
+	bool hop = rs->hop_in[w->domain] && nd > (int32_t)w->nn && b >= rs->min_hop;
+	int32_t nic = plan_topo_nic(t, s), r = pick_least(rs, w, b, hop), q = -1;
+	/* partners per domain, and per set of ranks needing the part (the
+	 * domain's regions give disjoint or equal sets, named by their first
+	 * rank) for parts that must enter through one of them */
+	pairent_t *pd, *ps;
+	pairent_t cand[2];
+	uint64_t chunk = rs->opts->chunk_bytes, lr = rs->ld.net_recv[plan_topo_nic(t, r)];
+	uint64_t fill = 0;
+	bool fits = false;
+
+	pair_reserve(&rs->pair, 2);
+	pd = pair_at(&rs->pair, pair_key(stage, nic, w->domain));
+	if (!hop && w->nn == 1) { /* no choice: the domain's partner follows */
+		fits = pd->rank == r && b <= chunk && pd->fill + b <= chunk;
+		*pd = (pairent_t){r, fill32(b > chunk ? chunk + 1 : fits ? pd->fill + b : b)};
+		return r;
+	}
+	ps = pair_at(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
+	cand[0] = *pd;
+	cand[1] = *ps;
+	for (int i = 0; i < 2; i++) {
+		int32_t c = cand[i].rank;
+		bool f;
+
+		if (c < 0 || (i == 1 && c == cand[0].rank))
+			continue;
+		f = b <= chunk && cand[i].fill + b <= chunk;
+		if (rs->ld.net_recv[plan_topo_nic(t, c)] > lr + slack(rs, w, f ? 2 : hop) ||
+		    (q >= 0 && (fits || !f)) || !recv_ok(rs, w, c, b, hop))
+			continue;
+		q = c;
+		fits = f;
+		fill = cand[i].fill;
+	}
+	if (q >= 0)
+		r = q;
+	/* the group's last message after this part (a new one unless it fits) */
+	fill = b > chunk ? chunk + 1 : fits ? fill + b : b;
+	*pd = (pairent_t){r, fill32(fill)};
+	if (among_n(need, w->nn, r)) {
+		*ps = (pairent_t){r, fill32(fill)};
+	} else {
+		unit_relay(rs, r, b);
+		relay_note(rs, r);
+	}
+	return r;
 }
 
 /* A piece held inside its destination domain: NVLink or local copies. */
@@ -575,6 +759,18 @@ part_count(const reshard_t *rs, const work_t *w, int ndim, int *dim)
 		return 1;
 	for (int d = 0; d < ndim; d++) {
 		if (pw->box.size[d] >= want) {
+			/* in a small domain (a DGX node) a part a little over
+			 * chunk_bytes (up to two) is cut to chunk_bytes: it would
+			 * travel as two messages that nothing else can share, and
+			 * the rest of each can carry small transfers.  On an NVL72
+			 * rack the same cut costs many transfers (parts times ranks
+			 * needing them) for no measured gain. */
+			int64_t n = pw->box.size[d], k = (n + want - 1) / want;
+			uint64_t row = pw->bytes / (uint64_t)n;
+			int64_t m = row ? (int64_t)(rs->opts->chunk_bytes / row) : n;
+
+			if (rs->dom_nics[w->domain] <= 16 && m >= 1 && k > m && k <= 2 * m)
+				want = (n + m - 1) / m;
 			*dim = d;
 			return want;
 		}
@@ -657,7 +853,7 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop)
 		return best;
 	g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
-	if (nic_send(rs, g) >= nic_send(rs, best) ||
+	if (nic_send(rs, g) + (dst_ok && !rs->hop_out[d] ? 8 * rs->opts->chunk_bytes : 0) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
 		return best;
@@ -784,6 +980,56 @@ run_spec(reshard_t *rs, const served_t *sv, int64_t p)
 }
 
 /*
+ * The stage in which the part being assigned crosses the network, when
+ * its sender has it from stage `ready` on: net0 + 2 * wave.  Every wave of
+ * every piece sends in one stage (the one before holds the NVLink copies
+ * to helpers, the one after the forwards to the ranks needing the part),
+ * so a round's pipeline fills through one network message per wave, not
+ * one per stage some part happens to send in, and parts between the same
+ * pair of NICs share stages, hence messages.  A sender of wave w has its
+ * part by then: it was served in an earlier wave (stage net0 + 2(w-1) or
+ * before) and forwarded or copied in the stage after.
+ */
+static uint32_t
+net_stage(const reshard_t *rs, uint32_t ready)
+{
+	uint32_t s = rs->net0 + 2 * rs->wave;
+
+	return ready > s ? ready : s;
+}
+
+/*
+ * Sender affinity, for parts sent from their holders: the rank that sent
+ * the last part of this destination domain and set of ranks needing it
+ * (a holder, or a helper of the same domain) sends this one too while its
+ * NIC is within two chunks of the least-loaded choice g, so a sending NIC
+ * serves few receivers (pick_receiver pairs it with one per set) in few
+ * (stage, from, to) groups.  best: the least-loaded holder.
+ */
+static int32_t
+sender_affinity(reshard_t *rs, const work_t *w, const int32_t *h, uint32_t nh, int32_t best,
+		int32_t g, uint64_t b)
+{
+	const plan_topo_t *t = rs->topo;
+	const int32_t *need = rs->arena.v + w->n0;
+	pairent_t *pe;
+	int32_t p, d = plan_topo_domain(t, best);
+
+	pair_reserve(&rs->sendpair, 1);
+	pe = pair_at(&rs->sendpair, pair_key(rs->wave, w->domain, need[0] | 1 << 23));
+	p = pe->rank;
+
+	if (p >= 0 && p != g &&
+	    nic_send(rs, p) <= nic_send(rs, g) + slack(rs, w, 2) &&
+	    (xbsearch(&p, h, nh, sizeof(*h), cmp_i32v) != NULL ||
+	     (plan_topo_domain(t, p) == d && rs->hop_out[d] && b >= rs->min_hop &&
+	      unit_relayed(rs, p) + b <= rs->opts->staging_bytes / 2 && relay_ok(rs, p, false))))
+		g = p;
+	pe->rank = g;
+	return g;
+}
+
+/*
  * Who sends part p of w over the network and in which stage (*stage).
  * From the holders (pool empty): the least-loaded holder's NIC in stage 0,
  * or a less loaded NIC of its domain that the holder copies the part to
@@ -808,7 +1054,10 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 		best = least_nic(t, h, pw->nh, rs->ld.net_send);
 		/* a piece other domains need too would reach the helper twice */
 		g = helper_of(rs, plan_topo_domain(t, best), best, b, false);
-		*stage = g != best;
+		g = sender_affinity(rs, w, h, pw->nh, best, g, b);
+		if (xbsearch(&g, h, pw->nh, sizeof(*h), cmp_i32v) != NULL)
+			best = g; /* a holder: no copy */
+		*stage = net_stage(rs, g != best);
 		if (g != best)
 			goto copy;
 		return best;
@@ -856,10 +1105,12 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 	/* a rank of the served domain not needing the part needs nothing of
 	 * it: the domain's regions are disjoint */
 	g = helper_of(rs, sv->dom, best, b, true);
-	if (g == best || sv->pt[p].help >= 0) /* one helper per part and domain */
+	if (g == best || sv->pt[p].help >= 0) { /* one helper per part and domain */
+		*stage = net_stage(rs, *stage);
 		return best;
+	}
 	/* g is less loaded than every rank holding the part: a new helper */
-	*stage = sv->pt[p].at + 2;
+	*stage = net_stage(rs, sv->pt[p].at + 2);
 	best = sv->pt[p].recv;
 	((served_t *)sv)->pt[p].help = g;
 	((served_t *)sv)->pt[p].help_at = *stage;
@@ -926,7 +1177,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		rs->cur_box = out->box0 + (uint32_t)p;
 		rs->cur_w = w;
 		s = pick_sender(rs, w, pool, npool, p, b, &stage);
-		r = pick_receiver(rs, w, b);
+		r = pick_receiver(rs, w, b, s, stage);
 		send_add(rs, s, b);
 		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
@@ -958,6 +1209,7 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 {
 	served_t *sv = xcalloc(k, sizeof(*sv));
 	size_t nh = holder_domains(rs, &rs->work.v[run[0]]), done = 0, off = rs->rotate++ % k;
+	size_t fan = SIZE_MAX;
 	uint32_t wave = 0;
 
 	/* the sources serve at most half the domains and the served ones relay
@@ -969,19 +1221,27 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 	rs->run.n = 0;
 	rs->run.v = xmalloc(k * sizeof(*rs->run.v));
 	rs->run.spec.n = 0;
-	for (size_t i = 0; i < k; i++)
-		rs->run.dom_slot[rs->work.v[run[(i + off) % k]].domain] = (int32_t)i;
+	for (size_t i = 0; i < k; i++) {
+		int32_t d = rs->work.v[run[(i + off) % k]].domain;
+
+		rs->run.dom_slot[d] = (int32_t)i;
+		fan = rs->dom_nics[d] / 4 < fan ? rs->dom_nics[d] / 4 : fan;
+	}
+	fan = fan ? fan : 1;
 	while (done < k) {
-		size_t take = wave == 0 ? (nh < k ? nh : k) : (done < k - done ? done : k - done);
+		size_t take = wave == 0 ? (nh < k ? nh : k)
+					: (done * fan < k - done ? done * fan : k - done);
 
 		for (; rs->run.n < done; rs->run.n++) /* they join the pool */
 			rs->run.v[rs->run.n] = run_value(rs, &sv[rs->run.n]);
+		rs->wave = wave;
 		for (size_t i = done; i < done + take; i++)
 			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
 				       wave ? done : 0, i ? &sv[0] : NULL, &sv[i]);
 		done += take;
 		wave++;
 	}
+	rs->wave = 0;
 	for (size_t i = 0; i < k; i++) {
 		rs->run.dom_slot[sv[i].dom] = -1;
 		served_fini(&sv[i]);
@@ -1108,7 +1368,7 @@ choose_hops(reshard_t *rs, const plan_layout_set_t *src)
 {
 	const plan_topo_t *t = rs->topo;
 	size_t nd = (size_t)t->ndomains;
-	uint64_t *dom_nics = xcalloc(nd + 1, sizeof(uint64_t));
+	uint64_t *dom_nics = rs->dom_nics = xcalloc(nd + 1, sizeof(uint64_t));
 	uint64_t *max_own = xcalloc(nd + 1, sizeof(uint64_t));
 	uint8_t *nic_seen = xcalloc((size_t)t->nslots + 1, 1);
 
@@ -1137,7 +1397,8 @@ choose_hops(reshard_t *rs, const plan_layout_set_t *src)
 	for (size_t d = 0; d < nd; d++)
 		rs->hop_in[d] = dom_nics[d] > 0 &&
 				max_own[d] > rs->dom_in[d] / dom_nics[d] + rs->opts->chunk_bytes;
-	free(dom_nics);
+	for (size_t d = 0; d < nd; d++)
+		rs->net0 |= rs->hop_out[d];
 	free(max_own);
 	free(nic_seen);
 }
@@ -1238,7 +1499,10 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.busy);
 	free(rs.hop_in);
 	free(rs.hop_out);
+	free(rs.dom_nics);
 	relays_fini(&rs.relayed);
+	free(rs.pair.s);
+	free(rs.sendpair.s);
 	free(rs.dst_r0);
 	free(rs.dst_ranks);
 	free(rs.round_fill);
