@@ -282,12 +282,15 @@ static int32_t
 least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t *load)
 {
 	int32_t best = ranks[0];
+	uint64_t b = load[plan_topo_nic(t, best)];
 
 	for (uint32_t i = 1; i < n; i++) {
-		uint64_t a = load[plan_topo_nic(t, ranks[i])], b = load[plan_topo_nic(t, best)];
+		uint64_t a = load[plan_topo_nic(t, ranks[i])];
 
-		if (a < b || (a == b && ranks[i] < best))
+		if (a < b || (a == b && ranks[i] < best)) {
 			best = ranks[i];
+			b = a;
+		}
 	}
 	return best;
 }
@@ -315,11 +318,13 @@ static int32_t
 least(const int32_t *ranks, uint32_t n, const uint64_t *load)
 {
 	int32_t best = ranks[0];
+	uint64_t b = load[best];
 
 	for (uint32_t i = 1; i < n; i++)
-		if (load[ranks[i]] < load[best] ||
-		    (load[ranks[i]] == load[best] && ranks[i] < best))
+		if (load[ranks[i]] < b || (load[ranks[i]] == b && ranks[i] < best)) {
 			best = ranks[i];
+			b = load[best];
+		}
 	return best;
 }
 
