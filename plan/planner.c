@@ -75,7 +75,11 @@ typedef struct relrec {
 	uint32_t next;    /* UINT32_MAX: end */
 } relrec_t;
 
+#define RELAY_SEEN_WORDS 16 /* a 1,024-bit filter per rank */
+
 typedef struct relays {
+	uint64_t *seen;   /* per rank: RELAY_SEEN_WORDS words, bit relay_bit(t)
+			     set when the rank has records of tensor t */
 	uint64_t *key;    /* (tensor << 32 | rank) + 1; 0: free slot */
 	uint32_t *head;   /* first record */
 	size_t cap, n;
@@ -489,9 +493,17 @@ relays_grow(relays_t *m)
 	m->cap = n.cap;
 }
 
+/* The bit of tensor t in a rank's filter (relays_t.seen). */
+static inline uint32_t
+relay_bit(uint32_t t)
+{
+	return (uint32_t)((t * 0x9e3779b97f4a7c15ull) >> 54);
+}
+
 static void
 relays_fini(relays_t *m)
 {
+	free(m->seen);
 	free(m->key);
 	free(m->head);
 	VEC_FREE(&m->rec);
@@ -515,7 +527,12 @@ relay_ok(const reshard_t *rs, int32_t rank, bool dst_ok)
 	if (!dst_ok && among(rs->dst_ranks + rs->dst_r0[t],
 			     (uint32_t)(rs->dst_r0[t + 1] - rs->dst_r0[t]), rank))
 		return false;
-	if (m->cap == 0)
+	uint32_t bit = relay_bit(t);
+
+	/* most ranks hold no relay data of t: the filter, in cache, says so
+	 * without a miss in the table */
+	if (m->cap == 0 ||
+	    !(m->seen[(size_t)rank * RELAY_SEEN_WORDS + bit / 64] >> (bit % 64) & 1))
 		return true;
 	i = relays_slot(m, key);
 	if (m->key[i] == 0)
@@ -533,8 +550,10 @@ relay_note(reshard_t *rs, int32_t rank)
 	relays_t *m = &rs->relayed;
 	uint64_t key = ((uint64_t)pc(rs, rs->cur_w)->tensor << 32 | (uint32_t)rank) + 1;
 	relrec_t r = {rs->cur_box, UINT32_MAX};
+	uint32_t bit = relay_bit(pc(rs, rs->cur_w)->tensor);
 	size_t i;
 
+	m->seen[(size_t)rank * RELAY_SEEN_WORDS + bit / 64] |= 1ull << (bit % 64);
 	if (2 * (m->n + 1) > m->cap)
 		relays_grow(m);
 	i = relays_slot(m, key);
@@ -1461,6 +1480,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	refit_status_t rc = REFIT_OK;
 
 	rs.pair.set_dom = topo->rank_domain;
+	rs.relayed.seen = xcalloc(ns * RELAY_SEEN_WORDS, sizeof(uint64_t));
 	rs.min_hop = opts->chunk_bytes / 16 ? opts->chunk_bytes / 16 : 1;
 	rs.dom_in = xcalloc((size_t)topo->ndomains + 1, sizeof(uint64_t));
 	rs.own_in = xcalloc(ns, sizeof(uint64_t));
