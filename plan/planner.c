@@ -29,6 +29,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "plan/internal.h"
 
@@ -74,7 +75,11 @@ typedef struct relrec {
 	uint32_t next;    /* UINT32_MAX: end */
 } relrec_t;
 
+#define RELAY_SEEN_WORDS 16 /* a 1,024-bit filter per rank */
+
 typedef struct relays {
+	uint64_t *seen;   /* per rank: RELAY_SEEN_WORDS words, bit relay_bit(t)
+			     set when the rank has records of tensor t */
 	uint64_t *key;    /* (tensor << 32 | rank) + 1; 0: free slot */
 	uint32_t *head;   /* first record */
 	size_t cap, n;
@@ -125,6 +130,7 @@ typedef struct pairslot {
 typedef struct pairmap {
 	pairslot_t *s;
 	size_t cap, n;
+	const int32_t *set_dom; /* per rank: its domain (pair_home); or NULL */
 } pairmap_t;
 
 typedef struct reshard {
@@ -280,12 +286,15 @@ static int32_t
 least_nic(const plan_topo_t *t, const int32_t *ranks, uint32_t n, const uint64_t *load)
 {
 	int32_t best = ranks[0];
+	uint64_t b = load[plan_topo_nic(t, best)];
 
 	for (uint32_t i = 1; i < n; i++) {
-		uint64_t a = load[plan_topo_nic(t, ranks[i])], b = load[plan_topo_nic(t, best)];
+		uint64_t a = load[plan_topo_nic(t, ranks[i])];
 
-		if (a < b || (a == b && ranks[i] < best))
+		if (a < b || (a == b && ranks[i] < best)) {
 			best = ranks[i];
+			b = a;
+		}
 	}
 	return best;
 }
@@ -313,11 +322,13 @@ static int32_t
 least(const int32_t *ranks, uint32_t n, const uint64_t *load)
 {
 	int32_t best = ranks[0];
+	uint64_t b = load[best];
 
 	for (uint32_t i = 1; i < n; i++)
-		if (load[ranks[i]] < load[best] ||
-		    (load[ranks[i]] == load[best] && ranks[i] < best))
+		if (load[ranks[i]] < b || (load[ranks[i]] == b && ranks[i] < best)) {
 			best = ranks[i];
+			b = load[best];
+		}
 	return best;
 }
 
@@ -482,9 +493,17 @@ relays_grow(relays_t *m)
 	m->cap = n.cap;
 }
 
+/* The bit of tensor t in a rank's filter (relays_t.seen). */
+static inline uint32_t
+relay_bit(uint32_t t)
+{
+	return (uint32_t)((t * 0x9e3779b97f4a7c15ull) >> 54);
+}
+
 static void
 relays_fini(relays_t *m)
 {
+	free(m->seen);
 	free(m->key);
 	free(m->head);
 	VEC_FREE(&m->rec);
@@ -508,7 +527,12 @@ relay_ok(const reshard_t *rs, int32_t rank, bool dst_ok)
 	if (!dst_ok && among(rs->dst_ranks + rs->dst_r0[t],
 			     (uint32_t)(rs->dst_r0[t + 1] - rs->dst_r0[t]), rank))
 		return false;
-	if (m->cap == 0)
+	uint32_t bit = relay_bit(t);
+
+	/* most ranks hold no relay data of t: the filter, in cache, says so
+	 * without a miss in the table */
+	if (m->cap == 0 ||
+	    !(m->seen[(size_t)rank * RELAY_SEEN_WORDS + bit / 64] >> (bit % 64) & 1))
 		return true;
 	i = relays_slot(m, key);
 	if (m->key[i] == 0)
@@ -526,8 +550,10 @@ relay_note(reshard_t *rs, int32_t rank)
 	relays_t *m = &rs->relayed;
 	uint64_t key = ((uint64_t)pc(rs, rs->cur_w)->tensor << 32 | (uint32_t)rank) + 1;
 	relrec_t r = {rs->cur_box, UINT32_MAX};
+	uint32_t bit = relay_bit(pc(rs, rs->cur_w)->tensor);
 	size_t i;
 
+	m->seen[(size_t)rank * RELAY_SEEN_WORDS + bit / 64] |= 1ull << (bit % 64);
 	if (2 * (m->n + 1) > m->cap)
 		relays_grow(m);
 	i = relays_slot(m, key);
@@ -547,29 +573,68 @@ pair_key(uint32_t stage, int32_t nic, int32_t dom)
 	return ((uint64_t)stage << 48 | (uint64_t)(uint32_t)nic << 24 | (uint32_t)dom) + 1;
 }
 
+/*
+ * key's home slot, where its probe starts.  With set_dom, a key naming a
+ * set of ranks starts where the key naming their domain does (same stage
+ * and NIC): pick_receiver looks both up, and they then share a cache line
+ * or two instead of costing two misses in a table the caches cannot hold.
+ */
+static size_t
+pair_home(const pairmap_t *m, uint64_t key)
+{
+	uint64_t h, k = key - 1, to = k & 0xffffff;
+
+	if (m->set_dom != NULL && (to & 1u << 23))
+		key = (k & ~(uint64_t)0xffffff) + (uint32_t)m->set_dom[to & ((1u << 23) - 1)] + 1;
+	h = (key ^ (key >> 31)) * 0x9e3779b97f4a7c15ull;
+
+	return (size_t)(h ^ (h >> 29)) & (m->cap - 1);
+}
+
 static size_t
 pair_slot(const pairmap_t *m, uint64_t key)
 {
-	uint64_t h = (key ^ (key >> 31)) * 0x9e3779b97f4a7c15ull;
-	size_t i = (size_t)(h ^ (h >> 29)) & (m->cap - 1);
+	size_t i = pair_home(m, key);
 
 	while (m->s[i].key != 0 && m->s[i].key != key)
 		i = (i + 1) & (m->cap - 1);
 	return i;
 }
 
-/* Room for n more keys: the map grows (rehashes) only here. */
+/*
+ * n zeroed bytes for a table looked up at random: from 2 MiB on, on huge
+ * pages where the system lends them on request, as one TLB entry then
+ * covers what would take 512.
+ */
+static void *
+big_calloc(size_t n)
+{
+	const size_t huge = 2u << 20;
+	void *p;
+
+	if (n < huge)
+		return xcalloc(n, 1);
+	if (posix_memalign(&p, huge, n) != 0)
+		return xcalloc(n, 1);
+	(void)madvise(p, n, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
+	memset(p, 0, n);
+	return p;
+}
+
+/* Room for n more keys: the map grows (rehashes) only here, at 3/4 full
+ * (linear probing stays short there, and a smaller table takes fewer
+ * cache and TLB misses). */
 static void
 pair_reserve(pairmap_t *m, size_t n)
 {
 	pairmap_t g;
 
-	if (2 * (m->n + n) <= m->cap)
+	if (4 * (m->n + n) <= 3 * m->cap)
 		return;
-	g = (pairmap_t){.cap = m->cap ? m->cap * 2 : 1024, .n = m->n};
-	while (2 * (m->n + n) > g.cap)
+	g = (pairmap_t){.cap = m->cap ? m->cap * 2 : 1024, .n = m->n, .set_dom = m->set_dom};
+	while (4 * (m->n + n) > 3 * g.cap)
 		g.cap *= 2;
-	g.s = xcalloc(g.cap, sizeof(*g.s));
+	g.s = big_calloc(g.cap * sizeof(*g.s));
 	for (size_t k = 0; k < m->cap; k++)
 		if (m->s[k].key != 0)
 			g.s[pair_slot(&g, m->s[k].key)] = m->s[k];
@@ -1414,6 +1479,8 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	size_t ns = (size_t)topo->nslots;
 	refit_status_t rc = REFIT_OK;
 
+	rs.pair.set_dom = topo->rank_domain;
+	rs.relayed.seen = xcalloc(ns * RELAY_SEEN_WORDS, sizeof(uint64_t));
 	rs.min_hop = opts->chunk_bytes / 16 ? opts->chunk_bytes / 16 : 1;
 	rs.dom_in = xcalloc((size_t)topo->ndomains + 1, sizeof(uint64_t));
 	rs.own_in = xcalloc(ns, sizeof(uint64_t));
