@@ -791,8 +791,11 @@ dead_peer_child(int32_t me, int idfd, pid_t peer)
 		rc = group_run(s, &op, 1, &err);
 		a->cudaStreamQuery = real_query;
 		EXPECT(kill_on_query == 0, "the group never queried its stream");
+		/* the emulator's own text too, through ncclGetLastError */
 		EXPECT(rc == REFIT_ERR_NCCL && strstr(err.msg, "sends to rank 1") &&
-		       strstr(err.msg, "remote process exited"), "a send to a peer killed "
+		       strstr(err.msg, "remote process exited") &&
+		       strstr(err.msg, "NCCL's last error: ") &&
+		       strstr(err.msg, "the peer died or aborted"), "a send to a peer killed "
 		       "mid-group: %s (%s)", rc == REFIT_OK ? "done" : "failed", err.msg);
 		/* freed although the communicators are gone (the counters check) */
 		dev->free(dev->ctx, 0, buf);
