@@ -200,18 +200,6 @@ t_nccl_nonblocking_init(void)
 	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
 }
 
-static void
-held_joiner(int arg)
-{
-	ncclUniqueId id;
-	ncclComm_t c;
-
-	(void)arg;
-	get(id_pipe[0], &id, sizeof(id));
-	NCIS(ncclCommInitRankConfig(&c, 2, id, 1, NULL), ncclSuccess); /* blocking */
-	NCIS(ncclCommDestroy(c), ncclSuccess);
-}
-
 /* As NCCL's (its bootstrap ring allgather follows the root's answers): no
  * rank's init completes before every rank has its answer -- the root's
  * process, which may end once its own init did, must not cut another's. */
@@ -231,7 +219,7 @@ t_nccl_init_completes_together(void)
 	snprintf(held, sizeof(held), "%s.held", hold);
 	CK(setenv("REFIT_EMU_HOLD_ACK", hold, 1) == 0, "setenv");
 	CK(pipe(id_pipe) == 0, "pipe");
-	pid = spawn(held_joiner, 0, "hostB"); /* holds its acknowledgement */
+	pid = spawn(late_joiner, 0, "hostB"); /* holds its acknowledgement */
 	CK(unsetenv("REFIT_EMU_HOLD_ACK") == 0, "unsetenv");
 	CU(cudaSetDevice(0));
 	NC(ncclGetUniqueId(&id));
