@@ -441,6 +441,7 @@ load(void)
 		return -1;
 	}
 	SYM(nccl, ncclCommShrink);
+	*(void **)&api.ncclGetLastError = dlsym(nccl, "ncclGetLastError"); /* optional */
 	if (load_kernels(cudart) != 0)
 		return -1;
 	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s",

@@ -79,6 +79,7 @@ typedef struct gpu_api {
 	GPU_FN(ncclGetErrorString);
 	GPU_FN(ncclGetVersion);
 	GPU_FN(ncclCommShrink);
+	GPU_FN(ncclGetLastError); /* optional: NULL when the library lacks it */
 	gpu_mem_range_fn mem_range;            /* cuMemGetAddressRange */
 	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
 	int ndevices;

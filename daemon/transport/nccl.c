@@ -761,6 +761,23 @@ comm_state(const gpu_api_t *a, ncclComm_t c)
 }
 
 /*
+ * The library's own text for an error, as "; NCCL's last error: <text>", or
+ * "" when it has none (or lacks ncclGetLastError): an internal error's code
+ * alone says nothing, NCCL explains it there.  NCCL keeps one last message,
+ * not one per communicator (the argument is unused), hence "last".
+ */
+static const char *
+nccl_says(const gpu_api_t *a, ncclComm_t c, char *buf, size_t n)
+{
+	const char *t = a->ncclGetLastError ? a->ncclGetLastError(c) : NULL;
+
+	if (t == NULL || *t == '\0')
+		return "";
+	snprintf(buf, n, "; NCCL's last error: %s", t);
+	return buf;
+}
+
+/*
  * Free one communicator (local rank rank): ncclCommDestroy when it is ready
  * and healthy, else ncclCommAbort, which works in any state.  The state can
  * change between the check and the destroy (an asynchronous error of the
@@ -970,9 +987,13 @@ wait_comms(xport_t *x, const xport_session_cfg_t *cfg, const char *what, refit_e
 			if (st == ncclInProgress) {
 				pending = true;
 			} else if (st != ncclSuccess) {
+				char says[320];
+
 				rc = refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: %s (rank "
-						   "%d): %s", what, x->cm.local[i],
-						   x->api->ncclGetErrorString(st));
+						   "%d): %s%s", what, x->cm.local[i],
+						   x->api->ncclGetErrorString(st),
+						   nccl_says(x->api, x->cm.comm[i], says,
+							     sizeof(says)));
 				drop_comms(x, true);
 				return rc;
 			}
@@ -1062,10 +1083,15 @@ shrink_wait(xport_t *x, ncclComm_t *nc, const xport_session_cfg_t *cfg, refit_er
 				st = ncclInternalError;
 			if (st == ncclInProgress)
 				pending = true;
-			else if (st != ncclSuccess)
+			else if (st != ncclSuccess) {
+				char says[320];
+
 				return refit_err_set(err, REFIT_ERR_NCCL, "ncclCommShrink (rank %d): "
-						     "%s%s", cm->local[i], a->ncclGetErrorString(st),
-						     child ? "" : " (no new communicator)");
+						     "%s%s%s", cm->local[i], a->ncclGetErrorString(st),
+						     child ? "" : " (no new communicator)",
+						     nccl_says(a, child ? child : cm->comm[i], says,
+							       sizeof(says)));
+			}
 		}
 		if (!pending)
 			return REFIT_OK;
@@ -1411,12 +1437,13 @@ static refit_status_t
 group_error(xport_t *x, size_t i, const xport_op_t *ops, size_t n, ncclResult_t st,
 	    refit_err_t *err)
 {
-	char peers[256];
+	char peers[256], says[320];
 
 	group_peers(ops, n, x->cm.local[i], peers, sizeof(peers));
 	return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank %d (%s): the group "
-			     "failed: %s (ncclCommGetAsyncError)", x->cm.local[i],
-			     peers[0] ? peers : "no operations", x->api->ncclGetErrorString(st));
+			     "failed: %s (ncclCommGetAsyncError)%s", x->cm.local[i],
+			     peers[0] ? peers : "no operations", x->api->ncclGetErrorString(st),
+			     nccl_says(x->api, x->cm.comm[i], says, sizeof(says)));
 }
 
 /*

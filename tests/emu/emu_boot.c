@@ -7,7 +7,8 @@
  * nothing consumes leaks both, as with NCCL, and shows in ids_unconsumed).
  * A rank joins by sending its (host, device, listening socket); when all
  * nranks have, the root checks that no two ranks share a (host, device) and
- * answers every rank with the table (or the error).  A shrink rendezvous the
+ * answers every rank with the table (or the error); every init ends only
+ * once all ranks have their table (root_release).  A shrink rendezvous the
  * same way, its new rank 0 running the root at a path every member derives
  * from the parent.
  */
@@ -198,6 +199,28 @@ table_check(const emu_peer_t *t, int n, char *msg, size_t len)
 	return ncclSuccess;
 }
 
+/*
+ * NCCL's init is collective: after the root's answer every rank joins a
+ * ring allgather over all ranks (bootstrapInit, src/bootstrap.cc), so no
+ * rank's init completes before every rank has read its answer -- and until
+ * then the root's process (the one that made the id) must stay, or a rank
+ * still waiting for its answer fails.  So here: each rank acknowledges its
+ * table; once all have, the root releases them together.  A rank that never
+ * acknowledges (gone, aborted) releases none: the others see the root close.
+ */
+static void
+root_release(const int *fds, int n)
+{
+	for (int i = 0; i < n; i++) {
+		char ack;
+
+		if (read_full(fds[i], &ack, 1) != 0 || ack != 'a')
+			return;
+	}
+	for (int i = 0; i < n; i++)
+		write_full(fds[i], "g", 1);
+}
+
 /* Collect nranks hellos; answer all.  0 when answered, -1 when cancelled. */
 static int
 root_collect(emu_root_t *r)
@@ -252,9 +275,12 @@ root_collect(emu_root_t *r)
 	if (rp.status != ncclSuccess)
 		emu_say("nccl init: %s", rp.msg);
 	for (int i = 0; i < n; i++) {
-		if (write_full(fds[i], &rp, sizeof(rp)) == 0 && rp.status == ncclSuccess)
+		if (write_full(fds[i], &rp, sizeof(rp)) == 0 && rp.status == ncclSuccess) {
 			write_full(fds[i], t, (size_t)n * sizeof(*t));
+		}
 	}
+	if (rp.status == ncclSuccess)
+		root_release(fds, n);
 	rc = 0;
 out:
 	for (int i = 0; i < n && fds; i++)
@@ -345,6 +371,35 @@ join_connect(ncclComm_t c)
 	}
 }
 
+/*
+ * REFIT_EMU_HOLD_ACK=PATH (tests): a rank that has its table creates
+ * PATH.held, then acknowledges only once PATH exists (or it is aborted, or
+ * 60 s passed): the other ranks' inits must stay in progress meanwhile.
+ */
+static void
+join_hold(ncclComm_t c)
+{
+	const char *p = getenv("REFIT_EMU_HOLD_ACK");
+	char held[PATH_MAX_UN + 8];
+	struct timespec t0, now;
+	int fd;
+
+	if (p == NULL || *p == '\0')
+		return;
+	snprintf(held, sizeof(held), "%s.held", p);
+	if ((fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0)
+		close(fd);
+	else
+		emu_say("REFIT_EMU_HOLD_ACK: cannot create %s: %s", held, strerror(errno));
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		if (access(p, F_OK) == 0 || comm_flags(c).aborted)
+			return;
+		usleep(5000);
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (now.tv_sec - t0.tv_sec < 60);
+}
+
 static ncclResult_t
 join(ncclComm_t c, char *msg, size_t n)
 {
@@ -352,6 +407,7 @@ join(ncclComm_t c, char *msg, size_t n)
 	emu_peer_t h = {WIRE_MAGIC, c->nranks, c->rank, c->dev, (int32_t)getpid(), 0,
 			env->host_hash, "", ""};
 	reply_t rp;
+	char go;
 	int fd;
 
 	snprintf(h.host, sizeof(h.host), "%s", env->host);
@@ -374,10 +430,18 @@ join(ncclComm_t c, char *msg, size_t n)
 		return (ncclResult_t)rp.status;
 	}
 	if (rp.nranks != c->nranks || (c->peers = calloc((size_t)rp.nranks,
-							 sizeof(*c->peers))) == NULL ||
-	    read_full(fd, c->peers, (size_t)rp.nranks * sizeof(*c->peers)) != 0) {
-		snprintf(msg, n, "bad answer from the root %s", c->root_path);
+							 sizeof(*c->peers))) == NULL) {
+		snprintf(msg, n, "bad answer from the root %s: %d ranks, this communicator has "
+			 "%d", c->root_path, rp.nranks, c->nranks);
 		return ncclInternalError;
+	}
+	/* the table, then the release once every rank has its own (root_release) */
+	if (read_full(fd, c->peers, (size_t)rp.nranks * sizeof(*c->peers)) != 0 ||
+	    (join_hold(c), write_full(fd, "a", 1) != 0) || read_full(fd, &go, 1) != 0 || go != 'g') {
+		snprintf(msg, n, "the root %s went away, or a rank left, before every rank had "
+			 "its answer: %s", c->root_path,
+			 comm_flags(c).aborted ? "aborted" : strerror(errno));
+		return comm_flags(c).aborted ? ncclInvalidUsage : ncclRemoteError;
 	}
 	if (c->uid == 0)
 		c->uid = rp.uid;
@@ -440,9 +504,9 @@ comm_join_main(void *arg)
 	c->pending = 0;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
-	if (reported)
-		emu_say("NCCL WARN rank %d of %d (device %d): init: %s (%s)", c->rank, c->nranks,
-			c->dev, msg, ncclGetErrorString(r));
+	if (reported) /* ncclGetLastError's text too */
+		nccl_fail(r, "rank %d of %d (device %d): init: %s", c->rank, c->nranks, c->dev,
+			  msg);
 	if (c->publish) /* a shrink: NCCL publishes the new communicator only now */
 		*c->publish = c;
 	if (c->parent) {

@@ -57,7 +57,8 @@ type_size(ncclDataType_t t)
 	return (unsigned)t < ncclNumTypes ? type_sizes[t] : 0;
 }
 
-static ncclResult_t EMU_PRINTF(2, 3)
+/* Say an error, and keep it for ncclGetLastError. */
+ncclResult_t
 nccl_fail(ncclResult_t r, const char *fmt, ...)
 {
 	char buf[400];

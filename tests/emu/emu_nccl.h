@@ -61,6 +61,7 @@ struct ncclComm {
 void comm_ref(ncclComm_t c);
 void comm_unref(ncclComm_t c);
 void comm_set_err(ncclComm_t c, ncclResult_t r, const char *fmt, ...) EMU_PRINTF(3, 4);
+ncclResult_t nccl_fail(ncclResult_t r, const char *fmt, ...) EMU_PRINTF(2, 3);
 /* A consistent view of c's state, taken under c->mu. */
 typedef struct comm_flags {
 	ncclResult_t err;          /* the asynchronous error */

@@ -200,6 +200,47 @@ t_nccl_nonblocking_init(void)
 	CK(counters().comms_live == 0, "comms %lld", (long long)counters().comms_live);
 }
 
+/* As NCCL's (its bootstrap ring allgather follows the root's answers): no
+ * rank's init completes before every rank has its answer -- the root's
+ * process, which may end once its own init did, must not cut another's. */
+static void
+t_nccl_init_completes_together(void)
+{
+	ncclUniqueId id;
+	ncclComm_t c = NULL;
+	ncclConfig_t cfg = nonblocking();
+	char hold[300], held[310];
+	struct stat st;
+	int64_t t0;
+	pid_t pid;
+	int fd;
+
+	snprintf(hold, sizeof(hold), "%s/hold.%d", tdir, (int)getpid());
+	snprintf(held, sizeof(held), "%s.held", hold);
+	CK(setenv("REFIT_EMU_HOLD_ACK", hold, 1) == 0, "setenv");
+	CK(pipe(id_pipe) == 0, "pipe");
+	pid = spawn(late_joiner, 0, "hostB"); /* holds its acknowledgement */
+	CK(unsetenv("REFIT_EMU_HOLD_ACK") == 0, "unsetenv");
+	CU(cudaSetDevice(0));
+	NC(ncclGetUniqueId(&id));
+	NCIS(ncclCommInitRankConfig(&c, 2, id, 0, &cfg), ncclInProgress);
+	put(id_pipe[1], &id, sizeof(id));
+	t0 = now_ms();
+	while (stat(held, &st) != 0 && now_ms() - t0 < 60000)
+		usleep(5000);
+	CK(stat(held, &st) == 0, "rank 1 never had its answer (no %s)", held);
+	/* rank 0 had its answer before rank 1 (the root answers in rank order) */
+	CK(wait_comm(c, 300) == ncclInProgress, "rank 0's init completed while rank 1 "
+	   "had not yet acknowledged its answer");
+	CK((fd = open(hold, O_WRONLY | O_CREAT, 0600)) >= 0, "creating %s", hold);
+	close(fd);
+	CK(wait_comm(c, 20000) == ncclSuccess, "init");
+	NCIS(ncclCommDestroy(c), ncclSuccess);
+	reap_ok(pid);
+	unlink(hold);
+	unlink(held);
+}
+
 static void
 t_nccl_unconsumed_id(void)
 {
@@ -729,7 +770,8 @@ t_nccl_abort_parent_publishes_shrink(void)
 const test_t nccl_tests[] = {
 	TEST(nccl_abort_parent_publishes_shrink),
 	TEST(nccl_shrink_abort_ends_operations), TEST(nccl_exchange_4_ranks_2_processes),
-	TEST(nccl_nonblocking_init), TEST(nccl_unconsumed_id), TEST(nccl_two_ranks_one_device),
+	TEST(nccl_nonblocking_init), TEST(nccl_init_completes_together),
+	TEST(nccl_unconsumed_id), TEST(nccl_two_ranks_one_device),
 	TEST(nccl_mismatch_fails_both), TEST(nccl_unmatched_blocks_until_abort), TEST(nccl_shrink),
 	TEST(nccl_buffer_of_another_device), TEST(nccl_stream_of_another_device),
 	TEST_ENV(nccl_group_in_progress_until_launched, "REFIT_EMU_DELAY_US=1000000"),
