@@ -7,6 +7,8 @@ loopback, a trainer and an instance.
    counts the stall (one WARN, refitd_coordinator_stalls_total), and does not
    blame the members for it: the same members at the same epoch, no lease
    expired, heartbeats go on, and the next refit commits in that epoch;
+ - the coordinator stopped as long while a refit runs: the refit commits in
+   its epoch;
  - a node stopped (SIGSTOP) longer than the lease still expires, and joins
    again once continued;
  - a node stopped together with the coordinator still expires after the
@@ -79,12 +81,14 @@ def log_lines(text):
 
 
 def layouts():
+    """Trainer on node 0, instance on node 1: 8 tensors, resharded (with the
+    nodes' message delay, a refit runs long enough to stop it midway)."""
     t = list(range(RPN))
     i = list(range(RPN, 2 * RPN))
-    train = [{"name": "w", "dtype": "fp32", "shape": [64, 32], "mesh": t,
-              "placements": ["Shard(0)"]}]
-    inst = [{"name": "w", "dtype": "fp32", "shape": [64, 32], "mesh": i,
-             "placements": ["Shard(1)"]}]
+    train = [{"name": f"w{k}", "dtype": "fp32", "shape": [256, 64], "mesh": t,
+              "placements": ["Shard(0)"]} for k in range(8)]
+    inst = [{"name": f"w{k}", "dtype": "fp32", "shape": [256, 64], "mesh": i,
+             "placements": ["Shard(1)"]} for k in range(8)]
     return train, [("i0", inst)]
 
 
@@ -104,8 +108,9 @@ def refit_commits(version):
 def setup():
     global CL
     # info: the coordinator logs why each epoch changed ("lease expired: ...")
-    CL = Cluster("ls", 3, coord_extra=["--metrics-listen", f"127.0.0.1:{MPORT}",
-                                       "--log-level", "info"], lease_ms=LEASE_MS)
+    CL = Cluster("ls", 3, ["--test-msg-delay-ms", "25"],
+                 coord_extra=["--metrics-listen", f"127.0.0.1:{MPORT}", "--log-level", "info"],
+                 lease_ms=LEASE_MS)
     train, insts = layouts()
     MODEL["clients"] = start_model(CL, "lm", train, insts, random.Random(7),
                                    installs={"i0": "double-buffer"})
@@ -148,6 +153,42 @@ def coordinator_stopped():
     MODEL["version"] += 1
     g = refit_commits(MODEL["version"])
     assert g.epoch == epoch, ("the refit ran in another epoch", g.epoch, epoch)
+
+
+def refit_across_stall():
+    """The coordinator stopped while a refit runs: the refit commits in its
+    epoch (the slices end meanwhile; their SliceDone reports are resent until
+    the coordinator answers)."""
+    before, epoch = members()
+    cs = MODEL["clients"]
+    MODEL["version"] += 1
+    v = MODEL["version"]
+    out = cs["train"][0].cmd(f"next {v}")
+    assert out.startswith("READY"), out
+    s0 = scrape()
+    rid = CL.stub.TriggerRefit(pb.TriggerRefitRequest(model="lm", version=v),
+                               timeout=10).refit_id
+    wait_for(lambda: CL.stub.GetRefit(pb.GetRefitRequest(refit_id=rid),
+                                      timeout=10).state == pb.RUNNING,
+             60, f"refit {rid} to run", every=0.005)
+    CL.coord.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(STOP_S)   # the fault itself
+    finally:
+        CL.coord.send_signal(signal.SIGCONT)
+    g = CL.wait_final(rid, 120)
+    assert g.state == pb.COMMITTED, g.failure
+    assert g.epoch == epoch, (g.epoch, epoch)
+    harness.expect_installed(cs, v)
+    assert members() == (before, epoch), (before, epoch, members())
+    # the stop did land in RUNNING: that phase lasted at least the stop
+    s1 = scrape()
+    ph = "refitd_refit_phase_duration_seconds"
+    ran = val(s1, f"{ph}_sum", phase="running") - val(s0, f"{ph}_sum", phase="running")
+    assert val(s1, f"{ph}_count", phase="running") - \
+        val(s0, f"{ph}_count", phase="running") == 1, ours(s1)
+    assert ran >= STOP_S - 0.2, ("the coordinator was not stopped while the refit ran", ran)
+    assert val(s1, "refitd_lease_expiries_total") == val(s0, "refitd_lease_expiries_total")
 
 
 def wait_gone(node):
@@ -201,6 +242,8 @@ try:
     if CL is not None and MODEL.get("clients"):
         check("coordinator stopped for 3 leases: same members and epoch, the stall "
               "counted once, the next refit commits", coordinator_stopped)
+        check("coordinator stopped for 3 leases while a refit runs: it commits in its "
+              "epoch", refit_across_stall)
         check("a node stopped past its lease still expires, and joins again",
               node_stopped)
         check("a node stopped with the coordinator expires after it continues; the "
