@@ -102,10 +102,11 @@ instances_tick(coord_t *c, uint64_t now)
  * more than the tolerance (lease_ttl_ms / 10, within [TICK_MS, 1000 ms]),
  * the coordinator was not running: stopped (SIGSTOP, a VM pause), swapped
  * out, starved of CPU, or its loop blocked.  It could not process the
- * heartbeats that came meanwhile (they wait in gRPC's queue and are seen
- * after this tick), so that time is not counted against the members: every
- * member's last beat moves forward by it.  A member then expires after
- * lease_ttl_ms in which the coordinator ran; a dead node still does.
+ * heartbeats that came meanwhile (they wait in gRPC's queue and may reach
+ * the loop only after this tick), so that time is not counted against the
+ * members: every member's last beat moves forward by it (never past now),
+ * before the sweep.  A member then expires after lease_ttl_ms in which the
+ * coordinator ran; a dead node still does.
  * Returns the stall in ms (0: none).
  */
 static uint64_t
