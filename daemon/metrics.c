@@ -56,6 +56,12 @@ static const family_t families[M_COUNT] = {
 		"Node daemons in the membership; coordinator", NULL, 0},
 	[M_LEASE_EXPIRIES_TOTAL] = {"refitd_lease_expiries_total", KIND_COUNTER,
 		"Members removed because their lease expired; coordinator", NULL, 0},
+	[M_COORD_STALLS_TOTAL] = {"refitd_coordinator_stalls_total", KIND_COUNTER,
+		"Times the coordinator found it had not been running (its lease tick ran late "
+		"past the tolerance); not counted against leases; coordinator", NULL, 0},
+	[M_COORD_STALLED_SECONDS_TOTAL] = {"refitd_coordinator_stalled_seconds_total",
+		KIND_COUNTER, "Time those stalls lasted (not counted against leases); "
+		"coordinator", NULL, 0},
 	[M_RPC_SECONDS] = {"refitd_rpc_duration_seconds", KIND_HISTOGRAM,
 		"Time from a call's arrival to its answer, by method and gRPC status code",
 		rpc_buckets, NB(rpc_buckets)},

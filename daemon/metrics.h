@@ -23,6 +23,8 @@ typedef enum metric_id {
 	M_EPOCH,                 /* gauge */
 	M_MEMBERS,               /* gauge */
 	M_LEASE_EXPIRIES_TOTAL,  /* counter */
+	M_COORD_STALLS_TOTAL,    /* counter */
+	M_COORD_STALLED_SECONDS_TOTAL, /* counter */
 	M_RPC_SECONDS,           /* histogram {method, code} */
 	M_STAGING_BYTES,         /* gauge */
 	M_SLICES_RUNNING,        /* gauge */

@@ -36,6 +36,10 @@ script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 3
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
 script "faults, ASan + UBSan (5 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
+script "leases across stalls (coordinator SIGSTOPped for 3 leases, mid-refit too; a stopped node still expires)" \
+	/usr/bin/python3 tests/integration/test_lease.py "$BUILD"
+script "leases across stalls, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_lease.py "$BUILD/asan"
 script "nccl on the CUDA + NCCL emulator (its rules, gpu-test, e2e and faults over nccl, normal and ASan)" \
 	sh tests/run-check-nccl.sh "$BUILD"
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \

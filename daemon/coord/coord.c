@@ -96,14 +96,52 @@ instances_tick(coord_t *c, uint64_t now)
 		coord_save(c);
 }
 
+/*
+ * The coordinator's own stalls.  The lease tick is due TICK_MS after the
+ * last one (libuv's monotonic loop time); when it runs later than that by
+ * more than the tolerance (lease_ttl_ms / 10, within [TICK_MS, 1000 ms]),
+ * the coordinator was not running: stopped (SIGSTOP, a VM pause), swapped
+ * out, starved of CPU, or its loop blocked.  It could not process the
+ * heartbeats that came meanwhile (they wait in gRPC's queue and may reach
+ * the loop only after this tick), so that time is not counted against the
+ * members: every member's last beat moves forward by it (never past now),
+ * before the sweep.  A member then expires after lease_ttl_ms in which the
+ * coordinator ran; a dead node still does.
+ * Returns the stall in ms (0: none).
+ */
+static uint64_t
+lease_stall_ms(coord_t *c, uint64_t now)
+{
+	uint64_t tick = TICK_MS(c->o.lease_ttl_ms), tol = c->o.lease_ttl_ms / 10;
+	uint64_t late = now - c->lease_tick_ms > tick ? now - c->lease_tick_ms - tick : 0;
+
+	c->lease_tick_ms = now;
+	tol = tol < tick ? tick : tol > 1000 ? 1000 : tol;
+	if (late <= tol)
+		return 0;
+	metrics_add(M_COORD_STALLS_TOTAL, NULL, 1);
+	metrics_add(M_COORD_STALLED_SECONDS_TOTAL, NULL, (double)late / 1000);
+	log_warnx("coordinator: stalled for %" PRIu64 " ms (its %" PRIu64 " ms lease tick ran "
+		  "that late: stopped, paused, swapped out or starved of CPU); that time is "
+		  "not counted against the leases of its %zu members", late, tick,
+		  c->members.n);
+	return late;
+}
+
 static void
 on_lease_timer(uv_timer_t *t)
 {
 	coord_t *c = t->data;
 	uint64_t now = uv_now(c->loop);
+	uint64_t stall = lease_stall_ms(c, now);
 
 	for (size_t i = 0; i < c->members.n;) {
-		if (now - c->members.v[i].last_beat_ms > c->o.lease_ttl_ms) {
+		member_t *m = &c->members.v[i];
+
+		if (stall != 0)
+			m->last_beat_ms = m->last_beat_ms + stall < now ?
+					  m->last_beat_ms + stall : now;
+		if (now - m->last_beat_ms > c->o.lease_ttl_ms) {
 			metrics_add(M_LEASE_EXPIRIES_TOTAL, NULL, 1);
 			remove_member(c, i, "lease expired");
 		} else {
@@ -112,6 +150,17 @@ on_lease_timer(uv_timer_t *t)
 	}
 	instances_tick(c, now);
 	coord_refits_tick(c);
+}
+
+/* (Re)start the lease tick; stalls are measured from now. */
+static void
+lease_timer_start(coord_t *c)
+{
+	uint64_t tick = TICK_MS(c->o.lease_ttl_ms);
+
+	uv_update_time(c->loop);
+	c->lease_tick_ms = uv_now(c->loop);
+	uv_timer_start(&c->lease_timer, on_lease_timer, tick, tick);
 }
 
 /* ---- membership ----------------------------------------------------------- */
@@ -867,8 +916,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	}
 	uv_timer_init(loop, &c->lease_timer);
 	c->lease_timer.data = c;
-	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(o->lease_ttl_ms),
-		       TICK_MS(o->lease_ttl_ms));
+	lease_timer_start(c);
 	rpc_async_on_conn(c->rpc, on_conn, c);
 	return c;
 }
@@ -905,6 +953,5 @@ coord_set_timing(coord_t *c, uint32_t lease_ttl_ms, uint32_t heartbeat_ms)
 	c->o.lease_ttl_ms = lease_ttl_ms;
 	c->o.heartbeat_ms = heartbeat_ms;
 	uv_timer_stop(&c->lease_timer);
-	uv_timer_start(&c->lease_timer, on_lease_timer, TICK_MS(lease_ttl_ms),
-		       TICK_MS(lease_ttl_ms));
+	lease_timer_start(c);
 }

@@ -74,6 +74,7 @@ struct coord {
 	char *state_file;         /* NULL: state lives in memory only */
 	uv_loop_t *loop;
 	uv_timer_t lease_timer;
+	uint64_t lease_tick_ms;   /* loop time of the last lease tick (stalls) */
 	coord_opts_t o;
 	uint64_t epoch, next_member;
 	VEC(member_t) members;
