@@ -103,6 +103,7 @@ struct served;
 
 typedef struct run {
 	struct served *sv;  /* NULL: no run */
+	size_t k;           /* its domains (entries of sv) */
 	size_t n;           /* entries in the pool (with v) */
 	double *v;
 	size_t best;        /* the least of v (lowest domain on ties), */
@@ -1360,13 +1361,19 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 
 	out->np = like ? like->np : part_count(rs, w, t->ndim, &dim);
 	np = (size_t)out->np;
-	/* parts first: the block is aligned for them */
-	out->mem = xmalloc(np * ((like ? 0 : sizeof(*out->parts)) + sizeof(*out->pt)));
-	out->pt = (spart_t *)((char *)out->mem + np * (like ? 0 : sizeof(*out->parts)));
-	if (like) { /* the parts of the run's other domains: the same boxes */
+	if (like) { /* the parts of the run's other domains: the same boxes,
+		     * and their spart_t in the first domain's block */
+		out->mem = NULL;
+		out->pt = like->pt + (size_t)(out - like) * np;
 		out->parts = like->parts;
 		out->box0 = like->box0;
 	} else {
+		/* parts first (the block is aligned for them), then the
+		 * spart_t of each domain of the run (one when none) */
+		size_t nd = in_run ? rs->run.k : 1;
+
+		out->mem = xmalloc(np * (sizeof(*out->parts) + nd * sizeof(*out->pt)));
+		out->pt = (spart_t *)((char *)out->mem + np * sizeof(*out->parts));
 		out->parts = out->mem;
 		if (out->np == 1)
 			out->parts[0] = pw->box;
@@ -1434,6 +1441,7 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 	if (nh > (k + 1) / 2)
 		nh = (k + 1) / 2;
 	rs->run.sv = sv;
+	rs->run.k = k;
 	rs->run.n = 0;
 	rs->run.best = 0;
 	rs->run.best_ok = false;
@@ -1666,49 +1674,55 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	if (rc == REFIT_OK) {
-		choose_hops(&rs, src);
-		/* largest first, creation order on ties: a stable radix sort on
-		 * (max - bytes) */
-		xkey_t *k = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*k));
-		uint64_t max = 0;
-
-		for (size_t i = 0; i < rs.work.n; i++)
-			max = pc(&rs, &rs.work.v[i])->bytes > max ? pc(&rs, &rs.work.v[i])->bytes : max;
-		for (size_t i = 0; i < rs.work.n; i++)
-			k[i] = (xkey_t){max - pc(&rs, &rs.work.v[i])->bytes, (uint32_t)i};
-		plan_radix_sort(k, rs.work.n, plan_bits_for(max));
-		/* the items in that order (before the transfers grow, so this
-		 * copy is not the peak); a piece's items all have its bytes, so
-		 * each run stays in creation order */
-		work_t *sorted = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*sorted));
-
-		for (size_t i = 0; i < rs.work.n; i++)
-			sorted[i] = rs.work.v[k[i].idx];
-		free(k);
-		free(rs.work.v);
-		rs.work.v = sorted;
-		rs.work.cap = rs.work.n;
 		uint32_t *runs, *run_off, *run_len;
+		uint64_t max = 0;
+		size_t nk = 0;
+		xkey_t *k;
 
+		choose_hops(&rs, src);
 		find_runs(&rs, &runs, &run_off, &run_len);
+		/*
+		 * What is assigned, largest first, creation order on ties (a
+		 * stable radix sort on max - bytes): each local item, and each
+		 * piece's network items as one unit (its run) where the first
+		 * of them is.  A piece's items all have its bytes, so this is
+		 * the order of the items sorted alone, with the run's later
+		 * items left out; sorting a few keys per piece, not one per
+		 * item, spares the sort and a copy of every item.
+		 */
 		for (size_t i = 0; i < rs.work.n; i++) {
 			const work_t *w = &rs.work.v[i];
-			uint32_t *len = &run_len[w->piece];
+
+			if (w->local || runs[run_off[w->piece]] == i)
+				nk++;
+			max = pc(&rs, w)->bytes > max ? pc(&rs, w)->bytes : max;
+		}
+		k = xmalloc((nk ? nk : 1) * sizeof(*k));
+		nk = 0;
+		for (size_t i = 0; i < rs.work.n; i++) {
+			const work_t *w = &rs.work.v[i];
+
+			if (w->local || runs[run_off[w->piece]] == i)
+				k[nk++] = (xkey_t){max - pc(&rs, w)->bytes, (uint32_t)i};
+		}
+		plan_radix_sort(k, nk, plan_bits_for(max));
+		for (size_t e = 0; e < nk; e++) {
+			const work_t *w = &rs.work.v[k[e].idx];
+			uint32_t len = run_len[w->piece];
 			served_t one;
 
 			unit_begin(&rs);
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (*len > 1) {
-				/* the whole run */
-				assign_relayed(&rs, runs + run_off[w->piece], *len);
-				*len = 0;
-			} else if (*len != 0) {
+			} else if (len > 1) {
+				assign_relayed(&rs, runs + run_off[w->piece], len);
+			} else {
 				assign_network(&rs, w, NULL, 0, NULL, &one);
 				served_fini(&one);
 			}
 			unit_end(&rs);
 		}
+		free(k);
 		*stages_per_round = number_stages(&rs);
 		free(runs);
 		free(run_off);
