@@ -103,8 +103,11 @@ struct served;
 
 typedef struct run {
 	struct served *sv;  /* NULL: no run */
+	size_t k;           /* its domains (entries of sv) */
 	size_t n;           /* entries in the pool (with v) */
 	double *v;
+	size_t best;        /* the least of v (lowest domain on ties), */
+	bool best_ok;       /* when true (run_best) */
 	int32_t *spec_head; /* per part */
 	VEC(specrec_t) spec;
 	int32_t *dom_slot;  /* per domain: its entry in the run, -1 */
@@ -133,6 +136,21 @@ typedef struct pairmap {
 	const int32_t *set_dom; /* per rank: its domain (pair_home); or NULL */
 } pairmap_t;
 
+/*
+ * Updates of the pair map whose caller needs no answer (a part with one
+ * rank that can take it in: pick_receiver), applied in order when the log
+ * fills or before the map is read (pair_flush): looking the keys up a
+ * batch at a time, each a little ahead, overlaps the cache misses that
+ * one lookup at a time waits out in turn.
+ */
+#define PAIR_LOG 256
+
+typedef struct pairlog {
+	uint64_t key;
+	int32_t rank;
+	uint64_t bytes;
+} pairlog_t;
+
 typedef struct reshard {
 	const plan_layout_set_t *dst;
 	const plan_topo_t *topo;
@@ -156,6 +174,7 @@ typedef struct reshard {
 	uint32_t *round_of;   /* per rank: the last round it relays in */
 	uint64_t *round_fill; /* per rank: relay bytes in that round */
 	uint32_t max_local;   /* largest stage inside a round */
+	uint8_t *stage_used;  /* per stage inside a round: some transfer has it */
 	uint64_t *dom_send;   /* per domain: bytes its NICs send */
 	const plan_box_t *cur_part; /* the part being assigned */
 	uint32_t cur_box;     /* its index in the box table */
@@ -173,6 +192,13 @@ typedef struct reshard {
 	run_t run;            /* the relayed run being assigned */
 	int32_t *nic_dom;     /* per NIC: the domain of its ranks (-1: several) */
 	uint64_t *dom_gen, all_gen; /* send generations (send_gen) */
+	uint64_t all_rgen;    /* the same for what NICs take in */
+	/* per domain: its least-loaded rank by NIC (least_nic over its ranks)
+	 * sending and receiving, valid while least_*_gen is all_*gen + 1:
+	 * loads only grow, so only more load on that rank's NIC (or on a NIC
+	 * several domains share) can change it */
+	int32_t *least_send, *least_recv;
+	uint64_t *least_send_gen, *least_recv_gen;
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
 	/* aligned stages (net_stage): wave w of every piece crosses the
@@ -180,6 +206,8 @@ typedef struct reshard {
 	uint32_t net0;        /* 1 when holders may send through helpers */
 	uint32_t wave;        /* of the part being assigned */
 	pairmap_t pair;       /* pair affinity (pick_receiver): partners */
+	pairlog_t plog[PAIR_LOG]; /* updates of pair not yet applied */
+	size_t nplog;
 	pairmap_t sendpair;   /* per (wave, domain, set): the last sender */
 } reshard_t;
 
@@ -332,6 +360,9 @@ least(const int32_t *ranks, uint32_t n, const uint64_t *load)
 	return best;
 }
 
+/* a transfer's stage: round << ROUND_SHIFT | stage inside it (unit_end) */
+#define ROUND_SHIFT 16
+
 static void
 emit(reshard_t *rs, uint32_t stage, int32_t from, int32_t to, uint32_t tensor,
      uint32_t box)
@@ -340,6 +371,8 @@ emit(reshard_t *rs, uint32_t stage, int32_t from, int32_t to, uint32_t tensor,
 		       .tensor = tensor, .box = box};
 
 	VEC_PUSH(rs->out, x);
+	rs->max_local = stage > rs->max_local ? stage : rs->max_local;
+	rs->stage_used[stage & ((1u << ROUND_SHIFT) - 1)] = 1;
 }
 
 /* Store box in the table; its index. */
@@ -358,8 +391,6 @@ box_add(reshard_t *rs, const plan_box_t *box)
  * which every rank it relays through still has room, and its stages are
  * numbered inside that round.  Units without relays stay in round 0.
  */
-#define ROUND_SHIFT 16
-
 static void
 unit_begin(reshard_t *rs)
 {
@@ -410,12 +441,8 @@ unit_end(reshard_t *rs)
 			rs->round_fill[u->rank] += u->bytes;
 		}
 	}
-	for (size_t i = rs->unit0; i < rs->out->n; i++) {
-		plan_cx_t *x = &rs->out->v[i];
-
-		rs->max_local = x->stage > rs->max_local ? x->stage : rs->max_local;
-		x->stage |= round << ROUND_SHIFT;
-	}
+	for (size_t i = rs->unit0; i < rs->out->n && round != 0; i++)
+		rs->out->v[i].stage |= round << ROUND_SHIFT;
 }
 
 /* Stages from (round, stage inside it) to round * per_round + stage, the
@@ -427,10 +454,9 @@ number_stages(reshard_t *rs)
 	uint32_t n = rs->max_local + 1, per = 0;
 	uint32_t *to = xcalloc(n, sizeof(*to));
 
-	for (size_t i = 0; i < rs->out->n; i++)
-		to[rs->out->v[i].stage & ((1u << ROUND_SHIFT) - 1)] = 1;
+	/* the stages used, as emit saw them */
 	for (uint32_t k = 0; k < n; k++)
-		to[k] = to[k] ? per++ : per;
+		to[k] = k < (1u << ROUND_SHIFT) && rs->stage_used[k] ? per++ : per;
 	per = per ? per : 1;
 	for (size_t i = 0; i < rs->out->n; i++) {
 		plan_cx_t *x = &rs->out->v[i];
@@ -662,6 +688,39 @@ fill32(uint64_t fill)
 	return fill < UINT32_MAX ? (uint32_t)fill : UINT32_MAX;
 }
 
+/* The partner of a group is rank, which takes a part of b bytes in: the
+ * group's last message fills up when it was rank's and the part fits,
+ * else a new message starts. */
+static void
+pair_take(pairent_t *e, int32_t rank, uint64_t b, uint64_t chunk)
+{
+	bool fits = e->rank == rank && b <= chunk && e->fill + b <= chunk;
+
+	*e = (pairent_t){rank, fill32(b > chunk ? chunk + 1 : fits ? e->fill + b : b)};
+}
+
+/* Apply the logged updates (pairlog_t), in order. */
+static void
+pair_flush(reshard_t *rs)
+{
+	pairmap_t *m = &rs->pair;
+	const size_t ahead = 8;
+
+	if (rs->nplog == 0)
+		return;
+	pair_reserve(m, rs->nplog);
+	for (size_t i = 0; i < rs->nplog && i < ahead; i++)
+		__builtin_prefetch(&m->s[pair_home(m, rs->plog[i].key)], 1);
+	for (size_t i = 0; i < rs->nplog; i++) {
+		const pairlog_t *l = &rs->plog[i];
+
+		if (i + ahead < rs->nplog)
+			__builtin_prefetch(&m->s[pair_home(m, rs->plog[i + ahead].key)], 1);
+		pair_take(pair_at(m, l->key), l->rank, l->bytes, rs->opts->chunk_bytes);
+	}
+	rs->nplog = 0;
+}
+
 /*
  * The rank of domain w->domain that takes part b in over the network: the
  * needing rank with the least-loaded NIC, unless another rank of the domain
@@ -677,9 +736,16 @@ pick_least(reshard_t *rs, const work_t *w, uint64_t b, bool hop)
 	int32_t r = least_nic(t, need, w->nn, rs->ld.net_recv), q;
 	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
 
+	uint64_t gen = rs->all_rgen + 1;
+
 	if (!hop)
 		return r;
-	q = least_nic(t, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_recv);
+	if (rs->least_recv_gen[w->domain] != gen) {
+		rs->least_recv[w->domain] = least_nic(t, rs->dom_ranks + d0, (uint32_t)nd,
+						      rs->ld.net_recv);
+		rs->least_recv_gen[w->domain] = gen;
+	}
+	q = rs->least_recv[w->domain];
 	if (rs->ld.net_recv[plan_topo_nic(t, q)] >= rs->ld.net_recv[plan_topo_nic(t, r)] ||
 	    unit_relayed(rs, q) + b > rs->opts->staging_bytes / 2 || !relay_ok(rs, q, true))
 		return r;
@@ -735,13 +801,15 @@ pick_receiver(reshard_t *rs, const work_t *w, uint64_t b, int32_t s, uint32_t st
 	uint64_t fill = 0;
 	bool fits = false;
 
-	pair_reserve(&rs->pair, 2);
-	pd = pair_at(&rs->pair, pair_key(stage, nic, w->domain));
 	if (!hop && w->nn == 1) { /* no choice: the domain's partner follows */
-		fits = pd->rank == r && b <= chunk && pd->fill + b <= chunk;
-		*pd = (pairent_t){r, fill32(b > chunk ? chunk + 1 : fits ? pd->fill + b : b)};
+		if (rs->nplog == PAIR_LOG)
+			pair_flush(rs);
+		rs->plog[rs->nplog++] = (pairlog_t){pair_key(stage, nic, w->domain), r, b};
 		return r;
 	}
+	pair_flush(rs);
+	pair_reserve(&rs->pair, 2);
+	pd = pair_at(&rs->pair, pair_key(stage, nic, w->domain));
 	ps = pair_at(&rs->pair, pair_key(stage, nic, need[0] | 1 << 23));
 	cand[0] = *pd;
 	cand[1] = *ps;
@@ -899,11 +967,33 @@ send_add(reshard_t *rs, int32_t rank, uint64_t b)
 {
 	int32_t nic = plan_topo_nic(rs->topo, rank);
 
+	int32_t d = rs->nic_dom[nic];
+
 	rs->ld.net_send[nic] += b;
-	if (rs->nic_dom[nic] >= 0)
-		rs->dom_gen[rs->nic_dom[nic]]++;
-	else
+	if (d >= 0) {
+		rs->dom_gen[d]++;
+		if (rs->least_send_gen[d] != 0 && plan_topo_nic(rs->topo, rs->least_send[d]) == nic)
+			rs->least_send_gen[d] = 0;
+	} else {
 		rs->all_gen++;
+	}
+}
+
+/* The same for what rank's NIC takes in (pick_least's generations). */
+static void
+recv_add(reshard_t *rs, int32_t rank, uint64_t b)
+{
+	int32_t nic = plan_topo_nic(rs->topo, rank);
+
+	int32_t d = rs->nic_dom[nic];
+
+	rs->ld.net_recv[nic] += b;
+	if (d >= 0) {
+		if (rs->least_recv_gen[d] != 0 && plan_topo_nic(rs->topo, rs->least_recv[d]) == nic)
+			rs->least_recv_gen[d] = 0;
+	} else {
+		rs->all_rgen++;
+	}
 }
 
 /*
@@ -915,9 +1005,16 @@ helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 {
 	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0, g;
 
+	uint64_t gen = rs->all_gen + 1;
+
 	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop)
 		return best;
-	g = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, rs->ld.net_send);
+	if (rs->least_send_gen[d] != gen) {
+		rs->least_send[d] = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd,
+					      rs->ld.net_send);
+		rs->least_send_gen[d] = gen;
+	}
+	g = rs->least_send[d];
 	if (nic_send(rs, g) + (dst_ok && !rs->hop_out[d] ? 8 * rs->opts->chunk_bytes : 0) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
@@ -1015,6 +1112,60 @@ run_value(const reshard_t *rs, const served_t *sv)
 	return (double)sv->min_load;
 }
 
+/*
+ * The value a run keeps for served domain sv (run_t.v).  A piece of one
+ * part (most of them at scale) has no other part: its relay_load is
+ * kept, so pick_sender needs no per-part list (run_spec) at all.
+ */
+static double
+run_key(const reshard_t *rs, const served_t *sv)
+{
+	return sv->np == 1 ? relay_load(rs, sv, 0) : run_value(rs, sv);
+}
+
+/* Is entry i of the run before entry j: less value, or equal value and a
+ * lower domain (pick_sender's order)? */
+static inline bool
+run_before(const run_t *r, size_t i, size_t j)
+{
+	return r->v[i] < r->v[j] || (r->v[i] == r->v[j] && r->sv[i].dom < r->sv[j].dom);
+}
+
+/* The least of the run's first n values, lowest domain on ties; kept
+ * between calls (values change only in run_set and run_touch). */
+static size_t
+run_best(run_t *r, size_t n)
+{
+	size_t b = 0;
+
+	if (r->best_ok && n == r->n)
+		return r->best;
+	for (size_t i = 1; i < n; i++)
+		if (run_before(r, i, b))
+			b = i;
+	if (n == r->n) {
+		r->best = b;
+		r->best_ok = true;
+	}
+	return b;
+}
+
+/* Entry i's value is now x: the kept least stays exact (values of other
+ * entries did not change). */
+static void
+run_set(run_t *r, size_t i, double x)
+{
+	double old = r->v[i];
+
+	r->v[i] = x;
+	if (!r->best_ok || i >= r->n)
+		return;
+	if (i == r->best)
+		r->best_ok = x <= old; /* it may no longer be the least */
+	else if (run_before(r, i, r->best))
+		r->best = i;
+}
+
 /* After rank s sent more: the run's values that may have changed. */
 static void
 run_touch(reshard_t *rs, int32_t s)
@@ -1026,20 +1177,24 @@ run_touch(reshard_t *rs, int32_t s)
 		return;
 	if (rs->nic_dom[plan_topo_nic(rs->topo, s)] != d) { /* a NIC shared by domains */
 		for (size_t i = 0; i < r->n; i++)
-			r->v[i] = run_value(rs, &r->sv[i]);
+			r->v[i] = run_key(rs, &r->sv[i]);
+		r->best_ok = false;
 		return;
 	}
 	slot = r->dom_slot[d];
 	if (slot >= 0 && (size_t)slot < r->n)
-		r->v[slot] = run_value(rs, &r->sv[slot]);
+		run_set(r, (size_t)slot, run_key(rs, &r->sv[slot]));
 }
 
-/* Part p of the run's entry sv counts a rank of its own (see run_t). */
+/* Part p of the run's entry sv counts a rank of its own (see run_t);
+ * with one part, v has it already (run_key). */
 static void
 run_spec(reshard_t *rs, const served_t *sv, int64_t p)
 {
 	run_t *r = &rs->run;
 
+	if (sv->np == 1)
+		return;
 	VEC_PUSH(&r->spec, ((specrec_t){(uint32_t)(sv - r->sv), r->spec_head[p]}));
 	r->spec_head[p] = (int32_t)(r->spec.n - 1);
 }
@@ -1134,15 +1289,12 @@ pick_sender(reshard_t *rs, const work_t *w, const served_t *pool, size_t npool,
 
 	if (pool == rs->run.sv && npool <= rs->run.n) {
 		/* the least of the kept values, or a domain where a rank of
-		 * this part counts: the same choice as the loop below */
-		const double *v = rs->run.v;
+		 * this part counts: the same choice as the loop below (with
+		 * one part, the kept values are relay_load: no list) */
+		size_t i0 = run_best(&rs->run, npool);
 
-		lc = v[0];
-		for (size_t i = 1; i < npool; i++)
-			if (v[i] < lc || (v[i] == lc && pool[i].dom < sv->dom)) {
-				sv = &pool[i];
-				lc = v[i];
-			}
+		sv = &pool[i0];
+		lc = rs->run.v[i0];
 		for (int32_t k = rs->run.spec_head[p]; k >= 0; k = rs->run.spec.v[k].next) {
 			size_t i = rs->run.spec.v[k].entry;
 			double la;
@@ -1209,13 +1361,19 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 
 	out->np = like ? like->np : part_count(rs, w, t->ndim, &dim);
 	np = (size_t)out->np;
-	/* parts first: the block is aligned for them */
-	out->mem = xmalloc(np * ((like ? 0 : sizeof(*out->parts)) + sizeof(*out->pt)));
-	out->pt = (spart_t *)((char *)out->mem + np * (like ? 0 : sizeof(*out->parts)));
-	if (like) { /* the parts of the run's other domains: the same boxes */
+	if (like) { /* the parts of the run's other domains: the same boxes,
+		     * and their spart_t in the first domain's block */
+		out->mem = NULL;
+		out->pt = like->pt + (size_t)(out - like) * np;
 		out->parts = like->parts;
 		out->box0 = like->box0;
 	} else {
+		/* parts first (the block is aligned for them), then the
+		 * spart_t of each domain of the run (one when none) */
+		size_t nd = in_run ? rs->run.k : 1;
+
+		out->mem = xmalloc(np * (sizeof(*out->parts) + nd * sizeof(*out->pt)));
+		out->pt = (spart_t *)((char *)out->mem + np * sizeof(*out->parts));
 		out->parts = out->mem;
 		if (out->np == 1)
 			out->parts[0] = pw->box;
@@ -1244,7 +1402,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		s = pick_sender(rs, w, pool, npool, p, b, &stage);
 		r = pick_receiver(rs, w, b, s, stage);
 		send_add(rs, s, b);
-		rs->ld.net_recv[plan_topo_nic(rs->topo, r)] += b;
+		recv_add(rs, r, b);
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
 		run_touch(rs, s);
 		out->pt[p] = (spart_t){.recv = r, .at = stage, .help = -1};
@@ -1283,11 +1441,14 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 	if (nh > (k + 1) / 2)
 		nh = (k + 1) / 2;
 	rs->run.sv = sv;
+	rs->run.k = k;
 	rs->run.n = 0;
+	rs->run.best = 0;
+	rs->run.best_ok = false;
 	rs->run.v = xmalloc(k * sizeof(*rs->run.v));
 	rs->run.spec.n = 0;
 	for (size_t i = 0; i < k; i++) {
-		int32_t d = rs->work.v[run[(i + off) % k]].domain;
+		int32_t d = rs->work.v[run[i + off < k ? i + off : i + off - k]].domain;
 
 		rs->run.dom_slot[d] = (int32_t)i;
 		fan = rs->dom_nics[d] / 4 < fan ? rs->dom_nics[d] / 4 : fan;
@@ -1297,11 +1458,14 @@ assign_relayed(reshard_t *rs, const uint32_t *run, size_t k)
 		size_t take = wave == 0 ? (nh < k ? nh : k)
 					: (done * fan < k - done ? done * fan : k - done);
 
-		for (; rs->run.n < done; rs->run.n++) /* they join the pool */
-			rs->run.v[rs->run.n] = run_value(rs, &sv[rs->run.n]);
+		for (; rs->run.n < done; rs->run.n++) { /* they join the pool */
+			rs->run.v[rs->run.n] = run_key(rs, &sv[rs->run.n]);
+			if (rs->run.best_ok && run_before(&rs->run, rs->run.n, rs->run.best))
+				rs->run.best = rs->run.n;
+		}
 		rs->wave = wave;
 		for (size_t i = done; i < done + take; i++)
-			assign_network(rs, &rs->work.v[run[(i + off) % k]], sv,
+			assign_network(rs, &rs->work.v[run[i + off < k ? i + off : i + off - k]], sv,
 				       wave ? done : 0, i ? &sv[0] : NULL, &sv[i]);
 		done += take;
 		wave++;
@@ -1380,6 +1544,10 @@ nic_domains(reshard_t *rs)
 	const plan_topo_t *t = rs->topo;
 
 	rs->dom_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
+	rs->least_send = xcalloc((size_t)t->ndomains + 1, sizeof(int32_t));
+	rs->least_recv = xcalloc((size_t)t->ndomains + 1, sizeof(int32_t));
+	rs->least_send_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
+	rs->least_recv_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
 	rs->run.dom_slot = xmalloc(((size_t)t->ndomains + 1) * sizeof(int32_t));
 	for (int32_t d = 0; d <= t->ndomains; d++)
 		rs->run.dom_slot[d] = -1;
@@ -1487,6 +1655,7 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	rs.round_of = xcalloc(ns, sizeof(uint32_t));
 	rs.dom_send = xcalloc((size_t)topo->ndomains + 1, sizeof(uint64_t));
 	rs.round_fill = xcalloc(ns, sizeof(uint64_t));
+	rs.stage_used = xcalloc(1u << ROUND_SHIFT, 1);
 	domain_ranks(&rs);
 	dst_ranks(&rs);
 	nic_domains(&rs);
@@ -1505,49 +1674,55 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 		srcidx_fini(&ix);
 	}
 	if (rc == REFIT_OK) {
-		choose_hops(&rs, src);
-		/* largest first, creation order on ties: a stable radix sort on
-		 * (max - bytes) */
-		xkey_t *k = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*k));
-		uint64_t max = 0;
-
-		for (size_t i = 0; i < rs.work.n; i++)
-			max = pc(&rs, &rs.work.v[i])->bytes > max ? pc(&rs, &rs.work.v[i])->bytes : max;
-		for (size_t i = 0; i < rs.work.n; i++)
-			k[i] = (xkey_t){max - pc(&rs, &rs.work.v[i])->bytes, (uint32_t)i};
-		plan_radix_sort(k, rs.work.n, plan_bits_for(max));
-		/* the items in that order (before the transfers grow, so this
-		 * copy is not the peak); a piece's items all have its bytes, so
-		 * each run stays in creation order */
-		work_t *sorted = xmalloc((rs.work.n ? rs.work.n : 1) * sizeof(*sorted));
-
-		for (size_t i = 0; i < rs.work.n; i++)
-			sorted[i] = rs.work.v[k[i].idx];
-		free(k);
-		free(rs.work.v);
-		rs.work.v = sorted;
-		rs.work.cap = rs.work.n;
 		uint32_t *runs, *run_off, *run_len;
+		uint64_t max = 0;
+		size_t nk = 0;
+		xkey_t *k;
 
+		choose_hops(&rs, src);
 		find_runs(&rs, &runs, &run_off, &run_len);
+		/*
+		 * What is assigned, largest first, creation order on ties (a
+		 * stable radix sort on max - bytes): each local item, and each
+		 * piece's network items as one unit (its run) where the first
+		 * of them is.  A piece's items all have its bytes, so this is
+		 * the order of the items sorted alone, with the run's later
+		 * items left out; sorting a few keys per piece, not one per
+		 * item, spares the sort and a copy of every item.
+		 */
 		for (size_t i = 0; i < rs.work.n; i++) {
 			const work_t *w = &rs.work.v[i];
-			uint32_t *len = &run_len[w->piece];
+
+			if (w->local || runs[run_off[w->piece]] == i)
+				nk++;
+			max = pc(&rs, w)->bytes > max ? pc(&rs, w)->bytes : max;
+		}
+		k = xmalloc((nk ? nk : 1) * sizeof(*k));
+		nk = 0;
+		for (size_t i = 0; i < rs.work.n; i++) {
+			const work_t *w = &rs.work.v[i];
+
+			if (w->local || runs[run_off[w->piece]] == i)
+				k[nk++] = (xkey_t){max - pc(&rs, w)->bytes, (uint32_t)i};
+		}
+		plan_radix_sort(k, nk, plan_bits_for(max));
+		for (size_t e = 0; e < nk; e++) {
+			const work_t *w = &rs.work.v[k[e].idx];
+			uint32_t len = run_len[w->piece];
 			served_t one;
 
 			unit_begin(&rs);
 			if (w->local) {
 				assign_local(&rs, w);
-			} else if (*len > 1) {
-				/* the whole run */
-				assign_relayed(&rs, runs + run_off[w->piece], *len);
-				*len = 0;
-			} else if (*len != 0) {
+			} else if (len > 1) {
+				assign_relayed(&rs, runs + run_off[w->piece], len);
+			} else {
 				assign_network(&rs, w, NULL, 0, NULL, &one);
 				served_fini(&one);
 			}
 			unit_end(&rs);
 		}
+		free(k);
 		*stages_per_round = number_stages(&rs);
 		free(runs);
 		free(run_off);
@@ -1573,10 +1748,15 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.dst_r0);
 	free(rs.dst_ranks);
 	free(rs.round_fill);
+	free(rs.stage_used);
 	free(rs.dom_r0);
 	free(rs.dom_ranks);
 	free(rs.nic_dom);
 	free(rs.dom_gen);
+	free(rs.least_send);
+	free(rs.least_recv);
+	free(rs.least_send_gen);
+	free(rs.least_recv_gen);
 	free(rs.run.dom_slot);
 	VEC_FREE(&rs.run.spec);
 	free(rs.ld.net_send);
