@@ -3,7 +3,7 @@
 
 Each case copies scripts/figures.py into a temporary folder with small
 README.md and docs/*.md that carry marked regions, and a fake build folder
-whose bench-rpc and bench-members (and a fake bench/bench_refit.py) print
+whose bench-rpc bench-members and refit-plan (and a fake bench/bench_refit.py) print
 known output.  It checks that the regions named are rewritten from that
 output and nothing else is touched; that a generator that fails stops the
 run with nothing written; that a slow generator that cannot run here
@@ -48,6 +48,19 @@ REFIT_JSON = ('{"pair": {"bytes": 268435456, "data_s": 0.125, "total_s": 0.130},
               '"broadcast": {"bytes": 84182272, "data_s": [0.15, 0.04], '
               '"total_s": [0.152, 0.046]}, "model_mib": 80.28}')
 
+# refit-plan model --json: bf16 (--infer-dtype same), fp8 halves bytes and time
+PLAN_FAKE = """#!/bin/sh
+case "$*" in
+*fp8-block128*) n=500; t=0.5; c=', "conversion": {"tensors": 662, "on_senders": 660}' ;;
+*) n=1000; t=1.0; c='' ;;
+esac
+cat <<EOF
+{"placement": "rack-aligned", "reshard": {"payload_bytes": 2048, "network_bytes": $n,
+ "busiest_nic": {"bytes": 1073741824}, "lower_bound_s": 0.9, "time_s": $t, "ratio": 1.07},
+ "broadcast": {"time_s": 3.5}$c}
+EOF
+"""
+
 OUTSIDE = "Text outside: 1.7-2.4 GB/s, keep me.\n"
 
 
@@ -71,7 +84,7 @@ def tree(rpc_fails=False):
         "README.md": "# x\n\n" + OUTSIDE + "\n" + region("bench-refit-summary") + "\n" +
                      region("planner-summary", "integrator's\n") + "\n" + region("bench-members")
                      + OUTSIDE,
-        "docs/performance.md": OUTSIDE,
+        "docs/performance.md": OUTSIDE + region("fp8-table"),
         "docs/dataplane.md": region("bench-refit"),
         "docs/control-plane.md": OUTSIDE + region("bench-rpc") + OUTSIDE,
         "docs/faults.md": OUTSIDE + region("faults", "the 2026-11-29 table\n"),
@@ -83,6 +96,7 @@ def tree(rpc_fails=False):
     script(os.path.join(b, "bench-rpc"), "#!/bin/sh\n" + (
         "echo 'bench-rpc: join sim00001 failed' >&2; exit 1\n" if rpc_fails else
         "cat <<'EOF'\n" + RPC_OUT + "EOF\n"))
+    script(os.path.join(b, "refit-plan"), PLAN_FAKE)
     script(os.path.join(b, "bench-members"), "#!/bin/sh\ncat <<'EOF'\n" + MEMBERS_OUT + "EOF\n")
     for n in ("refitd", "refitctl", "refit-client"):
         script(os.path.join(b, n), "#!/bin/sh\nexit 0\n")
@@ -157,6 +171,19 @@ def rewrites_named_regions():
     return root
 
 
+def fp8_table():
+    root = tree()
+    p = figures(root, "--only", "fp8-table")
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    t = between(read(root)["docs/performance.md"], "fp8-table")
+    assert t.count("\n| ") == 9, t   # header + 8 rows: 4 cases x (bf16, fp8)
+    assert "GB200 NVL72, rack-aligned | bf16 |" in t and "DGX H100, rack-aligned" not in t, t
+    assert "| 0.900 s | 0.500 s | 1.070 | 3.50 s |" in t, t
+    assert "network bytes x0.500-0.500, modelled reshard time x0.500-0.500" in t, t
+    assert "`deepseek-v3` 662 (660 on the senders)" in t, t
+    return root
+
+
 def failure_writes_nothing():
     root = tree(rpc_fails=True)
     before = read(root)
@@ -221,6 +248,7 @@ def bad_arguments():
 
 check("the regions named are rewritten from their commands' output, nothing else",
       rewrites_named_regions)
+check("the fp8 table from refit-plan model's JSON, bf16 and fp8 rows, their ratios", fp8_table)
 check("a generator that fails: non-zero status, no file written", failure_writes_nothing)
 check("a slow generator that cannot run: region kept, reason on stderr, status 0",
       slow_skip_leaves_region)
