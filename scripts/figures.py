@@ -39,7 +39,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "docs/performance.md", "docs/dataplane.md", "docs/control-plane.md",
-        "docs/faults.md"]
+        "docs/faults.md", "docs/conversion.md"]
 
 # NVIDIA's measured figures (NCCL M2N reshard announcement): gather-and-
 # broadcast and M2N refit times; Perplexity's for Kimi-K2.
@@ -489,6 +489,19 @@ def gen_fp8_table(build, state):
             "\n".join(rows), min(net), max(net), min(tim), max(tim), min(ratio), max(ratio)))
 
 
+def gen_convert_explain(build, state):
+    cmd = [built(build, "refit-plan"), "explain", "--src", "config/examples/convert-src.json",
+           "--dst", "config/examples/convert-dst-fp8.json", "--topology", "dgx-h100:16"]
+    out = run_cmd("convert-explain", cmd, 120).splitlines()
+    at = [i for i, line in enumerate(out) if line.startswith("conversion:")]
+    if not at:
+        sys.exit("figures: convert-explain: no \"conversion:\" line in refit-plan explain's "
+                 "output")
+    return ("```\n$ build/bin/refit-plan explain --src config/examples/convert-src.json \\\n"
+            "      --dst config/examples/convert-dst-fp8.json --topology dgx-h100:16\n...\n"
+            "%s\n```\n" % "\n".join(out[at[0]:]))
+
+
 # region -> (generator, set); `make figures` runs the default set
 GENERATORS = {
     "planning-scale": (gen_planning_scale, "default"),
@@ -498,6 +511,7 @@ GENERATORS = {
     "planner-summary": (gen_planner_summary, "default"),
     "bench-plan": (gen_bench_plan, "default"),
     "fp8-table": (gen_fp8_table, "default"),
+    "convert-explain": (gen_convert_explain, "default"),
     "bench-refit-summary": (gen_bench_refit_summary, "default"),
     "bench-refit": (gen_bench_refit, "default"),
     "bench-rpc": (gen_bench_rpc, "default"),

@@ -88,6 +88,7 @@ def tree(rpc_fails=False):
         "docs/dataplane.md": region("bench-refit"),
         "docs/control-plane.md": OUTSIDE + region("bench-rpc") + OUTSIDE,
         "docs/faults.md": OUTSIDE + region("faults", "the 2026-11-29 table\n"),
+        "docs/conversion.md": OUTSIDE,
     }
     for name, text in docs.items():
         with open(os.path.join(root, name), "w") as f:
@@ -109,7 +110,7 @@ def tree(rpc_fails=False):
 def read(root):
     out = {}
     for d in ("README.md", "docs/performance.md", "docs/dataplane.md", "docs/control-plane.md",
-              "docs/faults.md"):
+              "docs/faults.md", "docs/conversion.md"):
         with open(os.path.join(root, d)) as f:
             out[d] = f.read()
     return out
