@@ -24,6 +24,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 counts = {"passed": 0, "failed": 0}
+ROOTS = []  # every scratch tree, removed after each case whatever its result
 
 RPC_OUT = """refit control-plane benchmark (coordinator on loopback, one run)
 
@@ -77,6 +78,7 @@ def script(path, text):
 def tree(rpc_fails=False):
     """A scratch root (scripts/figures.py, the docs, bench/bench_refit.py) and build."""
     root = tempfile.mkdtemp(prefix="refit-figtest-")
+    ROOTS.append(root)
     for d in ("scripts", "docs", "bench", "build/bin"):
         os.makedirs(os.path.join(root, d))
     shutil.copy(os.path.join(HERE, "scripts", "figures.py"), os.path.join(root, "scripts"))
@@ -128,9 +130,8 @@ def between(text, name):
 
 
 def check(name, fn):
-    root = None
     try:
-        root = fn()
+        fn()
         counts["passed"] += 1
         print("ok   %s" % name)
     except Exception:  # noqa: BLE001 - report every failure and go on
@@ -138,8 +139,8 @@ def check(name, fn):
         print("FAIL %s" % name)
         traceback.print_exc()
     finally:
-        if root:
-            shutil.rmtree(root, ignore_errors=True)
+        while ROOTS:
+            shutil.rmtree(ROOTS.pop(), ignore_errors=True)
 
 
 def rewrites_named_regions():
