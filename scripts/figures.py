@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -253,15 +254,22 @@ def rel(path):
 
 
 def run_cmd(name, cmd, timeout):
-    """Run a measuring command from ROOT; its stdout, or exit naming it."""
+    """Run a measuring command from ROOT; its stdout, or exit naming it.  It
+    runs in its own process group, so that past its deadline the daemons it
+    started go with it."""
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        sys.exit("figures: %s: %s ran past %d s" % (name, " ".join(cmd), timeout))
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        sys.exit("figures: %s: %s ran past %d s (killed with its processes)" % (
+            name, " ".join(cmd), timeout))
     if p.returncode != 0:
         sys.exit("figures: %s: %s failed (exit %d): %s%s" % (
-            name, " ".join(cmd), p.returncode, p.stdout[-2000:], p.stderr[-2000:]))
-    return p.stdout
+            name, " ".join(cmd), p.returncode, out[-2000:], err[-2000:]))
+    return out
 
 
 def load():

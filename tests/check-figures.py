@@ -21,6 +21,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,11 +232,45 @@ def slow_skip_leaves_region():
     return root
 
 
-def faults_table():
+def load_figures():
     spec = importlib.util.spec_from_file_location("figures", os.path.join(HERE, "scripts",
                                                                           "figures.py"))
     fig = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fig)
+    return fig
+
+
+def running(pid):
+    """pid is a live process (not gone, not a zombie waiting for init)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def deadline_kills_group():
+    fig = load_figures()
+    root = tempfile.mkdtemp(prefix="refit-figtest-")
+    ROOTS.append(root)
+    pidfile = os.path.join(root, "pid")
+    try:
+        fig.run_cmd("t", ["sh", "-c", "sleep 300 & echo $! > %s; wait" % pidfile], 1)
+    except SystemExit as e:
+        assert "ran past 1 s" in str(e), e
+    else:
+        raise AssertionError("a command past its deadline was taken")
+    with open(pidfile) as f:
+        pid = int(f.read())
+    end = time.monotonic() + 30
+    while running(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    alive = running(pid)
+    assert not alive, "the command's child %d outlived its deadline" % pid
+
+
+def faults_table():
+    fig = load_figures()
     out = ("ok   something (1.0 s)\n     SIGKILL detection: 0.02 s\n"
            "     soak: 12 versions, 10 committed first time; fds 15->15\n"
            "faults: 30 passed, 0 failed\n")
@@ -277,6 +312,8 @@ check("a generator that fails: non-zero status, no file written", failure_writes
 check("a slow generator that cannot run: region kept, reason on stderr, status 0",
       slow_skip_leaves_region)
 check("the fault suite's figures as a table; a failed or silent suite refused", faults_table)
+check("a command past its deadline is killed with the processes it started",
+      deadline_kills_group)
 check("bad arguments and unknown regions are refused, naming them", bad_arguments)
 print("figures: %d passed, %d failed" % (counts["passed"], counts["failed"]))
 sys.exit(1 if counts["failed"] else 0)
