@@ -9,8 +9,9 @@
 #   make check-nccl the emulator's rules, the e2e and fault suites over nccl on it
 #   make bench      planner, RPC, data-plane and refit benchmarks
 #   make testbed    the emulated-topology testbed (root: network namespaces)
-#   make figures    regenerate the planner and model figures of README.md and
-#                   docs/performance.md (FIGURES=name,... for some of them)
+#   make figures    regenerate the figures of README.md and docs/*.md from the
+#                   commands that measure them (FIGURES=name,... for some of
+#                   them; FIGURES_SET=slow for the slow ones, all for both)
 #   make install    PREFIX=/usr/local DESTDIR=
 #   make deps       install missing Debian packages (apt-get)
 #   V=1             show full commands
@@ -400,10 +401,11 @@ bench: deps
 	@echo
 	$(Q)/usr/bin/python3 bench/bench_scale.py $(BUILD)
 
-# every planner/model figure in README.md and docs/performance.md, rewritten
-# between their <!-- figures:NAME --> markers
-figures: $(BIN) $(BENCH)
-	$(Q)/usr/bin/python3 scripts/figures.py $(BUILD) $(if $(FIGURES),--only $(FIGURES))
+# the figures of README.md and docs/*.md, rewritten between their
+# <!-- figures:NAME --> markers (scripts/figures.py --list names them)
+figures: $(BIN) $(BENCH) $(BENCH_RPC) $(BENCH_MEMBERS) $(REFITD) $(REFITCTL) $(REFITCLI)
+	$(Q)/usr/bin/python3 scripts/figures.py $(BUILD) $(if $(FIGURES),--only $(FIGURES)) \
+		$(if $(FIGURES_SET),--set $(FIGURES_SET))
 
 # the emulated-topology testbed: network namespaces, tc, needs root
 testbed:

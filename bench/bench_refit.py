@@ -7,17 +7,32 @@
    TP2 x PP2 x DP2 training on two nodes -> two TP4 instances on two nodes),
    measured in one run, both modes, with the ratio.
 
-Usage: bench_refit.py BUILD_DIR.  Times are wall clock on a shared machine:
-compare the ratios within one run, not absolute numbers across runs.
+Usage: bench_refit.py BUILD_DIR [--json FILE].  Times are wall clock on a
+shared machine: compare the ratios within one run, not absolute numbers
+across runs.  --json writes the figures also as one JSON object to FILE
+(scripts/figures.py reads it).
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+ARGS = sys.argv[1:]
+JSON_OUT = None
+if "--json" in ARGS:
+    i = ARGS.index("--json")
+    if i + 1 >= len(ARGS):
+        raise SystemExit("bench_refit.py: --json needs a file name")
+    JSON_OUT = ARGS[i + 1]
+    del ARGS[i:i + 2]
+if len(ARGS) > 1:
+    raise SystemExit(f"bench_refit.py: unexpected argument \"{ARGS[1]}\" "
+                     "(usage: bench_refit.py BUILD_DIR [--json FILE])")
+BUILD = ARGS[0] if ARGS else "build"
+FIG = {}
 TMP = tempfile.mkdtemp(prefix="refit-bench-")
 PROCS = []
 
@@ -111,6 +126,8 @@ try:
             step(tr, v)
         r, data_s, total_s = refit("big", v, verify=verify)
         wait_all(inf, v)
+        FIG["pair_verify" if verify else "pair"] = {
+            "bytes": r["bytes"], "data_s": data_s, "total_s": total_s}
         print(f"  {'verify (CRC-32C) ' if verify else 'plain            '}"
               f"{r['bytes'] / 2**20:8.0f} MiB in {data_s * 1e3:7.1f} ms moving data "
               f"({r['bytes'] / data_s / 1e9:5.2f} GB/s); {total_s * 1e3:7.1f} ms end to end")
@@ -150,6 +167,13 @@ try:
           f"{bs * 1e3:7.1f} ms moving data")
     print(f"  ratio      broadcast / reshard time = {bs / rs:.2f}x  (model {mb:.1f} MiB "
           f"per reshard refit)")
+    for mode in ("reshard", "broadcast"):
+        FIG[mode] = {"bytes": res[mode][0][0], "data_s": [x[1] for x in res[mode]],
+                     "total_s": [x[2] for x in res[mode]]}
+    FIG["model_mib"] = mb
+    if JSON_OUT:
+        with open(JSON_OUT, "w") as f:
+            json.dump(FIG, f)
 finally:
     for p in reversed(PROCS[1:]):  # clients and nodes first, the coordinator last
         if p.poll() is None:
@@ -165,3 +189,4 @@ finally:
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             p.kill()
+    shutil.rmtree(TMP, ignore_errors=True)

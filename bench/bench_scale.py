@@ -234,8 +234,11 @@ print(f"{'nodes':>6} {'start_s':>8} {'running_ms':>10} {'e2e_ms':>8} {'again_ms'
       f"{'plan_ms':>8} {'xfers':>8} {'slice':>7} {'decode_ms':>9} {'threads':>8} "
       f"{'rss_MiB':>8} {'KiB/member':>11} {'node_MiB':>9} {'after_MiB':>9} {'max_MiB':>8} "
       f"{'load1':>6} {'coord_s':>7} {'nodes_s':>8} {'clients_s':>7}")
+ok = False
 try:
     for n in SIZES:
         one(n)
+    ok = True
 finally:
     harness.stop_all()
+    harness.tidy_tmp(TMP, 0 if ok else 1)  # logs kept (and named) when a size failed

@@ -1,31 +1,48 @@
 #!/usr/bin/python3
-"""figures.py - regenerate every planner and model figure in the docs.
+"""figures.py - regenerate the figures of README.md and docs/*.md.
 
-Usage: scripts/figures.py BUILD_DIR [--only NAME[,NAME...]] [--list]
+Usage: scripts/figures.py BUILD_DIR [--set default|slow|all] [--only NAME[,NAME...]]
+                          [--list]
 
-Runs build/bin/refit-plan and build/bin/bench-plan and rewrites the marked
-regions of README.md and docs/performance.md:
+Runs the commands that measure or model each figure (build/bin/refit-plan,
+bench-plan, bench-rpc, bench-members, bench/bench_refit.py, ...) and
+rewrites the marked regions of README.md and docs/*.md:
 
     <!-- figures:NAME -->
     ...generated text...
     <!-- /figures -->
 
 Everything between the markers is replaced; text outside them is not
-touched.  `make figures` runs this.  The figures are the cost model's
-(modelled times, not measurements) and planning times on this machine; the
-testbed's measured tables come from `make testbed` (root) and are not
-regenerated here.
+touched.  `make figures` runs this with the default set (each generator
+under a minute); `make figures FIGURES_SET=slow` runs only the slow ones
+(the fault-injection suite's timings: about a minute here, root, processes
+killed throughout; the control-plane curve of bench/bench_scale.py: up to
+256 node daemons), `FIGURES_SET=all` both.  `--only` runs the regions
+named, whatever their set.  A slow generator that cannot run here (a
+missing tool, no root, too little memory) leaves its region as it is and
+says why on stderr; a generator that should run and fails stops the run
+with a non-zero status and no file is written (every region is computed
+first).
+`--list` prints each region's name and set.
+
+Figures that are not regenerated (one dated run of a command named beside
+them: the emulated testbed, which needs root and network namespaces; the
+512- to 1,024-node control-plane runs) are quoted as such in the docs.
 """
 import datetime
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md", "docs/performance.md"]
+DOCS = ["README.md", "docs/performance.md", "docs/dataplane.md", "docs/control-plane.md",
+        "docs/faults.md", "docs/conversion.md"]
 
 # NVIDIA's measured figures (NCCL M2N reshard announcement): gather-and-
 # broadcast and M2N refit times; Perplexity's for Kimi-K2.
@@ -220,16 +237,365 @@ def gen_planning_scale(build, state):
             "|---|---|---|---|---|---|\n%s\n" % (state["date"], "\n".join(rows)))
 
 
+class Skip(Exception):
+    """A generator that cannot run on this machine (a missing tool, no root):
+    its region is left as it is and the reason goes to stderr."""
+
+
+def built(build, name):
+    """The path of build/bin/NAME; a generator that should run fails without it."""
+    path = os.path.join(build, "bin", name)
+    if not os.access(path, os.X_OK):
+        sys.exit("figures: %s is not built (make all)" % path)
+    return path
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + "/") else path
+
+
+def run_cmd(name, cmd, timeout):
+    """Run a measuring command from ROOT; its stdout, or exit naming it.  It
+    runs in its own process group, so that past its deadline the daemons it
+    started go with it."""
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        sys.exit("figures: %s: %s ran past %d s (killed with its processes)" % (
+            name, " ".join(cmd), timeout))
+    if p.returncode != 0:
+        sys.exit("figures: %s: %s failed (exit %d): %s%s" % (
+            name, " ".join(cmd), p.returncode, out[-2000:], err[-2000:]))
+    return out
+
+
+def load():
+    """The machine's 1-minute load average now, and this process's niceness
+    (the benchmarks inherit it), for measured figures."""
+    nice = os.nice(0)
+    return "load average %.1f at its start%s" % (
+        os.getloadavg()[0], ", under nice %d" % nice if nice else "")
+
+
+def ms(s):
+    return "%.1f ms" % (s * 1e3)
+
+
+def bench_refit(build, state):
+    """bench/bench_refit.py's figures (one run, cached for both regions)."""
+    if "bench_refit" in state:
+        return state["bench_refit"]
+    for b in ("refitd", "refitctl", "refit-client"):
+        built(build, b)
+    fd, out = tempfile.mkstemp(prefix="refit-figures-", suffix=".json")
+    os.close(fd)
+    state["bench_refit_load"] = load()
+    try:
+        run_cmd("bench-refit", ["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_refit.py"),
+                                build, "--json", out], 600)
+        with open(out) as f:
+            d = json.load(f)
+    finally:
+        os.unlink(out)
+    d["_cmd"] = "/usr/bin/python3 bench/bench_refit.py %s" % rel(build)
+    state["bench_refit"] = d
+    return d
+
+
+def gbps(x):
+    return x["bytes"] / x["data_s"] / 1e9
+
+
+def refit_bytes(d):
+    """'80.3 MiB over tcp in both modes', or each mode's bytes where they differ."""
+    r, b = d["reshard"]["bytes"], d["broadcast"]["bytes"]
+    if r == b:
+        return "%.1f MiB over tcp in both modes" % (r / 2.0 ** 20)
+    return "%.1f MiB over tcp in reshard, %.1f MiB in gather-and-broadcast" % (
+        r / 2.0 ** 20, b / 2.0 ** 20)
+
+
+def gen_bench_refit(build, state):
+    d = bench_refit(build, state)
+    r, b = d["reshard"], d["broadcast"]
+    rs, bs = min(r["data_s"]), min(b["data_s"])
+    over = [t - m for x in (r, b) for t, m in zip(x["total_s"], x["data_s"])]
+    return (
+        "`%s` (part of `make bench`), loopback, this machine (shared: compare ratios "
+        "within the run), one run on %s, %s (generated by `make figures`):\n\n"
+        "| case | figure |\n|---|---|\n"
+        "| tcp, one pair, one %d MiB fp32 tensor, the pair's first refit | %.2f GB/s moving "
+        "data (%s; %s end to end) |\n"
+        "| the same tensor again, with verify (CRC-32C) | %.2f GB/s (%s) |\n"
+        "| example model scaled to %.0f MiB, TP2xPP2xDP2 on 2 nodes -> 2 x TP4 on 2 nodes, "
+        "best of %d refits per mode | reshard %s, gather-and-broadcast %s moving data (x%.2f); "
+        "%s |\n"
+        "| the same, first refit of each mode | reshard %s, gather-and-broadcast %s |\n"
+        "| per-refit overhead of these refits (end to end minus moving data: planning, "
+        "PrepareEpoch, RunSlice, SliceDone, Commit, Publish) | %.0f-%.0f ms |\n" % (
+            d["_cmd"], state["date"], state["bench_refit_load"], d["pair"]["bytes"] >> 20,
+            gbps(d["pair"]),
+            ms(d["pair"]["data_s"]), ms(d["pair"]["total_s"]), gbps(d["pair_verify"]),
+            ms(d["pair_verify"]["data_s"]), d["model_mib"], len(r["data_s"]), ms(rs), ms(bs),
+            bs / rs, refit_bytes(d), ms(r["data_s"][0]), ms(b["data_s"][0]),
+            min(over) * 1e3, max(over) * 1e3))
+
+
+def gen_bench_refit_summary(build, state):
+    d = bench_refit(build, state)
+    rs, bs = min(d["reshard"]["data_s"]), min(d["broadcast"]["data_s"])
+    return (
+        "The refit benchmark on loopback (`%s`; one run on %s, %s, generated by `make "
+        "figures`; this machine): tcp throughput per pair %.2f GB/s on its first refit (%.2f "
+        "GB/s on the second, with CRC-32C verify) for one %d MiB tensor; on the example model "
+        "scaled to %.0f MiB, gather-and-broadcast takes "
+        "x%.2f the reshard time moving data (best of %d refits per mode), %s (each node is its "
+        "own domain here; broadcast's extra work is its serial stages and full copies inside "
+        "domains).  `docs/dataplane.md` has the table.\n" % (
+            d["_cmd"], state["date"], state["bench_refit_load"], gbps(d["pair"]),
+            gbps(d["pair_verify"]),
+            d["pair"]["bytes"] >> 20, d["model_mib"], bs / rs, len(d["reshard"]["data_s"]),
+            refit_bytes(d)))
+
+
+def gen_bench_rpc(build, state):
+    cmd = [built(build, "bench-rpc"), built(build, "refitd")]
+    at = load()
+    out = run_cmd("bench-rpc", cmd, 300)
+    if "(errors!)" in out:
+        sys.exit("figures: bench-rpc: heartbeats failed:\n%s" % out)
+    lines = out.splitlines()
+    rows = []
+    for line in lines:
+        f = line.split()
+        if len(f) == 5 and f[0].isdigit():
+            rows.append((int(f[0]), float(f[4])))
+    if not rows or not any(line.startswith("unary Heartbeat latency") for line in lines):
+        sys.exit("figures: bench-rpc: no latency line or member rows in its output:\n%s" % out)
+    body = "\n".join(("    " + line).rstrip() for line in lines
+                     if not line.startswith("refit control-plane benchmark")).strip("\n ")
+    n, per = rows[-1]
+    return (
+        "`%s` (part of `make bench`; bench/bench_rpc.c), coordinator on loopback, one run on "
+        "%s, %s (generated by `make figures`):\n\n    %s\n\n"
+        "Coordinator CPU per heartbeat: %.0f-%.0f us from %s to %s members; %s nodes "
+        "heartbeating every 2 s would cost it about %.1f %% of one core.\n" % (
+            " ".join(rel(c) for c in cmd), state["date"], at, body,
+            min(r[1] for r in rows), max(r[1] for r in rows), "{:,}".format(rows[0][0]),
+            "{:,}".format(n), "{:,}".format(n), n / 2.0 * per / 1e4))
+
+
+def gen_bench_members(build, state):
+    cmd = [built(build, "bench-members"), built(build, "refitd")]
+    at = load()
+    out = run_cmd("bench-members", cmd, 600)
+    rows = []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 10 and f[0].isdigit():
+            rows.append("| %s | %s | %s | %d | %s | %s | %s | %s |" % (
+                "{:,}".format(int(f[0])), f[1], "{:,}".format(round(float(f[5]))),
+                int(f[2]) + int(f[4]), f[6], f[7], f[8], "%.1f" % float(f[9])))
+    if not rows:
+        sys.exit("figures: bench-members: no rows in its output:\n%s" % out)
+    return (
+        "`%s`, one run on %s, %s (generated by `make figures`):\n\n"
+        "| members | join all s | heartbeats/s | late or failed | coordinator CPU (%% of one "
+        "core) | coordinator RSS MiB | threads | RSS KiB per member |\n"
+        "|---|---|---|---|---|---|---|---|\n%s\n" % (
+            " ".join(rel(c) for c in cmd), state["date"], at, "\n".join(rows)))
+
+
+FAULTS_SOAK = 30
+
+
+def gen_faults(build, state):
+    try:
+        import grpc  # noqa: F401 - the suite drives the coordinator with it
+    except ImportError:
+        raise Skip("the fault suite needs Python's grpc module (python3-grpcio)")
+    if os.geteuid() != 0:
+        raise Skip("the fault suite cuts connections with ss -K, which needs root")
+    if shutil.which("ss") is None:
+        raise Skip("the fault suite cuts connections with ss -K: no ss on PATH (iproute2)")
+    for b in ("refitd", "refitctl", "refit-client"):
+        built(build, b)
+    suite = os.path.join(ROOT, "tests", "integration", "test_faults.py")
+    with open(suite) as f:
+        lease = re.search(r"^LEASE_MS = (\d+)$", f.read(), re.M)
+    cmd = ["/usr/bin/python3", suite, build, str(FAULTS_SOAK)]
+    at = load()
+    out = run_cmd("faults", cmd, 1800)
+    return faults_table(out, "%s %s %d" % ("tests/integration/test_faults.py", rel(build),
+                                            FAULTS_SOAK),
+                        "%s, %s%s" % (state["date"], at, ", lease %s ms" % lease.group(1)
+                                      if lease else ""))
+
+
+def faults_table(out, cmd, date):
+    """The figures test_faults.py prints (the indented "key: value" lines
+    just before its last line) as a table."""
+    lines = out.rstrip("\n").splitlines()
+    if not lines or not re.match(r"faults: \d+ passed, 0 failed$", lines[-1]):
+        sys.exit("figures: faults: the suite did not end with \"faults: N passed, 0 failed\"")
+    rows = []
+    for line in reversed(lines[:-1]):
+        m = re.match(r"     (\S[^:]*): (.+)$", line)
+        if not m:
+            break
+        rows.append("| %s | %s |" % (m.group(1), m.group(2)))
+    if not rows:
+        sys.exit("figures: faults: the suite printed no figures")
+    return ("`%s` (loopback, this machine), one run on %s (generated by `make figures "
+            "FIGURES_SET=slow`):\n\n"
+            "| event | detection / recovery |\n|---|---|\n%s\n" % (
+                cmd, date, "\n".join(reversed(rows))))
+
+
+FP8_CASES = [
+    # label, model, infer, topology
+    ("DeepSeek-V3, PP16xEP16 -> TP32xDP8, DGX H100", "deepseek-v3", "tp32,dp8", "dgx-h100"),
+    ("DeepSeek-V3, PP16xEP16 -> TP32xDP8, GB200 NVL72", "deepseek-v3", "tp32,dp8",
+     "gb200-nvl72"),
+    ("Kimi-K2, PP16xEP16 -> TP8xDP16, DGX H100", "kimi-k2", "tp8,dp16", "dgx-h100"),
+    ("Kimi-K2, PP16xEP16 -> TP16xDP8, DGX H100", "kimi-k2", "tp16,dp8", "dgx-h100"),
+]
+
+
+def gen_fp8_table(build, state):
+    plan = built(build, "refit-plan")
+    rows, conv, net, tim, ratio = [], {}, [], [], []
+    for (label, model, infer, topo) in FP8_CASES:
+        got = {}
+        for dt in ("same", "fp8-block128"):
+            cmd = [plan, "model", "--model", model, "--train", "pp16,ep16", "--infer", infer,
+                   "--topology", topo, "--infer-dtype", dt, "--json"]
+            d = json.loads(run_cmd("fp8-table", cmd, 600))
+            got[dt] = d
+            r = d["reshard"]
+            ratio.append(r["ratio"])
+            rows.append("| %s%s | %s | %s | %s | %s | %.3f s | %.3f s | %.3f | %s |" % (
+                label, ", " + d["placement"] if topo != "dgx-h100" else "",
+                "bf16" if dt == "same" else "fp8, 128 x 128 blocks",
+                gib(r["payload_bytes"]), gib(r["network_bytes"]),
+                gib(r["busiest_nic"]["bytes"]), r["lower_bound_s"], r["time_s"], r["ratio"],
+                sec(d["broadcast"]["time_s"])))
+        b, f = got["same"]["reshard"], got["fp8-block128"]["reshard"]
+        net.append(f["network_bytes"] / b["network_bytes"])
+        tim.append(f["time_s"] / b["time_s"])
+        c = got["fp8-block128"].get("conversion", {})
+        conv[model] = (c.get("tensors", 0), c.get("on_senders", 0))
+    return (
+        "Generated by `make figures` on %s with\n\n"
+        "    build/bin/refit-plan model --model MODEL --train pp16,ep16 --infer SPEC \\\n"
+        "        [--topology gb200-nvl72] --infer-dtype same|fp8-block128 --json\n\n"
+        "(the cost model's figures, not measurements; DGX H100 training ranks first, GB200 "
+        "with the placement named; broadcast at the 4 MiB chunk).  Converted tensors: %s.\n\n"
+        "| model, training -> inference, topology | inference weights | payload | network bytes "
+        "| busiest NIC | lower bound | reshard (modelled) | ratio | broadcast (modelled) |\n"
+        "|---|---|---|---|---|---|---|---|---|\n%s\n\n"
+        "fp8 against bf16: network bytes x%.3f-%.3f, modelled reshard time x%.3f-%.3f; time / "
+        "bound ratio %.3f-%.3f over all rows.\n" % (
+            state["date"], ", ".join("`%s` %d (%d on the senders)" % (m, n, s)
+                                     for m, (n, s) in conv.items()),
+            "\n".join(rows), min(net), max(net), min(tim), max(tim), min(ratio), max(ratio)))
+
+
+def gen_convert_explain(build, state):
+    cmd = [built(build, "refit-plan"), "explain", "--src", "config/examples/convert-src.json",
+           "--dst", "config/examples/convert-dst-fp8.json", "--topology", "dgx-h100:16"]
+    out = run_cmd("convert-explain", cmd, 120).splitlines()
+    at = [i for i, line in enumerate(out) if line.startswith("conversion:")]
+    if not at:
+        sys.exit("figures: convert-explain: no \"conversion:\" line in refit-plan explain's "
+                 "output")
+    return ("```\n$ build/bin/refit-plan explain --src config/examples/convert-src.json \\\n"
+            "      --dst config/examples/convert-dst-fp8.json --topology dgx-h100:16\n...\n"
+            "%s\n```\n" % "\n".join(out[at[0]:]))
+
+
+SCALE_MIN_FREE_GIB = 8  # 256 node daemons (~18 MiB) and clients (~8 MiB) with room to spare
+
+
+def gen_bench_scale(build, state):
+    for mod in ("grpc", "grpc_tools"):
+        try:
+            __import__(mod)
+        except ImportError:
+            raise Skip("bench_scale.py needs Python's %s module (python3-grpcio, "
+                       "python3-grpc-tools)" % mod)
+    try:
+        with open("/proc/meminfo") as f:
+            free = int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1))
+    except (OSError, AttributeError):
+        raise Skip("bench_scale.py: no MemAvailable in /proc/meminfo to check its memory")
+    if free < SCALE_MIN_FREE_GIB << 20:
+        raise Skip("bench_scale.py starts up to 256 node daemons and clients: %.1f GiB "
+                   "available, %d GiB wanted" % (free / 2.0 ** 20, SCALE_MIN_FREE_GIB))
+    for b in ("refitd", "refitctl", "refit-client"):
+        built(build, b)
+    at = load()
+    out = run_cmd("bench-scale", ["/usr/bin/python3",
+                                  os.path.join(ROOT, "bench", "bench_scale.py"), build], 3600)
+    return scale_table(out, "/usr/bin/python3 bench/bench_scale.py %s" % rel(build),
+                       "%s, %s" % (state["date"], at))
+
+
+def scale_table(out, cmd, date):
+    """bench_scale.py's rows (19 columns after its "nodes" header) as a table."""
+    rows = []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) != 19 or not f[0].isdigit():
+            continue
+        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | "
+                    "%s -> %s, %s | %s | %s / %s / %s |" % (
+                        f[0], f[1], f[2], f[3], f[4], f[5], "{:,}".format(int(f[6])), f[7],
+                        f[8], f[9], f[10], float(f[11]), f[12], f[13], f[14], f[15], f[16],
+                        f[17], f[18]))
+    if not rows:
+        sys.exit("figures: bench-scale: no rows in bench_scale.py's output:\n%s" % out[-2000:])
+    return ("`%s` (the sizes of `make bench`), one run on %s (generated by `make figures "
+            "FIGURES_SET=slow`):\n\n"
+            "| nodes | start + join s | trigger -> all slices running ms | end to end ms | "
+            "again ms "
+            "| coordinator planning ms | plan transfers | largest node slice | slowest slice "
+            "decode ms | coordinator threads | coordinator RSS MiB | coordinator KiB per member "
+            "| node daemon RSS MiB (before -> after the refits, largest) | load (1 min, after the "
+            "first refit) | CPU s in the first refit: coordinator / nodes / clients |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s\n" % (
+                cmd, date, "\n".join(rows)))
+
+
+# region -> (generator, set); `make figures` runs the default set
 GENERATORS = {
-    "planning-scale": gen_planning_scale,
-    "llama-explain": gen_llama_explain,
-    "model-table": gen_model_table,
-    "gb200-matrix": gen_gb200_matrix,
-    "planner-summary": gen_planner_summary,
-    "bench-plan": gen_bench_plan,
+    "planning-scale": (gen_planning_scale, "default"),
+    "llama-explain": (gen_llama_explain, "default"),
+    "model-table": (gen_model_table, "default"),
+    "gb200-matrix": (gen_gb200_matrix, "default"),
+    "planner-summary": (gen_planner_summary, "default"),
+    "bench-plan": (gen_bench_plan, "default"),
+    "fp8-table": (gen_fp8_table, "default"),
+    "convert-explain": (gen_convert_explain, "default"),
+    "bench-refit-summary": (gen_bench_refit_summary, "default"),
+    "bench-refit": (gen_bench_refit, "default"),
+    "bench-rpc": (gen_bench_rpc, "default"),
+    "bench-members": (gen_bench_members, "default"),
+    "faults": (gen_faults, "slow"),
+    "bench-scale": (gen_bench_scale, "slow"),
 }
+SETS = ("default", "slow", "all")
 
 MARK = re.compile(r"(<!-- figures:([a-z0-9-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
+
+
+def usage(msg):
+    sys.stderr.write("figures: %s\n%s" % (msg, __doc__))
+    return 2
 
 
 def main():
@@ -238,19 +604,34 @@ def main():
         print(__doc__)
         return 0 if args else 2
     build = os.path.abspath(args[0])
-    only = None
-    if "--list" in args:
-        for name in GENERATORS:
-            print(name)
-        return 0
-    if "--only" in args:
-        only = set(args[args.index("--only") + 1].split(","))
-        bad = only - set(GENERATORS)
-        if bad:
-            sys.exit("figures: unknown region(s) %s (known: %s)" %
-                     (", ".join(sorted(bad)), ", ".join(GENERATORS)))
+    rest = args[1:]
+    only, which = None, "default"
+    while rest:
+        a = rest.pop(0)
+        if a == "--list":
+            for name, (_, st) in GENERATORS.items():
+                print("%s %s" % (name, st))
+            return 0
+        if a in ("--only", "--set") and not rest:
+            return usage("%s needs a value" % a)
+        if a == "--only":
+            only = set(x for x in rest.pop(0).split(",") if x)
+            bad = only - set(GENERATORS)
+            if bad or not only:
+                return usage("unknown region(s) \"%s\" (known: %s)" %
+                             (", ".join(sorted(bad)), ", ".join(GENERATORS)))
+        elif a == "--set":
+            which = rest.pop(0)
+            if which not in SETS:
+                return usage("unknown set \"%s\" (known: %s)" % (which, ", ".join(SETS)))
+        else:
+            return usage("unexpected argument \"%s\"" % a)
+    if only is None:
+        only = set(n for n, (_, st) in GENERATORS.items()
+                   if which == "all" or st == which)
     state = {"date": datetime.date.today().isoformat()}
-    done = {}
+    done, skipped, found = {}, {}, set()
+    rewritten = []
     for doc in DOCS:
         path = os.path.join(ROOT, doc)
         with open(path) as f:
@@ -260,21 +641,31 @@ def main():
             name = m.group(2)
             if name not in GENERATORS:
                 sys.exit("figures: %s: unknown region \"%s\"" % (doc, name))
-            if only is not None and name not in only:
+            found.add(name)
+            if name not in only:
                 return m.group(0)
-            if name not in done:
+            if name not in done and name not in skipped:
                 print("figures: %s ..." % name, flush=True)
-                done[name] = GENERATORS[name](build, state)
+                try:
+                    done[name] = GENERATORS[name][0](build, state)
+                except Skip as e:
+                    skipped[name] = str(e)
+                    sys.stderr.write("figures: %s left as it is: %s\n" % (name, e))
+            if name in skipped:
+                return m.group(0)
             return m.group(1) + done[name] + m.group(4)
 
         new = MARK.sub(repl, text)
         if new != text:
-            with open(path, "w") as f:
-                f.write(new)
-            print("figures: rewrote %s" % doc)
-    missing = (only or set(GENERATORS)) - set(done)
+            rewritten.append((doc, path, new))
+    missing = only - found
     if missing:
         sys.exit("figures: no marked region for %s" % ", ".join(sorted(missing)))
+    # every region computed: only now is any file written
+    for doc, path, new in rewritten:
+        with open(path, "w") as f:
+            f.write(new)
+        print("figures: rewrote %s" % doc)
     return 0
 
 
