@@ -151,6 +151,18 @@ typedef struct pairlog {
 	uint64_t bytes;
 } pairlog_t;
 
+/*
+ * Per domain, its least-loaded rank by NIC (least_nic over its ranks) for
+ * one direction of the NICs' load, valid while gen[d] is all + 1: loads
+ * only grow, so only more load on that rank's NIC, or on a NIC several
+ * domains share (all counts those), can change it (nic_add, dom_least).
+ */
+typedef struct domleast {
+	int32_t *rank;
+	uint64_t *gen;
+	uint64_t all;
+} domleast_t;
+
 typedef struct reshard {
 	const plan_layout_set_t *dst;
 	const plan_topo_t *topo;
@@ -192,13 +204,7 @@ typedef struct reshard {
 	run_t run;            /* the relayed run being assigned */
 	int32_t *nic_dom;     /* per NIC: the domain of its ranks (-1: several) */
 	uint64_t *dom_gen, all_gen; /* send generations (send_gen) */
-	uint64_t all_rgen;    /* the same for what NICs take in */
-	/* per domain: its least-loaded rank by NIC (least_nic over its ranks)
-	 * sending and receiving, valid while least_*_gen is all_*gen + 1:
-	 * loads only grow, so only more load on that rank's NIC (or on a NIC
-	 * several domains share) can change it */
-	int32_t *least_send, *least_recv;
-	uint64_t *least_send_gen, *least_recv_gen;
+	domleast_t least_send, least_recv; /* by net_send, net_recv */
 	int32_t *dst_r0;      /* per tensor + 1: offsets into dst_ranks */
 	int32_t *dst_ranks;   /* destination ranks of each tensor, ascending */
 	/* aligned stages (net_stage): wave w of every piece crosses the
@@ -721,6 +727,20 @@ pair_flush(reshard_t *rs)
 	rs->nplog = 0;
 }
 
+/* Domain d's least-loaded rank by load (least_nic over its ranks), kept
+ * in dl while valid. */
+static int32_t
+dom_least(reshard_t *rs, domleast_t *dl, int32_t d, const uint64_t *load)
+{
+	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0;
+
+	if (dl->gen[d] != dl->all + 1) {
+		dl->rank[d] = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd, load);
+		dl->gen[d] = dl->all + 1;
+	}
+	return dl->rank[d];
+}
+
 /*
  * The rank of domain w->domain that takes part b in over the network: the
  * needing rank with the least-loaded NIC, unless another rank of the domain
@@ -734,18 +754,10 @@ pick_least(reshard_t *rs, const work_t *w, uint64_t b, bool hop)
 	const plan_topo_t *t = rs->topo;
 	const int32_t *need = rs->arena.v + w->n0;
 	int32_t r = least_nic(t, need, w->nn, rs->ld.net_recv), q;
-	int32_t d0 = rs->dom_r0[w->domain], nd = rs->dom_r0[w->domain + 1] - d0;
-
-	uint64_t gen = rs->all_rgen + 1;
 
 	if (!hop)
 		return r;
-	if (rs->least_recv_gen[w->domain] != gen) {
-		rs->least_recv[w->domain] = least_nic(t, rs->dom_ranks + d0, (uint32_t)nd,
-						      rs->ld.net_recv);
-		rs->least_recv_gen[w->domain] = gen;
-	}
-	q = rs->least_recv[w->domain];
+	q = dom_least(rs, &rs->least_recv, w->domain, rs->ld.net_recv);
 	if (rs->ld.net_recv[plan_topo_nic(t, q)] >= rs->ld.net_recv[plan_topo_nic(t, r)] ||
 	    unit_relayed(rs, q) + b > rs->opts->staging_bytes / 2 || !relay_ok(rs, q, true))
 		return r;
@@ -962,38 +974,29 @@ send_gen(const reshard_t *rs, int32_t d)
 	return rs->dom_gen[d] + rs->all_gen + 1;
 }
 
+/* rank's NIC takes b more load in one direction (load, with dl). */
+static int32_t
+nic_add(reshard_t *rs, uint64_t *load, domleast_t *dl, int32_t rank, uint64_t b)
+{
+	int32_t nic = plan_topo_nic(rs->topo, rank), d = rs->nic_dom[nic];
+
+	load[nic] += b;
+	if (d < 0)
+		dl->all++;
+	else if (dl->gen[d] != 0 && plan_topo_nic(rs->topo, dl->rank[d]) == nic)
+		dl->gen[d] = 0;
+	return d;
+}
+
 static void
 send_add(reshard_t *rs, int32_t rank, uint64_t b)
 {
-	int32_t nic = plan_topo_nic(rs->topo, rank);
+	int32_t d = nic_add(rs, rs->ld.net_send, &rs->least_send, rank, b);
 
-	int32_t d = rs->nic_dom[nic];
-
-	rs->ld.net_send[nic] += b;
-	if (d >= 0) {
+	if (d >= 0)
 		rs->dom_gen[d]++;
-		if (rs->least_send_gen[d] != 0 && plan_topo_nic(rs->topo, rs->least_send[d]) == nic)
-			rs->least_send_gen[d] = 0;
-	} else {
+	else
 		rs->all_gen++;
-	}
-}
-
-/* The same for what rank's NIC takes in (pick_least's generations). */
-static void
-recv_add(reshard_t *rs, int32_t rank, uint64_t b)
-{
-	int32_t nic = plan_topo_nic(rs->topo, rank);
-
-	int32_t d = rs->nic_dom[nic];
-
-	rs->ld.net_recv[nic] += b;
-	if (d >= 0) {
-		if (rs->least_recv_gen[d] != 0 && plan_topo_nic(rs->topo, rs->least_recv[d]) == nic)
-			rs->least_recv_gen[d] = 0;
-	} else {
-		rs->all_rgen++;
-	}
 }
 
 /*
@@ -1003,18 +1006,11 @@ recv_add(reshard_t *rs, int32_t rank, uint64_t b)
 static int32_t
 helper_of(reshard_t *rs, int32_t d, int32_t best, uint64_t b, bool dst_ok)
 {
-	int32_t d0 = rs->dom_r0[d], nd = rs->dom_r0[d + 1] - d0, g;
-
-	uint64_t gen = rs->all_gen + 1;
+	int32_t g;
 
 	if ((!dst_ok && !rs->hop_out[d]) || b < rs->min_hop)
 		return best;
-	if (rs->least_send_gen[d] != gen) {
-		rs->least_send[d] = least_nic(rs->topo, rs->dom_ranks + d0, (uint32_t)nd,
-					      rs->ld.net_send);
-		rs->least_send_gen[d] = gen;
-	}
-	g = rs->least_send[d];
+	g = dom_least(rs, &rs->least_send, d, rs->ld.net_send);
 	if (nic_send(rs, g) + (dst_ok && !rs->hop_out[d] ? 8 * rs->opts->chunk_bytes : 0) >= nic_send(rs, best) ||
 	    unit_relayed(rs, g) + b > rs->opts->staging_bytes / 2 ||
 	    !relay_ok(rs, g, dst_ok))
@@ -1402,7 +1398,7 @@ assign_network(reshard_t *rs, const work_t *w, const served_t *pool, size_t npoo
 		s = pick_sender(rs, w, pool, npool, p, b, &stage);
 		r = pick_receiver(rs, w, b, s, stage);
 		send_add(rs, s, b);
-		recv_add(rs, r, b);
+		nic_add(rs, rs->ld.net_recv, &rs->least_recv, r, b);
 		rs->dom_send[plan_topo_domain(rs->topo, s)] += b;
 		run_touch(rs, s);
 		out->pt[p] = (spart_t){.recv = r, .at = stage, .help = -1};
@@ -1544,10 +1540,12 @@ nic_domains(reshard_t *rs)
 	const plan_topo_t *t = rs->topo;
 
 	rs->dom_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
-	rs->least_send = xcalloc((size_t)t->ndomains + 1, sizeof(int32_t));
-	rs->least_recv = xcalloc((size_t)t->ndomains + 1, sizeof(int32_t));
-	rs->least_send_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
-	rs->least_recv_gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
+	for (int k = 0; k < 2; k++) {
+		domleast_t *dl = k ? &rs->least_recv : &rs->least_send;
+
+		dl->rank = xcalloc((size_t)t->ndomains + 1, sizeof(int32_t));
+		dl->gen = xcalloc((size_t)t->ndomains + 1, sizeof(uint64_t));
+	}
 	rs->run.dom_slot = xmalloc(((size_t)t->ndomains + 1) * sizeof(int32_t));
 	for (int32_t d = 0; d <= t->ndomains; d++)
 		rs->run.dom_slot[d] = -1;
@@ -1753,10 +1751,10 @@ plan_reshard(const plan_layout_set_t *src, const plan_layout_set_t *dst,
 	free(rs.dom_ranks);
 	free(rs.nic_dom);
 	free(rs.dom_gen);
-	free(rs.least_send);
-	free(rs.least_recv);
-	free(rs.least_send_gen);
-	free(rs.least_recv_gen);
+	free(rs.least_send.rank);
+	free(rs.least_send.gen);
+	free(rs.least_recv.rank);
+	free(rs.least_recv.gen);
 	free(rs.run.dom_slot);
 	VEC_FREE(&rs.run.spec);
 	free(rs.ld.net_send);
