@@ -211,80 +211,63 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 /* ---- sorting, digest ---------------------------------------------------- */
 
 
-/* plan_radix_sort for keys over 32 bits: through a second array. */
-static void
-plan_radix_sort_wide(xkey_t *k, size_t n, int bits)
-{
-	xkey_t *tmp = xmalloc(n * sizeof(*tmp)), *a = k, *o = tmp;
-	size_t *cnt = xmalloc(65536 * sizeof(*cnt));
-
-	for (int shift = 0; shift < bits; shift += 16) {
-		memset(cnt, 0, 65536 * sizeof(*cnt));
-		for (size_t i = 0; i < n; i++)
-			cnt[(a[i].key >> shift) & 0xffff]++;
-		for (size_t i = 0, sum = 0; i < 65536; i++) {
-			size_t c = cnt[i];
-
-			cnt[i] = sum;
-			sum += c;
-		}
-		for (size_t i = 0; i < n; i++)
-			o[cnt[(a[i].key >> shift) & 0xffff]++] = a[i];
-		xkey_t *sw = a;
-
-		a = o;
-		o = sw;
-	}
-	if (a != k)
-		memcpy(k, a, n * sizeof(*k));
-	free(tmp);
-	free(cnt);
-}
-
 /*
- * Stable LSD radix sort of a[0..n) on bits [lo, lo + bits) of each value,
- * t scratch of n values: digits of at most 11 bits (2,048 buckets, so the
- * scatter's write streams stay in cache), an even number of passes (the
- * result ends in a), every pass's histogram from one read.
+ * RADIX_SORT_DEFINE(name, type, ctx_t, KEY) defines
+ *   static void name(type *a, type *t, size_t n, int lo, int bits, ctx_t kc)
+ * a stable LSD radix sort of a[0..n) on bits [lo, lo + bits) of each
+ * element's key KEY(kc, a[i]) (a uint64_t), t scratch of n elements:
+ * digits of at most 11 bits (2,048 buckets, so the scatter's write streams
+ * stay in cache), an even number of passes (the result ends in a), every
+ * pass's histogram from one read.  The planner's sorts are its instances:
+ * radix_u64 (packed values, the normal path), radix_xkey and radix_xfer
+ * (the fallbacks when key and index, or key and box index, do not fit 64
+ * bits together).
  */
-static void
-radix_u64(uint64_t *a, uint64_t *t, size_t n, int lo, int bits)
-{
-	int npass = (bits + 10) / 11, w;
-	size_t nb, *cnt;
-	uint64_t mask;
-
-	if (n < 2 || bits == 0)
-		return;
-	npass += npass & 1;
-	w = (bits + npass - 1) / npass;
-	nb = (size_t)1 << w;
-	mask = nb - 1;
-	cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));
-	for (size_t i = 0; i < n; i++) {
-		uint64_t v = a[i] >> lo;
-
-		for (int q = 0; q < npass; q++, v >>= w)
-			cnt[(size_t)q * nb + (v & mask)]++;
-	}
-	for (int q = 0; q < npass; q++) {
-		size_t *c = cnt + (size_t)q * nb, sum = 0;
-		int shift = lo + q * w;
-		uint64_t *sw = a;
-
-		for (size_t i = 0; i < nb; i++) {
-			size_t x = c[i];
-
-			c[i] = sum;
-			sum += x;
-		}
-		for (size_t i = 0; i < n; i++)
-			t[c[(a[i] >> shift) & mask]++] = a[i];
-		a = t;
-		t = sw;
-	}
-	free(cnt);
+#define RADIX_SORT_DEFINE(name, type, ctx_t, KEY)			\
+static void								\
+name(type *a, type *t, size_t n, int lo, int bits, ctx_t kc)		\
+{									\
+	int npass = (bits + 10) / 11, w;				\
+	size_t nb, *cnt;						\
+	uint64_t mask;							\
+									\
+	(void)kc;							\
+	if (n < 2 || bits == 0)						\
+		return;							\
+	npass += npass & 1;						\
+	w = (bits + npass - 1) / npass;					\
+	nb = (size_t)1 << w;						\
+	mask = nb - 1;							\
+	cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));		\
+	for (size_t i = 0; i < n; i++) {				\
+		uint64_t v = KEY(kc, a[i]) >> lo;			\
+									\
+		for (int q = 0; q < npass; q++, v >>= w)		\
+			cnt[(size_t)q * nb + (v & mask)]++;		\
+	}								\
+	for (int q = 0; q < npass; q++) {				\
+		size_t *c = cnt + (size_t)q * nb, sum = 0;		\
+		int shift = lo + q * w;					\
+		type *sw = a;						\
+									\
+		for (size_t i = 0; i < nb; i++) {			\
+			size_t x = c[i];				\
+									\
+			c[i] = sum;					\
+			sum += x;					\
+		}							\
+		for (size_t i = 0; i < n; i++)				\
+			t[c[(KEY(kc, a[i]) >> shift) & mask]++] = a[i];	\
+		a = t;							\
+		t = sw;							\
+	}								\
+	free(cnt);							\
 }
+
+#define KEY_U64(kc, x) (x)
+#define KEY_XKEY(kc, x) ((x).key)
+RADIX_SORT_DEFINE(radix_u64, uint64_t, int, KEY_U64)
+RADIX_SORT_DEFINE(radix_xkey, xkey_t, int, KEY_XKEY)
 
 _Static_assert(sizeof(xkey_t) >= 2 * sizeof(uint64_t), "plan_radix_sort packs in place");
 _Static_assert(sizeof(plan_xfer_t) >= 2 * sizeof(uint64_t), "sort_packed packs in place");
@@ -302,8 +285,11 @@ plan_radix_sort(xkey_t *k, size_t n, int bits)
 
 	if (n < 2 || bits == 0)
 		return;
-	if (bits > 32) {
-		plan_radix_sort_wide(k, n, bits);
+	if (bits > 32) { /* key and index over 64 bits: through a second array */
+		xkey_t *tmp = xmalloc(n * sizeof(*tmp));
+
+		radix_xkey(k, tmp, n, 0, bits, 0);
+		free(tmp);
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -311,7 +297,7 @@ plan_radix_sort(xkey_t *k, size_t n, int bits)
 
 		pk[i] = x.key << 32 | x.idx;
 	}
-	radix_u64(pk, pk + n, n, 32, bits);
+	radix_u64(pk, pk + n, n, 32, bits, 0);
 	for (size_t i = n; i-- > 0;) { /* k[i] covers values 2i, 2i + 1: done */
 		uint64_t v = pk[i];
 
@@ -366,56 +352,23 @@ xfer_key(const plan_xfer_t *x, const xbits_t *b)
 		 (uint64_t)(uint32_t)x->to) << b->x) | x->tensor;
 }
 
-#define RADIX_BITS 11
-
 static inline uint64_t
 low_mask(int bits)
 {
 	return bits >= 64 ? UINT64_MAX : ((uint64_t)1 << bits) - 1;
 }
 
-/*
- * The radix sort of the records themselves, through a second copy:
- * digits of at most RADIX_BITS (2,048 buckets: the scatter's write streams
- * stay in cache), every pass's histogram from one read.
- */
+#define KEY_XFER(kc, x) xfer_key(&(x), &(kc))
+RADIX_SORT_DEFINE(radix_xfer, plan_xfer_t, xbits_t, KEY_XFER)
+
+/* The sort of the records themselves, through a second copy. */
 static void
-sort_records(plan_xfer_t *v, size_t n, const xbits_t *bp, int bits)
+sort_records(plan_xfer_t *v, size_t n, const xbits_t *b, int bits)
 {
-	xbits_t b = *bp;
-	int npass = (bits + RADIX_BITS - 1) / RADIX_BITS, w = (bits + npass - 1) / npass;
-	size_t nb = (size_t)1 << w;
-	uint64_t mask = nb - 1;
-	plan_xfer_t *tmp = xmalloc(n * sizeof(*tmp)), *a = v, *o = tmp;
-	uint32_t *cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));
+	plan_xfer_t *tmp = xmalloc(n * sizeof(*tmp));
 
-	for (size_t i = 0; i < n; i++) {
-		uint64_t k = xfer_key(&v[i], &b);
-
-		for (int q = 0; q < npass; q++, k >>= w)
-			cnt[(size_t)q * nb + (k & mask)]++;
-	}
-	for (int q = 0; q < npass; q++) {
-		uint32_t *c = cnt + (size_t)q * nb, sum = 0;
-		int shift = q * w;
-
-		for (size_t i = 0; i < nb; i++) {
-			uint32_t x = c[i];
-
-			c[i] = sum;
-			sum += x;
-		}
-		for (size_t i = 0; i < n; i++)
-			o[c[(xfer_key(&a[i], &b) >> shift) & mask]++] = a[i];
-		plan_xfer_t *sw = a;
-
-		a = o;
-		o = sw;
-	}
-	if (a != v)
-		memcpy(v, a, n * sizeof(*v));
+	radix_xfer(v, tmp, n, 0, bits, *b);
 	free(tmp);
-	free(cnt);
 }
 
 /*
@@ -436,7 +389,7 @@ sort_packed(plan_xfer_t *v, size_t n, const xbits_t *b, int bits, int bb)
 
 		pk[i] = xfer_key(&x, b) << bb | x.box;
 	}
-	radix_u64(pk, pk + n, n, bb, bits);
+	radix_u64(pk, pk + n, n, bb, bits, 0);
 	for (size_t i = n; i-- > 0;) {
 		uint64_t z = pk[i], k = z >> bb;
 		plan_xfer_t x;

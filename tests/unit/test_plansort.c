@@ -158,6 +158,8 @@ START_TEST(finalize_sort_paths)
 	check_finalize(2, 2, 0, 0, 12);
 	/* 16 + 15 + 15 + 2 key bits and a 17-bit box index: the copying path */
 	check_finalize(20000, 100000, 65535, 32767, 13);
+	/* up to 16 + 23 + 23 + 2 = 64 key bits, 10-bit box index: copying too */
+	check_finalize(20000, 1000, 65535, (1 << 23) - 1, 15);
 	/* key alone over 64 bits: qsort */
 	check_finalize(3000, 50, UINT32_MAX - 1, INT32_MAX - 1, 14);
 }
