@@ -329,9 +329,19 @@ def sealed_memory_only():
               "placements": ["Shard(0)"]}]
     inf = [{"name": "w", "dtype": "fp32", "shape": [64, 16], "mesh": [8],
             "placements": ["Replicate()"]}]
+    t0 = time.time()
     cls = start_model(MAIN, "sealed", train, [("i0", inf)], rng, {"i0": "in-place"})
     victim = cls["train"][0]
     pid = victim.p.pid
+
+    def shm_file(pid):
+        # a /dev/shm file this client made (one left by an older build
+        # under a recycled pid is older than this test)
+        path = f"/dev/shm/refit-client-{pid}"
+        try:
+            return os.stat(path).st_mtime >= t0 - 1
+        except FileNotFoundError:
+            return False
     fds = [os.path.join(f"/proc/{pid}/fd", x) for x in os.listdir(f"/proc/{pid}/fd")]
     segs = [p for p in fds if os.readlink(p).startswith("/memfd:refit-client-")]
     assert segs, fds
@@ -341,13 +351,13 @@ def sealed_memory_only():
             raise AssertionError(f"{p} could be truncated")
         except PermissionError:
             pass
-    assert not os.path.exists(f"/dev/shm/refit-client-{pid}")
+    assert not shm_file(pid), f"/dev/shm/refit-client-{pid}"
     g = MAIN.refit("sealed", 1)
     assert g.state == pb.COMMITTED, g.failure
     expect_installed(cls, 1)
     victim.p.kill()
     victim.p.wait()
-    assert not os.path.exists(f"/dev/shm/refit-client-{pid}")
+    assert not shm_file(pid), f"/dev/shm/refit-client-{pid}"
     stop(cls)
     assert MAIN.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members
 
