@@ -102,8 +102,10 @@ struct coord {
 
 /*
  * Which file calls which (no cycles): coord.c (membership, registry,
- * setup) -> coord_refit.c (refits) -> coord_plan.c, coord_metrics.c ->
- * coord_store.c -> coord_state.c; refit_fsm.c is pure, below them all.
+ * setup) -> coord_refit_api.c (the refit methods, the timer) ->
+ * coord_refit.c (the driver of the refit machine, its node calls) ->
+ * coord_refit_nodes.c, coord_plan.c, coord_metrics.c -> coord_store.c ->
+ * coord_state.c; refit_fsm.c is pure, below them all.
  */
 
 /* coord_state.c: write the state file (when configured); REFIT_OK or err */
@@ -181,21 +183,71 @@ plan_cache_t *coord_plan_cached(coord_t *c, const char *model);
 /* Keep j's plan as the model's last plan (j gives it up); returns it. */
 const plan_t *coord_plan_keep(coord_t *c, planjob_t *j);
 
-/* ---- coord_refit.c: the refit methods and the driver of their state machine */
-/* A new epoch (refits in flight of the old one fail). */
-void coord_bump_epoch(coord_t *c, const char *why);
+/* RUNNING backstop: a node's slice_timeout_ms comes first */
+#define SLICE_RUN_MS 3600000
+
+/* ---- coord_refit_api.c: the refit methods and the timer ---- */
 extern const rpc_method_cfg_t coord_refit_methods[];
 extern const size_t coord_refit_nmethods;
 /* Abort the refits in flight that use member id; their ids into *ids. */
 size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
 				 size_t max);
+/* Timer: retries and catch-up refits that are due. */
+void coord_refits_tick(coord_t *c);
+
+/* ---- coord_refit.c: the driver of the refit state machine, its node calls */
+/* A new epoch (refits in flight of the old one fail). */
+void coord_bump_epoch(coord_t *c, const char *why);
 /* membership changed (why names the member and the cause): refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
 /* Member m said it is poisoned (why; "" or NULL: it did not): kept with
  * it and logged at ERROR once; every refit needing it fails at once. */
 void coord_member_poisoned(coord_t *c, member_t *m, const char *why);
-/* Timer: retries and catch-up refits that are due. */
-void coord_refits_tick(coord_t *c);
+/* The refit of that id among c's records (NULL: none). */
+refit_rec_t *coord_find_refit(coord_t *c, uint64_t id);
+/* r ended (committed, failed or aborted). */
+bool coord_refit_is_final(const refit_rec_t *r);
+/* RUNNING, FAILING*: the round of RunSlice answers and slice reports. */
+bool coord_refit_runs_slices(const refit_rec_t *r);
+/* The name of r's state as clients see it. */
+const char *coord_refit_public_name(const refit_rec_t *r);
+/* Feed the event kind (no payload, no message) to r's machine. */
+void coord_refit_on(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind);
+/* An event with a failure message (cut on a character boundary). */
+void coord_refit_eventf(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind,
+			const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* PLAN: choose r's instances, then its plan (cached, or built off the loop). */
+void coord_refit_plan(coord_t *c, refit_rec_t *r);
+/* The index of member id among r's nodes, or SIZE_MAX. */
+size_t coord_refit_node_index(const refit_rec_t *r, uint64_t id);
+/* Node k's slice ended (SliceDone, or a failed RunSlice): counted once. */
+void coord_refit_slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node,
+			      refit_status_t st, const char *msg,
+			      const Refit__V1__RunSliceResponse *rs, bool poisoned);
+/* Node k's slice runs (its RunSlice was answered, or it already reported). */
+void coord_refit_mark_started(refit_rec_t *r, size_t k);
+
+/* ---- coord_refit_nodes.c: who takes part in a refit, what nodes are told */
+/* r's nodes: the members owning a rank that sends or receives in p (or
+ * holds inference memory of md's instances taking part). */
+void coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r);
+/* The members' transports: whether any uses nccl, one that does not, and
+ * the member holding the lowest rank. */
+void coord_scan_members(coord_t *c, bool *nccl, const member_t **other, const member_t **low);
+/* r's unique id (or none: shrink) becomes its epoch's, with the members of now. */
+void coord_nccl_remember(coord_t *c, const refit_rec_t *r);
+/* Does r's epoch need a new unique id (false: r has the epoch's, or shrinks)? */
+bool coord_nccl_need_id(coord_t *c, refit_rec_t *r);
+/* Another nccl refit between planning and its end (they run one at a time). */
+bool coord_nccl_busy(const coord_t *c, const refit_rec_t *r);
+/* The current members as PrepareEpoch lists them, in *mv (coord_members_msg_free). */
+Refit__V1__Member **coord_members_msg(coord_t *c, Refit__V1__Member **mv);
+void coord_members_msg_free(Refit__V1__Member *mv, Refit__V1__Member **mp, size_t n);
+/* The RunSlice instances of r, trainer first (*n of them, in *iv; coord_free_layouts). */
+Refit__V1__InstanceLayouts **coord_instance_layouts(const refit_rec_t *r, const model_t *m,
+						    Refit__V1__InstanceLayouts **iv, size_t *n);
+void coord_free_layouts(Refit__V1__InstanceLayouts *iv, Refit__V1__InstanceLayouts **ip,
+			size_t n);
 /* metrics (coord_metrics.c): after every change of r's state; p: its plan, when taken */
 void coord_metrics_refit(coord_t *c, const refit_rec_t *r, const plan_t *p);
 

@@ -1,0 +1,434 @@
+/*
+ * coord_refit_api.c - the ways into the refit driver (coord_refit.c) from
+ * outside its state machine: the Coordinator's refit methods (TriggerRefit,
+ * GetRefit, ListRefits, AbortRefit, and SliceDone, a node's report at the
+ * end of its slice), aborts for a member that leaves, and the timer: the
+ * RUNNING backstop (SLICE_RUN_MS), retries and queued refits that are due,
+ * catch-up refits of instances that registered late.
+ *
+ * Triggers are idempotent per (model, key).  The last REFIT_KEEP records
+ * are kept for ListRefits.  Loop thread only.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/coord/coord_internal.h"
+
+#define REFIT_KEEP 256
+
+/* ---- handlers --------------------------------------------------------------- */
+
+static void
+fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
+{
+	refit__v1__refit__init(o);
+	o->id = r->id;
+	o->model = r->model;
+	o->version = r->version;
+	o->epoch = r->epoch;
+	o->mode = (Refit__V1__Mode)r->mode;
+	o->verify = r->verify;
+	o->state = (Refit__V1__RefitState)refit_fsm_public(r->fsm.state);
+	o->plan_digest = (char *)r->plan_digest;
+	o->created_unix_ms = r->created_ms;
+	o->finished_unix_ms = r->finished_ms;
+	o->bytes = r->bytes;
+	o->failure = r->failure ? r->failure : "";
+	o->idempotency_key = r->key ? r->key : "";
+	o->attempt = r->fsm.attempt;
+	o->attempts = r->attempts;
+	o->n_attempts = r->nattempts;
+	o->instance = r->only ? r->only : "";
+	o->skipped = r->skipped;
+	o->n_skipped = r->nskipped;
+	o->comm_micros = r->comm_us;
+	o->running_after_ms = r->running_after_ms;
+	o->plan_micros = r->plan_us;
+	o->plan_cached = r->plan_cached;
+	o->plan_xfers = r->plan_xfers;
+}
+
+/* fill_refit's per-node figures (node names are c's; free nv and np). */
+static void
+fill_nodes(coord_t *c, const refit_rec_t *r, Refit__V1__Refit *o, Refit__V1__NodeTiming **nv,
+	   Refit__V1__NodeTiming ***np)
+{
+	size_t n = r->ntime ? r->nnodes : 0;
+
+	*nv = xcalloc(n + 1, sizeof(**nv));
+	*np = xcalloc(n + 1, sizeof(**np));
+	for (size_t k = 0; k < n; k++) {
+		const member_t *m = coord_find_member(c, r->nodes[k]);
+
+		refit__v1__node_timing__init(&(*nv)[k]);
+		(*nv)[k].node_id = m ? m->node_id : "(left)";
+		(*nv)[k].plan_micros = r->ntime[k].plan_us;
+		(*nv)[k].plan_cached = r->ntime[k].plan_cached;
+		(*nv)[k].decode_micros = r->ntime[k].decode_us;
+		(*nv)[k].slice_xfers = r->ntime[k].slice_xfers;
+		(*nv)[k].slice_micros = r->ntime[k].slice_us;
+		(*nv)[k].reported = (r->nstate[k] & NODE_REPORTED) != 0;
+		(*np)[k] = &(*nv)[k];
+	}
+	o->nodes = *np;
+	o->n_nodes = n;
+}
+
+/* fill_refit's stage timings (caller storage). */
+static void
+fill_stages(const refit_rec_t *r, Refit__V1__Refit *o, Refit__V1__StageTiming *tv,
+	    Refit__V1__StageTiming **tp)
+{
+	for (uint32_t k = 0; k < r->nstages; k++) {
+		refit__v1__stage_timing__init(&tv[k]);
+		tv[k].stage = k;
+		tv[k].micros = r->stage_us[k];
+		tv[k].bytes = r->stage_bytes[k];
+		tp[k] = &tv[k];
+	}
+	o->stages = tp;
+	o->n_stages = r->nstages;
+}
+
+static void
+trim_records(coord_t *c)
+{
+	for (size_t i = 0; c->refits.n > REFIT_KEEP && i < c->refits.n;) {
+		if (coord_refit_is_final(c->refits.v[i])) {
+			coord_refit_free(c->refits.v[i]);
+			memmove(&c->refits.v[i], &c->refits.v[i + 1],
+				(c->refits.n - i - 1) * sizeof(*c->refits.v));
+			c->refits.n--;
+		} else {
+			i++;
+		}
+	}
+}
+
+/* A new refit of m to its latest version, PLANNING, added to c's records
+ * (only: a catch-up of that instance).  The caller persists and plans it. */
+static refit_rec_t *
+new_refit(coord_t *c, const model_t *m, const char *only)
+{
+	refit_rec_t *r = xcalloc(1, sizeof(*r));
+
+	r->id = ++c->next_refit;
+	r->model = xstrdup(m->name);
+	r->only = only ? xstrdup(only) : NULL;
+	r->version = m->latest_version;
+	r->mode = REFIT__V1__MODE__RESHARD;
+	r->created_ms = coord_now_ms();
+	refit_fsm_init(&r->fsm, m->retries, m->retry_backoff_ms);
+	VEC_PUSH(&c->refits, r);
+	return r;
+}
+
+/* Why m cannot take the trigger rq now (NULL: it can). */
+static refit_status_t
+trigger_check(coord_t *c, const model_t *m, const Refit__V1__TriggerRefitRequest *rq,
+	      refit_err_t *err)
+{
+	if (m->latest_version == 0)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "TriggerRefit \"%s\": no weights "
+				     "are ready yet (no WeightsReady)", m->name);
+	if (rq->version > m->latest_version)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "TriggerRefit \"%s\": version %"
+				     PRIu64 " is newer than the latest ready %" PRIu64, m->name,
+				     rq->version, m->latest_version);
+	if (rq->mode != REFIT__V1__MODE__RESHARD && rq->mode != REFIT__V1__MODE__BROADCAST)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "TriggerRefit: unknown mode %d",
+				     (int)rq->mode);
+	for (size_t i = 0; i < c->refits.n; i++)
+		if (!coord_refit_is_final(c->refits.v[i]) &&
+		    strcmp(c->refits.v[i]->model, m->name) == 0)
+			return refit_err_set(err, REFIT_ERR_EXISTS, "TriggerRefit \"%s\": refit %"
+					     PRIu64 " is still %s", m->name, c->refits.v[i]->id,
+					     coord_refit_public_name(c->refits.v[i]));
+	return REFIT_OK;
+}
+
+static void
+h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__TriggerRefitRequest *rq = (const void *)msg;
+	Refit__V1__TriggerRefitResponse rsp = REFIT__V1__TRIGGER_REFIT_RESPONSE__INIT;
+	const char *key = rq->idempotency_key && rq->idempotency_key[0] ? rq->idempotency_key : NULL;
+	model_t *m = coord_find_model(c, rq->model ? rq->model : "");
+	refit_rec_t *r;
+	refit_err_t err;
+
+	if (m == NULL || coord_train_instance(m) == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "TriggerRefit: model \"%s\" has "
+				     "no registered trainer", rq->model ? rq->model : "");
+	for (size_t i = 0; key && i < c->refits.n; i++) {
+		r = c->refits.v[i];
+		if (r->key && strcmp(r->key, key) == 0 && strcmp(r->model, m->name) == 0) {
+			rsp.refit_id = r->id;
+			rsp.existing = true;
+			return rpc_call_reply(call, &rsp.base);
+		}
+	}
+	refit_err_clear(&err);
+	if (trigger_check(c, m, rq, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	r = new_refit(c, m, NULL);
+	r->key = key ? xstrdup(key) : NULL;
+	r->version = rq->version ? rq->version : m->latest_version;
+	r->mode = (int)rq->mode;
+	r->verify = rq->verify;
+	r->corrupt = rq->test_corrupt_msg;
+	if (coord_save_durable(c, "TriggerRefit", &err) != REFIT_OK) {
+		c->refits.n--;
+		c->next_refit--;
+		coord_refit_free(r);
+		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
+	trim_records(c);
+	rsp.refit_id = r->id;
+	rpc_call_reply(call, &rsp.base);
+	coord_refit_plan(c, r);
+}
+
+static void
+h_get(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__GetRefitRequest *rq = (const void *)msg;
+	refit_rec_t *r = coord_find_refit(c, rq->refit_id);
+	Refit__V1__Refit o;
+
+	Refit__V1__StageTiming tv[64], *tp[64];
+	Refit__V1__NodeTiming *nv, **np;
+
+	if (r == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetRefit: no refit %" PRIu64,
+				     rq->refit_id);
+	fill_refit(r, &o);
+	fill_stages(r, &o, tv, tp);
+	fill_nodes(c, r, &o, &nv, &np);
+	rpc_call_reply(call, &o.base);
+	free(nv);
+	free(np);
+}
+
+static void
+h_list(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__ListRefitsRequest *rq = (const void *)msg;
+	Refit__V1__ListRefitsResponse rsp = REFIT__V1__LIST_REFITS_RESPONSE__INIT;
+	Refit__V1__Refit *v = xcalloc(c->refits.n ? c->refits.n : 1, sizeof(*v));
+	Refit__V1__Refit **p = xcalloc(c->refits.n ? c->refits.n : 1, sizeof(*p));
+	size_t n = 0;
+
+	for (size_t i = c->refits.n; i-- > 0;) { /* newest first */
+		const refit_rec_t *r = c->refits.v[i];
+
+		if (rq->model && rq->model[0] && strcmp(rq->model, r->model) != 0)
+			continue;
+		if (rq->limit && n == rq->limit)
+			break;
+		fill_refit(r, &v[n]);
+		p[n] = &v[n];
+		n++;
+	}
+	rsp.refits = p;
+	rsp.n_refits = n;
+	rpc_call_reply(call, &rsp.base);
+	free(v);
+	free(p);
+}
+
+/*
+ * SliceDone: a node's slice ended.  Counted once per (refit, attempt,
+ * node); a duplicate, or a report for an attempt that has moved on, is
+ * answered counted=false so the node stops sending it.
+ */
+static void
+h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__SliceDoneRequest *rq = (const void *)msg;
+	Refit__V1__SliceDoneResponse rsp = REFIT__V1__SLICE_DONE_RESPONSE__INIT;
+	refit_rec_t *r = coord_find_refit(c, rq->refit_id);
+	const char *node = rq->node_id ? rq->node_id : "";
+	member_t *m = coord_find_member(c, rq->member_id);
+	size_t k;
+
+	if (r == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "SliceDone: no refit %" PRIu64,
+				     rq->refit_id);
+	if (m != NULL && strcmp(m->node_id, node) != 0)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SliceDone: member %" PRIu64
+				     " is node \"%s\", not \"%s\"", rq->member_id, m->node_id,
+				     node);
+	coord_member_poisoned(c, m, rq->poisoned);
+	k = coord_refit_node_index(r, rq->member_id);
+	if (!coord_refit_runs_slices(r) || r->epoch != rq->epoch || r->fsm.attempt != rq->attempt ||
+	    r->nstate == NULL) {
+		log_debug(LOG_SUB_COORD, "coordinator: refit %" PRIu64 ": SliceDone from %s for "
+			  "epoch %" PRIu64 " attempt %u: the refit has moved on (%s, attempt %u)",
+			  r->id, node, rq->epoch, rq->attempt, refit_fsm_state_name(r->fsm.state),
+			  r->fsm.attempt);
+		return rpc_call_reply(call, &rsp.base);
+	}
+	if (k == SIZE_MAX || m == NULL)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SliceDone: node \"%s\" "
+				     "(member %" PRIu64 ") takes no part in refit %" PRIu64, node,
+				     rq->member_id, r->id);
+	if (r->nstate[k] & NODE_REPORTED)
+		return rpc_call_reply(call, &rsp.base); /* a duplicate */
+	rsp.counted = true;
+	coord_refit_mark_started(r, k);  /* its RunSlice answer may still be on its way */
+	r->ntime[k].plan_us = rq->plan_micros;
+	r->ntime[k].plan_cached = rq->plan_cached;
+	r->ntime[k].decode_us = rq->slice_micros;
+	r->ntime[k].slice_xfers = rq->slice_xfers;
+	r->ntime[k].slice_us = rq->stats ? rq->stats->micros : 0;
+	coord_refit_slice_result(c, r, k, node,
+				 rq->code == 0 ? REFIT_OK : rpc_status_from_grpc(rq->code),
+				 rq->message && rq->message[0] ? rq->message : "failed", rq->stats,
+				 rq->poisoned && rq->poisoned[0]);
+	rpc_call_reply(call, &rsp.base);  /* frees rq */
+}
+
+static void
+h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__AbortRefitRequest *rq = (const void *)msg;
+	refit_rec_t *r = coord_find_refit(c, rq->refit_id);
+	Refit__V1__Refit o;
+
+	if (r == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "AbortRefit: no refit %" PRIu64,
+				     rq->refit_id);
+	if (coord_refit_is_final(r))
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "AbortRefit: refit %" PRIu64
+				     " is already %s", r->id, coord_refit_public_name(r));
+	coord_refit_eventf(c, r, REFIT_FSM_EV_ABORT, "aborted: %s",
+			   rq->reason && rq->reason[0] ? rq->reason : "by request");
+	fill_refit(r, &o);
+	rpc_call_reply(call, &o.base);
+}
+
+const rpc_method_cfg_t coord_refit_methods[] = {
+	{"TriggerRefit", h_trigger, true},
+	{"GetRefit", h_get, true},
+	{"ListRefits", h_list, true},
+	{"AbortRefit", h_abort, true},
+	{"SliceDone", h_slice_done, false},
+};
+const size_t coord_refit_nmethods = sizeof(coord_refit_methods) / sizeof(coord_refit_methods[0]);
+
+/* ---- a member that leaves ---------------------------------------------------- */
+
+size_t
+coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *ids,
+			  size_t max)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+		bool uses = refit_fsm_public(r->fsm.state) == REFIT__V1__REFIT_STATE__PENDING;
+
+		for (size_t k = 0; k < r->nnodes && !uses; k++)
+			uses = r->nodes[k] == id;
+		if (coord_refit_is_final(r) || !uses)
+			continue;
+		coord_refit_eventf(c, r, REFIT_FSM_EV_ABORT, "aborted: %s", why);
+		if (n < max)
+			ids[n++] = r->id;
+	}
+	return n;
+}
+
+/* ---- the timer --------------------------------------------------------------- */
+
+/* A refit of model in flight (one that waits is not in the way). */
+static bool
+model_busy(coord_t *c, const char *model)
+{
+	for (size_t i = 0; i < c->refits.n; i++) {
+		const refit_rec_t *r = c->refits.v[i];
+
+		if (!coord_refit_is_final(r) && !refit_fsm_is(r->fsm.state, REFIT_FSM_WAITS) &&
+		    strcmp(r->model, model) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* RUNNING past SLICE_RUN_MS with slices unreported: fail it (a backstop;
+ * leases and the nodes' own slice deadlines come first). */
+static void
+overdue(coord_t *c, refit_rec_t *r)
+{
+	size_t k = 0;
+	const member_t *m;
+
+	while (k < r->nnodes && (r->nstate[k] & NODE_REPORTED))
+		k++;
+	m = k < r->nnodes ? coord_find_member(c, r->nodes[k]) : NULL;
+	coord_refit_eventf(c, r, REFIT_FSM_EV_DEADLINE, "node %s never reported its slice "
+			   "(SliceDone) within %d ms; %u of %zu did not", m ? m->node_id : "?",
+			   SLICE_RUN_MS, r->fsm.pending, r->nnodes);
+}
+
+/* Catch-up: an instance that registered after a version was ready gets it.
+ * True when one started (the vectors may have moved). */
+static bool
+catch_up(coord_t *c, uint64_t now)
+{
+	for (size_t k = 0; k < c->models.n; k++) {
+		model_t *m = &c->models.v[k];
+
+		for (size_t i = 0; i < m->inst.n; i++) {
+			instance_t *in = &m->inst.v[i];
+			refit_rec_t *r;
+
+			if (in->catch_up_at_ms == 0 || now < in->catch_up_at_ms)
+				continue;
+			if (model_busy(c, m->name))
+				continue;   /* after the refit in flight */
+			in->catch_up_at_ms = 0;
+			if (m->latest_version == 0 || coord_train_instance(m) == NULL)
+				continue;
+			r = new_refit(c, m, in->name);
+			trim_records(c);
+			log_info("coordinator: refit %" PRIu64 ": catch-up of instance \"%s\" of "
+				 "model \"%s\" to version %" PRIu64, r->id, in->name, m->name,
+				 r->version);
+			coord_save(c);
+			coord_refit_plan(c, r);
+			return true;
+		}
+	}
+	return false;
+}
+
+void
+coord_refits_tick(coord_t *c)
+{
+	uint64_t now = coord_now_ms();
+
+	if (c->closing)
+		return;
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (coord_refit_runs_slices(r) && r->nstate != NULL && now > r->run_deadline_ms)
+			overdue(c, r);
+	}
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (refit_fsm_is(r->fsm.state, REFIT_FSM_WAITS) && now >= r->retry_at_ms)
+			coord_refit_on(c, r, REFIT_FSM_EV_DUE);
+	}
+	catch_up(c, now);
+}

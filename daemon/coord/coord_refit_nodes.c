@@ -1,0 +1,223 @@
+/*
+ * coord_refit_nodes.c - which nodes take part in a refit and what they are
+ * told, for the driver (coord_refit.c): the members a plan involves, the
+ * members' transports, the nccl epoch's unique id (kept, reused, or shrunk
+ * to), the member list of PrepareEpoch and the instances of RunSlice.
+ * Nothing here feeds the state machine: these read and fill the records
+ * and the messages only.  Loop thread only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/coord/coord_internal.h"
+#include "rpc/proto_conv.h"
+
+/* Members owning a rank that sends or receives in p: one pass over p. */
+void
+coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
+{
+	int32_t maxr = -1;
+	uint8_t *used;
+
+	for (size_t i = 0; i < c->members.n; i++)
+		for (size_t k = 0; k < c->members.v[i].nranks; k++)
+			if (c->members.v[i].ranks[k].rank > maxr)
+				maxr = c->members.v[i].ranks[k].rank;
+	used = xcalloc((size_t)maxr + 2, 1);
+	for (size_t x = 0; x < p->nxfers; x++) {
+		if (p->xfers[x].from <= maxr)
+			used[p->xfers[x].from] = 1;
+		if (p->xfers[x].to <= maxr)
+			used[p->xfers[x].to] = 1;
+	}
+	/* every node holding inference memory installs, even one receiving nothing */
+	for (size_t i = 0; md != NULL && i < md->inst.n; i++)
+		for (size_t t = 0; md->inst.v[i].role == REFIT__V1__ROLE__INFER &&
+				   !md->inst.v[i].skip &&
+				   (r->only == NULL || strcmp(r->only, md->inst.v[i].name) == 0) &&
+				   t < md->inst.v[i].layouts.n; t++)
+			for (size_t k = 0; k < md->inst.v[i].layouts.v[t].nshards; k++) {
+				int32_t rk = md->inst.v[i].layouts.v[t].shards[k].rank;
+
+				if (rk <= maxr)
+					used[rk] = 1;
+			}
+	free(r->nodes);
+	r->nnodes = 0;
+	r->nodes = xcalloc(c->members.n ? c->members.n : 1, sizeof(*r->nodes));
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+		bool any = false;
+
+		for (size_t k = 0; k < m->nranks && !any; k++)
+			any = used[m->ranks[k].rank];
+		if (any)
+			r->nodes[r->nnodes++] = m->id;
+	}
+	free(used);
+}
+
+/* The id (or none: shrink) of r's epoch is the one every refit of it uses. */
+void
+coord_nccl_remember(coord_t *c, const refit_rec_t *r)
+{
+	memcpy(c->nccl_id, r->nccl_id, r->nccl_id_len);
+	c->nccl_id_len = r->nccl_id_len;
+	c->nccl_epoch = r->epoch;
+	free(c->nccl_members);
+	c->nccl_members = xcalloc(c->members.n + 1, sizeof(*c->nccl_members));
+	for (size_t i = 0; i < c->members.n; i++)
+		c->nccl_members[i] = c->members.v[i].id;
+	c->nccl_nmembers = c->members.n;
+	c->nccl_ok = true;
+}
+
+/*
+ * Does r's epoch need a new unique id?  Not when it has one already (a
+ * second refit of the epoch) or when members only left since the last id
+ * and nothing failed: then the nodes shrink their communicators.  Each id
+ * starts a bootstrap root that only communicators consume: ask for one
+ * exactly when the nodes will build new ones.
+ */
+bool
+coord_nccl_need_id(coord_t *c, refit_rec_t *r)
+{
+	if (c->nccl_ok && c->nccl_epoch == r->epoch) {
+		memcpy(r->nccl_id, c->nccl_id, c->nccl_id_len);
+		r->nccl_id_len = c->nccl_id_len;
+		return false;
+	}
+	if (!c->nccl_ok || c->nccl_epoch == 0 || c->members.n >= c->nccl_nmembers)
+		return true;
+	for (size_t i = 0; i < c->members.n; i++) {
+		bool was = false;
+
+		for (size_t k = 0; k < c->nccl_nmembers && !was; k++)
+			was = c->nccl_members[k] == c->members.v[i].id;
+		if (!was)
+			return true;
+	}
+	r->nccl_id_len = 0;   /* shrink */
+	coord_nccl_remember(c, r);
+	return false;
+}
+
+/* Another nccl refit between planning and its end (they run one at a time). */
+bool
+coord_nccl_busy(const coord_t *c, const refit_rec_t *r)
+{
+	for (size_t i = 0; i < c->refits.n; i++) {
+		const refit_rec_t *o = c->refits.v[i];
+
+		if (o != r && o->fsm.nccl && refit_fsm_is(o->fsm.state, REFIT_FSM_HOLDS_EPOCH))
+			return true;
+	}
+	return false;
+}
+
+/* The members' transports: whether any uses nccl, one that does not, and
+ * the member holding the lowest rank. */
+void
+coord_scan_members(coord_t *c, bool *nccl, const member_t **other, const member_t **low)
+{
+	int32_t lowr = INT32_MAX;
+
+	*nccl = false;
+	*other = *low = NULL;
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+
+		if (strcmp(m->transport, "nccl") == 0)
+			*nccl = true;
+		else
+			*other = m;
+		for (size_t k = 0; k < m->nranks; k++)
+			if (m->ranks[k].rank < lowr) {
+				lowr = m->ranks[k].rank;
+				*low = m;
+			}
+	}
+}
+
+/* The current members as PrepareEpoch lists them, in *mv (coord_members_msg_free). */
+Refit__V1__Member **
+coord_members_msg(coord_t *c, Refit__V1__Member **mv)
+{
+	Refit__V1__Member **mp = xcalloc(c->members.n + 1, sizeof(*mp));
+
+	*mv = xcalloc(c->members.n + 1, sizeof(**mv));
+	for (size_t i = 0; i < c->members.n; i++) {
+		const member_t *m = &c->members.v[i];
+		Refit__V1__Member *o = &(*mv)[i];
+
+		refit__v1__member__init(o);
+		o->member_id = m->id;
+		o->node_id = m->node_id;
+		o->host = m->host;
+		o->rpc_endpoint = m->rpc_ep;
+		o->data_endpoint = m->data_ep;
+		o->transport = m->transport;
+		o->ranks = xcalloc(m->nranks + 1, sizeof(*o->ranks));
+		o->n_ranks = m->nranks;
+		for (size_t k = 0; k < m->nranks; k++) {
+			o->ranks[k] = xmalloc(sizeof(*o->ranks[k]));
+			refit__v1__rank_info__init(o->ranks[k]);
+			o->ranks[k]->rank = m->ranks[k].rank;
+			o->ranks[k]->domain = m->ranks[k].domain;
+		}
+		mp[i] = o;
+	}
+	return mp;
+}
+
+void
+coord_members_msg_free(Refit__V1__Member *mv, Refit__V1__Member **mp, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		for (size_t k = 0; k < mv[i].n_ranks; k++)
+			free(mv[i].ranks[k]);
+		free(mv[i].ranks);
+	}
+	free(mv);
+	free(mp);
+}
+
+
+/* The RunSlice instances of r: the trainer first, then the instances in
+ * the order the plan composed them (*n of them, in *iv; coord_free_layouts). */
+Refit__V1__InstanceLayouts **
+coord_instance_layouts(const refit_rec_t *r, const model_t *m, Refit__V1__InstanceLayouts **iv,
+		       size_t *n)
+{
+	Refit__V1__InstanceLayouts **ip = xcalloc(m->inst.n + 1, sizeof(*ip));
+
+	*iv = xcalloc(m->inst.n + 1, sizeof(**iv));
+	*n = 0;
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < m->inst.n; i++) {
+			const instance_t *in = &m->inst.v[i];
+			Refit__V1__InstanceLayouts *o = &(*iv)[*n];
+
+			if ((pass == 0) != (in->role == REFIT__V1__ROLE__TRAIN))
+				continue;
+			if (in->role == REFIT__V1__ROLE__INFER &&
+			    ((r->only && strcmp(r->only, in->name) != 0) || in->skip))
+				continue;
+			refit__v1__instance_layouts__init(o);
+			o->instance = in->name;
+			o->role = (Refit__V1__Role)in->role;
+			o->tensors = conv_layouts_to_proto(&in->layouts);
+			o->n_tensors = in->layouts.n;
+			ip[(*n)++] = o;
+		}
+	return ip;
+}
+
+void
+coord_free_layouts(Refit__V1__InstanceLayouts *iv, Refit__V1__InstanceLayouts **ip, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
+	free(iv);
+	free(ip);
+}
