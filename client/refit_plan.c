@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/refit_plan_fw.h"
 #include "codec/json.h"
 #include "common/clock.h"
 #include "common/parse.h"
@@ -355,6 +356,7 @@ model_usage(FILE *f)
 		"          [--topology PRESET] [--placement packed|rack-aligned]\n"
 		"          [--chunk-bytes N] [--baseline-chunks LIST] [--infer-dtype D] [--validate]\n"
 		"          [--explain] [--json]\n"
+		"          [--train-framework megatron --infer-framework vllm|sglang [--coverage]]\n"
 		"  NAME   a file in config/models (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
 		"         kimi-k2, llama-3-70b) or a path to an architecture JSON\n"
 		"  SPEC   comma-separated tpN, ppN, dpN, epN; e.g. --train tp4,pp8,ep16\n"
@@ -372,7 +374,11 @@ model_usage(FILE *f)
 		"         scales or one scale per tensor (docs/conversion.md)\n"
 		"  --validate  also run the validator on the reshard plan\n"
 		"  --explain   what the reshard's modelled time is made of: its busiest\n"
-		"         resource (bytes, messages, latency) and the pipeline fill\n",
+		"         resource (bytes, messages, latency) and the pipeline fill\n"
+		"  --train-framework, --infer-framework  both sides as the frameworks keep\n"
+		"         them (fused, padded, interleaved; docs/frameworks.md) instead of\n"
+		"         Hugging Face tensors sharded on one dim; MoE experts per expert\n"
+		"  --coverage  with them: every parameter byte by path (reshard, padding)\n",
 		progname);
 }
 
@@ -569,9 +575,17 @@ cmd_model(int argc, char **argv)
 		{"baseline-chunks", required_argument, NULL, 'B'},
 		{"infer-dtype", required_argument, NULL, 'D'},
 		{"validate", no_argument, NULL, 'V'}, {"explain", no_argument, NULL, 'E'},
+		{"train-framework", required_argument, NULL, 'F'},
+		{"infer-framework", required_argument, NULL, 'G'},
+		{"coverage", no_argument, NULL, 'C'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
+	const char *tfw = NULL, *ifw = NULL;
+	plan_fw_t tf = PLAN_FW_MEGATRON, ifk = PLAN_FW_VLLM;
+	fw_pair_t fp = {0};
+	bool fws = false;
+	int coverage = 0;
 	const char *name = NULL, *tr = NULL, *inf = NULL, *topo = "dgx-h100", *place = NULL;
 	const char *idt = "same";
 	plan_place_t pl;
@@ -611,6 +625,9 @@ cmd_model(int argc, char **argv)
 				return die_input(&e);
 			break;
 		case 'D': idt = optarg; break;
+		case 'F': tfw = optarg; break;
+		case 'G': ifw = optarg; break;
+		case 'C': coverage = 1; break;
 		case 'c':
 			if (refit_parse_size(optarg, &o.chunk_bytes, "--chunk-bytes", &e))
 				return die_input(&e);
@@ -629,7 +646,20 @@ cmd_model(int argc, char **argv)
 			"fp8-tensor\n", progname, idt);
 		return EXIT_BADINPUT;
 	}
+	fws = tfw != NULL || ifw != NULL;
+	if (fws && (tfw == NULL || ifw == NULL)) {
+		fprintf(stderr, "%s: --train-framework and --infer-framework go together (both "
+			"sides named as their frameworks name them)\n", progname);
+		return EXIT_BADINPUT;
+	}
+	if (coverage && !fws) {
+		fprintf(stderr, "%s: --coverage needs --train-framework and --infer-framework\n",
+			progname);
+		return EXIT_BADINPUT;
+	}
 	if (codec_arch_load(name, dirs, &a, &e) != REFIT_OK ||
+	    (fws && (plan_fw_parse(tfw, &tf, &e) != REFIT_OK ||
+		     plan_fw_parse(ifw, &ifk, &e) != REFIT_OK)) ||
 	    plan_par_parse(tr, true, &pt, &e) != REFIT_OK ||
 	    plan_par_parse(inf, false, &pi, &e) != REFIT_OK)
 		return die_input(&e);
@@ -643,12 +673,22 @@ cmd_model(int argc, char **argv)
 	}
 	jobs = (plan_jobs_t){(int32_t)plan_par_world(&pt), (int32_t)(pi.dp ? pi.dp : 1),
 			     (int32_t)(pi.tp ? pi.tp : 1)};
-	plan_layout_set_init(&s);
-	plan_layout_set_init(&d);
-	if (plan_model_layouts(&a, &pt, &pi, &s, &d, &e) != REFIT_OK ||
-	    plan_topo_preset_jobs(&t, topo, &jobs, pl, &idle, &e) != REFIT_OK) {
+	if (fws) {
+		if (fw_pair_build(&fp, &a, tf, &pt, ifk, &pi, &s, &d, &e) != REFIT_OK)
+			return die_input(&e);
+	} else {
+		plan_layout_set_init(&s);
+		plan_layout_set_init(&d);
+		if (plan_model_layouts(&a, &pt, &pi, &s, &d, &e) != REFIT_OK) {
+			plan_layout_set_fini(&s);
+			plan_layout_set_fini(&d);
+			return die_input(&e);
+		}
+	}
+	if (plan_topo_preset_jobs(&t, topo, &jobs, pl, &idle, &e) != REFIT_OK) {
 		plan_layout_set_fini(&s);
 		plan_layout_set_fini(&d);
+		fw_pair_fini(&fp);
 		return die_input(&e);
 	}
 	rc = model_convert(idt, &s, &d, &t, &o, &mc);
@@ -703,6 +743,10 @@ cmd_model(int argc, char **argv)
 			}
 			if (explain)
 				explain_json(&rs.c, &sb);
+			if (fws) {
+				strbuf_puts(&sb, ", \"coverage\": ");
+				fw_pair_coverage(&fp, true, &sb);
+			}
 			strbuf_printf(&sb, ", \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
 				      "\"plan_seconds\": %.3f, \"transfers\": %zu, \"validated\": %s}\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
@@ -750,6 +794,8 @@ cmd_model(int argc, char **argv)
 					      rs.c.time_s / mc.before.c.time_s);
 			if (explain)
 				explain_text(&rs.c, &sb);
+			if (coverage)
+				fw_pair_coverage(&fp, false, &sb);
 			if (validate)
 				strbuf_printf(&sb, "validated: every needed element arrives exactly once "
 					      "(relay data at most %.1f MiB on one rank in a round)\n",
@@ -764,6 +810,7 @@ cmd_model(int argc, char **argv)
 	plan_topo_fini(&t);
 	plan_layout_set_fini(&s);
 	plan_layout_set_fini(&d);
+	fw_pair_fini(&fp);
 	return rc;
 }
 
@@ -774,6 +821,9 @@ static int cmd_help(int argc, char **argv);
 static const cmd_t cmds[] = {
 	{"boxes", cmd_boxes, "LAYOUT.json",
 	 "print the box every rank holds, one entry per mesh rank"},
+	{"framework-map", refit_plan_cmd_framework_map,
+	 "--framework F --model M --par SPEC [--rank R] [--check]",
+	 "a framework's real parameters on every rank as pieces of the HF tensors"},
 	{"plan", cmd_plan, "--src S --dst D --topology T [...]",
 	 "build, validate and cost a plan; --json prints every transfer"},
 	{"explain", cmd_explain, "--src S --dst D --topology T [...]",

@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "common/strbuf.h"
+#include "plan/framework.h"
 #include "plan/model.h"
 #include "plan/plan.h"
 
@@ -88,5 +89,9 @@ refit_status_t codec_arch_load(const char *spec, const char *const *dirs, plan_a
 void codec_fmt_bytes(double bytes, char *buf, size_t n);
 /* "1.234 s", "12.345 ms" or "37.9 us". */
 void codec_fmt_time(double s, char *buf, size_t n);
+
+/* A framework map as JSON (docs/frameworks.md); rank < 0: every rank. */
+void codec_fw_map_json(const plan_fw_map_t *m, const char *model, const char *par,
+		       int32_t rank, strbuf_t *sb);
 
 #endif

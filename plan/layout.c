@@ -501,6 +501,37 @@ plan_layout_init_dtensor(plan_layout_t *l, const char *name, plan_dtype_t dtype,
 	return REFIT_OK;
 }
 
+/* (rank, position) of a shard, to number a rank's pieces in order */
+typedef struct rank_pos {
+	int32_t rank;
+	size_t pos;
+} rank_pos_t;
+
+static int
+rank_pos_cmp(const void *x, const void *y)
+{
+	const rank_pos_t *a = x, *b = y;
+
+	if (a->rank != b->rank)
+		return a->rank < b->rank ? -1 : 1;
+	return a->pos < b->pos ? -1 : a->pos > b->pos;
+}
+
+/* piece = the shard's index among the shards of its rank, in order */
+static void
+number_pieces(plan_shard_t *s, size_t n)
+{
+	rank_pos_t *rp = xcalloc(n ? n : 1, sizeof(*rp));
+
+	for (size_t i = 0; i < n; i++)
+		rp[i] = (rank_pos_t){s[i].rank, i};
+	xqsort(rp, n, sizeof(*rp), rank_pos_cmp);
+	for (size_t i = 0; i < n; i++)
+		s[rp[i].pos].piece = i > 0 && rp[i - 1].rank == rp[i].rank ?
+				     s[rp[i - 1].pos].piece + 1 : 0;
+	free(rp);
+}
+
 refit_status_t
 plan_layout_init_explicit(plan_layout_t *l, const char *name, plan_dtype_t dtype,
 			  int ndim, const int64_t *shape,
@@ -536,14 +567,10 @@ plan_layout_init_explicit(plan_layout_t *l, const char *name, plan_dtype_t dtype
 	l->nshards = nshards;
 	l->shards = xcalloc(nshards ? nshards : 1, sizeof(*l->shards));
 	for (size_t i = 0; i < nshards; i++) {
-		int32_t piece = 0;
-
-		for (size_t j = 0; j < i; j++)
-			piece += shards[j].rank == shards[i].rank;
 		l->shards[i].rank = shards[i].rank;
-		l->shards[i].piece = piece;
 		l->shards[i].box = shards[i].box;
 	}
+	number_pieces(l->shards, nshards);
 	return REFIT_OK;
 }
 

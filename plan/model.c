@@ -17,16 +17,19 @@ plan_par_parse(const char *s, bool training, plan_par_t *out, refit_err_t *err)
 
 	memset(out, 0, sizeof(*out));
 	while (*p) {
-		char key[3] = {0};
+		char key[4] = {0};
 		char *end;
 		long v;
+		int k = 0;
 
-		if (!isalpha((unsigned char)p[0]) || !isalpha((unsigned char)p[1]))
+		while (k < 3 && isalpha((unsigned char)p[k])) {
+			key[k] = p[k];
+			k++;
+		}
+		if (k < 2)
 			goto bad;
-		key[0] = p[0];
-		key[1] = p[1];
-		v = strtol(p + 2, &end, 10);
-		if (end == p + 2 || v < 1 || v > 65536)
+		v = strtol(p + k, &end, 10);
+		if (end == p + k || v < 1 || v > 65536)
 			goto bad;
 		if (strcmp(key, "tp") == 0)
 			out->tp = v;
@@ -36,6 +39,8 @@ plan_par_parse(const char *s, bool training, plan_par_t *out, refit_err_t *err)
 			out->dp = v;
 		else if (strcmp(key, "ep") == 0)
 			out->ep = v;
+		else if (strcmp(key, "etp") == 0)
+			out->etp = v;
 		else
 			goto bad;
 		p = end;
@@ -50,6 +55,8 @@ plan_par_parse(const char *s, bool training, plan_par_t *out, refit_err_t *err)
 		out->pp = 1;
 	if (out->ep == 0)
 		out->ep = 1;
+	if (out->etp == 0)
+		out->etp = 1;
 	if (out->dp == 0)
 		out->dp = training ? out->ep : 1; /* training carves EP from DP */
 	if (training && out->dp % out->ep != 0)
@@ -58,7 +65,7 @@ plan_par_parse(const char *s, bool training, plan_par_t *out, refit_err_t *err)
 	return REFIT_OK;
 bad:
 	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "parallel spec \"%s\": expected "
-			     "comma-separated tpN, ppN, dpN, epN (e.g. tp4,pp8,ep16)", s);
+			     "comma-separated tpN, ppN, dpN, epN, etpN (e.g. tp4,pp8,ep16)", s);
 }
 
 int64_t

@@ -24,6 +24,8 @@ typedef struct plan_arch {
 	char name[64];
 	int64_t hidden, layers, vocab, heads, kv_heads, head_dim, intermediate;
 	bool tie_embeddings, qk_norm;
+	bool qkv_bias;       /* q/k/v projections have biases (Qwen2) */
+	bool router_bias;    /* the MoE router has e_score_correction_bias (DeepSeek-V3) */
 	/* MLA (DeepSeek-V3, Kimi-K2); q_lora_rank 0 = GQA */
 	int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
 	/* MoE; experts 0 = dense */
@@ -33,10 +35,11 @@ typedef struct plan_arch {
 
 typedef struct plan_par {
 	int64_t tp, pp, dp, ep;   /* 0 = 1 (dp: derived from ep when 0) */
+	int64_t etp;              /* expert TP (Megatron); 1 unless given */
 } plan_par_t;
 
 /*
- * Parse "tp4,pp8,ep16" (keys tp, pp, dp, ep; any order).  Training carves
+ * Parse "tp4,pp8,ep16" (keys tp, pp, dp, ep, etp; any order).  Training carves
  * EP from DP (dp defaults to ep, ep must divide dp); inference instances
  * are DP replicas (dp defaults to 1) and EP lives inside an instance.
  */

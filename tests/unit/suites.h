@@ -24,5 +24,6 @@ Suite *suite_refit_fsm(void);
 Suite *suite_coord_rules(void);
 Suite *suite_pool(void);
 Suite *suite_plansort(void);
+Suite *suite_framework(void);
 
 #endif
