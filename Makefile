@@ -4,8 +4,10 @@
 #   make check      deps, -Werror build, unit tests, CLI tests, the same
 #                   tests under ASan + UBSan, fuzz smoke runs; ends with
 #                   the summary line
-#   make demo       a real refit end to end on loopback (tcp data plane)
-#   make demo-nccl  the same over the nccl transport on the CUDA + NCCL emulator
+#   make demo       a real refit end to end on loopback (tcp data plane): a
+#                   Megatron-layout trainer -> vLLM-layout instances, in place
+#   make demo-nccl  a refit of a 23-tensor model over the nccl transport on the
+#                   CUDA + NCCL emulator (scripts/demo.sh)
 #   make check-nccl the emulator's rules, the e2e and fault suites over nccl on it
 #   make bench      planner, RPC, data-plane and refit benchmarks
 #   make testbed    the emulated-topology testbed (root: network namespaces)
@@ -377,9 +379,10 @@ $(EMU_DIR)/real-headers.ok: $(EMU_RT_SRC) $(EMU_NCCL_SRC) tests/emu/cuda_abi.h
 	$(Q)touch $@
 
 # ---- demo, bench, install -----------------------------------------------
+# Megatron-layout trainer -> vLLM-layout instances, in their own memory
 demo: deps
-	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(REFITCLI)
-	$(Q)sh scripts/demo.sh $(BIN)
+	$(Q)$(MAKE) --no-print-directory $(BIN) $(REFITD) $(REFITCTL) $(LIBREFIT_SO)
+	$(Q)/usr/bin/python3 scripts/demo.py $(BUILD)
 
 # the demo over the nccl transport on the CUDA + NCCL emulator
 demo-nccl: deps

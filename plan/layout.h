@@ -135,6 +135,12 @@ uint64_t plan_layout_bytes(const plan_layout_t *l);
  */
 refit_status_t plan_layout_check_coverage(const plan_layout_t *l,
 					  refit_err_t *err);
+/*
+ * Check that no rank holds an element twice (explicit form: two boxes of
+ * one rank overlap).  Replicas on different ranks are fine.  The error
+ * names the tensor, the rank and both boxes.
+ */
+refit_status_t plan_layout_check_rank_disjoint(const plan_layout_t *l, refit_err_t *err);
 /* Check that two layouts describe the same tensor (name, dtype, shape). */
 refit_status_t plan_layout_check_same_tensor(const plan_layout_t *src,
 					     const plan_layout_t *dst,

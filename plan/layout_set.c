@@ -97,6 +97,53 @@ out:
 	return rc;
 }
 
+/* (rank, box) of a shard, sorted by rank then off[0] */
+static int
+cmp_rank_box(const void *x, const void *y)
+{
+	const plan_shard_t *a = x, *b = y;
+
+	if (a->rank != b->rank)
+		return a->rank < b->rank ? -1 : 1;
+	return a->box.off[0] < b->box.off[0] ? -1 : a->box.off[0] > b->box.off[0];
+}
+
+refit_status_t
+plan_layout_check_rank_disjoint(const plan_layout_t *l, refit_err_t *err)
+{
+	plan_shard_t *s;
+	refit_status_t rc = REFIT_OK;
+
+	if (l->is_dtensor || l->nshards < 2 || l->ndim == 0)
+		return REFIT_OK;
+	s = xmalloc(l->nshards * sizeof(*s));
+	memcpy(s, l->shards, l->nshards * sizeof(*s));
+	xqsort(s, l->nshards, sizeof(*s), cmp_rank_box);
+	for (size_t i = 0; i < l->nshards && rc == REFIT_OK; i++) {
+		int64_t end = s[i].box.off[0] + s[i].box.size[0];
+
+		for (size_t j = i + 1; j < l->nshards && s[j].rank == s[i].rank &&
+		     s[j].box.off[0] < end; j++) {
+			strbuf_t a, b;
+
+			if (!plan_box_overlaps(&s[i].box, &s[j].box, l->ndim))
+				continue;
+			strbuf_init(&a);
+			strbuf_init(&b);
+			strbuf_i64_list(&a, s[i].box.off, l->ndim);
+			strbuf_i64_list(&b, s[j].box.off, l->ndim);
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "layout \"%s\": rank %d holds "
+					   "the box at %s and the box at %s, which overlap (a rank "
+					   "holds each element once)", l->name, s[i].rank, a.s, b.s);
+			strbuf_fini(&a);
+			strbuf_fini(&b);
+			break;
+		}
+	}
+	free(s);
+	return rc;
+}
+
 static void
 shape_str(strbuf_t *sb, const plan_layout_t *l)
 {

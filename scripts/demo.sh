@@ -1,5 +1,7 @@
 #!/bin/sh
-# `make demo`: a real refit, end to end, on the built-in host (tcp) backend.
+# `make demo-nccl` (and `sh scripts/demo.sh` on the built-in host (tcp)
+# backend): a real refit, end to end, of layouts written as layout files.
+# (`make demo` is scripts/demo.py: the frameworks' own memory.)
 #
 # A coordinator and four node daemons on loopback (train0: ranks 0-3,
 # train1: 4-7, infer0: 8-11, infer1: 12-15).  A "trainer" (two librefit

@@ -58,6 +58,8 @@ script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block an
 script "conversion end to end, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD/asan"
 
+script "frameworks end to end (Megatron TP2xPP2 -> vLLM and SGLang TP4 in their own memory, byte for byte; bad maps refused)" \
+	/usr/bin/python3 tests/integration/test_frameworks.py "$BUILD"
 script "librefit stands alone (exported symbols, soname, pkg-config, static)" \
 	sh tests/librefit/run.sh "$BUILD"
 script "Python package (torch trainer + inference examples as processes, DTensor-like layouts, pip install)" \

@@ -364,9 +364,11 @@ register_check(coord_t *c, const Refit__V1__RegisterLayoutRequest *rq, plan_layo
 		refit_err_prefix(err, "RegisterLayout \"%s\"", rq->model);
 		return err->status;
 	}
+	/* a trainer's layouts and an instance's (a whole replica) cover every
+	 * element; no rank holds one twice */
 	for (size_t i = 0; i < set->n && err->status == REFIT_OK; i++)
-		if (rq->role == REFIT__V1__ROLE__TRAIN)
-			plan_layout_check_coverage(&set->v[i], err);
+		if (plan_layout_check_coverage(&set->v[i], err) == REFIT_OK)
+			plan_layout_check_rank_disjoint(&set->v[i], err);
 	if (err->status == REFIT_OK)
 		check_ranks_known(c, set, err);
 	if (err->status == REFIT_OK && m != NULL)

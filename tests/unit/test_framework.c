@@ -271,10 +271,36 @@ START_TEST(hf_config)
 }
 END_TEST
 
+/* A rank holding an element twice is refused; replicas on two ranks are not. */
+START_TEST(rank_disjoint)
+{
+	int64_t shape[2] = {8, 4};
+	plan_shard_t sh[3] = {{.rank = 0, .box = {{0, 0}, {4, 4}}},
+			      {.rank = 1, .box = {{0, 0}, {8, 4}}},
+			      {.rank = 0, .box = {{3, 0}, {5, 4}}}};
+	plan_layout_t l;
+	refit_err_t e;
+
+	refit_err_clear(&e);
+	ck_assert_int_eq(plan_layout_init_explicit(&l, "w", PLAN_DT_FP32, 2, shape, sh, 3, &e),
+			 REFIT_OK);
+	ck_assert_int_eq(plan_layout_check_rank_disjoint(&l, &e), REFIT_ERR_INVALID_ARG);
+	ck_assert_str_eq(e.msg, "layout \"w\": rank 0 holds the box at [0, 0] and the box at "
+			 "[3, 0], which overlap (a rank holds each element once)");
+	plan_layout_fini(&l);
+	sh[2].box.off[0] = 4;
+	sh[2].box.size[0] = 4;
+	ck_assert_int_eq(plan_layout_init_explicit(&l, "w", PLAN_DT_FP32, 2, shape, sh, 3, &e),
+			 REFIT_OK);
+	ck_assert_int_eq(plan_layout_check_rank_disjoint(&l, &e), REFIT_OK);
+	plan_layout_fini(&l);
+}
+END_TEST
+
 Suite *
 suite_framework(void)
 {
 	return th_suite("framework", th_tcase("maps", 60, TH_TESTS(vllm_qkv_replicated,
 			megatron_qkv_interleaved, vocab_padding, moe_experts, check_refuses,
-			layouts_plan, hf_config)), NULL);
+			layouts_plan, hf_config, rank_disjoint)), NULL);
 }

@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""The frameworks' own memory end to end (docs/frameworks.md): a coordinator
+and four node daemons on loopback (harness.py); a trainer holding its
+weights as Megatron-Core does (TP2 x PP2: interleaved linear_qkv, [gate_r;
+up_r] linear_fc1, a vocabulary padded to 128 * tp, one parameter per local
+expert), two vLLM instances (TP4 > 2 KV heads: qkv_proj [q_r; k_r; v_r]
+with replicated KV heads, gate_up_proj, w13/w2 stacked experts, padding to
+64) and an SGLang instance, all registered in place from
+refit.frameworks maps (the C rules through librefit).  Two models (dense
+with qkv biases, MoE with qk-norm), two versions each: every byte of every
+engine parameter equals what the map builds from the Hugging Face weights,
+padding untouched (tests/frameworks/ proves those maps against the
+frameworks' own loaders).  Bad maps are refused at registration naming the
+tensor.
+
+Usage: test_frameworks.py BUILD_DIR.  Prints "frameworks: N passed, N failed".
+"""
+import os
+import sys
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-fw-")
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import RPN, Cluster, check  # noqa: E402
+
+harness.init(BUILD, TMP)
+LIB = os.path.abspath(f"{BUILD}/lib/librefit.so")
+os.environ["REFIT_LIBRARY"] = LIB
+sys.path.remove(TMP)
+for m in [m for m in sys.modules if m == "refit" or m.startswith("refit.")]:
+    if not m.startswith("refit.v1"):
+        del sys.modules[m]
+sys.path.insert(0, os.path.abspath("python"))
+import numpy as np  # noqa: E402
+
+import refit  # noqa: E402
+import refit.frameworks as fw  # noqa: E402
+
+assert RPN == 4, "test_frameworks.py lays out 4 ranks per node"
+BASE = {"c": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4,
+              "vocab_size": 250, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "head_dim": 16, "intermediate_size": 96, "tie_word_embeddings": False,
+              "torch_dtype": "bfloat16"}}
+MODELS = {
+    "dense": dict(BASE["c"]),
+    "moe": dict(BASE["c"], model_type="qwen3_moe", num_experts=8, moe_intermediate_size=32,
+                vocab_size=300),
+}
+# (instance, framework, node, install)
+INSTANCES = [("a", "vllm", 1, "double-buffer"), ("b", "vllm", 2, "in-place"),
+             ("c", "sglang", 3, "double-buffer")]
+CL = Cluster("fw", 4)
+RNG = np.random.default_rng(7)
+
+
+def hf_weights(m):
+    """Random Hugging Face tensors (bit patterns) for every logical tensor."""
+    out = {}
+    for t in m["tensors"]:
+        assert t["dtype"] == "bf16", t
+        out[t["name"]] = RNG.integers(0, 1 << 16, size=t["shape"], dtype=np.uint16)
+    return out
+
+
+def refused(fn, text):
+    """fn raises refit.InvalidArgument whose message holds text."""
+    try:
+        fn()
+    except refit.InvalidArgument as e:
+        assert text in str(e), f"{text!r} not in {e}"
+        return
+    raise AssertionError(f"accepted; expected a refusal naming {text!r}")
+
+
+class Trainer:
+    def __init__(self, model, cfg):
+        self.m = fw.framework_map("megatron", cfg, "tp2,pp2")
+        self.params = fw.allocate(self.m)
+        self.c = refit.Client(CL.sock(0), timeout_ms=30000)
+        self.c.register(model, "train", fw.layouts(self.m), fw.pieces(self.m, self.params))
+
+    def publish(self, version, hf):
+        if version > 1:
+            self.c.begin_write()
+        fw.fill(self.m, self.params, hf)
+        self.c.weights_ready(version)
+
+
+class Engine:
+    def __init__(self, model, cfg, name, framework, node, install):
+        self.name, self.install = name, install
+        self.m = fw.framework_map(framework, cfg, "tp4")
+        self.base = node * RPN
+        self.params = fw.allocate(self.m, copies=2 if install == "double-buffer" else 1)
+        self.c = refit.Client(CL.sock(node), timeout_ms=30000)
+        self.c.register(model, "infer", fw.layouts(self.m, base=self.base),
+                        fw.pieces(self.m, self.params, base=self.base), instance=name,
+                        install=install)
+
+    def check(self, version, hf):
+        """Every parameter byte equals the map's build from hf; padding 0."""
+        st = self.c.wait_version(version, 30000)
+        assert st.version == version and st.valid, (self.name, st)
+        ref = fw.allocate(self.m)
+        fw.fill(self.m, ref, hf)
+        nbytes = 0
+        for key, arr in self.params.items():
+            got = arr[st.active] if isinstance(arr, tuple) else arr
+            if not np.array_equal(got.view(np.uint8), ref[key].view(np.uint8)):
+                bad = np.argwhere(got.view(np.uint8) != ref[key].view(np.uint8))[0]
+                raise AssertionError(f"instance {self.name} rank {key[0]} {key[1]}: byte "
+                                     f"{list(bad)} differs from the map's build")
+            nbytes += got.nbytes
+        return nbytes
+
+
+def model_refits(model):
+    cfg = MODELS[model]
+    tr = Trainer(model, cfg)
+    engines = [Engine(model, cfg, *i) for i in INSTANCES]
+    moved = 0
+    for version in (1, 2):
+        hf = hf_weights(tr.m)
+        tr.publish(version, hf)
+        g = CL.refit(model, version)
+        assert g.state == pb.COMMITTED, (model, version, g.failure)
+        for e in engines:
+            moved += e.check(version, hf)
+    # the engines' parameters hold padding the trainer never sends
+    pad = sum(len(p["padding"]) for e in engines for r in e.m["ranks"] for p in r["params"])
+    assert pad > 0, "no padded parameter: the test lost its point"
+    for e in engines + [tr]:
+        e.c.unregister()
+        e.c.close()
+    assert moved > 0
+
+
+def dense():
+    model_refits("dense")
+
+
+def moe():
+    model_refits("moe")
+
+
+def bad_maps():
+    """A map whose pieces overlap on one rank, or that leaves part of a
+    tensor out of an instance, is refused at registration naming it."""
+    cfg = MODELS["dense"]
+    m = fw.framework_map("vllm", cfg, "tp4")
+    lays = fw.layouts(m, base=RPN)
+    params = fw.allocate(m)
+    pieces = fw.pieces(m, params, base=RPN)
+    c = refit.Client(CL.sock(1), timeout_ms=30000)
+    try:
+        # rank 4 holds q_proj rows 0-31; claim rows 16-47 once more
+        q = next(lay for lay in lays if lay["name"].endswith("layers.0.self_attn.q_proj.weight"))
+        dup = dict(q, shards=q["shards"] + [{"rank": RPN, "offset": [16, 0],
+                                             "size": [32, 64]}])
+        extra = {("model.layers.0.self_attn.q_proj.weight", RPN, 1):
+                 refit.empty([32, 64], "uint16")}
+        refused(
+            lambda: c.register("badmap", "infer", [dup if lay is q else lay for lay in lays],
+                               {**pieces, **extra}, instance="x", install="in-place"),
+            "rank 4 holds the box at [0, 0] and the box at [16, 0]")
+        # drop the last rank's share of o_proj: the instance no longer has it all
+        o = next(lay for lay in lays if lay["name"].endswith("layers.1.self_attn.o_proj.weight"))
+        short = dict(o, shards=o["shards"][:-1])
+        gone = {k: v for k, v in pieces.items()
+                if not (k[0] == o["name"] and k[1] == RPN + 3)}
+        refused(
+            lambda: c.register("badmap", "infer", [short if lay is o else lay for lay in lays],
+                               gone, instance="x", install="in-place"),
+            "layout \"model.layers.1.self_attn.o_proj.weight\": the "
+            "shards leave 2048 of 8192 elements uncovered, e.g. element [0, 96]")
+    finally:
+        c.close()
+
+
+try:
+    check("dense (qkv biases): Megatron TP2xPP2 -> 2 x vLLM TP4 (tp > kv heads) + SGLang "
+          "TP4, 2 versions, every engine byte as the map builds it", dense)
+    check("MoE (qk-norm, 8 experts): Megatron per-expert weights -> vLLM/SGLang w13/w2, "
+          "2 versions, byte for byte", moe)
+    check("bad maps refused at registration: a rank holding an element twice, an "
+          "instance missing part of a tensor", bad_maps)
+finally:
+    harness.stop_all()
+    harness.check_exits()
+harness.summary("frameworks")
