@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "plan/internal.h"
+#include "plan/radix.h"
 
 void
 plan_opts_default(plan_opts_t *o)
@@ -34,24 +35,6 @@ plan_mode_parse(const char *s, plan_mode_t *out)
 	return REFIT_OK;
 }
 
-plan_link_t
-plan_link_of(const plan_topo_t *topo, int32_t from, int32_t to)
-{
-	if (from == to)
-		return PLAN_LINK_LOCAL;
-	if (plan_topo_domain(topo, from) == plan_topo_domain(topo, to))
-		return PLAN_LINK_NVLINK;
-	return PLAN_LINK_NETWORK;
-}
-
-const char *
-plan_link_name(plan_link_t l)
-{
-	static const char *const n[] = {"local", "nvlink", "network"};
-
-	return (unsigned)l < PLAN_LINK_COUNT ? n[l] : "?";
-}
-
 void
 plan_init_tensors(plan_t *p, const plan_layout_set_t *dst, const plan_opts_t *opts)
 {
@@ -64,77 +47,6 @@ plan_init_tensors(plan_t *p, const plan_layout_set_t *dst, const plan_opts_t *op
 		p->tensors[i].ndim = dst->v[i].ndim;
 		p->tensors[i].elem = (uint32_t)plan_dtype_size(dst->v[i].dtype);
 	}
-}
-
-/*
- * The outermost dim that must be cut for pieces of at most max bytes (-1
- * when the box fits), and the bytes of one index step along it (*slab).
- */
-static int
-chunk_dim(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max,
-	  uint64_t *slab)
-{
-	int d;
-
-	*slab = elem;
-	for (d = ndim - 1; d >= 0; d--) {
-		if (*slab * (uint64_t)box->size[d] > max)
-			break;
-		*slab *= (uint64_t)box->size[d];
-	}
-	return d;
-}
-
-void
-plan_box_chunk(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max,
-	       boxvec_t *out)
-{
-	int64_t count[PLAN_MAX_DIMS], idx[PLAN_MAX_DIMS] = {0};
-	uint64_t slab;
-	int d = chunk_dim(box, ndim, elem, max, &slab);
-
-	if (d < 0) {
-		VEC_PUSH(out, *box);
-		return;
-	}
-	/* dims > d fit whole; dim d is cut into near-equal runs; dims < d are
-	 * taken one index at a time */
-	int64_t rows = (int64_t)(max / slab);
-	int64_t pieces = (box->size[d] + rows - 1) / rows;
-	int64_t n = box->size[d], base = n / pieces, extra = n % pieces;
-
-	for (int i = 0; i < d; i++)
-		count[i] = box->size[i];
-	count[d] = pieces;
-	for (;;) {
-		plan_box_t c = *box;
-		int i;
-
-		for (i = 0; i < d; i++) {
-			c.off[i] = box->off[i] + idx[i];
-			c.size[i] = 1;
-		}
-		c.off[d] = box->off[d] + idx[d] * base + (idx[d] < extra ? idx[d] : extra);
-		c.size[d] = base + (idx[d] < extra ? 1 : 0);
-		VEC_PUSH(out, c);
-		for (i = d; i >= 0 && ++idx[i] == count[i]; i--)
-			idx[i] = 0;
-		if (i < 0)
-			break;
-	}
-}
-
-uint64_t
-plan_box_chunk_count(const plan_box_t *box, int ndim, uint64_t elem, uint64_t max)
-{
-	uint64_t slab, count = 1;
-	int d = chunk_dim(box, ndim, elem, max, &slab);
-
-	if (d < 0)
-		return 1;
-	for (int i = 0; i < d; i++)
-		count *= (uint64_t)box->size[i];
-	return count * (((uint64_t)box->size[d] + max / slab - 1) / (max / slab));
 }
 
 /* ---- messages ---------------------------------------------------------- */
@@ -211,109 +123,10 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 /* ---- sorting, digest ---------------------------------------------------- */
 
 
-/*
- * RADIX_SORT_DEFINE(name, type, ctx_t, KEY) defines
- *   static void name(type *a, type *t, size_t n, int lo, int bits, ctx_t kc)
- * a stable LSD radix sort of a[0..n) on bits [lo, lo + bits) of each
- * element's key KEY(kc, a[i]) (a uint64_t), t scratch of n elements:
- * digits of at most 11 bits (2,048 buckets, so the scatter's write streams
- * stay in cache), an even number of passes (the result ends in a), every
- * pass's histogram from one read.  The planner's sorts are its instances:
- * radix_u64 (packed values, the normal path), radix_xkey and radix_xfer
- * (the fallbacks when key and index, or key and box index, do not fit 64
- * bits together).
- */
-#define RADIX_SORT_DEFINE(name, type, ctx_t, KEY)			\
-static void								\
-name(type *a, type *t, size_t n, int lo, int bits, ctx_t kc)		\
-{									\
-	int npass = (bits + 10) / 11, w;				\
-	size_t nb, *cnt;						\
-	uint64_t mask;							\
-									\
-	(void)kc;							\
-	if (n < 2 || bits == 0)						\
-		return;							\
-	npass += npass & 1;						\
-	w = (bits + npass - 1) / npass;					\
-	nb = (size_t)1 << w;						\
-	mask = nb - 1;							\
-	cnt = xcalloc(nb * (size_t)npass, sizeof(*cnt));		\
-	for (size_t i = 0; i < n; i++) {				\
-		uint64_t v = KEY(kc, a[i]) >> lo;			\
-									\
-		for (int q = 0; q < npass; q++, v >>= w)		\
-			cnt[(size_t)q * nb + (v & mask)]++;		\
-	}								\
-	for (int q = 0; q < npass; q++) {				\
-		size_t *c = cnt + (size_t)q * nb, sum = 0;		\
-		int shift = lo + q * w;					\
-		type *sw = a;						\
-									\
-		for (size_t i = 0; i < nb; i++) {			\
-			size_t x = c[i];				\
-									\
-			c[i] = sum;					\
-			sum += x;					\
-		}							\
-		for (size_t i = 0; i < n; i++)				\
-			t[c[(KEY(kc, a[i]) >> shift) & mask]++] = a[i];	\
-		a = t;							\
-		t = sw;							\
-	}								\
-	free(cnt);							\
-}
-
 #define KEY_U64(kc, x) (x)
-#define KEY_XKEY(kc, x) ((x).key)
 RADIX_SORT_DEFINE(radix_u64, uint64_t, int, KEY_U64)
-RADIX_SORT_DEFINE(radix_xkey, xkey_t, int, KEY_XKEY)
 
-_Static_assert(sizeof(xkey_t) >= 2 * sizeof(uint64_t), "plan_radix_sort packs in place");
 _Static_assert(sizeof(plan_xfer_t) >= 2 * sizeof(uint64_t), "sort_packed packs in place");
-
-/*
- * Keys of at most 32 bits (the planner's) are packed with their index into
- * one 64-bit value, in place: value i lives in bytes [8i, 8i + 8) of k's
- * storage (written after k[i] was read, before k[j > i] is), and the upper
- * half of k's storage is the scratch.  No allocation.
- */
-void
-plan_radix_sort(xkey_t *k, size_t n, int bits)
-{
-	uint64_t *pk = (uint64_t *)(void *)k;
-
-	if (n < 2 || bits == 0)
-		return;
-	if (bits > 32) { /* key and index over 64 bits: through a second array */
-		xkey_t *tmp = xmalloc(n * sizeof(*tmp));
-
-		radix_xkey(k, tmp, n, 0, bits, 0);
-		free(tmp);
-		return;
-	}
-	for (size_t i = 0; i < n; i++) {
-		xkey_t x = k[i];
-
-		pk[i] = x.key << 32 | x.idx;
-	}
-	radix_u64(pk, pk + n, n, 32, bits, 0);
-	for (size_t i = n; i-- > 0;) { /* k[i] covers values 2i, 2i + 1: done */
-		uint64_t v = pk[i];
-
-		k[i] = (xkey_t){v >> 32, (uint32_t)v};
-	}
-}
-
-int
-plan_bits_for(uint64_t n)
-{
-	int b = 0;
-
-	while (b < 64 && (n >> b) != 0)
-		b++;
-	return b;
-}
 
 static int
 cmp_xfer_box(const void *a, const void *b, void *ctx)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """check-layers.py BUILD [FOLDER...] - no file-level call cycles inside a folder.
 
-For each folder (default: daemon/coord, daemon/node, rpc, daemon/transport)
+For each folder (default: plan, daemon/coord, daemon/node, rpc, daemon/transport)
 the file-level call graph is read from the built objects with nm: file A
 calls file B when A's object leaves undefined a function that B's object
 defines (non-static functions; static ones never cross a file).  Global
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-FOLDERS = ["daemon/coord", "daemon/node", "rpc", "daemon/transport"]
+FOLDERS = ["plan", "daemon/coord", "daemon/node", "rpc", "daemon/transport"]
 
 
 def symbols(obj):

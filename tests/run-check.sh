@@ -18,7 +18,7 @@ mkdir -p "$CHECK_DIR" && rm -f "$CHECK_DIR"/suite-*.log && : >"$CHECK_LOG" || ex
 . tests/check-lib.sh
 
 script "the check runner counts crashes and missing result lines" sh tests/check-selftest.sh
-script "layers: no file-level call cycles in daemon/coord, daemon/node, rpc, daemon/transport" \
+script "layers: no file-level call cycles in plan, daemon/coord, daemon/node, rpc, daemon/transport" \
 	/usr/bin/python3 tests/check-layers.py "$BUILD"
 script "figures: scripts/figures.py rewrites only its regions, fails and skips cleanly" \
 	/usr/bin/python3 tests/check-figures.py
