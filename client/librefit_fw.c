@@ -19,8 +19,8 @@ fail(refit_status_t st, const char *msg, char *errbuf, size_t errlen)
 }
 
 int
-refit_framework_map(const char *framework, const char *model, const char *par, int rank,
-		    char **json, char *errbuf, size_t errlen)
+refit_framework_map(const char *framework, const char *model, const char *par,
+		    const char *quant, int rank, char **json, char *errbuf, size_t errlen)
 {
 	static const char *const dirs[] = {"config/models", NULL};
 	plan_fw_t fw;
@@ -42,9 +42,13 @@ refit_framework_map(const char *framework, const char *model, const char *par, i
 				       codec_arch_load(model, dirs, &a, &e);
 	if (rc == REFIT_OK)
 		rc = plan_par_parse(par, plan_fw_trains(fw), &p, &e);
+	if (rc == REFIT_OK && quant != NULL && quant[0] != '\0' &&
+	    strcmp(quant, "fp8-block128") != 0)
+		rc = refit_err_set(&e, REFIT_ERR_INVALID_ARG, "quant \"%s\": expected "
+				   "fp8-block128 or none", quant);
 	if (rc != REFIT_OK)
 		return fail(rc, e.msg, errbuf, errlen);
-	if ((rc = plan_fw_map_build(&m, &a, fw, &p, &e)) != REFIT_OK)
+	if ((rc = plan_fw_map_build(&m, &a, fw, &p, quant && quant[0] ? 128 : 0, &e)) != REFIT_OK)
 		return fail(rc, e.msg, errbuf, errlen);
 	if (rank >= m.world) {
 		char msg[160];

@@ -109,12 +109,14 @@ int refit_shm_create(const char *name, uint64_t bytes, void **ptr, char *errbuf,
  * A framework's memory map (docs/frameworks.md) as JSON text: framework
  * "megatron", "vllm" or "sglang"; model a refit architecture file, a
  * Hugging Face config.json, or the text of either (starting with '{');
- * par the parallel spec ("tp4,pp2", "tp8,dp2"); rank >= 0 for that rank's
- * parameters only, -1 for every rank.  *json is heap memory: free it with
- * refit_free.  (since REFIT_1.1)
+ * par the parallel spec ("tp4,pp2", "tp8,dp2"); quant NULL or "" (the
+ * model's dtype) or "fp8-block128" (an engine's projections in fp8 with
+ * 128 x 128 block scales in its weight_scale_inv); rank >= 0 for that
+ * rank's parameters only, -1 for every rank.  *json is heap memory: free
+ * it with refit_free.  (since REFIT_1.1)
  */
-int refit_framework_map(const char *framework, const char *model, const char *par, int rank,
-			char **json, char *errbuf, size_t errlen);
+int refit_framework_map(const char *framework, const char *model, const char *par,
+			const char *quant, int rank, char **json, char *errbuf, size_t errlen);
 /* Free memory librefit returned (NULL is a no-op).  (since REFIT_1.1) */
 void refit_free(void *p);
 

@@ -427,8 +427,8 @@ model_conv_fini(model_conv_t *m)
 }
 
 static int
-model_convert(const char *idt, plan_layout_set_t *s, plan_layout_set_t *d, plan_topo_t *t,
-	      plan_opts_t *o, model_conv_t *m)
+model_convert(const char *idt, plan_layout_set_t *s, plan_layout_set_t *d,
+	      const plan_layout_set_t *given8, plan_topo_t *t, plan_opts_t *o, model_conv_t *m)
 {
 	int64_t block[2] = {128, 128};
 	refit_err_t e;
@@ -442,7 +442,9 @@ model_convert(const char *idt, plan_layout_set_t *s, plan_layout_set_t *d, plan_
 	if (strcmp(idt, "fp8-tensor") == 0)
 		block[0] = block[1] = 0;
 	refit_err_clear(&e);
-	if (plan_convert_model_fp8(d, block, &m->d8, &e) != REFIT_OK)
+	if (given8 != NULL) /* a framework map stores fp8 itself */
+		plan_layout_set_copy(&m->d8, given8);
+	else if (plan_convert_model_fp8(d, block, &m->d8, &e) != REFIT_OK)
 		return die_input(&e);
 	if (plan_convert_apply(s, &m->d8, &m->conv, &e) != REFIT_OK ||
 	    plan_convert_check(&m->conv, s, &m->d8, &e) != REFIT_OK) {
@@ -583,6 +585,7 @@ cmd_model(int argc, char **argv)
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
 	const char *tfw = NULL, *ifw = NULL;
 	plan_fw_t tf = PLAN_FW_MEGATRON, ifk = PLAN_FW_VLLM;
+	plan_layout_set_t d8 = {0};
 	fw_pair_t fp = {0};
 	bool fws = false;
 	int coverage = 0;
@@ -674,8 +677,19 @@ cmd_model(int argc, char **argv)
 	jobs = (plan_jobs_t){(int32_t)plan_par_world(&pt), (int32_t)(pi.dp ? pi.dp : 1),
 			     (int32_t)(pi.tp ? pi.tp : 1)};
 	if (fws) {
-		if (fw_pair_build(&fp, &a, tf, &pt, ifk, &pi, &s, &d, &e) != REFIT_OK)
+		if (strcmp(idt, "fp8-tensor") == 0) {
+			fprintf(stderr, "%s: --infer-dtype fp8-tensor: the engines' fp8 maps use "
+				"block scales (fp8-block128)\n", progname);
+			return EXIT_BADINPUT;
+		}
+		if (fw_pair_build(&fp, &a, tf, &pt, ifk, &pi, strcmp(idt, "same") ? 128 : 0, &s,
+				  &d, &e) != REFIT_OK)
 			return die_input(&e);
+		if (plan_convert_any(&d)) { /* d: as trained; d8: the map's fp8 */
+			plan_layout_set_copy(&d8, &d);
+			plan_layout_set_fini(&d);
+			plan_convert_strip(&d8, &d);
+		}
 	} else {
 		plan_layout_set_init(&s);
 		plan_layout_set_init(&d);
@@ -691,7 +705,7 @@ cmd_model(int argc, char **argv)
 		fw_pair_fini(&fp);
 		return die_input(&e);
 	}
-	rc = model_convert(idt, &s, &d, &t, &o, &mc);
+	rc = model_convert(idt, &s, &d, d8.n ? &d8 : NULL, &t, &o, &mc);
 	if (rc == 0)
 		rc = model_plan(mc.ps, mc.pd, &t, &o, PLAN_MODE_RESHARD, &rs);
 	if (rc == 0 && (rc = model_plan(mc.ps, mc.pd, &t, &o, PLAN_MODE_BROADCAST, &bc)) != 0)
@@ -810,6 +824,7 @@ cmd_model(int argc, char **argv)
 	plan_topo_fini(&t);
 	plan_layout_set_fini(&s);
 	plan_layout_set_fini(&d);
+	plan_layout_set_fini(&d8);
 	fw_pair_fini(&fp);
 	return rc;
 }

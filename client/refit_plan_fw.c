@@ -18,7 +18,7 @@ static void
 usage(FILE *f)
 {
 	fprintf(f, "usage: refit-plan framework-map --framework F --model NAME|FILE --par SPEC\n"
-		"          [--rank R] [--check]\n"
+		"          [--rank R] [--check] [--fp8-block 128]\n"
 		"  F      megatron, vllm or sglang\n"
 		"  NAME   a file in config/models, or a path to an architecture JSON or a\n"
 		"         Hugging Face config.json (llama, mistral, qwen2, qwen3, qwen3_moe,\n"
@@ -28,6 +28,8 @@ usage(FILE *f)
 		"  --rank R   only rank R's parameters (default: every rank)\n"
 		"  --check    check the map (pieces disjoint, inside, covering) and print a\n"
 		"             summary instead of the map\n"
+		"  --fp8-block N  an engine's projections in fp8e4m3 with N x N block\n"
+		"             scales, each followed by its weight_scale_inv parameter\n"
 		"prints every rank's parameters, as the framework names them, as pieces of\n"
 		"the Hugging Face tensors (docs/frameworks.md)\n");
 }
@@ -40,11 +42,12 @@ refit_plan_cmd_framework_map(int argc, char **argv)
 	static const struct option lo[] = {
 		{"framework", required_argument, NULL, 'f'}, {"model", required_argument, NULL, 'M'},
 		{"par", required_argument, NULL, 'p'}, {"rank", required_argument, NULL, 'r'},
-		{"check", no_argument, NULL, 'c'}, {"help", no_argument, NULL, 'h'},
+		{"check", no_argument, NULL, 'c'}, {"fp8-block", required_argument, NULL, 'b'},
+		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *fwn = NULL, *model = NULL, *par = NULL;
-	long rank = -1;
+	long rank = -1, block = 0;
 	int c, check = 0;
 	char *end;
 	plan_fw_t fw;
@@ -62,6 +65,14 @@ refit_plan_cmd_framework_map(int argc, char **argv)
 		case 'M': model = optarg; break;
 		case 'p': par = optarg; break;
 		case 'c': check = 1; break;
+		case 'b':
+			block = strtol(optarg, &end, 10);
+			if (*optarg == '\0' || *end != '\0' || block <= 0) {
+				fprintf(stderr, "refit-plan: --fp8-block \"%s\": expected a block "
+					"size (128)\n", optarg);
+				return 2;
+			}
+			break;
 		case 'r':
 			rank = strtol(optarg, &end, 10);
 			if (*optarg == '\0' || *end != '\0' || rank < 0) {
@@ -81,7 +92,7 @@ refit_plan_cmd_framework_map(int argc, char **argv)
 	if (plan_fw_parse(fwn, &fw, &e) != REFIT_OK ||
 	    codec_arch_load(model, dirs, &a, &e) != REFIT_OK ||
 	    plan_par_parse(par, plan_fw_trains(fw), &p, &e) != REFIT_OK ||
-	    plan_fw_map_build(&m, &a, fw, &p, &e) != REFIT_OK) {
+	    plan_fw_map_build(&m, &a, fw, &p, block, &e) != REFIT_OK) {
 		fprintf(stderr, "refit-plan: %s\n", e.msg);
 		return 2;
 	}
@@ -119,17 +130,17 @@ refit_plan_cmd_framework_map(int argc, char **argv)
 
 refit_status_t
 fw_pair_build(fw_pair_t *fp, const plan_arch_t *a, plan_fw_t tf, const plan_par_t *pt,
-	      plan_fw_t inf, const plan_par_t *pi, plan_layout_set_t *s, plan_layout_set_t *d,
-	      refit_err_t *err)
+	      plan_fw_t inf, const plan_par_t *pi, int64_t fp8_block, plan_layout_set_t *s,
+	      plan_layout_set_t *d, refit_err_t *err)
 {
 	refit_status_t rc;
 
 	memset(fp, 0, sizeof(*fp));
 	plan_layout_set_init(s);
 	plan_layout_set_init(d);
-	rc = plan_fw_map_build(&fp->train, a, tf, pt, err);
+	rc = plan_fw_map_build(&fp->train, a, tf, pt, 0, err);
 	if (rc == REFIT_OK)
-		rc = plan_fw_map_build(&fp->infer, a, inf, pi, err);
+		rc = plan_fw_map_build(&fp->infer, a, inf, pi, fp8_block, err);
 	if (rc == REFIT_OK)
 		rc = plan_fw_map_check(&fp->train, err);
 	if (rc == REFIT_OK)

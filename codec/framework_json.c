@@ -18,6 +18,10 @@ tensors_json(const plan_fw_map_t *m, strbuf_t *sb)
 		strbuf_json_str(sb, t->name);
 		strbuf_printf(sb, ", \"dtype\": \"%s\", \"shape\": ", plan_dtype_name(t->dtype));
 		strbuf_i64_list(sb, t->shape, t->ndim);
+		if (t->scale >= 0)
+			strbuf_printf(sb, ", \"convert\": {\"from\": \"%s\", \"block\": [%lld, %lld]}",
+				      plan_dtype_name(t->from), (long long)m->fp8_block,
+				      (long long)m->fp8_block);
 		strbuf_puts(sb, "}");
 	}
 	strbuf_puts(sb, "]");
@@ -68,7 +72,8 @@ codec_fw_map_json(const plan_fw_map_t *m, const char *model, const char *par, in
 	strbuf_json_str(sb, model);
 	strbuf_puts(sb, ", \"par\": ");
 	strbuf_json_str(sb, par);
-	strbuf_printf(sb, ", \"world\": %lld,\n ", (long long)m->world);
+	strbuf_printf(sb, ", \"world\": %lld, \"fp8_block\": %lld,\n ", (long long)m->world,
+		      (long long)m->fp8_block);
 	tensors_json(m, sb);
 	strbuf_puts(sb, ",\n \"ranks\": [");
 	for (int32_t r = r0; r < r1; r++) {

@@ -284,22 +284,63 @@ hf_shape(const plan_arch_t *a, const char *s, int64_t *sh, plan_dtype_t *dt)
 	return 0;
 }
 
-/* The index of a logical tensor (full name), registering it on first use. */
+/* A linear projection's weight: what an fp8 engine quantizes. */
+static bool
+is_projection(const char *s)
+{
+	static const char *const ends[] = {"_proj.weight", "_proj_with_mqa.weight", NULL};
+	size_t n = strlen(s);
+
+	for (int i = 0; ends[i]; i++) {
+		size_t k = strlen(ends[i]);
+
+		if (n >= k && strcmp(s + n - k, ends[i]) == 0)
+			return true;
+	}
+	return false;
+}
+
+static int32_t
+tensor_add(fwgen_t *g, const char *name, const plan_fw_tensor_t *t)
+{
+	int32_t id = (int32_t)g->m->tensors.n;
+	plan_fw_tensor_t c = *t;
+
+	c.name = xstrdup(name);
+	VEC_PUSH(&g->m->tensors, c);
+	strmap_put(&g->ids, name, id);
+	return id;
+}
+
+/* The index of a logical tensor (full name), registering it on first use
+ * (an fp8 weight with its scale tensor right after it). */
 static int32_t
 tensor_id(fwgen_t *g, const char *name, const char *suffix)
 {
-	int32_t id = strmap_get(&g->ids, name);
-	plan_fw_tensor_t t = {0};
+	int32_t id = strmap_get(&g->ids, name), sid;
+	int64_t B = g->m->fp8_block;
+	plan_fw_tensor_t t = {0}, sc = {0};
+	char sname[300];
 
 	if (id >= 0)
 		return id;
 	t.ndim = hf_shape(g->a, suffix, t.shape, &t.dtype);
 	if (t.ndim == 0) /* a rule names a part hf_shape does not know: our bug */
 		abort();
-	t.name = xstrdup(name);
-	id = (int32_t)g->m->tensors.n;
-	VEC_PUSH(&g->m->tensors, t);
-	strmap_put(&g->ids, name, id);
+	t.from = t.dtype;
+	t.scale = -1;
+	if (B == 0 || !is_projection(suffix))
+		return tensor_add(g, name, &t);
+	t.dtype = PLAN_DT_FP8E4M3;
+	id = tensor_add(g, name, &t);
+	sc.ndim = t.ndim;
+	sc.dtype = sc.from = PLAN_DT_FP32;
+	sc.scale = -1;
+	for (int d = 0; d < t.ndim; d++)
+		sc.shape[d] = (t.shape[d] + B - 1) / B;
+	snprintf(sname, sizeof(sname), "%s_scale_inv", name);
+	sid = tensor_add(g, sname, &sc); /* may move the vector: index after */
+	g->m->tensors.v[id].scale = sid;
 	return id;
 }
 
@@ -410,9 +451,62 @@ param_name(const fwgen_t *g, const rule_t *r, int64_t k, char *buf, size_t n)
 	snprintf(buf, n, "%s%s", r->scope == S_LAYER ? g->fw_prefix : "", suffix);
 }
 
+/*
+ * The engine's block scales of an fp8 parameter (weight_scale_inv) made of
+ * segs along tensor dim td: each part's blocks follow the previous part's
+ * (ceil-divided per part, as vLLM's adjust_block_scale_shard), the other
+ * dims ceil-divided.  A window that is a TP split of one part must start
+ * and end on block boundaries (the engines refuse other splits).
+ */
+static refit_status_t
+emit_scale(fwgen_t *g, const char *wname, int td, const seg_t *s, size_t n, int64_t w0,
+	   int64_t rows, int64_t lead, int64_t nlead)
+{
+	int64_t B = g->m->fp8_block, total = 0, rows2 = 0, w2 = 0;
+	int64_t shape[PLAN_MAX_DIMS] = {0};
+	seg_t s2[MAX_SEGS];
+	char name[300];
+	const plan_fw_tensor_t *st = NULL;
+	int shift;
+
+	for (size_t i = 0; i < n; i++) {
+		const plan_fw_tensor_t *t = T(g, s[i].t);
+
+		total += s[i].len;
+		if (s[i].lo % B != 0)
+			return refit_err_set(g->err, REFIT_ERR_INVALID_ARG, "%s cannot place \"%s\" "
+					     "in fp8 blocks of %" PRId64 ": %s's share starts at row %"
+					     PRId64 ", inside a block", g->d->name, g->a->name, B,
+					     t->name, s[i].lo);
+		s2[i] = (seg_t){t->scale, s[i].lo / B, (s[i].len + B - 1) / B};
+		rows2 += s2[i].len;
+		st = T(g, t->scale);
+	}
+	if (w0 != 0 || rows != total) { /* a TP split of one part */
+		if (n != 1 || w0 % B != 0 || rows % B != 0)
+			return refit_err_set(g->err, REFIT_ERR_INVALID_ARG, "%s cannot place \"%s\" "
+					     "in fp8 blocks of %" PRId64 ": %s splits into %" PRId64
+					     " rows a rank, not whole blocks", g->d->name, g->a->name, B,
+					     wname, rows);
+		w2 = w0 / B;
+		rows2 = rows / B;
+	}
+	shift = (int)nlead;
+	for (int d = 0; d < st->ndim; d++)
+		shape[d + shift] = st->shape[d];
+	for (int d = 0; d < shift; d++)
+		shape[d] = g->m->params.v[g->m->params.n - 1].shape[d];
+	shape[td + shift] = rows2;
+	snprintf(name, sizeof(name), "%s_scale_inv", wname);
+	if (lead <= 0)
+		param_begin(g, name, st->dtype, st->ndim + shift, shape);
+	window(g, td, s2, n, w2, lead < 0 ? 0 : lead);
+	return REFIT_OK;
+}
+
 /* A parameter made of one window over segs, shaped like tensor t with dim
- * td set to `rows`. */
-static void
+ * td set to `rows` (and its block scales when t is stored in fp8). */
+static refit_status_t
 emit(fwgen_t *g, const rule_t *r, int32_t t, int td, int64_t rows, const seg_t *s, size_t n,
      int64_t w0)
 {
@@ -424,6 +518,9 @@ emit(fwgen_t *g, const rule_t *r, int32_t t, int td, int64_t rows, const seg_t *
 	param_name(g, r, -1, name, sizeof(name));
 	param_begin(g, name, T(g, t)->dtype, T(g, t)->ndim, shape);
 	window(g, td, s, n, w0, 0);
+	if (T(g, t)->scale < 0)
+		return REFIT_OK;
+	return emit_scale(g, name, td, s, n, w0, rows, -1, 0);
 }
 
 static refit_status_t
@@ -435,8 +532,7 @@ rule_split(fwgen_t *g, const rule_t *r, int td)
 
 	if (n % tp != 0)
 		return indivisible(g, T(g, t)->name, n, "tp", tp);
-	emit(g, r, t, td, n / tp, &s, 1, g->tpr * (n / tp));
-	return REFIT_OK;
+	return emit(g, r, t, td, n / tp, &s, 1, g->tpr * (n / tp));
 }
 
 static refit_status_t
@@ -450,8 +546,7 @@ rule_vocab(fwgen_t *g, const rule_t *r)
 
 	if (vp % tp != 0)
 		return indivisible(g, "the padded vocabulary", vp, "tp", tp);
-	emit(g, r, t, 0, vp / tp, s, 2, g->tpr * (vp / tp));
-	return REFIT_OK;
+	return emit(g, r, t, 0, vp / tp, s, 2, g->tpr * (vp / tp));
 }
 
 /* R_CAT (whole parts) and R_CAT_TP (each part's TP slice) on dim 0. */
@@ -471,8 +566,7 @@ rule_cat(fwgen_t *g, const rule_t *r, bool split)
 		s[n] = (seg_t){t, tpr * (len / tp), len / tp};
 		rows += len / tp;
 	}
-	emit(g, r, s[0].t, 0, rows, s, n, 0);
-	return REFIT_OK;
+	return emit(g, r, s[0].t, 0, rows, s, n, 0);
 }
 
 /* Megatron: the query groups' [q_g; k_g; v_g] blocks, split evenly. */
@@ -499,8 +593,7 @@ rule_qkv_groups(fwgen_t *g, const rule_t *r)
 		s[n++] = (seg_t){k, grp * hd, hd};
 		s[n++] = (seg_t){v, grp * hd, hd};
 	}
-	emit(g, r, q, 0, total / tp, s, n, g->tpr * (total / tp));
-	return REFIT_OK;
+	return emit(g, r, q, 0, total / tp, s, n, g->tpr * (total / tp));
 }
 
 /* vLLM: [q_r; k_r; v_r], each KV head on tp / kv_heads ranks when fewer. */
@@ -528,8 +621,7 @@ rule_qkv_rank(fwgen_t *g, const rule_t *r)
 	s[0] = (seg_t){q, g->tpr * (a->heads / tp) * hd, a->heads / tp * hd};
 	s[1] = (seg_t){k, kv0 * hd, kvh * hd};
 	s[2] = (seg_t){v, kv0 * hd, kvh * hd};
-	emit(g, r, q, 0, s[0].len + 2 * s[1].len, s, 3, 0);
-	return REFIT_OK;
+	return emit(g, r, q, 0, s[0].len + 2 * s[1].len, s, 3, 0);
 }
 
 /* The experts a rank holds and the expert-TP split of I: vLLM and SGLang
@@ -555,40 +647,45 @@ expert_range(fwgen_t *g, int64_t *e0, int64_t *ne, int64_t *itp, int64_t *itr)
 	return REFIT_OK;
 }
 
+/* The segments of local expert k's parameter (gate and up, or down). */
+static size_t
+expert_segs(fwgen_t *g, const rule_t *r, int64_t e, int64_t itp, int64_t itr, seg_t *s)
+{
+	s[0] = (seg_t){part(g, r, 0, e), itr * itp, itp};
+	if (r->kind != R_EXPERTS13 && r->kind != R_EXPERT13)
+		return 1;
+	s[1] = (seg_t){part(g, r, 1, e), itr * itp, itp};
+	return 2;
+}
+
 static refit_status_t
 rule_experts(fwgen_t *g, const rule_t *r)
 {
 	int64_t e0 = 0, ne = 0, itp = 0, itr = 0, H = g->a->hidden;
 	bool up = r->kind == R_EXPERTS13 || r->kind == R_EXPERT13;
 	bool stacked = r->kind == R_EXPERTS13 || r->kind == R_EXPERTS2;
+	int td = up ? 0 : 1;
 	char name[256];
+	seg_t s[2];
+	size_t n;
 
 	CHECK(expert_range(g, &e0, &ne, &itp, &itr));
-	if (stacked) {
-		int64_t sh[3] = {ne, up ? 2 * itp : H, up ? H : itp};
-
-		param_name(g, r, -1, name, sizeof(name));
-		param_begin(g, name, g->a->dtype, 3, sh);
-	}
 	for (int64_t k = 0; k < ne; k++) {
-		int64_t e = e0 + k;
+		n = expert_segs(g, r, e0 + k, itp, itr, s);
+		if (!stacked || k == 0) {
+			int64_t sh[3] = {ne, up ? 2 * itp : H, up ? H : itp};
 
-		if (!stacked) {
-			int64_t sh[2] = {up ? 2 * itp : H, up ? H : itp};
-
-			param_name(g, r, k, name, sizeof(name));
-			param_begin(g, name, g->a->dtype, 2, sh);
+			param_name(g, r, stacked ? -1 : k, name, sizeof(name));
+			param_begin(g, name, T(g, s[0].t)->dtype, stacked ? 3 : 2,
+				    stacked ? sh : sh + 1);
 		}
-		if (up) {
-			seg_t s[2] = {{part(g, r, 0, e), itr * itp, itp},
-				      {part(g, r, 1, e), itr * itp, itp}};
-
-			window(g, 0, s, 2, 0, stacked ? k : 0);
-		} else {
-			seg_t s = {part(g, r, 0, e), itr * itp, itp};
-
-			window(g, 1, &s, 1, 0, stacked ? k : 0);
-		}
+		window(g, td, s, n, 0, stacked ? k : 0);
+	}
+	if (!stacked || ne == 0 || T(g, s[0].t)->scale < 0)
+		return REFIT_OK;
+	for (int64_t k = 0; k < ne; k++) { /* the stacked block scales */
+		n = expert_segs(g, r, e0 + k, itp, itr, s);
+		CHECK(emit_scale(g, name, td, s, n, 0, (int64_t)n * itp, k, 1));
 	}
 	return REFIT_OK;
 }
@@ -601,8 +698,7 @@ rule_apply(fwgen_t *g, const rule_t *r)
 		int32_t t = part(g, r, 0, -1);
 		seg_t s = {t, 0, T(g, t)->shape[0]};
 
-		emit(g, r, t, 0, s.len, &s, 1, 0);
-		return REFIT_OK;
+		return emit(g, r, t, 0, s.len, &s, 1, 0);
 	}
 	case R_COL: return rule_split(g, r, 0);
 	case R_ROW: return rule_split(g, r, 1);
@@ -718,7 +814,7 @@ check_par(const plan_arch_t *a, plan_fw_t fw, const plan_par_t *p, refit_err_t *
 
 refit_status_t
 plan_fw_map_build(plan_fw_map_t *m, const plan_arch_t *a, plan_fw_t fw, const plan_par_t *par,
-		  refit_err_t *err)
+		  int64_t fp8_block, refit_err_t *err)
 {
 	fwgen_t g = {m, &fw_descs[fw], a, par, {0}, err, 0, 0, 0, 0, -1, "", ""};
 	refit_status_t rc = REFIT_OK;
@@ -728,6 +824,11 @@ plan_fw_map_build(plan_fw_map_t *m, const plan_arch_t *a, plan_fw_t fw, const pl
 	if (fw < 0 || fw >= PLAN_FW_COUNT)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "framework %d: unknown", (int)fw);
 	CHECK(check_par(a, fw, par, err));
+	if (fp8_block < 0 || fp8_block > (1 << 16) || (fp8_block > 0 && plan_fw_trains(fw)))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: fp8 block %" PRId64 ": an "
+				     "engine stores fp8 with a positive block; a trainer keeps "
+				     "its dtype", plan_fw_name(fw), fp8_block);
+	m->fp8_block = fp8_block;
 	m->world = plan_par_world(par);
 	if (m->world > PLAN_MAX_RANK_ID)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: %" PRId64 " ranks is too "

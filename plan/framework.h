@@ -43,6 +43,11 @@ typedef struct plan_fw_tensor {
 	plan_dtype_t dtype;
 	int ndim;
 	int64_t shape[PLAN_MAX_DIMS];
+	/* an engine storing it in fp8 with block scales: dtype fp8e4m3, `from`
+	 * the trained dtype, `scale` its scale tensor ("<name>_scale_inv",
+	 * fp32, ceil(shape / block)); otherwise scale is -1 */
+	plan_dtype_t from;
+	int32_t scale;
 } plan_fw_tensor_t;
 
 typedef struct plan_fw_piece {
@@ -64,6 +69,7 @@ typedef struct plan_fw_param {
 typedef struct plan_fw_map {
 	plan_fw_t fw;
 	int64_t world;
+	int64_t fp8_block;              /* engines in fp8: the square block; 0: none */
 	VEC(plan_fw_tensor_t) tensors;  /* the logical tensors, in model order */
 	VEC(plan_fw_param_t) params;    /* by rank, then model order */
 	VEC(plan_fw_piece_t) pieces;
@@ -74,13 +80,15 @@ typedef struct plan_fw_map {
 /*
  * Build the map of architecture a under framework fw and parallel spec par
  * (plan_par_parse'd as training for Megatron, as inference otherwise) into
- * caller storage *m.  Fails, naming the rule and the numbers, when the
+ * caller storage *m.  fp8_block > 0 (engines only): every linear
+ * projection weight stored in fp8e4m3 with fp8_block x fp8_block scales,
+ * each such parameter followed by its "<name>_scale_inv" parameter.  Fails, naming the rule and the numbers, when the
  * framework cannot place the model that way (heads not divisible by tp, a
  * padded vocabulary not divisible, pp on an engine ...).  On error *m is
  * left empty (plan_fw_map_fini is still safe).
  */
 refit_status_t plan_fw_map_build(plan_fw_map_t *m, const plan_arch_t *a, plan_fw_t fw,
-				 const plan_par_t *par, refit_err_t *err);
+				 const plan_par_t *par, int64_t fp8_block, refit_err_t *err);
 void plan_fw_map_fini(plan_fw_map_t *m);
 
 /* Bytes of the parameters, of their pieces, and of padding. */
@@ -101,7 +109,8 @@ refit_status_t plan_fw_map_check(const plan_fw_map_t *m, refit_err_t *err);
 /*
  * The logical tensors as explicit layouts (ranks shifted by `base`), one
  * shard per piece in map order, so a rank's piece numbers follow its
- * parameters' order.  *out is initialised here.
+ * parameters' order; fp8 tensors carry their conversion (plan/convert.h).
+ * *out is initialised here.
  */
 refit_status_t plan_fw_map_layouts(const plan_fw_map_t *m, int32_t base,
 				   plan_layout_set_t *out, refit_err_t *err);

@@ -175,6 +175,13 @@ plan_fw_map_layouts(const plan_fw_map_t *m, int32_t base, plan_layout_set_t *out
 
 		rc = plan_layout_init_explicit(&l, ft->name, ft->dtype, ft->ndim, ft->shape, sh[t],
 					       count[t], err);
+		if (rc == REFIT_OK && ft->scale >= 0) {
+			plan_convert_t cv = {ft->from, PLAN_SCALE_BLOCK, 2,
+					     {m->fp8_block, m->fp8_block},
+					     m->tensors.v[ft->scale].name};
+
+			l.conv = plan_convert_dup(&cv);
+		}
 		if (rc == REFIT_OK)
 			plan_layout_set_add(out, &l);
 	}

@@ -29,16 +29,19 @@ _NP = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "fp64": np.flo
        "int8": np.int8, "uint8": np.uint8}
 
 
-def framework_map(framework, model, par, rank=None):
+def framework_map(framework, model, par, rank=None, quant=None):
     """The map of `model` (an architecture file, a Hugging Face config.json
     path, or a dict of either) under `framework` ("megatron", "vllm",
-    "sglang") and parallel spec `par`; rank: one rank's parameters only."""
+    "sglang") and parallel spec `par`; rank: one rank's parameters only;
+    quant "fp8-block128": an engine's projections in fp8 with their block
+    scales (weight_scale_inv parameters)."""
     if isinstance(model, dict):
         model = json.dumps(model)
     out = ctypes.c_void_p()
     err = ctypes.create_string_buffer(_lib.ERRLEN)
     rc = _lib.lib.refit_framework_map(str(framework).encode(), str(model).encode(),
-                                      str(par).encode(), -1 if rank is None else int(rank),
+                                      str(par).encode(), (quant or "").encode(),
+                                      -1 if rank is None else int(rank),
                                       ctypes.byref(out), err, len(err))
     _lib.check(rc, err.value.decode(errors="replace"))
     try:
@@ -68,8 +71,14 @@ def layouts(m, ranks=None, base=0):
         for p in _rank_entry(m, r)["params"]:
             for pc in p["pieces"]:
                 boxes[pc["tensor"]].append((base + r, pc["offset"], pc["size"]))
-    return [_layout.boxes(t["name"], t["dtype"], t["shape"], boxes[t["name"]])
-            for t in m["tensors"] if boxes[t["name"]]]
+    out = []
+    for t in m["tensors"]:
+        if boxes[t["name"]]:
+            lay = _layout.boxes(t["name"], t["dtype"], t["shape"], boxes[t["name"]])
+            if "convert" in t:
+                lay["convert"] = dict(t["convert"])
+            out.append(lay)
+    return out
 
 
 def allocate(m, ranks=None, copies=1):

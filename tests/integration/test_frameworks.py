@@ -40,6 +40,9 @@ import numpy as np  # noqa: E402
 import refit  # noqa: E402
 import refit.frameworks as fw  # noqa: E402
 
+sys.path.insert(0, os.path.abspath("tests/conversion"))
+import ref as quant_ref  # noqa: E402  (the numpy reference quantizer)
+
 assert RPN == 4, "test_frameworks.py lays out 4 ranks per node"
 BASE = {"c": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4,
               "vocab_size": 250, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -49,6 +52,9 @@ MODELS = {
     "dense": dict(BASE["c"]),
     "moe": dict(BASE["c"], model_type="qwen3_moe", num_experts=8, moe_intermediate_size=32,
                 vocab_size=300),
+    # fp8 with 128 x 128 blocks: every TP4 share of a projection whole blocks
+    "fp8": dict(BASE["c"], model_type="llama", hidden_size=256, num_hidden_layers=2,
+                num_attention_heads=4, head_dim=128, intermediate_size=512, vocab_size=500),
 }
 # (instance, framework, node, install)
 INSTANCES = [("a", "vllm", 1, "double-buffer"), ("b", "vllm", 2, "in-place"),
@@ -90,10 +96,23 @@ class Trainer:
         self.c.weights_ready(version)
 
 
+def hf_fp8(m, hf):
+    """What an fp8 engine holds of the Hugging Face weights hf: each fp8
+    tensor quantized by the numpy reference, its scales beside it."""
+    out = dict(hf)
+    for t in m["tensors"]:
+        if "convert" in t:
+            q, sc = quant_ref.convert(hf[t["name"]], t["convert"]["from"], "fp8e4m3", "block",
+                                      t["convert"]["block"])
+            out[t["name"]] = np.asarray(q, dtype=np.uint8)
+            out[t["name"] + "_scale_inv"] = np.asarray(sc, dtype=np.float32)
+    return out
+
+
 class Engine:
-    def __init__(self, model, cfg, name, framework, node, install):
-        self.name, self.install = name, install
-        self.m = fw.framework_map(framework, cfg, "tp4")
+    def __init__(self, model, cfg, name, framework, node, install, quant=None):
+        self.name, self.install, self.quant = name, install, quant
+        self.m = fw.framework_map(framework, cfg, "tp4", quant=quant)
         self.base = node * RPN
         self.params = fw.allocate(self.m, copies=2 if install == "double-buffer" else 1)
         self.c = refit.Client(CL.sock(node), timeout_ms=30000)
@@ -106,7 +125,7 @@ class Engine:
         st = self.c.wait_version(version, 30000)
         assert st.version == version and st.valid, (self.name, st)
         ref = fw.allocate(self.m)
-        fw.fill(self.m, ref, hf)
+        fw.fill(self.m, ref, hf_fp8(self.m, hf) if self.quant else hf)
         nbytes = 0
         for key, arr in self.params.items():
             got = arr[st.active] if isinstance(arr, tuple) else arr
@@ -118,13 +137,20 @@ class Engine:
         return nbytes
 
 
-def model_refits(model):
+def finite_bf16(shape):
+    """Random finite bf16 bit patterns (the quantizer's scales stay finite)."""
+    x = RNG.standard_normal(shape).astype(np.float32) * 4
+    return (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def model_refits(model, instances=INSTANCES):
     cfg = MODELS[model]
     tr = Trainer(model, cfg)
-    engines = [Engine(model, cfg, *i) for i in INSTANCES]
+    engines = [Engine(model, cfg, *i) for i in instances]
     moved = 0
     for version in (1, 2):
-        hf = hf_weights(tr.m)
+        hf = hf_weights(tr.m) if model != "fp8" else \
+            {t["name"]: finite_bf16(t["shape"]) for t in tr.m["tensors"]}
         tr.publish(version, hf)
         g = CL.refit(model, version)
         assert g.state == pb.COMMITTED, (model, version, g.failure)
@@ -145,6 +171,17 @@ def dense():
 
 def moe():
     model_refits("moe")
+
+
+def fp8():
+    """SGLang and vLLM in fp8 with 128 x 128 block scales: refit quantizes
+    on the way and writes the scales straight into weight_scale_inv."""
+    model_refits("fp8", [("c", "sglang", 3, "double-buffer", "fp8-block128"),
+                         ("b", "vllm", 2, "in-place", "fp8-block128")])
+    m = fw.framework_map("sglang", MODELS["fp8"], "tp4", quant="fp8-block128")
+    names = [p["name"] for p in m["ranks"][0]["params"]]
+    assert "model.layers.0.self_attn.qkv_proj.weight_scale_inv" in names, names
+    assert "model.layers.1.mlp.gate_up_proj.weight_scale_inv" in names, names
 
 
 def bad_maps():
@@ -186,6 +223,8 @@ try:
           "TP4, 2 versions, every engine byte as the map builds it", dense)
     check("MoE (qk-norm, 8 experts): Megatron per-expert weights -> vLLM/SGLang w13/w2, "
           "2 versions, byte for byte", moe)
+    check("fp8: Megatron bf16 -> SGLang and vLLM fp8 (128 x 128 blocks, TP4) with "
+          "scales in weight_scale_inv, byte for byte against the numpy quantizer", fp8)
     check("bad maps refused at registration: a rank holding an element twice, an "
           "instance missing part of a tensor", bad_maps)
 finally:

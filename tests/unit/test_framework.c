@@ -36,7 +36,7 @@ build(plan_fw_map_t *m, const plan_arch_t *a, plan_fw_t fw, const char *par)
 
 	refit_err_clear(&e);
 	ck_assert_int_eq(plan_par_parse(par, fw == PLAN_FW_MEGATRON, &p, &e), REFIT_OK);
-	ck_assert_msg(plan_fw_map_build(m, a, fw, &p, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_fw_map_build(m, a, fw, &p, 0, &e) == REFIT_OK, "%s", e.msg);
 	ck_assert_msg(plan_fw_map_check(m, &e) == REFIT_OK, "%s", e.msg);
 }
 
@@ -116,7 +116,7 @@ START_TEST(megatron_qkv_interleaved)
 	/* fewer query groups than tp: Megatron divides groups by tp */
 	ck_assert_int_eq(plan_par_parse("tp4", true, &p, NULL), REFIT_OK);
 	refit_err_clear(&e);
-	ck_assert_int_eq(plan_fw_map_build(&m, &a, PLAN_FW_MEGATRON, &p, &e),
+	ck_assert_int_eq(plan_fw_map_build(&m, &a, PLAN_FW_MEGATRON, &p, 0, &e),
 			 REFIT_ERR_INVALID_ARG);
 	ck_assert_str_eq(e.msg, "megatron cannot place \"tiny\": query groups (kv_heads) (2) is "
 			 "not divisible by tp (4)");
@@ -297,10 +297,62 @@ START_TEST(rank_disjoint)
 }
 END_TEST
 
+/* fp8 engines: projections in fp8e4m3, block scales in weight_scale_inv,
+ * each fused part's blocks after the previous part's. */
+START_TEST(fp8_scales)
+{
+	plan_arch_t a;
+	plan_fw_map_t m;
+	plan_par_t p;
+	refit_err_t e;
+	const plan_fw_param_t *w, *sc;
+	const plan_fw_piece_t *pc;
+
+	tiny(&a, 4);
+	a.hidden = 256;
+	a.heads = 4;
+	a.kv_heads = 2;
+	a.head_dim = 128;
+	a.intermediate = 512;
+	a.expert_intermediate = 256;
+	ck_assert_int_eq(plan_par_parse("tp2", false, &p, NULL), REFIT_OK);
+	refit_err_clear(&e);
+	ck_assert_msg(plan_fw_map_build(&m, &a, PLAN_FW_VLLM, &p, 128, &e) == REFIT_OK, "%s", e.msg);
+	ck_assert_msg(plan_fw_map_check(&m, &e) == REFIT_OK, "%s", e.msg);
+	w = param(&m, 1, "model.layers.0.self_attn.qkv_proj.weight");
+	ck_assert_int_eq(w->dtype, PLAN_DT_FP8E4M3);
+	sc = param(&m, 1, "model.layers.0.self_attn.qkv_proj.weight_scale_inv");
+	ck_assert_int_eq(sc->dtype, PLAN_DT_FP32);
+	ck_assert(sc->shape[0] == 4 && sc->shape[1] == 2); /* q 2 blocks, k 1, v 1 */
+	piece_is(&m, sc, 0, "model.layers.0.self_attn.q_proj.weight_scale_inv", 2, 2, 0);
+	piece_is(&m, sc, 1, "model.layers.0.self_attn.k_proj.weight_scale_inv", 1, 1, 2);
+	piece_is(&m, sc, 2, "model.layers.0.self_attn.v_proj.weight_scale_inv", 1, 1, 3);
+	/* stacked experts: [E, 2 ceil(I_tp / 128), ceil(H / 128)] */
+	sc = param(&m, 0, "model.layers.1.mlp.experts.w13_weight_scale_inv");
+	ck_assert(sc->ndim == 3 && sc->shape[0] == 4 && sc->shape[1] == 2 && sc->shape[2] == 2);
+	pc = &m.pieces.v[sc->piece0 + 3]; /* expert 1, up */
+	ck_assert_str_eq(m.tensors.v[pc->tensor].name,
+			 "model.layers.1.mlp.experts.1.up_proj.weight_scale_inv");
+	ck_assert(pc->at[0] == 1 && pc->at[1] == 1);
+	plan_fw_map_fini(&m);
+	/* a TP share inside a block: refused, as the engines refuse it */
+	ck_assert_int_eq(plan_par_parse("tp4", false, &p, NULL), REFIT_OK);
+	a.intermediate = 256; /* 64 rows a rank */
+	ck_assert_int_eq(plan_fw_map_build(&m, &a, PLAN_FW_VLLM, &p, 128, &e),
+			 REFIT_ERR_INVALID_ARG);
+	ck_assert_ptr_nonnull(strstr(e.msg, "in fp8 blocks of 128"));
+	plan_fw_map_fini(&m);
+	/* a trainer keeps its dtype */
+	ck_assert_int_eq(plan_fw_map_build(&m, &a, PLAN_FW_MEGATRON, &p, 128, &e),
+			 REFIT_ERR_INVALID_ARG);
+	plan_fw_map_fini(&m);
+}
+END_TEST
+
 Suite *
 suite_framework(void)
 {
 	return th_suite("framework", th_tcase("maps", 60, TH_TESTS(vllm_qkv_replicated,
 			megatron_qkv_interleaved, vocab_padding, moe_experts, check_refuses,
-			layouts_plan, hf_config, rank_disjoint)), NULL);
+			layouts_plan, hf_config, rank_disjoint, fp8_scales)), NULL);
 }
