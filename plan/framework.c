@@ -32,6 +32,7 @@ typedef enum rule_kind {
 	R_EXPERTS2,   /* stacked [E_local, H, I_tp] */
 	R_EXPERT13,   /* one parameter per local expert (name has %d): [gate; up] */
 	R_EXPERT2,    /* one parameter per local expert: down, split on dim 1 */
+	R_EACH,       /* FSDP2: one Hugging Face tensor per expert (name has %d) */
 } rule_kind_t;
 
 /* When a rule applies: every bit set must hold. */
@@ -141,6 +142,54 @@ static const rule_t vllm_rules[] = {
 	{S_LAST, W_UNTIED, "lm_head.weight", R_VOCAB, {"lm_head.weight"}},
 };
 
+/*
+ * torch FSDP2 + TP (torchtitan's plan on a Hugging Face module, verl's FSDP
+ * backend): every parameter a Hugging Face tensor, a DTensor over the mesh
+ * [dp][tp]: ColwiseParallel Shard(0) (FSDP on the same dim: _StridedShard
+ * over dp), RowwiseParallel Shard(1), the rest replicated over TP; FSDP2
+ * shards dim 0 over dp (uneven chunks, as torch).  R_VOCAB here is Shard(0)
+ * without padding (torch's embedding and output plans).
+ */
+static const rule_t fsdp2_rules[] = {
+	{S_FIRST, 0, "model.embed_tokens.weight", R_VOCAB, {"model.embed_tokens.weight"}},
+	{S_LAYER, 0, "input_layernorm.weight", R_REPL, {"input_layernorm.weight"}},
+	{S_LAYER, W_GQA, Q "weight", R_COL, {Q "weight"}},
+	{S_LAYER, W_GQA, K "weight", R_COL, {K "weight"}},
+	{S_LAYER, W_GQA, V "weight", R_COL, {V "weight"}},
+	{S_LAYER, W_GQA | W_BIAS, Q "bias", R_COL, {Q "bias"}},
+	{S_LAYER, W_GQA | W_BIAS, K "bias", R_COL, {K "bias"}},
+	{S_LAYER, W_GQA | W_BIAS, V "bias", R_COL, {V "bias"}},
+	{S_LAYER, W_GQA | W_QKNORM, "self_attn.q_norm.weight", R_REPL, {"self_attn.q_norm.weight"}},
+	{S_LAYER, W_GQA | W_QKNORM, "self_attn.k_norm.weight", R_REPL, {"self_attn.k_norm.weight"}},
+	{S_LAYER, W_MLA, "self_attn.q_a_proj.weight", R_REPL, {"self_attn.q_a_proj.weight"}},
+	{S_LAYER, W_MLA, "self_attn.q_a_layernorm.weight", R_REPL, {"self_attn.q_a_layernorm.weight"}},
+	{S_LAYER, W_MLA, "self_attn.q_b_proj.weight", R_COL, {"self_attn.q_b_proj.weight"}},
+	{S_LAYER, W_MLA, "self_attn.kv_a_proj_with_mqa.weight", R_REPL,
+	 {"self_attn.kv_a_proj_with_mqa.weight"}},
+	{S_LAYER, W_MLA, "self_attn.kv_a_layernorm.weight", R_REPL,
+	 {"self_attn.kv_a_layernorm.weight"}},
+	{S_LAYER, W_MLA, "self_attn.kv_b_proj.weight", R_COL, {"self_attn.kv_b_proj.weight"}},
+	{S_LAYER, 0, "self_attn.o_proj.weight", R_ROW, {"self_attn.o_proj.weight"}},
+	{S_LAYER, 0, "post_attention_layernorm.weight", R_REPL, {"post_attention_layernorm.weight"}},
+	{S_LAYER, W_DENSE, "mlp.gate_proj.weight", R_COL, {"mlp.gate_proj.weight"}},
+	{S_LAYER, W_DENSE, "mlp.up_proj.weight", R_COL, {"mlp.up_proj.weight"}},
+	{S_LAYER, W_DENSE, "mlp.down_proj.weight", R_ROW, {"mlp.down_proj.weight"}},
+	{S_LAYER, W_MOE, "mlp.gate.weight", R_REPL, {"mlp.gate.weight"}},
+	{S_LAYER, W_MOE | W_ROUTER_BIAS, "mlp.gate.e_score_correction_bias", R_REPL,
+	 {"mlp.gate.e_score_correction_bias"}},
+	{S_LAYER, W_MOE, GATE_E, R_EACH, {GATE_E}},
+	{S_LAYER, W_MOE, UP_E, R_EACH, {UP_E}},
+	{S_LAYER, W_MOE, DOWN_E, R_EACH, {DOWN_E}},
+	{S_LAYER, W_SHARED, "mlp.shared_experts.gate_proj.weight", R_COL,
+	 {"mlp.shared_experts.gate_proj.weight"}},
+	{S_LAYER, W_SHARED, "mlp.shared_experts.up_proj.weight", R_COL,
+	 {"mlp.shared_experts.up_proj.weight"}},
+	{S_LAYER, W_SHARED, "mlp.shared_experts.down_proj.weight", R_ROW,
+	 {"mlp.shared_experts.down_proj.weight"}},
+	{S_LAST, 0, "model.norm.weight", R_REPL, {"model.norm.weight"}},
+	{S_LAST, W_UNTIED, "lm_head.weight", R_VOCAB, {"lm_head.weight"}},
+};
+
 #undef Q
 #undef K
 #undef V
@@ -161,6 +210,8 @@ static const struct fw_desc {
 			  "model.layers.%" PRId64 ".", false, 64, false},
 	[PLAN_FW_SGLANG] = {"sglang", vllm_rules, sizeof(vllm_rules) / sizeof(vllm_rules[0]),
 			    "model.layers.%" PRId64 ".", false, 64, false},
+	[PLAN_FW_FSDP2] = {"fsdp2", fsdp2_rules, sizeof(fsdp2_rules) / sizeof(fsdp2_rules[0]),
+			   "model.layers.%" PRId64 ".", false, 1, false},
 };
 
 refit_status_t
@@ -177,7 +228,7 @@ plan_fw_parse(const char *s, plan_fw_t *out, refit_err_t *err)
 		return REFIT_OK;
 	}
 	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "framework \"%s\": expected megatron, "
-			     "vllm or sglang", s);
+			     "fsdp2, vllm or sglang", s);
 }
 
 const char *
@@ -189,7 +240,7 @@ plan_fw_name(plan_fw_t fw)
 bool
 plan_fw_trains(plan_fw_t fw)
 {
-	return fw == PLAN_FW_MEGATRON;
+	return fw == PLAN_FW_MEGATRON || fw == PLAN_FW_FSDP2;
 }
 
 /* ---- generation state ------------------------------------------------ */
@@ -206,7 +257,17 @@ typedef struct fwgen {
 	int64_t tpr, epr, etpr;
 	int64_t layer;         /* global layer of a per-layer rule */
 	char hf_prefix[64], fw_prefix[64];
+	VEC(struct dt_cache) dt; /* FSDP2: DTensor shards by shape and kind */
 } fwgen_t;
+
+/* FSDP2: the shards of one (kind, shape) over the [dp][tp] mesh, by rank. */
+typedef struct dt_cache {
+	rule_kind_t kind;
+	int ndim;
+	int64_t shape[PLAN_MAX_DIMS];
+	plan_layout_t l;
+	size_t *first;          /* shards of rank r: l.shards[first[r] .. first[r + 1]) */
+} dt_cache_t;
 
 /* One slice of a tensor along its dim `td` ([lo, lo + len)), or padding. */
 typedef struct seg {
@@ -690,9 +751,121 @@ rule_experts(fwgen_t *g, const rule_t *r)
 	return REFIT_OK;
 }
 
+/* ---- FSDP2 + TP: DTensor shards of Hugging Face tensors -------------- */
+
+static int
+cmp_shard_rank(const void *x, const void *y)
+{
+	const plan_shard_t *a = x, *b = y;
+
+	if (a->rank != b->rank)
+		return a->rank < b->rank ? -1 : 1;
+	return a->local_off[0] < b->local_off[0] ? -1 : a->local_off[0] > b->local_off[0];
+}
+
+/* The shards of tensor t placed as `kind` over [dp][tp] (cached by shape). */
+static refit_status_t
+dt_get(fwgen_t *g, rule_kind_t kind, int32_t t, const dt_cache_t **out)
+{
+	const plan_fw_tensor_t *ft = T(g, t);
+	int64_t tp = g->par->tp, world = g->m->world, msh[2] = {g->par->dp, tp};
+	plan_placement_t pl[2];
+	char strided[64];
+	const char *p0 = "Shard(0)", *p1 = "Replicate()";
+	dt_cache_t c = {0};
+	int32_t *mesh;
+	refit_status_t rc;
+
+	for (size_t i = 0; i < g->dt.n; i++) {
+		dt_cache_t *x = &g->dt.v[i];
+
+		if (x->kind == kind && x->ndim == ft->ndim &&
+		    memcmp(x->shape, ft->shape, (size_t)ft->ndim * sizeof(x->shape[0])) == 0) {
+			*out = x;
+			return REFIT_OK;
+		}
+	}
+	if ((kind == R_COL || kind == R_VOCAB) && tp > 1) {
+		snprintf(strided, sizeof(strided), "_StridedShard(dim=0, split_factor=%" PRId64 ")",
+			 tp);
+		p0 = strided;
+		p1 = "Shard(0)";
+	} else if (kind == R_ROW) {
+		p1 = "Shard(1)";
+	}
+	CHECK(plan_placement_parse(p0, &pl[0], ft->name, g->err));
+	CHECK(plan_placement_parse(p1, &pl[1], ft->name, g->err));
+	mesh = xmalloc((size_t)world * sizeof(*mesh));
+	for (int64_t i = 0; i < world; i++)
+		mesh[i] = (int32_t)i;
+	rc = plan_layout_init_dtensor(&c.l, ft->name, ft->dtype, ft->ndim, ft->shape, 2, msh, mesh,
+				      pl, g->err);
+	free(mesh);
+	if (rc != REFIT_OK)
+		return rc;
+	xqsort(c.l.shards, c.l.nshards, sizeof(*c.l.shards), cmp_shard_rank);
+	c.first = xcalloc((size_t)world + 1, sizeof(*c.first));
+	for (size_t i = 0; i < c.l.nshards; i++)
+		c.first[c.l.shards[i].rank + 1]++;
+	for (int64_t r = 0; r < world; r++)
+		c.first[r + 1] += c.first[r];
+	c.kind = kind;
+	c.ndim = ft->ndim;
+	memcpy(c.shape, ft->shape, sizeof(c.shape));
+	VEC_PUSH(&g->dt, c);
+	*out = &g->dt.v[g->dt.n - 1];
+	return REFIT_OK;
+}
+
+/* One Hugging Face tensor as the rank's DTensor local tensor. */
+static refit_status_t
+fsdp2_param(fwgen_t *g, rule_kind_t kind, int32_t t)
+{
+	const dt_cache_t *c;
+	int64_t shape[PLAN_MAX_DIMS] = {0};
+	size_t a, b;
+
+	CHECK(dt_get(g, kind, t, &c));
+	a = c->first[g->rank];
+	b = c->first[g->rank + 1];
+	for (size_t i = a; i < b; i++)
+		for (int d = 0; d < c->ndim; d++) {
+			const plan_shard_t *sh = &c->l.shards[i];
+			int64_t end = sh->local_off[d] + sh->box.size[d];
+
+			shape[d] = end > shape[d] ? end : shape[d];
+		}
+	param_begin(g, T(g, t)->name, T(g, t)->dtype, c->ndim, shape);
+	for (size_t i = a; i < b; i++) {
+		const plan_shard_t *sh = &c->l.shards[i];
+		plan_fw_piece_t pc = {0};
+
+		if (plan_box_is_empty(&sh->box, c->ndim))
+			continue;
+		pc.tensor = t;
+		pc.box = sh->box;
+		memcpy(pc.at, sh->local_off, sizeof(pc.at));
+		VEC_PUSH(&g->m->pieces, pc);
+		g->m->params.v[g->m->params.n - 1].npieces++;
+	}
+	return REFIT_OK;
+}
+
+static refit_status_t
+rule_fsdp2(fwgen_t *g, const rule_t *r)
+{
+	if (r->kind != R_EACH)
+		return fsdp2_param(g, r->kind, part(g, r, 0, -1));
+	for (int64_t e = 0; e < g->a->experts; e++)
+		CHECK(fsdp2_param(g, R_REPL, part(g, r, 0, e)));
+	return REFIT_OK;
+}
+
 static refit_status_t
 rule_apply(fwgen_t *g, const rule_t *r)
 {
+	if (g->m->fw == PLAN_FW_FSDP2)
+		return rule_fsdp2(g, r);
 	switch (r->kind) {
 	case R_REPL: {
 		int32_t t = part(g, r, 0, -1);
@@ -782,6 +955,12 @@ check_par(const plan_arch_t *a, plan_fw_t fw, const plan_par_t *p, refit_err_t *
 {
 	const char *n = plan_fw_name(fw);
 
+	if (fw == PLAN_FW_FSDP2) {
+		if (p->pp != 1 || p->ep != 1 || p->etp != 1)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: dpN,tpN (a [dp][tp] "
+					     "mesh): pp and ep are not mapped", n);
+		return REFIT_OK;
+	}
 	if (fw == PLAN_FW_MEGATRON) {
 		int64_t per = (a->layers + p->pp - 1) / p->pp;
 
@@ -816,7 +995,7 @@ refit_status_t
 plan_fw_map_build(plan_fw_map_t *m, const plan_arch_t *a, plan_fw_t fw, const plan_par_t *par,
 		  int64_t fp8_block, refit_err_t *err)
 {
-	fwgen_t g = {m, &fw_descs[fw], a, par, {0}, err, 0, 0, 0, 0, -1, "", ""};
+	fwgen_t g = {m, &fw_descs[fw], a, par, {0}, err, 0, 0, 0, 0, -1, "", "", {0}};
 	refit_status_t rc = REFIT_OK;
 
 	memset(m, 0, sizeof(*m));
@@ -841,6 +1020,11 @@ plan_fw_map_build(plan_fw_map_t *m, const plan_arch_t *a, plan_fw_t fw, const pl
 	}
 	m->rank0[m->world] = m->params.n;
 	strmap_fini(&g.ids);
+	for (size_t i = 0; i < g.dt.n; i++) {
+		plan_layout_fini(&g.dt.v[i].l);
+		free(g.dt.v[i].first);
+	}
+	VEC_FREE(&g.dt);
 	if (rc != REFIT_OK) {
 		plan_fw_map_fini(m);
 		m->fw = fw;

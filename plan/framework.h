@@ -29,10 +29,11 @@ typedef enum plan_fw {
 	PLAN_FW_MEGATRON,
 	PLAN_FW_VLLM,
 	PLAN_FW_SGLANG,
+	PLAN_FW_FSDP2,      /* torch FSDP2 + TP: Hugging Face names, DTensor shards */
 	PLAN_FW_COUNT
 } plan_fw_t;
 
-/* "megatron", "vllm", "sglang" (also "megatron-core", "mcore"). */
+/* "megatron", "vllm", "sglang", "fsdp2" (also "megatron-core", "mcore"). */
 refit_status_t plan_fw_parse(const char *s, plan_fw_t *out, refit_err_t *err);
 const char *plan_fw_name(plan_fw_t fw);
 /* true for frameworks that train (their parallel specs read as training). */

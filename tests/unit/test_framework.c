@@ -349,10 +349,36 @@ START_TEST(fp8_scales)
 }
 END_TEST
 
+/* FSDP2 + TP: Hugging Face names, ColwiseParallel under FSDP is a
+ * _StridedShard: rank (d, t) holds FSDP chunk d of TP chunk t. */
+START_TEST(fsdp2_strided)
+{
+	plan_arch_t a;
+	plan_fw_map_t m;
+	const plan_fw_param_t *p;
+
+	tiny(&a, 0);
+	build(&m, &a, PLAN_FW_FSDP2, "dp2,tp2");
+	ck_assert_int_eq(m.world, 4);
+	p = param(&m, 1, "model.layers.0.self_attn.q_proj.weight"); /* d 0, t 1 */
+	piece_is(&m, p, 0, "model.layers.0.self_attn.q_proj.weight", 16, 8, 0);
+	p = param(&m, 2, "model.layers.0.self_attn.q_proj.weight"); /* d 1, t 0 */
+	piece_is(&m, p, 0, "model.layers.0.self_attn.q_proj.weight", 8, 8, 0);
+	/* RowwiseParallel: Shard(1) over tp, FSDP on dim 0 */
+	p = param(&m, 3, "model.layers.0.self_attn.o_proj.weight");
+	ck_assert(p->shape[0] == 4 && p->shape[1] == 16);
+	ck_assert_int_eq(m.pieces.v[p->piece0].box.off[1], 16);
+	/* uneven: 250 vocabulary rows over tp 2 then dp 2 */
+	p = param(&m, 3, "lm_head.weight");
+	ck_assert_int_eq(p->shape[0], 62);
+	plan_fw_map_fini(&m);
+}
+END_TEST
+
 Suite *
 suite_framework(void)
 {
 	return th_suite("framework", th_tcase("maps", 60, TH_TESTS(vllm_qkv_replicated,
 			megatron_qkv_interleaved, vocab_padding, moe_experts, check_refuses,
-			layouts_plan, hf_config, rank_disjoint, fp8_scales)), NULL);
+			layouts_plan, hf_config, rank_disjoint, fp8_scales, fsdp2_strided)), NULL);
 }
