@@ -9,8 +9,10 @@ library checks them when a client registers.
   boxes(name, dtype, shape, [(rank, offset, size), ...])
   to_json([layout, ...])             the text refit_register takes
   local_boxes(layout, rank)          [(offset, size), ...] of a rank's pieces
+                                     (Replicate, Shard, _StridedShard)
 """
 import json
+import re
 
 from .memory import dtype_name
 
@@ -103,22 +105,82 @@ def _mesh_dims(mesh):
     return dims
 
 
+_STRIDED = re.compile(r"^(?:_StridedShard|_S)\((?:dim=)?(-?\d+),(?:split_factor=|sf=)?(\d+)\)$")
+
+
 def _parse(p):
     s = p.replace(" ", "")
     if s in ("Replicate()", "R"):
-        return ("R", None)
+        return ("R", None, 1)
+    m = _STRIDED.match(s)
+    if m:
+        return ("SS", int(m.group(1)), int(m.group(2)))
     for pre in ("Shard(dim=", "Shard(", "S("):
         if s.startswith(pre) and s.endswith(")"):
-            return ("S", int(s[len(pre):-1]))
-    raise ValueError(f"refit: local_boxes handles Replicate and Shard placements, not {p!r} "
-                     "(use the tensor's own local shard)")
+            return ("S", int(s[len(pre):-1]), 1)
+    raise ValueError(f"refit: local_boxes handles Replicate, Shard and _StridedShard "
+                     f"placements, not {p!r}")
+
+
+def _chunk(E, n, c):
+    ch = -(-E // n) if E else 0
+    a = min(c * ch, E)
+    return a, min(a + ch, E)
+
+
+def _slice(runs, a, b, out):
+    """Append the global runs of local positions [a, b) of runs to out."""
+    pos = 0
+    for st, ln in runs:
+        lo, hi = max(a, pos), min(b, pos + ln)
+        if hi > lo:
+            g = st + (lo - pos)
+            if out and out[-1][1] > 0 and out[-1][0] + out[-1][1] == g:
+                out[-1] = (out[-1][0], out[-1][1] + hi - lo)
+            else:
+                if out and out[-1][1] == 0:
+                    out.pop()
+                out.append((g, hi - lo))
+        pos += ln
+
+
+def _pos(runs, a):
+    pos = 0
+    for st, ln in runs:
+        if a < pos + ln:
+            return st + (a - pos)
+        pos += ln
+    return runs[-1][0] + runs[-1][1] if runs else 0
+
+
+def _split(kind, k, n, c, runs):
+    E = sum(ln for _, ln in runs)
+    out, first_empty = [], None
+    if kind == "S":
+        a, b = _chunk(E, n, c)
+        _slice(runs, a, b, out)
+        first_empty = a
+    else:
+        for j in range(k):
+            sa, sb = _chunk(E, k, j)
+            if sa == E and j > 0:
+                break
+            ta, tb = _chunk(sb - sa, n, c)
+            _slice(runs, sa + ta, sa + tb, out)
+            if first_empty is None:
+                first_empty = sa + ta
+    if not out:
+        out.append((_pos(runs, first_empty), 0))
+    return out
 
 
 def local_boxes(layout, rank):
     """[(offset, size)] of the pieces rank holds (piece i is entry i); [] when
-    none.  DTensor form with Replicate/Shard placements (PyTorch's uneven
-    chunks: ceil(E/n) per mesh coordinate, nested in mesh-dim order), or
-    explicit form."""
+    none.  DTensor form (Replicate, Shard, _StridedShard; PyTorch's uneven
+    chunks) or explicit form.  Several pieces (only with _StridedShard) come
+    in row-major order of the rank's runs per dim; along each dim the runs
+    lie in the local tensor in ascending global order, so a piece's local
+    offset along d is the total length of the runs before it."""
     shape = _shape(layout["shape"])
     if "shards" in layout:
         return [(list(s["offset"]), list(s["size"])) for s in layout["shards"]
@@ -129,16 +191,14 @@ def local_boxes(layout, rank):
     if c is None:
         return []
     dims = _mesh_dims(mesh)
-    off, size = [0] * len(shape), list(shape)
+    runs = [[(0, n)] for n in shape]
     for md, p in enumerate(layout["placements"]):
-        kind, d = _parse(p)
+        kind, d, k = _parse(p)
         if kind == "R":
             continue
         d = d + len(shape) if d < 0 else d
-        n = dims[md]
-        chunk = -(-size[d] // n) if size[d] else 0
-        start = min(c[md] * chunk, size[d])
-        length = max(0, min(chunk, size[d] - start))
-        off[d] += start
-        size[d] = length
-    return [(off, size)]
+        runs[d] = _split(kind, k, dims[md], c[md], runs[d])
+    out = [([], [])]
+    for d in range(len(shape)):
+        out = [(o + [st], s + [ln]) for o, s in out for st, ln in runs[d]]
+    return out
