@@ -142,13 +142,13 @@ fw_pair_build(fw_pair_t *fp, const plan_arch_t *a, plan_fw_t tf, const plan_par_
 	if (rc == REFIT_OK)
 		rc = plan_fw_map_build(&fp->infer, a, inf, pi, fp8_block, err);
 	if (rc == REFIT_OK)
-		rc = plan_fw_map_check(&fp->train, err);
-	if (rc == REFIT_OK)
-		rc = plan_fw_map_check(&fp->infer, err);
-	if (rc == REFIT_OK)
 		rc = plan_fw_map_layouts(&fp->train, 0, s, err);
 	if (rc == REFIT_OK)
 		rc = plan_fw_map_layouts(&fp->infer, (int32_t)fp->train.world, d, err);
+	if (rc == REFIT_OK)
+		rc = plan_fw_map_check_with(&fp->train, s, err);
+	if (rc == REFIT_OK)
+		rc = plan_fw_map_check_with(&fp->infer, d, err);
 	if (rc != REFIT_OK) {
 		plan_layout_set_fini(s);
 		plan_layout_set_fini(d);

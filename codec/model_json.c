@@ -1,6 +1,7 @@
 /*
  * model_json.c - architecture files (config/models/NAME.json) to plan_arch_t.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,7 @@ parse_hf(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 {
 	const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model_type"));
 	const char *dt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "torch_dtype"));
+	const char *topk = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "topk_method"));
 	bool moe, mla;
 	int64_t step = 1, freq = 1;
 	const cJSON *only;
@@ -155,6 +157,13 @@ parse_hf(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 	CHECK(hf_int(o, "num_key_value_heads", a->heads, &a->kv_heads, type, err));
 	CHECK(hf_int(o, "head_dim", a->heads ? a->hidden / a->heads : 0, &a->head_dim, type, err));
 	CHECK(hf_int(o, "intermediate_size", 0, &a->intermediate, type, err));
+	/* vLLM's and SGLang's Qwen2 take head_dim as hidden / heads whatever the
+	 * config says (transformers honours it): such a checkpoint loads wrong */
+	if (strcmp(type, "qwen2") == 0 && a->heads > 0 && a->head_dim != a->hidden / a->heads)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (qwen2): head_dim "
+				     "%" PRId64 " is not hidden_size / num_attention_heads (%" PRId64
+				     "); the engines' Qwen2 assumes it is", a->head_dim,
+				     a->hidden / a->heads);
 	a->tie_embeddings = hf_true(o, "tie_word_embeddings", true);
 	a->qkv_bias = strcmp(type, "qwen2") == 0 || hf_true(o, "attention_bias", false);
 	a->qk_norm = strcmp(type, "qwen3") == 0 || moe;
@@ -162,7 +171,10 @@ parse_hf(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (%s): mlp_bias is not "
 				     "mapped", type);
 	if (moe) {
+		/* transformers 5 writes num_local_experts, the Hub's files num_experts */
 		CHECK(hf_int(o, "num_experts", 0, &a->experts, type, err));
+		if (a->experts == 0)
+			CHECK(hf_int(o, "num_local_experts", 0, &a->experts, type, err));
 		CHECK(hf_int(o, "moe_intermediate_size", 0, &a->expert_intermediate, type, err));
 		CHECK(hf_int(o, "decoder_sparse_step", 1, &step, type, err));
 		only = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers");
@@ -182,7 +194,8 @@ parse_hf(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 		CHECK(hf_int(o, "qk_nope_head_dim", 0, &a->qk_nope_dim, type, err));
 		CHECK(hf_int(o, "qk_rope_head_dim", 0, &a->qk_rope_dim, type, err));
 		CHECK(hf_int(o, "v_head_dim", 0, &a->v_head_dim, type, err));
-		a->router_bias = true; /* noaux_tc routing: e_score_correction_bias */
+		/* noaux_tc routing has e_score_correction_bias (DeepSeek-V3, Kimi-K2) */
+		a->router_bias = topk != NULL && strcmp(topk, "noaux_tc") == 0;
 		a->qkv_bias = false;
 		if (freq != 1 || a->q_lora_rank == 0)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (%s): "

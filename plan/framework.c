@@ -107,40 +107,46 @@ static const rule_t megatron_rules[] = {
 	{S_LAST, W_TIED_SPLIT, "output_layer.weight", R_VOCAB, {"model.embed_tokens.weight"}},
 };
 
-/* vLLM (and SGLang, whose layers follow it): model.layers.N. ... */
-static const rule_t vllm_rules[] = {
-	{S_FIRST, 0, "model.embed_tokens.weight", R_VOCAB, {"model.embed_tokens.weight"}},
-	{S_LAYER, 0, "input_layernorm.weight", R_REPL, {"input_layernorm.weight"}},
-	{S_LAYER, W_GQA, "self_attn.qkv_proj.weight", R_QKV_RANK,
-	 {Q "weight", K "weight", V "weight"}},
-	{S_LAYER, W_GQA | W_BIAS, "self_attn.qkv_proj.bias", R_QKV_RANK,
-	 {Q "bias", K "bias", V "bias"}},
-	{S_LAYER, W_GQA | W_QKNORM, "self_attn.q_norm.weight", R_REPL, {"self_attn.q_norm.weight"}},
-	{S_LAYER, W_GQA | W_QKNORM, "self_attn.k_norm.weight", R_REPL, {"self_attn.k_norm.weight"}},
-	{S_LAYER, W_MLA, "self_attn.fused_qkv_a_proj.weight", R_CAT,
-	 {"self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"}},
-	{S_LAYER, W_MLA, "self_attn.q_a_layernorm.weight", R_REPL, {"self_attn.q_a_layernorm.weight"}},
-	{S_LAYER, W_MLA, "self_attn.q_b_proj.weight", R_COL, {"self_attn.q_b_proj.weight"}},
-	{S_LAYER, W_MLA, "self_attn.kv_a_layernorm.weight", R_REPL,
-	 {"self_attn.kv_a_layernorm.weight"}},
-	{S_LAYER, W_MLA, "self_attn.kv_b_proj.weight", R_COL, {"self_attn.kv_b_proj.weight"}},
-	{S_LAYER, 0, "self_attn.o_proj.weight", R_ROW, {"self_attn.o_proj.weight"}},
-	{S_LAYER, 0, "post_attention_layernorm.weight", R_REPL, {"post_attention_layernorm.weight"}},
-	{S_LAYER, W_DENSE, "mlp.gate_up_proj.weight", R_CAT_TP,
-	 {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
-	{S_LAYER, W_DENSE, "mlp.down_proj.weight", R_ROW, {"mlp.down_proj.weight"}},
-	{S_LAYER, W_MOE, "mlp.gate.weight", R_REPL, {"mlp.gate.weight"}},
-	{S_LAYER, W_MOE | W_ROUTER_BIAS, "mlp.gate.e_score_correction_bias", R_REPL,
-	 {"mlp.gate.e_score_correction_bias"}},
-	{S_LAYER, W_MOE, "mlp.experts.w13_weight", R_EXPERTS13, {GATE_E, UP_E}},
-	{S_LAYER, W_MOE, "mlp.experts.w2_weight", R_EXPERTS2, {DOWN_E}},
-	{S_LAYER, W_SHARED, "mlp.shared_experts.gate_up_proj.weight", R_CAT_TP,
-	 {"mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"}},
-	{S_LAYER, W_SHARED, "mlp.shared_experts.down_proj.weight", R_ROW,
-	 {"mlp.shared_experts.down_proj.weight"}},
-	{S_LAST, 0, "model.norm.weight", R_REPL, {"model.norm.weight"}},
+/*
+ * vLLM and SGLang (whose layers follow vLLM's): model.layers.N. ...; they
+ * differ in where the fused experts live (EXPERTS: the module path).
+ */
+#define ENGINE_RULES(EXPERTS) \
+	{S_FIRST, 0, "model.embed_tokens.weight", R_VOCAB, {"model.embed_tokens.weight"}}, \
+	{S_LAYER, 0, "input_layernorm.weight", R_REPL, {"input_layernorm.weight"}}, \
+	{S_LAYER, W_GQA, "self_attn.qkv_proj.weight", R_QKV_RANK, \
+	 {Q "weight", K "weight", V "weight"}}, \
+	{S_LAYER, W_GQA | W_BIAS, "self_attn.qkv_proj.bias", R_QKV_RANK, \
+	 {Q "bias", K "bias", V "bias"}}, \
+	{S_LAYER, W_GQA | W_QKNORM, "self_attn.q_norm.weight", R_REPL, {"self_attn.q_norm.weight"}}, \
+	{S_LAYER, W_GQA | W_QKNORM, "self_attn.k_norm.weight", R_REPL, {"self_attn.k_norm.weight"}}, \
+	{S_LAYER, W_MLA, "self_attn.fused_qkv_a_proj.weight", R_CAT, \
+	 {"self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"}}, \
+	{S_LAYER, W_MLA, "self_attn.q_a_layernorm.weight", R_REPL, {"self_attn.q_a_layernorm.weight"}}, \
+	{S_LAYER, W_MLA, "self_attn.q_b_proj.weight", R_COL, {"self_attn.q_b_proj.weight"}}, \
+	{S_LAYER, W_MLA, "self_attn.kv_a_layernorm.weight", R_REPL, \
+	 {"self_attn.kv_a_layernorm.weight"}}, \
+	{S_LAYER, W_MLA, "self_attn.kv_b_proj.weight", R_COL, {"self_attn.kv_b_proj.weight"}}, \
+	{S_LAYER, 0, "self_attn.o_proj.weight", R_ROW, {"self_attn.o_proj.weight"}}, \
+	{S_LAYER, 0, "post_attention_layernorm.weight", R_REPL, {"post_attention_layernorm.weight"}}, \
+	{S_LAYER, W_DENSE, "mlp.gate_up_proj.weight", R_CAT_TP, \
+	 {"mlp.gate_proj.weight", "mlp.up_proj.weight"}}, \
+	{S_LAYER, W_DENSE, "mlp.down_proj.weight", R_ROW, {"mlp.down_proj.weight"}}, \
+	{S_LAYER, W_MOE, "mlp.gate.weight", R_REPL, {"mlp.gate.weight"}}, \
+	{S_LAYER, W_MOE | W_ROUTER_BIAS, "mlp.gate.e_score_correction_bias", R_REPL, \
+	 {"mlp.gate.e_score_correction_bias"}}, \
+	{S_LAYER, W_MOE, EXPERTS "w13_weight", R_EXPERTS13, {GATE_E, UP_E}}, \
+	{S_LAYER, W_MOE, EXPERTS "w2_weight", R_EXPERTS2, {DOWN_E}}, \
+	{S_LAYER, W_SHARED, "mlp.shared_experts.gate_up_proj.weight", R_CAT_TP, \
+	 {"mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"}}, \
+	{S_LAYER, W_SHARED, "mlp.shared_experts.down_proj.weight", R_ROW, \
+	 {"mlp.shared_experts.down_proj.weight"}}, \
+	{S_LAST, 0, "model.norm.weight", R_REPL, {"model.norm.weight"}}, \
 	{S_LAST, W_UNTIED, "lm_head.weight", R_VOCAB, {"lm_head.weight"}},
-};
+
+/* vLLM 0.33: the MoE runner holds the experts (routed_experts) */
+static const rule_t vllm_rules[] = {ENGINE_RULES("mlp.experts.routed_experts.")};
+static const rule_t sglang_rules[] = {ENGINE_RULES("mlp.experts.")};
 
 /*
  * torch FSDP2 + TP (torchtitan's plan on a Hugging Face module, verl's FSDP
@@ -208,7 +214,7 @@ static const struct fw_desc {
 			      "decoder.layers.%" PRId64 ".", true, 128, true},
 	[PLAN_FW_VLLM] = {"vllm", vllm_rules, sizeof(vllm_rules) / sizeof(vllm_rules[0]),
 			  "model.layers.%" PRId64 ".", false, 64, false},
-	[PLAN_FW_SGLANG] = {"sglang", vllm_rules, sizeof(vllm_rules) / sizeof(vllm_rules[0]),
+	[PLAN_FW_SGLANG] = {"sglang", sglang_rules, sizeof(sglang_rules) / sizeof(sglang_rules[0]),
 			    "model.layers.%" PRId64 ".", false, 64, false},
 	[PLAN_FW_FSDP2] = {"fsdp2", fsdp2_rules, sizeof(fsdp2_rules) / sizeof(fsdp2_rules[0]),
 			   "model.layers.%" PRId64 ".", false, 1, false},

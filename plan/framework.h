@@ -106,6 +106,9 @@ void plan_fw_map_bytes(const plan_fw_map_t *m, plan_fw_bytes_t *out);
  * the parameter, rank and box (or the tensor and an element missing).
  */
 refit_status_t plan_fw_map_check(const plan_fw_map_t *m, refit_err_t *err);
+/* The same with the map's layouts at hand (plan_fw_map_layouts, any base). */
+refit_status_t plan_fw_map_check_with(const plan_fw_map_t *m, const plan_layout_set_t *s,
+				      refit_err_t *err);
 
 /*
  * The logical tensors as explicit layouts (ranks shifted by `base`), one

@@ -124,24 +124,31 @@ check_param(const plan_fw_map_t *m, const plan_fw_param_t *p, refit_err_t *err)
 }
 
 refit_status_t
-plan_fw_map_check(const plan_fw_map_t *m, refit_err_t *err)
+plan_fw_map_check_with(const plan_fw_map_t *m, const plan_layout_set_t *s, refit_err_t *err)
 {
-	plan_layout_set_t s;
-
 	for (size_t i = 0; i < m->params.n; i++)
 		CHECK(check_param(m, &m->params.v[i], err));
-	CHECK(plan_fw_map_layouts(m, 0, &s, err));
-	for (size_t i = 0; i < s.n; i++) {
-		refit_status_t rc = plan_layout_check_coverage(&s.v[i], err);
+	for (size_t i = 0; i < s->n; i++) {
+		refit_status_t rc = plan_layout_check_coverage(&s->v[i], err);
 
 		if (rc != REFIT_OK) {
 			refit_err_prefix(err, "%s map", plan_fw_name(m->fw));
-			plan_layout_set_fini(&s);
 			return rc;
 		}
 	}
-	plan_layout_set_fini(&s);
 	return REFIT_OK;
+}
+
+refit_status_t
+plan_fw_map_check(const plan_fw_map_t *m, refit_err_t *err)
+{
+	plan_layout_set_t s;
+	refit_status_t rc;
+
+	CHECK(plan_fw_map_layouts(m, 0, &s, err));
+	rc = plan_fw_map_check_with(m, &s, err);
+	plan_layout_set_fini(&s);
+	return rc;
 }
 
 refit_status_t

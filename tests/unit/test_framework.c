@@ -166,7 +166,7 @@ START_TEST(moe_experts)
 
 	tiny(&a, 4);
 	build(&m, &a, PLAN_FW_VLLM, "tp2");
-	p = param(&m, 1, "model.layers.0.mlp.experts.w13_weight");
+	p = param(&m, 1, "model.layers.0.mlp.experts.routed_experts.w13_weight");
 	ck_assert_int_eq(p->ndim, 3);
 	ck_assert(p->shape[0] == 4 && p->shape[1] == 8 && p->shape[2] == 8);
 	ck_assert_uint_eq(p->npieces, 8);
@@ -175,7 +175,7 @@ START_TEST(moe_experts)
 	ck_assert(pc->at[0] == 1 && pc->at[1] == 4 && pc->box.off[0] == 4 && pc->box.size[0] == 4);
 	plan_fw_map_fini(&m);
 	build(&m, &a, PLAN_FW_VLLM, "tp2,ep2");
-	p = param(&m, 1, "model.layers.1.mlp.experts.w2_weight");
+	p = param(&m, 1, "model.layers.1.mlp.experts.routed_experts.w2_weight");
 	ck_assert(p->shape[0] == 2 && p->shape[1] == 8 && p->shape[2] == 8);
 	pc = &m.pieces.v[p->piece0];
 	ck_assert_str_eq(m.tensors.v[pc->tensor].name,
@@ -328,7 +328,7 @@ START_TEST(fp8_scales)
 	piece_is(&m, sc, 1, "model.layers.0.self_attn.k_proj.weight_scale_inv", 1, 1, 2);
 	piece_is(&m, sc, 2, "model.layers.0.self_attn.v_proj.weight_scale_inv", 1, 1, 3);
 	/* stacked experts: [E, 2 ceil(I_tp / 128), ceil(H / 128)] */
-	sc = param(&m, 0, "model.layers.1.mlp.experts.w13_weight_scale_inv");
+	sc = param(&m, 0, "model.layers.1.mlp.experts.routed_experts.w13_weight_scale_inv");
 	ck_assert(sc->ndim == 3 && sc->shape[0] == 4 && sc->shape[1] == 2 && sc->shape[2] == 2);
 	pc = &m.pieces.v[sc->piece0 + 3]; /* expert 1, up */
 	ck_assert_str_eq(m.tensors.v[pc->tensor].name,
