@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.abspath("tests/conversion"))
 import ref as quant_ref  # noqa: E402  (the numpy reference quantizer)
 
 assert RPN == 4, "test_frameworks.py lays out 4 ranks per node"
-BASE = {"c": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4,
+BASE = {"c": {"model_type": "qwen2", "hidden_size": 128, "num_hidden_layers": 4,
               "vocab_size": 250, "num_attention_heads": 8, "num_key_value_heads": 2,
               "head_dim": 16, "intermediate_size": 96, "tie_word_embeddings": False,
               "torch_dtype": "bfloat16"}}
@@ -196,10 +196,11 @@ def bad_maps():
     try:
         # rank 4 holds q_proj rows 0-31; claim rows 16-47 once more
         q = next(lay for lay in lays if lay["name"].endswith("layers.0.self_attn.q_proj.weight"))
+        H = MODELS["dense"]["hidden_size"]
         dup = dict(q, shards=q["shards"] + [{"rank": RPN, "offset": [16, 0],
-                                             "size": [32, 64]}])
+                                             "size": [32, H]}])
         extra = {("model.layers.0.self_attn.q_proj.weight", RPN, 1):
-                 refit.empty([32, 64], "uint16")}
+                 refit.empty([32, H], "uint16")}
         refused(
             lambda: c.register("badmap", "infer", [dup if lay is q else lay for lay in lays],
                                {**pieces, **extra}, instance="x", install="in-place"),
@@ -212,8 +213,8 @@ def bad_maps():
         refused(
             lambda: c.register("badmap", "infer", [short if lay is o else lay for lay in lays],
                                gone, instance="x", install="in-place"),
-            "layout \"model.layers.1.self_attn.o_proj.weight\": the "
-            "shards leave 2048 of 8192 elements uncovered, e.g. element [0, 96]")
+            "layout \"model.layers.1.self_attn.o_proj.weight\": the shards leave %d of %d "
+            "elements uncovered, e.g. element [0, 96]" % (H * 32, H * 128))
     finally:
         c.close()
 
