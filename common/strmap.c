@@ -35,10 +35,27 @@ strmap_fini(strmap_t *m)
 	memset(m, 0, sizeof(*m));
 }
 
+/* The table's start slot: FNV-1a's low bits barely change between names
+ * that differ in a middle digit (model.layers.12.mlp.experts.45...), so
+ * the hash is mixed (a 64-bit finaliser) before it is masked; without it
+ * linear probing ran long chains with tens of thousands of such names. */
+static size_t
+start(const strmap_t *m, const char *key)
+{
+	uint64_t h = refit_hash_str(key);
+
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdull;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ull;
+	h ^= h >> 33;
+	return (size_t)h & (m->cap - 1);
+}
+
 static size_t
 slot(const strmap_t *m, const char *key)
 {
-	size_t i = (size_t)refit_hash_str(key) & (m->cap - 1);
+	size_t i = start(m, key);
 
 	while (m->keys[i] != NULL && strcmp(m->keys[i], key) != 0)
 		i = (i + 1) & (m->cap - 1);

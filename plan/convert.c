@@ -474,10 +474,9 @@ bad(refit_err_t *err, const char *name, const char *what, size_t shard)
 }
 
 static refit_status_t
-check_sender(const plan_conv_t *c, const plan_conv_tensor_t *t, const plan_layout_t *s,
-	     const plan_layout_set_t *src, refit_err_t *err)
+check_sender(const plan_conv_t *c, const strmap_t *names, const plan_conv_tensor_t *t,
+	     const plan_layout_t *s, const plan_layout_set_t *src, refit_err_t *err)
 {
-	strmap_t m;
 	int32_t k;
 	const plan_layout_t *ss = NULL;
 
@@ -498,9 +497,7 @@ check_sender(const plan_conv_t *c, const plan_conv_tensor_t *t, const plan_layou
 	}
 	if (t->scale_dst2 < 0)
 		return REFIT_OK;
-	index_names(&c->src, &m);
-	k = strmap_get(&m, c->dst.v[t->scale_dst2].name);
-	strmap_fini(&m);
+	k = strmap_get(names, c->dst.v[t->scale_dst2].name);
 	if (k >= 0)
 		ss = &c->src.v[k];
 	if (ss == NULL || ss->nshards != s->nshards)
@@ -556,18 +553,23 @@ refit_status_t
 plan_convert_check(const plan_conv_t *c, const plan_layout_set_t *src,
 		   const plan_layout_set_t *dst, refit_err_t *err)
 {
-	for (size_t k = 0; k < c->n; k++) {
+	strmap_t names; /* the rewritten sources by name, built once */
+	refit_status_t rc = REFIT_OK;
+
+	index_names(&c->src, &names);
+	for (size_t k = 0; k < c->n && rc == REFIT_OK; k++) {
 		const plan_conv_tensor_t *t = &c->t[k];
 		const plan_layout_t *w = &c->dst.v[t->dst2];
 
 		if (strcmp(w->name, dst->v[t->dst].name) != 0)
-			return bad(err, dst->v[t->dst].name, "is missing", 0);
-		if (t->site == PLAN_CONV_SENDER)
-			CHECK(check_sender(c, t, &c->src.v[t->src], src, err));
+			rc = bad(err, dst->v[t->dst].name, "is missing", 0);
+		else if (t->site == PLAN_CONV_SENDER)
+			rc = check_sender(c, &names, t, &c->src.v[t->src], src, err);
 		else
-			CHECK(check_receiver(t, w, dst, err));
+			rc = check_receiver(t, w, dst, err);
 	}
-	return REFIT_OK;
+	strmap_fini(&names);
+	return rc;
 }
 
 /* ---- comparisons and generated models ------------------------------ */
