@@ -121,7 +121,7 @@ hf_true(const cJSON *o, const char *key, bool def)
 /*
  * A Hugging Face config.json of a family refit knows (hf_types).  Absent
  * keys take transformers' defaults: num_key_value_heads = heads, head_dim
- * = hidden / heads, tie_word_embeddings true (PretrainedConfig's).
+ * = hidden / heads, tie_word_embeddings false (the families' own defaults).
  * Features that change the weights refit does not model are refused.
  */
 static refit_status_t
@@ -157,15 +157,13 @@ parse_hf(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 	CHECK(hf_int(o, "num_key_value_heads", a->heads, &a->kv_heads, type, err));
 	CHECK(hf_int(o, "head_dim", a->heads ? a->hidden / a->heads : 0, &a->head_dim, type, err));
 	CHECK(hf_int(o, "intermediate_size", 0, &a->intermediate, type, err));
-	/* vLLM's and SGLang's Qwen2 take head_dim as hidden / heads whatever the
-	 * config says (transformers honours it): such a checkpoint loads wrong */
-	if (strcmp(type, "qwen2") == 0 && a->heads > 0 && a->head_dim != a->hidden / a->heads)
-		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (qwen2): head_dim "
-				     "%" PRId64 " is not hidden_size / num_attention_heads (%" PRId64
-				     "); the engines' Qwen2 assumes it is", a->head_dim,
-				     a->hidden / a->heads);
-	a->tie_embeddings = hf_true(o, "tie_word_embeddings", true);
+	/* vLLM's Qwen2 takes head_dim as hidden / heads whatever the config
+	 * says (transformers and SGLang honour it): the vLLM map refuses such */
+	a->qwen2_head_dim = strcmp(type, "qwen2") == 0;
+	/* transformers' classes for these families default to untied */
+	a->tie_embeddings = hf_true(o, "tie_word_embeddings", false);
 	a->qkv_bias = strcmp(type, "qwen2") == 0 || hf_true(o, "attention_bias", false);
+	a->o_bias = strcmp(type, "qwen2") != 0 && hf_true(o, "attention_bias", false);
 	a->qk_norm = strcmp(type, "qwen3") == 0 || moe;
 	if (hf_true(o, "mlp_bias", false))
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (%s): mlp_bias is not "
@@ -178,6 +176,9 @@ parse_hf(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 		CHECK(hf_int(o, "moe_intermediate_size", 0, &a->expert_intermediate, type, err));
 		CHECK(hf_int(o, "decoder_sparse_step", 1, &step, type, err));
 		only = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers");
+		if (a->experts == 0)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (%s): no "
+					     "num_experts (or num_local_experts)", type);
 		if (step != 1 || cJSON_GetArraySize(only) > 0)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (%s): dense "
 					     "layers between MoE layers (decoder_sparse_step, "
@@ -196,7 +197,10 @@ parse_hf(const cJSON *o, plan_arch_t *a, refit_err_t *err)
 		CHECK(hf_int(o, "v_head_dim", 0, &a->v_head_dim, type, err));
 		/* noaux_tc routing has e_score_correction_bias (DeepSeek-V3, Kimi-K2) */
 		a->router_bias = topk != NULL && strcmp(topk, "noaux_tc") == 0;
-		a->qkv_bias = false;
+		a->qkv_bias = a->o_bias = false;
+		if (a->experts == 0)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (%s): no "
+					     "n_routed_experts", type);
 		if (freq != 1 || a->q_lora_rank == 0)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config.json (%s): "
 					     "moe_layer_freq != 1 or q_lora_rank null (no q_a_proj) "

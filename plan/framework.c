@@ -41,6 +41,7 @@ enum {
 	W_DENSE = 1 << 4, W_MOE = 1 << 5, W_SHARED = 1 << 6, W_UNTIED = 1 << 7,
 	W_TIED_SPLIT = 1 << 8,   /* tied embeddings, first and last stage differ */
 	W_ROUTER_BIAS = 1 << 9,
+	W_OBIAS = 1 << 10,       /* o_proj has a bias (attention_bias) */
 };
 
 typedef enum { S_FIRST, S_LAYER, S_LAST } scope_t;
@@ -87,6 +88,7 @@ static const rule_t megatron_rules[] = {
 	{S_LAYER, W_MLA, "self_attention.linear_kv_up_proj.weight", R_COL,
 	 {"self_attn.kv_b_proj.weight"}},
 	{S_LAYER, 0, "self_attention.linear_proj.weight", R_ROW, {"self_attn.o_proj.weight"}},
+	{S_LAYER, W_OBIAS, "self_attention.linear_proj.bias", R_REPL, {"self_attn.o_proj.bias"}},
 	{S_LAYER, W_DENSE, "mlp.linear_fc1.layer_norm_weight", R_REPL,
 	 {"post_attention_layernorm.weight"}},
 	{S_LAYER, W_DENSE, "mlp.linear_fc1.weight", R_CAT_TP,
@@ -128,6 +130,7 @@ static const rule_t megatron_rules[] = {
 	 {"self_attn.kv_a_layernorm.weight"}}, \
 	{S_LAYER, W_MLA, "self_attn.kv_b_proj.weight", R_COL, {"self_attn.kv_b_proj.weight"}}, \
 	{S_LAYER, 0, "self_attn.o_proj.weight", R_ROW, {"self_attn.o_proj.weight"}}, \
+	{S_LAYER, W_OBIAS, "self_attn.o_proj.bias", R_REPL, {"self_attn.o_proj.bias"}}, \
 	{S_LAYER, 0, "post_attention_layernorm.weight", R_REPL, {"post_attention_layernorm.weight"}}, \
 	{S_LAYER, W_DENSE, "mlp.gate_up_proj.weight", R_CAT_TP, \
 	 {"mlp.gate_proj.weight", "mlp.up_proj.weight"}}, \
@@ -176,6 +179,7 @@ static const rule_t fsdp2_rules[] = {
 	 {"self_attn.kv_a_layernorm.weight"}},
 	{S_LAYER, W_MLA, "self_attn.kv_b_proj.weight", R_COL, {"self_attn.kv_b_proj.weight"}},
 	{S_LAYER, 0, "self_attn.o_proj.weight", R_ROW, {"self_attn.o_proj.weight"}},
+	{S_LAYER, W_OBIAS, "self_attn.o_proj.bias", R_REPL, {"self_attn.o_proj.bias"}},
 	{S_LAYER, 0, "post_attention_layernorm.weight", R_REPL, {"post_attention_layernorm.weight"}},
 	{S_LAYER, W_DENSE, "mlp.gate_proj.weight", R_COL, {"mlp.gate_proj.weight"}},
 	{S_LAYER, W_DENSE, "mlp.up_proj.weight", R_COL, {"mlp.up_proj.weight"}},
@@ -310,6 +314,8 @@ hf_shape(const plan_arch_t *a, const char *s, int64_t *sh, plan_dtype_t *dt)
 		return SET1(nq * hd);
 	if (IS("self_attn.k_proj.bias") || IS("self_attn.v_proj.bias"))
 		return SET1(nkv * hd);
+	if (IS("self_attn.o_proj.bias"))
+		return SET1(H);
 	if (IS("self_attn.q_norm.weight") || IS("self_attn.k_norm.weight"))
 		return SET1(hd);
 	if (IS("self_attn.o_proj.weight"))
@@ -652,8 +658,14 @@ rule_qkv_groups(fwgen_t *g, const rule_t *r)
 		return refit_err_set(g->err, REFIT_ERR_INVALID_ARG, "%s: %" PRId64 " query groups "
 				     "is more than refit handles (%d)", a->name, a->kv_heads,
 				     MAX_SEGS / 3);
-	if (a->kv_heads % tp != 0)
+	/* Megatron: groups divisible by tp, or tp by groups (one group's
+	 * [q; k; v] split over tp / groups ranks, nothing replicated) */
+	if (a->kv_heads % tp != 0 && tp % a->kv_heads != 0)
 		return indivisible(g, "query groups (kv_heads)", a->kv_heads, "tp", tp);
+	if (a->heads % tp != 0)
+		return indivisible(g, "heads", a->heads, "tp", tp);
+	if (total % tp != 0)
+		return indivisible(g, "linear_qkv rows", total, "tp", tp);
 	hpg = a->heads / a->kv_heads;
 	for (int64_t grp = 0; grp < a->kv_heads; grp++) {
 		s[n++] = (seg_t){q, grp * hpg * hd, hpg * hd};
@@ -691,6 +703,13 @@ rule_qkv_rank(fwgen_t *g, const rule_t *r)
 	return emit(g, r, q, 0, s[0].len + 2 * s[1].len, s, 3, 0);
 }
 
+/* Megatron's expert TP: given, or tp (its default) */
+static int64_t
+etp_of(const plan_par_t *p)
+{
+	return p->etp ? p->etp : p->tp;
+}
+
 /* The experts a rank holds and the expert-TP split of I: vLLM and SGLang
  * split experts over the instance's ranks when ep > 1 (whole experts),
  * else split I over tp; Megatron over its expert ranks (etp splits I). */
@@ -700,7 +719,7 @@ expert_range(fwgen_t *g, int64_t *e0, int64_t *ne, int64_t *itp, int64_t *itr)
 	const plan_arch_t *a = g->a;
 	const plan_par_t *p = g->par;
 	bool engine = g->m->fw != PLAN_FW_MEGATRON;
-	int64_t ep = p->ep, split = engine ? (ep > 1 ? 1 : p->tp) : p->etp;
+	int64_t ep = p->ep, split = engine ? p->tp / ep : etp_of(p);
 
 	if (a->experts % ep != 0)
 		return indivisible(g, "experts", a->experts, "ep", ep);
@@ -710,7 +729,7 @@ expert_range(fwgen_t *g, int64_t *e0, int64_t *ne, int64_t *itp, int64_t *itr)
 	*ne = a->experts / ep;
 	*e0 = g->epr * *ne;
 	*itp = a->expert_intermediate / split;
-	*itr = engine ? (ep > 1 ? 0 : g->tpr) : g->etpr;
+	*itr = engine ? g->tpr % split : g->etpr;
 	return REFIT_OK;
 }
 
@@ -900,6 +919,7 @@ conditions(const fwgen_t *g, int64_t l, bool first, bool last)
 
 	w |= a->qk_norm ? W_QKNORM : 0;
 	w |= a->qkv_bias ? W_BIAS : 0;
+	w |= a->o_bias ? W_OBIAS : 0;
 	w |= moe ? W_MOE : W_DENSE;
 	w |= moe && a->shared_experts > 0 ? W_SHARED : 0;
 	w |= moe && a->router_bias ? W_ROUTER_BIAS : 0;
@@ -934,11 +954,11 @@ gen_rank(fwgen_t *g, int32_t rank)
 	g->rank = rank;
 	g->tpr = rank % p->tp;
 	if (g->m->fw == PLAN_FW_MEGATRON) {
-		g->etpr = s % p->etp;
-		g->epr = (s / p->etp) % p->ep;
-	} else {
+		g->etpr = s % etp_of(p);
+		g->epr = (s / etp_of(p)) % p->ep;
+	} else { /* SGLang: moe_ep_rank = tp_rank / (tp / ep) */
 		g->etpr = 0;
-		g->epr = p->ep > 1 ? g->tpr : 0;
+		g->epr = g->tpr / (p->tp / p->ep);
 	}
 	g->layer = -1;
 	if (first)
@@ -962,7 +982,7 @@ check_par(const plan_arch_t *a, plan_fw_t fw, const plan_par_t *p, refit_err_t *
 	const char *n = plan_fw_name(fw);
 
 	if (fw == PLAN_FW_FSDP2) {
-		if (p->pp != 1 || p->ep != 1 || p->etp != 1)
+		if (p->pp != 1 || p->ep != 1 || p->etp > 1)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: dpN,tpN (a [dp][tp] "
 					     "mesh): pp and ep are not mapped", n);
 		return REFIT_OK;
@@ -976,20 +996,29 @@ check_par(const plan_arch_t *a, plan_fw_t fw, const plan_par_t *p, refit_err_t *
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: %" PRId64 " layers "
 					     "leave the last of pp%" PRId64 " stages empty (%"
 					     PRId64 " a stage)", n, a->layers, p->pp, per);
-		if ((p->tp * p->dp) % (p->ep * p->etp) != 0)
+		if ((p->tp * p->dp) % (p->ep * etp_of(p)) != 0)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: ep%" PRId64 " x etp%"
 					     PRId64 " does not divide tp%" PRId64 " x dp%" PRId64,
-					     n, p->ep, p->etp, p->tp, p->dp);
+					     n, p->ep, etp_of(p), p->tp, p->dp);
 		return REFIT_OK;
 	}
 	if (p->pp != 1)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: pp is not supported (DP "
 				     "instances of TP, optionally ep = tp)", n);
-	if (p->ep > 1 && p->ep != p->tp)
+	if (fw == PLAN_FW_VLLM && p->ep > 1 && p->ep != p->tp)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: ep%" PRId64 " must equal tp%"
 				     PRId64 " (experts split over the instance's ranks)", n, p->ep,
 				     p->tp);
-	if (p->etp != 1)
+	if (p->tp % p->ep != 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: ep%" PRId64 " must divide tp%"
+				     PRId64 " (experts split over the instance's ranks, the rest "
+				     "of tp splitting each expert)", n, p->ep, p->tp);
+	if (fw == PLAN_FW_VLLM && a->qwen2_head_dim && a->head_dim != a->hidden / a->heads)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: head_dim %" PRId64 " is not "
+				     "hidden / heads (%" PRId64 "): vLLM's Qwen2 assumes it is and "
+				     "would load the checkpoint wrong", n, a->head_dim,
+				     a->hidden / a->heads);
+	if (p->etp > 1)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: etp is Megatron's; an "
 				     "engine splits experts over tp (or ep = tp)", n);
 	if (a->q_lora_rank == 0 && a->kv_heads == 0)

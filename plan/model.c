@@ -55,8 +55,6 @@ plan_par_parse(const char *s, bool training, plan_par_t *out, refit_err_t *err)
 		out->pp = 1;
 	if (out->ep == 0)
 		out->ep = 1;
-	if (out->etp == 0)
-		out->etp = 1;
 	if (out->dp == 0)
 		out->dp = training ? out->ep : 1; /* training carves EP from DP */
 	if (training && out->dp % out->ep != 0)

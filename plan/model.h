@@ -25,6 +25,8 @@ typedef struct plan_arch {
 	int64_t hidden, layers, vocab, heads, kv_heads, head_dim, intermediate;
 	bool tie_embeddings, qk_norm;
 	bool qkv_bias;       /* q/k/v projections have biases (Qwen2) */
+	bool o_bias;         /* o_proj has a bias too (attention_bias: true) */
+	bool qwen2_head_dim; /* a Qwen2 config.json: vLLM takes head_dim as hidden / heads */
 	bool router_bias;    /* the MoE router has e_score_correction_bias (DeepSeek-V3) */
 	/* MLA (DeepSeek-V3, Kimi-K2); q_lora_rank 0 = GQA */
 	int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
@@ -35,7 +37,7 @@ typedef struct plan_arch {
 
 typedef struct plan_par {
 	int64_t tp, pp, dp, ep;   /* 0 = 1 (dp: derived from ep when 0) */
-	int64_t etp;              /* expert TP (Megatron); 1 unless given */
+	int64_t etp;              /* expert TP (Megatron); 0: not given (Megatron: tp) */
 } plan_par_t;
 
 /*

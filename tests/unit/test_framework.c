@@ -113,13 +113,20 @@ START_TEST(megatron_qkv_interleaved)
 	param(&m, 3, "output_layer.weight");
 	param(&m, 1, "embedding.word_embeddings.weight");
 	plan_fw_map_fini(&m);
-	/* fewer query groups than tp: Megatron divides groups by tp */
-	ck_assert_int_eq(plan_par_parse("tp4", true, &p, NULL), REFIT_OK);
+	/* fewer query groups than tp: a group's [q; k; v] split over ranks */
+	build(&m, &a, PLAN_FW_MEGATRON, "tp4");
+	qkv = param(&m, 1, "decoder.layers.0.self_attention.linear_qkv.weight");
+	ck_assert_int_eq(qkv->shape[0], 12);
+	piece_is(&m, qkv, 0, "model.layers.0.self_attn.q_proj.weight", 12, 4, 0);
+	piece_is(&m, qkv, 1, "model.layers.0.self_attn.k_proj.weight", 0, 4, 4);
+	piece_is(&m, qkv, 2, "model.layers.0.self_attn.v_proj.weight", 0, 4, 8);
+	plan_fw_map_fini(&m);
+	ck_assert_int_eq(plan_par_parse("tp3", true, &p, NULL), REFIT_OK);
 	refit_err_clear(&e);
 	ck_assert_int_eq(plan_fw_map_build(&m, &a, PLAN_FW_MEGATRON, &p, 0, &e),
 			 REFIT_ERR_INVALID_ARG);
 	ck_assert_str_eq(e.msg, "megatron cannot place \"tiny\": query groups (kv_heads) (2) is "
-			 "not divisible by tp (4)");
+			 "not divisible by tp (3)");
 	plan_fw_map_fini(&m);
 }
 END_TEST
@@ -264,7 +271,7 @@ START_TEST(hf_config)
 
 	refit_err_clear(&e);
 	ck_assert_msg(codec_arch_parse(q2, strlen(q2), &a, &e) == REFIT_OK, "%s", e.msg);
-	ck_assert(a.qkv_bias && !a.qk_norm && a.tie_embeddings && a.head_dim == 16);
+	ck_assert(a.qkv_bias && !a.o_bias && !a.qk_norm && !a.tie_embeddings && a.head_dim == 16);
 	ck_assert(a.kv_heads == 2 && a.dtype == PLAN_DT_BF16);
 	ck_assert_int_eq(codec_arch_parse(bad, strlen(bad), &a, &e), REFIT_ERR_INVALID_ARG);
 	ck_assert_ptr_nonnull(strstr(e.msg, "model_type \"gpt2\" is not one refit maps"));
