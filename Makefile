@@ -125,6 +125,7 @@ all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
 
 deps:
 	$(Q)sh scripts/deps.sh
+	$(Q)sh scripts/pydeps.sh $(BUILD)
 
 config:
 	@echo "cuda headers: $(if $(HAVE_CUDA_H),yes ($(CUDA_HOME)),no)"

@@ -60,6 +60,16 @@ script "conversion end to end, ASan + UBSan" \
 
 script "frameworks end to end (Megatron TP2xPP2 -> vLLM and SGLang TP4 in their own memory, byte for byte; bad maps refused)" \
 	/usr/bin/python3 tests/integration/test_frameworks.py "$BUILD"
+# the maps against the frameworks' own code, each in its environment from
+# python/frameworks.txt (make deps: scripts/pydeps.sh)
+script "frameworks: vLLM's own load_weights on CPU (tp 1-8, ep) against refit's maps" \
+	"$BUILD/venv-vllm/bin/python" tests/frameworks/test_vllm.py "$BUILD"
+script "frameworks: SGLang's own loader on CPU (tp 1-8, dp, ep) against refit's maps" \
+	"$BUILD/venv-sglang/bin/python" tests/frameworks/test_sglang.py "$BUILD"
+script "frameworks: megatron-bridge's HF -> Megatron-Core load (tp, pp, ep, etp) against refit's maps" \
+	"$BUILD/venv-megatron/bin/python" tests/frameworks/test_megatron.py "$BUILD"
+script "frameworks: FSDP2 + TP DTensors on 4 gloo processes against refit's boxes (C and Python)" \
+	"$BUILD/venv-vllm/bin/python" tests/frameworks/test_fsdp2.py "$BUILD"
 script "librefit stands alone (exported symbols, soname, pkg-config, static)" \
 	sh tests/librefit/run.sh "$BUILD"
 script "Python package (torch trainer + inference examples as processes, DTensor-like layouts, pip install)" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """refit's DTensor resolution against real torch.distributed.tensor objects.
 
-    build/venv/bin/python tests/frameworks/test_fsdp2.py BUILD_DIR
+    build/venv-vllm/bin/python tests/frameworks/test_fsdp2.py BUILD_DIR
 
 Spawns 4 CPU processes (gloo, loopback only) that build a tiny
 transformer-like module with index-encoded parameters (tensor k holds

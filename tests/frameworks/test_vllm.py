@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """refit's vLLM map against vLLM's own weight loading.
 
-    build/venv/bin/python tests/frameworks/test_vllm.py BUILD_DIR
+    build/venv-vllm/bin/python tests/frameworks/test_vllm.py BUILD_DIR
         [--only MODEL,...] [--tp N,...] [--no-ep] [--dump] [--keep]
 
 The vLLM side is vLLM itself (pip install vllm; proven with 0.33.0), on its
