@@ -543,8 +543,11 @@ emit_scale(fwgen_t *g, const char *wname, int td, const seg_t *s, size_t n, int6
 	int shift;
 
 	for (size_t i = 0; i < n; i++) {
-		const plan_fw_tensor_t *t = T(g, s[i].t);
+		const plan_fw_tensor_t *t;
 
+		if (s[i].t < 0) /* no rule pads a projection: our bug */
+			abort();
+		t = T(g, s[i].t);
 		total += s[i].len;
 		if (s[i].lo % B != 0)
 			return refit_err_set(g->err, REFIT_ERR_INVALID_ARG, "%s cannot place \"%s\" "

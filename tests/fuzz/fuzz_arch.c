@@ -1,12 +1,42 @@
 /*
- * fuzz_arch.c - libFuzzer harness for architecture files; an architecture
- * that parses is turned into layouts for a small parallel layout, which
- * must cover every element.
+ * fuzz_arch.c - libFuzzer harness for architecture files and Hugging Face
+ * config.json files; an architecture that parses is turned into layouts
+ * for a small parallel layout, which must cover every element, and into
+ * the frameworks' memory maps, each of which, when built, must pass its
+ * own check (pieces inside, disjoint, covering; every element held).
  */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "codec/json.h"
+
+/* Every framework map the generator builds for a must be a valid one. */
+static void
+maps(const plan_arch_t *a)
+{
+	static const struct { plan_fw_t fw; const char *par; int64_t fp8; } c[] = {
+		{PLAN_FW_MEGATRON, "tp2,pp2,ep2", 0}, {PLAN_FW_VLLM, "tp2", 0},
+		{PLAN_FW_SGLANG, "tp2,ep2", 0}, {PLAN_FW_FSDP2, "dp2,tp2", 0},
+		{PLAN_FW_VLLM, "tp1", 128},
+	};
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		plan_par_t p;
+		plan_fw_map_t m;
+		refit_err_t e;
+
+		refit_err_clear(&e);
+		if (plan_par_parse(c[i].par, plan_fw_trains(c[i].fw), &p, NULL) != REFIT_OK)
+			abort();
+		if (plan_fw_map_build(&m, a, c[i].fw, &p, c[i].fp8, &e) == REFIT_OK) {
+			if (plan_fw_map_check(&m, &e) != REFIT_OK)
+				abort();
+		} else if (e.msg[0] == '\0') {
+			abort();
+		}
+		plan_fw_map_fini(&m);
+	}
+}
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -43,5 +73,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	plan_layout_set_fini(&s);
 	plan_layout_set_fini(&d);
+	maps(&a);
 	return 0;
 }
