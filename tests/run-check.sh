@@ -70,6 +70,10 @@ script "frameworks: megatron-bridge's HF -> Megatron-Core load (tp, pp, ep, etp)
 	"$BUILD/venv-megatron/bin/python" tests/frameworks/test_megatron.py "$BUILD"
 script "frameworks: FSDP2 + TP DTensors on 4 gloo processes against refit's boxes (C and Python)" \
 	"$BUILD/venv-vllm/bin/python" tests/frameworks/test_fsdp2.py "$BUILD"
+script "frameworks: maps discovered from vLLM's own loader equal refit's, and pass the C checks" \
+	"$BUILD/venv-vllm/bin/python" tests/frameworks/test_discover.py "$BUILD"
+script "frameworks: maps discovered from SGLang's own loader equal refit's, and pass the C checks" \
+	"$BUILD/venv-sglang/bin/python" tests/frameworks/test_discover.py "$BUILD"
 script "librefit stands alone (exported symbols, soname, pkg-config, static)" \
 	sh tests/librefit/run.sh "$BUILD"
 script "Python package (torch trainer + inference examples as processes, DTensor-like layouts, pip install)" \
