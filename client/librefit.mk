@@ -22,7 +22,8 @@ LIBREFIT_MAP     := client/librefit.map
 LIBREFIT_SRC     := client/librefit.c client/librefit_fw.c rpc/rpc_client.c rpc/rpc_status.c \
 		    rpc/proto_conv.c codec/layout_json.c codec/json_util.c \
 		    plan/layout.c plan/layout_set.c plan/box.c plan/convert.c \
-		    plan/framework.c plan/framework_map.c plan/model.c \
+		    plan/framework.c plan/framework_map.c plan/framework_tensors.c \
+		    plan/framework_fsdp2.c plan/model.c \
 		    codec/model_json.c codec/framework_json.c \
 		    common/alloc.c common/err.c common/status.c common/strbuf.c \
 		    common/strmap.c common/utf8.c common/sha256.c

@@ -5,54 +5,20 @@
  * A rule names a parameter (as the framework names it, after the layer
  * prefix for per-layer rules), the Hugging Face tensors it is made of
  * ("parts", after the Hugging Face layer prefix) and how the framework fuses
- * and splits them (rule_kind_t).  Every kind reduces to one operation: a
- * window of a concatenation of tensor slices along one dim (seg_t, window()).
- * The tables below are the only place that knows a framework; each line is
- * checked against the framework's own code by tests/frameworks/.
+ * and splits them (rule_kind_t).  Every kind of Megatron and the engines
+ * reduces to one operation: a window of a concatenation of tensor slices
+ * along one dim (seg_t, window()); FSDP2's are DTensor shards
+ * (framework_fsdp2.c).  The tables below are the only place that knows a
+ * framework; each line is checked against the framework's own code by
+ * tests/frameworks/.  The logical tensors and the parameter being emitted:
+ * framework_tensors.c.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/strmap.h"
-#include "plan/framework.h"
-
-/* How a rule fuses its parts and splits them over ranks. */
-typedef enum rule_kind {
-	R_REPL,       /* one tensor, whole on every rank */
-	R_COL,        /* one tensor, dim 0 split evenly over TP */
-	R_ROW,        /* one tensor, dim 1 split evenly over TP */
-	R_VOCAB,      /* dim 0 padded to the framework's multiple, split evenly */
-	R_CAT,        /* parts concatenated on dim 0, whole on every rank */
-	R_CAT_TP,     /* per rank [part0_r; part1_r]: each part split evenly */
-	R_QKV_GROUPS, /* Megatron: [q_g; k_g; v_g] per query group, split evenly */
-	R_QKV_RANK,   /* vLLM: per rank [q_r; k_r; v_r], KV heads replicated if tp > kv */
-	R_EXPERTS13,  /* stacked [E_local, 2 I_tp, H]: per expert [gate_r; up_r] */
-	R_EXPERTS2,   /* stacked [E_local, H, I_tp] */
-	R_EXPERT13,   /* one parameter per local expert (name has %d): [gate; up] */
-	R_EXPERT2,    /* one parameter per local expert: down, split on dim 1 */
-	R_EACH,       /* FSDP2: one Hugging Face tensor per expert (name has %d) */
-} rule_kind_t;
-
-/* When a rule applies: every bit set must hold. */
-enum {
-	W_GQA = 1 << 0, W_MLA = 1 << 1, W_QKNORM = 1 << 2, W_BIAS = 1 << 3,
-	W_DENSE = 1 << 4, W_MOE = 1 << 5, W_SHARED = 1 << 6, W_UNTIED = 1 << 7,
-	W_TIED_SPLIT = 1 << 8,   /* tied embeddings, first and last stage differ */
-	W_ROUTER_BIAS = 1 << 9,
-	W_OBIAS = 1 << 10,       /* o_proj has a bias (attention_bias) */
-};
-
-typedef enum { S_FIRST, S_LAYER, S_LAST } scope_t;
-
-typedef struct rule {
-	scope_t scope;
-	unsigned when;
-	const char *param;
-	rule_kind_t kind;
-	const char *parts[3];
-} rule_t;
+#include "plan/fw_internal.h"
 
 #define Q "self_attn.q_proj."
 #define K "self_attn.k_proj."
@@ -253,205 +219,6 @@ plan_fw_trains(plan_fw_t fw)
 	return fw == PLAN_FW_MEGATRON || fw == PLAN_FW_FSDP2;
 }
 
-/* ---- generation state ------------------------------------------------ */
-
-typedef struct fwgen {
-	plan_fw_map_t *m;
-	const struct fw_desc *d;
-	const plan_arch_t *a;
-	const plan_par_t *par;
-	strmap_t ids;          /* logical tensor name -> index */
-	refit_err_t *err;
-	/* the rank being generated */
-	int32_t rank;
-	int64_t tpr, epr, etpr;
-	int64_t layer;         /* global layer of a per-layer rule */
-	char hf_prefix[64], fw_prefix[64];
-	VEC(struct dt_cache) dt; /* FSDP2: DTensor shards by shape and kind */
-} fwgen_t;
-
-/* FSDP2: the shards of one (kind, shape) over the [dp][tp] mesh, by rank. */
-typedef struct dt_cache {
-	rule_kind_t kind;
-	int ndim;
-	int64_t shape[PLAN_MAX_DIMS];
-	plan_layout_t l;
-	size_t *first;          /* shards of rank r: l.shards[first[r] .. first[r + 1]) */
-} dt_cache_t;
-
-/* One slice of a tensor along its dim `td` ([lo, lo + len)), or padding. */
-typedef struct seg {
-	int32_t t;             /* tensor index; -1: padding */
-	int64_t lo, len;
-} seg_t;
-
-#define MAX_SEGS 3072
-
-/* Shape of a Hugging Face tensor from its suffix after the layer prefix
- * (or its whole name for globals); 0 dims when the name is unknown. */
-static int
-hf_shape(const plan_arch_t *a, const char *s, int64_t *sh, plan_dtype_t *dt)
-{
-	int64_t H = a->hidden, hd = a->head_dim, nq = a->heads, nkv = a->kv_heads;
-	int64_t qk = a->qk_nope_dim + a->qk_rope_dim, Ie = a->expert_intermediate;
-	int64_t Is = a->shared_experts * Ie;
-	int e;
-
-	*dt = a->dtype;
-#define IS(x) (strcmp(s, x) == 0)
-#define SET1(x) (sh[0] = (x), 1)
-#define SET2(x, y) (sh[0] = (x), sh[1] = (y), 2)
-	if (IS("model.embed_tokens.weight") || IS("lm_head.weight"))
-		return SET2(a->vocab, H);
-	if (IS("model.norm.weight") || IS("input_layernorm.weight") ||
-	    IS("post_attention_layernorm.weight"))
-		return SET1(H);
-	if (IS("self_attn.q_proj.weight"))
-		return SET2(nq * hd, H);
-	if (IS("self_attn.k_proj.weight") || IS("self_attn.v_proj.weight"))
-		return SET2(nkv * hd, H);
-	if (IS("self_attn.q_proj.bias"))
-		return SET1(nq * hd);
-	if (IS("self_attn.k_proj.bias") || IS("self_attn.v_proj.bias"))
-		return SET1(nkv * hd);
-	if (IS("self_attn.o_proj.bias"))
-		return SET1(H);
-	if (IS("self_attn.q_norm.weight") || IS("self_attn.k_norm.weight"))
-		return SET1(hd);
-	if (IS("self_attn.o_proj.weight"))
-		return SET2(H, nq * (a->q_lora_rank > 0 ? a->v_head_dim : hd));
-	if (IS("self_attn.q_a_proj.weight"))
-		return SET2(a->q_lora_rank, H);
-	if (IS("self_attn.q_a_layernorm.weight"))
-		return SET1(a->q_lora_rank);
-	if (IS("self_attn.q_b_proj.weight"))
-		return SET2(nq * qk, a->q_lora_rank);
-	if (IS("self_attn.kv_a_proj_with_mqa.weight"))
-		return SET2(a->kv_lora_rank + a->qk_rope_dim, H);
-	if (IS("self_attn.kv_a_layernorm.weight"))
-		return SET1(a->kv_lora_rank);
-	if (IS("self_attn.kv_b_proj.weight"))
-		return SET2(nq * (a->qk_nope_dim + a->v_head_dim), a->kv_lora_rank);
-	if (IS("mlp.gate_proj.weight") || IS("mlp.up_proj.weight"))
-		return SET2(a->intermediate, H);
-	if (IS("mlp.down_proj.weight"))
-		return SET2(H, a->intermediate);
-	if (IS("mlp.gate.weight"))
-		return SET2(a->experts, H);
-	if (IS("mlp.gate.e_score_correction_bias")) {
-		*dt = PLAN_DT_FP32;
-		return SET1(a->experts);
-	}
-	if (IS("mlp.shared_experts.gate_proj.weight") || IS("mlp.shared_experts.up_proj.weight"))
-		return SET2(Is, H);
-	if (IS("mlp.shared_experts.down_proj.weight"))
-		return SET2(H, Is);
-	if (sscanf(s, "mlp.experts.%d.", &e) == 1) {
-		if (strstr(s, ".down_proj.weight"))
-			return SET2(H, Ie);
-		return SET2(Ie, H);
-	}
-#undef IS
-#undef SET1
-#undef SET2
-	return 0;
-}
-
-/* A linear projection's weight: what an fp8 engine quantizes. */
-static bool
-is_projection(const char *s)
-{
-	static const char *const ends[] = {"_proj.weight", "_proj_with_mqa.weight", NULL};
-	size_t n = strlen(s);
-
-	for (int i = 0; ends[i]; i++) {
-		size_t k = strlen(ends[i]);
-
-		if (n >= k && strcmp(s + n - k, ends[i]) == 0)
-			return true;
-	}
-	return false;
-}
-
-static int32_t
-tensor_add(fwgen_t *g, const char *name, const plan_fw_tensor_t *t)
-{
-	int32_t id = (int32_t)g->m->tensors.n;
-	plan_fw_tensor_t c = *t;
-
-	c.name = xstrdup(name);
-	VEC_PUSH(&g->m->tensors, c);
-	strmap_put(&g->ids, name, id);
-	return id;
-}
-
-/* The index of a logical tensor (full name), registering it on first use
- * (an fp8 weight with its scale tensor right after it). */
-static int32_t
-tensor_id(fwgen_t *g, const char *name, const char *suffix)
-{
-	int32_t id = strmap_get(&g->ids, name), sid;
-	int64_t B = g->m->fp8_block;
-	plan_fw_tensor_t t = {0}, sc = {0};
-	char sname[300];
-
-	if (id >= 0)
-		return id;
-	t.ndim = hf_shape(g->a, suffix, t.shape, &t.dtype);
-	if (t.ndim == 0) /* a rule names a part hf_shape does not know: our bug */
-		abort();
-	t.from = t.dtype;
-	t.scale = -1;
-	if (B == 0 || !is_projection(suffix))
-		return tensor_add(g, name, &t);
-	t.dtype = PLAN_DT_FP8E4M3;
-	id = tensor_add(g, name, &t);
-	sc.ndim = t.ndim;
-	sc.dtype = sc.from = PLAN_DT_FP32;
-	sc.scale = -1;
-	for (int d = 0; d < t.ndim; d++)
-		sc.shape[d] = (t.shape[d] + B - 1) / B;
-	snprintf(sname, sizeof(sname), "%s_scale_inv", name);
-	sid = tensor_add(g, sname, &sc); /* may move the vector: index after */
-	g->m->tensors.v[id].scale = sid;
-	return id;
-}
-
-/* Part k of rule r (expert e, or -1) as a tensor index. */
-static int32_t
-part(fwgen_t *g, const rule_t *r, int k, int64_t e)
-{
-	char suffix[160], name[256];
-
-	if (e >= 0)
-		snprintf(suffix, sizeof(suffix), r->parts[k], (int)e);
-	else
-		snprintf(suffix, sizeof(suffix), "%s", r->parts[k]);
-	snprintf(name, sizeof(name), "%s%s", r->scope == S_LAYER ? g->hf_prefix : "", suffix);
-	return tensor_id(g, name, suffix);
-}
-
-static const plan_fw_tensor_t *
-T(const fwgen_t *g, int32_t t)
-{
-	return &g->m->tensors.v[t];
-}
-
-static void
-param_begin(fwgen_t *g, const char *name, plan_dtype_t dt, int ndim, const int64_t *shape)
-{
-	plan_fw_param_t p = {0};
-
-	p.name = xstrdup(name);
-	p.rank = g->rank;
-	p.dtype = dt;
-	p.ndim = ndim;
-	memcpy(p.shape, shape, (size_t)ndim * sizeof(*shape));
-	p.piece0 = g->m->pieces.n;
-	p.pad0 = g->m->pads.n;
-	VEC_PUSH(&g->m->params, p);
-}
-
 /*
  * Emit the window [w0, w0 + shape[pd]) of the concatenation of segs along
  * the current parameter's dim pd; each segment slices its tensor's dim td,
@@ -467,7 +234,7 @@ window(fwgen_t *g, int td, const seg_t *s, size_t n, int64_t w0, int64_t lead)
 
 	for (size_t i = 0; i < n; i++)
 		if (s[i].t >= 0)
-			tnd = T(g, s[i].t)->ndim;
+			tnd = fw_T(g, s[i].t)->ndim;
 	shift = p->ndim - tnd;
 	pd = td + shift;
 	w1 = w0 + p->shape[pd];
@@ -491,7 +258,7 @@ window(fwgen_t *g, int td, const seg_t *s, size_t n, int64_t w0, int64_t lead)
 			plan_fw_piece_t pc = {0};
 
 			pc.tensor = s[i].t;
-			plan_box_full(&pc.box, T(g, s[i].t)->shape, tnd);
+			plan_box_full(&pc.box, fw_T(g, s[i].t)->shape, tnd);
 			pc.box.off[td] = s[i].lo + (a - pos);
 			pc.box.size[td] = b - a;
 			for (int d = 0; d < shift; d++)
@@ -547,7 +314,7 @@ emit_scale(fwgen_t *g, const char *wname, int td, const seg_t *s, size_t n, int6
 
 		if (s[i].t < 0) /* no rule pads a projection: our bug */
 			abort();
-		t = T(g, s[i].t);
+		t = fw_T(g, s[i].t);
 		total += s[i].len;
 		if (s[i].lo % B != 0)
 			return refit_err_set(g->err, REFIT_ERR_INVALID_ARG, "%s cannot place \"%s\" "
@@ -556,7 +323,7 @@ emit_scale(fwgen_t *g, const char *wname, int td, const seg_t *s, size_t n, int6
 					     t->name, s[i].lo);
 		s2[i] = (seg_t){t->scale, s[i].lo / B, (s[i].len + B - 1) / B};
 		rows2 += s2[i].len;
-		st = T(g, t->scale);
+		st = fw_T(g, t->scale);
 	}
 	if (w0 != 0 || rows != total) { /* a TP split of one part */
 		if (n != 1 || w0 % B != 0 || rows % B != 0)
@@ -575,7 +342,7 @@ emit_scale(fwgen_t *g, const char *wname, int td, const seg_t *s, size_t n, int6
 	shape[td + shift] = rows2;
 	snprintf(name, sizeof(name), "%s_scale_inv", wname);
 	if (lead <= 0)
-		param_begin(g, name, st->dtype, st->ndim + shift, shape);
+		fw_param_begin(g, name, st->dtype, st->ndim + shift, shape);
 	window(g, td, s2, n, w2, lead < 0 ? 0 : lead);
 	return REFIT_OK;
 }
@@ -589,12 +356,12 @@ emit(fwgen_t *g, const rule_t *r, int32_t t, int td, int64_t rows, const seg_t *
 	int64_t shape[PLAN_MAX_DIMS];
 	char name[256];
 
-	memcpy(shape, T(g, t)->shape, sizeof(shape));
+	memcpy(shape, fw_T(g, t)->shape, sizeof(shape));
 	shape[td] = rows;
 	param_name(g, r, -1, name, sizeof(name));
-	param_begin(g, name, T(g, t)->dtype, T(g, t)->ndim, shape);
+	fw_param_begin(g, name, fw_T(g, t)->dtype, fw_T(g, t)->ndim, shape);
 	window(g, td, s, n, w0, 0);
-	if (T(g, t)->scale < 0)
+	if (fw_T(g, t)->scale < 0)
 		return REFIT_OK;
 	return emit_scale(g, name, td, s, n, w0, rows, -1, 0);
 }
@@ -602,20 +369,20 @@ emit(fwgen_t *g, const rule_t *r, int32_t t, int td, int64_t rows, const seg_t *
 static refit_status_t
 rule_split(fwgen_t *g, const rule_t *r, int td)
 {
-	int32_t t = part(g, r, 0, -1);
-	int64_t n = T(g, t)->shape[td], tp = g->par->tp;
+	int32_t t = fw_part(g, r, 0, -1);
+	int64_t n = fw_T(g, t)->shape[td], tp = g->par->tp;
 	seg_t s = {t, 0, n};
 
 	if (n % tp != 0)
-		return indivisible(g, T(g, t)->name, n, "tp", tp);
+		return indivisible(g, fw_T(g, t)->name, n, "tp", tp);
 	return emit(g, r, t, td, n / tp, &s, 1, g->tpr * (n / tp));
 }
 
 static refit_status_t
 rule_vocab(fwgen_t *g, const rule_t *r)
 {
-	int32_t t = part(g, r, 0, -1);
-	int64_t v = T(g, t)->shape[0], tp = g->par->tp;
+	int32_t t = fw_part(g, r, 0, -1);
+	int64_t v = fw_T(g, t)->shape[0], tp = g->par->tp;
 	int64_t mult = g->d->vocab_multiple * (g->d->vocab_times_tp ? tp : 1);
 	int64_t vp = (v + mult - 1) / mult * mult;
 	seg_t s[2] = {{t, 0, v}, {-1, 0, vp - v}};
@@ -634,11 +401,11 @@ rule_cat(fwgen_t *g, const rule_t *r, bool split)
 	int64_t rows = 0, tp = split ? g->par->tp : 1, tpr = split ? g->tpr : 0;
 
 	for (; n < 3 && r->parts[n]; n++) {
-		int32_t t = part(g, r, (int)n, -1);
-		int64_t len = T(g, t)->shape[0];
+		int32_t t = fw_part(g, r, (int)n, -1);
+		int64_t len = fw_T(g, t)->shape[0];
 
 		if (len % tp != 0)
-			return indivisible(g, T(g, t)->name, len, "tp", tp);
+			return indivisible(g, fw_T(g, t)->name, len, "tp", tp);
 		s[n] = (seg_t){t, tpr * (len / tp), len / tp};
 		rows += len / tp;
 	}
@@ -650,7 +417,7 @@ static refit_status_t
 rule_qkv_groups(fwgen_t *g, const rule_t *r)
 {
 	const plan_arch_t *a = g->a;
-	int32_t q = part(g, r, 0, -1), k = part(g, r, 1, -1), v = part(g, r, 2, -1);
+	int32_t q = fw_part(g, r, 0, -1), k = fw_part(g, r, 1, -1), v = fw_part(g, r, 2, -1);
 	int64_t hd = a->head_dim, hpg, total = (a->heads + 2 * a->kv_heads) * hd, tp = g->par->tp;
 	seg_t s[MAX_SEGS];
 	size_t n = 0;
@@ -683,7 +450,7 @@ static refit_status_t
 rule_qkv_rank(fwgen_t *g, const rule_t *r)
 {
 	const plan_arch_t *a = g->a;
-	int32_t q = part(g, r, 0, -1), k = part(g, r, 1, -1), v = part(g, r, 2, -1);
+	int32_t q = fw_part(g, r, 0, -1), k = fw_part(g, r, 1, -1), v = fw_part(g, r, 2, -1);
 	int64_t hd = a->head_dim, tp = g->par->tp, kvh, kv0;
 	seg_t s[3];
 
@@ -740,10 +507,10 @@ expert_range(fwgen_t *g, int64_t *e0, int64_t *ne, int64_t *itp, int64_t *itr)
 static size_t
 expert_segs(fwgen_t *g, const rule_t *r, int64_t e, int64_t itp, int64_t itr, seg_t *s)
 {
-	s[0] = (seg_t){part(g, r, 0, e), itr * itp, itp};
+	s[0] = (seg_t){fw_part(g, r, 0, e), itr * itp, itp};
 	if (r->kind != R_EXPERTS13 && r->kind != R_EXPERT13)
 		return 1;
-	s[1] = (seg_t){part(g, r, 1, e), itr * itp, itp};
+	s[1] = (seg_t){fw_part(g, r, 1, e), itr * itp, itp};
 	return 2;
 }
 
@@ -765,12 +532,12 @@ rule_experts(fwgen_t *g, const rule_t *r)
 			int64_t sh[3] = {ne, up ? 2 * itp : H, up ? H : itp};
 
 			param_name(g, r, stacked ? -1 : k, name, sizeof(name));
-			param_begin(g, name, T(g, s[0].t)->dtype, stacked ? 3 : 2,
+			fw_param_begin(g, name, fw_T(g, s[0].t)->dtype, stacked ? 3 : 2,
 				    stacked ? sh : sh + 1);
 		}
 		window(g, td, s, n, 0, stacked ? k : 0);
 	}
-	if (!stacked || ne == 0 || T(g, s[0].t)->scale < 0)
+	if (!stacked || ne == 0 || fw_T(g, s[0].t)->scale < 0)
 		return REFIT_OK;
 	for (int64_t k = 0; k < ne; k++) { /* the stacked block scales */
 		n = expert_segs(g, r, e0 + k, itp, itr, s);
@@ -779,125 +546,15 @@ rule_experts(fwgen_t *g, const rule_t *r)
 	return REFIT_OK;
 }
 
-/* ---- FSDP2 + TP: DTensor shards of Hugging Face tensors -------------- */
-
-static int
-cmp_shard_rank(const void *x, const void *y)
-{
-	const plan_shard_t *a = x, *b = y;
-
-	if (a->rank != b->rank)
-		return a->rank < b->rank ? -1 : 1;
-	return a->local_off[0] < b->local_off[0] ? -1 : a->local_off[0] > b->local_off[0];
-}
-
-/* The shards of tensor t placed as `kind` over [dp][tp] (cached by shape). */
-static refit_status_t
-dt_get(fwgen_t *g, rule_kind_t kind, int32_t t, const dt_cache_t **out)
-{
-	const plan_fw_tensor_t *ft = T(g, t);
-	int64_t tp = g->par->tp, world = g->m->world, msh[2] = {g->par->dp, tp};
-	plan_placement_t pl[2];
-	char strided[64];
-	const char *p0 = "Shard(0)", *p1 = "Replicate()";
-	dt_cache_t c = {0};
-	int32_t *mesh;
-	refit_status_t rc;
-
-	for (size_t i = 0; i < g->dt.n; i++) {
-		dt_cache_t *x = &g->dt.v[i];
-
-		if (x->kind == kind && x->ndim == ft->ndim &&
-		    memcmp(x->shape, ft->shape, (size_t)ft->ndim * sizeof(x->shape[0])) == 0) {
-			*out = x;
-			return REFIT_OK;
-		}
-	}
-	if ((kind == R_COL || kind == R_VOCAB) && tp > 1) {
-		snprintf(strided, sizeof(strided), "_StridedShard(dim=0, split_factor=%" PRId64 ")",
-			 tp);
-		p0 = strided;
-		p1 = "Shard(0)";
-	} else if (kind == R_ROW) {
-		p1 = "Shard(1)";
-	}
-	CHECK(plan_placement_parse(p0, &pl[0], ft->name, g->err));
-	CHECK(plan_placement_parse(p1, &pl[1], ft->name, g->err));
-	mesh = xmalloc((size_t)world * sizeof(*mesh));
-	for (int64_t i = 0; i < world; i++)
-		mesh[i] = (int32_t)i;
-	rc = plan_layout_init_dtensor(&c.l, ft->name, ft->dtype, ft->ndim, ft->shape, 2, msh, mesh,
-				      pl, g->err);
-	free(mesh);
-	if (rc != REFIT_OK)
-		return rc;
-	xqsort(c.l.shards, c.l.nshards, sizeof(*c.l.shards), cmp_shard_rank);
-	c.first = xcalloc((size_t)world + 1, sizeof(*c.first));
-	for (size_t i = 0; i < c.l.nshards; i++)
-		c.first[c.l.shards[i].rank + 1]++;
-	for (int64_t r = 0; r < world; r++)
-		c.first[r + 1] += c.first[r];
-	c.kind = kind;
-	c.ndim = ft->ndim;
-	memcpy(c.shape, ft->shape, sizeof(c.shape));
-	VEC_PUSH(&g->dt, c);
-	*out = &g->dt.v[g->dt.n - 1];
-	return REFIT_OK;
-}
-
-/* One Hugging Face tensor as the rank's DTensor local tensor. */
-static refit_status_t
-fsdp2_param(fwgen_t *g, rule_kind_t kind, int32_t t)
-{
-	const dt_cache_t *c;
-	int64_t shape[PLAN_MAX_DIMS] = {0};
-	size_t a, b;
-
-	CHECK(dt_get(g, kind, t, &c));
-	a = c->first[g->rank];
-	b = c->first[g->rank + 1];
-	for (size_t i = a; i < b; i++)
-		for (int d = 0; d < c->ndim; d++) {
-			const plan_shard_t *sh = &c->l.shards[i];
-			int64_t end = sh->local_off[d] + sh->box.size[d];
-
-			shape[d] = end > shape[d] ? end : shape[d];
-		}
-	param_begin(g, T(g, t)->name, T(g, t)->dtype, c->ndim, shape);
-	for (size_t i = a; i < b; i++) {
-		const plan_shard_t *sh = &c->l.shards[i];
-		plan_fw_piece_t pc = {0};
-
-		if (plan_box_is_empty(&sh->box, c->ndim))
-			continue;
-		pc.tensor = t;
-		pc.box = sh->box;
-		memcpy(pc.at, sh->local_off, sizeof(pc.at));
-		VEC_PUSH(&g->m->pieces, pc);
-		g->m->params.v[g->m->params.n - 1].npieces++;
-	}
-	return REFIT_OK;
-}
-
-static refit_status_t
-rule_fsdp2(fwgen_t *g, const rule_t *r)
-{
-	if (r->kind != R_EACH)
-		return fsdp2_param(g, r->kind, part(g, r, 0, -1));
-	for (int64_t e = 0; e < g->a->experts; e++)
-		CHECK(fsdp2_param(g, R_REPL, part(g, r, 0, e)));
-	return REFIT_OK;
-}
-
 static refit_status_t
 rule_apply(fwgen_t *g, const rule_t *r)
 {
 	if (g->m->fw == PLAN_FW_FSDP2)
-		return rule_fsdp2(g, r);
+		return fw_rule_fsdp2(g, r);
 	switch (r->kind) {
 	case R_REPL: {
-		int32_t t = part(g, r, 0, -1);
-		seg_t s = {t, 0, T(g, t)->shape[0]};
+		int32_t t = fw_part(g, r, 0, -1);
+		seg_t s = {t, 0, fw_T(g, t)->shape[0]};
 
 		return emit(g, r, t, 0, s.len, &s, 1, 0);
 	}
@@ -1058,11 +715,7 @@ plan_fw_map_build(plan_fw_map_t *m, const plan_arch_t *a, plan_fw_t fw, const pl
 	}
 	m->rank0[m->world] = m->params.n;
 	strmap_fini(&g.ids);
-	for (size_t i = 0; i < g.dt.n; i++) {
-		plan_layout_fini(&g.dt.v[i].l);
-		free(g.dt.v[i].first);
-	}
-	VEC_FREE(&g.dt);
+	fw_fsdp2_fini(&g);
 	if (rc != REFIT_OK) {
 		plan_fw_map_fini(m);
 		m->fw = fw;
