@@ -58,7 +58,7 @@ script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block an
 script "conversion end to end, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD/asan"
 
-script "frameworks end to end (Megatron TP2xPP2 -> vLLM and SGLang TP4 in their own memory, byte for byte; bad maps refused)" \
+script "frameworks end to end (Megatron TP2xPP2 -> vLLM and SGLang TP4 in their own memory, byte for byte against the engines' own loaders and the fp8 quantizer; bad maps refused)" \
 	/usr/bin/python3 tests/integration/test_frameworks.py "$BUILD"
 # the maps against the frameworks' own code, each in its environment from
 # python/frameworks.txt (make deps: scripts/pydeps.sh)

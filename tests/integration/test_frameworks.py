@@ -9,13 +9,19 @@ with replicated KV heads, gate_up_proj, w13/w2 stacked experts, padding to
 refit.frameworks maps (the C rules through librefit).  Two models (dense
 with qkv biases, MoE with qk-norm), two versions each: every byte of every
 engine parameter equals what the map builds from the Hugging Face weights,
-padding untouched (tests/frameworks/ proves those maps against the
-frameworks' own loaders).  Bad maps are refused at registration naming the
-tensor.
+padding untouched, and after the first refit equals what vLLM's and
+SGLang's own loaders hold for the same checkpoint
+(tests/frameworks/engine_ref.py, run in their environments under BUILD).
+A third model goes to fp8 engines (128 x 128 blocks): weights and
+weight_scale_inv byte for byte against the numpy reference quantizer.
+Bad maps are refused at registration naming the tensor.
 
 Usage: test_frameworks.py BUILD_DIR.  Prints "frameworks: N passed, N failed".
 """
+import json
 import os
+import struct
+import subprocess
 import sys
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
@@ -44,16 +50,21 @@ sys.path.insert(0, os.path.abspath("tests/conversion"))
 import ref as quant_ref  # noqa: E402  (the numpy reference quantizer)
 
 assert RPN == 4, "test_frameworks.py lays out 4 ranks per node"
-BASE = {"c": {"model_type": "qwen2", "hidden_size": 128, "num_hidden_layers": 4,
+BASE = {"c": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+              "hidden_size": 128, "num_hidden_layers": 4,
               "vocab_size": 250, "num_attention_heads": 8, "num_key_value_heads": 2,
               "head_dim": 16, "intermediate_size": 96, "tie_word_embeddings": False,
-              "torch_dtype": "bfloat16"}}
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "hidden_act": "silu", "torch_dtype": "bfloat16"}}
 MODELS = {
     "dense": dict(BASE["c"]),
-    "moe": dict(BASE["c"], model_type="qwen3_moe", num_experts=8, moe_intermediate_size=32,
+    "moe": dict(BASE["c"], model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+                num_experts=8, moe_intermediate_size=32, num_experts_per_tok=2,
+                decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
                 vocab_size=300),
     # fp8 with 128 x 128 blocks: every TP4 share of a projection whole blocks
-    "fp8": dict(BASE["c"], model_type="llama", hidden_size=256, num_hidden_layers=2,
+    "fp8": dict(BASE["c"], model_type="llama", architectures=["LlamaForCausalLM"],
+                hidden_size=256, num_hidden_layers=2,
                 num_attention_heads=4, head_dim=128, intermediate_size=512, vocab_size=500),
 }
 # (instance, framework, node, install)
@@ -64,11 +75,14 @@ RNG = np.random.default_rng(7)
 
 
 def hf_weights(m):
-    """Random Hugging Face tensors (bit patterns) for every logical tensor."""
+    """Random finite Hugging Face tensors (bf16 bit patterns: the engines'
+    reference loads fill with NaN to find what they leave alone, and the
+    quantizer's scales stay finite) for every logical tensor."""
     out = {}
     for t in m["tensors"]:
         assert t["dtype"] == "bf16", t
-        out[t["name"]] = RNG.integers(0, 1 << 16, size=t["shape"], dtype=np.uint16)
+        x = RNG.standard_normal(t["shape"]).astype(np.float32) * 4
+        out[t["name"]] = (x.view(np.uint32) >> 16).astype(np.uint16)
     return out
 
 
@@ -80,6 +94,37 @@ def refused(fn, text):
         assert text in str(e), f"{text!r} not in {e}"
         return
     raise AssertionError(f"accepted; expected a refusal naming {text!r}")
+
+
+def write_checkpoint(d, cfg, hf):
+    """A Hugging Face checkpoint of hf (bf16 bit patterns): config.json and
+    model.safetensors, as the engines load them."""
+    os.makedirs(d, exist_ok=True)
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(cfg, f)
+    header, off = {}, 0
+    for name, a in hf.items():
+        header[name] = {"dtype": "BF16", "shape": list(a.shape),
+                        "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(f"{d}/model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for a in hf.values():
+            f.write(np.ascontiguousarray(a, dtype="<u2").tobytes())
+
+
+def engine_reference(framework, ckpt, tp):
+    """[{param: bytes}] per rank: what the engine's own loader holds after
+    loading ckpt (tests/frameworks/engine_ref.py in the engine's venv)."""
+    out = f"{ckpt}-{framework}"
+    r = subprocess.run([f"{BUILD}/venv-{framework}/bin/python", "tests/frameworks/engine_ref.py",
+                        "--framework", framework, "--config", ckpt, "--tp", str(tp),
+                        "--out", out], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"engine_ref.py {framework}: {r.stdout}{r.stderr}"
+    return [dict(np.load(f"{out}/rank{k}.npz")) for k in range(tp)]
 
 
 class Trainer:
@@ -112,6 +157,7 @@ def hf_fp8(m, hf):
 class Engine:
     def __init__(self, model, cfg, name, framework, node, install, quant=None):
         self.name, self.install, self.quant = name, install, quant
+        self.framework = framework
         self.m = fw.framework_map(framework, cfg, "tp4", quant=quant)
         self.base = node * RPN
         self.params = fw.allocate(self.m, copies=2 if install == "double-buffer" else 1)
@@ -120,12 +166,23 @@ class Engine:
                         fw.pieces(self.m, self.params, base=self.base), instance=name,
                         install=install)
 
-    def check(self, version, hf):
-        """Every parameter byte equals the map's build from hf; padding 0."""
+    def check(self, version, hf, engine=None):
+        """Every parameter byte equals the map's build from hf, padding 0;
+        and, given `engine` (per rank {param: bytes} from the engine's own
+        loader on the same checkpoint), equals what the engine holds."""
         st = self.c.wait_version(version, 30000)
         assert st.version == version and st.valid, (self.name, st)
         ref = fw.allocate(self.m)
         fw.fill(self.m, ref, hf_fp8(self.m, hf) if self.quant else hf)
+        if engine is not None:
+            for (rank, name), arr in self.params.items():
+                got = arr[st.active] if isinstance(arr, tuple) else arr
+                want = engine[rank][name]
+                assert got.shape == want.shape and np.array_equal(
+                    got.view(np.uint8), want.view(np.uint8)), \
+                    f"instance {self.name} rank {rank} {name}: differs from the engine's load"
+            assert {n for _, n in self.params} == set(engine[0]), \
+                f"instance {self.name}: parameters differ from the engine's"
         nbytes = 0
         for key, arr in self.params.items():
             got = arr[st.active] if isinstance(arr, tuple) else arr
@@ -137,25 +194,25 @@ class Engine:
         return nbytes
 
 
-def finite_bf16(shape):
-    """Random finite bf16 bit patterns (the quantizer's scales stay finite)."""
-    x = RNG.standard_normal(shape).astype(np.float32) * 4
-    return (x.view(np.uint32) >> 16).astype(np.uint16)
-
-
 def model_refits(model, instances=INSTANCES):
     cfg = MODELS[model]
     tr = Trainer(model, cfg)
     engines = [Engine(model, cfg, *i) for i in instances]
     moved = 0
     for version in (1, 2):
-        hf = hf_weights(tr.m) if model != "fp8" else \
-            {t["name"]: finite_bf16(t["shape"]) for t in tr.m["tensors"]}
+        hf = hf_weights(tr.m)
+        refs = {}
+        if version == 1 and model != "fp8":
+            # the reference: each engine's own loader on the same checkpoint
+            ckpt = f"{TMP}/ckpt-{model}"
+            write_checkpoint(ckpt, cfg, hf)
+            for f in {e.framework for e in engines}:
+                refs[f] = engine_reference(f, ckpt, 4)
         tr.publish(version, hf)
         g = CL.refit(model, version)
         assert g.state == pb.COMMITTED, (model, version, g.failure)
         for e in engines:
-            moved += e.check(version, hf)
+            moved += e.check(version, hf, refs.get(e.framework))
     # the engines' parameters hold padding the trainer never sends
     pad = sum(len(p["padding"]) for e in engines for r in e.m["ranks"] for p in r["params"])
     assert pad > 0, "no padded parameter: the test lost its point"
@@ -221,9 +278,10 @@ def bad_maps():
 
 try:
     check("dense (qkv biases): Megatron TP2xPP2 -> 2 x vLLM TP4 (tp > kv heads) + SGLang "
-          "TP4, 2 versions, every engine byte as the map builds it", dense)
+          "TP4, 2 versions, every engine byte as vLLM's and SGLang's own loaders hold the "
+          "same checkpoint", dense)
     check("MoE (qk-norm, 8 experts): Megatron per-expert weights -> vLLM/SGLang w13/w2, "
-          "2 versions, byte for byte", moe)
+          "2 versions, byte for byte against the engines' own loaders", moe)
     check("fp8: Megatron bf16 -> SGLang and vLLM fp8 (128 x 128 blocks, TP4) with "
           "scales in weight_scale_inv, byte for byte against the numpy quantizer", fp8)
     check("bad maps refused at registration: a rank holding an element twice, an "
