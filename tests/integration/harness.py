@@ -60,6 +60,23 @@ def init(build, tmp):
         raise SystemExit(f"REFIT_TEST_TRANSPORT={TRANSPORT}: tcp or nccl")
 
 
+def use_tree_package():
+    """Import the refit Python package from this tree (python/) over
+    BUILD's librefit.so, after protostubs put the generated refit.v1
+    modules on sys.path: those are a namespace package of their own
+    (refit/v1 under TMP) and must not shadow it.  Returns the library's
+    path (REFIT_LIBRARY is set to it)."""
+    lib = os.path.abspath(f"{BUILD}/lib/librefit.so")
+    os.environ["REFIT_LIBRARY"] = lib
+    if TMP in sys.path:
+        sys.path.remove(TMP)
+    for m in [m for m in sys.modules if m == "refit" or m.startswith("refit.")]:
+        if not m.startswith("refit.v1"):
+            del sys.modules[m]
+    sys.path.insert(0, os.path.abspath("python"))
+    return lib
+
+
 def host_env(host):
     """The environment of a node daemon or client on emulated host `host`."""
     if TRANSPORT != "nccl":

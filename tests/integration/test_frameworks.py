@@ -34,13 +34,7 @@ import harness  # noqa: E402
 from harness import RPN, Cluster, check  # noqa: E402
 
 harness.init(BUILD, TMP)
-LIB = os.path.abspath(f"{BUILD}/lib/librefit.so")
-os.environ["REFIT_LIBRARY"] = LIB
-sys.path.remove(TMP)
-for m in [m for m in sys.modules if m == "refit" or m.startswith("refit.")]:
-    if not m.startswith("refit.v1"):
-        del sys.modules[m]
-sys.path.insert(0, os.path.abspath("python"))
+harness.use_tree_package()  # the refit package from python/
 import numpy as np  # noqa: E402
 
 import refit  # noqa: E402
