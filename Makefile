@@ -9,7 +9,8 @@
 #   make demo-nccl  a refit of a 23-tensor model over the nccl transport on the
 #                   CUDA + NCCL emulator (scripts/demo.sh)
 #   make check-nccl the emulator's rules, the e2e and fault suites over nccl on it
-#   make bench      planner, RPC, data-plane and refit benchmarks
+#   make bench      planner, RPC, data-plane, refit and memory-soak benchmarks
+#   make bench-soak the memory soak alone (SOAK_REFITS=100,1000)
 #   make testbed    the emulated-topology testbed (root: network namespaces)
 #   make figures    regenerate the figures of README.md and docs/*.md from the
 #                   commands that measure them (FIGURES=name,... for some of
@@ -91,6 +92,8 @@ UNIT_DAEMON_SRC :=
 UNIT_DAEMON_SRC += daemon/config.c
 # the refit state machine and the coordinator's rules (test_refit_fsm.c, test_coord_rules.c)
 UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
+# naming the broken data link of a failed refit (test_blame.c)
+UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
 UNIT_DAEMON_SRC += daemon/node/slice.c
 
@@ -112,8 +115,8 @@ ASAN_LIB := $(ASAN)/lib/librefit-core.a
 ASAN_BIN := $(ASAN)/bin/refit-plan
 ASAN_UNIT := $(ASAN)/tests/unit
 
-.PHONY: all check demo bench install deps clean fuzz config unit asan cli-test testbed \
-	check-nccl demo-nccl figures
+.PHONY: all check demo bench bench-soak install deps clean fuzz config unit asan cli-test \
+	testbed check-nccl demo-nccl figures
 LIBREFIT := $(BUILD)/lib/librefit.a
 REFITCLI := $(BUILD)/bin/refit-client
 
@@ -404,6 +407,17 @@ bench: deps
 	$(Q)$(BENCH_MEMBERS) $(REFITD)
 	@echo
 	$(Q)/usr/bin/python3 bench/bench_scale.py $(BUILD)
+	@echo
+	$(Q)$(MAKE) --no-print-directory bench-soak
+
+# memory soak: RSS, fds, threads of every daemon after SOAK_REFITS refits
+# (checkpoints, ascending; docs/performance.md); SOAK_RECORDS sets the
+# coordinator's refit_records
+SOAK_REFITS ?= 100,1000
+bench-soak:
+	$(Q)$(MAKE) --no-print-directory $(REFITD) $(REFITCTL) $(REFITCLI)
+	$(Q)/usr/bin/python3 bench/bench_soak.py $(BUILD) --refits $(SOAK_REFITS) \
+		$(if $(SOAK_RECORDS),--records $(SOAK_RECORDS))
 
 # the figures of README.md and docs/*.md, rewritten between their
 # <!-- figures:NAME --> markers (scripts/figures.py --list names them)

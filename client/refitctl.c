@@ -336,6 +336,12 @@ json_model(const void *resp, const args_t *a)
 		jstr(j, "role", role_name(m->instances[i]->role));
 		jstr(j, "layout_digest", m->instances[i]->layout_digest);
 		ju64(j, "member_id", m->instances[i]->member_id);
+		if (m->instances[i]->role == REFIT__V1__ROLE__INFER) {
+			ju64(j, "installed_version", m->instances[i]->installed_version);
+			cJSON_AddBoolToObject(j, "invalid", m->instances[i]->invalid);
+			jstr(j, "install", m->instances[i]->install ==
+			     REFIT__V1__INSTALL_MODE__IN_PLACE ? "in-place" : "double-buffer");
+		}
 		cJSON_AddItemToArray(is, j);
 	}
 	if (m->policy) {
@@ -352,9 +358,10 @@ json_model(const void *resp, const args_t *a)
 static void
 text_model(const void *resp, const args_t *a)
 {
-	static const int w[] = {24, 14, 16, 0}, wi[] = {5, 16, 24, 0};
+	static const int w[] = {24, 14, 16, 0}, wi[] = {5, 16, 24, 16, 0};
 	const Refit__V1__Model *m = resp;
 	char t[24], latest[40], rest[200];
+	uint64_t newest = 0;  /* the newest an instance holds: others are behind */
 	int n;
 
 	(void)a;
@@ -367,14 +374,23 @@ text_model(const void *resp, const args_t *a)
 			 m->policy->catch_up ? "on" : "off",
 			 m->policy->strict_instances ? ", strict instances" : "");
 	row(0, 4, w, (const char *const[]){m->name, t, latest, rest});
+	for (size_t i = 0; i < m->n_instances; i++)
+		if (m->instances[i]->installed_version > newest)
+			newest = m->instances[i]->installed_version;
 	for (size_t i = 0; i < m->n_instances; i++) {
 		const Refit__V1__Instance *in = m->instances[i];
-		char lay[40], mem[40];
+		char lay[40], mem[40], held[80] = "";
 
 		snprintf(lay, sizeof(lay), "layout %.16s", in->layout_digest);
 		snprintf(mem, sizeof(mem), "member %" PRIu64, in->member_id);
-		row(2, 4, wi, (const char *const[]){role_name(in->role),
-			in->instance[0] ? in->instance : "-", lay, mem});
+		if (in->role == REFIT__V1__ROLE__INFER)   /* what it holds */
+			snprintf(held, sizeof(held), "installed v%" PRIu64 "%s%s",
+				 in->installed_version,
+				 in->invalid ? " INVALID (in place, not published)" :
+				 in->installed_version < newest ? " (behind)" : "",
+				 in->install == REFIT__V1__INSTALL_MODE__IN_PLACE ? " in place" : "");
+		row(2, 5, wi, (const char *const[]){role_name(in->role),
+			in->instance[0] ? in->instance : "-", lay, mem, held});
 	}
 }
 

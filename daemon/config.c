@@ -75,8 +75,13 @@ static const key_t_ keys[] = {
 	 "node role: data endpoint peers connect to (default: the bound data_listen)"},
 	{"local_socket", K_STR, F(local_socket), "/run/refit/refitd.sock", 0, 0, NULL, false,
 	 "node role: unix socket librefit clients connect to"},
-	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), "600000", 100, 86400000, NULL, false,
-	 "node role: a plan slice that runs longer fails"},
+	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), NULL, 100, 86400000, NULL, false,
+	 "a plan slice that runs longer fails (unset: the coordinator derives it from each "
+	 "plan, max(30 s, 4 x its modelled time, its busiest node's bytes at 100 MB/s); set "
+	 "on the coordinator it is every slice's, set on a node that node's); docs/faults.md"},
+	{"connect_timeout_ms", K_MS, F(connect_timeout_ms), "5000", 100, 600000, NULL, false,
+	 "node role: a data connection to a peer (connect and handshake) that takes longer "
+	 "fails the slice, naming the peer; docs/faults.md"},
 	{"plan_cache_bytes", K_SIZE, F(plan_cache_bytes), "1GiB", 0, 1ull << 40, NULL, false,
 	 "ignored: nodes keep no plans, they receive their slice of each plan (accepted so "
 	 "older configuration files load)"},
@@ -104,6 +109,10 @@ static const key_t_ keys[] = {
 	 "tests only: hold each RunSlice until an Abort of its refit came or this long passed"},
 	{"instance_grace_ms", K_MS, F(instance_grace_ms), "60000", 100, 86400000, NULL, false,
 	 "coordinator: an instance whose node left is dropped after this long"},
+	{"refit_records", K_MS, F(refit_records), "256", 1, 100000, NULL, false,
+	 "coordinator: refit records kept for GetRefit, ListRefits, idempotent triggers and "
+	 "the state file, the newest; older final ones are freed (about 2 KiB each); "
+	 "docs/operations.md"},
 	{"metrics_listen", K_STR, F(metrics_listen), NULL, 0, 0, NULL, false,
 	 "Prometheus metrics at http://HOST:PORT/metrics (unset: off); docs/operations.md"},
 	{"log_format", K_ENUM, F(log_format), "text", 0, 0, "text|json", true,

@@ -33,7 +33,8 @@ typedef struct refitd_config {
 	char *data_listen;    /* node role: tcp data plane host:port */
 	char *data_advertise; /* node role: data endpoint peers use (default: bound data_listen) */
 	char *local_socket;   /* node role: unix socket for librefit */
-	uint64_t slice_timeout_ms;
+	uint64_t slice_timeout_ms;    /* 0 (unset): derived from the plan */
+	uint64_t connect_timeout_ms;  /* node: each data connection to a peer */
 	uint64_t plan_cache_bytes;    /* ignored (nodes keep no plans): older files load */
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
 	uint64_t test_fail_commit;    /* tests: refuse the node's Nth Commit */
@@ -43,6 +44,7 @@ typedef struct refitd_config {
 	char *gpu_devices;    /* nccl: "0,1,..." local rank i -> CUDA device */
 	uint64_t instance_grace_ms;   /* coordinator: an instance whose node is gone
 					 is dropped after this long */
+	uint64_t refit_records;       /* coordinator: refit records kept (the newest) */
 	char *metrics_listen; /* Prometheus /metrics HOST:PORT (NULL: off) */
 	char *log_format;     /* "text" | "json" */
 } refitd_config_t;

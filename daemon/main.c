@@ -221,6 +221,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.data_advertise = cfg->data_advertise;
 	no.local_socket = cfg->local_socket;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
+	no.connect_timeout_ms = cfg->connect_timeout_ms;
 	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
 	no.test_fail_commit = cfg->test_fail_commit;
 	no.test_hold_run_ms = cfg->test_hold_run_ms;
@@ -344,6 +345,8 @@ main(int argc, char **argv)
 	co.staging_bytes = cfg.staging_bytes;
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;
 	co.instance_grace_ms = cfg.instance_grace_ms;
+	co.refit_records = (uint32_t)cfg.refit_records;
+	co.slice_timeout_ms = cfg.slice_timeout_ms;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	ops_set_log_format(cfg.log_format);
 	signal(SIGPIPE, SIG_IGN);

@@ -78,6 +78,24 @@ static const family_t families[M_COUNT] = {
 	[M_MEMBERS_POISONED] = {"refitd_members_poisoned", KIND_GAUGE,
 		"Members that said they are poisoned (refits needing them fail); coordinator",
 		NULL, 0},
+	[M_REFIT_RECORDS] = {"refitd_refit_records", KIND_GAUGE,
+		"Refit records kept for GetRefit, ListRefits and the state file (at most "
+		"refit_records, plus refits in flight); coordinator", NULL, 0},
+	[M_REFIT_RECORDS_ALLOCATED] = {"refitd_refit_records_allocated", KIND_GAUGE,
+		"Refit records in memory, kept or not (equals refitd_refit_records unless a "
+		"dropped record was not freed); coordinator", NULL, 0},
+	[M_REFIT_RECORDS_FREED_TOTAL] = {"refitd_refit_records_freed_total", KIND_COUNTER,
+		"Refit records freed (the oldest beyond refit_records); coordinator", NULL, 0},
+	[M_REFIT_RECORDS_BYTES] = {"refitd_refit_records_bytes", KIND_GAUGE,
+		"Bytes the kept refit records hold (their structs, arrays and strings, without "
+		"malloc's overhead); coordinator", NULL, 0},
+	[M_HEAP_INUSE_BYTES] = {"refitd_heap_inuse_bytes", KIND_GAUGE,
+		"Bytes allocated with malloc and not freed (glibc mallinfo2: uordblks + "
+		"hblkhd)", NULL, 0},
+	[M_HEAP_SYSTEM_BYTES] = {"refitd_heap_system_bytes", KIND_GAUGE,
+		"Bytes malloc holds from the system, in use or free (glibc mallinfo2: arena + "
+		"hblkhd); its excess over refitd_heap_inuse_bytes is the allocator's "
+		"(fragmentation, free memory not yet returned)", NULL, 0},
 };
 
 typedef struct series {

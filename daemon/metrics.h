@@ -31,6 +31,12 @@ typedef enum metric_id {
 	M_CLIENTS,               /* gauge {role} */
 	M_NODE_POISONED,         /* gauge: 0 or 1 */
 	M_MEMBERS_POISONED,      /* gauge */
+	M_REFIT_RECORDS,         /* gauge: records kept */
+	M_REFIT_RECORDS_ALLOCATED, /* gauge: records made, not yet freed */
+	M_REFIT_RECORDS_FREED_TOTAL, /* counter */
+	M_REFIT_RECORDS_BYTES,   /* gauge: bytes the kept records hold */
+	M_HEAP_INUSE_BYTES,      /* gauge: malloc'd bytes in use (mallinfo2) */
+	M_HEAP_SYSTEM_BYTES,     /* gauge: bytes malloc holds from the system */
 	M_COUNT
 } metric_id_t;
 

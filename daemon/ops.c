@@ -1,6 +1,7 @@
 /*
  * ops.c - see ops.h.
  */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,18 +47,42 @@ serving(void *ctx)
 	return false;
 }
 
+/* What malloc holds: in use, and taken from the system (bench/bench_soak.py
+ * reads both to tell growth from the allocator's own). */
+static void
+refresh_heap(void)
+{
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+	struct mallinfo2 mi = mallinfo2();
+
+	metrics_set(M_HEAP_INUSE_BYTES, NULL, (double)(mi.uordblks + mi.hblkhd));
+	metrics_set(M_HEAP_SYSTEM_BYTES, NULL, (double)(mi.arena + mi.hblkhd));
+#endif
+}
+
 /* the gauges, and the epoch every log line of the process carries */
 static void
 refresh(ops_t *o)
 {
+	if (o->metrics)
+		refresh_heap();  /* mallinfo2 walks every arena: only when scraped */
 	if (o->coord) {
 		size_t poisoned = 0;
+		uint64_t live, freed;
+		size_t bytes = 0;
 
 		for (size_t i = 0; i < o->coord->members.n; i++)
 			poisoned += o->coord->members.v[i].poisoned != NULL;
 		metrics_set(M_EPOCH, NULL, (double)o->coord->epoch);
 		metrics_set(M_MEMBERS, NULL, (double)o->coord->members.n);
 		metrics_set(M_MEMBERS_POISONED, NULL, (double)poisoned);
+		coord_refit_counts(&live, &freed);
+		metrics_set(M_REFIT_RECORDS, NULL, (double)o->coord->refits.n);
+		metrics_set(M_REFIT_RECORDS_ALLOCATED, NULL, (double)live);
+		metrics_set(M_REFIT_RECORDS_FREED_TOTAL, NULL, (double)freed);
+		for (size_t i = 0; i < o->coord->refits.n; i++)
+			bytes += coord_refit_bytes(o->coord->refits.v[i]);
+		metrics_set(M_REFIT_RECORDS_BYTES, NULL, (double)bytes);
 		log_set_epoch(o->coord->epoch);
 	} else if (o->node) {
 		node_t *n = o->node;

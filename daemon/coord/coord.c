@@ -58,9 +58,10 @@ remove_member(coord_t *c, size_t i, const char *why)
 }
 
 /*
- * Instance leases: an instance whose node left (its member is gone) is
- * dropped after instance_grace_ms, unless the node comes back and its
- * clients register again first.  A stale replica cannot block the others.
+ * Instance leases: an instance whose nodes all left (no member that
+ * registered it is left) is dropped after instance_grace_ms, unless a node
+ * comes back and its clients register again first.  A stale replica cannot
+ * block the others.
  */
 static void
 instances_tick(coord_t *c, uint64_t now)
@@ -74,7 +75,7 @@ instances_tick(coord_t *c, uint64_t now)
 		for (size_t k = 0; k < m->inst.n;) {
 			instance_t *in = &m->inst.v[k];
 
-			if (coord_find_member(c, in->member_id) != NULL) {
+			if (coord_instance_prune(c, in)) {
 				in->orphan_since_ms = 0;
 			} else if (in->orphan_since_ms == 0) {
 				in->orphan_since_ms = now ? now : 1;
@@ -340,11 +341,33 @@ check_against(model_t *m, int role, const plan_layout_set_t *s, refit_err_t *err
 }
 
 /*
+ * Is rq's instance of m registered with exactly these layouts?  Then its
+ * ranks were all held when it was first registered, and another node of it
+ * (one that joined again) registers it even while a node of it is still
+ * away: that node registers it again when it comes back.
+ */
+static bool
+registered_as(model_t *m, const Refit__V1__RegisterLayoutRequest *rq,
+	      const plan_layout_set_t *set)
+{
+	instance_t *old = m == NULL ? NULL : rq->role == REFIT__V1__ROLE__TRAIN ?
+			  coord_train_instance(m) : find_instance(m, (int)rq->role,
+								  nz(rq->instance));
+	char dg[SHA256_HEX_LEN];
+
+	if (old == NULL)
+		return false;
+	conv_layouts_digest(set, dg);
+	return strcmp(dg, old->digest) == 0;
+}
+
+/*
  * RegisterLayout's checks: the member, the model and role, the layouts
  * (converted into *set, a trainer's covering every element), their ranks
- * held by members, their tensors matching the other side's (ranks shared
- * with another replica are checked after, by h_register).  REFIT_OK, or
- * err says why (set is then freed).
+ * held by members (unless the instance is registered with them already),
+ * their tensors matching the other side's (ranks shared with another
+ * replica are checked after, by h_register).  REFIT_OK, or err says why
+ * (set is then freed).
  */
 static refit_status_t
 register_check(coord_t *c, const Refit__V1__RegisterLayoutRequest *rq, plan_layout_set_t *set,
@@ -369,7 +392,7 @@ register_check(coord_t *c, const Refit__V1__RegisterLayoutRequest *rq, plan_layo
 	for (size_t i = 0; i < set->n && err->status == REFIT_OK; i++)
 		if (plan_layout_check_coverage(&set->v[i], err) == REFIT_OK)
 			plan_layout_check_rank_disjoint(&set->v[i], err);
-	if (err->status == REFIT_OK)
+	if (err->status == REFIT_OK && !registered_as(m, rq, set))
 		check_ranks_known(c, set, err);
 	if (err->status == REFIT_OK && m != NULL)
 		check_against(m, rq->role, set, err);
@@ -381,67 +404,70 @@ register_check(coord_t *c, const Refit__V1__RegisterLayoutRequest *rq, plan_layo
 }
 
 /*
- * An instance spread over several nodes: each node registers the same
- * layout for it; another node registering a different one is refused.
- * Answers the call and frees set.
+ * Another registration of an instance with the same layout: another node of
+ * an instance that spans several, another client of it on a node, or a node
+ * that joined again (rq->again: the same memory, holding what it held).
+ * The member becomes one of its holders.  New memory (not again) holds no
+ * version yet: the instance as a whole holds none (refits planned before do
+ * not count for it: gen).  Every registration arms the catch-up check: the
+ * timer starts one once the instance is whole and behind (coord_refit_api.c),
+ * whichever of its nodes came last.  Answers the call and frees set.
  */
 static void
-register_shared(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq,
-		instance_t *old, plan_layout_set_t *set)
+register_same(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq,
+	      instance_t *old, plan_layout_set_t *set)
 {
 	Refit__V1__RegisterLayoutResponse rsp = REFIT__V1__REGISTER_LAYOUT_RESPONSE__INIT;
-	const member_t *om = coord_find_member(c, old->member_id);
-	const char *iname = nz(rq->instance);
-	char dg[SHA256_HEX_LEN];
 
-	conv_layouts_digest(set, dg);
 	plan_layout_set_fini(set);
-	if (strcmp(dg, old->digest) != 0 && (old->role == REFIT__V1__ROLE__TRAIN ||
-					     strcmp(old->name, iname) == 0))
-		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": %s "
-				     "\"%s\" is registered by node %s with another layout "
-				     "(%.12s, this one %.12s)", rq->model,
-				     rq->role == REFIT__V1__ROLE__TRAIN ? "the trainer" :
-				     "instance", iname, om->node_id, old->digest, dg);
-	rsp.layout_digest = old->digest;
-	rsp.tensors = (uint32_t)old->layouts.n;
-	if (old->catch_up_at_ms) /* wait for every node of the instance */
-		old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
-	rpc_call_reply(call, &rsp.base);
-}
-
-/*
- * A node joined again with its clients: the same layout, the same memory;
- * only the member holding it changed.  True when that is so (the call is
- * answered, set freed).
- */
-static bool
-register_again(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq,
-	       model_t *m, instance_t *old, plan_layout_set_t *set)
-{
-	Refit__V1__RegisterLayoutResponse rsp = REFIT__V1__REGISTER_LAYOUT_RESPONSE__INIT;
-	char dg[SHA256_HEX_LEN];
-
-	conv_layouts_digest(set, dg);
-	if (strcmp(dg, old->digest) != 0)
-		return false;
-	plan_layout_set_fini(set);
-	old->member_id = rq->member_id;
+	coord_instance_prune(c, old);
+	coord_instance_hold(old, rq->member_id);
+	if (!coord_instance_holds(old, old->member_id) ||
+	    coord_find_member(c, old->member_id) == NULL)
+		old->member_id = rq->member_id;
 	old->orphan_since_ms = 0;
-	if (old->missed && m->installed_version > 0 && !m->no_catch_up)
+	if (old->role == REFIT__V1__ROLE__INFER) {
+		if (!rq->again) {
+			old->gen++;
+			old->installed_version = 0;
+			old->invalid = false;
+		}
+		old->in_place = rq->install == REFIT__V1__INSTALL_MODE__IN_PLACE;
 		old->catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
-	old->missed = false;
+	}
 	coord_save(c);
 	rsp.layout_digest = old->digest;
 	rsp.tensors = (uint32_t)old->layouts.n;
 	rpc_call_reply(call, &rsp.base);
-	return true;
+}
+
+/* Another layout for a registered instance: refused while another live node
+ * holds the old one (REFIT_OK: it may replace it). */
+static refit_status_t
+register_other(coord_t *c, const Refit__V1__RegisterLayoutRequest *rq, instance_t *old,
+	       const char *dg, refit_err_t *err)
+{
+	coord_instance_prune(c, old);
+	for (size_t i = 0; i < old->nholders; i++) {
+		const member_t *om = coord_find_member(c, old->holders[i]);
+
+		if (old->holders[i] == rq->member_id || om == NULL)
+			continue;
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "RegisterLayout \"%s\": %s "
+				     "\"%s\" is registered by node %s with another layout "
+				     "(%.12s, this one %.12s)", rq->model,
+				     rq->role == REFIT__V1__ROLE__TRAIN ? "the trainer" :
+				     "instance", nz(rq->instance), om->node_id, old->digest, dg);
+	}
+	return REFIT_OK;
 }
 
 /*
  * The new instance into model m (NULL: a new model): a model has one
  * trainer; an inference instance is replaced by name, the old one kept
- * until the change is durable.  Answers the call; set is taken.
+ * until the change is durable.  It holds no version yet: an inference
+ * instance is caught up once whole (the catch-up policy permitting).
+ * Answers the call; set is taken.
  */
 static void
 register_store(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq,
@@ -469,10 +495,13 @@ register_store(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequ
 	in.name = xstrdup(iname);
 	in.role = (int)rq->role;
 	in.member_id = rq->member_id;
+	coord_instance_hold(&in, rq->member_id);
 	in.layouts = *set;
 	conv_layouts_digest(set, in.digest);
-	if (rq->role == REFIT__V1__ROLE__INFER && m->installed_version > 0 && !m->no_catch_up &&
-	    !rq->again)
+	/* it holds no version the coordinator knows of (again: not known either) */
+	in.gen = had_old ? was.gen + 1 : 1;
+	in.in_place = rq->install == REFIT__V1__INSTALL_MODE__IN_PLACE;
+	if (rq->role == REFIT__V1__ROLE__INFER)
 		in.catch_up_at_ms = coord_now_ms() + CATCH_UP_DELAY_MS;
 	VEC_PUSH(&m->inst, in);
 	refit_err_clear(&err);
@@ -513,16 +542,22 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	m = coord_find_model(c, rq->model);
 	old = m == NULL ? NULL : rq->role == REFIT__V1__ROLE__TRAIN ? coord_train_instance(m)
 					: find_instance(m, (int)rq->role, nz(rq->instance));
-	if (old != NULL && old->member_id != rq->member_id &&
-	    coord_find_member(c, old->member_id) != NULL)
-		return register_shared(c, call, rq, old, &set);
+	if (old != NULL) {
+		char dg[SHA256_HEX_LEN];
+
+		conv_layouts_digest(&set, dg);
+		if (strcmp(dg, old->digest) == 0)
+			return register_same(c, call, rq, old, &set);
+		if (register_other(c, rq, old, dg, &err) != REFIT_OK) {
+			plan_layout_set_fini(&set);
+			return rpc_call_fail(call, err.status, "%s", err.msg);
+		}
+	}
 	if (rq->role == REFIT__V1__ROLE__INFER && m != NULL &&
 	    coord_rules_own_ranks(m, nz(rq->instance), &set, &err) != REFIT_OK) {
 		plan_layout_set_fini(&set);
 		return rpc_call_fail(call, err.status, "%s", err.msg);
 	}
-	if (old != NULL && rq->again && register_again(c, call, rq, m, old, &set))
-		return;
 	register_store(c, call, rq, m, &set);
 }
 
@@ -685,6 +720,26 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(rp);
 }
 
+/*
+ * The version the whole model serves: the lowest an inference instance holds
+ * (an invalid one holds none), never ahead of any of them; with no
+ * inference instance, the newest a refit installed.
+ */
+static uint64_t
+model_installed(const model_t *m)
+{
+	uint64_t v = m->installed_version;
+
+	for (size_t i = 0; i < m->inst.n; i++) {
+		const instance_t *in = &m->inst.v[i];
+		uint64_t iv = in->invalid ? 0 : in->installed_version;
+
+		if (in->role == REFIT__V1__ROLE__INFER && iv < v)
+			v = iv;
+	}
+	return v;
+}
+
 /* Fill *out for model m (policy in *pol); its arrays go to *iv and *ip,
  * freed by the caller. */
 static void
@@ -703,7 +758,7 @@ model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 	out->policy = pol;
 	out->name = m->name;
 	out->latest_version = m->latest_version;
-	out->installed_version = m->installed_version;
+	out->installed_version = model_installed(m);
 	for (size_t i = 0; i < m->inst.n; i++) {
 		const instance_t *in = &m->inst.v[i];
 
@@ -713,6 +768,12 @@ model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 		(*iv)[i].layout_digest = (char *)in->digest;
 		(*iv)[i].tensors = (uint32_t)in->layouts.n;
 		(*iv)[i].member_id = in->member_id;
+		if (in->role == REFIT__V1__ROLE__INFER) {
+			(*iv)[i].installed_version = in->installed_version;
+			(*iv)[i].invalid = in->invalid;
+			(*iv)[i].install = in->in_place ? REFIT__V1__INSTALL_MODE__IN_PLACE :
+					   REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER;
+		}
 		(*ip)[i] = &(*iv)[i];
 		out->tensors = (uint32_t)in->layouts.n;
 	}

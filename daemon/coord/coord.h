@@ -19,6 +19,10 @@ typedef struct coord_opts {
 	rpc_async_t *rpc;       /* the process's client for calls to nodes (not owned) */
 	uint64_t instance_grace_ms; /* an instance whose node left is dropped after
 				       this long (0: 60 s) */
+	uint64_t slice_timeout_ms;  /* every slice's deadline (RunSliceRequest.timeout_ms;
+				       0: derived from each plan's modelled time) */
+	uint32_t refit_records;     /* refit records kept, the newest (0: 256); the
+				       oldest final ones beyond are freed */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -8,6 +8,7 @@
 
 #include "common/alloc.h"
 #include "daemon/coord/coord.h"
+#include "daemon/coord/coord_blame.h"
 #include "daemon/coord/coord_records.h"
 #include "daemon/coord/refit_fsm.h"
 #include "plan/plan.h"
@@ -21,6 +22,7 @@ typedef struct refit_node_time {
 	uint64_t plan_us, slice_us;
 	bool plan_cached;
 	uint64_t decode_us, slice_xfers; /* decoding its slice, the slice's transfers */
+	coord_blame_report_t blame;      /* a failed slice: what it saw of its peers */
 } refit_node_time_t;
 
 #define NODE_STARTED 1u      /* RunSlice answered: the slice runs */
@@ -48,6 +50,12 @@ typedef struct refit_rec {
 	char *only;                 /* catch-up: the one instance installed */
 	char **skipped;             /* instances left out (not healthy) */
 	size_t nskipped;
+	char **took;                /* the inference instances the last attempt installs
+				       on, and each one's gen then (coord_involved_nodes) */
+	uint32_t *took_gen;
+	size_t ntook;
+	bool run_sent;              /* the last attempt sent RunSlice (it may have
+				       written the instances it took) */
 	uint8_t nccl_id[128];       /* from the lowest rank's node */
 	size_t nccl_id_len;
 	uint32_t phase;             /* bumped per round of node calls; stale answers
@@ -57,6 +65,9 @@ typedef struct refit_rec {
 	refit_node_time_t *ntime;
 	uint32_t nstarted;
 	uint64_t run_deadline_ms;   /* backstop when a node never reports */
+	uint64_t model_us;          /* the plan's modelled time (plan_cost), µs */
+	uint64_t node_bytes;        /* the plan's busiest node: bytes it sends or receives */
+	uint64_t slice_ms;          /* the slices' deadline sent (RunSliceRequest.timeout_ms) */
 	uint64_t running_after_ms;  /* trigger -> every slice started */
 	coord_slices_t *slices;     /* PREPARING: each node's slice of the plan */
 	uint64_t plan_us, plan_xfers; /* the coordinator's planning time (0: cached), transfers */
@@ -68,6 +79,8 @@ typedef struct plan_cache {
 	char *model;
 	char key[SHA256_HEX_LEN];   /* digest of layouts, members, options */
 	plan_t plan;
+	double time_s;              /* its modelled time (plan_cost) */
+	uint64_t node_bytes;        /* its busiest node's network bytes (one way) */
 } plan_cache_t;
 
 struct coord {
@@ -112,17 +125,47 @@ struct coord {
 refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
 /* Read the state file into c (models, versions, epoch, ids). */
 refit_status_t coord_state_load(coord_t *c, refit_err_t *err);
+/* A zeroed refit record, counted until coord_refit_free calls
+ * coord_refit_uncount (every record is made here, so that a record dropped
+ * unfreed shows in the counts). */
+refit_rec_t *coord_refit_new(void);
+void coord_refit_uncount(void);
+/* Records made and not yet freed (*live), and freed (*freed), in this
+ * process: /metrics refitd_refit_records_allocated and _freed_total. */
+void coord_refit_counts(uint64_t *live, uint64_t *freed);
 
 /* ---- coord_store.c: the records, lookups, persisting, freeing ---- */
 void coord_member_fini(member_t *m);
 void coord_instance_fini(instance_t *in);
 void coord_refit_free(refit_rec_t *r);
+/* The bytes r holds (its struct, arrays and strings, without malloc's
+ * overhead; a slice being prepared not counted): refitd_refit_records_bytes. */
+size_t coord_refit_bytes(const refit_rec_t *r);
+/* The refit records kept (c->refits), at most c->o.refit_records (0: 256):
+ * the oldest final ones beyond are freed (coord_refit_api.c). */
+void coord_refits_trim(coord_t *c);
+#define COORD_REFIT_RECORDS 256
 model_t *coord_find_model(coord_t *c, const char *name);
 instance_t *coord_train_instance(model_t *m);
 member_t *coord_find_member(coord_t *c, uint64_t id);
 refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
 refit_status_t coord_compose_dst(const model_t *m, const char *only,
 				 plan_layout_set_t *out, refit_err_t *err);
+/*
+ * An instance's nodes: every member that registered it is a holder (each
+ * node of an instance that spans several registers it).  Holds: member_id
+ * is one.  Hold: add it.  Prune: drop those no longer members (member_id
+ * moves to a live one); false when none is left.
+ */
+bool coord_instance_holds(const instance_t *in, uint64_t member_id);
+void coord_instance_hold(instance_t *in, uint64_t member_id);
+bool coord_instance_prune(coord_t *c, instance_t *in);
+/* The first rank of in that no member holding in (a holder) serves, or -1:
+ * the instance is whole (every node of it is a member and registered it). */
+int32_t coord_instance_unheld(coord_t *c, const instance_t *in);
+/* An inference instance holds less than m's newest installed version, or
+ * was invalidated (in place): a catch-up refit is due once it is whole. */
+bool coord_instance_behind(const model_t *m, const instance_t *in);
 /* wall clock, ms since the epoch */
 uint64_t coord_now_ms(void);
 /* Persist the state now (failures are logged). */
@@ -162,6 +205,7 @@ typedef struct planjob {
 	uint64_t refit_id;
 	rpc_call_t *call;           /* held until done answers it */
 	uint64_t plan_us;           /* plan_build's time */
+	uint64_t node_bytes;        /* a refit's: the busiest node's network bytes */
 } planjob_t;
 
 /* coord_plan.c: a refit's plan options (the same when planning and in RunSlice) */
@@ -231,6 +275,15 @@ void coord_refit_mark_started(refit_rec_t *r, size_t k);
 /* r's nodes: the members owning a rank that sends or receives in p (or
  * holds inference memory of md's instances taking part). */
 void coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r);
+/*
+ * An attempt of r ended: committed (every node published), each instance it
+ * installed on (coord_involved_nodes noted them) holds r's version and is
+ * valid; not committed, those in place are invalid once its RunSlice went
+ * out (a node may have written them; never published).  The model's
+ * installed version moves on a commit of all its instances (not a
+ * catch-up's).  The caller saves (the refit's change of state is saved).
+ */
+void coord_refit_instances_end(coord_t *c, refit_rec_t *r, bool committed);
 /* The members' transports: whether any uses nccl, one that does not, and
  * the member holding the lowest rank. */
 void coord_scan_members(coord_t *c, bool *nccl, const member_t **other, const member_t **low);

@@ -48,6 +48,8 @@ cause_of(const refit_rec_t *r)
 		return "membership";
 	if (strstr(m, "never reported") != NULL)
 		return "timeout";
+	if (strncmp(m, "data link ", 10) == 0)  /* the broken link named (coord_blame.c) */
+		return "data_link";
 	if (strstr(m, "RunSlice") != NULL)
 		return "slice";
 	if (strstr(m, "went away") != NULL)

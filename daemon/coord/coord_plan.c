@@ -54,6 +54,35 @@ coord_plan_key(coord_t *c, const model_t *m, const char *only, const plan_opts_t
 
 /* ---- planning off the loop ---------------------------------------------- */
 
+/* The most bytes one node of p sends, or receives, over the network. */
+static uint64_t
+busiest_node_bytes(const plan_t *p, const plan_topo_t *topo)
+{
+	uint64_t *in, *out, most = 0;
+	size_t n = topo->nnodes > 0 ? (size_t)topo->nnodes : 1;
+
+	in = xcalloc(n, sizeof(*in));
+	out = xcalloc(n, sizeof(*out));
+	for (size_t i = 0; i < p->nxfers; i++) {
+		const plan_xfer_t *x = &p->xfers[i];
+		int32_t a = plan_topo_node(topo, x->from), b = plan_topo_node(topo, x->to);
+
+		if (a < 0 || b < 0 || a == b || (size_t)a >= n || (size_t)b >= n)
+			continue;
+		out[a] += plan_xfer_bytes(p, x);
+		in[b] += plan_xfer_bytes(p, x);
+	}
+	for (size_t k = 0; k < n; k++) {
+		if (out[k] > most)
+			most = out[k];
+		if (in[k] > most)
+			most = in[k];
+	}
+	free(in);
+	free(out);
+	return most;
+}
+
 static void
 planjob_work(uv_work_t *w)
 {
@@ -68,8 +97,19 @@ planjob_work(uv_work_t *w)
 		j->rc = plan_build(&j->src, &j->dst, &j->topo, &j->opts, &j->plan, &j->err);
 		j->plan_us = (uv_hrtime() - t0) / 1000;
 	}
-	if (j->rc != REFIT_OK || !j->explain)
+	if (j->rc != REFIT_OK)
 		return;
+	if (!j->explain) {
+		/* a refit's: the modelled time bounds its slices (coord_refit.c); a
+		 * plan the model cannot price gets the floor, it still runs */
+		refit_err_t ce;
+
+		refit_err_clear(&ce);
+		if (plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &ce) != REFIT_OK)
+			j->cost.time_s = 0;
+		j->node_bytes = busiest_node_bytes(&j->plan, &j->topo);
+		return;
+	}
 	j->rc = plan_cost(&j->plan, &j->src, &j->dst, &j->topo, &j->cost, &j->err);
 	if (j->rc != REFIT_OK)
 		return;
@@ -174,6 +214,8 @@ coord_plan_keep(coord_t *c, planjob_t *j)
 	}
 	memcpy(pc->key, j->key, sizeof(pc->key));
 	pc->plan = j->plan;
+	pc->time_s = j->cost.time_s;
+	pc->node_bytes = j->node_bytes;
 	memset(&j->plan, 0, sizeof(j->plan));
 	log_info("coordinator: model \"%s\": plan %.12s built (%zu transfers)", j->model,
 		 pc->plan.digest_hex, pc->plan.nxfers);

@@ -37,19 +37,33 @@ typedef struct member {
 typedef struct instance {
 	char *name;
 	int role;              /* COORD_ROLE_TRAIN / COORD_ROLE_INFER */
-	uint64_t member_id;
+	uint64_t member_id;    /* a live member that registered it (shown) */
+	uint64_t *holders;     /* every member that registered it (an instance
+				  spans nodes: each registers it); ids of members
+				  that left stay until pruned, ids are never reused */
+	size_t nholders;
 	plan_layout_set_t layouts;
 	char digest[SHA256_HEX_LEN];
-	uint64_t catch_up_at_ms;  /* catch-up refit due (0: none) */
-	uint64_t orphan_since_ms; /* its member left (0: it is a member) */
+	uint64_t catch_up_at_ms;  /* registered (again): a catch-up is checked for
+				     from then on, once it is whole (0: none) */
+	uint64_t orphan_since_ms; /* none of its members is left (0: one is) */
 	bool skip;                /* the model's refit now leaves it out (unhealthy) */
-	bool missed;              /* a refit left it out: catch up when it is back */
+	/* what it holds, as far as the coordinator knows (inference) */
+	uint64_t installed_version; /* the last version published to it (0: none) */
+	bool invalid;             /* in place: a refit wrote it and did not publish */
+	bool in_place;            /* its clients install in place (not double buffered) */
+	uint32_t gen;             /* bumped when new memory joins it (a registration
+				     not "again"): refits planned before do not
+				     count for it */
 } instance_t;
 
 typedef struct model {
 	char *name;
 	VEC(instance_t) inst;
-	uint64_t latest_version, installed_version;
+	uint64_t latest_version;
+	uint64_t installed_version; /* the newest version a refit installed on any
+				       instance (each instance's own is its
+				       installed_version) */
 	uint32_t retries, retry_backoff_ms;  /* the refit policy */
 	bool no_catch_up;
 	bool strict_instances;     /* a refit fails rather than skip an instance */

@@ -28,7 +28,11 @@
  * refit that ends cancels the calls it still has out); an answer for a
  * refit that has moved on (phase counter) is ignored.  No call lasts as
  * long as a slice: a node that never reports is caught by its lease, its
- * own slice deadline, or at last by SLICE_RUN_MS (coord_refit_api.c).
+ * own slice deadline (RunSliceRequest.timeout_ms, slice_deadline_ms), an
+ * Abort it does not answer while the refit fails, or at last by
+ * SLICE_RUN_MS (coord_refit_api.c).  When the slices failed with symptoms
+ * only, every node's report together names the broken data link
+ * (name_link, coord_blame.c).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -44,6 +48,14 @@
 #include "daemon/coord/coord_rules.h"
 
 #define NODE_CALL_MS 30000
+#define ABORT_CALL_MS 5000
+/* the slices' deadline when the operator set none: the plan's modelled
+ * time times SLICE_MODEL_FACTOR, at least SLICE_FLOOR_MS, and at least its
+ * busiest node's network bytes at SLICE_FLOOR_BPS (the model assumes the
+ * NICs' line rate; tcp over host memory moves far less) */
+#define SLICE_MODEL_FACTOR 4
+#define SLICE_FLOOR_MS 30000
+#define SLICE_FLOOR_BPS (100ull * 1000 * 1000)
 
 typedef struct nctx {
 	coord_t *c;
@@ -131,13 +143,11 @@ note_end(coord_t *c, refit_rec_t *r)
 	r->finished_ms = coord_now_ms();
 	coord_slices_free(r);
 	if (r->fsm.state == REFIT_FSM_COMMITTED) {
-		model_t *m = coord_find_model(c, r->model);
-
 		free(r->failure);   /* an earlier attempt's failure is in attempts */
 		r->failure = NULL;
-		if (m != NULL && r->only == NULL && r->version > m->installed_version)
-			m->installed_version = r->version;
 	}
+	/* each instance's installed version, the model's (coord_refit_nodes.c) */
+	coord_refit_instances_end(c, r, r->fsm.state == REFIT_FSM_COMMITTED);
 	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
 		 r->version, coord_refit_public_name(r), r->failure ? ": " : "",
 		 r->failure ? r->failure : "");
@@ -156,6 +166,7 @@ do_action(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const refit_fsm_ac
 		rpc_async_cancel(c->rpc, r->id);  /* answers no longer wanted */
 		break;
 	case REFIT_FSM_ACT_RETRY:
+		coord_refit_instances_end(c, r, false);  /* in place: written? */
 		note_retry(r, was, a->wait_ms);
 		break;
 	case REFIT_FSM_ACT_WAIT:
@@ -205,6 +216,61 @@ settle(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const plan_t *p)
 		coord_save(c);
 }
 
+/*
+ * Does ev end the slices of a refit that failed with nothing but symptoms
+ * (what peers saw: a transport's error, a deadline, an abort)?  Then the
+ * nodes' reports together name the broken link (name_link); a cause a node
+ * found itself (a CRC mismatch, a client gone, a poisoned node) stays.
+ */
+static bool
+ends_on_symptoms(const refit_fsm_t *was, const refit_fsm_event_t *ev)
+{
+	bool report = ev->kind == REFIT_FSM_EV_SLICE_OK || ev->kind == REFIT_FSM_EV_SLICE_FAILED;
+	bool cause = ev->kind == REFIT_FSM_EV_SLICE_FAILED && (!ev->u.slice.symptom || ev->final);
+
+	if (!report || cause)
+		return false;
+	return was->state == REFIT_FSM_FAILING_SYMPTOM ||
+	       (was->state == REFIT_FSM_RUNNING && ev->kind == REFIT_FSM_EV_SLICE_FAILED);
+}
+
+/*
+ * The slices of r failed with symptoms only: name the broken link from
+ * every node's report (coord_blame.c) as r's failure, both ends named; the
+ * first report kept so far is logged.  Nothing changes when the reports
+ * name no link.
+ */
+static void
+name_link(coord_t *c, refit_rec_t *r)
+{
+	const coord_blame_report_t **reps;
+	const char **names, **eps;
+	char line[REFIT_ERR_MSG_MAX];
+
+	if (r->ntime == NULL || r->nnodes == 0)
+		return;
+	reps = xcalloc(r->nnodes, sizeof(*reps));
+	names = xcalloc(r->nnodes, sizeof(*names));
+	eps = xcalloc(r->nnodes, sizeof(*eps));
+	for (size_t k = 0; k < r->nnodes; k++) {
+		const member_t *m = coord_find_member(c, r->nodes[k]);
+
+		reps[k] = &r->ntime[k].blame;
+		names[k] = m ? m->node_id : "?";
+		eps[k] = m ? m->data_ep : NULL;
+	}
+	if (coord_blame_name(reps, r->nnodes, names, eps, line, sizeof(line))) {
+		log_warnx("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s (the first "
+			  "report was: %s)", r->id, r->model, r->version, line,
+			  r->failure ? r->failure : "none");
+		free(r->failure);
+		r->failure = xstrdup(line);
+	}
+	free(reps);
+	free(names);
+	free(eps);
+}
+
 /* A new round of node calls (or none): answers of the last one are stale. */
 static bool
 new_round(refit_fsm_state_t from, refit_fsm_state_t to)
@@ -226,7 +292,7 @@ refit_event(coord_t *c, refit_rec_t *r, const refit_fsm_event_t *ev, const char 
 	refit_fsm_t was = r->fsm;
 	refit_fsm_out_t out;
 	refit_err_t err;
-	bool settled = false;
+	bool settled = false, blame;
 
 	refit_err_clear(&err);
 	if (refit_fsm_step(&r->fsm, ev, &out, &err) != REFIT_OK) {
@@ -237,10 +303,16 @@ refit_event(coord_t *c, refit_rec_t *r, const refit_fsm_event_t *ev, const char 
 	r->fsm = out.next;
 	if (new_round(was.state, r->fsm.state))
 		r->phase++;
+	blame = ends_on_symptoms(&was, ev) && !coord_refit_runs_slices(r);
 	for (size_t i = 0; i < out.nact; i++) {
 		if (!settled && out.act[i].kind >= REFIT_FSM_FIRST_CALL) {
 			settle(c, r, &was, p);
 			settled = true;
+		}
+		if (blame && (out.act[i].kind == REFIT_FSM_ACT_RETRY ||
+			      out.act[i].kind == REFIT_FSM_ACT_END)) {
+			name_link(c, r);  /* before the failure is logged, noted, counted */
+			blame = false;
 		}
 		do_action(c, r, &was, &out.act[i], msg);
 	}
@@ -383,6 +455,9 @@ node_failed(coord_t *c, refit_rec_t *r, const char *node, const char *msg)
 
 static void slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node,
 			  refit_status_t st, const char *msg);
+static void slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node,
+			 refit_status_t st, const char *msg,
+			 const Refit__V1__RunSliceResponse *rs, bool poisoned, bool symptom);
 
 static void
 on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
@@ -414,6 +489,34 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 
 /* ---- slices ---------------------------------------------------------------- */
 
+/*
+ * The slices' deadline (RunSliceRequest.timeout_ms): the operator's
+ * slice_timeout_ms, else max(SLICE_FLOOR_MS, SLICE_MODEL_FACTOR x the
+ * plan's modelled time, the busiest node's bytes at SLICE_FLOOR_BPS) (a
+ * node's own slice_timeout_ms still overrides it there).
+ */
+static uint64_t
+slice_deadline_ms(const coord_t *c, const refit_rec_t *r)
+{
+	uint64_t ms = (r->model_us * SLICE_MODEL_FACTOR + 999) / 1000;
+	uint64_t by_bytes = r->node_bytes / (SLICE_FLOOR_BPS / 1000);
+
+	if (by_bytes > ms)
+		ms = by_bytes;
+	if (ms < SLICE_FLOOR_MS)
+		ms = SLICE_FLOOR_MS;
+	if (c->o.slice_timeout_ms)
+		ms = c->o.slice_timeout_ms;
+	if (ms > UINT32_MAX)
+		ms = UINT32_MAX;
+	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): slice deadline %" PRIu64
+		 " ms (%s; the plan's modelled time is %.3f ms, its busiest node moves %"
+		 PRIu64 " bytes)", r->id, r->model, r->version, ms, c->o.slice_timeout_ms ?
+		 "slice_timeout_ms" : "max(30 s, 4 x modelled, bytes at 100 MB/s)",
+		 r->model_us / 1e3, r->node_bytes);
+	return ms;
+}
+
 /* SEND_RUN: every node starts its slice (answered at the start). */
 static void
 send_run(coord_t *c, refit_rec_t *r)
@@ -431,6 +534,7 @@ send_run(coord_t *c, refit_rec_t *r)
 	r->nstate = xcalloc(r->nnodes + 1, sizeof(*r->nstate));
 	r->ntime = xcalloc(r->nnodes + 1, sizeof(*r->ntime));
 	r->nstarted = 0;
+	r->run_sent = true;   /* in place: its instances may be written from now */
 	r->running_after_ms = 0;
 	r->run_deadline_ms = coord_now_ms() + SLICE_RUN_MS;
 	coord_plan_opts(c, r->mode, &o);
@@ -447,6 +551,8 @@ send_run(coord_t *c, refit_rec_t *r)
 	rq.corrupt_msg = r->corrupt;
 	rq.nic_per_node = c->o.nic_per_node;
 	rq.attempt = r->fsm.attempt;
+	r->slice_ms = slice_deadline_ms(c, r);
+	rq.timeout_ms = (uint32_t)r->slice_ms;
 	call_nodes(c, r, &rq.base, 0);
 	coord_slices_free(r);  /* packed into the calls */
 	coord_free_layouts(iv, rq.instances, rq.n_instances);
@@ -478,10 +584,59 @@ void
 coord_refit_slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
 			 const char *msg, const Refit__V1__RunSliceResponse *rs, bool poisoned)
 {
+	slice_result(c, r, k, node, st, msg, rs, poisoned, false);
+}
+
+/* The index among r's nodes of the node called id, or SIZE_MAX. */
+static size_t
+node_index_by_id(coord_t *c, const refit_rec_t *r, const char *id)
+{
+	for (size_t k = 0; id != NULL && k < r->nnodes; k++) {
+		const member_t *m = coord_find_member(c, r->nodes[k]);
+
+		if (m != NULL && strcmp(m->node_id, id) == 0)
+			return k;
+	}
+	return SIZE_MAX;
+}
+
+/* Node k's slice failed (st, msg): keep what it saw of its peers
+ * (RunSliceResponse.peer_issues) for name_link. */
+static void
+blame_keep(coord_t *c, refit_rec_t *r, size_t k, refit_status_t st, const char *msg,
+	   const Refit__V1__RunSliceResponse *rs)
+{
+	coord_blame_report_t *b = &r->ntime[k].blame;
+
+	if (b->how == COORD_BLAME_SILENT)
+		return;   /* unreachable(), just before */
+	memset(b, 0, sizeof(*b));
+	if (st == REFIT_ERR_ABORTED || strstr(msg, "aborted by the coordinator") != NULL)
+		b->how = COORD_BLAME_ABORTED;
+	else if (st == REFIT_ERR_TIMEOUT)
+		b->how = COORD_BLAME_DEADLINE;
+	else
+		b->how = COORD_BLAME_FAILED;
+	for (size_t i = 0; rs != NULL && i < rs->n_peer_issues; i++) {
+		const Refit__V1__PeerIssue *pi = rs->peer_issues[i];
+		size_t p = node_index_by_id(c, r, pi->node_id);
+
+		if (p != SIZE_MAX && p != k)
+			coord_blame_add(b, (int)pi->kind, (uint32_t)p, pi->messages, pi->detail);
+	}
+}
+
+/* coord_refit_slice_result; symptom: the failure is one whatever it says. */
+static void
+slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
+	     const char *msg, const Refit__V1__RunSliceResponse *rs, bool poisoned, bool symptom)
+{
 	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_SLICE_OK};
 	char buf[REFIT_ERR_MSG_MAX];
 
 	r->nstate[k] |= NODE_REPORTED;
+	if (st != REFIT_OK)
+		blame_keep(c, r, k, st, msg, rs);
 	if (st != REFIT_OK) {
 		/* a poisoned node: the cause, and no retry (it refuses them all) */
 		if (poisoned)
@@ -492,7 +647,7 @@ coord_refit_slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node,
 		utf8_cut(buf);
 		ev.kind = REFIT_FSM_EV_SLICE_FAILED;
 		ev.final = poisoned;
-		ev.u.slice.symptom = !poisoned && coord_rules_is_symptom(msg);
+		ev.u.slice.symptom = !poisoned && (symptom || coord_rules_is_symptom(msg));
 		return refit_event(c, r, &ev, buf, NULL);
 	}
 	if (rs != NULL) {
@@ -699,6 +854,8 @@ on_refit_planned(planjob_t *j)
 		return coord_refit_on(c, r, REFIT_FSM_EV_PLAN_STALE);
 	r->plan_us = j->plan_us;
 	r->plan_cached = false;
+	r->model_us = (uint64_t)(j->cost.time_s * 1e6 + 0.5);
+	r->node_bytes = j->node_bytes;
 	if (j->only == NULL)
 		return prepare(c, r, coord_plan_keep(c, j));
 	/* a catch-up plan is used once: keep it with the refit until prepared */
@@ -707,8 +864,8 @@ on_refit_planned(planjob_t *j)
 
 /*
  * Which inference instances this refit leaves out: those not healthy now
- * (the member that registered them left, or a rank of theirs has no
- * member).  A strict model fails instead; so does one left with none.
+ * (a rank of theirs has no member, or its member has not registered them
+ * since it joined).  A strict model fails instead; so does one left with none.
  * False when the refit failed here.
  */
 static bool
@@ -723,7 +880,7 @@ choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
 	strbuf_init(&sb);
 	for (size_t i = 0; i < m->inst.n; i++) {
 		instance_t *in = &m->inst.v[i];
-		int32_t lost;
+		int32_t lost, unreg;
 		size_t t;
 
 		in->skip = false;
@@ -731,20 +888,22 @@ choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
 		    (r->only && strcmp(r->only, in->name) != 0))
 			continue;
 		lost = coord_rules_unheld_rank(c->members.v, c->members.n, &in->layouts, &t);
-		if (lost < 0 && coord_find_member(c, in->member_id) != NULL) {
+		/* whole: every node of it is a member and registered it (coord_store.c) */
+		unreg = lost < 0 ? coord_instance_unheld(c, in) : lost;
+		if (unreg < 0) {
 			healthy++;
 			continue;
 		}
-		in->skip = true;
-		in->missed = true;
+		in->skip = true;   /* it is behind now: caught up once whole (coord_refit_api.c) */
 		r->skipped = xreallocarray(r->skipped, r->nskipped + 1, sizeof(char *));
 		r->skipped[r->nskipped++] = xstrdup(in->name);
 		if (lost >= 0)
 			strbuf_printf(&sb, "%s\"%s\" (rank %d has no node)", sb.len ? ", " : "",
 				      in->name, lost);
 		else
-			strbuf_printf(&sb, "%s\"%s\" (its node left)", sb.len ? ", " : "",
-				      in->name);
+			strbuf_printf(&sb, "%s\"%s\" (its node left; the node of rank %d has "
+				      "not registered it again)", sb.len ? ", " : "", in->name,
+				      unreg);
 	}
 	if (r->nskipped && (m->strict_instances || healthy == 0)) {
 		for (size_t i = 0; i < m->inst.n; i++)
@@ -784,6 +943,8 @@ coord_refit_plan(coord_t *c, refit_rec_t *r)
 	if (pc != NULL && strcmp(pc->key, key) == 0) {
 		r->plan_us = 0;
 		r->plan_cached = true;
+		r->model_us = (uint64_t)(pc->time_s * 1e6 + 0.5);
+		r->node_bytes = pc->node_bytes;
 		return prepare(c, r, &pc->plan);
 	}
 	refit_err_clear(&err);
@@ -821,11 +982,13 @@ coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why)
 
 /*
  * A failing refit's Abort found a node unreachable (its process died, so
- * its SliceDone will never come): its slice counts as failed now, not when
- * its lease lapses.
+ * its SliceDone will never come) or it did not answer within the call's
+ * deadline (st REFIT_ERR_TIMEOUT: stopped or hung; its peers' reports say
+ * more, so this counts as a symptom and name_link weighs it): its slice
+ * counts as failed now, not when its lease lapses.
  */
 static void
-unreachable(coord_t *c, const nctx_t *x, const char *msg)
+unreachable(coord_t *c, const nctx_t *x, refit_status_t st, const char *msg)
 {
 	refit_rec_t *r = coord_find_refit(c, x->refit_id);
 	member_t *m = coord_find_member(c, x->member_id);
@@ -838,8 +1001,14 @@ unreachable(coord_t *c, const nctx_t *x, const char *msg)
 	k = coord_refit_node_index(r, x->member_id);
 	if (k == SIZE_MAX || (r->nstate[k] & NODE_REPORTED))
 		return;
-	snprintf(buf, sizeof(buf), "unreachable during its slice (%s)", msg);
-	coord_refit_slice_result(c, r, k, m->node_id, REFIT_ERR_UNAVAILABLE, buf, NULL, false);
+	r->ntime[k].blame.how = COORD_BLAME_SILENT;
+	if (st == REFIT_ERR_TIMEOUT)
+		snprintf(buf, sizeof(buf), "did not answer the coordinator's Abort within %d ms "
+			 "(stopped or hung?): %s", ABORT_CALL_MS, msg);
+	else
+		snprintf(buf, sizeof(buf), "unreachable during its slice (%s)", msg);
+	slice_result(c, r, k, m->node_id, REFIT_ERR_UNAVAILABLE, buf, NULL, false,
+		     st == REFIT_ERR_TIMEOUT);
 }
 
 static void
@@ -853,8 +1022,8 @@ on_abort_sent(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 		log_warnx("coordinator: refit %" PRIu64 ": Node.Abort to member %" PRIu64 ": %s",
 			  x->refit_id, x->member_id, msg);
 	c->inflight--;
-	if (st == REFIT_ERR_UNAVAILABLE && !c->closing)
-		unreachable(c, x, msg);
+	if ((st == REFIT_ERR_UNAVAILABLE || st == REFIT_ERR_TIMEOUT) && !c->closing)
+		unreachable(c, x, st, msg);
 	free(x);
 	coord_maybe_free(c);
 }
@@ -878,7 +1047,7 @@ abort_on_nodes(coord_t *c, refit_rec_t *r, uint32_t attempt)
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
 		if (rpc_async_call(c->rpc, RPC_GROUP_NONE, m->rpc_ep,
-				   &refit__v1__node__descriptor, "Abort", &ab.base, 5000,
+				   &refit__v1__node__descriptor, "Abort", &ab.base, ABORT_CALL_MS,
 				   on_abort_sent, x, NULL) == REFIT_OK)
 			c->inflight++;
 		else

@@ -6,8 +6,10 @@
  * RUNNING backstop (SLICE_RUN_MS), retries and queued refits that are due,
  * catch-up refits of instances that registered late.
  *
- * Triggers are idempotent per (model, key).  The last REFIT_KEEP records
- * are kept for ListRefits.  Loop thread only.
+ * Triggers are idempotent per (model, key).  The newest refit_records
+ * records (config key, default COORD_REFIT_RECORDS) are kept for GetRefit,
+ * ListRefits, idempotent triggers and the state file; older final ones are
+ * freed (coord_refits_trim).  Loop thread only.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -15,8 +17,6 @@
 
 #include "common/log.h"
 #include "daemon/coord/coord_internal.h"
-
-#define REFIT_KEEP 256
 
 /* ---- handlers --------------------------------------------------------------- */
 
@@ -92,18 +92,30 @@ fill_stages(const refit_rec_t *r, Refit__V1__Refit *o, Refit__V1__StageTiming *t
 	o->n_stages = r->nstages;
 }
 
-static void
-trim_records(coord_t *c)
+/* Free the oldest final records beyond the bound, in one pass (records in
+ * flight stay, however many); the vector shrinks when it is mostly empty. */
+void
+coord_refits_trim(coord_t *c)
 {
-	for (size_t i = 0; c->refits.n > REFIT_KEEP && i < c->refits.n;) {
-		if (coord_refit_is_final(c->refits.v[i])) {
-			coord_refit_free(c->refits.v[i]);
-			memmove(&c->refits.v[i], &c->refits.v[i + 1],
-				(c->refits.n - i - 1) * sizeof(*c->refits.v));
-			c->refits.n--;
+	size_t max = c->o.refit_records ? c->o.refit_records : COORD_REFIT_RECORDS;
+	size_t drop = c->refits.n > max ? c->refits.n - max : 0, n = 0;
+
+	if (drop == 0)
+		return;
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (drop > 0 && coord_refit_is_final(r)) {
+			coord_refit_free(r);
+			drop--;
 		} else {
-			i++;
+			c->refits.v[n++] = r;
 		}
+	}
+	c->refits.n = n;
+	if (c->refits.cap > 2 * max + 16 && c->refits.n <= max) {
+		c->refits.v = xreallocarray(c->refits.v, max + 1, sizeof(*c->refits.v));
+		c->refits.cap = max + 1;
 	}
 }
 
@@ -112,7 +124,7 @@ trim_records(coord_t *c)
 static refit_rec_t *
 new_refit(coord_t *c, const model_t *m, const char *only)
 {
-	refit_rec_t *r = xcalloc(1, sizeof(*r));
+	refit_rec_t *r = coord_refit_new();
 
 	r->id = ++c->next_refit;
 	r->model = xstrdup(m->name);
@@ -186,7 +198,7 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		coord_refit_free(r);
 		return rpc_call_fail(call, err.status, "%s", err.msg);
 	}
-	trim_records(c);
+	coord_refits_trim(c);
 	rsp.refit_id = r->id;
 	rpc_call_reply(call, &rsp.base);
 	coord_refit_plan(c, r);
@@ -379,8 +391,32 @@ overdue(coord_t *c, refit_rec_t *r)
 			   SLICE_RUN_MS, r->fsm.pending, r->nnodes);
 }
 
-/* Catch-up: an instance that registered after a version was ready gets it.
- * True when one started (the vectors may have moved). */
+/*
+ * Should in (of m) get a catch-up refit now?  Its catch-up check is armed
+ * by every registration of it (late, another node, a client, a node that
+ * joined again, in any order) and stays armed until it is whole (each of
+ * its nodes a member that registered it since joining), CATCH_UP_DELAY_MS
+ * after the last registration; then it is disarmed, and a refit starts
+ * when it is behind (it holds an older version than the model's newest, or
+ * is invalid) and the policy allows.  A failed catch-up is not repeated
+ * until it registers again (its own retries come first).
+ */
+static bool
+catch_up_due(coord_t *c, model_t *m, instance_t *in, uint64_t now)
+{
+	if (in->role != REFIT__V1__ROLE__INFER || in->catch_up_at_ms == 0 ||
+	    now < in->catch_up_at_ms)
+		return false;
+	if (m->no_catch_up || m->latest_version == 0 || coord_train_instance(m) == NULL ||
+	    !coord_instance_behind(m, in)) {
+		in->catch_up_at_ms = 0;
+		return false;
+	}
+	return coord_instance_unheld(c, in) < 0 && !model_busy(c, m->name);
+}
+
+/* Catch-up refits that are due (catch_up_due): one per tick.  True when one
+ * started (the vectors may have moved). */
 static bool
 catch_up(coord_t *c, uint64_t now)
 {
@@ -391,18 +427,15 @@ catch_up(coord_t *c, uint64_t now)
 			instance_t *in = &m->inst.v[i];
 			refit_rec_t *r;
 
-			if (in->catch_up_at_ms == 0 || now < in->catch_up_at_ms)
+			if (!catch_up_due(c, m, in, now))
 				continue;
-			if (model_busy(c, m->name))
-				continue;   /* after the refit in flight */
 			in->catch_up_at_ms = 0;
-			if (m->latest_version == 0 || coord_train_instance(m) == NULL)
-				continue;
 			r = new_refit(c, m, in->name);
-			trim_records(c);
+			coord_refits_trim(c);
 			log_info("coordinator: refit %" PRIu64 ": catch-up of instance \"%s\" of "
-				 "model \"%s\" to version %" PRIu64, r->id, in->name, m->name,
-				 r->version);
+				 "model \"%s\" to version %" PRIu64 " (it holds %" PRIu64 "%s)",
+				 r->id, in->name, m->name, r->version, in->installed_version,
+				 in->invalid ? ", invalid" : "");
 			coord_save(c);
 			coord_refit_plan(c, r);
 			return true;
@@ -418,6 +451,7 @@ coord_refits_tick(coord_t *c)
 
 	if (c->closing)
 		return;
+	coord_refits_trim(c);  /* records loaded from a state file past the bound */
 	for (size_t i = 0; i < c->refits.n; i++) {
 		refit_rec_t *r = c->refits.v[i];
 

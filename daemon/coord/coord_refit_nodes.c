@@ -12,6 +12,66 @@
 #include "daemon/coord/coord_internal.h"
 #include "rpc/proto_conv.h"
 
+/* Does r's attempt install on inference instance in (md's)? */
+static bool
+takes_part(const refit_rec_t *r, const instance_t *in)
+{
+	return in->role == REFIT__V1__ROLE__INFER && !in->skip &&
+	       (r->only == NULL || strcmp(r->only, in->name) == 0);
+}
+
+/* Note the instances r's attempt installs on (and their gen now).  Their
+ * catch-up check is disarmed: this attempt answers the registrations
+ * before it, whatever its outcome (a failed one is the retry policy's to
+ * repeat; an operator's abort stays an abort); a registration after it
+ * arms the check again. */
+static void
+note_took(coord_t *c, const model_t *cmd, refit_rec_t *r)
+{
+	model_t *md = coord_find_model(c, cmd->name);
+
+	for (size_t i = 0; i < r->ntook; i++)
+		free(r->took[i]);
+	r->ntook = 0;
+	r->run_sent = false;
+	r->took = xreallocarray(r->took, md->inst.n + 1, sizeof(*r->took));
+	r->took_gen = xreallocarray(r->took_gen, md->inst.n + 1, sizeof(*r->took_gen));
+	for (size_t i = 0; i < md->inst.n; i++) {
+		if (!takes_part(r, &md->inst.v[i]))
+			continue;
+		r->took[r->ntook] = xstrdup(md->inst.v[i].name);
+		r->took_gen[r->ntook++] = md->inst.v[i].gen;
+		md->inst.v[i].catch_up_at_ms = 0;
+	}
+}
+
+void
+coord_refit_instances_end(coord_t *c, refit_rec_t *r, bool committed)
+{
+	model_t *m = coord_find_model(c, r->model);
+
+	for (size_t k = 0; m != NULL && k < r->ntook; k++) {
+		for (size_t i = 0; i < m->inst.n; i++) {
+			instance_t *in = &m->inst.v[i];
+
+			if (in->role != REFIT__V1__ROLE__INFER || in->gen != r->took_gen[k] ||
+			    strcmp(in->name, r->took[k]) != 0)
+				continue;
+			if (committed) {
+				in->installed_version = r->version;
+				in->invalid = false;
+			} else if (in->in_place && r->run_sent) {
+				/* a node may have started writing it: whether
+				 * it did is not known here, so it is shown
+				 * invalid rather than valid when it is not */
+				in->invalid = true;
+			}
+		}
+	}
+	if (committed && m != NULL && r->only == NULL && r->version > m->installed_version)
+		m->installed_version = r->version;
+}
+
 /* Members owning a rank that sends or receives in p: one pass over p. */
 void
 coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t *r)
@@ -31,10 +91,10 @@ coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_rec_t
 			used[p->xfers[x].to] = 1;
 	}
 	/* every node holding inference memory installs, even one receiving nothing */
+	if (md != NULL)
+		note_took(c, md, r);
 	for (size_t i = 0; md != NULL && i < md->inst.n; i++)
-		for (size_t t = 0; md->inst.v[i].role == REFIT__V1__ROLE__INFER &&
-				   !md->inst.v[i].skip &&
-				   (r->only == NULL || strcmp(r->only, md->inst.v[i].name) == 0) &&
+		for (size_t t = 0; takes_part(r, &md->inst.v[i]) &&
 				   t < md->inst.v[i].layouts.n; t++)
 			for (size_t k = 0; k < md->inst.v[i].layouts.v[t].nshards; k++) {
 				int32_t rk = md->inst.v[i].layouts.v[t].shards[k].rank;

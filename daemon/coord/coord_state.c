@@ -1,8 +1,9 @@
 /*
  * coord_state.c - the coordinator's state file: models (every instance's
- * layouts, digests), versions, member id counter and the epoch generation,
- * written atomically (temp file, fsync, rename, fsync of the directory) on
- * every change, read back at start.
+ * layouts, digests, and what an inference instance holds), versions,
+ * member id counter and the epoch generation, written atomically (temp
+ * file, fsync, rename, fsync of the directory) on every change, read back
+ * at start.
  *
  * Members are leases and are not kept: after a restart nodes find their
  * member id unknown on the next heartbeat and join again.  Epochs stay
@@ -26,6 +27,31 @@
 #include "rpc/proto_conv.h"
 
 #define STATE_VERSION 1
+
+/* Refit records made and freed in this process (coord_refit_counts).  Here,
+ * in the lowest file, so that the loader below and coord_store.c above
+ * both count theirs. */
+static uint64_t refits_made, refits_freed;
+
+refit_rec_t *
+coord_refit_new(void)
+{
+	refits_made++;
+	return xcalloc(1, sizeof(refit_rec_t));
+}
+
+void
+coord_refit_uncount(void)
+{
+	refits_freed++;
+}
+
+void
+coord_refit_counts(uint64_t *live, uint64_t *freed)
+{
+	*live = refits_made - refits_freed;
+	*freed = refits_freed;
+}
 
 static void
 refits_json(const coord_t *c, cJSON *arr)
@@ -80,6 +106,16 @@ state_text(const coord_t *c)
 			cJSON_AddStringToObject(io, "role", in->role == REFIT__V1__ROLE__TRAIN ?
 						"train" : "infer");
 			cJSON_AddNumberToObject(io, "member_id", (double)in->member_id);
+			/* what it holds: only where it differs from what a file
+			 * without these keys means (older files load unchanged) */
+			if (in->role == REFIT__V1__ROLE__INFER &&
+			    in->installed_version != m->installed_version)
+				cJSON_AddNumberToObject(io, "installed_version",
+							(double)in->installed_version);
+			if (in->role == REFIT__V1__ROLE__INFER && in->invalid)
+				cJSON_AddBoolToObject(io, "invalid", true);
+			if (in->role == REFIT__V1__ROLE__INFER && in->in_place)
+				cJSON_AddBoolToObject(io, "in_place", true);
 			cJSON_AddStringToObject(io, "digest", in->digest);
 			cJSON_AddItemToObject(io, "tensors", codec_layouts_tree(&in->layouts));
 			cJSON_AddItemToArray(insts, io);
@@ -182,6 +218,30 @@ str(const cJSON *o, const char *key)
 	return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+/* What an inference instance holds (a key absent, as in older files: the
+ * model's installed version, valid, double buffered); a bad type is an error. */
+static refit_status_t
+load_held(const model_t *m, const cJSON *io, instance_t *in, const char *where,
+	  refit_err_t *err)
+{
+	const cJSON *iv = cJSON_GetObjectItemCaseSensitive(io, "installed_version");
+	const char *flags[] = {"invalid", "in_place"};
+	bool *out[] = {&in->invalid, &in->in_place};
+
+	in->installed_version = m->installed_version;
+	if (iv != NULL)
+		CHECK(want_u64(io, "installed_version", &in->installed_version, where, err));
+	for (size_t i = 0; i < 2; i++) {
+		const cJSON *f = cJSON_GetObjectItemCaseSensitive(io, flags[i]);
+
+		if (f != NULL && !cJSON_IsBool(f))
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"%s\" must be "
+					     "true or false", where, flags[i]);
+		*out[i] = cJSON_IsTrue(f);
+	}
+	return REFIT_OK;
+}
+
 static refit_status_t
 load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 {
@@ -218,6 +278,15 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 	in.name = xstrdup(name);
 	in.role = strcmp(role, "train") == 0 ? REFIT__V1__ROLE__TRAIN : REFIT__V1__ROLE__INFER;
 	in.member_id = mid;
+	in.gen = 1;
+	if (load_held(m, io, &in, where, err) != REFIT_OK) {
+		/* what coord_instance_fini frees (coord_store.c calls into this
+		 * file: no call back) */
+		free(in.name);
+		free(in.holders);
+		plan_layout_set_fini(&in.layouts);
+		return err->status;
+	}
 	VEC_PUSH(&m->inst, in);
 	return REFIT_OK;
 }
@@ -301,7 +370,7 @@ load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 			refit_err_prefix(err, "refit %" PRIu64, num(o, "id"));
 			return err->status;
 		}
-		r = xcalloc(1, sizeof(*r));
+		r = coord_refit_new();
 		r->id = num(o, "id");
 		r->model = xstrdup(model ? model : "");
 		r->version = num(o, "version");

@@ -31,7 +31,71 @@ void
 coord_instance_fini(instance_t *in)
 {
 	free(in->name);
+	free(in->holders);
 	plan_layout_set_fini(&in->layouts);
+}
+
+bool
+coord_instance_holds(const instance_t *in, uint64_t member_id)
+{
+	for (size_t i = 0; i < in->nholders; i++)
+		if (in->holders[i] == member_id)
+			return true;
+	return false;
+}
+
+void
+coord_instance_hold(instance_t *in, uint64_t member_id)
+{
+	if (coord_instance_holds(in, member_id))
+		return;
+	in->holders = xreallocarray(in->holders, in->nholders + 1, sizeof(*in->holders));
+	in->holders[in->nholders++] = member_id;
+}
+
+bool
+coord_instance_prune(coord_t *c, instance_t *in)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < in->nholders; i++)
+		if (coord_find_member(c, in->holders[i]) != NULL)
+			in->holders[n++] = in->holders[i];
+	in->nholders = n;
+	if (n > 0 && !coord_instance_holds(in, in->member_id))
+		in->member_id = in->holders[0];
+	return n > 0;
+}
+
+int32_t
+coord_instance_unheld(coord_t *c, const instance_t *in)
+{
+	for (size_t t = 0; t < in->layouts.n; t++) {
+		const plan_layout_t *l = &in->layouts.v[t];
+
+		for (size_t k = 0; k < l->nshards; k++) {
+			int32_t rk = l->shards[k].rank;
+			bool held = false;
+
+			for (size_t i = 0; i < c->members.n && !held; i++) {
+				const member_t *m = &c->members.v[i];
+
+				for (size_t j = 0; j < m->nranks && !held; j++)
+					held = m->ranks[j].rank == rk &&
+					       coord_instance_holds(in, m->id);
+			}
+			if (!held)
+				return rk;
+		}
+	}
+	return -1;
+}
+
+bool
+coord_instance_behind(const model_t *m, const instance_t *in)
+{
+	return in->role == REFIT__V1__ROLE__INFER &&
+	       (in->installed_version < m->installed_version || in->invalid);
 }
 
 member_t *
@@ -143,10 +207,41 @@ coord_save_durable(coord_t *c, const char *what, refit_err_t *err)
 
 /* ---- freeing ---- */
 
+static size_t
+str_bytes(const char *s)
+{
+	return s ? strlen(s) + 1 : 0;
+}
+
+/* an array of n strings */
+static size_t
+strs_bytes(char *const *v, size_t n)
+{
+	size_t b = n * sizeof(*v);
+
+	for (size_t i = 0; i < n; i++)
+		b += str_bytes(v[i]);
+	return b;
+}
+
+size_t
+coord_refit_bytes(const refit_rec_t *r)
+{
+	size_t b = sizeof(*r) + r->nnodes * sizeof(*r->nodes);
+
+	b += str_bytes(r->model) + str_bytes(r->key) + str_bytes(r->failure) + str_bytes(r->only);
+	b += strs_bytes(r->attempts, r->nattempts) + strs_bytes(r->skipped, r->nskipped);
+	b += strs_bytes(r->took, r->ntook) + r->ntook * sizeof(*r->took_gen);
+	if (r->nstate)
+		b += (r->nnodes + 1) * (sizeof(*r->nstate) + sizeof(*r->ntime));
+	return b;
+}
+
 /* Free a refit record. */
 void
 coord_refit_free(refit_rec_t *r)
 {
+	coord_refit_uncount();
 	for (size_t i = 0; i < r->nattempts; i++)
 		free(r->attempts[i]);
 	free(r->attempts);
@@ -154,6 +249,10 @@ coord_refit_free(refit_rec_t *r)
 	for (size_t i = 0; i < r->nskipped; i++)
 		free(r->skipped[i]);
 	free(r->skipped);
+	for (size_t i = 0; i < r->ntook; i++)
+		free(r->took[i]);
+	free(r->took);
+	free(r->took_gen);
 	free(r->model);
 	free(r->key);
 	free(r->failure);

@@ -350,7 +350,8 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->nranks = o->nranks;
 	n->client = o->client;
 	n->rpc = o->rpc;
-	n->slice_timeout_ms = o->slice_timeout_ms ? o->slice_timeout_ms : 600000;
+	n->slice_timeout_ms = o->slice_timeout_ms;  /* 0: the coordinator says */
+	n->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 5000;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->test_fail_commit = o->test_fail_commit;
 	n->test_hold_run_ms = o->test_hold_run_ms;

@@ -21,7 +21,8 @@ typedef struct node_opts {
 	const char *data_listen;  /* tcp: host:port */
 	const char *data_advertise; /* NULL: the bound data_listen */
 	const char *local_socket; /* unix socket path for librefit */
-	uint64_t slice_timeout_ms;
+	uint64_t slice_timeout_ms;  /* 0: the coordinator's (RunSliceRequest.timeout_ms) */
+	uint64_t connect_timeout_ms; /* each data connection to a peer (0: 5000) */
 	uint64_t test_msg_delay_ms;
 	uint64_t test_fail_commit;  /* tests: refuse the Nth Commit (0: none) */
 	uint64_t test_hold_run_ms;  /* tests: hold RunSlice until its Abort (0: no) */

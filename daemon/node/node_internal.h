@@ -170,7 +170,8 @@ struct node {
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
 	char *local_path;
-	uint64_t slice_timeout_ms, test_msg_delay_ms;
+	uint64_t slice_timeout_ms, test_msg_delay_ms;  /* slice_timeout_ms 0: the coordinator's */
+	uint64_t connect_timeout_ms;
 	uint64_t test_fail_commit, test_hold_run_ms, ncommits;
 	aborted_t aborted[NODE_ABORTED_MAX];  /* ring, the epoch's aborted refits */
 	size_t naborted;                      /* entries written (mod the size) */

@@ -787,6 +787,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	fw.model = c->model;
 	fw.role = rq->role;
 	fw.instance = c->instance;
+	fw.install = rq->install;   /* in place or not: the coordinator shows it */
 	fw.tensors = tl;
 	fw.n_tensors = rq->n_tensors;
 	c->reg_len = protobuf_c_message_get_packed_size(&fw.base);

@@ -47,6 +47,8 @@ typedef struct jclient {
 } jclient_t;
 
 #define REPORT_CALL_MS 5000
+#define NODE_SLICE_TIMEOUT_MS 600000  /* neither this node nor the coordinator set one */
+#define NODE_PEER_ISSUES_MAX 64       /* PeerIssues in one SliceDone */
 #define REPORT_GIVE_UP_MS 600000
 
 struct slice_job {
@@ -68,6 +70,7 @@ struct slice_job {
 	plan_topo_t topo;
 	slice_node_t *nodes;
 	size_t nnodes, self;
+	slice_peer_t *peers;    /* per node: what the failed slice saw of it */
 	VEC(jclient_t) cl[2];   /* [0] trainers, [1] inference clients */
 	atomic_int abort;
 	char abort_why[256];
@@ -129,6 +132,7 @@ job_free(slice_job_t *j)
 		free((void *)j->nodes[i].endpoint);
 	}
 	free(j->nodes);
+	free(j->peers);
 	plan_layout_set_fini(&j->src);
 	plan_layout_set_fini(&j->dst);
 	plan_topo_fini(&j->topo);
@@ -174,6 +178,8 @@ job_work(uv_work_t *w)
 	sc.abort = &j->abort;
 	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
 	sc.pool = j->n->pool;
+	sc.connect_ms = j->n->connect_timeout_ms;
+	sc.peers = j->peers;
 	j->rc = slice_run(&sc, &j->st, &j->err);
 	/* everything this node receives has arrived: quantize into its ranks */
 	for (size_t r = 0; j->cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
@@ -316,6 +322,58 @@ node_poisoned(node_t *n)
 	return n->poisoned;
 }
 
+/* One PeerIssue of j's failed slice about node i, if there is room. */
+static void
+issue_add(slice_job_t *j, size_t i, Refit__V1__PeerIssueKind kind, const char *detail,
+	  uint64_t msgs, Refit__V1__PeerIssue *iv, Refit__V1__PeerIssue **ip, size_t *n)
+{
+	if (*n >= NODE_PEER_ISSUES_MAX)
+		return;
+	refit__v1__peer_issue__init(&iv[*n]);
+	iv[*n].node_id = (char *)j->nodes[i].node_id;
+	iv[*n].endpoint = (char *)nz(j->nodes[i].endpoint);
+	iv[*n].kind = kind;
+	iv[*n].detail = (char *)nz(detail);
+	iv[*n].messages = msgs;
+	ip[*n] = &iv[*n];
+	(*n)++;
+}
+
+/*
+ * What j's failed slice saw of its peers (docs/faults.md, "Failure
+ * attribution"): link faults first, then the messages owed each way.
+ */
+static size_t
+peer_issues(slice_job_t *j, Refit__V1__PeerIssue *iv, Refit__V1__PeerIssue **ip)
+{
+	static const Refit__V1__PeerIssueKind kind[] = {
+		[XPORT_LINK_CONNECT] = REFIT__V1__PEER_ISSUE_KIND__PEER_CONNECT,
+		[XPORT_LINK_HANDSHAKE] = REFIT__V1__PEER_ISSUE_KIND__PEER_HANDSHAKE,
+		[XPORT_LINK_BROKEN] = REFIT__V1__PEER_ISSUE_KIND__PEER_BROKEN,
+		[XPORT_LINK_NO_DIAL] = REFIT__V1__PEER_ISSUE_KIND__PEER_NEVER_CONNECTED,
+		[XPORT_LINK_BROKEN_IN] = REFIT__V1__PEER_ISSUE_KIND__PEER_BROKEN_IN,
+	};
+	size_t n = 0;
+
+	for (size_t i = 0; j->peers && i < j->nnodes; i++) {
+		const xport_link_t *l = &j->peers[i].link;
+
+		if (i != j->self && l->fault > XPORT_LINK_OK && l->fault <= XPORT_LINK_BROKEN_IN)
+			issue_add(j, i, kind[l->fault], l->what, 0, iv, ip, &n);
+	}
+	for (size_t i = 0; j->peers && i < j->nnodes; i++) {
+		if (i == j->self)
+			continue;
+		if (j->peers[i].owes_us)
+			issue_add(j, i, REFIT__V1__PEER_ISSUE_KIND__PEER_OWES, NULL,
+				  j->peers[i].owes_us, iv, ip, &n);
+		if (j->peers[i].we_owe)
+			issue_add(j, i, REFIT__V1__PEER_ISSUE_KIND__PEER_OWED, NULL,
+				  j->peers[i].we_owe, iv, ip, &n);
+	}
+	return n;
+}
+
 /* The slice of j ended: tell the coordinator (SliceDone). */
 static void
 report_queue(node_t *n, slice_job_t *j, bool ok)
@@ -323,6 +381,7 @@ report_queue(node_t *n, slice_job_t *j, bool ok)
 	Refit__V1__SliceDoneRequest rq = REFIT__V1__SLICE_DONE_REQUEST__INIT;
 	Refit__V1__RunSliceResponse rs = REFIT__V1__RUN_SLICE_RESPONSE__INIT;
 	Refit__V1__StageTiming tv[SLICE_MAX_STAGES], *tp[SLICE_MAX_STAGES];
+	Refit__V1__PeerIssue iv[NODE_PEER_ISSUES_MAX], *ip[NODE_PEER_ISSUES_MAX];
 	slice_report_t *r = xcalloc(1, sizeof(*r));
 
 	for (uint32_t k = 0; k < j->st.nstages && k < SLICE_MAX_STAGES; k++) {
@@ -339,6 +398,10 @@ report_queue(node_t *n, slice_job_t *j, bool ok)
 	rs.local_bytes = j->st.bytes_local;
 	rs.micros = j->st.total_us;
 	rs.comm_micros = j->st.comm_us;
+	if (!ok) {
+		rs.peer_issues = ip;
+		rs.n_peer_issues = peer_issues(j, iv, ip);
+	}
 	rq.refit_id = j->refit_id;
 	rq.epoch = j->epoch;
 	rq.attempt = j->attempt;
@@ -589,6 +652,7 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 						m->domains[k], err);
 	}
 	j->nnodes = n->world.n;
+	j->peers = xcalloc(j->nnodes ? j->nnodes : 1, sizeof(*j->peers));
 	if (rc == REFIT_OK && j->self == SIZE_MAX)
 		rc = refit_err_set(err, REFIT_ERR_STALE_EPOCH, "this node is not a member of "
 				   "epoch %" PRIu64, j->epoch);
@@ -689,8 +753,10 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 		j->opts.staging_bytes = rq->staging_bytes;
 	j->verify = rq->verify;
 	j->corrupt = rq->corrupt_msg > 0 ? rq->corrupt_msg - 1 : -1;
-	j->deadline_ms = xport_now_ms() + (int64_t)(rq->timeout_ms ? rq->timeout_ms :
-						    n->slice_timeout_ms);
+	/* this node's own slice_timeout_ms, when set, overrides the coordinator's */
+	j->deadline_ms = xport_now_ms() + (int64_t)(n->slice_timeout_ms ? n->slice_timeout_ms :
+						    rq->timeout_ms ? rq->timeout_ms :
+						    NODE_SLICE_TIMEOUT_MS);
 	if (job_setup(j, rq, &err) != REFIT_OK) {
 		log_warnx("node %s: refit %" PRIu64 ": %s", n->node_id, rq->refit_id, err.msg);
 		rpc_call_fail(call, err.status, "node %s: %s", n->node_id, err.msg);

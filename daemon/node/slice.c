@@ -78,6 +78,7 @@ typedef struct slice {
 	size_t nheld, cap;   /* buffers held; at most cap (staging_bytes) */
 	slice_stats_t *st;
 	int64_t t0;
+	bool opened;         /* the transport session opened: messages were due */
 	uint64_t trail;      /* verify: 4 CRC bytes after each message */
 	/* the grouped form: this node's messages by (stage, bucket), the group
 	 * [ga, gb) being run, its ops and their messages, its device staging */
@@ -916,7 +917,9 @@ run_session(slice_t *s, refit_err_t *err)
 		.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers, .npeers = c->nnodes,
 		.max_msg_bytes = c->plan->opts.chunk_bytes + s->trail,
 		.deadline_ms = c->deadline_ms, .abort = c->abort, .pool = c->pool,
+		.connect_ms = c->connect_ms,
 	};
+	xport_link_t *links = xcalloc(c->nnodes, sizeof(*links));
 	xport_io_t io = {s, begin, pull, push, done, peer_done, next_group, group_done};
 	dp_exec_opts_t eo = {.verify = c->verify, .corrupt_msg = -1, .pool = c->pool};
 	dp_mem_ops_t dm = *c->mem;
@@ -931,9 +934,11 @@ run_session(slice_t *s, refit_err_t *err)
 		peers[i].recv_from = i != c->self && s->in[i].n > 0;
 		peers[i].max_in_bytes = peers[i].recv_from ? s->in_max[i] + s->trail : 0;
 	}
+	sc.links = links;
 	rc = c->xo->open(c->x, &sc, &sess, err);
 	s->st->comm_us = (uint64_t)(now_us() - t0);
 	if (rc == REFIT_OK) {
+		s->opened = true;
 		dm.dev = s->dev = c->xo->dev(sess);
 		rc = dp_exec_new(c->plan, c->src, c->dst, &dm, &eo, &s->x, err);
 	}
@@ -942,8 +947,39 @@ run_session(slice_t *s, refit_err_t *err)
 	if (s->dev)
 		group_free(s);
 	c->xo->close(sess);
+	for (size_t i = 0; rc != REFIT_OK && c->peers && i < c->nnodes; i++)
+		c->peers[i].link = links[i];
+	free(links);
 	free(peers);
 	return rc;
+}
+
+/* The messages of list v not done yet. */
+static uint64_t
+not_done(const slice_t *s, const idxvec_t *v)
+{
+	uint64_t n = 0;
+
+	for (size_t k = 0; k < v->n; k++)
+		n += !s->msgs.v[v->v[k]].done;
+	return n;
+}
+
+/* The slice failed: what each peer still owed this node and it them. */
+static void
+note_peers(const slice_t *s)
+{
+	const slice_cfg_t *c = s->c;
+
+	for (size_t i = 0; c->peers && i < c->nnodes; i++) {
+		if (i == c->self)
+			continue;
+		c->peers[i].opened = s->opened;
+		if (!s->opened)
+			continue;
+		c->peers[i].owes_us = not_done(s, &s->in[i]);
+		c->peers[i].we_owe = not_done(s, &s->out[i]);
+	}
 }
 
 refit_status_t
@@ -960,6 +996,8 @@ slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err)
 		rc = refit_err_set(err, REFIT_ERR_INTERNAL, "slice: %" PRIu64 " messages never "
 				   "became ready (a dependency that never arrives)",
 				   s.out_left + s.local_left);
+	if (rc != REFIT_OK)
+		note_peers(&s);
 	st->total_us = (uint64_t)(now_us() - s.t0);
 	slice_fini(&s);
 	return rc;

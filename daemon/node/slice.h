@@ -41,7 +41,23 @@ typedef struct slice_cfg {
 	uint32_t test_delay_ms;   /* tests: sleep before each message sent */
 	dp_pool_t *pool;          /* the node's buffer pool (NULL: malloc per refit):
 				     packed messages, receive buffers, relay staging */
+	uint64_t connect_ms;      /* each connection to a peer (tcp): its deadline */
+	struct slice_peer *peers; /* per node of nodes: filled when the slice fails
+				     (NULL: not wanted; the caller zeroes it) */
 } slice_cfg_t;
+
+/*
+ * What the slice saw of one peer when it failed, for the coordinator to
+ * name the broken link (docs/faults.md, "Failure attribution"): what the
+ * transport saw of its link, and the messages still owed each way once
+ * the exchange had started (opened: false when it never got that far).
+ */
+typedef struct slice_peer {
+	xport_link_t link;
+	bool opened;
+	uint64_t owes_us;   /* its messages to this node not yet arrived */
+	uint64_t we_owe;    /* this node's messages to it not yet sent */
+} slice_peer_t;
 
 #define SLICE_MAX_STAGES 64
 

@@ -12,9 +12,12 @@
  * and sends nothing delays nobody (at most PENDING_MAX wait at once; the
  * oldest goes when more come).  Parked connections stay when the epoch is
  * set again to the same value (concurrent refits of different models share
- * an epoch); they go when it changes.  Dialing honours the session's abort
- * flag, and peers' endpoints must be numeric addresses: no name resolution
- * without a bound on the data path.
+ * an epoch); they go when it changes.  Peers are dialed all at once, each
+ * dial (connect and handshake) bounded by the session's connect_ms and its
+ * abort flag, and peers' endpoints must be numeric addresses: no name
+ * resolution without a bound on the data path.  What goes wrong with a
+ * peer's link is noted per peer (xport_link_t) for the coordinator to name
+ * the broken link.
  *
  * On the wire every message is a frame header of FRAME_BYTES (magic,
  * length, the sequence number the executor gave it, each a little-endian
@@ -35,6 +38,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,38 +159,6 @@ hs_decode(const uint8_t *b, hs_t *h)
 	memcpy(h->token, b + HS_AT_TOKEN, XPORT_TOKEN_MAX);
 	memcpy(h->node_id, b + HS_AT_NODE, HS_NODE_ID);
 	h->node_id[HS_NODE_ID - 1] = '\0';
-}
-
-/* Read or write exactly n bytes with a deadline; -ECANCELED once *abort is
- * set (NULL: no flag). */
-static int
-io_full(int fd, void *buf, size_t n, bool wr, int64_t deadline, atomic_int *abort)
-{
-	uint8_t *p = buf;
-
-	while (n) {
-		struct pollfd pf = {fd, wr ? POLLOUT : POLLIN, 0};
-		int64_t left = deadline - xport_now_ms();
-		ssize_t k;
-
-		if (abort && atomic_load(abort))
-			return -ECANCELED;
-		if (left <= 0)
-			return -ETIMEDOUT;
-		if (poll(&pf, 1, (int)(left < SLICE_MS ? left : SLICE_MS)) <= 0)
-			continue;
-		k = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-		if (k == 0)
-			return -ECONNRESET;
-		if (k < 0) {
-			if (errno == EINTR || errno == EAGAIN)
-				continue;
-			return -errno;
-		}
-		p += k;
-		n -= (size_t)k;
-	}
-	return 0;
 }
 
 static refit_status_t
@@ -494,121 +466,273 @@ tcp_stop(xport_t *x)
 
 /* ---- sessions -------------------------------------------------------------- */
 
-/* Connect fd to ai, bounded by the session's deadline and abort flag; 0 or
- * -1 with errno set (ECANCELED: aborted). */
-static int
-connect_bounded(xport_session_t *s, int fd, const struct addrinfo *ai)
+/* Note what went wrong with peer i's link (the first thing only). */
+static void
+link_fault(xport_session_t *s, size_t i, xport_link_fault_t f, const char *what)
 {
-	struct pollfd pf = {fd, POLLOUT, 0};
-	int e = 0, pr = 0;
-	socklen_t el = sizeof(e);
+	xport_link_t *l = s->cfg.links ? &s->cfg.links[i] : NULL;
 
-	if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
-		return 0;
-	if (errno != EINPROGRESS)
-		return -1;
-	for (;;) {
-		int64_t left = s->cfg.deadline_ms - xport_now_ms();
-
-		if (atomic_load(s->cfg.abort)) {
-			errno = ECANCELED;
-			return -1;
-		}
-		if (left <= 0)
-			break;
-		pr = poll(&pf, 1, (int)(left < SLICE_MS ? left : SLICE_MS));
-		if (pr != 0 && !(pr < 0 && errno == EINTR))
-			break;
-	}
-	if (pr != 1) {
-		errno = ETIMEDOUT;
-		return -1;
-	}
-	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e != 0) {
-		errno = e;
-		return -1;
-	}
-	return 0;
+	if (l == NULL || l->fault != XPORT_LINK_OK)
+		return;
+	l->fault = f;
+	snprintf(l->what, sizeof(l->what), "%s", what);
 }
 
-/* Send this node's handshake on fd and read the answer (HS_OK or why not). */
-static refit_status_t
-send_handshake(xport_session_t *s, int fd, const xport_peer_t *p, refit_err_t *err)
-{
-	static const char *const why[] = {"", "it is at another epoch", "wrong token",
-					  "bad handshake", "too many connections"};
-	hs_t h = {.magic = HS_MAGIC, .epoch = s->cfg.epoch, .refit_id = s->cfg.refit_id};
-	uint8_t b[HS_BYTES], ans = 0xff;
-	int rc;
+/*
+ * Dials run concurrently: tcp_open starts one per peer it sends to, then
+ * polls them all, each bounded by its own deadline (connect_ms from its
+ * start, never past the session's), so one unreachable peer costs
+ * connect_ms, not the slice deadline, and never delays the others.
+ */
+enum { D_CONNECT, D_SEND, D_ANSWER, D_DONE, D_FAILED };
 
-	pthread_mutex_lock(&s->x->mu);
-	h.token_len = (uint32_t)s->x->token_len;
-	memcpy(h.token, s->x->token, s->x->token_len);
-	pthread_mutex_unlock(&s->x->mu);
-	snprintf(h.node_id, sizeof(h.node_id), "%s", s->x->node_id);
-	hs_encode(&h, b);
-	rc = io_full(fd, b, sizeof(b), true, s->cfg.deadline_ms, s->cfg.abort);
-	if (rc == 0)
-		rc = io_full(fd, &ans, 1, false, s->cfg.deadline_ms, s->cfg.abort);
-	if (rc == -ECANCELED)
-		return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted during the handshake "
-				     "with node \"%s\"", p->node_id);
-	if (rc != 0 || ans != HS_OK)
-		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" refused the "
-				     "data connection for epoch %" PRIu64 ": %s", p->node_id,
-				     s->cfg.epoch, rc != 0 ? strerror(-rc) :
-				     ans < 5 ? why[ans] : "unknown answer");
-	return REFIT_OK;
+typedef struct dialing {
+	size_t peer;
+	int fd, stage;          /* D_* */
+	uint8_t hs[HS_BYTES];   /* the handshake to send */
+	size_t off;             /* of it sent */
+	int64_t start, deadline;
+} dialing_t;
+
+/* Dial d failed: close it, note the link, and keep the first error in err. */
+static refit_status_t
+dial_fail(xport_session_t *s, dialing_t *d, refit_status_t st, xport_link_fault_t f,
+	  const char *what, refit_err_t *err, const char *fmt, ...)
+	__attribute__((format(printf, 7, 8)));
+
+static refit_status_t
+dial_fail(xport_session_t *s, dialing_t *d, refit_status_t st, xport_link_fault_t f,
+	  const char *what, refit_err_t *err, const char *fmt, ...)
+{
+	char msg[REFIT_ERR_MSG_MAX];
+	va_list ap;
+
+	if (d->fd >= 0)
+		close(d->fd);
+	d->fd = -1;
+	d->stage = D_FAILED;
+	if (f != XPORT_LINK_OK)
+		link_fault(s, d->peer, f, what);
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (err->status == REFIT_OK)
+		refit_err_set(err, st, "%s", msg);
+	return st;
 }
 
-static refit_status_t
-dial(xport_session_t *s, size_t i, refit_err_t *err)
+/* Start dialing peer d->peer: a non-blocking connect to its numeric address. */
+static void
+dial_start(xport_session_t *s, dialing_t *d, int64_t now, refit_err_t *err)
 {
-	const xport_peer_t *p = &s->peers[i];
+	const xport_peer_t *p = &s->peers[d->peer];
 	char host[256], port[32];
 	/* numeric only: resolving a name could block past every deadline */
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
 				 .ai_flags = AI_NUMERICSERV | AI_NUMERICHOST};
 	struct addrinfo *ai = NULL;
-	int fd, rc, one = 1;
-	refit_status_t st;
+	hs_t h = {.magic = HS_MAGIC, .epoch = s->cfg.epoch, .refit_id = s->cfg.refit_id};
+	refit_err_t e2;
+	int rc;
 
-	CHECK(split_endpoint(p->endpoint, host, sizeof(host), port, sizeof(port), err));
+	d->fd = -1;
+	d->stage = D_CONNECT;
+	d->start = now;
+	d->deadline = s->cfg.deadline_ms;
+	if (s->cfg.connect_ms && now + (int64_t)s->cfg.connect_ms < d->deadline)
+		d->deadline = now + (int64_t)s->cfg.connect_ms;
+	refit_err_clear(&e2);
+	if (split_endpoint(p->endpoint, host, sizeof(host), port, sizeof(port), &e2) != REFIT_OK) {
+		dial_fail(s, d, e2.status, XPORT_LINK_CONNECT, "not host:port", err, "%s",
+			  e2.msg);
+		return;
+	}
 	rc = getaddrinfo(host, port, &hints, &ai);
-	if (rc != 0)
-		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" at \"%s\": %s "
-				     "(data endpoints are numeric addresses: set data_advertise)",
-				     p->node_id, p->endpoint, gai_strerror(rc));
-	if (s->x->token_len == 0 || s->cfg.epoch == 0) {
-		freeaddrinfo(ai);
-		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "tcp: no epoch prepared here: "
-				     "nothing to connect to node \"%s\" with", p->node_id);
+	if (rc != 0) {
+		dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_CONNECT, gai_strerror(rc), err,
+			  "tcp: node \"%s\" at \"%s\": %s (data endpoints are numeric "
+			  "addresses: set data_advertise)", p->node_id, p->endpoint,
+			  gai_strerror(rc));
+		return;
 	}
-	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0) {
+	pthread_mutex_lock(&s->x->mu);
+	h.token_len = (uint32_t)s->x->token_len;
+	memcpy(h.token, s->x->token, s->x->token_len);
+	pthread_mutex_unlock(&s->x->mu);
+	snprintf(h.node_id, sizeof(h.node_id), "%s", s->x->node_id);
+	hs_encode(&h, d->hs);
+	d->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (d->fd < 0) {
 		freeaddrinfo(ai);
-		return refit_err_set(err, REFIT_ERR_SYS, "tcp: socket: %s", strerror(errno));
+		dial_fail(s, d, REFIT_ERR_SYS, XPORT_LINK_OK, NULL, err, "tcp: socket: %s",
+			  strerror(errno));
+		return;
 	}
-	rc = connect_bounded(s, fd, ai);
+	rc = connect(d->fd, ai->ai_addr, ai->ai_addrlen);
 	freeaddrinfo(ai);
-	if (rc < 0) {
-		int e = errno;
+	if (rc == 0)
+		d->stage = D_SEND;
+	else if (errno != EINPROGRESS)
+		dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_CONNECT, strerror(errno), err,
+			  "tcp: cannot reach node \"%s\" at %s: %s", p->node_id, p->endpoint,
+			  strerror(errno));
+}
 
-		close(fd);
-		if (e == ECANCELED)
-			return refit_err_set(err, REFIT_ERR_ABORTED, "tcp: aborted while "
-					     "connecting to node \"%s\"", p->node_id);
-		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: cannot reach node \"%s\" "
-				     "at %s: %s", p->node_id, p->endpoint, strerror(e));
+/* Dial d ran out of time: say what it was waiting for. */
+static void
+dial_late(xport_session_t *s, dialing_t *d, refit_err_t *err)
+{
+	const xport_peer_t *p = &s->peers[d->peer];
+	uint64_t ms = d->deadline > d->start ? (uint64_t)(d->deadline - d->start) : 0;
+
+	if (d->stage == D_CONNECT)
+		dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_CONNECT, strerror(ETIMEDOUT),
+			  err, "tcp: cannot reach node \"%s\" at %s: %s (no answer within %"
+			  PRIu64 " ms)", p->node_id, p->endpoint, strerror(ETIMEDOUT), ms);
+	else
+		dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_HANDSHAKE,
+			  "no answer to the handshake", err, "tcp: node \"%s\" at %s took the "
+			  "connection but did not answer the handshake within %" PRIu64 " ms",
+			  p->node_id, p->endpoint, ms);
+}
+
+/* Dial d's socket is ready (revents): move it on as far as it goes. */
+static void
+dial_step(xport_session_t *s, dialing_t *d, refit_err_t *err)
+{
+	static const char *const why[] = {"", "it is at another epoch", "wrong token",
+					  "bad handshake", "too many connections"};
+	const xport_peer_t *p = &s->peers[d->peer];
+	int e = 0, one = 1;
+	socklen_t el = sizeof(e);
+	uint8_t ans = 0xff;
+	ssize_t k;
+
+	if (d->stage == D_CONNECT) {
+		if (getsockopt(d->fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0)
+			e = errno;
+		if (e == EINPROGRESS || e == EALREADY)
+			return;
+		if (e != 0) {
+			dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_CONNECT, strerror(e), err,
+				  "tcp: cannot reach node \"%s\" at %s: %s", p->node_id,
+				  p->endpoint, strerror(e));
+			return;
+		}
+		setsockopt(d->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		d->stage = D_SEND;
 	}
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	st = send_handshake(s, fd, p, err);
-	if (st != REFIT_OK) {
-		close(fd);
-		return st;
+	if (d->stage == D_SEND) {
+		k = send(d->fd, d->hs + d->off, HS_BYTES - d->off, MSG_NOSIGNAL);
+		if (k < 0 && errno != EAGAIN && errno != EINTR) {
+			e = errno;
+			dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_HANDSHAKE, strerror(e), err,
+				  "tcp: node \"%s\" refused the data connection for epoch %"
+				  PRIu64 ": %s", p->node_id, s->cfg.epoch, strerror(e));
+			return;
+		}
+		if (k > 0)
+			d->off += (size_t)k;
+		if (d->off < HS_BYTES)
+			return;
+		d->stage = D_ANSWER;
+		return;  /* the answer comes with a later POLLIN */
 	}
-	s->out[i].fd = fd;
-	return REFIT_OK;
+	k = recv(d->fd, &ans, 1, 0);
+	if (k < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (k == 1 && ans == HS_OK) {
+		s->out[d->peer].fd = d->fd;
+		d->fd = -1;
+		d->stage = D_DONE;
+		return;
+	}
+	e = k < 0 ? errno : 0;
+	dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_HANDSHAKE,
+		  k < 0 ? strerror(e) : k == 0 ? "closed during the handshake" :
+		  ans < 5 ? why[ans] : "unknown answer", err,
+		  "tcp: node \"%s\" refused the data connection for epoch %" PRIu64 ": %s",
+		  p->node_id, s->cfg.epoch, k < 0 ? strerror(e) : k == 0 ?
+		  "closed during the handshake" : ans < 5 ? why[ans] : "unknown answer");
+}
+
+/*
+ * Dial every peer this node sends to, all at once; each dial is bounded by
+ * connect_ms (and the session's deadline) and the abort flag.  Every dial
+ * runs to its end, so every unreachable peer is noted in links; the first
+ * failure is the error.
+ */
+static refit_status_t
+dial_all(xport_session_t *s, refit_err_t *err)
+{
+	size_t n = s->cfg.npeers, nd = 0, left = 0;
+	dialing_t *d = xcalloc(n ? n : 1, sizeof(*d));
+	struct pollfd *pf = xcalloc(n ? n : 1, sizeof(*pf));
+	size_t *who = xcalloc(n ? n : 1, sizeof(*who));
+	refit_err_t first;
+	int64_t now = xport_now_ms();
+
+	refit_err_clear(&first);
+	if (s->x->token_len == 0 || s->cfg.epoch == 0) {
+		for (size_t i = 0; i < n; i++)
+			if (s->peers[i].send_to) {
+				refit_err_set(&first, REFIT_ERR_STALE_EPOCH, "tcp: no epoch "
+					      "prepared here: nothing to connect to node \"%s\" "
+					      "with", s->peers[i].node_id);
+				break;
+			}
+		n = 0;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (s->peers[i].send_to) {
+			d[nd].peer = i;
+			dial_start(s, &d[nd++], now, &first);
+		}
+	for (;;) {
+		size_t np = 0;
+		int64_t wait = SLICE_MS;
+
+		now = xport_now_ms();
+		left = 0;
+		for (size_t k = 0; k < nd; k++) {
+			if (d[k].stage >= D_DONE)
+				continue;
+			if (atomic_load(s->cfg.abort)) {
+				dial_fail(s, &d[k], REFIT_ERR_ABORTED, XPORT_LINK_OK, NULL, &first,
+					  "tcp: aborted while connecting to node \"%s\"",
+					  s->peers[d[k].peer].node_id);
+				continue;
+			}
+			if (now >= d[k].deadline) {
+				dial_late(s, &d[k], &first);
+				continue;
+			}
+			if (d[k].deadline - now < wait)
+				wait = d[k].deadline - now;
+			pf[np] = (struct pollfd){d[k].fd, d[k].stage == D_ANSWER ? POLLIN : POLLOUT,
+						 0};
+			who[np++] = k;
+			left++;
+		}
+		if (left == 0)
+			break;
+		if (poll(pf, np, (int)wait) < 0 && errno != EINTR) {
+			for (size_t k = 0; k < np; k++)
+				dial_fail(s, &d[who[k]], REFIT_ERR_SYS, XPORT_LINK_OK, NULL, &first,
+					  "tcp: poll: %s", strerror(errno));
+			break;
+		}
+		for (size_t k = 0; k < np; k++)
+			if (pf[k].revents)
+				dial_step(s, &d[who[k]], &first);
+	}
+	free(d);
+	free(pf);
+	free(who);
+	if (first.status == REFIT_OK)
+		return REFIT_OK;
+	*err = first;
+	return first.status;
 }
 
 /* Wait for the connections of every peer that sends to us. */
@@ -648,10 +772,13 @@ collect(xport_session_t *s, refit_err_t *err)
 		} else if (xport_now_ms() >= s->cfg.deadline_ms) {
 			for (size_t i = 0; i < s->cfg.npeers; i++)
 				if (s->peers[i].recv_from && s->in[i].fd < 0) {
-					rc = refit_err_set(err, REFIT_ERR_TIMEOUT, "tcp: node \"%s\" "
-							   "never connected for refit %" PRIu64,
-							   s->peers[i].node_id, s->cfg.refit_id);
-					break;
+					link_fault(s, i, XPORT_LINK_NO_DIAL, "never connected");
+					if (rc == REFIT_OK)
+						rc = refit_err_set(err, REFIT_ERR_TIMEOUT, "tcp: node "
+								   "\"%s\" never connected for "
+								   "refit %" PRIu64,
+								   s->peers[i].node_id,
+								   s->cfg.refit_id);
 				}
 		} else {
 			struct timespec ts;
@@ -706,9 +833,7 @@ tcp_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	s->in = xcalloc(cfg->npeers ? cfg->npeers : 1, sizeof(*s->in));
 	for (size_t i = 0; i < cfg->npeers; i++)
 		s->out[i].fd = s->in[i].fd = -1;
-	for (size_t i = 0; i < cfg->npeers && rc == REFIT_OK; i++)
-		if (cfg->peers[i].send_to)
-			rc = dial(s, i, err);
+	rc = dial_all(s, err);
 	if (rc == REFIT_OK)
 		rc = collect(s, err);
 	for (size_t i = 0; i < cfg->npeers && rc == REFIT_OK; i++) {
@@ -764,11 +889,14 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 				 MSG_NOSIGNAL);
 		}
 		if (k < 0) {
-			if (errno == EAGAIN || errno == EINTR)
+			int e = errno;
+
+			if (e == EAGAIN || e == EINTR)
 				return REFIT_OK;
+			link_fault(s, i, XPORT_LINK_BROKEN, strerror(e));
 			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: sending to node "
 					     "\"%s\": %s (message %" PRIu64 ")",
-					     s->peers[i].node_id, strerror(errno), c->seq - 1);
+					     s->peers[i].node_id, strerror(e), c->seq - 1);
 		}
 		c->off += (uint64_t)k;
 		if (c->off < FRAME_BYTES + c->len)
@@ -813,22 +941,29 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			c->fd = -1;
 			return REFIT_OK;
 		}
-		if (k == 0)
+		if (k == 0) {
+			link_fault(s, i, XPORT_LINK_BROKEN_IN, "the peer closed the connection");
 			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: node \"%s\" closed "
 					     "the connection after %" PRIu64 " messages",
 					     s->peers[i].node_id, c->rseq);
+		}
 		if (k < 0) {
-			if (errno == EAGAIN || errno == EINTR)
+			int e = errno;
+
+			if (e == EAGAIN || e == EINTR)
 				return REFIT_OK;
+			link_fault(s, i, XPORT_LINK_BROKEN_IN, strerror(e));
 			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "tcp: receiving from "
-					     "node \"%s\": %s", s->peers[i].node_id,
-					     strerror(errno));
+					     "node \"%s\": %s", s->peers[i].node_id, strerror(e));
 		}
 		c->roff += (uint64_t)k;
 		if (c->roff == FRAME_BYTES) {
 			uint64_t magic = get_le(c->rhdr, 8), len = get_le(c->rhdr + 8, 8);
 			uint64_t seq = get_le(c->rhdr + 16, 8);
 
+			if (magic != FRAME_MAGIC || len > s->cfg.max_msg_bytes ||
+			    len > s->peers[i].max_in_bytes)
+				link_fault(s, i, XPORT_LINK_BROKEN_IN, "bad frame");
 			if (magic != FRAME_MAGIC)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" sent "
 						     "a bad frame (message %" PRIu64 ")",
@@ -863,6 +998,25 @@ sending(const xport_session_t *s)
 	return false;
 }
 
+/* " (still owed by node \"a\", ...)": the peers whose messages have not all
+ * arrived, for the deadline's error ("" when none). */
+static const char *
+owed_by(const xport_session_t *s, const xport_io_t *io, char *buf, size_t len)
+{
+	size_t at = 0, named = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < s->cfg.npeers && at + 1 < len; i++) {
+		if (!s->peers[i].recv_from || io->peer_done(io->arg, i))
+			continue;
+		at += (size_t)snprintf(buf + at, len - at, "%s\"%s\"", named++ ? ", " :
+				       " (still owed by node ", s->peers[i].node_id);
+	}
+	if (named && at + 2 < len)
+		snprintf(buf + at, len - at, ")");
+	return buf;
+}
+
 static refit_status_t
 tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 {
@@ -883,9 +1037,11 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 			break;
 		}
 		if (left <= 0) {
+			char who[256];
+
 			rc = refit_err_set(err, REFIT_ERR_TIMEOUT, "tcp: refit %" PRIu64 " ran past "
-					   "its deadline with messages outstanding",
-					   s->cfg.refit_id);
+					   "its deadline with messages outstanding%s",
+					   s->cfg.refit_id, owed_by(s, io, who, sizeof(who)));
 			break;
 		}
 		/* an idle sender may have something now: received data can unblock it */

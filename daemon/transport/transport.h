@@ -56,6 +56,25 @@ typedef struct xport_peer {
 				 receive buffer's size; a peer announcing more is refused) */
 } xport_peer_t;
 
+/*
+ * What a session saw wrong with one peer's link, so that the coordinator can
+ * name the broken link rather than a bystander (docs/faults.md, "Failure
+ * attribution").  Backends without such detail (nccl) leave it XPORT_LINK_OK.
+ */
+typedef enum xport_link_fault {
+	XPORT_LINK_OK = 0,
+	XPORT_LINK_CONNECT,     /* this node could not connect to the peer's data port */
+	XPORT_LINK_HANDSHAKE,   /* it connected, but the peer refused or never answered */
+	XPORT_LINK_BROKEN,      /* a connection failed: this node sending to the peer */
+	XPORT_LINK_NO_DIAL,     /* the peer never connected to this node */
+	XPORT_LINK_BROKEN_IN,   /* a connection failed: the peer sending to this node */
+} xport_link_fault_t;
+
+typedef struct xport_link {
+	xport_link_fault_t fault;
+	char what[128];          /* the error: "Connection timed out", "wrong token" */
+} xport_link_t;
+
 typedef struct xport_session_cfg {
 	uint64_t refit_id, epoch;
 	const xport_peer_t *peers;
@@ -64,6 +83,11 @@ typedef struct xport_session_cfg {
 	int64_t deadline_ms;     /* CLOCK_MONOTONIC ms */
 	atomic_int *abort;       /* nonzero: stop at once */
 	dp_pool_t *pool;         /* host receive buffers from here (NULL: malloc) */
+	uint64_t connect_ms;     /* each dial (connect and handshake) fails after this
+				    long (0: only the deadline bounds it) */
+	xport_link_t *links;     /* per peer: what went wrong with its link, set by
+				    open and exchange when they fail (NULL: not wanted;
+				    the caller zeroes it) */
 } xport_session_cfg_t;
 
 /* One point-to-point operation of a group (grouped backends). */

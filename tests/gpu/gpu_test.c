@@ -136,7 +136,7 @@ session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 {
 	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0};
 	xport_peer_t self = {"gpu-test", "nccl", true, true, 1 << 30};
-	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort, NULL};
+	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL};
 	xport_session_t *s = NULL;
 
 	xport_nccl_ops.set_world(x, &w);

@@ -25,5 +25,6 @@ Suite *suite_coord_rules(void);
 Suite *suite_pool(void);
 Suite *suite_plansort(void);
 Suite *suite_framework(void);
+Suite *suite_blame(void);
 
 #endif

@@ -63,6 +63,7 @@ static const kcase_t cases[] = {
 	{"data_advertise", "gpu-7:7072", "\"gpu-7:7072\"", NULL, "gpu-7", 0, 0},
 	{"local_socket", "/tmp/refit.sock", "\"/tmp/refit.sock\"", "", NULL, 0, 0},
 	{"slice_timeout_ms", "1000", "1000", "1e3", NULL, 100, 86400000},
+	{"connect_timeout_ms", "2000", "2000", "2s", NULL, 100, 600000},
 	{"plan_cache_bytes", "0", "0", "lots", NULL, 0, TIB},
 	{"cuda_library", "/opt/cuda/libcudart.so", "\"/opt/cuda/libcudart.so\"", NULL, NULL, 0, 0},
 	{"nccl_library", "/opt/nccl/libnccl.so.2", "\"/opt/nccl/libnccl.so.2\"", NULL, NULL, 0, 0},
@@ -73,6 +74,7 @@ static const kcase_t cases[] = {
 	{"test_fail_commit", "2", "2", "two", NULL, 0, 1000000},
 	{"test_hold_run_ms", "100", "100", "", NULL, 0, 60000},
 	{"instance_grace_ms", "1000", "1000", "1m", NULL, 100, 86400000},
+	{"refit_records", "1000", "1000", "many", NULL, 1, 100000},
 	{"metrics_listen", "127.0.0.1:9100", "\"127.0.0.1:9100\"", NULL, "nonsense", 0, 0},
 	{"log_format", "json", "\"json\"", "xml", NULL, 0, 0},
 };
