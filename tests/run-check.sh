@@ -42,6 +42,16 @@ script "leases across stalls (coordinator SIGSTOPped for 3 leases, mid-refit too
 	/usr/bin/python3 tests/integration/test_lease.py "$BUILD"
 script "leases across stalls, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_lease.py "$BUILD/asan"
+script "bounded memory (refit records kept to refit_records and freed; a restart with a smaller bound)" \
+	/usr/bin/python3 tests/integration/test_bounds.py "$BUILD"
+script "bounded memory, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_bounds.py "$BUILD/asan"
+script "failure attribution and connect deadlines (an unreachable data port, a stopped sender)" \
+	/usr/bin/python3 tests/integration/test_attribution.py "$BUILD"
+script "failure attribution, ASan + UBSan (2 tries)" \
+	/usr/bin/python3 tests/integration/test_attribution.py "$BUILD/asan" 2
+script "network faults (nodes in network namespaces: delay + loss, partitions mid-refit with and without retries, an unreachable data port, the coordinator's link flapping; skipped only without root or namespaces)" \
+	/usr/bin/python3 tests/integration/test_netfaults.py "$BUILD"
 script "nccl on the CUDA + NCCL emulator (its rules, gpu-test, e2e and faults over nccl, normal and ASan)" \
 	sh tests/run-check-nccl.sh "$BUILD"
 script "fuzz ($FUZZ_RUNS inputs per harness, fixed seed)" \
