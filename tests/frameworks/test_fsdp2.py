@@ -302,9 +302,24 @@ def worker(rank, port, outdir):
 
 
 def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Below the ephemeral range (as tests/integration/harness.py's
+    free_port): a bind(0) port may be taken by an outgoing connection
+    before gloo binds it."""
+    import random
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            hi = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        hi = 32768
+    for _ in range(200):
+        port = random.randrange(10000, max(hi, 10001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port")
 
 
 def _c_boxes(build, layouts, tmp):

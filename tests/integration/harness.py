@@ -15,6 +15,7 @@ emulator's counters that every process writes at exit.
 import glob
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -192,12 +193,35 @@ def proc_status(pid):
     return th, rss
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORT_RNG = random.Random()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port free now, below the kernel's ephemeral range: a port
+    from bind(0) is in that range, where any outgoing connection (a gRPC
+    channel, a data dial) may take it before the daemon binds it (seen as
+    "cannot listen ... address in use")."""
+    hi = min(_ephemeral_low(), 65536)
+    lo = 10000 if hi > 12000 else 1024
+    for _ in range(200):
+        port = _PORT_RNG.randrange(lo, hi)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        return port
+    raise AssertionError(f"no free loopback port in {lo}..{hi - 1}")
 
 
 def check(name, fn):
