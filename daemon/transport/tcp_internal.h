@@ -1,0 +1,112 @@
+/*
+ * tcp_internal.h - what the files of the tcp transport share: the wire
+ * format (handshake, frames), the listener's and a session's state, and
+ * what tcp_dial.c offers tcp.c.  tcp.c (the listener, sessions, the
+ * exchange) calls tcp_dial.c (dials, endpoints, link faults), never the
+ * other way.  Threads as in tcp.c.
+ */
+#ifndef REFIT_DAEMON_TRANSPORT_TCP_INTERNAL_H
+#define REFIT_DAEMON_TRANSPORT_TCP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common/alloc.h"
+#include "daemon/transport/transport.h"
+
+
+#define HS_MAGIC 0x31544652u    /* "RFT1" */
+#define FRAME_MAGIC 0x4d544652u /* "RFTM" */
+#define FRAME_BYTES 24          /* magic, length, seq: u64 each */
+#define HS_NODE_ID 128          /* node id bytes in a handshake, NUL-padded */
+/* handshake: magic u32, token length u32, epoch u64, refit id u64 (all
+ * little-endian), then the token and the node id at these offsets */
+#define HS_AT_TOKEN (4 + 4 + 8 + 8)
+#define HS_AT_NODE (HS_AT_TOKEN + XPORT_TOKEN_MAX)
+#define HS_BYTES (HS_AT_NODE + HS_NODE_ID)
+#define HS_TIMEOUT_MS 5000
+#define PARK_MAX 1024
+#define PENDING_MAX 256
+#define SLICE_MS 50             /* how often blocking waits look at the abort flag */
+
+enum { HS_OK = 0, HS_BAD_EPOCH = 1, HS_BAD_TOKEN = 2, HS_BAD_MAGIC = 3, HS_FULL = 4 };
+
+typedef struct hs {
+	uint32_t magic, token_len;
+	uint64_t epoch, refit_id;
+	uint8_t token[XPORT_TOKEN_MAX];
+	char node_id[HS_NODE_ID];
+} hs_t;
+
+typedef struct parked {
+	int fd;
+	uint64_t refit_id, epoch;
+	char node_id[HS_NODE_ID];
+	int64_t at_ms;
+} parked_t;
+
+struct xport {
+	int lfd, wake[2];
+	pthread_t thr;
+	char endpoint[300];
+	char *node_id;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t epoch;
+	uint8_t token[XPORT_TOKEN_MAX];
+	size_t token_len;
+	VEC(parked_t) parked;
+	bool stopping;
+};
+
+typedef struct conn {
+	int fd;
+	/* outgoing */
+	uint8_t hdr[FRAME_BYTES];
+	const uint8_t *buf;
+	uint64_t len, off;      /* off counts header + payload */
+	bool busy, idle;        /* idle: pull said nothing now */
+	uint64_t seq;
+	/* incoming */
+	uint8_t rhdr[FRAME_BYTES];
+	uint8_t *rbuf;
+	uint64_t rlen, roff;
+	uint64_t rseq;          /* messages received */
+	uint64_t rmsg;          /* the seq of the one arriving */
+} conn_t;
+
+struct xport_session {
+	xport_t *x;
+	xport_session_cfg_t cfg;
+	xport_peer_t *peers;
+	conn_t *out, *in;       /* per peer; fd -1 when unused */
+};
+
+/* n bytes of v at p, little-endian. */
+static inline void
+put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The little-endian n-byte number at p. */
+static inline uint64_t
+get_le(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < n; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* tcp_dial.c: ep ("host:port", host maybe [v6]) into host and port; REFIT_OK or err */
+refit_status_t tcp_split_endpoint(const char *ep, char *host, size_t hn, char *port,
+				  size_t pn, refit_err_t *err);
+/* Note what went wrong with peer i's link (the first thing only). */
+void tcp_link_fault(xport_session_t *s, size_t i, xport_link_fault_t f, const char *what);
+/* Dial every peer s sends to, all at once; s->out[i].fd holds each link made. */
+refit_status_t tcp_dial_all(xport_session_t *s, refit_err_t *err);
+
+#endif
