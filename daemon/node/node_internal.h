@@ -4,11 +4,12 @@
  *
  * Files, each calling only those after it (no cycles; tests/check-layers.py
  * checks it): node.c (membership, PrepareEpoch, setup, teardown) ->
- * node_run.c (the Node service's RunSlice, Commit, Publish, Abort; slice
- * reports) -> node_local.c (librefit clients and their memory, the Local
- * service, waiters), node_slice.c (a RunSlice's slice, decoded and checked)
- * and slice.c (the executor).  The two things a lower file must tell a
- * higher one go up through node_hooks_t, which node.c fills.
+ * node_run.c (the Node service's RunSlice, Commit, Publish, Abort) ->
+ * node_report.c (slice reports: SliceDone, resent), node_local.c (librefit
+ * clients and their memory, the Local service, waiters), node_slice.c (a
+ * RunSlice's slice, decoded and checked) and slice.c (the executor).  The
+ * two things a lower file must tell a higher one go up through
+ * node_hooks_t, which node.c fills.
  */
 #ifndef REFIT_DAEMON_NODE_NODE_INTERNAL_H
 #define REFIT_DAEMON_NODE_NODE_INTERNAL_H
@@ -16,8 +17,11 @@
 #include <stdatomic.h>
 
 #include "common/alloc.h"
+#include "dataplane/conv_exec.h"
 #include "daemon/node/node.h"
+#include "daemon/node/slice.h"
 #include "daemon/transport/transport.h"
+#include "plan/convert.h"
 #include "plan/plan.h"
 #include "refit/v1/refit.pb-c.h"
 
@@ -113,7 +117,44 @@ typedef struct held_run {
 	int64_t until_ms;
 } held_run_t;
 
+/* One client a slice reads or writes. */
+typedef struct jclient {
+	client_t *c;
+	int32_t *tmap;   /* plan tensor -> client tensor (-1: none) */
+	uint32_t copy;   /* the copy this slice reads or writes */
+} jclient_t;
+
+/* A node's slice of a refit, run off the loop (node_run.c); its end is
+ * reported (node_report.c). */
 typedef struct slice_job slice_job_t;
+struct slice_job {
+	uv_work_t w;
+	node_t *n;
+	uint64_t refit_id, epoch, version;
+	uint32_t attempt;
+	plan_t plan;            /* this node's slice of the plan (node_slice.c) */
+	uint64_t plan_xfers;    /* transfers in the whole plan */
+	uint64_t slice_us;      /* decoding and checking the slice */
+	plan_conv_t cv;         /* conversions: the pair the plan moves */
+	dp_conv_t *cx;          /* conversions: the clients' memory, wrapped */
+	bool converts;
+	char *model;
+	plan_opts_t opts;
+	bool verify;
+	int64_t corrupt;
+	plan_layout_set_t src, dst;
+	plan_topo_t topo;
+	slice_node_t *nodes;
+	size_t nnodes, self;
+	slice_peer_t *peers;    /* per node: what the failed slice saw of it */
+	VEC(jclient_t) cl[2];   /* [0] trainers, [1] inference clients */
+	atomic_int abort;
+	char abort_why[256];
+	int64_t deadline_ms;
+	slice_stats_t st;
+	refit_err_t err;
+	refit_status_t rc;
+};
 
 /*
  * Calls up the layers, set by node.c in node_new before anything can call
@@ -226,6 +267,9 @@ void node_run_abort_all(node_t *n, const char *why);
 void node_run_held_tick(node_t *n, uint64_t refit_id);
 /* The client died: abort slices using it (node_hooks_t.client_gone). */
 void node_run_client_gone(node_t *n, uint64_t client_id, const char *why);
+/* node_report.c: the slice of j ended (ok or not): SliceDone, resent
+ * until the coordinator acknowledges it. */
+void node_report_queue(node_t *n, slice_job_t *j, bool ok);
 /* Resend the slice reports that are due (the sweep timer). */
 void node_reports_tick(node_t *n);
 /* Drop the reports not in flight (shutting down). */
@@ -243,7 +287,7 @@ refit_status_t node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest
 			       const plan_opts_t *o, plan_t *out, refit_err_t *err);
 
 /*
- * node_run.c: why this node runs no more refits until refitd restarts (its
+ * node_report.c: why this node runs no more refits until refitd restarts (its
  * transport poisoned it: nccl's GPU work that never ended, its memory
  * kept), or NULL.  Noticed here, from the transport, and logged at ERROR
  * once; from then on health answers NOT_SERVING and every Join, Heartbeat
