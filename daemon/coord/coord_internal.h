@@ -117,6 +117,7 @@ struct coord {
  * Which file calls which (no cycles): coord.c (membership, registry,
  * setup) -> coord_refit_api.c (the refit methods, the timer) ->
  * coord_refit.c (the driver of the refit machine, its node calls) ->
+ * coord_refit_notes.c (what the driver notes in a record) ->
  * coord_refit_nodes.c, coord_plan.c, coord_metrics.c -> coord_store.c ->
  * coord_state.c; refit_fsm.c is pure, below them all.
  */
@@ -270,6 +271,35 @@ void coord_refit_slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *
 			      const Refit__V1__RunSliceResponse *rs, bool poisoned);
 /* Node k's slice runs (its RunSlice was answered, or it already reported). */
 void coord_refit_mark_started(refit_rec_t *r, size_t k);
+
+/* ---- coord_refit_notes.c: what the driver notes in a refit's record (no
+ * events, no node calls) */
+/* A node call's context: the refit, its member, the round it was made in. */
+typedef struct nctx {
+	coord_t *c;
+	uint64_t refit_id, member_id;
+	uint32_t phase;
+} nctx_t;
+/* A node answered: its refit if the answer is still wanted, and *m. */
+refit_rec_t *coord_refit_answer_of(const nctx_t *x, member_t **m);
+/* RETRY: the attempt that ended (was) noted; the next planned in wait_ms. */
+void coord_refit_note_retry(refit_rec_t *r, const refit_fsm_t *was, uint64_t wait_ms);
+/* END: a final state; a committed refit moves the model's installed version. */
+void coord_refit_note_end(coord_t *c, refit_rec_t *r);
+/* Metrics after every change of r's state (p: a plan just taken), the
+ * state file after every change clients can see. */
+void coord_refit_settle(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const plan_t *p);
+/* Does ev end the slices of a refit that failed with symptoms only? */
+bool coord_refit_ends_on_symptoms(const refit_fsm_t *was, const refit_fsm_event_t *ev);
+/* Name the broken link from every node's report as r's failure. */
+void coord_refit_name_link(coord_t *c, refit_rec_t *r);
+/* A new round of node calls (or none): answers of the last one are stale. */
+bool coord_refit_new_round(refit_fsm_state_t from, refit_fsm_state_t to);
+/* The slices' deadline (RunSliceRequest.timeout_ms), logged. */
+uint64_t coord_refit_slice_deadline_ms(const coord_t *c, const refit_rec_t *r);
+/* Node k's slice failed (st, msg): keep what it saw of its peers (rs). */
+void coord_refit_blame_keep(coord_t *c, refit_rec_t *r, size_t k, refit_status_t st,
+			    const char *msg, const Refit__V1__RunSliceResponse *rs);
 
 /* ---- coord_refit_nodes.c: who takes part in a refit, what nodes are told */
 /* r's nodes: the members owning a rank that sends or receives in p (or

@@ -4,7 +4,9 @@
  * (NcclId, PrepareEpoch, RunSlice, Commit, Publish, Abort) with their
  * answers.  The Coordinator's refit methods and the timer are in
  * coord_refit_api.c; which nodes take part and the messages they are sent
- * in coord_refit_nodes.c.  The node calls and the machine feed each other
+ * in coord_refit_nodes.c; what the driver notes in a record without an
+ * event or a call (retries, ends, blame, the slices' deadline) in
+ * coord_refit_notes.c.  The node calls and the machine feed each other
  * (an action calls nodes, an answer is an event), so they share this file.
  *
  * Everything that happens to a refit becomes an event of its machine
@@ -28,11 +30,11 @@
  * refit that ends cancels the calls it still has out); an answer for a
  * refit that has moved on (phase counter) is ignored.  No call lasts as
  * long as a slice: a node that never reports is caught by its lease, its
- * own slice deadline (RunSliceRequest.timeout_ms, slice_deadline_ms), an
- * Abort it does not answer while the refit fails, or at last by
- * SLICE_RUN_MS (coord_refit_api.c).  When the slices failed with symptoms
+ * own slice deadline (RunSliceRequest.timeout_ms,
+ * coord_refit_slice_deadline_ms), an Abort it does not answer while the
+ * refit fails, or at last by SLICE_RUN_MS (coord_refit_api.c).  When the slices failed with symptoms
  * only, every node's report together names the broken data link
- * (name_link, coord_blame.c).
+ * (coord_refit_name_link, coord_blame.c).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -49,48 +51,6 @@
 
 #define NODE_CALL_MS 30000
 #define ABORT_CALL_MS 5000
-/* the slices' deadline when the operator set none: the plan's modelled
- * time times SLICE_MODEL_FACTOR, at least SLICE_FLOOR_MS, and at least its
- * busiest node's network bytes at SLICE_FLOOR_BPS (the model assumes the
- * NICs' line rate; tcp over host memory moves far less) */
-#define SLICE_MODEL_FACTOR 4
-#define SLICE_FLOOR_MS 30000
-#define SLICE_FLOOR_BPS (100ull * 1000 * 1000)
-
-typedef struct nctx {
-	coord_t *c;
-	uint64_t refit_id, member_id;
-	uint32_t phase;
-} nctx_t;
-
-refit_rec_t *
-coord_find_refit(coord_t *c, uint64_t id)
-{
-	for (size_t i = 0; i < c->refits.n; i++)
-		if (c->refits.v[i]->id == id)
-			return c->refits.v[i];
-	return NULL;
-}
-
-bool
-coord_refit_is_final(const refit_rec_t *r)
-{
-	return refit_fsm_is(r->fsm.state, REFIT_FSM_FINAL);
-}
-
-/* RUNNING, FAILING*: the round of RunSlice answers and slice reports. */
-bool
-coord_refit_runs_slices(const refit_rec_t *r)
-{
-	return r->fsm.state == REFIT_FSM_RUNNING || r->fsm.state == REFIT_FSM_FAILING ||
-	       r->fsm.state == REFIT_FSM_FAILING_SYMPTOM;
-}
-
-const char *
-coord_refit_public_name(const refit_rec_t *r)
-{
-	return refit_fsm_public_name(refit_fsm_public(r->fsm.state));
-}
 
 /* ---- the driver ------------------------------------------------------------ */
 
@@ -115,44 +75,6 @@ nccl_failed_epoch(coord_t *c)
 	coord_bump_epoch(c, "a refit on nccl failed");
 }
 
-/* RETRY: the attempt that ended (was) is noted; the next one is planned
- * in wait_ms with the members of then.  Figures are the last attempt's. */
-static void
-note_retry(refit_rec_t *r, const refit_fsm_t *was, uint64_t wait_ms)
-{
-	const char *why = r->failure ? r->failure : "";
-
-	r->attempts = xreallocarray(r->attempts, r->nattempts + 1, sizeof(char *));
-	r->attempts[r->nattempts++] = xstrdup(why);
-	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): attempt %u failed: %s; "
-		 "retrying in %" PRIu64 " ms", r->id, r->model, r->version, was->attempt, why,
-		 wait_ms);
-	r->retry_at_ms = coord_now_ms() + wait_ms;
-	coord_slices_free(r);
-	r->bytes = r->comm_us = 0;
-	r->nstages = 0;
-	memset(r->stage_us, 0, sizeof(r->stage_us));
-	memset(r->stage_bytes, 0, sizeof(r->stage_bytes));
-}
-
-/* END: a final state; a committed refit moves the model's installed version. */
-static void
-note_end(coord_t *c, refit_rec_t *r)
-{
-	r->retry_at_ms = 0;
-	r->finished_ms = coord_now_ms();
-	coord_slices_free(r);
-	if (r->fsm.state == REFIT_FSM_COMMITTED) {
-		free(r->failure);   /* an earlier attempt's failure is in attempts */
-		r->failure = NULL;
-	}
-	/* each instance's installed version, the model's (coord_refit_nodes.c) */
-	coord_refit_instances_end(c, r, r->fsm.state == REFIT_FSM_COMMITTED);
-	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
-		 r->version, coord_refit_public_name(r), r->failure ? ": " : "",
-		 r->failure ? r->failure : "");
-}
-
 static void
 do_action(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const refit_fsm_action_t *a,
 	  const char *msg)
@@ -167,13 +89,13 @@ do_action(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const refit_fsm_ac
 		break;
 	case REFIT_FSM_ACT_RETRY:
 		coord_refit_instances_end(c, r, false);  /* in place: written? */
-		note_retry(r, was, a->wait_ms);
+		coord_refit_note_retry(r, was, a->wait_ms);
 		break;
 	case REFIT_FSM_ACT_WAIT:
 		r->retry_at_ms = coord_now_ms() + a->wait_ms;
 		break;
 	case REFIT_FSM_ACT_END:
-		note_end(c, r);
+		coord_refit_note_end(c, r);
 		break;
 	case REFIT_FSM_ACT_NEW_EPOCH:
 		nccl_failed_epoch(c);
@@ -204,82 +126,6 @@ do_action(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const refit_fsm_ac
 	}
 }
 
-/* After the bookkeeping: metrics follow every change of state (p: the plan,
- * when one was just taken); the state file every change clients can see. */
-static void
-settle(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const plan_t *p)
-{
-	if (was->state == r->fsm.state && p == NULL)
-		return;
-	coord_metrics_refit(c, r, p);
-	if (refit_fsm_public(was->state) != refit_fsm_public(r->fsm.state))
-		coord_save(c);
-}
-
-/*
- * Does ev end the slices of a refit that failed with nothing but symptoms
- * (what peers saw: a transport's error, a deadline, an abort)?  Then the
- * nodes' reports together name the broken link (name_link); a cause a node
- * found itself (a CRC mismatch, a client gone, a poisoned node) stays.
- */
-static bool
-ends_on_symptoms(const refit_fsm_t *was, const refit_fsm_event_t *ev)
-{
-	bool report = ev->kind == REFIT_FSM_EV_SLICE_OK || ev->kind == REFIT_FSM_EV_SLICE_FAILED;
-	bool cause = ev->kind == REFIT_FSM_EV_SLICE_FAILED && (!ev->u.slice.symptom || ev->final);
-
-	if (!report || cause)
-		return false;
-	return was->state == REFIT_FSM_FAILING_SYMPTOM ||
-	       (was->state == REFIT_FSM_RUNNING && ev->kind == REFIT_FSM_EV_SLICE_FAILED);
-}
-
-/*
- * The slices of r failed with symptoms only: name the broken link from
- * every node's report (coord_blame.c) as r's failure, both ends named; the
- * first report kept so far is logged.  Nothing changes when the reports
- * name no link.
- */
-static void
-name_link(coord_t *c, refit_rec_t *r)
-{
-	const coord_blame_report_t **reps;
-	const char **names, **eps;
-	char line[REFIT_ERR_MSG_MAX];
-
-	if (r->ntime == NULL || r->nnodes == 0)
-		return;
-	reps = xcalloc(r->nnodes, sizeof(*reps));
-	names = xcalloc(r->nnodes, sizeof(*names));
-	eps = xcalloc(r->nnodes, sizeof(*eps));
-	for (size_t k = 0; k < r->nnodes; k++) {
-		const member_t *m = coord_find_member(c, r->nodes[k]);
-
-		reps[k] = &r->ntime[k].blame;
-		names[k] = m ? m->node_id : "?";
-		eps[k] = m ? m->data_ep : NULL;
-	}
-	if (coord_blame_name(reps, r->nnodes, names, eps, line, sizeof(line))) {
-		log_warnx("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s (the first "
-			  "report was: %s)", r->id, r->model, r->version, line,
-			  r->failure ? r->failure : "none");
-		free(r->failure);
-		r->failure = xstrdup(line);
-	}
-	free(reps);
-	free(names);
-	free(eps);
-}
-
-/* A new round of node calls (or none): answers of the last one are stale. */
-static bool
-new_round(refit_fsm_state_t from, refit_fsm_state_t to)
-{
-	const char *a = refit_fsm_info(from)->call, *b = refit_fsm_info(to)->call;
-
-	return from != to && (b == NULL || a == NULL || strcmp(a, b) != 0);
-}
-
 /*
  * Feed ev to r's machine and carry out what it says (msg: the event's
  * failure message, for KEEP_CAUSE; p: the plan just taken).  An event the
@@ -301,23 +147,23 @@ refit_event(coord_t *c, refit_rec_t *r, const refit_fsm_event_t *ev, const char 
 		return;
 	}
 	r->fsm = out.next;
-	if (new_round(was.state, r->fsm.state))
+	if (coord_refit_new_round(was.state, r->fsm.state))
 		r->phase++;
-	blame = ends_on_symptoms(&was, ev) && !coord_refit_runs_slices(r);
+	blame = coord_refit_ends_on_symptoms(&was, ev) && !coord_refit_runs_slices(r);
 	for (size_t i = 0; i < out.nact; i++) {
 		if (!settled && out.act[i].kind >= REFIT_FSM_FIRST_CALL) {
-			settle(c, r, &was, p);
+			coord_refit_settle(c, r, &was, p);
 			settled = true;
 		}
 		if (blame && (out.act[i].kind == REFIT_FSM_ACT_RETRY ||
 			      out.act[i].kind == REFIT_FSM_ACT_END)) {
-			name_link(c, r);  /* before the failure is logged, noted, counted */
+			coord_refit_name_link(c, r);  /* before the failure is logged, noted, counted */
 			blame = false;
 		}
 		do_action(c, r, &was, &out.act[i], msg);
 	}
 	if (!settled)
-		settle(c, r, &was, p);
+		coord_refit_settle(c, r, &was, p);
 }
 
 void
@@ -338,18 +184,6 @@ coord_refit_eventf(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind, cons
 	utf8_vformat(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	refit_event(c, r, &(refit_fsm_event_t){.kind = kind}, msg, NULL);
-}
-
-void
-coord_member_poisoned(coord_t *c, member_t *m, const char *why)
-{
-	(void)c;
-	if (m == NULL || why == NULL || why[0] == '\0' || m->poisoned != NULL)
-		return;
-	m->poisoned = xstrdup(why);
-	utf8_cut(m->poisoned);
-	log_errorx("coordinator: node %s (member %" PRIu64 ") is poisoned: %s; refits that "
-		   "need it fail at once", m->node_id, m->id, m->poisoned);
 }
 
 /* r needs poisoned member m: it fails now, and is not retried (m refuses
@@ -409,32 +243,6 @@ call_nodes(coord_t *c, refit_rec_t *r, ProtobufCMessage *req, uint64_t skip_epoc
 	refit_event(c, r, &ev, NULL, NULL);
 }
 
-/*
- * A node answered: the refit it belongs to, if the answer is still wanted
- * (the refit is in the phase the call was made in, and not final), and the
- * member that answered.  Counts the call as done.
- */
-static refit_rec_t *
-answer_of(const nctx_t *x, member_t **m)
-{
-	coord_t *c = x->c;
-	refit_rec_t *r = c->closing ? NULL : coord_find_refit(c, x->refit_id);
-
-	c->inflight--;
-	*m = c->closing ? NULL : coord_find_member(c, x->member_id);
-	return r != NULL && r->phase == x->phase && !coord_refit_is_final(r) ? r : NULL;
-}
-
-/* The index of member id among r's nodes, or SIZE_MAX. */
-size_t
-coord_refit_node_index(const refit_rec_t *r, uint64_t id)
-{
-	for (size_t k = 0; k < r->nnodes; k++)
-		if (r->nodes[k] == id)
-			return k;
-	return SIZE_MAX;
-}
-
 /* A call of the round failed (NcclId, PrepareEpoch, Commit, Publish). */
 static void
 node_failed(coord_t *c, refit_rec_t *r, const char *node, const char *msg)
@@ -465,7 +273,7 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 	nctx_t *x = arg;
 	coord_t *c = x->c;
 	member_t *m;
-	refit_rec_t *r = answer_of(x, &m);
+	refit_rec_t *r = coord_refit_answer_of(x, &m);
 	const char *node = m ? m->node_id : "?";
 
 	(void)resp;
@@ -488,34 +296,6 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 }
 
 /* ---- slices ---------------------------------------------------------------- */
-
-/*
- * The slices' deadline (RunSliceRequest.timeout_ms): the operator's
- * slice_timeout_ms, else max(SLICE_FLOOR_MS, SLICE_MODEL_FACTOR x the
- * plan's modelled time, the busiest node's bytes at SLICE_FLOOR_BPS) (a
- * node's own slice_timeout_ms still overrides it there).
- */
-static uint64_t
-slice_deadline_ms(const coord_t *c, const refit_rec_t *r)
-{
-	uint64_t ms = (r->model_us * SLICE_MODEL_FACTOR + 999) / 1000;
-	uint64_t by_bytes = r->node_bytes / (SLICE_FLOOR_BPS / 1000);
-
-	if (by_bytes > ms)
-		ms = by_bytes;
-	if (ms < SLICE_FLOOR_MS)
-		ms = SLICE_FLOOR_MS;
-	if (c->o.slice_timeout_ms)
-		ms = c->o.slice_timeout_ms;
-	if (ms > UINT32_MAX)
-		ms = UINT32_MAX;
-	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): slice deadline %" PRIu64
-		 " ms (%s; the plan's modelled time is %.3f ms, its busiest node moves %"
-		 PRIu64 " bytes)", r->id, r->model, r->version, ms, c->o.slice_timeout_ms ?
-		 "slice_timeout_ms" : "max(30 s, 4 x modelled, bytes at 100 MB/s)",
-		 r->model_us / 1e3, r->node_bytes);
-	return ms;
-}
 
 /* SEND_RUN: every node starts its slice (answered at the start). */
 static void
@@ -551,7 +331,7 @@ send_run(coord_t *c, refit_rec_t *r)
 	rq.corrupt_msg = r->corrupt;
 	rq.nic_per_node = c->o.nic_per_node;
 	rq.attempt = r->fsm.attempt;
-	r->slice_ms = slice_deadline_ms(c, r);
+	r->slice_ms = coord_refit_slice_deadline_ms(c, r);
 	rq.timeout_ms = (uint32_t)r->slice_ms;
 	call_nodes(c, r, &rq.base, 0);
 	coord_slices_free(r);  /* packed into the calls */
@@ -587,45 +367,6 @@ coord_refit_slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node,
 	slice_result(c, r, k, node, st, msg, rs, poisoned, false);
 }
 
-/* The index among r's nodes of the node called id, or SIZE_MAX. */
-static size_t
-node_index_by_id(coord_t *c, const refit_rec_t *r, const char *id)
-{
-	for (size_t k = 0; id != NULL && k < r->nnodes; k++) {
-		const member_t *m = coord_find_member(c, r->nodes[k]);
-
-		if (m != NULL && strcmp(m->node_id, id) == 0)
-			return k;
-	}
-	return SIZE_MAX;
-}
-
-/* Node k's slice failed (st, msg): keep what it saw of its peers
- * (RunSliceResponse.peer_issues) for name_link. */
-static void
-blame_keep(coord_t *c, refit_rec_t *r, size_t k, refit_status_t st, const char *msg,
-	   const Refit__V1__RunSliceResponse *rs)
-{
-	coord_blame_report_t *b = &r->ntime[k].blame;
-
-	if (b->how == COORD_BLAME_SILENT)
-		return;   /* unreachable(), just before */
-	memset(b, 0, sizeof(*b));
-	if (st == REFIT_ERR_ABORTED || strstr(msg, "aborted by the coordinator") != NULL)
-		b->how = COORD_BLAME_ABORTED;
-	else if (st == REFIT_ERR_TIMEOUT)
-		b->how = COORD_BLAME_DEADLINE;
-	else
-		b->how = COORD_BLAME_FAILED;
-	for (size_t i = 0; rs != NULL && i < rs->n_peer_issues; i++) {
-		const Refit__V1__PeerIssue *pi = rs->peer_issues[i];
-		size_t p = node_index_by_id(c, r, pi->node_id);
-
-		if (p != SIZE_MAX && p != k)
-			coord_blame_add(b, (int)pi->kind, (uint32_t)p, pi->messages, pi->detail);
-	}
-}
-
 /* coord_refit_slice_result; symptom: the failure is one whatever it says. */
 static void
 slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
@@ -636,7 +377,7 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 
 	r->nstate[k] |= NODE_REPORTED;
 	if (st != REFIT_OK)
-		blame_keep(c, r, k, st, msg, rs);
+		coord_refit_blame_keep(c, r, k, st, msg, rs);
 	if (st != REFIT_OK) {
 		/* a poisoned node: the cause, and no retry (it refuses them all) */
 		if (poisoned)
@@ -667,21 +408,6 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 	refit_event(c, r, &ev, NULL, NULL);
 }
 
-/* Node k's slice runs (its RunSlice was answered, or it already reported). */
-void
-coord_refit_mark_started(refit_rec_t *r, size_t k)
-{
-	if (r->nstate[k] & NODE_STARTED)
-		return;
-	r->nstate[k] |= NODE_STARTED;
-	if (++r->nstarted == r->nnodes) {
-		r->running_after_ms = coord_now_ms() - r->created_ms;
-		log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %zu slices running, "
-			 "%" PRIu64 " ms after the trigger", r->id, r->model, r->version,
-			 r->nnodes, r->running_after_ms);
-	}
-}
-
 /* RunSlice answered: the slice started (its end comes in SliceDone). */
 static void
 slice_started(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_status_t st,
@@ -703,7 +429,7 @@ on_nccl_id(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp
 	nctx_t *x = arg;
 	coord_t *c = x->c;
 	member_t *m;
-	refit_rec_t *r = answer_of(x, &m);
+	refit_rec_t *r = coord_refit_answer_of(x, &m);
 	const Refit__V1__NcclIdResponse *rs = (const void *)resp;
 	char bad[64];
 
@@ -984,8 +710,8 @@ coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why)
  * A failing refit's Abort found a node unreachable (its process died, so
  * its SliceDone will never come) or it did not answer within the call's
  * deadline (st REFIT_ERR_TIMEOUT: stopped or hung; its peers' reports say
- * more, so this counts as a symptom and name_link weighs it): its slice
- * counts as failed now, not when its lease lapses.
+ * more, so this counts as a symptom and coord_refit_name_link weighs it):
+ * its slice counts as failed now, not when its lease lapses.
  */
 static void
 unreachable(coord_t *c, const nctx_t *x, refit_status_t st, const char *msg)
