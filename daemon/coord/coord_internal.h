@@ -114,11 +114,12 @@ struct coord {
 };
 
 /*
- * Which file calls which (no cycles): coord.c (membership, registry,
- * setup) -> coord_refit_api.c (the refit methods, the timer) ->
- * coord_refit.c (the driver of the refit machine, its node calls) ->
- * coord_refit_notes.c (what the driver notes in a record) ->
- * coord_refit_nodes.c, coord_plan.c, coord_metrics.c -> coord_store.c ->
+ * Which file calls which (no cycles): coord.c (membership, setup) and
+ * coord_register.c (the layout registry, model views) ->
+ * coord_refit_api.c (the refit methods, the timer) -> coord_refit.c (the
+ * driver of the refit machine, its node calls) -> coord_refit_notes.c
+ * (what the driver notes in a record) -> coord_refit_nodes.c,
+ * coord_plan.c, coord_metrics.c -> coord_store.c ->
  * coord_state.c; refit_fsm.c is pure, below them all.
  */
 
@@ -230,6 +231,11 @@ const plan_t *coord_plan_keep(coord_t *c, planjob_t *j);
 
 /* RUNNING backstop: a node's slice_timeout_ms comes first */
 #define SLICE_RUN_MS 3600000
+
+/* ---- coord_register.c: RegisterLayout, UnregisterLayout, SetRefitPolicy,
+ * WeightsReady, ListModels, GetModel, ExplainPlan (coord_new adds them) */
+extern const rpc_method_cfg_t coord_register_methods[];
+extern const size_t coord_register_nmethods;
 
 /* ---- coord_refit_api.c: the refit methods and the timer ---- */
 extern const rpc_method_cfg_t coord_refit_methods[];
