@@ -122,6 +122,13 @@ role_name(Refit__V1__Role r)
 }
 
 static const char *
+trigger_name(Refit__V1__TriggerMode t)
+{
+	return t == REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY ? "on_ready" :
+	       t == REFIT__V1__TRIGGER_MODE__TRIGGER_MANUAL ? "manual" : "?";
+}
+
+static const char *
 state_name(Refit__V1__RefitState s)
 {
 	return enum_name(&refit__v1__refit_state__descriptor, (int)s);
@@ -351,8 +358,34 @@ json_model(const void *resp, const args_t *a)
 		cJSON_AddNumberToObject(p, "retry_backoff_ms", m->policy->retry_backoff_ms);
 		cJSON_AddBoolToObject(p, "catch_up", m->policy->catch_up);
 		cJSON_AddBoolToObject(p, "strict_instances", m->policy->strict_instances);
+		jstr(p, "trigger", trigger_name(m->policy->trigger));
+		cJSON_AddNumberToObject(p, "min_interval_ms", m->policy->min_interval_ms);
 	}
+	ju64(o, "pending_version", m->pending_version);
+	ju64(o, "skipped_versions", m->skipped_versions);
+	ju64(o, "policy_refits", m->policy_refits);
 	return o;
+}
+
+/* The trigger policy of m as text ("" under manual with nothing counted). */
+static void
+trigger_text(const Refit__V1__Model *m, char *out, size_t len)
+{
+	const Refit__V1__RefitPolicy *p = m->policy;
+	int n;
+
+	out[0] = '\0';
+	if (p == NULL || (p->trigger == REFIT__V1__TRIGGER_MODE__TRIGGER_MANUAL &&
+			  m->skipped_versions == 0 && m->policy_refits == 0))
+		return;
+	n = snprintf(out, len, ", trigger %s", trigger_name(p->trigger));
+	if (n > 0 && (size_t)n < len && p->min_interval_ms)
+		n += snprintf(out + n, len - (size_t)n, " (min interval %u ms)", p->min_interval_ms);
+	if (n > 0 && (size_t)n < len)
+		n += snprintf(out + n, len - (size_t)n, ", %" PRIu64 " by policy, %" PRIu64
+			      " skipped", m->policy_refits, m->skipped_versions);
+	if (n > 0 && (size_t)n < len && m->pending_version)
+		snprintf(out + n, len - (size_t)n, ", v%" PRIu64 " waits", m->pending_version);
 }
 
 static void
@@ -360,7 +393,7 @@ text_model(const void *resp, const args_t *a)
 {
 	static const int w[] = {24, 14, 16, 0}, wi[] = {5, 16, 24, 16, 0};
 	const Refit__V1__Model *m = resp;
-	char t[24], latest[40], rest[200];
+	char t[24], latest[40], rest[400], trig[200];
 	uint64_t newest = 0;  /* the newest an instance holds: others are behind */
 	int n;
 
@@ -368,11 +401,12 @@ text_model(const void *resp, const args_t *a)
 	snprintf(t, sizeof(t), "tensors %u", m->tensors);
 	snprintf(latest, sizeof(latest), "latest v%" PRIu64, m->latest_version);
 	n = snprintf(rest, sizeof(rest), "installed v%" PRIu64, m->installed_version);
+	trigger_text(m, trig, sizeof(trig));
 	if (m->policy && n > 0 && (size_t)n < sizeof(rest))
 		snprintf(rest + n, sizeof(rest) - (size_t)n, "  retries %u (backoff %u ms), "
-			 "catch-up %s%s", m->policy->retries, m->policy->retry_backoff_ms,
+			 "catch-up %s%s%s", m->policy->retries, m->policy->retry_backoff_ms,
 			 m->policy->catch_up ? "on" : "off",
-			 m->policy->strict_instances ? ", strict instances" : "");
+			 m->policy->strict_instances ? ", strict instances" : "", trig);
 	row(0, 4, w, (const char *const[]){m->name, t, latest, rest});
 	for (size_t i = 0; i < m->n_instances; i++)
 		if (m->instances[i]->installed_version > newest)
@@ -788,8 +822,25 @@ static const struct option policy_opts[] = {
 	{"backoff-ms", required_argument, NULL, 'b'},
 	{"catch-up", required_argument, NULL, 'c'},
 	{"strict-instances", required_argument, NULL, 's'},
+	{"trigger", required_argument, NULL, 't'},
+	{"min-interval-ms", required_argument, NULL, 'i'},
 	{NULL, 0, NULL, 0},
 };
+
+/* "manual" or "on_ready" of --trigger into *out */
+static int
+parse_trigger(const char *v, Refit__V1__TriggerMode *out)
+{
+	if (strcmp(v, "manual") == 0)
+		*out = REFIT__V1__TRIGGER_MODE__TRIGGER_MANUAL;
+	else if (strcmp(v, "on_ready") == 0)
+		*out = REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY;
+	else {
+		fprintf(stderr, "refitctl: --trigger takes manual or on_ready, not \"%s\"\n", v);
+		return 2;
+	}
+	return 0;
+}
 
 /* "on" or "off" of --NAME into *out */
 static int
@@ -810,7 +861,7 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 {
 	Refit__V1__RefitPolicy p = REFIT__V1__REFIT_POLICY__INIT, cur = p;
 	Refit__V1__GetModelRequest gq = REFIT__V1__GET_MODEL_REQUEST__INIT;
-	bool set[4] = {false};
+	bool set[6] = {false};
 	Refit__V1__Model *m;
 	refit_err_t e;
 	uint64_t v;
@@ -838,6 +889,13 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 			rc = parse_on_off("strict-instances", s, &p.strict_instances);
 			set[3] = true;
 			break;
+		case 't': rc = parse_trigger(s, &p.trigger); set[4] = true; break;
+		case 'i':
+			if (refit_parse_u64(s, 0, 86400000, &v, "--min-interval-ms", &e))
+				return bad_input(&e);
+			p.min_interval_ms = (uint32_t)v;
+			set[5] = true;
+			break;
 		}
 	}
 	if (rc != 0)
@@ -854,6 +912,8 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 	a->policy.retry_backoff_ms = set[1] ? p.retry_backoff_ms : cur.retry_backoff_ms;
 	a->policy.catch_up = set[2] ? p.catch_up : cur.catch_up;
 	a->policy.strict_instances = set[3] ? p.strict_instances : cur.strict_instances;
+	a->policy.trigger = set[4] ? p.trigger : cur.trigger;
+	a->policy.min_interval_ms = set[5] ? p.min_interval_ms : cur.min_interval_ms;
 	((Refit__V1__SetRefitPolicyRequest *)rq)->policy = &a->policy;
 	return 0;
 }
@@ -897,7 +957,8 @@ static const cmd_t cmds[] = {
 	 .max_args = 2, .method = "DrainMember", .field = {"node_id", "reason"},
 	 .dflt = "refitctl drain", .text = text_drain, .json = json_drain},
 	{.name = "policy", .args = "MODEL [--retries N] [--backoff-ms MS] [--catch-up on|off] "
-	 "[--strict-instances on|off]", .help = "retries, back-off and catch-up of a model",
+	 "[--strict-instances on|off] [--trigger manual|on_ready] [--min-interval-ms MS]",
+	 .help = "retries, back-off, catch-up and trigger policy of a model",
 	 .min_args = 1, .max_args = 1, .method = "SetRefitPolicy", .opts = policy_opts,
 	 .build = build_policy, .text = text_model, .json = json_model},
 };

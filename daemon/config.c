@@ -113,6 +113,13 @@ static const key_t_ keys[] = {
 	 "coordinator: refit records kept for GetRefit, ListRefits, idempotent triggers and "
 	 "the state file, the newest; older final ones are freed (about 2 KiB each); "
 	 "docs/operations.md"},
+	{"default_trigger", K_ENUM, F(default_trigger), "manual", 0, 0, "manual|on_ready", false,
+	 "coordinator: a new model's trigger policy: refits start on refitctl trigger only "
+	 "(manual) or on every WeightsReady (on_ready); refitctl policy --trigger changes a "
+	 "model's; docs/control-plane.md"},
+	{"default_min_interval_ms", K_MS, F(default_min_interval_ms), "0", 0, 86400000, NULL,
+	 false, "coordinator: a new model's min_interval_ms (on_ready: between the starts of "
+	 "the refits the policy starts)"},
 	{"metrics_listen", K_STR, F(metrics_listen), NULL, 0, 0, NULL, false,
 	 "Prometheus metrics at http://HOST:PORT/metrics (unset: off); docs/operations.md"},
 	{"log_format", K_ENUM, F(log_format), "text", 0, 0, "text|json", true,

@@ -45,6 +45,8 @@ typedef struct refitd_config {
 	uint64_t instance_grace_ms;   /* coordinator: an instance whose node is gone
 					 is dropped after this long */
 	uint64_t refit_records;       /* coordinator: refit records kept (the newest) */
+	char *default_trigger;        /* coordinator: a new model's trigger, "manual" | "on_ready" */
+	uint64_t default_min_interval_ms; /* coordinator: a new model's min_interval_ms */
 	char *metrics_listen; /* Prometheus /metrics HOST:PORT (NULL: off) */
 	char *log_format;     /* "text" | "json" */
 } refitd_config_t;

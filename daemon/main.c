@@ -346,6 +346,8 @@ main(int argc, char **argv)
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;
 	co.instance_grace_ms = cfg.instance_grace_ms;
 	co.refit_records = (uint32_t)cfg.refit_records;
+	co.default_on_ready = strcmp(cfg.default_trigger, "on_ready") == 0;
+	co.default_min_interval_ms = (uint32_t)cfg.default_min_interval_ms;
 	co.slice_timeout_ms = cfg.slice_timeout_ms;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	ops_set_log_format(cfg.log_format);

@@ -89,6 +89,12 @@ static const family_t families[M_COUNT] = {
 	[M_REFIT_RECORDS_BYTES] = {"refitd_refit_records_bytes", KIND_GAUGE,
 		"Bytes the kept refit records hold (their structs, arrays and strings, without "
 		"malloc's overhead); coordinator", NULL, 0},
+	[M_POLICY_REFITS_TOTAL] = {"refitd_policy_refits_total", KIND_COUNTER,
+		"Refits started by a model's trigger policy (on_ready), not by an operator; "
+		"coordinator", NULL, 0},
+	[M_SKIPPED_VERSIONS_TOTAL] = {"refitd_skipped_versions_total", KIND_COUNTER,
+		"Ready versions an on_ready policy never refit: replaced by a newer one while a "
+		"refit was in flight, or older than the installed one; coordinator", NULL, 0},
 	[M_HEAP_INUSE_BYTES] = {"refitd_heap_inuse_bytes", KIND_GAUGE,
 		"Bytes allocated with malloc and not freed (glibc mallinfo2: uordblks + "
 		"hblkhd)", NULL, 0},

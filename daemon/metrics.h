@@ -35,6 +35,8 @@ typedef enum metric_id {
 	M_REFIT_RECORDS_ALLOCATED, /* gauge: records made, not yet freed */
 	M_REFIT_RECORDS_FREED_TOTAL, /* counter */
 	M_REFIT_RECORDS_BYTES,   /* gauge: bytes the kept records hold */
+	M_POLICY_REFITS_TOTAL,   /* counter: refits a trigger policy started */
+	M_SKIPPED_VERSIONS_TOTAL, /* counter: ready versions a policy skipped */
 	M_HEAP_INUSE_BYTES,      /* gauge: malloc'd bytes in use (mallinfo2) */
 	M_HEAP_SYSTEM_BYTES,     /* gauge: bytes malloc holds from the system */
 	M_COUNT

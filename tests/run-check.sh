@@ -46,6 +46,10 @@ script "bounded memory (refit records kept to refit_records and freed; a restart
 	/usr/bin/python3 tests/integration/test_bounds.py "$BUILD"
 script "bounded memory, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_bounds.py "$BUILD/asan"
+script "trigger policy (on_ready, coalescing, min_interval_ms, manual, across a restart)" \
+	/usr/bin/python3 tests/integration/test_trigger.py "$BUILD"
+script "trigger policy, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_trigger.py "$BUILD/asan"
 script "failure attribution and connect deadlines (an unreachable data port, a stopped sender)" \
 	/usr/bin/python3 tests/integration/test_attribution.py "$BUILD"
 script "failure attribution, ASan + UBSan (2 tries)" \

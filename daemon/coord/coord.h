@@ -23,6 +23,8 @@ typedef struct coord_opts {
 				       0: derived from each plan's modelled time) */
 	uint32_t refit_records;     /* refit records kept, the newest (0: 256); the
 				       oldest final ones beyond are freed */
+	bool default_on_ready;      /* a new model's trigger policy: on_ready (else manual) */
+	uint32_t default_min_interval_ms; /* and its min_interval_ms */
 } coord_opts_t;
 
 typedef struct coord coord_t;

@@ -116,7 +116,8 @@ struct coord {
 /*
  * Which file calls which (no cycles): coord.c (membership, setup) and
  * coord_register.c (the layout registry, model views) ->
- * coord_refit_api.c (the refit methods, the timer) -> coord_refit.c (the
+ * coord_refit_api.c (the refit methods, the timer) -> coord_trigger.c (the
+ * trigger policy, making refit records) -> coord_refit.c (the
  * driver of the refit machine, its node calls) -> coord_refit_notes.c
  * (what the driver notes in a record) -> coord_refit_nodes.c,
  * coord_plan.c, coord_metrics.c -> coord_store.c ->
@@ -245,6 +246,16 @@ size_t coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint6
 				 size_t max);
 /* Timer: retries and catch-up refits that are due. */
 void coord_refits_tick(coord_t *c);
+
+/* ---- coord_trigger.c: the trigger policy, refit records made ---- */
+/* A new refit of m to its latest version, PLANNING, added to c's records
+ * (only: a catch-up of that instance).  The caller persists and plans it. */
+refit_rec_t *coord_refit_add(coord_t *c, const model_t *m, const char *only);
+/* WeightsReady of version for m (durable already): with on_ready it is the
+ * pending version, started now when due, else saved to wait. */
+void coord_trigger_ready(coord_t *c, model_t *m, uint64_t version);
+/* Timer: start the pending refits that are due.  True when one started. */
+bool coord_trigger_tick(coord_t *c, uint64_t now);
 
 /* ---- coord_refit.c: the driver of the refit state machine, its node calls */
 /* A new epoch (refits in flight of the old one fail). */

@@ -67,6 +67,17 @@ typedef struct model {
 	uint32_t retries, retry_backoff_ms;  /* the refit policy */
 	bool no_catch_up;
 	bool strict_instances;     /* a refit fails rather than skip an instance */
+	/* the trigger policy (coord_trigger.c); min_interval_ms at most
+	 * COORD_MAX_INTERVAL_MS */
+	bool on_ready;             /* every WeightsReady starts a refit (else manual) */
+	uint32_t min_interval_ms;  /* between the starts of refits the policy starts */
+	uint64_t pending_version;  /* on_ready: waits for the refit in flight (0: none) */
+	uint64_t skipped_versions; /* replaced while waiting: never refit by the policy */
+	uint64_t policy_refits;    /* refits the policy started */
+	uint64_t policy_start_ms;  /* when the last of them began (not kept: 0 after
+				      a restart) */
 } model_t;
+
+#define COORD_MAX_INTERVAL_MS 86400000u
 
 #endif

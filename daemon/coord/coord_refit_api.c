@@ -4,7 +4,9 @@
  * GetRefit, ListRefits, AbortRefit, and SliceDone, a node's report at the
  * end of its slice), aborts for a member that leaves, and the timer: the
  * RUNNING backstop (SLICE_RUN_MS), retries and queued refits that are due,
- * catch-up refits of instances that registered late.
+ * catch-up refits of instances that registered late, and the trigger
+ * policy's pending refits (coord_trigger.c; before catch-up, which waits
+ * for a refit of the model in flight).
  *
  * Triggers are idempotent per (model, key).  The newest refit_records
  * records (config key, default COORD_REFIT_RECORDS) are kept for GetRefit,
@@ -119,24 +121,6 @@ coord_refits_trim(coord_t *c)
 	}
 }
 
-/* A new refit of m to its latest version, PLANNING, added to c's records
- * (only: a catch-up of that instance).  The caller persists and plans it. */
-static refit_rec_t *
-new_refit(coord_t *c, const model_t *m, const char *only)
-{
-	refit_rec_t *r = coord_refit_new();
-
-	r->id = ++c->next_refit;
-	r->model = xstrdup(m->name);
-	r->only = only ? xstrdup(only) : NULL;
-	r->version = m->latest_version;
-	r->mode = REFIT__V1__MODE__RESHARD;
-	r->created_ms = coord_now_ms();
-	refit_fsm_init(&r->fsm, m->retries, m->retry_backoff_ms);
-	VEC_PUSH(&c->refits, r);
-	return r;
-}
-
 /* Why m cannot take the trigger rq now (NULL: it can). */
 static refit_status_t
 trigger_check(coord_t *c, const model_t *m, const Refit__V1__TriggerRefitRequest *rq,
@@ -186,7 +170,7 @@ h_trigger(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	refit_err_clear(&err);
 	if (trigger_check(c, m, rq, &err) != REFIT_OK)
 		return rpc_call_fail(call, err.status, "%s", err.msg);
-	r = new_refit(c, m, NULL);
+	r = coord_refit_add(c, m, NULL);
 	r->key = key ? xstrdup(key) : NULL;
 	r->version = rq->version ? rq->version : m->latest_version;
 	r->mode = (int)rq->mode;
@@ -430,7 +414,7 @@ catch_up(coord_t *c, uint64_t now)
 			if (!catch_up_due(c, m, in, now))
 				continue;
 			in->catch_up_at_ms = 0;
-			r = new_refit(c, m, in->name);
+			r = coord_refit_add(c, m, in->name);
 			coord_refits_trim(c);
 			log_info("coordinator: refit %" PRIu64 ": catch-up of instance \"%s\" of "
 				 "model \"%s\" to version %" PRIu64 " (it holds %" PRIu64 "%s)",
@@ -464,5 +448,6 @@ coord_refits_tick(coord_t *c)
 		if (refit_fsm_is(r->fsm.state, REFIT_FSM_WAITS) && now >= r->retry_at_ms)
 			coord_refit_on(c, r, REFIT_FSM_EV_DUE);
 	}
-	catch_up(c, now);
+	if (!coord_trigger_tick(c, now))
+		catch_up(c, now);
 }

@@ -215,7 +215,8 @@ register_store(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequ
 	refit_err_t err;
 
 	if (m == NULL) {
-		model_t nm = {.name = xstrdup(rq->model)};
+		model_t nm = {.name = xstrdup(rq->model), .on_ready = c->o.default_on_ready,
+			      .min_interval_ms = c->o.default_min_interval_ms};
 
 		VEC_PUSH(&c->models, nm);
 		m = &c->models.v[c->models.n - 1];
@@ -316,8 +317,15 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": retries "
 				     "%u (at most 100), backoff %u ms (at most 3600000)", m->name,
 				     p->retries, p->retry_backoff_ms);
-	uint32_t was_r = m->retries, was_b = m->retry_backoff_ms;
-	bool was_nc = m->no_catch_up, was_st = m->strict_instances;
+	if (p->trigger != REFIT__V1__TRIGGER_MODE__TRIGGER_MANUAL &&
+	    p->trigger != REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": unknown "
+				     "trigger %d (manual 0, on_ready 1)", m->name, (int)p->trigger);
+	if (p->min_interval_ms > COORD_MAX_INTERVAL_MS)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": "
+				     "min_interval_ms %u (at most %u)", m->name, p->min_interval_ms,
+				     COORD_MAX_INTERVAL_MS);
+	model_t was = *m;
 	refit_err_t err;
 
 	refit_err_clear(&err);
@@ -325,11 +333,12 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	m->retry_backoff_ms = p->retry_backoff_ms;
 	m->no_catch_up = !p->catch_up;
 	m->strict_instances = p->strict_instances;
+	m->on_ready = p->trigger == REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY;
+	m->min_interval_ms = p->min_interval_ms;
+	if (!m->on_ready)
+		m->pending_version = 0;  /* manual: nothing waits */
 	if (coord_save_durable(c, "SetRefitPolicy", &err) != REFIT_OK) {
-		m->retries = was_r;
-		m->retry_backoff_ms = was_b;
-		m->no_catch_up = was_nc;
-		m->strict_instances = was_st;
+		*m = was;  /* the same strings and arrays: only numbers changed */
 		return rpc_call_fail(call, err.status, "%s", err.msg);
 	}
 	reply_model(call, m);
@@ -397,6 +406,7 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	}
 	rsp.latest_version = m->latest_version;
 	rpc_call_reply(call, &rsp.base);
+	coord_trigger_ready(c, m, m->latest_version);
 }
 
 /* ---- model views ----------------------------------------------------------- */
@@ -435,7 +445,13 @@ model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 	pol->retry_backoff_ms = m->retry_backoff_ms;
 	pol->catch_up = !m->no_catch_up;
 	pol->strict_instances = m->strict_instances;
+	pol->trigger = m->on_ready ? REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY
+				   : REFIT__V1__TRIGGER_MODE__TRIGGER_MANUAL;
+	pol->min_interval_ms = m->min_interval_ms;
 	refit__v1__model__init(out);
+	out->pending_version = m->pending_version;
+	out->skipped_versions = m->skipped_versions;
+	out->policy_refits = m->policy_refits;
 	out->policy = pol;
 	out->name = m->name;
 	out->latest_version = m->latest_version;

@@ -110,3 +110,32 @@ coord_rules_is_symptom(const char *msg)
 			return true;
 	return false;
 }
+
+coord_trigger_wait_t
+coord_rules_trigger(const model_t *m, bool busy, uint64_t now)
+{
+	if (!m->on_ready || m->pending_version == 0)
+		return COORD_TRIGGER_NONE;
+	if (m->pending_version <= m->installed_version)
+		return COORD_TRIGGER_STALE;
+	if (busy)
+		return COORD_TRIGGER_BUSY;
+	if (m->policy_start_ms != 0 && now < m->policy_start_ms + m->min_interval_ms)
+		return COORD_TRIGGER_INTERVAL;
+	return COORD_TRIGGER_GO;
+}
+
+bool
+coord_rules_trigger_note(model_t *m, uint64_t version)
+{
+	bool replaced = false;
+
+	if (!m->on_ready || version <= m->pending_version)
+		return false;
+	if (m->pending_version != 0) {
+		m->skipped_versions++;
+		replaced = true;
+	}
+	m->pending_version = version;
+	return replaced;
+}

@@ -42,4 +42,22 @@ refit_status_t coord_rules_own_ranks(const model_t *m, const char *iname,
  */
 bool coord_rules_is_symptom(const char *msg);
 
+/* What a model's trigger policy does with its pending version now. */
+typedef enum {
+	COORD_TRIGGER_NONE,     /* manual, or no version pending */
+	COORD_TRIGGER_STALE,    /* pending is not newer than the installed: drop it */
+	COORD_TRIGGER_BUSY,     /* a refit of the model is in flight: wait */
+	COORD_TRIGGER_INTERVAL, /* min_interval_ms since the last start not passed: wait */
+	COORD_TRIGGER_GO,       /* start a refit of the pending version */
+} coord_trigger_wait_t;
+
+/* m's policy, a refit of m in flight or not (busy), at now (ms; the clock
+ * of m->policy_start_ms). */
+coord_trigger_wait_t coord_rules_trigger(const model_t *m, bool busy, uint64_t now);
+
+/* WeightsReady of version for m: with on_ready it becomes the pending
+ * version.  True when it replaced an older pending one (counted in
+ * m->skipped_versions). */
+bool coord_rules_trigger_note(model_t *m, uint64_t version);
+
 #endif

@@ -97,6 +97,14 @@ state_text(const coord_t *c)
 		cJSON_AddNumberToObject(mo, "retry_backoff_ms", (double)m->retry_backoff_ms);
 		cJSON_AddBoolToObject(mo, "catch_up", !m->no_catch_up);
 		cJSON_AddBoolToObject(mo, "strict_instances", m->strict_instances);
+		if (m->on_ready || m->min_interval_ms || m->skipped_versions ||
+		    m->policy_refits) { /* else as before issue 23: old files round-trip */
+			cJSON_AddStringToObject(mo, "trigger", m->on_ready ? "on_ready" : "manual");
+			cJSON_AddNumberToObject(mo, "min_interval_ms", (double)m->min_interval_ms);
+			cJSON_AddNumberToObject(mo, "pending_version", (double)m->pending_version);
+			cJSON_AddNumberToObject(mo, "skipped_versions", (double)m->skipped_versions);
+			cJSON_AddNumberToObject(mo, "policy_refits", (double)m->policy_refits);
+		}
 		insts = cJSON_AddArrayToObject(mo, "instances");
 		for (size_t k = 0; k < m->inst.n; k++) {
 			const instance_t *in = &m->inst.v[k];
@@ -291,6 +299,35 @@ load_instance(model_t *m, const cJSON *io, refit_err_t *err)
 	return REFIT_OK;
 }
 
+/* The trigger policy of model object mo into m (absent in files before
+ * issue 23: manual, nothing pending). */
+static refit_status_t
+load_trigger(const cJSON *mo, model_t *m, const char *where, refit_err_t *err)
+{
+	const cJSON *t = cJSON_GetObjectItemCaseSensitive(mo, "trigger");
+	uint64_t iv, pv, sv, pr;
+
+	if (t == NULL)
+		return REFIT_OK;
+	if (!cJSON_IsString(t) || (strcmp(t->valuestring, "manual") != 0 &&
+				   strcmp(t->valuestring, "on_ready") != 0))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: \"trigger\" must be "
+				     "\"manual\" or \"on_ready\"", where);
+	CHECK(want_u64(mo, "min_interval_ms", &iv, where, err));
+	CHECK(want_u64(mo, "pending_version", &pv, where, err));
+	CHECK(want_u64(mo, "skipped_versions", &sv, where, err));
+	CHECK(want_u64(mo, "policy_refits", &pr, where, err));
+	if (iv > COORD_MAX_INTERVAL_MS)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: min_interval_ms %" PRIu64
+				     " out of range (at most %u)", where, iv, COORD_MAX_INTERVAL_MS);
+	m->on_ready = strcmp(t->valuestring, "on_ready") == 0;
+	m->min_interval_ms = (uint32_t)iv;
+	m->pending_version = m->on_ready ? pv : 0;
+	m->skipped_versions = sv;
+	m->policy_refits = pr;
+	return REFIT_OK;
+}
+
 static refit_status_t
 load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 {
@@ -341,6 +378,10 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 						     "false", where);
 			}
 			m.strict_instances = cJSON_IsTrue(st);
+		}
+		if (load_trigger(mo, &m, where, err) != REFIT_OK) {
+			free(m.name);
+			return err->status;
 		}
 		VEC_PUSH(&c->models, m);
 		cJSON_ArrayForEach(io, cJSON_GetObjectItemCaseSensitive(mo, "instances"))

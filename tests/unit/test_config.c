@@ -75,6 +75,8 @@ static const kcase_t cases[] = {
 	{"test_hold_run_ms", "100", "100", "", NULL, 0, 60000},
 	{"instance_grace_ms", "1000", "1000", "1m", NULL, 100, 86400000},
 	{"refit_records", "1000", "1000", "many", NULL, 1, 100000},
+	{"default_trigger", "on_ready", "\"on_ready\"", "auto", NULL, 0, 0},
+	{"default_min_interval_ms", "500", "500", "-1", NULL, 0, 86400000},
 	{"metrics_listen", "127.0.0.1:9100", "\"127.0.0.1:9100\"", NULL, "nonsense", 0, 0},
 	{"log_format", "json", "\"json\"", "xml", NULL, 0, 0},
 };

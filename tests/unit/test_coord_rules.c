@@ -176,11 +176,59 @@ START_TEST(symptoms)
 }
 END_TEST
 
+/* The trigger policy: manual starts nothing, on_ready starts the pending
+ * version when nothing of the model is in flight and the interval passed;
+ * a pending version not newer than the installed one is dropped. */
+START_TEST(trigger)
+{
+	model_t m = {.on_ready = false, .pending_version = 5};
+
+	ck_assert_int_eq(coord_rules_trigger(&m, false, 1000), COORD_TRIGGER_NONE);
+	m.on_ready = true;
+	m.pending_version = 0;
+	ck_assert_int_eq(coord_rules_trigger(&m, false, 1000), COORD_TRIGGER_NONE);
+	m.pending_version = 5;
+	ck_assert_int_eq(coord_rules_trigger(&m, false, 1000), COORD_TRIGGER_GO);
+	ck_assert_int_eq(coord_rules_trigger(&m, true, 1000), COORD_TRIGGER_BUSY);
+	m.min_interval_ms = 500;
+	m.policy_start_ms = 800;
+	ck_assert_int_eq(coord_rules_trigger(&m, false, 1299), COORD_TRIGGER_INTERVAL);
+	ck_assert_int_eq(coord_rules_trigger(&m, false, 1300), COORD_TRIGGER_GO);
+	m.installed_version = 5;
+	ck_assert_int_eq(coord_rules_trigger(&m, true, 1300), COORD_TRIGGER_STALE);
+	m.installed_version = 4;
+	ck_assert_int_eq(coord_rules_trigger(&m, true, 1300), COORD_TRIGGER_BUSY);
+}
+END_TEST
+
+/* Only the newest ready version waits; each one it replaces is counted;
+ * manual notes nothing; an older or equal version changes nothing. */
+START_TEST(trigger_note)
+{
+	model_t m = {.on_ready = false};
+
+	ck_assert(!coord_rules_trigger_note(&m, 2));
+	ck_assert_uint_eq(m.pending_version, 0);
+	m.on_ready = true;
+	ck_assert(!coord_rules_trigger_note(&m, 2));
+	ck_assert_uint_eq(m.pending_version, 2);
+	for (uint64_t v = 3; v <= 6; v++)
+		ck_assert(coord_rules_trigger_note(&m, v));
+	ck_assert_uint_eq(m.pending_version, 6);
+	ck_assert_uint_eq(m.skipped_versions, 4);
+	ck_assert(!coord_rules_trigger_note(&m, 6));
+	ck_assert(!coord_rules_trigger_note(&m, 4));
+	ck_assert_uint_eq(m.pending_version, 6);
+	ck_assert_uint_eq(m.skipped_versions, 4);
+}
+END_TEST
+
 Suite *
 suite_coord_rules(void)
 {
 	return th_suite("coord_rules",
 			th_tcase("core", 0,
-				 TH_TESTS(join, unheld_rank, own_ranks, shared_rank, symptoms)),
+				 TH_TESTS(join, unheld_rank, own_ranks, shared_rank, symptoms, trigger,
+					  trigger_note)),
 			NULL);
 }
