@@ -193,6 +193,22 @@ def proc_status(pid):
     return th, rss
 
 
+def scrape_metrics(port):
+    """{(sample name, frozenset(labels)): value} of a daemon's /metrics."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def scrape_plain(port):
+    """{name: value} of a daemon's unlabelled samples."""
+    return {k[0]: v for k, v in scrape_metrics(port).items() if not k[1]}
+
+
 def _ephemeral_low():
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:

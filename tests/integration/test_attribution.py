@@ -29,14 +29,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 TRIES = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 import protostubs  # noqa: E402  (this folder is first on sys.path)
 TMP = protostubs.generate("refit-attr-")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 import harness  # noqa: E402
 from harness import RPN, Cluster, check, free_port, start_model, wait_for  # noqa: E402
@@ -88,15 +86,7 @@ def blackhole():
     return f"{addr[0]}:{addr[1]}"
 
 
-def scrape(port):
-    """{(sample name, frozenset(labels)): value} of a daemon's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
+scrape = harness.scrape_metrics
 
 
 def stop_cluster(cl, clients):

@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 import protostubs  # noqa: E402  (this folder is first on sys.path)
@@ -52,14 +51,7 @@ def tensors(ranks, placement):
 
 def scrape():
     """{name: value} of the coordinator's unlabelled samples."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{MPORT}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    return harness.scrape_plain(MPORT)
 
 
 def records():

@@ -21,13 +21,11 @@ import random
 import signal
 import sys
 import time
-import urllib.request
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 import protostubs  # noqa: E402  (this folder is first on sys.path)
 TMP = protostubs.generate("refit-lease-")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 import harness  # noqa: E402
 from harness import RPN, Cluster, check, free_port, start_model, wait_for  # noqa: E402
@@ -42,13 +40,7 @@ MODEL = {}
 
 def scrape():
     """{(sample name, frozenset(labels)): value} of the coordinator."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{MPORT}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
+    return harness.scrape_metrics(MPORT)
 
 
 def val(samples, name, **labels):
