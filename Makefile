@@ -222,7 +222,7 @@ $(call link,$(1),$$(CHECK_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refitd: $$(call objs,$$(DIR_$(1)),daemon/main.c) \
 		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
-$$(DIR_$(1))/bin/refitctl: $$(call objs,$$(DIR_$(1)),client/refitctl.c) \
+$$(DIR_$(1))/bin/refitctl: $$(call objs,$$(DIR_$(1)),client/refitctl.c client/refitctl_show.c) \
 		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refit-client: $$(call objs,$$(DIR_$(1)),client/refit_client.c) \
