@@ -8,7 +8,12 @@
  * refit as soon as no refit of the model is in flight (a retry waiting for
  * its back-off counts as in flight: it is never preempted) and
  * min_interval_ms has passed since the last refit the policy started began.
- * A pending version not newer than the one installed is dropped.  The lease
+ * A pending version not newer than the one installed is dropped.  A refit
+ * the policy started that failed and waits to retry (RETRY_WAIT) a version
+ * older than the pending one is superseded: aborted, naming the version
+ * that replaces it, so the newest goes next (a retry already running is
+ * never preempted; an operator's or a catch-up refit is not superseded).
+ * The lease
  * tick (coord_refits_tick) retries the start, so a pending version goes
  * once the refit in flight ends, whatever the end.
  *
@@ -41,6 +46,29 @@ coord_refit_add(coord_t *c, const model_t *m, const char *only)
 	return r;
 }
 
+/* Abort m's policy refits waiting to retry a version older than the
+ * pending one (their attempts failed; the newest waiting version goes
+ * instead).  As any abort, it tells the nodes to drop what they hold of
+ * it (best effort); in-place instances its failed attempt reached stay
+ * marked invalid until the newest version is installed. */
+static void
+supersede(coord_t *c, const model_t *m)
+{
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+
+		if (!r->by_policy || r->fsm.state != REFIT_FSM_RETRY_WAIT ||
+		    r->version >= m->pending_version || strcmp(r->model, m->name) != 0)
+			continue;
+		log_info("coordinator: refit %" PRIu64 " of model \"%s\" (version %" PRIu64
+			 ") superseded by version %" PRIu64 " while it waited to retry",
+			 r->id, m->name, r->version, m->pending_version);
+		coord_refit_eventf(c, r, REFIT_FSM_EV_ABORT, "aborted: superseded by version %"
+				   PRIu64 " (trigger on_ready) while it waited to retry",
+				   m->pending_version);
+	}
+}
+
 /* A refit of m not yet final, a retry waiting for its back-off included. */
 static bool
 in_flight(const coord_t *c, const model_t *m)
@@ -64,6 +92,8 @@ try_start(coord_t *c, model_t *m, uint64_t now)
 
 	if (!m->on_ready || m->pending_version == 0)
 		return false;  /* the common case, before looking at the records */
+	if (m->pending_version > m->installed_version)
+		supersede(c, m);
 	switch (coord_rules_trigger(m, in_flight(c, m), now)) {
 	case COORD_TRIGGER_STALE:
 		log_info("coordinator: model \"%s\": pending version %" PRIu64 " dropped "
@@ -87,6 +117,7 @@ try_start(coord_t *c, model_t *m, uint64_t now)
 		return false;
 	r = coord_refit_add(c, m, NULL);
 	r->version = m->pending_version;
+	r->by_policy = true;
 	m->pending_version = 0;
 	m->policy_refits++;
 	m->policy_start_ms = r->created_ms;

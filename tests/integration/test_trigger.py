@@ -21,6 +21,10 @@ trainer's memory), a double-buffered instance registered before the trainer:
    nothing (no refit of it appears for 1.5 s); refitctl trigger's does;
  - the coordinator restarted over its state file keeps the policy and the
    counts, and WeightsReady v10 starts a refit with no trigger;
+ - retries 3 with a 60 s back-off: v12 ready while v11's refit is held
+   fails that refit (the trainer moved on); the refit of v11, waiting to
+   retry, is aborted as superseded by v12 (not attempted again) and v12
+   commits;
  - bad input refused: refitctl --trigger sometimes, --min-interval-ms -1 and
    99999999999; SetRefitPolicy with trigger 7 or min_interval_ms 86400001;
    --check-config with default_trigger auto.
@@ -204,6 +208,24 @@ def restart():
     assert model().policy_refits == 6
 
 
+def supersede():
+    """A policy refit that failed and waits to retry an older version is
+    superseded by the newest waiting one: aborted, naming it, without a
+    second attempt (the back-off, 60 s, is far longer than the test)."""
+    out = ctl("policy", "g", "--retries", "3", "--backoff-ms", "60000")
+    assert out.returncode == 0, out
+    next_version(11)
+    wait_for(lambda: len(refits(11)) == 1 and not final(refits(11)[0]), timeout=30,
+             what="the refit of v11 in flight")
+    next_version(12)   # the trainer moves on while v11's slice is held
+    wait_committed(12)
+    r11 = refits(11)[0]
+    assert r11.state == pb.ABORTED and "superseded by version 12" in r11.failure, r11
+    assert len(r11.attempts) <= 1, f"v11 was attempted again: {list(r11.attempts)}"
+    out = ctl("policy", "g", "--retries", "0")
+    assert out.returncode == 0, out
+
+
 def bad_input():
     for args, text in ((["--trigger", "sometimes"], "--trigger takes manual or on_ready"),
                        (["--min-interval-ms", "-1"], "--min-interval-ms"),
@@ -238,6 +260,8 @@ def main():
             check(f"min_interval_ms {INTERVAL}: refits start that far apart", interval)
             check("manual: WeightsReady starts nothing; refitctl trigger does", manual)
             check("the policy survives a coordinator restart", restart)
+            check("a policy refit waiting to retry an older version is superseded",
+                  supersede)
             check("bad trigger and interval refused", bad_input)
     finally:
         for c in ("trainer", "inst"):
