@@ -431,6 +431,8 @@ refitctl_text_refit(const void *resp, const args_t *a)
 		mode_name(r->mode), ep, dig, r->failure});
 	if (r->instance && r->instance[0])
 		printf("       catch-up of instance \"%s\"\n", r->instance);
+	if (r->by_policy)
+		printf("       started by the trigger policy (on_ready)\n");
 	for (size_t k = 0; k < r->n_skipped; k++)
 		printf("       skipped instance \"%s\" (not healthy)\n", r->skipped[k]);
 	for (size_t k = 0; k < r->n_attempts; k++)
@@ -476,6 +478,7 @@ refitctl_json_refit(const void *resp, const args_t *a)
 	ju64(o, "plan_micros", r->plan_micros);
 	cJSON_AddBoolToObject(o, "plan_cached", r->plan_cached);
 	ju64(o, "plan_xfers", r->plan_xfers);
+	cJSON_AddBoolToObject(o, "by_policy", r->by_policy);
 	arr = cJSON_AddArrayToObject(o, "nodes");
 	for (size_t k = 0; k < r->n_nodes; k++) {
 		cJSON *j = jnew();

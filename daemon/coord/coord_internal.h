@@ -36,8 +36,7 @@ typedef struct refit_rec {
 	int mode;                   /* REFIT__V1__MODE__* */
 	refit_fsm_t fsm;            /* its lifecycle: state, attempt, answers pending */
 	bool verify;
-	bool by_policy;             /* started by the model's trigger policy (not
-				       kept in the state file) */
+	bool by_policy;             /* started by the model's trigger policy */
 	char plan_digest[SHA256_HEX_LEN];
 	uint64_t *nodes;            /* member ids taking part */
 	size_t nnodes;

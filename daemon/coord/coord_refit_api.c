@@ -50,6 +50,7 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->plan_micros = r->plan_us;
 	o->plan_cached = r->plan_cached;
 	o->plan_xfers = r->plan_xfers;
+	o->by_policy = r->by_policy;
 }
 
 /* fill_refit's per-node figures (node names are c's; free nv and np). */

@@ -73,6 +73,8 @@ refits_json(const coord_t *c, cJSON *arr)
 		cJSON_AddNumberToObject(o, "bytes", (double)r->bytes);
 		cJSON_AddStringToObject(o, "failure", r->failure ? r->failure : "");
 		cJSON_AddStringToObject(o, "key", r->key ? r->key : "");
+		if (r->by_policy)  /* only when set: older files are written back unchanged */
+			cJSON_AddBoolToObject(o, "by_policy", true);
 		cJSON_AddItemToArray(arr, o);
 	}
 }
@@ -418,6 +420,7 @@ load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 		r->epoch = num(o, "epoch");
 		r->mode = (int)num(o, "mode");
 		r->verify = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "verify"));
+		r->by_policy = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "by_policy"));
 		r->created_ms = num(o, "created_unix_ms");
 		r->finished_ms = num(o, "finished_unix_ms");
 		r->bytes = num(o, "bytes");

@@ -137,6 +137,9 @@ def coalescing():
     wait_committed(6)
     vs = [r.version for r in refits() if r.id > ST["first"]]
     assert vs == [2, 6], f"refits after v1: versions {vs}, want [2, 6]"
+    assert all(r.by_policy for r in refits()), [(r.id, r.by_policy) for r in refits()]
+    out = ctl("status", str(refits(6)[0].id))
+    assert out.returncode == 0 and "started by the trigger policy" in out.stdout, out
     m = model()
     assert m.installed_version == 6 and m.latest_version == 6, m
     assert m.skipped_versions == 3 and m.policy_refits == 3 and m.pending_version == 0, m
@@ -183,6 +186,7 @@ def manual():
     assert out.returncode == 0, out
     wait_committed(9)
     assert len(refits(9)) == 1 and model().policy_refits == 5
+    assert not refits(9)[0].by_policy, refits(9)[0]
 
 
 def restart():
@@ -194,6 +198,8 @@ def restart():
     m = model()
     assert m.policy.trigger == pb.TRIGGER_ON_READY and m.policy.min_interval_ms == 250, m
     assert m.skipped_versions == 3 and m.policy_refits == 5, m
+    marks = {r.version: r.by_policy for r in refits()}
+    assert marks.get(6) is True and marks.get(9) is False, f"after the restart: {marks}"
     CL.wait_members(2)
 
     def ready():
