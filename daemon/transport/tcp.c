@@ -54,10 +54,10 @@
 static void
 hs_decode(const uint8_t *b, hs_t *h)
 {
-	h->magic = (uint32_t)get_le(b, 4);
-	h->token_len = (uint32_t)get_le(b + 4, 4);
-	h->epoch = get_le(b + 8, 8);
-	h->refit_id = get_le(b + 16, 8);
+	h->magic = (uint32_t)wire_get_le(b, 4);
+	h->token_len = (uint32_t)wire_get_le(b + 4, 4);
+	h->epoch = wire_get_le(b + 8, 8);
+	h->refit_id = wire_get_le(b + 16, 8);
 	memcpy(h->token, b + HS_AT_TOKEN, XPORT_TOKEN_MAX);
 	memcpy(h->node_id, b + HS_AT_NODE, HS_NODE_ID);
 	h->node_id[HS_NODE_ID - 1] = '\0';
@@ -486,9 +486,9 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			c->buf = b;
 			c->len = n;
 			c->off = 0;
-			put_le(c->hdr, FRAME_MAGIC, 8);
-			put_le(c->hdr + 8, n, 8);
-			put_le(c->hdr + 16, seq, 8);
+			wire_put_le(c->hdr, FRAME_MAGIC, 8);
+			wire_put_le(c->hdr + 8, n, 8);
+			wire_put_le(c->hdr + 16, seq, 8);
 			c->seq++;
 		}
 		if (c->off < FRAME_BYTES) {
@@ -571,8 +571,8 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 		}
 		c->roff += (uint64_t)k;
 		if (c->roff == FRAME_BYTES) {
-			uint64_t magic = get_le(c->rhdr, 8), len = get_le(c->rhdr + 8, 8);
-			uint64_t seq = get_le(c->rhdr + 16, 8);
+			uint64_t magic = wire_get_le(c->rhdr, 8), len = wire_get_le(c->rhdr + 8, 8);
+			uint64_t seq = wire_get_le(c->rhdr + 16, 8);
 
 			if (magic != FRAME_MAGIC || len > s->cfg.max_msg_bytes ||
 			    len > s->peers[i].max_in_bytes)

@@ -28,10 +28,10 @@
 static void
 hs_encode(const hs_t *h, uint8_t *b)
 {
-	put_le(b, h->magic, 4);
-	put_le(b + 4, h->token_len, 4);
-	put_le(b + 8, h->epoch, 8);
-	put_le(b + 16, h->refit_id, 8);
+	wire_put_le(b, h->magic, 4);
+	wire_put_le(b + 4, h->token_len, 4);
+	wire_put_le(b + 8, h->epoch, 8);
+	wire_put_le(b + 16, h->refit_id, 8);
 	memcpy(b + HS_AT_TOKEN, h->token, XPORT_TOKEN_MAX);
 	memcpy(b + HS_AT_NODE, h->node_id, HS_NODE_ID);
 }

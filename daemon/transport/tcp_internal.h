@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/alloc.h"
+#include "common/wire.h"
 #include "daemon/transport/transport.h"
 
 
@@ -81,25 +82,6 @@ struct xport_session {
 	xport_peer_t *peers;
 	conn_t *out, *in;       /* per peer; fd -1 when unused */
 };
-
-/* n bytes of v at p, little-endian. */
-static inline void
-put_le(uint8_t *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-/* The little-endian n-byte number at p. */
-static inline uint64_t
-get_le(const uint8_t *p, int n)
-{
-	uint64_t v = 0;
-
-	for (int i = 0; i < n; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
 
 /* tcp_dial.c: ep ("host:port", host maybe [v6]) into host and port; REFIT_OK or err */
 refit_status_t tcp_split_endpoint(const char *ep, char *host, size_t hn, char *port,
