@@ -396,6 +396,12 @@ refit_get_state(refit_t *h, uint64_t client, refit_state_t *st)
 }
 
 int
+refit_serve(refit_t *h, uint64_t client, uint64_t version)
+{
+	return client_call(h, "Serve", client, version, 0, NULL);
+}
+
+int
 refit_shm_create(const char *name, uint64_t bytes, void **ptr, char *errbuf, size_t errlen)
 {
 	int fd;

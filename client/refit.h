@@ -97,6 +97,12 @@ int refit_begin_write(refit_t *h, uint64_t client, int timeout_ms);
 int refit_wait_version(refit_t *h, uint64_t client, uint64_t min_version, int timeout_ms,
 		       refit_state_t *st);
 int refit_get_state(refit_t *h, uint64_t client, refit_state_t *st);
+/* Inference, double buffer: the reader (an engine) now serves `version`, the
+ * one installed (state.active).  Until it serves another, no refit writes
+ * that copy: a refit that would is refused on this node and retried by the
+ * model's policy.  Without this call nothing protects a copy being read
+ * after the next version is installed. */
+int refit_serve(refit_t *h, uint64_t client, uint64_t version);
 
 /* Create memory the daemon accepts: a memfd of bytes sealed against
  * shrinking and growing, mapped at *ptr; name is unique in the process.

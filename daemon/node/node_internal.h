@@ -70,6 +70,7 @@ typedef struct client {
 	bool readable;          /* trainer: buffers hold `version` */
 	uint32_t reading;       /* trainer: slices reading now */
 	uint32_t busy;          /* slices using this memory */
+	int32_t serving;        /* double buffer: the copy the reader serves, -1 none */
 	char *failure;
 	bool dead;              /* unregistered or exited: freed when not busy */
 	const xport_ops_t *xo;  /* to close CUDA IPC mappings */

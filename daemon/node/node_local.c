@@ -645,6 +645,7 @@ state_msg(const client_t *c, Refit__V1__ClientState *s)
 	s->valid = c->valid;
 	s->reading = c->reading > 0;
 	s->failure = c->failure ? c->failure : "";
+	s->serving = c->serving;
 }
 
 static void
@@ -772,6 +773,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	c->install = (int)rq->install;
 	c->pid = (int)rq->pid;
 	c->valid = true;
+	c->serving = -1;
 	c->xo = n->xo;
 	c->x = n->x;
 	tl = xcalloc(rq->n_tensors ? rq->n_tensors : 1, sizeof(*tl));
@@ -932,6 +934,30 @@ h_state(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		reply_state(call, c);
 }
 
+/* The engine reading a double-buffered instance now serves `version`, the
+ * one installed (the active copy): slices that would write that copy are
+ * refused until it serves another (node_run.c). */
+static void
+h_serve(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	node_t *n = ctx;
+	const Refit__V1__ClientRequest *rq = (const void *)msg;
+	client_t *c = find_or_fail(n, call, rq->client_id, REFIT__V1__ROLE__INFER);
+
+	if (c == NULL)
+		return;
+	if (c->install != REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "client %" PRIu64 " of model "
+				     "\"%s\" is installed in place: Serve is for double buffers",
+				     c->id, c->model);
+	if (rq->version != c->version || !c->valid || c->version == 0)
+		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "client %" PRIu64 " of model "
+				     "\"%s\": version %" PRIu64 " is not installed here (installed: "
+				     "%" PRIu64 ")", c->id, c->model, rq->version, c->version);
+	c->serving = (int32_t)c->active;
+	reply_state(call, c);
+}
+
 static void
 h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -1047,6 +1073,7 @@ static const rpc_method_cfg_t local_methods[] = {
 	{"WaitVersion", h_wait, false},
 	{"GetState", h_state, false},
 	{"Unregister", h_unregister, false},
+	{"Serve", h_serve, false},
 };
 
 /* ---- waiters ---------------------------------------------------------------- */

@@ -279,6 +279,12 @@ take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set
 	jc.c = c;
 	jc.copy = role == REFIT__V1__ROLE__INFER &&
 		  c->install == REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER ? c->active ^ 1 : 0;
+	if (role == REFIT__V1__ROLE__INFER && c->serving >= 0 && (uint32_t)c->serving == jc.copy)
+		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "model \"%s\" instance \"%s\": its "
+				     "engine still serves copy %u (version %" PRIu64 " is in the "
+				     "other; the engine has not switched to it yet): version %"
+				     PRIu64 " would overwrite what it serves", j->model, iname,
+				     jc.copy, c->version, version);
 	jc.tmap = xmalloc((j->dst.n ? j->dst.n : 1) * sizeof(*jc.tmap));
 	for (size_t t = 0; t < j->dst.n; t++) {
 		jc.tmap[t] = -1;

@@ -90,6 +90,7 @@ for name, res, args in [
         ("refit_wait_version", _c.c_int, [_H, _c.c_uint64, _c.c_uint64, _c.c_int,
                                           _c.POINTER(State)]),
         ("refit_get_state", _c.c_int, [_H, _c.c_uint64, _c.POINTER(State)]),
+        ("refit_serve", _c.c_int, [_H, _c.c_uint64, _c.c_uint64]),
         ("refit_shm_create", _c.c_int, [_c.c_char_p, _c.c_uint64, _c.POINTER(_c.c_void_p),
                                         _c.c_char_p, _c.c_size_t]),
         ("refit_framework_map", _c.c_int, [_c.c_char_p, _c.c_char_p, _c.c_char_p,

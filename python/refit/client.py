@@ -215,6 +215,14 @@ class Client:
                    self._timeout(timeout_ms), ctypes.byref(st))
         return _state(st)
 
+    def serve(self, version):
+        """Inference, double buffer: this reader now serves `version` (the
+        one installed, in State.active); until it serves another no refit
+        writes that copy (a refit that would is refused here and retried by
+        the model's policy).  An engine that switches between the copies
+        calls it at every switch."""
+        self._call(_lib.lib.refit_serve, self._id(), int(version))
+
     def state(self):
         st = _lib.State()
         self._call(_lib.lib.refit_get_state, self._id(), ctypes.byref(st))
