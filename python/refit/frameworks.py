@@ -81,24 +81,44 @@ def layouts(m, ranks=None, base=0):
     return out
 
 
+def _placement(m, ranks):
+    """[(rank, param, byte offset)] of `ranks`' parameters packed in one
+    buffer (each 64-byte aligned) and the buffer's size."""
+    plist = [(r, p) for r in _ranks(m, ranks) for p in _rank_entry(m, r)["params"]]
+    out, total = [], 0
+    for r, p in plist:
+        item = np.dtype(_NP[p["dtype"]]).itemsize
+        out.append((r, p, total))
+        total += (int(np.prod(p["shape"])) * item + 63) // 64 * 64
+    return out, max(total, 64)
+
+
+def _views(m, bufs, ranks):
+    out = {}
+    for r, p, off in _placement(m, ranks)[0]:
+        dt = np.dtype(_NP[p["dtype"]])
+        n = int(np.prod(p["shape"]))
+        views = tuple(b[off:off + n * dt.itemsize].view(dt).reshape(p["shape"]) for b in bufs)
+        out[(r, p["name"])] = views if len(bufs) == 2 else views[0]
+    return out
+
+
 def allocate(m, ranks=None, copies=1):
     """{(rank, param name): array} (copies=2: a pair) for the parameters of
     `ranks`, zero-filled, in one segment the daemon can map."""
-    plist = [(r, p) for r in _ranks(m, ranks) for p in _rank_entry(m, r)["params"]]
-    offs, total = [], 0
-    for _, p in plist:
-        item = np.dtype(_NP[p["dtype"]]).itemsize
-        offs.append(total)
-        total += (int(np.prod(p["shape"])) * item + 63) // 64 * 64
-    segs = _memory.empty([max(total, 64)], "uint8", copies)
-    segs = segs if copies == 2 else (segs,)
-    out = {}
-    for (r, p), off in zip(plist, offs):
-        dt = np.dtype(_NP[p["dtype"]])
-        n = int(np.prod(p["shape"]))
-        views = tuple(s[off:off + n * dt.itemsize].view(dt).reshape(p["shape"]) for s in segs)
-        out[(r, p["name"])] = views if copies == 2 else views[0]
-    return out
+    total = _placement(m, ranks)[1]
+    segs = _memory.empty([total], "uint8", copies)
+    return _views(m, segs if copies == 2 else (segs,), ranks)
+
+
+def attach(m, bufs, ranks=None):
+    """What allocate(m, ranks, len(bufs)) returned, over buffers `bufs` (one
+    or two uint8 arrays of its size, e.g. another process's segment mapped
+    here): the same arrays at the same offsets."""
+    total = _placement(m, ranks)[1]
+    if len(bufs) not in (1, 2) or any(b.nbytes < total for b in bufs):
+        raise ValueError(f"refit: attach needs 1 or 2 buffers of {total} bytes")
+    return _views(m, tuple(bufs), ranks)
 
 
 def piece_view(param, piece):

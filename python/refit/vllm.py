@@ -1,0 +1,342 @@
+"""refit for vLLM: a vLLM engine's own parameters receive refits, through
+vLLM's weight-transfer interface (docs/vllm.md).
+
+    import refit.vllm
+    llm = vllm.LLM(model=DIR, tensor_parallel_size=2, **refit.vllm.engine_args())
+    eng = refit.vllm.Engine(llm, socket="/run/refitd/local.sock", model="llama",
+                            instance="serve-a", base_rank=8)
+    ...
+    eng.update(version)          # the engine serves `version` (or newer) now
+    eng.update()                 # pull: the newest version the node installed
+
+Importing this module registers the "refit" backend with vLLM's
+WeightTransferEngineFactory; engine_args() names it and this module as the
+worker extension, so every worker process imports it too.
+
+At init (Engine(...), vLLM's init_weight_transfer_engine) the workers of one
+engine -- all on one node, one refitd -- lay their parameters out as vLLM
+holds them (refit.frameworks, the C rules of plan/framework.c), in two
+copies in one segment of memory the node maps; worker 0 registers the
+whole instance (a double buffer) with the node and the others map the same
+segment.  A refit writes the copy the engine does not serve while it serves;
+update() switches every worker to the new copy together, between two engine
+steps (vLLM's start/update/finish_weight_update collective), tells the node
+which copy is served (Client.serve: no refit writes it until the next
+switch), reruns the engine's own post-processing of those weights (vLLM's
+process_weights_after_loading: the CPU backend packs its GEMM weights) and
+sets the engine's weight_version.  A version shows on all workers or none.
+
+Refused at init, naming what: CUDA workers (the CUDA IPC path is not done
+here yet), quantized engines, pipeline or data parallelism inside the
+engine, workers on several hosts, a parameter the framework map does not
+describe (or the other way round).
+"""
+import mmap
+import os
+import socket as _socket
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import client as _client
+from . import frameworks as _fw
+from . import memory as _memory
+
+BACKEND = "refit"
+_TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def engine_args():
+    """The vllm.LLM / EngineArgs keywords that select this integration."""
+    return {"weight_transfer_config": {"backend": BACKEND},
+            "worker_extension_cls": "refit.vllm.WorkerExtension"}
+
+
+class Engine:
+    """The driver's side: one vLLM engine (vllm.LLM made with engine_args())
+    registered as inference instance `instance` of refit model `model` on
+    the node whose local socket is `socket`; its TP rank r is global rank
+    base_rank + r of the model's inference layouts.  source_dtype: the
+    trainer's dtype when it is not the engine's ("fp32": refit converts on
+    the way, docs/conversion.md)."""
+
+    def __init__(self, llm, socket, model, instance, base_rank=0, timeout_ms=60000,
+                 source_dtype=None):
+        self.llm = llm
+        self.model, self.instance = model, instance
+        self.timeout_ms = int(timeout_ms)
+        self.version = 0
+        self.switch_s = []  # seconds of each switch (the engine's own share)
+        llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {
+            "socket": str(socket), "model": model, "instance": instance,
+            "base_rank": int(base_rank), "timeout_ms": self.timeout_ms,
+            "source_dtype": source_dtype or ""}})
+
+    def installed(self):
+        """The version the node has installed for this engine (0: none)."""
+        return self.llm.collective_rpc("refit_installed")[0]
+
+    def update(self, version=None, timeout_ms=None):
+        """Serve `version` or newer: wait (at most timeout_ms) until the node
+        installed it, then switch every worker to it.  version None: the
+        newest installed, without waiting (an idle engine pulling).  Returns
+        the version served; raises refit.Timeout when it did not come (the
+        engine keeps serving what it served).  Call it between generate()
+        calls (an AsyncLLM: inside pause_generation / resume_generation)."""
+        t = self.timeout_ms if timeout_ms is None else int(timeout_ms)
+        want = 0 if version is None else int(version)
+        if version is not None and want <= self.version:
+            return self.version
+        t0 = time.monotonic()
+        # a worker never raises here (an error inside a collective_rpc leaves
+        # the other workers' answers queued): it records the failure, the
+        # session ends normally without a switch, and the driver raises
+        self.llm.collective_rpc("start_weight_update")
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": {
+            "version": want, "timeout_ms": t}})
+        self.llm.collective_rpc("finish_weight_update")
+        res = self.llm.collective_rpc("refit_result")
+        got, err = res[0]
+        if err is not None:
+            raise _error(err)
+        if any(r[0] != got for r in res):  # a bug: never shown to requests
+            raise RuntimeError(f"refit.vllm: workers serve versions {[r[0] for r in res]}")
+        if got != self.version:
+            self.llm.llm_engine.set_weight_version(str(got))
+        self.version = got
+        self.switch_s.append(time.monotonic() - t0)
+        return got
+
+
+def _error(err):
+    """The exception worker 0 met, raised again here (its refit type)."""
+    status, code, msg = err
+    if status:
+        from .errors import _BY_STATUS, RefitError
+        return _BY_STATUS.get(status, RefitError)(status, code, msg)
+    return RuntimeError(f"refit.vllm: {msg}")
+
+
+@dataclass
+class RefitInitInfo:
+    socket: str
+    model: str
+    instance: str
+    base_rank: int = 0
+    timeout_ms: int = 60000
+    source_dtype: str = ""   # the trainer's dtype when it differs (fp32: converted)
+
+
+@dataclass
+class RefitUpdateInfo:
+    version: int = 0
+    timeout_ms: int = 60000
+
+
+def _memfd_of(name):
+    """This process's descriptor of refit segment `name` (a memfd)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{name} "):
+                return int(fd)
+        except OSError:
+            continue
+    raise RuntimeError(f"refit.vllm: segment {name} has no descriptor in this process")
+
+
+def _torch_view(arr, dtype):
+    t = torch.from_numpy(arr)
+    return t.view(_TORCH[dtype]) if dtype in ("bf16",) else t
+
+
+def _make_engine_class():
+    from vllm.distributed import parallel_state as ps
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+    class RefitWeightTransferEngine(WeightTransferEngine):
+        """The worker's side (see the module's text)."""
+        init_info_cls = RefitInitInfo
+        update_info_cls = RefitUpdateInfo
+        supports_draft_weight_update = False
+
+        def init_transfer_engine(self, info):
+            self._check_config()
+            tp = ps.get_tp_group()
+            self.rank, self.world = tp.rank_in_group, tp.world_size
+            cfg = os.path.join(self.model_config.model, "config.json")
+            self.map = _fw.framework_map("vllm", cfg, f"tp{self.world}")
+            self.client = None
+            self.error = None
+            self.pending = None   # (version, copy) between update and finish
+            self.serving = (0, None)
+            info_obj = None
+            if self.rank == 0:
+                params = _fw.allocate(self.map, copies=2)
+                lays = _fw.layouts(self.map, base=info.base_rank)
+                for lay in lays:
+                    if info.source_dtype and lay["dtype"] != info.source_dtype:
+                        lay["convert"] = {"from": info.source_dtype}
+                cl = _client.Client(info.socket, timeout_ms=info.timeout_ms)
+                cl.register(info.model, "infer", lays,
+                            _fw.pieces(self.map, params, base=info.base_rank),
+                            instance=info.instance, install="double-buffer")
+                self.client = cl
+                name, off = _memory.find(next(iter(params.values()))[0])
+                seg = [s for s in _memory._segments if s[2] == name][0]
+                info_obj = {"host": _socket.gethostname(), "pid": os.getpid(),
+                            "fd": _memfd_of(name), "bytes": seg[1], "at": off}
+                self.params = params
+            info_obj = tp.broadcast_object(info_obj, src=0)
+            if self.rank != 0:
+                if info_obj["host"] != _socket.gethostname():
+                    raise RuntimeError("refit.vllm: the engine's workers are on several hosts "
+                                       f"({info_obj['host']}, {_socket.gethostname()}): one "
+                                       "node per engine is supported")
+                fd = os.open(f"/proc/{info_obj['pid']}/fd/{info_obj['fd']}", os.O_RDWR)
+                try:
+                    mm = mmap.mmap(fd, info_obj["bytes"])
+                finally:
+                    os.close(fd)
+                self._mm = mm
+                raw = np.frombuffer(mm, dtype=np.uint8)[info_obj["at"]:]
+                half = (info_obj["bytes"] - info_obj["at"]) // 2
+                self.params = _fw.attach(self.map, (raw[:half], raw[half:2 * half]))
+            self._bind()
+
+        def _check_config(self):
+            mc, pc = self.model_config, self.parallel_config
+            if self.device.type != "cpu":
+                raise RuntimeError(f"refit.vllm: workers on {self.device.type} are not "
+                                   "supported yet (the CUDA IPC registration of engine "
+                                   "parameters is not done); CPU workers only")
+            if getattr(mc, "quantization", None):
+                raise RuntimeError(f"refit.vllm: quantization {mc.quantization!r} is not "
+                                   "supported: refit would leave the engine's quantized "
+                                   "weights stale")
+            if pc.pipeline_parallel_size != 1 or pc.data_parallel_size != 1:
+                raise RuntimeError("refit.vllm: pipeline / data parallelism inside one engine "
+                                   "is not supported (register each engine as an instance)")
+
+        def _bind(self):
+            """Check this worker's parameters against the map; keep, per
+            parameter, its module, name and the two copies as tensors."""
+            ent = next(r for r in self.map["ranks"] if r["rank"] == self.rank)
+            model = self.model
+            named = dict(model.named_parameters())
+            self.binds = []
+            mapped = set()
+            for p in ent["params"]:
+                modname, _, pname = p["name"].rpartition(".")
+                try:
+                    mod = model.get_submodule(modname)
+                except AttributeError:
+                    raise RuntimeError(f"refit.vllm: the map names {p['name']}, which this "
+                                       "engine's model does not have") from None
+                cur = mod._parameters.get(pname)
+                if cur is None:
+                    raise RuntimeError(f"refit.vllm: the map names {p['name']}, which this "
+                                       "engine's model does not have")
+                pair = self.params[(self.rank, p["name"])]
+                ts = tuple(_torch_view(a, p["dtype"]) for a in pair)
+                if cur.numel() and (tuple(cur.shape) != tuple(ts[0].shape) or
+                                    cur.dtype != ts[0].dtype):
+                    raise RuntimeError(f"refit.vllm: parameter {p['name']}: the engine holds "
+                                       f"{tuple(cur.shape)} {cur.dtype}, the map says "
+                                       f"{tuple(ts[0].shape)} {ts[0].dtype}")
+                self.binds.append((mod, pname, ts))
+                mapped.add(p["name"])
+            extra = sorted(n for n, t in named.items() if n not in mapped and t.numel())
+            if extra:
+                raise RuntimeError("refit.vllm: the engine has parameters the framework map "
+                                   f"does not describe: {', '.join(extra[:5])}")
+
+        # vLLM's session: start, update (wait for the version), finish (switch)
+        def start_weight_update(self):
+            self.pending = None
+
+        def update_weights(self, update_info):
+            info = self.parse_update_info(update_info)
+            self.receive_weights(info)
+
+        def receive_weights(self, info):
+            out = None
+            if self.rank == 0:
+                try:
+                    if info.version:
+                        st = self.client.wait_version(info.version, info.timeout_ms)
+                    else:
+                        st = self.client.state()
+                        if st.version == 0 or not st.valid:
+                            raise RuntimeError("no version is installed here yet")
+                    self.client.serve(st.version)
+                    out = (st.version, st.active, None)
+                except Exception as e:  # noqa: BLE001 - told to every worker
+                    out = (0, 0, (getattr(e, "status", 0), getattr(e, "code", ""),
+                                  getattr(e, "message", str(e))))
+            out = ps.get_tp_group().broadcast_object(out, src=0)
+            self.error = out[2]
+            self.pending = out[:2] if out[2] is None else None
+
+        def finish_weight_update(self):
+            if self.pending is None:
+                return
+            version, copy = self.pending
+            self.pending = None
+            if self.serving == (version, copy):
+                return
+            self._switch(copy)
+            self.serving = (version, copy)
+
+        def _switch(self, copy):
+            mods = []
+            with torch.no_grad():
+                for mod, pname, ts in self.binds:
+                    mod._parameters[pname] = torch.nn.Parameter(ts[copy], requires_grad=False)
+                    if not mods or mods[-1] is not mod:
+                        mods.append(mod)
+                for mod in dict.fromkeys(mods):
+                    qm = getattr(mod, "quant_method", None)
+                    if qm is not None and hasattr(qm, "process_weights_after_loading"):
+                        qm.process_weights_after_loading(mod)
+                # the engine's packing may drop the raw weight (CPU GEMMs):
+                # put it back, so that the parameters stay readable
+                for mod, pname, ts in self.binds:
+                    cur = mod._parameters.get(pname)
+                    if cur is None or cur.numel() == 0:
+                        mod._parameters[pname] = torch.nn.Parameter(ts[copy],
+                                                                    requires_grad=False)
+
+        def shutdown(self):
+            if self.client is not None:
+                self.client.close()
+                self.client = None
+
+    return RefitWeightTransferEngine
+
+
+def _register_backend():
+    try:
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:  # no vLLM here, or one without the interface
+        return
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, _make_engine_class())
+
+
+_register_backend()
+
+
+class WorkerExtension:
+    """Mixed into vLLM's workers (worker_extension_cls): importing this
+    module registered the backend; these are the driver's extra calls."""
+
+    def refit_installed(self):
+        e = self.weight_transfer_engine
+        return e.client.state().version if e.client is not None else None
+
+    def refit_result(self):
+        """(the version served, the last update's failure or None)."""
+        e = self.weight_transfer_engine
+        return e.serving[0], e.error
