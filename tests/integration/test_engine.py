@@ -146,7 +146,9 @@ def setup():
     for k, ranks in enumerate(tr):
         harness.spawn(harness.node_spawn_args(cl, f"et{k}", ranks), stderr=cl.log)
     harness.spawn(harness.node_spawn_args(cl, "ee", "4-5"), stderr=cl.log)
-    cl.wait_members(len(tr) + 1)
+    # the same layout in refit-client memory (the cost comparison)
+    harness.spawn(harness.node_spawn_args(cl, "ec", "6-7"), stderr=cl.log)
+    cl.wait_members(len(tr) + 2)
     ST["engine"] = Proc([f"{FW}/engine_vllm.py", d, f"{TMP}/ee.local", MODEL, "e1", "4",
                          "fp32"], f"{TMP}/engine.log")
     ST["trainer"] = Proc([f"{FW}/trainer_torch.py", d, f"{TMP}/et{{rank}}.local", MODEL,
@@ -160,6 +162,18 @@ def registered():
     assert t["mode"] == ("snapshot" if NPROC > 1 else "in-place"), t
     harness.wait_for(lambda: {(i.role, i.instance) for i in model().instances} >=
                      {(pb.INFER, "e1")}, what="the engine's instance registered")
+    # a plain client instance holding vLLM's layout in refit memory, on a
+    # node of its own: the engine's refit against it (costs())
+    import refit
+    import refit.frameworks as fw
+    m = fw.framework_map("vllm", f"{ST['dir']}/config.json", "tp2")
+    params = fw.allocate(m, copies=2)
+    lays = fw.layouts(m, base=6)
+    for lay in lays:
+        lay["convert"] = {"from": "fp32"}
+    c = refit.Client(f"{TMP}/ec.local", timeout_ms=30000)
+    c.register(MODEL, "infer", lays, fw.pieces(m, params, base=6), instance="c1")
+    ST["c1"] = (c, params)
     # a refit refused because the engine still serves the copy it would
     # write is retried (8 times, from 100 ms doubling) until the engine moved
     ST["cl"].stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
@@ -233,16 +247,25 @@ def update_that_never_comes():
 
 
 def costs():
-    """Item 6: a refit into the engine's own parameters against one into a
-    refit-client's memory of the same layout is the same plan (same bytes);
-    here: the time from publish to serving, and the engine's own share."""
+    """Item 6: the engine's node and the plain client's receive the same
+    layout (the same bytes by plan); the time each node's slice took in the
+    same refits, and the time from publish to serving."""
     rs = [r for r in refits() if r.state == pb.COMMITTED]
     COSTS["refit_s"] = [round((r.finished_unix_ms - r.created_unix_ms) / 1000, 4)
                         for r in rs if r.finished_unix_ms]
     COSTS["bytes"] = [r.bytes for r in rs][:1]
-    return json.dumps({k: (v if not isinstance(v, list) else
-                           [round(x, 4) if isinstance(x, float) else x for x in v])
-                       for k, v in COSTS.items()})
+    ratio = []
+    for r in rs:
+        full = ST["cl"].stub.GetRefit(pb.GetRefitRequest(refit_id=r.id), timeout=10)
+        t = {n.node_id: n.slice_micros for n in full.nodes}
+        if t.get("ee") and t.get("ec"):
+            ratio.append(round(t["ee"] / t["ec"], 3))
+    assert ratio, "no refit reported both nodes' slices"
+    COSTS["slice_engine_over_client"] = ratio
+    # both instances took every version
+    st = ST["c1"][0].state()
+    assert st.version == max(r.version for r in rs) and st.valid, st
+    return json.dumps(COSTS)
 
 
 def main():
@@ -252,7 +275,7 @@ def main():
         sys.exit(1)
     t0 = time.time()
     try:
-        check("setup: a tiny Llama, a coordinator (on_ready), five node daemons", setup)
+        check("setup: a tiny Llama, a coordinator (on_ready), node daemons", setup)
         check("the engine (vLLM CPU, TP 2) and the trainer registered", registered)
         check("version 1 served: engine parameters equal the trainer's, logprobs match "
               "transformers", first_version)
