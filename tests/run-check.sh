@@ -88,6 +88,8 @@ script "frameworks: maps discovered from vLLM's own loader equal refit's, and pa
 	"$BUILD/venv-vllm/bin/python" tests/frameworks/test_discover.py "$BUILD"
 script "frameworks: maps discovered from SGLang's own loader equal refit's, and pass the C checks" \
 	"$BUILD/venv-sglang/bin/python" tests/frameworks/test_discover.py "$BUILD"
+script "refit.vllm refuses by name the engines it cannot serve exactly (CUDA workers, quantization, PP/DP, a parameter either side lacks, a shape)" \
+	"$BUILD/venv-vllmcpu/bin/python" tests/frameworks/test_vllm_refusals.py "$BUILD"
 script "a real engine: vLLM's CPU build (TP 2) serves refits from an FSDP2 + TP trainer (4 gloo processes) through refit.vllm and refit.torch; byte for byte, logprobs vs transformers" \
 	/usr/bin/python3 tests/integration/test_engine.py "$BUILD" 4
 script "librefit stands alone (exported symbols, soname, pkg-config, static)" \

@@ -192,6 +192,65 @@ def shared_strided():
     tr.close()
 
 
+def publisher_and_serve():
+    """refit.torch.Publisher in place: a module's parameters move into
+    refit memory (no copy at publish); a double-buffered reader that says
+    which version it serves (Client.serve) is never overwritten."""
+    import refit.torch as rt
+    torch.manual_seed(0)
+    mod = torch.nn.Linear(6, 4)
+    before = {n: p.detach().clone() for n, p in mod.named_parameters()}
+    pub = rt.Publisher(mod, CL.sock(0), "pub", rank=0, timeout_ms=20000)
+    assert pub.mode == "in-place"
+    for n, p in mod.named_parameters():  # same values, now in refit memory
+        assert torch.equal(p.detach(), before[n]) and refit.find(p.detach())
+    opt = torch.optim.SGD(mod.parameters(), lr=0.5)
+    r1 = RPN
+    ilays = [refit.layout.placements(n, "fp32", list(p.shape), [r1], ["Replicate()"])
+             for n, p in mod.named_parameters()]
+    bufs = {n: refit.empty(list(p.shape), "float32", copies=2, torch=True)
+            for n, p in mod.named_parameters()}
+    inf = refit.Client(CL.sock(1), timeout_ms=20000)
+    inf.register("pub", "infer", ilays, {(n, r1): b for n, b in bufs.items()}, instance="s")
+    want = {}
+
+    def step(v):
+        mod(torch.ones(2, 6)).sum().backward()
+        with pub.writing():
+            opt.step()
+        opt.zero_grad()
+        pub.publish(v)
+        want[v] = {n: p.detach().clone() for n, p in mod.named_parameters()}
+
+    step(1)
+    assert CL.refit("pub", 1).state == pb.COMMITTED
+    st = inf.wait_version(1)
+    for n in bufs:
+        assert torch.equal(bufs[n][st.active], want[1][n]), n
+    try:
+        inf.serve(7)
+        raise AssertionError("serve(7) accepted")
+    except refit.RefitError as e:
+        assert "version 7 is not installed" in e.message, e.message
+    inf.serve(1)                      # the reader serves version 1's copy
+    served = st.active
+    step(2)
+    assert CL.refit("pub", 2).state == pb.COMMITTED   # writes the other copy
+    step(3)
+    g = CL.refit("pub", 3)            # would overwrite the served copy
+    assert g.state == pb.FAILED and "still serves copy" in g.failure, g.failure
+    for n in bufs:
+        assert torch.equal(bufs[n][served], want[1][n]), n
+    inf.serve(2)
+    assert CL.refit("pub", 3).state == pb.COMMITTED
+    st = inf.wait_version(3)
+    for n in bufs:
+        assert torch.equal(bufs[n][st.active], want[3][n]), n
+    inf.unregister()
+    pub.close()
+    inf.close()
+
+
 def typed_errors():
     try:
         refit.Client(f"{TMP}/nobody.sock", timeout_ms=2000)
@@ -262,6 +321,8 @@ try:
           dtensor_path)
     check("existing tensors registered by copying once, strides kept (torch .t(), numpy "
           "slices), refit byte for byte", shared_strided)
+    check("refit.torch.Publisher in place (no copy at publish); a reader's served copy "
+          "(Client.serve) is never overwritten", publisher_and_serve)
     check("typed exceptions carry the daemon's and library's messages; bounded waits",
           typed_errors)
     check("pip install of python/ offline; REFIT_LIBRARY; a clear error without the library",
