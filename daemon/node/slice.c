@@ -200,8 +200,10 @@ sub_msg(slice_t *s, size_t i, uint32_t k0, uint32_t n)
 	const plan_msg_t *pm = msg_at(s, i);
 	plan_msg_t m = {pm->stage, pm->from, pm->to, 0, (plan_part_t *)pm->parts + k0, n};
 
-	for (uint32_t k = 0; k < n; k++)
-		m.bytes += m.parts[k].bytes;
+	/* the run's bytes: from its first part to the end of its last (the
+	 * padding between them included, as plan_msgs_next laid them out) */
+	if (n > 0)
+		m.bytes = plan_msg_part_at(&m, n - 1) + m.parts[n - 1].bytes;
 	return m;
 }
 
@@ -322,11 +324,18 @@ push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
 				     pm->from, pm->to, pm->stage, pm->nparts,
 				     k0 < pm->nparts ? ", and that one arrived already" : "");
 	/* the unit runs from part k0 until its bytes are used up (and over the
-	 * empty parts right after, which its sender packed with it) */
+	 * empty parts right after that need no padding, which its sender packed
+	 * with it); parts lie at their offsets from part k0's */
 	want = len >= s->trail ? len - s->trail : UINT64_MAX;
-	while (k0 + n < pm->nparts && !s->sp.v[sm->part0 + k0 + n].done &&
-	       (got < want || pm->parts[k0 + n].bytes == 0) && want != UINT64_MAX)
-		got += pm->parts[k0 + n++].bytes;
+	while (k0 + n < pm->nparts && !s->sp.v[sm->part0 + k0 + n].done && want != UINT64_MAX) {
+		const plan_part_t *q = &pm->parts[k0 + n];
+		uint64_t end = q->off + q->bytes - pm->parts[k0].off;
+
+		if (got >= want && (q->bytes != 0 || end > want))
+			break;
+		got = end;
+		n++;
+	}
 	if (got != want)
 		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent %" PRIu64 " bytes "
 				     "from part %" PRIu64 " of the message from rank %d to rank "
