@@ -309,6 +309,14 @@ kernel_run(emu_op_t *op_, struct CUstream_st *s)
 	}
 	if (n == 0)
 		return;
+	/* every element is base + i * elem: the bases decide (a GPU's T* load or
+	 * store of an address not a multiple of sizeof(T) kills the context) */
+	if ((uintptr_t)k->dst % (uintptr_t)k->elem || (uintptr_t)k->src % (uintptr_t)k->elem) {
+		emu_fault(cudaErrorMisalignedAddress, "refitGpuCopyStrided on device %d: %d-byte "
+			  "elements at destination %p, source %p: an address not a multiple of "
+			  "the element size", sdev, k->elem, k->dst, k->src);
+		return;
+	}
 	d = resolve(k->dst, (size_t)(dmax + 1) * k->elem, sdev, true, "refitGpuCopyStrided",
 		    "destination", &dd, &dpin);
 	if (d)

@@ -399,6 +399,7 @@ static const err_row_t errs[] = {
 	{cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
 	{cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
 	 "an illegal memory access was encountered"},
+	{cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
 	{cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
 	{cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
 	{cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
