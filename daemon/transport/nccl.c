@@ -105,6 +105,7 @@ struct xport {
 	 * and the memory that work may still write was kept (never freed or
 	 * reused: device staging, the pinned buffer) */
 	char poison[REFIT_ERR_MSG_MAX];
+	bool dead;                /* mu: poisoned by a sticky CUDA error (poison_dead) */
 	uint64_t kept;            /* allocations kept so (not freed) */
 };
 
@@ -129,11 +130,41 @@ nccl_unavailable(void)
 	return gpu_load(1, why_buf, sizeof(why_buf)) ? NULL : why_buf;
 }
 
-static refit_status_t
-cuda_err(const gpu_api_t *a, cudaError_t e, const char *what, refit_err_t *err)
+static void poison_dead(xport_t *x, int32_t rank, const char *what, cudaError_t e);
+
+/*
+ * The errors after which, as CUDA documents them (driver_types.h), "the
+ * process must be terminated and relaunched": the device's context is dead
+ * and every later CUDA call returns the same error.
+ */
+static bool
+sticky(cudaError_t e)
 {
+	switch ((int)e) {
+	case cudaErrorIllegalAddress:      /* 700 */
+	case cudaErrorLaunchTimeout:       /* 702 */
+	case cudaErrorAssert:              /* 710 */
+	case cudaErrorHardwareStackError:  /* 714 */
+	case cudaErrorIllegalInstruction:  /* 715 */
+	case cudaErrorMisalignedAddress:   /* 716 */
+	case cudaErrorInvalidAddressSpace: /* 717 */
+	case cudaErrorInvalidPc:           /* 718 */
+	case cudaErrorLaunchFailure:       /* 719 */
+	case 721:                          /* cudaErrorTensorMemoryLeak (CUDA 12.8+) */
+	case 810:                          /* cudaErrorMpsClientTerminated */
+		return true;
+	default:
+		return false;
+	}
+}
+
+static refit_status_t
+cuda_err(xport_t *x, cudaError_t e, const char *what, refit_err_t *err)
+{
+	if (sticky(e))
+		poison_dead(x, -1, what, e);
 	return refit_err_set(err, REFIT_ERR_CUDA, "nccl transport: %s: %s (cudaError %d)", what,
-			     a->cudaGetErrorString(e), (int)e);
+			     x->api->cudaGetErrorString(e), (int)e);
 }
 
 static void
@@ -203,6 +234,8 @@ dfailed(const xport_t *x)
 static void
 dfail(xport_t *x, cudaError_t e, int32_t rank, const char *what)
 {
+	if (sticky(e))
+		poison_dead(x, rank, what, e);
 	refit_err_set(&x->derr, REFIT_ERR_CUDA, "nccl transport: rank %d: %s: %s (cudaError "
 		      "%d)", rank, what, x->api->cudaGetErrorString(e), (int)e);
 }
@@ -240,6 +273,34 @@ poison(xport_t *x, int32_t rank, const char *what)
 	pthread_mutex_unlock(&x->mu);
 	log_warnx("nccl: node %s: rank %d: %s: the node is poisoned (restart refitd)",
 		  x->node_id, rank, what);
+}
+
+/* A sticky CUDA error (what returned e, on rank's device; -1: not known):
+ * the context is dead, nothing of this process's CUDA works again, and the
+ * node must exit for systemd to restart refitd (nccl_poisoned says so).
+ * The first reason stays. */
+static void
+poison_dead(xport_t *x, int32_t rank, const char *what, cudaError_t e)
+{
+	char who[32] = "";
+	bool first;
+
+	if (rank >= 0)
+		snprintf(who, sizeof(who), "rank %d: ", (int)rank);
+	pthread_mutex_lock(&x->mu);
+	first = !x->dead;
+	if (first) {
+		x->dead = true;
+		snprintf(x->poison, sizeof(x->poison), "%s%s: %s (cudaError %d), a sticky CUDA "
+			 "error: the device's context is dead and every later CUDA call of "
+			 "refitd fails; refitd must restart", who, what,
+			 x->api->cudaGetErrorString(e), (int)e);
+	}
+	pthread_mutex_unlock(&x->mu);
+	if (first)
+		log_errorx("nccl: node %s: %s: %s (cudaError %d): a sticky CUDA error, the node is "
+			   "poisoned and exits", x->node_id, what, x->api->cudaGetErrorString(e),
+			   (int)e);
 }
 
 /* Poll stream st until it drained, for at most ms: true when it did (or
@@ -1049,7 +1110,7 @@ shrink_issue(xport_t *x, const int *excl, size_t nex, ncclComm_t *nc, refit_err_
 
 		c.blocking = 0;
 		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
-			rc = cuda_err(a, e, "cudaSetDevice", err);
+			rc = cuda_err(x, e, "cudaSetDevice", err);
 			break;
 		}
 		r = a->ncclCommShrink(cm->comm[i], (int *)excl, (int)nex, &nc[i], &c,
@@ -1199,7 +1260,7 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess ||
 		    (e = a->cudaStreamCreateWithFlags(&cm->stream[i], cudaStreamNonBlocking)) !=
 			    cudaSuccess) {
-			rc = cuda_err(a, e, "creating a stream", err);
+			rc = cuda_err(x, e, "creating a stream", err);
 			break;
 		}
 	}
@@ -1220,7 +1281,7 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 
 		c.blocking = 0;
 		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
-			rc = cuda_err(a, e, "cudaSetDevice", err);
+			rc = cuda_err(x, e, "cudaSetDevice", err);
 			break;
 		}
 		r = a->ncclCommInitRankConfig(&cm->comm[i], (int)w->nranks, w->id,
@@ -1386,7 +1447,7 @@ post_group(xport_t *x, const xport_op_t *ops, size_t n, refit_err_t *err)
 		if (ops[i].bytes == 0)
 			continue;
 		if ((e = a->cudaSetDevice(cm->dev[li])) != cudaSuccess) {
-			rc = cuda_err(a, e, "cudaSetDevice", err);
+			rc = cuda_err(x, e, "cudaSetDevice", err);
 			break;
 		}
 		r = ops[i].send ? a->ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, peer,
@@ -1466,7 +1527,7 @@ wait_group(xport_t *x, const xport_op_t *ops, size_t n, const xport_session_cfg_
 			ncclResult_t st;
 
 			if (e != cudaSuccess && e != cudaErrorNotReady)
-				return cuda_err(a, e, "point-to-point group", err);
+				return cuda_err(x, e, "point-to-point group", err);
 			/* after the query: an error set before the stream drained is seen */
 			st = comm_state(a, cm->comm[i]);
 			if (st != ncclSuccess && st != ncclInProgress)
@@ -1574,12 +1635,12 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	memcpy(&h, ipc, sizeof(h));
 	/* the current device is per thread: set it on this one */
 	if ((e = a->cudaSetDevice(dev)) != cudaSuccess)
-		return cuda_err(a, e, "cudaSetDevice", err);
+		return cuda_err(x, e, "cudaSetDevice", err);
 	if ((e = a->cudaIpcOpenMemHandle(&b, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess)
-		return cuda_err(a, e, "cudaIpcOpenMemHandle", err);
+		return cuda_err(x, e, "cudaIpcOpenMemHandle", err);
 	memset(&at, 0, sizeof(at));
 	if ((e = a->cudaPointerGetAttributes(&at, b)) != cudaSuccess) {
-		rc = cuda_err(a, e, "cudaPointerGetAttributes", err);
+		rc = cuda_err(x, e, "cudaPointerGetAttributes", err);
 		goto fail;
 	}
 	if (at.type != cudaMemoryTypeDevice || at.device != dev) {
@@ -1685,13 +1746,14 @@ nccl_stop(xport_t *x)
 	free(x);
 }
 
-static bool
+static xport_poison_t
 nccl_poisoned(xport_t *x, char *why, size_t len)
 {
-	bool p;
+	xport_poison_t p;
 
 	pthread_mutex_lock(&x->mu);
-	p = x->poison[0] != '\0';
+	p = x->dead ? XPORT_POISON_DEAD : x->poison[0] != '\0' ? XPORT_POISON_KEPT :
+		XPORT_POISON_NONE;
 	if (p && len)
 		snprintf(why, len, "%s", x->poison);
 	pthread_mutex_unlock(&x->mu);

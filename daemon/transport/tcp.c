@@ -738,13 +738,13 @@ tcp_mem_close(xport_t *x, void *base)
 	(void)base;
 }
 
-static bool
+static xport_poison_t
 tcp_poisoned(xport_t *x, char *why, size_t len)
 {
 	(void)x; /* no device work to outlive a session */
 	(void)why;
 	(void)len;
-	return false;
+	return XPORT_POISON_NONE;
 }
 
 const xport_ops_t xport_tcp_ops = XPORT_OPS("tcp", XPORT_MEM_HOST, tcp);

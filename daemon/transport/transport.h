@@ -150,6 +150,13 @@ typedef struct xport_world {
 	size_t id_len;
 } xport_world_t;
 
+/* A node's state as its transport says (xport_ops_t.poisoned). */
+typedef enum xport_poison {
+	XPORT_POISON_NONE = 0,
+	XPORT_POISON_KEPT,  /* memory kept for work that never ended: no more refits */
+	XPORT_POISON_DEAD,  /* the device's context is dead: the process must restart */
+} xport_poison_t;
+
 /* Where a backend moves data from: the clients' memory it takes. */
 typedef enum xport_mem {
 	XPORT_MEM_HOST,    /* shared host memory (memfd / shm segments) */
@@ -198,9 +205,10 @@ typedef struct xport_ops {
 	 * Whether this node runs no more refits until refitd restarts, and why
 	 * (into why, len bytes): nccl's poisoning (work on a stream never ended,
 	 * even after its communicators were aborted; the memory it may still
-	 * write is kept).  Any thread.  tcp: never.
+	 * write is kept), or a sticky CUDA error (the device's context is dead:
+	 * the process must exit).  Any thread.  tcp: never.
 	 */
-	bool (*poisoned)(xport_t *x, char *why, size_t len);
+	xport_poison_t (*poisoned)(xport_t *x, char *why, size_t len);
 } xport_ops_t;
 
 /* A backend's table from its functions prefix_name: a slot left out does

@@ -28,6 +28,7 @@ typedef struct copy_op {
 	bool memset;
 	int value;
 	bool hang;      /* REFIT_EMU_HANG_D2H: never ends, whatever aborts */
+	bool fault;     /* REFIT_EMU_FAULT_D2D: kills the context when it runs */
 } copy_op_t;
 
 typedef struct kernel_op {
@@ -97,6 +98,12 @@ copy_run(emu_op_t *op_, struct CUstream_st *s)
 	 * nothing, so the process may exit */
 	while (op->hang)
 		pause();
+	if (op->fault) {
+		emu_fault(cudaErrorIllegalAddress, "%s on device %d: device-to-device copy %llu "
+			  "faults (REFIT_EMU_FAULT_D2D)", op->what, sdev,
+			  (unsigned long long)emu_env()->fault_d2d);
+		return;
+	}
 	d = resolve(op->dst, dlen, sdev, false, op->what, "destination", &ddev, &dpin);
 
 	if (d && !op->memset)
@@ -204,6 +211,12 @@ copy_submit(copy_op_t *tmpl, int kind, cudaStream_t sh, bool sync)
 		if (op->hang)
 			emu_say("%s: device-to-host copy %llu never ends (REFIT_EMU_HANG_D2H)", w,
 				(unsigned long long)emu_env()->hang_d2h);
+	}
+	if (!tmpl->memset && emu_env()->fault_d2d && emu_is_dev_addr(tmpl->dst) &&
+	    emu_is_dev_addr(tmpl->src)) {
+		static _Atomic uint64_t d2d;
+
+		op->fault = ++d2d == emu_env()->fault_d2d;
 	}
 	op->h.run = copy_run;
 	op->h.fini = op_free;

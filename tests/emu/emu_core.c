@@ -175,6 +175,18 @@ env_parse(void)
 		}
 		env.hang_d2h = n;
 	}
+	s = getenv("REFIT_EMU_FAULT_D2D");
+	env.fault_d2d = 0;
+	if (s && *s) {
+		unsigned long long n = strtoull(s, &end, 10);
+
+		if (*end || *s < '0' || *s > '9') {
+			emu_say("REFIT_EMU_FAULT_D2D=\"%s\": want the number of the device-to-device "
+				"copy that kills the context (1: the first; 0: none)", s);
+			return -1;
+		}
+		env.fault_d2d = n;
+	}
 	s = getenv("REFIT_EMU_DIR");
 	if (s && *s)
 		snprintf(env.dir, sizeof(env.dir), "%s", s);

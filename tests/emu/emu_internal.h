@@ -41,6 +41,8 @@ typedef struct emu_env {
 	int nccl_version;         /* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says */
 	uint64_t hang_d2h;        /* REFIT_EMU_HANG_D2H: this device-to-host copy of the
 				     process (counted from 1) never ends (0: none) */
+	uint64_t fault_d2d;       /* REFIT_EMU_FAULT_D2D: this device-to-device copy of
+				     the process (counted from 1) kills the context */
 } emu_env_t;
 
 /* Initialise once (environment, address space); NULL when that failed (and

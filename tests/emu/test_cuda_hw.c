@@ -1,7 +1,8 @@
 /*
  * test_cuda_hw.c - rule tests of what a GPU enforces on the data path that
  * a host loop would not (see README.md): the strided-copy kernel's element
- * accesses must be aligned to the element size.
+ * accesses must be aligned to the element size; and a GPU fault on demand
+ * (REFIT_EMU_FAULT_D2D), for the handling of sticky errors.
  */
 #include "tests/emu/test_emu.h"
 
@@ -50,7 +51,32 @@ t_kernel_misaligned_dst(void)
 	CUIS(cudaStreamSynchronize(s), cudaErrorMisalignedAddress);
 }
 
+/*
+ * REFIT_EMU_FAULT_D2D=2 (set by the driver): the second device-to-device
+ * copy kills the context when it runs (a GPU fault refit's own code did not
+ * cause, for the daemon's handling of sticky errors); the first runs.
+ */
+static void
+t_fault_d2d(void)
+{
+	uint8_t *a, *b, h[64];
+	cudaStream_t s = stream_nb();
+
+	CU(cudaMalloc((void **)&a, 64));
+	CU(cudaMalloc((void **)&b, 64));
+	memset(h, 5, sizeof(h));
+	CU(cudaMemcpyAsync(a, h, 64, cudaMemcpyHostToDevice, s));
+	CU(cudaMemcpyAsync(b, a, 64, cudaMemcpyDeviceToDevice, s));
+	CU(cudaStreamSynchronize(s));
+	CU(cudaMemcpyAsync(a, b, 64, cudaMemcpyDeviceToDevice, s));
+	CUIS(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
+	CUIS(cudaMalloc((void **)&a, 16), cudaErrorIllegalAddress);
+	CK(strstr(counters().sticky, "REFIT_EMU_FAULT_D2D") != NULL, "sticky text: %s",
+	   counters().sticky);
+}
+
 const test_t hw_tests[] = {
 	TEST(kernel_misaligned_sticky), TEST(kernel_misaligned_dst),
+	TEST_ENV(fault_d2d, "REFIT_EMU_FAULT_D2D=2"),
 };
 const size_t nhw_tests = sizeof(hw_tests) / sizeof(hw_tests[0]);
