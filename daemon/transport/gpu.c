@@ -515,4 +515,39 @@ gpu_load(int need_device, char *why, size_t n)
 	pthread_mutex_unlock(&mu);
 	return r;
 }
+
+int
+gpu_ipc_handle_parse(const void *ipc, size_t len, cudaIpcMemHandle_t *out, char *why,
+		     size_t n)
+{
+	const unsigned char *b = ipc;
+
+	if (len == sizeof(*out)) {
+		memcpy(out, b, sizeof(*out));
+		return 0;
+	}
+	if (len >= 2 && b[1] == GPU_TORCH_HANDLE_VMM) {
+		snprintf(why, n, "the memory is PyTorch's expandable segments (a shareable "
+			 "handle of type 'e'): expandable segments / VMM memory cannot be "
+			 "exported by legacy CUDA IPC; set PYTORCH_CUDA_ALLOC_CONF="
+			 "expandable_segments:False");
+		return -1;
+	}
+	if (len == 2 + sizeof(*out) && b[0] == GPU_TORCH_HANDLE_VERSION &&
+	    b[1] == GPU_TORCH_HANDLE_CUDA_MALLOC) {
+		memcpy(out, b + 2, sizeof(*out));
+		return 0;
+	}
+	if (len >= 2 && b[0] != GPU_TORCH_HANDLE_VERSION)
+		snprintf(why, n, "the CUDA IPC handle given has %zu bytes and starts with "
+			 "byte %u: neither a cudaIpcMemHandle_t (%zu bytes) nor a PyTorch "
+			 "shareable handle of version %d", len, b[0], sizeof(*out),
+			 GPU_TORCH_HANDLE_VERSION);
+	else
+		snprintf(why, n, "the CUDA IPC handle given has %zu bytes%s: neither a "
+			 "cudaIpcMemHandle_t (%zu bytes) nor a PyTorch shareable handle of "
+			 "type 'c' (%zu bytes)", len, len >= 2 ? ", type byte" : "",
+			 sizeof(*out), 2 + sizeof(*out));
+	return -1;
+}
 #endif

@@ -131,4 +131,26 @@ void gpu_root_release(gpu_root_t *r);
 /* The holder's main: returns the exit status. */
 int gpu_root_holder_main(void);
 
+#ifdef REFIT_HAVE_NCCL
+/*
+ * PyTorch's shareable handle (c10/cuda/CUDACachingAllocator.cpp,
+ * shareIpcHandle; what storage._share_cuda_() answers as its handle): a
+ * version byte, a type byte, then for type 'c' (memory of cudaMalloc) the
+ * cudaIpcMemHandle_t of the allocation's base; type 'e' (expandable
+ * segments, memory of the driver's VMM API) carries another format.
+ */
+#define GPU_TORCH_HANDLE_VERSION 2
+#define GPU_TORCH_HANDLE_CUDA_MALLOC 'c'
+#define GPU_TORCH_HANDLE_VMM 'e'
+
+/*
+ * The cudaIpcMemHandle_t in the len bytes a client gave (ipc): the handle
+ * itself, or PyTorch's shareable handle of type 'c' (its 2-byte header
+ * stripped).  Type 'e' is refused: VMM memory cannot be opened by
+ * cudaIpcOpenMemHandle.  0, or -1 and why (n bytes).  Any thread.
+ */
+int gpu_ipc_handle_parse(const void *ipc, size_t len, cudaIpcMemHandle_t *out, char *why,
+			 size_t n);
+#endif
+
 #endif

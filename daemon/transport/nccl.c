@@ -1616,12 +1616,11 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	cudaError_t e;
 	void *b = NULL;
 	refit_status_t rc;
+	char why[320];
 
 	*base = NULL;
-	if (len != sizeof(h))
-		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the CUDA IPC handle "
-				     "given has %zu bytes; a cudaIpcMemHandle_t has %zu", rank,
-				     len, sizeof(h));
+	if (gpu_ipc_handle_parse(ipc, len, &h, why, sizeof(why)) != 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: %s", rank, why);
 	if (dev < 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d is not served by this "
 				     "node", rank);
@@ -1632,7 +1631,6 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	if (bytes == 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes (the size "
 				     "of the allocation) is 0", rank);
-	memcpy(&h, ipc, sizeof(h));
 	/* the current device is per thread: set it on this one */
 	if ((e = a->cudaSetDevice(dev)) != cudaSuccess)
 		return cuda_err(x, e, "cudaSetDevice", err);

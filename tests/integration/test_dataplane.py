@@ -666,7 +666,8 @@ def relay_staging_bounded():
 
 
 def bad_gpu_registrations():
-    """nccl: GPU memory is checked where it is opened: the handle's size, the
+    """nccl: GPU memory is checked where it is opened: the handle's size and
+    format (PyTorch's 66-byte shareable handles: 'c' taken, 'e' refused), the
     device the client says, the device the memory is on, cuda_bytes."""
     import ctypes
     os.environ.update(harness.host_env(MAIN.host(0)))
@@ -699,7 +700,18 @@ def bad_gpu_registrations():
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0[:10], cuda_bytes=256,
                                                  offsets=[0]), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT,
-                     "the CUDA IPC handle given has 10 bytes; a cudaIpcMemHandle_t has 64")
+                     "the CUDA IPC handle given has 10 bytes")
+        # PyTorch's shareable handle (_share_cuda_()): version 2, type, handle;
+        # 'e' (expandable segments) cannot be opened by legacy IPC
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=b"\x02e" + h0,
+                                                 cuda_bytes=256, offsets=[0]), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     "expandable segments / VMM memory cannot be exported by legacy CUDA "
+                     "IPC; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=b"\x07c" + h0,
+                                                 cuda_bytes=256, offsets=[0]), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     "nor a PyTorch shareable handle of version 2")
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
                                                  offsets=[0], cuda_device=2,
                                                  has_cuda_device=True), good1]),
@@ -716,6 +728,10 @@ def bad_gpu_registrations():
                                   good1]),
                      grpc.StatusCode.INVALID_ARGUMENT, "give a CUDA IPC handle")
         ok = reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256, offsets=[0]), good1])
+        assert ok.client_id > 0
+        st.Unregister(pb.ClientRequest(client_id=ok.client_id), timeout=5)
+        ok = reg([pb.PieceMemory(rank=0, cuda_ipc=b"\x02c" + h0, cuda_bytes=256,
+                                 offsets=[0]), good1])
         assert ok.client_id > 0
         st.Unregister(pb.ClientRequest(client_id=ok.client_id), timeout=5)
         assert st.Hello(pb.HelloRequest(), timeout=5).joined
@@ -778,8 +794,8 @@ try:
         check("a refit installs on the healthy instances and names the skipped ones; "
               "strict policy", skip_unhealthy)
     else:
-        check("bad GPU registrations: handle size, device said, device of the memory, "
-              "cuda_bytes", bad_gpu_registrations)
+        check("bad GPU registrations: handle size and format, device said, device of the "
+              "memory, cuda_bytes", bad_gpu_registrations)
         check("the NCCL version is logged; below 2.27 refitd refuses nccl, naming both",
               nccl_version_checked)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
