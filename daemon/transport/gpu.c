@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -369,6 +370,43 @@ load_kernels(void *cudart)
 	return 0;
 }
 
+/*
+ * NCCL reads its NCCL_* environment when it initialises.  Every one of them
+ * is logged, so what NCCL ran with is on record; two break refit's design
+ * and are refused (0, or -1 and load_why):
+ *   - NCCL_COMM_BLOCKING=1 (any value but 0) overrides the non-blocking
+ *     config of every communicator (NCCL's docs: "Setting this environment
+ *     variable will override the blocking configuration in all
+ *     communicators"): init, groups and destroy would block the transport's
+ *     thread past every deadline and abort;
+ *   - NCCL_LAUNCH_MODE=GROUP makes the kernel launches of one process's
+ *     devices wait for each other, where refit runs each rank's operations
+ *     as their own non-blocking group.
+ */
+static int
+check_nccl_env(void)
+{
+	const char *b = getenv("NCCL_COMM_BLOCKING"), *l = getenv("NCCL_LAUNCH_MODE");
+
+	for (char **e = environ; *e; e++)
+		if (strncmp(*e, "NCCL_", 5) == 0)
+			log_info("gpu: environment: %s", *e);
+	if (b && *b && strtol(b, NULL, 10) != 0) {
+		snprintf(load_why, sizeof(load_why), "NCCL_COMM_BLOCKING=%s in refitd's "
+			 "environment makes every NCCL communicator blocking, and refit's "
+			 "deadlines and aborts need non-blocking ones: unset it (or set 0)", b);
+		return -1;
+	}
+	if (l && strcasecmp(l, "GROUP") == 0) {
+		snprintf(load_why, sizeof(load_why), "NCCL_LAUNCH_MODE=%s in refitd's "
+			 "environment makes the launches of its devices wait for each other; "
+			 "refit runs each rank's operations as a non-blocking group of their "
+			 "own: unset it (or set PARALLEL)", l);
+		return -1;
+	}
+	return 0;
+}
+
 static int
 load(void)
 {
@@ -442,7 +480,7 @@ load(void)
 	}
 	SYM(nccl, ncclCommShrink);
 	*(void **)&api.ncclGetLastError = dlsym(nccl, "ncclGetLastError"); /* optional */
-	if (load_kernels(cudart) != 0)
+	if (load_kernels(cudart) != 0 || check_nccl_env() != 0)
 		return -1;
 	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s",
 		 api.cuda_path, api.nccl_version / 10000, api.nccl_version / 100 % 100,

@@ -762,6 +762,28 @@ def nccl_version_checked():
             "2.26.10; refit needs 2.27 or newer") in out.stderr, out.stderr
 
 
+def nccl_environment_checked():
+    """Issue 24, item 5: refitd logs every NCCL_* variable it runs with, and
+    refuses NCCL_COMM_BLOCKING=1 and NCCL_LAUNCH_MODE=GROUP (they break the
+    non-blocking communicators and groups), naming the variable."""
+    with open(MAIN.log.name) as f:
+        log = f.read()
+    assert "gpu: environment: NCCL_HOSTID=" in log, log[-3000:]
+    for var, val in (("NCCL_COMM_BLOCKING", "1"), ("NCCL_LAUNCH_MODE", "group")):
+        env = harness.host_env("blockingnccl")
+        env.pop("REFIT_EMU_COUNTERS", None)
+        env[var] = val
+        args = harness.node_spawn_args(MAIN, "blockingnccl", "41-41")
+        # no coordinator there: a refitd that wrongly starts joins nothing
+        args[args.index("--coordinator") + 1] = f"127.0.0.1:{harness.free_port()}"
+        try:
+            out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"refitd started with {var}={val}")
+        assert out.returncode != 0, out
+        assert f"{var}={val} in refitd's environment" in out.stderr, out.stderr
+
+
 try:
     check("random layout pairs, reshard and broadcast, several models at once, byte-exact",
           random_pairs)
@@ -798,6 +820,8 @@ try:
               "memory, cuda_bytes", bad_gpu_registrations)
         check("the NCCL version is logged; below 2.27 refitd refuses nccl, naming both",
               nccl_version_checked)
+        check("NCCL_* variables are logged; NCCL_COMM_BLOCKING=1 and NCCL_LAUNCH_MODE=GROUP "
+              "are refused, naming the variable", nccl_environment_checked)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
           mixed_transports_refused)
 finally:
