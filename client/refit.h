@@ -53,6 +53,11 @@ typedef struct refit_mem {
 	 * device it runs the rank on (it checks the memory itself either way) */
 	int has_cuda_device;
 	int32_t cuda_device;
+	/* GPU memory: the UUID of the allocation's GPU (cuDeviceGetUuid, 16
+	 * bytes; NULL: not said).  The node daemon checks it is the GPU it runs
+	 * the rank on, and then ignores cuda_device: under CUDA_VISIBLE_DEVICES
+	 * (Ray, vLLM, torchrun) a process numbers its GPUs from 0. */
+	const uint8_t *cuda_uuid;
 } refit_mem_t;
 
 typedef struct refit_registration {

@@ -257,13 +257,15 @@ open_lib(const char *cfg, const char *env, const char *key, const char *const *n
 	} while (0)
 
 /*
- * cuMemGetAddressRange through the runtime (the driver's libcuda is not
- * loaded here): cudaGetDriverEntryPointByVersion (CUDA 12.5 and later),
- * else cudaGetDriverEntryPoint (12.0 to 12.4; deprecated in 13).  The node
- * needs it to check a client's cuda_bytes against the mapping it opened.
+ * Driver functions through the runtime (the driver's libcuda is not loaded
+ * here): cudaGetDriverEntryPointByVersion (CUDA 12.5 and later), else
+ * cudaGetDriverEntryPoint (12.0 to 12.4; deprecated in 13).  The node needs
+ * cuMemGetAddressRange to check a client's cuda_bytes against the mapping it
+ * opened, and cuDeviceGetUuid (its _v2 at version 12000) to know which of
+ * its devices a client's UUID names.
  */
 static int
-load_mem_range(void *cudart)
+load_driver_fn(void *cudart, const char *name, void **out, const char *use)
 {
 	typedef cudaError_t (*by_version_fn)(const char *, void **, unsigned int,
 					     unsigned long long, int *);
@@ -277,24 +279,22 @@ load_mem_range(void *cudart)
 	*(void **)&byv = dlsym(cudart, "cudaGetDriverEntryPointByVersion");
 	*(void **)&ent = dlsym(cudart, "cudaGetDriverEntryPoint");
 	if (byv != NULL)
-		e = byv("cuMemGetAddressRange", &fn, 12000, 0 /* cudaEnableDefault */, &qr);
+		e = byv(name, &fn, 12000, 0 /* cudaEnableDefault */, &qr);
 	else if (ent != NULL)
-		e = ent("cuMemGetAddressRange", &fn, 0 /* cudaEnableDefault */, &qr);
+		e = ent(name, &fn, 0 /* cudaEnableDefault */, &qr);
 	if (byv == NULL && ent == NULL) {
 		snprintf(load_why, sizeof(load_why), "%s has neither "
 			 "cudaGetDriverEntryPointByVersion nor cudaGetDriverEntryPoint (CUDA "
-			 "12.0 or newer is needed: cuMemGetAddressRange checks the size of "
-			 "clients' memory)", api.cuda_path);
+			 "12.0 or newer is needed: %s %s)", api.cuda_path, name, use);
 		return -1;
 	}
 	if (e != cudaSuccess || fn == NULL) {
-		snprintf(load_why, sizeof(load_why), "%s: the driver's cuMemGetAddressRange is "
-			 "not available (%s, query result %d): it checks the size of clients' "
-			 "memory", api.cuda_path, e != cudaSuccess ? api.cudaGetErrorString(e) :
-			 "no such function", qr);
+		snprintf(load_why, sizeof(load_why), "%s: the driver's %s is not available (%s, "
+			 "query result %d): it %s", api.cuda_path, name, e != cudaSuccess ?
+			 api.cudaGetErrorString(e) : "no such function", qr, use);
 		return -1;
 	}
-	*(void **)&api.mem_range = fn;
+	*out = fn;
 	return 0;
 }
 
@@ -445,7 +445,10 @@ load(void)
 	SYM(cudart, cudaGetLastError);
 	SYM(cudart, cudaDriverGetVersion);
 	SYM(cudart, cudaPointerGetAttributes);
-	if (load_mem_range(cudart) != 0)
+	if (load_driver_fn(cudart, "cuMemGetAddressRange", (void **)&api.mem_range,
+			   "checks the size of clients' memory") != 0 ||
+	    load_driver_fn(cudart, "cuDeviceGetUuid", (void **)&api.device_uuid,
+			   "tells which device a client's memory is on") != 0)
 		return -1;
 	SYM(nccl, ncclGetUniqueId);
 	SYM(nccl, ncclCommInitRankConfig);

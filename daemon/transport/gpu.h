@@ -42,6 +42,11 @@
  */
 typedef int (*gpu_mem_range_fn)(unsigned long long *base, size_t *size,
 				unsigned long long ptr);
+/* cuDeviceGetUuid (cuda.h: CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice
+ * dev), dev an ordinal of this process): the 16 bytes that name a GPU in
+ * every process, whatever CUDA_VISIBLE_DEVICES says. */
+#define GPU_UUID_BYTES 16
+typedef int (*gpu_uuid_fn)(unsigned char *uuid, int dev);
 
 #define GPU_FN(name) __typeof__(name) *name
 typedef struct gpu_api {
@@ -81,6 +86,7 @@ typedef struct gpu_api {
 	GPU_FN(ncclCommShrink);
 	GPU_FN(ncclGetLastError); /* optional: NULL when the library lacks it */
 	gpu_mem_range_fn mem_range;            /* cuMemGetAddressRange */
+	gpu_uuid_fn device_uuid;               /* cuDeviceGetUuid */
 	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
 	int ndevices;
 	int nccl_version;         /* ncclGetVersion's code, e.g. 22809 */

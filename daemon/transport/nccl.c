@@ -1605,9 +1605,53 @@ nccl_close(xport_session_t *s)
 	free(s);
 }
 
+/* uuid as nvidia-smi writes it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx */
+static void
+uuid_str(const uint8_t *u, char *out, size_t n)
+{
+	size_t o = (size_t)snprintf(out, n, "GPU-");
+
+	for (int i = 0; i < GPU_UUID_BYTES && o + 3 < n; i++)
+		o += (size_t)snprintf(out + o, n - o, "%s%02x",
+				      i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "", u[i]);
+}
+
+/*
+ * The GPU a client named by UUID must be the device this node runs rank on
+ * (dev): the client's own ordinal means nothing here (CUDA_VISIBLE_DEVICES
+ * numbers every process's GPUs from 0).
+ */
+static refit_status_t
+uuid_check(xport_t *x, int32_t rank, const uint8_t *uuid, int dev, refit_err_t *err)
+{
+	const gpu_api_t *a = x->api;
+	char s[64];
+	int here = -1, r = 0;
+
+	for (int d = 0; d < a->ndevices && here < 0; d++) {
+		unsigned char u[GPU_UUID_BYTES];
+
+		if ((r = a->device_uuid(u, d)) == 0 && memcmp(u, uuid, GPU_UUID_BYTES) == 0)
+			here = d;
+		else if (r != 0)
+			return refit_err_set(err, REFIT_ERR_CUDA, "rank %d: cuDeviceGetUuid of CUDA "
+					     "device %d failed (CUresult %d)", rank, d, r);
+	}
+	uuid_str(uuid, s, sizeof(s));
+	if (here < 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the client's memory "
+				     "is on %s, which is none of this node's %d CUDA devices",
+				     rank, s, a->ndevices);
+	if (here != dev)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the client's memory "
+				     "is on %s, CUDA device %d here, but this node runs rank %d "
+				     "on device %d (gpu_devices)", rank, s, here, rank, dev);
+	return REFIT_OK;
+}
+
 static refit_status_t
 nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t device,
-	      uint64_t bytes, void **base, refit_err_t *err)
+	      const uint8_t *uuid, uint64_t bytes, void **base, refit_err_t *err)
 {
 	const gpu_api_t *a = x->api;
 	cudaIpcMemHandle_t h;
@@ -1624,7 +1668,9 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	if (dev < 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d is not served by this "
 				     "node", rank);
-	if (device >= 0 && device != dev)
+	if (uuid != NULL)
+		CHECK(uuid_check(x, rank, uuid, dev, err));
+	else if (device >= 0 && device != dev)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the client's memory "
 				     "is on CUDA device %d, but this node runs rank %d on device "
 				     "%d (gpu_devices)", rank, device, rank, dev);

@@ -719,12 +719,13 @@ tcp_dev(xport_session_t *s)
 
 static refit_status_t
 tcp_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t device,
-	     uint64_t bytes, void **base, refit_err_t *err)
+	     const uint8_t *uuid, uint64_t bytes, void **base, refit_err_t *err)
 {
 	(void)x;
 	(void)ipc;
 	(void)len;
 	(void)device;
+	(void)uuid;
 	(void)bytes;
 	*base = NULL;
 	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: GPU memory (a CUDA IPC "

@@ -193,13 +193,16 @@ typedef struct xport_ops {
 	void (*close)(xport_session_t *s);
 	void (*stop)(xport_t *x);
 	/*
-	 * Client memory from a CUDA IPC handle, opened on rank's device; device:
-	 * the ordinal the client says it allocated on (-1: not said), bytes: the
-	 * allocation's size the client gives; both are checked against the
-	 * memory.  mem_close unmaps what mem_open gave.
+	 * Client memory from a CUDA IPC handle, opened on rank's device; uuid:
+	 * the UUID (16 bytes) of the GPU the client says it allocated on (NULL:
+	 * not said), else device: the ordinal it says (-1: not said; an ordinal
+	 * of the client's process); bytes: the allocation's size the client
+	 * gives; all are checked against the memory.  mem_close unmaps what
+	 * mem_open gave.
 	 */
 	refit_status_t (*mem_open)(xport_t *x, int32_t rank, const void *ipc, size_t len,
-				   int32_t device, uint64_t bytes, void **base, refit_err_t *err);
+				   int32_t device, const uint8_t *uuid, uint64_t bytes,
+				   void **base, refit_err_t *err);
 	void (*mem_close)(xport_t *x, void *base);
 	/*
 	 * Whether this node runs no more refits until refitd restarts, and why

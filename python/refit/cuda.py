@@ -44,9 +44,23 @@ def ipc_handle(h):
                      f"nor a shareable handle of version {TORCH_HANDLE_VERSION}, type 'c'")
 
 
+def device_uuid(device):
+    """The 16-byte UUID of CUDA device `device` (an ordinal of this process),
+    as torch reads it (cudaDeviceProp.uuid); None where torch has no CUDA or
+    no UUID to give.  The node daemon knows its GPUs by UUID: under
+    CUDA_VISIBLE_DEVICES each process numbers its GPUs from 0."""
+    try:
+        import torch
+        u = torch.cuda.get_device_properties(device).uuid
+        return bytes(u.bytes)
+    except (ImportError, AttributeError, AssertionError, RuntimeError, TypeError,
+            ValueError):
+        return None
+
+
 def ipc_piece(t):
-    """dict(cuda_ipc=bytes, cuda_bytes=int, offset=int, device=int) of a torch
-    CUDA tensor, for refit_mem_t."""
+    """dict(cuda_ipc=bytes, cuda_bytes=int, offset=int, device=int, uuid=bytes or
+    None) of a torch CUDA tensor, for refit_mem_t."""
     if not getattr(t, "is_cuda", False):
         raise ValueError("refit: ipc_piece() takes a torch CUDA tensor")
     st = t.storage()
@@ -59,4 +73,4 @@ def ipc_piece(t):
         raise ValueError("refit: torch returned no CUDA IPC handle for this tensor")
     return {"cuda_ipc": ipc_handle(handle), "cuda_bytes": int(offset_bytes) + int(size_bytes),
             "offset": int(offset_bytes) + t.storage_offset() * t.element_size(),
-            "device": int(device)}
+            "device": int(device), "uuid": device_uuid(int(device))}

@@ -421,8 +421,37 @@ emu_cu_mem_get_address_range(unsigned long long *pbase, size_t *psize, unsigned 
 }
 
 /*
- * cudaGetDriverEntryPointByVersion (cuda_runtime_api.h, CUDA 12.5+): the one
- * driver function refit asks for, cuMemGetAddressRange.  Any other symbol:
+ * The driver's cuDeviceGetUuid (cuda.h: CUresult cuDeviceGetUuid(CUuuid
+ * *uuid, CUdevice dev), dev an ordinal of this process): 16 bytes that name
+ * the host's device, the same in every process of the host whatever
+ * CUDA_VISIBLE_DEVICES says ("REFITEMU", the host's hash, the device).
+ * 101 (CUDA_ERROR_INVALID_DEVICE) for an ordinal this process lacks, 1
+ * (CUDA_ERROR_INVALID_VALUE) for NULL.
+ */
+static int
+emu_cu_device_get_uuid(unsigned char *uuid, int dev)
+{
+	const emu_env_t *env = emu_env();
+	uint32_t h;
+
+	if (env == NULL || emu_sticky() != cudaSuccess)
+		return env ? (int)emu_sticky() : 3;
+	if (uuid == NULL)
+		return 1;
+	if (emu_phys(dev) < 0)
+		return 101;
+	memcpy(uuid, "REFITEMU", 8);
+	h = (uint32_t)(env->host_hash ^ (env->host_hash >> 32));
+	memcpy(uuid + 8, &h, 4);
+	uuid[12] = uuid[13] = uuid[14] = 0;
+	uuid[15] = (unsigned char)emu_phys(dev);
+	return 0;
+}
+
+/*
+ * cudaGetDriverEntryPointByVersion (cuda_runtime_api.h, CUDA 12.5+): the
+ * driver functions refit asks for, cuMemGetAddressRange and
+ * cuDeviceGetUuid.  Any other symbol:
  * cudaSuccess with *funcPtr NULL and cudaDriverEntryPointSymbolNotFound, as
  * the runtime says of a symbol it does not know; a version above the
  * emulated driver's (13000) → cudaErrorInvalidValue.
@@ -447,6 +476,8 @@ cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned in
 	if (strcmp(symbol, "cuMemGetAddressRange") == 0)
 		*(int (**)(unsigned long long *, size_t *, unsigned long long))funcPtr =
 			emu_cu_mem_get_address_range;
+	else if (strcmp(symbol, "cuDeviceGetUuid") == 0)
+		*(int (**)(unsigned char *, int))funcPtr = emu_cu_device_get_uuid;
 	if (driverStatus)
 		*driverStatus = *funcPtr ? cudaDriverEntryPointSuccess :
 					   cudaDriverEntryPointSymbolNotFound;
@@ -549,8 +580,9 @@ cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 		a = tab[i];
 	if (a && !a->ipc) {
 		/* like CUDA: the handle names the whole allocation, whatever p is */
-		ih = (struct ipc_handle){IPC_MAGIC, a->dev, emu_env()->host_hash, a->pid, 0,
-					 a->seq, 0, a->size, dir_hash()};
+		/* the host's device: the importer may number it otherwise */
+		ih = (struct ipc_handle){IPC_MAGIC, emu_phys(a->dev), emu_env()->host_hash,
+					 a->pid, 0, a->seq, 0, a->size, dir_hash()};
 	}
 	pthread_mutex_unlock(&mu);
 	if (a == NULL)
@@ -593,16 +625,20 @@ ipc_check(const struct ipc_handle *ih, unsigned flags)
 		return emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: the "
 				"exporter used another REFIT_EMU_DIR than \"%s\" (all processes "
 				"of a host must share it)", env->dir);
-	if (ih->dev >= env->ndev)
+	if (ih->dev >= env->nphys)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle: device "
-				"%d of %d", ih->dev, env->ndev);
+				"%d of %d", ih->dev, env->nphys);
+	if (emu_ord(ih->dev) < 0)
+		return emu_fail(cudaErrorInvalidDevice, "cudaIpcOpenMemHandle: the memory is on "
+				"the host's device %d, which this process does not see "
+				"(CUDA_VISIBLE_DEVICES)", ih->dev);
 	if (ih->pid == (int)getpid())
 		return emu_fail(cudaErrorDeviceUninitialized, "cudaIpcOpenMemHandle: the "
 				"handle is of this process's own allocation");
-	if (ih->dev != cur && !(flags & cudaIpcMemLazyEnablePeerAccess))
+	if (emu_ord(ih->dev) != cur && !(flags & cudaIpcMemLazyEnablePeerAccess))
 		return emu_fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: memory of device "
 				"%d opened on device %d without "
-				"cudaIpcMemLazyEnablePeerAccess", ih->dev, cur);
+				"cudaIpcMemLazyEnablePeerAccess", emu_ord(ih->dev), cur);
 	return cudaSuccess;
 }
 
@@ -631,7 +667,7 @@ cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 	pthread_mutex_unlock(&mu);
 	if ((a = calloc(1, sizeof(*a))) == NULL)
 		return emu_fail(cudaErrorMemoryAllocation, "cudaIpcOpenMemHandle: out of memory");
-	*a = (emu_alloc_t){.size = ih.size, .dev = ih.dev, .ipc = true, .ipc_refs = 1,
+	*a = (emu_alloc_t){.size = ih.size, .dev = emu_ord(ih.dev), .ipc = true, .ipc_refs = 1,
 			   .pid = ih.pid, .seq = ih.seq};
 	snprintf(a->path, sizeof(a->path), "%s/mem/%d.%llu", emu_env()->dir, ih.pid,
 		 (unsigned long long)ih.seq);

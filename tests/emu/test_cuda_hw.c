@@ -1,8 +1,10 @@
 /*
  * test_cuda_hw.c - rule tests of what a GPU enforces on the data path that
  * a host loop would not (see README.md): the strided-copy kernel's element
- * accesses must be aligned to the element size; and a GPU fault on demand
- * (REFIT_EMU_FAULT_D2D), for the handling of sticky errors.
+ * accesses must be aligned to the element size; device ordinals are per
+ * process (CUDA_VISIBLE_DEVICES) and UUIDs name devices across processes;
+ * and a GPU fault on demand (REFIT_EMU_FAULT_D2D), for the handling of
+ * sticky errors.
  */
 #include "tests/emu/test_emu.h"
 
@@ -75,7 +77,115 @@ t_fault_d2d(void)
 	   counters().sticky);
 }
 
+typedef int (*uuid_fn)(unsigned char *uuid, int dev);
+
+/* cuDeviceGetUuid, through the runtime's entry point */
+static uuid_fn
+uuid_get(void)
+{
+	enum cudaDriverEntryPointQueryResult st;
+	void *fn = NULL;
+
+	CU(cudaGetDriverEntryPointByVersion("cuDeviceGetUuid", &fn, 12000, 0, &st));
+	CK(fn != NULL && st == cudaDriverEntryPointSuccess, "no cuDeviceGetUuid");
+	return (uuid_fn)fn;
+}
+
+static int to_parent[2], to_child[2], to_importer[2];
+
+/* CUDA_VISIBLE_DEVICES=2,0: two devices, ordinal 0 is the host's device 2;
+ * memory of it exported, its UUID said; kept until the parent is done. */
+static void
+visible_exporter(int arg)
+{
+	cudaIpcMemHandle_t h;
+	unsigned char u[16];
+	int n = 0;
+	void *d;
+	char k;
+
+	(void)arg;
+	setenv("CUDA_VISIBLE_DEVICES", "2,0", 1);
+	CU(cudaGetDeviceCount(&n));
+	CK(n == 2, "%d devices under CUDA_VISIBLE_DEVICES=2,0", n);
+	CUIS(cudaSetDevice(2), cudaErrorInvalidDevice);
+	CK(uuid_get()(u, 0) == 0, "cuDeviceGetUuid(0)");
+	CU(cudaSetDevice(0));
+	CU(cudaMalloc(&d, 256));
+	CU(cudaMemset(d, 7, 256));
+	CU(cudaIpcGetMemHandle(&h, d));
+	put(to_parent[1], u, sizeof(u));
+	put(to_parent[1], &h, sizeof(h));
+	get(to_child[0], &k, 1);
+	CU(cudaFree(d));
+}
+
+/* CUDA_VISIBLE_DEVICES=1: the host's device 2 is not there. */
+static void
+hidden_importer(int arg)
+{
+	cudaIpcMemHandle_t h;
+	void *p;
+
+	(void)arg;
+	setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+	get(to_importer[0], &h, sizeof(h));
+	CUIS(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), cudaErrorInvalidDevice);
+}
+
+/*
+ * Ordinals are per process under CUDA_VISIBLE_DEVICES; what names a device
+ * across processes is its UUID (cuDeviceGetUuid) and, in an IPC handle, the
+ * host's device: memory a process allocated on its ordinal 0 is opened on
+ * the host's device 2 by a process that sees every device.
+ */
+static void
+t_visible_devices_uuid(void)
+{
+	unsigned char u[16], mine[16], other[16];
+	cudaIpcMemHandle_t h;
+	struct cudaPointerAttributes at;
+	uint8_t b[256];
+	pid_t ex, im;
+	void *p;
+
+	CK(pipe(to_parent) == 0 && pipe(to_child) == 0 && pipe(to_importer) == 0, "pipe");
+	ex = spawn(visible_exporter, 0, NULL);
+	close(to_parent[1]); /* a failed exporter closes the pipe: no wait for the alarm */
+	get(to_parent[0], u, sizeof(u));
+	get(to_parent[0], &h, sizeof(h));
+	im = spawn(hidden_importer, 0, NULL);
+	put(to_importer[1], &h, sizeof(h));
+	reap_ok(im);
+	CK(uuid_get()(mine, 2) == 0 && uuid_get()(other, 0) == 0, "cuDeviceGetUuid");
+	CK(memcmp(u, mine, 16) == 0, "the exporter's ordinal 0 is not the host's device 2 "
+	   "by UUID");
+	CK(memcmp(u, other, 16) != 0, "two devices with one UUID");
+	CK(uuid_get()(mine, 4) == 101, "cuDeviceGetUuid of a device that does not exist");
+	CU(cudaSetDevice(2));
+	CU(cudaIpcOpenMemHandle(&p, h, 0));
+	CU(cudaPointerGetAttributes(&at, p));
+	CK(at.type == cudaMemoryTypeDevice && at.device == 2, "the mapping is on device %d",
+	   at.device);
+	CU(cudaMemcpy(b, p, sizeof(b), cudaMemcpyDeviceToHost));
+	CK(b[0] == 7 && b[255] == 7, "the exporter's bytes");
+	CU(cudaIpcCloseMemHandle(p));
+	put(to_child[1], "k", 1);
+	reap_ok(ex);
+}
+
+/* A CUDA_VISIBLE_DEVICES that names no device of the host: a bad environment. */
+static void
+t_visible_devices_bad(void)
+{
+	int n;
+
+	setenv("CUDA_VISIBLE_DEVICES", "7", 1);
+	CUIS(cudaGetDeviceCount(&n), cudaErrorInitializationError);
+}
+
 const test_t hw_tests[] = {
+	TEST(visible_devices_uuid), TEST(visible_devices_bad),
 	TEST(kernel_misaligned_sticky), TEST(kernel_misaligned_dst),
 	TEST_ENV(fault_d2d, "REFIT_EMU_FAULT_D2D=2"),
 };

@@ -675,6 +675,15 @@ def bad_gpu_registrations():
     cu = ctypes.CDLL(f"{harness.EMU_LIB}/libcudart.so.13")
     ptrs = []
 
+    def uuid(dev):
+        fn = ctypes.c_void_p()
+        assert cu.cudaGetDriverEntryPointByVersion(b"cuDeviceGetUuid", ctypes.byref(fn),
+                                                   12000, 0, None) == 0 and fn.value
+        u = (ctypes.c_ubyte * 16)()
+        assert ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)(fn.value)(
+            u, dev) == 0
+        return bytes(u)
+
     def alloc(dev, n):
         p = ctypes.c_void_p()
         h = (ctypes.c_char * 64)()
@@ -720,6 +729,20 @@ def bad_gpu_registrations():
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h1b, cuda_bytes=256,
                                                  offsets=[0]), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT, "not on device 0 where this node")
+        # the GPU by UUID (an ordinal of the client's process means nothing
+        # here): device 1's GPU for rank 0, whatever ordinal is said
+        u1 = uuid(1)
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
+                                                 offsets=[0], cuda_device=0,
+                                                 has_cuda_device=True, cuda_uuid=u1),
+                                  good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     f"is on GPU-{u1[:4].hex()}-{u1[4:6].hex()}-{u1[6:8].hex()}-"
+                     f"{u1[8:10].hex()}-{u1[10:].hex()}, CUDA device 1 here, but this node "
+                     "runs rank 0 on device 0")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
+                                                 offsets=[0], cuda_uuid=b"GPU-0"), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT, "cuda_uuid has 5 bytes")
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=1 << 20,
                                                  offsets=[0]), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT,
@@ -760,6 +783,30 @@ def nccl_version_checked():
     assert out.returncode != 0, out
     assert (f'transport "nccl" cannot run here: {harness.EMU_LIB}/libnccl.so.2 is NCCL '
             "2.26.10; refit needs 2.27 or newer") in out.stderr, out.stderr
+
+
+def visible_devices_by_uuid():
+    """Issue 24, item 3: a client under CUDA_VISIBLE_DEVICES numbers its GPUs
+    its own way (here 3,2,1,0: its ordinal 0 is the node's device 3); it
+    names each rank's GPU by UUID, the node maps the UUID to its own device,
+    and a refit into that memory installs byte-exact (bad_gpu_registrations:
+    a UUID of another device than the rank's is refused, naming the GPU)."""
+    train = [{"name": "w", "dtype": "fp32", "shape": [64, 48], "mesh": list(range(RPN)),
+              "placements": ["Shard(0)"]}]
+    inst = [{"name": "w", "dtype": "fp32", "shape": [64, 48],
+             "mesh": list(range(RPN, 2 * RPN)), "placements": ["Shard(1)"]}]
+    tp = write(f"{TMP}/vis-train.json", train)
+    ip = write(f"{TMP}/vis-i.json", inst)
+    tr = Client(MAIN, 0, "vis", "train", tp, visible=list(range(RPN))[::-1])
+    assert tr.ok(), f"{tr.first} {tr.p.stderr.read()}"
+    c = Client(MAIN, 1, "vis", "infer", ip, instance="a", install="double-buffer",
+               visible=list(range(RPN))[::-1])
+    assert c.ok(), f"{c.first} {c.p.stderr.read()}"
+    clients = {"train": [tr], "infer": [c]}
+    g = MAIN.refit("vis", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(clients, 1)
+    stop(clients)
 
 
 def nccl_environment_checked():
@@ -820,6 +867,8 @@ try:
               "memory, cuda_bytes", bad_gpu_registrations)
         check("the NCCL version is logged; below 2.27 refitd refuses nccl, naming both",
               nccl_version_checked)
+        check("a client under CUDA_VISIBLE_DEVICES (its ordinals reversed) names its GPUs "
+              "by UUID; a refit installs byte-exact", visible_devices_by_uuid)
         check("NCCL_* variables are logged; NCCL_COMM_BLOCKING=1 and NCCL_LAUNCH_MODE=GROUP "
               "are refused, naming the variable", nccl_environment_checked)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",

@@ -265,7 +265,7 @@ def torch_ipc_handles():
     for given in (h, b"\x02c" + h):   # torch < 2.3; shareIpcHandle's type 'c'
         p = cuda.ipc_piece(CudaLike(given))
         assert p == {"cuda_ipc": h, "cuda_bytes": 512 + 4096, "offset": 512 + 20,
-                     "device": 3}, p
+                     "device": 3, "uuid": None}, p   # CPU-only torch: no UUID to give
     for bad, says in ((b"\x02e" + h + b"more", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
                        "False"), (b"\x01c" + h, "version 2"), (h[:10], "10 bytes")):
         try:
