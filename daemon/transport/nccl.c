@@ -1702,8 +1702,12 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	 * mapping may end in another client's mapping or this node's staging,
 	 * and copies into the claim would write there.  cuMemGetAddressRange
 	 * gives the range the pointer lies in (cuda.h: "the base address ... and
-	 * size ... of the allocation ... that contains the input pointer"); the
-	 * mapping starts at b (cudaIpcOpenMemHandle returns its base).
+	 * size ... of the allocation ... that contains the input pointer").  The
+	 * mapping may start before b: CUDA sub-allocates small cudaMalloc
+	 * allocations from larger blocks and IPC maps "the entire underlying
+	 * memory block" (the programming guide), cudaIpcOpenMemHandle returning
+	 * the exported allocation's address inside it; the claim runs from b to
+	 * at most the block's end.
 	 */
 	{
 		unsigned long long rb = 0;
@@ -1716,12 +1720,14 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 					   "size cannot be checked", rank, cr);
 			goto fail;
 		}
-		if (rb != (unsigned long long)(uintptr_t)b || bytes > rsz) {
+		uint64_t at = (uint64_t)((uintptr_t)b - rb);
+
+		if (rb > (unsigned long long)(uintptr_t)b || at >= rsz || bytes > rsz - at) {
 			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes %" PRIu64
 					   " is larger than the allocation of the IPC handle (%zu "
 					   "bytes mapped from offset %llu of it): refused before "
-					   "anything was written", rank, bytes, rsz,
-					   (unsigned long long)((uintptr_t)b - rb));
+					   "anything was written", rank, bytes, rsz - (size_t)at,
+					   (unsigned long long)at);
 			goto fail;
 		}
 	}

@@ -3,6 +3,7 @@
  * a host loop would not (see README.md): the strided-copy kernel's element
  * accesses must be aligned to the element size; device ordinals are per
  * process (CUDA_VISIBLE_DEVICES) and UUIDs name devices across processes;
+ * CUDA IPC maps a sub-allocated allocation's whole block;
  * and a GPU fault on demand (REFIT_EMU_FAULT_D2D), for the handling of
  * sticky errors.
  */
@@ -174,6 +175,72 @@ t_visible_devices_uuid(void)
 	reap_ok(ex);
 }
 
+typedef int (*range_fn)(unsigned long long *base, size_t *size, unsigned long long p);
+
+static range_fn
+range_get(void)
+{
+	enum cudaDriverEntryPointQueryResult st;
+	void *fn = NULL;
+
+	CU(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, 0, &st));
+	CK(fn != NULL, "no cuMemGetAddressRange");
+	return (range_fn)fn;
+}
+
+/* The importer of a small allocation: the mapping is the whole block. */
+static void
+suballoc_importer(int arg)
+{
+	cudaIpcMemHandle_t h;
+	unsigned long long base = 0;
+	size_t size = 0;
+	uint8_t *b, x[256];
+
+	(void)arg;
+	get(to_importer[0], &h, sizeof(h));
+	CU(cudaIpcOpenMemHandle((void **)&b, h, cudaIpcMemLazyEnablePeerAccess));
+	CK(range_get()(&base, &size, (unsigned long long)(uintptr_t)b) == 0, "range of b");
+	CK(base < (uintptr_t)b && (uintptr_t)b - base == 65536 && size == 2u << 20,
+	   "the mapping of a 256-byte allocation: 0x%llx + %zu, b %p", base, size, (void *)b);
+	CU(cudaMemcpy(x, b, sizeof(x), cudaMemcpyDeviceToHost));
+	CK(x[0] == 9 && x[255] == 9, "the exporter's bytes at b");
+	CU(cudaMemcpy(x, (void *)(uintptr_t)base, 16, cudaMemcpyDeviceToHost)); /* the block */
+	CU(cudaIpcCloseMemHandle(b));
+	put(to_parent[1], "k", 1);
+}
+
+/*
+ * cudaMalloc sub-allocation: a small allocation lives inside a larger block
+ * and CUDA IPC maps the whole block ("the entire underlying memory block",
+ * the CUDA programming guide): the importer's pointer is the allocation's
+ * place inside the mapping, which cuMemGetAddressRange says starts before
+ * it.  The exporter's own range is its allocation alone.
+ */
+static void
+t_suballocation_ipc_block(void)
+{
+	cudaIpcMemHandle_t h;
+	unsigned long long base = 0;
+	size_t size = 0;
+	pid_t im;
+	void *d;
+	char k;
+
+	CK(pipe(to_parent) == 0 && pipe(to_importer) == 0, "pipe");
+	im = spawn(suballoc_importer, 0, NULL);
+	close(to_parent[1]);
+	CU(cudaMalloc(&d, 256));
+	CU(cudaMemset(d, 9, 256));
+	CK(range_get()(&base, &size, (unsigned long long)(uintptr_t)d) == 0 &&
+	   base == (uintptr_t)d && size == 256, "the exporter's range: 0x%llx + %zu", base, size);
+	CU(cudaIpcGetMemHandle(&h, d));
+	put(to_importer[1], &h, sizeof(h));
+	get(to_parent[0], &k, 1);
+	reap_ok(im);
+	CU(cudaFree(d));
+}
+
 /* A CUDA_VISIBLE_DEVICES that names no device of the host: a bad environment. */
 static void
 t_visible_devices_bad(void)
@@ -185,7 +252,7 @@ t_visible_devices_bad(void)
 }
 
 const test_t hw_tests[] = {
-	TEST(visible_devices_uuid), TEST(visible_devices_bad),
+	TEST(visible_devices_uuid), TEST(visible_devices_bad), TEST(suballocation_ipc_block),
 	TEST(kernel_misaligned_sticky), TEST(kernel_misaligned_dst),
 	TEST_ENV(fault_d2d, "REFIT_EMU_FAULT_D2D=2"),
 };

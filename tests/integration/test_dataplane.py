@@ -743,10 +743,15 @@ def bad_gpu_registrations():
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
                                                  offsets=[0], cuda_uuid=b"GPU-0"), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT, "cuda_uuid has 5 bytes")
-        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=1 << 20,
+        # h0, 256 bytes, is sub-allocated from a 2 MiB block that IPC maps
+        # whole (its pointer 64 KiB into it): the claim may run to the
+        # block's end, not past it (and a sub-allocated handle is taken:
+        # refused as "larger than the allocation" before issue 24)
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=4 << 20,
                                                  offsets=[0]), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT,
-                     "cuda_bytes 1048576 is larger than the allocation")
+                     "cuda_bytes 4194304 is larger than the allocation of the IPC handle "
+                     "(2031616 bytes mapped from offset 65536 of it)")
         expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name="/x", offsets=[0]),
                                   good1]),
                      grpc.StatusCode.INVALID_ARGUMENT, "give a CUDA IPC handle")
