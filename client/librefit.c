@@ -302,6 +302,8 @@ refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client)
 			pm[k].cuda_bytes = m->cuda_bytes;
 			pm[k].has_cuda_device = m->cuda_ipc && m->has_cuda_device;
 			pm[k].cuda_device = m->cuda_device;
+			pm[k].cuda_uuid.data = (uint8_t *)m->cuda_uuid;
+			pm[k].cuda_uuid.len = m->cuda_ipc && m->cuda_uuid ? 16 : 0;
 			pm[k].offsets = (uint64_t *)m->offset;
 			pm[k].n_offsets = r->role == REFIT_ROLE_INFER &&
 					  r->install == REFIT_INSTALL_DOUBLE_BUFFER ? 2 : 1;

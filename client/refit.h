@@ -42,8 +42,9 @@ typedef struct refit_mem {
 	uint64_t offset[2];      /* byte offset of copy 0 (and copy 1: double buffer) */
 	const int64_t *strides;  /* in elements, one per dim; NULL: contiguous */
 	/* GPU memory (nccl transport), instead of shm_name: the
-	 * cudaIpcMemHandle_t of the allocation (cuda_ipc_len bytes) and its size;
-	 * offsets are within it */
+	 * cudaIpcMemHandle_t of the allocation (cuda_ipc_len bytes: 64, or 66 for
+	 * PyTorch's shareable handle of type 'c', as _share_cuda_() gives it) and
+	 * its size; offsets are within it */
 	const void *cuda_ipc;
 	size_t cuda_ipc_len;
 	uint64_t cuda_bytes;
@@ -52,6 +53,11 @@ typedef struct refit_mem {
 	 * device it runs the rank on (it checks the memory itself either way) */
 	int has_cuda_device;
 	int32_t cuda_device;
+	/* GPU memory: the UUID of the allocation's GPU (cuDeviceGetUuid, 16
+	 * bytes; NULL: not said).  The node daemon checks it is the GPU it runs
+	 * the rank on, and then ignores cuda_device: under CUDA_VISIBLE_DEVICES
+	 * (Ray, vLLM, torchrun) a process numbers its GPUs from 0. */
+	const uint8_t *cuda_uuid;
 } refit_mem_t;
 
 typedef struct refit_registration {

@@ -70,6 +70,7 @@ typedef struct rank_mem {
 	uint8_t *d;
 	uint64_t bytes;      /* per copy */
 	uint8_t ipc[64];     /* cudaIpcMemHandle_t */
+	uint8_t uuid[16];    /* its GPU's UUID (cuDeviceGetUuid) */
 } rank_mem_t;
 
 static struct {
@@ -99,6 +100,7 @@ static struct {
 	int (*Memcpy)(void *, const void *, size_t, int);
 	int (*IpcGetMemHandle)(void *, void *);
 	const char *(*GetErrorString)(int);
+	int (*DeviceGetUuid)(unsigned char *, int);  /* the driver's cuDeviceGetUuid */
 } cu;
 
 static void
@@ -115,6 +117,30 @@ cuda_die(int e, const char *what)
 		if (e_ != 0)                   \
 			cuda_die(e_, what);    \
 	} while (0)
+
+/* cuDeviceGetUuid through the runtime's driver entry points (CUDA 12.5+:
+ * ByVersion; 12.0-12.4: the older call) */
+static void
+cuda_load_uuid(void *h)
+{
+	int (*byv)(const char *, void **, unsigned int, unsigned long long, int *);
+	int (*ent)(const char *, void **, unsigned long long, int *);
+	void *fn = NULL;
+	int qr = 0, e = -1;
+
+	*(void **)&byv = dlsym(h, "cudaGetDriverEntryPointByVersion");
+	*(void **)&ent = dlsym(h, "cudaGetDriverEntryPoint");
+	if (byv)
+		e = byv("cuDeviceGetUuid", &fn, 12000, 0, &qr);
+	else if (ent)
+		e = ent("cuDeviceGetUuid", &fn, 0, &qr);
+	if (e != 0 || fn == NULL) {
+		fprintf(stderr, "refit-client: --cuda: the driver's cuDeviceGetUuid is not "
+			"available (%d)\n", e);
+		exit(1);
+	}
+	*(void **)&cu.DeviceGetUuid = fn;
+}
 
 static void
 cuda_load(void)
@@ -141,6 +167,7 @@ cuda_load(void)
 		fprintf(stderr, "refit-client: --cuda: the CUDA runtime lacks a symbol\n");
 		exit(1);
 	}
+	cuda_load_uuid(h);
 }
 
 /* Copy c of every piece: host image -> device (to_dev) or back. */
@@ -471,12 +498,16 @@ main(int argc, char **argv)
 			CU(cu.SetDevice(r->dev), "cudaSetDevice");
 			CU(cu.Malloc((void **)&r->d, 2 * r->bytes), "cudaMalloc");
 			CU(cu.IpcGetMemHandle(r->ipc, r->d), "cudaIpcGetMemHandle");
+			if (cu.DeviceGetUuid(r->uuid, r->dev) != 0) {
+				fprintf(stderr, "refit-client: cuDeviceGetUuid(%d) failed\n", r->dev);
+				return 1;
+			}
 		}
 	}
 	for (size_t i = 0; i < pieces.n; i++) {
 		const piece_t *p = &pieces.v[i];
 		refit_mem_t m = {set.v[p->tensor].name, p->rank, p->piece, shm_name,
-				 {p->off, copy_bytes + p->off}, NULL, NULL, 0, 0, 0, 0};
+				 {p->off, copy_bytes + p->off}, NULL, NULL, 0, 0, 0, 0, NULL};
 
 		if (o.cuda) {
 			const rank_mem_t *r = &rmem.v[p->rm];
@@ -489,6 +520,7 @@ main(int argc, char **argv)
 			m.cuda_bytes = 2 * r->bytes;
 			m.has_cuda_device = 1;
 			m.cuda_device = r->dev;
+			m.cuda_uuid = r->uuid;
 		}
 		if (o.pad || o.istride != 1) {
 			int64_t *s = xmalloc(PLAN_MAX_DIMS * sizeof(*s));

@@ -100,7 +100,7 @@ static const key_t_ keys[] = {
 	{"poisoned_exit", K_ENUM, F(poisoned_exit), "off", 0, 0, "off|on", false,
 	 "node role, nccl: on a poisoned node (GPU work that never ended, its memory kept) "
 	 "exit with status 75 for systemd to restart refitd, instead of staying up "
-	 "NOT_SERVING; docs/operations.md"},
+	 "NOT_SERVING (after a sticky CUDA error it always exits); docs/operations.md"},
 	{"test_msg_delay_ms", K_MS, F(test_msg_delay_ms), "0", 0, 10000, NULL, false,
 	 "tests only: sleep this long before each message a node sends (nccl: each group)"},
 	{"test_fail_commit", K_MS, F(test_fail_commit), "0", 0, 1000000, NULL, false,

@@ -57,7 +57,7 @@ on_coord_closed(void *arg)
 	d->srv = NULL;
 }
 
-/* Stop gracefully (SIGTERM, or a poisoned node with poisoned_exit). */
+/* Stop gracefully (SIGTERM, or a poisoned node that must exit). */
 static void
 stop_daemon(daemon_state_t *d)
 {
@@ -84,7 +84,7 @@ on_signal(uv_signal_t *h, int signum)
 	stop_daemon(h->data);
 }
 
-/* node_opts_t.poisoned_exit (config poisoned_exit = "on") */
+/* node_opts_t.poisoned_exit (config poisoned_exit = "on", or a sticky CUDA error) */
 static void
 on_poisoned_exit(void *arg)
 {
@@ -229,10 +229,9 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.nccl_library = cfg->nccl_library;
 	no.gpu_kernels_library = cfg->gpu_kernels_library;
 	no.gpu_devices = cfg->gpu_devices;
-	if (cfg->poisoned_exit && strcmp(cfg->poisoned_exit, "on") == 0) {
-		no.poisoned_exit = on_poisoned_exit;
-		no.poisoned_exit_arg = d;
-	}
+	no.poisoned_exit = on_poisoned_exit;
+	no.poisoned_exit_arg = d;
+	no.exit_poisoned = cfg->poisoned_exit && strcmp(cfg->poisoned_exit, "on") == 0;
 	if ((d->rpc = no.rpc = rpc_async_new(&d->loop, &no.client, err)) == NULL) {
 		free(ranks);
 		return err->status;

@@ -214,19 +214,24 @@ gather_part(dp_exec_t *x, int32_t rank, uint32_t t, const plan_box_t *b,
 refit_status_t
 dp_pack_msg(dp_exec_t *x, const plan_msg_t *m, uint8_t *buf, refit_err_t *err)
 {
-	uint64_t off = 0;
+	uint64_t end = 0;
 
 	for (uint32_t k = 0; k < m->nparts; k++) {
 		const plan_part_t *pt = &m->parts[k];
 		const plan_xfer_t *xf = &x->p->xfers[pt->xfer];
 		const plan_tensor_ref_t *t = &x->p->tensors[xf->tensor];
+		uint64_t off = plan_msg_part_at(m, k);
 		plan_shard_t bs;
 		dp_view_t bv;
 
+		/* the padding before an aligned part: zeros on the host (a device
+		 * buffer's padding travels as it is; no part reads it) */
+		if (x->mem.dev == NULL && off > end)
+			memset(buf + end, 0, off - end);
 		dp_shard_of_box(&bs, &pt->box);
 		dp_view_contiguous(&bv, buf + off, t->ndim, pt->box.size, t->elem);
 		CHECK(gather_part(x, m->from, xf->tensor, &pt->box, &bv, &bs, err));
-		off += pt->bytes;
+		end = off + pt->bytes;
 	}
 	if (x->o.verify) {
 		uint8_t t[4];
@@ -297,8 +302,6 @@ stage_part(dp_exec_t *x, int32_t rank, uint32_t t, uint32_t round, const plan_bo
 refit_status_t
 dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t *err)
 {
-	uint64_t off = 0;
-
 	if (x->o.verify) {
 		uint32_t want = 0, got = crc_of(x, m->to, buf, m->bytes);
 		uint8_t t[4];
@@ -320,6 +323,7 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 		const plan_layout_t *d = &x->dst->v[xf->tensor];
 		const plan_tensor_ref_t *t = &x->p->tensors[xf->tensor];
 		plan_boxvec_t rem = {0}, tmp = {0};
+		uint64_t off = plan_msg_part_at(m, k);
 		refit_status_t rc = REFIT_OK;
 		plan_shard_t ps;
 		dp_view_t pv;
@@ -349,7 +353,6 @@ dp_unpack_msg(dp_exec_t *x, const plan_msg_t *m, const uint8_t *buf, refit_err_t
 		VEC_FREE(&rem);
 		VEC_FREE(&tmp);
 		CHECK(rc);
-		off += pt->bytes;
 	}
 	return REFIT_OK;
 }

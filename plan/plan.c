@@ -84,7 +84,7 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 		/* the next chunk of a large transfer */
 		const plan_xfer_t *x = &p->xfers[it->x - 1];
 		const plan_tensor_ref_t *t = &p->tensors[x->tensor];
-		plan_part_t part = {(uint32_t)(it->x - 1), it->chunks.v[it->chunk_i++], 0};
+		plan_part_t part = {(uint32_t)(it->x - 1), it->chunks.v[it->chunk_i++], 0, 0};
 
 		part.bytes = (uint64_t)plan_box_volume(&part.box, t->ndim) * t->elem;
 		VEC_PUSH(&it->parts, part);
@@ -108,11 +108,12 @@ plan_msgs_next(plan_msgs_t *it, plan_msg_t *m)
 	while (it->x < it->end && same_group(&p->xfers[it->x], first)) {
 		const plan_xfer_t *x = &p->xfers[it->x];
 		uint64_t xb = plan_xfer_bytes(p, x);
+		uint64_t at = plan_part_align(m->bytes);
 
-		if (xb > chunk || m->bytes + xb > chunk)
+		if (xb > chunk || at + xb > chunk)
 			break;
-		VEC_PUSH(&it->parts, ((plan_part_t){(uint32_t)it->x, *plan_xfer_box(p, x), xb}));
-		m->bytes += xb;
+		VEC_PUSH(&it->parts, ((plan_part_t){(uint32_t)it->x, *plan_xfer_box(p, x), xb, at}));
+		m->bytes = at + xb;
 		it->x++;
 	}
 	m->parts = it->parts.v;
@@ -388,11 +389,11 @@ digest_and_count(plan_t *p)
 			nmsgs += plan_box_chunk_count(xb, t->ndim, t->elem, chunk);
 			fill = chunk + 1; /* nothing packs after a chunked transfer */
 		} else {
-			if (i == 0 || !same_group(&prev, x) || fill + b > chunk) {
+			if (i == 0 || !same_group(&prev, x) || plan_part_align(fill) + b > chunk) {
 				nmsgs++;
 				fill = 0;
 			}
-			fill += b;
+			fill = plan_part_align(fill) + b;
 		}
 		hw_room(&w, 10 * (4 + 2 * PLAN_MAX_DIMS));
 		o = w.buf + w.n;

@@ -106,12 +106,28 @@ typedef struct plan {
  *     chunk_bytes (plan_box_chunk: outer dims first, near-equal runs), and
  *     each chunk is a message of its own;
  *   - consecutive smaller transfers of the same (stage, from, to) are
- *     packed, in plan order, into messages of at most chunk_bytes.
+ *     packed, in plan order, into messages of at most chunk_bytes, each
+ *     part at an offset that is a multiple of PLAN_PART_ALIGN (zero
+ *     padding before it): a GPU kernel loads and stores the elements of a
+ *     part as T*, which must be aligned to sizeof(T).
+ * A message's bytes run to the end of its last part (padding included).
+ * Any run of consecutive parts [k0, k1] travels as bytes [parts[k0].off,
+ * parts[k1].off + parts[k1].bytes) of the message (plan_msg_part_at).
  */
+#define PLAN_PART_ALIGN 16
+
+/* The first offset at or after off where a part may start. */
+static inline uint64_t
+plan_part_align(uint64_t off)
+{
+	return (off + PLAN_PART_ALIGN - 1) & ~(uint64_t)(PLAN_PART_ALIGN - 1);
+}
+
 typedef struct plan_part {
 	uint32_t xfer;   /* index into plan->xfers */
 	plan_box_t box;  /* the whole transfer's box, or one chunk of it */
 	uint64_t bytes;
+	uint64_t off;    /* where it starts in its message: a multiple of PLAN_PART_ALIGN */
 } plan_part_t;
 
 typedef struct plan_msg {
@@ -135,6 +151,13 @@ void plan_msgs_init(plan_msgs_t *it, const plan_t *p, size_t first, size_t end);
 /* Next message into *m; false at the end. */
 bool plan_msgs_next(plan_msgs_t *it, plan_msg_t *m);
 void plan_msgs_fini(plan_msgs_t *it);
+/* Where part k of m (or of a run of parts starting at m->parts[0]) starts in
+ * m's buffer: its offset from the first part's. */
+static inline uint64_t
+plan_msg_part_at(const plan_msg_t *m, uint32_t k)
+{
+	return m->parts[k].off - m->parts[0].off;
+}
 /* Number of chunks plan_box_chunk cuts box into (1 when it fits). */
 uint64_t plan_box_chunk_count(const plan_box_t *box, int ndim, uint64_t elem,
 			      uint64_t max);

@@ -326,7 +326,7 @@ check_msgs(const plan_t *p, refit_err_t *err)
 
 	plan_msgs_init(&it, p, 0, p->nxfers);
 	while (rc == REFIT_OK && plan_msgs_next(&it, &m)) {
-		uint64_t sum = 0;
+		uint64_t end = 0;
 
 		n++;
 		if (m.bytes > p->opts.chunk_bytes)
@@ -344,13 +344,20 @@ check_msgs(const plan_t *p, refit_err_t *err)
 				rc = refit_err_set(err, REFIT_ERR_INTERNAL,
 						   "plan invalid: a message part does not match "
 						   "transfer %u", pt->xfer);
+			else if (pt->off % PLAN_PART_ALIGN || pt->off < end ||
+				 pt->off - end >= PLAN_PART_ALIGN)
+				rc = refit_err_set(err, REFIT_ERR_INTERNAL,
+						   "plan invalid: part %u of a message (transfer "
+						   "%u) starts at byte %" PRIu64 " after %" PRIu64
+						   " bytes: not the next multiple of %d", k, pt->xfer,
+						   pt->off, end, PLAN_PART_ALIGN);
 			carried[pt->xfer] += plan_box_volume(&pt->box, nd);
-			sum += pt->bytes;
+			end = pt->off + pt->bytes;
 		}
-		if (rc == REFIT_OK && sum != m.bytes)
+		if (rc == REFIT_OK && end != m.bytes)
 			rc = refit_err_set(err, REFIT_ERR_INTERNAL,
 					   "plan invalid: a message says %" PRIu64 " bytes, its "
-					   "parts carry %" PRIu64, m.bytes, sum);
+					   "parts end at %" PRIu64, m.bytes, end);
 	}
 	for (size_t i = 0; i < p->nxfers && rc == REFIT_OK; i++)
 		if (carried[i] != plan_box_volume(plan_xfer_box(p, &p->xfers[i]),

@@ -198,14 +198,15 @@ on_sweep(uv_timer_t *t)
 	node_waiters_sweep(n);
 	node_reports_tick(n);
 	node_run_held_tick(n, 0);
-	if (node_poisoned(n) && n->poisoned_exit && !n->exiting && !n->closing &&
-	    n->reports.n == 0) {
+	if (node_poisoned(n) && (n->exit_poisoned || n->poison_dead) && n->poisoned_exit &&
+	    !n->exiting && !n->closing && n->reports.n == 0) {
 		/* once the coordinator has the slice reports (they say so; each is
 		 * bounded by its give-up time) */
 		n->exiting = true;
-		log_errorx("node %s: poisoned_exit: stopping with status %d, for systemd to "
-			   "restart refitd (exiting hands the memory the GPU may still write "
-			   "back to the driver)", n->node_id, NODE_EXIT_POISONED);
+		log_errorx("node %s: %s: stopping with status %d, for systemd to restart refitd "
+			   "(exiting hands the memory the GPU may still write back to the "
+			   "driver)", n->node_id, n->poison_dead ? "a sticky CUDA error" :
+			   "poisoned_exit", NODE_EXIT_POISONED);
 		n->poisoned_exit(n->poisoned_exit_arg);
 		return;
 	}
@@ -357,6 +358,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->test_hold_run_ms = o->test_hold_run_ms;
 	n->poisoned_exit = o->poisoned_exit;
 	n->poisoned_exit_arg = o->poisoned_exit_arg;
+	n->exit_poisoned = o->exit_poisoned;
 	/* the data plane's buffers, kept across refits of an epoch; slices raise
 	 * the bound to their staging_bytes per local rank; relay parts under
 	 * 64 KiB come from the heap */

@@ -29,10 +29,14 @@ typedef struct node_opts {
 	const char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl */
 	const char *gpu_devices;  /* nccl: "0,1,..." (NULL: local rank i -> device i) */
 	rpc_async_t *rpc;         /* the process's client for calls (not owned) */
-	/* called once on the loop when the transport poisoned the node (NULL:
-	 * the node stays up, reports it and refuses refits): poisoned_exit */
+	/* called once on the loop when the node must stop: its transport
+	 * poisoned it and exit_poisoned is set (config poisoned_exit), or a
+	 * sticky CUDA error killed its device's context (always: nothing of
+	 * the process's CUDA works again).  Otherwise a poisoned node stays
+	 * up, reports it and refuses refits. */
 	void (*poisoned_exit)(void *arg);
 	void *poisoned_exit_arg;
+	bool exit_poisoned;
 } node_opts_t;
 
 /* refitd's exit status after poisoned_exit (EX_TEMPFAIL): not 0, so

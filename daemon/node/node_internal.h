@@ -199,8 +199,10 @@ struct node {
 	bool drained;                 /* an operator drained us: stay out */
 	char *poisoned;               /* NULL, or why the transport runs no more
 					 refits here (node_poisoned) */
+	bool poison_dead;             /* poisoned by a sticky CUDA error: exit */
 	void (*poisoned_exit)(void *arg); /* node_opts_t.poisoned_exit */
 	void *poisoned_exit_arg;
+	bool exit_poisoned;           /* node_opts_t.exit_poisoned */
 	bool exiting;                 /* poisoned_exit was called */
 	uint32_t inflight;
 	bool closing;

@@ -554,8 +554,15 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 					     "transport; this node uses %s", l->name, pm->rank,
 					     n->xo->name);
 		}
+		if (pm->cuda_uuid.len != 0 && pm->cuda_uuid.len != 16) {
+			free(sg.name);
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
+					     "cuda_uuid has %zu bytes; a GPU's UUID has 16",
+					     l->name, pm->rank, pm->cuda_uuid.len);
+		}
 		if (n->xo->mem_open(n->x, pm->rank, pm->cuda_ipc.data, pm->cuda_ipc.len,
-				    pm->has_cuda_device ? pm->cuda_device : -1, pm->cuda_bytes,
+				    pm->has_cuda_device ? pm->cuda_device : -1,
+				    pm->cuda_uuid.len ? pm->cuda_uuid.data : NULL, pm->cuda_bytes,
 				    &b, err) != REFIT_OK) {
 			free(sg.name);
 			refit_err_prefix(err, "tensor \"%s\" rank %d", l->name, pm->rank);

@@ -136,12 +136,20 @@ const char *
 node_poisoned(node_t *n)
 {
 	char why[REFIT_ERR_MSG_MAX];
+	xport_poison_t p;
 
-	if (n->poisoned == NULL && n->x != NULL && n->xo->poisoned(n->x, why, sizeof(why))) {
-		n->poisoned = xstrdup(why);
-		log_errorx("node %s: poisoned: %s: restart refitd on this node", n->node_id,
-			   n->poisoned);
-	}
+	/* asked again until the worst is known: a poisoned node's device may
+	 * still fault (a sticky error) */
+	if (n->poison_dead || n->x == NULL)
+		return n->poisoned;
+	p = n->xo->poisoned(n->x, why, sizeof(why));
+	if (p == XPORT_POISON_NONE || (n->poisoned != NULL && p == XPORT_POISON_KEPT))
+		return n->poisoned;
+	free(n->poisoned);
+	n->poisoned = xstrdup(why);
+	n->poison_dead = p == XPORT_POISON_DEAD;
+	log_errorx("node %s: poisoned: %s: %s", n->node_id, n->poisoned, n->poison_dead ?
+		   "refitd exits for systemd to restart it" : "restart refitd on this node");
 	return n->poisoned;
 }
 

@@ -193,6 +193,18 @@ parts_done(slice_t *s, size_t i, uint32_t k0, uint32_t n, uint64_t bytes)
 	count_stage(s, stage);
 }
 
+/* What m carries, its padding not counted (the statistics' bytes: the
+ * plan's). */
+static uint64_t
+payload(const plan_msg_t *m)
+{
+	uint64_t b = 0;
+
+	for (uint32_t k = 0; k < m->nparts; k++)
+		b += m->parts[k].bytes;
+	return b;
+}
+
 /* The sub-message of message i made of parts [k0, k0 + n). */
 static plan_msg_t
 sub_msg(slice_t *s, size_t i, uint32_t k0, uint32_t n)
@@ -200,8 +212,10 @@ sub_msg(slice_t *s, size_t i, uint32_t k0, uint32_t n)
 	const plan_msg_t *pm = msg_at(s, i);
 	plan_msg_t m = {pm->stage, pm->from, pm->to, 0, (plan_part_t *)pm->parts + k0, n};
 
-	for (uint32_t k = 0; k < n; k++)
-		m.bytes += m.parts[k].bytes;
+	/* the run's bytes: from its first part to the end of its last (the
+	 * padding between them included, as plan_msgs_next laid them out) */
+	if (n > 0)
+		m.bytes = plan_msg_part_at(&m, n - 1) + m.parts[n - 1].bytes;
 	return m;
 }
 
@@ -224,7 +238,7 @@ finished(slice_t *s, refit_err_t *err)
 
 			CHECK(dp_pack_msg(s->x, &m, b, err));
 			CHECK(dp_unpack_msg(s->x, &m, b, err));
-			parts_done(s, i, (uint32_t)(p - s->msgs.v[i].part0), 1, m.bytes);
+			parts_done(s, i, (uint32_t)(p - s->msgs.v[i].part0), 1, payload(&m));
 		}
 		for (uint32_t d = q->dep0; d < q->dep0 + q->ndep; d++) {
 			uint32_t t = s->deps.v[d];
@@ -288,7 +302,7 @@ pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, uint64_t *seq,
 	*buf = s->buf[peer];
 	*len = m.bytes + s->trail;
 	*seq = sm->pos | (uint64_t)k0 << SEQ_PART_SHIFT;
-	parts_done(s, i, k0, n, m.bytes);
+	parts_done(s, i, k0, n, payload(&m));
 	for (uint32_t k = k0; k < k0 + n; k++)
 		VEC_PUSH(&s->work, sm->part0 + k);
 	return finished(s, err);
@@ -322,11 +336,18 @@ push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
 				     pm->from, pm->to, pm->stage, pm->nparts,
 				     k0 < pm->nparts ? ", and that one arrived already" : "");
 	/* the unit runs from part k0 until its bytes are used up (and over the
-	 * empty parts right after, which its sender packed with it) */
+	 * empty parts right after that need no padding, which its sender packed
+	 * with it); parts lie at their offsets from part k0's */
 	want = len >= s->trail ? len - s->trail : UINT64_MAX;
-	while (k0 + n < pm->nparts && !s->sp.v[sm->part0 + k0 + n].done &&
-	       (got < want || pm->parts[k0 + n].bytes == 0) && want != UINT64_MAX)
-		got += pm->parts[k0 + n++].bytes;
+	while (k0 + n < pm->nparts && !s->sp.v[sm->part0 + k0 + n].done && want != UINT64_MAX) {
+		const plan_part_t *q = &pm->parts[k0 + n];
+		uint64_t end = q->off + q->bytes - pm->parts[k0].off;
+
+		if (got >= want && (q->bytes != 0 || end > want))
+			break;
+		got = end;
+		n++;
+	}
 	if (got != want)
 		return refit_err_set(err, REFIT_ERR_REMOTE, "node \"%s\" sent %" PRIu64 " bytes "
 				     "from part %" PRIu64 " of the message from rank %d to rank "
@@ -336,7 +357,7 @@ push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
 				     pm->bytes + s->trail);
 	m = sub_msg(s, i, (uint32_t)k0, n);
 	CHECK(dp_unpack_msg(s->x, &m, buf, err));
-	parts_done(s, i, (uint32_t)k0, n, m.bytes);
+	parts_done(s, i, (uint32_t)k0, n, payload(&m));
 	for (uint32_t k = (uint32_t)k0; k < k0 + n; k++)
 		VEC_PUSH(&s->work, sm->part0 + k);
 	return finished(s, err);
@@ -721,7 +742,7 @@ group_msg(slice_t *s, size_t idx, refit_err_t *err)
 	if (pm->from == pm->to) {   /* the same rank: a copy */
 		CHECK(s->dev->sync(s->dev->ctx, err));
 		s->st->msgs_local++;
-		s->st->bytes_local += pm->bytes;
+		s->st->bytes_local += payload(pm);
 		return dp_unpack_msg(s->x, pm, buf, err);
 	}
 	if (from) {
@@ -729,10 +750,10 @@ group_msg(slice_t *s, size_t idx, refit_err_t *err)
 		VEC_PUSH(&s->gopmsg, idx);
 		if (to) { /* between two ranks of this node: local, as on tcp */
 			s->st->msgs_local++;
-			s->st->bytes_local += pm->bytes;
+			s->st->bytes_local += payload(pm);
 		} else {
 			s->st->msgs_out++;
-			s->st->bytes_out += pm->bytes;
+			s->st->bytes_out += payload(pm);
 		}
 	}
 	if (to) { /* both ranks here: receive on the receiver's device */
@@ -743,7 +764,7 @@ group_msg(slice_t *s, size_t idx, refit_err_t *err)
 		VEC_PUSH(&s->gopmsg, idx);
 	}
 	s->st->stage_bytes[pm->stage < SLICE_MAX_STAGES ? pm->stage : SLICE_MAX_STAGES - 1] +=
-		pm->bytes;
+		payload(pm);
 	return REFIT_OK;
 }
 
@@ -812,7 +833,7 @@ group_done(void *arg, refit_err_t *err)
 		rc = dp_unpack_msg(s->x, pm, s->gops.v[i].buf, err);
 		if (!is_local(s->c, pm->from)) {
 			s->st->msgs_in++;
-			s->st->bytes_in += pm->bytes;
+			s->st->bytes_in += payload(pm);
 		}
 	}
 	if (rc == REFIT_OK)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -256,13 +257,15 @@ open_lib(const char *cfg, const char *env, const char *key, const char *const *n
 	} while (0)
 
 /*
- * cuMemGetAddressRange through the runtime (the driver's libcuda is not
- * loaded here): cudaGetDriverEntryPointByVersion (CUDA 12.5 and later),
- * else cudaGetDriverEntryPoint (12.0 to 12.4; deprecated in 13).  The node
- * needs it to check a client's cuda_bytes against the mapping it opened.
+ * Driver functions through the runtime (the driver's libcuda is not loaded
+ * here): cudaGetDriverEntryPointByVersion (CUDA 12.5 and later), else
+ * cudaGetDriverEntryPoint (12.0 to 12.4; deprecated in 13).  The node needs
+ * cuMemGetAddressRange to check a client's cuda_bytes against the mapping it
+ * opened, and cuDeviceGetUuid (its _v2 at version 12000) to know which of
+ * its devices a client's UUID names.
  */
 static int
-load_mem_range(void *cudart)
+load_driver_fn(void *cudart, const char *name, void **out, const char *use)
 {
 	typedef cudaError_t (*by_version_fn)(const char *, void **, unsigned int,
 					     unsigned long long, int *);
@@ -276,24 +279,22 @@ load_mem_range(void *cudart)
 	*(void **)&byv = dlsym(cudart, "cudaGetDriverEntryPointByVersion");
 	*(void **)&ent = dlsym(cudart, "cudaGetDriverEntryPoint");
 	if (byv != NULL)
-		e = byv("cuMemGetAddressRange", &fn, 12000, 0 /* cudaEnableDefault */, &qr);
+		e = byv(name, &fn, 12000, 0 /* cudaEnableDefault */, &qr);
 	else if (ent != NULL)
-		e = ent("cuMemGetAddressRange", &fn, 0 /* cudaEnableDefault */, &qr);
+		e = ent(name, &fn, 0 /* cudaEnableDefault */, &qr);
 	if (byv == NULL && ent == NULL) {
 		snprintf(load_why, sizeof(load_why), "%s has neither "
 			 "cudaGetDriverEntryPointByVersion nor cudaGetDriverEntryPoint (CUDA "
-			 "12.0 or newer is needed: cuMemGetAddressRange checks the size of "
-			 "clients' memory)", api.cuda_path);
+			 "12.0 or newer is needed: %s %s)", api.cuda_path, name, use);
 		return -1;
 	}
 	if (e != cudaSuccess || fn == NULL) {
-		snprintf(load_why, sizeof(load_why), "%s: the driver's cuMemGetAddressRange is "
-			 "not available (%s, query result %d): it checks the size of clients' "
-			 "memory", api.cuda_path, e != cudaSuccess ? api.cudaGetErrorString(e) :
-			 "no such function", qr);
+		snprintf(load_why, sizeof(load_why), "%s: the driver's %s is not available (%s, "
+			 "query result %d): it %s", api.cuda_path, name, e != cudaSuccess ?
+			 api.cudaGetErrorString(e) : "no such function", qr, use);
 		return -1;
 	}
-	*(void **)&api.mem_range = fn;
+	*out = fn;
 	return 0;
 }
 
@@ -369,6 +370,43 @@ load_kernels(void *cudart)
 	return 0;
 }
 
+/*
+ * NCCL reads its NCCL_* environment when it initialises.  Every one of them
+ * is logged, so what NCCL ran with is on record; two break refit's design
+ * and are refused (0, or -1 and load_why):
+ *   - NCCL_COMM_BLOCKING=1 (any value but 0) overrides the non-blocking
+ *     config of every communicator (NCCL's docs: "Setting this environment
+ *     variable will override the blocking configuration in all
+ *     communicators"): init, groups and destroy would block the transport's
+ *     thread past every deadline and abort;
+ *   - NCCL_LAUNCH_MODE=GROUP makes the kernel launches of one process's
+ *     devices wait for each other, where refit runs each rank's operations
+ *     as their own non-blocking group.
+ */
+static int
+check_nccl_env(void)
+{
+	const char *b = getenv("NCCL_COMM_BLOCKING"), *l = getenv("NCCL_LAUNCH_MODE");
+
+	for (char **e = environ; *e; e++)
+		if (strncmp(*e, "NCCL_", 5) == 0)
+			log_info("gpu: environment: %s", *e);
+	if (b && *b && strtol(b, NULL, 10) != 0) {
+		snprintf(load_why, sizeof(load_why), "NCCL_COMM_BLOCKING=%s in refitd's "
+			 "environment makes every NCCL communicator blocking, and refit's "
+			 "deadlines and aborts need non-blocking ones: unset it (or set 0)", b);
+		return -1;
+	}
+	if (l && strcasecmp(l, "GROUP") == 0) {
+		snprintf(load_why, sizeof(load_why), "NCCL_LAUNCH_MODE=%s in refitd's "
+			 "environment makes the launches of its devices wait for each other; "
+			 "refit runs each rank's operations as a non-blocking group of their "
+			 "own: unset it (or set PARALLEL)", l);
+		return -1;
+	}
+	return 0;
+}
+
 static int
 load(void)
 {
@@ -407,7 +445,10 @@ load(void)
 	SYM(cudart, cudaGetLastError);
 	SYM(cudart, cudaDriverGetVersion);
 	SYM(cudart, cudaPointerGetAttributes);
-	if (load_mem_range(cudart) != 0)
+	if (load_driver_fn(cudart, "cuMemGetAddressRange", (void **)&api.mem_range,
+			   "checks the size of clients' memory") != 0 ||
+	    load_driver_fn(cudart, "cuDeviceGetUuid", (void **)&api.device_uuid,
+			   "tells which device a client's memory is on") != 0)
 		return -1;
 	SYM(nccl, ncclGetUniqueId);
 	SYM(nccl, ncclCommInitRankConfig);
@@ -442,7 +483,7 @@ load(void)
 	}
 	SYM(nccl, ncclCommShrink);
 	*(void **)&api.ncclGetLastError = dlsym(nccl, "ncclGetLastError"); /* optional */
-	if (load_kernels(cudart) != 0)
+	if (load_kernels(cudart) != 0 || check_nccl_env() != 0)
 		return -1;
 	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s",
 		 api.cuda_path, api.nccl_version / 10000, api.nccl_version / 100 % 100,
@@ -514,5 +555,40 @@ gpu_load(int need_device, char *why, size_t n)
 	}
 	pthread_mutex_unlock(&mu);
 	return r;
+}
+
+int
+gpu_ipc_handle_parse(const void *ipc, size_t len, cudaIpcMemHandle_t *out, char *why,
+		     size_t n)
+{
+	const unsigned char *b = ipc;
+
+	if (len == sizeof(*out)) {
+		memcpy(out, b, sizeof(*out));
+		return 0;
+	}
+	if (len >= 2 && b[1] == GPU_TORCH_HANDLE_VMM) {
+		snprintf(why, n, "the memory is PyTorch's expandable segments (a shareable "
+			 "handle of type 'e'): expandable segments / VMM memory cannot be "
+			 "exported by legacy CUDA IPC; set PYTORCH_CUDA_ALLOC_CONF="
+			 "expandable_segments:False");
+		return -1;
+	}
+	if (len == 2 + sizeof(*out) && b[0] == GPU_TORCH_HANDLE_VERSION &&
+	    b[1] == GPU_TORCH_HANDLE_CUDA_MALLOC) {
+		memcpy(out, b + 2, sizeof(*out));
+		return 0;
+	}
+	if (len >= 2 && b[0] != GPU_TORCH_HANDLE_VERSION)
+		snprintf(why, n, "the CUDA IPC handle given has %zu bytes and starts with "
+			 "byte %u: neither a cudaIpcMemHandle_t (%zu bytes) nor a PyTorch "
+			 "shareable handle of version %d", len, b[0], sizeof(*out),
+			 GPU_TORCH_HANDLE_VERSION);
+	else
+		snprintf(why, n, "the CUDA IPC handle given has %zu bytes%s: neither a "
+			 "cudaIpcMemHandle_t (%zu bytes) nor a PyTorch shareable handle of "
+			 "type 'c' (%zu bytes)", len, len >= 2 ? ", type byte" : "",
+			 sizeof(*out), 2 + sizeof(*out));
+	return -1;
 }
 #endif

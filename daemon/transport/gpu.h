@@ -42,6 +42,11 @@
  */
 typedef int (*gpu_mem_range_fn)(unsigned long long *base, size_t *size,
 				unsigned long long ptr);
+/* cuDeviceGetUuid (cuda.h: CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice
+ * dev), dev an ordinal of this process): the 16 bytes that name a GPU in
+ * every process, whatever CUDA_VISIBLE_DEVICES says. */
+#define GPU_UUID_BYTES 16
+typedef int (*gpu_uuid_fn)(unsigned char *uuid, int dev);
 
 #define GPU_FN(name) __typeof__(name) *name
 typedef struct gpu_api {
@@ -81,6 +86,7 @@ typedef struct gpu_api {
 	GPU_FN(ncclCommShrink);
 	GPU_FN(ncclGetLastError); /* optional: NULL when the library lacks it */
 	gpu_mem_range_fn mem_range;            /* cuMemGetAddressRange */
+	gpu_uuid_fn device_uuid;               /* cuDeviceGetUuid */
 	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
 	int ndevices;
 	int nccl_version;         /* ncclGetVersion's code, e.g. 22809 */
@@ -130,5 +136,27 @@ int gpu_root_new(gpu_root_t *r, int timeout_ms, char *why, size_t n);
 void gpu_root_release(gpu_root_t *r);
 /* The holder's main: returns the exit status. */
 int gpu_root_holder_main(void);
+
+#ifdef REFIT_HAVE_NCCL
+/*
+ * PyTorch's shareable handle (c10/cuda/CUDACachingAllocator.cpp,
+ * shareIpcHandle; what storage._share_cuda_() answers as its handle): a
+ * version byte, a type byte, then for type 'c' (memory of cudaMalloc) the
+ * cudaIpcMemHandle_t of the allocation's base; type 'e' (expandable
+ * segments, memory of the driver's VMM API) carries another format.
+ */
+#define GPU_TORCH_HANDLE_VERSION 2
+#define GPU_TORCH_HANDLE_CUDA_MALLOC 'c'
+#define GPU_TORCH_HANDLE_VMM 'e'
+
+/*
+ * The cudaIpcMemHandle_t in the len bytes a client gave (ipc): the handle
+ * itself, or PyTorch's shareable handle of type 'c' (its 2-byte header
+ * stripped).  Type 'e' is refused: VMM memory cannot be opened by
+ * cudaIpcOpenMemHandle.  0, or -1 and why (n bytes).  Any thread.
+ */
+int gpu_ipc_handle_parse(const void *ipc, size_t len, cudaIpcMemHandle_t *out, char *why,
+			 size_t n);
+#endif
 
 #endif

@@ -105,6 +105,7 @@ struct xport {
 	 * and the memory that work may still write was kept (never freed or
 	 * reused: device staging, the pinned buffer) */
 	char poison[REFIT_ERR_MSG_MAX];
+	bool dead;                /* mu: poisoned by a sticky CUDA error (poison_dead) */
 	uint64_t kept;            /* allocations kept so (not freed) */
 };
 
@@ -129,11 +130,41 @@ nccl_unavailable(void)
 	return gpu_load(1, why_buf, sizeof(why_buf)) ? NULL : why_buf;
 }
 
-static refit_status_t
-cuda_err(const gpu_api_t *a, cudaError_t e, const char *what, refit_err_t *err)
+static void poison_dead(xport_t *x, int32_t rank, const char *what, cudaError_t e);
+
+/*
+ * The errors after which, as CUDA documents them (driver_types.h), "the
+ * process must be terminated and relaunched": the device's context is dead
+ * and every later CUDA call returns the same error.
+ */
+static bool
+sticky(cudaError_t e)
 {
+	switch ((int)e) {
+	case cudaErrorIllegalAddress:      /* 700 */
+	case cudaErrorLaunchTimeout:       /* 702 */
+	case cudaErrorAssert:              /* 710 */
+	case cudaErrorHardwareStackError:  /* 714 */
+	case cudaErrorIllegalInstruction:  /* 715 */
+	case cudaErrorMisalignedAddress:   /* 716 */
+	case cudaErrorInvalidAddressSpace: /* 717 */
+	case cudaErrorInvalidPc:           /* 718 */
+	case cudaErrorLaunchFailure:       /* 719 */
+	case 721:                          /* cudaErrorTensorMemoryLeak (CUDA 12.8+) */
+	case 810:                          /* cudaErrorMpsClientTerminated */
+		return true;
+	default:
+		return false;
+	}
+}
+
+static refit_status_t
+cuda_err(xport_t *x, cudaError_t e, const char *what, refit_err_t *err)
+{
+	if (sticky(e))
+		poison_dead(x, -1, what, e);
 	return refit_err_set(err, REFIT_ERR_CUDA, "nccl transport: %s: %s (cudaError %d)", what,
-			     a->cudaGetErrorString(e), (int)e);
+			     x->api->cudaGetErrorString(e), (int)e);
 }
 
 static void
@@ -203,6 +234,8 @@ dfailed(const xport_t *x)
 static void
 dfail(xport_t *x, cudaError_t e, int32_t rank, const char *what)
 {
+	if (sticky(e))
+		poison_dead(x, rank, what, e);
 	refit_err_set(&x->derr, REFIT_ERR_CUDA, "nccl transport: rank %d: %s: %s (cudaError "
 		      "%d)", rank, what, x->api->cudaGetErrorString(e), (int)e);
 }
@@ -240,6 +273,34 @@ poison(xport_t *x, int32_t rank, const char *what)
 	pthread_mutex_unlock(&x->mu);
 	log_warnx("nccl: node %s: rank %d: %s: the node is poisoned (restart refitd)",
 		  x->node_id, rank, what);
+}
+
+/* A sticky CUDA error (what returned e, on rank's device; -1: not known):
+ * the context is dead, nothing of this process's CUDA works again, and the
+ * node must exit for systemd to restart refitd (nccl_poisoned says so).
+ * The first reason stays. */
+static void
+poison_dead(xport_t *x, int32_t rank, const char *what, cudaError_t e)
+{
+	char who[32] = "";
+	bool first;
+
+	if (rank >= 0)
+		snprintf(who, sizeof(who), "rank %d: ", (int)rank);
+	pthread_mutex_lock(&x->mu);
+	first = !x->dead;
+	if (first) {
+		x->dead = true;
+		snprintf(x->poison, sizeof(x->poison), "%s%s: %s (cudaError %d), a sticky CUDA "
+			 "error: the device's context is dead and every later CUDA call of "
+			 "refitd fails; refitd must restart", who, what,
+			 x->api->cudaGetErrorString(e), (int)e);
+	}
+	pthread_mutex_unlock(&x->mu);
+	if (first)
+		log_errorx("nccl: node %s: %s: %s (cudaError %d): a sticky CUDA error, the node is "
+			   "poisoned and exits", x->node_id, what, x->api->cudaGetErrorString(e),
+			   (int)e);
 }
 
 /* Poll stream st until it drained, for at most ms: true when it did (or
@@ -1049,7 +1110,7 @@ shrink_issue(xport_t *x, const int *excl, size_t nex, ncclComm_t *nc, refit_err_
 
 		c.blocking = 0;
 		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
-			rc = cuda_err(a, e, "cudaSetDevice", err);
+			rc = cuda_err(x, e, "cudaSetDevice", err);
 			break;
 		}
 		r = a->ncclCommShrink(cm->comm[i], (int *)excl, (int)nex, &nc[i], &c,
@@ -1199,7 +1260,7 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess ||
 		    (e = a->cudaStreamCreateWithFlags(&cm->stream[i], cudaStreamNonBlocking)) !=
 			    cudaSuccess) {
-			rc = cuda_err(a, e, "creating a stream", err);
+			rc = cuda_err(x, e, "creating a stream", err);
 			break;
 		}
 	}
@@ -1220,7 +1281,7 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 
 		c.blocking = 0;
 		if ((e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess) {
-			rc = cuda_err(a, e, "cudaSetDevice", err);
+			rc = cuda_err(x, e, "cudaSetDevice", err);
 			break;
 		}
 		r = a->ncclCommInitRankConfig(&cm->comm[i], (int)w->nranks, w->id,
@@ -1386,7 +1447,7 @@ post_group(xport_t *x, const xport_op_t *ops, size_t n, refit_err_t *err)
 		if (ops[i].bytes == 0)
 			continue;
 		if ((e = a->cudaSetDevice(cm->dev[li])) != cudaSuccess) {
-			rc = cuda_err(a, e, "cudaSetDevice", err);
+			rc = cuda_err(x, e, "cudaSetDevice", err);
 			break;
 		}
 		r = ops[i].send ? a->ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, peer,
@@ -1466,7 +1527,7 @@ wait_group(xport_t *x, const xport_op_t *ops, size_t n, const xport_session_cfg_
 			ncclResult_t st;
 
 			if (e != cudaSuccess && e != cudaErrorNotReady)
-				return cuda_err(a, e, "point-to-point group", err);
+				return cuda_err(x, e, "point-to-point group", err);
 			/* after the query: an error set before the stream drained is seen */
 			st = comm_state(a, cm->comm[i]);
 			if (st != ncclSuccess && st != ncclInProgress)
@@ -1544,9 +1605,53 @@ nccl_close(xport_session_t *s)
 	free(s);
 }
 
+/* uuid as nvidia-smi writes it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx */
+static void
+uuid_str(const uint8_t *u, char *out, size_t n)
+{
+	size_t o = (size_t)snprintf(out, n, "GPU-");
+
+	for (int i = 0; i < GPU_UUID_BYTES && o + 3 < n; i++)
+		o += (size_t)snprintf(out + o, n - o, "%s%02x",
+				      i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "", u[i]);
+}
+
+/*
+ * The GPU a client named by UUID must be the device this node runs rank on
+ * (dev): the client's own ordinal means nothing here (CUDA_VISIBLE_DEVICES
+ * numbers every process's GPUs from 0).
+ */
+static refit_status_t
+uuid_check(xport_t *x, int32_t rank, const uint8_t *uuid, int dev, refit_err_t *err)
+{
+	const gpu_api_t *a = x->api;
+	char s[64];
+	int here = -1, r = 0;
+
+	for (int d = 0; d < a->ndevices && here < 0; d++) {
+		unsigned char u[GPU_UUID_BYTES];
+
+		if ((r = a->device_uuid(u, d)) == 0 && memcmp(u, uuid, GPU_UUID_BYTES) == 0)
+			here = d;
+		else if (r != 0)
+			return refit_err_set(err, REFIT_ERR_CUDA, "rank %d: cuDeviceGetUuid of CUDA "
+					     "device %d failed (CUresult %d)", rank, d, r);
+	}
+	uuid_str(uuid, s, sizeof(s));
+	if (here < 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the client's memory "
+				     "is on %s, which is none of this node's %d CUDA devices",
+				     rank, s, a->ndevices);
+	if (here != dev)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the client's memory "
+				     "is on %s, CUDA device %d here, but this node runs rank %d "
+				     "on device %d (gpu_devices)", rank, s, here, rank, dev);
+	return REFIT_OK;
+}
+
 static refit_status_t
 nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t device,
-	      uint64_t bytes, void **base, refit_err_t *err)
+	      const uint8_t *uuid, uint64_t bytes, void **base, refit_err_t *err)
 {
 	const gpu_api_t *a = x->api;
 	cudaIpcMemHandle_t h;
@@ -1555,31 +1660,31 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	cudaError_t e;
 	void *b = NULL;
 	refit_status_t rc;
+	char why[320];
 
 	*base = NULL;
-	if (len != sizeof(h))
-		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the CUDA IPC handle "
-				     "given has %zu bytes; a cudaIpcMemHandle_t has %zu", rank,
-				     len, sizeof(h));
+	if (gpu_ipc_handle_parse(ipc, len, &h, why, sizeof(why)) != 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: %s", rank, why);
 	if (dev < 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d is not served by this "
 				     "node", rank);
-	if (device >= 0 && device != dev)
+	if (uuid != NULL)
+		CHECK(uuid_check(x, rank, uuid, dev, err));
+	else if (device >= 0 && device != dev)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: the client's memory "
 				     "is on CUDA device %d, but this node runs rank %d on device "
 				     "%d (gpu_devices)", rank, device, rank, dev);
 	if (bytes == 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes (the size "
 				     "of the allocation) is 0", rank);
-	memcpy(&h, ipc, sizeof(h));
 	/* the current device is per thread: set it on this one */
 	if ((e = a->cudaSetDevice(dev)) != cudaSuccess)
-		return cuda_err(a, e, "cudaSetDevice", err);
+		return cuda_err(x, e, "cudaSetDevice", err);
 	if ((e = a->cudaIpcOpenMemHandle(&b, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess)
-		return cuda_err(a, e, "cudaIpcOpenMemHandle", err);
+		return cuda_err(x, e, "cudaIpcOpenMemHandle", err);
 	memset(&at, 0, sizeof(at));
 	if ((e = a->cudaPointerGetAttributes(&at, b)) != cudaSuccess) {
-		rc = cuda_err(a, e, "cudaPointerGetAttributes", err);
+		rc = cuda_err(x, e, "cudaPointerGetAttributes", err);
 		goto fail;
 	}
 	if (at.type != cudaMemoryTypeDevice || at.device != dev) {
@@ -1597,8 +1702,12 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 	 * mapping may end in another client's mapping or this node's staging,
 	 * and copies into the claim would write there.  cuMemGetAddressRange
 	 * gives the range the pointer lies in (cuda.h: "the base address ... and
-	 * size ... of the allocation ... that contains the input pointer"); the
-	 * mapping starts at b (cudaIpcOpenMemHandle returns its base).
+	 * size ... of the allocation ... that contains the input pointer").  The
+	 * mapping may start before b: CUDA sub-allocates small cudaMalloc
+	 * allocations from larger blocks and IPC maps "the entire underlying
+	 * memory block" (the programming guide), cudaIpcOpenMemHandle returning
+	 * the exported allocation's address inside it; the claim runs from b to
+	 * at most the block's end.
 	 */
 	{
 		unsigned long long rb = 0;
@@ -1611,12 +1720,14 @@ nccl_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t dev
 					   "size cannot be checked", rank, cr);
 			goto fail;
 		}
-		if (rb != (unsigned long long)(uintptr_t)b || bytes > rsz) {
+		uint64_t at = (uint64_t)((uintptr_t)b - rb);
+
+		if (rb > (unsigned long long)(uintptr_t)b || at >= rsz || bytes > rsz - at) {
 			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: cuda_bytes %" PRIu64
 					   " is larger than the allocation of the IPC handle (%zu "
 					   "bytes mapped from offset %llu of it): refused before "
-					   "anything was written", rank, bytes, rsz,
-					   (unsigned long long)((uintptr_t)b - rb));
+					   "anything was written", rank, bytes, rsz - (size_t)at,
+					   (unsigned long long)at);
 			goto fail;
 		}
 	}
@@ -1685,13 +1796,14 @@ nccl_stop(xport_t *x)
 	free(x);
 }
 
-static bool
+static xport_poison_t
 nccl_poisoned(xport_t *x, char *why, size_t len)
 {
-	bool p;
+	xport_poison_t p;
 
 	pthread_mutex_lock(&x->mu);
-	p = x->poison[0] != '\0';
+	p = x->dead ? XPORT_POISON_DEAD : x->poison[0] != '\0' ? XPORT_POISON_KEPT :
+		XPORT_POISON_NONE;
 	if (p && len)
 		snprintf(why, len, "%s", x->poison);
 	pthread_mutex_unlock(&x->mu);

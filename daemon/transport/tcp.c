@@ -719,12 +719,13 @@ tcp_dev(xport_session_t *s)
 
 static refit_status_t
 tcp_mem_open(xport_t *x, int32_t rank, const void *ipc, size_t len, int32_t device,
-	     uint64_t bytes, void **base, refit_err_t *err)
+	     const uint8_t *uuid, uint64_t bytes, void **base, refit_err_t *err)
 {
 	(void)x;
 	(void)ipc;
 	(void)len;
 	(void)device;
+	(void)uuid;
 	(void)bytes;
 	*base = NULL;
 	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "rank %d: GPU memory (a CUDA IPC "
@@ -738,13 +739,13 @@ tcp_mem_close(xport_t *x, void *base)
 	(void)base;
 }
 
-static bool
+static xport_poison_t
 tcp_poisoned(xport_t *x, char *why, size_t len)
 {
 	(void)x; /* no device work to outlive a session */
 	(void)why;
 	(void)len;
-	return false;
+	return XPORT_POISON_NONE;
 }
 
 const xport_ops_t xport_tcp_ops = XPORT_OPS("tcp", XPORT_MEM_HOST, tcp);

@@ -150,6 +150,13 @@ typedef struct xport_world {
 	size_t id_len;
 } xport_world_t;
 
+/* A node's state as its transport says (xport_ops_t.poisoned). */
+typedef enum xport_poison {
+	XPORT_POISON_NONE = 0,
+	XPORT_POISON_KEPT,  /* memory kept for work that never ended: no more refits */
+	XPORT_POISON_DEAD,  /* the device's context is dead: the process must restart */
+} xport_poison_t;
+
 /* Where a backend moves data from: the clients' memory it takes. */
 typedef enum xport_mem {
 	XPORT_MEM_HOST,    /* shared host memory (memfd / shm segments) */
@@ -186,21 +193,25 @@ typedef struct xport_ops {
 	void (*close)(xport_session_t *s);
 	void (*stop)(xport_t *x);
 	/*
-	 * Client memory from a CUDA IPC handle, opened on rank's device; device:
-	 * the ordinal the client says it allocated on (-1: not said), bytes: the
-	 * allocation's size the client gives; both are checked against the
-	 * memory.  mem_close unmaps what mem_open gave.
+	 * Client memory from a CUDA IPC handle, opened on rank's device; uuid:
+	 * the UUID (16 bytes) of the GPU the client says it allocated on (NULL:
+	 * not said), else device: the ordinal it says (-1: not said; an ordinal
+	 * of the client's process); bytes: the allocation's size the client
+	 * gives; all are checked against the memory.  mem_close unmaps what
+	 * mem_open gave.
 	 */
 	refit_status_t (*mem_open)(xport_t *x, int32_t rank, const void *ipc, size_t len,
-				   int32_t device, uint64_t bytes, void **base, refit_err_t *err);
+				   int32_t device, const uint8_t *uuid, uint64_t bytes,
+				   void **base, refit_err_t *err);
 	void (*mem_close)(xport_t *x, void *base);
 	/*
 	 * Whether this node runs no more refits until refitd restarts, and why
 	 * (into why, len bytes): nccl's poisoning (work on a stream never ended,
 	 * even after its communicators were aborted; the memory it may still
-	 * write is kept).  Any thread.  tcp: never.
+	 * write is kept), or a sticky CUDA error (the device's context is dead:
+	 * the process must exit).  Any thread.  tcp: never.
 	 */
-	bool (*poisoned)(xport_t *x, char *why, size_t len);
+	xport_poison_t (*poisoned)(xport_t *x, char *why, size_t len);
 } xport_ops_t;
 
 /* A backend's table from its functions prefix_name: a slot left out does

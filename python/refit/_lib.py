@@ -19,7 +19,7 @@ class Mem(ctypes.Structure):
                 ("offset", ctypes.c_uint64 * 2), ("strides", ctypes.POINTER(ctypes.c_int64)),
                 ("cuda_ipc", ctypes.c_void_p), ("cuda_ipc_len", ctypes.c_size_t),
                 ("cuda_bytes", ctypes.c_uint64), ("has_cuda_device", ctypes.c_int),
-                ("cuda_device", ctypes.c_int32)]
+                ("cuda_device", ctypes.c_int32), ("cuda_uuid", ctypes.c_char_p)]
 
 
 class Registration(ctypes.Structure):

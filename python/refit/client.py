@@ -170,6 +170,10 @@ class Client:
                 m.cuda_ipc_len = len(infos[0]["cuda_ipc"])
                 m.cuda_bytes = max(x["cuda_bytes"] for x in infos)
                 m.has_cuda_device, m.cuda_device = 1, infos[0]["device"]
+                if infos[0]["uuid"]:   # the GPU by UUID: ordinals are per process
+                    ub = ctypes.create_string_buffer(infos[0]["uuid"], 16)
+                    keep.append(ub)
+                    m.cuda_uuid = ctypes.cast(ub, ctypes.c_char_p)
                 for k, x in enumerate(infos):
                     m.offset[k] = x["offset"]
                 m.shm_name = b""

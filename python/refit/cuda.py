@@ -7,13 +7,60 @@ offset in the allocation, ...); the piece's offset is that offset plus the
 tensor's storage_offset in bytes.  The daemon opens the handle with
 cudaIpcOpenMemHandle on the rank's device and checks the memory.
 
-Compiled in and documented; not run in this repository's CPU-only tests.
+Current PyTorch answers the caching allocator's shareable handle
+(c10/cuda/CUDACachingAllocator.cpp, shareIpcHandle): a version byte, a type
+byte and, for type 'c' (memory of cudaMalloc), the 64-byte handle of the
+allocation; older PyTorch answers the 64-byte handle alone.  Type 'e'
+(expandable segments: memory of the driver's VMM API) cannot be opened with
+cudaIpcOpenMemHandle and is refused here, before anything reaches the
+daemon.
+
+Compiled in and documented; not run in this repository's CPU-only tests
+(ipc_handle and ipc_piece are, with objects shaped like torch's).
 """
+
+IPC_HANDLE_BYTES = 64
+TORCH_HANDLE_VERSION = 2
+
+VMM_REFUSED = ("expandable segments / VMM memory cannot be exported by legacy CUDA IPC; "
+               "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+
+
+def ipc_handle(h):
+    """The 64-byte cudaIpcMemHandle_t in what torch's _share_cuda_() answered
+    as its handle (bytes): the handle itself, or PyTorch's shareable handle of
+    type 'c' with its 2-byte header stripped.  ValueError for type 'e' and
+    anything else."""
+    h = bytes(h)
+    if len(h) == IPC_HANDLE_BYTES:
+        return h
+    if len(h) >= 2 and h[1:2] == b"e":
+        raise ValueError("refit: the tensor's memory is PyTorch's expandable segments "
+                         "(a shareable handle of type 'e'): " + VMM_REFUSED)
+    if len(h) == 2 + IPC_HANDLE_BYTES and h[0] == TORCH_HANDLE_VERSION and h[1:2] == b"c":
+        return h[2:]
+    raise ValueError(f"refit: torch's CUDA IPC handle has {len(h)} bytes (starting "
+                     f"{h[:2]!r}): neither a cudaIpcMemHandle_t ({IPC_HANDLE_BYTES} bytes) "
+                     f"nor a shareable handle of version {TORCH_HANDLE_VERSION}, type 'c'")
+
+
+def device_uuid(device):
+    """The 16-byte UUID of CUDA device `device` (an ordinal of this process),
+    as torch reads it (cudaDeviceProp.uuid); None where torch has no CUDA or
+    no UUID to give.  The node daemon knows its GPUs by UUID: under
+    CUDA_VISIBLE_DEVICES each process numbers its GPUs from 0."""
+    try:
+        import torch
+        u = torch.cuda.get_device_properties(device).uuid
+        return bytes(u.bytes)
+    except (ImportError, AttributeError, AssertionError, RuntimeError, TypeError,
+            ValueError):
+        return None
 
 
 def ipc_piece(t):
-    """dict(cuda_ipc=bytes, cuda_bytes=int, offset=int, device=int) of a torch
-    CUDA tensor, for refit_mem_t."""
+    """dict(cuda_ipc=bytes, cuda_bytes=int, offset=int, device=int, uuid=bytes or
+    None) of a torch CUDA tensor, for refit_mem_t."""
     if not getattr(t, "is_cuda", False):
         raise ValueError("refit: ipc_piece() takes a torch CUDA tensor")
     st = t.storage()
@@ -24,6 +71,6 @@ def ipc_piece(t):
     device, handle, size_bytes, offset_bytes = info[0], info[1], info[2], info[3]
     if not isinstance(handle, (bytes, bytearray)) or not handle:
         raise ValueError("refit: torch returned no CUDA IPC handle for this tensor")
-    return {"cuda_ipc": bytes(handle), "cuda_bytes": int(offset_bytes) + int(size_bytes),
+    return {"cuda_ipc": ipc_handle(handle), "cuda_bytes": int(offset_bytes) + int(size_bytes),
             "offset": int(offset_bytes) + t.storage_offset() * t.element_size(),
-            "device": int(device)}
+            "device": int(device), "uuid": device_uuid(int(device))}

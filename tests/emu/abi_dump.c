@@ -21,7 +21,8 @@ main(void)
 	V(cudaErrorInvalidDevicePointer); V(cudaErrorInvalidMemcpyDirection);
 	V(cudaErrorNoDevice); V(cudaErrorInvalidDevice); V(cudaErrorDeviceUninitialized);
 	V(cudaErrorMapBufferObjectFailed); V(cudaErrorInvalidResourceHandle);
-	V(cudaErrorNotReady); V(cudaErrorIllegalAddress); V(cudaErrorLaunchFailure);
+	V(cudaErrorNotReady); V(cudaErrorIllegalAddress); V(cudaErrorMisalignedAddress);
+	V(cudaErrorLaunchFailure);
 	V(cudaErrorNotSupported); V(cudaErrorUnknown);
 	S(cudaError_t);
 	V(cudaMemcpyHostToHost); V(cudaMemcpyHostToDevice); V(cudaMemcpyDeviceToHost);

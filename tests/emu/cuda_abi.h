@@ -39,6 +39,7 @@ typedef enum cudaError {
 	cudaErrorInvalidResourceHandle = 400,
 	cudaErrorNotReady = 600,
 	cudaErrorIllegalAddress = 700,
+	cudaErrorMisalignedAddress = 716,
 	cudaErrorLaunchFailure = 719,
 	cudaErrorNotSupported = 801,
 	cudaErrorUnknown = 999

@@ -404,7 +404,8 @@ static ncclResult_t
 join(ncclComm_t c, char *msg, size_t n)
 {
 	const emu_env_t *env = emu_env();
-	emu_peer_t h = {WIRE_MAGIC, c->nranks, c->rank, c->dev, (int32_t)getpid(), 0,
+	/* the host's device, as NCCL compares devices by bus id, not ordinal */
+	emu_peer_t h = {WIRE_MAGIC, c->nranks, c->rank, emu_phys(c->dev), (int32_t)getpid(), 0,
 			env->host_hash, "", ""};
 	reply_t rp;
 	char go;

@@ -28,6 +28,7 @@ typedef struct copy_op {
 	bool memset;
 	int value;
 	bool hang;      /* REFIT_EMU_HANG_D2H: never ends, whatever aborts */
+	bool fault;     /* REFIT_EMU_FAULT_D2D: kills the context when it runs */
 } copy_op_t;
 
 typedef struct kernel_op {
@@ -97,6 +98,12 @@ copy_run(emu_op_t *op_, struct CUstream_st *s)
 	 * nothing, so the process may exit */
 	while (op->hang)
 		pause();
+	if (op->fault) {
+		emu_fault(cudaErrorIllegalAddress, "%s on device %d: device-to-device copy %llu "
+			  "faults (REFIT_EMU_FAULT_D2D)", op->what, sdev,
+			  (unsigned long long)emu_env()->fault_d2d);
+		return;
+	}
 	d = resolve(op->dst, dlen, sdev, false, op->what, "destination", &ddev, &dpin);
 
 	if (d && !op->memset)
@@ -205,6 +212,12 @@ copy_submit(copy_op_t *tmpl, int kind, cudaStream_t sh, bool sync)
 			emu_say("%s: device-to-host copy %llu never ends (REFIT_EMU_HANG_D2H)", w,
 				(unsigned long long)emu_env()->hang_d2h);
 	}
+	if (!tmpl->memset && emu_env()->fault_d2d && emu_is_dev_addr(tmpl->dst) &&
+	    emu_is_dev_addr(tmpl->src)) {
+		static _Atomic uint64_t d2d;
+
+		op->fault = ++d2d == emu_env()->fault_d2d;
+	}
 	op->h.run = copy_run;
 	op->h.fini = op_free;
 	emu_stream_push(s, &op->h);
@@ -309,6 +322,14 @@ kernel_run(emu_op_t *op_, struct CUstream_st *s)
 	}
 	if (n == 0)
 		return;
+	/* every element is base + i * elem: the bases decide (a GPU's T* load or
+	 * store of an address not a multiple of sizeof(T) kills the context) */
+	if ((uintptr_t)k->dst % (uintptr_t)k->elem || (uintptr_t)k->src % (uintptr_t)k->elem) {
+		emu_fault(cudaErrorMisalignedAddress, "refitGpuCopyStrided on device %d: %d-byte "
+			  "elements at destination %p, source %p: an address not a multiple of "
+			  "the element size", sdev, k->elem, k->dst, k->src);
+		return;
+	}
 	d = resolve(k->dst, (size_t)(dmax + 1) * k->elem, sdev, true, "refitGpuCopyStrided",
 		    "destination", &dd, &dpin);
 	if (d)

@@ -115,6 +115,57 @@ mkdirs(const char *dir)
 
 static void counters_dump(void);
 
+/*
+ * CUDA_VISIBLE_DEVICES: the host's devices this process sees, in the order
+ * given; ordinal i is the i-th.  As CUDA, the list ends at the first entry
+ * that is not a device of the host (or names one again); UUIDs ("GPU-...")
+ * are not emulated.  A list that names no device is refused (a bad
+ * environment), where CUDA would see none.
+ */
+static int
+visible_parse(void)
+{
+	const char *s = getenv("CUDA_VISIBLE_DEVICES"), *p;
+	bool seen[REFIT_EMU_MAX_DEVICES] = {false};
+	int n = 0;
+
+	if (s == NULL)
+		return 0;
+	for (p = s; *p;) {
+		char *end;
+		long v = strtol(p, &end, 10);
+
+		if (end == p || (*end != ',' && *end != '\0') || v < 0 || v >= env.nphys ||
+		    seen[v])
+			break;
+		seen[v] = true;
+		env.phys[n++] = (int)v;
+		p = *end ? end + 1 : end;
+	}
+	if (n == 0) {
+		emu_say("CUDA_VISIBLE_DEVICES=\"%s\": names none of the host's %d devices "
+			"(0..%d)", s, env.nphys, env.nphys - 1);
+		return -1;
+	}
+	env.ndev = n;
+	return 0;
+}
+
+int
+emu_phys(int ord)
+{
+	return ord >= 0 && ord < env.ndev ? env.phys[ord] : -1;
+}
+
+int
+emu_ord(int phys)
+{
+	for (int d = 0; d < env.ndev; d++)
+		if (env.phys[d] == phys)
+			return d;
+	return -1;
+}
+
 static int
 env_parse(void)
 {
@@ -133,6 +184,11 @@ env_parse(void)
 		}
 		env.ndev = (int)n;
 	}
+	env.nphys = env.ndev;
+	for (int d = 0; d < env.ndev; d++)
+		env.phys[d] = d;
+	if (visible_parse() != 0)
+		return -1;
 	s = getenv("REFIT_EMU_DEVICE_MEM");
 	env.dev_mem = 4ULL << 30;
 	if (s && *s) {
@@ -174,6 +230,18 @@ env_parse(void)
 			return -1;
 		}
 		env.hang_d2h = n;
+	}
+	s = getenv("REFIT_EMU_FAULT_D2D");
+	env.fault_d2d = 0;
+	if (s && *s) {
+		unsigned long long n = strtoull(s, &end, 10);
+
+		if (*end || *s < '0' || *s > '9') {
+			emu_say("REFIT_EMU_FAULT_D2D=\"%s\": want the number of the device-to-device "
+				"copy that kills the context (1: the first; 0: none)", s);
+			return -1;
+		}
+		env.fault_d2d = n;
 	}
 	s = getenv("REFIT_EMU_DIR");
 	if (s && *s)
@@ -399,6 +467,7 @@ static const err_row_t errs[] = {
 	{cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
 	{cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
 	 "an illegal memory access was encountered"},
+	{cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
 	{cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
 	{cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
 	{cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},

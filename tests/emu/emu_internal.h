@@ -32,7 +32,10 @@
 /* ---- process state (emu_mem.c) ------------------------------------------ */
 
 typedef struct emu_env {
-	int ndev;
+	int ndev;                 /* devices this process sees (its ordinals) */
+	int nphys;                /* REFIT_EMU_DEVICES: devices of the host */
+	int phys[REFIT_EMU_MAX_DEVICES]; /* ordinal -> the host's device
+				     (CUDA_VISIBLE_DEVICES; else the identity) */
 	char dir[200];            /* REFIT_EMU_DIR */
 	char host[64];            /* NCCL_HOSTID or the hostname */
 	uint64_t host_hash;
@@ -41,7 +44,15 @@ typedef struct emu_env {
 	int nccl_version;         /* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says */
 	uint64_t hang_d2h;        /* REFIT_EMU_HANG_D2H: this device-to-host copy of the
 				     process (counted from 1) never ends (0: none) */
+	uint64_t fault_d2d;       /* REFIT_EMU_FAULT_D2D: this device-to-device copy of
+				     the process (counted from 1) kills the context */
 } emu_env_t;
+
+/* The host's device of this process's ordinal ord (the identity without
+ * CUDA_VISIBLE_DEVICES); this process's ordinal of the host's device phys,
+ * -1 when it does not see it. */
+EMU_API int emu_phys(int ord);
+EMU_API int emu_ord(int phys);
 
 /* Initialise once (environment, address space); NULL when that failed (and
  * said why on stderr).  Thread-safe. */

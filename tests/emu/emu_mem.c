@@ -26,10 +26,19 @@
 #define SLICE (64ULL << 30)        /* address space per device */
 #define GRAIN (64ULL << 10)        /* allocation granularity and guard gap */
 #define IPC_MAGIC 0x52454d49u      /* "REMI" */
+/* cudaMalloc sub-allocation: an allocation below SUB_MAX bytes lives at
+ * SUB_OFF in a block of SUB_BLOCK (as CUDA packs small allocations into
+ * larger blocks); CUDA IPC maps the whole block */
+#define SUB_MAX GRAIN
+#define SUB_OFF GRAIN
+#define SUB_BLOCK (2ULL << 20)
 
 struct emu_alloc {
 	uintptr_t va;
-	size_t size;
+	size_t size;           /* of the block (the backing file, the mapping) */
+	size_t uoff, usize;    /* what may be accessed: the allocation in its block,
+				  or an IPC mapping's whole block */
+	size_t poff;           /* where the pointer handed out points */
 	uint8_t *mem;          /* the host-writable view */
 	size_t maplen;
 	int dev;
@@ -49,7 +58,7 @@ struct ipc_handle {
 	int32_t pid;
 	int32_t pad;
 	uint64_t seq;
-	uint64_t offset;       /* of the allocation in its file (always 0 here) */
+	uint64_t offset;       /* of the allocation in its block (its file) */
 	uint64_t size;
 	uint64_t dir_hash;     /* REFIT_EMU_DIR, where the file is */
 };
@@ -172,8 +181,9 @@ emu_mem_find(const void *p, size_t len, bool pin, int *dev, uint8_t **mem, emu_a
 		return EMU_HOST;
 	pthread_mutex_lock(&mu);
 	i = tab_find(a);
-	if (i >= 0 && !tab[i]->dying && a - tab[i]->va < tab[i]->size &&
-	    len <= tab[i]->size - (a - tab[i]->va)) {
+	if (i >= 0 && !tab[i]->dying && a - tab[i]->va - tab[i]->uoff < tab[i]->usize &&
+	    a >= tab[i]->va + tab[i]->uoff &&
+	    len <= tab[i]->usize - (a - tab[i]->va - tab[i]->uoff)) {
 		emu_alloc_t *x = tab[i];
 
 		w = EMU_DEVICE;
@@ -220,12 +230,12 @@ alloc_drop(emu_alloc_t *a)
 		pthread_cond_wait(&unpinned, &mu);
 	tab_remove(a);
 	if (!a->ipc)
-		dev_used[a->dev] -= a->size;
+		dev_used[a->dev] -= a->usize;
 	pthread_mutex_unlock(&mu);
 	munmap(a->mem, a->maplen);
 	if (!a->ipc) {
 		unlink(a->path);
-		emu_count_alloc(a->dev, -1, -(int64_t)a->size);
+		emu_count_alloc(a->dev, -1, -(int64_t)a->usize);
 	} else {
 		emu_count(EMU_IPC, -1);
 	}
@@ -262,10 +272,10 @@ alloc_place(emu_alloc_t *a)
 	const emu_env_t *e = emu_env();
 
 	pthread_mutex_lock(&mu);
-	if (!a->ipc && dev_used[a->dev] + a->size > e->dev_mem) {
+	if (!a->ipc && dev_used[a->dev] + a->usize > e->dev_mem) {
 		pthread_mutex_unlock(&mu);
 		return emu_fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu) on device %d: %llu "
-				"of %llu bytes in use (REFIT_EMU_DEVICE_MEM)", a->size, a->dev,
+				"of %llu bytes in use (REFIT_EMU_DEVICE_MEM)", a->usize, a->dev,
 				(unsigned long long)dev_used[a->dev],
 				(unsigned long long)e->dev_mem);
 	}
@@ -281,7 +291,7 @@ alloc_place(emu_alloc_t *a)
 				a->dev);
 	}
 	if (!a->ipc)
-		dev_used[a->dev] += a->size;
+		dev_used[a->dev] += a->usize;
 	tab_insert(a);
 	pthread_mutex_unlock(&mu);
 	return cudaSuccess;
@@ -305,7 +315,9 @@ cudaMalloc(void **p, size_t size)
 	if ((a = calloc(1, sizeof(*a))) == NULL)
 		return emu_fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu): out of host memory",
 				size);
-	a->size = size;
+	a->usize = size;
+	a->size = size < SUB_MAX ? SUB_BLOCK : size;
+	a->uoff = a->poff = size < SUB_MAX ? SUB_OFF : 0;
 	a->dev = emu_cur_dev();
 	a->pid = (int)getpid();
 	a->seq = atomic_fetch_add(&seqno, 1) + 1;
@@ -324,7 +336,7 @@ cudaMalloc(void **p, size_t size)
 		return e;
 	}
 	emu_count_alloc(a->dev, 1, (int64_t)size);
-	*p = (void *)a->va;
+	*p = (void *)(a->va + a->poff);
 	return cudaSuccess;
 }
 
@@ -334,7 +346,8 @@ base_of(const void *p)
 {
 	long i = tab_find((uintptr_t)p);
 
-	return i >= 0 && tab[i]->va == (uintptr_t)p && !tab[i]->dying ? tab[i] : NULL;
+	return i >= 0 && tab[i]->va + tab[i]->poff == (uintptr_t)p && !tab[i]->dying ? tab[i] :
+		NULL;
 }
 
 cudaError_t
@@ -406,11 +419,12 @@ emu_cu_mem_get_address_range(unsigned long long *pbase, size_t *psize, unsigned 
 		return 3; /* CUDA_ERROR_NOT_INITIALIZED */
 	pthread_mutex_lock(&mu);
 	i = emu_is_dev_addr((void *)(uintptr_t)p) ? tab_find((uintptr_t)p) : -1;
-	if (i >= 0 && !tab[i]->dying && p - tab[i]->va < tab[i]->size) {
+	if (i >= 0 && !tab[i]->dying && p >= tab[i]->va + tab[i]->uoff &&
+	    p - tab[i]->va - tab[i]->uoff < tab[i]->usize) {
 		if (pbase)
-			*pbase = tab[i]->va;
+			*pbase = tab[i]->va + tab[i]->uoff;
 		if (psize)
-			*psize = tab[i]->size;
+			*psize = tab[i]->usize;
 		r = 0;
 	}
 	pthread_mutex_unlock(&mu);
@@ -421,8 +435,37 @@ emu_cu_mem_get_address_range(unsigned long long *pbase, size_t *psize, unsigned 
 }
 
 /*
- * cudaGetDriverEntryPointByVersion (cuda_runtime_api.h, CUDA 12.5+): the one
- * driver function refit asks for, cuMemGetAddressRange.  Any other symbol:
+ * The driver's cuDeviceGetUuid (cuda.h: CUresult cuDeviceGetUuid(CUuuid
+ * *uuid, CUdevice dev), dev an ordinal of this process): 16 bytes that name
+ * the host's device, the same in every process of the host whatever
+ * CUDA_VISIBLE_DEVICES says ("REFITEMU", the host's hash, the device).
+ * 101 (CUDA_ERROR_INVALID_DEVICE) for an ordinal this process lacks, 1
+ * (CUDA_ERROR_INVALID_VALUE) for NULL.
+ */
+static int
+emu_cu_device_get_uuid(unsigned char *uuid, int dev)
+{
+	const emu_env_t *env = emu_env();
+	uint32_t h;
+
+	if (env == NULL || emu_sticky() != cudaSuccess)
+		return env ? (int)emu_sticky() : 3;
+	if (uuid == NULL)
+		return 1;
+	if (emu_phys(dev) < 0)
+		return 101;
+	memcpy(uuid, "REFITEMU", 8);
+	h = (uint32_t)(env->host_hash ^ (env->host_hash >> 32));
+	memcpy(uuid + 8, &h, 4);
+	uuid[12] = uuid[13] = uuid[14] = 0;
+	uuid[15] = (unsigned char)emu_phys(dev);
+	return 0;
+}
+
+/*
+ * cudaGetDriverEntryPointByVersion (cuda_runtime_api.h, CUDA 12.5+): the
+ * driver functions refit asks for, cuMemGetAddressRange and
+ * cuDeviceGetUuid.  Any other symbol:
  * cudaSuccess with *funcPtr NULL and cudaDriverEntryPointSymbolNotFound, as
  * the runtime says of a symbol it does not know; a version above the
  * emulated driver's (13000) → cudaErrorInvalidValue.
@@ -447,6 +490,8 @@ cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned in
 	if (strcmp(symbol, "cuMemGetAddressRange") == 0)
 		*(int (**)(unsigned long long *, size_t *, unsigned long long))funcPtr =
 			emu_cu_mem_get_address_range;
+	else if (strcmp(symbol, "cuDeviceGetUuid") == 0)
+		*(int (**)(unsigned char *, int))funcPtr = emu_cu_device_get_uuid;
 	if (driverStatus)
 		*driverStatus = *funcPtr ? cudaDriverEntryPointSuccess :
 					   cudaDriverEntryPointSymbolNotFound;
@@ -545,12 +590,15 @@ cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 		return emu_fail(cudaErrorInvalidValue, "cudaIpcGetMemHandle(NULL, %p)", p);
 	pthread_mutex_lock(&mu);
 	i = emu_is_dev_addr(p) ? tab_find((uintptr_t)p) : -1;
-	if (i >= 0 && (uintptr_t)p - tab[i]->va < tab[i]->size && !tab[i]->dying)
+	if (i >= 0 && (uintptr_t)p >= tab[i]->va + tab[i]->uoff &&
+	    (uintptr_t)p - tab[i]->va - tab[i]->uoff < tab[i]->usize && !tab[i]->dying)
 		a = tab[i];
 	if (a && !a->ipc) {
-		/* like CUDA: the handle names the whole allocation, whatever p is */
-		ih = (struct ipc_handle){IPC_MAGIC, a->dev, emu_env()->host_hash, a->pid, 0,
-					 a->seq, 0, a->size, dir_hash()};
+		/* like CUDA: the handle names the whole allocation, whatever p is,
+		 * and maps its whole block; the host's device (the importer may
+		 * number it otherwise) */
+		ih = (struct ipc_handle){IPC_MAGIC, emu_phys(a->dev), emu_env()->host_hash,
+					 a->pid, 0, a->seq, a->poff, a->size, dir_hash()};
 	}
 	pthread_mutex_unlock(&mu);
 	if (a == NULL)
@@ -580,7 +628,7 @@ ipc_check(const struct ipc_handle *ih, unsigned flags)
 	const emu_env_t *env = emu_env();
 	int cur = emu_cur_dev();
 
-	if (ih->magic != IPC_MAGIC || ih->dev < 0 || ih->size == 0)
+	if (ih->magic != IPC_MAGIC || ih->dev < 0 || ih->size == 0 || ih->offset >= ih->size)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle: not a "
 				"handle from cudaIpcGetMemHandle");
 	if (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess)
@@ -593,16 +641,20 @@ ipc_check(const struct ipc_handle *ih, unsigned flags)
 		return emu_fail(cudaErrorMapBufferObjectFailed, "cudaIpcOpenMemHandle: the "
 				"exporter used another REFIT_EMU_DIR than \"%s\" (all processes "
 				"of a host must share it)", env->dir);
-	if (ih->dev >= env->ndev)
+	if (ih->dev >= env->nphys)
 		return emu_fail(cudaErrorInvalidResourceHandle, "cudaIpcOpenMemHandle: device "
-				"%d of %d", ih->dev, env->ndev);
+				"%d of %d", ih->dev, env->nphys);
+	if (emu_ord(ih->dev) < 0)
+		return emu_fail(cudaErrorInvalidDevice, "cudaIpcOpenMemHandle: the memory is on "
+				"the host's device %d, which this process does not see "
+				"(CUDA_VISIBLE_DEVICES)", ih->dev);
 	if (ih->pid == (int)getpid())
 		return emu_fail(cudaErrorDeviceUninitialized, "cudaIpcOpenMemHandle: the "
 				"handle is of this process's own allocation");
-	if (ih->dev != cur && !(flags & cudaIpcMemLazyEnablePeerAccess))
+	if (emu_ord(ih->dev) != cur && !(flags & cudaIpcMemLazyEnablePeerAccess))
 		return emu_fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: memory of device "
 				"%d opened on device %d without "
-				"cudaIpcMemLazyEnablePeerAccess", ih->dev, cur);
+				"cudaIpcMemLazyEnablePeerAccess", emu_ord(ih->dev), cur);
 	return cudaSuccess;
 }
 
@@ -623,7 +675,7 @@ cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 	pthread_mutex_lock(&mu);
 	if ((a = ipc_find(ih.pid, ih.seq)) != NULL) { /* CUDA: same pointer, one more ref */
 		a->ipc_refs++;
-		*p = (void *)a->va;
+		*p = (void *)(a->va + a->poff);
 		pthread_mutex_unlock(&mu);
 		emu_count(EMU_IPC, 1);
 		return cudaSuccess;
@@ -631,8 +683,9 @@ cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 	pthread_mutex_unlock(&mu);
 	if ((a = calloc(1, sizeof(*a))) == NULL)
 		return emu_fail(cudaErrorMemoryAllocation, "cudaIpcOpenMemHandle: out of memory");
-	*a = (emu_alloc_t){.size = ih.size, .dev = ih.dev, .ipc = true, .ipc_refs = 1,
-			   .pid = ih.pid, .seq = ih.seq};
+	*a = (emu_alloc_t){.size = ih.size, .usize = ih.size, .poff = ih.offset,
+			   .dev = emu_ord(ih.dev), .ipc = true, .ipc_refs = 1, .pid = ih.pid,
+			   .seq = ih.seq};
 	snprintf(a->path, sizeof(a->path), "%s/mem/%d.%llu", emu_env()->dir, ih.pid,
 		 (unsigned long long)ih.seq);
 	if (map_file(a, O_RDWR) != 0) {
@@ -647,7 +700,7 @@ cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 		return e;
 	}
 	emu_count(EMU_IPC, 1);
-	*p = (void *)a->va;
+	*p = (void *)(a->va + a->poff);
 	return cudaSuccess;
 }
 

@@ -666,6 +666,7 @@ bad_env_child(int which)
 		{"REFIT_EMU_DIR", "/tmp/a-directory-name-that-is-far-too-long-for-the-unix-socket-"
 				  "paths-that-live-in-it"},
 		{"REFIT_EMU_NCCL_VERSION", "2.27"}, {"REFIT_EMU_HANG_D2H", "1x"},
+		{"REFIT_EMU_FAULT_D2D", "-1"},
 	};
 	int n;
 	void *p;
@@ -680,7 +681,7 @@ bad_env_child(int which)
 static void
 t_bad_environment(void)
 {
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 8; i++)
 		reap_ok(spawn(bad_env_child, i, NULL));
 }
 

@@ -1,7 +1,7 @@
 /*
  * test_emu.c - the driver of the emulator's rule tests (test_cuda.c,
- * test_nccl.c): for each rule a program that breaks it and a check that the
- * emulator catches it, plus the correct paths (byte-exact copies, IPC and
+ * test_cuda_hw.c, test_nccl.c): for each rule a program that breaks it and a
+ * check that the emulator catches it, plus the correct paths (byte-exact copies, IPC and
  * exchanges between processes).
  *
  * Each test runs in its own process (a dead context or a leak stays there)
@@ -230,19 +230,24 @@ run_one(const test_t *t)
 int
 main(int argc, char **argv)
 {
+	const struct {
+		const test_t *v;
+		size_t n;
+	} tabs[] = {{cuda_tests, ncuda_tests}, {hw_tests, nhw_tests}, {nccl_tests, nnccl_tests}};
 	int pass = 0, fail = 0;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	for (size_t i = 0; i < ncuda_tests + nnccl_tests; i++) {
-		const test_t *t = i < ncuda_tests ? &cuda_tests[i] : &nccl_tests[i - ncuda_tests];
+	for (size_t k = 0; k < sizeof(tabs) / sizeof(tabs[0]); k++)
+		for (size_t i = 0; i < tabs[k].n; i++) {
+			const test_t *t = &tabs[k].v[i];
 
-		if (argc > 1 && strstr(t->name, argv[1]) == NULL)
-			continue;
-		if (run_one(t))
-			fail++;
-		else
-			pass++;
-	}
+			if (argc > 1 && strstr(t->name, argv[1]) == NULL)
+				continue;
+			if (run_one(t))
+				fail++;
+			else
+				pass++;
+		}
 	printf("emu: %d passed, %d failed\n", pass, fail);
 	return fail != 0;
 }

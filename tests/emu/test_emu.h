@@ -1,6 +1,6 @@
 /*
  * test_emu.h - what the emulator's rule tests share (test_emu.c: helpers and
- * the driver; test_cuda.c, test_nccl.c: the tests).
+ * the driver; test_cuda.c, test_cuda_hw.c, test_nccl.c: the tests).
  */
 #ifndef REFIT_EMU_TEST_H
 #define REFIT_EMU_TEST_H
@@ -66,8 +66,8 @@ typedef struct test {
 #define TEST(name) {#name, t_##name, NULL}
 #define TEST_ENV(name, env) {#name, t_##name, env}
 
-extern const test_t cuda_tests[], nccl_tests[];
-extern const size_t ncuda_tests, nnccl_tests;
+extern const test_t cuda_tests[], nccl_tests[], hw_tests[];
+extern const size_t ncuda_tests, nnccl_tests, nhw_tests;
 
 /* the test's REFIT_EMU_DIR */
 extern char tdir[200];

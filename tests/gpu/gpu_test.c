@@ -546,20 +546,20 @@ ipc_child(int rfd)
 		return 1;
 	}
 	/* cuda_bytes beyond the allocation, and a wrong device, are refused */
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), -1, 1 << 24, &base, &err) ==
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), -1, NULL, 1 << 24, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
 	       "cuda_bytes 16 MiB for a 2 MiB allocation: %s", err.msg);
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, IPC_BYTES, &base, &err) ==
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 1, NULL, IPC_BYTES, &base, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "on CUDA device 1"),
 	       "device 1 said for rank 0: %s", err.msg);
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, IPC_BYTES, &base, &err) == REFIT_OK,
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, NULL, IPC_BYTES, &base, &err) == REFIT_OK,
 	       "mem_open: %s", err.msg);
 	/* B, opened next: on the emulator its mapping starts where A's ends (as
 	 * CUDA may place it), so the byte past A is device memory of device 0 */
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, hb, sizeof(hb), 0, IPC_BYTES, &bb, &err) == REFIT_OK,
+	EXPECT(o->mem_open(x, 0, hb, sizeof(hb), 0, NULL, IPC_BYTES, &bb, &err) == REFIT_OK,
 	       "mem_open of the second allocation: %s", err.msg);
 	if (base && bb) {
 		printf("     the second mapping %s right after the first\n",
@@ -570,7 +570,7 @@ ipc_child(int rfd)
 	}
 	/* A claimed 4 KiB larger than it is: the claim's last byte is in B */
 	refit_err_clear(&err);
-	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, IPC_BYTES + 4096, &b2, &err) ==
+	EXPECT(o->mem_open(x, 0, handle, sizeof(handle), 0, NULL, IPC_BYTES + 4096, &b2, &err) ==
 	       REFIT_ERR_INVALID_ARG && strstr(err.msg, "larger than the allocation"),
 	       "cuda_bytes 2 MiB + 4 KiB for a 2 MiB allocation, the next mapping right "
 	       "after it: %s", b2 ? "accepted" : err.msg);

@@ -394,10 +394,18 @@ class Client:
     """One refit-client process, driven over its stdin/stdout."""
 
     def __init__(self, cl, node, model, role, layouts, instance="", install=None,
-                 pad=0, version=1, istride=1, extra=()):
+                 pad=0, version=1, istride=1, extra=(), visible=None):
+        """visible (nccl on the emulator): the client runs with
+        CUDA_VISIBLE_DEVICES = visible, its ranks on the devices of the node's
+        ranks as it numbers them."""
         args = [f"{BUILD}/bin/refit-client", "--socket", cl.sock(node), "--model", model,
                 "--role", role, "--layouts", layouts, "--timeout-ms", "30000"] + list(extra)
-        if TRANSPORT == "nccl":
+        env = host_env(cl.host(node)) if TRANSPORT == "nccl" else None
+        if TRANSPORT == "nccl" and visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in visible)
+            args += ["--cuda", "--gpu-devices",
+                     ",".join(str(visible.index(d)) for d in range(RPN))]
+        elif TRANSPORT == "nccl":
             args += ["--cuda", "--gpu-devices", gpu_devices()]
         if istride != 1:
             args += ["--istride", str(istride)]
@@ -410,8 +418,7 @@ class Client:
         if version != 1:
             args += ["--version", str(version)]
         self.p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, bufsize=1,
-                       env=host_env(cl.host(node)) if TRANSPORT == "nccl" else None)
+                       stderr=subprocess.PIPE, text=True, bufsize=1, env=env)
         self.first = self.p.stdout.readline().strip()
 
     def ok(self):

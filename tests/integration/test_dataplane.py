@@ -666,13 +666,23 @@ def relay_staging_bounded():
 
 
 def bad_gpu_registrations():
-    """nccl: GPU memory is checked where it is opened: the handle's size, the
+    """nccl: GPU memory is checked where it is opened: the handle's size and
+    format (PyTorch's 66-byte shareable handles: 'c' taken, 'e' refused), the
     device the client says, the device the memory is on, cuda_bytes."""
     import ctypes
     os.environ.update(harness.host_env(MAIN.host(0)))
     os.environ.pop("REFIT_EMU_COUNTERS", None)   # this process is no daemon
     cu = ctypes.CDLL(f"{harness.EMU_LIB}/libcudart.so.13")
     ptrs = []
+
+    def uuid(dev):
+        fn = ctypes.c_void_p()
+        assert cu.cudaGetDriverEntryPointByVersion(b"cuDeviceGetUuid", ctypes.byref(fn),
+                                                   12000, 0, None) == 0 and fn.value
+        u = (ctypes.c_ubyte * 16)()
+        assert ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)(fn.value)(
+            u, dev) == 0
+        return bytes(u)
 
     def alloc(dev, n):
         p = ctypes.c_void_p()
@@ -699,7 +709,18 @@ def bad_gpu_registrations():
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0[:10], cuda_bytes=256,
                                                  offsets=[0]), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT,
-                     "the CUDA IPC handle given has 10 bytes; a cudaIpcMemHandle_t has 64")
+                     "the CUDA IPC handle given has 10 bytes")
+        # PyTorch's shareable handle (_share_cuda_()): version 2, type, handle;
+        # 'e' (expandable segments) cannot be opened by legacy IPC
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=b"\x02e" + h0,
+                                                 cuda_bytes=256, offsets=[0]), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     "expandable segments / VMM memory cannot be exported by legacy CUDA "
+                     "IPC; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=b"\x07c" + h0,
+                                                 cuda_bytes=256, offsets=[0]), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     "nor a PyTorch shareable handle of version 2")
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
                                                  offsets=[0], cuda_device=2,
                                                  has_cuda_device=True), good1]),
@@ -708,14 +729,37 @@ def bad_gpu_registrations():
         expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h1b, cuda_bytes=256,
                                                  offsets=[0]), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT, "not on device 0 where this node")
-        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=1 << 20,
+        # the GPU by UUID (an ordinal of the client's process means nothing
+        # here): device 1's GPU for rank 0, whatever ordinal is said
+        u1 = uuid(1)
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
+                                                 offsets=[0], cuda_device=0,
+                                                 has_cuda_device=True, cuda_uuid=u1),
+                                  good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT,
+                     f"is on GPU-{u1[:4].hex()}-{u1[4:6].hex()}-{u1[6:8].hex()}-"
+                     f"{u1[8:10].hex()}-{u1[10:].hex()}, CUDA device 1 here, but this node "
+                     "runs rank 0 on device 0")
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256,
+                                                 offsets=[0], cuda_uuid=b"GPU-0"), good1]),
+                     grpc.StatusCode.INVALID_ARGUMENT, "cuda_uuid has 5 bytes")
+        # h0, 256 bytes, is sub-allocated from a 2 MiB block that IPC maps
+        # whole (its pointer 64 KiB into it): the claim may run to the
+        # block's end, not past it (and a sub-allocated handle is taken:
+        # refused as "larger than the allocation" before issue 24)
+        expect_error(lambda: reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=4 << 20,
                                                  offsets=[0]), good1]),
                      grpc.StatusCode.INVALID_ARGUMENT,
-                     "cuda_bytes 1048576 is larger than the allocation")
+                     "cuda_bytes 4194304 is larger than the allocation of the IPC handle "
+                     "(2031616 bytes mapped from offset 65536 of it)")
         expect_error(lambda: reg([pb.PieceMemory(rank=0, shm_name="/x", offsets=[0]),
                                   good1]),
                      grpc.StatusCode.INVALID_ARGUMENT, "give a CUDA IPC handle")
         ok = reg([pb.PieceMemory(rank=0, cuda_ipc=h0, cuda_bytes=256, offsets=[0]), good1])
+        assert ok.client_id > 0
+        st.Unregister(pb.ClientRequest(client_id=ok.client_id), timeout=5)
+        ok = reg([pb.PieceMemory(rank=0, cuda_ipc=b"\x02c" + h0, cuda_bytes=256,
+                                 offsets=[0]), good1])
         assert ok.client_id > 0
         st.Unregister(pb.ClientRequest(client_id=ok.client_id), timeout=5)
         assert st.Hello(pb.HelloRequest(), timeout=5).joined
@@ -744,6 +788,52 @@ def nccl_version_checked():
     assert out.returncode != 0, out
     assert (f'transport "nccl" cannot run here: {harness.EMU_LIB}/libnccl.so.2 is NCCL '
             "2.26.10; refit needs 2.27 or newer") in out.stderr, out.stderr
+
+
+def visible_devices_by_uuid():
+    """Issue 24, item 3: a client under CUDA_VISIBLE_DEVICES numbers its GPUs
+    its own way (here 3,2,1,0: its ordinal 0 is the node's device 3); it
+    names each rank's GPU by UUID, the node maps the UUID to its own device,
+    and a refit into that memory installs byte-exact (bad_gpu_registrations:
+    a UUID of another device than the rank's is refused, naming the GPU)."""
+    train = [{"name": "w", "dtype": "fp32", "shape": [64, 48], "mesh": list(range(RPN)),
+              "placements": ["Shard(0)"]}]
+    inst = [{"name": "w", "dtype": "fp32", "shape": [64, 48],
+             "mesh": list(range(RPN, 2 * RPN)), "placements": ["Shard(1)"]}]
+    tp = write(f"{TMP}/vis-train.json", train)
+    ip = write(f"{TMP}/vis-i.json", inst)
+    tr = Client(MAIN, 0, "vis", "train", tp, visible=list(range(RPN))[::-1])
+    assert tr.ok(), f"{tr.first} {tr.p.stderr.read()}"
+    c = Client(MAIN, 1, "vis", "infer", ip, instance="a", install="double-buffer",
+               visible=list(range(RPN))[::-1])
+    assert c.ok(), f"{c.first} {c.p.stderr.read()}"
+    clients = {"train": [tr], "infer": [c]}
+    g = MAIN.refit("vis", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(clients, 1)
+    stop(clients)
+
+
+def nccl_environment_checked():
+    """Issue 24, item 5: refitd logs every NCCL_* variable it runs with, and
+    refuses NCCL_COMM_BLOCKING=1 and NCCL_LAUNCH_MODE=GROUP (they break the
+    non-blocking communicators and groups), naming the variable."""
+    with open(MAIN.log.name) as f:
+        log = f.read()
+    assert "gpu: environment: NCCL_HOSTID=" in log, log[-3000:]
+    for var, val in (("NCCL_COMM_BLOCKING", "1"), ("NCCL_LAUNCH_MODE", "group")):
+        env = harness.host_env("blockingnccl")
+        env.pop("REFIT_EMU_COUNTERS", None)
+        env[var] = val
+        args = harness.node_spawn_args(MAIN, "blockingnccl", "41-41")
+        # no coordinator there: a refitd that wrongly starts joins nothing
+        args[args.index("--coordinator") + 1] = f"127.0.0.1:{harness.free_port()}"
+        try:
+            out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"refitd started with {var}={val}")
+        assert out.returncode != 0, out
+        assert f"{var}={val} in refitd's environment" in out.stderr, out.stderr
 
 
 try:
@@ -778,10 +868,14 @@ try:
         check("a refit installs on the healthy instances and names the skipped ones; "
               "strict policy", skip_unhealthy)
     else:
-        check("bad GPU registrations: handle size, device said, device of the memory, "
-              "cuda_bytes", bad_gpu_registrations)
+        check("bad GPU registrations: handle size and format, device said, device of the "
+              "memory, cuda_bytes", bad_gpu_registrations)
         check("the NCCL version is logged; below 2.27 refitd refuses nccl, naming both",
               nccl_version_checked)
+        check("a client under CUDA_VISIBLE_DEVICES (its ordinals reversed) names its GPUs "
+              "by UUID; a refit installs byte-exact", visible_devices_by_uuid)
+        check("NCCL_* variables are logged; NCCL_COMM_BLOCKING=1 and NCCL_LAUNCH_MODE=GROUP "
+              "are refused, naming the variable", nccl_environment_checked)
     check("an epoch mixing tcp and nccl nodes is refused, naming the node",
           mixed_transports_refused)
 finally:

@@ -24,6 +24,9 @@ with verify makes (the CRC of each message it receives).
    them
  - poisoned_exit = "on" (a second cluster): the poisoned node stops with
    status 75, for systemd's Restart=on-failure
+ - a sticky CUDA error (a third cluster, REFIT_EMU_FAULT_D2D): the device's
+   context is dead, the refit fails and the node exits with status 75
+   whatever poisoned_exit says
 
 Usage: test_poison.py BUILD_DIR.  Needs REFIT_TEST_TRANSPORT=nccl and the
 emulator (tests/run-check-nccl.sh runs it); elsewhere it says it skipped.
@@ -227,6 +230,29 @@ def poisoned_exit():
         "SuccessExitStatus" not in unit, unit
 
 
+def sticky_error_exits():
+    """Issue 24, item 4: a sticky CUDA error (REFIT_EMU_FAULT_D2D: node 1's
+    first device-to-device copy faults, as a GPU would) kills the device's
+    context: the refit fails naming it, and the node exits with status 75
+    for systemd to restart it, poisoned_exit off."""
+    cl = Cluster("sx", 2, node_extra=lambda k: ["--slice-timeout-ms", str(SLICE_MS)],
+                 node_env=lambda k: {"REFIT_EMU_FAULT_D2D": "1"} if k == 1 else {})
+    trainer, _ = start(cl, "s", [1])
+    p = cl.nodes[1]
+    STATE["dead_pid"] = p.pid
+    out = trainer.cmd("next 2")
+    assert out.startswith("READY"), out
+    g = cl.refit("s", 2, timeout=180)
+    assert g.state == pb.FAILED, g
+    assert "sticky CUDA error" in g.failure or "is poisoned" in g.failure, g.failure
+    wait_for(lambda: p.poll() is not None, 60, "the node with a dead CUDA context to exit")
+    assert p.returncode == 75, p.returncode
+    harness.PROCS.remove(p)   # exited 75 on purpose: not a crash for check_exits
+    with open(cl.log.name) as f:
+        log = f.read()
+    assert "a sticky CUDA error: stopping with status 75" in log, log[-3000:]
+
+
 try:
     check("a refit with verify hangs node 1's copy to the host: the node is poisoned, "
           "the refit fails without a retry", poisoned_by_a_refit)
@@ -240,16 +266,18 @@ try:
         check("nodes 0 and 2: SERVING, metric 0, last version intact; with node 1 drained "
               "a refit commits on them", others_unaffected)
     check("poisoned_exit on: the poisoned node exits with status 75", poisoned_exit)
+    check("a sticky CUDA error: the refit fails, the node exits with status 75 (poisoned_exit "
+          "off)", sticky_error_exits)
 finally:
     harness.stop_all()
     harness.check_exits()
     # the poisoned node keeps what the GPU may still write: its counters
     # show it; the others must show no leak
-    poisoned = {CL.nodes[1].pid}
+    poisoned = {CL.nodes[1].pid, STATE.get("dead_pid")}
     problems, summary = harness.emu_leaks()
     problems = [p for p in problems
                 if not any(f"pid {x} " in p or f"pid {x}:" in p for x in poisoned)]
-    print(f"     {summary} (node po1, poisoned, left out)")
+    print(f"     {summary} (nodes po1 and sx1, poisoned, left out)")
     if problems:
         harness.counts["failed"] += 1
         print("FAIL the emulator's counters show leaks:\n     " + "\n     ".join(problems))

@@ -296,6 +296,44 @@ def typed_errors():
     c.close()
 
 
+class CudaLike:
+    """A CUDA tensor as refit.cuda sees one: its storage answers _share_cuda_()
+    as torch does, with the handle given."""
+
+    is_cuda = True
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def storage(self):
+        return self
+
+    def _share_cuda_(self):
+        return (3, self.handle, 4096, 512, b"ref", 0, b"ev", False)
+
+    def storage_offset(self):
+        return 10
+
+    def element_size(self):
+        return 2
+
+
+def torch_ipc_handles():
+    from refit import cuda
+    h = bytes(range(64))
+    for given in (h, b"\x02c" + h):   # torch < 2.3; shareIpcHandle's type 'c'
+        p = cuda.ipc_piece(CudaLike(given))
+        assert p == {"cuda_ipc": h, "cuda_bytes": 512 + 4096, "offset": 512 + 20,
+                     "device": 3, "uuid": None}, p   # CPU-only torch: no UUID to give
+    for bad, says in ((b"\x02e" + h + b"more", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
+                       "False"), (b"\x01c" + h, "version 2"), (h[:10], "10 bytes")):
+        try:
+            cuda.ipc_piece(CudaLike(bad))
+            raise AssertionError(f"handle {bad[:2]!r} of {len(bad)} bytes accepted")
+        except ValueError as e:
+            assert says in str(e), e
+
+
 def pip_install():
     """pip install of the tree's package, offline, importable elsewhere."""
     src = f"{TMP}/pysrc"
@@ -323,6 +361,8 @@ try:
           "slices), refit byte for byte", shared_strided)
     check("refit.torch.Publisher in place (no copy at publish); a reader's served copy "
           "(Client.serve) is never overwritten", publisher_and_serve)
+    check("torch's CUDA IPC handles: 64 bytes or shareable type 'c' taken, 'e' refused "
+          "naming PYTORCH_CUDA_ALLOC_CONF", torch_ipc_handles)
     check("typed exceptions carry the daemon's and library's messages; bounded waits",
           typed_errors)
     check("pip install of python/ offline; REFIT_LIBRARY; a clear error without the library",

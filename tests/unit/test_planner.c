@@ -440,6 +440,53 @@ START_TEST(small_tensors_batched)
 }
 END_TEST
 
+/* Parts of different dtypes packed into one message each start at a
+ * multiple of PLAN_PART_ALIGN (a GPU kernel accesses them as T*), and a
+ * run of parts from any part keeps its parts aligned. */
+START_TEST(packed_parts_aligned)
+{
+	static const char *const dt[] = {"u8", "fp64", "bf16", "fp32"};
+	static const int n[] = {3, 4, 5, 2};
+	char src[2048] = "{\"tensors\":[", dst[2048] = "{\"tensors\":[";
+	ctx_t x;
+
+	for (int i = 0; i < 4; i++) {
+		char buf[256];
+
+		snprintf(buf, sizeof(buf), "%s{\"name\":\"t%d\",\"dtype\":\"%s\",\"shape\":[%d],"
+			 "\"mesh\":[0],\"placements\":[\"R\"]}", i ? "," : "", i, dt[i], n[i]);
+		strcat(src, buf);
+		snprintf(buf, sizeof(buf), "%s{\"name\":\"t%d\",\"dtype\":\"%s\",\"shape\":[%d],"
+			 "\"mesh\":[8],\"placements\":[\"R\"]}", i ? "," : "", i, dt[i], n[i]);
+		strcat(dst, buf);
+	}
+	strcat(src, "]}");
+	strcat(dst, "]}");
+	run(&x, src, dst, "dgx-h100:16", PLAN_MODE_RESHARD, 1024, 0);
+	{
+		/* t0 3 bytes at 0, t1 32 at 16, t2 10 at 48, t3 8 at 64 */
+		static const uint64_t at[] = {0, 16, 48, 64};
+		plan_msgs_t it;
+		plan_msg_t m, run2;
+
+		plan_msgs_init(&it, &x.p, 0, x.p.nxfers);
+		ck_assert(plan_msgs_next(&it, &m));
+		ck_assert_uint_eq(m.nparts, 4);
+		for (uint32_t k = 0; k < m.nparts; k++) {
+			ck_assert_uint_eq(x.p.xfers[m.parts[k].xfer].tensor, k);
+			ck_assert_uint_eq(plan_msg_part_at(&m, k), at[k]);
+		}
+		ck_assert_uint_eq(m.bytes, 72);
+		run2 = (plan_msg_t){m.stage, m.from, m.to, 0, m.parts + 1, 3};
+		ck_assert_uint_eq(plan_msg_part_at(&run2, 1), 32);
+		ck_assert_uint_eq(plan_msg_part_at(&run2, 2), 48);
+		ck_assert(!plan_msgs_next(&it, &m));
+		plan_msgs_fini(&it);
+	}
+	th_plan_fini(&x);
+}
+END_TEST
+
 START_TEST(deterministic_digest)
 {
 	ctx_t a, b, c;
@@ -725,7 +772,7 @@ Suite *
 suite_planner(void)
 {
 	TCase *tc = th_tcase("cases", 120, TH_TESTS(calibrated_host_costs, shared_nics_relay, broadcast_baseline,
-			small_tensors_batched, deterministic_digest, pinned_digests, gb200_full_messages,
+			small_tensors_batched, packed_parts_aligned, deterministic_digest, pinned_digests, gb200_full_messages,
 			broadcast_independent_of_rank_order, build_errors, names_and_links));
 
 	tcase_add_loop_test(tc, planner_cases, 0, NCASES);
