@@ -430,7 +430,8 @@ bench-soak:
 
 # the figures of README.md and docs/*.md, rewritten between their
 # <!-- figures:NAME --> markers (scripts/figures.py --list names them)
-figures: $(BIN) $(BENCH) $(BENCH_RPC) $(BENCH_MEMBERS) $(REFITD) $(REFITCTL) $(REFITCLI)
+figures: $(BIN) $(BENCH) $(BENCH_RPC) $(BENCH_MEMBERS) $(BENCH_DELTA) $(REFITD) $(REFITCTL) \
+	 $(REFITCLI)
 	$(Q)/usr/bin/python3 scripts/figures.py $(BUILD) $(if $(FIGURES),--only $(FIGURES)) \
 		$(if $(FIGURES_SET),--set $(FIGURES_SET))
 
