@@ -39,10 +39,10 @@ check_args(const char *op, uint64_t nbytes, unsigned esize, refit_err_t *err)
 	if (esize != 1 && esize != 2 && esize != 4 && esize != 8)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
 				     "delta %s: element size %u is not 1, 2, 4 or 8", op, esize);
-	if (nbytes % esize != 0)
+	if (nbytes % esize != 0 || nbytes >> 62 != 0)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG,
-				     "delta %s: %llu bytes are not whole %u-byte elements", op,
-				     (unsigned long long)nbytes, esize);
+				     "delta %s: %llu bytes are not whole %u-byte elements (under "
+				     "2^62 bytes)", op, (unsigned long long)nbytes, esize);
 	return REFIT_OK;
 }
 
@@ -170,12 +170,14 @@ typedef struct runs_w {
 static void
 runs_flush(runs_w_t *w, const uint8_t *b, unsigned es, uint64_t start, uint64_t end)
 {
-	uint64_t need = vlen(start - w->prev) + vlen(end - start - 1) + (end - start) * es;
+	uint64_t len = end - start, v = (start - w->prev) << 1 | (len > 1);
+	uint64_t need = vlen(v) + (len > 1 ? vlen(len - 2) : 0) + len * es;
 
 	w->bytes += need;
 	if (w->p != NULL && need <= (uint64_t)(w->lim - w->p)) {
-		w->p = vput(w->p, start - w->prev);
-		w->p = vput(w->p, end - start - 1);
+		w->p = vput(w->p, v);
+		if (len > 1)
+			w->p = vput(w->p, len - 2);
 		copy_elems(w->p, b + start * es, end - start, es);
 		w->p += (end - start) * es;
 	} else {
@@ -403,18 +405,20 @@ static refit_status_t
 check_runs(const uint8_t *p, const uint8_t *lim, uint64_t n, unsigned es, uint64_t changed,
 	   refit_err_t *err)
 {
-	uint64_t pos = 0, seen = 0, run = 0, gap, l;
+	uint64_t pos = 0, seen = 0, run = 0, v, gap, l = 0, rem;
 
 	for (; p < lim; run++) {
-		if (vget(&p, lim, &gap) != 0 || vget(&p, lim, &l) != 0)
+		if (vget(&p, lim, &v) != 0 || ((v & 1) && vget(&p, lim, &l) != 0))
 			return bad(err, "run's numbers truncated, overlong or past 64 bits "
 				   "(run, element)", run, pos);
+		gap = v >> 1;
 		if (gap == 0 && run > 0)
 			return bad(err, "run follows the previous one with no gap (run, element)",
 				   run, pos);
-		if (gap > n - pos || l >= n - pos - gap)
+		rem = gap <= n - pos ? n - pos - gap : 0;
+		if (gap > n - pos || rem < ((v & 1) ? 2 : 1) || ((v & 1) && l > rem - 2))
 			return bad(err, "run past the last element (run, elements)", run, n);
-		l++;
+		l = (v & 1) ? l + 2 : 1;
 		if (l * es > (uint64_t)(lim - p))
 			return bad(err, "run's values truncated (run, bytes left)", run,
 				   (uint64_t)(lim - p));
@@ -431,15 +435,18 @@ check_runs(const uint8_t *p, const uint8_t *lim, uint64_t n, unsigned es, uint64
 static void
 apply_runs(const uint8_t *p, const uint8_t *lim, unsigned es, uint8_t *out)
 {
-	uint64_t pos = 0, gap = 0, l = 0;
+	uint64_t pos = 0, v = 0, l = 0;
 
 	while (p < lim) {
-		vget(&p, lim, &gap);
-		vget(&p, lim, &l);
-		pos += gap;
-		copy_elems(out + pos * es, p, l + 1, es);
-		p += (l + 1) * es;
-		pos += l + 1;
+		vget(&p, lim, &v);
+		l = 0;
+		if (v & 1)
+			vget(&p, lim, &l);
+		l = (v & 1) ? l + 2 : 1;
+		pos += v >> 1;
+		copy_elems(out + pos * es, p, l, es);
+		p += l * es;
+		pos += l;
 	}
 }
 
@@ -560,13 +567,22 @@ dp_delta_model_bytes(double density, unsigned esize)
 	double d = density < 0.0 ? 0.0 : density > 1.0 ? 1.0 : density;
 	double bitmap = 0.125 + d * esize, runs = d * esize, best = esize;
 
-	/* d(1 - d) runs per element, each with two numbers: the gap before it,
-	 * G >= 1 unchanged elements, P(G >= x) = (1 - d)^(x - 1); its length
-	 * less one, L - 1, P(L - 1 >= x) = d^x.  A number costs one byte and
-	 * one more for each power of 128 it reaches. */
-	if (d > 0.0 && d < 1.0)
-		runs += d * (1.0 - d) *
-			(1.0 + (vlen_expect(1.0 - d) - 1.0) / (1.0 - d) + vlen_expect(d));
+	/* d(1 - d) runs per element, each with the number 2G + (L > 1): G >= 1
+	 * unchanged elements before it, P(G >= x) = (1 - d)^(x - 1), so one
+	 * byte and one more for each 2^(7k - 1) G reaches; and, with
+	 * probability d (L > 1), L - 2: P(L - 2 >= x | L > 1) = d^x. */
+	if (d > 0.0 && d < 1.0) {
+		double g = 1.0;
+
+		for (double x = 64.0; x < 1e19; x *= 128.0) {
+			double pk = pow(1.0 - d, x - 1.0);
+
+			if (pk < 1e-300)
+				break;
+			g += pk;
+		}
+		runs += d * (1.0 - d) * (g + d * vlen_expect(d));
+	}
 	if (bitmap < best)
 		best = bitmap;
 	if (runs < best)

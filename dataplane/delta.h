@@ -12,10 +12,12 @@
  *   DP_DELTA_DENSE   the elements' new bytes
  *   DP_DELTA_BITMAP  ceil(elements / 8) bytes, bit i (LSB first) set when
  *                    element i changed, then the changed elements' new bytes
- *   DP_DELTA_RUNS    per maximal run of changed elements: LEB128 of the
- *                    unchanged elements before it (since the previous run;
- *                    0 only for a first run at element 0), LEB128 of its
- *                    length - 1, its new bytes
+ *   DP_DELTA_RUNS    per maximal run of changed elements: LEB128 of
+ *                    2 * gap + (length > 1), gap the unchanged elements
+ *                    before it (since the previous run; 0 only for a first
+ *                    run at element 0); when length > 1, LEB128 of
+ *                    length - 2; its new bytes.  (Changes are mostly
+ *                    alone: a run of one costs one byte while gap < 64.)
  *
  * The formats are strict: one encoding per (base, new, format).  A decoder
  * refuses anything else (sizes, bits past the end, counts, overlong or
@@ -49,7 +51,8 @@ typedef struct dp_delta_scan {
 const char *dp_delta_fmt_str(dp_delta_fmt_t f);
 
 /*
- * Compare cur with base (nbytes each, a multiple of esize) and fill *sc
+ * Compare cur with base (nbytes each, a multiple of esize, under 2^62)
+ * and fill *sc
  * with the counts and every format's size.  REFIT_ERR_INVALID_ARG for an
  * esize other than 1, 2, 4, 8 or a size that is not a multiple of it.
  */

@@ -147,8 +147,9 @@ START_TEST(delta_formats_byte_by_byte)
 	uint8_t enc[512];
 	uint64_t len;
 	static const uint8_t hdr_runs[8] = {2, 2, 0, 0, 0, 0, 0, 0};
-	static const uint8_t runs[] = {0, 1, 0x11, 0x11, 0x22, 0x22, 3, 0, 0x33, 0x33,
-				       13, 0, 0x44, 0x44};
+	/* (gap 0, two) -> 1, 0; (gap 3, one) -> 6; (gap 13, one) -> 26 */
+	static const uint8_t runs[] = {1, 0, 0x11, 0x11, 0x22, 0x22, 6, 0x33, 0x33,
+				       26, 0x44, 0x44};
 	static const uint8_t bits[] = {0x23, 0x00, 0x08};
 
 	b[0] = 0x1111;
@@ -169,15 +170,15 @@ START_TEST(delta_formats_byte_by_byte)
 	ck_assert(memcmp(enc + DP_DELTA_HDR, bits, 3) == 0);
 	ck_assert_uint_eq(enc[DP_DELTA_HDR + 3], 0x11);
 	ck_assert_uint_eq(enc[DP_DELTA_HDR + 9], 0x44);
-	/* element 199 after 199 unchanged: the gap takes two bytes (199 = 0xc7 0x01) */
+	/* element 199 after 199 unchanged: 2 * 199 = 398 takes two bytes (0x8e 0x03) */
 	b[0] = b[1] = b[5] = b[19] = 0;
 	b[199] = 0x5555;
 	ck_assert_int_eq(dp_delta_encode(a, b, 400, 2, DP_DELTA_RUNS, enc, sizeof(enc), &len, NULL),
 			 REFIT_OK);
-	ck_assert_uint_eq(len, DP_DELTA_HDR + 5);
-	ck_assert_uint_eq(enc[DP_DELTA_HDR], 0xc7);
-	ck_assert_uint_eq(enc[DP_DELTA_HDR + 1], 0x01);
-	ck_assert_uint_eq(enc[DP_DELTA_HDR + 2], 0);
+	ck_assert_uint_eq(len, DP_DELTA_HDR + 4);
+	ck_assert_uint_eq(enc[DP_DELTA_HDR], 0x8e);
+	ck_assert_uint_eq(enc[DP_DELTA_HDR + 1], 0x03);
+	ck_assert_uint_eq(enc[DP_DELTA_HDR + 2], 0x55);
 	/* nothing changed: a header alone */
 	ck_assert_int_eq(dp_delta_encode(a, a, 400, 2, DP_DELTA_RUNS, enc, sizeof(enc), &len, NULL),
 			 REFIT_OK);
@@ -247,7 +248,10 @@ START_TEST(delta_refuses_malformed_encodings)
 	bad[DP_DELTA_HDR + 6] = 0;   /* gap of the run at element 5 */
 	ck_assert(strstr(refused((uint8_t *)a, 40, 2, bad, len), "no gap") != NULL);
 	memcpy(bad, enc, len);
-	bad[DP_DELTA_HDR + 10] = 14;   /* last run at element 20 of 20 */
+	bad[DP_DELTA_HDR + 9] = 28;   /* last run at element 20 of 20 */
+	ck_assert(strstr(refused((uint8_t *)a, 40, 2, bad, len), "past the last") != NULL);
+	memcpy(bad, enc, len);
+	bad[DP_DELTA_HDR + 9] = 27;   /* a run of two at element 19 of 20 */
 	ck_assert(strstr(refused((uint8_t *)a, 40, 2, bad, len), "past the last") != NULL);
 	memcpy(bad, enc, DP_DELTA_HDR);
 	blen = DP_DELTA_HDR;
