@@ -18,10 +18,12 @@ means changes fall independently (a bitmap or gap coding fits), much more
 means runs.
 
 Deterministic: seeded data and init, 2 threads, one process.  Needs torch
-and transformers (the venv of tests/frameworks: build/venv-vllm).  About a
-minute on 2 cores.
+and transformers (the venv of tests/frameworks: build/venv-vllm).  About
+80 s on 2 cores.  The warm-up matters: after 20 warm steps instead of 100 the
+densities are about twice these (a young Adam's step is nearer lr per
+element: its m / sqrt(v) has not yet shrunk where gradients change sign).
 
-Usage: delta_density.py [--json] [--steps N] [--warm N] [--lr 1e-7,1e-6,1e-5]
+Usage: delta_density.py [--json] [--steps N] [--warm N (100)] [--lr 1e-7,1e-6,1e-5]
                         [--dump DIR]
 --dump DIR writes, for the last step of each lr, the two bf16 copies of the
 largest mlp weight as raw files (base-LR.bin, new-LR.bin) for
@@ -144,7 +146,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warm", type=int, default=20)
+    ap.add_argument("--warm", type=int, default=100)
     ap.add_argument("--lr", default="1e-7,1e-6,1e-5")
     ap.add_argument("--dump")
     a = ap.parse_args()

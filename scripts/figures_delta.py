@@ -19,8 +19,9 @@ import subprocess
 
 KINDS = ("attention", "mlp", "embeddings", "norms")
 # the densities the model table is run at: delta_density.py's means at lr 1e-7,
-# 1e-6, 1e-5 (2026-12-01), slime's 3 % and 10 %
-MODEL_DENSITIES = ("0.0011", "0.009", "0.03", "0.065", "0.10")
+# 1e-6, 1e-5 (2026-12-01, 100 warm steps), slime's 3 %, and lr 1e-5 after only
+# 20 warm steps
+MODEL_DENSITIES = ("0.0005", "0.0042", "0.03", "0.034", "0.065")
 MODEL_ARGS = ["--model", "deepseek-v3", "--train", "pp16,ep16", "--infer", "tp32,dp8"]
 
 
