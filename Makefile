@@ -9,7 +9,8 @@
 #   make demo-nccl  a refit of a 23-tensor model over the nccl transport on the
 #                   CUDA + NCCL emulator (scripts/demo.sh)
 #   make check-nccl the emulator's rules, the e2e and fault suites over nccl on it
-#   make bench      planner, RPC, data-plane, refit and memory-soak benchmarks
+#   make bench      planner, RPC, data-plane, delta codec, refit and memory-soak
+#                   benchmarks
 #   make bench-soak the memory soak alone (SOAK_REFITS=100,1000)
 #   make testbed    the emulated-topology testbed (root: network namespaces)
 #   make figures    regenerate the figures of README.md and docs/*.md from the
@@ -109,6 +110,7 @@ UNIT     := $(BUILD)/tests/unit
 BENCH    := $(BUILD)/bin/bench-plan
 BENCH_RPC := $(BUILD)/bin/bench-rpc
 BENCH_DP  := $(BUILD)/bin/bench-dataplane
+BENCH_DELTA := $(BUILD)/bin/bench-delta
 BENCH_MEMBERS := $(BUILD)/bin/bench-members
 ASAN     := $(BUILD)/asan
 ASAN_LIB := $(ASAN)/lib/librefit-core.a
@@ -122,7 +124,7 @@ REFITCLI := $(BUILD)/bin/refit-client
 
 all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
      $(BUILD)/bin/bench-members \
-     $(BUILD)/bin/bench-dataplane $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
+     $(BUILD)/bin/bench-dataplane $(BENCH_DELTA) $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
      $(if $(HAVE_NVCC),$(GPU_KERNELS)) \
      $(BUILD)/tests/cvt-tool $(BUILD)/tests/cvt-gpu-test $(CUDA_CONV)
 
@@ -213,7 +215,8 @@ $$(DIR_$(1))/lib/librefit-rpc.a: $$(call objs,$$(DIR_$(1)),$$(DAEMON_SRC)) \
 		$$(DIR_$(1))/obj/gen/refit.pb-c.o
 $(call archive)
 
-$$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c client/refit_plan_fw.c) \
+$$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c client/refit_plan_fw.c \
+		client/refit_plan_delta.c) \
 		$$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(LDLIBS))
 $$(DIR_$(1))/tests/unit: $$(call objs,$$(DIR_$(1)),$$(UNIT_SRC) $$(UNIT_DAEMON_SRC)) \
@@ -244,6 +247,9 @@ $(call link,$(1),$$(LDLIBS))
 $$(DIR_$(1))/bin/bench-plan: $$(DIR_$(1))/obj/bench/bench_plan.o $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(LDLIBS))
 $$(DIR_$(1))/bin/bench-dataplane: $$(DIR_$(1))/obj/bench/bench_dataplane.o \
+		$$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(LDLIBS))
+$$(DIR_$(1))/bin/bench-delta: $$(DIR_$(1))/obj/bench/bench_delta.o \
 		$$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(LDLIBS))
 $$(DIR_$(1))/bin/bench-rpc: $$(DIR_$(1))/obj/bench/bench_rpc.o \
@@ -394,13 +400,16 @@ demo-nccl: deps
 	$(Q)DEMO_TRANSPORT=nccl sh scripts/demo.sh $(BIN)
 
 bench: deps
-	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(BENCH_MEMBERS) \
+	$(Q)$(MAKE) --no-print-directory $(BENCH) $(BENCH_RPC) $(BENCH_DP) $(BENCH_DELTA) \
+		$(BENCH_MEMBERS) \
 		$(REFITD) $(REFITCTL) $(REFITCLI)
 	$(Q)$(BENCH)
 	@echo
 	$(Q)$(BENCH_RPC) $(REFITD)
 	@echo
 	$(Q)$(BENCH_DP)
+	@echo
+	$(Q)$(BENCH_DELTA)
 	@echo
 	$(Q)/usr/bin/python3 bench/bench_refit.py $(BUILD)
 	@echo
@@ -421,7 +430,8 @@ bench-soak:
 
 # the figures of README.md and docs/*.md, rewritten between their
 # <!-- figures:NAME --> markers (scripts/figures.py --list names them)
-figures: $(BIN) $(BENCH) $(BENCH_RPC) $(BENCH_MEMBERS) $(REFITD) $(REFITCTL) $(REFITCLI)
+figures: $(BIN) $(BENCH) $(BENCH_RPC) $(BENCH_MEMBERS) $(BENCH_DELTA) $(REFITD) $(REFITCTL) \
+	 $(REFITCLI)
 	$(Q)/usr/bin/python3 scripts/figures.py $(BUILD) $(if $(FIGURES),--only $(FIGURES)) \
 		$(if $(FIGURES_SET),--set $(FIGURES_SET))
 

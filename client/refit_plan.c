@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/refit_plan_delta.h"
 #include "client/refit_plan_fw.h"
 #include "codec/json.h"
 #include "common/clock.h"
@@ -378,8 +379,12 @@ model_usage(FILE *f)
 		"  --train-framework, --infer-framework  both sides as the frameworks keep\n"
 		"         them (fused, padded, interleaved; docs/frameworks.md) instead of\n"
 		"         Hugging Face tensors sharded on one dim; MoE experts per expert\n"
-		"  --coverage  with them: every parameter byte by path (reshard, padding)\n",
-		progname);
+		"  --coverage  with them: every parameter byte by path (reshard, padding)\n"
+		"  --delta-density D  also the reshard as a delta refit with D (0..1 or N%%)\n"
+		"         of the elements changed: bytes, time, break-even densities\n"
+		"  --delta-codec E,D  the codec's GB/s per rank (default %.1f,%.1f: one host\n"
+		"         core, bench-delta; docs/delta.md)\n",
+		progname, DELTA_ENCODE_GBS, DELTA_DECODE_GBS);
 }
 
 typedef struct model_run {
@@ -479,8 +484,10 @@ model_row(const char *label, const model_run_t *r, strbuf_t *sb)
 }
 
 static const char *const res_names[] = {"network send", "network receive",
-					 "NVLink send", "NVLink receive", "host copies"};
-static const char *const res_keys[] = {"net_tx", "net_rx", "nvlink_tx", "nvlink_rx", "host"};
+					 "NVLink send", "NVLink receive", "host copies",
+					 "delta codec"};
+static const char *const res_keys[] = {"net_tx", "net_rx", "nvlink_tx", "nvlink_rx", "host",
+				       "codec"};
 
 /* --explain: the reshard's modelled time, term by term (plan_cost_t.busiest). */
 static void
@@ -580,6 +587,8 @@ cmd_model(int argc, char **argv)
 		{"train-framework", required_argument, NULL, 'F'},
 		{"infer-framework", required_argument, NULL, 'G'},
 		{"coverage", no_argument, NULL, 'C'},
+		{"delta-density", required_argument, NULL, 'd'},
+		{"delta-codec", required_argument, NULL, 'k'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	static const char *const dirs[] = {"config/models", REFIT_DATADIR "/models", NULL};
@@ -609,6 +618,7 @@ cmd_model(int argc, char **argv)
 	strbuf_t sb;
 	int c, json = 0, validate = 0, explain = 0, rc;
 	plan_check_t chk = {0};
+	delta_opts_t dlo = {false, 0.0, DELTA_ENCODE_GBS, DELTA_DECODE_GBS};
 
 	refit_err_clear(&e);
 	plan_opts_default(&o);
@@ -631,6 +641,14 @@ cmd_model(int argc, char **argv)
 		case 'F': tfw = optarg; break;
 		case 'G': ifw = optarg; break;
 		case 'C': coverage = 1; break;
+		case 'd':
+			if (delta_parse_density(optarg, &dlo, &e) != REFIT_OK)
+				return die_input(&e);
+			break;
+		case 'k':
+			if (delta_parse_codec(optarg, &dlo, &e) != REFIT_OK)
+				return die_input(&e);
+			break;
 		case 'c':
 			if (refit_parse_size(optarg, &o.chunk_bytes, "--chunk-bytes", &e))
 				return die_input(&e);
@@ -761,6 +779,9 @@ cmd_model(int argc, char **argv)
 				strbuf_puts(&sb, ", \"coverage\": ");
 				fw_pair_coverage(&fp, true, &sb);
 			}
+			if (dlo.on &&
+			    delta_report(&rs.p, mc.ps, mc.pd, &t, &rs.c, &dlo, true, &sb, &e) != REFIT_OK)
+				rc = die_input(&e);
 			strbuf_printf(&sb, ", \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
 				      "\"plan_seconds\": %.3f, \"transfers\": %zu, \"validated\": %s}\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,
@@ -808,6 +829,9 @@ cmd_model(int argc, char **argv)
 					      rs.c.time_s / mc.before.c.time_s);
 			if (explain)
 				explain_text(&rs.c, &sb);
+			if (dlo.on &&
+			    delta_report(&rs.p, mc.ps, mc.pd, &t, &rs.c, &dlo, false, &sb, &e) != REFIT_OK)
+				rc = die_input(&e);
 			if (coverage)
 				fw_pair_coverage(&fp, false, &sb);
 			if (validate)
@@ -815,7 +839,8 @@ cmd_model(int argc, char **argv)
 					      "(relay data at most %.1f MiB on one rank in a round)\n",
 					      (double)chk.max_staging / (1 << 20));
 		}
-		put(&sb);
+		if (rc == 0)
+			put(&sb);
 		strbuf_fini(&sb);
 		plan_fini(&rs.p);
 		plan_fini(&bc.p);

@@ -244,11 +244,36 @@ busiest(const tm_t *m, size_t i, plan_cost_t *out, double *tmax)
 }
 
 /*
+ * A transfer of b dense bytes in *n messages on the wire (dl NULL: as it
+ * is).  Encoded, a large transfer's messages carry chunk encoded bytes
+ * each (the sender encodes sub-boxes of about that size), each with its
+ * header; a transfer sent dense where that is smaller keeps its messages.
+ */
+static uint64_t
+wire_bytes(const plan_delta_t *dl, uint32_t elem, uint64_t b, uint64_t chunk, uint64_t *n)
+{
+	double r = elem < 9 ? dl->ratio[elem] : 1.0;
+	uint64_t w = (uint64_t)ceil((double)b * r), k = *n;
+
+	if (b > chunk) {
+		k = (w + chunk - 1) / chunk;
+		k = k ? k : 1;
+	}
+	w += (uint64_t)dl->hdr_bytes * (k ? k : 1);
+	if (w >= b)
+		return b;
+	*n = k;
+	return w;
+}
+
+/*
  * Busy time of every resource under the message rule (plan.h), and the
  * pipeline fill of every used stage: one message of the stage before.
+ * With dl, boxes travel encoded and every rank's codec is a resource.
  */
 static void
-model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
+model_time(const plan_t *p, const plan_topo_t *topo, const plan_delta_t *dl,
+	   plan_cost_t *out)
 {
 	tm_t m = {.topo = topo, .ns = (size_t)topo->nslots,
 		  .bw = {1, plan_topo_nvl_Bps(topo), plan_topo_net_Bps(topo)},
@@ -261,6 +286,7 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 
 	double pack_Bps = topo->pack_gbps * 1e9 / 8, unpack_Bps = topo->unpack_gbps * 1e9 / 8;
 	double *host = xcalloc(m.ns, sizeof(double)); /* per NIC index: copy time */
+	double *codec = dl ? xcalloc(m.ns, sizeof(double)) : NULL; /* per rank */
 	VEC(uint64_t) pairs = {0};
 
 	m.busy = xcalloc(4 * m.ns, sizeof(double));
@@ -284,17 +310,31 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 		} else {
 			fill_bytes += b;
 		}
-		out->bytes[l] += b;
-		out->msgs[l] += n;
-		if (l == PLAN_LINK_LOCAL)
+		if (l == PLAN_LINK_LOCAL) {
+			out->msgs[l] += n;
+			out->bytes[l] += b;
 			continue;
+		}
 		if ((int64_t)x->stage != cur_stage) {
 			cur_stage = x->stage;
 			out->stages_used++;
 		}
-		fill[x->stage % per] = fmax(fill[x->stage % per],
-					    (double)(b < chunk ? b : chunk) / m.bw[l] + m.lat[l]);
-		charge(&m, l, x->from, x->to, b, n);
+		{
+			uint64_t w = dl ? wire_bytes(dl, t->elem, b, chunk, &n) : b;
+
+			out->bytes[l] += w;
+			out->msgs[l] += n;
+			fill[x->stage % per] = fmax(fill[x->stage % per],
+						    (double)(w < chunk ? w : chunk) / m.bw[l] +
+							    m.lat[l]);
+			charge(&m, l, x->from, x->to, w, n);
+			if (codec != NULL && w < b) {
+				if (x->stage % per == 0 && dl->encode_Bps > 0)
+					codec[x->from] += (double)b / dl->encode_Bps;
+				if (dl->decode_Bps > 0)
+					codec[x->to] += (double)b / dl->decode_Bps;
+			}
+		}
 		if (pack_Bps > 0)
 			host[plan_topo_nic(topo, x->from)] += (double)b / pack_Bps;
 		if (unpack_Bps > 0)
@@ -313,6 +353,16 @@ model_time(const plan_t *p, const plan_topo_t *topo, plan_cost_t *out)
 			out->busiest.other_s = host[i];
 		}
 	free(host);
+	for (size_t i = 0; codec != NULL && i < m.ns; i++)
+		if (codec[i] > tmax) {
+			tmax = codec[i];
+			out->busiest.kind = PLAN_RES_CODEC;
+			out->busiest.rank = (int32_t)i;
+			out->busiest.bytes = out->busiest.msgs = 0;
+			out->busiest.bytes_s = out->busiest.latency_s = 0;
+			out->busiest.other_s = codec[i];
+		}
+	free(codec);
 	for (uint32_t k = 0; k < per; k++) {
 		fill_sum += fill[k];
 		fill_max = fmax(fill_max, fill[k]);
@@ -347,6 +397,14 @@ plan_cost(const plan_t *p, const plan_layout_set_t *src,
 	  const plan_layout_set_t *dst, const plan_topo_t *topo,
 	  plan_cost_t *out, refit_err_t *err)
 {
+	return plan_cost_delta(p, src, dst, topo, NULL, out, err);
+}
+
+refit_status_t
+plan_cost_delta(const plan_t *p, const plan_layout_set_t *src,
+		const plan_layout_set_t *dst, const plan_topo_t *topo,
+		const plan_delta_t *dl, plan_cost_t *out, refit_err_t *err)
+{
 	size_t *map = NULL;
 	refit_status_t rc;
 
@@ -357,7 +415,7 @@ plan_cost(const plan_t *p, const plan_layout_set_t *src,
 	free(map);
 	if (rc != REFIT_OK)
 		return rc;
-	model_time(p, topo, out);
+	model_time(p, topo, dl, out);
 	out->ratio = out->lb_time_s > 0 ? out->time_s / out->lb_time_s : 1.0;
 	return REFIT_OK;
 }

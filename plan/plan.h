@@ -229,7 +229,26 @@ refit_status_t plan_validate(const plan_t *p, const plan_layout_set_t *src,
 /* ---- cost model ---------------------------------------------------- */
 
 /* Resources of the cost model (plan_cost_t.busiest.kind). */
-enum { PLAN_RES_NET_TX, PLAN_RES_NET_RX, PLAN_RES_NVL_TX, PLAN_RES_NVL_RX, PLAN_RES_HOST };
+enum { PLAN_RES_NET_TX, PLAN_RES_NET_RX, PLAN_RES_NVL_TX, PLAN_RES_NVL_RX, PLAN_RES_HOST,
+       PLAN_RES_CODEC };
+
+/*
+ * A delta refit (docs/delta.md): every box crossing a link travels encoded
+ * against the version its receiver holds, ratio[elem] wire bytes per dense
+ * byte (from the codec's size model at the density modelled) plus
+ * hdr_bytes per message, or dense where that is not smaller; a large
+ * transfer's messages carry chunk_bytes of encoded data each.  Each
+ * rank is a codec resource of its own, working while the links do: it
+ * encodes what it sends in the first stage of a round (what it sends later
+ * may be a forward of an encoding it received, charged nowhere) at
+ * encode_Bps and decodes every encoded box it receives at decode_Bps (dense
+ * bytes per second; 0: free).
+ */
+typedef struct plan_delta {
+	double ratio[9];             /* by element size 1, 2, 4, 8 (others: 1) */
+	uint32_t hdr_bytes;
+	double encode_Bps, decode_Bps;
+} plan_delta_t;
 
 typedef struct plan_cost {
 	uint64_t payload_bytes;              /* sum of destination needs */
@@ -263,5 +282,10 @@ typedef struct plan_cost {
 refit_status_t plan_cost(const plan_t *p, const plan_layout_set_t *src,
 			 const plan_layout_set_t *dst, const plan_topo_t *topo,
 			 plan_cost_t *out, refit_err_t *err);
+/* The same for a delta refit: bytes per link class, NICs and ports are the
+ * encoded bytes (payload_bytes and the lower bound stay dense). */
+refit_status_t plan_cost_delta(const plan_t *p, const plan_layout_set_t *src,
+			       const plan_layout_set_t *dst, const plan_topo_t *topo,
+			       const plan_delta_t *dl, plan_cost_t *out, refit_err_t *err);
 
 #endif

@@ -5,7 +5,8 @@ Usage: scripts/figures.py BUILD_DIR [--set default|slow|all] [--only NAME[,NAME.
                           [--list]
 
 Runs the commands that measure or model each figure (build/bin/refit-plan,
-bench-plan, bench-rpc, bench-members, bench/bench_refit.py, ...) and
+bench-plan, bench-rpc, bench-members, bench/bench_refit.py, the delta
+refit's in scripts/figures_delta.py, ...) and
 rewrites the marked regions of README.md and docs/*.md:
 
     <!-- figures:NAME -->
@@ -40,9 +41,12 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import figures_delta  # noqa: E402 - the delta refit's regions, beside this file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "docs/performance.md", "docs/dataplane.md", "docs/control-plane.md",
-        "docs/faults.md", "docs/conversion.md"]
+        "docs/faults.md", "docs/conversion.md", "docs/delta.md"]
 
 # NVIDIA's measured figures (NCCL M2N reshard announcement): gather-and-
 # broadcast and M2N refit times; Perplexity's for Kimi-K2.
@@ -674,6 +678,13 @@ GENERATORS = {
     "coverage-large": (gen_coverage_large, "slow"),
     "faults": (gen_faults, "slow"),
     "bench-scale": (gen_bench_scale, "slow"),
+    # docs/delta.md (scripts/figures_delta.py); delta-density needs torch
+    "delta-density": (lambda b, s: figures_delta.gen_density(sys.modules[__name__], b, s),
+                      "default"),
+    "bench-delta": (lambda b, s: figures_delta.gen_bench_delta(sys.modules[__name__], b, s),
+                    "default"),
+    "delta-model": (lambda b, s: figures_delta.gen_model(sys.modules[__name__], b, s),
+                    "default"),
 }
 SETS = ("default", "slow", "all")
 

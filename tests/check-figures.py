@@ -3,8 +3,8 @@
 
 Each case copies scripts/figures.py into a temporary folder with small
 README.md and docs/*.md that carry marked regions, and a fake build folder
-whose bench-rpc bench-members and refit-plan (and a fake bench/bench_refit.py) print
-known output.  It checks that the regions named are rewritten from that
+whose bench-rpc bench-members bench-delta and refit-plan (and a fake
+bench/bench_refit.py, a fake Python with torch) print known output.  It checks that the regions named are rewritten from that
 output and nothing else is touched; that a generator that fails stops the
 run with nothing written; that a slow generator that cannot run here
 leaves its region and says why on stderr with status 0 (and the other
@@ -68,6 +68,13 @@ case "$*" in  # the frameworks' memory: every byte by reshard, 3 padding bytes
 *--train-framework*) c="$c"', "coverage": {"train": {"reshard_share": 1.0, "padding_bytes": 1},
  "infer": {"reshard_share": 1.0, "padding_bytes": 2}}' ;;
 esac
+case "$*" in  # a delta refit at 3 %: 0.0594 of the bytes
+*--delta-density*) c="$c"', "delta": {"density": 0.03, "bf16_wire_ratio": 0.0594,
+ "codec_gbs": [1.5, 3], "network_bytes": 59, "network_share": 0.0594, "time_s": 20.6,
+ "time_share": 20.6, "busiest": "codec", "codec_free": {"time_s": 0.073, "time_share": 0.073},
+ "breakeven_density": {"time": null, "time_codec_free": 0.927, "network_bytes": 0.928},
+ "codec_gbs_for_10pct": 621.0}' ;;
+esac
 # printf, a builtin: the slow set's test runs with no PATH
 printf '%s\n' "{\"placement\": \"rack-aligned\", \"reshard\": {\"payload_bytes\": 2048,
  \"network_bytes\": $n, \"busiest_nic\": {\"bytes\": 1073741824}, \"lower_bound_s\": 0.9,
@@ -75,6 +82,14 @@ printf '%s\n' "{\"placement\": \"rack-aligned\", \"reshard\": {\"payload_bytes\"
 """
 
 OUTSIDE = "Text outside: 1.7-2.4 GB/s, keep me.\n"
+
+BENCH_DELTA_OUT = "box density bitmap runs\n64 MiB 2.999 % 9.25 % 5.94 %\n"
+# a Python with torch: its version for -c, bench/delta_density.py's JSON otherwise
+DENSITY_JSON = ('{"params": 4999424, "warm": 20, "wall_s": 21.0, "runs": {"1e-5": ['
+                '{"step": 1, "loss": 8.0, "kinds": {"attention": [4, 100, 0], '
+                '"mlp": [6, 100, 1], "embeddings": [10, 100, 0], "norms": [0, 100, 0]}}]}}')
+TORCH_FAKE = ("#!/bin/sh\n[ \"$1\" = -c ] && { echo 2.99; exit 0; }\ncat <<'EOF'\n" +
+              DENSITY_JSON + "\nEOF\n")
 
 
 def region(name, body="old figures\n"):
@@ -87,13 +102,14 @@ def script(path, text):
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 
 
-def tree(rpc_fails=False):
+def tree(rpc_fails=False, delta=False):
     """A scratch root (scripts/figures.py, the docs, bench/bench_refit.py) and build."""
     root = tempfile.mkdtemp(prefix="refit-figtest-")
     ROOTS.append(root)
     for d in ("scripts", "docs", "bench", "build/bin"):
         os.makedirs(os.path.join(root, d))
-    shutil.copy(os.path.join(HERE, "scripts", "figures.py"), os.path.join(root, "scripts"))
+    for f in ("figures.py", "figures_delta.py"):
+        shutil.copy(os.path.join(HERE, "scripts", f), os.path.join(root, "scripts"))
     docs = {
         "README.md": "# x\n\n" + OUTSIDE + "\n" + region("bench-refit-summary") + "\n" +
                      region("planner-summary", "integrator's\n") + "\n" + region("bench-members")
@@ -103,6 +119,8 @@ def tree(rpc_fails=False):
         "docs/control-plane.md": OUTSIDE + region("bench-rpc") + OUTSIDE,
         "docs/faults.md": OUTSIDE + region("faults", "the 2026-11-29 table\n"),
         "docs/conversion.md": OUTSIDE + region("bench-scale", "not generated yet\n"),
+        "docs/delta.md": OUTSIDE + (region("delta-density") + region("bench-delta") +
+                                    region("delta-model") if delta else ""),
     }
     for name, text in docs.items():
         with open(os.path.join(root, name), "w") as f:
@@ -113,6 +131,9 @@ def tree(rpc_fails=False):
         "cat <<'EOF'\n" + RPC_OUT + "EOF\n"))
     script(os.path.join(b, "refit-plan"), PLAN_FAKE)
     script(os.path.join(b, "bench-members"), "#!/bin/sh\ncat <<'EOF'\n" + MEMBERS_OUT + "EOF\n")
+    script(os.path.join(b, "bench-delta"), "#!/bin/sh\ncat <<'EOF'\n" + BENCH_DELTA_OUT +
+           "EOF\n")
+    script(os.path.join(root, "build", "torch-python"), TORCH_FAKE)
     for n in ("refitd", "refitctl", "refit-client"):
         script(os.path.join(b, n), "#!/bin/sh\nexit 0\n")
     script(os.path.join(root, "bench", "bench_refit.py"),
@@ -240,6 +261,39 @@ def slow_skip_leaves_region():
     return root
 
 
+def delta_regions():
+    root = tree(delta=True)
+    path = os.path.join(root, "docs", "delta.md")
+    before = open(path).read()
+    env = dict(os.environ, REFIT_TORCH_PYTHON=os.path.join(root, "build", "torch-python"))
+    p = figures(root, "--only", "delta-density,bench-delta,delta-model", env=env)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    after = open(path).read()
+    den = between(after, "delta-density")
+    assert "torch 2.99" in den and "Mean density per lr: 1e-5: 5.000 %." in den, den
+    # 20 of 400 elements changed, 1 of them followed by a changed one
+    assert "| 1e-5 | 1 | 8.000 | 5.000 % | 4.000 % | 6.000 % | 10.000 % | 0.000 % | 0.050 |" \
+        in den, den
+    assert BENCH_DELTA_OUT in between(after, "bench-delta")
+    mod = between(after, "delta-model")
+    assert mod.count("\n| ") == 6, mod   # header + 5 densities
+    assert "| 3.00 % | 0.0594 | 0.0 GiB (5.94 %) | 20.600 s (x20.600, codec) | 0.073 s " \
+           "(x0.073) | 621 GB/s | 92.7 % | never |" in mod, mod
+    assert after.startswith(OUTSIDE)
+    # no Python with torch: that region kept, the reason on stderr, the others written
+    env["REFIT_TORCH_PYTHON"] = os.path.join(root, "nonexistent")
+    with open(path, "w") as f:
+        f.write(before)
+    p = figures(root, "--only", "delta-density,bench-delta", env=env)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    assert "delta-density left as it is" in p.stderr and "REFIT_TORCH_PYTHON" in p.stderr, \
+        p.stderr
+    after = open(path).read()
+    assert between(after, "delta-density") == between(before, "delta-density")
+    assert BENCH_DELTA_OUT in between(after, "bench-delta")
+    return root
+
+
 def load_figures():
     spec = importlib.util.spec_from_file_location("figures", os.path.join(HERE, "scripts",
                                                                           "figures.py"))
@@ -322,6 +376,7 @@ check("a slow generator that cannot run: region kept, reason on stderr, status 0
 check("the fault suite's figures as a table; a failed or silent suite refused", faults_table)
 check("a command past its deadline is killed with the processes it started",
       deadline_kills_group)
+check("the delta refit's regions from their fakes; no torch: its region kept", delta_regions)
 check("bad arguments and unknown regions are refused, naming them", bad_arguments)
 print("figures: %d passed, %d failed" % (counts["passed"], counts["failed"]))
 sys.exit(1 if counts["failed"] else 0)

@@ -77,6 +77,9 @@ expect model-baseline-json 0 '"broadcast_best": {"chunk_bytes": ' -- "$BIN" mode
 expect model-bad-baseline 2 '--baseline-chunks: "4Q" is not a size' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 1MiB,4Q
 expect model-validate 0 "validated: every needed element arrives exactly once" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72 --baseline-chunks 4MiB --validate
 expect model-explain 0 "busiest resource: network" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp8,dp4 --topology gb200-nvl72 --baseline-chunks 4MiB --explain
+expect model-delta 0 "delta stops paying at density" -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 4MiB --delta-density 3%
+expect model-delta-bad 2 '--delta-density "1.5": expected a share' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --delta-density 1.5
+expect model-delta-codec-bad 2 '--delta-codec "5": expected ENCODE,DECODE' -- "$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --delta-density 0.03 --delta-codec 5
 expect model-unknown 2 'model "gpt-9": no such file' -- "$BIN" model --model gpt-9 --train tp8 --infer tp8
 expect model-bad-spec 2 'parallel spec "tp8,zz2"' -- "$BIN" model --model llama-3-70b --train tp8,zz2 --infer tp8
 
@@ -90,6 +93,8 @@ if [ -x /usr/bin/python3 ]; then
 	expect json-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['transfers'] and len(d['digest']) == 64" "$TMP/plan.json"
 	"$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp16,dp2 --topology gb200-nvl72 --baseline-chunks 1MiB,64MiB --json >"$TMP/model.json"
 	expect model-json-valid 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); b=d['broadcast_best']; assert d['placement'] == 'rack-aligned' and d['idle_ranks'] == 80 and b['cost']['time_s'] <= d['broadcast']['time_s'] and b['chunk_bytes'] in (1<<20, 4<<20, 64<<20)" "$TMP/model.json"
+	"$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp4,dp8 --baseline-chunks 4MiB --delta-density 0.03 --delta-codec 1000,1000 --json >"$TMP/delta.json"
+	expect model-delta-json 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); x=d['delta']; r=d['reshard']; assert 0.04 < x['network_share'] < 0.06 and x['network_bytes'] < 0.06 * r['network_bytes'] and x['time_s'] < r['time_s'] and x['codec_free']['time_s'] <= x['time_s'] and 0.5 < x['breakeven_density']['network_bytes'] < 1, x" "$TMP/delta.json"
 	"$BIN" model --model qwen3-30b-a3b --train tp2,pp2,ep8 --infer tp8,dp4 --topology gb200-nvl72 --baseline-chunks 4MiB --explain --json >"$TMP/explain.json"
 	expect model-explain-json 0 "" -- /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); x=d['explain']; assert x['resource'] in ('net_tx', 'net_rx') and x['messages'] > 0 and abs(x['bytes_s'] + x['latency_s'] + x['other_s'] + x['fill_s'] - d['reshard']['time_s']) < 1e-6 * d['reshard']['time_s'], x" "$TMP/explain.json"
 	"$BIN" boxes $EX/train-tp2pp2dp2.json >"$TMP/boxes.json"

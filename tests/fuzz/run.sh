@@ -23,7 +23,7 @@ if command -v clang >/dev/null 2>&1 &&
    clang -x c -fsanitize=fuzzer - -o "$OUT/.probe" >/dev/null 2>&1; then
 	have_fuzzer=1
 fi
-for h in layout topo placement arch rpc; do
+for h in layout topo placement arch rpc delta; do
 	extra=""
 	if [ "$h" = rpc ]; then
 		# the RPC edge: generated protobuf-c code and the conversion layer
@@ -31,6 +31,8 @@ for h in layout topo placement arch rpc; do
 			{ echo "fuzz rpc: build first (make)"; failed=$((failed + 1)); continue; }
 		extra="-I$BUILD/gen $BUILD/gen/refit/v1/refit.pb-c.c rpc/proto_conv.c -lprotobuf-c"
 	fi
+	# the delta codec: untrusted encodings from the network
+	[ "$h" = delta ] && extra="dataplane/delta.c"
 	corpus=tests/fuzz/corpus/$h
 	work=$OUT/corpus-$h
 	mkdir -p "$work"

@@ -293,6 +293,62 @@ run_nic(ctx_t *x, const char *nic)
 	th_plan_make(x, &o);
 }
 
+/* A delta refit's cost (plan_cost_delta): a ratio of 1 is the dense cost to
+ * the byte; 0.1 sends a tenth plus a header per message, in fewer messages
+ * (they carry chunk_bytes of encoded data); a slow codec is the busiest
+ * resource: the sender encodes its stage-0 bytes, each receiver decodes. */
+START_TEST(delta_costs)
+{
+	ctx_t x;
+	plan_cost_t c, d0;
+	plan_delta_t dl = {.hdr_bytes = 24};
+	uint64_t dense_net;
+
+	/* fp32 [1024, 512]: ranks 0, 1 hold halves, 8..11 need quarters */
+	run(&x, W("w", "[1024,512]", "[0,1]", "[\"Shard(0)\"]"),
+	    W("w", "[1024,512]", "[8,9,10,11]", "[\"Shard(0)\"]"), "dgx-h100:16",
+	    PLAN_MODE_RESHARD, 64 << 10, 0);
+	d0 = x.c;
+	dense_net = d0.bytes[PLAN_LINK_NETWORK];
+	ck_assert_uint_eq(dense_net, 1024 * 512 * 4);
+	for (int i = 0; i < 9; i++)
+		dl.ratio[i] = 1.0;
+	ck_assert_int_eq(plan_cost_delta(&x.p, &x.s, &x.d, &x.t, &dl, &c, NULL), REFIT_OK);
+	ck_assert_uint_eq(c.bytes[PLAN_LINK_NETWORK], dense_net);
+	ck_assert_uint_eq(c.msgs[PLAN_LINK_NETWORK], d0.msgs[PLAN_LINK_NETWORK]);
+	ck_assert(c.time_s == d0.time_s);
+	/* a tenth: 4 transfers of 512 KiB -> 52429 bytes each, one message each */
+	dl.ratio[4] = 0.1;
+	ck_assert_int_eq(plan_cost_delta(&x.p, &x.s, &x.d, &x.t, &dl, &c, NULL), REFIT_OK);
+	ck_assert_uint_eq(c.msgs[PLAN_LINK_NETWORK], 4);
+	ck_assert_uint_eq(c.bytes[PLAN_LINK_NETWORK], 4 * (52429 + 24));
+	ck_assert_uint_eq(c.payload_bytes, d0.payload_bytes);
+	ck_assert(c.time_s < d0.time_s / 5);
+	ck_assert(c.lb_time_s == d0.lb_time_s);
+	/* encoding at 1 MB/s: rank 0 encodes its 1 MiB in stage 0 */
+	dl.encode_Bps = 1e6;
+	ck_assert_int_eq(plan_cost_delta(&x.p, &x.s, &x.d, &x.t, &dl, &c, NULL), REFIT_OK);
+	ck_assert_int_eq(c.busiest.kind, PLAN_RES_CODEC);
+	ck_assert_msg(c.time_s >= 1.048576 && c.time_s < 1.049, "%g", c.time_s);
+	/* decoding at 1 MB/s: each receiver decodes its 512 KiB */
+	dl.encode_Bps = 0;
+	dl.decode_Bps = 1e6;
+	ck_assert_int_eq(plan_cost_delta(&x.p, &x.s, &x.d, &x.t, &dl, &c, NULL), REFIT_OK);
+	ck_assert_int_eq(c.busiest.kind, PLAN_RES_CODEC);
+	ck_assert_msg(c.time_s >= 0.524288 && c.time_s < 0.525, "%g", c.time_s);
+	/* nothing changed: headers only; bf16 ratios do not touch fp32 */
+	dl.decode_Bps = 0;
+	dl.ratio[4] = 0.0;
+	ck_assert_int_eq(plan_cost_delta(&x.p, &x.s, &x.d, &x.t, &dl, &c, NULL), REFIT_OK);
+	ck_assert_uint_eq(c.bytes[PLAN_LINK_NETWORK], 4 * 24);
+	dl.ratio[4] = 1.0;
+	dl.ratio[2] = 0.0;
+	ck_assert_int_eq(plan_cost_delta(&x.p, &x.s, &x.d, &x.t, &dl, &c, NULL), REFIT_OK);
+	ck_assert_uint_eq(c.bytes[PLAN_LINK_NETWORK], dense_net);
+	th_plan_fini(&x);
+}
+END_TEST
+
 /* Calibrated host costs (topology pack_gbps, unpack_gbps, connection_us):
  * 0 leaves the model as it was; each adds its own resource's time. */
 START_TEST(calibrated_host_costs)
@@ -771,7 +827,7 @@ END_TEST
 Suite *
 suite_planner(void)
 {
-	TCase *tc = th_tcase("cases", 120, TH_TESTS(calibrated_host_costs, shared_nics_relay, broadcast_baseline,
+	TCase *tc = th_tcase("cases", 120, TH_TESTS(calibrated_host_costs, delta_costs, shared_nics_relay, broadcast_baseline,
 			small_tensors_batched, packed_parts_aligned, deterministic_digest, pinned_digests, gb200_full_messages,
 			broadcast_independent_of_rank_order, build_errors, names_and_links));
 
