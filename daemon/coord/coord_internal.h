@@ -97,6 +97,7 @@ struct coord {
 	uint64_t next_refit;
 	VEC(plan_cache_t) plans;
 	rpc_async_t *rpc;           /* calls to nodes (shared with main) */
+	rpc_server_t *srv;          /* its server: is a join token required? */
 	uint32_t inflight;          /* async node calls and plans not yet done */
 	uint8_t token[16];          /* data-plane token of token_epoch */
 	uint64_t token_epoch;
@@ -152,6 +153,15 @@ void coord_refits_trim(coord_t *c);
 model_t *coord_find_model(coord_t *c, const char *name);
 instance_t *coord_train_instance(model_t *m);
 member_t *coord_find_member(coord_t *c, uint64_t id);
+/*
+ * Does the caller act for member m (rpc_auth.h, "member")?  With a join
+ * token a member's calls must present the session secret of its Join;
+ * false: the call was refused PERMISSION_DENIED naming what it tried.
+ * Without a join token (loopback only) members are not bound: true.
+ */
+bool coord_member_acts(coord_t *c, rpc_call_t *call, const char *method, const member_t *m);
+/* Are members bound to their sessions (a join token is configured)? */
+bool coord_binds(const coord_t *c);
 refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
 refit_status_t coord_compose_dst(const model_t *m, const char *only,
 				 plan_layout_set_t *out, refit_err_t *err);

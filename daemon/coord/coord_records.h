@@ -29,6 +29,8 @@ typedef struct member {
 	uint64_t last_beat_ms;
 	bool draining;          /* told to leave at its next heartbeat */
 	uint64_t prepared_epoch;/* the last epoch it acknowledged (PrepareEpoch) */
+	char *session;          /* the secret its Join presented (NULL: none): with
+				   a join token, its calls must present it */
 	char *poisoned;         /* NULL, or why the node runs no more refits until
 				   refitd restarts on it (its Join, Heartbeat or
 				   SliceDone said so): refits needing it fail */

@@ -9,10 +9,12 @@
  * holds it.  The top of the node's files (node_internal.h): it calls
  * node_run.c and node_local.c, and fills the hooks they call up through.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -320,9 +322,31 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 }
 
 static const rpc_method_cfg_t prep_methods[] = {
-	{"PrepareEpoch", h_prepare, false},
-	{"NcclId", h_nccl_id, false},
+	{"PrepareEpoch", h_prepare},
+	{"NcclId", h_nccl_id},
 };
+
+/*
+ * This process's session secret (rpc_auth.h, "member"): sent with every
+ * call to the coordinator, Join included, which binds the membership to it;
+ * with a join token the Node service answers only calls presenting it (the
+ * coordinator's, which alone has it).  A restart makes a new one.
+ */
+static refit_status_t
+session_start(node_t *n, rpc_server_t *srv, bool bound, refit_err_t *err)
+{
+	uint8_t raw[32];
+	char hex[2 * sizeof(raw) + 1];
+
+	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw))
+		return refit_err_set(err, REFIT_ERR_SYS, "node: getrandom: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof(raw); i++)
+		snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+	rpc_async_set_session(n->rpc, n->coordinator, hex);
+	if (bound)
+		rpc_server_set_session(srv, hex);
+	return REFIT_OK;
+}
 
 node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
@@ -350,6 +374,10 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->nranks = o->nranks;
 	n->client = o->client;
 	n->rpc = o->rpc;
+	if (session_start(n, srv, o->client.join_token != NULL, err) != REFIT_OK) {
+		node_maybe_free(n);
+		return NULL;
+	}
 	n->slice_timeout_ms = o->slice_timeout_ms;  /* 0: the coordinator says */
 	n->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 5000;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;

@@ -26,5 +26,6 @@ Suite *suite_pool(void);
 Suite *suite_plansort(void);
 Suite *suite_framework(void);
 Suite *suite_blame(void);
+Suite *suite_auth(void);
 
 #endif
