@@ -115,6 +115,9 @@ const char *rpc_call_peer(const rpc_call_t *c);
 /* The refit-session secret the caller presented (NULL: none) and its
  * length; valid until the call is answered. */
 const char *rpc_call_session(const rpc_call_t *c, size_t *len);
+/* A method whose row allows the operator token too: did the caller
+ * present it (rather than a member's credentials)? */
+bool rpc_call_by_operator(const rpc_call_t *c);
 /*
  * Refuse the call: st is REFIT_ERR_UNAUTHENTICATED or
  * REFIT_ERR_PERMISSION_DENIED, reason a short word for the metric

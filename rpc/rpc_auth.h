@@ -40,6 +40,7 @@ typedef struct rpc_auth_row {
 	const char *service;   /* full name: "refit.v1.Coordinator" */
 	const char *method;    /* "Join" */
 	rpc_cred_t need;
+	bool or_operator;      /* the operator token (when one is set) also does */
 	const char *acts_for;  /* what the member check binds ("" when none) */
 } rpc_auth_row_t;
 

@@ -44,6 +44,7 @@ typedef struct method_ent {
 	const ProtobufCMethodDescriptor *md;
 	rpc_handler_fn fn;
 	rpc_cred_t need;       /* its row in rpc_auth.c */
+	bool or_operator;
 	void *ctx;
 } method_ent_t;
 
@@ -63,6 +64,7 @@ struct rpc_call {
 	ProtobufCMessage *req;
 	char *peer;
 	char *session;              /* refit-session presented (NULL: none) */
+	bool by_operator;           /* or_operator methods: the operator token did */
 	size_t session_len;
 	uint64_t t0_ns;             /* arrival (for opts.observe) */
 	rpc_call_t *next;
@@ -258,14 +260,12 @@ secret_ok(rpc_server_t *s, const rpc_call_t *c, const char *key, const char *pre
 
 	*absent = v == NULL;
 	pthread_mutex_lock(&s->mu);
-	if (*secret == NULL) {
-		pthread_mutex_unlock(&s->mu);
-		return true;
-	}
-	want = xmalloc(strlen(prefix) + strlen(*secret) + 1);
-	strcpy(want, prefix);
-	strcat(want, *secret);
+	want = *secret ? xmalloc(strlen(prefix) + strlen(*secret) + 1) : NULL;
+	if (want)
+		strcat(strcpy(want, prefix), *secret);
 	pthread_mutex_unlock(&s->mu);
+	if (want == NULL)
+		return true;
 	ok = v && rpc_auth_eq(GRPC_SLICE_START_PTR(*v), GRPC_SLICE_LENGTH(*v), want);
 	free(want);
 	return ok;
@@ -289,43 +289,40 @@ refusal_note(rpc_server_t *s, const rpc_call_t *c, const char *reason, const cha
 		s->refused(c->m ? c->m->path : "unknown", reason);
 	if (!rpc_refusals_note(&s->refusals, host, uv_hrtime(), &quiet))
 		return;
-	if (quiet)
-		log_warnx("rpc: refused a call from %s: %s (and %" PRIu64 " more from %s in the "
-			  "last minute, not logged)", peer, msg, quiet, host);
-	else
-		log_warnx("rpc: refused a call from %s: %s (further refusals from %s are "
-			  "logged once a minute)", peer, msg, host);
+	log_warnx("rpc: refused a call from %s: %s (%" PRIu64 " more from %s since the last "
+		  "line; they are logged once a minute)", peer, msg, quiet, host);
+}
+
+/* Answer c refused (not releasing the handler's reference). */
+static void
+refuse_v(rpc_call_t *c, int code, const char *reason, const char *fmt, va_list ap)
+{
+	char msg[REFIT_ERR_MSG_MAX];
+
+	utf8_vformat(msg, sizeof(msg), fmt, ap);
+	refusal_note(c->srv, c, reason, msg);
+	send_final(c, code, msg, NULL);
 }
 
 /* Refuse from the completion-queue thread (the handler never sees it). */
-static void
-refuse_now(rpc_call_t *c, int code, const char *reason, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static void
+static void __attribute__((format(printf, 4, 5)))
 refuse_now(rpc_call_t *c, int code, const char *reason, const char *fmt, ...)
 {
-	char msg[REFIT_ERR_MSG_MAX];
 	va_list ap;
 
 	va_start(ap, fmt);
-	utf8_vformat(msg, sizeof(msg), fmt, ap);
+	refuse_v(c, code, reason, fmt, ap);
 	va_end(ap);
-	refusal_note(c->srv, c, reason, msg);
-	send_final(c, code, msg, NULL);
 }
 
 void
 rpc_call_refuse(rpc_call_t *c, refit_status_t st, const char *reason, const char *fmt, ...)
 {
-	char msg[REFIT_ERR_MSG_MAX];
 	va_list ap;
 
 	va_start(ap, fmt);
-	utf8_vformat(msg, sizeof(msg), fmt, ap);
+	refuse_v(c, rpc_status_to_grpc(st), reason, fmt, ap);
 	va_end(ap);
-	refusal_note(c->srv, c, reason, msg);
-	send_final(c, rpc_status_to_grpc(st), msg, NULL);
 	call_unref(c);
 }
 
@@ -334,6 +331,24 @@ rpc_call_session(const rpc_call_t *c, size_t *len)
 {
 	*len = c->session_len;
 	return c->session;
+}
+
+/* Is the secret in *slot configured?  Any thread. */
+static bool
+secret_set(rpc_server_t *s, char *const *slot)
+{
+	bool yes;
+
+	pthread_mutex_lock(&s->mu);
+	yes = *slot != NULL;
+	pthread_mutex_unlock(&s->mu);
+	return yes;
+}
+
+bool
+rpc_call_by_operator(const rpc_call_t *c)
+{
+	return c->by_operator;
 }
 
 /*
@@ -358,6 +373,11 @@ cred_ok(rpc_server_t *s, rpc_call_t *c)
 			   "%s needs the operator token (metadata \"authorization: Bearer "
 			   "<token>\")%s", c->m->path, absent ? "" : ": the one sent is not it");
 		return false;
+	}
+	if (c->m->or_operator && secret_set(s, &s->token) &&
+	    secret_ok(s, c, "authorization", "Bearer ", &s->token, &absent) && !absent) {
+		c->by_operator = true;
+		return true;
 	}
 	if (!secret_ok(s, c, RPC_MD_JOIN_TOKEN, "", &s->join_token, &absent)) {
 		refuse_now(c, GRPC_STATUS_UNAUTHENTICATED, absent ? "missing" : "wrong",
@@ -621,6 +641,7 @@ rpc_server_add_service(rpc_server_t *s, const ProtobufCServiceDescriptor *svc,
 		e.md = md;
 		e.fn = methods[i].fn;
 		e.need = row->need;
+		e.or_operator = row->or_operator;
 		e.ctx = ctx;
 		VEC_PUSH(&s->methods, e);
 	}
@@ -767,12 +788,7 @@ rpc_server_set_join_token(rpc_server_t *s, const char *token)
 bool
 rpc_server_join_required(rpc_server_t *s)
 {
-	bool yes;
-
-	pthread_mutex_lock(&s->mu);
-	yes = s->join_token != NULL;
-	pthread_mutex_unlock(&s->mu);
-	return yes;
+	return secret_set(s, &s->join_token);
 }
 
 void

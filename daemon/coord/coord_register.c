@@ -307,7 +307,8 @@ register_acts(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutReque
 
 /*
  * With a join token: is the caller member_id, and a holder of in (one of
- * the nodes that registered it)?  false: refused, answered.
+ * the nodes that registered it)?  An operator (UnregisterLayout's row
+ * allows the operator token) may act for any.  false: refused, answered.
  */
 static bool
 holder_acts(coord_t *c, rpc_call_t *call, const char *method, uint64_t member_id,
@@ -315,7 +316,7 @@ holder_acts(coord_t *c, rpc_call_t *call, const char *method, uint64_t member_id
 {
 	const member_t *mb = coord_find_member(c, member_id);
 
-	if (!coord_binds(c))
+	if (!coord_binds(c) || rpc_call_by_operator(call))
 		return true;
 	if (mb == NULL) {
 		rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "%s: member %" PRIu64 " is not a "

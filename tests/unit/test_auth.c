@@ -124,6 +124,12 @@ START_TEST(table_says)
 			      rpc_cred_name(r->need));
 	}
 	ck_assert_ptr_null(rpc_auth_find("refit.v1.Node", "Join"));
+	/* the operator token opens one member method (refitctl unregister) */
+	for (size_t k = 0; k < rpc_auth_nrows; k++)
+		ck_assert_msg(rpc_auth_table[k].or_operator ==
+			      (strcmp(rpc_auth_table[k].method, "UnregisterLayout") == 0),
+			      "%s.%s or_operator", rpc_auth_table[k].service,
+			      rpc_auth_table[k].method);
 	ck_assert_str_eq(rpc_cred_name(RPC_CRED_MEMBER), "member");
 }
 END_TEST
