@@ -179,9 +179,23 @@ join_session_ok(coord_t *c, rpc_call_t *call, const Refit__V1__JoinRequest *rq)
 	for (size_t k = 0; k < c->members.n; k++) {
 		const member_t *m = &c->members.v[k];
 
-		if (strcmp(m->node_id, nz(rq->node_id)) != 0 || m->session == NULL ||
-		    rpc_auth_eq(s, len, m->session))
+		if (m->session == NULL || rpc_auth_eq(s, len, m->session))
 			continue;
+		if (strcmp(m->node_id, nz(rq->node_id)) != 0) {
+			/* its endpoints would be called, and sent secrets, as it */
+			const char *ep = NULL;
+
+			if (m->rpc_ep[0] && strcmp(m->rpc_ep, nz(rq->rpc_endpoint)) == 0)
+				ep = m->rpc_ep;
+			else if (m->data_ep[0] && strcmp(m->data_ep, nz(rq->data_endpoint)) == 0)
+				ep = m->data_ep;
+			if (ep == NULL)
+				continue;
+			rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "Join \"%s\": "
+					"endpoint %s is live member %" PRIu64 "'s (node \"%s\") of "
+					"another session", nz(rq->node_id), ep, m->id, m->node_id);
+			return false;
+		}
 		rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "Join \"%s\": "
 				"node \"%s\" is live member %" PRIu64 " of another session: "
 				"only that session joins again under its name (a restarted node "

@@ -221,10 +221,17 @@ def rogues_refused():
         node_id="rogue", host="127.0.0.1", rpc_endpoint="127.0.0.1:1",
         data_endpoint="127.0.0.1:2", ranks=[pb.RankInfo(rank=0)]), timeout=5, metadata=meta),
         PD, 'rank 0 already belongs to node "au0"')
+    # another node's endpoints under a name and ranks of its own: the
+    # coordinator would call it, with the node's session, as that node
+    for rpc_ep, data_ep in ((m1.rpc_endpoint, "127.0.0.1:2"), ("127.0.0.1:1", m1.data_endpoint)):
+        expect_error(lambda: st.Join(pb.JoinRequest(
+            node_id="rogue", host="127.0.0.1", rpc_endpoint=rpc_ep, data_endpoint=data_ep,
+            ranks=[pb.RankInfo(rank=1000)]), timeout=5, metadata=meta),
+            PD, f'is live member {m1.member_id}\'s (node "au1")')
     after = snapshot()
     assert after == before, ("a refused call changed something", before, after)
     n = refused_total() - n0
-    assert n >= 2 * 7 + 7 + 1, f"refitd_auth_refused_total grew by {n} (coordinator only)"
+    assert n >= 2 * 7 + 7 + 3, f"refitd_auth_refused_total grew by {n} (coordinator only)"
     assert refused_total("identity") >= 7 and refused_total("missing") >= 7 and \
         refused_total("wrong") >= 7, harness.scrape_metrics(MPORT)
     ch.close()
