@@ -186,8 +186,10 @@ on_hup(uv_signal_t *h, int signum)
 		rpc_async_set_join_token(d->rpc, join);
 	if (d->coord)
 		coord_set_timing(d->coord, (uint32_t)n.lease_ttl_ms, (uint32_t)n.heartbeat_ms);
-	if (d->node)
+	if (d->node) {
 		node_set_heartbeat(d->node, (uint32_t)n.heartbeat_ms);
+		node_set_bound(d->node, join != NULL);
+	}
 	free(token);
 	free(join);
 	config_apply_reloadable(d->cfg, &n); /* start-only keys keep their running value */

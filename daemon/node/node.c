@@ -335,17 +335,22 @@ static const rpc_method_cfg_t prep_methods[] = {
 static refit_status_t
 session_start(node_t *n, rpc_server_t *srv, bool bound, refit_err_t *err)
 {
-	uint8_t raw[32];
-	char hex[2 * sizeof(raw) + 1];
+	uint8_t raw[(sizeof(n->session) - 1) / 2];
 
 	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw))
 		return refit_err_set(err, REFIT_ERR_SYS, "node: getrandom: %s", strerror(errno));
 	for (size_t i = 0; i < sizeof(raw); i++)
-		snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-	rpc_async_set_session(n->rpc, n->coordinator, hex);
-	if (bound)
-		rpc_server_set_session(srv, hex);
+		snprintf(n->session + 2 * i, 3, "%02x", raw[i]);
+	n->srv = srv;
+	rpc_async_set_session(n->rpc, n->coordinator, n->session);
+	node_set_bound(n, bound);
 	return REFIT_OK;
+}
+
+void
+node_set_bound(node_t *n, bool bound)
+{
+	rpc_server_set_session(n->srv, bound ? n->session : NULL);
 }
 
 node_t *

@@ -210,6 +210,8 @@ struct node {
 	dp_pool_t *pool;              /* buffers of the tcp slices (dataplane/pool.h) */
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
+	rpc_server_t *srv;            /* the Node service's */
+	char session[65];             /* this process's session secret (hex) */
 	char *local_path;
 	uint64_t slice_timeout_ms, test_msg_delay_ms;  /* slice_timeout_ms 0: the coordinator's */
 	uint64_t connect_timeout_ms;

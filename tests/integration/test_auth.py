@@ -19,6 +19,8 @@ a trainer on node 0 and an inference instance on node 1, one refit.
    per call;
  - the join token rotates with SIGHUP, no restart: the old token is refused,
    the members stay, a refit commits;
+ - a join token added to a running cluster by SIGHUP is checked from then
+   on, the node's Node service bound to its session;
  - the operator token opens no node method and the join token no operator
    method (UnregisterLayout, refitctl unregister, takes either); the same
    token in both files is refused at start;
@@ -312,6 +314,42 @@ def beats():
                   frozenset({"method": "Heartbeat", "code": "OK"}.items())), 0)
 
 
+def token_added_by_reload():
+    """A loopback cluster without a token gets one by SIGHUP: the
+    coordinator and the node's Node service check it from then on, and the
+    node binds its Node service to its session (the member stays)."""
+    cfg, tok = f"{TMP}/ad.json", f"{TMP}/ad.token"
+    with open(cfg, "w") as f:
+        f.write("{}\n")
+    cl = Cluster("ad", 1, ["--config", cfg], coord_extra=["--config", cfg])
+    m = cl.wait_members(1).members[0]
+    with open(tok, "w") as f:
+        f.write("join-" + os.urandom(16).hex() + "\n")
+    with open(cfg, "w") as f:
+        f.write('{"join_token_file": "%s"}\n' % tok)
+    for p in (cl.coord, cl.nodes[0]):
+        p.send_signal(signal.SIGHUP)
+    nst = pbg.NodeStub(grpc.insecure_channel(m.rpc_endpoint))
+
+    def refused(call, code):
+        try:
+            call()
+        except grpc.RpcError as e:
+            return e.code() == code
+        return False
+    # NcclId changes nothing (tcp has no communicator ids): refused once reloaded
+    wait_for(lambda: refused(lambda: nst.NcclId(pb.NcclIdRequest(), timeout=5), UN), 20,
+             "the node to want the join token")
+    wait_for(lambda: refused(lambda: cl.stub.Heartbeat(pb.HeartbeatRequest(member_id=0),
+                                                       timeout=5), UN), 20,
+             "the coordinator to want the join token")
+    token = open(tok).read().strip()
+    expect_error(lambda: nst.PrepareEpoch(pb.PrepareEpochRequest(epoch=m.joined_epoch + 9),
+                                          timeout=5, metadata=md(token, "x" * 64)),
+                 PD, "only the coordinator this node joined may call it")
+    assert cl.wait_members(1).members[0].member_id == m.member_id
+
+
 def operator_and_join_apart():
     """The operator token opens no node method, the join token no operator
     method; UnregisterLayout (refitctl unregister) takes either; one token
@@ -393,6 +431,8 @@ try:
               refit_after)
         check("SIGHUP rotates the join token: old refused, members stay, refit commits",
               rotate)
+    check("a join token added by SIGHUP: checked from then on, the node's service bound "
+          "to its session", token_added_by_reload)
     check("the operator and join tokens open different methods; UnregisterLayout "
           "either; one token for both refused", operator_and_join_apart)
     check("beyond loopback: no token refuses to start; \"insecure\": true warns",
