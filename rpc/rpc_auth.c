@@ -12,11 +12,13 @@
 #define HEALTH "grpc.health.v1.Health"
 
 const rpc_auth_row_t rpc_auth_table[] = {
-	{COORD, "Join", RPC_CRED_JOIN, false, "its node id: a live member's only with that member's secret"},
+	{COORD, "Join", RPC_CRED_JOIN, false,
+	 "node id, ranks, endpoints: a live member's only by its own session"},
 	{COORD, "Heartbeat", RPC_CRED_MEMBER, false, "member_id"},
 	{COORD, "Leave", RPC_CRED_MEMBER, false, "member_id"},
 	{COORD, "RegisterLayout", RPC_CRED_MEMBER, false, "member_id, its ranks"},
-	{COORD, "UnregisterLayout", RPC_CRED_MEMBER, true, "member_id, an instance it registered (refitctl unregister: the operator token)"},
+	{COORD, "UnregisterLayout", RPC_CRED_MEMBER, true,
+	 "member_id, an instance it registered (refitctl unregister: the operator token)"},
 	{COORD, "WeightsReady", RPC_CRED_MEMBER, false, "member_id, a trainer it registered"},
 	{COORD, "SliceDone", RPC_CRED_MEMBER, false, "member_id and node_id of a node of the refit"},
 	{COORD, "TriggerRefit", RPC_CRED_OPERATOR, false, ""},
