@@ -21,7 +21,8 @@ a trainer on node 0 and an inference instance on node 1, one refit.
    the members stay, a refit commits;
  - a join token added to a running cluster by SIGHUP is checked from then
    on, the node's Node service bound to its session;
- - the operator token opens no node method and the join token no operator
+ - refitctl init DIR makes both tokens (mode 0600, never overwritten); the
+   operator token opens no node method and the join token no operator
    method (UnregisterLayout, refitctl unregister, takes either); the same
    token in both files is refused at start;
  - a daemon listening beyond loopback without a token refuses to start;
@@ -351,15 +352,24 @@ def token_added_by_reload():
 
 
 def operator_and_join_apart():
-    """The operator token opens no node method, the join token no operator
-    method; UnregisterLayout (refitctl unregister) takes either; one token
-    in both files is refused at start."""
-    op, jt = f"{TMP}/op.token", f"{TMP}/j2.token"
-    for path, text in ((op, "operator-" + os.urandom(8).hex()),
-                       (jt, "join-" + os.urandom(8).hex())):
-        with open(path, "w") as f:
-            f.write(text + "\n")
+    """refitctl init makes the two secrets; the operator token opens no node
+    method, the join token no operator method; UnregisterLayout (refitctl
+    unregister) takes either; one token in both files is refused at start."""
+    # refitctl init makes both secrets: mode 0600, distinct, never overwritten
+    d = f"{TMP}/secrets"
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "init", d], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out
+    op, jt = f"{d}/operator.token", f"{d}/join.token"
     optok, jtok = open(op).read().strip(), open(jt).read().strip()
+    for path, tok in ((op, optok), (jt, jtok)):
+        assert os.stat(path).st_mode & 0o777 == 0o600, oct(os.stat(path).st_mode)
+        assert len(tok) == 64 and int(tok, 16) >= 0, tok
+    assert optok != jtok
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "init", d], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "File exists" in out.stderr, out
+    assert open(op).read().strip() == optok and open(jt).read().strip() == jtok
     addr = f"127.0.0.1:{free_port()}"
     args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", addr,
             "--token-file", op, "--join-token-file", jt]
@@ -433,8 +443,8 @@ try:
               rotate)
     check("a join token added by SIGHUP: checked from then on, the node's service bound "
           "to its session", token_added_by_reload)
-    check("the operator and join tokens open different methods; UnregisterLayout "
-          "either; one token for both refused", operator_and_join_apart)
+    check("refitctl init makes both tokens (0600); they open different methods; "
+          "UnregisterLayout either; one token for both refused", operator_and_join_apart)
     check("beyond loopback: no token refuses to start; \"insecure\": true warns",
           secure_default)
 finally:
