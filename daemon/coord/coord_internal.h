@@ -99,8 +99,6 @@ struct coord {
 	rpc_async_t *rpc;           /* calls to nodes (shared with main) */
 	rpc_server_t *srv;          /* its server: is a join token required? */
 	uint32_t inflight;          /* async node calls and plans not yet done */
-	uint8_t token[16];          /* data-plane token of token_epoch */
-	uint64_t token_epoch;
 	/* nccl: the unique id of nccl_epoch (len 0: that epoch shrinks the
 	 * communicators of the members nccl_members), and whether the nodes'
 	 * communicators are sound (no nccl refit failed or aborted since) */
@@ -353,6 +351,10 @@ bool coord_nccl_need_id(coord_t *c, refit_rec_t *r);
 bool coord_nccl_busy(const coord_t *c, const refit_rec_t *r);
 /* The current members as PrepareEpoch lists them, in *mv (coord_members_msg_free). */
 Refit__V1__Member **coord_members_msg(coord_t *c, Refit__V1__Member **mv);
+/* PrepareEpoch: every member's data-plane token of epoch (made once per
+ * epoch), and a request carrying member m's own (for m alone). */
+void coord_data_tokens(coord_t *c, uint64_t epoch);
+void coord_prepare_attach(const member_t *m, ProtobufCMessage *req);
 void coord_members_msg_free(Refit__V1__Member *mv, Refit__V1__Member **mp, size_t n);
 /* The RunSlice instances of r, trainer first (*n of them, in *iv; coord_free_layouts). */
 Refit__V1__InstanceLayouts **coord_instance_layouts(const refit_rec_t *r, const model_t *m,

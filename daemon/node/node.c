@@ -251,17 +251,25 @@ static void
 world_tell(node_t *n, const Refit__V1__PrepareEpochRequest *rq)
 {
 	VEC(int32_t) all = {0};
+	const char **peers = xcalloc(n->world.n + 1, sizeof(*peers));
+	uint8_t (*verifiers)[32] = xcalloc(n->world.n + 1, sizeof(*verifiers));
 	xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
-			   rq->nccl_unique_id.data, rq->nccl_unique_id.len};
+			   rq->nccl_unique_id.data, rq->nccl_unique_id.len, peers,
+			   (const uint8_t (*)[32])verifiers, n->world.n};
 
-	for (size_t i = 0; i < n->world.n; i++)
+	for (size_t i = 0; i < n->world.n; i++) {
 		for (size_t k = 0; k < n->world.v[i].nranks; k++)
 			VEC_PUSH(&all, n->world.v[i].ranks[k]);
+		peers[i] = n->world.v[i].node_id;
+		memcpy(verifiers[i], n->world.v[i].verifier, sizeof(verifiers[i]));
+	}
 	xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
 	w.ranks = all.v;
 	w.nranks = all.n;
 	n->xo->set_world(n->x, &w);
 	VEC_FREE(&all);
+	free(peers);
+	free(verifiers);
 }
 
 static void
@@ -280,19 +288,26 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: token "
 				     "of %zu bytes (at most %zu)", n->node_id, rq->token.len,
 				     sizeof(n->token));
-	for (size_t i = 0; i < rq->n_members; i++)
+	for (size_t i = 0; i < rq->n_members; i++) {
 		if (rq->members[i]->data_endpoint == NULL || !rq->members[i]->data_endpoint[0])
 			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: "
 					     "member \"%s\" has no data endpoint", n->node_id,
 					     rq->members[i]->node_id);
+		if (rq->members[i]->data_verifier.len != 32)
+			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: "
+					     "member \"%s\": data verifier of %zu bytes (32)",
+					     n->node_id, rq->members[i]->node_id,
+					     rq->members[i]->data_verifier.len);
+	}
 	if (rq->epoch != n->prepared_epoch)
 		node_run_abort_all(n, "a new epoch was prepared");
 	world_clear(n);
 	for (size_t i = 0; i < rq->n_members; i++) {
 		const Refit__V1__Member *m = rq->members[i];
 		epoch_member_t em = {xstrdup(m->node_id ? m->node_id : ""),
-				     xstrdup(m->data_endpoint), NULL, NULL, m->n_ranks};
+				     xstrdup(m->data_endpoint), NULL, NULL, m->n_ranks, {0}};
 
+		memcpy(em.verifier, m->data_verifier.data, sizeof(em.verifier));
 		em.ranks = xcalloc(m->n_ranks ? m->n_ranks : 1, sizeof(int32_t));
 		em.domains = xcalloc(m->n_ranks ? m->n_ranks : 1, sizeof(char *));
 		for (size_t k = 0; k < m->n_ranks; k++) {

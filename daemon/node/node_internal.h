@@ -89,6 +89,7 @@ typedef struct epoch_member {
 	int32_t *ranks;
 	char **domains;
 	size_t nranks;
+	uint8_t verifier[32];   /* SHA-256 of its data-plane token */
 } epoch_member_t;
 
 /* A slice that ran and waits for the coordinator's Commit, then Publish. */

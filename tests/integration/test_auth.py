@@ -17,6 +17,10 @@ a trainer on node 0 and an inference instance on node 1, one refit.
    weights byte-exact; the refusals are counted in
    refitd_auth_refused_total and logged once per process and host, not once
    per call;
+ - data-plane tokens are per member: a process with the join token that
+   takes part in a refit (a replica on a rank of its own) gets its own
+   token and the others' hashes; a data connection naming another node with
+   it is refused;
  - the join token rotates with SIGHUP, no restart: the old token is refused,
    the members stay, a refit commits;
  - a join token added to a running cluster by SIGHUP is checked from then
@@ -30,12 +34,15 @@ a trainer on node 0 and an inference instance on node 1, one refit.
 
 Usage: test_auth.py BUILD_DIR.  Ends with "auth: N passed, N failed".
 """
+import hashlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
+from concurrent import futures
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 import protostubs  # noqa: E402  (this folder is first on sys.path)
@@ -275,6 +282,88 @@ def member_of_its_own():
     assert sorted(i.instance for i in g.instances) == ["", "i0"], g
 
 
+def data_handshake(ep, epoch, token, node):
+    """One tcp data-plane handshake to ep (magic, token length, epoch, refit
+    id, 64 token bytes, 128 node id bytes): the node's one-byte answer."""
+    host, port = ep.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall((0x31544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") +
+                  epoch.to_bytes(8, "little") + (1).to_bytes(8, "little") +
+                  token.ljust(64, b"\0") + node.encode().ljust(128, b"\0"))
+        return s.recv(1)
+
+
+class FakeNode(pbg.NodeServicer):
+    """A process holding the join token that serves the Node service itself:
+    it keeps what PrepareEpoch gives it and runs nothing."""
+
+    def __init__(self):
+        self.prepared = []
+
+    def PrepareEpoch(self, request, context):
+        self.prepared.append(request)
+        return pb.PrepareEpochResponse(epoch=request.epoch)
+
+    def RunSlice(self, request, context):
+        context.abort(grpc.StatusCode.INTERNAL, "a fake node runs nothing")
+
+    def Abort(self, request, context):
+        return pb.AbortResponse()
+
+
+def data_token_per_member():
+    """A token holder that joins, registers a replica on its own rank and so
+    takes part in a refit gets its own data-plane token only: with it a data
+    connection naming another node is refused; naming itself, taken."""
+    token = open(JOIN).read().strip()
+    meta = md(token, os.urandom(32).hex())
+    fake = FakeNode()
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pbg.add_NodeServicer_to_server(fake, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    st = pbg.CoordinatorStub(grpc.insecure_channel(CL.addr))
+    try:
+        j = st.Join(pb.JoinRequest(node_id="fake", host="127.0.0.1",
+                                   rpc_endpoint=f"127.0.0.1:{port}",
+                                   data_endpoint=f"127.0.0.1:{free_port()}",
+                                   ranks=[pb.RankInfo(rank=1000)]), timeout=5, metadata=meta)
+        st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="lm", role=pb.INFER, instance="fake",
+            tensors=[layout_to_proto({"name": f"w{k}", "dtype": "fp32", "shape": [64, 32],
+                                      "mesh": [1000], "placements": ["Replicate()"]})
+                     for k in range(3)]), timeout=5, metadata=meta)
+        v = MODEL["version"] + 1
+        assert MODEL["clients"]["train"][0].cmd(f"next {v}").startswith("READY")
+        rid = CL.stub.TriggerRefit(pb.TriggerRefitRequest(model="lm", version=v),
+                                   timeout=10).refit_id
+        wait_for(lambda: fake.prepared, 30, "PrepareEpoch at the fake node")
+        g = CL.wait_final(rid, 60)
+        assert g.state in (pb.FAILED, pb.ABORTED), g
+        prep = fake.prepared[-1]
+        mine = {m.node_id: m for m in prep.members}
+        assert hashlib.sha256(prep.token).digest() == mine["fake"].data_verifier
+        assert mine["au0"].data_verifier != mine["fake"].data_verifier
+        ep = mine["au1"].data_endpoint
+        assert data_handshake(ep, prep.epoch, prep.token, "au0") == b"\x02"
+        assert data_handshake(ep, prep.epoch, prep.token, "nobody") == b"\x02"
+        assert data_handshake(ep, prep.epoch, prep.token, "fake") == b"\x00"
+        # away again: its replica, then itself; the refit of v commits
+        st.UnregisterLayout(pb.UnregisterLayoutRequest(
+            member_id=j.member_id, model="lm", role=pb.INFER, instance="fake"),
+            timeout=5, metadata=meta)
+        st.Leave(pb.LeaveRequest(member_id=j.member_id), timeout=5, metadata=meta)
+    finally:
+        srv.stop(0)
+    wait_for(lambda: all(r.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED) for r in
+                         CL.stub.ListRefits(pb.ListRefitsRequest(), timeout=5).refits),
+             60, "no refit in flight")
+    g = CL.refit("lm", v, timeout=120)
+    assert g.state == pb.COMMITTED, g.failure
+    harness.expect_installed(MODEL["clients"], v)
+    MODEL["version"] = v
+
+
 def refit_after():
     refit_commits(MODEL["version"] + 1)
     CL.log.flush()
@@ -439,6 +528,8 @@ try:
               member_of_its_own)
         check("the next refit commits byte-exact; refusals logged once per process",
               refit_after)
+        check("data-plane tokens are per member: a token holder's own does not pass it "
+              "for another node", data_token_per_member)
         check("SIGHUP rotates the join token: old refused, members stay, refit commits",
               rotate)
     check("a join token added by SIGHUP: checked from then on, the node's service bound "
