@@ -97,6 +97,8 @@ UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
 UNIT_DAEMON_SRC += daemon/node/slice.c
+# the authorization table and the refusal log's limiter (test_auth.c)
+UNIT_DAEMON_SRC += rpc/rpc_auth.c
 
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))

@@ -15,10 +15,14 @@
  * input, 3 the coordinator could not be reached (address and reason
  * printed), 4 the refit waited for ended FAILED or ABORTED.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client/refitctl_internal.h"
@@ -296,7 +300,71 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 
 /* ---- the table ---------------------------------------------------------- */
 
+/* A new secret in dir/name: 32 random bytes as hex, mode 0600, never over
+ * an existing file.  0, or the exit code after saying why. */
+static int
+new_token(const char *dir, const char *name)
+{
+	char path[4096], hex[65];
+	uint8_t raw[32];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
+		fprintf(stderr, "refitctl init: getrandom: %s\n", strerror(errno));
+		return 1;
+	}
+	for (size_t i = 0; i < sizeof(raw); i++)
+		snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+	hex[64] = '\n';
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		fprintf(stderr, "refitctl init: %s: %s%s\n", path, strerror(errno),
+			errno == EEXIST ? " (kept: remove it first to make a new one)" : "");
+		return errno == EEXIST ? 2 : 1;
+	}
+	if (fchmod(fd, 0600) != 0 || write(fd, hex, sizeof(hex)) != (ssize_t)sizeof(hex) ||
+	    close(fd) != 0) {
+		fprintf(stderr, "refitctl init: %s: %s\n", path, strerror(errno));
+		return 1;
+	}
+	printf("%s\n", path);
+	return 0;
+}
+
+/* init DIR: the cluster's secrets (docs/control-plane.md, "Who may call
+ * what"): the operator token and the join token, each its own. */
+static int
+cmd_init(int argc, char **argv)
+{
+	const char *dir;
+	int rc;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: refitctl init DIR\n");
+		return 2;
+	}
+	dir = argv[1];
+	if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+		fprintf(stderr, "refitctl init: %s: %s\n", dir, strerror(errno));
+		return 1;
+	}
+	if (access(dir, W_OK) != 0) {
+		fprintf(stderr, "refitctl init: %s: %s\n", dir, strerror(errno));
+		return 1;
+	}
+	if ((rc = new_token(dir, "operator.token")) != 0 ||
+	    (rc = new_token(dir, "join.token")) != 0)
+		return rc;
+	printf("the coordinator reads both (token_file, join_token_file), every node "
+	       "join.token, and refitctl --token-file operator.token; systemd: copy them to "
+	       "/etc/refit/ (LoadCredential= in the units)\n");
+	return 0;
+}
+
 static const cmd_t cmds[] = {
+	{.name = "init", .args = "DIR", .help = "make the cluster's secrets in DIR (mode 0600): "
+	 "operator.token and join.token; calls nothing", .local = cmd_init},
 	{.name = "members", .args = "", .help = "membership: nodes, ranks, epoch, lease ages",
 	 .method = "ListMembers", .text = refitctl_text_members, .json = refitctl_json_members},
 	{.name = "models", .args = "", .help = "registered models, instances, versions, digests",
@@ -494,6 +562,10 @@ main(int argc, char **argv)
 		usage(stderr);
 		free(token);
 		return 2;
+	}
+	if (cmd->local != NULL) {
+		free(token);
+		return cmd->local(argc - optind, argv + optind);
 	}
 	c.cli = rpc_client_new(addr ? addr : "127.0.0.1:7070", &co, &e);
 	if (c.cli == NULL) {

@@ -46,6 +46,9 @@ struct cmd {
 	const char *help;
 	int min_args, max_args;            /* positionals */
 	const char *method;                /* the Coordinator method called */
+	/* a command that calls nothing (init): argv[0] is the command; its
+	 * exit code (NULL: an RPC command) */
+	int (*local)(int argc, char **argv);
 	/* the request field each positional fills (a string, or a number
 	 * parsed from it), and what the second one is when it is not given */
 	const char *field[2];

@@ -26,6 +26,7 @@ typedef enum refit_status {
 	REFIT_ERR_UNAUTHENTICATED,
 	REFIT_ERR_LIMIT,         /* a configured bound would be exceeded */
 	REFIT_ERR_INTERNAL,      /* broken invariant: a bug in refit */
+	REFIT_ERR_PERMISSION_DENIED, /* authenticated, but acting for someone else */
 	REFIT_STATUS_COUNT
 } refit_status_t;
 

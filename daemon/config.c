@@ -45,6 +45,13 @@ static const key_t_ keys[] = {
 	 "client: CA to verify the coordinator"},
 	{"token_file", K_STR, F(token_file), NULL, 0, 0, NULL, true,
 	 "bearer token required for operator methods"},
+	{"join_token_file", K_STR, F(join_token_file), NULL, 0, 0, NULL, true,
+	 "cluster join token (a secret of its own, not the operator token): the coordinator "
+	 "and every node hold the same; every node-coordinator call carries it; SIGHUP "
+	 "rereads it; docs/control-plane.md"},
+	{"insecure", K_ENUM, F(insecure), "false", 0, 0, "false|true", false,
+	 "true: listen beyond loopback without a join token or mutual TLS (anyone reaching "
+	 "the port may join; warned at every start)"},
 	{"lease_ttl_ms", K_MS, F(lease_ttl_ms), "10000", 100, 3600000, NULL, true,
 	 "member lease"},
 	{"heartbeat_ms", K_MS, F(heartbeat_ms), "2000", 10, 600000, NULL, true,
@@ -313,6 +320,10 @@ config_parse(refitd_config_t *c, const char *text, size_t len, refit_err_t *err)
 
 		if (cJSON_IsString(it)) {
 			v = it->valuestring;
+		} else if (cJSON_IsBool(it) && find_key(it->string) != NULL &&
+			   find_key(it->string)->type == K_ENUM &&
+			   strcmp(find_key(it->string)->choices, "false|true") == 0) {
+			v = cJSON_IsTrue(it) ? "true" : "false";
 		} else if (cJSON_IsNumber(it) && it->valuedouble >= 0 &&
 			   it->valuedouble < 1e18 && it->valuedouble == (double)(uint64_t)it->valuedouble) {
 			snprintf(num, sizeof(num), "%" PRIu64, (uint64_t)it->valuedouble);
@@ -376,10 +387,42 @@ check_port(const char *key, const char *v, bool allow0, bool unix_ok, refit_err_
 	return REFIT_OK;
 }
 
+bool
+config_is_loopback(const char *addr)
+{
+	const char *p = addr ? strrchr(addr, ':') : NULL;
+	size_t n = p ? (size_t)(p - addr) : 0;
+
+	if (addr == NULL || strncmp(addr, "unix:", 5) == 0)
+		return true;
+	if (p == NULL)
+		return false;
+	return (n == 9 && strncmp(addr, "localhost", 9) == 0) ||
+	       (n == 5 && strncmp(addr, "[::1]", 5) == 0) ||
+	       (n >= 4 && strncmp(addr, "127.", 4) == 0);
+}
+
+/* Secure by default: beyond loopback only with a join token, mutual TLS
+ * or an explicit "insecure": true. */
+static refit_status_t
+check_exposed(const refitd_config_t *c, refit_err_t *err)
+{
+	if (config_is_loopback(c->listen) || c->join_token_file != NULL ||
+	    (c->tls_cert != NULL && c->tls_client_ca != NULL) ||
+	    strcmp(c->insecure, "true") == 0)
+		return REFIT_OK;
+	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: listen \"%s\" is not loopback "
+			     "or a unix socket, and nothing authenticates the nodes: set "
+			     "join_token_file (or tls_cert, tls_key and tls_client_ca), or "
+			     "\"insecure\": true to let anyone who reaches the port join",
+			     c->listen);
+}
+
 refit_status_t
 config_check(const refitd_config_t *c, refit_err_t *err)
 {
 	CHECK(check_port("listen", c->listen, true, true, err));
+	CHECK(check_exposed(c, err));
 	/* metrics: TCP only (metrics.c), port 0 binds any free port */
 	CHECK(check_port("metrics_listen", c->metrics_listen, true, false, err));
 	if (strcmp(c->role, "node") == 0) {

@@ -19,6 +19,8 @@ typedef struct refitd_config {
 	char *coordinator;    /* node role: the coordinator's address */
 	char *tls_cert, *tls_key, *tls_client_ca, *tls_ca;
 	char *token_file;
+	char *join_token_file; /* the cluster join token (node credential) */
+	char *insecure;       /* "true": listen beyond loopback unauthenticated */
 	uint64_t lease_ttl_ms, heartbeat_ms;
 	char *transport;      /* "tcp" | "nccl" */
 	char *nic;            /* coordinator: "rank" | "node" (plans' NIC model) */
@@ -63,6 +65,8 @@ refit_status_t config_set(refitd_config_t *c, const char *key, const char *value
 			  refit_err_t *err);
 /* Cross-key checks (heartbeat < lease, TLS pairs, ...). */
 refit_status_t config_check(const refitd_config_t *c, refit_err_t *err);
+/* Is addr ("host:port", "unix:/path") loopback or a unix socket? */
+bool config_is_loopback(const char *addr);
 /* "0-3,8" -> {0,1,2,3,8}; *out is heap memory the caller frees. */
 refit_status_t config_parse_ranks(const char *spec, int32_t **out, size_t *n,
 				  refit_err_t *err);

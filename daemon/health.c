@@ -52,7 +52,7 @@ h_check(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 }
 
 static const rpc_method_cfg_t health_methods[] = {
-	{"Check", h_check, false},
+	{"Check", h_check},
 };
 
 refit_status_t

@@ -24,6 +24,7 @@
 #include "daemon/node/node.h"
 #include "daemon/metrics.h"
 #include "daemon/ops.h"
+#include "rpc/rpc_auth.h"
 
 typedef struct daemon_state {
 	uv_loop_t loop;
@@ -115,6 +116,30 @@ raise_fd_limit(void)
 static int parse_args(int argc, char **argv, refitd_config_t *cfg, bool *check_only,
 		      refit_err_t *err);
 
+/* The operator and join tokens the configuration names (NULL: none). */
+static refit_status_t
+read_tokens(const refitd_config_t *c, char **token, char **join, refit_err_t *err)
+{
+	*token = *join = NULL;
+	if (c->token_file)
+		CHECK(codec_read_token(c->token_file, token, err));
+	if (c->join_token_file && codec_read_token(c->join_token_file, join, err) != REFIT_OK) {
+		free(*token);
+		*token = NULL;
+		return err->status;
+	}
+	if (*token && *join && strcmp(*token, *join) == 0) {
+		free(*token);
+		free(*join);
+		*token = *join = NULL;
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s and %s hold the same "
+				     "token: the join token is a node's credential, the operator "
+				     "token an operator's; give each its own", c->token_file,
+				     c->join_token_file);
+	}
+	return REFIT_OK;
+}
+
 static void
 note_change(void *ctx, const char *key, bool reloadable)
 {
@@ -138,27 +163,35 @@ on_hup(uv_signal_t *h, int signum)
 	refit_err_t err;
 	bool check_only;
 	int restart = 0;
-	char *token = NULL;
+	char *token = NULL, *join = NULL;
 
 	(void)signum;
 	refit_err_clear(&err);
 	config_init(&n);
 	if (parse_args(d->argc, d->argv, &n, &check_only, &err) >= 0 ||
-	    (n.token_file && codec_read_token(n.token_file, &token, &err) != REFIT_OK)) {
+	    read_tokens(&n, &token, &join, &err) != REFIT_OK) {
 		log_warnx("refitd: reload refused, configuration unchanged: %s", err.msg);
+		free(token);
 		config_fini(&n);
 		return;
 	}
 	config_diff(d->cfg, &n, note_change, &restart);
 	log_init("refitd", (enum log_level)log_level_parse(n.log_level), LOG_SUB_ALL);
 	ops_set_log_format(n.log_format);
-	if (d->srv)
+	if (d->srv) {
 		rpc_server_set_token(d->srv, token);
+		rpc_server_set_join_token(d->srv, join);
+	}
+	if (d->rpc)
+		rpc_async_set_join_token(d->rpc, join);
 	if (d->coord)
 		coord_set_timing(d->coord, (uint32_t)n.lease_ttl_ms, (uint32_t)n.heartbeat_ms);
-	if (d->node)
+	if (d->node) {
 		node_set_heartbeat(d->node, (uint32_t)n.heartbeat_ms);
+		node_set_bound(d->node, join != NULL);
+	}
 	free(token);
+	free(join);
 	config_apply_reloadable(d->cfg, &n); /* start-only keys keep their running value */
 	config_fini(&n);
 	log_info("refitd: configuration reloaded%s", restart ? " (some keys need a restart)" : "");
@@ -174,6 +207,7 @@ usage(FILE *f)
 	fprintf(f,
 		"usage: refitd [--config FILE] [--KEY VALUE ...]\n"
 		"       refitd --check-config FILE   validate FILE, print the effective config\n"
+		"       refitd --auth-table          the credential each RPC method needs\n"
 		"Every config key is also a flag (--lease-ttl-ms 5000 sets lease_ttl_ms);\n"
 		"flags override the file.  See config/*.json, docs/control-plane.md and\n"
 		"docs/operations.md.  Keys:\n%s", keys.s);
@@ -185,7 +219,7 @@ static char hostname_buf[256];
 /* The role's state on the loop: coordinator or node. */
 static refit_status_t
 start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co,
-	   const char *token, refit_err_t *err)
+	   const char *token, const char *join, refit_err_t *err)
 {
 	node_opts_t no;
 	int32_t *ranks = NULL;
@@ -194,9 +228,11 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 
 	if (strcmp(cfg->role, "coordinator") == 0) {
 		coord_opts_t o = *co;
+		rpc_client_opts_t to_nodes = {.join_token = join};
 
-		/* calls to nodes: plain, as the nodes serve the Node service */
-		if ((d->rpc = o.rpc = rpc_async_new(&d->loop, NULL, err)) == NULL)
+		/* calls to nodes: plain (nodes serve the Node service without
+		 * TLS), with the join token and each node's session */
+		if ((d->rpc = o.rpc = rpc_async_new(&d->loop, &to_nodes, err)) == NULL)
 			return err->status;
 		return (d->coord = coord_new(&d->loop, d->srv, &o, err)) ? REFIT_OK : err->status;
 	}
@@ -216,6 +252,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.client.tls.cert_file = cfg->tls_cert;
 	no.client.tls.key_file = cfg->tls_key;
 	no.client.token = token;
+	no.client.join_token = join;
 	no.transport = cfg->transport;
 	no.data_listen = cfg->data_listen;
 	no.data_advertise = cfg->data_advertise;
@@ -300,11 +337,15 @@ main(int argc, char **argv)
 	daemon_state_t d;
 	refit_err_t err;
 	bool check_only;
-	char *token = NULL;
+	char *token = NULL, *join = NULL;
 	int rc, port = 0;
 
 	if (argc == 2 && strcmp(argv[1], GPU_ROOT_HOLDER_ARG) == 0)
 		return gpu_root_holder_main(); /* an NCCL unique id's holder (gpu.h) */
+	if (argc == 2 && strcmp(argv[1], "--auth-table") == 0) {
+		rpc_auth_print_markdown(stdout); /* docs/control-plane.md (make figures) */
+		return 0;
+	}
 
 	refit_err_clear(&err);
 	config_init(&cfg);
@@ -325,7 +366,7 @@ main(int argc, char **argv)
 		config_fini(&cfg);
 		return 0;
 	}
-	if (cfg.token_file && codec_read_token(cfg.token_file, &token, &err) != REFIT_OK) {
+	if (read_tokens(&cfg, &token, &join, &err) != REFIT_OK) {
 		fprintf(stderr, "refitd: %s\n", err.msg);
 		config_fini(&cfg);
 		return 2;
@@ -338,6 +379,8 @@ main(int argc, char **argv)
 	so.tls.ca_file = cfg.tls_client_ca;
 	so.tls.require_client_cert = cfg.tls_client_ca != NULL;
 	so.token = token;
+	so.join_token = join;
+	so.refused = metrics_auth_refused;
 	co.lease_ttl_ms = (uint32_t)cfg.lease_ttl_ms;
 	co.heartbeat_ms = (uint32_t)cfg.heartbeat_ms;
 	co.state_file = cfg.state_file;
@@ -361,7 +404,7 @@ main(int argc, char **argv)
 	memset(&d, 0, sizeof(d));
 	uv_loop_init(&d.loop);
 	if ((d.srv = rpc_server_new(&so, &d.loop, &err)) == NULL ||
-	    start_role(&d, &cfg, &co, token, &err) != REFIT_OK ||
+	    start_role(&d, &cfg, &co, token, join, &err) != REFIT_OK ||
 	    (d.ops = ops_start(&d.loop, d.srv, d.coord, d.node, &cfg, &err)) == NULL ||
 	    rpc_server_start(d.srv, &port, &err) != REFIT_OK) {
 		fprintf(stderr, "refitd: %s\n", err.msg);
@@ -375,6 +418,7 @@ main(int argc, char **argv)
 		uv_run(&d.loop, UV_RUN_DEFAULT);
 		uv_loop_close(&d.loop);
 		free(token);
+		free(join);
 		config_fini(&cfg);
 		return 1;
 	}
@@ -389,6 +433,11 @@ main(int argc, char **argv)
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
 	uv_signal_start(&d.sighup, on_hup, SIGHUP);
 	log_info("refitd: %s listening on %s (port %d)", cfg.role, cfg.listen, port);
+	if (!config_is_loopback(cfg.listen) && join == NULL && cfg.tls_client_ca == NULL)
+		log_warnx("refitd: INSECURE: listening on %s with no join token and no mutual "
+			  "TLS (\"insecure\": true): anyone who reaches the port can join the "
+			  "cluster and be sent model weights; set join_token_file",
+			  cfg.listen);
 	sd_notify_msg(d.coord ? "READY=1\nSTATUS=coordinator serving" :
 		      "READY=1\nSTATUS=node serving");
 	uv_run(&d.loop, UV_RUN_DEFAULT);
@@ -396,6 +445,7 @@ main(int argc, char **argv)
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	uv_loop_close(&d.loop);
 	free(token);
+	free(join);
 	config_fini(&cfg);
 	log_info("refitd: stopped%s", d.exit_status ? " (poisoned_exit)" : "");
 	return d.exit_status;

@@ -102,6 +102,10 @@ static const family_t families[M_COUNT] = {
 		"Bytes malloc holds from the system, in use or free (glibc mallinfo2: arena + "
 		"hblkhd); its excess over refitd_heap_inuse_bytes is the allocator's "
 		"(fragmentation, free memory not yet returned)", NULL, 0},
+	[M_AUTH_REFUSED_TOTAL] = {"refitd_auth_refused_total", KIND_COUNTER,
+		"Calls refused UNAUTHENTICATED or PERMISSION_DENIED, by method path and reason "
+		"(missing, wrong: a token; session: not this node's coordinator; identity: a "
+		"member acting for another)", NULL, 0},
 };
 
 typedef struct series {
@@ -350,4 +354,11 @@ metrics_observe_rpc(const char *method, const char *code, double seconds)
 {
 	metrics_observe(M_RPC_SECONDS, (const char *[]){"method", method, "code", code, NULL},
 			seconds);
+}
+
+void
+metrics_auth_refused(const char *method, const char *reason)
+{
+	metrics_add(M_AUTH_REFUSED_TOTAL, (const char *[]){"method", method, "reason", reason,
+							   NULL}, 1);
 }

@@ -39,6 +39,7 @@ typedef enum metric_id {
 	M_SKIPPED_VERSIONS_TOTAL, /* counter: ready versions a policy skipped */
 	M_HEAP_INUSE_BYTES,      /* gauge: malloc'd bytes in use (mallinfo2) */
 	M_HEAP_SYSTEM_BYTES,     /* gauge: bytes malloc holds from the system */
+	M_AUTH_REFUSED_TOTAL,    /* counter {method, reason}: calls refused */
 	M_COUNT
 } metric_id_t;
 
@@ -59,5 +60,8 @@ void metrics_serve_stop(void);
 /* refitd_rpc_duration_seconds{method, code}: the servers' observe hook
  * (rpc_server_opts_t.observe). */
 void metrics_observe_rpc(const char *method, const char *code, double seconds);
+/* refitd_auth_refused_total{method, reason}: the servers' refused hook
+ * (rpc_server_opts_t.refused). */
+void metrics_auth_refused(const char *method, const char *reason);
 
 #endif

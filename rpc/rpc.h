@@ -8,7 +8,9 @@
  * one table entry and one handler.
  *
  * Server threads: one completion-queue thread receives calls, decodes the
- * request, checks the bearer token of operator methods, and hands the call
+ * request, checks the credential the method needs (rpc_auth.h: one table
+ * for every service; a refusal is logged once per peer host a minute and
+ * counted through opts.refused), and hands the call
  * to the daemon's libuv loop through a queue + uv_async_send.  Handlers run
  * on the loop thread, own nothing of gRPC, and answer with rpc_call_reply or
  * rpc_call_fail (at once or later, from the loop thread).  A call the
@@ -39,10 +41,10 @@ typedef struct rpc_call rpc_call_t;
 /* Runs on the loop thread; req is owned by the call. */
 typedef void (*rpc_handler_fn)(void *ctx, rpc_call_t *call, const ProtobufCMessage *req);
 
+/* The credential a method needs is its row in rpc_auth.c, not here. */
 typedef struct rpc_method_cfg {
 	const char *name;      /* method name in the service descriptor */
 	rpc_handler_fn fn;
-	bool operator_only;    /* needs the bearer token when one is set */
 } rpc_method_cfg_t;
 
 typedef struct rpc_tls {
@@ -58,6 +60,10 @@ typedef struct rpc_server_opts {
 	size_t max_msg_bytes;  /* 0 = RPC_DEFAULT_MAX_MSG */
 	rpc_tls_t tls;
 	const char *token;     /* bearer token for operator methods; NULL = none */
+	const char *join_token; /* join and member methods; NULL = none */
+	/* a refusal (UNAUTHENTICATED, PERMISSION_DENIED), on any thread: the
+	 * method and why ("missing", "wrong", "session", "identity"); NULL = none */
+	void (*refused)(const char *method, const char *reason);
 	/* called on the loop when a call ends: its method ("unknown" for methods
 	 * not registered), gRPC code name and seconds since arrival; NULL = none
 	 * (refitd passes its metrics histogram, so rpc/ knows nothing of it) */
@@ -76,6 +82,17 @@ refit_status_t rpc_server_add_service(rpc_server_t *s,
 refit_status_t rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err);
 /* Replace the operator token (NULL: none) while serving.  Any thread. */
 void rpc_server_set_token(rpc_server_t *s, const char *token);
+/* Replace the join token (NULL: none) while serving.  Any thread. */
+void rpc_server_set_join_token(rpc_server_t *s, const char *token);
+/* Is a join token configured (join and member methods checked)? */
+bool rpc_server_join_required(rpc_server_t *s);
+/*
+ * The secret member methods must present (refit-session); a node sets its
+ * own, so that only the coordinator it joined may call it.  NULL (the
+ * coordinator): the handler checks rpc_call_session against the member
+ * the request names.  Any thread.
+ */
+void rpc_server_set_session(rpc_server_t *s, const char *secret);
 /*
  * Stop handing new calls to handlers (they are answered UNAVAILABLE);
  * calls handlers already hold may still be answered.  Loop thread.
@@ -95,6 +112,21 @@ bool rpc_call_cancelled(const rpc_call_t *c);
 int64_t rpc_call_ms_left(const rpc_call_t *c);
 /* "ipv4:127.0.0.1:5432" style; valid until the call is answered. */
 const char *rpc_call_peer(const rpc_call_t *c);
+/* The refit-session secret the caller presented (NULL: none) and its
+ * length; valid until the call is answered. */
+const char *rpc_call_session(const rpc_call_t *c, size_t *len);
+/* A method whose row allows the operator token too: did the caller
+ * present it (rather than a member's credentials)? */
+bool rpc_call_by_operator(const rpc_call_t *c);
+/*
+ * Refuse the call: st is REFIT_ERR_UNAUTHENTICATED or
+ * REFIT_ERR_PERMISSION_DENIED, reason a short word for the metric
+ * ("identity"), the message names what the caller tried.  Logged once a
+ * minute per peer host (with the count refused meanwhile), counted by
+ * opts.refused.  Loop thread, like rpc_call_fail.
+ */
+void rpc_call_refuse(rpc_call_t *c, refit_status_t st, const char *reason,
+		     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* ---- client ---------------------------------------------------------- */
 
@@ -104,6 +136,7 @@ typedef struct rpc_client_opts {
 	size_t max_msg_bytes;  /* 0 = RPC_DEFAULT_MAX_MSG */
 	rpc_tls_t tls;         /* cert/key for mutual TLS, ca to verify */
 	const char *token;     /* sent as "authorization: Bearer <token>" */
+	const char *join_token; /* sent as "refit-join-token: <token>" (daemons) */
 } rpc_client_opts_t;
 
 rpc_client_t *rpc_client_new(const char *target, const rpc_client_opts_t *o,
@@ -154,6 +187,10 @@ refit_status_t rpc_async_call(rpc_async_t *a, uint64_t group, const char *target
 /* Cancel the outstanding calls of group (RPC_GROUP_ALL: every call); their
  * done callbacks run later, with REFIT_ERR_ABORTED.  Returns how many. */
 size_t rpc_async_cancel(rpc_async_t *a, uint64_t group);
+/* Replace the join token every later call sends (NULL: none). */
+void rpc_async_set_join_token(rpc_async_t *a, const char *token);
+/* Send "refit-session: secret" on every later call to target (NULL: stop). */
+void rpc_async_set_session(rpc_async_t *a, const char *target, const char *secret);
 /* Calls cancelled by rpc_async_cancel since the engine started. */
 uint64_t rpc_async_cancelled(const rpc_async_t *a);
 

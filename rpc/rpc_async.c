@@ -45,6 +45,8 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/strmap.h"
+#include "rpc/rpc_auth.h"
 #include "rpc/rpc_internal.h"
 
 /* more targets than this: idle channels go, least recently used first */
@@ -80,7 +82,8 @@ typedef struct acall {
 	uint64_t group;
 	grpc_byte_buffer *send, *recv;
 	grpc_metadata_array init_md, trail_md;
-	grpc_metadata auth;
+	grpc_metadata md_out[3];  /* authorization, join token, session */
+	size_t n_md_out;
 	grpc_status_code code;
 	grpc_slice details;
 	rpc_done_fn done;
@@ -99,6 +102,9 @@ struct rpc_async {
 	grpc_channel_credentials *creds;
 	size_t max_msg;
 	char *auth;                 /* "Bearer <token>" or NULL */
+	char *join;                 /* the join token or NULL */
+	strmap_t sess_of;           /* target -> index in sess */
+	VEC(char *) sess;           /* a target's session secret (NULL: none) */
 	VEC(chan_t *) chans;
 	uint64_t clock;
 	acall_t *live;
@@ -301,8 +307,9 @@ call_free(rpc_async_t *a, acall_t *x)
 		grpc_byte_buffer_destroy(x->send);
 	if (x->recv)
 		grpc_byte_buffer_destroy(x->recv);
-	if (a->auth)
-		grpc_slice_unref(x->auth.value);
+	(void)a;
+	for (size_t i = 0; i < x->n_md_out; i++)
+		grpc_slice_unref(x->md_out[i].value);
 	grpc_metadata_array_destroy(&x->init_md);
 	grpc_metadata_array_destroy(&x->trail_md);
 	grpc_slice_unref(x->details);
@@ -391,20 +398,62 @@ on_wake(uv_async_t *h)
 	}
 }
 
+static void
+add_md(acall_t *x, const char *key, const char *value)
+{
+	x->md_out[x->n_md_out].key = grpc_slice_from_static_string(key);
+	x->md_out[x->n_md_out].value = grpc_slice_from_copied_string(value);
+	x->n_md_out++;
+}
+
+/* The session secret sent to target (NULL: none). */
+static const char *
+session_of(const rpc_async_t *a, const char *target)
+{
+	int32_t i = strmap_get(&a->sess_of, target);
+
+	return i < 0 ? NULL : a->sess.v[i];
+}
+
+void
+rpc_async_set_session(rpc_async_t *a, const char *target, const char *secret)
+{
+	int32_t i = strmap_get(&a->sess_of, target);
+
+	if (i < 0) {
+		if (secret == NULL)
+			return;
+		i = (int32_t)a->sess.n;
+		VEC_PUSH(&a->sess, NULL);
+		strmap_put(&a->sess_of, target, i);
+	}
+	free(a->sess.v[i]);
+	a->sess.v[i] = secret ? xstrdup(secret) : NULL;
+}
+
+void
+rpc_async_set_join_token(rpc_async_t *a, const char *token)
+{
+	free(a->join);
+	a->join = token && token[0] ? xstrdup(token) : NULL;
+}
+
 /* The unary exchange as one batch tagged x. */
 static grpc_call_error
-start_batch(rpc_async_t *a, acall_t *x)
+start_batch(rpc_async_t *a, acall_t *x, const char *session)
 {
 	grpc_op ops[6];
 
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-	if (a->auth) {
-		x->auth.key = grpc_slice_from_static_string("authorization");
-		x->auth.value = grpc_slice_from_copied_string(a->auth);
-		ops[0].data.send_initial_metadata.count = 1;
-		ops[0].data.send_initial_metadata.metadata = &x->auth;
-	}
+	if (a->auth)
+		add_md(x, "authorization", a->auth);
+	if (a->join)
+		add_md(x, RPC_MD_JOIN_TOKEN, a->join);
+	if (session)
+		add_md(x, RPC_MD_SESSION, session);
+	ops[0].data.send_initial_metadata.count = x->n_md_out;
+	ops[0].data.send_initial_metadata.metadata = x->n_md_out ? x->md_out : NULL;
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = x->send;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -463,7 +512,7 @@ rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 							gpr_time_from_millis(timeout_ms,
 									     GPR_TIMESPAN)),
 					   NULL);
-	if (x->call == NULL || start_batch(a, x) != GRPC_CALL_OK) {
+	if (x->call == NULL || start_batch(a, x, session_of(a, target)) != GRPC_CALL_OK) {
 		call_free(a, x);
 		return refit_err_set(err, REFIT_ERR_INTERNAL, "rpc: cannot start %s to %s",
 				     method, target);
@@ -551,6 +600,8 @@ rpc_async_new(uv_loop_t *loop, const rpc_client_opts_t *o, refit_err_t *err)
 		a->auth = xmalloc(n);
 		snprintf(a->auth, n, "Bearer %s", o->token);
 	}
+	rpc_async_set_join_token(a, o ? o->join_token : NULL);
+	strmap_init(&a->sess_of);
 	pthread_mutex_init(&a->mu, NULL);
 	a->cq = grpc_completion_queue_create_for_next(NULL);
 	uv_async_init(loop, &a->wake, on_wake);
@@ -573,6 +624,11 @@ on_closed(uv_handle_t *h)
 
 	pthread_mutex_destroy(&a->mu);
 	free(a->auth);
+	free(a->join);
+	for (size_t i = 0; i < a->sess.n; i++)
+		free(a->sess.v[i]);
+	VEC_FREE(&a->sess);
+	strmap_fini(&a->sess_of);
 	free(a);
 	grpc_shutdown();
 }

@@ -7,6 +7,7 @@
  * completion-queue thread destroys a call when the last goes.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -28,6 +29,7 @@
 #include "common/utf8.h"
 #include "rpc/proto_conv.h"
 #include "rpc/rpc.h"
+#include "rpc/rpc_auth.h"
 #include "rpc/rpc_internal.h"
 
 typedef enum tag_kind { TAG_NEW, TAG_RECV, TAG_CLOSE, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
@@ -41,9 +43,11 @@ typedef struct method_ent {
 	char *path;
 	const ProtobufCMethodDescriptor *md;
 	rpc_handler_fn fn;
-	bool operator_only;
+	rpc_cred_t need;       /* its row in rpc_auth.c */
+	bool or_operator;
 	void *ctx;
 } method_ent_t;
+
 
 struct rpc_call {
 	rpc_server_t *srv;
@@ -59,6 +63,9 @@ struct rpc_call {
 	const method_ent_t *m;
 	ProtobufCMessage *req;
 	char *peer;
+	char *session;              /* refit-session presented (NULL: none) */
+	bool by_operator;           /* or_operator methods: the operator token did */
+	size_t session_len;
 	uint64_t t0_ns;             /* arrival (for opts.observe) */
 	rpc_call_t *next;
 };
@@ -74,12 +81,14 @@ struct rpc_server {
 	rpc_call_t *qhead, *qtail;
 	bool stopping;              /* under mu */
 	VEC(method_ent_t) methods;
-	char *listen, *token;
+	char *listen, *token, *join_token, *session;  /* the secrets under mu */
 	size_t max_msg;
 	rpc_tls_t tls;
 	int lockfd;
 	tag_t t_shutdown;
 	void (*observe)(const char *method, const char *code, double seconds);
+	void (*refused)(const char *method, const char *reason);
+	rpc_refusals_t refusals;    /* the refusal log's limiter (own lock) */
 };
 
 /* ---- calls ---------------------------------------------------------------- */
@@ -102,6 +111,7 @@ call_destroy(rpc_call_t *c)
 		protobuf_c_message_free_unpacked(c->req, NULL);
 	if (c->peer)
 		gpr_free(c->peer);
+	free(c->session);
 	free(c);
 }
 
@@ -226,31 +236,168 @@ find_method(const rpc_server_t *s, grpc_slice path)
 	return NULL;
 }
 
-static bool
-token_ok(rpc_server_t *s, const rpc_call_t *c)
+/* The value of metadata key (NULL: not sent). */
+static const grpc_slice *
+md_find(const rpc_call_t *c, const char *key)
 {
-	char want[512];
-	int diff = 0;
+	for (size_t i = 0; i < c->md.count; i++)
+		if (grpc_slice_str_cmp(c->md.metadata[i].key, key) == 0)
+			return &c->md.metadata[i].value;
+	return NULL;
+}
 
-	if (!c->m->operator_only)
-		return true;
+/*
+ * Does metadata key hold prefix + *secret, compared in constant time?  A
+ * secret not configured (NULL) is not checked.  *absent: key not sent.
+ */
+static bool
+secret_ok(rpc_server_t *s, const rpc_call_t *c, const char *key, const char *prefix,
+	  char *const *secret, bool *absent)
+{
+	const grpc_slice *v = md_find(c, key);
+	char *want;
+	bool ok;
+
+	*absent = v == NULL;
 	pthread_mutex_lock(&s->mu);
-	if (s->token == NULL) {
-		pthread_mutex_unlock(&s->mu);
+	want = *secret ? xmalloc(strlen(prefix) + strlen(*secret) + 1) : NULL;
+	if (want)
+		strcat(strcpy(want, prefix), *secret);
+	pthread_mutex_unlock(&s->mu);
+	if (want == NULL)
+		return true;
+	ok = v && rpc_auth_eq(GRPC_SLICE_START_PTR(*v), GRPC_SLICE_LENGTH(*v), want);
+	free(want);
+	return ok;
+}
+
+/*
+ * A refusal: counted (opts.refused) every time, logged once a minute per
+ * peer host (the address without its port), with how many were refused
+ * since the last line.  Any thread.
+ */
+static void
+refusal_note(rpc_server_t *s, const rpc_call_t *c, const char *reason, const char *msg)
+{
+	const char *peer = c->peer ? c->peer : "?", *colon = strrchr(peer, ':');
+	int hl = colon && colon != peer ? (int)(colon - peer) : (int)strlen(peer);
+	uint64_t quiet = 0;
+	char host[64];
+
+	snprintf(host, sizeof(host), "%.*s", hl, peer);
+	if (s->refused)
+		s->refused(c->m ? c->m->path : "unknown", reason);
+	if (!rpc_refusals_note(&s->refusals, host, uv_hrtime(), &quiet))
+		return;
+	log_warnx("rpc: refused a call from %s: %s (%" PRIu64 " more from %s since the last "
+		  "line; they are logged once a minute)", peer, msg, quiet, host);
+}
+
+/* Answer c refused (not releasing the handler's reference). */
+static void
+refuse_v(rpc_call_t *c, int code, const char *reason, const char *fmt, va_list ap)
+{
+	char msg[REFIT_ERR_MSG_MAX];
+
+	utf8_vformat(msg, sizeof(msg), fmt, ap);
+	refusal_note(c->srv, c, reason, msg);
+	send_final(c, code, msg, NULL);
+}
+
+/* Refuse from the completion-queue thread (the handler never sees it). */
+static void __attribute__((format(printf, 4, 5)))
+refuse_now(rpc_call_t *c, int code, const char *reason, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	refuse_v(c, code, reason, fmt, ap);
+	va_end(ap);
+}
+
+void
+rpc_call_refuse(rpc_call_t *c, refit_status_t st, const char *reason, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	refuse_v(c, rpc_status_to_grpc(st), reason, fmt, ap);
+	va_end(ap);
+	call_unref(c);
+}
+
+const char *
+rpc_call_session(const rpc_call_t *c, size_t *len)
+{
+	*len = c->session_len;
+	return c->session;
+}
+
+/* Is the secret in *slot configured?  Any thread. */
+static bool
+secret_set(rpc_server_t *s, char *const *slot)
+{
+	bool yes;
+
+	pthread_mutex_lock(&s->mu);
+	yes = *slot != NULL;
+	pthread_mutex_unlock(&s->mu);
+	return yes;
+}
+
+bool
+rpc_call_by_operator(const rpc_call_t *c)
+{
+	return c->by_operator;
+}
+
+/*
+ * The credential c's method needs (its row in rpc_auth.c), checked before
+ * the request is decoded, so a refusal costs less than any call; false:
+ * refused and answered.  Member methods: the join token here, and the
+ * session when this server has one (a node); else the handler matches
+ * rpc_call_session with the member the request names (the coordinator).
+ */
+static bool
+cred_ok(rpc_server_t *s, rpc_call_t *c)
+{
+	const grpc_slice *v;
+	bool absent;
+
+	if (c->m->need == RPC_CRED_NONE)
+		return true;
+	if (c->m->need == RPC_CRED_OPERATOR) {
+		if (secret_ok(s, c, "authorization", "Bearer ", &s->token, &absent))
+			return true;
+		refuse_now(c, GRPC_STATUS_UNAUTHENTICATED, absent ? "missing" : "wrong",
+			   "%s needs the operator token (metadata \"authorization: Bearer "
+			   "<token>\")%s", c->m->path, absent ? "" : ": the one sent is not it");
+		return false;
+	}
+	if (c->m->or_operator && secret_set(s, &s->token) &&
+	    secret_ok(s, c, "authorization", "Bearer ", &s->token, &absent) && !absent) {
+		c->by_operator = true;
 		return true;
 	}
-	snprintf(want, sizeof(want), "Bearer %s", s->token);
-	pthread_mutex_unlock(&s->mu);
-	for (size_t i = 0; i < c->md.count; i++) {
-		const grpc_metadata *m = &c->md.metadata[i];
-		size_t n = GRPC_SLICE_LENGTH(m->value);
-
-		if (grpc_slice_str_cmp(m->key, "authorization") != 0 || n != strlen(want))
-			continue;
-		for (size_t k = 0; k < n; k++) /* no early exit: constant time */
-			diff |= GRPC_SLICE_START_PTR(m->value)[k] ^ (uint8_t)want[k];
-		return diff == 0;
+	if (!secret_ok(s, c, RPC_MD_JOIN_TOKEN, "", &s->join_token, &absent)) {
+		refuse_now(c, GRPC_STATUS_UNAUTHENTICATED, absent ? "missing" : "wrong",
+			   "%s needs the cluster join token (metadata \"%s\")%s", c->m->path,
+			   RPC_MD_JOIN_TOKEN, absent ? "" : ": the one sent is not it");
+		return false;
 	}
+	if ((v = md_find(c, RPC_MD_SESSION)) != NULL) {
+		c->session_len = GRPC_SLICE_LENGTH(*v);
+		c->session = xmalloc(c->session_len + 1);
+		memcpy(c->session, GRPC_SLICE_START_PTR(*v), c->session_len);
+		c->session[c->session_len] = '\0';
+	}
+	if (c->m->need != RPC_CRED_MEMBER ||
+	    secret_ok(s, c, RPC_MD_SESSION, "", &s->session, &absent))
+		return true;
+	refuse_now(c, absent ? GRPC_STATUS_UNAUTHENTICATED : GRPC_STATUS_PERMISSION_DENIED,
+		   "session", "%s: only the coordinator this node joined may call it: the "
+		   "session secret (metadata \"%s\") is %s", c->m->path, RPC_MD_SESSION,
+		   absent ? "missing" : "another session's");
 	return false;
 }
 
@@ -293,6 +440,8 @@ on_recv(rpc_server_t *s, rpc_call_t *c, bool ok)
 	}
 	if (c->m == NULL)
 		goto unknown;
+	if (!cred_ok(s, c))
+		goto out;
 	grpc_byte_buffer_reader_init(&rd, c->recv_buf);
 	all = grpc_byte_buffer_reader_readall(&rd);
 	grpc_byte_buffer_reader_destroy(&rd);
@@ -318,11 +467,6 @@ on_recv(rpc_server_t *s, rpc_call_t *c, bool ok)
 		goto out;
 	}
 	grpc_slice_unref(all);
-	if (!token_ok(s, c)) {
-		fail_now(c, GRPC_STATUS_UNAUTHENTICATED, "%s needs the operator token "
-			 "(metadata \"authorization: Bearer <token>\")", c->m->path);
-		goto out;
-	}
 	pthread_mutex_lock(&s->mu);
 	if (!s->stopping) {
 		atomic_fetch_add(&c->refs, 1); /* the handler's */
@@ -454,6 +598,9 @@ rpc_server_new(const rpc_server_opts_t *o, uv_loop_t *loop, refit_err_t *err)
 	s->loop = loop;
 	s->listen = xstrdup(o->listen);
 	s->token = o->token && o->token[0] ? xstrdup(o->token) : NULL;
+	s->join_token = o->join_token && o->join_token[0] ? xstrdup(o->join_token) : NULL;
+	s->refused = o->refused;
+	rpc_refusals_init(&s->refusals);
 	s->max_msg = o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
 	s->observe = o->observe;
 	s->tls = o->tls;
@@ -471,9 +618,15 @@ rpc_server_add_service(rpc_server_t *s, const ProtobufCServiceDescriptor *svc,
 		       refit_err_t *err)
 {
 	for (size_t i = 0; i < n; i++) {
+		const rpc_auth_row_t *row = rpc_auth_find(svc->name, methods[i].name);
 		const ProtobufCMethodDescriptor *md = NULL;
 		method_ent_t e;
 		size_t len;
+
+		if (row == NULL)
+			return refit_err_set(err, REFIT_ERR_INTERNAL, "rpc: %s.%s has no row in "
+					     "the authorization table (rpc/rpc_auth.c)", svc->name,
+					     methods[i].name);
 
 		for (unsigned k = 0; k < svc->n_methods; k++)
 			if (strcmp(svc->methods[k].name, methods[i].name) == 0)
@@ -487,7 +640,8 @@ rpc_server_add_service(rpc_server_t *s, const ProtobufCServiceDescriptor *svc,
 		snprintf(e.path, len, "/%s/%s", svc->name, md->name);
 		e.md = md;
 		e.fn = methods[i].fn;
-		e.operator_only = methods[i].operator_only;
+		e.need = row->need;
+		e.or_operator = row->or_operator;
 		e.ctx = ctx;
 		VEC_PUSH(&s->methods, e);
 	}
@@ -555,8 +709,11 @@ on_closed(uv_handle_t *h)
 		free(s->methods.v[i].path);
 	VEC_FREE(&s->methods);
 	pthread_mutex_destroy(&s->mu);
+	rpc_refusals_fini(&s->refusals);
 	free(s->listen);
 	free(s->token);
+	free(s->join_token);
+	free(s->session);
 	free(s);
 	grpc_shutdown();
 }
@@ -604,14 +761,38 @@ rpc_server_free(rpc_server_t *s)
 	uv_close((uv_handle_t *)&s->async, on_closed);
 }
 
+static void
+set_secret(rpc_server_t *s, char **slot, const char *secret)
+{
+	char *t = secret && secret[0] ? xstrdup(secret) : NULL, *old;
+
+	pthread_mutex_lock(&s->mu);
+	old = *slot;
+	*slot = t;
+	pthread_mutex_unlock(&s->mu);
+	free(old);
+}
+
 void
 rpc_server_set_token(rpc_server_t *s, const char *token)
 {
-	char *t = token && token[0] ? xstrdup(token) : NULL, *old;
+	set_secret(s, &s->token, token);
+}
 
-	pthread_mutex_lock(&s->mu);
-	old = s->token;
-	s->token = t;
-	pthread_mutex_unlock(&s->mu);
-	free(old);
+void
+rpc_server_set_join_token(rpc_server_t *s, const char *token)
+{
+	set_secret(s, &s->join_token, token);
+}
+
+bool
+rpc_server_join_required(rpc_server_t *s)
+{
+	return secret_set(s, &s->join_token);
+}
+
+void
+rpc_server_set_session(rpc_server_t *s, const char *secret)
+{
+	set_secret(s, &s->session, secret);
 }

@@ -71,17 +71,29 @@ def wait_for(fn, what, timeout=30):
     raise SystemExit(f"demo: {what} did not happen in {timeout} s (logs: {RUN})")
 
 
+def join_token():
+    """The cluster join token the daemons share (a file of mode 0600, as
+    /etc/refit/join.token would be; docs/control-plane.md)."""
+    path = f"{RUN}/join.token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, (os.urandom(24).hex() + "\n").encode())
+    os.close(fd)
+    return path
+
+
 def start():
     log = open(f"{RUN}/daemons.log", "w")
+    token = join_token()
     PROCS.append(subprocess.Popen([f"{BIN}/refitd", "--role", "coordinator", "--listen",
-                                   f"unix:{RUN}/coord.sock", "--log-level", "warn"],
-                                  stderr=log))
+                                   f"unix:{RUN}/coord.sock", "--log-level", "warn",
+                                   "--join-token-file", token], stderr=log))
     for node, ranks in NODES:
         PROCS.append(subprocess.Popen(
             [f"{BIN}/refitd", "--role", "node", "--node-id", node, "--ranks",
              f"{ranks[0]}-{ranks[-1]}", "--listen", f"unix:{RUN}/{node}.sock", "--coordinator",
              f"unix:{RUN}/coord.sock", "--local-socket", f"{RUN}/{node}.local",
-             "--heartbeat-ms", "200", "--log-level", "warn"], stderr=log))
+             "--heartbeat-ms", "200", "--log-level", "warn", "--join-token-file", token],
+            stderr=log))
 
     def joined():
         r = subprocess.run(ctl("members"), capture_output=True, text=True)

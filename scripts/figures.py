@@ -661,7 +661,20 @@ def gen_coverage_large(build, state):
             (state["date"], COVERAGE_HEAD, "\n".join(rows)))
 
 
+def gen_auth_table(build, state):
+    """The authorization table of rpc/rpc_auth.c, as refitd prints it."""
+    p = subprocess.run([built(build, "refitd"), "--auth-table"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 or not p.stdout.startswith("| service |"):
+        sys.exit("figures: refitd --auth-table failed: %s%s" % (p.stderr, p.stdout[:200]))
+    return ("The table in `rpc/rpc_auth.c`, printed by `refitd --auth-table` (`make "
+            "figures`); the server refuses to register a method without a row and "
+            "`tests/unit/test_auth.c` fails on a method of the protos without one:\n\n"
+            + p.stdout)
+
+
 GENERATORS = {
+    "auth-table": (gen_auth_table, "default"),
     "planning-scale": (gen_planning_scale, "default"),
     "llama-explain": (gen_llama_explain, "default"),
     "model-table": (gen_model_table, "default"),

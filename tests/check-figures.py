@@ -116,7 +116,8 @@ def tree(rpc_fails=False, delta=False):
                      + OUTSIDE,
         "docs/performance.md": OUTSIDE + region("fp8-table") + region("coverage-large"),
         "docs/dataplane.md": region("bench-refit"),
-        "docs/control-plane.md": OUTSIDE + region("bench-rpc") + OUTSIDE,
+        "docs/control-plane.md": OUTSIDE + region("bench-rpc") + OUTSIDE +
+                                 region("auth-table"),
         "docs/faults.md": OUTSIDE + region("faults", "the 2026-11-29 table\n"),
         "docs/conversion.md": OUTSIDE + region("bench-scale", "not generated yet\n"),
         "docs/delta.md": OUTSIDE + (region("delta-density") + region("bench-delta") +
@@ -134,8 +135,11 @@ def tree(rpc_fails=False, delta=False):
     script(os.path.join(b, "bench-delta"), "#!/bin/sh\ncat <<'EOF'\n" + BENCH_DELTA_OUT +
            "EOF\n")
     script(os.path.join(root, "build", "torch-python"), TORCH_FAKE)
-    for n in ("refitd", "refitctl", "refit-client"):
+    for n in ("refitctl", "refit-client"):
         script(os.path.join(b, n), "#!/bin/sh\nexit 0\n")
+    script(os.path.join(b, "refitd"), "#!/bin/sh\n[ \"$1\" = --auth-table ] || exit 0\n"
+           "printf '| service | method | credential | bound to |\\n|---|---|---|---|\\n"
+           "| `s.S` | `M` | member | member_id |\\n'\n")
     script(os.path.join(root, "bench", "bench_refit.py"),
            "import sys\nopen(sys.argv[sys.argv.index('--json') + 1], 'w').write(%r)\n"
            % REFIT_JSON)
@@ -367,6 +371,26 @@ def bad_arguments():
     return root
 
 
+def auth_table():
+    root = tree()
+    before = read(root)
+    p = figures(root, "--only", "auth-table")
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    after = read(root)
+    got = between(after["docs/control-plane.md"], "auth-table")
+    assert "| `s.S` | `M` | member | member_id |" in got and "old figures" not in got, got
+    assert after["docs/control-plane.md"].startswith(OUTSIDE + region("bench-rpc") + OUTSIDE)
+    for d in before:
+        if d != "docs/control-plane.md":
+            assert after[d] == before[d], d
+    # a refitd that prints no table: refused, nothing written
+    script(os.path.join(root, "build", "bin", "refitd"), "#!/bin/sh\nexit 0\n")
+    p = figures(root, "--only", "auth-table")
+    assert p.returncode != 0 and "--auth-table" in p.stderr, (p.returncode, p.stderr)
+    assert read(root) == after
+    return root
+
+
 check("the regions named are rewritten from their commands' output, nothing else",
       rewrites_named_regions)
 check("the fp8 table from refit-plan model's JSON, bf16 and fp8 rows, their ratios", fp8_table)
@@ -378,5 +402,6 @@ check("a command past its deadline is killed with the processes it started",
       deadline_kills_group)
 check("the delta refit's regions from their fakes; no torch: its region kept", delta_regions)
 check("bad arguments and unknown regions are refused, naming them", bad_arguments)
+check("the authorization table from refitd --auth-table, nothing else touched", auth_table)
 print("figures: %d passed, %d failed" % (counts["passed"], counts["failed"]))
 sys.exit(1 if counts["failed"] else 0)

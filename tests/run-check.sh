@@ -30,6 +30,10 @@ script "control plane (coordinator + Python gRPC + refitctl)" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD"
 script "control plane, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD/asan"
+script "who may call what (a join token; rogues without it and acting for another node refused, nothing changed; SIGHUP rotation; secure by default)" \
+	/usr/bin/python3 tests/integration/test_auth.py "$BUILD"
+script "who may call what, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_auth.py "$BUILD/asan"
 script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
 script "data plane, ASan + UBSan (8 layout pairs)" \

@@ -142,16 +142,23 @@ NAMES = ["train0", "train1", "infer0", "infer1", "infer2", "infer3"]
 def start(ips):
     log = open(os.path.join(TMP, "daemons.log"), "w")
     coord = "10.77.0.1:7700"
+    # beyond loopback: the daemons share a cluster join token (mode 0600)
+    token = os.path.join(TMP, "join.token")
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, (os.urandom(16).hex() + "\n").encode())
+    os.close(fd)
     PROCS.append(subprocess.Popen(
         [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", coord,
-         "--log-level", "warn", "--heartbeat-ms", "500", "--nic", "node"], stderr=log))
+         "--log-level", "warn", "--heartbeat-ms", "500", "--nic", "node",
+         "--join-token-file", token], stderr=log))
     for k, ip in enumerate(ips):
         PROCS.append(subprocess.Popen(
             ["ip", "netns", "exec", f"{TAG}n{k}", f"{BUILD}/bin/refitd", "--role", "node",
              "--node-id", NAMES[k], "--ranks", f"{k * RPN}-{k * RPN + RPN - 1}",
              "--listen", f"{ip}:7701", "--coordinator", coord,
              "--data-listen", f"{ip}:0", "--local-socket", f"{TMP}/{NAMES[k]}.sock",
-             "--heartbeat-ms", "500", "--log-level", "warn"], stderr=log))
+             "--heartbeat-ms", "500", "--log-level", "warn", "--join-token-file", token],
+            stderr=log))
     for _ in range(200):
         out = ctl("members").stdout
         if f"{NODES} members" in out:

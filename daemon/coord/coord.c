@@ -18,6 +18,7 @@
 #include "plan/convert.h"
 #include "daemon/coord/coord.h"
 #include "rpc/proto_conv.h"
+#include "rpc/rpc_auth.h"
 
 #include "daemon/coord/coord_internal.h"
 #include "daemon/coord/coord_rules.h"
@@ -42,6 +43,8 @@ remove_member(coord_t *c, size_t i, const char *why)
 	snprintf(what, sizeof(what), "%s: member %" PRIu64 " (%s)", why, c->members.v[i].id,
 		 c->members.v[i].node_id);
 	rpc_async_forget(c->rpc, c->members.v[i].rpc_ep);
+	if (c->members.v[i].session)
+		rpc_async_set_session(c->rpc, c->members.v[i].rpc_ep, NULL);
 	coord_member_fini(&c->members.v[i]);
 	c->members.v[i] = c->members.v[--c->members.n];
 	coord_bump_epoch(c, what);
@@ -156,6 +159,53 @@ lease_timer_start(coord_t *c)
 
 /* ---- membership ----------------------------------------------------------- */
 
+/* With a join token: may the caller join as rq->node_id with its session?
+ * A live member's name is taken only by that member's own session. */
+static bool
+join_session_ok(coord_t *c, rpc_call_t *call, const Refit__V1__JoinRequest *rq)
+{
+	size_t len;
+	const char *s = rpc_call_session(call, &len);
+
+	if (!coord_binds(c))
+		return true;
+	if (s == NULL || len < 16) {
+		rpc_call_refuse(call, REFIT_ERR_UNAUTHENTICATED, "session", "Join \"%s\": no "
+				"session secret (metadata \"%s\", 16 characters or more): the "
+				"member's later calls are bound to it", nz(rq->node_id),
+				RPC_MD_SESSION);
+		return false;
+	}
+	for (size_t k = 0; k < c->members.n; k++) {
+		const member_t *m = &c->members.v[k];
+
+		if (m->session == NULL || rpc_auth_eq(s, len, m->session))
+			continue;
+		if (strcmp(m->node_id, nz(rq->node_id)) != 0) {
+			/* its endpoints would be called, and sent secrets, as it */
+			const char *ep = NULL;
+
+			if (m->rpc_ep[0] && strcmp(m->rpc_ep, nz(rq->rpc_endpoint)) == 0)
+				ep = m->rpc_ep;
+			else if (m->data_ep[0] && strcmp(m->data_ep, nz(rq->data_endpoint)) == 0)
+				ep = m->data_ep;
+			if (ep == NULL)
+				continue;
+			rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "Join \"%s\": "
+					"endpoint %s is live member %" PRIu64 "'s (node \"%s\") of "
+					"another session", nz(rq->node_id), ep, m->id, m->node_id);
+			return false;
+		}
+		rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "Join \"%s\": "
+				"node \"%s\" is live member %" PRIu64 " of another session: "
+				"only that session joins again under its name (a restarted node "
+				"can once the member left or its lease lapsed)", m->node_id,
+				m->node_id, m->id);
+		return false;
+	}
+	return true;
+}
+
 /* May rq's node join now (coord_rules_join)? */
 static refit_status_t
 join_check(coord_t *c, const Refit__V1__JoinRequest *rq, refit_err_t *err)
@@ -178,10 +228,18 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	const Refit__V1__JoinRequest *rq = (const void *)msg;
 	Refit__V1__JoinResponse rsp = REFIT__V1__JOIN_RESPONSE__INIT;
 	refit_err_t err;
+	size_t slen;
+	const char *sess = rpc_call_session(call, &slen);
 	member_t m;
 
-	if (join_check(c, rq, &err) != REFIT_OK)
+	if (!join_session_ok(c, call, rq))
+		return;
+	if (join_check(c, rq, &err) != REFIT_OK) {
+		if (err.status == REFIT_ERR_EXISTS && coord_binds(c)) /* another's ranks */
+			return rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity",
+					       "%s", err.msg);
 		return rpc_call_fail(call, err.status, "%s", err.msg);
+	}
 	for (size_t k = 0; k < c->members.n; k++)
 		if (strcmp(c->members.v[k].node_id, rq->node_id) == 0) {
 			remove_member(c, k, "rejoin");
@@ -203,6 +261,10 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		m.ranks[i].domain = xstrdup(d && d[0] ? d : rq->node_id);
 	}
 	m.last_beat_ms = uv_now(c->loop);
+	if (sess != NULL && slen > 0) {
+		m.session = xstrdup(sess);
+		rpc_async_set_session(c->rpc, m.rpc_ep, m.session); /* its Node calls */
+	}
 	coord_member_poisoned(c, &m, rq->poisoned);
 	if (rq->prepared_epoch >= c->epoch) {
 		/* this coordinator lost its state (or never had a state file):
@@ -237,6 +299,8 @@ h_heartbeat(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "Heartbeat: member %" PRIu64
 				     " is not a member (lease expired or never joined): "
 				     "join again", rq->member_id);
+	if (!coord_member_acts(c, call, "Heartbeat", m))
+		return;
 	m->last_beat_ms = uv_now(c->loop);
 	coord_member_poisoned(c, m, rq->poisoned);
 	rsp.epoch = c->epoch;
@@ -287,6 +351,8 @@ h_leave(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 
 	for (size_t i = 0; i < c->members.n; i++) {
 		if (c->members.v[i].id == rq->member_id) {
+			if (!coord_member_acts(c, call, "Leave", &c->members.v[i]))
+				return;
 			remove_member(c, i, "leave");
 			rsp.epoch = c->epoch;
 			return rpc_call_reply(call, &rsp.base);
@@ -355,11 +421,11 @@ h_list_members(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 /* ---- setup ------------------------------------------------------------------ */
 
 static const rpc_method_cfg_t methods[] = {
-	{"Join", h_join, false},
-	{"Heartbeat", h_heartbeat, false},
-	{"Leave", h_leave, false},
-	{"ListMembers", h_list_members, true},
-	{"DrainMember", h_drain, true},
+	{"Join", h_join},
+	{"Heartbeat", h_heartbeat},
+	{"Leave", h_leave},
+	{"ListMembers", h_list_members},
+	{"DrainMember", h_drain},
 };
 
 /*
@@ -417,6 +483,7 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	c->loop = loop;
 	c->o = *o;
 	c->rpc = o->rpc;
+	c->srv = srv;
 	c->state_file = o->state_file ? xstrdup(o->state_file) : NULL;
 	if (coord_state_load(c, err) != REFIT_OK) {
 		coord_free(c);

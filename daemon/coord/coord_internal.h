@@ -97,9 +97,8 @@ struct coord {
 	uint64_t next_refit;
 	VEC(plan_cache_t) plans;
 	rpc_async_t *rpc;           /* calls to nodes (shared with main) */
+	rpc_server_t *srv;          /* its server: is a join token required? */
 	uint32_t inflight;          /* async node calls and plans not yet done */
-	uint8_t token[16];          /* data-plane token of token_epoch */
-	uint64_t token_epoch;
 	/* nccl: the unique id of nccl_epoch (len 0: that epoch shrinks the
 	 * communicators of the members nccl_members), and whether the nodes'
 	 * communicators are sound (no nccl refit failed or aborted since) */
@@ -152,6 +151,15 @@ void coord_refits_trim(coord_t *c);
 model_t *coord_find_model(coord_t *c, const char *name);
 instance_t *coord_train_instance(model_t *m);
 member_t *coord_find_member(coord_t *c, uint64_t id);
+/*
+ * Does the caller act for member m (rpc_auth.h, "member")?  With a join
+ * token a member's calls must present the session secret of its Join;
+ * false: the call was refused PERMISSION_DENIED naming what it tried.
+ * Without a join token (loopback only) members are not bound: true.
+ */
+bool coord_member_acts(coord_t *c, rpc_call_t *call, const char *method, const member_t *m);
+/* Are members bound to their sessions (a join token is configured)? */
+bool coord_binds(const coord_t *c);
 refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
 refit_status_t coord_compose_dst(const model_t *m, const char *only,
 				 plan_layout_set_t *out, refit_err_t *err);
@@ -343,6 +351,10 @@ bool coord_nccl_need_id(coord_t *c, refit_rec_t *r);
 bool coord_nccl_busy(const coord_t *c, const refit_rec_t *r);
 /* The current members as PrepareEpoch lists them, in *mv (coord_members_msg_free). */
 Refit__V1__Member **coord_members_msg(coord_t *c, Refit__V1__Member **mv);
+/* PrepareEpoch: every member's data-plane token of epoch (made once per
+ * epoch), and a request carrying member m's own (for m alone). */
+void coord_data_tokens(coord_t *c, uint64_t epoch);
+void coord_prepare_attach(const member_t *m, ProtobufCMessage *req);
 void coord_members_msg_free(Refit__V1__Member *mv, Refit__V1__Member **mp, size_t n);
 /* The RunSlice instances of r, trainer first (*n of them, in *iv; coord_free_layouts). */
 Refit__V1__InstanceLayouts **coord_instance_layouts(const refit_rec_t *r, const model_t *m,

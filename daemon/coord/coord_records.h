@@ -29,6 +29,10 @@ typedef struct member {
 	uint64_t last_beat_ms;
 	bool draining;          /* told to leave at its next heartbeat */
 	uint64_t prepared_epoch;/* the last epoch it acknowledged (PrepareEpoch) */
+	uint8_t dtoken[32];     /* its data-plane token of dtoken_epoch: it alone */
+	uint64_t dtoken_epoch;  /* gets it (PrepareEpoch), peers its SHA-256 */
+	char *session;          /* the secret its Join presented (NULL: none): with
+				   a join token, its calls must present it */
 	char *poisoned;         /* NULL, or why the node runs no more refits until
 				   refitd restarts on it (its Join, Heartbeat or
 				   SliceDone said so): refits needing it fail */

@@ -229,6 +229,7 @@ call_nodes(coord_t *c, refit_rec_t *r, ProtobufCMessage *req, uint64_t skip_epoc
 		if (skip_epoch != 0 && m->prepared_epoch == skip_epoch)
 			continue;
 		coord_slice_attach(r, m->id, req);  /* RunSlice: this node's slice */
+		coord_prepare_attach(m, req);       /* PrepareEpoch: its own token */
 		x = xcalloc(1, sizeof(*x));
 		*x = (nctx_t){c, r->id, m->id, r->phase};
 		if (rpc_async_call(c->rpc, r->id, m->rpc_ep, &refit__v1__node__descriptor,
@@ -536,15 +537,10 @@ send_prepare(coord_t *c, refit_rec_t *r)
 	Refit__V1__Member *mv;
 	size_t n = c->members.n;
 
-	/* one token per epoch: refits of several models share the epoch */
-	if (c->token_epoch != r->epoch) {
-		if (getrandom(c->token, sizeof(c->token), 0) != (ssize_t)sizeof(c->token))
-			log_warn("coordinator: getrandom");
-		c->token_epoch = r->epoch;
-	}
+	/* a token per member and epoch (refits of several models share the
+	 * epoch); each node gets its own (call_nodes), the others' hashes */
+	coord_data_tokens(c, r->epoch);
 	rq.epoch = r->epoch;
-	rq.token.data = c->token;
-	rq.token.len = sizeof(c->token);
 	if (r->fsm.nccl && r->nccl_id_len) {
 		rq.nccl_unique_id.data = r->nccl_id;
 		rq.nccl_unique_id.len = r->nccl_id_len;

@@ -258,6 +258,12 @@ h_slice_done(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (r == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "SliceDone: no refit %" PRIu64,
 				     rq->refit_id);
+	if (m != NULL && !coord_member_acts(c, call, "SliceDone", m))
+		return;
+	if (m != NULL && strcmp(m->node_id, node) != 0 && coord_binds(c))
+		return rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "SliceDone: "
+				       "member %" PRIu64 " is node \"%s\", not \"%s\": a member "
+				       "acts only for itself", rq->member_id, m->node_id, node);
 	if (m != NULL && strcmp(m->node_id, node) != 0)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SliceDone: member %" PRIu64
 				     " is node \"%s\", not \"%s\"", rq->member_id, m->node_id,
@@ -313,11 +319,11 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 }
 
 const rpc_method_cfg_t coord_refit_methods[] = {
-	{"TriggerRefit", h_trigger, true},
-	{"GetRefit", h_get, true},
-	{"ListRefits", h_list, true},
-	{"AbortRefit", h_abort, true},
-	{"SliceDone", h_slice_done, false},
+	{"TriggerRefit", h_trigger},
+	{"GetRefit", h_get},
+	{"ListRefits", h_list},
+	{"AbortRefit", h_abort},
+	{"SliceDone", h_slice_done},
 };
 const size_t coord_refit_nmethods = sizeof(coord_refit_methods) / sizeof(coord_refit_methods[0]);
 

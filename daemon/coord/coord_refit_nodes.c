@@ -8,7 +8,10 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
+#include "common/log.h"
+#include "common/sha256.h"
 #include "daemon/coord/coord_internal.h"
 #include "rpc/proto_conv.h"
 
@@ -199,7 +202,33 @@ coord_scan_members(coord_t *c, bool *nccl, const member_t **other, const member_
 	}
 }
 
-/* The current members as PrepareEpoch lists them, in *mv (coord_members_msg_free). */
+void
+coord_data_tokens(coord_t *c, uint64_t epoch)
+{
+	for (size_t i = 0; i < c->members.n; i++) {
+		member_t *m = &c->members.v[i];
+
+		if (m->dtoken_epoch == epoch)
+			continue;
+		if (getrandom(m->dtoken, sizeof(m->dtoken), 0) != (ssize_t)sizeof(m->dtoken))
+			log_warn("coordinator: getrandom");
+		m->dtoken_epoch = epoch;
+	}
+}
+
+void
+coord_prepare_attach(const member_t *m, ProtobufCMessage *req)
+{
+	Refit__V1__PrepareEpochRequest *rq = (void *)req;
+
+	if (req->descriptor != &refit__v1__prepare_epoch_request__descriptor)
+		return;
+	rq->token.data = (uint8_t *)m->dtoken;  /* packed at once (rpc_async_call) */
+	rq->token.len = sizeof(m->dtoken);
+}
+
+/* The current members as PrepareEpoch lists them, in *mv (coord_members_msg_free):
+ * with each one's data verifier (the SHA-256 of its token). */
 Refit__V1__Member **
 coord_members_msg(coord_t *c, Refit__V1__Member **mv)
 {
@@ -209,6 +238,7 @@ coord_members_msg(coord_t *c, Refit__V1__Member **mv)
 	for (size_t i = 0; i < c->members.n; i++) {
 		const member_t *m = &c->members.v[i];
 		Refit__V1__Member *o = &(*mv)[i];
+		sha256_ctx_t h;
 
 		refit__v1__member__init(o);
 		o->member_id = m->id;
@@ -217,6 +247,11 @@ coord_members_msg(coord_t *c, Refit__V1__Member **mv)
 		o->rpc_endpoint = m->rpc_ep;
 		o->data_endpoint = m->data_ep;
 		o->transport = m->transport;
+		o->data_verifier.data = xmalloc(SHA256_DIGEST_LEN);
+		o->data_verifier.len = SHA256_DIGEST_LEN;
+		sha256_init(&h);
+		sha256_update(&h, m->dtoken, sizeof(m->dtoken));
+		sha256_final(&h, o->data_verifier.data);
 		o->ranks = xcalloc(m->nranks + 1, sizeof(*o->ranks));
 		o->n_ranks = m->nranks;
 		for (size_t k = 0; k < m->nranks; k++) {
@@ -237,6 +272,7 @@ coord_members_msg_free(Refit__V1__Member *mv, Refit__V1__Member **mp, size_t n)
 		for (size_t k = 0; k < mv[i].n_ranks; k++)
 			free(mv[i].ranks[k]);
 		free(mv[i].ranks);
+		free(mv[i].data_verifier.data);
 	}
 	free(mv);
 	free(mp);

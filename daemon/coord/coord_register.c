@@ -262,6 +262,80 @@ register_store(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequ
 	rpc_call_reply(call, &rsp.base);
 }
 
+/* Does member mb serve a rank rq's layouts use (either form)? */
+static bool
+serves(const member_t *mb, const Refit__V1__RegisterLayoutRequest *rq)
+{
+	for (size_t i = 0; i < mb->nranks; i++)
+		for (size_t t = 0; t < rq->n_tensors; t++) {
+			const Refit__V1__TensorLayout *tl = rq->tensors[t];
+
+			for (size_t k = 0; k < tl->n_mesh_ranks; k++)
+				if (tl->mesh_ranks[k] == mb->ranks[i].rank)
+					return true;
+			for (size_t k = 0; k < tl->n_shards; k++)
+				if (tl->shards[k]->rank == mb->ranks[i].rank)
+					return true;
+		}
+	return false;
+}
+
+/*
+ * The member rq names is the caller (coord_member_acts) and, with a join
+ * token, serves a rank of the layouts (a node registers only the trainers
+ * and instances it serves); false: refused.  A member that is not found is
+ * left to register_check to name.
+ */
+static bool
+register_acts(coord_t *c, rpc_call_t *call, const Refit__V1__RegisterLayoutRequest *rq)
+{
+	const member_t *mb = coord_find_member(c, rq->member_id);
+
+	if (mb == NULL)
+		return true;
+	if (!coord_member_acts(c, call, "RegisterLayout", mb))
+		return false;
+	if (!coord_binds(c) || serves(mb, rq))
+		return true;
+	rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "RegisterLayout \"%s\" "
+			"%s \"%s\": none of its ranks is member %" PRIu64 "'s (node \"%s\"): a "
+			"node registers only what it serves", nz(rq->model),
+			rq->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance",
+			nz(rq->instance), mb->id, mb->node_id);
+	return false;
+}
+
+/*
+ * With a join token: is the caller member_id, and a holder of in (one of
+ * the nodes that registered it)?  An operator (UnregisterLayout's row
+ * allows the operator token) may act for any.  false: refused, answered.
+ */
+static bool
+holder_acts(coord_t *c, rpc_call_t *call, const char *method, uint64_t member_id,
+	    const char *model, const instance_t *in)
+{
+	const member_t *mb = coord_find_member(c, member_id);
+
+	if (!coord_binds(c) || rpc_call_by_operator(call))
+		return true;
+	if (mb == NULL) {
+		rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "%s: member %" PRIu64 " is not a "
+			      "member: join first", method, member_id);
+		return false;
+	}
+	if (!coord_member_acts(c, call, method, mb))
+		return false;
+	for (size_t i = 0; i < in->nholders; i++)
+		if (in->holders[i] == member_id)
+			return true;
+	rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "%s: model \"%s\" %s "
+			"\"%s\" was not registered by member %" PRIu64 " (node \"%s\"): a node "
+			"acts only for what it registered", method, model,
+			in->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance", in->name,
+			member_id, mb->node_id);
+	return false;
+}
+
 static void
 h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -273,6 +347,8 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	model_t *m;
 
 	refit_err_clear(&err);
+	if (!register_acts(c, call, rq))
+		return;
 	if (register_check(c, rq, &set, &err) != REFIT_OK)
 		return rpc_call_fail(call, err.status, "%s", err.msg);
 	m = coord_find_model(c, rq->model);
@@ -357,6 +433,8 @@ h_unregister(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "UnregisterLayout: model \"%s\" "
 				     "has no such instance \"%s\"", nz(rq->model),
 				     nz(rq->instance));
+	if (!holder_acts(c, call, "UnregisterLayout", rq->member_id, m->name, in))
+		return;
 	instance_t was = *in;
 	refit_err_t err;
 
@@ -382,6 +460,8 @@ h_weights_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (t == NULL)
 		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "WeightsReady: model \"%s\" has "
 				     "no registered trainer", nz(rq->model));
+	if (!holder_acts(c, call, "WeightsReady", rq->member_id, m->name, t))
+		return;
 	if (rq->layout_digest && rq->layout_digest[0] &&
 	    strcmp(rq->layout_digest, t->digest) != 0)
 		return rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "WeightsReady \"%s\": layout "
@@ -592,13 +672,13 @@ h_explain(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 /* ---- the methods ---------------------------------------------------------- */
 
 const rpc_method_cfg_t coord_register_methods[] = {
-	{"RegisterLayout", h_register, false},
-	{"SetRefitPolicy", h_set_policy, true},
-	{"UnregisterLayout", h_unregister, false},
-	{"WeightsReady", h_weights_ready, false},
-	{"ListModels", h_list_models, true},
-	{"GetModel", h_get_model, true},
-	{"ExplainPlan", h_explain, true},
+	{"RegisterLayout", h_register},
+	{"SetRefitPolicy", h_set_policy},
+	{"UnregisterLayout", h_unregister},
+	{"WeightsReady", h_weights_ready},
+	{"ListModels", h_list_models},
+	{"GetModel", h_get_model},
+	{"ExplainPlan", h_explain},
 };
 const size_t coord_register_nmethods =
 	sizeof(coord_register_methods) / sizeof(coord_register_methods[0]);

@@ -1,7 +1,8 @@
 /*
  * coord_store.c - the coordinator's records and their lifetime: lookups of
  * members, models and refits' inputs, the members' topology and the
- * composed destination layout, the clock, persisting a change
+ * composed destination layout, whether a caller acts for a member, the
+ * clock, persisting a change
  * (coord_state.c writes the file), and freeing it all once nothing is in
  * flight.  Below coord.c, coord_refit.c, coord_plan.c and coord_metrics.c;
  * calls none of them.  Loop thread only.
@@ -10,8 +11,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <inttypes.h>
+
 #include "common/log.h"
 #include "daemon/coord/coord_internal.h"
+#include "rpc/rpc_auth.h"
 
 void
 coord_member_fini(member_t *m)
@@ -21,6 +25,7 @@ coord_member_fini(member_t *m)
 	free(m->rpc_ep);
 	free(m->data_ep);
 	free(m->transport);
+	free(m->session);
 	free(m->poisoned);
 	for (size_t i = 0; i < m->nranks; i++)
 		free(m->ranks[i].domain);
@@ -105,6 +110,27 @@ coord_find_member(coord_t *c, uint64_t id)
 		if (c->members.v[i].id == id)
 			return &c->members.v[i];
 	return NULL;
+}
+
+bool
+coord_binds(const coord_t *c)
+{
+	return c->srv != NULL && rpc_server_join_required(c->srv);
+}
+
+bool
+coord_member_acts(coord_t *c, rpc_call_t *call, const char *method, const member_t *m)
+{
+	size_t len;
+	const char *s = rpc_call_session(call, &len);
+
+	if (!coord_binds(c) || m->session == NULL || rpc_auth_eq(s, len, m->session))
+		return true;
+	rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "%s: member %" PRIu64
+			" is node \"%s\", and the caller is not (its session secret, metadata "
+			"\"%s\", is %s): a member acts only for itself", method, m->id, m->node_id,
+			RPC_MD_SESSION, s ? "another's" : "missing");
+	return false;
 }
 
 model_t *

@@ -9,10 +9,12 @@
  * holds it.  The top of the node's files (node_internal.h): it calls
  * node_run.c and node_local.c, and fills the hooks they call up through.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -250,17 +252,25 @@ static void
 world_tell(node_t *n, const Refit__V1__PrepareEpochRequest *rq)
 {
 	VEC(int32_t) all = {0};
+	const char **peers = xcalloc(n->world.n + 1, sizeof(*peers));
+	uint8_t (*verifiers)[32] = xcalloc(n->world.n + 1, sizeof(*verifiers));
 	xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
-			   rq->nccl_unique_id.data, rq->nccl_unique_id.len};
+			   rq->nccl_unique_id.data, rq->nccl_unique_id.len, peers,
+			   (const uint8_t (*)[32])verifiers, n->world.n};
 
-	for (size_t i = 0; i < n->world.n; i++)
+	for (size_t i = 0; i < n->world.n; i++) {
 		for (size_t k = 0; k < n->world.v[i].nranks; k++)
 			VEC_PUSH(&all, n->world.v[i].ranks[k]);
+		peers[i] = n->world.v[i].node_id;
+		memcpy(verifiers[i], n->world.v[i].verifier, sizeof(verifiers[i]));
+	}
 	xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
 	w.ranks = all.v;
 	w.nranks = all.n;
 	n->xo->set_world(n->x, &w);
 	VEC_FREE(&all);
+	free(peers);
+	free(verifiers);
 }
 
 static void
@@ -279,19 +289,26 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: token "
 				     "of %zu bytes (at most %zu)", n->node_id, rq->token.len,
 				     sizeof(n->token));
-	for (size_t i = 0; i < rq->n_members; i++)
+	for (size_t i = 0; i < rq->n_members; i++) {
 		if (rq->members[i]->data_endpoint == NULL || !rq->members[i]->data_endpoint[0])
 			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: "
 					     "member \"%s\" has no data endpoint", n->node_id,
 					     rq->members[i]->node_id);
+		if (rq->members[i]->data_verifier.len != 32)
+			return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "node %s: PrepareEpoch: "
+					     "member \"%s\": data verifier of %zu bytes (32)",
+					     n->node_id, rq->members[i]->node_id,
+					     rq->members[i]->data_verifier.len);
+	}
 	if (rq->epoch != n->prepared_epoch)
 		node_run_abort_all(n, "a new epoch was prepared");
 	world_clear(n);
 	for (size_t i = 0; i < rq->n_members; i++) {
 		const Refit__V1__Member *m = rq->members[i];
 		epoch_member_t em = {xstrdup(m->node_id ? m->node_id : ""),
-				     xstrdup(m->data_endpoint), NULL, NULL, m->n_ranks};
+				     xstrdup(m->data_endpoint), NULL, NULL, m->n_ranks, {0}};
 
+		memcpy(em.verifier, m->data_verifier.data, sizeof(em.verifier));
 		em.ranks = xcalloc(m->n_ranks ? m->n_ranks : 1, sizeof(int32_t));
 		em.domains = xcalloc(m->n_ranks ? m->n_ranks : 1, sizeof(char *));
 		for (size_t k = 0; k < m->n_ranks; k++) {
@@ -321,9 +338,36 @@ h_prepare(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 }
 
 static const rpc_method_cfg_t prep_methods[] = {
-	{"PrepareEpoch", h_prepare, false},
-	{"NcclId", h_nccl_id, false},
+	{"PrepareEpoch", h_prepare},
+	{"NcclId", h_nccl_id},
 };
+
+/*
+ * This process's session secret (rpc_auth.h, "member"): sent with every
+ * call to the coordinator, Join included, which binds the membership to it;
+ * with a join token the Node service answers only calls presenting it (the
+ * coordinator's, which alone has it).  A restart makes a new one.
+ */
+static refit_status_t
+session_start(node_t *n, rpc_server_t *srv, bool bound, refit_err_t *err)
+{
+	uint8_t raw[(sizeof(n->session) - 1) / 2];
+
+	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw))
+		return refit_err_set(err, REFIT_ERR_SYS, "node: getrandom: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof(raw); i++)
+		snprintf(n->session + 2 * i, 3, "%02x", raw[i]);
+	n->srv = srv;
+	rpc_async_set_session(n->rpc, n->coordinator, n->session);
+	node_set_bound(n, bound);
+	return REFIT_OK;
+}
+
+void
+node_set_bound(node_t *n, bool bound)
+{
+	rpc_server_set_session(n->srv, bound ? n->session : NULL);
+}
 
 node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
@@ -351,6 +395,10 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->nranks = o->nranks;
 	n->client = o->client;
 	n->rpc = o->rpc;
+	if (session_start(n, srv, o->client.join_token != NULL, err) != REFIT_OK) {
+		node_maybe_free(n);
+		return NULL;
+	}
 	n->slice_timeout_ms = o->slice_timeout_ms;  /* 0: the coordinator says */
 	n->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 5000;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;

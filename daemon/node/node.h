@@ -49,6 +49,10 @@ node_t *node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o,
 		 refit_err_t *err);
 /* New heartbeat interval (SIGHUP). */
 void node_set_heartbeat(node_t *n, uint32_t heartbeat_ms);
+/* A join token is configured (SIGHUP): the Node service answers only
+ * calls presenting this process's session (the coordinator's), or, false,
+ * anyone who reaches it. */
+void node_set_bound(node_t *n, bool bound);
 /* Leave the membership (best effort, bounded) and free when done. */
 void node_close(node_t *n);
 

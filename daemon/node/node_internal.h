@@ -90,6 +90,7 @@ typedef struct epoch_member {
 	int32_t *ranks;
 	char **domains;
 	size_t nranks;
+	uint8_t verifier[32];   /* SHA-256 of its data-plane token */
 } epoch_member_t;
 
 /* A slice that ran and waits for the coordinator's Commit, then Publish. */
@@ -213,6 +214,8 @@ struct node {
 	dp_pool_t *pool;              /* buffers of the tcp slices (dataplane/pool.h) */
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
+	rpc_server_t *srv;            /* the Node service's */
+	char session[65];             /* this process's session secret (hex) */
 	char *local_path;
 	uint64_t slice_timeout_ms, test_msg_delay_ms;  /* slice_timeout_ms 0: the coordinator's */
 	uint64_t connect_timeout_ms;

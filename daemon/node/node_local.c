@@ -1073,14 +1073,14 @@ node_local_rejoined(node_t *n)
 }
 
 static const rpc_method_cfg_t local_methods[] = {
-	{"Hello", h_hello, false},
-	{"RegisterClient", h_register, false},
-	{"WeightsReady", h_ready, false},
-	{"BeginWrite", h_begin_write, false},
-	{"WaitVersion", h_wait, false},
-	{"GetState", h_state, false},
-	{"Unregister", h_unregister, false},
-	{"Serve", h_serve, false},
+	{"Hello", h_hello},
+	{"RegisterClient", h_register},
+	{"WeightsReady", h_ready},
+	{"BeginWrite", h_begin_write},
+	{"WaitVersion", h_wait},
+	{"GetState", h_state},
+	{"Unregister", h_unregister},
+	{"Serve", h_serve},
 };
 
 /* ---- waiters ---------------------------------------------------------------- */

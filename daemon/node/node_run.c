@@ -748,10 +748,10 @@ node_run_client_gone(node_t *n, uint64_t client_id, const char *why)
 }
 
 const rpc_method_cfg_t node_run_methods[] = {
-	{"RunSlice", h_run, false},
-	{"Commit", h_commit, false},
-	{"Abort", h_abort, false},
-	{"Publish", h_publish, false},
+	{"RunSlice", h_run},
+	{"Commit", h_commit},
+	{"Abort", h_abort},
+	{"Publish", h_publish},
 };
 const size_t node_run_nmethods = sizeof(node_run_methods) / sizeof(node_run_methods[0]);
 

@@ -48,6 +48,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "daemon/transport/tcp_internal.h"
 
 /* The inverse of hs_encode; the node id comes out NUL-terminated. */
@@ -65,6 +66,34 @@ hs_decode(const uint8_t *b, hs_t *h)
 
 /* ---- the listener --------------------------------------------------------- */
 
+/*
+ * Does h carry the token of the node it names (the SHA-256 of it is that
+ * member's verifier from PrepareEpoch), or, with no verifiers, this node's
+ * token?  Compared without an early exit.  Under x->mu.
+ */
+static bool
+token_ok(const xport_t *x, const hs_t *h)
+{
+	uint8_t d[SHA256_DIGEST_LEN], diff = 0;
+	sha256_ctx_t c;
+
+	for (size_t i = 0; x->peers.n == 0 && i < h->token_len; i++)
+		diff |= h->token[i] ^ x->token[i];
+	if (x->peers.n == 0)
+		return h->token_len == x->token_len && diff == 0;
+	for (size_t i = 0; i < x->peers.n; i++) {
+		if (strcmp(x->peers.v[i].node_id, h->node_id) != 0)
+			continue;
+		sha256_init(&c);
+		sha256_update(&c, h->token, h->token_len);
+		sha256_final(&c, d);
+		for (size_t k = 0; k < sizeof(d); k++)
+			diff |= d[k] ^ x->peers.v[i].v[k];
+		return diff == 0;
+	}
+	return false; /* not a member of the epoch */
+}
+
 /* A complete handshake arrived on fd (b: HS_BYTES): park it or refuse it. */
 static void
 handshake(xport_t *x, int fd, const uint8_t *b)
@@ -80,7 +109,7 @@ handshake(xport_t *x, int fd, const uint8_t *b)
 		ans = HS_BAD_MAGIC;
 	else if (x->epoch == 0 || x->token_len == 0 || h.epoch != x->epoch)
 		ans = HS_BAD_EPOCH; /* nothing prepared yet, or another epoch */
-	else if (h.token_len != x->token_len || memcmp(h.token, x->token, h.token_len) != 0)
+	else if (!token_ok(x, &h))
 		ans = HS_BAD_TOKEN;
 	else if (x->parked.n >= PARK_MAX)
 		ans = HS_FULL;
@@ -104,8 +133,8 @@ handshake(xport_t *x, int fd, const uint8_t *b)
 		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: this "
 			  "node is at epoch %" PRIu64, h.node_id, h.epoch, here);
 	else if (ans == HS_BAD_TOKEN)
-		log_warnx("tcp: connection from node \"%s\" refused: wrong token for epoch %"
-			  PRIu64, h.node_id, h.epoch);
+		log_warnx("tcp: connection from node \"%s\" refused: not its token for epoch %"
+			  PRIu64 " (or not a member of it)", h.node_id, h.epoch);
 	else
 		log_warnx("tcp: connection from node \"%s\" refused: %d connections parked",
 			  h.node_id, PARK_MAX);
@@ -328,6 +357,14 @@ tcp_set_epoch(xport_t *x, uint64_t epoch, const uint8_t *token, size_t len)
 }
 
 static void
+peers_clear(xport_t *x)
+{
+	for (size_t i = 0; i < x->peers.n; i++)
+		free(x->peers.v[i].node_id);
+	x->peers.n = 0;
+}
+
+static void
 tcp_stop(xport_t *x)
 {
 	if (x == NULL)
@@ -340,6 +377,8 @@ tcp_stop(xport_t *x)
 	for (size_t i = 0; i < x->parked.n; i++)
 		close(x->parked.v[i].fd);
 	VEC_FREE(&x->parked);
+	peers_clear(x);
+	VEC_FREE(&x->peers);
 	pthread_mutex_destroy(&x->mu);
 	pthread_cond_destroy(&x->cv);
 	free(x->node_id);
@@ -693,11 +732,20 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 
 /* ---- what tcp has no use for ------------------------------------------------ */
 
+/* The epoch's members and their verifiers (peers are found by endpoint,
+ * not by a world of ranks). */
 static void
 tcp_set_world(xport_t *x, const xport_world_t *w)
 {
-	(void)x; /* peers are found by endpoint, not by a world of ranks */
-	(void)w;
+	pthread_mutex_lock(&x->mu);
+	peers_clear(x);
+	for (size_t i = 0; i < w->npeers; i++) {
+		struct peer_verifier pv = {xstrdup(w->peers[i]), {0}};
+
+		memcpy(pv.v, w->verifiers[i], sizeof(pv.v));
+		VEC_PUSH(&x->peers, pv);
+	}
+	pthread_mutex_unlock(&x->mu);
 }
 
 static refit_status_t

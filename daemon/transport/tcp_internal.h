@@ -54,8 +54,11 @@ struct xport {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	uint64_t epoch;
-	uint8_t token[XPORT_TOKEN_MAX];
+	uint8_t token[XPORT_TOKEN_MAX];  /* this node's own, sent when it dials */
 	size_t token_len;
+	/* the epoch's members: a connection naming one presents the token
+	 * whose SHA-256 is its verifier (none: every peer presents token) */
+	VEC(struct peer_verifier { char *node_id; uint8_t v[32]; }) peers;
 	VEC(parked_t) parked;
 	bool stopping;
 };

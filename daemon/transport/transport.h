@@ -148,6 +148,11 @@ typedef struct xport_world {
 	size_t nlocal;
 	const uint8_t *id;        /* nccl: the unique id from the lowest rank's node */
 	size_t id_len;
+	/* tcp: the epoch's members by node id, each with the SHA-256 of its
+	 * data-plane token (a connection naming a node presents that token) */
+	const char *const *peers;
+	const uint8_t (*verifiers)[32];
+	size_t npeers;
 } xport_world_t;
 
 /* A node's state as its transport says (xport_ops_t.poisoned). */

@@ -128,6 +128,10 @@ if [ -x "$CTL" ]; then
 	expect ctl-token-empty 2 "empty-token: the token file is empty" -- "$CTL" $NOWHERE --token-file "$TMP/empty-token" members
 	expect ctl-token-missing 2 "nope-token: No such file" -- "$CTL" $NOWHERE --token-file "$TMP/nope-token" members
 	expect ctl-unreachable 3 "is a coordinator running at" -- "$CTL" $NOWHERE members
+	# init calls nothing: no coordinator needed; never over an existing file
+	expect ctl-init-args 2 "usage: refitctl init DIR" -- "$CTL" $NOWHERE init
+	expect ctl-init 0 "join.token" -- "$CTL" $NOWHERE init "$TMP/secrets"
+	expect ctl-init-again 2 "File exists (kept" -- "$CTL" $NOWHERE init "$TMP/secrets"
 fi
 
 echo "cli: $passed passed, $failed failed"

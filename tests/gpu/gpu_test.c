@@ -134,7 +134,7 @@ static xport_session_t *
 session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 	const int32_t *local, size_t nlocal, const uint8_t *id, size_t idlen, refit_err_t *err)
 {
-	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0};
+	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0, NULL, NULL, 0};
 	xport_peer_t self = {"gpu-test", "nccl", true, true, 1 << 30};
 	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL};
 	xport_session_t *s = NULL;

@@ -107,13 +107,18 @@ class NetCluster:
     def __init__(self):
         self.net = netns.Net(before_close=harness.stop_all)
         self.caddr = self.net.add("c", 2)
+        # beyond loopback: the daemons share a cluster join token (mode 0600)
+        token = f"{TMP}/join.token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, (os.urandom(16).hex() + "\n").encode())
+        os.close(fd)
         self.addr = f"{self.caddr}:7700"
         self.log = open(f"{TMP}/nf.log", "w")
         self.coord = spawn(["ip", "netns", "exec", self.net.ns("c"), f"{BUILD}/bin/refitd",
                             "--role", "coordinator", "--listen", self.addr,
                             "--heartbeat-ms", str(HEARTBEAT_MS),
-                            "--lease-ttl-ms", str(LEASE_MS), "--log-level", "info"],
-                           stderr=self.log)
+                            "--lease-ttl-ms", str(LEASE_MS), "--log-level", "info",
+                            "--join-token-file", token], stderr=self.log)
         self.nodes = []
         for k, name in enumerate(NODES):
             ip = self.net.add(name, 10 + k)
@@ -122,7 +127,8 @@ class NetCluster:
                     "--node-id", name, "--ranks", f"{k * RPN}-{k * RPN + RPN - 1}",
                     "--heartbeat-ms", str(HEARTBEAT_MS), "--data-listen", f"{ip}:0",
                     "--local-socket", self.sock(k), "--slice-timeout-ms", str(SLICE_MS),
-                    "--test-msg-delay-ms", str(MSG_DELAY_MS), "--log-level", "info"]
+                    "--test-msg-delay-ms", str(MSG_DELAY_MS), "--log-level", "info",
+                    "--join-token-file", token]
             if HAS_CONNECT_TIMEOUT:
                 args += ["--connect-timeout-ms", str(CONNECT_MS)]
             self.nodes.append(spawn(args, stderr=self.log))

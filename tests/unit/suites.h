@@ -27,5 +27,6 @@ Suite *suite_plansort(void);
 Suite *suite_framework(void);
 Suite *suite_blame(void);
 Suite *suite_delta(void);
+Suite *suite_auth(void);
 
 #endif

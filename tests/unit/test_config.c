@@ -47,6 +47,8 @@ static const kcase_t cases[] = {
 	{"tls_client_ca", "/etc/refit/ca.pem", "\"/etc/refit/ca.pem\"", NULL, NULL, 0, 0},
 	{"tls_ca", "/etc/refit/ca.pem", "\"/etc/refit/ca.pem\"", NULL, NULL, 0, 0},
 	{"token_file", "/etc/refit/token", "\"/etc/refit/token\"", NULL, NULL, 0, 0},
+	{"join_token_file", "/etc/refit/join.token", "\"/etc/refit/join.token\"", NULL, NULL, 0, 0},
+	{"insecure", "true", "\"true\"", "yes", NULL, 0, 0},
 	{"lease_ttl_ms", "5000", "5000", "5s", NULL, 100, 3600000},
 	{"heartbeat_ms", "500", "500", "-1", NULL, 10, 600000},
 	{"nic", "node", "\"node\"", "switch", NULL, 0, 0},
@@ -326,8 +328,11 @@ START_TEST(key_values)
 		}
 	}
 
-	/* a file gives a string or a whole number, nothing else */
+	/* a file gives a string or a whole number, nothing else (a false|true
+	 * key also a JSON boolean, test_auth.c) */
 	for (size_t i = 0; i < sizeof(wrong_types) / sizeof(wrong_types[0]); i++) {
+		if (strcmp(k->key, "insecure") == 0 && i < 2)
+			continue;
 		snprintf(doc, sizeof(doc), "{\"%s\": %s}", k->key, wrong_types[i]);
 		names(parse_refused(&c, doc), k->key, NULL);
 	}
@@ -575,9 +580,11 @@ START_TEST(role_checks)
 		names(check_refused(&c), node_only[i].key, node_only[i].value);
 		config_fini(&c);
 	}
-	/* addresses: port 0 only where the daemon binds */
+	/* addresses: port 0 only where the daemon binds (the syntax; beyond
+	 * loopback needs a join token or "insecure", test_auth.c) */
 	for (size_t i = 0; i < sizeof(ports) / sizeof(ports[0]); i++) {
 		node_config(&c);
+		set_ok(&c, "insecure", "true");
 		set_ok(&c, ports[i].key, ports[i].value);
 		if (ports[i].ok)
 			check_ok(&c);
@@ -688,7 +695,8 @@ reloadable(const kcase_t *k)
 START_TEST(reload)
 {
 	static const char *const want[] = {
-		"token_file", "lease_ttl_ms", "heartbeat_ms", "log_level", "log_format",
+		"token_file", "join_token_file", "lease_ttl_ms", "heartbeat_ms", "log_level",
+		"log_format",
 	};
 	refitd_config_t running, fresh;
 	diffs_t d = {.n = 0};

@@ -1,0 +1,546 @@
+#!/usr/bin/python3
+"""Who may call what (docs/control-plane.md, "Who may call what"): a
+coordinator and two node daemons on loopback sharing a cluster join token,
+a trainer on node 0 and an inference instance on node 1, one refit.
+
+ - a rogue process without the token (and with a wrong one) calls Join,
+   Heartbeat, Leave, RegisterLayout, UnregisterLayout, WeightsReady and
+   SliceDone on the coordinator and PrepareEpoch, RunSlice and Publish on a
+   node: every call is refused UNAUTHENTICATED;
+ - a rogue holding the token calls them for another node (its member id,
+   node id, ranks, instance, trainer; the Node service with a session of its
+   own): every call is refused PERMISSION_DENIED naming what it tried; and
+   a rogue that joined with the token under a name of its own may act for
+   itself (heartbeat, leave) but not for the others' instances and trainer;
+ - nothing changed: the same members and epoch, registrations, versions
+   and refits; the next refit commits and the instance holds the new
+   weights byte-exact; the refusals are counted in
+   refitd_auth_refused_total and logged once per process and host, not once
+   per call;
+ - data-plane tokens are per member: a process with the join token that
+   takes part in a refit (a replica on a rank of its own) gets its own
+   token and the others' hashes; a data connection naming another node with
+   it is refused;
+ - the join token rotates with SIGHUP, no restart: the old token is refused,
+   the members stay, a refit commits;
+ - a join token added to a running cluster by SIGHUP is checked from then
+   on, the node's Node service bound to its session;
+ - refitctl init DIR makes both tokens (mode 0600, never overwritten); the
+   operator token opens no node method and the join token no operator
+   method (UnregisterLayout, refitctl unregister, takes either); the same
+   token in both files is refused at start;
+ - a daemon listening beyond loopback without a token refuses to start;
+   with "insecure": true it starts and warns.
+
+Usage: test_auth.py BUILD_DIR.  Ends with "auth: N passed, N failed".
+"""
+import hashlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent import futures
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-auth-")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grpc  # noqa: E402
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
+import harness  # noqa: E402
+from harness import RPN, Cluster, check, expect_error, free_port, start_model, wait_for  # noqa: E402
+
+harness.init(BUILD, TMP)
+MPORT = free_port()
+JOIN = f"{TMP}/join.token"
+CL = None
+MODEL = {}
+UN = grpc.StatusCode.UNAUTHENTICATED
+PD = grpc.StatusCode.PERMISSION_DENIED
+
+
+def write_token(text):
+    fd = os.open(JOIN + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, (text + "\n").encode())
+    os.close(fd)
+    os.rename(JOIN + ".new", JOIN)
+
+
+def md(token, session=None):
+    out = [("refit-join-token", token)] if token is not None else []
+    if session is not None:
+        out.append(("refit-session", session))
+    return out
+
+
+def layout_to_proto(t):
+    """A one-dimensional DTensor layout (JSON form) as a TensorLayout."""
+    return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                           mesh_shape=[len(t["mesh"])], mesh_ranks=t["mesh"],
+                           placements=t["placements"])
+
+
+def layouts():
+    t = list(range(RPN))
+    i = list(range(RPN, 2 * RPN))
+    train = [{"name": f"w{k}", "dtype": "fp32", "shape": [64, 32], "mesh": t,
+              "placements": ["Shard(0)"]} for k in range(3)]
+    inst = [{"name": f"w{k}", "dtype": "fp32", "shape": [64, 32], "mesh": i,
+             "placements": ["Shard(1)"]} for k in range(3)]
+    return train, [("i0", inst)]
+
+
+def refit_commits(version):
+    cs = MODEL["clients"]
+    if version > 1:
+        out = cs["train"][0].cmd(f"next {version}")
+        assert out.startswith("READY"), out
+    g = CL.refit("lm", version, timeout=120)
+    assert g.state == pb.COMMITTED, g.failure
+    harness.expect_installed(cs, version)
+    MODEL["version"] = version
+    return g
+
+
+def snapshot():
+    """Everything a rogue must not change: members, epoch, registrations,
+    versions, refits."""
+    mem = CL.stub.ListMembers(pb.ListMembersRequest(), timeout=10)
+    g = CL.stub.GetModel(pb.GetModelRequest(model="lm"), timeout=10)
+    refits = CL.stub.ListRefits(pb.ListRefitsRequest(), timeout=10)
+    return {
+        "members": sorted((m.node_id, m.member_id, m.rpc_endpoint, m.data_endpoint,
+                           tuple(r.rank for r in m.ranks)) for m in mem.members),
+        "epoch": mem.epoch,
+        "instances": sorted((i.instance, i.role, i.layout_digest, i.installed_version)
+                            for i in g.instances),
+        "latest": g.latest_version,
+        "refits": sorted((r.id, r.state) for r in refits.refits),
+    }
+
+
+def member(node):
+    mem = CL.stub.ListMembers(pb.ListMembersRequest(), timeout=10)
+    return next(m for m in mem.members if m.node_id == node)
+
+
+def refused_total(reason=None):
+    s = harness.scrape_metrics(MPORT)
+    return sum(v for (name, labels), v in s.items()
+               if name == "refitd_auth_refused_total" and
+               (reason is None or dict(labels).get("reason") == reason))
+
+
+def setup():
+    global CL
+    write_token("join-" + os.urandom(16).hex())
+    CL = Cluster("au", 2, ["--join-token-file", JOIN],
+                 coord_extra=["--join-token-file", JOIN, "--metrics-listen",
+                              f"127.0.0.1:{MPORT}"])
+    train, insts = layouts()
+    MODEL["clients"] = start_model(CL, "lm", train, insts, random.Random(5),
+                                   installs={"i0": "double-buffer"})
+    refit_commits(1)
+
+
+def coordinator_calls(st, meta, a0, a1, rid):
+    """Every member method of the coordinator, each acting for node au0 or
+    au1 (their member ids a0, a1): (name, call) pairs."""
+    one = {"name": "w0", "dtype": "fp32", "shape": [64, 32], "mesh": list(range(RPN, 2 * RPN)),
+           "placements": ["Shard(0)"]}
+    ranks = [pb.RankInfo(rank=r) for r in range(RPN)]
+    return [
+        ("Join as au0", lambda: st.Join(pb.JoinRequest(
+            node_id="au0", host="127.0.0.1", rpc_endpoint="127.0.0.1:1",
+            data_endpoint="127.0.0.1:2", ranks=ranks), timeout=5, metadata=meta)),
+        ("Heartbeat", lambda: st.Heartbeat(pb.HeartbeatRequest(member_id=a0), timeout=5,
+                                           metadata=meta)),
+        ("Leave", lambda: st.Leave(pb.LeaveRequest(member_id=a1), timeout=5,
+                                   metadata=meta)),
+        ("RegisterLayout", lambda: st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=a1, model="lm", role=pb.INFER, instance="thief",
+            tensors=[layout_to_proto(one)]), timeout=5, metadata=meta)),
+        ("UnregisterLayout", lambda: st.UnregisterLayout(pb.UnregisterLayoutRequest(
+            member_id=a1, model="lm", role=pb.INFER, instance="i0"), timeout=5,
+            metadata=meta)),
+        ("WeightsReady", lambda: st.WeightsReady(pb.WeightsReadyRequest(
+            member_id=a0, model="lm", version=99), timeout=5, metadata=meta)),
+        ("SliceDone", lambda: st.SliceDone(pb.SliceDoneRequest(
+            refit_id=rid, member_id=a0, node_id="au0", code=13, message="forged"),
+            timeout=5, metadata=meta)),
+    ]
+
+
+def node_calls(node_ep, meta, epoch):
+    nst = pbg.NodeStub(grpc.insecure_channel(node_ep))
+    return [
+        ("PrepareEpoch", lambda: nst.PrepareEpoch(pb.PrepareEpochRequest(
+            epoch=epoch + 1, token=b"x" * 16), timeout=5, metadata=meta)),
+        ("RunSlice", lambda: nst.RunSlice(pb.RunSliceRequest(epoch=epoch, refit_id=1),
+                                          timeout=5, metadata=meta)),
+        ("Publish", lambda: nst.Publish(pb.PublishRequest(refit_id=1, epoch=epoch),
+                                        timeout=5, metadata=meta)),
+    ]
+
+
+def rogues_refused():
+    before = snapshot()
+    m0, m1 = member("au0"), member("au1")
+    rid = before["refits"][-1][0]
+    ch = grpc.insecure_channel(CL.addr)
+    st = pbg.CoordinatorStub(ch)
+    n0 = refused_total()
+    with open(JOIN) as f:
+        token = f.read().strip()
+    own = os.urandom(32).hex()   # a session of the rogue's own
+    cases = [(None, UN, "needs the cluster join token"),
+             ("wrong-" + token, UN, "the one sent is not it")]
+    for tok, code, text in cases:
+        meta = md(tok, own)
+        for name, call in coordinator_calls(st, meta, m0.member_id, m1.member_id, rid) + \
+                node_calls(m1.rpc_endpoint, meta, before["epoch"]):
+            try:
+                expect_error(call, code, text)
+            except AssertionError as e:
+                raise AssertionError(f"{name} with token {tok!r}: {e}") from None
+    # the token, another node's identity: PERMISSION_DENIED naming it
+    meta = md(token, own)
+    want = {"Join as au0": 'node "au0" is live member',
+            "Heartbeat": f'member {m0.member_id} is node "au0"',
+            "Leave": f'member {m1.member_id} is node "au1"',
+            "RegisterLayout": f'member {m1.member_id} is node "au1"',
+            "UnregisterLayout": f'member {m1.member_id} is node "au1"',
+            "WeightsReady": f'member {m0.member_id} is node "au0"',
+            "SliceDone": f'member {m0.member_id} is node "au0"'}
+    for name, call in coordinator_calls(st, meta, m0.member_id, m1.member_id, rid):
+        try:
+            expect_error(call, PD, want[name])
+        except AssertionError as e:
+            raise AssertionError(f"{name} as another member: {e}") from None
+    for name, call in node_calls(m1.rpc_endpoint, meta, before["epoch"]):
+        try:
+            expect_error(call, PD, "only the coordinator this node joined may call it")
+        except AssertionError as e:
+            raise AssertionError(f"Node.{name} with another session: {e}") from None
+    # another node's ranks under a name of its own
+    expect_error(lambda: st.Join(pb.JoinRequest(
+        node_id="rogue", host="127.0.0.1", rpc_endpoint="127.0.0.1:1",
+        data_endpoint="127.0.0.1:2", ranks=[pb.RankInfo(rank=0)]), timeout=5, metadata=meta),
+        PD, 'rank 0 already belongs to node "au0"')
+    # another node's endpoints under a name and ranks of its own: the
+    # coordinator would call it, with the node's session, as that node
+    for rpc_ep, data_ep in ((m1.rpc_endpoint, "127.0.0.1:2"), ("127.0.0.1:1", m1.data_endpoint)):
+        expect_error(lambda: st.Join(pb.JoinRequest(
+            node_id="rogue", host="127.0.0.1", rpc_endpoint=rpc_ep, data_endpoint=data_ep,
+            ranks=[pb.RankInfo(rank=1000)]), timeout=5, metadata=meta),
+            PD, f'is live member {m1.member_id}\'s (node "au1")')
+    after = snapshot()
+    assert after == before, ("a refused call changed something", before, after)
+    n = refused_total() - n0
+    assert n >= 2 * 7 + 7 + 3, f"refitd_auth_refused_total grew by {n} (coordinator only)"
+    assert refused_total("identity") >= 7 and refused_total("missing") >= 7 and \
+        refused_total("wrong") >= 7, harness.scrape_metrics(MPORT)
+    ch.close()
+
+
+def member_of_its_own():
+    """A rogue with the token joins under its own name and ranks: it may act
+    for itself, not for what the others registered."""
+    with open(JOIN) as f:
+        token = f.read().strip()
+    own = os.urandom(32).hex()
+    meta = md(token, own)
+    st = pbg.CoordinatorStub(grpc.insecure_channel(CL.addr))
+    j = st.Join(pb.JoinRequest(node_id="rogue", host="127.0.0.1", rpc_endpoint="127.0.0.1:1",
+                               data_endpoint="127.0.0.1:2", ranks=[pb.RankInfo(rank=1000)]),
+                timeout=5, metadata=meta)
+    st.Heartbeat(pb.HeartbeatRequest(member_id=j.member_id), timeout=5, metadata=meta)
+    # without its session, its own member id is not enough
+    expect_error(lambda: st.Heartbeat(pb.HeartbeatRequest(member_id=j.member_id), timeout=5,
+                                      metadata=md(token)), PD, "is missing")
+    expect_error(lambda: st.UnregisterLayout(pb.UnregisterLayoutRequest(
+        member_id=j.member_id, model="lm", role=pb.INFER, instance="i0"), timeout=5,
+        metadata=meta), PD, 'instance "i0" was not registered by member')
+    expect_error(lambda: st.WeightsReady(pb.WeightsReadyRequest(
+        member_id=j.member_id, model="lm", version=99), timeout=5, metadata=meta),
+        PD, 'trainer "" was not registered by member')
+    one = {"name": "w0", "dtype": "fp32", "shape": [64, 32],
+           "mesh": list(range(RPN, 2 * RPN)), "placements": ["Shard(0)"]}
+    expect_error(lambda: st.RegisterLayout(pb.RegisterLayoutRequest(
+        member_id=j.member_id, model="lm", role=pb.INFER, instance="thief",
+        tensors=[layout_to_proto(one)]), timeout=5, metadata=meta),
+        PD, "none of its ranks is member")
+    st.Leave(pb.LeaveRequest(member_id=j.member_id), timeout=5, metadata=meta)
+    assert sorted(m.node_id for m in
+                  CL.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members) == \
+        ["au0", "au1"]
+    g = CL.stub.GetModel(pb.GetModelRequest(model="lm"), timeout=5)
+    assert sorted(i.instance for i in g.instances) == ["", "i0"], g
+
+
+def data_handshake(ep, epoch, token, node):
+    """One tcp data-plane handshake to ep (magic, token length, epoch, refit
+    id, 64 token bytes, 128 node id bytes): the node's one-byte answer."""
+    host, port = ep.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall((0x31544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") +
+                  epoch.to_bytes(8, "little") + (1).to_bytes(8, "little") +
+                  token.ljust(64, b"\0") + node.encode().ljust(128, b"\0"))
+        return s.recv(1)
+
+
+class FakeNode(pbg.NodeServicer):
+    """A process holding the join token that serves the Node service itself:
+    it keeps what PrepareEpoch gives it and runs nothing."""
+
+    def __init__(self):
+        self.prepared = []
+
+    def PrepareEpoch(self, request, context):
+        self.prepared.append(request)
+        return pb.PrepareEpochResponse(epoch=request.epoch)
+
+    def RunSlice(self, request, context):
+        context.abort(grpc.StatusCode.INTERNAL, "a fake node runs nothing")
+
+    def Abort(self, request, context):
+        return pb.AbortResponse()
+
+
+def data_token_per_member():
+    """A token holder that joins, registers a replica on its own rank and so
+    takes part in a refit gets its own data-plane token only: with it a data
+    connection naming another node is refused; naming itself, taken."""
+    token = open(JOIN).read().strip()
+    meta = md(token, os.urandom(32).hex())
+    fake = FakeNode()
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pbg.add_NodeServicer_to_server(fake, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    st = pbg.CoordinatorStub(grpc.insecure_channel(CL.addr))
+    try:
+        j = st.Join(pb.JoinRequest(node_id="fake", host="127.0.0.1",
+                                   rpc_endpoint=f"127.0.0.1:{port}",
+                                   data_endpoint=f"127.0.0.1:{free_port()}",
+                                   ranks=[pb.RankInfo(rank=1000)]), timeout=5, metadata=meta)
+        st.RegisterLayout(pb.RegisterLayoutRequest(
+            member_id=j.member_id, model="lm", role=pb.INFER, instance="fake",
+            tensors=[layout_to_proto({"name": f"w{k}", "dtype": "fp32", "shape": [64, 32],
+                                      "mesh": [1000], "placements": ["Replicate()"]})
+                     for k in range(3)]), timeout=5, metadata=meta)
+        v = MODEL["version"] + 1
+        assert MODEL["clients"]["train"][0].cmd(f"next {v}").startswith("READY")
+        rid = CL.stub.TriggerRefit(pb.TriggerRefitRequest(model="lm", version=v),
+                                   timeout=10).refit_id
+        wait_for(lambda: fake.prepared, 30, "PrepareEpoch at the fake node")
+        g = CL.wait_final(rid, 60)
+        assert g.state in (pb.FAILED, pb.ABORTED), g
+        prep = fake.prepared[-1]
+        mine = {m.node_id: m for m in prep.members}
+        assert hashlib.sha256(prep.token).digest() == mine["fake"].data_verifier
+        assert mine["au0"].data_verifier != mine["fake"].data_verifier
+        ep = mine["au1"].data_endpoint
+        assert data_handshake(ep, prep.epoch, prep.token, "au0") == b"\x02"
+        assert data_handshake(ep, prep.epoch, prep.token, "nobody") == b"\x02"
+        assert data_handshake(ep, prep.epoch, prep.token, "fake") == b"\x00"
+        # away again: its replica, then itself; the refit of v commits
+        st.UnregisterLayout(pb.UnregisterLayoutRequest(
+            member_id=j.member_id, model="lm", role=pb.INFER, instance="fake"),
+            timeout=5, metadata=meta)
+        st.Leave(pb.LeaveRequest(member_id=j.member_id), timeout=5, metadata=meta)
+    finally:
+        srv.stop(0)
+    wait_for(lambda: all(r.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED) for r in
+                         CL.stub.ListRefits(pb.ListRefitsRequest(), timeout=5).refits),
+             60, "no refit in flight")
+    g = CL.refit("lm", v, timeout=120)
+    assert g.state == pb.COMMITTED, g.failure
+    harness.expect_installed(MODEL["clients"], v)
+    MODEL["version"] = v
+
+
+def refit_after():
+    refit_commits(MODEL["version"] + 1)
+    CL.log.flush()
+    with open(f"{TMP}/{CL.name}.log") as f:
+        lines = [ln for ln in f if "rpc: refused a call from" in ln]
+    # dozens refused, each process logs its first one from this host only
+    assert 1 <= len(lines) <= 3, lines
+
+
+def rotate():
+    """SIGHUP with a new token in the file: old refused, members stay."""
+    before = snapshot()
+    old = open(JOIN).read().strip()
+    write_token("join-" + os.urandom(16).hex())
+    for p in [CL.coord] + CL.nodes:
+        p.send_signal(signal.SIGHUP)
+    st = pbg.CoordinatorStub(grpc.insecure_channel(CL.addr))
+
+    def old_refused():
+        # member 0 is nobody's: NOT_FOUND while the old token is good
+        try:
+            st.Heartbeat(pb.HeartbeatRequest(member_id=0), timeout=5, metadata=md(old, "x"))
+        except grpc.RpcError as e:
+            return e.code() == UN and "the one sent is not it" in e.details()
+        return False
+    wait_for(old_refused, 20, "the coordinator to refuse the old token")
+    # heartbeats with the new token answered: the members stay, no restart
+    ok0 = beats()
+    wait_for(lambda: beats() >= ok0 + 6, 20, "heartbeats under the new token")
+    after = snapshot()
+    assert after["members"] == before["members"], (before, after)
+    refit_commits(MODEL["version"] + 1)
+
+
+def beats():
+    s = harness.scrape_metrics(MPORT)
+    return s.get(("refitd_rpc_duration_seconds_count",
+                  frozenset({"method": "Heartbeat", "code": "OK"}.items())), 0)
+
+
+def token_added_by_reload():
+    """A loopback cluster without a token gets one by SIGHUP: the
+    coordinator and the node's Node service check it from then on, and the
+    node binds its Node service to its session (the member stays)."""
+    cfg, tok = f"{TMP}/ad.json", f"{TMP}/ad.token"
+    with open(cfg, "w") as f:
+        f.write("{}\n")
+    cl = Cluster("ad", 1, ["--config", cfg], coord_extra=["--config", cfg])
+    m = cl.wait_members(1).members[0]
+    with open(tok, "w") as f:
+        f.write("join-" + os.urandom(16).hex() + "\n")
+    with open(cfg, "w") as f:
+        f.write('{"join_token_file": "%s"}\n' % tok)
+    for p in (cl.coord, cl.nodes[0]):
+        p.send_signal(signal.SIGHUP)
+    nst = pbg.NodeStub(grpc.insecure_channel(m.rpc_endpoint))
+
+    def refused(call, code):
+        try:
+            call()
+        except grpc.RpcError as e:
+            return e.code() == code
+        return False
+    # NcclId changes nothing (tcp has no communicator ids): refused once reloaded
+    wait_for(lambda: refused(lambda: nst.NcclId(pb.NcclIdRequest(), timeout=5), UN), 20,
+             "the node to want the join token")
+    wait_for(lambda: refused(lambda: cl.stub.Heartbeat(pb.HeartbeatRequest(member_id=0),
+                                                       timeout=5), UN), 20,
+             "the coordinator to want the join token")
+    token = open(tok).read().strip()
+    expect_error(lambda: nst.PrepareEpoch(pb.PrepareEpochRequest(epoch=m.joined_epoch + 9),
+                                          timeout=5, metadata=md(token, "x" * 64)),
+                 PD, "only the coordinator this node joined may call it")
+    assert cl.wait_members(1).members[0].member_id == m.member_id
+
+
+def operator_and_join_apart():
+    """refitctl init makes the two secrets; the operator token opens no node
+    method, the join token no operator method; UnregisterLayout (refitctl
+    unregister) takes either; one token in both files is refused at start."""
+    # refitctl init makes both secrets: mode 0600, distinct, never overwritten
+    d = f"{TMP}/secrets"
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "init", d], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out
+    op, jt = f"{d}/operator.token", f"{d}/join.token"
+    optok, jtok = open(op).read().strip(), open(jt).read().strip()
+    for path, tok in ((op, optok), (jt, jtok)):
+        assert os.stat(path).st_mode & 0o777 == 0o600, oct(os.stat(path).st_mode)
+        assert len(tok) == 64 and int(tok, 16) >= 0, tok
+    assert optok != jtok
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "init", d], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "File exists" in out.stderr, out
+    assert open(op).read().strip() == optok and open(jt).read().strip() == jtok
+    addr = f"127.0.0.1:{free_port()}"
+    args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", addr,
+            "--token-file", op, "--join-token-file", jt]
+    log = open(f"{TMP}/opjoin.log", "w")
+    p = harness.spawn(args, stderr=log)
+    try:
+        ch = grpc.insecure_channel(addr)
+        grpc.channel_ready_future(ch).result(timeout=20)
+        st = pbg.CoordinatorStub(ch)
+        bearer = [("authorization", "Bearer " + optok)]
+        sess = os.urandom(32).hex()
+        expect_error(lambda: st.ListMembers(pb.ListMembersRequest(), timeout=5,
+                                            metadata=md(jtok, sess)), UN, "operator token")
+        expect_error(lambda: st.Join(pb.JoinRequest(node_id="n0", ranks=[pb.RankInfo(rank=0)]),
+                                     timeout=5, metadata=bearer), UN, "join token")
+        j = st.Join(pb.JoinRequest(node_id="n0", ranks=[pb.RankInfo(rank=0), pb.RankInfo(rank=1)]),
+                    timeout=5, metadata=md(jtok, sess))
+        for role, inst, rank in ((pb.TRAIN, "", 0), (pb.INFER, "a", 1)):
+            st.RegisterLayout(pb.RegisterLayoutRequest(
+                member_id=j.member_id, model="m", role=role, instance=inst,
+                tensors=[layout_to_proto({"name": "w", "dtype": "fp32", "shape": [4],
+                                          "mesh": [rank], "placements": ["Replicate()"]})]),
+                timeout=5, metadata=md(jtok, sess))
+        # neither credential: refused; the operator's: done, for any member
+        unreg = pb.UnregisterLayoutRequest(model="m", role=pb.INFER, instance="a")
+        expect_error(lambda: st.UnregisterLayout(unreg, timeout=5), UN, "join token")
+        st.UnregisterLayout(unreg, timeout=5, metadata=bearer)
+        g = st.GetModel(pb.GetModelRequest(model="m"), timeout=5, metadata=bearer)
+        assert [i.instance for i in g.instances] == [""], g
+        ch.close()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
+        log.close()
+    out = subprocess.run(args[:5] + ["--token-file", jt, "--join-token-file", jt],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "hold the same token" in out.stderr, out
+
+
+def secure_default():
+    port = free_port()
+    args = [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", f"0.0.0.0:{port}"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "not loopback" in out.stderr and \
+        "join_token_file" in out.stderr, out
+    cfg = f"{TMP}/insecure.json"
+    with open(cfg, "w") as f:
+        f.write('{"role": "coordinator", "insecure": true}\n')
+    log = open(f"{TMP}/insecure.log", "w")
+    p = harness.spawn(args[:1] + ["--config", cfg] + args[1:], stderr=log)
+    try:
+        wait_for(lambda: "INSECURE" in open(f"{TMP}/insecure.log").read(), 20,
+                 "the warning at start")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
+        log.close()
+
+
+try:
+    check("cluster with a join token (2 nodes), model and first refit", setup)
+    if CL is not None and MODEL.get("clients"):
+        check("rogues without the token, with a wrong one, and with the token acting "
+              "for another node: UNAUTHENTICATED / PERMISSION_DENIED, nothing changed, "
+              "counted", rogues_refused)
+        check("a token holder joined under its own name acts for itself only",
+              member_of_its_own)
+        check("the next refit commits byte-exact; refusals logged once per process",
+              refit_after)
+        check("data-plane tokens are per member: a token holder's own does not pass it "
+              "for another node", data_token_per_member)
+        check("SIGHUP rotates the join token: old refused, members stay, refit commits",
+              rotate)
+    check("a join token added by SIGHUP: checked from then on, the node's service bound "
+          "to its session", token_added_by_reload)
+    check("refitctl init makes both tokens (0600); they open different methods; "
+          "UnregisterLayout either; one token for both refused", operator_and_join_apart)
+    check("beyond loopback: no token refuses to start; \"insecure\": true warns",
+          secure_default)
+finally:
+    if MODEL.get("clients"):
+        harness.stop(MODEL["clients"])
+    harness.stop_all()
+    harness.check_exits()
+harness.summary("auth")
