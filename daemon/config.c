@@ -82,6 +82,9 @@ static const key_t_ keys[] = {
 	 "node role: data endpoint peers connect to (default: the bound data_listen)"},
 	{"local_socket", K_STR, F(local_socket), "/run/refit/refitd.sock", 0, 0, NULL, false,
 	 "node role: unix socket librefit clients connect to"},
+	{"local_socket_group", K_STR, F(local_socket_group), NULL, 0, 0, NULL, false,
+	 "node role: the group of the local sockets (mode 0660: that group's processes may "
+	 "register; unset: the daemon's own group)"},
 	{"slice_timeout_ms", K_MS, F(slice_timeout_ms), NULL, 100, 86400000, NULL, false,
 	 "a plan slice that runs longer fails (unset: the coordinator derives it from each "
 	 "plan, max(30 s, 4 x its modelled time, its busiest node's bytes at 100 MB/s); set "

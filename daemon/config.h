@@ -35,6 +35,7 @@ typedef struct refitd_config {
 	char *data_listen;    /* node role: tcp data plane host:port */
 	char *data_advertise; /* node role: data endpoint peers use (default: bound data_listen) */
 	char *local_socket;   /* node role: unix socket for librefit */
+	char *local_socket_group; /* node role: its group (mode 0660); NULL: ours */
 	uint64_t slice_timeout_ms;    /* 0 (unset): derived from the plan */
 	uint64_t connect_timeout_ms;  /* node: each data connection to a peer */
 	uint64_t plan_cache_bytes;    /* ignored (nodes keep no plans): older files load */

@@ -21,6 +21,7 @@ typedef struct node_opts {
 	const char *data_listen;  /* tcp: host:port */
 	const char *data_advertise; /* NULL: the bound data_listen */
 	const char *local_socket; /* unix socket path for librefit */
+	const char *local_socket_group; /* the sockets' group (mode 0660); NULL: ours */
 	uint64_t slice_timeout_ms;  /* 0: the coordinator's (RunSliceRequest.timeout_ms) */
 	uint64_t connect_timeout_ms; /* each data connection to a peer (0: 5000) */
 	uint64_t test_msg_delay_ms;

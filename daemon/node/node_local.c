@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -687,6 +688,20 @@ typedef struct regjob {
 	client_t *c;
 } regjob_t;
 
+/* A client id is its capability on the local socket: random, so one process
+ * cannot act on another's registration by counting (never 0, never one in
+ * use). */
+static uint64_t
+new_client_id(node_t *n)
+{
+	uint64_t id = 0;
+
+	while (id == 0 || node_client(n, id) != NULL)
+		if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
+			id = ++n->next_client; /* no entropy: still unique */
+	return id;
+}
+
 static void
 on_registered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
@@ -705,7 +720,7 @@ on_registered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 		const Refit__V1__RegisterLayoutResponse *r = (const void *)resp;
 
 		snprintf(c->digest, sizeof(c->digest), "%s", nz(r->layout_digest));
-		c->id = ++n->next_client;
+		c->id = new_client_id(n);
 		VEC_PUSH(&n->clients, c);
 		log_info("node %s: librefit client %" PRIu64 " (pid %d): model \"%s\" %s \"%s\", "
 			 "%zu tensors, %zu pieces here, %s", n->node_id, c->id, c->pid,
@@ -1182,15 +1197,54 @@ node_waiters_fail_all(node_t *n, const char *why)
 
 /* ---- start / stop ----------------------------------------------------------- */
 
+/* local_socket_group's id ((gid_t)-1: unset), looked up before anything starts */
+static refit_status_t
+socket_gid(const node_opts_t *o, gid_t *gid, refit_err_t *err)
+{
+	struct group *g;
+
+	*gid = (gid_t)-1;
+	if (o->local_socket_group == NULL || !o->local_socket_group[0])
+		return REFIT_OK;
+	g = getgrnam(o->local_socket_group);
+	if (g == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "node: local_socket_group \"%s\" "
+				     "is no group here", o->local_socket_group);
+	*gid = g->gr_gid;
+	return REFIT_OK;
+}
+
+/* Both local sockets mode 0660, in group gid when set: only the daemon's
+ * user and that group's processes may register (and pass memory). */
+static refit_status_t
+socket_access(const node_opts_t *o, gid_t gid, refit_err_t *err)
+{
+	char mem[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+	const char *paths[2] = {o->local_socket, mem};
+
+	snprintf(mem, sizeof(mem), "%s.mem", o->local_socket);
+	for (int i = 0; i < 2; i++) {
+		if (gid != (gid_t)-1 && chown(paths[i], (uid_t)-1, gid) < 0)
+			return refit_err_set(err, REFIT_ERR_SYS, "node: chown %s to group %s: %s",
+					     paths[i], o->local_socket_group, strerror(errno));
+		if (chmod(paths[i], 0660) < 0)
+			return refit_err_set(err, REFIT_ERR_SYS, "node: chmod 0660 %s: %s",
+					     paths[i], strerror(errno));
+	}
+	return REFIT_OK;
+}
+
 refit_status_t
 node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err)
 {
 	rpc_server_opts_t so = {0};
 	char addr[300];
+	gid_t gid;
 
 	if (o->local_socket == NULL || o->local_socket[0] != '/')
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "node: local_socket \"%s\" must "
 				     "be an absolute path", nz(o->local_socket));
+	CHECK(socket_gid(o, &gid, err));
 	snprintf(addr, sizeof(addr), "unix:%s", o->local_socket);
 	so.listen = addr;
 	so.observe = metrics_observe_rpc;
@@ -1201,7 +1255,8 @@ node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err)
 	CHECK(rpc_server_add_service(n->local, &refit__v1__local__descriptor, local_methods,
 				     sizeof(local_methods) / sizeof(local_methods[0]), n, err));
 	CHECK(rpc_server_start(n->local, NULL, err));
-	return mem_listen(n, o->local_socket, err);
+	CHECK(mem_listen(n, o->local_socket, err));
+	return socket_access(o, gid, err);
 }
 
 void

@@ -30,7 +30,9 @@ a trainer on node 0 and an inference instance on node 1, one refit.
    method (UnregisterLayout, refitctl unregister, takes either); the same
    token in both files is refused at start;
  - a daemon listening beyond loopback without a token refuses to start;
-   with "insecure": true it starts and warns.
+   with "insecure": true it starts and warns;
+ - the local sockets are 0660 in local_socket_group; a client id is
+   random, so a process cannot act on another's registration by counting.
 
 Usage: test_auth.py BUILD_DIR.  Ends with "auth: N passed, N failed".
 """
@@ -518,6 +520,42 @@ def secure_default():
         log.close()
 
 
+def local_socket():
+    """The local sockets are 0660 in local_socket_group; a client id is a
+    capability (random: the next one is not the last plus one); a group
+    that does not exist refuses the start."""
+    import ctypes
+    import stat
+    cl = Cluster("ls", 1, ["--local-socket-group", "daemon"])
+    for path in (cl.sock(0), cl.sock(0) + ".mem"):
+        st = os.stat(path)
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == 1, (path, oct(st.st_mode),
+                                                                       st.st_gid)
+    lib = harness.use_tree_package()
+    if not os.path.exists(lib):  # the ASan build has no librefit: the normal one's
+        os.environ["REFIT_LIBRARY"] = os.path.abspath(
+            f"{os.path.dirname(BUILD.rstrip('/'))}/lib/librefit.so")
+    import refit
+    from refit import _lib
+    a = refit.Client(cl.sock(0))
+    a.register("ls", "train", [refit.layout.placements("w", "fp32", [4], [0], ["Replicate()"])],
+               {("w", 0): refit.empty([4], "float32")})
+    b = refit.Client(cl.sock(0))
+    b.register("ls", "infer", [refit.layout.placements("w", "fp32", [4], [1], ["Replicate()"])],
+               {("w", 1): refit.empty([4], "float32", copies=2)}, instance="i")
+    assert b.client_id != a.client_id + 1, (a.client_id, b.client_id)
+    st = _lib.State()
+    rc = _lib.lib.refit_get_state(a._h, ctypes.c_uint64(a.client_id + 1), ctypes.byref(st))
+    assert rc == 2, f"client id {a.client_id + 1} answered {rc}"  # REFIT_ERR_NOT_FOUND
+    b.close()
+    a.close()
+    args = [f"{BUILD}/bin/refitd", "--role", "node", "--listen", f"127.0.0.1:{free_port()}",
+            "--coordinator", cl.addr, "--node-id", "lsx", "--ranks", "9",
+            "--local-socket", f"{TMP}/lsx.local", "--local-socket-group", "no-such-group"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "no-such-group" in out.stderr, out
+
+
 try:
     check("cluster with a join token (2 nodes), model and first refit", setup)
     if CL is not None and MODEL.get("clients"):
@@ -538,6 +576,8 @@ try:
           "UnregisterLayout either; one token for both refused", operator_and_join_apart)
     check("beyond loopback: no token refuses to start; \"insecure\": true warns",
           secure_default)
+    check("local sockets 0660 in local_socket_group; client ids are capabilities; an "
+          "unknown group refuses the start", local_socket)
 finally:
     if MODEL.get("clients"):
         harness.stop(MODEL["clients"])
