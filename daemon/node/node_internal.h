@@ -70,6 +70,10 @@ typedef struct client {
 	bool readable;          /* trainer: buffers hold `version` */
 	uint32_t reading;       /* trainer: slices reading now */
 	uint32_t busy;          /* slices using this memory */
+	/* some of the node's ranks only (node_group.c): registered with the
+	 * coordinator once its group holds them all (forwarded) */
+	bool partial, forwarded;
+	char ldigest[SHA256_HEX_LEN]; /* its layouts' digest (conv_layouts_digest) */
 	int32_t serving;        /* double buffer: the copy the reader serves, -1 none */
 	char *failure;
 	bool dead;              /* unregistered or exited: freed when not busy */
@@ -258,6 +262,14 @@ client_t *node_client(node_t *n, uint64_t id);
 void node_client_drop(node_t *n, client_t *c, const char *why);
 void node_client_release(node_t *n, client_t *c);
 /* The memory of (client tensor, rank, piece), or NULL. */
+/* node_group.c: the clients holding some of the node's ranks of one trainer
+ * or instance */
+bool node_group_same(const client_t *a, const client_t *b);
+refit_status_t node_group_check(node_t *n, const client_t *c, refit_err_t *err);
+bool node_group_complete(node_t *n, const client_t *c);
+void node_group_forwarded(node_t *n, client_t *c, const char *digest, bool on);
+bool node_group_ready(node_t *n, const client_t *c, uint64_t version);
+bool node_group_first(node_t *n, const client_t *c);
 const piece_mem_t *node_client_piece(const client_t *c, uint32_t tensor, int32_t rank,
 				     int32_t piece);
 /* Answer the waiters that can be answered now (and the ones past deadline). */

@@ -130,6 +130,14 @@ unregister_if_last(node_t *n, const client_t *c)
 
 	if (n->closing || n->member_id == 0)
 		return; /* a stopping node takes its clients' registrations with it */
+	if (c->partial) {
+		/* a group that lost a member no longer holds all of this node's
+		 * ranks: the coordinator must not plan with it */
+		if (!c->forwarded)
+			return;
+		node_group_forwarded(n, (client_t *)c, NULL, false);
+		goto send;
+	}
 	for (size_t i = 0; i < n->clients.n; i++) {
 		const client_t *o = n->clients.v[i];
 
@@ -137,6 +145,7 @@ unregister_if_last(node_t *n, const client_t *c)
 		    strcmp(o->instance, c->instance) == 0)
 			return;
 	}
+send:
 	rq.member_id = n->member_id;
 	rq.model = c->model;
 	rq.role = (Refit__V1__Role)c->role;
@@ -597,7 +606,18 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 	return REFIT_OK;
 }
 
-/* Memory of every piece this node serves, and nothing else. */
+static bool
+gave_rank(const client_t *c, int32_t r)
+{
+	for (size_t i = 0; i < c->mem.n; i++)
+		if (c->mem.v[i].rank == r)
+			return true;
+	return false;
+}
+
+/* Memory of every piece this node serves, and nothing else -- or of every
+ * piece of some of its ranks and none of the others (c->partial: one of
+ * several clients of the trainer or instance here, node_group.c). */
 static refit_status_t
 check_memory(node_t *n, client_t *c, const Refit__V1__LocalRegisterRequest *rq,
 	     refit_err_t *err)
@@ -624,6 +644,10 @@ check_memory(node_t *n, client_t *c, const Refit__V1__LocalRegisterRequest *rq,
 
 			if (!serves(n, key.rank))
 				continue;
+			if (c->mem.n > 0 && !gave_rank(c, key.rank)) {
+				c->partial = true;  /* another client's rank */
+				continue;
+			}
 			if (xbsearch(&key, c->mem.v, c->mem.n, sizeof(key), cmp_mem) == NULL)
 				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\": "
 						     "rank %d (served by this node) holds piece %d "
@@ -722,6 +746,8 @@ on_registered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 		snprintf(c->digest, sizeof(c->digest), "%s", nz(r->layout_digest));
 		c->id = new_client_id(n);
 		VEC_PUSH(&n->clients, c);
+		if (c->partial)
+			node_group_forwarded(n, c, c->digest, true);
 		log_info("node %s: librefit client %" PRIu64 " (pid %d): model \"%s\" %s \"%s\", "
 			 "%zu tensors, %zu pieces here, %s", n->node_id, c->id, c->pid,
 			 c->model, c->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance",
@@ -801,9 +827,30 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	tl = xcalloc(rq->n_tensors ? rq->n_tensors : 1, sizeof(*tl));
 	if (local_layouts(c, rq, tl, &err) == REFIT_OK)
 		check_memory(n, c, rq, &err);
+	if (err.status == REFIT_OK) {
+		conv_layouts_digest(&c->layouts, c->ldigest);
+		node_group_check(n, c, &err);
+	}
 	if (err.status != REFIT_OK) {
 		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
 		client_free(c);
+		free(tl);
+		return;
+	}
+	if (c->partial && !node_group_complete(n, c)) {
+		/* the coordinator hears of the group when its last member comes */
+		Refit__V1__LocalRegisterResponse rsp = REFIT__V1__LOCAL_REGISTER_RESPONSE__INIT;
+
+		c->id = new_client_id(n);
+		VEC_PUSH(&n->clients, c);
+		log_info("node %s: librefit client %" PRIu64 " (pid %d): model \"%s\" %s \"%s\", "
+			 "%zu pieces of some of this node's ranks; the others' clients to come",
+			 n->node_id, c->id, c->pid, c->model,
+			 c->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance", c->instance,
+			 c->mem.n);
+		rsp.client_id = c->id;
+		rsp.layout_digest = c->ldigest;
+		rpc_call_reply(call, &rsp.base);
 		free(tl);
 		return;
 	}
@@ -897,6 +944,9 @@ h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     c->version);
 	c->version = rq->version;
 	c->readable = true;
+	if (c->partial && !(c->forwarded && node_group_ready(n, c, rq->version)))
+		/* the coordinator hears of it when every member of the group holds it */
+		return reply_state(call, c);
 	refit_err_clear(&err);
 	fw.member_id = n->member_id;
 	fw.model = c->model;
@@ -1031,9 +1081,12 @@ on_reregistered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage 
 		Refit__V1__WeightsReadyRequest fw = REFIT__V1__WEIGHTS_READY_REQUEST__INIT;
 
 		snprintf(c->digest, sizeof(c->digest), "%s", nz(r->layout_digest));
+		if (c->partial)
+			node_group_forwarded(n, c, c->digest, true);
 		log_info("node %s: client %" PRIu64 " (model \"%s\") registered again",
 			 n->node_id, c->id, c->model);
-		if (c->role == REFIT__V1__ROLE__TRAIN && c->readable && c->version > 0) {
+		if (c->role == REFIT__V1__ROLE__TRAIN && c->readable && c->version > 0 &&
+		    (!c->partial || node_group_ready(n, c, c->version))) {
 			fw.member_id = n->member_id;
 			fw.model = c->model;
 			fw.version = c->version;
@@ -1061,6 +1114,9 @@ node_local_rejoined(node_t *n)
 		Refit__V1__RegisterLayoutRequest *fw;
 		rejob_t *j;
 		refit_err_t err;
+
+		if (c->partial && (!c->forwarded || !node_group_first(n, c)))
+			continue;   /* a group registers once, when whole */
 
 		/* the request forwarded at registration, under the new member id */
 		fw = (Refit__V1__RegisterLayoutRequest *)protobuf_c_message_unpack(

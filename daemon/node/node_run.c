@@ -241,29 +241,13 @@ find_client(node_t *n, const char *model, int role, const char *instance)
 	return NULL;
 }
 
-/* Take instance set s of role into the job: its client here, if it has ranks here. */
+/* One client of the instance (or trainer) into the job, checked. */
 static refit_status_t
-take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set_t *s,
-	      uint64_t version, refit_err_t *err)
+take_client(slice_job_t *j, client_t *c, const char *iname, int role, const char *dg,
+	    uint64_t version, refit_err_t *err)
 {
-	node_t *n = j->n;
-	bool here = false;
-	client_t *c;
 	jclient_t jc;
-	char dg[SHA256_HEX_LEN];
 
-	for (size_t t = 0; t < s->n && !here; t++)
-		for (size_t k = 0; k < s->v[t].nshards && !here; k++)
-			here = node_serves(n, s->v[t].shards[k].rank);
-	if (!here)
-		return REFIT_OK;
-	c = find_client(n, j->model, role, iname);
-	if (c == NULL)
-		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\": %s \"%s\" has ranks "
-				     "on this node but no librefit client registered its memory "
-				     "here", j->model, role == REFIT__V1__ROLE__TRAIN ? "trainer" :
-				     "inference instance", iname);
-	conv_layouts_digest(s, dg);
 	conv_layouts_digest(&c->layouts, c->digest);
 	if (strcmp(dg, c->digest) != 0)
 		return refit_err_set(err, REFIT_ERR_STALE_EPOCH, "model \"%s\" %s \"%s\": the "
@@ -293,6 +277,43 @@ take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set
 				jc.tmap[t] = (int32_t)k;
 	}
 	VEC_PUSH(&j->cl[role == REFIT__V1__ROLE__INFER], jc);
+	return REFIT_OK;
+}
+
+/* Take instance set s of role into the job: its client here (or the clients
+ * of its group, each with some of this node's ranks), if it has ranks here. */
+static refit_status_t
+take_instance(slice_job_t *j, const char *iname, int role, const plan_layout_set_t *s,
+	      uint64_t version, refit_err_t *err)
+{
+	node_t *n = j->n;
+	bool here = false;
+	client_t *c;
+	char dg[SHA256_HEX_LEN];
+
+	for (size_t t = 0; t < s->n && !here; t++)
+		for (size_t k = 0; k < s->v[t].nshards && !here; k++)
+			here = node_serves(n, s->v[t].shards[k].rank);
+	if (!here)
+		return REFIT_OK;
+	c = find_client(n, j->model, role, iname);
+	if (c == NULL)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\": %s \"%s\" has ranks "
+				     "on this node but no librefit client registered its memory "
+				     "here", j->model, role == REFIT__V1__ROLE__TRAIN ? "trainer" :
+				     "inference instance", iname);
+	if (c->partial && !c->forwarded)
+		return refit_err_set(err, REFIT_ERR_NOT_FOUND, "model \"%s\": %s \"%s\": some "
+				     "of this node's ranks have no client registered here yet",
+				     j->model, role == REFIT__V1__ROLE__TRAIN ? "trainer" :
+				     "instance", iname);
+	conv_layouts_digest(s, dg);
+	CHECK(take_client(j, c, iname, role, dg, version, err));
+	if (!c->partial)
+		return REFIT_OK;
+	for (size_t i = 0; i < n->clients.n; i++)
+		if (n->clients.v[i]->partial && node_group_same(n->clients.v[i], c))
+			CHECK(take_client(j, n->clients.v[i], iname, role, dg, version, err));
 	return REFIT_OK;
 }
 

@@ -5,7 +5,8 @@
 torch trainer -- FSDP2 x tensor parallel over gloo, 4 processes -- that
 publishes with refit.torch.Publisher (fp32 DTensors; refit converts to the
 engine's bf16 on the way).  A coordinator (trigger policy on_ready) and
-five node daemons on loopback: one per trainer process, one for the engine.
+three node daemons on loopback: the trainer's (its four processes a client
+each), the engine's, and one for a plain client of the same layout.
 
 After each refit the engine's parameters, read through the engine
 (LLM.apply_model), equal the trainer's full tensors cast to bf16 as vLLM
@@ -141,17 +142,17 @@ def setup():
     cl = Cluster("e", 0, coord_extra=["--default-trigger", "on_ready",
                                        "--slice-timeout-ms", "60000"])
     ST["cl"] = cl
-    # one node daemon per trainer process (a node takes one trainer client)
-    tr = [f"{r}" for r in range(NPROC)] if NPROC > 1 else ["0-3"]
-    for k, ranks in enumerate(tr):
-        harness.spawn(harness.node_spawn_args(cl, f"et{k}", ranks), stderr=cl.log)
+    # one node daemon for the trainer's processes (a client each, one rank
+    # each), one for the engine, one for the plain client
+    tr = ["0-3"]
+    harness.spawn(harness.node_spawn_args(cl, "et0", "0-3"), stderr=cl.log)
     harness.spawn(harness.node_spawn_args(cl, "ee", "4-5"), stderr=cl.log)
     # the same layout in refit-client memory (the cost comparison)
     harness.spawn(harness.node_spawn_args(cl, "ec", "6-7"), stderr=cl.log)
     cl.wait_members(len(tr) + 2)
     ST["engine"] = Proc([f"{FW}/engine_vllm.py", d, f"{TMP}/ee.local", MODEL, "e1", "4",
                          "fp32"], f"{TMP}/engine.log")
-    ST["trainer"] = Proc([f"{FW}/trainer_torch.py", d, f"{TMP}/et{{rank}}.local", MODEL,
+    ST["trainer"] = Proc([f"{FW}/trainer_torch.py", d, f"{TMP}/et0.local", MODEL,
                           str(NPROC)], f"{TMP}/trainer.log")
 
 

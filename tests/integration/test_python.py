@@ -251,6 +251,76 @@ def publisher_and_serve():
     inf.close()
 
 
+def several_clients_per_node():
+    """A trainer and an instance each spread over two processes' clients on
+    one node (a client per rank, as FSDP2 and vLLM workers run): the node
+    registers each group once all its ranks are there, tells the
+    coordinator a version once every trainer client holds it, and refits
+    into all of them; an overlapping rank is refused; a member leaving and
+    coming back re-forms the group."""
+    t0, t1, i0, i1 = 0, 1, RPN, RPN + 1
+    full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+    tl = [refit.layout.placements("w", "fp32", [8, 6], [t0, t1], ["Shard(0)"])]
+    il = [refit.layout.placements("w", "fp32", [8, 6], [i0, i1], ["Shard(1)"])]
+
+    def trainer(rank, k):
+        c = refit.Client(CL.sock(0), timeout_ms=20000)
+        buf = refit.share(full[4 * k:4 * k + 4].clone())
+        c.register("grp", "train", tl, {("w", rank): buf})
+        return c, buf
+
+    def latest():
+        return CL.stub.GetModel(pb.GetModelRequest(model="grp"), timeout=10).latest_version
+
+    ta, abuf = trainer(t0, 0)
+    tb, bbuf = trainer(t1, 1)
+    ibufs, insts = [], []
+    for k, r in enumerate((i0, i1)):
+        c = refit.Client(CL.sock(1), timeout_ms=20000)
+        b = refit.empty([8, 3], "float32", copies=2, torch=True)
+        c.register("grp", "infer", il, {("w", r): b}, instance="g")
+        ibufs.append(b)
+        insts.append(c)
+    try:
+        refit.Client(CL.sock(0), timeout_ms=20000).register(
+            "grp", "train", tl, {("w", t0): refit.empty([4, 6], "float32")})
+        raise AssertionError("a second client of rank 0 was accepted")
+    except refit.RefitError as e:
+        assert "rank 0 is registered on this node already" in e.message, e.message
+    ta.weights_ready(1)
+    assert latest() == 0, "the coordinator heard of version 1 before every rank held it"
+    tb.weights_ready(1)
+    assert latest() == 1
+    g = CL.refit("grp", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    for k, c in enumerate(insts):
+        st = c.wait_version(1)
+        assert torch.equal(ibufs[k][st.active], full[:, 3 * k:3 * k + 3]), k
+    # a member leaves: the group is no longer whole here; another takes its rank
+    tb.unregister()
+    tb.close()
+    harness.wait_for(lambda: not any(i.role == pb.TRAIN for i in CL.stub.GetModel(
+        pb.GetModelRequest(model="grp"), timeout=10).instances), what="the trainer gone")
+    full += 1000
+    ta.begin_write()
+    with torch.no_grad():
+        abuf.copy_(full[:4])
+    ta.weights_ready(2)  # kept here: the group lacks rank 1
+    assert latest() == 1
+    tb, bbuf = trainer(t1, 1)
+    assert latest() == 1
+    tb.weights_ready(2)
+    assert latest() == 2
+    g = CL.refit("grp", 2)
+    assert g.state == pb.COMMITTED, g.failure
+    for k, c in enumerate(insts):
+        st = c.wait_version(2)
+        assert torch.equal(ibufs[k][st.active], full[:, 3 * k:3 * k + 3]), k
+    for c in insts + [ta, tb]:
+        c.unregister()
+        c.close()
+
+
 def typed_errors():
     try:
         refit.Client(f"{TMP}/nobody.sock", timeout_ms=2000)
@@ -363,6 +433,9 @@ try:
           "(Client.serve) is never overwritten", publisher_and_serve)
     check("torch's CUDA IPC handles: 64 bytes or shareable type 'c' taken, 'e' refused "
           "naming PYTORCH_CUDA_ALLOC_CONF", torch_ipc_handles)
+    check("several clients of one trainer and one instance on a node (a client per "
+          "rank): registered once whole, ready once all hold it, overlap refused, a "
+          "member replaced", several_clients_per_node)
     check("typed exceptions carry the daemon's and library's messages; bounded waits",
           typed_errors)
     check("pip install of python/ offline; REFIT_LIBRARY; a clear error without the library",
