@@ -15,6 +15,7 @@ stays invalid), and that the next refit is byte-exact.  Prints the
 measured detection and recovery times, and "faults: N passed, N failed"
 last.
 """
+import hashlib
 import json
 import os
 import random
@@ -456,8 +457,16 @@ def group_wait_keeps_loop():
             node = pbg.NodeStub(nch)
             # the bounds are far beyond the 30 s slice deadline: the order of
             # events is what is checked, not the time taken
+            # every member's data verifier (its data token's SHA-256, issue
+            # 25): ListMembers does not show them; nccl does not use them
+            members = []
+            for m in mem.members:
+                x = type(m)()
+                x.CopyFrom(m)
+                x.data_verifier = hashlib.sha256(m.node_id.encode()).digest()
+                members.append(x)
             fut = node.PrepareEpoch.future(pb.PrepareEpochRequest(
-                epoch=g.epoch, token=b"w" * 16, members=mem.members), timeout=90)
+                epoch=g.epoch, token=b"w" * 16, members=members), timeout=90)
             h = pbg.LocalStub(lch).Hello(pb.HelloRequest(), timeout=90)
             assert h.node_id == "w1" and h.joined, h
             assert fut.result().epoch == g.epoch
