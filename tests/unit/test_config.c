@@ -64,6 +64,7 @@ static const kcase_t cases[] = {
 	{"data_listen", "0.0.0.0:7072", "\"0.0.0.0:7072\"", "", "0.0.0.0:x", 0, 0},
 	{"data_advertise", "gpu-7:7072", "\"gpu-7:7072\"", NULL, "gpu-7", 0, 0},
 	{"local_socket", "/tmp/refit.sock", "\"/tmp/refit.sock\"", "", NULL, 0, 0},
+	{"local_socket_group", "refit", "\"refit\"", NULL, NULL, 0, 0},
 	{"slice_timeout_ms", "1000", "1000", "1e3", NULL, 100, 86400000},
 	{"connect_timeout_ms", "2000", "2000", "2s", NULL, 100, 600000},
 	{"plan_cache_bytes", "0", "0", "lots", NULL, 0, TIB},
