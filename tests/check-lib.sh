@@ -22,8 +22,11 @@ check_run() {
 	echo "== $1"
 	shift
 	check_out=$CHECK_DIR/suite-$check_n.log
+	check_t0=$(date +%s)
 	"$@" >"$check_out" 2>&1
 	check_rc=$?
+	# each suite's wall time, so a slow one can be found (a figure, not a test)
+	echo "   ($(( $(date +%s) - check_t0 )) s)"
 	[ -n "${CHECK_LOG:-}" ] && cat "$check_out" >>"$CHECK_LOG"
 }
 

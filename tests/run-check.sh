@@ -16,6 +16,7 @@ CHECK_DIR=$BUILD/check
 CHECK_LOG=$BUILD/check.log
 mkdir -p "$CHECK_DIR" && rm -f "$CHECK_DIR"/suite-*.log && : >"$CHECK_LOG" || exit 1
 . tests/check-lib.sh
+check_start=$(date +%s)
 
 script "the check runner counts crashes and missing result lines" sh tests/check-selftest.sh
 script "layers: no file-level call cycles in plan, daemon/coord, daemon/node, rpc, daemon/transport" \
@@ -104,5 +105,6 @@ script "operations (/metrics + promtool, grpc health, systemd watchdog, JSON log
 	/usr/bin/python3 tests/integration/test_ops.py "$BUILD"
 script "operations, ASan + UBSan" /usr/bin/python3 tests/integration/test_ops.py "$BUILD/asan"
 [ "$total_skip" -gt 0 ] && echo "($total_skip suite(s) skipped: see above why)"
+echo "(the whole suite: $(( $(date +%s) - check_start )) s)"
 echo "check: $total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]
