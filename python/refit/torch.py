@@ -6,6 +6,7 @@
         with pub.writing():          # waits only while a refit reads
             optimizer.step()
         pub.publish(step)            # returns at once
+    pub.publish(n + 1, wait=60000)   # or: until every instance holds it
 
 Parameters are the module's named_parameters() (names as the module says
 them, less `strip` at the front).  A DTensor parameter (FSDP2, tensor
@@ -141,11 +142,19 @@ class Publisher:
         yield
         self._dirty = True
 
-    def publish(self, step, timeout_ms=None):
+    def publish(self, step, timeout_ms=None, wait=False):
         """The parameters now hold version `step` (it must grow): the
         producing CUDA stream is waited for, the snapshot taken (snapshot
         mode: after any refit reading the previous one finished), and the
-        node told.  Returns at once after that."""
+        node told.  wait False (default): returns at once after that, None.
+        wait True, or a number of milliseconds: then waits (at most that, or
+        timeout_ms) until every inference instance of the model holds `step`
+        or newer and returns the lowest version they hold; refit.Timeout
+        names the instances that lag (the version stays published)."""
+        if not (wait is None or isinstance(wait, bool) or
+                (isinstance(wait, (int, float)) and wait > 0)):
+            raise ValueError(f"refit.torch: wait={wait!r}: False, True or a positive number "
+                             "of milliseconds")
         torch = self._torch
         if torch.cuda.is_available() and any(m.is_cuda for _, m in self._pairs):
             torch.cuda.current_stream().synchronize()
@@ -159,6 +168,10 @@ class Publisher:
         self.client.weights_ready(int(step), timeout_ms)
         self.version = int(step)
         self._dirty = False
+        if wait is False or wait is None:
+            return None
+        t = timeout_ms if wait is True else wait
+        return self.client.wait_installed(int(step), None if t is None else int(t)).version
 
     def close(self):
         self.client.close()
