@@ -26,6 +26,12 @@ waiting while a refit still reads the previous one); the next step may
 write at once.  CUDA parameters: publish() first waits for the current
 stream, so the daemon never reads half-written weights.
 
+framework="megatron" (config= the Hugging Face config.json the model was
+made from; par= its parallel spec, default megatron.core.parallel_state's;
+base= the global rank of Megatron rank 0): a Megatron-Core model's
+parameters laid out by refit's Megatron map -- fused QKV, gate/up, TP
+shards, PP stages, experts (refit._megatron).
+
 Bad input raises ValueError naming the parameter: a parameter on the meta
 device, a dtype refit has no name for, a DTensor whose placements the
 library refuses (at registration, with its message).
@@ -68,9 +74,25 @@ class Publisher:
     the node at `socket` (see the module's text)."""
 
     def __init__(self, module, socket, model, mode=None, rank=None, strip="",
-                 timeout_ms=30000, names=None):
+                 timeout_ms=30000, names=None, framework=None, config=None, par=None,
+                 base=0):
         import torch
         self._torch = torch
+        if mode not in (None, "in-place", "snapshot"):
+            raise ValueError(f"refit.torch: mode {mode!r}: \"in-place\" or \"snapshot\"")
+        if framework is not None:
+            if framework != "megatron":
+                raise ValueError(f"refit.torch: framework {framework!r}: \"megatron\" (or "
+                                 "None: the module's own names and placements)")
+            from . import _megatron
+            self.rank = _dist_rank() if rank is None else int(rank)
+            self.version = 0
+            lays, tensors, self._pairs, self.mode = _megatron.bind(
+                torch, module, config, par, self.rank, mode, int(base))
+            self.client = _client.Client(socket, timeout_ms=timeout_ms)
+            self.client.register(model, "train", lays, tensors)
+            self._dirty = False
+            return
         params = [(n[len(strip):] if strip and n.startswith(strip) else n, p)
                   for n, p in module.named_parameters()]
         if names is not None:
