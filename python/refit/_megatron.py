@@ -72,7 +72,8 @@ def bind(torch, module, config, par, rank, mode, base):
     if config is None:
         raise ValueError("refit.torch: framework=\"megatron\" needs config= (the Hugging "
                          "Face config.json the model was made from, or its dict)")
-    m = _fw.framework_map("megatron", config, par or parallel_spec(), rank=rank)
+    # the whole map: every process registers the layouts of all ranks
+    m = _fw.framework_map("megatron", config, par or parallel_spec())
     ent = next((r for r in m["ranks"] if r["rank"] == rank), None)
     if ent is None:
         raise ValueError(f"refit.torch: rank {rank} is not in the Megatron map "

@@ -45,7 +45,7 @@ import refit  # noqa: E402
 import refit.torch as rt  # noqa: E402
 
 counts = {"passed": 0, "failed": 0}
-TMP = tempfile.mkdtemp(prefix="refit-mgpub-")
+TMP = tempfile.mkdtemp(prefix="refit-mgpub-") if "--worker" not in sys.argv else None
 CFG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 250,
        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
@@ -108,15 +108,44 @@ def gpt_model(layers=2):
     model = GPTModel(cfg, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=256,
                      max_sequence_length=256, share_embeddings_and_output_weights=False,
                      position_embedding_type="rope")
-    with torch.no_grad():   # distinct values everywhere (norms start at 1)
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, dtype=torch.float32).to(p.dtype))
+    tp_rank = torch.distributed.get_rank()
+    with torch.no_grad():   # distinct values everywhere (norms start at 1); a
+        for n, p in model.named_parameters():   # replicated one the same on every rank
+            g = torch.Generator().manual_seed(
+                sum(map(ord, n)) * 16 + (tp_rank if getattr(p, "tensor_model_parallel",
+                                                            False) else 0))
+            p.add_(torch.randn(p.shape, dtype=torch.float32, generator=g).to(p.dtype))
     return model
 
 
 def expected_hf(model):
     """The Hugging Face tensors of the Megatron parameters, cut here."""
-    sd = {n: t.detach() for n, t in model.named_parameters()}
+    return expected_of({n: t.detach() for n, t in model.named_parameters()})
+
+
+def merge_tp(shards):
+    """The TP ranks' state dicts as one TP-1 state dict, merged here:
+    column-parallel (vocabulary rows, linear_qkv's groups) on dim 0,
+    row-parallel (linear_proj, linear_fc2) on dim 1, linear_fc1 per rank
+    [gate; up] into [all gate; all up], norms as any rank holds them."""
+    out = {}
+    for n in shards[0]:
+        ts = [sd[n] for sd in shards]
+        if n.endswith(("linear_proj.weight", "linear_fc2.weight")):
+            out[n] = torch.cat(ts, 1)
+        elif n.endswith("linear_fc1.weight"):
+            half = ts[0].shape[0] // 2
+            out[n] = torch.cat([t[:half] for t in ts] + [t[half:] for t in ts])
+        elif n.endswith(("word_embeddings.weight", "output_layer.weight",
+                         "linear_qkv.weight")):
+            out[n] = torch.cat(ts)
+        else:
+            assert all(torch.equal(t, ts[0]) for t in ts), n   # replicated
+            out[n] = ts[0]
+    return out
+
+
+def expected_of(sd):
     heads, groups, d, ffn, vocab = 8, 2, 16, 96, CFG["vocab_size"]
     hpg = heads // groups
     bf = torch.bfloat16
@@ -202,12 +231,68 @@ def publisher_end_to_end():
     pub.close()
 
 
+def worker(rank, tmp):
+    """One TP rank of the TP-2 trainer: its shards published, then saved."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store2",
+                                         rank=rank, world_size=2,
+                                         timeout=datetime.timedelta(seconds=120))
+    from megatron.core import parallel_state as ps
+    ps.initialize_model_parallel(2, 1)
+    model = gpt_model()
+    pub = rt.Publisher(model, f"{tmp}/mg0.local", "mg2", framework="megatron",
+                       config=f"{tmp}/config.json", timeout_ms=60000)
+    got = pub.publish(1, wait=60000)
+    torch.save({n: t.detach() for n, t in model.named_parameters()}, f"{tmp}/rank{rank}.pt")
+    print(json.dumps({"rank": rank, "installed": got, "mode": pub.mode}), flush=True)
+    pub.close()
+
+
+def tensor_parallel_two():
+    """Two processes, a GPTModel TP 2 (megatron's parallel_state on gloo):
+    each registers its shards with node 0 (a group of two clients), one
+    refit fills the Hugging Face tensors, equal to the shards merged here."""
+    want_shapes = {n: list(t.shape) for n, t in expected_hf(gpt_model()).items()}
+    lays, bufs = [], {}
+    for name, shape in want_shapes.items():
+        lays.append(refit.layout.placements(name, "bf16", shape, [5], ["Replicate()"]))
+        bufs[(name, 5)] = refit.empty(shape, "bfloat16", copies=2, torch=True)
+    inf = refit.Client(f"{TMP}/mg1.local", timeout_ms=60000)
+    inf.register("mg2", "infer", lays, bufs, instance="hf2")
+    procs = [subprocess.Popen([sys.executable, __file__, BUILD, "--worker", str(r), TMP],
+                              stdout=subprocess.PIPE, stderr=open(f"{TMP}/worker{r}.log", "w"),
+                              text=True)
+             for r in range(2)]
+    outs = []
+    for r, p in enumerate(procs):
+        last = (p.communicate(timeout=300)[0].strip().splitlines() or [""])[-1]
+        if p.returncode != 0 or not last.startswith("{"):
+            with open(f"{TMP}/worker{r}.log") as f:
+                raise AssertionError(f"TP rank {r} failed: {f.read()[-3000:]}")
+        outs.append(json.loads(last))
+    assert all(o["installed"] >= 1 and o["mode"] == "snapshot" for o in outs), outs
+    want = expected_of(merge_tp([torch.load(f"{TMP}/rank{r}.pt") for r in range(2)]))
+    st = inf.state()
+    assert st.version == 1 and st.valid, st
+    for name, t in want.items():
+        have = bufs[(name, 5)][st.active]
+        assert torch.equal(have.view(torch.int16), t.contiguous().view(torch.int16)), name
+    inf.unregister()
+    inf.close()
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "--worker":
+    worker(int(sys.argv[3]), sys.argv[4])
+    sys.exit(0)
+
 try:
     check("a Megatron-Core GPTModel (TP1/PP1, CPU) published by refit.torch.Publisher("
           "framework=\"megatron\"): fused QKV and gate/up cut into the Hugging Face tensors "
           "byte for byte over two steps; publish(wait=...) returns once installed; a stray "
           "parameter, another config, in place with fp32 norms refused by name",
           publisher_end_to_end)
+    check("a GPTModel with TP 2 (two processes, one node): each publishes its shards, "
+          "the Hugging Face tensors equal the shards merged, byte for byte",
+          tensor_parallel_two)
 finally:
     for p in PROCS:
         p.terminate()
