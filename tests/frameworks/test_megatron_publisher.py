@@ -15,10 +15,15 @@ local spec's fp32 norms as bf16).  Two steps: the first in snapshot mode
 (the default here, the norms being fp32), the second after the
 parameters changed.  Refused, naming the parameter: a module parameter
 the map does not describe, a map parameter the module lacks (another
-config), in place with the fp32 norms.
+config), in place with the fp32 norms.  Then TP 2: two processes (this
+file with --worker), megatron's parallel_state on a gloo world of two,
+each publishing its shards to node 0 (a group of two clients); one refit
+fills another instance's Hugging Face tensors, equal to the shards merged
+here (column-parallel on dim 0, row-parallel on dim 1, linear_fc1's
+[gate; up] per rank) and cut as above.
 
 Usage: build/venv-megatron/bin/python tests/frameworks/test_megatron_publisher.py BUILD
-Prints "megatron publisher: N passed, N failed".  About 25 s here.
+Prints "megatron publisher: N passed, N failed".  About 16 s here (idle).
 """
 import datetime
 import json
