@@ -183,7 +183,7 @@ def refused(fn, text):
 
 
 def publisher_end_to_end():
-    addr = start_cluster()
+    start_cluster()
     torch.distributed.init_process_group("gloo", init_method=f"file://{TMP}/store", rank=0,
                                          world_size=1, timeout=datetime.timedelta(seconds=60))
     from megatron.core import parallel_state as ps
