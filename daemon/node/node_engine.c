@@ -10,7 +10,9 @@
  * Local.WaitInstalled: a trainer waits until every inference instance of
  * its model holds its version.  The node asks the coordinator
  * (Coordinator.GetInstalled, with its member session) every
- * ASK_EVERY_MS while the call waits, one question in flight per waiter;
+ * ASK_EVERY_MS while a call waits, one question in flight per model (its
+ * answer serves every waiter of the model: a trainer's processes on the
+ * node);
  * at the deadline TIMEOUT names the instances that lag, as the last answer
  * said.  Loop thread only.  Uses n->clients directly: calls nothing in
  * node_local.c (which adds these methods to its server).
@@ -249,23 +251,50 @@ waiter_drop(node_t *n, inst_waiter_t *w)
 	free(w);
 }
 
+/* The answer about w's model applied to every waiter of that model that
+ * is not answered (one question in flight per model on the node). */
 static void
 on_installed(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
 	inst_waiter_t *w = arg;
 	node_t *n = w->n;
+	char *model = xstrdup(w->model);
 
 	n->inflight--;
 	w->asking = false;
-	if (w->call == NULL) {
+	if (w->call == NULL)
 		waiter_drop(n, w);
-	} else if (st != REFIT_OK) {
-		snprintf(w->lag, sizeof(w->lag), "the coordinator did not say (%s)", msg);
-	} else if (all_installed(w, (const Refit__V1__Model *)resp)) {
-		reply_version(w->call, live_client(n, w->client_id), w->lowest);
-		waiter_drop(n, w);
+	for (size_t i = 0; i < n->iwaiters.n;) {
+		inst_waiter_t *o = n->iwaiters.v[i];
+
+		if (o->call == NULL || strcmp(o->model, model) != 0) {
+			i++;
+		} else if (st != REFIT_OK) {
+			snprintf(o->lag, sizeof(o->lag), "the coordinator did not say (%s)", msg);
+			i++;
+		} else if (all_installed(o, (const Refit__V1__Model *)resp)) {
+			reply_version(o->call, live_client(n, o->client_id), o->lowest);
+			o->call = NULL;
+			if (o->asking)
+				i++;
+			else
+				waiter_drop(n, o);
+		} else {
+			i++;
+		}
 	}
+	free(model);
 	node_maybe_free(n);
+}
+
+/* A question about model is in flight (another waiter asked it). */
+static bool
+model_asked(const node_t *n, const char *model)
+{
+	for (size_t i = 0; i < n->iwaiters.n; i++)
+		if (n->iwaiters.v[i]->asking && strcmp(n->iwaiters.v[i]->model, model) == 0)
+			return true;
+	return false;
 }
 
 static void
@@ -275,6 +304,8 @@ ask(node_t *n, inst_waiter_t *w, int64_t now)
 	refit_err_t err;
 
 	w->next_ask_ms = now + ASK_EVERY_MS;
+	if (model_asked(n, w->model))
+		return;   /* its answer serves w too */
 	if (n->member_id == 0) {
 		snprintf(w->lag, sizeof(w->lag), "node %s is not a member (joining)", n->node_id);
 		return;
