@@ -145,20 +145,48 @@ h_describe(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 
 /* ---- heartbeats ----------------------------------------------------------------- */
 
+static bool
+same_instance(const client_t *a, const client_t *b)
+{
+	return !a->dead && a->role == b->role && strcmp(a->model, b->model) == 0 &&
+	       strcmp(a->instance, b->instance) == 0;
+}
+
 /* c is the first live inference client of its instance in the node's list */
 static bool
 first_of_instance(const node_t *n, const client_t *c)
 {
 	for (size_t i = 0; i < n->clients.n; i++) {
-		const client_t *o = n->clients.v[i];
-
-		if (o == c)
+		if (n->clients.v[i] == c)
 			return true;
-		if (!o->dead && o->role == c->role && strcmp(o->model, c->model) == 0 &&
-		    strcmp(o->instance, c->instance) == 0)
+		if (same_instance(n->clients.v[i], c))
 			return false;
 	}
 	return true;
+}
+
+/*
+ * The engine of c's instance on this node: the first of its clients that
+ * named one, and the version it serves -- the lowest any of its clients
+ * serves (the workers of one engine switch together; 0 until all did).
+ */
+static void
+instance_engine(const node_t *n, const client_t *c, const client_t **named, uint64_t *served)
+{
+	*named = NULL;
+	*served = UINT64_MAX;
+	for (size_t i = 0; i < n->clients.n; i++) {
+		const client_t *o = n->clients.v[i];
+
+		if (!same_instance(o, c))
+			continue;
+		if (*named == NULL && o->engine_fw[0])
+			*named = o;
+		if (o->served_version < *served)
+			*served = o->served_version;
+	}
+	if (*served == UINT64_MAX)
+		*served = 0;
 }
 
 void
@@ -171,19 +199,23 @@ node_engine_beat(node_t *n, Refit__V1__HeartbeatRequest *rq, node_engine_beat_t 
 	keep->iv = xcalloc(cap, sizeof(*keep->iv));
 	for (size_t i = 0; i < n->clients.n; i++) {
 		client_t *c = n->clients.v[i];
+		const client_t *e;
+		uint64_t served;
 
-		if (c->dead || c->role != REFIT__V1__ROLE__INFER ||
-		    (!c->engine_fw[0] && c->served_version == 0) || !first_of_instance(n, c))
+		if (c->dead || c->role != REFIT__V1__ROLE__INFER || !first_of_instance(n, c))
+			continue;
+		instance_engine(n, c, &e, &served);
+		if (e == NULL && served == 0)
 			continue;
 		refit__v1__instance_engine__init(&keep->ev[k]);
 		keep->ev[k].model = c->model;
 		keep->ev[k].instance = c->instance;
-		keep->ev[k].served_version = c->served_version;
-		if (c->engine_fw[0]) {
+		keep->ev[k].served_version = served;
+		if (e != NULL) {
 			refit__v1__engine_info__init(&keep->iv[k]);
-			keep->iv[k].framework = c->engine_fw;
-			keep->iv[k].version = c->engine_ver;
-			keep->iv[k].pause_mode = c->engine_pause;
+			keep->iv[k].framework = (char *)e->engine_fw;
+			keep->iv[k].version = (char *)e->engine_ver;
+			keep->iv[k].pause_mode = (char *)e->engine_pause;
 			keep->ev[k].engine = &keep->iv[k];
 		}
 		keep->ep[k] = &keep->ev[k];

@@ -414,6 +414,17 @@ def several_clients_per_node():
     for k, c in enumerate(insts):
         st = c.wait_version(2)
         assert torch.equal(ibufs[k][st.active], full[:, 3 * k:3 * k + 3]), k
+    # an engine with a client per worker serves a version once all of them do
+
+    def inst_g():
+        return [i for i in CL.stub.GetModel(pb.GetModelRequest(model="grp"),
+                                            timeout=10).instances if i.instance == "g"][0]
+    insts[0].describe("vllm", "0.32.0", "wait")
+    insts[0].serve(2)
+    harness.wait_for(lambda: inst_g().engine.framework == "vllm", what="g's engine shown")
+    assert inst_g().served_version == 0, inst_g()   # worker 1 serves nothing yet
+    insts[1].serve(2)
+    harness.wait_for(lambda: inst_g().served_version == 2, what="g served by both")
     for c in insts + [ta, tb]:
         c.unregister()
         c.close()
