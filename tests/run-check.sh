@@ -86,8 +86,8 @@ script "frameworks: SGLang's own loader on CPU (tp 1-8, dp, ep) against refit's 
 	"$BUILD/venv-sglang/bin/python" tests/frameworks/test_sglang.py "$BUILD"
 script "frameworks: megatron-bridge's HF -> Megatron-Core load (tp, pp, ep, etp) against refit's maps" \
 	"$BUILD/venv-megatron/bin/python" tests/frameworks/test_megatron.py "$BUILD"
-# about 16 s
-script "refit.torch.Publisher(framework=\"megatron\"): a Megatron-Core GPTModel's (TP 1, TP 2) fused QKV and gate/up refit into Hugging Face tensors byte for byte; publish(wait=...)" \
+# about 30 s (3 processes at most)
+script "refit.torch.Publisher(framework=\"megatron\"): a Megatron-Core GPTModel's (TP 1, TP 2, PP 2) fused QKV and gate/up refit into Hugging Face tensors byte for byte; publish(wait=...)" \
 	"$BUILD/venv-megatron/bin/python" tests/frameworks/test_megatron_publisher.py "$BUILD"
 script "frameworks: FSDP2 + TP DTensors on 4 gloo processes against refit's boxes (C and Python)" \
 	"$BUILD/venv-vllm/bin/python" tests/frameworks/test_fsdp2.py "$BUILD"

@@ -20,10 +20,12 @@ file with --worker), megatron's parallel_state on a gloo world of two,
 each publishing its shards to node 0 (a group of two clients); one refit
 fills another instance's Hugging Face tensors, equal to the shards merged
 here (column-parallel on dim 0, row-parallel on dim 1, linear_fc1's
-[gate; up] per rank) and cut as above.
+[gate; up] per rank) and cut as above.  The same with PP 2: two stages,
+each with its own layer 0 (the stages' layers joined by their global
+numbers here).
 
 Usage: build/venv-megatron/bin/python tests/frameworks/test_megatron_publisher.py BUILD
-Prints "megatron publisher: N passed, N failed".  About 16 s here (idle).
+Prints "megatron publisher: N passed, N failed".  About 30 s here.
 """
 import datetime
 import json
@@ -102,8 +104,11 @@ def start_cluster():
 def gpt_model(layers=2):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_config import TransformerConfig
     cfg = TransformerConfig(
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
         num_layers=layers, hidden_size=64, num_attention_heads=8, num_query_groups=2,
         ffn_hidden_size=96, kv_channels=16, gated_linear_unit=True, activation_func=F.silu,
         normalization="RMSNorm", add_bias_linear=False, layernorm_epsilon=1e-6,
@@ -112,13 +117,16 @@ def gpt_model(layers=2):
     torch.manual_seed(0)
     model = GPTModel(cfg, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=256,
                      max_sequence_length=256, share_embeddings_and_output_weights=False,
-                     position_embedding_type="rope")
-    tp_rank = torch.distributed.get_rank()
-    with torch.no_grad():   # distinct values everywhere (norms start at 1); a
-        for n, p in model.named_parameters():   # replicated one the same on every rank
+                     position_embedding_type="rope",
+                     pre_process=ps.is_pipeline_first_stage(),
+                     post_process=ps.is_pipeline_last_stage())
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    stage = ps.get_pipeline_model_parallel_rank()
+    with torch.no_grad():   # distinct values everywhere (norms start at 1; stages
+        for n, p in model.named_parameters():   # differ); TP-replicated ones equal
             g = torch.Generator().manual_seed(
-                sum(map(ord, n)) * 16 + (tp_rank if getattr(p, "tensor_model_parallel",
-                                                            False) else 0))
+                sum(map(ord, n)) * 16 + stage * 1000 +
+                (tp_rank if getattr(p, "tensor_model_parallel", False) else 0))
             p.add_(torch.randn(p.shape, dtype=torch.float32, generator=g).to(p.dtype))
     return model
 
@@ -236,57 +244,72 @@ def publisher_end_to_end():
     pub.close()
 
 
-def worker(rank, tmp):
-    """One TP rank of the TP-2 trainer: its shards published, then saved."""
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store2",
-                                         rank=rank, world_size=2,
+def worker(rank, tmp, tp, pp, model_name):
+    """One rank of a TP x PP trainer: its shards published, then saved
+    (stage layers renamed to their global numbers)."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/{model_name}.store",
+                                         rank=rank, world_size=tp * pp,
                                          timeout=datetime.timedelta(seconds=120))
     from megatron.core import parallel_state as ps
-    ps.initialize_model_parallel(2, 1)
+    ps.initialize_model_parallel(tp, pp)
     model = gpt_model()
-    pub = rt.Publisher(model, f"{tmp}/mg0.local", "mg2", framework="megatron",
+    pub = rt.Publisher(model, f"{tmp}/mg0.local", model_name, framework="megatron",
                        config=f"{tmp}/config.json", timeout_ms=60000)
     got = pub.publish(1, wait=60000)
-    torch.save({n: t.detach() for n, t in model.named_parameters()}, f"{tmp}/rank{rank}.pt")
+    first = ps.get_pipeline_model_parallel_rank() * (CFG["num_hidden_layers"] // pp)
+    sd = {}
+    for n, t in model.named_parameters():
+        if n.startswith("decoder.layers."):
+            k, rest = n[len("decoder.layers."):].split(".", 1)
+            n = f"decoder.layers.{int(k) + first}.{rest}"
+        sd[n] = t.detach()
+    torch.save(sd, f"{tmp}/{model_name}.rank{rank}.pt")
     print(json.dumps({"rank": rank, "installed": got, "mode": pub.mode}), flush=True)
     pub.close()
 
 
-def tensor_parallel_two():
-    """Two processes, a GPTModel TP 2 (megatron's parallel_state on gloo):
-    each registers its shards with node 0 (a group of two clients), one
-    refit fills the Hugging Face tensors, equal to the shards merged here."""
+def parallel(tp, pp, model_name, irank):
+    """tp x pp processes (megatron's parallel_state on gloo), all on node 0
+    (a group of clients): each registers its shards, one refit fills the
+    Hugging Face tensors of an instance on rank irank (node 1), equal to the
+    shards merged here."""
     want_shapes = {n: list(t.shape) for n, t in expected_hf(gpt_model()).items()}
     lays, bufs = [], {}
     for name, shape in want_shapes.items():
-        lays.append(refit.layout.placements(name, "bf16", shape, [5], ["Replicate()"]))
-        bufs[(name, 5)] = refit.empty(shape, "bfloat16", copies=2, torch=True)
+        lays.append(refit.layout.placements(name, "bf16", shape, [irank], ["Replicate()"]))
+        bufs[(name, irank)] = refit.empty(shape, "bfloat16", copies=2, torch=True)
     inf = refit.Client(f"{TMP}/mg1.local", timeout_ms=60000)
-    inf.register("mg2", "infer", lays, bufs, instance="hf2")
-    procs = [subprocess.Popen([sys.executable, __file__, BUILD, "--worker", str(r), TMP],
-                              stdout=subprocess.PIPE, stderr=open(f"{TMP}/worker{r}.log", "w"),
-                              text=True)
-             for r in range(2)]
+    inf.register(model_name, "infer", lays, bufs, instance="hf")
+    world = tp * pp
+    procs = [subprocess.Popen([sys.executable, __file__, BUILD, "--worker", str(r), TMP,
+                               str(tp), str(pp), model_name], stdout=subprocess.PIPE,
+                              stderr=open(f"{TMP}/{model_name}.worker{r}.log", "w"), text=True)
+             for r in range(world)]
     outs = []
     for r, p in enumerate(procs):
         last = (p.communicate(timeout=300)[0].strip().splitlines() or [""])[-1]
         if p.returncode != 0 or not last.startswith("{"):
-            with open(f"{TMP}/worker{r}.log") as f:
-                raise AssertionError(f"TP rank {r} failed: {f.read()[-3000:]}")
+            with open(f"{TMP}/{model_name}.worker{r}.log") as f:
+                raise AssertionError(f"rank {r} failed: {f.read()[-3000:]}")
         outs.append(json.loads(last))
     assert all(o["installed"] >= 1 and o["mode"] == "snapshot" for o in outs), outs
-    want = expected_of(merge_tp([torch.load(f"{TMP}/rank{r}.pt") for r in range(2)]))
+    # Megatron's rank order: TP fastest, then PP (dp 1)
+    sds = [torch.load(f"{TMP}/{model_name}.rank{r}.pt") for r in range(world)]
+    merged = {}
+    for stage in range(pp):
+        merged.update(merge_tp(sds[stage * tp:(stage + 1) * tp]))
+    want = expected_of(merged)
     st = inf.state()
     assert st.version == 1 and st.valid, st
     for name, t in want.items():
-        have = bufs[(name, 5)][st.active]
+        have = bufs[(name, irank)][st.active]
         assert torch.equal(have.view(torch.int16), t.contiguous().view(torch.int16)), name
     inf.unregister()
     inf.close()
 
 
 if len(sys.argv) > 2 and sys.argv[2] == "--worker":
-    worker(int(sys.argv[3]), sys.argv[4])
+    worker(int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
     sys.exit(0)
 
 try:
@@ -297,7 +320,10 @@ try:
           publisher_end_to_end)
     check("a GPTModel with TP 2 (two processes, one node): each publishes its shards, "
           "the Hugging Face tensors equal the shards merged, byte for byte",
-          tensor_parallel_two)
+          lambda: parallel(2, 1, "mgtp2", 5))
+    check("a GPTModel with PP 2 (two stages, one node): each publishes its stage, the "
+          "Hugging Face tensors equal the stages joined, byte for byte",
+          lambda: parallel(1, 2, "mgpp2", 6))
 finally:
     for p in PROCS:
         p.terminate()
