@@ -338,19 +338,17 @@ refit_register(refit_t *h, const refit_registration_t *r, uint64_t *client)
 	return rc;
 }
 
+/* A Local call about one client (rq), its ClientState into *st (NULL: none). */
 static int
-client_call(refit_t *h, const char *method, uint64_t client, uint64_t version,
-	    int timeout_ms, refit_state_t *st)
+client_call_rq(refit_t *h, const char *method, Refit__V1__ClientRequest *rq, int timeout_ms,
+	       refit_state_t *st)
 {
-	Refit__V1__ClientRequest rq = REFIT__V1__CLIENT_REQUEST__INIT;
 	Refit__V1__ClientState *rsp = NULL;
 	int rc;
 
-	rq.client_id = client;
-	rq.version = version;
-	rq.timeout_ms = timeout_ms > 0 ? (uint32_t)timeout_ms : 0;
+	rq->timeout_ms = timeout_ms > 0 ? (uint32_t)timeout_ms : 0;
 	/* the daemon answers a held call at its timeout; give the RPC a margin */
-	rc = call(h, method, &rq.base, (ProtobufCMessage **)&rsp,
+	rc = call(h, method, &rq->base, (ProtobufCMessage **)&rsp,
 		  (timeout_ms > 0 ? timeout_ms : 0) + 10000);
 	if (rc != REFIT_OK)
 		return rc;
@@ -363,6 +361,17 @@ client_call(refit_t *h, const char *method, uint64_t client, uint64_t version,
 	}
 	protobuf_c_message_free_unpacked(&rsp->base, NULL);
 	return REFIT_OK;
+}
+
+static int
+client_call(refit_t *h, const char *method, uint64_t client, uint64_t version,
+	    int timeout_ms, refit_state_t *st)
+{
+	Refit__V1__ClientRequest rq = REFIT__V1__CLIENT_REQUEST__INIT;
+
+	rq.client_id = client;
+	rq.version = version;
+	return client_call_rq(h, method, &rq, timeout_ms, st);
 }
 
 int
@@ -401,6 +410,28 @@ int
 refit_serve(refit_t *h, uint64_t client, uint64_t version)
 {
 	return client_call(h, "Serve", client, version, 0, NULL);
+}
+
+int
+refit_describe(refit_t *h, uint64_t client, const char *framework, const char *version,
+	       const char *pause_mode)
+{
+	Refit__V1__ClientRequest rq = REFIT__V1__CLIENT_REQUEST__INIT;
+	Refit__V1__EngineInfo e = REFIT__V1__ENGINE_INFO__INIT;
+
+	e.framework = (char *)str_nz(framework);
+	e.version = (char *)str_nz(version);
+	e.pause_mode = (char *)str_nz(pause_mode);
+	rq.client_id = client;
+	rq.engine = &e;
+	return client_call_rq(h, "Describe", &rq, 0, NULL);
+}
+
+int
+refit_wait_installed(refit_t *h, uint64_t client, uint64_t version, int timeout_ms,
+		     refit_state_t *st)
+{
+	return client_call(h, "WaitInstalled", client, version, timeout_ms, st);
 }
 
 int

@@ -109,6 +109,18 @@ int refit_get_state(refit_t *h, uint64_t client, refit_state_t *st);
  * model's policy.  Without this call nothing protects a copy being read
  * after the next version is installed. */
 int refit_serve(refit_t *h, uint64_t client, uint64_t version);
+/* Inference: the engine reading the client names itself -- framework
+ * ("vllm"), its version ("0.32.0") and pause mode ("keep", "wait" or
+ * "abort") -- for operators (refitctl models shows them with the version
+ * it serves); each at most 64 bytes, printable. */
+int refit_describe(refit_t *h, uint64_t client, const char *framework, const char *version,
+		   const char *pause_mode);
+/* Trainer: wait (at most timeout_ms) until every inference instance of the
+ * model holds `version` or newer, as the coordinator knows it; st->version
+ * is the lowest they hold.  REFIT_ERR_TIMEOUT names the instances that lag
+ * (and what each holds). */
+int refit_wait_installed(refit_t *h, uint64_t client, uint64_t version, int timeout_ms,
+			 refit_state_t *st);
 
 /* Create memory the daemon accepts: a memfd of bytes sealed against
  * shrinking and growing, mapped at *ptr; name is unique in the process.

@@ -251,6 +251,15 @@ refitctl_json_model(const void *resp, const args_t *a)
 			cJSON_AddBoolToObject(j, "invalid", m->instances[i]->invalid);
 			jstr(j, "install", m->instances[i]->install ==
 			     REFIT__V1__INSTALL_MODE__IN_PLACE ? "in-place" : "double-buffer");
+			ju64(j, "served_version", m->instances[i]->served_version);
+			if (m->instances[i]->engine) {
+				const Refit__V1__EngineInfo *e = m->instances[i]->engine;
+				cJSON *ej = cJSON_AddObjectToObject(j, "engine");
+
+				jstr(ej, "framework", e->framework);
+				jstr(ej, "version", e->version);
+				jstr(ej, "pause_mode", e->pause_mode);
+			}
 		}
 		cJSON_AddItemToArray(is, j);
 	}
@@ -291,6 +300,24 @@ trigger_text(const Refit__V1__Model *m, char *out, size_t len)
 		snprintf(out + n, len - (size_t)n, ", v%" PRIu64 " waits", m->pending_version);
 }
 
+/* The engine reading inference instance in, as text ("" when none said):
+ * "vllm 0.32.0 serves v3, pause wait". */
+static void
+engine_text(const Refit__V1__Instance *in, char *out, size_t len)
+{
+	const Refit__V1__EngineInfo *e = in->engine;
+	char sv[32] = "";
+
+	out[0] = '\0';
+	if (in->served_version)
+		snprintf(sv, sizeof(sv), "serves v%" PRIu64, in->served_version);
+	if (e == NULL && !sv[0])
+		return;
+	snprintf(out, len, "  %s%s%s%s%s%s%s", e ? e->framework : "engine",
+		 e && e->version[0] ? " " : "", e ? e->version : "", sv[0] ? " " : "", sv,
+		 e && e->pause_mode[0] ? ", pause " : "", e ? e->pause_mode : "");
+}
+
 void
 refitctl_text_model(const void *resp, const args_t *a)
 {
@@ -316,16 +343,18 @@ refitctl_text_model(const void *resp, const args_t *a)
 			newest = m->instances[i]->installed_version;
 	for (size_t i = 0; i < m->n_instances; i++) {
 		const Refit__V1__Instance *in = m->instances[i];
-		char lay[40], mem[40], held[80] = "";
+		char lay[40], mem[40], held[320] = "", eng[240];
 
 		snprintf(lay, sizeof(lay), "layout %.16s", in->layout_digest);
 		snprintf(mem, sizeof(mem), "member %" PRIu64, in->member_id);
-		if (in->role == REFIT__V1__ROLE__INFER)   /* what it holds */
-			snprintf(held, sizeof(held), "installed v%" PRIu64 "%s%s",
+		engine_text(in, eng, sizeof(eng));
+		if (in->role == REFIT__V1__ROLE__INFER)   /* what it holds, who reads it */
+			snprintf(held, sizeof(held), "installed v%" PRIu64 "%s%s%s",
 				 in->installed_version,
 				 in->invalid ? " INVALID (in place, not published)" :
 				 in->installed_version < newest ? " (behind)" : "",
-				 in->install == REFIT__V1__INSTALL_MODE__IN_PLACE ? " in place" : "");
+				 in->install == REFIT__V1__INSTALL_MODE__IN_PLACE ? " in place" : "",
+				 eng);
 		row(2, 5, wi, (const char *const[]){role_name(in->role),
 			in->instance[0] ? in->instance : "-", lay, mem, held});
 	}

@@ -21,6 +21,7 @@ const rpc_auth_row_t rpc_auth_table[] = {
 	 "member_id, an instance it registered (refitctl unregister: the operator token)"},
 	{COORD, "WeightsReady", RPC_CRED_MEMBER, false, "member_id, a trainer it registered"},
 	{COORD, "SliceDone", RPC_CRED_MEMBER, false, "member_id and node_id of a node of the refit"},
+	{COORD, "GetInstalled", RPC_CRED_MEMBER, false, "member_id, a trainer it registered"},
 	{COORD, "TriggerRefit", RPC_CRED_OPERATOR, false, ""},
 	{COORD, "GetRefit", RPC_CRED_OPERATOR, false, ""},
 	{COORD, "ListRefits", RPC_CRED_OPERATOR, false, ""},
@@ -45,6 +46,8 @@ const rpc_auth_row_t rpc_auth_table[] = {
 	{LOCAL, "GetState", RPC_CRED_NONE, false, "the unix socket's file mode"},
 	{LOCAL, "Unregister", RPC_CRED_NONE, false, "the unix socket's file mode"},
 	{LOCAL, "Serve", RPC_CRED_NONE, false, "the unix socket's file mode"},
+	{LOCAL, "Describe", RPC_CRED_NONE, false, "the unix socket's file mode"},
+	{LOCAL, "WaitInstalled", RPC_CRED_NONE, false, "the unix socket's file mode"},
 	{HEALTH, "Check", RPC_CRED_NONE, false, "probes"},
 	{HEALTH, "Watch", RPC_CRED_NONE, false, "probes (not served)"},
 };

@@ -114,6 +114,9 @@ script "frameworks end to end (Megatron TP2xPP2 -> vLLM and SGLang TP4 in their 
 	/usr/bin/python3 tests/integration/test_frameworks.py "$BUILD"
 script "a real engine: vLLM's CPU build (TP 2) serves refits from an FSDP2 + TP trainer (4 gloo processes) through refit.vllm and refit.torch; byte for byte, logprobs vs transformers" \
 	/usr/bin/python3 tests/integration/test_engine.py "$BUILD" 4
+# about 30 s (3 processes at most; starts daemons: not in the second lane)
+script "refit.torch.Publisher(framework=\"megatron\"): a Megatron-Core GPTModel's (TP 1, TP 2, PP 2) fused QKV and gate/up refit into Hugging Face tensors byte for byte; publish(wait=...)" \
+	"$BUILD/venv-megatron/bin/python" tests/frameworks/test_megatron_publisher.py "$BUILD"
 script "librefit stands alone (exported symbols, soname, pkg-config, static)" \
 	sh tests/librefit/run.sh "$BUILD"
 script "Python package (torch trainer + inference examples as processes, DTensor-like layouts, pip install)" \

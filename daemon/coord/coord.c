@@ -303,6 +303,7 @@ h_heartbeat(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return;
 	m->last_beat_ms = uv_now(c->loop);
 	coord_member_poisoned(c, m, rq->poisoned);
+	coord_engines_note(c, m, rq);
 	rsp.epoch = c->epoch;
 	rsp.epoch_changed = rq->epoch != c->epoch;
 	rsp.lease_ttl_ms = c->o.lease_ttl_ms;

@@ -246,6 +246,10 @@ const plan_t *coord_plan_keep(coord_t *c, planjob_t *j);
  * WeightsReady, ListModels, GetModel, ExplainPlan (coord_new adds them) */
 extern const rpc_method_cfg_t coord_register_methods[];
 extern const size_t coord_register_nmethods;
+/* A heartbeat of member mb: what the engines reading the instances it holds
+ * say (HeartbeatRequest.engines) into their records. */
+void coord_engines_note(coord_t *c, const member_t *mb,
+			const Refit__V1__HeartbeatRequest *rq);
 
 /* ---- coord_refit_api.c: the refit methods and the timer ---- */
 extern const rpc_method_cfg_t coord_refit_methods[];

@@ -38,6 +38,8 @@ typedef struct member {
 				   SliceDone said so): refits needing it fail */
 } member_t;
 
+#define COORD_ENGINE_STR 65   /* an engine's names: 64 bytes and the NUL */
+
 typedef struct instance {
 	char *name;
 	int role;              /* COORD_ROLE_TRAIN / COORD_ROLE_INFER */
@@ -59,6 +61,11 @@ typedef struct instance {
 	uint32_t gen;             /* bumped when new memory joins it (a registration
 				     not "again"): refits planned before do not
 				     count for it */
+	/* inference: the engine reading it, as a holder's heartbeat last said
+	 * (not kept in the state file: the next heartbeat tells it again) */
+	char engine_fw[COORD_ENGINE_STR], engine_ver[COORD_ENGINE_STR];
+	char engine_pause[COORD_ENGINE_STR];
+	uint64_t served_version;  /* the version it serves (0: none, or not told) */
 } instance_t;
 
 typedef struct model {

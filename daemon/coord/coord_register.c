@@ -2,7 +2,8 @@
  * coord_register.c - the coordinator's layout registry and model views:
  * RegisterLayout (validation, composition of inference instances, matching
  * against the trainer), UnregisterLayout, SetRefitPolicy, WeightsReady, and
- * the read-only ListModels, GetModel and ExplainPlan.  Its methods go to
+ * the read-only ListModels, GetModel, GetInstalled (a trainer's node) and
+ * ExplainPlan, and the engines' heartbeat notes.  Its methods go to
  * the server as coord_register_methods (coord_new).  Loop thread only;
  * calls coord_store.c, coord_plan.c and coord_rules.c, nothing in coord.c.
  *
@@ -511,13 +512,14 @@ model_installed(const model_t *m)
 	return v;
 }
 
-/* Fill *out for model m (policy in *pol); its arrays go to *iv and *ip,
- * freed by the caller. */
+/* Fill *out for model m (policy in *pol); its arrays go to *iv, *ip and
+ * *ev, freed by the caller. */
 static void
 model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
-	  Refit__V1__Instance **iv, Refit__V1__Instance ***ip)
+	  Refit__V1__Instance **iv, Refit__V1__Instance ***ip, Refit__V1__EngineInfo **ev)
 {
 	*iv = xcalloc(m->inst.n ? m->inst.n : 1, sizeof(**iv));
+	*ev = xcalloc(m->inst.n ? m->inst.n : 1, sizeof(**ev));
 	*ip = xcalloc(m->inst.n ? m->inst.n : 1, sizeof(**ip));
 	refit__v1__refit_policy__init(pol);
 	pol->model = m->name;
@@ -550,6 +552,14 @@ model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 			(*iv)[i].invalid = in->invalid;
 			(*iv)[i].install = in->in_place ? REFIT__V1__INSTALL_MODE__IN_PLACE :
 					   REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER;
+			(*iv)[i].served_version = in->served_version;
+			if (in->engine_fw[0]) {
+				refit__v1__engine_info__init(&(*ev)[i]);
+				(*ev)[i].framework = (char *)in->engine_fw;
+				(*ev)[i].version = (char *)in->engine_ver;
+				(*ev)[i].pause_mode = (char *)in->engine_pause;
+				(*iv)[i].engine = &(*ev)[i];
+			}
 		}
 		(*ip)[i] = &(*iv)[i];
 		out->tensors = (uint32_t)in->layouts.n;
@@ -568,11 +578,12 @@ h_list_models(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	Refit__V1__Model **mp = xcalloc(n ? n : 1, sizeof(*mp));
 	Refit__V1__Instance **iv = xcalloc(n ? n : 1, sizeof(*iv));
 	Refit__V1__Instance ***ip = xcalloc(n ? n : 1, sizeof(*ip));
+	Refit__V1__EngineInfo **ev = xcalloc(n ? n : 1, sizeof(*ev));
 	Refit__V1__RefitPolicy *pv = xcalloc(n ? n : 1, sizeof(*pv));
 
 	(void)msg;
 	for (size_t i = 0; i < n; i++) {
-		model_msg(&c->models.v[i], &mv[i], &pv[i], &iv[i], &ip[i]);
+		model_msg(&c->models.v[i], &mv[i], &pv[i], &iv[i], &ip[i], &ev[i]);
 		mp[i] = &mv[i];
 	}
 	rsp.models = mp;
@@ -581,7 +592,9 @@ h_list_models(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	for (size_t i = 0; i < n; i++) {
 		free(iv[i]);
 		free(ip[i]);
+		free(ev[i]);
 	}
+	free(ev);
 	free(iv);
 	free(ip);
 	free(mv);
@@ -596,11 +609,13 @@ reply_model(rpc_call_t *call, const model_t *m)
 	Refit__V1__Model out;
 	Refit__V1__RefitPolicy pol;
 	Refit__V1__Instance *iv, **ip;
+	Refit__V1__EngineInfo *ev;
 
-	model_msg(m, &out, &pol, &iv, &ip);
+	model_msg(m, &out, &pol, &iv, &ip, &ev);
 	rpc_call_reply(call, &out.base);
 	free(iv);
 	free(ip);
+	free(ev);
 }
 
 /* The model called name, or NULL with call failed ("method: no model"). */
@@ -623,6 +638,64 @@ h_get_model(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 
 	if (m != NULL)
 		reply_model(call, m);
+}
+
+/* A member that registers the model's trainer asks what its instances hold
+ * (a trainer waiting for its version: Local.WaitInstalled on its node). */
+static void
+h_get_installed(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
+{
+	coord_t *c = ctx;
+	const Refit__V1__GetInstalledRequest *rq = (const void *)msg;
+	model_t *m = model_or_fail(c, call, "GetInstalled", nz(rq->model));
+	instance_t *t = m ? coord_train_instance(m) : NULL;
+
+	if (m == NULL)
+		return;
+	if (t == NULL)
+		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "GetInstalled: model \"%s\" has "
+				     "no registered trainer", m->name);
+	if (holder_acts(c, call, "GetInstalled", rq->member_id, m->name, t))
+		reply_model(call, m);
+}
+
+/* s into out (COORD_ENGINE_STR bytes) when printable and short enough. */
+static bool
+engine_str(char *out, const char *s)
+{
+	size_t n = strlen(nz(s));
+
+	if (n >= COORD_ENGINE_STR)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (s[i] < 0x20 || s[i] > 0x7e)
+			return false;
+	memcpy(out, nz(s), n + 1);
+	return true;
+}
+
+void
+coord_engines_note(coord_t *c, const member_t *mb, const Refit__V1__HeartbeatRequest *rq)
+{
+	for (size_t i = 0; i < rq->n_engines; i++) {
+		const Refit__V1__InstanceEngine *e = rq->engines[i];
+		model_t *m = coord_find_model(c, nz(e->model));
+		instance_t *in = m ? find_instance(m, REFIT__V1__ROLE__INFER, nz(e->instance))
+				   : NULL;
+		char fw[COORD_ENGINE_STR], ver[COORD_ENGINE_STR], pause[COORD_ENGINE_STR];
+
+		if (in == NULL || !coord_instance_holds(in, mb->id))
+			continue;   /* gone meanwhile, or not the member's to tell */
+		in->served_version = e->served_version;
+		/* the node checked them (Local.Describe): a bad one is dropped */
+		if (e->engine && engine_str(fw, e->engine->framework) &&
+		    engine_str(ver, e->engine->version) &&
+		    engine_str(pause, e->engine->pause_mode)) {
+			memcpy(in->engine_fw, fw, sizeof(fw));
+			memcpy(in->engine_ver, ver, sizeof(ver));
+			memcpy(in->engine_pause, pause, sizeof(pause));
+		}
+	}
 }
 
 static void
@@ -678,6 +751,7 @@ const rpc_method_cfg_t coord_register_methods[] = {
 	{"WeightsReady", h_weights_ready},
 	{"ListModels", h_list_models},
 	{"GetModel", h_get_model},
+	{"GetInstalled", h_get_installed},
 	{"ExplainPlan", h_explain},
 };
 const size_t coord_register_nmethods =

@@ -172,16 +172,19 @@ on_tick(uv_timer_t *t)
 		free(rp);
 	} else {
 		Refit__V1__HeartbeatRequest rq = REFIT__V1__HEARTBEAT_REQUEST__INIT;
+		node_engine_beat_t keep;
 
 		rq.member_id = n->member_id;
 		rq.epoch = n->epoch;
 		rq.poisoned = (char *)(node_poisoned(n) ? n->poisoned : "");
+		node_engine_beat(n, &rq, &keep);
 		if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
 				   &refit__v1__coordinator__descriptor, "Heartbeat", &rq.base,
 				   CALL_MS, on_beat_done, n, &err) == REFIT_OK) {
 			n->busy = true;
 			n->inflight++;
 		}
+		node_engine_beat_free(&keep);
 	}
 	if (err.status != REFIT_OK)
 		log_warnx("node %s: %s", n->node_id, err.msg);
@@ -198,6 +201,7 @@ on_sweep(uv_timer_t *t)
 	uint64_t period;
 
 	node_waiters_sweep(n);
+	node_engine_sweep(n);
 	node_reports_tick(n);
 	node_run_held_tick(n, 0);
 	if (node_poisoned(n) && (n->exit_poisoned || n->poison_dead) && n->poisoned_exit &&
@@ -212,7 +216,8 @@ on_sweep(uv_timer_t *t)
 		n->poisoned_exit(n->poisoned_exit_arg);
 		return;
 	}
-	period = n->jobs.n || n->waiters.n || n->reports.n || n->held.n ? 50 : 500;
+	period = n->jobs.n || n->waiters.n || n->iwaiters.n || n->reports.n || n->held.n ? 50
+											    : 500;
 	if (uv_timer_get_repeat(t) != period)
 		uv_timer_set_repeat(t, period);
 }
@@ -503,6 +508,7 @@ node_close(node_t *n)
 	node_run_abort_all(n, "the node daemon is shutting down");
 	node_run_held_tick(n, 0);   /* closing: refused */
 	node_waiters_fail_all(n, "the node daemon is shutting down");
+	node_engine_fail_all(n, "the node daemon is shutting down");
 	node_local_close(n);
 	uv_timer_stop(&n->beat);
 	uv_timer_stop(&n->sweep);

@@ -44,6 +44,8 @@ typedef struct piece_mem {
 	uint32_t elem;
 } piece_mem_t;
 
+#define NODE_ENGINE_STR 65  /* an engine's names: 64 bytes and the NUL */
+
 typedef struct client {
 	uint64_t id;
 	char *model, *instance;
@@ -75,6 +77,11 @@ typedef struct client {
 	bool partial, forwarded;
 	char ldigest[SHA256_HEX_LEN]; /* its layouts' digest (conv_layouts_digest) */
 	int32_t serving;        /* double buffer: the copy the reader serves, -1 none */
+	/* inference: the engine reading it (Local.Describe; "" none) and the
+	 * version it serves (Local.Serve), told the coordinator at heartbeats */
+	char engine_fw[NODE_ENGINE_STR], engine_ver[NODE_ENGINE_STR];
+	char engine_pause[NODE_ENGINE_STR];
+	uint64_t served_version;
 	char *failure;
 	bool dead;              /* unregistered or exited: freed when not busy */
 	const xport_ops_t *xo;  /* to close CUDA IPC mappings */
@@ -231,6 +238,7 @@ struct node {
 	int64_t pids_checked_ms;              /* sweep: clients' pids last checked */
 	uint64_t next_client;
 	VEC(waiter_t) waiters;
+	VEC(struct inst_waiter *) iwaiters;  /* WaitInstalled calls (node_engine.c) */
 	VEC(prepared_t) prepared;
 	VEC(slice_job_t *) jobs;      /* slices running */
 	rpc_async_t *rpc;             /* calls to the coordinator (shared with main) */
@@ -292,6 +300,29 @@ void node_report_queue(node_t *n, slice_job_t *j, bool ok);
 void node_reports_tick(node_t *n);
 /* Drop the reports not in flight (shutting down). */
 void node_reports_drop(node_t *n);
+
+/*
+ * node_engine.c: engines and trainers asking about the model's instances:
+ * Local.Describe (an engine names itself), Local.WaitInstalled (a trainer
+ * waits until every instance holds its version, the node asking the
+ * coordinator's GetInstalled), and what a heartbeat tells the coordinator
+ * of the engines here.  Calls nothing in the files above it.
+ */
+extern const rpc_method_cfg_t node_engine_methods[];
+extern const size_t node_engine_nmethods;
+/* The engines of this node's inference instances into rq (its arrays in
+ * *keep, freed by node_engine_beat_free after the call is packed). */
+typedef struct node_engine_beat {
+	Refit__V1__InstanceEngine *ev, **ep;
+	Refit__V1__EngineInfo *iv;
+} node_engine_beat_t;
+void node_engine_beat(node_t *n, Refit__V1__HeartbeatRequest *rq, node_engine_beat_t *keep);
+void node_engine_beat_free(node_engine_beat_t *keep);
+/* The sweep: ask the coordinator for the waiters due, answer those past
+ * their deadline; fail_all: shutting down. */
+void node_engine_sweep(node_t *n);
+void node_engine_fail_all(node_t *n, const char *why);
+void node_engine_stop(node_t *n);
 
 /* node_slice.c: the slice of the plan in rq, decoded and checked against
  * this node's ranks, the epoch's topology (topo) and the plan's tensor

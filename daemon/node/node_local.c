@@ -1027,6 +1027,7 @@ h_serve(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     "\"%s\": version %" PRIu64 " is not installed here (installed: "
 				     "%" PRIu64 ")", c->id, c->model, rq->version, c->version);
 	c->serving = (int32_t)c->active;
+	c->served_version = rq->version;
 	reply_state(call, c);
 }
 
@@ -1310,6 +1311,8 @@ node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err)
 	n->local_path = xstrdup(o->local_socket);
 	CHECK(rpc_server_add_service(n->local, &refit__v1__local__descriptor, local_methods,
 				     sizeof(local_methods) / sizeof(local_methods[0]), n, err));
+	CHECK(rpc_server_add_service(n->local, &refit__v1__local__descriptor, node_engine_methods,
+				     node_engine_nmethods, n, err));
 	CHECK(rpc_server_start(n->local, NULL, err));
 	CHECK(mem_listen(n, o->local_socket, err));
 	return socket_access(o, gid, err);
@@ -1327,6 +1330,7 @@ node_local_stop(node_t *n)
 		node_client_drop(n, n->clients.v[0], "the node daemon stopped");
 	VEC_FREE(&n->clients);
 	VEC_FREE(&n->waiters);
+	node_engine_stop(n);
 	VEC_FREE(&n->prepared);
 	VEC_FREE(&n->jobs);
 	VEC_FREE(&n->memconns);

@@ -210,6 +210,16 @@ class Client:
         then mark them being written; call before the next step writes."""
         self._call(_lib.lib.refit_begin_write, self._id(), self._timeout(timeout_ms))
 
+    def wait_installed(self, version, timeout_ms=None):
+        """Trainer: wait (at most timeout_ms) until every inference instance
+        of the model holds `version` or newer, as the coordinator knows it;
+        the State (.version: the lowest they hold).  refit.Timeout names the
+        instances that lag."""
+        st = _lib.State()
+        self._call(_lib.lib.refit_wait_installed, self._id(), int(version),
+                   self._timeout(timeout_ms), ctypes.byref(st))
+        return _state(st)
+
     # ---- inference -----------------------------------------------------------
     def wait_version(self, version, timeout_ms=None):
         """Inference: wait (at most timeout_ms: refit.Timeout) until version >=
@@ -226,6 +236,13 @@ class Client:
         the model's policy).  An engine that switches between the copies
         calls it at every switch."""
         self._call(_lib.lib.refit_serve, self._id(), int(version))
+
+    def describe(self, framework, version="", pause_mode=""):
+        """Inference: the engine reading this client names itself (framework
+        "vllm", its version, pause mode "keep" / "wait" / "abort"); refitctl
+        models shows it with the version it serves (serve())."""
+        self._call(_lib.lib.refit_describe, self._id(), str(framework).encode(),
+                   str(version).encode(), str(pause_mode).encode())
 
     def state(self):
         st = _lib.State()

@@ -6,6 +6,7 @@
         with pub.writing():          # waits only while a refit reads
             optimizer.step()
         pub.publish(step)            # returns at once
+    pub.publish(n + 1, wait=60000)   # or: until every instance holds it
 
 Parameters are the module's named_parameters() (names as the module says
 them, less `strip` at the front).  A DTensor parameter (FSDP2, tensor
@@ -24,6 +25,12 @@ and publish() copies the local shards into it (at memory speed, after
 waiting while a refit still reads the previous one); the next step may
 write at once.  CUDA parameters: publish() first waits for the current
 stream, so the daemon never reads half-written weights.
+
+framework="megatron" (config= the Hugging Face config.json the model was
+made from; par= its parallel spec, default megatron.core.parallel_state's;
+base= the global rank of Megatron rank 0): a Megatron-Core model's
+parameters laid out by refit's Megatron map -- fused QKV, gate/up, TP
+shards, PP stages, experts (refit._megatron).
 
 Bad input raises ValueError naming the parameter: a parameter on the meta
 device, a dtype refit has no name for, a DTensor whose placements the
@@ -67,9 +74,25 @@ class Publisher:
     the node at `socket` (see the module's text)."""
 
     def __init__(self, module, socket, model, mode=None, rank=None, strip="",
-                 timeout_ms=30000, names=None):
+                 timeout_ms=30000, names=None, framework=None, config=None, par=None,
+                 base=0):
         import torch
         self._torch = torch
+        if mode not in (None, "in-place", "snapshot"):
+            raise ValueError(f"refit.torch: mode {mode!r}: \"in-place\" or \"snapshot\"")
+        if framework is not None:
+            if framework != "megatron":
+                raise ValueError(f"refit.torch: framework {framework!r}: \"megatron\" (or "
+                                 "None: the module's own names and placements)")
+            from . import _megatron
+            self.rank = _dist_rank() if rank is None else int(rank)
+            self.version = 0
+            lays, tensors, self._pairs, self.mode = _megatron.bind(
+                torch, module, config, par, self.rank, mode, int(base))
+            self.client = _client.Client(socket, timeout_ms=timeout_ms)
+            self.client.register(model, "train", lays, tensors)
+            self._dirty = False
+            return
         params = [(n[len(strip):] if strip and n.startswith(strip) else n, p)
                   for n, p in module.named_parameters()]
         if names is not None:
@@ -141,11 +164,19 @@ class Publisher:
         yield
         self._dirty = True
 
-    def publish(self, step, timeout_ms=None):
+    def publish(self, step, timeout_ms=None, wait=False):
         """The parameters now hold version `step` (it must grow): the
         producing CUDA stream is waited for, the snapshot taken (snapshot
         mode: after any refit reading the previous one finished), and the
-        node told.  Returns at once after that."""
+        node told.  wait False (default): returns at once after that, None.
+        wait True, or a number of milliseconds: then waits (at most that, or
+        timeout_ms) until every inference instance of the model holds `step`
+        or newer and returns the lowest version they hold; refit.Timeout
+        names the instances that lag (the version stays published)."""
+        if not (wait is None or isinstance(wait, bool) or
+                (isinstance(wait, (int, float)) and wait > 0)):
+            raise ValueError(f"refit.torch: wait={wait!r}: False, True or a positive number "
+                             "of milliseconds")
         torch = self._torch
         if torch.cuda.is_available() and any(m.is_cuda for _, m in self._pairs):
             torch.cuda.current_stream().synchronize()
@@ -159,6 +190,10 @@ class Publisher:
         self.client.weights_ready(int(step), timeout_ms)
         self.version = int(step)
         self._dirty = False
+        if wait is False or wait is None:
+            return None
+        t = timeout_ms if wait is True else wait
+        return self.client.wait_installed(int(step), None if t is None else int(t)).version
 
     def close(self):
         self.client.close()

@@ -25,6 +25,9 @@ which copy is served (Client.serve: no refit writes it until the next
 switch), reruns the engine's own post-processing of those weights (vLLM's
 process_weights_after_loading: the CPU backend packs its GEMM weights) and
 sets the engine's weight_version.  A version shows on all workers or none.
+Worker 0 names the engine to its node (Client.describe: "vllm", vLLM's
+version, the pause mode) and every switch the version served
+(Client.serve): `refitctl models` shows both.
 
 Refused at init, naming what: CUDA workers (the CUDA IPC path is not done
 here yet), quantized engines, pipeline or data parallelism inside the
@@ -45,6 +48,7 @@ from . import frameworks as _fw
 from . import memory as _memory
 
 BACKEND = "refit"
+PAUSE_MODES = ("keep", "wait", "abort")   # vLLM's (pause_generation)
 _TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -63,7 +67,15 @@ class Engine:
     the way, docs/conversion.md)."""
 
     def __init__(self, llm, socket, model, instance, base_rank=0, timeout_ms=60000,
-                 source_dtype=None):
+                 source_dtype=None, pause_mode="wait"):
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"refit.vllm: pause mode {pause_mode!r}: one of "
+                             f"{', '.join(PAUSE_MODES)}")
+        if pause_mode != "wait":
+            raise ValueError(f"refit.vllm: pause mode {pause_mode!r} needs an AsyncLLM "
+                             "(pause_generation); a vllm.LLM switches between generate() "
+                             "calls, where every request in flight finished: \"wait\"")
+        self.pause_mode = pause_mode
         self.llm = llm
         self.model, self.instance = model, instance
         self.timeout_ms = int(timeout_ms)
@@ -72,7 +84,7 @@ class Engine:
         llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {
             "socket": str(socket), "model": model, "instance": instance,
             "base_rank": int(base_rank), "timeout_ms": self.timeout_ms,
-            "source_dtype": source_dtype or ""}})
+            "source_dtype": source_dtype or "", "pause_mode": pause_mode}})
 
     def installed(self):
         """The version the node has installed for this engine (0: none)."""
@@ -127,6 +139,7 @@ class RefitInitInfo:
     base_rank: int = 0
     timeout_ms: int = 60000
     source_dtype: str = ""   # the trainer's dtype when it differs (fp32: converted)
+    pause_mode: str = "wait"  # shown to operators (refitctl models)
 
 
 @dataclass
@@ -182,6 +195,8 @@ def _make_engine_class():
                 cl.register(info.model, "infer", lays,
                             _fw.pieces(self.map, params, base=info.base_rank),
                             instance=info.instance, install="double-buffer")
+                import vllm
+                cl.describe("vllm", getattr(vllm, "__version__", ""), info.pause_mode)
                 self.client = cl
                 name, off = _memory.find(next(iter(params.values()))[0])
                 seg = [s for s in _memory._segments if s[2] == name][0]

@@ -1,7 +1,8 @@
 """refit.vllm refuses, at start-up and by name, the engines it cannot serve
 exactly (docs/engines.md): CUDA workers, quantization, pipeline or data
 parallelism inside an engine, a parameter the framework map does not
-describe or one the model lacks, a shape that differs.  The checks run on
+describe or one the model lacks, a shape that differs; a pause mode a
+vllm.LLM does not have (keep, abort) or none of vLLM's.  The checks run on
 the worker engine's own methods with vLLM's classes imported (the vllmcpu
 environment), without starting an engine.
 
@@ -42,7 +43,7 @@ def engine(device="cpu", quant=None, pp=1, dp=1):
 def refused(what, fn, text):
     try:
         fn()
-    except RuntimeError as ex:
+    except (RuntimeError, ValueError) as ex:
         if text in str(ex):
             counts["passed"] += 1
             print(f"ok   {what}: {ex}")
@@ -97,6 +98,10 @@ def main():
             "pipeline / data parallelism")
     refused("data parallelism in an engine", lambda: engine(dp=2)._check_config(),
             "pipeline / data parallelism")
+    refused("pause mode keep with a vllm.LLM", lambda: rv.Engine(
+        None, "/nonexistent", "m", "i", pause_mode="keep"), "needs an AsyncLLM")
+    refused("an unknown pause mode", lambda: rv.Engine(
+        None, "/nonexistent", "m", "i", pause_mode="later"), "one of keep, wait, abort")
     m = fw.framework_map("vllm", CFG, "tp2")
     names = [p["name"] for p in m["ranks"][0]["params"]]
     qkv = next(n for n in names if "qkv_proj" in n)

@@ -4,7 +4,7 @@ coordinator and two node daemons on loopback sharing a cluster join token,
 a trainer on node 0 and an inference instance on node 1, one refit.
 
  - a rogue process without the token (and with a wrong one) calls Join,
-   Heartbeat, Leave, RegisterLayout, UnregisterLayout, WeightsReady and
+   Heartbeat, Leave, RegisterLayout, UnregisterLayout, WeightsReady, GetInstalled and
    SliceDone on the coordinator and PrepareEpoch, RunSlice and Publish on a
    node: every call is refused UNAUTHENTICATED;
  - a rogue holding the token calls them for another node (its member id,
@@ -171,6 +171,8 @@ def coordinator_calls(st, meta, a0, a1, rid):
             metadata=meta)),
         ("WeightsReady", lambda: st.WeightsReady(pb.WeightsReadyRequest(
             member_id=a0, model="lm", version=99), timeout=5, metadata=meta)),
+        ("GetInstalled", lambda: st.GetInstalled(pb.GetInstalledRequest(
+            member_id=a0, model="lm"), timeout=5, metadata=meta)),
         ("SliceDone", lambda: st.SliceDone(pb.SliceDoneRequest(
             refit_id=rid, member_id=a0, node_id="au0", code=13, message="forged"),
             timeout=5, metadata=meta)),
@@ -217,6 +219,7 @@ def rogues_refused():
             "RegisterLayout": f'member {m1.member_id} is node "au1"',
             "UnregisterLayout": f'member {m1.member_id} is node "au1"',
             "WeightsReady": f'member {m0.member_id} is node "au0"',
+            "GetInstalled": f'member {m0.member_id} is node "au0"',
             "SliceDone": f'member {m0.member_id} is node "au0"'}
     for name, call in coordinator_calls(st, meta, m0.member_id, m1.member_id, rid):
         try:
@@ -260,7 +263,16 @@ def member_of_its_own():
     j = st.Join(pb.JoinRequest(node_id="rogue", host="127.0.0.1", rpc_endpoint="127.0.0.1:1",
                                data_endpoint="127.0.0.1:2", ranks=[pb.RankInfo(rank=1000)]),
                 timeout=5, metadata=meta)
-    st.Heartbeat(pb.HeartbeatRequest(member_id=j.member_id), timeout=5, metadata=meta)
+    # its heartbeat names an engine of an instance it does not hold: not taken
+    st.Heartbeat(pb.HeartbeatRequest(member_id=j.member_id, engines=[pb.InstanceEngine(
+        model="lm", instance="i0", served_version=77, engine=pb.EngineInfo(
+            framework="forged"))]), timeout=5, metadata=meta)
+    i0 = [i for i in CL.stub.GetModel(pb.GetModelRequest(model="lm"), timeout=5).instances
+          if i.instance == "i0"][0]
+    assert i0.served_version != 77 and i0.engine.framework != "forged", i0
+    expect_error(lambda: st.GetInstalled(pb.GetInstalledRequest(
+        member_id=j.member_id, model="lm"), timeout=5, metadata=meta),
+        PD, 'trainer "" was not registered by member')
     # without its session, its own member id is not enough
     expect_error(lambda: st.Heartbeat(pb.HeartbeatRequest(member_id=j.member_id), timeout=5,
                                       metadata=md(token)), PD, "is missing")

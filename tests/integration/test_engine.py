@@ -191,7 +191,18 @@ def first_version():
     assert ST["engine"].cmd(cmd="weight_version")["weight_version"] == "1"
     n = params_equal(ST["v1"])
     diff = logprobs_match(ST["v1"], other=ST["dir"])
-    return f"{n} parameters byte-exact, logprobs within {diff:.4f}"
+    # operators see the engine: framework, version, pause mode, served version
+    harness.wait_for(lambda: {i.instance: i.served_version for i in model().instances}
+                     .get("e1") == 1, what="e1's served version in GetModel")
+    inst = {i.instance: i for i in model().instances}
+    e = inst["e1"].engine
+    assert (e.framework, e.version, e.pause_mode) == ("vllm", "0.32.0", "wait"), e
+    assert not inst["c1"].HasField("engine"), inst["c1"]
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", ST["cl"].addr, "models"],
+                         capture_output=True, text=True, timeout=30)
+    line = [ln for ln in out.stdout.splitlines() if " e1 " in ln]
+    assert line and "vllm 0.32.0 serves v1, pause wait" in line[0], out.stdout + out.stderr
+    return f"{n} parameters byte-exact, logprobs within {diff:.4f}; {line[0].strip()}"
 
 
 def in_flight():

@@ -251,6 +251,104 @@ def publisher_and_serve():
     inf.close()
 
 
+def refused(fn, text):
+    """fn raises refit.InvalidArgument with text in its message."""
+    try:
+        fn()
+    except refit.InvalidArgument as e:
+        assert text in e.message, (text, e.message)
+        return
+    raise AssertionError(f"accepted; expected a refusal saying {text!r}")
+
+
+def engines_and_wait_installed():
+    """An engine names itself (Client.describe) and says the version it
+    serves (Client.serve): refitctl models shows both per instance (the
+    node tells the coordinator at its heartbeats).  Publisher.publish(step,
+    wait=...) returns once every instance holds step; at the deadline
+    refit.Timeout names the instances that lag, and only those."""
+    import refit.torch as rt
+    torch.manual_seed(1)
+    mod = torch.nn.Linear(4, 3)
+    pub = rt.Publisher(mod, CL.sock(0), "eng", rank=0, timeout_ms=20000)
+    ilays = lambda r: [refit.layout.placements(n, "fp32", list(p.shape), [r],  # noqa: E731
+                                               ["Replicate()"])
+                       for n, p in mod.named_parameters()]
+    insts = {}
+    for name, node, rank in (("a", 1, RPN), ("b", 2, 2 * RPN)):
+        c = refit.Client(CL.sock(node), timeout_ms=20000)
+        bufs = {n: refit.empty(list(p.shape), "float32", copies=2, torch=True)
+                for n, p in mod.named_parameters()}
+        c.register("eng", "infer", ilays(rank), {(n, rank): b for n, b in bufs.items()},
+                   instance=name)
+        insts[name] = (c, bufs)
+    a = insts["a"][0]
+    a.describe("vllm", "0.32.0", "wait")
+    for args, text in ((("vllm", "1", "later"), 'pause mode "later" is not one of'),
+                       (("", "1", "wait"), "framework is empty"),
+                       (("vllm", "x" * 65, "wait"), "version is 65 bytes")):
+        refused(lambda: a.describe(*args), text)
+    refused(lambda: pub.client.describe("vllm"), "this call is for inference clients")
+    # manual trigger: nothing installs version 1, the wait names both instances
+    t0 = time.monotonic()
+    try:
+        pub.publish(1, wait=800)
+        raise AssertionError("publish(1, wait=800) returned with nothing installed")
+    except refit.Timeout as e:
+        assert 'instance "a" holds v0' in e.message and 'instance "b" holds v0' in \
+            e.message, e.message
+    assert time.monotonic() - t0 >= 0.8
+    CL.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="eng", catch_up=True, trigger=pb.TRIGGER_ON_READY)), timeout=10)
+    with torch.no_grad():
+        mod.weight.add_(1.0)
+    assert pub.publish(2, wait=True) >= 2    # the policy refits it; we wait for it
+    for name, (c, bufs) in insts.items():
+        st = c.state()                        # installed already: no wait
+        assert st.version == 2 and st.valid, (name, st)
+        assert torch.equal(bufs["weight"][st.active], mod.weight.detach()), name
+    a.serve(2)
+
+    def shown():
+        m = CL.stub.GetModel(pb.GetModelRequest(model="eng"), timeout=10)
+        return {i.instance: i for i in m.instances if i.role == pb.INFER}
+    harness.wait_for(lambda: shown()["a"].served_version == 2, what="a's served version")
+    ia, ib = shown()["a"], shown()["b"]
+    assert (ia.engine.framework, ia.engine.version, ia.engine.pause_mode) == \
+        ("vllm", "0.32.0", "wait"), ia.engine
+    assert not ib.HasField("engine") and ib.served_version == 0, ib
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", CL.addr, "models"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    line_a = [ln for ln in out.stdout.splitlines() if " a " in ln]
+    assert line_a and "vllm 0.32.0 serves v2, pause wait" in line_a[0], out.stdout
+    assert "vllm" not in [ln for ln in out.stdout.splitlines() if " b " in ln][0], out.stdout
+    js = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", CL.addr, "--json",
+                         "models"], capture_output=True, text=True, timeout=30)
+    assert js.returncode == 0, js.stderr
+    ja = [i for m in json.loads(js.stdout)["models"] if m["name"] == "eng"
+          for i in m["instances"] if i["instance"] == "a"][0]
+    assert ja["engine"] == {"framework": "vllm", "version": "0.32.0",
+                            "pause_mode": "wait"} and ja["served_version"] == 2, ja
+    # a third instance, not caught up: only it lags
+    CL.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="eng", catch_up=False, trigger=pb.TRIGGER_ON_READY)), timeout=10)
+    c3 = refit.Client(CL.sock(2), timeout_ms=20000)
+    c3.register("eng", "infer", ilays(2 * RPN + 1), {
+        (n, 2 * RPN + 1): refit.empty(list(p.shape), "float32", copies=2, torch=True)
+        for n, p in mod.named_parameters()}, instance="c")
+    try:
+        pub.client.wait_installed(2, 500)
+        raise AssertionError("wait_installed(2) returned while instance c holds nothing")
+    except refit.Timeout as e:
+        assert 'instance "c" holds v0' in e.message and '"a"' not in e.message and \
+            '"b"' not in e.message, e.message
+    for c in [c3] + [v[0] for v in insts.values()]:
+        c.unregister()
+        c.close()
+    pub.close()
+
+
 def several_clients_per_node():
     """A trainer and an instance each spread over two processes' clients on
     one node (a client per rank, as FSDP2 and vLLM workers run): the node
@@ -316,6 +414,17 @@ def several_clients_per_node():
     for k, c in enumerate(insts):
         st = c.wait_version(2)
         assert torch.equal(ibufs[k][st.active], full[:, 3 * k:3 * k + 3]), k
+    # an engine with a client per worker serves a version once all of them do
+
+    def inst_g():
+        return [i for i in CL.stub.GetModel(pb.GetModelRequest(model="grp"),
+                                            timeout=10).instances if i.instance == "g"][0]
+    insts[0].describe("vllm", "0.32.0", "wait")
+    insts[0].serve(2)
+    harness.wait_for(lambda: inst_g().engine.framework == "vllm", what="g's engine shown")
+    assert inst_g().served_version == 0, inst_g()   # worker 1 serves nothing yet
+    insts[1].serve(2)
+    harness.wait_for(lambda: inst_g().served_version == 2, what="g served by both")
     for c in insts + [ta, tb]:
         c.unregister()
         c.close()
@@ -431,6 +540,9 @@ try:
           "slices), refit byte for byte", shared_strided)
     check("refit.torch.Publisher in place (no copy at publish); a reader's served copy "
           "(Client.serve) is never overwritten", publisher_and_serve)
+    check("an engine's framework, pause mode and served version shown by refitctl models; "
+          "publish(step, wait=...) returns once every instance holds it, a timeout names "
+          "the lagging instances", engines_and_wait_installed)
     check("torch's CUDA IPC handles: 64 bytes or shareable type 'c' taken, 'e' refused "
           "naming PYTORCH_CUDA_ALLOC_CONF", torch_ipc_handles)
     check("several clients of one trainer and one instance on a node (a client per "
