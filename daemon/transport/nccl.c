@@ -494,6 +494,23 @@ dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *s
 	}
 }
 
+/* One conversion launch (dataplane/conv_dev.c) on rank's stream. */
+static void
+dev_convert(void *ctx, int32_t rank, const dp_cvt_op_t *op)
+{
+	xport_t *x = ctx;
+	cudaStream_t st;
+	int rc;
+
+	if (dfailed(x) || !on_rank(x, rank, &st))
+		return;
+	(void)x->api->cudaGetLastError();   /* as for copy_strided: a stale error */
+	if ((rc = x->api->convert(op, st)) != 0)
+		dfail(x, (cudaError_t)rc, rank, op->op == DP_CVT_CAST ? "refit_cuda_convert (cast)"
+		      : op->op == DP_CVT_SCALES ? "refit_cuda_convert (scales)"
+		      : "refit_cuda_convert (quantize)");
+}
+
 static void *
 dev_alloc(void *ctx, int32_t rank, uint64_t bytes)
 {
@@ -788,7 +805,7 @@ nccl_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_cond_init(&x->cv, NULL);
 	x->dev = (dp_dev_ops_t){dev_copy_box, dev_alloc, dev_free, dev_copy, dev_to_host,
-				dev_from_host, dev_sync, x};
+				dev_from_host, dev_sync, a->convert ? dev_convert : NULL, x};
 	for (size_t i = 0; i < cfg->nranks; i++)
 		log_info("nccl: node %s: rank %d on CUDA device %d", x->node_id, x->cranks[i],
 			 x->cdevs[i]);

@@ -269,5 +269,8 @@ const char *ncclGetLastError(ncclComm_t comm);
 #include <stdint.h>
 int refitGpuCopyStrided(void *stream, void *dst, const void *src, int ndim, const int64_t *shape,
 			const int64_t *dst_stride, const int64_t *src_stride, int elem_size);
+/* the conversion kernels' launcher (daemon/transport/convert_kernels.h) */
+#include "dataplane/cvt_op.h"
+int refit_cuda_convert(const dp_cvt_op_t *a, void *stream);
 
 #endif
