@@ -97,6 +97,8 @@ UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
 UNIT_DAEMON_SRC += daemon/node/slice.c
+# the nccl transport's staging arena bookkeeping (test_pool.c)
+UNIT_DAEMON_SRC += daemon/transport/gpu_arena.c
 # the authorization table and the refusal log's limiter (test_auth.c)
 UNIT_DAEMON_SRC += rpc/rpc_auth.c
 
@@ -321,7 +323,8 @@ fuzz: deps
 EMU_DIR      := $(BUILD)/emu
 EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
 		tests/emu/emu_copy.c tests/emu/emu_convert.c
-EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c
+EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c \
+		tests/emu/emu_reg.c
 EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_nccl.o
 EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
 EMU_NCCL     := $(EMU_DIR)/libnccl.so.2

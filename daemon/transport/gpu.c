@@ -484,6 +484,9 @@ load(void)
 		return -1;
 	}
 	SYM(nccl, ncclCommShrink);
+	SYM(nccl, ncclMemAlloc);
+	SYM(nccl, ncclMemFree);
+	SYM(nccl, ncclCommRegister);
 	*(void **)&api.ncclGetLastError = dlsym(nccl, "ncclGetLastError"); /* optional */
 	if (load_kernels(cudart) != 0 || check_nccl_env() != 0)
 		return -1;

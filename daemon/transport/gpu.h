@@ -85,6 +85,9 @@ typedef struct gpu_api {
 	GPU_FN(ncclGetErrorString);
 	GPU_FN(ncclGetVersion);
 	GPU_FN(ncclCommShrink);
+	GPU_FN(ncclMemAlloc);
+	GPU_FN(ncclMemFree);
+	GPU_FN(ncclCommRegister);
 	GPU_FN(ncclGetLastError); /* optional: NULL when the library lacks it */
 	gpu_mem_range_fn mem_range;            /* cuMemGetAddressRange */
 	gpu_uuid_fn device_uuid;               /* cuDeviceGetUuid */

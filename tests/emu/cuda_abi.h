@@ -260,6 +260,10 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 		      ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
+ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+ncclResult_t ncclMemFree(void *ptr);
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle);
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
 const char *ncclGetErrorString(ncclResult_t result);
 const char *ncclGetLastError(ncclComm_t comm);
 

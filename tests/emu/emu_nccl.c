@@ -110,6 +110,7 @@ comm_unref(ncclComm_t c)
 		return;
 	comm_close_fds(c);
 	root_unref(c->own_root);
+	emu_reg_free_all(c);   /* NCCL's ncclRegCleanup at destroy and abort */
 	free(c->peers);
 	free(c->out_fd);
 	free(c->in_fd);
@@ -182,7 +183,7 @@ comm_live(ncclComm_t c)
 	return found;
 }
 
-static ncclResult_t
+ncclResult_t
 comm_check(ncclComm_t c, const char *what)
 {
 	if (c == NULL)
@@ -214,7 +215,7 @@ comm_flags(ncclComm_t c)
 }
 
 /* NCCL's ncclCommEnsureReady: live, not in progress, no asynchronous error. */
-static ncclResult_t
+ncclResult_t
 comm_ready(ncclComm_t c, const char *what)
 {
 	ncclResult_t r = comm_check(c, what);
@@ -812,7 +813,8 @@ p2p_post(bool send, void *buf, size_t count, ncclDataType_t type, int peer, nccl
 	comm_ref(c); /* the operation's */
 	gops[ngops++] = (p2p_t){.send = send, .buf = buf, .count = count,
 				.bytes = count * type_size(type), .type = type, .peer = peer,
-				.comm = c, .s = s};
+				.comm = c, .s = s,
+				.reg = emu_reg_covers(c, buf, count * type_size(type))};
 	if (group_depth == 0)
 		return flush_ops();
 	return ncclSuccess;

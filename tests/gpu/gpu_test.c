@@ -120,7 +120,7 @@ static int64_t session_ms = 120000;   /* a session's deadline */
 static xport_t *
 start(const int32_t *ranks, size_t n, const char *devs, const char *name, refit_err_t *err)
 {
-	xport_cfg_t xc = {"", name, ranks, n, devs};
+	xport_cfg_t xc = {"", name, ranks, n, devs, 3ull << 30}; /* big_pitch: 2 GiB */
 	xport_t *x = NULL;
 
 	if (xport_nccl_ops.start(&xc, &x, err) != REFIT_OK)
@@ -806,6 +806,70 @@ dead_peer_child(int32_t me, int idfd, pid_t peer)
 	xport_nccl_ops.stop(x);
 	bad += emu_check("the sender of a dead peer");
 	return bad ? 1 : 0;
+}
+
+/* ---- 8b. the staging budget ---------------------------------------------------------- */
+
+/*
+ * A rank's staging comes from one arena of gpu_staging_budget_bytes (16 MiB
+ * here): a session whose messages exceed it is refused at open, naming the
+ * key; inside one, what does not fit at once fails at the next sync naming
+ * the budget; given back, the free ranges merge (16 MiB fits again).
+ */
+static int
+staging_budget(void)
+{
+	int32_t me = 0;
+	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20};
+	xport_peer_t self = {"gpu-test-budget", "nccl", true, true, 4 << 20};
+	xport_session_cfg_t sc = {1, 1, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL};
+	xport_t *x = NULL;
+	xport_session_t *s = NULL;
+	const dp_dev_ops_t *dev;
+	uint8_t id[512], *p8, *p9, *p16;
+	size_t idlen = sizeof(id);
+	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, 0};
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	if (xport_nccl_ops.start(&xc, &x, &err) != REFIT_OK ||
+	    xport_nccl_ops.unique_id(x, id, &idlen, &err) != REFIT_OK) {
+		EXPECT(0, "start: %s", err.msg);
+		return bad;
+	}
+	w.id_len = idlen;
+	s = session(x, 1, &me, 1, &me, 1, id, idlen, &err);   /* 1 GiB messages */
+	EXPECT(s == NULL && strstr(err.msg, "gpu_staging_budget_bytes 16777216"),
+	       "a session of 1 GiB messages on a 16 MiB budget: %s", s ? "opened" : err.msg);
+	refit_err_clear(&err);
+	xport_nccl_ops.set_world(x, &w);
+	sc.deadline_ms = xport_now_ms() + session_ms;
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open: %s", err.msg);
+	if (s == NULL)
+		goto out;
+	dev = xport_nccl_ops.dev(s);
+	p8 = dev->alloc(dev->ctx, 0, 8 << 20);
+	p9 = dev->alloc(dev->ctx, 0, 9 << 20);
+	EXPECT(p8 != NULL && p9 == NULL, "8 MiB then 9 MiB of a 16 MiB arena: %p %p",
+	       (void *)p8, (void *)p9);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_ERR_NOMEM &&
+	       strstr(err.msg, "gpu_staging_budget_bytes 16777216") &&
+	       strstr(err.msg, "8388608 in use"), "the failed allocation at sync: %s", err.msg);
+	dev->free(dev->ctx, 0, p8);
+	xport_nccl_ops.close(s);
+	refit_err_clear(&err);
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open again: %s", err.msg);
+	if (s == NULL)
+		goto out;
+	dev = xport_nccl_ops.dev(s);
+	p16 = dev->alloc(dev->ctx, 0, 16 << 20);
+	EXPECT(p16 != NULL, "the whole arena after everything was given back");
+	dev->free(dev->ctx, 0, p16);
+	xport_nccl_ops.close(s);
+out:
+	xport_nccl_ops.stop(x);
+	return bad;
 }
 
 /* ---- 9. a destroy refused by a late error (emulator) ---------------------------------- */
@@ -1497,6 +1561,9 @@ main(int argc, char **argv)
 		result("a failed copy is reported at sync, and the next session is clean",
 		       copy_error(x, two, nl, id, idlen));
 		xport_nccl_ops.stop(x);
+		result("a rank's staging within gpu_staging_budget_bytes: messages larger than "
+		       "the budget refused at open, what does not fit at once fails naming it",
+		       staging_budget());
 	}
 
 	/* 4. IPC: two allocations of 2 MiB, the first with a pattern, pieces of
