@@ -942,13 +942,16 @@ nccl_says(const gpu_api_t *a, ncclComm_t c, char *buf, size_t n)
  * Free one communicator (local rank rank): ncclCommDestroy when it is ready
  * and healthy, else ncclCommAbort, which works in any state.  The state can
  * change between the check and the destroy (an asynchronous error of the
- * proxy), so a refused destroy is followed by an abort.  NCCL 2.28 and
+ * proxy), so a refused destroy is followed by an abort.  NCCL 2.27.6 and
  * later also leave the calling thread inside a group when they refuse a
- * destroy (ncclGroupStart inside, an early return): that group is closed
+ * destroy (init.cc: ncclGroupStartInternal, then NCCLCHECK's early return
+ * past ncclGroupEndInternal; 2.27.5 and before open none): that group is closed
  * here, or every later group of this thread would never be launched (its
  * ncclGroupEnd would only close the one left open) and its streams would
  * look drained.
  */
+#define NCCL_DESTROY_GROUP 22706   /* the first NCCL whose refused destroy leaves a group */
+
 static void
 comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
 {
@@ -960,7 +963,7 @@ comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
 			return;
 		log_warnx("nccl: node %s: ncclCommDestroy (rank %d): %s; aborting it", x->node_id,
 			  rank, a->ncclGetErrorString(r));
-		if (a->nccl_version >= 22800 && (r = a->ncclGroupEnd()) != ncclSuccess &&
+		if (a->nccl_version >= NCCL_DESTROY_GROUP && (r = a->ncclGroupEnd()) != ncclSuccess &&
 		    r != ncclInProgress)
 			log_warnx("nccl: node %s: ncclGroupEnd after the refused ncclCommDestroy "
 				  "(rank %d): %s", x->node_id, rank, a->ncclGetErrorString(r));

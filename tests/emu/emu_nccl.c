@@ -511,19 +511,21 @@ ncclCommDestroy(ncclComm_t c)
 	if ((r = comm_check(c, "ncclCommDestroy")) != ncclSuccess)
 		return r;
 	f = comm_flags(c);
-	/* NCCL 2.28 opens a group first and returns these refusals without
+	/* NCCL 2.27.6 and later (init.cc: ncclGroupStartInternal before the
+	 * checks, NCCLCHECK returns past the ncclGroupEndInternal; v2.27.5 has
+	 * no group there) open a group first and return these refusals without
 	 * closing it: the calling thread is left inside a group (its next
 	 * ncclGroupEnd closes that one; until then nothing it posts runs) */
-	if ((f.busy || f.err != ncclSuccess) && emu_env()->nccl_version >= 22800)
+	if ((f.busy || f.err != ncclSuccess) && emu_env()->nccl_version >= 22706)
 		group_depth++;
 	if (f.busy)
 		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: rank %d: attempt to use "
 				 "communicator before the previous operation returned "
-				 "ncclSuccess (NCCL >= 2.28 leaves this thread inside a group)",
+				 "ncclSuccess (NCCL >= 2.27.6 leaves this thread inside a group)",
 				 c->rank);
 	if (f.err != ncclSuccess)
 		return nccl_fail(f.err, "ncclCommDestroy: rank %d has an asynchronous error: abort "
-				 "it instead (NCCL >= 2.28 leaves this thread inside a group)",
+				 "it instead (NCCL >= 2.27.6 leaves this thread inside a group)",
 				 c->rank);
 	if (!comm_unregister(c))
 		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: comm %p destroyed twice",

@@ -671,6 +671,13 @@ t_nccl_destroy_refused_227_no_group(void)
 	destroy_refused(false);
 }
 
+/* 2.27.6 already opens the group (v2.27.6-1 init.cc), as 2.28 */
+static void
+t_nccl_destroy_refused_2276_leaves_group(void)
+{
+	destroy_refused(true);
+}
+
 /* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says (refitd's minimum check) */
 static void
 t_nccl_version_env(void)
@@ -848,6 +855,7 @@ const test_t nccl_tests[] = {
 	TEST(nccl_argument_errors), TEST_ENV(nccl_version_env, "REFIT_EMU_NCCL_VERSION=22610"),
 	TEST(nccl_inconsistent_ranks), TEST(nccl_root_gone), TEST(nccl_peer_gone_before_send),
 	TEST(nccl_destroy_refused_leaves_group),
-	TEST_ENV(nccl_destroy_refused_227_no_group, "REFIT_EMU_NCCL_VERSION=22703"),
+	TEST_ENV(nccl_destroy_refused_227_no_group, "REFIT_EMU_NCCL_VERSION=22705"),
+	TEST_ENV(nccl_destroy_refused_2276_leaves_group, "REFIT_EMU_NCCL_VERSION=22706"),
 };
 const size_t nnccl_tests = sizeof(nccl_tests) / sizeof(nccl_tests[0]);

@@ -1429,6 +1429,7 @@ main(int argc, char **argv)
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
+	pid_t late2276_pid = -1;
 	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1}, rt2_pid = -1;
 	int sfid[2], sfdone[2];
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
@@ -1476,6 +1477,11 @@ main(int argc, char **argv)
 	close(deadp[1]);
 	if (emu && (late_pid = fork()) == 0)
 		_exit(late_error_child());
+	/* the same on NCCL 2.27.6, whose refused destroy already leaves a group */
+	if (emu && (late2276_pid = fork()) == 0) {
+		setenv("REFIT_EMU_NCCL_VERSION", "22706", 1);
+		_exit(late_error_child());
+	}
 	/* 11, 12 on a GPU too: the stand-ins are in the loaded table, and the
 	 * real ncclCommAbort and cudaMallocHost run */
 	if ((stuck_pid = fork()) == 0)
@@ -1503,6 +1509,10 @@ main(int argc, char **argv)
 				kill(dead_pid[k], SIGKILL);
 				waitpid(dead_pid[k], NULL, 0);
 			}
+		if (late2276_pid > 0) {
+			kill(late2276_pid, SIGKILL);
+			waitpid(late2276_pid, NULL, 0);
+		}
 		if (late_pid > 0) {
 			kill(late_pid, SIGKILL);
 			waitpid(late_pid, NULL, 0);
@@ -1650,6 +1660,9 @@ main(int argc, char **argv)
 		child_result(late_pid, 60, "a destroy refused by an error that came after the "
 			     "check: the communicator is aborted, the thread is not left inside "
 			     "a group, the next epoch's communicators form");
+	if (late2276_pid > 0)
+		child_result(late2276_pid, 60, "the same on NCCL 2.27.6, whose refused destroy "
+			     "already leaves a group (v2.27.6 init.cc)");
 	if (stuck_pid > 0)
 		child_result(stuck_pid, 180, "a refused ncclGroupStart fails the group naming "
 			     "it; a copy to the host that never ends: aborted by the deadline, "
