@@ -952,6 +952,106 @@ nccl_says(const gpu_api_t *a, ncclComm_t c, char *buf, size_t n)
  */
 #define NCCL_DESTROY_GROUP 22706   /* the first NCCL whose refused destroy leaves a group */
 
+/*
+ * ncclCommAbort, bounded.  NCCL's abort tears down its proxy thread and
+ * connections and waits for the communicator's kernels (init.cc
+ * commReclaim -> commFree): a stuck device or a proxy blocked in the
+ * network can hold it without end, and with it the pool thread and every
+ * later refit.  It runs on a thread of its own on the caller's current
+ * device; after ABORT_MS the caller goes on and the node is poisoned (the
+ * communicator's work may still write its memory, so nothing of it is
+ * freed; refits are refused until refitd restarts).  The abandoned thread
+ * frees its job when the abort returns, if ever.
+ */
+#define ABORT_MS 10000
+
+typedef struct abort_job {
+	const gpu_api_t *a;
+	ncclComm_t c;
+	int dev;                  /* -1: none current */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool done, abandoned;
+	ncclResult_t r;
+} abort_job_t;
+
+static void
+abort_job_free(abort_job_t *j)
+{
+	pthread_mutex_destroy(&j->mu);
+	pthread_cond_destroy(&j->cv);
+	free(j);
+}
+
+static void *
+abort_main(void *arg)
+{
+	abort_job_t *j = arg;
+	ncclResult_t r;
+	bool gone;
+
+	if (j->dev >= 0)
+		(void)j->a->cudaSetDevice(j->dev);
+	r = j->a->ncclCommAbort(j->c);
+	pthread_mutex_lock(&j->mu);
+	j->r = r;
+	j->done = true;
+	gone = j->abandoned;
+	pthread_cond_signal(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	if (gone)
+		abort_job_free(j);
+	return NULL;
+}
+
+static ncclResult_t
+abort_bounded(xport_t *x, ncclComm_t c, int32_t rank)
+{
+	abort_job_t *j = xcalloc(1, sizeof(*j));
+	int64_t end = xport_now_ms() + ABORT_MS;
+	pthread_attr_t at;
+	pthread_t t;
+	ncclResult_t r;
+
+	j->a = x->api;
+	j->c = c;
+	if (x->api->cudaGetDevice(&j->dev) != cudaSuccess)
+		j->dev = -1;
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &at, abort_main, j) != 0) {   /* no thread: unbounded */
+		pthread_attr_destroy(&at);
+		abort_job_free(j);
+		return x->api->ncclCommAbort(c);
+	}
+	pthread_attr_destroy(&at);
+	pthread_mutex_lock(&j->mu);
+	while (!j->done && xport_now_ms() < end) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+	}
+	if (!j->done) {
+		j->abandoned = true;
+		pthread_mutex_unlock(&j->mu);
+		poison(x, rank, "ncclCommAbort did not return within 10 s (a stuck device or "
+		       "proxy): its communicator and the memory its work may write are kept");
+		return ncclInProgress;   /* said: the callers log nothing more */
+	}
+	r = j->r;
+	pthread_mutex_unlock(&j->mu);
+	abort_job_free(j);
+	return r;
+}
+
 static void
 comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
 {
@@ -968,7 +1068,7 @@ comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
 			log_warnx("nccl: node %s: ncclGroupEnd after the refused ncclCommDestroy "
 				  "(rank %d): %s", x->node_id, rank, a->ncclGetErrorString(r));
 	}
-	if ((r = a->ncclCommAbort(c)) != ncclSuccess)
+	if ((r = abort_bounded(x, c, rank)) != ncclSuccess && r != ncclInProgress)
 		log_warnx("nccl: node %s: ncclCommAbort (rank %d): %s", x->node_id, rank,
 			  a->ncclGetErrorString(r));
 }
@@ -994,7 +1094,8 @@ drop_comms(xport_t *x, bool abort)
 		/* what the stream still holds (operations of an aborted communicator
 		 * end at once) finishes before its buffers can be freed; a stream
 		 * that does not poisons the node: its buffers are kept */
-		if (cm->stream && cm->stream[i] && !drained(a, cm->stream[i], DRAIN_MS))
+		if (cm->stream && cm->stream[i] && !poisoned(x) &&
+		    !drained(a, cm->stream[i], DRAIN_MS))
 			poison(x, cm->local[i], "its stream did not drain within 10 s of its "
 			       "communicator's end");
 		if (cm->stream && cm->stream[i] &&
@@ -1314,8 +1415,9 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 		drop_comms(x, true);
 		for (size_t i = 0; i < nl; i++) {
 			ncclComm_t c = __atomic_load_n(&nc[i], __ATOMIC_ACQUIRE);
+			ncclResult_t ar = c != NULL ? abort_bounded(x, c, -1) : ncclSuccess;
 
-			if (c != NULL && x->api->ncclCommAbort(c) != ncclSuccess)
+			if (ar != ncclSuccess && ar != ncclInProgress)
 				log_warnx("nccl: node %s: ncclCommAbort of a shrunk communicator "
 					  "failed", x->node_id);
 		}

@@ -549,6 +549,16 @@ ncclCommAbort(ncclComm_t c)
 		return ncclSuccess;
 	if ((r = comm_check(c, "ncclCommAbort")) != ncclSuccess)
 		return r;
+	if (emu_env()->hang_abort) {  /* a stuck teardown (proxy, driver): never returns */
+		static _Atomic uint64_t aborts;
+
+		if (++aborts == emu_env()->hang_abort) {
+			emu_say("ncclCommAbort: rank %d: abort %llu never returns "
+				"(REFIT_EMU_HANG_ABORT)", c->rank, (unsigned long long)aborts);
+			for (;;)
+				pause();
+		}
+	}
 	if (!comm_unregister(c))
 		return nccl_fail(ncclInvalidArgument, "ncclCommAbort: comm %p freed twice",
 				 (void *)c);

@@ -872,6 +872,69 @@ out:
 	return bad;
 }
 
+/* ---- 8c. an abort that never returns (emulator: REFIT_EMU_HANG_ABORT) ----------------- */
+
+/*
+ * A group aborted by its session's abort flag: the communicators are
+ * aborted, and that ncclCommAbort never returns (a stuck proxy or device).
+ * The transport waits 10 s for it on a thread of its own, then returns the
+ * group's failure and poisons the node (the next session refused, naming
+ * the abort); before, the pool thread waited in ncclCommAbort forever.
+ */
+static int
+hang_abort_child(void)
+{
+	int32_t me = 0;
+	uint8_t id[512], *buf;
+	size_t idlen = sizeof(id);
+	atomic_int stop = 0;
+	xport_peer_t self = {"gpu-test-hangabort", "nccl", true, true, 1 << 20};
+	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL};
+	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, 0};
+	xport_session_t *s = NULL;
+	const dp_dev_ops_t *dev;
+	gpu_api_t *a;
+	xport_t *x;
+	refit_err_t err;
+	char why[REFIT_ERR_MSG_MAX];
+	int64_t t0;
+	int bad = 0;
+
+	setenv("REFIT_EMU_HANG_ABORT", "1", 1);
+	if ((x = child_start("hangabort", me, &a)) == NULL)
+		return 1;
+	refit_err_clear(&err);
+	if (xport_nccl_ops.unique_id(x, id, &idlen, &err) != REFIT_OK)
+		return 1;
+	w.id_len = idlen;
+	xport_nccl_ops.set_world(x, &w);
+	sc.deadline_ms = xport_now_ms() + session_ms;
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open: %s", err.msg);
+	if (s == NULL)
+		return 1;
+	dev = xport_nccl_ops.dev(s);
+	buf = dev->alloc(dev->ctx, 0, 4096);
+	EXPECT(buf != NULL, "staging");
+	{
+		xport_op_t op = {true, 0, 0, buf, 4096};   /* a send to itself, never received */
+
+		atomic_store(&stop, 1);
+		t0 = xport_now_ms();
+		EXPECT(group_run(s, &op, 1, &err) != REFIT_OK, "the aborted group succeeded");
+		EXPECT(xport_now_ms() - t0 < 30000, "the abort held the caller %lld ms",
+		       (long long)(xport_now_ms() - t0));
+	}
+	EXPECT(xport_nccl_ops.poisoned(x, why, sizeof(why)) != XPORT_POISON_NONE &&
+	       strstr(why, "ncclCommAbort did not return"), "poisoned: %s", why);
+	xport_nccl_ops.close(s);
+	s = NULL;
+	atomic_store(&stop, 0);
+	refit_err_clear(&err);
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) != REFIT_OK && strstr(err.msg, "poisoned"),
+	       "the next session: %s", s ? "opened" : err.msg);
+	return bad ? 1 : 0;   /* no stop: the abandoned abort holds its communicator */
+}
+
 /* ---- 9. a destroy refused by a late error (emulator) ---------------------------------- */
 
 /*
@@ -1429,7 +1492,7 @@ main(int argc, char **argv)
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
-	pid_t late2276_pid = -1;
+	pid_t late2276_pid = -1, hang_abort_pid = -1;
 	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1}, rt2_pid = -1;
 	int sfid[2], sfdone[2];
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
@@ -1477,6 +1540,8 @@ main(int argc, char **argv)
 	close(deadp[1]);
 	if (emu && (late_pid = fork()) == 0)
 		_exit(late_error_child());
+	if (emu && (hang_abort_pid = fork()) == 0)
+		_exit(hang_abort_child());
 	/* the same on NCCL 2.27.6, whose refused destroy already leaves a group */
 	if (emu && (late2276_pid = fork()) == 0) {
 		setenv("REFIT_EMU_NCCL_VERSION", "22706", 1);
@@ -1512,6 +1577,10 @@ main(int argc, char **argv)
 		if (late2276_pid > 0) {
 			kill(late2276_pid, SIGKILL);
 			waitpid(late2276_pid, NULL, 0);
+		}
+		if (hang_abort_pid > 0) {
+			kill(hang_abort_pid, SIGKILL);
+			waitpid(hang_abort_pid, NULL, 0);
 		}
 		if (late_pid > 0) {
 			kill(late_pid, SIGKILL);
@@ -1660,6 +1729,9 @@ main(int argc, char **argv)
 		child_result(late_pid, 60, "a destroy refused by an error that came after the "
 			     "check: the communicator is aborted, the thread is not left inside "
 			     "a group, the next epoch's communicators form");
+	if (hang_abort_pid > 0)
+		child_result(hang_abort_pid, 90, "an ncclCommAbort that never returns: the group "
+			     "fails within 10 s of it, the node is poisoned naming it");
 	if (late2276_pid > 0)
 		child_result(late2276_pid, 60, "the same on NCCL 2.27.6, whose refused destroy "
 			     "already leaves a group (v2.27.6 init.cc)");
