@@ -1094,8 +1094,7 @@ drop_comms(xport_t *x, bool abort)
 		/* what the stream still holds (operations of an aborted communicator
 		 * end at once) finishes before its buffers can be freed; a stream
 		 * that does not poisons the node: its buffers are kept */
-		if (cm->stream && cm->stream[i] && !poisoned(x) &&
-		    !drained(a, cm->stream[i], DRAIN_MS))
+		if (cm->stream && cm->stream[i] && !drained(a, cm->stream[i], DRAIN_MS))
 			poison(x, cm->local[i], "its stream did not drain within 10 s of its "
 			       "communicator's end");
 		if (cm->stream && cm->stream[i] &&
