@@ -97,6 +97,8 @@ UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
 UNIT_DAEMON_SRC += daemon/node/slice.c
+# the nccl transport's staging arena bookkeeping (test_pool.c)
+UNIT_DAEMON_SRC += daemon/transport/gpu_arena.c
 # the authorization table and the refusal log's limiter (test_auth.c)
 UNIT_DAEMON_SRC += rpc/rpc_auth.c
 
@@ -275,12 +277,16 @@ include daemon/ops.mk
 
 # the shared CUDA runtime: one runtime (one current device per thread) with refitd's
 # (both kernel libraries: a static cudart would be a second runtime in refitd)
-$(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h
+# (the strided copy and the conversion kernels: refitd looks both up in it)
+$(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h \
+		daemon/transport/convert_kernels.cu daemon/transport/convert_kernels.h \
+		dataplane/convert_elem.h dataplane/cvt_op.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) -O2 -shared -Xcompiler -fPIC -cudart shared -I. $(NVCC_ARCH) -o $@ $<
+	$(Q)$(NVCC) -std=c++14 -O2 -shared -Xcompiler -fPIC -cudart shared -I. $(NVCC_ARCH) \
+		-o $@ daemon/transport/kernels.cu daemon/transport/convert_kernels.cu
 $(BUILD)/lib/librefit-convert-cuda.so: daemon/transport/convert_kernels.cu \
-		daemon/transport/convert_kernels.h dataplane/convert_elem.h
+		daemon/transport/convert_kernels.h dataplane/convert_elem.h dataplane/cvt_op.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) -std=c++14 -O2 -I. -Xcompiler -fPIC -shared -cudart shared $(NVCC_ARCH) -o $@ $<
@@ -316,8 +322,9 @@ fuzz: deps
 # real headers where they exist (tests/emu/README.md).
 EMU_DIR      := $(BUILD)/emu
 EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
-		tests/emu/emu_copy.c
-EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c
+		tests/emu/emu_copy.c tests/emu/emu_convert.c
+EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c \
+		tests/emu/emu_reg.c
 EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_nccl.o
 EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
 EMU_NCCL     := $(EMU_DIR)/libnccl.so.2

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/parse.h"
 #include "plan/convert.h"
+#include "plan/gpu_staging.h"
 
 #define EXIT_BADINPUT 2
 
@@ -782,6 +783,17 @@ cmd_model(int argc, char **argv)
 			if (dlo.on &&
 			    delta_report(&rs.p, mc.ps, mc.pd, &t, &rs.c, &dlo, true, &sb, &e) != REFIT_OK)
 				rc = die_input(&e);
+			{   /* the nccl transport's GPU staging per rank (docs/gpu.md) */
+				plan_gpu_staging_t gs;
+
+				plan_gpu_staging(&rs.p, 4, &gs);
+				strbuf_printf(&sb, ", \"gpu_staging\": {\"group_peak_bytes\": %llu, "
+					      "\"group_peak_rank\": %d, \"groups\": %llu, "
+					      "\"relay_peak_bytes\": %llu}",
+					      (unsigned long long)gs.peak, (int)gs.rank,
+					      (unsigned long long)gs.groups,
+					      (unsigned long long)(validate ? chk.max_staging : 0));
+			}
 			strbuf_printf(&sb, ", \"speedup\": %.4g, \"speedup_vs_best\": %.4g, "
 				      "\"plan_seconds\": %.3f, \"transfers\": %zu, \"validated\": %s}\n",
 				      bc.c.time_s / rs.c.time_s, best.time_s / rs.c.time_s, rs.secs,

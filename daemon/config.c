@@ -107,6 +107,12 @@ static const key_t_ keys[] = {
 	{"gpu_devices", K_STR, F(gpu_devices), NULL, 0, 0, NULL, false,
 	 "node role, nccl: CUDA device of each local rank in rank order, e.g. 0,1,2,3 "
 	 "(default: local rank i on device i)"},
+	{"gpu_staging_budget_bytes", K_SIZE, F(gpu_staging_budget_bytes), "1GiB", 16 << 20,
+	 1ull << 40, NULL, false,
+	 "node role, nccl: the GPU memory each local rank's data path may hold: one arena per "
+	 "rank and epoch (ncclMemAlloc, registered with its communicator) for message "
+	 "staging, relays and conversion scratch; a refit that needs more at once fails "
+	 "naming the rank and the budget; docs/gpu.md"},
 	{"poisoned_exit", K_ENUM, F(poisoned_exit), "off", 0, 0, "off|on", false,
 	 "node role, nccl: on a poisoned node (GPU work that never ended, its memory kept) "
 	 "exit with status 75 for systemd to restart refitd, instead of staying up "

@@ -45,6 +45,7 @@ typedef struct refitd_config {
 	char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl: what to load */
 	char *poisoned_exit;  /* node: "off" (stay up, report, refuse refits) or "on" (exit 75) */
 	char *gpu_devices;    /* nccl: "0,1,..." local rank i -> CUDA device */
+	uint64_t gpu_staging_budget_bytes; /* nccl: each rank's GPU staging arena */
 	uint64_t instance_grace_ms;   /* coordinator: an instance whose node is gone
 					 is dropped after this long */
 	uint64_t refit_records;       /* coordinator: refit records kept (the newest) */

@@ -267,6 +267,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.nccl_library = cfg->nccl_library;
 	no.gpu_kernels_library = cfg->gpu_kernels_library;
 	no.gpu_devices = cfg->gpu_devices;
+	no.gpu_staging_budget = cfg->gpu_staging_budget_bytes;
 	no.poisoned_exit = on_poisoned_exit;
 	no.poisoned_exit_arg = d;
 	no.exit_poisoned = cfg->poisoned_exit && strcmp(cfg->poisoned_exit, "on") == 0;

@@ -8,10 +8,11 @@
 
 #include "common/alloc.h"
 #include "common/strmap.h"
+#include "dataplane/conv_dev.h"
 #include "dataplane/conv_exec.h"
 #include "dataplane/convert.h"
 
-enum { BUF_PIECE, BUF_SCALE, BUF_RECV };
+enum { BUF_PIECE, BUF_SCALE, BUF_RECV, BUF_TEMP };
 
 typedef struct cbuf {
 	int kind;
@@ -30,6 +31,8 @@ struct dp_conv {
 	int64_t *scale_src;/* per conversion: its scale tensor's source in c->src, or -1 */
 	bool **done;       /* per sender-side conversion: kept shard converted */
 	uint64_t bytes;
+	const dp_dev_ops_t *dev;  /* the session's device (NULL: host memory) */
+	int32_t ntemp;     /* BUF_TEMP buffers made (their keys' piece) */
 };
 
 static void
@@ -61,19 +64,26 @@ find(dp_conv_t *x, int kind, uint32_t k, int32_t rank, int32_t piece, uint32_t s
 	return i < 0 ? NULL : x->bufs.v[i];
 }
 
-/* Scratch of shape (zeroed) for one key. */
+/* Scratch of shape for one key: host memory (zeroed), or memory of rank's
+ * device (NULL and err set when it cannot be had). */
 static cbuf_t *
 make(dp_conv_t *x, int kind, uint32_t k, int32_t rank, int32_t piece, uint32_t shard,
-     int ndim, const int64_t *shape, plan_dtype_t dt)
+     int ndim, const int64_t *shape, uint32_t e, refit_err_t *err)
 {
-	cbuf_t *b = xcalloc(1, sizeof(*b));
-	uint32_t e = (uint32_t)plan_dtype_size(dt);
 	uint64_t n = dp_view_bytes(ndim, shape, e);
-
+	void *base = x->dev ? x->dev->alloc(x->dev->ctx, rank, n ? n : 1) : xcalloc(1, n ? n : 1);
+	cbuf_t *b;
 	char key[80];
 
+	if (base == NULL) {
+		refit_err_set(err, REFIT_ERR_UNAVAILABLE, "conversion: cannot allocate %llu bytes "
+			      "of GPU scratch for rank %d (the device's error follows at its sync)",
+			      (unsigned long long)n, rank);
+		return NULL;
+	}
+	b = xcalloc(1, sizeof(*b));
 	*b = (cbuf_t){kind, k, rank, piece, shard, {0}};
-	dp_view_contiguous(&b->v, xcalloc(1, n ? n : 1), ndim, shape, e);
+	dp_view_contiguous(&b->v, base, ndim, shape, e);
 	x->bytes += n;
 	key_of(key, sizeof(key), kind, k, rank, piece, shard);
 	strmap_put(&x->index, key, (int32_t)x->bufs.n);
@@ -93,12 +103,13 @@ piece_buf(dp_conv_t *x, uint32_t k, int32_t rank, int32_t piece, cbuf_t **out,
 	if (*out)
 		return REFIT_OK;
 	CHECK(dp_local_shape(&x->src->v[t->src], rank, piece, shape, err));
-	*out = make(x, BUF_PIECE, k, rank, piece, 0, t->ndim, shape, t->to);
-	return REFIT_OK;
+	*out = make(x, BUF_PIECE, k, rank, piece, 0, t->ndim, shape,
+		    (uint32_t)plan_dtype_size(t->to), err);
+	return *out ? REFIT_OK : err->status;
 }
 
 static refit_status_t
-scale_buf(dp_conv_t *x, uint32_t k, uint32_t i, cbuf_t **out)
+scale_buf(dp_conv_t *x, uint32_t k, uint32_t i, cbuf_t **out, refit_err_t *err)
 {
 	const plan_layout_t *ss = &x->c->src.v[x->scale_src[k]];
 	const plan_shard_t *sh = &ss->shards[i];
@@ -106,7 +117,29 @@ scale_buf(dp_conv_t *x, uint32_t k, uint32_t i, cbuf_t **out)
 	*out = find(x, BUF_SCALE, k, sh->rank, sh->piece, i);
 	if (*out == NULL)
 		*out = make(x, BUF_SCALE, k, sh->rank, sh->piece, i, ss->ndim, sh->box.size,
-			    ss->dtype);
+			    (uint32_t)plan_dtype_size(ss->dtype), err);
+	return *out ? REFIT_OK : err->status;
+}
+
+/* dp_quant_region, on the host or as launches on rank's device (with a
+ * scratch for the scales of want's blocks, freed with the wrapper's). */
+static refit_status_t
+quant(dp_conv_t *x, uint32_t k, int32_t rank, const dp_quant_t *q, const dp_view_t *sv,
+      const plan_shard_t *ss, const plan_box_t *want, const dp_view_t *qv,
+      const plan_shard_t *qs, const dp_view_t *scv, const plan_shard_t *scs,
+      refit_err_t *err)
+{
+	int64_t n;
+	cbuf_t *tb;
+
+	if (x->dev == NULL) {
+		dp_quant_region(q, sv, ss, want, qv, qs, scv, scs);
+		return REFIT_OK;
+	}
+	n = (int64_t)dp_dev_quant_scratch(q, want);
+	if ((tb = make(x, BUF_TEMP, k, rank, x->ntemp++, 0, 1, &n, 1, err)) == NULL)
+		return err->status;
+	dp_dev_quant(x->dev, rank, q, sv, ss, want, qv, qs, scv, scs, tb->v.base);
 	return REFIT_OK;
 }
 
@@ -125,17 +158,19 @@ convert_shard(dp_conv_t *x, uint32_t k, uint32_t i, refit_err_t *err)
 		return REFIT_OK;
 	CHECK(x->under.view(x->under.ctx, s->rank, t->dst, false, s->piece, &sv, err));
 	CHECK(piece_buf(x, k, s->rank, s->piece, &pb, err));
-	if (t->scale == PLAN_SCALE_NONE) {
+	if (t->scale == PLAN_SCALE_NONE && x->dev) {
+		dp_dev_cvt_box(x->dev, s->rank, &sv, s, t->from, &pb->v, s, t->to, &s->box);
+	} else if (t->scale == PLAN_SCALE_NONE) {
 		dp_cvt_box(&sv, s, t->from, &pb->v, s, t->to, 0, &s->box);
 	} else {
-		CHECK(scale_buf(x, k, i, &sb));
+		CHECK(scale_buf(x, k, i, &sb, err));
 		memset(&scs, 0, sizeof(scs));
 		for (int d = 0; d < t->ndim; d++) {
 			scs.box.off[d] = s->box.off[d] / t->block[d];
 			scs.box.size[d] = sb->v.ndim ? sb->v.shape[d] : 1;
 		}
 		quant_of(t, &q);
-		dp_quant_region(&q, &sv, s, &s->box, &pb->v, s, &sb->v, &scs);
+		CHECK(quant(x, k, s->rank, &q, &sv, s, &s->box, &pb->v, s, &sb->v, &scs, err));
 	}
 	x->done[k][i] = true;
 	return REFIT_OK;
@@ -157,7 +192,7 @@ sender_view(dp_conv_t *x, uint32_t k, uint32_t t2, int32_t rank, int32_t piece,
 		if (t2 != t->dst2 && mine) { /* the scale source: shard i, its piece */
 			cbuf_t *sb;
 
-			CHECK(scale_buf(x, k, (uint32_t)i, &sb));
+			CHECK(scale_buf(x, k, (uint32_t)i, &sb, err));
 			if (sb->piece != piece)
 				continue;
 			CHECK(convert_shard(x, k, (uint32_t)i, err));
@@ -197,7 +232,9 @@ recv_view(dp_conv_t *x, uint32_t k, int32_t rank, int32_t piece, dp_view_t *out,
 		b = find(x, BUF_RECV, k, rank, piece, (uint32_t)i);
 		if (b == NULL)
 			b = make(x, BUF_RECV, k, rank, piece, (uint32_t)i, w->ndim, s->box.size,
-				 w->dtype);
+				 (uint32_t)plan_dtype_size(w->dtype), err);
+		if (b == NULL)
+			return err->status;
 		*out = b->v;
 		return REFIT_OK;
 	}
@@ -295,7 +332,8 @@ dp_conv_finish(dp_conv_t *x, int32_t rank, refit_err_t *err)
 			CHECK(x->under.view(x->under.ctx, rank, e->is_scale ? (uint32_t)t->scale_dst
 					    : t->dst, true, os->piece, &rv, err));
 			if (!e->is_scale) {
-				dp_quant_region(&q, &sv, s, &os->box, &rv, os, NULL, NULL);
+				CHECK(quant(x, (uint32_t)k, rank, &q, &sv, s, &os->box, &rv, os,
+					    NULL, NULL, err));
 				continue;
 			}
 			if (o->ndim == 0)   /* the tensor scale: the one block */
@@ -310,10 +348,50 @@ dp_conv_finish(dp_conv_t *x, int32_t rank, refit_err_t *err)
 				want.off[d] = a;
 				want.size[d] = (b < t->shape[d] ? b : t->shape[d]) - a;
 			}
-			dp_quant_region(&q, &sv, s, &want, NULL, NULL, &rv, &gs);
+			CHECK(quant(x, (uint32_t)k, rank, &q, &sv, s, &want, NULL, NULL, &rv, &gs,
+				    err));
 		}
 	}
 	return REFIT_OK;
+}
+
+refit_status_t
+dp_conv_set_dev(dp_conv_t *x, const dp_dev_ops_t *dev, refit_err_t *err)
+{
+	if (dev == NULL)
+		return REFIT_OK;
+	if (dev->convert == NULL)
+		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "conversion: the transport's GPU "
+				     "kernel library has no conversion kernels (refit_cuda_convert; "
+				     "docs/conversion.md): a model that converts dtypes cannot "
+				     "refit over it");
+	for (size_t k = 0; k < x->c->n; k++) {
+		const plan_conv_tensor_t *t = &x->c->t[k];
+		dp_quant_t q;
+
+		quant_of(t, &q);
+		CHECK(dp_dev_quant_ok(&q, x->c->dst.v[t->dst2].name, err));
+	}
+	x->dev = dev;
+	return REFIT_OK;
+}
+
+void
+dp_conv_release(dp_conv_t *x)
+{
+	for (size_t i = 0; x && i < x->bufs.n; i++) {
+		if (x->dev)
+			x->dev->free(x->dev->ctx, x->bufs.v[i]->rank, x->bufs.v[i]->v.base);
+		else
+			free(x->bufs.v[i]->v.base);
+		free(x->bufs.v[i]);
+	}
+	if (x == NULL)
+		return;
+	x->bufs.n = 0;
+	strmap_fini(&x->index);
+	strmap_init(&x->index);
+	x->bytes = 0;
 }
 
 void
@@ -321,10 +399,7 @@ dp_conv_free(dp_conv_t *x)
 {
 	if (x == NULL)
 		return;
-	for (size_t i = 0; i < x->bufs.n; i++) {
-		free(x->bufs.v[i]->v.base);
-		free(x->bufs.v[i]);
-	}
+	dp_conv_release(x);
 	VEC_FREE(&x->bufs);
 	strmap_fini(&x->index);
 	free(x->scale_src);

@@ -11,8 +11,10 @@
  * dtype, widened to whole blocks; dp_conv_finish then quantizes the
  * rank's boxes and scales into its real memory.
  *
- * Host memory only (a device wrapper would call the kernels of
- * daemon/transport/convert_kernels.h).  Thread: one executor's.
+ * Host memory, or a device's once dp_conv_set_dev gave it one (the nccl
+ * transport): scratch then comes from the device's alloc and conversion
+ * runs as launches of the conversion kernels (dataplane/conv_dev.h), on
+ * the streams that the copies use.  Thread: one executor's.
  */
 #ifndef REFIT_DATAPLANE_CONV_EXEC_H
 #define REFIT_DATAPLANE_CONV_EXEC_H
@@ -25,7 +27,8 @@ typedef struct dp_conv dp_conv_t;
 /*
  * A wrapper over `under`, whose view() speaks the original sets' indices
  * (tensor = index in the original dst).  c, src, dst are borrowed and must
- * outlive it.  Fails for device memory.
+ * outlive it.  `under` speaks host memory here; a device comes later
+ * (dp_conv_set_dev).
  */
 refit_status_t dp_conv_new(const plan_conv_t *c, const plan_layout_set_t *src,
 			   const plan_layout_set_t *dst, const dp_mem_ops_t *under,
@@ -35,6 +38,12 @@ const dp_mem_ops_t *dp_conv_mem(dp_conv_t *x);
 /* After rank's last unpack: quantize its receiver-side tensors and scales
  * into its memory.  Idempotent per rank is not promised: call once. */
 refit_status_t dp_conv_finish(dp_conv_t *x, int32_t rank, refit_err_t *err);
+/* The session's device (NULL: host memory), before the executor is made:
+ * an error naming why when the device cannot convert this plan. */
+refit_status_t dp_conv_set_dev(dp_conv_t *x, const dp_dev_ops_t *dev, refit_err_t *err);
+/* Free the scratch (on its device: call while the session is open; the
+ * device's free waits for what was queued on it). */
+void dp_conv_release(dp_conv_t *x);
 /* Scratch bytes held now (sender-side converted pieces, receiver blocks). */
 uint64_t dp_conv_scratch_bytes(const dp_conv_t *x);
 void dp_conv_free(dp_conv_t *x);

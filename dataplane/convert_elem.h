@@ -15,6 +15,8 @@
 #define DP_HD static __host__ __device__ __forceinline__
 #else
 #define DP_HD static inline
+#endif
+
 /*
  * MXFP8 (OCP MX v1.0): the block's shared scale 2^X, X = floor(log2(amax))
  * - 8 clamped to [-127, 127], as its e8m0 byte X + 127; a block holding a
@@ -38,8 +40,6 @@ dp_elem_mx_divisor(uint8_t b)
 		return 0x7fc00000u;
 	return b ? (uint32_t)b << 23 : 0x00400000u;
 }
-
-#endif
 
 /* The same 32 bits as the other type: the intrinsic on the device, memcpy
  * on the host (no aliasing games). */

@@ -19,6 +19,7 @@
 #ifndef REFIT_DATAPLANE_EXEC_H
 #define REFIT_DATAPLANE_EXEC_H
 
+#include "dataplane/cvt_op.h"
 #include "dataplane/pool.h"
 #include "dataplane/view.h"
 #include "plan/plan.h"
@@ -40,6 +41,9 @@ typedef struct dp_dev_ops {
 	void (*to_host)(void *ctx, int32_t rank, void *host, const void *dev, uint64_t n);
 	void (*from_host)(void *ctx, int32_t rank, void *dev, const void *host, uint64_t n);
 	refit_status_t (*sync)(void *ctx, refit_err_t *err);
+	/* one conversion launch (dataplane/cvt_op.h) on rank's device; NULL:
+	 * the device cannot convert (dataplane/conv_dev.c drives it) */
+	void (*convert)(void *ctx, int32_t rank, const dp_cvt_op_t *op);
 	void *ctx;
 } dp_dev_ops_t;
 

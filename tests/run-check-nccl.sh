@@ -11,7 +11,9 @@
 #      the emulator's leak counters checked after each suite), and the
 #      GPU machine's e2e script (tests/gpu/test_gpu_e2e.py) on the emulator;
 #      a poisoned node (tests/integration/test_poison.py: a copy to the host
-#      that never ends, REFIT_EMU_HANG_D2H);
+#      that never ends, REFIT_EMU_HANG_D2H); the conversion kernels' launcher
+#      against the host quantizer (cvt-gpu-test) and a converting model over
+#      nccl, every byte against the numpy reference (test_conversion.py);
 # 2 and 3 once with the normal build and once under ASan + UBSan.
 # Ends with "check-nccl: N passed, N failed".
 # Usage: sh tests/run-check-nccl.sh [BUILD_DIR]  (NCCL_PAIRS, NCCL_SOAK, NCCL_ASAN_PAIRS)
@@ -50,6 +52,16 @@ gputest() {
 	return $rc
 }
 
+# a kernel library's test program given the emulator as its library
+gputest_lib() {
+	gd=$(mktemp -d /tmp/refit-gpu-emu.XXXXXX) || return 1
+	env REFIT_EMU_DEVICES=1 REFIT_EMU_DIR="$gd" REFIT_EMU_COUNTERS=1 \
+	    "$1" "$EMU/libcudart.so.13" && /usr/bin/python3 tests/emu/check_counters.py "$gd"
+	rc=$?
+	[ $rc -ne 0 ] || rm -rf "$gd"
+	return $rc
+}
+
 for v in normal asan; do
 	if [ $v = normal ]; then b=$BUILD; pairs=$PAIRS; soak=$SOAK; tag=""
 	else b=$BUILD/asan; pairs=$ASAN_PAIRS; soak=5; tag=", ASan + UBSan (no LSan)"
@@ -68,6 +80,11 @@ for v in normal asan; do
 	script "a poisoned node: health, metric, members, refits refused at once, poisoned_exit$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/integration/test_poison.py "$b"
+	[ $v = asan ] || script "conversion kernels vs the host quantizer (cvt-gpu-test) on the emulator" \
+		gputest_lib "$b/tests/cvt-gpu-test"
+	script "conversion over nccl (fp32 -> bf16, bf16 -> fp8 + scales) bit for bit$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_conversion.py "$b"
 	script "tests/gpu/test_gpu_e2e.py (one rank per daemon) on the emulator$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/gpu/test_gpu_e2e.py "$b"

@@ -378,7 +378,7 @@ node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
 {
 	xport_cfg_t xc = {o->data_listen ? o->data_listen : "127.0.0.1:0", o->node_id, o->ranks,
-			  o->nranks, o->gpu_devices};
+			  o->nranks, o->gpu_devices, o->gpu_staging_budget};
 	gpu_paths_t gp = {o->cuda_library, o->nccl_library, o->gpu_kernels_library};
 	const char *why;
 	node_t *n;

@@ -29,6 +29,7 @@ typedef struct node_opts {
 	uint64_t test_hold_run_ms;  /* tests: hold RunSlice until its Abort (0: no) */
 	const char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl */
 	const char *gpu_devices;  /* nccl: "0,1,..." (NULL: local rank i -> device i) */
+	uint64_t gpu_staging_budget;  /* nccl: each rank's GPU staging arena, bytes */
 	rpc_async_t *rpc;         /* the process's client for calls (not owned) */
 	/* called once on the loop when the node must stop: its transport
 	 * poisoned it and exit_poisoned is set (config poisoned_exit), or a

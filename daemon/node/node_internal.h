@@ -150,6 +150,7 @@ struct slice_job {
 	uint64_t slice_us;      /* decoding and checking the slice */
 	plan_conv_t cv;         /* conversions: the pair the plan moves */
 	dp_conv_t *cx;          /* conversions: the clients' memory, wrapped */
+	const dp_dev_ops_t *dev; /* the slice session's device while it is open (NULL: host) */
 	bool converts;
 	char *model;
 	plan_opts_t opts;

@@ -106,6 +106,35 @@ job_free(slice_job_t *j)
 	free(j);
 }
 
+/* The slice's session is open: conversion on its device (NULL: host). */
+static refit_status_t
+job_open(void *ctx, const dp_dev_ops_t *dev, refit_err_t *err)
+{
+	slice_job_t *j = ctx;
+
+	j->dev = dev;
+	return j->cx ? dp_conv_set_dev(j->cx, dev, err) : REFIT_OK;
+}
+
+/* Before the session closes: everything this node receives has arrived
+ * (ok): quantize into its ranks, and wait for it on a device; then free
+ * the scratch, on the device while it is open. */
+static refit_status_t
+job_close(void *ctx, bool ok, refit_err_t *err)
+{
+	slice_job_t *j = ctx;
+	refit_status_t rc = REFIT_OK;
+
+	if (j->cx == NULL)
+		return REFIT_OK;
+	for (size_t r = 0; ok && rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
+		rc = dp_conv_finish(j->cx, j->nodes[j->self].ranks[r], err);
+	if (ok && rc == REFIT_OK && j->dev)
+		rc = j->dev->sync(j->dev->ctx, err);
+	dp_conv_release(j->cx);
+	return rc;
+}
+
 static void
 job_work(uv_work_t *w)
 {
@@ -141,10 +170,10 @@ job_work(uv_work_t *w)
 	sc.pool = j->n->pool;
 	sc.connect_ms = j->n->connect_timeout_ms;
 	sc.peers = j->peers;
+	sc.on_open = job_open;
+	sc.on_close = job_close;
+	sc.hook_ctx = j;
 	j->rc = slice_run(&sc, &j->st, &j->err);
-	/* everything this node receives has arrived: quantize into its ranks */
-	for (size_t r = 0; j->cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
-		j->rc = dp_conv_finish(j->cx, j->nodes[j->self].ranks[r], &j->err);
 out:
 	log_set_refit(0);
 }
@@ -326,10 +355,7 @@ job_take_slice(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t
 	refit_status_t rc;
 
 	if (plan_convert_any(&j->dst)) {
-		if (j->n->xo->memory == XPORT_MEM_DEVICE)
-			return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "model \"%s\" converts "
-					     "dtypes, which the %s transport does not do yet (tcp "
-					     "does)", j->model, j->n->xo->name);
+		/* on a device (nccl): the kernels convert (job_open says when not) */
 		CHECK(plan_convert_apply(&j->src, &j->dst, &j->cv, err));
 		j->converts = true;
 	}

@@ -961,10 +961,20 @@ run_session(slice_t *s, refit_err_t *err)
 	if (rc == REFIT_OK) {
 		s->opened = true;
 		dm.dev = s->dev = c->xo->dev(sess);
-		rc = dp_exec_new(c->plan, c->src, c->dst, &dm, &eo, &s->x, err);
+		if (c->on_open)
+			rc = c->on_open(c->hook_ctx, s->dev, err);
+		if (rc == REFIT_OK)
+			rc = dp_exec_new(c->plan, c->src, c->dst, &dm, &eo, &s->x, err);
 	}
 	if (rc == REFIT_OK)
 		rc = c->xo->exchange(sess, &io, err);
+	if (s->opened && c->on_close) {
+		refit_err_t e2;
+		refit_status_t r2 = c->on_close(c->hook_ctx, rc == REFIT_OK,
+						rc == REFIT_OK ? err : &e2);
+
+		rc = rc == REFIT_OK ? r2 : rc;
+	}
 	if (s->dev)
 		group_free(s);
 	c->xo->close(sess);

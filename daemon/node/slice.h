@@ -44,6 +44,13 @@ typedef struct slice_cfg {
 	uint64_t connect_ms;      /* each connection to a peer (tcp): its deadline */
 	struct slice_peer *peers; /* per node of nodes: filled when the slice fails
 				     (NULL: not wanted; the caller zeroes it) */
+	/* optional, with hook_ctx: once the session is open, its device (NULL:
+	 * host memory) before the executor is made; and before it closes, after
+	 * the exchange (ok: it succeeded) -- the conversion wrapper's finish and
+	 * its device scratch (dataplane/conv_exec.h) */
+	refit_status_t (*on_open)(void *ctx, const dp_dev_ops_t *dev, refit_err_t *err);
+	refit_status_t (*on_close)(void *ctx, bool ok, refit_err_t *err);
+	void *hook_ctx;
 } slice_cfg_t;
 
 /*

@@ -340,6 +340,7 @@ load_kernels(void *cudart)
 				 "refitGpuCopyStrided");
 			return -1;
 		}
+		*(void **)&api.convert = dlsym(h, "refit_cuda_convert");
 		path_of(h, p ? p : "librefit-gpu-kernels.so", api.kernels_path,
 			sizeof(api.kernels_path));
 		/*
@@ -365,6 +366,7 @@ load_kernels(void *cudart)
 		return 0;
 	}
 	*(void **)&api.copy_strided = dlsym(cudart, "refitGpuCopyStrided");
+	*(void **)&api.convert = dlsym(cudart, "refit_cuda_convert");
 	if (api.copy_strided != NULL)
 		snprintf(api.kernels_path, sizeof(api.kernels_path), "%s", api.cuda_path);
 	return 0;
@@ -482,13 +484,17 @@ load(void)
 		return -1;
 	}
 	SYM(nccl, ncclCommShrink);
+	SYM(nccl, ncclMemAlloc);
+	SYM(nccl, ncclMemFree);
+	SYM(nccl, ncclCommRegister);
 	*(void **)&api.ncclGetLastError = dlsym(nccl, "ncclGetLastError"); /* optional */
 	if (load_kernels(cudart) != 0 || check_nccl_env() != 0)
 		return -1;
-	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s",
-		 api.cuda_path, api.nccl_version / 10000, api.nccl_version / 100 % 100,
-		 api.nccl_version % 100, api.nccl_path,
-		 api.copy_strided ? api.kernels_path : "none (row-by-row copies)");
+	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s, "
+		 "conversion kernels: %s", api.cuda_path, api.nccl_version / 10000,
+		 api.nccl_version / 100 % 100, api.nccl_version % 100, api.nccl_path,
+		 api.copy_strided ? api.kernels_path : "none (row-by-row copies)",
+		 api.convert ? api.kernels_path : "none (converting models refused)");
 	return 1;
 }
 

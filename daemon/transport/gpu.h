@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 
+#include "daemon/transport/convert_kernels.h"
 #include "daemon/transport/gpu_kernels.h"
 
 /* The oldest NCCL refit runs on (see gpu.c for why). */
@@ -84,10 +85,15 @@ typedef struct gpu_api {
 	GPU_FN(ncclGetErrorString);
 	GPU_FN(ncclGetVersion);
 	GPU_FN(ncclCommShrink);
+	GPU_FN(ncclMemAlloc);
+	GPU_FN(ncclMemFree);
+	GPU_FN(ncclCommRegister);
 	GPU_FN(ncclGetLastError); /* optional: NULL when the library lacks it */
 	gpu_mem_range_fn mem_range;            /* cuMemGetAddressRange */
 	gpu_uuid_fn device_uuid;               /* cuDeviceGetUuid */
 	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
+	refit_cuda_convert_fn convert;          /* NULL: no conversion kernels (a kernel
+						   library built before them) */
 	int ndevices;
 	int nccl_version;         /* ncclGetVersion's code, e.g. 22809 */
 	char cuda_path[256], nccl_path[256], kernels_path[256];

@@ -36,6 +36,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "daemon/transport/gpu.h"
+#include "daemon/transport/gpu_arena.h"
 #include "daemon/transport/transport.h"
 
 #ifndef REFIT_HAVE_NCCL
@@ -66,9 +67,18 @@ typedef struct comms {
 	ncclComm_t *comm;         /* per local rank */
 	cudaStream_t *stream;
 	int *dev;
+	struct arena *arena;      /* per local rank: its staging arena (made at first use) */
 	ncclUniqueId id;          /* the id they were made from */
 	bool have_id;             /* false: shrunk from older ones */
 } comms_t;
+
+/* A rank's GPU staging arena: one ncclMemAlloc of the budget, registered
+ * with the rank's communicator, for every dev_alloc of the epoch. */
+typedef struct arena {
+	uint8_t *base;            /* NULL: not made yet */
+	void *reg;                /* ncclCommRegister's handle (NULL: none) */
+	gpu_arena_t a;
+} arena_t;
 
 /* The world of an epoch as PrepareEpoch gave it. */
 typedef struct world {
@@ -106,6 +116,7 @@ struct xport {
 	 * reused: device staging, the pinned buffer) */
 	char poison[REFIT_ERR_MSG_MAX];
 	bool dead;                /* mu: poisoned by a sticky CUDA error (poison_dead) */
+	uint64_t budget;          /* gpu_staging_budget_bytes: each rank's arena */
 	uint64_t kept;            /* allocations kept so (not freed) */
 };
 
@@ -494,21 +505,106 @@ dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *s
 	}
 }
 
+/* One conversion launch (dataplane/conv_dev.c) on rank's stream. */
+static void
+dev_convert(void *ctx, int32_t rank, const dp_cvt_op_t *op)
+{
+	xport_t *x = ctx;
+	cudaStream_t st;
+	int rc;
+
+	if (dfailed(x) || !on_rank(x, rank, &st))
+		return;
+	(void)x->api->cudaGetLastError();   /* as for copy_strided: a stale error */
+	if ((rc = x->api->convert(op, st)) != 0)
+		dfail(x, (cudaError_t)rc, rank, op->op == DP_CVT_CAST ? "refit_cuda_convert (cast)"
+		      : op->op == DP_CVT_SCALES ? "refit_cuda_convert (scales)"
+		      : "refit_cuda_convert (quantize)");
+}
+
+/*
+ * Local rank li's arena, made at its first use in the epoch (its device
+ * current, its communicator ready): one ncclMemAlloc of the budget,
+ * registered with the communicator (every send and receive buffer of
+ * refit's comes from an arena, so no matched pair mixes registered and
+ * unregistered memory, which NCCL leaves undefined).  NULL: failed (derr).
+ */
+static arena_t *
+arena_of(xport_t *x, int li, int32_t rank)
+{
+	arena_t *ar = &x->cm.arena[li];
+	const gpu_api_t *a = x->api;
+	ncclResult_t r;
+	void *p = NULL;
+
+	if (ar->base != NULL)
+		return ar;
+	if ((r = a->ncclMemAlloc(&p, x->budget)) != ncclSuccess) {
+		refit_err_set(&x->derr, REFIT_ERR_NOMEM, "nccl transport: rank %d: ncclMemAlloc of "
+			      "its %" PRIu64 "-byte staging arena (gpu_staging_budget_bytes): %s", rank,
+			      x->budget, a->ncclGetErrorString(r));
+		return NULL;
+	}
+	if ((r = a->ncclCommRegister(x->cm.comm[li], p, x->budget, &ar->reg)) != ncclSuccess) {
+		refit_err_set(&x->derr, REFIT_ERR_NCCL, "nccl transport: rank %d: ncclCommRegister "
+			      "of its staging arena: %s", rank, a->ncclGetErrorString(r));
+		(void)a->ncclMemFree(p);
+		return NULL;
+	}
+	ar->base = p;
+	gpu_arena_init(&ar->a, x->budget);
+	log_info("nccl: node %s: rank %d: staging arena of %" PRIu64 " bytes (ncclMemAlloc, "
+		 "registered with its communicator)", x->node_id, rank, x->budget);
+	return ar;
+}
+
+/* Staging from the rank's arena (first fit, 256-byte aligned). */
 static void *
 dev_alloc(void *ctx, int32_t rank, uint64_t bytes)
 {
 	xport_t *x = ctx;
 	cudaStream_t st;
-	cudaError_t e;
-	void *p = NULL;
+	arena_t *ar;
+	uint64_t off;
 
-	if (!on_rank(x, rank, &st))
+	if (!on_rank(x, rank, &st) || (ar = arena_of(x, local_index(&x->cm, rank), rank)) == NULL)
 		return NULL;
-	if ((e = x->api->cudaMalloc(&p, bytes ? bytes : 1)) != cudaSuccess) {
-		dfail(x, e, rank, "cudaMalloc");
+	if (!gpu_arena_get(&ar->a, bytes, &off)) {
+		refit_err_set(&x->derr, REFIT_ERR_NOMEM, "nccl transport: rank %d needs %" PRIu64
+			      " more bytes of GPU staging at once than its budget holds: "
+			      "gpu_staging_budget_bytes %" PRIu64 ", %" PRIu64 " in use, the largest "
+			      "free run %" PRIu64 " (this refit's groups, relays and conversion "
+			      "scratch; raise the budget or lower the plan's staging_bytes)", rank,
+			      bytes, x->budget, ar->a.in_use, gpu_arena_largest(&ar->a));
 		return NULL;
 	}
-	return p;
+	return ar->base + off;
+}
+
+/* Free a rank's arena (its communicator is gone, its stream drained, so
+ * nothing queued uses it: allocations still held are given up with it, a
+ * later dev_free finds no arena): NCCL dropped the registration with the
+ * communicator (ncclRegCleanup). */
+static void
+arena_free(xport_t *x, size_t li)
+{
+	arena_t *ar = &x->cm.arena[li];
+	ncclResult_t r;
+
+	if (ar->base == NULL)
+		return;
+	if (poisoned(x)) {  /* work that never ended may still write it */
+		x->kept++;
+		log_warnx("nccl: node %s: rank %d: its staging arena is kept (the node is "
+			  "poisoned)", x->node_id, x->cm.local[li]);
+	} else if ((r = x->api->ncclMemFree(ar->base)) != ncclSuccess) {
+		log_warnx("nccl: node %s: ncclMemFree: %s", x->node_id,
+			  x->api->ncclGetErrorString(r));
+	}
+	log_info("nccl: node %s: rank %d: GPU staging held at most %" PRIu64 " of its %" PRIu64
+		 " bytes this epoch", x->node_id, x->cm.local[li], ar->a.peak, x->budget);
+	gpu_arena_fini(&ar->a);
+	memset(ar, 0, sizeof(*ar));
 }
 
 static void
@@ -516,7 +612,7 @@ dev_free(void *ctx, int32_t rank, void *p)
 {
 	xport_t *x = ctx;
 	cudaStream_t st;
-	cudaError_t e;
+	arena_t *ar;
 
 	if (p == NULL)
 		return;
@@ -526,14 +622,15 @@ dev_free(void *ctx, int32_t rank, void *p)
 		x->kept++;
 		return;
 	}
-	if (!on_rank(x, rank, &st)) { /* still free it: the current device does not matter */
-		/* the communicators were dropped: their streams drained (else the
-		 * node would be poisoned) */
-		if ((e = x->api->cudaFree(p)) != cudaSuccess)
-			log_warnx("nccl: node %s: cudaFree: %s", x->node_id,
-				  x->api->cudaGetErrorString(e));
+	/* the communicators were dropped with their arenas (their streams
+	 * drained, else the node would be poisoned): nothing to give back */
+	if (local_index(&x->cm, rank) < 0)
 		return;
-	}
+	if (!on_rank(x, rank, &st))
+		return;
+	ar = &x->cm.arena[local_index(&x->cm, rank)];
+	if (ar->base == NULL || (uint8_t *)p < ar->base || (uint8_t *)p >= ar->base + ar->a.size)
+		return;   /* an arena of an epoch before (dropped and made again) */
 	/* nothing queued may still use it (failed and aborted sessions skip
 	 * their syncs), bounded: a stream that does not drain keeps it */
 	if (!drained(x->api, st, DRAIN_MS)) {
@@ -541,7 +638,9 @@ dev_free(void *ctx, int32_t rank, void *p)
 		x->kept++;
 		return;
 	}
-	DCHK(x, rank, x->api->cudaFree(p), "cudaFree");
+	if (!gpu_arena_put(&ar->a, (uint64_t)((uint8_t *)p - ar->base)))
+		log_warnx("nccl: node %s: rank %d: %p is no allocation of its arena", x->node_id,
+			  rank, p);
 }
 
 static void
@@ -785,10 +884,11 @@ nccl_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	x->cranks = xmalloc((cfg->nranks + 1) * sizeof(int32_t));
 	memcpy(x->cranks, cfg->ranks, cfg->nranks * sizeof(int32_t));
 	x->cdevs = devs;
+	x->budget = cfg->gpu_staging_budget ? cfg->gpu_staging_budget : 1ull << 30;
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_cond_init(&x->cv, NULL);
 	x->dev = (dp_dev_ops_t){dev_copy_box, dev_alloc, dev_free, dev_copy, dev_to_host,
-				dev_from_host, dev_sync, x};
+				dev_from_host, dev_sync, a->convert ? dev_convert : NULL, x};
 	for (size_t i = 0; i < cfg->nranks; i++)
 		log_info("nccl: node %s: rank %d on CUDA device %d", x->node_id, x->cranks[i],
 			 x->cdevs[i]);
@@ -842,13 +942,116 @@ nccl_says(const gpu_api_t *a, ncclComm_t c, char *buf, size_t n)
  * Free one communicator (local rank rank): ncclCommDestroy when it is ready
  * and healthy, else ncclCommAbort, which works in any state.  The state can
  * change between the check and the destroy (an asynchronous error of the
- * proxy), so a refused destroy is followed by an abort.  NCCL 2.28 and
+ * proxy), so a refused destroy is followed by an abort.  NCCL 2.27.6 and
  * later also leave the calling thread inside a group when they refuse a
- * destroy (ncclGroupStart inside, an early return): that group is closed
+ * destroy (init.cc: ncclGroupStartInternal, then NCCLCHECK's early return
+ * past ncclGroupEndInternal; 2.27.5 and before open none): that group is closed
  * here, or every later group of this thread would never be launched (its
  * ncclGroupEnd would only close the one left open) and its streams would
  * look drained.
  */
+#define NCCL_DESTROY_GROUP 22706   /* the first NCCL whose refused destroy leaves a group */
+
+/*
+ * ncclCommAbort, bounded.  NCCL's abort tears down its proxy thread and
+ * connections and waits for the communicator's kernels (init.cc
+ * commReclaim -> commFree): a stuck device or a proxy blocked in the
+ * network can hold it without end, and with it the pool thread and every
+ * later refit.  It runs on a thread of its own on the caller's current
+ * device; after ABORT_MS the caller goes on and the node is poisoned (the
+ * communicator's work may still write its memory, so nothing of it is
+ * freed; refits are refused until refitd restarts).  The abandoned thread
+ * frees its job when the abort returns, if ever.
+ */
+#define ABORT_MS 10000
+
+typedef struct abort_job {
+	const gpu_api_t *a;
+	ncclComm_t c;
+	int dev;                  /* -1: none current */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool done, abandoned;
+	ncclResult_t r;
+} abort_job_t;
+
+static void
+abort_job_free(abort_job_t *j)
+{
+	pthread_mutex_destroy(&j->mu);
+	pthread_cond_destroy(&j->cv);
+	free(j);
+}
+
+static void *
+abort_main(void *arg)
+{
+	abort_job_t *j = arg;
+	ncclResult_t r;
+	bool gone;
+
+	if (j->dev >= 0)
+		(void)j->a->cudaSetDevice(j->dev);
+	r = j->a->ncclCommAbort(j->c);
+	pthread_mutex_lock(&j->mu);
+	j->r = r;
+	j->done = true;
+	gone = j->abandoned;
+	pthread_cond_signal(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	if (gone)
+		abort_job_free(j);
+	return NULL;
+}
+
+static ncclResult_t
+abort_bounded(xport_t *x, ncclComm_t c, int32_t rank)
+{
+	abort_job_t *j = xcalloc(1, sizeof(*j));
+	int64_t end = xport_now_ms() + ABORT_MS;
+	pthread_attr_t at;
+	pthread_t t;
+	ncclResult_t r;
+
+	j->a = x->api;
+	j->c = c;
+	if (x->api->cudaGetDevice(&j->dev) != cudaSuccess)
+		j->dev = -1;
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &at, abort_main, j) != 0) {   /* no thread: unbounded */
+		pthread_attr_destroy(&at);
+		abort_job_free(j);
+		return x->api->ncclCommAbort(c);
+	}
+	pthread_attr_destroy(&at);
+	pthread_mutex_lock(&j->mu);
+	while (!j->done && xport_now_ms() < end) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+	}
+	if (!j->done) {
+		j->abandoned = true;
+		pthread_mutex_unlock(&j->mu);
+		poison(x, rank, "ncclCommAbort did not return within 10 s (a stuck device or "
+		       "proxy): its communicator and the memory its work may write are kept");
+		return ncclInProgress;   /* said: the callers log nothing more */
+	}
+	r = j->r;
+	pthread_mutex_unlock(&j->mu);
+	abort_job_free(j);
+	return r;
+}
+
 static void
 comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
 {
@@ -860,12 +1063,12 @@ comm_free(xport_t *x, ncclComm_t c, int32_t rank, bool abort)
 			return;
 		log_warnx("nccl: node %s: ncclCommDestroy (rank %d): %s; aborting it", x->node_id,
 			  rank, a->ncclGetErrorString(r));
-		if (a->nccl_version >= 22800 && (r = a->ncclGroupEnd()) != ncclSuccess &&
+		if (a->nccl_version >= NCCL_DESTROY_GROUP && (r = a->ncclGroupEnd()) != ncclSuccess &&
 		    r != ncclInProgress)
 			log_warnx("nccl: node %s: ncclGroupEnd after the refused ncclCommDestroy "
 				  "(rank %d): %s", x->node_id, rank, a->ncclGetErrorString(r));
 	}
-	if ((r = a->ncclCommAbort(c)) != ncclSuccess)
+	if ((r = abort_bounded(x, c, rank)) != ncclSuccess && r != ncclInProgress)
 		log_warnx("nccl: node %s: ncclCommAbort (rank %d): %s", x->node_id, rank,
 			  a->ncclGetErrorString(r));
 }
@@ -898,7 +1101,10 @@ drop_comms(xport_t *x, bool abort)
 		    (e = a->cudaStreamDestroy(cm->stream[i])) != cudaSuccess)
 			log_warnx("nccl: node %s: cudaStreamDestroy (rank %d): %s", x->node_id,
 				  cm->local[i], a->cudaGetErrorString(e));
+		if (cm->arena)
+			arena_free(x, i);
 	}
+	free(cm->arena);
 	free(cm->comm);
 	free(cm->stream);
 	free(cm->dev);
@@ -1208,8 +1414,9 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 		drop_comms(x, true);
 		for (size_t i = 0; i < nl; i++) {
 			ncclComm_t c = __atomic_load_n(&nc[i], __ATOMIC_ACQUIRE);
+			ncclResult_t ar = c != NULL ? abort_bounded(x, c, -1) : ncclSuccess;
 
-			if (c != NULL && x->api->ncclCommAbort(c) != ncclSuccess)
+			if (ar != ncclSuccess && ar != ncclInProgress)
 				log_warnx("nccl: node %s: ncclCommAbort of a shrunk communicator "
 					  "failed", x->node_id);
 		}
@@ -1219,6 +1426,16 @@ try_shrink(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit_e
 	for (size_t i = 0; i < cm->nlocal; i++) {
 		comm_free(x, cm->comm[i], cm->local[i], false);  /* the old one */
 		cm->comm[i] = nc[i];
+		/* the old communicator took the arena's registration with it */
+		if (cm->arena[i].base != NULL &&
+		    x->api->ncclCommRegister(nc[i], cm->arena[i].base, x->budget,
+					     &cm->arena[i].reg) != ncclSuccess) {
+			free(nc);
+			drop_comms(x, true);
+			return refit_err_set(err, REFIT_ERR_NCCL, "nccl transport: rank %d: "
+					     "ncclCommRegister of its staging arena with the shrunk "
+					     "communicator failed", cm->local[i]);
+		}
 	}
 	free(nc);
 	free(cm->ranks);
@@ -1247,6 +1464,7 @@ create_comms(xport_t *x, const world_t *w, const xport_session_cfg_t *cfg, refit
 	cm->comm = xcalloc(w->nlocal + 1, sizeof(*cm->comm));
 	cm->stream = xcalloc(w->nlocal + 1, sizeof(*cm->stream));
 	cm->dev = xcalloc(w->nlocal + 1, sizeof(*cm->dev));
+	cm->arena = xcalloc(w->nlocal + 1, sizeof(*cm->arena));
 	for (size_t i = 0; i < w->nlocal; i++) {
 		cudaError_t e;
 
@@ -1376,6 +1594,15 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	world_t w;
 	refit_status_t rc;
 
+	/* a message is staged whole (the plan cut it to its chunk size): one
+	 * larger than a rank's arena cannot run however the groups fall */
+	if (cfg->max_msg_bytes > x->budget)
+		return refit_err_set(err, REFIT_ERR_LIMIT, "nccl transport: node %s: the plan's "
+				     "messages reach %" PRIu64 " bytes (its chunk size and check "
+				     "trailer), more than a rank's GPU staging budget "
+				     "(gpu_staging_budget_bytes %" PRIu64 "): it cannot run even one "
+				     "message at a time; raise the budget or lower chunk_bytes",
+				     x->node_id, cfg->max_msg_bytes, x->budget);
 	pthread_mutex_lock(&x->mu);
 	while (x->busy) { /* one session at a time */
 		struct timespec ts;

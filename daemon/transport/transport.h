@@ -45,6 +45,7 @@ typedef struct xport_cfg {
 	const int32_t *ranks; /* this node's ranks, as configured */
 	size_t nranks;
 	const char *gpu_devices; /* nccl: "0,1,..." device of each rank (NULL: identity) */
+	uint64_t gpu_staging_budget; /* nccl: each rank's staging arena (0: 1 GiB) */
 } xport_cfg_t;
 
 typedef struct xport_peer {

@@ -18,9 +18,7 @@
 #include "dataplane/convert.h"
 
 static struct {
-	refit_cuda_cast_fn cast;
-	refit_cuda_block_scales_fn scales;
-	refit_cuda_quant_e4m3_fn quant;
+	refit_cuda_convert_fn convert;
 	int (*devices)(void);
 	void *(*alloc)(uint64_t);
 	void (*free)(void *);
@@ -106,11 +104,14 @@ one_case(plan_dtype_t from)
 	uint8_t *src0 = (uint8_t *)dx + (want.off[0] * cols + want.off[1]) * (int64_t)e;
 	uint8_t *dst0 = (uint8_t *)dq + want.off[0] * cols + want.off[1];
 
+	dp_cvt_op_t sop = {DP_CVT_SCALES, from, 0, 0, dx, cols, 1, NULL, 0, 0, dsc, gc, 1,
+			   rows, cols, 0, 0, br, bc};
+	dp_cvt_op_t qop = {DP_CVT_QUANT, from, PLAN_DT_FP8E4M3, 0, src0, cols, 1, dst0, cols, 1,
+			   dsc, gc, 1, want.size[0], want.size[1], want.off[0], want.off[1], br, bc};
+
 	memset(gq, 0, n);
 	if (k.copy(dq, gq, n, 1) != 0 ||
-	    k.scales(dx, from, cols, rows, cols, br, bc, dsc, gc, NULL) != 0 ||
-	    k.quant(src0, from, cols, dst0, cols, want.size[0], want.size[1], want.off[0],
-		    want.off[1], br, bc, dsc, gc, NULL) != 0 || k.sync() != 0 ||
+	    k.convert(&sop, NULL) != 0 || k.convert(&qop, NULL) != 0 || k.sync() != 0 ||
 	    k.copy(gq, dq, n, 0) != 0 || k.copy(gsc, dsc, (uint64_t)(gr * gc) * 4, 0) != 0) {
 		fprintf(stderr, "cvt-gpu: a CUDA call failed\n");
 		bad = 1;
@@ -144,7 +145,10 @@ cast_case(plan_dtype_t to)
 	dp_cvt_run(x, PLAN_DT_FP32, y, to, 0, n);
 	void *dx = to_dev(x, n * 4), *dy = k.alloc(n * 2);
 
-	bad = k.cast(dx, PLAN_DT_FP32, dy, to, n, NULL) != 0 || k.sync() != 0 ||
+	dp_cvt_op_t op = {DP_CVT_CAST, PLAN_DT_FP32, to, 0, dx, 0, 1, dy, 0, 1, NULL, 0, 0,
+			  1, (int64_t)n, 0, 0, 1, 1};
+
+	bad = k.convert(&op, NULL) != 0 || k.sync() != 0 ||
 	      k.copy(gy, dy, n * 2, 0) != 0 || memcmp(y, gy, n * 2) != 0;
 	if (bad)
 		printf("FAIL cast fp32 -> %s, %zu elements\n", plan_dtype_name(to), n);
@@ -167,15 +171,13 @@ main(int argc, char **argv)
 		       argc > 1 ? dlerror() : "none given");
 		return 0;
 	}
-	*(void **)&k.cast = dlsym(h, "refit_cuda_cast");
-	*(void **)&k.scales = dlsym(h, "refit_cuda_block_scales");
-	*(void **)&k.quant = dlsym(h, "refit_cuda_quant_e4m3");
+	*(void **)&k.convert = dlsym(h, "refit_cuda_convert");
 	*(void **)&k.devices = dlsym(h, "refit_cuda_devices");
 	*(void **)&k.alloc = dlsym(h, "refit_cuda_alloc");
 	*(void **)&k.free = dlsym(h, "refit_cuda_free");
 	*(void **)&k.copy = dlsym(h, "refit_cuda_copy");
 	*(void **)&k.sync = dlsym(h, "refit_cuda_sync");
-	if (!k.cast || !k.scales || !k.quant || !k.devices || !k.alloc || !k.free || !k.copy ||
+	if (!k.convert || !k.devices || !k.alloc || !k.free || !k.copy ||
 	    !k.sync) {
 		printf("FAIL the library lacks a launcher\ncvt-gpu: 0 passed, 1 failed\n");
 		return 1;

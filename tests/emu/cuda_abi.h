@@ -260,6 +260,10 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 		      ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
+ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+ncclResult_t ncclMemFree(void *ptr);
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle);
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
 const char *ncclGetErrorString(ncclResult_t result);
 const char *ncclGetLastError(ncclComm_t comm);
 
@@ -269,5 +273,8 @@ const char *ncclGetLastError(ncclComm_t comm);
 #include <stdint.h>
 int refitGpuCopyStrided(void *stream, void *dst, const void *src, int ndim, const int64_t *shape,
 			const int64_t *dst_stride, const int64_t *src_stride, int elem_size);
+/* the conversion kernels' launcher (daemon/transport/convert_kernels.h) */
+#include "dataplane/cvt_op.h"
+int refit_cuda_convert(const dp_cvt_op_t *a, void *stream);
 
 #endif

@@ -231,6 +231,18 @@ env_parse(void)
 		}
 		env.hang_d2h = n;
 	}
+	s = getenv("REFIT_EMU_HANG_ABORT");
+	env.hang_abort = 0;
+	if (s && *s) {
+		unsigned long long n = strtoull(s, &end, 10);
+
+		if (*end || *s < '0' || *s > '9') {
+			emu_say("REFIT_EMU_HANG_ABORT=\"%s\": want the number of the ncclCommAbort "
+				"that never returns (1: the first; 0: none)", s);
+			return -1;
+		}
+		env.hang_abort = n;
+	}
 	s = getenv("REFIT_EMU_FAULT_D2D");
 	env.fault_d2d = 0;
 	if (s && *s) {

@@ -46,6 +46,8 @@ typedef struct emu_env {
 				     process (counted from 1) never ends (0: none) */
 	uint64_t fault_d2d;       /* REFIT_EMU_FAULT_D2D: this device-to-device copy of
 				     the process (counted from 1) kills the context */
+	uint64_t hang_abort;      /* REFIT_EMU_HANG_ABORT: this ncclCommAbort of the
+				     process (counted from 1) never returns */
 } emu_env_t;
 
 /* The host's device of this process's ordinal ord (the identity without

@@ -110,6 +110,7 @@ comm_unref(ncclComm_t c)
 		return;
 	comm_close_fds(c);
 	root_unref(c->own_root);
+	emu_reg_free_all(c);   /* NCCL's ncclRegCleanup at destroy and abort */
 	free(c->peers);
 	free(c->out_fd);
 	free(c->in_fd);
@@ -182,7 +183,7 @@ comm_live(ncclComm_t c)
 	return found;
 }
 
-static ncclResult_t
+ncclResult_t
 comm_check(ncclComm_t c, const char *what)
 {
 	if (c == NULL)
@@ -214,7 +215,7 @@ comm_flags(ncclComm_t c)
 }
 
 /* NCCL's ncclCommEnsureReady: live, not in progress, no asynchronous error. */
-static ncclResult_t
+ncclResult_t
 comm_ready(ncclComm_t c, const char *what)
 {
 	ncclResult_t r = comm_check(c, what);
@@ -510,19 +511,21 @@ ncclCommDestroy(ncclComm_t c)
 	if ((r = comm_check(c, "ncclCommDestroy")) != ncclSuccess)
 		return r;
 	f = comm_flags(c);
-	/* NCCL 2.28 opens a group first and returns these refusals without
+	/* NCCL 2.27.6 and later (init.cc: ncclGroupStartInternal before the
+	 * checks, NCCLCHECK returns past the ncclGroupEndInternal; v2.27.5 has
+	 * no group there) open a group first and return these refusals without
 	 * closing it: the calling thread is left inside a group (its next
 	 * ncclGroupEnd closes that one; until then nothing it posts runs) */
-	if ((f.busy || f.err != ncclSuccess) && emu_env()->nccl_version >= 22800)
+	if ((f.busy || f.err != ncclSuccess) && emu_env()->nccl_version >= 22706)
 		group_depth++;
 	if (f.busy)
 		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: rank %d: attempt to use "
 				 "communicator before the previous operation returned "
-				 "ncclSuccess (NCCL >= 2.28 leaves this thread inside a group)",
+				 "ncclSuccess (NCCL >= 2.27.6 leaves this thread inside a group)",
 				 c->rank);
 	if (f.err != ncclSuccess)
 		return nccl_fail(f.err, "ncclCommDestroy: rank %d has an asynchronous error: abort "
-				 "it instead (NCCL >= 2.28 leaves this thread inside a group)",
+				 "it instead (NCCL >= 2.27.6 leaves this thread inside a group)",
 				 c->rank);
 	if (!comm_unregister(c))
 		return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: comm %p destroyed twice",
@@ -546,6 +549,16 @@ ncclCommAbort(ncclComm_t c)
 		return ncclSuccess;
 	if ((r = comm_check(c, "ncclCommAbort")) != ncclSuccess)
 		return r;
+	if (emu_env()->hang_abort) {  /* a stuck teardown (proxy, driver): never returns */
+		static _Atomic uint64_t aborts;
+
+		if (++aborts == emu_env()->hang_abort) {
+			emu_say("ncclCommAbort: rank %d: abort %llu never returns "
+				"(REFIT_EMU_HANG_ABORT)", c->rank, (unsigned long long)aborts);
+			for (;;)
+				pause();
+		}
+	}
 	if (!comm_unregister(c))
 		return nccl_fail(ncclInvalidArgument, "ncclCommAbort: comm %p freed twice",
 				 (void *)c);
@@ -812,7 +825,8 @@ p2p_post(bool send, void *buf, size_t count, ncclDataType_t type, int peer, nccl
 	comm_ref(c); /* the operation's */
 	gops[ngops++] = (p2p_t){.send = send, .buf = buf, .count = count,
 				.bytes = count * type_size(type), .type = type, .peer = peer,
-				.comm = c, .s = s};
+				.comm = c, .s = s,
+				.reg = emu_reg_covers(c, buf, count * type_size(type))};
 	if (group_depth == 0)
 		return flush_ops();
 	return ncclSuccess;

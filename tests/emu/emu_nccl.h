@@ -55,6 +55,7 @@ struct ncclComm {
 	struct ncclComm *sib;      /* next in the parent's kids */
 	emu_root_t *own_root;
 	struct ncclComm *reg_next;
+	struct emu_reg *regs;      /* ncclCommRegister's buffers (mu; emu_reg.c) */
 };
 
 /* registry and references (emu_nccl.c) */
@@ -62,6 +63,13 @@ void comm_ref(ncclComm_t c);
 void comm_unref(ncclComm_t c);
 void comm_set_err(ncclComm_t c, ncclResult_t r, const char *fmt, ...) EMU_PRINTF(3, 4);
 ncclResult_t nccl_fail(ncclResult_t r, const char *fmt, ...) EMU_PRINTF(2, 3);
+/* a live communicator handle; NCCL's ncclCommEnsureReady (emu_nccl.c) */
+ncclResult_t comm_check(ncclComm_t c, const char *what);
+ncclResult_t comm_ready(ncclComm_t c, const char *what);
+/* registrations (emu_reg.c): is [p, p + n) inside one buffer registered with
+ * c; free them all (the communicator's end) */
+bool emu_reg_covers(ncclComm_t c, const void *p, size_t n);
+void emu_reg_free_all(ncclComm_t c);
 /* A consistent view of c's state, taken under c->mu. */
 typedef struct comm_flags {
 	ncclResult_t err;          /* the asynchronous error */
@@ -99,6 +107,7 @@ typedef struct p2p {
 	int peer;
 	ncclComm_t comm;           /* referenced while the operation exists */
 	struct CUstream_st *s;
+	bool reg;                  /* its buffer lies in one registered with comm */
 	uint64_t ticket;
 	/* progress */
 	int state;

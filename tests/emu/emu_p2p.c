@@ -209,7 +209,7 @@ static bool
 step_conn(p2p_t *op)
 {
 	ncclComm_t c = op->comm;
-	hdr_t h = {WIRE_MAGIC, op->type, op->count, op->bytes, 0, 0};
+	hdr_t h = {WIRE_MAGIC, op->type, op->count, op->bytes, 0, op->reg};
 
 	if (op->send) {
 		if (c->out_fd[op->peer] < 0 && (c->out_fd[op->peer] = dial(c, op->peer)) < 0) {
@@ -260,6 +260,17 @@ recv_compare(p2p_t *op)
 		op->mismatch = true;
 		ans.ok = 0;
 		mismatch(op, &got);
+	} else if (got.pad != (int32_t)op->reg) {
+		/* NCCL (user buffer registration): "mixing registered and
+		 * non-registered buffers can result in undefined behavior" */
+		ncclComm_t c = op->comm;
+
+		op->mismatch = true;
+		ans.ok = 0;
+		comm_set_err(c, ncclInvalidUsage, "ncclRecv rank %d from rank %d: the send's "
+			     "buffer is %sregistered (ncclCommRegister), this receive's is %s: NCCL "
+			     "leaves mixing registered and unregistered buffers undefined",
+			     c->rank, op->peer, got.pad ? "" : "not ", op->reg ? "" : "not");
 	}
 	memcpy(op->hbuf, &ans, sizeof(ans));
 	op->hoff = 0;

@@ -251,7 +251,73 @@ t_visible_devices_bad(void)
 	CUIS(cudaGetDeviceCount(&n), cudaErrorInitializationError);
 }
 
+/*
+ * The conversion launcher (refit_cuda_convert) refuses a base not aligned
+ * to its element size at the launch (cudaErrorInvalidValue, not sticky:
+ * the real launcher checks before a misaligned load could fault), and
+ * converts aligned ones.
+ */
+static void
+t_convert_misaligned_refused(void)
+{
+	uint8_t *a, *b;
+	cudaStream_t s;
+	void *x;
+	dp_cvt_op_t op = {.op = DP_CVT_CAST, .from = 10, .to = 9, .rows = 1, .cols = 8,
+			  .src_inc = 1, .dst_inc = 1, .br = 1, .bc = 1};
+
+	CU(cudaMalloc((void **)&a, 256));
+	CU(cudaMalloc((void **)&b, 256));
+	CU(cudaMemset(a, 0, 256));
+	s = stream_nb();
+	op.src = a;
+	op.dst = b;
+	CU(refit_cuda_convert(&op, s));
+	op.src = a + 2;            /* fp32 two bytes off */
+	CUIS(refit_cuda_convert(&op, s), cudaErrorInvalidValue);
+	op.src = a;
+	op.dst = b + 1;            /* a bf16 destination one byte off */
+	CUIS(refit_cuda_convert(&op, s), cudaErrorInvalidValue);
+	CU(cudaStreamSynchronize(s));
+	CU(cudaMalloc(&x, 16));    /* not sticky */
+	CU(cudaFree(x));
+}
+
+/*
+ * A quantization whose block grid offset (r0) reaches scales past their
+ * allocation: the kernel's stray read kills the context when it runs
+ * (sticky cudaErrorIllegalAddress) -- the driver's geometry
+ * (dataplane/conv_dev.c) must keep every access inside its buffers.
+ */
+static void
+t_convert_scales_out_of_bounds(void)
+{
+	uint8_t *a, *q;
+	uint32_t *sc;
+	cudaStream_t s;
+	dp_cvt_op_t op = {.op = DP_CVT_QUANT, .from = 9, .to = 6, .rows = 4, .cols = 4,
+			  .src_ld = 4, .src_inc = 1, .dst_ld = 4, .dst_inc = 1, .scale_ld = 1,
+			  .scale_inc = 1, .br = 2, .bc = 4};
+
+	CU(cudaMalloc((void **)&a, 32));
+	CU(cudaMalloc((void **)&q, 16));
+	CU(cudaMalloc((void **)&sc, 8));   /* the two blocks of the 4 x 4 region */
+	CU(cudaMemset(a, 0, 32));
+	CU(cudaMemset(sc, 0, 8));
+	s = stream_nb();
+	op.src = a;
+	op.dst = q;
+	op.scale = sc;
+	CU(refit_cuda_convert(&op, s));
+	CU(cudaStreamSynchronize(s));
+	op.r0 = 2;                          /* rows 2..5 of the grid: block 2 is past it */
+	CU(refit_cuda_convert(&op, s));
+	CUIS(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
+	CUIS(cudaGetLastError(), cudaErrorIllegalAddress);
+}
+
 const test_t hw_tests[] = {
+	TEST(convert_misaligned_refused), TEST(convert_scales_out_of_bounds),
 	TEST(visible_devices_uuid), TEST(visible_devices_bad), TEST(suballocation_ipc_block),
 	TEST(kernel_misaligned_sticky), TEST(kernel_misaligned_dst),
 	TEST_ENV(fault_d2d, "REFIT_EMU_FAULT_D2D=2"),

@@ -322,6 +322,74 @@ t_nccl_mismatch_fails_both(void)
 	CK(counters().comms_live == 0, "comms");
 }
 
+/* one send of 256 bytes from a0 (device 0) to a1 (device 1); the two ranks' errors */
+static void
+reg_pair(ncclComm_t *c, void *a0, void *a1, ncclResult_t *r0, ncclResult_t *r1)
+{
+	cudaStream_t s0 = stream_on(0), s1 = stream_on(1);
+
+	NC(ncclGroupStart());
+	NC(ncclSend(a0, 256, ncclUint8, 1, c[0], s0));
+	NC(ncclRecv(a1, 256, ncclUint8, 0, c[1], s1));
+	NC(ncclGroupEnd());
+	CK(wait_stream(s0, 20000) == cudaSuccess && wait_stream(s1, 20000) == cudaSuccess,
+	   "the operations did not end");
+	NCIS(ncclCommGetAsyncError(c[0], r0), ncclSuccess);
+	NCIS(ncclCommGetAsyncError(c[1], r1), ncclSuccess);
+}
+
+/*
+ * ncclMemAlloc / ncclCommRegister (emu_reg.c): registration on the
+ * communicator's device only; an unknown handle refused at deregistration;
+ * a matched send/recv with one side registered and the other not fails
+ * (NCCL leaves the mix undefined); both registered moves the bytes.
+ */
+static void
+t_nccl_registration(void)
+{
+	ncclComm_t c[2];
+	void *p0, *p1, *h0, *h1, *hx, *b1 = dev_buf(1, 1024, 2);
+	uint8_t in[256], out[256];
+	ncclResult_t r0, r1;
+
+	CU(cudaSetDevice(0));
+	NC(ncclMemAlloc(&p0, 1000));
+	NCIS(ncclMemFree(b1), ncclInvalidArgument);
+	CU(cudaSetDevice(1));
+	NC(ncclMemAlloc(&p1, 1000));
+	make_comms(2, c, true);
+	NC(ncclCommRegister(c[0], p0, 1000, &h0));
+	NCIS(ncclCommRegister(c[1], p0, 1000, &hx), ncclInvalidArgument); /* device 0's */
+	NCIS(ncclCommDeregister(c[0], b1), ncclInvalidUsage);
+	NC(ncclCommDeregister(c[0], NULL));
+	reg_pair(c, p0, b1, &r0, &r1);    /* registered -> unregistered */
+	CK(r1 == ncclInvalidUsage && r0 == ncclInvalidUsage, "a mixed pair: sender %d "
+	   "receiver %d", r0, r1);
+	CK(strstr(ncclGetLastError(NULL), "registered") != NULL || r0 != ncclSuccess,
+	   "message: %s", ncclGetLastError(NULL));
+	NC(ncclCommAbort(c[0]));
+	NC(ncclCommAbort(c[1]));
+	make_comms(2, c, true);
+	NC(ncclCommRegister(c[0], p0, 1000, &h0));
+	NC(ncclCommRegister(c[1], p1, 1000, &h1));
+	fill(in, sizeof(in), 7);
+	CU(cudaSetDevice(0));
+	CU(cudaMemcpy(p0, in, sizeof(in), cudaMemcpyHostToDevice));
+	reg_pair(c, p0, p1, &r0, &r1);
+	CK(r0 == ncclSuccess && r1 == ncclSuccess, "both registered: %d %d", r0, r1);
+	CU(cudaSetDevice(1));
+	CU(cudaMemcpy(out, p1, sizeof(out), cudaMemcpyDeviceToHost));
+	CK(memcmp(in, out, sizeof(in)) == 0, "the registered bytes differ");
+	NC(ncclCommDeregister(c[0], h0));
+	NCIS(ncclCommDeregister(c[0], h0), ncclInvalidUsage);   /* its last reference went */
+	NC(ncclCommDestroy(c[0]));
+	NC(ncclCommDestroy(c[1]));   /* drops h1 itself (ncclRegCleanup) */
+	NC(ncclMemFree(p1));
+	CU(cudaSetDevice(0));
+	NC(ncclMemFree(p0));
+	CU(cudaFree(b1));
+}
+
 static void
 t_nccl_unmatched_blocks_until_abort(void)
 {
@@ -603,6 +671,13 @@ t_nccl_destroy_refused_227_no_group(void)
 	destroy_refused(false);
 }
 
+/* 2.27.6 already opens the group (v2.27.6-1 init.cc), as 2.28 */
+static void
+t_nccl_destroy_refused_2276_leaves_group(void)
+{
+	destroy_refused(true);
+}
+
 /* REFIT_EMU_NCCL_VERSION: what ncclGetVersion says (refitd's minimum check) */
 static void
 t_nccl_version_env(void)
@@ -773,12 +848,14 @@ const test_t nccl_tests[] = {
 	TEST(nccl_nonblocking_init), TEST(nccl_init_completes_together),
 	TEST(nccl_unconsumed_id), TEST(nccl_two_ranks_one_device),
 	TEST(nccl_mismatch_fails_both), TEST(nccl_unmatched_blocks_until_abort), TEST(nccl_shrink),
+	TEST(nccl_registration),
 	TEST(nccl_buffer_of_another_device), TEST(nccl_stream_of_another_device),
 	TEST_ENV(nccl_group_in_progress_until_launched, "REFIT_EMU_DELAY_US=1000000"),
 	TEST(nccl_peer_death_remote_error), TEST(nccl_abort_during_init),
 	TEST(nccl_argument_errors), TEST_ENV(nccl_version_env, "REFIT_EMU_NCCL_VERSION=22610"),
 	TEST(nccl_inconsistent_ranks), TEST(nccl_root_gone), TEST(nccl_peer_gone_before_send),
 	TEST(nccl_destroy_refused_leaves_group),
-	TEST_ENV(nccl_destroy_refused_227_no_group, "REFIT_EMU_NCCL_VERSION=22703"),
+	TEST_ENV(nccl_destroy_refused_227_no_group, "REFIT_EMU_NCCL_VERSION=22705"),
+	TEST_ENV(nccl_destroy_refused_2276_leaves_group, "REFIT_EMU_NCCL_VERSION=22706"),
 };
 const size_t nnccl_tests = sizeof(nccl_tests) / sizeof(nccl_tests[0]);

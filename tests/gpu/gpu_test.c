@@ -120,7 +120,7 @@ static int64_t session_ms = 120000;   /* a session's deadline */
 static xport_t *
 start(const int32_t *ranks, size_t n, const char *devs, const char *name, refit_err_t *err)
 {
-	xport_cfg_t xc = {"", name, ranks, n, devs};
+	xport_cfg_t xc = {"", name, ranks, n, devs, 3ull << 30}; /* big_pitch: 2 GiB */
 	xport_t *x = NULL;
 
 	if (xport_nccl_ops.start(&xc, &x, err) != REFIT_OK)
@@ -808,6 +808,133 @@ dead_peer_child(int32_t me, int idfd, pid_t peer)
 	return bad ? 1 : 0;
 }
 
+/* ---- 8b. the staging budget ---------------------------------------------------------- */
+
+/*
+ * A rank's staging comes from one arena of gpu_staging_budget_bytes (16 MiB
+ * here): a session whose messages exceed it is refused at open, naming the
+ * key; inside one, what does not fit at once fails at the next sync naming
+ * the budget; given back, the free ranges merge (16 MiB fits again).
+ */
+static int
+staging_budget(void)
+{
+	int32_t me = 0;
+	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20};
+	xport_peer_t self = {"gpu-test-budget", "nccl", true, true, 4 << 20};
+	xport_session_cfg_t sc = {1, 1, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL};
+	xport_t *x = NULL;
+	xport_session_t *s = NULL;
+	const dp_dev_ops_t *dev;
+	uint8_t id[512], *p8, *p9, *p16;
+	size_t idlen = sizeof(id);
+	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, 0};
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	if (xport_nccl_ops.start(&xc, &x, &err) != REFIT_OK ||
+	    xport_nccl_ops.unique_id(x, id, &idlen, &err) != REFIT_OK) {
+		EXPECT(0, "start: %s", err.msg);
+		return bad;
+	}
+	w.id_len = idlen;
+	s = session(x, 1, &me, 1, &me, 1, id, idlen, &err);   /* 1 GiB messages */
+	EXPECT(s == NULL && strstr(err.msg, "gpu_staging_budget_bytes 16777216"),
+	       "a session of 1 GiB messages on a 16 MiB budget: %s", s ? "opened" : err.msg);
+	refit_err_clear(&err);
+	xport_nccl_ops.set_world(x, &w);
+	sc.deadline_ms = xport_now_ms() + session_ms;
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open: %s", err.msg);
+	if (s == NULL)
+		goto out;
+	dev = xport_nccl_ops.dev(s);
+	p8 = dev->alloc(dev->ctx, 0, 8 << 20);
+	p9 = dev->alloc(dev->ctx, 0, 9 << 20);
+	EXPECT(p8 != NULL && p9 == NULL, "8 MiB then 9 MiB of a 16 MiB arena: %p %p",
+	       (void *)p8, (void *)p9);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_ERR_NOMEM &&
+	       strstr(err.msg, "gpu_staging_budget_bytes 16777216") &&
+	       strstr(err.msg, "8388608 in use"), "the failed allocation at sync: %s", err.msg);
+	dev->free(dev->ctx, 0, p8);
+	xport_nccl_ops.close(s);
+	refit_err_clear(&err);
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open again: %s", err.msg);
+	if (s == NULL)
+		goto out;
+	dev = xport_nccl_ops.dev(s);
+	p16 = dev->alloc(dev->ctx, 0, 16 << 20);
+	EXPECT(p16 != NULL, "the whole arena after everything was given back");
+	dev->free(dev->ctx, 0, p16);
+	xport_nccl_ops.close(s);
+out:
+	xport_nccl_ops.stop(x);
+	return bad;
+}
+
+/* ---- 8c. an abort that never returns (emulator: REFIT_EMU_HANG_ABORT) ----------------- */
+
+/*
+ * A group aborted by its session's abort flag: the communicators are
+ * aborted, and that ncclCommAbort never returns (a stuck proxy or device).
+ * The transport waits 10 s for it on a thread of its own, then returns the
+ * group's failure and poisons the node (the next session refused, naming
+ * the abort); before, the pool thread waited in ncclCommAbort forever.
+ */
+static int
+hang_abort_child(void)
+{
+	int32_t me = 0;
+	uint8_t id[512], *buf;
+	size_t idlen = sizeof(id);
+	atomic_int stop = 0;
+	xport_peer_t self = {"gpu-test-hangabort", "nccl", true, true, 1 << 20};
+	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL};
+	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, 0};
+	xport_session_t *s = NULL;
+	const dp_dev_ops_t *dev;
+	gpu_api_t *a;
+	xport_t *x;
+	refit_err_t err;
+	char why[REFIT_ERR_MSG_MAX];
+	int64_t t0;
+	int bad = 0;
+
+	setenv("REFIT_EMU_HANG_ABORT", "1", 1);
+	if ((x = child_start("hangabort", me, &a)) == NULL)
+		return 1;
+	refit_err_clear(&err);
+	if (xport_nccl_ops.unique_id(x, id, &idlen, &err) != REFIT_OK)
+		return 1;
+	w.id_len = idlen;
+	xport_nccl_ops.set_world(x, &w);
+	sc.deadline_ms = xport_now_ms() + session_ms;
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open: %s", err.msg);
+	if (s == NULL)
+		return 1;
+	dev = xport_nccl_ops.dev(s);
+	buf = dev->alloc(dev->ctx, 0, 4096);
+	EXPECT(buf != NULL, "staging");
+	{
+		xport_op_t op = {true, 0, 0, buf, 4096};   /* a send to itself, never received */
+
+		atomic_store(&stop, 1);
+		t0 = xport_now_ms();
+		EXPECT(group_run(s, &op, 1, &err) != REFIT_OK, "the aborted group succeeded");
+		EXPECT(xport_now_ms() - t0 < 30000, "the abort held the caller %lld ms",
+		       (long long)(xport_now_ms() - t0));
+	}
+	EXPECT(xport_nccl_ops.poisoned(x, why, sizeof(why)) != XPORT_POISON_NONE &&
+	       strstr(why, "ncclCommAbort did not return"), "poisoned: %s", why);
+	xport_nccl_ops.close(s);
+	s = NULL;
+	atomic_store(&stop, 0);
+	refit_err_clear(&err);
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) != REFIT_OK && strstr(err.msg, "poisoned"),
+	       "the next session: %s", s ? "opened" : err.msg);
+	return bad ? 1 : 0;   /* no stop: the abandoned abort holds its communicator */
+}
+
 /* ---- 9. a destroy refused by a late error (emulator) ---------------------------------- */
 
 /*
@@ -1365,6 +1492,7 @@ main(int argc, char **argv)
 	char why[1024];
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
+	pid_t late2276_pid = -1, hang_abort_pid = -1;
 	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1}, rt2_pid = -1;
 	int sfid[2], sfdone[2];
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
@@ -1412,6 +1540,13 @@ main(int argc, char **argv)
 	close(deadp[1]);
 	if (emu && (late_pid = fork()) == 0)
 		_exit(late_error_child());
+	if (emu && (hang_abort_pid = fork()) == 0)
+		_exit(hang_abort_child());
+	/* the same on NCCL 2.27.6, whose refused destroy already leaves a group */
+	if (emu && (late2276_pid = fork()) == 0) {
+		setenv("REFIT_EMU_NCCL_VERSION", "22706", 1);
+		_exit(late_error_child());
+	}
 	/* 11, 12 on a GPU too: the stand-ins are in the loaded table, and the
 	 * real ncclCommAbort and cudaMallocHost run */
 	if ((stuck_pid = fork()) == 0)
@@ -1439,6 +1574,14 @@ main(int argc, char **argv)
 				kill(dead_pid[k], SIGKILL);
 				waitpid(dead_pid[k], NULL, 0);
 			}
+		if (late2276_pid > 0) {
+			kill(late2276_pid, SIGKILL);
+			waitpid(late2276_pid, NULL, 0);
+		}
+		if (hang_abort_pid > 0) {
+			kill(hang_abort_pid, SIGKILL);
+			waitpid(hang_abort_pid, NULL, 0);
+		}
 		if (late_pid > 0) {
 			kill(late_pid, SIGKILL);
 			waitpid(late_pid, NULL, 0);
@@ -1497,6 +1640,9 @@ main(int argc, char **argv)
 		result("a failed copy is reported at sync, and the next session is clean",
 		       copy_error(x, two, nl, id, idlen));
 		xport_nccl_ops.stop(x);
+		result("a rank's staging within gpu_staging_budget_bytes: messages larger than "
+		       "the budget refused at open, what does not fit at once fails naming it",
+		       staging_budget());
 	}
 
 	/* 4. IPC: two allocations of 2 MiB, the first with a pattern, pieces of
@@ -1583,6 +1729,12 @@ main(int argc, char **argv)
 		child_result(late_pid, 60, "a destroy refused by an error that came after the "
 			     "check: the communicator is aborted, the thread is not left inside "
 			     "a group, the next epoch's communicators form");
+	if (hang_abort_pid > 0)
+		child_result(hang_abort_pid, 90, "an ncclCommAbort that never returns: the group "
+			     "fails within 10 s of it, the node is poisoned naming it");
+	if (late2276_pid > 0)
+		child_result(late2276_pid, 60, "the same on NCCL 2.27.6, whose refused destroy "
+			     "already leaves a group (v2.27.6 init.cc)");
 	if (stuck_pid > 0)
 		child_result(stuck_pid, 180, "a refused ncclGroupStart fails the group naming "
 			     "it; a copy to the host that never ends: aborted by the deadline, "

@@ -223,7 +223,13 @@ def refit_version(version, mode=pb.RESHARD):
 def reshard_bit_exact():
     g, n = refit_version(1)
     print(f"     reshard: {n['elements']} elements in {n['shards']} shards equal the "
-          f"numpy reference ({g.bytes} bytes over tcp)")
+          f"numpy reference ({g.bytes} bytes over {harness.TRANSPORT})")
+    if harness.TRANSPORT == "nccl":   # the GPU path: its conversion kernels converted
+        with open(CL.log.name) as f:
+            log = f.read()
+        assert "conversion kernels: " in log and "(converting models refused)" not in log, \
+            log[-2000:]
+        assert "communicators of epoch" in log, "the refit did not run over nccl"
 
 
 def broadcast_bit_exact():

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/transport/gpu_arena.h"
 #include "dataplane/pool.h"
 #include "tests/unit/helpers.h"
 
@@ -174,12 +175,61 @@ START_TEST(pool_epoch_change_empties_it)
 }
 END_TEST
 
+/* The GPU staging arena (daemon/transport/gpu_arena.c): random gets and
+ * puts never overlap, stay inside, count their bytes, and every range
+ * merges back into one when all are given back. */
+START_TEST(gpu_arena_first_fit)
+{
+	gpu_arena_t a;
+	uint64_t off[64] = {0}, len[64] = {0}, peak = 0, used = 0;
+	unsigned seed = 7;
+
+	gpu_arena_init(&a, 1 << 20);
+	for (int step = 0; step < 5000; step++) {
+		int k;
+
+		seed = seed * 1103515245u + 12345u;
+		k = (int)((seed >> 8) % 64);
+		if (len[k]) {
+			ck_assert(gpu_arena_put(&a, off[k]));
+			ck_assert(!gpu_arena_put(&a, off[k] + 1));
+			used -= len[k];
+			len[k] = 0;
+			continue;
+		}
+		uint64_t want = 1 + (seed >> 12) % 70000, n = (want + 255) / 256 * 256;
+
+		if (!gpu_arena_get(&a, want, &off[k])) {
+			ck_assert_uint_lt(gpu_arena_largest(&a), n);
+			continue;
+		}
+		ck_assert_uint_eq(off[k] % GPU_ARENA_ALIGN, 0);
+		ck_assert_uint_le(off[k] + n, 1 << 20);
+		for (int j = 0; j < 64; j++)
+			ck_assert(j == k || !len[j] || off[j] + len[j] <= off[k] ||
+				  off[k] + n <= off[j]);
+		len[k] = n;
+		used += n;
+		peak = used > peak ? used : peak;
+		ck_assert_uint_eq(a.in_use, used);
+	}
+	for (int k = 0; k < 64; k++)
+		if (len[k])
+			ck_assert(gpu_arena_put(&a, off[k]));
+	ck_assert_uint_eq(a.in_use, 0);
+	ck_assert_uint_eq(a.peak, peak);
+	ck_assert_uint_eq(a.nfree, 1);
+	ck_assert_uint_eq(gpu_arena_largest(&a), 1 << 20);
+	gpu_arena_fini(&a);
+}
+END_TEST
+
 Suite *
 suite_pool(void)
 {
 	return th_suite("pool",
 			th_tcase("pool", 0,
 				 TH_TESTS(pool_reuses_buffers, pool_keeps_its_bound,
-					  pool_epoch_change_empties_it)),
+					  pool_epoch_change_empties_it, gpu_arena_first_fit)),
 			NULL);
 }
