@@ -37,12 +37,13 @@ static const key_t_ keys[] = {
 	 "gRPC address: host:port or unix:/path"},
 	{"coordinator", K_STR, F(coordinator), "127.0.0.1:7070", 0, 0, NULL, false,
 	 "node role: the coordinator's address"},
-	{"tls_cert", K_STR, F(tls_cert), NULL, 0, 0, NULL, false, "PEM certificate"},
+	{"tls_cert", K_STR, F(tls_cert), NULL, 0, 0, NULL, false,
+	 "PEM certificate: this process's name (refitctl init)"},
 	{"tls_key", K_STR, F(tls_key), NULL, 0, 0, NULL, false, "PEM private key"},
 	{"tls_client_ca", K_STR, F(tls_client_ca), NULL, 0, 0, NULL, false,
-	 "server: CA for client certificates (mutual TLS)"},
+	 "server: CA for client certificates (default: tls_ca)"},
 	{"tls_ca", K_STR, F(tls_ca), NULL, 0, 0, NULL, false,
-	 "client: CA to verify the coordinator"},
+	 "the cluster CA: verifies the peers (with tls_cert: mutual TLS)"},
 	{"token_file", K_STR, F(token_file), NULL, 0, 0, NULL, true,
 	 "bearer token required for operator methods"},
 	{"join_token_file", K_STR, F(join_token_file), NULL, 0, 0, NULL, true,
@@ -411,12 +412,12 @@ static refit_status_t
 check_exposed(const refitd_config_t *c, refit_err_t *err)
 {
 	if (config_is_loopback(c->listen) || c->join_token_file != NULL ||
-	    (c->tls_cert != NULL && c->tls_client_ca != NULL) ||
+	    (c->tls_cert != NULL && (c->tls_client_ca != NULL || c->tls_ca != NULL)) ||
 	    strcmp(c->insecure, "true") == 0)
 		return REFIT_OK;
 	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: listen \"%s\" is not loopback "
 			     "or a unix socket, and nothing authenticates the nodes: set "
-			     "join_token_file (or tls_cert, tls_key and tls_client_ca), or "
+			     "join_token_file (or tls_cert, tls_key and tls_ca: mutual TLS), or "
 			     "\"insecure\": true to let anyone who reaches the port join",
 			     c->listen);
 }
