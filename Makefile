@@ -38,13 +38,16 @@ PKGS        := libcjson
 RPC_PKGS    := grpc libprotobuf-c libuv libmicrohttpd
 RPC_CFLAGS  := $(shell pkg-config --cflags $(RPC_PKGS) 2>/dev/null)
 RPC_LIBS    := $(shell pkg-config --libs $(RPC_PKGS) 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c -luv -lmicrohttpd)
+# data_tls (daemon/transport/tcp_tls.c) links libssl, which gRPC loads anyway
+RPC_LIBS    += $(shell pkg-config --libs libssl libcrypto 2>/dev/null || echo -lssl -lcrypto)
 GEN         := $(BUILD)/gen
 PROTO_C     := $(GEN)/refit/v1/refit.pb-c.c
 PKG_CFLAGS  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lcjson)
 # refitctl init makes the CA and certificates with OpenSSL's libcrypto
-# (libssl-dev); nothing else links it (the daemons' TLS is gRPC's)
+# (libssl-dev); the daemons link libssl for data_tls (RPC_LIBS)
 CRYPTO_LIBS := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
+
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS  := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 

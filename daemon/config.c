@@ -108,6 +108,9 @@ static const key_t_ keys[] = {
 	{"gpu_devices", K_STR, F(gpu_devices), NULL, 0, 0, NULL, false,
 	 "node role, nccl: CUDA device of each local rank in rank order, e.g. 0,1,2,3 "
 	 "(default: local rank i on device i)"},
+	{"data_tls", K_ENUM, F(data_tls), "off", 0, 0, "off|on", false,
+	 "node role, tcp: TLS 1.3 on the data connections with tls_cert, tls_key, tls_ca "
+	 "(each peer's certificate must name it); set the same on every node"},
 	{"poisoned_exit", K_ENUM, F(poisoned_exit), "off", 0, 0, "off|on", false,
 	 "node role, nccl: on a poisoned node (GPU work that never ended, its memory kept) "
 	 "exit with status 75 for systemd to restart refitd, instead of staying up "
@@ -469,6 +472,10 @@ config_check(const refitd_config_t *c, refit_err_t *err)
 			free(d);
 		}
 	}
+	if (strcmp(c->data_tls, "on") == 0 && (c->tls_cert == NULL || c->tls_ca == NULL))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: data_tls \"on\" needs "
+				     "tls_cert, tls_key and tls_ca (the data connections use this "
+				     "node's certificate and verify the peers' with the CA)");
 	if (c->tls_client_ca && c->tls_cert == NULL)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: tls_client_ca needs "
 				     "tls_cert and tls_key (mutual TLS is TLS first)");

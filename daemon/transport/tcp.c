@@ -316,10 +316,22 @@ tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 		 host, strchr(host, ':') ? "]" : "",
 		 ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						: ((struct sockaddr_in *)&ss)->sin_port));
+	if (cfg->tls_cert != NULL) {
+		void *ctx;
+
+		if (tcp_tls_ctx_new(cfg->tls_ca, cfg->tls_cert, cfg->tls_key, &ctx, err) != REFIT_OK) {
+			close(fd);
+			free(x->node_id);
+			free(x);
+			return err->status;
+		}
+		x->tls = ctx;
+	}
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_cond_init(&x->cv, NULL);
 	if (pipe2(x->wake, O_CLOEXEC) < 0 || pthread_create(&x->thr, NULL, listener, x) != 0) {
 		close(fd);
+		tcp_tls_ctx_free(x->tls);
 		free(x->node_id);
 		free(x);
 		return refit_err_set(err, REFIT_ERR_SYS, "tcp: cannot start the listener");
@@ -381,6 +393,7 @@ tcp_stop(xport_t *x)
 	VEC_FREE(&x->peers);
 	pthread_mutex_destroy(&x->mu);
 	pthread_cond_destroy(&x->cv);
+	tcp_tls_ctx_free(x->tls);
 	free(x->node_id);
 	free(x);
 }
@@ -454,6 +467,8 @@ tcp_close(xport_session_t *s)
 	if (s == NULL)
 		return;
 	for (size_t i = 0; i < s->cfg.npeers; i++) {
+		tcp_tls_conn_free(&s->out[i]);
+		tcp_tls_conn_free(&s->in[i]);
 		if (s->out[i].fd >= 0)
 			close(s->out[i].fd);
 		if (s->in[i].fd >= 0)
@@ -494,6 +509,8 @@ tcp_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 		if (s->in[i].fd >= 0)
 			fcntl(s->in[i].fd, F_SETFL, O_NONBLOCK);
 	}
+	if (rc == REFIT_OK && x->tls != NULL)
+		rc = tcp_tls_handshake_all(s, err);
 	if (rc != REFIT_OK) {
 		tcp_close(s);
 		return rc;
@@ -530,7 +547,12 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			wire_put_le(c->hdr + 16, seq, 8);
 			c->seq++;
 		}
-		if (c->off < FRAME_BYTES) {
+		if (c->ssl != NULL) {
+			k = c->off < FRAME_BYTES
+				    ? tcp_tls_send(c, c->hdr + c->off, FRAME_BYTES - c->off)
+				    : tcp_tls_send(c, c->buf + (c->off - FRAME_BYTES),
+						   c->len - (c->off - FRAME_BYTES));
+		} else if (c->off < FRAME_BYTES) {
 			struct iovec iov[2] = {{c->hdr + c->off, FRAME_BYTES - c->off},
 					       {(void *)c->buf, c->len}};
 			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = c->len ? 2 : 1};
@@ -585,9 +607,13 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 		ssize_t k;
 
 		if (c->roff < FRAME_BYTES)
-			k = recv(c->fd, c->rhdr + c->roff, FRAME_BYTES - c->roff, 0);
+			k = c->ssl ? tcp_tls_recv(c, c->rhdr + c->roff, FRAME_BYTES - c->roff)
+				   : recv(c->fd, c->rhdr + c->roff, FRAME_BYTES - c->roff, 0);
 		else
-			k = recv(c->fd, c->rbuf + (c->roff - FRAME_BYTES), c->rlen - (c->roff - FRAME_BYTES), 0);
+			k = c->ssl ? tcp_tls_recv(c, c->rbuf + (c->roff - FRAME_BYTES),
+						  c->rlen - (c->roff - FRAME_BYTES))
+				   : recv(c->fd, c->rbuf + (c->roff - FRAME_BYTES),
+					  c->rlen - (c->roff - FRAME_BYTES), 0);
 		if (k == 0 && c->roff == 0 && io->peer_done(io->arg, i)) {
 			close(c->fd); /* the peer sent everything and left */
 			c->fd = -1;
@@ -618,8 +644,12 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 				tcp_link_fault(s, i, XPORT_LINK_BROKEN_IN, "bad frame");
 			if (magic != FRAME_MAGIC)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" sent "
-						     "a bad frame (message %" PRIu64 ")",
-						     s->peers[i].node_id, c->rseq);
+						     "a bad frame (message %" PRIu64 ")%s",
+						     s->peers[i].node_id, c->rseq,
+						     /* a TLS record: handshake, TLS 1.x */
+						     c->rhdr[0] == 0x16 && c->rhdr[1] == 3 && !c->ssl
+						     ? ": a TLS handshake (data_tls is on there, "
+						       "off here)" : "");
 			if (len > s->cfg.max_msg_bytes || len > s->peers[i].max_in_bytes)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" "
 						     "announced a %" PRIu64 "-byte message (at "
@@ -702,7 +732,10 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 				rc = do_send(s, io, i, err);
 		if (rc != REFIT_OK || (io->done(io->arg) && !sending(s)))
 			break;
+		bool pending = false;
+
 		for (size_t i = 0; i < n; i++) {
+			pending = pending || tcp_tls_pending(&s->in[i]);
 			if (s->out[i].fd >= 0 && s->out[i].busy) {
 				pf[np] = (struct pollfd){s->out[i].fd, POLLOUT, 0};
 				who[np++] = i;
@@ -712,12 +745,13 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 				who[np++] = n + i;
 			}
 		}
-		if (poll(pf, np, left < 50 ? (int)left : 50) < 0 && errno != EINTR) {
+		/* data_tls: bytes already decrypted are not seen by poll */
+		if (poll(pf, np, pending ? 0 : left < 50 ? (int)left : 50) < 0 && errno != EINTR) {
 			rc = refit_err_set(err, REFIT_ERR_SYS, "tcp: poll: %s", strerror(errno));
 			break;
 		}
 		for (size_t k = 0; k < np && rc == REFIT_OK; k++) {
-			if (!pf[k].revents)
+			if (!pf[k].revents && !(who[k] >= n && tcp_tls_pending(&s->in[who[k] - n])))
 				continue;
 			if (who[k] < n)
 				rc = do_send(s, io, who[k], err);

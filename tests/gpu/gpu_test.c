@@ -120,7 +120,7 @@ static int64_t session_ms = 120000;   /* a session's deadline */
 static xport_t *
 start(const int32_t *ranks, size_t n, const char *devs, const char *name, refit_err_t *err)
 {
-	xport_cfg_t xc = {"", name, ranks, n, devs};
+	xport_cfg_t xc = {"", name, ranks, n, devs, NULL, NULL, NULL};
 	xport_t *x = NULL;
 
 	if (xport_nccl_ops.start(&xc, &x, err) != REFIT_OK)

@@ -16,7 +16,11 @@ node 0 and an inference instance on node 1.
    commits;
  - SIGHUP reloads the certificates: after `refitctl init` re-issues the
    coordinator's and tl0's, both serve the new ones, a refit commits;
- - beyond loopback, mutual TLS alone satisfies "secure by default".
+ - data_tls on every node: a refit over TLS data connections commits
+   byte-exact; with it on one node only the refit fails and the plain node
+   names it (so the bytes went through TLS);
+ - beyond loopback, mutual TLS alone satisfies "secure by default";
+   data_tls without the TLS files is refused.
 
 Usage: test_tls.py BUILD_DIR.  Ends with "tls: N passed, N failed".
 """
@@ -298,6 +302,33 @@ def rotate():
     refit_commits(MODEL["version"] + 1)
 
 
+def data_tls():
+    """data_tls on every node: a refit commits byte-exact over TLS data
+    connections; with it on one node only, the refit fails naming TLS and
+    the peer (the bytes did go through TLS)."""
+    assert refitctl_init(D, "--nodes", "dt0,dt1,dx0,dx1").returncode == 0
+    coord = tls_args(f"{D}/coordinator.crt", f"{D}/coordinator.key")
+    train, insts = layouts()
+    for name, on, commits in (("dt", (True, True), True), ("dx", (True, False), False)):
+        cl = Cluster(name, 2, coord_extra=coord, channel=channel, node_extra=lambda k: tls_args(
+            f"{D}/node-{name}{k}.crt", f"{D}/node-{name}{k}.key") +
+            ["--data-tls", "on" if on[k] else "off"])
+        cs = start_model(cl, "dm", train, insts, random.Random(3),
+                         installs={"i0": "double-buffer"})
+        try:
+            g = cl.refit("dm", 1, timeout=120)
+            if commits:
+                assert g.state == pb.COMMITTED, g.failure
+                harness.expect_installed(cs, 1)
+            else:
+                assert g.state == pb.FAILED, g
+                cl.log.flush()
+                wait_for(lambda: "data_tls is on there, off here" in
+                         open(f"{TMP}/{name}.log").read(), 20, "the node naming data_tls")
+        finally:
+            harness.stop(cs)
+
+
 def secure_default():
     """Beyond loopback, mutual TLS is enough (no warning); a certificate
     without a CA to verify callers is not."""
@@ -306,6 +337,13 @@ def secure_default():
             "--tls-cert", f"{D}/coordinator.crt", "--tls-key", f"{D}/coordinator.key"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "not loopback" in out.stderr, out
+    with open(f"{TMP}/empty.json", "w") as f:
+        f.write("{}\n")
+    out = subprocess.run([f"{BUILD}/bin/refitd", "--check-config", f"{TMP}/empty.json",
+                          "--role", "node", "--ranks", "0", "--data-tls", "on"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and 'data_tls "on" needs tls_cert, tls_key and tls_ca' in \
+        out.stderr, out
     log = open(f"{TMP}/exposed.log", "w")
     p = harness.spawn(args + ["--tls-ca", f"{D}/ca.crt", "--log-level", "info"], stderr=log)
     try:
@@ -328,6 +366,8 @@ try:
               "refused, nothing changed, the next refit commits", rogues_refused)
         check("SIGHUP reloads rotated certificates (coordinator and node), refit commits",
               rotate)
+    check("data_tls: a refit over TLS data connections commits byte-exact; on one node "
+          "only, it fails naming TLS", data_tls)
     check("beyond loopback: mutual TLS satisfies secure by default", secure_default)
 finally:
     if MODEL.get("clients"):

@@ -72,6 +72,7 @@ static const kcase_t cases[] = {
 	{"nccl_library", "/opt/nccl/libnccl.so.2", "\"/opt/nccl/libnccl.so.2\"", NULL, NULL, 0, 0},
 	{"gpu_kernels_library", "/opt/refit/k.so", "\"/opt/refit/k.so\"", NULL, NULL, 0, 0},
 	{"gpu_devices", "4-7", "\"4-7\"", NULL, "0,1", 0, 0},
+	{"data_tls", "on", "\"on\"", "yes", NULL, 0, 0},
 	{"poisoned_exit", "on", "\"on\"", "yes", NULL, 0, 0},
 	{"test_msg_delay_ms", "5", "5", "x", NULL, 0, 10000},
 	{"test_fail_commit", "2", "2", "two", NULL, 0, 1000000},
