@@ -99,6 +99,9 @@ void tcp_link_fault(xport_session_t *s, size_t i, xport_link_fault_t f, const ch
 refit_status_t tcp_dial_all(xport_session_t *s, refit_err_t *err);
 
 
+/* tcp_listen.c: the listener thread of x (arg), until x->wake is written. */
+void *tcp_listener(void *arg);
+
 /* tcp_tls.c (data_tls): a TLS 1.3 context with this node's certificate and
  * key, verifying peers with ca; REFIT_OK or err. */
 refit_status_t tcp_tls_ctx_new(const char *ca, const char *cert, const char *key,
