@@ -99,22 +99,18 @@ tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 		 host, strchr(host, ':') ? "]" : "",
 		 ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						: ((struct sockaddr_in *)&ss)->sin_port));
-	if (cfg->tls_cert != NULL) {
-		void *ctx;
-
-		if (tcp_tls_ctx_new(cfg->tls_ca, cfg->tls_cert, cfg->tls_key, &ctx, err) != REFIT_OK) {
-			close(fd);
-			free(x->node_id);
-			free(x);
-			return err->status;
-		}
-		x->tls = ctx;
+	if (cfg->tls_cert != NULL &&
+	    tcp_tls_new(cfg->tls_ca, cfg->tls_cert, cfg->tls_key, &x->tls, err) != REFIT_OK) {
+		close(fd);
+		free(x->node_id);
+		free(x);
+		return err->status;
 	}
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_cond_init(&x->cv, NULL);
 	if (pipe2(x->wake, O_CLOEXEC) < 0 || pthread_create(&x->thr, NULL, tcp_listener, x) != 0) {
 		close(fd);
-		tcp_tls_ctx_free(x->tls);
+		tcp_tls_free(x->tls);
 		free(x->node_id);
 		free(x);
 		return refit_err_set(err, REFIT_ERR_SYS, "tcp: cannot start the listener");
@@ -176,7 +172,7 @@ tcp_stop(xport_t *x)
 	VEC_FREE(&x->peers);
 	pthread_mutex_destroy(&x->mu);
 	pthread_cond_destroy(&x->cv);
-	tcp_tls_ctx_free(x->tls);
+	tcp_tls_free(x->tls);
 	free(x->node_id);
 	free(x);
 }

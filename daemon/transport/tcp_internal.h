@@ -62,7 +62,7 @@ struct xport {
 	VEC(struct peer_verifier { char *node_id; uint8_t v[32]; }) peers;
 	VEC(parked_t) parked;
 	bool stopping;
-	struct ssl_ctx_st *tls;          /* data_tls (tcp_tls.c); NULL: plain */
+	struct tcp_tls *tls;             /* data_tls (tcp_tls.c); NULL: plain */
 };
 
 typedef struct conn {
@@ -102,11 +102,21 @@ refit_status_t tcp_dial_all(xport_session_t *s, refit_err_t *err);
 /* tcp_listen.c: the listener thread of x (arg), until x->wake is written. */
 void *tcp_listener(void *arg);
 
-/* tcp_tls.c (data_tls): a TLS 1.3 context with this node's certificate and
- * key, verifying peers with ca; REFIT_OK or err. */
-refit_status_t tcp_tls_ctx_new(const char *ca, const char *cert, const char *key,
-			       void **out, refit_err_t *err);
-void tcp_tls_ctx_free(void *ctx);
+/* tcp_tls.c (data_tls): this node's certificate and key and the CA to
+ * verify peers with, as a TLS 1.3 context, rebuilt when the files change
+ * (checked as each session starts). */
+typedef struct tcp_tls {
+	char *ca, *cert, *key;
+	uint64_t stamp[9];          /* the files' inode, size, mtime (under mu) */
+	struct ssl_ctx_st *ctx;     /* under mu */
+	pthread_mutex_t mu;
+	bool mu_init;
+} tcp_tls_t;
+
+/* REFIT_OK, or err naming the files and OpenSSL's reason. */
+refit_status_t tcp_tls_new(const char *ca, const char *cert, const char *key,
+			   tcp_tls_t **out, refit_err_t *err);
+void tcp_tls_free(tcp_tls_t *t);
 /* The TLS handshakes of every connection of s at once (after its refit
  * handshakes); each peer's certificate must name it.  REFIT_OK or err
  * (naming the peer; its link fault noted). */

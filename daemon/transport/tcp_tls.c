@@ -14,7 +14,9 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -37,23 +39,20 @@ ssl_why(char *buf, size_t n)
 	ERR_clear_error();
 }
 
-refit_status_t
-tcp_tls_ctx_new(const char *ca, const char *cert, const char *key, void **out,
-		refit_err_t *err)
+/* A TLS 1.3 context with cert and key, verifying peers with ca. */
+static SSL_CTX *
+ctx_new(const char *ca, const char *cert, const char *key, char *why, size_t n)
 {
 	SSL_CTX *ctx = SSL_CTX_new(TLS_method());
-	char why[256];
 
-	*out = NULL;
 	if (ctx == NULL || !SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) ||
 	    SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1 ||
 	    SSL_CTX_use_certificate_chain_file(ctx, cert) != 1 ||
 	    SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
 	    SSL_CTX_check_private_key(ctx) != 1) {
-		ssl_why(why, sizeof(why));
+		ssl_why(why, n);
 		SSL_CTX_free(ctx);
-		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tcp: data_tls: %s, %s, %s: %s",
-				     ca, cert, key, why);
+		return NULL;
 	}
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
 	/* a frame's header and payload are two writes; either may go in parts */
@@ -65,14 +64,93 @@ tcp_tls_ctx_new(const char *ca, const char *cert, const char *key, void **out,
 	 * a ticket left unread there makes its close a reset that can cut the
 	 * data it sent before the receiver has read it */
 	SSL_CTX_set_num_tickets(ctx, 0);
-	*out = ctx;
+	return ctx;
+}
+
+/* The files' identity (inode, size, change time): rotated files differ. */
+static void
+stamp(const tcp_tls_t *t, uint64_t out[9])
+{
+	const char *f[3] = {t->ca, t->cert, t->key};
+	struct stat st;
+
+	for (int i = 0; i < 3; i++) {
+		memset(&st, 0, sizeof(st));
+		(void)stat(f[i], &st);
+		out[3 * i] = (uint64_t)st.st_ino;
+		out[3 * i + 1] = (uint64_t)st.st_size;
+		out[3 * i + 2] = (uint64_t)st.st_mtim.tv_sec * 1000000000u +
+				 (uint64_t)st.st_mtim.tv_nsec;
+	}
+}
+
+refit_status_t
+tcp_tls_new(const char *ca, const char *cert, const char *key, tcp_tls_t **out,
+	    refit_err_t *err)
+{
+	tcp_tls_t *t = xcalloc(1, sizeof(*t));
+	char why[256];
+
+	*out = NULL;
+	t->ca = xstrdup(ca);
+	t->cert = xstrdup(cert);
+	t->key = xstrdup(key);
+	stamp(t, t->stamp);
+	if ((t->ctx = ctx_new(ca, cert, key, why, sizeof(why))) == NULL) {
+		tcp_tls_free(t);
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tcp: data_tls: %s, %s, %s: %s",
+				     ca, cert, key, why);
+	}
+	pthread_mutex_init(&t->mu, NULL);
+	t->mu_init = true;
+	*out = t;
 	return REFIT_OK;
 }
 
 void
-tcp_tls_ctx_free(void *ctx)
+tcp_tls_free(tcp_tls_t *t)
 {
-	SSL_CTX_free(ctx);
+	if (t == NULL)
+		return;
+	SSL_CTX_free(t->ctx);
+	if (t->mu_init)
+		pthread_mutex_destroy(&t->mu);
+	free(t->ca);
+	free(t->cert);
+	free(t->key);
+	free(t);
+}
+
+/*
+ * The context for a new session (a reference the caller frees): rebuilt
+ * from the files when they changed since (rotation needs no restart; a set
+ * that does not load keeps the old one, logged).  Any session thread.
+ */
+static SSL_CTX *
+ctx_current(tcp_tls_t *t)
+{
+	uint64_t now[9];
+	SSL_CTX *ctx, *fresh = NULL;
+	char why[256];
+
+	stamp(t, now);
+	pthread_mutex_lock(&t->mu);
+	if (memcmp(now, t->stamp, sizeof(now)) != 0) {
+		memcpy(t->stamp, now, sizeof(now));
+		fresh = ctx_new(t->ca, t->cert, t->key, why, sizeof(why));
+		if (fresh == NULL) {
+			log_warnx("tcp: data_tls: %s, %s, %s changed but do not load (%s): the "
+				  "certificate in use stays", t->ca, t->cert, t->key, why);
+		} else {
+			SSL_CTX_free(t->ctx);
+			t->ctx = fresh;
+			log_info("tcp: data_tls: certificate files changed: reloaded");
+		}
+	}
+	ctx = t->ctx;
+	SSL_CTX_up_ref(ctx);
+	pthread_mutex_unlock(&t->mu);
+	return ctx;
 }
 
 /* c's SSL for the connection with node (client: we dialed it). */
@@ -133,15 +211,17 @@ tcp_tls_handshake_all(xport_session_t *s, refit_err_t *err)
 	struct pollfd *pf = xcalloc(2 * n + 1, sizeof(*pf));
 	conn_t **who = xcalloc(2 * n + 1, sizeof(*who));
 	refit_status_t rc = REFIT_OK;
+	SSL_CTX *ctx = ctx_current(s->x->tls);
 
 	for (size_t i = 0; i < n && rc == REFIT_OK; i++) {
-		if (s->out[i].fd >= 0 && (rc = conn_ssl(s->x->tls, &s->out[i], s->peers[i].node_id,
+		if (s->out[i].fd >= 0 && (rc = conn_ssl(ctx, &s->out[i], s->peers[i].node_id,
 							 true, err)) == REFIT_OK)
 			left++;
 		if (rc == REFIT_OK && s->in[i].fd >= 0 &&
-		    (rc = conn_ssl(s->x->tls, &s->in[i], s->peers[i].node_id, false, err)) == REFIT_OK)
+		    (rc = conn_ssl(ctx, &s->in[i], s->peers[i].node_id, false, err)) == REFIT_OK)
 			left++;
 	}
+	SSL_CTX_free(ctx); /* each SSL holds its own reference */
 	while (rc == REFIT_OK && left > 0) {
 		size_t np = 0;
 		int64_t wait = s->cfg.deadline_ms - xport_now_ms();

@@ -17,8 +17,10 @@ node 0 and an inference instance on node 1.
  - SIGHUP reloads the certificates: after `refitctl init` re-issues the
    coordinator's and tl0's, both serve the new ones, a refit commits;
  - data_tls on every node: a refit over TLS data connections commits
-   byte-exact; with it on one node only the refit fails and the plain node
-   names it (so the bytes went through TLS);
+   byte-exact; a node's certificate files replaced by another node's (same
+   CA) make the next refit fail (its peer refuses the name; files re-read per
+   session), its own again commit; with data_tls on one node only the refit
+   fails and the plain node names it (so the bytes went through TLS);
  - beyond loopback, mutual TLS alone satisfies "secure by default";
    data_tls without the TLS files is refused.
 
@@ -302,6 +304,35 @@ def rotate():
     refit_commits(MODEL["version"] + 1)
 
 
+def data_tls_rotation(cl, cs):
+    """dt0's certificate files replaced by dx0's (the cluster CA's, another
+    node's name): the next refit's data connection is refused by dt1 (the
+    files are re-read as a session starts, no SIGHUP); dt0's own again: the
+    refit after commits."""
+    base = f"{D}/node-dt0"
+    keep = {e: rd(f"{base}.{e}") for e in ("crt", "key")}
+
+    def put(src):
+        for e in ("crt", "key"):
+            with open(f"{base}.{e}.new", "wb") as f:
+                f.write(src[e])
+            os.replace(f"{base}.{e}.new", f"{base}.{e}")
+    put({e: rd(f"{D}/node-dx0.{e}") for e in ("crt", "key")})
+    for v, ok in ((2, False), (3, True)):
+        out = cs["train"][0].cmd(f"next {v}")
+        assert out.startswith("READY"), out
+        g = cl.refit("dm", v, timeout=120)
+        if ok:
+            assert g.state == pb.COMMITTED, g.failure
+            harness.expect_installed(cs, v)
+        else:
+            assert g.state == pb.FAILED, g
+            cl.log.flush()
+            wait_for(lambda: 'TLS with node "dt0"' in open(f"{TMP}/dt.log").read(), 20,
+                     "dt1 refusing dx0's certificate for dt0")
+            put(keep)
+
+
 def data_tls():
     """data_tls on every node: a refit commits byte-exact over TLS data
     connections; with it on one node only, the refit fails naming TLS and
@@ -320,6 +351,7 @@ def data_tls():
             if commits:
                 assert g.state == pb.COMMITTED, g.failure
                 harness.expect_installed(cs, 1)
+                data_tls_rotation(cl, cs)
             else:
                 assert g.state == pb.FAILED, g
                 cl.log.flush()
