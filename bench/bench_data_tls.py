@@ -32,7 +32,8 @@ def spawn(args, **kw):
 
 def ctl(run, *args):
     return subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", f"unix:{run}/coord.sock",
-                           "--tls-ca", f"{PKI}/ca.crt"] + list(args),
+                           "--tls-ca", f"{PKI}/ca.crt", "--tls-cert", f"{PKI}/operator.crt",
+                           "--tls-key", f"{PKI}/operator.key"] + list(args),
                           capture_output=True, text=True, timeout=600)
 
 

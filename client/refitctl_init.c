@@ -6,6 +6,7 @@
  *   operator.token, join.token     32 random bytes as hex
  *   ca.crt, ca.key                 the cluster CA (ECDSA P-256, self-signed)
  *   coordinator.crt/.key           SAN dNSName "coordinator.refit"
+ *   operator.crt/.key              SAN dNSName "operator.refit" (refitctl)
  *   node-<id>.crt/.key             SAN dNSName "<id>.node.refit"
  *
  * Every file mode 0600, created only where none is (an existing CA signs
@@ -391,6 +392,9 @@ refitctl_init(int argc, char **argv)
 		rc = have < 0 ? 1 : have == 0 ? new_ca(&in, days * 2) : 0;
 		if (rc == 0)
 			rc = new_leaf(&in, "coordinator", RPC_TLS_COORDINATOR, days);
+		/* refitctl's under mutual TLS without an operator token */
+		if (rc == 0)
+			rc = new_leaf(&in, "operator", "operator.refit", days);
 		if (rc == 0 && spec)
 			rc = nodes(&in, spec, days);
 	}
@@ -403,7 +407,8 @@ refitctl_init(int argc, char **argv)
 	printf("the coordinator reads operator.token, join.token (token_file, "
 	       "join_token_file) and, for mutual TLS, tls_ca ca.crt, tls_cert coordinator.crt, "
 	       "tls_key coordinator.key; node ID: join.token, ca.crt, node-ID.crt, "
-	       "node-ID.key; refitctl --token-file operator.token --tls-ca ca.crt.  Keep ca.key "
+	       "node-ID.key; refitctl --token-file operator.token --tls-ca ca.crt (or, "
+	       "with no operator token, --tls-cert operator.crt --tls-key operator.key).  Keep ca.key "
 	       "off the nodes.  systemd: copy them to /etc/refit/ (LoadCredential= in the "
 	       "units)\n");
 	return 0;

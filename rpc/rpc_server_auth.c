@@ -151,6 +151,16 @@ rpc_server_cred_ok(rpc_server_t *s, rpc_call_t *c)
 	if (c->m->need == RPC_CRED_NONE)
 		return true;
 	if (c->m->need == RPC_CRED_OPERATOR) {
+		if (s->tls.tls.require_client_cert && !secret_set(s, &s->token)) {
+			/* mutual TLS and no operator token: a certificate of the CA */
+			rpc_tls_peer_read(c->gc, &c->cert);
+			if (c->cert.has_cert)
+				return true;
+			refuse_now(c, GRPC_STATUS_UNAUTHENTICATED, "missing", "%s needs a client "
+				   "certificate from the cluster CA (mutual TLS without an "
+				   "operator token)", c->m->path);
+			return false;
+		}
 		if (secret_ok(s, c, "authorization", "Bearer ", &s->token, &absent))
 			return true;
 		refuse_now(c, GRPC_STATUS_UNAUTHENTICATED, absent ? "missing" : "wrong",

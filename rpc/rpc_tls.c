@@ -118,6 +118,16 @@ rpc_server_creds(rpc_tls_src_t *src, grpc_server_credentials **out, refit_err_t 
 				   tls->require_client_cert ? " and, for mutual TLS, a CA" : "");
 		goto out;
 	}
+	if (pm.ca == NULL) {
+		/* TLS without client certificates: gRPC's fetcher wants a CA (it
+		 * aborts without one), so no SIGHUP reload here */
+		*out = grpc_ssl_server_credentials_create_ex(
+			NULL, &pm.pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
+		if (*out == NULL)
+			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "tls: bad certificate or "
+					   "key (%s, %s)", tls->cert_file, tls->key_file);
+		goto out;
+	}
 	atomic_store(&src->gen, 1);
 	atomic_store(&src->loaded, 0);
 	opts = grpc_ssl_server_credentials_create_options_using_config_fetcher(

@@ -62,7 +62,8 @@ def show(cmd):
 
 def ctl(*args):
     return [f"{BIN}/refitctl", "--coordinator", f"unix:{RUN}/coord.sock", "--tls-ca",
-            f"{PKI}/ca.crt", *args]
+            f"{PKI}/ca.crt", "--tls-cert", f"{PKI}/operator.crt", "--tls-key",
+            f"{PKI}/operator.key", *args]
 
 
 def wait_for(fn, what, timeout=30):

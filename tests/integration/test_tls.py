@@ -68,6 +68,16 @@ def channel(addr, name="coordinator.refit", cert=None, ca=None):
     return grpc.secure_channel(addr, creds, options=[("grpc.ssl_target_name_override", name)])
 
 
+def op_files():
+    return [f"{D}/operator.crt", f"{D}/operator.key"]
+
+
+def op_channel(addr):
+    """The test's channel to the coordinator: refitctl init's operator
+    certificate (mutual TLS, no operator token)."""
+    return channel(addr, cert=op_files())
+
+
 def node_files(k):
     return [f"{D}/node-tl{k}.crt", f"{D}/node-tl{k}.key"]
 
@@ -122,7 +132,8 @@ def init_files():
     out = refitctl_init(D, "--nodes", "tl0,tl1")
     assert out.returncode == 0, out
     from cryptography import x509
-    names = {"coordinator": "coordinator.refit", "node-tl0": "tl0.node.refit",
+    names = {"coordinator": "coordinator.refit", "operator": "operator.refit",
+             "node-tl0": "tl0.node.refit",
              "node-tl1": "tl1.node.refit"}
     for f in ["ca.crt", "ca.key", "operator.token", "join.token"] + \
             [f"{b}.{e}" for b in names for e in ("crt", "key")]:
@@ -143,16 +154,22 @@ def init_files():
 def setup():
     global CL
     CL = Cluster("tl", 2, coord_extra=tls_args(f"{D}/coordinator.crt", f"{D}/coordinator.key"),
-                 node_extra=lambda k: tls_args(*node_files(k)), channel=channel)
+                 node_extra=lambda k: tls_args(*node_files(k)), channel=op_channel)
     train, insts = layouts()
     MODEL["clients"] = start_model(CL, "lm", train, insts, random.Random(7),
                                    installs={"i0": "double-buffer"})
     refit_commits(1)
     # refitctl over TLS; without the CA it cannot talk to the coordinator
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", CL.addr]
-    out = subprocess.run(ctl + ["--tls-ca", f"{D}/ca.crt", "members"], capture_output=True,
+    tls = ["--tls-ca", f"{D}/ca.crt"]
+    out = subprocess.run(ctl + tls + ["--tls-cert", f"{D}/operator.crt", "--tls-key",
+                                      f"{D}/operator.key", "members"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "tl1" in out.stdout, out
+    # mutual TLS and no operator token: operator methods need a certificate
+    out = subprocess.run(ctl + tls + ["members"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "needs a client certificate from the cluster CA" in \
+        out.stderr, out
     out = subprocess.run(ctl + ["members"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 3, out
 
@@ -341,7 +358,7 @@ def data_tls():
     coord = tls_args(f"{D}/coordinator.crt", f"{D}/coordinator.key")
     train, insts = layouts()
     for name, on, commits in (("dt", (True, True), True), ("dx", (True, False), False)):
-        cl = Cluster(name, 2, coord_extra=coord, channel=channel, node_extra=lambda k: tls_args(
+        cl = Cluster(name, 2, coord_extra=coord, channel=op_channel, node_extra=lambda k: tls_args(
             f"{D}/node-{name}{k}.crt", f"{D}/node-{name}{k}.key") +
             ["--data-tls", "on" if on[k] else "off"])
         cs = start_model(cl, "dm", train, insts, random.Random(3),
