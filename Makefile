@@ -38,10 +38,16 @@ PKGS        := libcjson
 RPC_PKGS    := grpc libprotobuf-c libuv libmicrohttpd
 RPC_CFLAGS  := $(shell pkg-config --cflags $(RPC_PKGS) 2>/dev/null)
 RPC_LIBS    := $(shell pkg-config --libs $(RPC_PKGS) 2>/dev/null || echo -lgrpc -lgpr -lprotobuf-c -luv -lmicrohttpd)
+# data_tls (daemon/transport/tcp_tls.c) links libssl, which gRPC loads anyway
+RPC_LIBS    += $(shell pkg-config --libs libssl libcrypto 2>/dev/null || echo -lssl -lcrypto)
 GEN         := $(BUILD)/gen
 PROTO_C     := $(GEN)/refit/v1/refit.pb-c.c
 PKG_CFLAGS  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lcjson)
+# refitctl init makes the CA and certificates with OpenSSL's libcrypto
+# (libssl-dev); the daemons link libssl for data_tls (RPC_LIBS)
+CRYPTO_LIBS := $(shell pkg-config --libs libcrypto 2>/dev/null || echo -lcrypto)
+
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS  := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
@@ -229,9 +235,9 @@ $(call link,$(1),$$(CHECK_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refitd: $$(call objs,$$(DIR_$(1)),daemon/main.c) \
 		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
-$$(DIR_$(1))/bin/refitctl: $$(call objs,$$(DIR_$(1)),client/refitctl.c client/refitctl_show.c) \
-		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
-$(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
+$$(DIR_$(1))/bin/refitctl: $$(call objs,$$(DIR_$(1)),client/refitctl.c client/refitctl_show.c \
+		client/refitctl_init.c) $$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(RPC_LIBS) $$(CRYPTO_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refit-client: $$(call objs,$$(DIR_$(1)),client/refit_client.c) \
 		$$(REFITCLI_LIBS_$(1)) $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))

@@ -19,7 +19,7 @@ LIBREFIT_SO      := $(BUILD)/lib/librefit.so
 LIBREFIT_SONAME  := librefit.so.$(LIBREFIT_MAJOR)
 LIBREFIT_PC      := $(BUILD)/lib/pkgconfig/refit.pc
 LIBREFIT_MAP     := client/librefit.map
-LIBREFIT_SRC     := client/librefit.c client/librefit_fw.c rpc/rpc_client.c rpc/rpc_status.c \
+LIBREFIT_SRC     := client/librefit.c client/librefit_fw.c rpc/rpc_client.c rpc/rpc_tls.c rpc/rpc_status.c \
 		    rpc/proto_conv.c codec/layout_json.c codec/json_util.c \
 		    plan/layout.c plan/layout_set.c plan/box.c plan/convert.c \
 		    plan/framework.c plan/framework_map.c plan/framework_tensors.c \

@@ -300,71 +300,11 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 
 /* ---- the table ---------------------------------------------------------- */
 
-/* A new secret in dir/name: 32 random bytes as hex, mode 0600, never over
- * an existing file.  0, or the exit code after saying why. */
-static int
-new_token(const char *dir, const char *name)
-{
-	char path[4096], hex[65];
-	uint8_t raw[32];
-	int fd;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
-		fprintf(stderr, "refitctl init: getrandom: %s\n", strerror(errno));
-		return 1;
-	}
-	for (size_t i = 0; i < sizeof(raw); i++)
-		snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-	hex[64] = '\n';
-	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		fprintf(stderr, "refitctl init: %s: %s%s\n", path, strerror(errno),
-			errno == EEXIST ? " (kept: remove it first to make a new one)" : "");
-		return errno == EEXIST ? 2 : 1;
-	}
-	if (fchmod(fd, 0600) != 0 || write(fd, hex, sizeof(hex)) != (ssize_t)sizeof(hex) ||
-	    close(fd) != 0) {
-		fprintf(stderr, "refitctl init: %s: %s\n", path, strerror(errno));
-		return 1;
-	}
-	printf("%s\n", path);
-	return 0;
-}
-
-/* init DIR: the cluster's secrets (docs/control-plane.md, "Who may call
- * what"): the operator token and the join token, each its own. */
-static int
-cmd_init(int argc, char **argv)
-{
-	const char *dir;
-	int rc;
-
-	if (argc != 2) {
-		fprintf(stderr, "usage: refitctl init DIR\n");
-		return 2;
-	}
-	dir = argv[1];
-	if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-		fprintf(stderr, "refitctl init: %s: %s\n", dir, strerror(errno));
-		return 1;
-	}
-	if (access(dir, W_OK) != 0) {
-		fprintf(stderr, "refitctl init: %s: %s\n", dir, strerror(errno));
-		return 1;
-	}
-	if ((rc = new_token(dir, "operator.token")) != 0 ||
-	    (rc = new_token(dir, "join.token")) != 0)
-		return rc;
-	printf("the coordinator reads both (token_file, join_token_file), every node "
-	       "join.token, and refitctl --token-file operator.token; systemd: copy them to "
-	       "/etc/refit/ (LoadCredential= in the units)\n");
-	return 0;
-}
-
 static const cmd_t cmds[] = {
-	{.name = "init", .args = "DIR", .help = "make the cluster's secrets in DIR (mode 0600): "
-	 "operator.token and join.token; calls nothing", .local = cmd_init},
+	{.name = "init", .args = "DIR [--nodes N|ID,ID,...] [--days D]",
+	 .help = "make the cluster's secrets in DIR (mode 0600, never over a file): "
+	 "operator.token, join.token, a CA, the coordinator's and the nodes' certificates; "
+	 "calls nothing", .local = refitctl_init},
 	{.name = "members", .args = "", .help = "membership: nodes, ranks, epoch, lease ages",
 	 .method = "ListMembers", .text = refitctl_text_members, .json = refitctl_json_members},
 	{.name = "models", .args = "", .help = "registered models, instances, versions, digests",
@@ -489,12 +429,14 @@ static void
 usage(FILE *f)
 {
 	fprintf(f, "usage: refitctl [--coordinator ADDR] [--token-file F]\n"
-		"                [--tls-ca F [--tls-cert F --tls-key F]]\n"
+		"                [--tls-ca F [--tls-cert F --tls-key F] [--tls-name N]]\n"
 		"                [--timeout-ms N] [--json] COMMAND [ARGS]\n\n");
 	for (size_t i = 0; i < NCMDS; i++)
 		fprintf(f, "  %s%s%s\n        %s\n", cmds[i].name, cmds[i].args[0] ? " " : "",
 			cmds[i].args, cmds[i].help);
-	fprintf(f, "\nADDR defaults to $REFIT_COORDINATOR, else 127.0.0.1:7070.\n"
+	fprintf(f, "\nADDR defaults to $REFIT_COORDINATOR, else 127.0.0.1:7070.  With --tls-ca the\n"
+		"coordinator's certificate must name N (default coordinator.refit, as\n"
+		"refitctl init makes it).\n"
 		"Exit codes: 0 ok, 1 error from the coordinator, 2 usage or bad input,\n"
 		"3 coordinator unreachable, 4 the refit waited for ended FAILED or ABORTED.\n");
 }
@@ -508,13 +450,14 @@ main(int argc, char **argv)
 		{"tls-ca", required_argument, NULL, 'a'},
 		{"tls-cert", required_argument, NULL, 'C'},
 		{"tls-key", required_argument, NULL, 'K'},
+		{"tls-name", required_argument, NULL, 'N'},
 		{"timeout-ms", required_argument, NULL, 'T'},
 		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *addr = getenv("REFIT_COORDINATOR");
-	rpc_client_opts_t co = {0};
+	rpc_client_opts_t co = {.tls.server_name = RPC_TLS_COORDINATOR};
 	ctl_t c = {.timeout_ms = 10000};
 	const cmd_t *cmd = NULL;
 	refit_err_t e;
@@ -529,6 +472,7 @@ main(int argc, char **argv)
 		case 'a': co.tls.ca_file = optarg; break;
 		case 'C': co.tls.cert_file = optarg; break;
 		case 'K': co.tls.key_file = optarg; break;
+		case 'N': co.tls.server_name = optarg; break;
 		case 'j': c.json = 1; break;
 		case 't':
 			free(token);

@@ -66,6 +66,10 @@ struct cmd {
 	int (*then)(ctl_t *c, args_t *a, const void *resp);
 };
 
+/* `refitctl init DIR ...` (refitctl_init.c): argv[0] is "init"; the exit
+ * code. */
+int refitctl_init(int argc, char **argv);
+
 /* p, or exit(1) after "out of memory" on stderr when p is NULL. */
 void *refitctl_oom(void *p);
 

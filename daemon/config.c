@@ -37,12 +37,13 @@ static const key_t_ keys[] = {
 	 "gRPC address: host:port or unix:/path"},
 	{"coordinator", K_STR, F(coordinator), "127.0.0.1:7070", 0, 0, NULL, false,
 	 "node role: the coordinator's address"},
-	{"tls_cert", K_STR, F(tls_cert), NULL, 0, 0, NULL, false, "PEM certificate"},
+	{"tls_cert", K_STR, F(tls_cert), NULL, 0, 0, NULL, false,
+	 "PEM certificate: this process's name (refitctl init)"},
 	{"tls_key", K_STR, F(tls_key), NULL, 0, 0, NULL, false, "PEM private key"},
 	{"tls_client_ca", K_STR, F(tls_client_ca), NULL, 0, 0, NULL, false,
-	 "server: CA for client certificates (mutual TLS)"},
+	 "server: CA for client certificates (default: tls_ca)"},
 	{"tls_ca", K_STR, F(tls_ca), NULL, 0, 0, NULL, false,
-	 "client: CA to verify the coordinator"},
+	 "the cluster CA: verifies the peers (with tls_cert: mutual TLS)"},
 	{"token_file", K_STR, F(token_file), NULL, 0, 0, NULL, true,
 	 "bearer token required for operator methods"},
 	{"join_token_file", K_STR, F(join_token_file), NULL, 0, 0, NULL, true,
@@ -113,6 +114,9 @@ static const key_t_ keys[] = {
 	 "rank and epoch (ncclMemAlloc, registered with its communicator) for message "
 	 "staging, relays and conversion scratch; a refit that needs more at once fails "
 	 "naming the rank and the budget; docs/gpu.md"},
+	{"data_tls", K_ENUM, F(data_tls), "off", 0, 0, "off|on", false,
+	 "node role, tcp: TLS 1.3 on the data connections with tls_cert, tls_key, tls_ca "
+	 "(each peer's certificate must name it); set the same on every node"},
 	{"poisoned_exit", K_ENUM, F(poisoned_exit), "off", 0, 0, "off|on", false,
 	 "node role, nccl: on a poisoned node (GPU work that never ended, its memory kept) "
 	 "exit with status 75 for systemd to restart refitd, instead of staying up "
@@ -417,12 +421,12 @@ static refit_status_t
 check_exposed(const refitd_config_t *c, refit_err_t *err)
 {
 	if (config_is_loopback(c->listen) || c->join_token_file != NULL ||
-	    (c->tls_cert != NULL && c->tls_client_ca != NULL) ||
+	    (c->tls_cert != NULL && (c->tls_client_ca != NULL || c->tls_ca != NULL)) ||
 	    strcmp(c->insecure, "true") == 0)
 		return REFIT_OK;
 	return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: listen \"%s\" is not loopback "
 			     "or a unix socket, and nothing authenticates the nodes: set "
-			     "join_token_file (or tls_cert, tls_key and tls_client_ca), or "
+			     "join_token_file (or tls_cert, tls_key and tls_ca: mutual TLS), or "
 			     "\"insecure\": true to let anyone who reaches the port join",
 			     c->listen);
 }
@@ -474,6 +478,10 @@ config_check(const refitd_config_t *c, refit_err_t *err)
 			free(d);
 		}
 	}
+	if (strcmp(c->data_tls, "on") == 0 && (c->tls_cert == NULL || c->tls_ca == NULL))
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: data_tls \"on\" needs "
+				     "tls_cert, tls_key and tls_ca (the data connections use this "
+				     "node's certificate and verify the peers' with the CA)");
 	if (c->tls_client_ca && c->tls_cert == NULL)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: tls_client_ca needs "
 				     "tls_cert and tls_key (mutual TLS is TLS first)");

@@ -181,9 +181,13 @@ on_hup(uv_signal_t *h, int signum)
 	if (d->srv) {
 		rpc_server_set_token(d->srv, token);
 		rpc_server_set_join_token(d->srv, join);
+		rpc_server_reload_tls(d->srv); /* rotated certificates, same paths */
 	}
-	if (d->rpc)
+	if (d->rpc) {
 		rpc_async_set_join_token(d->rpc, join);
+		if (rpc_async_reload_tls(d->rpc, &err) != REFIT_OK)
+			log_warnx("refitd: reload: the client keeps its certificate: %s", err.msg);
+	}
 	if (d->coord)
 		coord_set_timing(d->coord, (uint32_t)n.lease_ttl_ms, (uint32_t)n.heartbeat_ms);
 	if (d->node) {
@@ -216,6 +220,17 @@ usage(FILE *f)
 
 static char hostname_buf[256];
 
+/* A client's TLS: verify with tls_ca, present tls_cert (mutual TLS); the
+ * server must carry name (NULL: the target's host). */
+static void
+client_tls(const refitd_config_t *cfg, rpc_tls_t *t, const char *name)
+{
+	t->ca_file = cfg->tls_ca;
+	t->cert_file = cfg->tls_cert;
+	t->key_file = cfg->tls_key;
+	t->server_name = name;
+}
+
 /* The role's state on the loop: coordinator or node. */
 static refit_status_t
 start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co,
@@ -230,8 +245,9 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 		coord_opts_t o = *co;
 		rpc_client_opts_t to_nodes = {.join_token = join};
 
-		/* calls to nodes: plain (nodes serve the Node service without
-		 * TLS), with the join token and each node's session */
+		/* calls to nodes: with the join token and each node's session;
+		 * with mutual TLS, each node verified by its name (coord.c) */
+		client_tls(cfg, &to_nodes.tls, NULL);
 		if ((d->rpc = o.rpc = rpc_async_new(&d->loop, &to_nodes, err)) == NULL)
 			return err->status;
 		return (d->coord = coord_new(&d->loop, d->srv, &o, err)) ? REFIT_OK : err->status;
@@ -248,14 +264,13 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.ranks = ranks;
 	no.nranks = nranks;
 	no.heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
-	no.client.tls.ca_file = cfg->tls_ca;
-	no.client.tls.cert_file = cfg->tls_cert;
-	no.client.tls.key_file = cfg->tls_key;
+	client_tls(cfg, &no.client.tls, RPC_TLS_COORDINATOR);
 	no.client.token = token;
 	no.client.join_token = join;
 	no.transport = cfg->transport;
 	no.data_listen = cfg->data_listen;
 	no.data_advertise = cfg->data_advertise;
+	no.data_tls = strcmp(cfg->data_tls, "on") == 0;
 	no.local_socket = cfg->local_socket;
 	no.local_socket_group = cfg->local_socket_group;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
@@ -378,8 +393,11 @@ main(int argc, char **argv)
 	so.max_msg_bytes = (size_t)cfg.max_msg_bytes;
 	so.tls.cert_file = cfg.tls_cert;
 	so.tls.key_file = cfg.tls_key;
-	so.tls.ca_file = cfg.tls_client_ca;
-	so.tls.require_client_cert = cfg.tls_client_ca != NULL;
+	/* mutual TLS: the cluster CA verifies the callers too */
+	so.tls.ca_file = cfg.tls_client_ca ? cfg.tls_client_ca : cfg.tls_ca;
+	so.tls.require_client_cert = cfg.tls_cert != NULL && so.tls.ca_file != NULL;
+	if (so.tls.require_client_cert && strcmp(cfg.role, "node") == 0)
+		so.tls.member_name = RPC_TLS_COORDINATOR;
 	so.token = token;
 	so.join_token = join;
 	so.refused = metrics_auth_refused;
@@ -435,7 +453,7 @@ main(int argc, char **argv)
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
 	uv_signal_start(&d.sighup, on_hup, SIGHUP);
 	log_info("refitd: %s listening on %s (port %d)", cfg.role, cfg.listen, port);
-	if (!config_is_loopback(cfg.listen) && join == NULL && cfg.tls_client_ca == NULL)
+	if (!config_is_loopback(cfg.listen) && join == NULL && !so.tls.require_client_cert)
 		log_warnx("refitd: INSECURE: listening on %s with no join token and no mutual "
 			  "TLS (\"insecure\": true): anyone who reaches the port can join the "
 			  "cluster and be sent model weights; set join_token_file",

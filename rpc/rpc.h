@@ -47,12 +47,27 @@ typedef struct rpc_method_cfg {
 	rpc_handler_fn fn;
 } rpc_method_cfg_t;
 
+/*
+ * Mutual TLS (rpc_tls.c; docs/control-plane.md): a node's certificate
+ * carries the SAN dNSName "<node id>" RPC_TLS_NODE_SUFFIX, the
+ * coordinator's RPC_TLS_COORDINATOR; a client verifies the server by that
+ * name, whatever address it dials.
+ */
+#define RPC_TLS_COORDINATOR "coordinator.refit"
+#define RPC_TLS_NODE_SUFFIX ".node.refit"
+
 typedef struct rpc_tls {
 	const char *cert_file;      /* PEM; NULL = plaintext */
 	const char *key_file;       /* PEM (server) */
 	const char *ca_file;        /* PEM: server: client CA (mutual TLS);
 				       client: roots to verify the server */
-	bool require_client_cert;   /* server: mutual TLS */
+	bool require_client_cert;   /* server: mutual TLS: join and member
+				       methods need a certificate of ca_file */
+	const char *server_name;    /* client: the name the server's certificate
+				       must carry (NULL: the target's host) */
+	const char *member_name;    /* server with mutual TLS: the name member
+				       methods' callers carry (NULL: a node's;
+				       the handler binds it to the member) */
 } rpc_tls_t;
 
 typedef struct rpc_server_opts {
@@ -86,6 +101,12 @@ void rpc_server_set_token(rpc_server_t *s, const char *token);
 void rpc_server_set_join_token(rpc_server_t *s, const char *token);
 /* Is a join token configured (join and member methods checked)? */
 bool rpc_server_join_required(rpc_server_t *s);
+/* Mutual TLS: do join and member methods need a node's certificate? */
+bool rpc_server_mtls(const rpc_server_t *s);
+/* Read the certificate, key and CA files again; new connections use them
+ * (SIGHUP rotation; a file that does not read keeps the old ones, logged
+ * at the next handshake).  Any thread. */
+void rpc_server_reload_tls(rpc_server_t *s);
 /*
  * The secret member methods must present (refit-session); a node sets its
  * own, so that only the coordinator it joined may call it.  NULL (the
@@ -115,6 +136,10 @@ const char *rpc_call_peer(const rpc_call_t *c);
 /* The refit-session secret the caller presented (NULL: none) and its
  * length; valid until the call is answered. */
 const char *rpc_call_session(const rpc_call_t *c, size_t *len);
+/* Mutual TLS: the node id the caller's verified certificate names
+ * ("<id>" RPC_TLS_NODE_SUFFIX), or NULL; valid until the call is answered.
+ * A certificate naming two nodes names none. */
+const char *rpc_call_cert_node(const rpc_call_t *c);
 /* A method whose row allows the operator token too: did the caller
  * present it (rather than a member's credentials)? */
 bool rpc_call_by_operator(const rpc_call_t *c);
@@ -189,6 +214,14 @@ refit_status_t rpc_async_call(rpc_async_t *a, uint64_t group, const char *target
 size_t rpc_async_cancel(rpc_async_t *a, uint64_t group);
 /* Replace the join token every later call sends (NULL: none). */
 void rpc_async_set_join_token(rpc_async_t *a, const char *token);
+/* Verify target's certificate by name (a node's: "<id>.node.refit")
+ * rather than by the engine's tls.server_name; a cached channel of target
+ * is replaced.  NULL: back to the default. */
+void rpc_async_set_server_name(rpc_async_t *a, const char *target, const char *name);
+/* Read the TLS files again (SIGHUP rotation): later calls open new
+ * channels with them; calls in flight finish on the old.  An error keeps
+ * the old credentials. */
+refit_status_t rpc_async_reload_tls(rpc_async_t *a, refit_err_t *err);
 /* Send "refit-session: secret" on every later call to target (NULL: stop). */
 void rpc_async_set_session(rpc_async_t *a, const char *target, const char *secret);
 /* Calls cancelled by rpc_async_cancel since the engine started. */

@@ -105,6 +105,11 @@ struct rpc_async {
 	char *join;                 /* the join token or NULL */
 	strmap_t sess_of;           /* target -> index in sess */
 	VEC(char *) sess;           /* a target's session secret (NULL: none) */
+	bool tls;                   /* channels verify the server (tls.ca_file) */
+	rpc_tls_t tls_files;        /* the files (the caller's strings) */
+	char *server_name;          /* tls.server_name (NULL: none) */
+	strmap_t name_of;           /* target -> index in names */
+	VEC(char *) names;          /* a target's certificate name (NULL: default) */
 	VEC(chan_t *) chans;
 	uint64_t clock;
 	acall_t *live;
@@ -243,8 +248,10 @@ on_watch(rpc_async_t *a, chan_t *c)
 static chan_t *
 chan_get(rpc_async_t *a, const char *target)
 {
-	grpc_arg args[RPC_CHANNEL_ARGS + 3];
+	grpc_arg args[RPC_CHANNEL_ARGS + 4];
 	grpc_channel_args ca = {RPC_CHANNEL_ARGS + 3, args};
+	int32_t ni = strmap_get(&a->name_of, target);
+	const char *name = ni >= 0 && a->names.v[ni] ? a->names.v[ni] : a->server_name;
 	chan_t *c;
 
 	for (size_t i = 0; i < a->chans.n; i++)
@@ -269,6 +276,8 @@ chan_get(rpc_async_t *a, const char *target)
 	args[RPC_CHANNEL_ARGS] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIME_MS, RPC_KEEPALIVE_MS);
 	args[RPC_CHANNEL_ARGS + 1] = rpc_arg_int(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000); /* a busy peer is not a dead one */
 	args[RPC_CHANNEL_ARGS + 2] = rpc_arg_int(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+	if (name != NULL && a->tls) /* mutual TLS: the peer is who the name says */
+		args[ca.num_args++] = rpc_arg_str(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, name);
 	c = xcalloc(1, sizeof(*c));
 	c->q.kind = Q_WATCH;
 	c->target = xstrdup(target);
@@ -429,6 +438,39 @@ rpc_async_set_session(rpc_async_t *a, const char *target, const char *secret)
 	}
 	free(a->sess.v[i]);
 	a->sess.v[i] = secret ? xstrdup(secret) : NULL;
+}
+
+void
+rpc_async_set_server_name(rpc_async_t *a, const char *target, const char *name)
+{
+	int32_t i = strmap_get(&a->name_of, target);
+	const char *was = i >= 0 ? a->names.v[i] : NULL;
+
+	if ((was == NULL && name == NULL) || (was && name && strcmp(was, name) == 0))
+		return;
+	if (i < 0) {
+		i = (int32_t)a->names.n;
+		VEC_PUSH(&a->names, NULL);
+		strmap_put(&a->name_of, target, i);
+	}
+	free(a->names.v[i]);
+	a->names.v[i] = name ? xstrdup(name) : NULL;
+	rpc_async_forget(a, target); /* its channel checked the old name */
+}
+
+refit_status_t
+rpc_async_reload_tls(rpc_async_t *a, refit_err_t *err)
+{
+	grpc_channel_credentials *creds;
+
+	if (!a->tls)
+		return REFIT_OK;
+	CHECK(rpc_channel_creds(&a->tls_files, &creds, err));
+	grpc_channel_credentials_release(a->creds);
+	a->creds = creds;
+	while (a->chans.n) /* calls in flight finish on the old ones */
+		chan_drop(a, a->chans.n - 1);
+	return REFIT_OK;
 }
 
 void
@@ -602,6 +644,11 @@ rpc_async_new(uv_loop_t *loop, const rpc_client_opts_t *o, refit_err_t *err)
 	}
 	rpc_async_set_join_token(a, o ? o->join_token : NULL);
 	strmap_init(&a->sess_of);
+	strmap_init(&a->name_of);
+	a->tls = o && o->tls.ca_file && o->tls.ca_file[0];
+	if (a->tls)
+		a->tls_files = o->tls;
+	a->server_name = o && o->tls.server_name ? xstrdup(o->tls.server_name) : NULL;
 	pthread_mutex_init(&a->mu, NULL);
 	a->cq = grpc_completion_queue_create_for_next(NULL);
 	uv_async_init(loop, &a->wake, on_wake);
@@ -629,6 +676,11 @@ on_closed(uv_handle_t *h)
 		free(a->sess.v[i]);
 	VEC_FREE(&a->sess);
 	strmap_fini(&a->sess_of);
+	for (size_t i = 0; i < a->names.n; i++)
+		free(a->names.v[i]);
+	VEC_FREE(&a->names);
+	strmap_fini(&a->name_of);
+	free(a->server_name);
 	free(a);
 	grpc_shutdown();
 }

@@ -1,6 +1,6 @@
 /*
- * rpc_client.c - synchronous unary calls with a deadline, and the
- * credential helpers shared with the server.
+ * rpc_client.c - synchronous unary calls with a deadline (credentials:
+ * rpc_tls.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,106 +45,11 @@ rpc_channel_args(grpc_arg *args, size_t max_msg)
 	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
 }
 
-static refit_status_t
-read_pem(const char *path, char **out, refit_err_t *err)
-{
-	size_t len;
-
-	*out = NULL;
-	if (path == NULL || path[0] == '\0')
-		return REFIT_OK;
-	if (codec_read_file(path, out, &len, err) != REFIT_OK) {
-		refit_err_prefix(err, "tls");
-		return REFIT_ERR_INVALID_ARG;
-	}
-	return REFIT_OK;
-}
-
-/* The PEM files tls names (NULL where none), and the key pair of them. */
-typedef struct pems {
-	char *cert, *key, *ca;
-	grpc_ssl_pem_key_cert_pair pair;
-} pems_t;
-
-/* Read the PEM files tls names into *p; pems_free(p) in any case. */
-static refit_status_t
-read_pems(const rpc_tls_t *tls, pems_t *p, refit_err_t *err)
-{
-	memset(p, 0, sizeof(*p));
-	if (read_pem(tls->cert_file, &p->cert, err) != REFIT_OK ||
-	    read_pem(tls->key_file, &p->key, err) != REFIT_OK ||
-	    read_pem(tls->ca_file, &p->ca, err) != REFIT_OK)
-		return REFIT_ERR_INVALID_ARG;
-	p->pair.private_key = p->key;
-	p->pair.cert_chain = p->cert;
-	return REFIT_OK;
-}
-
-static void
-pems_free(pems_t *p)
-{
-	free(p->cert);
-	free(p->key);
-	free(p->ca);
-}
-
-refit_status_t
-rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out, refit_err_t *err)
-{
-	pems_t pm;
-	refit_status_t rc;
-
-	if (tls->cert_file == NULL || tls->cert_file[0] == '\0') {
-		*out = grpc_insecure_server_credentials_create();
-		return REFIT_OK;
-	}
-	if ((rc = read_pems(tls, &pm, err)) != REFIT_OK)
-		goto out;
-	if (pm.key == NULL || (tls->require_client_cert && pm.ca == NULL)) {
-		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG,
-				   "tls: a certificate needs its key file%s",
-				   tls->require_client_cert ? " and, for mutual TLS, a client CA" : "");
-		goto out;
-	}
-	*out = grpc_ssl_server_credentials_create_ex(
-		pm.ca, &pm.pair, 1,
-		tls->require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-					 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-		NULL);
-	if (*out == NULL)
-		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "tls: bad certificate or key "
-				   "(%s, %s)", tls->cert_file, tls->key_file);
-out:
-	pems_free(&pm);
-	return rc;
-}
-
-refit_status_t
-rpc_channel_creds(const rpc_tls_t *tls, grpc_channel_credentials **out, refit_err_t *err)
-{
-	pems_t pm;
-	refit_status_t rc;
-
-	if (tls->ca_file == NULL || tls->ca_file[0] == '\0') {
-		*out = grpc_insecure_credentials_create();
-		return REFIT_OK;
-	}
-	if ((rc = read_pems(tls, &pm, err)) == REFIT_OK) {
-		*out = grpc_ssl_credentials_create(pm.ca, pm.cert && pm.key ? &pm.pair : NULL,
-						   NULL, NULL);
-		if (*out == NULL)
-			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "tls: bad CA file %s",
-					   tls->ca_file);
-	}
-	pems_free(&pm);
-	return rc;
-}
-
 rpc_client_t *
 rpc_client_new(const char *target, const rpc_client_opts_t *o, refit_err_t *err)
 {
 	size_t max = o && o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
-	grpc_arg args[RPC_CHANNEL_ARGS];
+	grpc_arg args[RPC_CHANNEL_ARGS + 1];
 	grpc_channel_args ca = {RPC_CHANNEL_ARGS, args};
 	grpc_channel_credentials *creds;
 	rpc_client_t *c;
@@ -156,6 +61,9 @@ rpc_client_new(const char *target, const rpc_client_opts_t *o, refit_err_t *err)
 	c = xcalloc(1, sizeof(*c));
 	c->target = xstrdup(target);
 	rpc_channel_args(args, max);
+	if (o && o->tls.server_name && o->tls.ca_file) /* mutual TLS names */
+		args[ca.num_args++] = rpc_arg_str(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
+						  o->tls.server_name);
 	c->ch = grpc_channel_create(target, creds, &ca);
 	grpc_channel_credentials_release(creds);
 	if (o && o->token && o->token[0]) {

@@ -4,6 +4,8 @@
 #ifndef REFIT_RPC_RPC_INTERNAL_H
 #define REFIT_RPC_RPC_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
@@ -19,12 +21,44 @@ grpc_arg rpc_arg_int(const char *key, int value);
  * back-off) into args[0..RPC_CHANNEL_ARGS-1]. */
 #define RPC_CHANNEL_ARGS 5
 void rpc_channel_args(grpc_arg *args, size_t max_msg);
-/* Server credentials from tls (insecure when no cert file). */
-refit_status_t rpc_server_creds(const rpc_tls_t *tls, grpc_server_credentials **out,
+grpc_arg rpc_arg_str(const char *key, const char *value);
+
+/* A server's TLS files and their reload generation (rpc_tls.c). */
+typedef struct rpc_tls_src {
+	rpc_tls_t tls;
+	atomic_uint gen, loaded, failed;
+} rpc_tls_src_t;
+
+/* Server credentials from src->tls (insecure when no cert file); with a
+ * certificate, gRPC asks src at every handshake, so rpc_tls_src_reload
+ * takes effect at the next connection.  src outlives the server. */
+refit_status_t rpc_server_creds(rpc_tls_src_t *src, grpc_server_credentials **out,
 				refit_err_t *err);
+/* Read the files again at the next handshake.  Any thread. */
+void rpc_tls_src_reload(rpc_tls_src_t *src);
 /* Channel credentials from tls (insecure when no ca file). */
 refit_status_t rpc_channel_creds(const rpc_tls_t *tls, grpc_channel_credentials **out,
 				 refit_err_t *err);
+
+/* Who a call's peer is by its verified certificate (rpc_tls.c). */
+typedef struct rpc_tls_peer {
+	bool has_cert;      /* presented a certificate the cluster CA verified */
+	bool coordinator;   /* it names RPC_TLS_COORDINATOR */
+	char *node;         /* the first "<id>.node.refit" it names (NULL: none) */
+	unsigned nodes;     /* how many node names it carries */
+} rpc_tls_peer_t;
+
+void rpc_tls_peer_read(grpc_call *gc, rpc_tls_peer_t *p);
+void rpc_tls_peer_fini(rpc_tls_peer_t *p);
+/*
+ * Mutual TLS: may p call path (member: a member method)?  A server with
+ * tls->member_name (a node's) takes member methods only from that name;
+ * else join and member methods need exactly one node's name.  OK, or the
+ * code (UNAUTHENTICATED without a certificate, else PERMISSION_DENIED) and
+ * msg naming what was presented.
+ */
+grpc_status_code rpc_tls_check(const rpc_tls_t *tls, bool member, const char *path,
+			       const rpc_tls_peer_t *p, char *msg, size_t n);
 
 /* svc's method called name, or NULL (both clients). */
 const ProtobufCMethodDescriptor *rpc_method_of(const ProtobufCServiceDescriptor *svc,

@@ -31,65 +31,7 @@
 #include "rpc/rpc.h"
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_internal.h"
-
-typedef enum tag_kind { TAG_NEW, TAG_RECV, TAG_CLOSE, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
-
-typedef struct tag {
-	rpc_call_t *call;
-	tag_kind_t kind;
-} tag_t;
-
-typedef struct method_ent {
-	char *path;
-	const ProtobufCMethodDescriptor *md;
-	rpc_handler_fn fn;
-	rpc_cred_t need;       /* its row in rpc_auth.c */
-	bool or_operator;
-	void *ctx;
-} method_ent_t;
-
-
-struct rpc_call {
-	rpc_server_t *srv;
-	grpc_call *gc;
-	grpc_call_details details;
-	grpc_metadata_array md;
-	grpc_byte_buffer *recv_buf, *send_buf;
-	grpc_slice status_details;
-	int close_cancelled;
-	atomic_int cancelled;
-	atomic_int refs;
-	tag_t t_new, t_recv, t_close, t_sent;
-	const method_ent_t *m;
-	ProtobufCMessage *req;
-	char *peer;
-	char *session;              /* refit-session presented (NULL: none) */
-	bool by_operator;           /* or_operator methods: the operator token did */
-	size_t session_len;
-	uint64_t t0_ns;             /* arrival (for opts.observe) */
-	rpc_call_t *next;
-};
-
-struct rpc_server {
-	grpc_server *srv;
-	grpc_completion_queue *cq;
-	pthread_t th;
-	bool started;
-	uv_loop_t *loop;
-	uv_async_t async;
-	pthread_mutex_t mu;
-	rpc_call_t *qhead, *qtail;
-	bool stopping;              /* under mu */
-	VEC(method_ent_t) methods;
-	char *listen, *token, *join_token, *session;  /* the secrets under mu */
-	size_t max_msg;
-	rpc_tls_t tls;
-	int lockfd;
-	tag_t t_shutdown;
-	void (*observe)(const char *method, const char *code, double seconds);
-	void (*refused)(const char *method, const char *reason);
-	rpc_refusals_t refusals;    /* the refusal log's limiter (own lock) */
-};
+#include "rpc/rpc_server_internal.h"
 
 /* ---- calls ---------------------------------------------------------------- */
 
@@ -112,6 +54,7 @@ call_destroy(rpc_call_t *c)
 	if (c->peer)
 		gpr_free(c->peer);
 	free(c->session);
+	rpc_tls_peer_fini(&c->cert);
 	free(c);
 }
 
@@ -202,6 +145,28 @@ rpc_call_fail(rpc_call_t *c, refit_status_t st, const char *fmt, ...)
 	call_unref(c);
 }
 
+/* Answer c refused (not releasing the handler's reference). */
+static void
+refuse_v(rpc_call_t *c, int code, const char *reason, const char *fmt, va_list ap)
+{
+	char msg[REFIT_ERR_MSG_MAX];
+
+	utf8_vformat(msg, sizeof(msg), fmt, ap);
+	rpc_server_refusal_note(c->srv, c, reason, msg);
+	send_final(c, code, msg, NULL);
+}
+
+void
+rpc_call_refuse(rpc_call_t *c, refit_status_t st, const char *reason, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	refuse_v(c, rpc_status_to_grpc(st), reason, fmt, ap);
+	va_end(ap);
+	call_unref(c);
+}
+
 bool
 rpc_call_cancelled(const rpc_call_t *c)
 {
@@ -237,170 +202,6 @@ find_method(const rpc_server_t *s, grpc_slice path)
 }
 
 /* The value of metadata key (NULL: not sent). */
-static const grpc_slice *
-md_find(const rpc_call_t *c, const char *key)
-{
-	for (size_t i = 0; i < c->md.count; i++)
-		if (grpc_slice_str_cmp(c->md.metadata[i].key, key) == 0)
-			return &c->md.metadata[i].value;
-	return NULL;
-}
-
-/*
- * Does metadata key hold prefix + *secret, compared in constant time?  A
- * secret not configured (NULL) is not checked.  *absent: key not sent.
- */
-static bool
-secret_ok(rpc_server_t *s, const rpc_call_t *c, const char *key, const char *prefix,
-	  char *const *secret, bool *absent)
-{
-	const grpc_slice *v = md_find(c, key);
-	char *want;
-	bool ok;
-
-	*absent = v == NULL;
-	pthread_mutex_lock(&s->mu);
-	want = *secret ? xmalloc(strlen(prefix) + strlen(*secret) + 1) : NULL;
-	if (want)
-		strcat(strcpy(want, prefix), *secret);
-	pthread_mutex_unlock(&s->mu);
-	if (want == NULL)
-		return true;
-	ok = v && rpc_auth_eq(GRPC_SLICE_START_PTR(*v), GRPC_SLICE_LENGTH(*v), want);
-	free(want);
-	return ok;
-}
-
-/*
- * A refusal: counted (opts.refused) every time, logged once a minute per
- * peer host (the address without its port), with how many were refused
- * since the last line.  Any thread.
- */
-static void
-refusal_note(rpc_server_t *s, const rpc_call_t *c, const char *reason, const char *msg)
-{
-	const char *peer = c->peer ? c->peer : "?", *colon = strrchr(peer, ':');
-	int hl = colon && colon != peer ? (int)(colon - peer) : (int)strlen(peer);
-	uint64_t quiet = 0;
-	char host[64];
-
-	snprintf(host, sizeof(host), "%.*s", hl, peer);
-	if (s->refused)
-		s->refused(c->m ? c->m->path : "unknown", reason);
-	if (!rpc_refusals_note(&s->refusals, host, uv_hrtime(), &quiet))
-		return;
-	log_warnx("rpc: refused a call from %s: %s (%" PRIu64 " more from %s since the last "
-		  "line; they are logged once a minute)", peer, msg, quiet, host);
-}
-
-/* Answer c refused (not releasing the handler's reference). */
-static void
-refuse_v(rpc_call_t *c, int code, const char *reason, const char *fmt, va_list ap)
-{
-	char msg[REFIT_ERR_MSG_MAX];
-
-	utf8_vformat(msg, sizeof(msg), fmt, ap);
-	refusal_note(c->srv, c, reason, msg);
-	send_final(c, code, msg, NULL);
-}
-
-/* Refuse from the completion-queue thread (the handler never sees it). */
-static void __attribute__((format(printf, 4, 5)))
-refuse_now(rpc_call_t *c, int code, const char *reason, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	refuse_v(c, code, reason, fmt, ap);
-	va_end(ap);
-}
-
-void
-rpc_call_refuse(rpc_call_t *c, refit_status_t st, const char *reason, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	refuse_v(c, rpc_status_to_grpc(st), reason, fmt, ap);
-	va_end(ap);
-	call_unref(c);
-}
-
-const char *
-rpc_call_session(const rpc_call_t *c, size_t *len)
-{
-	*len = c->session_len;
-	return c->session;
-}
-
-/* Is the secret in *slot configured?  Any thread. */
-static bool
-secret_set(rpc_server_t *s, char *const *slot)
-{
-	bool yes;
-
-	pthread_mutex_lock(&s->mu);
-	yes = *slot != NULL;
-	pthread_mutex_unlock(&s->mu);
-	return yes;
-}
-
-bool
-rpc_call_by_operator(const rpc_call_t *c)
-{
-	return c->by_operator;
-}
-
-/*
- * The credential c's method needs (its row in rpc_auth.c), checked before
- * the request is decoded, so a refusal costs less than any call; false:
- * refused and answered.  Member methods: the join token here, and the
- * session when this server has one (a node); else the handler matches
- * rpc_call_session with the member the request names (the coordinator).
- */
-static bool
-cred_ok(rpc_server_t *s, rpc_call_t *c)
-{
-	const grpc_slice *v;
-	bool absent;
-
-	if (c->m->need == RPC_CRED_NONE)
-		return true;
-	if (c->m->need == RPC_CRED_OPERATOR) {
-		if (secret_ok(s, c, "authorization", "Bearer ", &s->token, &absent))
-			return true;
-		refuse_now(c, GRPC_STATUS_UNAUTHENTICATED, absent ? "missing" : "wrong",
-			   "%s needs the operator token (metadata \"authorization: Bearer "
-			   "<token>\")%s", c->m->path, absent ? "" : ": the one sent is not it");
-		return false;
-	}
-	if (c->m->or_operator && secret_set(s, &s->token) &&
-	    secret_ok(s, c, "authorization", "Bearer ", &s->token, &absent) && !absent) {
-		c->by_operator = true;
-		return true;
-	}
-	if (!secret_ok(s, c, RPC_MD_JOIN_TOKEN, "", &s->join_token, &absent)) {
-		refuse_now(c, GRPC_STATUS_UNAUTHENTICATED, absent ? "missing" : "wrong",
-			   "%s needs the cluster join token (metadata \"%s\")%s", c->m->path,
-			   RPC_MD_JOIN_TOKEN, absent ? "" : ": the one sent is not it");
-		return false;
-	}
-	if ((v = md_find(c, RPC_MD_SESSION)) != NULL) {
-		c->session_len = GRPC_SLICE_LENGTH(*v);
-		c->session = xmalloc(c->session_len + 1);
-		memcpy(c->session, GRPC_SLICE_START_PTR(*v), c->session_len);
-		c->session[c->session_len] = '\0';
-	}
-	if (c->m->need != RPC_CRED_MEMBER ||
-	    secret_ok(s, c, RPC_MD_SESSION, "", &s->session, &absent))
-		return true;
-	refuse_now(c, absent ? GRPC_STATUS_UNAUTHENTICATED : GRPC_STATUS_PERMISSION_DENIED,
-		   "session", "%s: only the coordinator this node joined may call it: the "
-		   "session secret (metadata \"%s\") is %s", c->m->path, RPC_MD_SESSION,
-		   absent ? "missing" : "another session's");
-	return false;
-}
-
 static void
 on_new(rpc_server_t *s, rpc_call_t *c)
 {
@@ -440,8 +241,11 @@ on_recv(rpc_server_t *s, rpc_call_t *c, bool ok)
 	}
 	if (c->m == NULL)
 		goto unknown;
-	if (!cred_ok(s, c))
+	if (!rpc_server_cred_ok(s, c)) {
+		rpc_server_refusal_note(s, c, c->deny_reason, c->deny_msg);
+		send_final(c, c->deny_code, c->deny_msg, NULL);
 		goto out;
+	}
 	grpc_byte_buffer_reader_init(&rd, c->recv_buf);
 	all = grpc_byte_buffer_reader_readall(&rd);
 	grpc_byte_buffer_reader_destroy(&rd);
@@ -603,7 +407,7 @@ rpc_server_new(const rpc_server_opts_t *o, uv_loop_t *loop, refit_err_t *err)
 	rpc_refusals_init(&s->refusals);
 	s->max_msg = o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
 	s->observe = o->observe;
-	s->tls = o->tls;
+	s->tls.tls = o->tls;
 	s->lockfd = -1;
 	s->t_shutdown = (tag_t){NULL, TAG_SHUTDOWN};
 	pthread_mutex_init(&s->mu, NULL);
@@ -759,40 +563,4 @@ rpc_server_free(rpc_server_t *s)
 	if (s->lockfd >= 0)
 		close(s->lockfd);
 	uv_close((uv_handle_t *)&s->async, on_closed);
-}
-
-static void
-set_secret(rpc_server_t *s, char **slot, const char *secret)
-{
-	char *t = secret && secret[0] ? xstrdup(secret) : NULL, *old;
-
-	pthread_mutex_lock(&s->mu);
-	old = *slot;
-	*slot = t;
-	pthread_mutex_unlock(&s->mu);
-	free(old);
-}
-
-void
-rpc_server_set_token(rpc_server_t *s, const char *token)
-{
-	set_secret(s, &s->token, token);
-}
-
-void
-rpc_server_set_join_token(rpc_server_t *s, const char *token)
-{
-	set_secret(s, &s->join_token, token);
-}
-
-bool
-rpc_server_join_required(rpc_server_t *s)
-{
-	return secret_set(s, &s->join_token);
-}
-
-void
-rpc_server_set_session(rpc_server_t *s, const char *secret)
-{
-	set_secret(s, &s->session, secret);
 }

@@ -13,7 +13,8 @@ parameter is checked against what vLLM's own loader would hold.  Then the
 same refit as gather-and-broadcast, and the two compared.
 
 Usage: demo.py BUILD_DIR (make demo).  A coordinator and five node daemons
-on a unix socket and loopback TCP, in a temporary folder removed at exit.
+on unix sockets (mutual TLS with `refitctl init`'s certificates and join
+token) and loopback TCP, in a temporary folder removed at exit.
 """
 import os
 import re
@@ -42,6 +43,7 @@ NODES = [("train0", [0, 1, 2, 3]), ("infer0", [4, 5]), ("infer1", [6, 7]),
          ("infer2", [8, 9]), ("infer3", [10, 11])]
 INSTANCES = [("a", "double-buffer", 4, [1, 2]), ("b", "in-place", 8, [3, 4])]
 RUN = tempfile.mkdtemp(prefix="refit-demo.")
+PKI = f"{RUN}/pki"
 PROCS = []
 
 
@@ -59,7 +61,9 @@ def show(cmd):
 
 
 def ctl(*args):
-    return [f"{BIN}/refitctl", "--coordinator", f"unix:{RUN}/coord.sock", *args]
+    return [f"{BIN}/refitctl", "--coordinator", f"unix:{RUN}/coord.sock", "--tls-ca",
+            f"{PKI}/ca.crt", "--tls-cert", f"{PKI}/operator.crt", "--tls-key",
+            f"{PKI}/operator.key", *args]
 
 
 def wait_for(fn, what, timeout=30):
@@ -71,29 +75,33 @@ def wait_for(fn, what, timeout=30):
     raise SystemExit(f"demo: {what} did not happen in {timeout} s (logs: {RUN})")
 
 
-def join_token():
-    """The cluster join token the daemons share (a file of mode 0600, as
-    /etc/refit/join.token would be; docs/control-plane.md)."""
-    path = f"{RUN}/join.token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, (os.urandom(24).hex() + "\n").encode())
-    os.close(fd)
-    return path
+def secrets():
+    """The cluster's secrets, made as an operator would (`refitctl init`,
+    docs/control-plane.md): the join token, a CA and a certificate per
+    daemon, every file mode 0600; the daemons use mutual TLS and the token."""
+    return show([f"{BIN}/refitctl", "init", PKI, "--nodes", ",".join(n for n, _ in NODES)])
+
+
+def tls(name):
+    return ["--tls-ca", f"{PKI}/ca.crt", "--tls-cert", f"{PKI}/{name}.crt",
+            "--tls-key", f"{PKI}/{name}.key"]
 
 
 def start():
     log = open(f"{RUN}/daemons.log", "w")
-    token = join_token()
+    secrets()
+    token = f"{PKI}/join.token"
     PROCS.append(subprocess.Popen([f"{BIN}/refitd", "--role", "coordinator", "--listen",
                                    f"unix:{RUN}/coord.sock", "--log-level", "warn",
-                                   "--join-token-file", token], stderr=log))
+                                   "--join-token-file", token] + tls("coordinator"),
+                                  stderr=log))
     for node, ranks in NODES:
         PROCS.append(subprocess.Popen(
             [f"{BIN}/refitd", "--role", "node", "--node-id", node, "--ranks",
              f"{ranks[0]}-{ranks[-1]}", "--listen", f"unix:{RUN}/{node}.sock", "--coordinator",
              f"unix:{RUN}/coord.sock", "--local-socket", f"{RUN}/{node}.local",
-             "--heartbeat-ms", "200", "--log-level", "warn", "--join-token-file", token],
-            stderr=log))
+             "--heartbeat-ms", "200", "--log-level", "warn", "--join-token-file", token] +
+            tls(f"node-{node}"), stderr=log))
 
     def joined():
         r = subprocess.run(ctl("members"), capture_output=True, text=True)

@@ -6,8 +6,8 @@
 set -eu
 [ "${REFIT_NO_DEPS:-0}" = 1 ] && exit 0
 pkgs="gcc make pkg-config check libsubunit-dev libcjson-dev clang libclang-rt-14-dev
-      libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev
-      python3 python3-venv python3-grpcio python3-grpc-tools python3-numpy openssl
+      libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libssl-dev
+      python3 python3-venv python3-grpcio python3-grpc-tools python3-numpy openssl python3-cryptography
       python3-torch python3-setuptools python3-pip libmicrohttpd-dev prometheus
       python3-prometheus-client iproute2 nftables $*"
 missing=""

@@ -69,6 +69,10 @@ script "who may call what (a join token; rogues without it and acting for anothe
 	/usr/bin/python3 tests/integration/test_auth.py "$BUILD"
 script "who may call what, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_auth.py "$BUILD/asan"
+script "mutual TLS (refitctl init's CA and certificates; a refit byte-exact; rogues with no, another node's, another CA's, an expired certificate refused, nothing changed; SIGHUP rotation)" \
+	/usr/bin/python3 tests/integration/test_tls.py "$BUILD"
+script "mutual TLS, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_tls.py "$BUILD/asan"
 script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
 script "data plane, ASan + UBSan (8 layout pairs)" \

@@ -232,7 +232,7 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	const char *sess = rpc_call_session(call, &slen);
 	member_t m;
 
-	if (!join_session_ok(c, call, rq))
+	if (!coord_cert_is(c, call, "Join", nz(rq->node_id)) || !join_session_ok(c, call, rq))
 		return;
 	if (join_check(c, rq, &err) != REFIT_OK) {
 		if (err.status == REFIT_ERR_EXISTS && coord_binds(c)) /* another's ranks */
@@ -264,6 +264,12 @@ h_join(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (sess != NULL && slen > 0) {
 		m.session = xstrdup(sess);
 		rpc_async_set_session(c->rpc, m.rpc_ep, m.session); /* its Node calls */
+	}
+	if (c->srv && rpc_server_mtls(c->srv)) { /* its Node service is the node it named */
+		char name[512];
+
+		snprintf(name, sizeof(name), "%s%s", m.node_id, RPC_TLS_NODE_SUFFIX);
+		rpc_async_set_server_name(c->rpc, m.rpc_ep, name);
 	}
 	coord_member_poisoned(c, &m, rq->poisoned);
 	if (rq->prepared_epoch >= c->epoch) {

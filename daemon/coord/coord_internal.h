@@ -160,6 +160,9 @@ member_t *coord_find_member(coord_t *c, uint64_t id);
 bool coord_member_acts(coord_t *c, rpc_call_t *call, const char *method, const member_t *m);
 /* Are members bound to their sessions (a join token is configured)? */
 bool coord_binds(const coord_t *c);
+/* Mutual TLS: is node_id the node the caller's certificate names?  No:
+ * refused (PERMISSION_DENIED naming both) and false.  Without: true. */
+bool coord_cert_is(coord_t *c, rpc_call_t *call, const char *method, const char *node_id);
 refit_status_t coord_members_topo(coord_t *c, plan_topo_t *t, refit_err_t *err);
 refit_status_t coord_compose_dst(const model_t *m, const char *only,
 				 plan_layout_set_t *out, refit_err_t *err);

@@ -115,7 +115,20 @@ coord_find_member(coord_t *c, uint64_t id)
 bool
 coord_binds(const coord_t *c)
 {
-	return c->srv != NULL && rpc_server_join_required(c->srv);
+	return c->srv != NULL && (rpc_server_join_required(c->srv) || rpc_server_mtls(c->srv));
+}
+
+bool
+coord_cert_is(coord_t *c, rpc_call_t *call, const char *method, const char *node_id)
+{
+	const char *cn = rpc_call_cert_node(call);
+
+	if (c->srv == NULL || !rpc_server_mtls(c->srv) || (cn && strcmp(cn, node_id) == 0))
+		return true;
+	rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "%s: node \"%s\" is not "
+			"the caller: its certificate names node \"%s\", and a member acts only "
+			"for itself", method, node_id, cn ? cn : "?");
+	return false;
 }
 
 bool
@@ -124,6 +137,8 @@ coord_member_acts(coord_t *c, rpc_call_t *call, const char *method, const member
 	size_t len;
 	const char *s = rpc_call_session(call, &len);
 
+	if (!coord_cert_is(c, call, method, m->node_id))
+		return false;
 	if (!coord_binds(c) || m->session == NULL || rpc_auth_eq(s, len, m->session))
 		return true;
 	rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "%s: member %" PRIu64

@@ -378,10 +378,16 @@ node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
 {
 	xport_cfg_t xc = {o->data_listen ? o->data_listen : "127.0.0.1:0", o->node_id, o->ranks,
-			  o->nranks, o->gpu_devices, o->gpu_staging_budget};
+			  o->nranks, o->gpu_devices, o->gpu_staging_budget, NULL, NULL, NULL};
 	gpu_paths_t gp = {o->cuda_library, o->nccl_library, o->gpu_kernels_library};
 	const char *why;
 	node_t *n;
+
+	if (o->data_tls) {
+		xc.tls_cert = o->client.tls.cert_file;
+		xc.tls_key = o->client.tls.key_file;
+		xc.tls_ca = o->client.tls.ca_file;
+	}
 
 	if (o->nranks == 0 || o->node_id == NULL || o->advertise == NULL) {
 		refit_err_set(err, REFIT_ERR_INVALID_ARG, "node: needs node_id, ranks and an "

@@ -17,7 +17,8 @@
  * connect_ms and its abort flag, and peers' endpoints must be numeric
  * addresses: no name resolution without a bound on the data path.  What
  * goes wrong with a peer's link is noted per peer (xport_link_t) for the
- * coordinator to name the broken link.
+ * coordinator to name the broken link.  The listener's thread is in
+ * tcp_listen.c, data_tls in tcp_tls.c.
  *
  * On the wire every message is a frame header of FRAME_BYTES (magic,
  * length, the sequence number the executor gave it, each a little-endian
@@ -50,224 +51,6 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "daemon/transport/tcp_internal.h"
-
-/* The inverse of hs_encode; the node id comes out NUL-terminated. */
-static void
-hs_decode(const uint8_t *b, hs_t *h)
-{
-	h->magic = (uint32_t)wire_get_le(b, 4);
-	h->token_len = (uint32_t)wire_get_le(b + 4, 4);
-	h->epoch = wire_get_le(b + 8, 8);
-	h->refit_id = wire_get_le(b + 16, 8);
-	memcpy(h->token, b + HS_AT_TOKEN, XPORT_TOKEN_MAX);
-	memcpy(h->node_id, b + HS_AT_NODE, HS_NODE_ID);
-	h->node_id[HS_NODE_ID - 1] = '\0';
-}
-
-/* ---- the listener --------------------------------------------------------- */
-
-/*
- * Does h carry the token of the node it names (the SHA-256 of it is that
- * member's verifier from PrepareEpoch), or, with no verifiers, this node's
- * token?  Compared without an early exit.  Under x->mu.
- */
-static bool
-token_ok(const xport_t *x, const hs_t *h)
-{
-	uint8_t d[SHA256_DIGEST_LEN], diff = 0;
-	sha256_ctx_t c;
-
-	for (size_t i = 0; x->peers.n == 0 && i < h->token_len; i++)
-		diff |= h->token[i] ^ x->token[i];
-	if (x->peers.n == 0)
-		return h->token_len == x->token_len && diff == 0;
-	for (size_t i = 0; i < x->peers.n; i++) {
-		if (strcmp(x->peers.v[i].node_id, h->node_id) != 0)
-			continue;
-		sha256_init(&c);
-		sha256_update(&c, h->token, h->token_len);
-		sha256_final(&c, d);
-		for (size_t k = 0; k < sizeof(d); k++)
-			diff |= d[k] ^ x->peers.v[i].v[k];
-		return diff == 0;
-	}
-	return false; /* not a member of the epoch */
-}
-
-/* A complete handshake arrived on fd (b: HS_BYTES): park it or refuse it. */
-static void
-handshake(xport_t *x, int fd, const uint8_t *b)
-{
-	hs_t h;
-	uint8_t ans = HS_OK;
-	uint64_t here;
-
-	hs_decode(b, &h);
-	pthread_mutex_lock(&x->mu);
-	here = x->epoch;
-	if (h.magic != HS_MAGIC || h.token_len > XPORT_TOKEN_MAX)
-		ans = HS_BAD_MAGIC;
-	else if (x->epoch == 0 || x->token_len == 0 || h.epoch != x->epoch)
-		ans = HS_BAD_EPOCH; /* nothing prepared yet, or another epoch */
-	else if (!token_ok(x, &h))
-		ans = HS_BAD_TOKEN;
-	else if (x->parked.n >= PARK_MAX)
-		ans = HS_FULL;
-	if (ans == HS_OK) {
-		parked_t p = {fd, h.refit_id, h.epoch, "", xport_now_ms()};
-
-		memcpy(p.node_id, h.node_id, sizeof(p.node_id));
-		VEC_PUSH(&x->parked, p);
-		pthread_cond_broadcast(&x->cv);
-	}
-	pthread_mutex_unlock(&x->mu);
-	(void)!send(fd, &ans, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-	if (ans == HS_OK)
-		return;
-	if (ans == HS_BAD_MAGIC)
-		log_warnx("tcp: connection from a peer that does not speak refit tcp: closed");
-	else if (ans == HS_BAD_EPOCH && here == 0)
-		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: no "
-			  "epoch is prepared here yet", h.node_id, h.epoch);
-	else if (ans == HS_BAD_EPOCH)
-		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: this "
-			  "node is at epoch %" PRIu64, h.node_id, h.epoch, here);
-	else if (ans == HS_BAD_TOKEN)
-		log_warnx("tcp: connection from node \"%s\" refused: not its token for epoch %"
-			  PRIu64 " (or not a member of it)", h.node_id, h.epoch);
-	else
-		log_warnx("tcp: connection from node \"%s\" refused: %d connections parked",
-			  h.node_id, PARK_MAX);
-	close(fd);
-}
-
-/* A connection whose handshake is still arriving. */
-typedef struct pending {
-	int fd;
-	size_t got;
-	int64_t deadline;
-	uint8_t hb[HS_BYTES];
-} pending_t;
-
-typedef VEC(pending_t) pending_vec_t;
-
-static void
-pending_drop(pending_vec_t *pend, size_t i, const char *why)
-{
-	if (why)
-		log_warnx("tcp: a peer connected but %s: closed", why);
-	close(pend->v[i].fd);
-	pend->v[i] = pend->v[--pend->n];
-}
-
-/* Connections nobody picked up within a minute go. */
-static void
-expire_parked(xport_t *x, int64_t now)
-{
-	pthread_mutex_lock(&x->mu);
-	for (size_t i = 0; i < x->parked.n;) {
-		if (now - x->parked.v[i].at_ms > 60000) {
-			log_warnx("tcp: connection from node \"%s\" for refit %" PRIu64 " was "
-				  "never used: closed", x->parked.v[i].node_id,
-				  x->parked.v[i].refit_id);
-			close(x->parked.v[i].fd);
-			x->parked.v[i] = x->parked.v[--x->parked.n];
-		} else {
-			i++;
-		}
-	}
-	pthread_mutex_unlock(&x->mu);
-}
-
-/*
- * Handshakes arriving, each on its own deadline; pf[i] is pending i's poll
- * entry (from the back: the entries of those not yet looked at keep their
- * index).
- */
-static void
-read_pending(xport_t *x, pending_vec_t *pend, const struct pollfd *pf, int64_t now)
-{
-	for (size_t i = pend->n; i-- > 0;) {
-		pending_t *q = &pend->v[i];
-
-		if (pf[i].revents) {
-			ssize_t k = recv(q->fd, q->hb + q->got, HS_BYTES - q->got, MSG_DONTWAIT);
-
-			if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-				pending_drop(pend, i, "closed before its handshake");
-				continue;
-			}
-			if (k > 0)
-				q->got += (size_t)k;
-			if (q->got == HS_BYTES) {
-				pending_t done = *q;
-
-				pend->v[i] = pend->v[--pend->n];
-				handshake(x, done.fd, done.hb);
-				continue;
-			}
-		}
-		if (now >= q->deadline)
-			pending_drop(pend, i, "sent no complete handshake in time");
-	}
-}
-
-/* Take every new connection; its handshake has HS_TIMEOUT_MS to arrive. */
-static void
-accept_new(xport_t *x, pending_vec_t *pend, int64_t now)
-{
-	for (;;) {
-		int fd = accept4(x->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-		size_t old = 0;
-		pending_t q = {.fd = fd, .deadline = now + HS_TIMEOUT_MS};
-
-		if (fd < 0)
-			return;
-		if (pend->n >= PENDING_MAX) { /* the oldest makes room */
-			for (size_t i = 1; i < pend->n; i++)
-				if (pend->v[i].deadline < pend->v[old].deadline)
-					old = i;
-			pending_drop(pend, old, "was the oldest of too many handshakes waiting");
-		}
-		VEC_PUSH(pend, q);
-	}
-}
-
-static void *
-listener(void *arg)
-{
-	xport_t *x = arg;
-	pending_vec_t pend = {0};
-	VEC(struct pollfd) pf = {0};
-
-	for (;;) {
-		int64_t now = xport_now_ms(), wait = 1000;
-
-		pf.n = 0;
-		VEC_RESERVE(&pf, pend.n + 2);
-		pf.v[pf.n++] = (struct pollfd){x->lfd, POLLIN, 0};
-		pf.v[pf.n++] = (struct pollfd){x->wake[0], POLLIN, 0};
-		for (size_t i = 0; i < pend.n; i++) {
-			pf.v[pf.n++] = (struct pollfd){pend.v[i].fd, POLLIN, 0};
-			if (pend.v[i].deadline - now < wait)
-				wait = pend.v[i].deadline - now;
-		}
-		if (poll(pf.v, pf.n, (int)(wait > 0 ? wait : 0)) < 0 && errno != EINTR)
-			break;
-		if (pf.v[1].revents)
-			break;
-		now = xport_now_ms();
-		expire_parked(x, now);
-		read_pending(x, &pend, pf.v + 2, now);
-		if (pf.v[0].revents & POLLIN)
-			accept_new(x, &pend, now);
-	}
-	for (size_t i = 0; i < pend.n; i++)
-		close(pend.v[i].fd);
-	VEC_FREE(&pend);
-	VEC_FREE(&pf);
-	return NULL;
-}
 
 static const char *
 tcp_unavailable(void)
@@ -316,10 +99,18 @@ tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 		 host, strchr(host, ':') ? "]" : "",
 		 ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						: ((struct sockaddr_in *)&ss)->sin_port));
+	if (cfg->tls_cert != NULL &&
+	    tcp_tls_new(cfg->tls_ca, cfg->tls_cert, cfg->tls_key, &x->tls, err) != REFIT_OK) {
+		close(fd);
+		free(x->node_id);
+		free(x);
+		return err->status;
+	}
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_cond_init(&x->cv, NULL);
-	if (pipe2(x->wake, O_CLOEXEC) < 0 || pthread_create(&x->thr, NULL, listener, x) != 0) {
+	if (pipe2(x->wake, O_CLOEXEC) < 0 || pthread_create(&x->thr, NULL, tcp_listener, x) != 0) {
 		close(fd);
+		tcp_tls_free(x->tls);
 		free(x->node_id);
 		free(x);
 		return refit_err_set(err, REFIT_ERR_SYS, "tcp: cannot start the listener");
@@ -381,6 +172,7 @@ tcp_stop(xport_t *x)
 	VEC_FREE(&x->peers);
 	pthread_mutex_destroy(&x->mu);
 	pthread_cond_destroy(&x->cv);
+	tcp_tls_free(x->tls);
 	free(x->node_id);
 	free(x);
 }
@@ -454,6 +246,8 @@ tcp_close(xport_session_t *s)
 	if (s == NULL)
 		return;
 	for (size_t i = 0; i < s->cfg.npeers; i++) {
+		tcp_tls_conn_free(&s->out[i]);
+		tcp_tls_conn_free(&s->in[i]);
 		if (s->out[i].fd >= 0)
 			close(s->out[i].fd);
 		if (s->in[i].fd >= 0)
@@ -494,6 +288,8 @@ tcp_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 		if (s->in[i].fd >= 0)
 			fcntl(s->in[i].fd, F_SETFL, O_NONBLOCK);
 	}
+	if (rc == REFIT_OK && x->tls != NULL)
+		rc = tcp_tls_handshake_all(s, err);
 	if (rc != REFIT_OK) {
 		tcp_close(s);
 		return rc;
@@ -530,7 +326,12 @@ do_send(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 			wire_put_le(c->hdr + 16, seq, 8);
 			c->seq++;
 		}
-		if (c->off < FRAME_BYTES) {
+		if (c->ssl != NULL) {
+			k = c->off < FRAME_BYTES
+				    ? tcp_tls_send(c, c->hdr + c->off, FRAME_BYTES - c->off)
+				    : tcp_tls_send(c, c->buf + (c->off - FRAME_BYTES),
+						   c->len - (c->off - FRAME_BYTES));
+		} else if (c->off < FRAME_BYTES) {
 			struct iovec iov[2] = {{c->hdr + c->off, FRAME_BYTES - c->off},
 					       {(void *)c->buf, c->len}};
 			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = c->len ? 2 : 1};
@@ -585,9 +386,13 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 		ssize_t k;
 
 		if (c->roff < FRAME_BYTES)
-			k = recv(c->fd, c->rhdr + c->roff, FRAME_BYTES - c->roff, 0);
+			k = c->ssl ? tcp_tls_recv(c, c->rhdr + c->roff, FRAME_BYTES - c->roff)
+				   : recv(c->fd, c->rhdr + c->roff, FRAME_BYTES - c->roff, 0);
 		else
-			k = recv(c->fd, c->rbuf + (c->roff - FRAME_BYTES), c->rlen - (c->roff - FRAME_BYTES), 0);
+			k = c->ssl ? tcp_tls_recv(c, c->rbuf + (c->roff - FRAME_BYTES),
+						  c->rlen - (c->roff - FRAME_BYTES))
+				   : recv(c->fd, c->rbuf + (c->roff - FRAME_BYTES),
+					  c->rlen - (c->roff - FRAME_BYTES), 0);
 		if (k == 0 && c->roff == 0 && io->peer_done(io->arg, i)) {
 			close(c->fd); /* the peer sent everything and left */
 			c->fd = -1;
@@ -618,8 +423,12 @@ do_recv(xport_session_t *s, const xport_io_t *io, size_t i, refit_err_t *err)
 				tcp_link_fault(s, i, XPORT_LINK_BROKEN_IN, "bad frame");
 			if (magic != FRAME_MAGIC)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" sent "
-						     "a bad frame (message %" PRIu64 ")",
-						     s->peers[i].node_id, c->rseq);
+						     "a bad frame (message %" PRIu64 ")%s",
+						     s->peers[i].node_id, c->rseq,
+						     /* a TLS record: handshake, TLS 1.x */
+						     c->rhdr[0] == 0x16 && c->rhdr[1] == 3 && !c->ssl
+						     ? ": a TLS handshake (data_tls is on there, "
+						       "off here)" : "");
 			if (len > s->cfg.max_msg_bytes || len > s->peers[i].max_in_bytes)
 				return refit_err_set(err, REFIT_ERR_REMOTE, "tcp: node \"%s\" "
 						     "announced a %" PRIu64 "-byte message (at "
@@ -702,7 +511,10 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 				rc = do_send(s, io, i, err);
 		if (rc != REFIT_OK || (io->done(io->arg) && !sending(s)))
 			break;
+		bool pending = false;
+
 		for (size_t i = 0; i < n; i++) {
+			pending = pending || tcp_tls_pending(&s->in[i]);
 			if (s->out[i].fd >= 0 && s->out[i].busy) {
 				pf[np] = (struct pollfd){s->out[i].fd, POLLOUT, 0};
 				who[np++] = i;
@@ -712,12 +524,13 @@ tcp_exchange(xport_session_t *s, const xport_io_t *io, refit_err_t *err)
 				who[np++] = n + i;
 			}
 		}
-		if (poll(pf, np, left < 50 ? (int)left : 50) < 0 && errno != EINTR) {
+		/* data_tls: bytes already decrypted are not seen by poll */
+		if (poll(pf, np, pending ? 0 : left < 50 ? (int)left : 50) < 0 && errno != EINTR) {
 			rc = refit_err_set(err, REFIT_ERR_SYS, "tcp: poll: %s", strerror(errno));
 			break;
 		}
 		for (size_t k = 0; k < np && rc == REFIT_OK; k++) {
-			if (!pf[k].revents)
+			if (!pf[k].revents && !(who[k] >= n && tcp_tls_pending(&s->in[who[k] - n])))
 				continue;
 			if (who[k] < n)
 				rc = do_send(s, io, who[k], err);

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/alloc.h"
 #include "common/wire.h"
@@ -61,10 +62,13 @@ struct xport {
 	VEC(struct peer_verifier { char *node_id; uint8_t v[32]; }) peers;
 	VEC(parked_t) parked;
 	bool stopping;
+	struct tcp_tls *tls;             /* data_tls (tcp_tls.c); NULL: plain */
 };
 
 typedef struct conn {
 	int fd;
+	struct ssl_st *ssl;     /* data_tls: the connection's TLS (NULL: plain) */
+	bool tls_done;          /* its handshake finished */
 	/* outgoing */
 	uint8_t hdr[FRAME_BYTES];
 	const uint8_t *buf;
@@ -93,5 +97,36 @@ refit_status_t tcp_split_endpoint(const char *ep, char *host, size_t hn, char *p
 void tcp_link_fault(xport_session_t *s, size_t i, xport_link_fault_t f, const char *what);
 /* Dial every peer s sends to, all at once; s->out[i].fd holds each link made. */
 refit_status_t tcp_dial_all(xport_session_t *s, refit_err_t *err);
+
+
+/* tcp_listen.c: the listener thread of x (arg), until x->wake is written. */
+void *tcp_listener(void *arg);
+
+/* tcp_tls.c (data_tls): this node's certificate and key and the CA to
+ * verify peers with, as a TLS 1.3 context, rebuilt when the files change
+ * (checked as each session starts). */
+typedef struct tcp_tls {
+	char *ca, *cert, *key;
+	uint64_t stamp[9];          /* the files' inode, size, mtime (under mu) */
+	struct ssl_ctx_st *ctx;     /* under mu */
+	pthread_mutex_t mu;
+	bool mu_init;
+} tcp_tls_t;
+
+/* REFIT_OK, or err naming the files and OpenSSL's reason. */
+refit_status_t tcp_tls_new(const char *ca, const char *cert, const char *key,
+			   tcp_tls_t **out, refit_err_t *err);
+void tcp_tls_free(tcp_tls_t *t);
+/* The TLS handshakes of every connection of s at once (after its refit
+ * handshakes); each peer's certificate must name it.  REFIT_OK or err
+ * (naming the peer; its link fault noted). */
+refit_status_t tcp_tls_handshake_all(xport_session_t *s, refit_err_t *err);
+/* send/recv through c's TLS: the count, 0 (closed) or -1 with errno (EAGAIN:
+ * wait for the socket; EIO: broken). */
+ssize_t tcp_tls_send(conn_t *c, const void *b, size_t n);
+ssize_t tcp_tls_recv(conn_t *c, void *b, size_t n);
+/* Has c decrypted bytes waiting (poll does not see them)? */
+bool tcp_tls_pending(const conn_t *c);
+void tcp_tls_conn_free(conn_t *c);
 
 #endif

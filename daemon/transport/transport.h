@@ -46,6 +46,9 @@ typedef struct xport_cfg {
 	size_t nranks;
 	const char *gpu_devices; /* nccl: "0,1,..." device of each rank (NULL: identity) */
 	uint64_t gpu_staging_budget; /* nccl: each rank's staging arena (0: 1 GiB) */
+	/* tcp, data_tls: TLS 1.3 on every data connection with this node's
+	 * certificate and key and the cluster CA (PEM files); NULL: plain */
+	const char *tls_cert, *tls_key, *tls_ca;
 } xport_cfg_t;
 
 typedef struct xport_peer {

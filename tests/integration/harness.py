@@ -297,9 +297,10 @@ class Cluster:
     """A coordinator and n node daemons; node k serves ranks k*RPN..."""
 
     def __init__(self, name, n, extra=(), coord_extra=(), lease_ms=3000, node_extra=None,
-                 env=None, node_env=None):
+                 env=None, node_env=None, channel=None):
         """node_extra(k): more arguments for node k; env: the environment of
-        every daemon (None: this one's); node_env(k): more variables for node k."""
+        every daemon (None: this one's); node_env(k): more variables for node k;
+        channel(addr): the test's channel to the coordinator (None: plain)."""
         self.name, self.n = name, n
         if TRANSPORT == "nccl":  # info: the tests read what the transport logs
             extra = ["--transport", "nccl", "--gpu-devices", gpu_devices()] + \
@@ -327,7 +328,7 @@ class Cluster:
             if node_env:
                 nenv = dict(nenv or os.environ, **node_env(k))
             self.nodes.append(spawn(self.node_args[k], stderr=self.log, env=nenv))
-        self.ch = grpc.insecure_channel(self.addr)
+        self.ch = (channel or grpc.insecure_channel)(self.addr)
         grpc.channel_ready_future(self.ch).result(timeout=10)
         self.stub = pbg.CoordinatorStub(self.ch)
         self.wait_members(n)

@@ -840,7 +840,7 @@ def tls_and_mutual_tls():
             assert len(m.members) == 0
             ch.close()
             ctl = [f"{BUILD}/bin/refitctl", "--coordinator", target, "--tls-ca",
-                   f"{d}/ca.pem"]
+                   f"{d}/ca.pem", "--tls-name", "localhost"]
             if mutual:
                 ctl += ["--tls-cert", f"{d}/client.pem", "--tls-key", f"{d}/client.key"]
             out = subprocess.run(ctl + ["members"], capture_output=True, text=True,

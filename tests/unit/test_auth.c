@@ -212,6 +212,9 @@ START_TEST(secure_by_default)
 		{"{\"token_file\": \"/etc/refit/operator.token\"}", false}, /* not a node's */
 		{"{\"tls_cert\": \"c\", \"tls_key\": \"k\"}", false},  /* TLS, nodes anonymous */
 		{"{\"tls_cert\": \"c\", \"tls_key\": \"k\", \"tls_client_ca\": \"ca\"}", true},
+		/* the cluster CA verifies the callers too: mutual TLS */
+		{"{\"tls_cert\": \"c\", \"tls_key\": \"k\", \"tls_ca\": \"ca\"}", true},
+		{"{\"tls_ca\": \"ca\"}", false},  /* verifies, presents nothing */
 	};
 
 	for (size_t i = 0; i < NELEM(rows); i++) {
