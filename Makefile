@@ -96,7 +96,7 @@ UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 # naming the broken data link of a failed refit (test_blame.c)
 UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
-UNIT_DAEMON_SRC += daemon/node/slice.c
+UNIT_DAEMON_SRC += daemon/node/slice.c daemon/node/slice_delta.c daemon/node/delta_base.c
 # the authorization table and the refusal log's limiter (test_auth.c)
 UNIT_DAEMON_SRC += rpc/rpc_auth.c
 
