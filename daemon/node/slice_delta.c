@@ -102,8 +102,11 @@ sdelta_out(sdelta_t *d, size_t peer, size_t pos, const plan_msg_t *pm, uint32_t 
 	*wire = dense;
 	*wlen = len;
 	*delta = false;
-	if (d->store == NULL)
+	if (d->store == NULL) {  /* delta off: dense, counted */
+		d->dense_units++;
+		d->dense_wire += len;
 		return;
+	}
 	e = delta_ent_get(d->store, d->out[peer], pos, pm->bytes, pm->nparts);
 	off = pm->parts[k0].off;
 	if (d->ok && d->ok[peer] && holds(e, pm, k0, n, d->base) && bytes > SDELTA_HDR &&

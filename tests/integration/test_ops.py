@@ -207,7 +207,8 @@ def delta_refits():
              val(scrape(0), "refitd_delta_base_limit_bytes"), 30, "delta bases held")
     out = ctl("--json", "policy", "d", "--delta", "off")
     assert out.returncode == 0 and json.loads(out.stdout)["policy"]["delta"] == "off", out
-    step(3, False)
+    g = step(3, False)
+    assert g.dense_wire_bytes >= g.bytes > 0, g  # dense, counted
     out = ctl("policy", "d", "--delta", "sometimes")
     assert out.returncode != 0 and "--delta takes auto or off" in out.stderr, out
     assert ctl("policy", "d", "--delta", "auto").returncode == 0
