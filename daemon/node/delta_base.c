@@ -1,26 +1,32 @@
 /*
  * delta_base.c - a node's delta bases (see delta_base.h).
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "daemon/node/delta_base.h"
 
 struct delta_store {
 	pthread_mutex_t mu;
+	pthread_cond_t cv;        /* a table was released */
 	uint64_t limit, used;
+	uint32_t wait_ms;         /* for a table another slice holds */
 	VEC(delta_tab_t *) tabs;
 };
 
 delta_store_t *
-delta_store_new(uint64_t limit)
+delta_store_new(uint64_t limit, uint32_t wait_ms)
 {
 	delta_store_t *st = xcalloc(1, sizeof(*st));
 
 	pthread_mutex_init(&st->mu, NULL);
+	pthread_cond_init(&st->cv, NULL);
 	st->limit = limit;
+	st->wait_ms = wait_ms;
 	return st;
 }
 
@@ -60,6 +66,7 @@ delta_store_free(delta_store_t *st)
 		tab_free(st, st->tabs.v[i]);
 	VEC_FREE(&st->tabs);
 	pthread_mutex_destroy(&st->mu);
+	pthread_cond_destroy(&st->cv);
 	free(st);
 }
 
@@ -91,13 +98,13 @@ tab_reset(delta_store_t *st, delta_tab_t *t, size_t nent)
 	t->nent = nent;
 }
 
-delta_tab_t *
-delta_tab_take(delta_store_t *st, const char *model, const char *digest, const char *peer,
-	       bool out, size_t nent)
+/* The table of (model, digest, peer, out), if any; another plan's tables of
+ * the model that no slice holds are dropped. */
+static delta_tab_t *
+tab_find(delta_store_t *st, const char *model, const char *digest, const char *peer, bool out)
 {
 	delta_tab_t *t = NULL;
 
-	pthread_mutex_lock(&st->mu);
 	for (size_t i = 0; i < st->tabs.n;) {
 		delta_tab_t *x = st->tabs.v[i];
 
@@ -113,6 +120,27 @@ delta_tab_take(delta_store_t *st, const char *model, const char *digest, const c
 			t = x;
 		i++;
 	}
+	return t;
+}
+
+delta_tab_t *
+delta_tab_take(delta_store_t *st, const char *model, const char *digest, const char *peer,
+	       bool out, size_t nent)
+{
+	struct timespec until;
+	delta_tab_t *t;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += st->wait_ms / 1000;
+	until.tv_nsec += (long)(st->wait_ms % 1000) * 1000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&st->mu);
+	while ((t = tab_find(st, model, digest, peer, out)) != NULL && t->busy)
+		if (pthread_cond_timedwait(&st->cv, &st->mu, &until) == ETIMEDOUT)
+			break;
 	if (t != NULL && t->busy) {
 		t = NULL;  /* another slice holds it: this one runs without */
 	} else if (t != NULL) {
@@ -140,6 +168,7 @@ delta_tab_release(delta_store_t *st, delta_tab_t *t)
 		return;
 	pthread_mutex_lock(&st->mu);
 	t->busy = false;
+	pthread_cond_broadcast(&st->cv);
 	pthread_mutex_unlock(&st->mu);
 }
 

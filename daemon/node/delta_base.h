@@ -12,8 +12,9 @@
  * incomplete, so the coordinator offers no base for it next time).
  *
  * Threads: slices run on libuv's pool; every function takes the store's
- * lock.  A table is held by one slice at a time (another slice asking for
- * it gets none and runs dense).
+ * lock.  A table is held by one slice at a time: another slice asking for
+ * it waits up to DELTA_TAB_WAIT_MS (an aborted slice of the refit before, still ending),
+ * then gets none and runs dense.
  */
 #ifndef REFIT_DAEMON_NODE_DELTA_BASE_H
 #define REFIT_DAEMON_NODE_DELTA_BASE_H
@@ -43,7 +44,10 @@ typedef struct delta_tab {
 	size_t nent;
 } delta_tab_t;
 
-delta_store_t *delta_store_new(uint64_t limit);
+/* limit: bytes of bases at most; wait_ms: how long a slice waits for a
+ * table another slice holds (DELTA_TAB_WAIT_MS for a node). */
+#define DELTA_TAB_WAIT_MS 2000
+delta_store_t *delta_store_new(uint64_t limit, uint32_t wait_ms);
 void delta_store_free(delta_store_t *st);
 uint64_t delta_store_used(delta_store_t *st);
 uint64_t delta_store_limit(delta_store_t *st);
@@ -51,7 +55,7 @@ uint64_t delta_store_limit(delta_store_t *st);
 /*
  * The table of (model, digest, peer, out) with nent messages, held until
  * delta_tab_release; tables of the model under another digest are dropped
- * (a new plan).  NULL when another slice holds it.
+ * (a new plan).  NULL when another slice holds it past the store's wait.
  */
 delta_tab_t *delta_tab_take(delta_store_t *st, const char *model, const char *digest,
 			    const char *peer, bool out, size_t nent);

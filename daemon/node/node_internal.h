@@ -318,7 +318,13 @@ refit_status_t node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest
 const char *node_poisoned(node_t *n);
 /* node_run.c: staging reserved by the running slices (metrics) */
 uint64_t node_staging_reserved(const node_t *n);
-/* The delta bases held (limit: their bound, delta_base_bytes); node_run.c. */
+/* node_delta.c (docs/delta.md): RunSlice's base and the nodes holding it
+ * into the job, the job's delta into its slice's configuration, a finished
+ * slice's figures into /metrics, the bases held (limit: their bound,
+ * delta_base_bytes). */
+void node_delta_job(slice_job_t *j, const Refit__V1__RunSliceRequest *rq);
+void node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc);
+void node_delta_metrics(const slice_job_t *j);
 uint64_t node_delta_base_bytes(const node_t *n, bool limit);
 
 #endif

@@ -33,7 +33,6 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "daemon/metrics.h"
 #include "dataplane/conv_exec.h"
 #include "plan/convert.h"
 #include "daemon/node/node_internal.h"
@@ -143,12 +142,7 @@ job_work(uv_work_t *w)
 	sc.pool = j->n->pool;
 	sc.connect_ms = j->n->connect_timeout_ms;
 	sc.peers = j->peers;
-	sc.delta = j->delta_tag ? j->n->delta : NULL;
-	sc.model = j->model;
-	sc.digest = j->plan.digest_hex;
-	sc.delta_tag = j->delta_tag;
-	sc.delta_base = j->delta_base;
-	sc.delta_ok = j->delta_ok;
+	node_delta_cfg(j, &sc);
 	j->rc = slice_run(&sc, &j->st, &j->err);
 	/* everything this node receives has arrived: quantize into its ranks */
 	for (size_t r = 0; j->cx && j->rc == REFIT_OK && r < j->nodes[j->self].nranks; r++)
@@ -171,20 +165,6 @@ set_failure(client_t *c, const char *fmt, ...)
 	va_end(ap);
 	free(c->failure);
 	c->failure = xstrdup(buf);
-}
-
-/* A slice's delta figures into /metrics (docs/delta.md). */
-static void
-delta_metrics(const slice_job_t *j)
-{
-	metrics_add(M_DELTA_SENT_BYTES_TOTAL, (const char *[]){"kind", "dense", NULL},
-		    (double)j->st.dense_wire);
-	metrics_add(M_DELTA_SENT_BYTES_TOTAL, (const char *[]){"kind", "delta", NULL},
-		    (double)j->st.delta_wire);
-	metrics_add(M_DELTA_DENSE_BYTES_TOTAL, NULL, (double)j->st.delta_dense);
-	if (j->delta_base && j->n->xo->memory != XPORT_MEM_HOST)
-		metrics_add(M_DELTA_FALLBACK_TOTAL, (const char *[]){"reason", j->n->xo->name,
-								    NULL}, 1);
 }
 
 static void
@@ -229,7 +209,7 @@ job_after(uv_work_t *w, int status)
 			node_client_release(n, c);
 		}
 	if (ok)
-		delta_metrics(j);
+		node_delta_metrics(j);
 	if (ok)
 		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (%zu of the %" PRIu64
 			 " transfers of plan %.12s, decoded in %.3f ms): %" PRIu64 " bytes sent in %"
@@ -442,13 +422,7 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 	}
 	j->nnodes = n->world.n;
 	j->peers = xcalloc(j->nnodes ? j->nnodes : 1, sizeof(*j->peers));
-	/* delta refits: the nodes holding the base the coordinator named */
-	j->delta_tag = rq->delta_tag;
-	j->delta_base = rq->delta_base;
-	j->delta_ok = xcalloc(j->nnodes + 1, sizeof(*j->delta_ok));
-	for (size_t i = 0; i < j->nnodes; i++)
-		for (size_t k = 0; k < rq->n_delta_nodes; k++)
-			j->delta_ok[i] |= strcmp(j->nodes[i].node_id, rq->delta_nodes[k]) == 0;
+	node_delta_job(j, rq);
 	if (rc == REFIT_OK && j->self == SIZE_MAX)
 		rc = refit_err_set(err, REFIT_ERR_STALE_EPOCH, "this node is not a member of "
 				   "epoch %" PRIu64, j->epoch);
@@ -809,14 +783,6 @@ const size_t node_run_nmethods = sizeof(node_run_methods) / sizeof(node_run_meth
 
 /* Staging reserved by the slices running now: their staging_bytes budgets
  * (metrics, daemon/ops.c). */
-uint64_t
-node_delta_base_bytes(const node_t *n, bool limit)
-{
-	if (n->delta == NULL)
-		return 0;
-	return limit ? delta_store_limit(n->delta) : delta_store_used(n->delta);
-}
-
 uint64_t
 node_staging_reserved(const node_t *n)
 {

@@ -949,41 +949,19 @@ slice_fini(slice_t *s)
 	dp_exec_free(s->x);
 }
 
-/* Delta refits (slice_delta.h): the bases of every peer, on stream
- * transports only (nccl runs dense: its units are not encoded yet). */
+/* Delta refits (slice_delta.h): the bases of every peer this slice sends
+ * to or receives from. */
 static void
 delta_begin(slice_t *s)
 {
-	const slice_cfg_t *c = s->c;
-	const char **ids = xcalloc(c->nnodes + 1, sizeof(*ids));
-	size_t *nout = xcalloc(c->nnodes + 1, sizeof(*nout)), *nin = xcalloc(c->nnodes + 1,
-									 sizeof(*nin));
+	size_t nn = s->c->nnodes, *n = xcalloc(2 * nn + 1, sizeof(*n));
 
-	for (size_t i = 0; i < c->nnodes; i++) {
-		ids[i] = c->nodes[i].node_id;
-		nout[i] = s->out[i].n;
-		nin[i] = s->in[i].n;
+	for (size_t i = 0; i < nn; i++) {
+		n[i] = s->out[i].n;
+		n[nn + i] = s->in[i].n;
 	}
-	sdelta_init(&s->d, c->xo->memory == XPORT_MEM_HOST ? c->delta : NULL, c->model,
-		    c->digest, ids, nout, nin, c->nnodes, c->self, c->delta_tag, c->delta_base,
-		    c->delta_ok, c->plan->opts.chunk_bytes + s->trail);
-	free(ids);
-	free(nout);
-	free(nin);
-}
-
-static void
-delta_end(slice_t *s, refit_status_t rc)
-{
-	slice_stats_t *st = s->st;
-
-	st->delta_units = s->d.delta_units;
-	st->delta_wire = s->d.delta_wire;
-	st->delta_dense = s->d.delta_dense;
-	st->dense_units = s->d.dense_units;
-	st->dense_wire = s->d.dense_wire;
-	st->bases_kept = rc == REFIT_OK && s->d.store != NULL && s->d.kept;
-	sdelta_fini(&s->d);
+	sdelta_begin(&s->d, s->c, n, n + nn, s->c->plan->opts.chunk_bytes + s->trail);
+	free(n);
 }
 
 /* Open the session, make the executor on its memory, exchange, close. */
@@ -1027,7 +1005,7 @@ run_session(slice_t *s, refit_err_t *err)
 	if (s->dev)
 		group_free(s);
 	c->xo->close(sess);
-	delta_end(s, rc);
+	sdelta_end(&s->d, s->st, rc == REFIT_OK);
 	for (size_t i = 0; rc != REFIT_OK && c->peers && i < c->nnodes; i++)
 		c->peers[i].link = links[i];
 	free(links);

@@ -61,6 +61,32 @@ sdelta_fini(sdelta_t *d)
 	d->store = NULL;
 }
 
+void
+sdelta_begin(sdelta_t *d, const slice_cfg_t *c, const size_t *nout, const size_t *nin,
+	     uint64_t cap)
+{
+	const char **ids = xcalloc(c->nnodes + 1, sizeof(*ids));
+
+	for (size_t i = 0; i < c->nnodes; i++)
+		ids[i] = c->nodes[i].node_id;
+	sdelta_init(d, c->xo->memory == XPORT_MEM_HOST ? c->delta : NULL, c->model, c->digest,
+		    ids, nout, nin, c->nnodes, c->self, c->delta_tag, c->delta_base, c->delta_ok,
+		    cap);
+	free(ids);
+}
+
+void
+sdelta_end(sdelta_t *d, slice_stats_t *st, bool ok)
+{
+	st->delta_units = d->delta_units;
+	st->delta_wire = d->delta_wire;
+	st->delta_dense = d->delta_dense;
+	st->dense_units = d->dense_units;
+	st->dense_wire = d->dense_wire;
+	st->bases_kept = ok && d->store != NULL && d->kept;
+	sdelta_fini(d);
+}
+
 /* Does e hold base for every part of [k0, k0 + n) that has bytes? */
 static bool
 holds(const delta_ent_t *e, const plan_msg_t *pm, uint32_t k0, uint32_t n, uint64_t base)

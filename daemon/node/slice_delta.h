@@ -22,6 +22,7 @@
 
 #include "common/err.h"
 #include "daemon/node/delta_base.h"
+#include "daemon/node/slice.h"
 #include "plan/plan.h"
 
 #define SEQ_DELTA (UINT64_C(1) << 63)
@@ -45,6 +46,12 @@ void sdelta_init(sdelta_t *d, delta_store_t *store, const char *model, const cha
 		 const char *const *peers, const size_t *nout, const size_t *nin, size_t nnodes,
 		 size_t self, uint64_t tag, uint64_t base, const bool *ok, uint64_t cap);
 void sdelta_fini(sdelta_t *d);
+/* sdelta_init for slice c (stream transports only: nccl runs dense), its
+ * messages out and in per node; sdelta_end puts the figures into st
+ * (bases_kept: ok and every unit kept) and ends it. */
+void sdelta_begin(sdelta_t *d, const slice_cfg_t *c, const size_t *nout, const size_t *nin,
+		  uint64_t cap);
+void sdelta_end(sdelta_t *d, slice_stats_t *st, bool ok);
 
 /*
  * Unit [k0, k0 + n) of message pm (position pos in peer's list) was packed

@@ -4,9 +4,11 @@
  * slice per table, another plan's bases dropped; a unit round trip byte for
  * byte; a receiver that lacks the named base refuses the unit.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/node/delta_base.h"
 #include "daemon/node/slice_delta.h"
@@ -14,11 +16,11 @@
 
 START_TEST(store_is_bounded)
 {
-	delta_store_t *st = delta_store_new(1000);
+	delta_store_t *st = delta_store_new(1000, 10);
 	delta_tab_t *t = delta_tab_take(st, "m", "d1", "peer", true, 3), *u;
 
 	ck_assert_ptr_nonnull(t);
-	/* a second slice gets no table while one holds it */
+	/* a second slice gets no table while one holds it (after its wait) */
 	ck_assert_ptr_null(delta_tab_take(st, "m", "d1", "peer", true, 3));
 	ck_assert_ptr_nonnull(delta_ent_get(st, t, 0, 600, 2));
 	ck_assert_uint_eq(delta_store_used(st), 600 + 2 * sizeof(uint64_t));
@@ -38,6 +40,40 @@ START_TEST(store_is_bounded)
 	ck_assert_ptr_nonnull(u);
 	ck_assert_uint_eq(delta_store_used(st), 0);
 	delta_tab_release(st, u);
+	delta_store_free(st);
+}
+END_TEST
+
+typedef struct holder {
+	delta_store_t *st;
+	delta_tab_t *t;
+} holder_t;
+
+static void *
+release_later(void *arg)
+{
+	holder_t *h = arg;
+
+	usleep(50000);
+	delta_tab_release(h->st, h->t);
+	return NULL;
+}
+
+/* A slice waiting for a table the slice before still holds (an aborted one
+ * ending) gets it once released, within the store's wait. */
+START_TEST(waits_for_a_held_table)
+{
+	delta_store_t *st = delta_store_new(1000, 10000);
+	holder_t h = {st, delta_tab_take(st, "m", "d", "p", false, 1)};
+	pthread_t th;
+	delta_tab_t *t;
+
+	ck_assert_ptr_nonnull(h.t);
+	ck_assert_int_eq(pthread_create(&th, NULL, release_later, &h), 0);
+	t = delta_tab_take(st, "m", "d", "p", false, 1);
+	ck_assert_ptr_eq(t, h.t);
+	pthread_join(th, NULL);
+	delta_tab_release(st, t);
 	delta_store_free(st);
 }
 END_TEST
@@ -89,7 +125,7 @@ send_unit(sdelta_t *tx, sdelta_t *rx, const uint8_t *d, bool *enc, uint8_t *got,
 
 START_TEST(unit_round_trip_and_refusals)
 {
-	delta_store_t *a = delta_store_new(1 << 20), *b = delta_store_new(1 << 20);
+	delta_store_t *a = delta_store_new(1 << 20, 10), *b = delta_store_new(1 << 20, 10);
 	bool ok[2] = {true, true}, enc;
 	uint8_t v1[108], v2[108], got[108];
 	sdelta_t tx, rx;
@@ -151,7 +187,7 @@ END_TEST
 
 START_TEST(no_room_goes_dense)
 {
-	delta_store_t *a = delta_store_new(50), *b = delta_store_new(1 << 20);
+	delta_store_t *a = delta_store_new(50, 10), *b = delta_store_new(1 << 20, 10);
 	bool ok[2] = {true, true}, enc;
 	uint8_t v[108] = {1}, got[108];
 	sdelta_t tx, rx;
@@ -176,7 +212,8 @@ suite_delta_base(void)
 {
 	return th_suite("delta_base",
 			th_tcase("delta_base", 30,
-				 TH_TESTS(store_is_bounded, unit_round_trip_and_refusals,
+				 TH_TESTS(store_is_bounded, waits_for_a_held_table,
+					  unit_round_trip_and_refusals,
 					  no_room_goes_dense)),
 			NULL);
 }
