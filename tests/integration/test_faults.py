@@ -100,13 +100,14 @@ class Model:
     def commits(self):
         """Refit this version: it commits, every instance installs it byte-exact.
         After a refit that did not commit (failed, aborted: its nodes may have
-        rewritten their delta bases) it is dense.  Returns its record."""
+        rewritten their delta bases) or a catch-up (another plan) it is dense.
+        Returns its record."""
         g = self.cl.refit(self.name, self.version)
         assert g.state == pb.COMMITTED, g.failure
         self.installed()
         prev = [r for r in self.cl.stub.ListRefits(pb.ListRefitsRequest(
             model=self.name, limit=2), timeout=5).refits if r.id != g.id]
-        if prev and prev[0].state != pb.COMMITTED:
+        if prev and (prev[0].state != pb.COMMITTED or prev[0].instance):
             assert g.delta_base_refit == 0 and g.delta_wire_bytes == 0, (prev[0], g)
         return g
 
