@@ -207,6 +207,53 @@ START_TEST(no_room_goes_dense)
 }
 END_TEST
 
+/* Damaged delta frames from a peer (random bytes flipped, cut short): each
+ * is refused with an error or decodes into the unit's bytes, never past
+ * them (ASan in the unit tests' ASan build). */
+START_TEST(damaged_frames_refused_or_contained)
+{
+	delta_store_t *a = delta_store_new(1 << 20, 10), *b = delta_store_new(1 << 20, 10);
+	bool ok[2] = {true, true}, enc;
+	uint8_t v1[108], v2[108], got[108], frame[256];
+	const uint8_t *w, *dense;
+	uint64_t wl;
+	sdelta_t tx, rx;
+	refit_err_t e;
+	unsigned seed = 26;
+
+	for (size_t i = 0; i < sizeof(v1); i++)
+		v1[i] = v2[i] = (uint8_t)(i * 13);
+	v2[10] ^= 1;
+	v2[90] ^= 0x40;
+	unit_pair(&tx, &rx, a, b, 1, 0, ok);
+	ck_assert_int_eq(send_unit(&tx, &rx, v1, &enc, got, &e), REFIT_OK);
+	sdelta_fini(&tx);
+	sdelta_fini(&rx);
+	unit_pair(&tx, &rx, a, b, 2, 1, ok);
+	sdelta_out(&tx, 1, 0, &msg, 0, 2, 2, v2, 108, 4, &w, &wl, &enc);
+	ck_assert(enc && wl <= sizeof(frame));
+	for (int it = 0; it < 5000; it++) {
+		uint64_t fl = wl, dl = 0;
+
+		memcpy(frame, w, wl);
+		for (int k = rand_r(&seed) % 3; k >= 0; k--)
+			frame[rand_r(&seed) % wl] ^= (uint8_t)(1 + rand_r(&seed) % 255);
+		if (rand_r(&seed) % 4 == 0)
+			fl = (uint64_t)rand_r(&seed) % wl;
+		refit_err_clear(&e);
+		if (sdelta_frame_len(frame, fl, 4, &dl, &e) != REFIT_OK || dl != 104)
+			continue;  /* push refuses it, or finds no unit of that length */
+		refit_err_clear(&e);
+		if (sdelta_in(&rx, 0, "a", 0, &msg, 0, 2, 2, frame, fl, 4, &dense, &e) != REFIT_OK)
+			ck_assert_msg(e.msg[0] != '\0', "refused without a reason");
+	}
+	sdelta_fini(&tx);
+	sdelta_fini(&rx);
+	delta_store_free(a);
+	delta_store_free(b);
+}
+END_TEST
+
 Suite *
 suite_delta_base(void)
 {
@@ -214,6 +261,7 @@ suite_delta_base(void)
 			th_tcase("delta_base", 30,
 				 TH_TESTS(store_is_bounded, waits_for_a_held_table,
 					  unit_round_trip_and_refusals,
-					  no_room_goes_dense)),
+					  no_room_goes_dense,
+					  damaged_frames_refused_or_contained)),
 			NULL);
 }
