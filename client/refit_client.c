@@ -5,7 +5,7 @@
  *   refit-client --socket PATH --model M --role train|infer --layouts FILE
  *                [--instance NAME] [--install double-buffer|in-place]
  *                [--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T]
- *                [--finite] [--cuda [--gpu-devices LIST]]
+ *                [--finite] [--sparse PPM] [--cuda [--gpu-devices LIST]]
  *
  * It asks the node daemon which ranks it serves, puts the pieces of every
  * tensor on those ranks into one POSIX shared-memory segment (two copies
@@ -33,7 +33,10 @@
  *
  * --finite makes a trainer's bf16, fp16 and fp32 elements finite numbers
  * (sign, an exponent in a middle range and mantissa bits from the same
- * pattern), so converted blocks are not all NaN.
+ * pattern), so converted blocks are not all NaN.  --sparse PPM makes
+ * versions after the first change only about PPM elements per million
+ * each (the others keep the previous version's bytes), as a training step
+ * changes few bf16 weights (delta refits, docs/delta.md).
  *
  * With --wait V an instance waits for V, checks, prints and exits (0 when
  * every byte matches).  Exit codes: 0 fine, 1 refit error, 2 bad usage.
@@ -80,6 +83,7 @@ static struct {
 	int64_t pad, istride;
 	int timeout_ms;
 	bool cuda, finite;
+	uint64_t sparse;  /* --sparse: elements per million a version changes (0: all) */
 } o = {.instance = "", .timeout_ms = 60000, .version = 1, .istride = 1};
 
 static plan_layout_set_t set;
@@ -213,6 +217,19 @@ mix(uint64_t x)
 	return x ^ (x >> 31);
 }
 
+/* --sparse: the version whose pattern element g of tensor t holds at
+ * version v (the last one at or before v that changed it). */
+static uint64_t
+version_of(uint64_t g, uint64_t t, uint64_t v)
+{
+	if (o.sparse == 0)
+		return v;
+	for (uint64_t w = v; w > 1; w--)
+		if (mix(g ^ t << 48 ^ w << 32 ^ 0xd1b54a32d192ed03ull) % 1000000 < o.sparse)
+			return w;
+	return v ? 1 : 0;
+}
+
 /* --finite: the pattern h as a finite float of dtype (else h unchanged). */
 static uint64_t
 finite_bits(plan_dtype_t dt, uint64_t h)
@@ -292,14 +309,15 @@ walk(const piece_t *p, uint8_t *base, uint64_t v, bool fill)
 		if (sh->rank != p->rank || sh->piece != p->piece)
 			continue;
 		for (int64_t e = 0; e < n; e++) {
-			uint64_t g = 0, loc = 0, h;
+			uint64_t g = 0, loc = 0, h, w;
 			uint8_t *q;
 
 			for (int d = 0; d < l->ndim; d++) {
 				g = g * (uint64_t)l->shape[d] + (uint64_t)(sh->box.off[d] + idx[d]);
 				loc += (uint64_t)(sh->local_off[d] + idx[d]) * (uint64_t)p->stride[d];
 			}
-			h = finite_bits(l->dtype, mix(g ^ ((uint64_t)p->tensor << 48) ^ (v << 32) ^ v));
+			w = version_of(g, p->tensor, v);
+			h = finite_bits(l->dtype, mix(g ^ ((uint64_t)p->tensor << 48) ^ (w << 32) ^ w));
 			q = base + p->off + loc * elem;
 			for (uint32_t b = 0; b < elem; b++) {
 				uint8_t want = (uint8_t)(h >> (8 * (b % 8)));
@@ -344,7 +362,7 @@ usage(void)
 	fprintf(stderr, "usage: refit-client --socket PATH --model M --role train|infer "
 		"--layouts FILE [--instance NAME] [--install double-buffer|in-place] "
 		"[--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T] [--finite] "
-		"[--cuda [--gpu-devices LIST]]\n");
+		"[--sparse PPM] [--cuda [--gpu-devices LIST]]\n");
 	return 2;
 }
 
@@ -356,7 +374,8 @@ main(int argc, char **argv)
 		{"layouts", 1, 0, 'l'}, {"instance", 1, 0, 'i'}, {"install", 1, 0, 'I'},
 		{"version", 1, 0, 'v'}, {"pad", 1, 0, 'p'}, {"wait", 1, 0, 'w'},
 		{"timeout-ms", 1, 0, 't'}, {"cuda", 0, 0, 'C'}, {"gpu-devices", 1, 0, 'G'},
-		{"istride", 1, 0, 'S'}, {"finite", 0, 0, 'f'}, {0, 0, 0, 0}};
+		{"istride", 1, 0, 'S'}, {"finite", 0, 0, 'f'}, {"sparse", 1, 0, 'D'},
+		{0, 0, 0, 0}};
 	char errbuf[512], line[256];
 	refit_t *h;
 	const int32_t *ranks;
@@ -385,6 +404,7 @@ main(int argc, char **argv)
 		case 'G': o.gpu_devices = optarg; break;
 		case 'S': o.istride = strtoll(optarg, NULL, 10); break;
 		case 'f': o.finite = true; break;
+		case 'D': o.sparse = strtoull(optarg, NULL, 10); break;
 		case 'r':
 			o.role = strcmp(optarg, "train") == 0 ? REFIT_ROLE_TRAIN :
 				 strcmp(optarg, "infer") == 0 ? REFIT_ROLE_INFER : 0;

@@ -204,6 +204,7 @@ static const struct option policy_opts[] = {
 	{"strict-instances", required_argument, NULL, 's'},
 	{"trigger", required_argument, NULL, 't'},
 	{"min-interval-ms", required_argument, NULL, 'i'},
+	{"delta", required_argument, NULL, 'd'},
 	{NULL, 0, NULL, 0},
 };
 
@@ -217,6 +218,21 @@ parse_trigger(const char *v, Refit__V1__TriggerMode *out)
 		*out = REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY;
 	else {
 		fprintf(stderr, "refitctl: --trigger takes manual or on_ready, not \"%s\"\n", v);
+		return 2;
+	}
+	return 0;
+}
+
+/* "auto" or "off" of --delta into *out */
+static int
+parse_delta(const char *v, Refit__V1__DeltaMode *out)
+{
+	if (strcmp(v, "auto") == 0)
+		*out = REFIT__V1__DELTA_MODE__DELTA_AUTO;
+	else if (strcmp(v, "off") == 0)
+		*out = REFIT__V1__DELTA_MODE__DELTA_OFF;
+	else {
+		fprintf(stderr, "refitctl: --delta takes auto or off, not \"%s\"\n", v);
 		return 2;
 	}
 	return 0;
@@ -241,7 +257,7 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 {
 	Refit__V1__RefitPolicy p = REFIT__V1__REFIT_POLICY__INIT, cur = p;
 	Refit__V1__GetModelRequest gq = REFIT__V1__GET_MODEL_REQUEST__INIT;
-	bool set[6] = {false};
+	bool set[7] = {false};
 	Refit__V1__Model *m;
 	refit_err_t e;
 	uint64_t v;
@@ -270,6 +286,7 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 			set[3] = true;
 			break;
 		case 't': rc = parse_trigger(s, &p.trigger); set[4] = true; break;
+		case 'd': rc = parse_delta(s, &p.delta); set[6] = true; break;
 		case 'i':
 			if (refit_parse_u64(s, 0, 86400000, &v, "--min-interval-ms", &e))
 				return bad_input(&e);
@@ -294,6 +311,7 @@ build_policy(ctl_t *c, args_t *a, ProtobufCMessage *rq)
 	a->policy.strict_instances = set[3] ? p.strict_instances : cur.strict_instances;
 	a->policy.trigger = set[4] ? p.trigger : cur.trigger;
 	a->policy.min_interval_ms = set[5] ? p.min_interval_ms : cur.min_interval_ms;
+	a->policy.delta = set[6] ? p.delta : cur.delta;
 	((Refit__V1__SetRefitPolicyRequest *)rq)->policy = &a->policy;
 	return 0;
 }
@@ -343,8 +361,9 @@ static const cmd_t cmds[] = {
 	 .max_args = 2, .method = "DrainMember", .field = {"node_id", "reason"},
 	 .dflt = "refitctl drain", .text = refitctl_text_drain, .json = refitctl_json_drain},
 	{.name = "policy", .args = "MODEL [--retries N] [--backoff-ms MS] [--catch-up on|off] "
-	 "[--strict-instances on|off] [--trigger manual|on_ready] [--min-interval-ms MS]",
-	 .help = "retries, back-off, catch-up and trigger policy of a model",
+	 "[--strict-instances on|off] [--trigger manual|on_ready] [--min-interval-ms MS] "
+	 "[--delta auto|off]",
+	 .help = "retries, back-off, catch-up, trigger and delta policy of a model",
 	 .min_args = 1, .max_args = 1, .method = "SetRefitPolicy", .opts = policy_opts,
 	 .build = build_policy, .text = refitctl_text_model, .json = refitctl_json_model},
 };

@@ -272,6 +272,8 @@ refitctl_json_model(const void *resp, const args_t *a)
 		cJSON_AddBoolToObject(p, "strict_instances", m->policy->strict_instances);
 		jstr(p, "trigger", trigger_name(m->policy->trigger));
 		cJSON_AddNumberToObject(p, "min_interval_ms", m->policy->min_interval_ms);
+		jstr(p, "delta", m->policy->delta == REFIT__V1__DELTA_MODE__DELTA_OFF ? "off" :
+			 "auto");
 	}
 	ju64(o, "pending_version", m->pending_version);
 	ju64(o, "skipped_versions", m->skipped_versions);
@@ -334,9 +336,10 @@ refitctl_text_model(const void *resp, const args_t *a)
 	trigger_text(m, trig, sizeof(trig));
 	if (m->policy && n > 0 && (size_t)n < sizeof(rest))
 		snprintf(rest + n, sizeof(rest) - (size_t)n, "  retries %u (backoff %u ms), "
-			 "catch-up %s%s%s", m->policy->retries, m->policy->retry_backoff_ms,
+			 "catch-up %s%s%s%s", m->policy->retries, m->policy->retry_backoff_ms,
 			 m->policy->catch_up ? "on" : "off",
-			 m->policy->strict_instances ? ", strict instances" : "", trig);
+			 m->policy->strict_instances ? ", strict instances" : "", trig,
+			 m->policy->delta == REFIT__V1__DELTA_MODE__DELTA_OFF ? ", delta off" : "");
 	row(0, 4, w, (const char *const[]){m->name, t, latest, rest});
 	for (size_t i = 0; i < m->n_instances; i++)
 		if (m->instances[i]->installed_version > newest)
@@ -462,6 +465,10 @@ refitctl_text_refit(const void *resp, const args_t *a)
 		printf("       catch-up of instance \"%s\"\n", r->instance);
 	if (r->by_policy)
 		printf("       started by the trigger policy (on_ready)\n");
+	if (r->delta_wire_bytes || r->dense_wire_bytes)
+		printf("       network: %" PRIu64 " bytes dense, %" PRIu64 " bytes delta for %"
+		       PRIu64 " dense (base: refit %" PRIu64 ")\n", r->dense_wire_bytes,
+		       r->delta_wire_bytes, r->delta_dense_bytes, r->delta_base_refit);
 	for (size_t k = 0; k < r->n_skipped; k++)
 		printf("       skipped instance \"%s\" (not healthy)\n", r->skipped[k]);
 	for (size_t k = 0; k < r->n_attempts; k++)
@@ -508,6 +515,10 @@ refitctl_json_refit(const void *resp, const args_t *a)
 	cJSON_AddBoolToObject(o, "plan_cached", r->plan_cached);
 	ju64(o, "plan_xfers", r->plan_xfers);
 	cJSON_AddBoolToObject(o, "by_policy", r->by_policy);
+	ju64(o, "dense_wire_bytes", r->dense_wire_bytes);
+	ju64(o, "delta_wire_bytes", r->delta_wire_bytes);
+	ju64(o, "delta_dense_bytes", r->delta_dense_bytes);
+	ju64(o, "delta_base_refit", r->delta_base_refit);
 	arr = cJSON_AddArrayToObject(o, "nodes");
 	for (size_t k = 0; k < r->n_nodes; k++) {
 		cJSON *j = jnew();

@@ -93,6 +93,10 @@ static const key_t_ keys[] = {
 	{"connect_timeout_ms", K_MS, F(connect_timeout_ms), "5000", 100, 600000, NULL, false,
 	 "node role: a data connection to a peer (connect and handshake) that takes longer "
 	 "fails the slice, naming the peer; docs/faults.md"},
+	{"delta_base_bytes", K_SIZE, F(delta_base_bytes), "1GiB", 0, 1ull << 44, NULL, false,
+	 "node role: host memory for delta bases (the bytes of each tcp message last sent "
+	 "and received, the base of the next delta refit); a message without room goes "
+	 "dense, never refused; 0: every refit dense; docs/delta.md"},
 	{"plan_cache_bytes", K_SIZE, F(plan_cache_bytes), "1GiB", 0, 1ull << 40, NULL, false,
 	 "ignored: nodes keep no plans, they receive their slice of each plan (accepted so "
 	 "older configuration files load)"},

@@ -38,6 +38,7 @@ typedef struct refitd_config {
 	char *local_socket_group; /* node role: its group (mode 0660); NULL: ours */
 	uint64_t slice_timeout_ms;    /* 0 (unset): derived from the plan */
 	uint64_t connect_timeout_ms;  /* node: each data connection to a peer */
+	uint64_t delta_base_bytes;    /* node: host memory for delta bases (0: none kept) */
 	uint64_t plan_cache_bytes;    /* ignored (nodes keep no plans): older files load */
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
 	uint64_t test_fail_commit;    /* tests: refuse the node's Nth Commit */

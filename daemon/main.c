@@ -275,6 +275,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.local_socket_group = cfg->local_socket_group;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;
 	no.connect_timeout_ms = cfg->connect_timeout_ms;
+	no.delta_base_bytes = cfg->delta_base_bytes;
 	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
 	no.test_fail_commit = cfg->test_fail_commit;
 	no.test_hold_run_ms = cfg->test_hold_run_ms;

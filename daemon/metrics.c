@@ -106,6 +106,19 @@ static const family_t families[M_COUNT] = {
 		"Calls refused UNAUTHENTICATED or PERMISSION_DENIED, by method path and reason "
 		"(missing, wrong: a token; session: not this node's coordinator; identity: a "
 		"member acting for another)", NULL, 0},
+	[M_DELTA_BASE_BYTES] = {"refitd_delta_base_bytes", KIND_GAUGE,
+		"Host memory holding delta bases (the bytes of each tcp message last sent and "
+		"received, docs/delta.md); node", NULL, 0},
+	[M_DELTA_BASE_LIMIT_BYTES] = {"refitd_delta_base_limit_bytes", KIND_GAUGE,
+		"Its bound, delta_base_bytes (a message without room goes dense); node", NULL, 0},
+	[M_DELTA_SENT_BYTES_TOTAL] = {"refitd_delta_sent_bytes_total", KIND_COUNTER,
+		"Bytes of tcp units this node sent, by kind (dense, delta: encoded against the "
+		"base its receiver holds); node", NULL, 0},
+	[M_DELTA_DENSE_BYTES_TOTAL] = {"refitd_delta_dense_bytes_total", KIND_COUNTER,
+		"Dense bytes the units sent as delta stand for; node", NULL, 0},
+	[M_DELTA_FALLBACK_TOTAL] = {"refitd_delta_fallback_total", KIND_COUNTER,
+		"Slices offered a delta base that ran dense, by reason (nccl: the transport "
+		"does not encode yet); node", NULL, 0},
 };
 
 typedef struct series {

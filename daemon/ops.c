@@ -101,6 +101,8 @@ refresh(ops_t *o)
 		metrics_set(M_CLIENTS, (const char *[]){"role", "infer", NULL}, (double)infer);
 		metrics_set(M_SLICES_RUNNING, NULL, (double)n->jobs.n);
 		metrics_set(M_STAGING_BYTES, NULL, (double)node_staging_reserved(n));
+		metrics_set(M_DELTA_BASE_BYTES, NULL, (double)node_delta_base_bytes(n, false));
+		metrics_set(M_DELTA_BASE_LIMIT_BYTES, NULL, (double)node_delta_base_bytes(n, true));
 		metrics_set(M_NODE_POISONED, NULL, node_poisoned(n) ? 1 : 0);
 		log_set_epoch(n->epoch);
 	}

@@ -753,6 +753,8 @@ GENERATORS = {
                     "default"),
     "delta-model": (lambda b, s: figures_delta.gen_model(sys.modules[__name__], b, s),
                     "default"),
+    "delta-testbed": (lambda b, s: figures_delta.gen_testbed(sys.modules[__name__], b, s),
+                      "default"),
 }
 SETS = ("default", "slow", "all")
 

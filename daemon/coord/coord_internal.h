@@ -27,6 +27,7 @@ typedef struct refit_node_time {
 
 #define NODE_STARTED 1u      /* RunSlice answered: the slice runs */
 #define NODE_REPORTED 2u     /* SliceDone (or a failed RunSlice) counted */
+#define NODE_KEPT 4u         /* its SliceDone: it kept every delta base */
 
 typedef struct coord_slices coord_slices_t;  /* coord_slice.c */
 
@@ -73,6 +74,10 @@ typedef struct refit_rec {
 	coord_slices_t *slices;     /* PREPARING: each node's slice of the plan */
 	uint64_t plan_us, plan_xfers; /* the coordinator's planning time (0: cached), transfers */
 	bool plan_cached;
+	/* delta refits (docs/delta.md): this attempt's tag (0: delta off), the
+	 * base offered (0: none), and what the nodes sent */
+	uint64_t delta_tag, delta_base;
+	uint64_t delta_wire, delta_dense, dense_wire;
 } refit_rec_t;
 
 /* The last plan built for a model, reused while its inputs stay the same. */
@@ -347,6 +352,12 @@ void coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_
  * catch-up's).  The caller saves (the refit's change of state is saved).
  */
 void coord_refit_instances_end(coord_t *c, refit_rec_t *r, bool committed);
+/* coord_delta.c: RunSlice's delta tag, base and the nodes holding it (the
+ * names are the members'; the array is the caller's to free); a committed
+ * refit's bases become the model's. */
+char **coord_delta_offer(coord_t *c, refit_rec_t *r, model_t *m, uint64_t *tag,
+			 uint64_t *base, size_t *n);
+void coord_delta_committed(coord_t *c, refit_rec_t *r);
 /* The members' transports: whether any uses nccl, one that does not, and
  * the member holding the lowest rank. */
 void coord_scan_members(coord_t *c, bool *nccl, const member_t **other, const member_t **low);

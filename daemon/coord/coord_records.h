@@ -87,6 +87,14 @@ typedef struct model {
 	uint64_t policy_refits;    /* refits the policy started */
 	uint64_t policy_start_ms;  /* when the last of them began (not kept: 0 after
 				      a restart) */
+	/* delta refits (docs/delta.md): the policy, and the bases the nodes hold
+	 * as far as the coordinator knows (memory only: after a restart none) */
+	bool delta_off;
+	uint64_t delta_tag;        /* the last committed refit's tag (0: no base known) */
+	char delta_digest[SHA256_HEX_LEN]; /* ... its plan */
+	uint64_t delta_epoch;      /* ... its epoch */
+	uint64_t *delta_members;   /* ... the members that kept every base of it */
+	size_t ndelta_members;
 } model_t;
 
 #define COORD_MAX_INTERVAL_MS 86400000u

@@ -51,6 +51,10 @@ fill_refit(const refit_rec_t *r, Refit__V1__Refit *o)
 	o->plan_cached = r->plan_cached;
 	o->plan_xfers = r->plan_xfers;
 	o->by_policy = r->by_policy;
+	o->dense_wire_bytes = r->dense_wire;
+	o->delta_wire_bytes = r->delta_wire;
+	o->delta_dense_bytes = r->delta_dense;
+	o->delta_base_refit = r->delta_base >> 8;
 }
 
 /* fill_refit's per-node figures (node names are c's; free nv and np). */

@@ -70,6 +70,7 @@ coord_refit_note_retry(refit_rec_t *r, const refit_fsm_t *was, uint64_t wait_ms)
 	r->retry_at_ms = coord_now_ms() + wait_ms;
 	coord_slices_free(r);
 	r->bytes = r->comm_us = 0;
+	r->delta_wire = r->delta_dense = r->dense_wire = 0;
 	r->nstages = 0;
 	memset(r->stage_us, 0, sizeof(r->stage_us));
 	memset(r->stage_bytes, 0, sizeof(r->stage_bytes));
@@ -88,6 +89,8 @@ coord_refit_note_end(coord_t *c, refit_rec_t *r)
 	}
 	/* each instance's installed version, the model's (coord_refit_nodes.c) */
 	coord_refit_instances_end(c, r, r->fsm.state == REFIT_FSM_COMMITTED);
+	if (r->fsm.state == REFIT_FSM_COMMITTED)
+		coord_delta_committed(c, r);
 	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): %s%s%s", r->id, r->model,
 		 r->version, coord_refit_public_name(r), r->failure ? ": " : "",
 		 r->failure ? r->failure : "");

@@ -398,6 +398,10 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	    p->trigger != REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": unknown "
 				     "trigger %d (manual 0, on_ready 1)", m->name, (int)p->trigger);
+	if (p->delta != REFIT__V1__DELTA_MODE__DELTA_AUTO &&
+	    p->delta != REFIT__V1__DELTA_MODE__DELTA_OFF)
+		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": unknown "
+				     "delta %d (auto 0, off 1)", m->name, (int)p->delta);
 	if (p->min_interval_ms > COORD_MAX_INTERVAL_MS)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "SetRefitPolicy \"%s\": "
 				     "min_interval_ms %u (at most %u)", m->name, p->min_interval_ms,
@@ -412,6 +416,7 @@ h_set_policy(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	m->strict_instances = p->strict_instances;
 	m->on_ready = p->trigger == REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY;
 	m->min_interval_ms = p->min_interval_ms;
+	m->delta_off = p->delta == REFIT__V1__DELTA_MODE__DELTA_OFF;
 	if (!m->on_ready)
 		m->pending_version = 0;  /* manual: nothing waits */
 	if (coord_save_durable(c, "SetRefitPolicy", &err) != REFIT_OK) {
@@ -530,6 +535,8 @@ model_msg(const model_t *m, Refit__V1__Model *out, Refit__V1__RefitPolicy *pol,
 	pol->trigger = m->on_ready ? REFIT__V1__TRIGGER_MODE__TRIGGER_ON_READY
 				   : REFIT__V1__TRIGGER_MODE__TRIGGER_MANUAL;
 	pol->min_interval_ms = m->min_interval_ms;
+	pol->delta = m->delta_off ? REFIT__V1__DELTA_MODE__DELTA_OFF :
+				    REFIT__V1__DELTA_MODE__DELTA_AUTO;
 	refit__v1__model__init(out);
 	out->pending_version = m->pending_version;
 	out->skipped_versions = m->skipped_versions;

@@ -99,6 +99,8 @@ state_text(const coord_t *c)
 		cJSON_AddNumberToObject(mo, "retry_backoff_ms", (double)m->retry_backoff_ms);
 		cJSON_AddBoolToObject(mo, "catch_up", !m->no_catch_up);
 		cJSON_AddBoolToObject(mo, "strict_instances", m->strict_instances);
+		if (m->delta_off)  /* only when off: older files round-trip */
+			cJSON_AddStringToObject(mo, "delta", "off");
 		if (m->on_ready || m->min_interval_ms || m->skipped_versions ||
 		    m->policy_refits) { /* else as before issue 23: old files round-trip */
 			cJSON_AddStringToObject(mo, "trigger", m->on_ready ? "on_ready" : "manual");
@@ -380,6 +382,19 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 						     "false", where);
 			}
 			m.strict_instances = cJSON_IsTrue(st);
+		}
+		{
+			const cJSON *dl = cJSON_GetObjectItemCaseSensitive(mo, "delta");
+
+			if (dl != NULL && (!cJSON_IsString(dl) ||
+					   (strcmp(dl->valuestring, "off") != 0 &&
+					    strcmp(dl->valuestring, "auto") != 0))) {
+				free(m.name);
+				return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%s: "
+						     "\"delta\" must be \"auto\" or \"off\"",
+						     where);
+			}
+			m.delta_off = dl != NULL && strcmp(dl->valuestring, "off") == 0;
 		}
 		if (load_trigger(mo, &m, where, err) != REFIT_OK) {
 			free(m.name);

@@ -331,6 +331,7 @@ coord_free(coord_t *c)
 			coord_instance_fini(&c->models.v[i].inst.v[k]);
 		VEC_FREE(&c->models.v[i].inst);
 		free(c->models.v[i].name);
+		free(c->models.v[i].delta_members);
 	}
 	VEC_FREE(&c->models);
 	refits_free(c);

@@ -51,6 +51,7 @@ free_if_idle(node_t *n)
 	if (n->x)
 		n->xo->stop(n->x);
 	dp_pool_free(n->pool);
+	delta_store_free(n->delta);
 	world_clear(n);
 	VEC_FREE(&n->world);
 	free(n->poisoned);
@@ -422,6 +423,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	 * the bound to their staging_bytes per local rank; relay parts under
 	 * 64 KiB come from the heap */
 	n->pool = dp_pool_new(0, (uint64_t)64 << 10, DP_POOL_HUGE);
+	n->delta = o->delta_base_bytes ? delta_store_new(o->delta_base_bytes, DELTA_TAB_WAIT_MS) : NULL;
 	n->closing = true; /* until started: node_maybe_free frees */
 	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
 	if (n->xo == NULL) {

@@ -25,6 +25,7 @@ typedef struct node_opts {
 	const char *local_socket_group; /* the sockets' group (mode 0660); NULL: ours */
 	uint64_t slice_timeout_ms;  /* 0: the coordinator's (RunSliceRequest.timeout_ms) */
 	uint64_t connect_timeout_ms; /* each data connection to a peer (0: 5000) */
+	uint64_t delta_base_bytes;  /* host memory for delta bases (0: none kept) */
 	uint64_t test_msg_delay_ms;
 	uint64_t test_fail_commit;  /* tests: refuse the Nth Commit (0: none) */
 	uint64_t test_hold_run_ms;  /* tests: hold RunSlice until its Abort (0: no) */

@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "dataplane/conv_exec.h"
 #include "daemon/node/node.h"
+#include "daemon/node/delta_base.h"
 #include "daemon/node/slice.h"
 #include "daemon/transport/transport.h"
 #include "plan/convert.h"
@@ -166,6 +167,8 @@ struct slice_job {
 	char abort_why[256];
 	int64_t deadline_ms;
 	slice_stats_t st;
+	uint64_t delta_tag, delta_base; /* RunSliceRequest's (slice_delta.h) */
+	bool *delta_ok;         /* per node: in its delta_nodes */
 	refit_err_t err;
 	refit_status_t rc;
 };
@@ -223,6 +226,7 @@ struct node {
 	/* data plane */
 	const xport_ops_t *xo;
 	xport_t *x;
+	struct delta_store *delta;    /* delta bases (delta_base.h); NULL: none kept */
 	dp_pool_t *pool;              /* buffers of the tcp slices (dataplane/pool.h) */
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
@@ -346,5 +350,13 @@ refit_status_t node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest
 const char *node_poisoned(node_t *n);
 /* node_run.c: staging reserved by the running slices (metrics) */
 uint64_t node_staging_reserved(const node_t *n);
+/* node_delta.c (docs/delta.md): RunSlice's base and the nodes holding it
+ * into the job, the job's delta into its slice's configuration, a finished
+ * slice's figures into /metrics, the bases held (limit: their bound,
+ * delta_base_bytes). */
+void node_delta_job(slice_job_t *j, const Refit__V1__RunSliceRequest *rq);
+void node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc);
+void node_delta_metrics(const slice_job_t *j);
+uint64_t node_delta_base_bytes(const node_t *n, bool limit);
 
 #endif

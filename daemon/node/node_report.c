@@ -229,6 +229,12 @@ node_report_queue(node_t *n, slice_job_t *j, bool ok)
 	rs.local_bytes = j->st.bytes_local;
 	rs.micros = j->st.total_us;
 	rs.comm_micros = j->st.comm_us;
+	rs.delta_units = j->st.delta_units;
+	rs.delta_wire_bytes = j->st.delta_wire;
+	rs.delta_dense_bytes = j->st.delta_dense;
+	rs.dense_units = j->st.dense_units;
+	rs.dense_wire_bytes = j->st.dense_wire;
+	rs.bases_kept = j->st.bases_kept;
 	if (!ok) {
 		rs.peer_issues = ip;
 		rs.n_peer_issues = peer_issues(j, iv, ip);

@@ -94,6 +94,7 @@ job_free(slice_job_t *j)
 	}
 	free(j->nodes);
 	free(j->peers);
+	free(j->delta_ok);
 	plan_layout_set_fini(&j->src);
 	plan_layout_set_fini(&j->dst);
 	plan_topo_fini(&j->topo);
@@ -173,6 +174,7 @@ job_work(uv_work_t *w)
 	sc.on_open = job_open;
 	sc.on_close = job_close;
 	sc.hook_ctx = j;
+	node_delta_cfg(j, &sc);
 	j->rc = slice_run(&sc, &j->st, &j->err);
 out:
 	log_set_refit(0);
@@ -235,6 +237,8 @@ job_after(uv_work_t *w, int status)
 					    j->refit_id, j->version, j->err.msg);
 			node_client_release(n, c);
 		}
+	if (ok)
+		node_delta_metrics(j);
 	if (ok)
 		log_info("node %s: refit %" PRIu64 ": slice done in %.3f ms (%zu of the %" PRIu64
 			 " transfers of plan %.12s, decoded in %.3f ms): %" PRIu64 " bytes sent in %"
@@ -444,6 +448,7 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 	}
 	j->nnodes = n->world.n;
 	j->peers = xcalloc(j->nnodes ? j->nnodes : 1, sizeof(*j->peers));
+	node_delta_job(j, rq);
 	if (rc == REFIT_OK && j->self == SIZE_MAX)
 		rc = refit_err_set(err, REFIT_ERR_STALE_EPOCH, "this node is not a member of "
 				   "epoch %" PRIu64, j->epoch);

@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "daemon/node/slice.h"
+#include "daemon/node/slice_delta.h"
 
 enum { M_OUT, M_IN, M_LOCAL };
 
@@ -89,6 +90,7 @@ typedef struct slice {
 	VEC(xport_op_t) gops;
 	VEC(size_t) gopmsg;
 	VEC(gbuf_t) gbufs;
+	sdelta_t d;          /* delta refits (stream form) */
 } slice_t;
 
 static int64_t
@@ -255,6 +257,17 @@ finished(slice_t *s, refit_err_t *err)
 	return REFIT_OK;
 }
 
+/* The element size a unit is delta-encoded in: its first part's, when the
+ * unit is a whole number of them (else bytes). */
+static unsigned
+unit_esize(const slice_t *s, const plan_msg_t *m)
+{
+	const plan_t *p = s->c->plan;
+	unsigned e = m->nparts ? p->tensors[p->xfers[m->parts[0].xfer].tensor].elem : 1;
+
+	return e && (e == 1 || e == 2 || e == 4 || e == 8) && m->bytes % e == 0 ? e : 1;
+}
+
 /*
  * The next unit for peer: the oldest ready part not sent yet and the ready
  * parts that follow it in its message, packed as one frame.  A message
@@ -269,6 +282,7 @@ pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, uint64_t *seq,
 	plan_msg_t m;
 	size_t p, i;
 	uint32_t k0, n;
+	bool dl;
 
 	*len = UINT64_MAX;
 	if (s->held[peer]) { /* the transport asks again: the last one is written */
@@ -299,9 +313,9 @@ pull(void *arg, size_t peer, const uint8_t **buf, uint64_t *len, uint64_t *seq,
 	if (s->c->corrupt >= 0 && s->sent == (uint64_t)s->c->corrupt && m.bytes > 0)
 		s->buf[peer][m.bytes / 2] ^= 0x5a;
 	s->sent++;
-	*buf = s->buf[peer];
-	*len = m.bytes + s->trail;
-	*seq = sm->pos | (uint64_t)k0 << SEQ_PART_SHIFT;
+	sdelta_out(&s->d, peer, sm->pos, msg_at(s, i), k0, n, unit_esize(s, &m), s->buf[peer],
+		   m.bytes + s->trail, s->trail, buf, len, &dl);
+	*seq = sm->pos | (uint64_t)k0 << SEQ_PART_SHIFT | (dl ? SEQ_DELTA : 0);
 	parts_done(s, i, k0, n, payload(&m));
 	for (uint32_t k = k0; k < k0 + n; k++)
 		VEC_PUSH(&s->work, sm->part0 + k);
@@ -314,7 +328,8 @@ push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
 {
 	slice_t *s = arg;
 	const slice_cfg_t *c = s->c;
-	uint64_t pos = seq & 0xffffffffu, k0 = seq >> SEQ_PART_SHIFT, want, got = 0;
+	bool dl = (seq & SEQ_DELTA) != 0;
+	uint64_t pos = seq & 0xffffffffu, k0 = (seq & ~SEQ_DELTA) >> SEQ_PART_SHIFT, want, got = 0;
 	const plan_msg_t *pm;
 	smsg_t *sm;
 	plan_msg_t m;
@@ -339,6 +354,8 @@ push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
 	 * empty parts right after that need no padding, which its sender packed
 	 * with it); parts lie at their offsets from part k0's */
 	want = len >= s->trail ? len - s->trail : UINT64_MAX;
+	if (dl)
+		CHECK(sdelta_frame_len(buf, len, s->trail, &want, err));
 	while (k0 + n < pm->nparts && !s->sp.v[sm->part0 + k0 + n].done && want != UINT64_MAX) {
 		const plan_part_t *q = &pm->parts[k0 + n];
 		uint64_t end = q->off + q->bytes - pm->parts[k0].off;
@@ -356,7 +373,11 @@ push(void *arg, size_t peer, uint64_t seq, const uint8_t *buf, uint64_t len,
 				     c->nodes[peer].node_id, len, k0, pm->from, pm->to, pm->stage,
 				     pm->bytes + s->trail);
 	m = sub_msg(s, i, (uint32_t)k0, n);
+	if (dl)
+		CHECK(sdelta_in(&s->d, peer, c->nodes[peer].node_id, pos, pm, (uint32_t)k0, n,
+				unit_esize(s, &m), buf, len, s->trail, &buf, err));
 	CHECK(dp_unpack_msg(s->x, &m, buf, err));
+	sdelta_keep_in(&s->d, peer, pos, pm, (uint32_t)k0, n, buf, m.bytes);
 	parts_done(s, i, (uint32_t)k0, n, payload(&m));
 	for (uint32_t k = (uint32_t)k0; k < k0 + n; k++)
 		VEC_PUSH(&s->work, sm->part0 + k);
@@ -928,6 +949,21 @@ slice_fini(slice_t *s)
 	dp_exec_free(s->x);
 }
 
+/* Delta refits (slice_delta.h): the bases of every peer this slice sends
+ * to or receives from. */
+static void
+delta_begin(slice_t *s)
+{
+	size_t nn = s->c->nnodes, *n = xcalloc(2 * nn + 1, sizeof(*n));
+
+	for (size_t i = 0; i < nn; i++) {
+		n[i] = s->out[i].n;
+		n[nn + i] = s->in[i].n;
+	}
+	sdelta_begin(&s->d, s->c, n, n + nn, s->c->plan->opts.chunk_bytes + s->trail);
+	free(n);
+}
+
 /* Open the session, make the executor on its memory, exchange, close. */
 static refit_status_t
 run_session(slice_t *s, refit_err_t *err)
@@ -956,6 +992,7 @@ run_session(slice_t *s, refit_err_t *err)
 		peers[i].max_in_bytes = peers[i].recv_from ? s->in_max[i] + s->trail : 0;
 	}
 	sc.links = links;
+	delta_begin(s);
 	rc = c->xo->open(c->x, &sc, &sess, err);
 	s->st->comm_us = (uint64_t)(now_us() - t0);
 	if (rc == REFIT_OK) {
@@ -978,6 +1015,7 @@ run_session(slice_t *s, refit_err_t *err)
 	if (s->dev)
 		group_free(s);
 	c->xo->close(sess);
+	sdelta_end(&s->d, s->st, rc == REFIT_OK);
 	for (size_t i = 0; rc != REFIT_OK && c->peers && i < c->nnodes; i++)
 		c->peers[i].link = links[i];
 	free(links);

@@ -51,6 +51,14 @@ typedef struct slice_cfg {
 	refit_status_t (*on_open)(void *ctx, const dp_dev_ops_t *dev, refit_err_t *err);
 	refit_status_t (*on_close)(void *ctx, bool ok, refit_err_t *err);
 	void *hook_ctx;
+	/* delta refits (slice_delta.h; stream transports only): the node's
+	 * bases (NULL: delta off, nothing kept), the model and plan digest
+	 * they are kept under, this refit's tag, the base the coordinator
+	 * named (0: none) and per node of nodes whether it holds it too */
+	struct delta_store *delta;
+	const char *model, *digest;
+	uint64_t delta_tag, delta_base;
+	const bool *delta_ok;
 } slice_cfg_t;
 
 /*
@@ -77,6 +85,11 @@ typedef struct slice_stats {
 	uint64_t total_us;
 	uint64_t comm_us;       /* opening the session: connections or communicators */
 	uint64_t staged_max;    /* the most relay staging held at once, bytes */
+	/* delta refits: units sent encoded, their bytes on the wire and their
+	 * dense bytes; units sent dense and their bytes (trailers included);
+	 * whether every unit sent and received was kept as a base */
+	uint64_t delta_units, delta_wire, delta_dense, dense_units, dense_wire;
+	bool bases_kept;
 } slice_stats_t;
 
 refit_status_t slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err);

@@ -568,12 +568,13 @@ def ranks_of(tensors):
     return rs
 
 
-def start_model(cl, model, train, insts, rng, installs=None):
-    """Clients for a model on every node its ranks touch; returns them."""
+def start_model(cl, model, train, insts, rng, installs=None, extra=()):
+    """Clients for a model on every node its ranks touch; returns them.
+    extra: more arguments for every client (--sparse PPM)."""
     tp = write(f"{TMP}/{model}-train.json", train)
     clients = {"train": [], "infer": []}
     for node in sorted({cl.node_of(r) for r in ranks_of(train)}):
-        c = Client(cl, node, model, "train", tp)
+        c = Client(cl, node, model, "train", tp, extra=extra)
         assert c.ok(), f"{model}: trainer on node {node}: {c.first} {c.p.stderr.read()}"
         clients["train"].append(c)
     for k, (iname, tensors) in enumerate(insts):
@@ -581,7 +582,8 @@ def start_model(cl, model, train, insts, rng, installs=None):
         for node in sorted({cl.node_of(r) for r in ranks_of(tensors)}):
             inst = (installs or {}).get(iname) or rng.choice(["double-buffer", "in-place"])
             c = Client(cl, node, model, "infer", ip, instance=iname, install=inst,
-                       pad=rng.choice([0, 0, 3]), istride=rng.choice([1, 1, 1, 2]))
+                       pad=rng.choice([0, 0, 3]), istride=rng.choice([1, 1, 1, 2]),
+                       extra=extra)
             assert c.ok(), f"{model}: {iname} on node {node}: {c.first} {c.p.stderr.read()}"
             clients["infer"].append(c)
     return clients

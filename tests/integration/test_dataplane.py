@@ -41,41 +41,94 @@ harness.init(BUILD, TMP)
 MAIN = Cluster("n", NODES)
 
 
+# Delta refits (docs/delta.md): the pairs of the first DELTA_PAIRS run each
+# mode's refit a second time, verify on, with versions that change SPARSE
+# elements per million: encoded against the previous version, byte-exact.
+DELTA_PAIRS = int(os.environ.get("REFIT_DELTA_PAIRS", "8"))
+SPARSE = 5000
+
+
+def trigger_all(live, version, mode=pb.RESHARD, verify=False):
+    return [(model, MAIN.stub.TriggerRefit(pb.TriggerRefitRequest(
+        model=model, version=version, mode=mode, verify=verify), timeout=10).refit_id)
+        for model, _ in live]
+
+
+def next_version(live, v):
+    for _, clients in live:
+        for c in clients["train"]:
+            out = c.cmd(f"next {v}")
+            assert out.startswith("READY"), out
+
+
+def delta_again(live, version, mode, first, dstats):
+    """Refit version (next_version done) in mode again: the refits first
+    (model -> refit id) left the bases; each unit goes encoded where that
+    is smaller, and every byte installs."""
+    for model, rid in trigger_all(live, version, mode, verify=True):
+        g = MAIN.wait_final(rid)
+        assert g.state == pb.COMMITTED, (model, "delta", g.failure)
+        assert g.delta_base_refit == first[model], (model, g.delta_base_refit, first)
+        assert g.delta_wire_bytes <= g.delta_dense_bytes, g
+        dstats[mode][0] += g.delta_wire_bytes
+        dstats[mode][1] += g.delta_dense_bytes
+        dstats[mode][2] += g.dense_wire_bytes
+    for _, clients in live:
+        expect_installed(clients, version)
+
+
 def random_pairs():
     rng = random.Random(20261129)
     stats = {"pairs": 0, "bytes": 0}
+    dstats = {pb.RESHARD: [0, 0, 0], pb.BROADCAST: [0, 0, 0]}
     batch = 4
     for b in range(0, PAIRS, batch):
         live = []
+        delta = b < DELTA_PAIRS and harness.TRANSPORT == "tcp"
         for i in range(b, min(PAIRS, b + batch)):
             train, insts = rand_pair(i, rng, NODES * RPN)
             model = f"m{i}"
-            live.append((model, start_model(MAIN, model, train, insts, rng)))
+            live.append((model, start_model(MAIN, model, train, insts, rng,
+                                            extra=["--sparse", str(SPARSE)] if delta
+                                            else ())))
         # the batch's models are refit at once, as users with several models
         # do (issue 12, item 8: they shared the tcp listener's parked
         # connections), then every byte is checked
-        rids = [(model, MAIN.stub.TriggerRefit(pb.TriggerRefitRequest(
-            model=model, version=1), timeout=10).refit_id) for model, _ in live]
+        rids = trigger_all(live, 1)
         for (model, rid), (_, clients) in zip(rids, live):
             g = MAIN.wait_final(rid)
             assert g.state == pb.COMMITTED, (model, g.failure)
+            # a first refit has no base: dense
+            assert g.delta_wire_bytes == 0 and g.delta_base_refit == 0, g
             stats["bytes"] += g.bytes
             expect_installed(clients, 1)
-            for c in clients["train"]:
-                out = c.cmd("next 2")
-                assert out.startswith("READY"), out
-        rids = [(model, MAIN.stub.TriggerRefit(pb.TriggerRefitRequest(
-            model=model, version=2, mode=pb.BROADCAST), timeout=10).refit_id)
-            for model, _ in live]
+        v = 2
+        next_version(live, v)
+        if delta:
+            delta_again(live, v, pb.RESHARD, dict(rids), dstats)
+            v += 1
+            next_version(live, v)
+        rids = trigger_all(live, v, pb.BROADCAST)
         for (model, rid), (_, clients) in zip(rids, live):
             g = MAIN.wait_final(rid)
             assert g.state == pb.COMMITTED, (model, "broadcast", g.failure)
-            expect_installed(clients, 2)
+            # another plan than the reshard's: dense
+            assert g.delta_wire_bytes == 0 and g.delta_base_refit == 0, g
+            expect_installed(clients, v)
             stats["pairs"] += 1
+        if delta:
+            next_version(live, v + 1)
+            delta_again(live, v + 1, pb.BROADCAST, dict(rids), dstats)
         for _, clients in live:
             stop(clients)
     print(f"     {stats['pairs']} pairs installed byte-exactly in both modes, "
           f"{stats['bytes']} reshard bytes over {harness.TRANSPORT}")
+    for mode, (wire, dense, dw) in dstats.items():
+        if harness.TRANSPORT != "tcp" or DELTA_PAIRS == 0:
+            break
+        print(f"     delta pass ({pb.Mode.Name(mode).lower()}, {SPARSE / 1e4:g} % of the "
+              f"elements changed): {wire} bytes for {dense} dense, {dw} bytes sent dense")
+        assert 0 < wire < dense / 10, (mode, wire, dense)
     if harness.TRANSPORT == "nccl":
         # every refit above ran in one epoch: each node built its
         # communicators once (a unique id only when they are built)

@@ -45,6 +45,11 @@ def tensors(ranks, placement):
              "placements": [placement]} for k in range(8)]
 
 
+# versions change this many elements per million (refit-client --sparse): a
+# refit after a committed one of the same plan goes as delta (docs/delta.md)
+SPARSE = ["--sparse", "5000"]
+
+
 class Model:
     """Trainer on node 0 (ranks 0, 1), instance db (double buffer) on node 1,
     instance ip (in place) on node 2."""
@@ -57,7 +62,7 @@ class Model:
                     "ip": (2, write(f"{TMP}/{name}-ip.json", tensors([8, 9], "Shard(1)")),
                            "in-place")}
         self.version = 1
-        self.trainer = Client(cl, 0, name, "train", self.tl)
+        self.trainer = Client(cl, 0, name, "train", self.tl, extra=SPARSE)
         assert self.trainer.ok(), self.trainer.first
         self.inst = {}
         for i in self.lay:
@@ -65,7 +70,8 @@ class Model:
 
     def start(self, inst):
         node, lay, mode = self.lay[inst]
-        c = Client(self.cl, node, self.name, "infer", lay, instance=inst, install=mode)
+        c = Client(self.cl, node, self.name, "infer", lay, instance=inst, install=mode,
+                   extra=SPARSE)
         assert c.ok(), c.first
         self.inst[inst] = c
         return c
@@ -92,10 +98,18 @@ class Model:
         return rid
 
     def commits(self):
-        """Refit this version: it commits, every instance installs it byte-exact."""
+        """Refit this version: it commits, every instance installs it byte-exact.
+        After a refit that did not commit (failed, aborted: its nodes may have
+        rewritten their delta bases) or a catch-up (another plan) it is dense.
+        Returns its record."""
         g = self.cl.refit(self.name, self.version)
         assert g.state == pb.COMMITTED, g.failure
         self.installed()
+        prev = [r for r in self.cl.stub.ListRefits(pb.ListRefitsRequest(
+            model=self.name, limit=2), timeout=5).refits if r.id != g.id]
+        if prev and (prev[0].state != pb.COMMITTED or prev[0].instance):
+            assert g.delta_base_refit == 0 and g.delta_wire_bytes == 0, (prev[0], g)
+        return g
 
     def state(self, inst):
         return self.inst[inst].cmd("state")
@@ -158,6 +172,32 @@ def setup():
     g = CL.refit("fm", 1)
     assert g.state == pb.COMMITTED, g.failure
     M.installed()
+
+
+def delta_second_refit():
+    """The same plan again after a commit: only the changed bytes travel."""
+    first = M.cl.stub.ListRefits(pb.ListRefitsRequest(model=M.name, limit=1),
+                                 timeout=5).refits[0]
+    M.step()
+    g = M.commits()
+    if harness.TRANSPORT != "tcp":  # nccl runs dense (docs/delta.md)
+        assert g.delta_wire_bytes == 0, g
+        return
+    assert g.delta_base_refit == first.id, (g, first.id)
+    assert 0 < g.delta_wire_bytes < g.delta_dense_bytes / 10, g
+
+
+def delta_after_abort():
+    """A refit aborted mid-way may have rewritten some bases: the next is dense
+    (byte-exact, both instances), the one after it delta again."""
+    rid = M.running()
+    CL.stub.AbortRefit(pb.AbortRefitRequest(refit_id=rid, reason="test"), timeout=5)
+    assert CL.wait_final(rid).state == pb.ABORTED
+    g = M.commits()  # dense: checked there
+    M.step()
+    g2 = M.commits()
+    if harness.TRANSPORT == "tcp":
+        assert g2.delta_base_refit == g.id and g2.delta_wire_bytes > 0, g2
 
 
 def sigkill_node():
@@ -301,7 +341,7 @@ def trainer_restart():
     harness.wait_for(dropped, what=f"node 0 to drop trainer client {old}")
     ch.close()
     M.version += 5
-    M.trainer = Client(CL, 0, "fm", "train", M.tl, version=M.version)
+    M.trainer = Client(CL, 0, "fm", "train", M.tl, version=M.version, extra=SPARSE)
     assert M.trainer.ok(), M.trainer.first
     M.commits()
 
@@ -1085,6 +1125,10 @@ def partition_stop():
 try:
     check("cluster, model and first refit", setup)
     if CL is not None and M is not None:
+        check("delta: the same plan after a commit sends the changed bytes; after every "
+              "fault below the next refit is dense, byte-exact", delta_second_refit)
+        check("delta: an aborted refit mid-chain: the next refit is dense, the one after "
+              "delta, byte-exact", delta_after_abort)
         check("SIGKILL a node mid-refit: bounded failure naming it, old version kept",
               sigkill_node)
         check("SIGSTOP a node mid-refit: the lease catches it; in place marked invalid",

@@ -161,6 +161,62 @@ def metrics_refit():
         promtool(scrape_text(k), f"node {k}")
 
 
+def ctl(*args):
+    return subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", CL.addr] + list(args),
+                          capture_output=True, text=True, timeout=30)
+
+
+def delta_refits():
+    """docs/delta.md: a second refit of the same plan sends changed bytes only
+    (versions change 0.5 % of the elements), counted on the sending node and
+    shown by refitctl status; refitctl policy --delta off makes refits dense
+    and keeps no bases, auto brings delta back after one dense refit."""
+    train, insts = layouts()
+    train[0]["shape"] = insts[0][1][0]["shape"] = [256, 256]
+    clients = start_model(CL, "d", train, insts, random.Random(8),
+                          installs={"i0": "in-place"}, extra=["--sparse", "5000"])
+    before = scrape(0)
+
+    def step(v, delta):
+        if v > 1:
+            for c in clients["train"]:
+                assert c.cmd(f"next {v}").startswith("READY")
+        g = CL.refit("d", v, verify=True)
+        assert g.state == pb.COMMITTED, g.failure
+        for c in clients["infer"]:
+            out = c.cmd(f"wait {v} 20000")
+            assert out.startswith(f"INSTALLED {v} ") and "mismatches=0" in out, out
+        assert (g.delta_wire_bytes > 0) == delta, (v, g)
+        return g
+    step(1, False)
+    g = step(2, True)
+    assert g.delta_wire_bytes < g.delta_dense_bytes / 10, g
+    out = ctl("status", str(g.id))
+    assert out.returncode == 0 and f"{g.delta_wire_bytes} bytes delta for " \
+        f"{g.delta_dense_bytes} dense" in out.stdout, out
+    js = json.loads(ctl("--json", "status", str(g.id)).stdout)
+    assert js["delta_wire_bytes"] == g.delta_wire_bytes, js
+    # the sender (node 0 holds the trainer) counted them; its bases are held
+    after = scrape(0)
+    sent = val(after, "refitd_delta_sent_bytes_total", kind="delta") - \
+        val(before, "refitd_delta_sent_bytes_total", kind="delta")
+    assert sent == g.delta_wire_bytes, (sent, g)
+    assert val(after, "refitd_delta_dense_bytes_total") - \
+        val(before, "refitd_delta_dense_bytes_total") == g.delta_dense_bytes
+    wait_for(lambda: 0 < val(scrape(0), "refitd_delta_base_bytes") <=
+             val(scrape(0), "refitd_delta_base_limit_bytes"), 30, "delta bases held")
+    out = ctl("--json", "policy", "d", "--delta", "off")
+    assert out.returncode == 0 and json.loads(out.stdout)["policy"]["delta"] == "off", out
+    g = step(3, False)
+    assert g.dense_wire_bytes >= g.bytes > 0, g  # dense, counted
+    out = ctl("policy", "d", "--delta", "sometimes")
+    assert out.returncode != 0 and "--delta takes auto or off" in out.stderr, out
+    assert ctl("policy", "d", "--delta", "auto").returncode == 0
+    step(4, False)   # delta off kept no bases
+    step(5, True)
+    stop(clients)
+
+
 def metrics_failed_refit():
     before = scrape("coord")
     g = CL.refit("m", 1, verify=True, corrupt=1)
@@ -324,6 +380,8 @@ try:
           "bytes by link class = what the nodes moved; promtool; node gauges", metrics_refit)
     check("metrics: a failed refit (verify, injected corruption) counted once with its cause",
           metrics_failed_refit)
+    check("delta refits: changed bytes only, counted by the sender, shown by refitctl "
+          "status; policy --delta off and auto", delta_refits)
     check("grpc.health.v1.Health/Check: SERVING, NOT_SERVING once drained, unknown service, "
           "no Watch", health)
     check("systemd watchdog: READY, WATCHDOG=1 at half WATCHDOG_USEC, STOPPING; none for "

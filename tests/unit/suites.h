@@ -27,6 +27,7 @@ Suite *suite_plansort(void);
 Suite *suite_framework(void);
 Suite *suite_blame(void);
 Suite *suite_delta(void);
+Suite *suite_delta_base(void);
 Suite *suite_auth(void);
 
 #endif

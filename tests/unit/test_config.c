@@ -67,6 +67,7 @@ static const kcase_t cases[] = {
 	{"local_socket_group", "refit", "\"refit\"", NULL, NULL, 0, 0},
 	{"slice_timeout_ms", "1000", "1000", "1e3", NULL, 100, 86400000},
 	{"connect_timeout_ms", "2000", "2000", "2s", NULL, 100, 600000},
+	{"delta_base_bytes", "64MiB", "67108864", "lots", NULL, 0, 1ull << 44},
 	{"plan_cache_bytes", "0", "0", "lots", NULL, 0, TIB},
 	{"cuda_library", "/opt/cuda/libcudart.so", "\"/opt/cuda/libcudart.so\"", NULL, NULL, 0, 0},
 	{"nccl_library", "/opt/nccl/libnccl.so.2", "\"/opt/nccl/libnccl.so.2\"", NULL, NULL, 0, 0},
