@@ -4,7 +4,8 @@
  * was the last of its trainer or instance here, the slices using it told
  * through node_hooks_t), freeing one when no slice uses its memory, and
  * registering every client again when the node joins again (a coordinator
- * that restarted learns them).  Loop thread only.  Calls nothing in
+ * that restarted learns them); whether a Local call comes from the process
+ * that registered a client (node_client_owned, by SO_PEERCRED).  Loop thread only.  Calls nothing in
  * node_local.c (the Local service) or node_mem.c.
  */
 #include <inttypes.h>
@@ -52,6 +53,25 @@ node_client(node_t *n, uint64_t id)
 		if (n->clients.v[i]->id == id)
 			return n->clients.v[i];
 	return NULL;
+}
+
+bool
+node_client_owned(rpc_call_t *call, const client_t *c)
+{
+	rpc_peer_cred_t pc;
+
+	if (!rpc_call_peer_cred(call, &pc)) {
+		rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "client %" PRIu64
+				": the calling process is not known (no SO_PEERCRED)", c->id);
+		return false;
+	}
+	if (pc.pid == c->pid)
+		return true;
+	rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "client %" PRIu64
+			" (model \"%s\") was registered by pid %d (uid %u); this call comes "
+			"from pid %d (uid %u): a process acts on its own registrations only",
+			c->id, c->model, c->pid, c->uid, pc.pid, pc.uid);
+	return false;
 }
 
 void

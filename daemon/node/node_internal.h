@@ -53,7 +53,8 @@ typedef struct client {
 	char *model, *instance;
 	int role;               /* REFIT__V1__ROLE__* */
 	int install;            /* REFIT__V1__INSTALL_MODE__* */
-	int pid, pidfd;
+	int pid, pidfd;         /* the registering process (SO_PEERCRED) */
+	uint32_t uid;           /* its user */
 	uv_poll_t pidpoll;
 	bool polling;
 	plan_layout_set_t layouts;
@@ -271,6 +272,9 @@ client_t *node_client(node_t *n, uint64_t id);
 /* Drop a client (its memory goes when no slice uses it). */
 void node_client_drop(node_t *n, client_t *c, const char *why);
 void node_client_release(node_t *n, client_t *c);
+/* Is the caller the process that registered c (SO_PEERCRED)?  If not, the
+ * call is refused PERMISSION_DENIED naming the client, and false. */
+bool node_client_owned(rpc_call_t *call, const client_t *c);
 /* Free a client not in n->clients (its mappings unmapped). */
 void node_client_free(client_t *c);
 /* node_mem.c: the memory socket <local_socket>.mem, listening; closing its

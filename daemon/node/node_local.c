@@ -16,6 +16,13 @@
  * is half-registered.  A client whose process exits is dropped (the sweep
  * timer looks every 50 ms), and slices using its memory fail naming it;
  * the mapping stays valid until they stop.
+ *
+ * Who calls: the Local server accepts its connections itself and records
+ * each one's SO_PEERCRED (rpc_unix.c).  RegisterClient's pid must be the
+ * caller's; the client belongs to that process, and every call naming its
+ * id from another process is refused PERMISSION_DENIED naming the client
+ * (node_client_owned).  The memory socket's segments serve a registration
+ * only when the same process passed them (node_mem.c).
  */
 #include <errno.h>
 #include <grp.h>
@@ -125,8 +132,8 @@ on_registered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 		VEC_PUSH(&n->clients, c);
 		if (c->partial)
 			node_group_forwarded(n, c, c->digest, true);
-		log_info("node %s: librefit client %" PRIu64 " (pid %d): model \"%s\" %s \"%s\", "
-			 "%zu tensors, %zu pieces here, %s", n->node_id, c->id, c->pid,
+		log_info("node %s: librefit client %" PRIu64 " (pid %d, uid %u): model \"%s\" %s "
+			 "\"%s\", %zu tensors, %zu pieces here, %s", n->node_id, c->id, c->pid, c->uid,
 			 c->model, c->role == REFIT__V1__ROLE__TRAIN ? "trainer" : "instance",
 			 c->instance, c->layouts.n, c->mem.n,
 			 c->role == REFIT__V1__ROLE__TRAIN ? "source" :
@@ -177,6 +184,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	client_t *c;
 	regjob_t *j;
 	refit_err_t err;
+	rpc_peer_cred_t pc;
 
 	/* the model's name and the role are the coordinator's to check */
 	refit_err_clear(&err);
@@ -187,6 +195,18 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (rq->pid == 0 || kill((pid_t)rq->pid, 0) < 0)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "register \"%s\": pid %u is "
 				     "not a running process", nz(rq->model), rq->pid);
+	if (!rpc_call_peer_cred(call, &pc))
+		return rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "register "
+				       "\"%s\": the calling process is not known (no "
+				       "SO_PEERCRED)", nz(rq->model));
+	if ((int)rq->pid != pc.pid)
+		/* the process registering is the one whose memory, pid and calls
+		 * the client's are: no registering for another */
+		return rpc_call_refuse(call, REFIT_ERR_PERMISSION_DENIED, "identity", "register "
+				       "\"%s\": pid %u is not the caller's (the caller is pid "
+				       "%d, uid %u: SO_PEERCRED, in the node daemon's pid "
+				       "namespace); a process registers itself only",
+				       nz(rq->model), rq->pid, pc.pid, pc.uid);
 	if (n->member_id == 0)
 		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "register \"%s\": node %s has "
 				     "not joined the coordinator yet: retry", nz(rq->model),
@@ -196,7 +216,8 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	c->instance = xstrdup(nz(rq->instance));
 	c->role = (int)rq->role;
 	c->install = (int)rq->install;
-	c->pid = (int)rq->pid;
+	c->pid = pc.pid;
+	c->uid = pc.uid;
 	c->valid = true;
 	c->serving = -1;
 	c->xo = n->xo;
@@ -267,6 +288,8 @@ find_or_fail(node_t *n, rpc_call_t *call, uint64_t id, int role)
 			      n->node_id, id);
 		return NULL;
 	}
+	if (!node_client_owned(call, c))
+		return NULL;
 	if (role && c->role != role) {
 		rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "client %" PRIu64 " is %s: this call "
 			      "is for %s clients", id, c->role == REFIT__V1__ROLE__TRAIN ?
@@ -580,7 +603,9 @@ node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err)
 	CHECK(socket_gid(o, &gid, err));
 	snprintf(addr, sizeof(addr), "unix:%s", o->local_socket);
 	so.listen = addr;
+	so.peer_cred = true;   /* who calls: a client acts on its own registrations */
 	so.observe = metrics_observe_rpc;
+	so.refused = metrics_auth_refused;
 	n->local = rpc_server_new(&so, n->loop, err);
 	if (n->local == NULL)
 		return err->status;
