@@ -38,8 +38,8 @@ a trainer on node 0 and an inference instance on node 1, one refit.
    Local method that names one is refused PERMISSION_DENIED naming the
    client, and one registering with another process's pid, or with the
    key and segments another process passed over the memory socket, is
-   refused; nothing changed (the clients, their state, the model's
-   registrations).
+   refused (counted in the node's refitd_auth_refused_total); nothing
+   changed (the clients, their state, the model's registrations).
 
 Usage: test_auth.py BUILD_DIR.  Ends with "auth: N passed, N failed".
 """
@@ -615,7 +615,9 @@ def local_owner():
     """A client acts on its own registrations only (SO_PEERCRED): a stolen
     client id, a registration for another pid, another process's memory."""
     os.chmod(TMP, 0o711)  # the rogue (nobody) reaches the sockets, lists nothing
-    cl = Cluster("lo", 1, ["--local-socket-group", "daemon"])
+    mport = free_port()
+    cl = Cluster("lo", 1, ["--local-socket-group", "daemon", "--metrics-listen",
+                           f"127.0.0.1:{mport}"])
     sock = cl.sock(0)
     refit = tree_refit()
     a = refit.Client(sock)
@@ -657,6 +659,10 @@ def local_owner():
             assert code == "PERMISSION_DENIED" and f"client {cid} " in details and \
                 f"registered by pid {os.getpid()}" in details and "uid 65534" in details, \
                 (method, code, details)
+    counted = sum(v for (name, labels), v in harness.scrape_metrics(mport).items()
+                  if name == "refitd_auth_refused_total" and
+                  dict(labels).get("reason") == "identity")
+    assert counted == len(calls), (counted, len(calls))
     own = rogue_own_pid(sock, steal)
     assert own[1] == "NOT_FOUND" and "was not passed to this node by this process" in own[2], own
     after = (a.state(), b.state(), cl.stub.GetModel(pb.GetModelRequest(model="lo"), timeout=10))
