@@ -687,11 +687,11 @@ rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
 				     "in use, or not an address)", s->listen);
 	grpc_server_start(s->srv);
 	s->started = true;
-	if (s->peer_cred)
-		CHECK(rpc_unix_listen(s->srv, s->listen, &s->ux, err));
 	request_new(s);
 	if (pthread_create(&s->th, NULL, cq_thread, s) != 0)
 		return refit_err_set(err, REFIT_ERR_SYS, "rpc: cannot start a thread");
+	if (s->peer_cred)   /* after the thread: rpc_server_free joins it */
+		CHECK(rpc_unix_listen(s->srv, s->listen, &s->ux, err));
 	if (port)
 		*port = strncmp(s->listen, "unix:", 5) == 0 ? 0 : p;
 	return REFIT_OK;

@@ -55,6 +55,7 @@ struct rpc_unix {
 	pthread_mutex_t mu;
 	peer_slot_t *peers;         /* by fd number, under mu */
 	size_t npeers;
+	time_t logged;              /* accept thread: last accept error logged */
 };
 
 refit_status_t
@@ -91,13 +92,19 @@ record(rpc_unix_t *u, int fd, const struct ucred *cr)
 	pthread_mutex_unlock(&u->mu);
 }
 
-/* Out of fds (or another passing error): wait a little, not spin. */
+/* Out of fds (or another passing error): wait a little, not spin; logged
+ * once a minute at most. */
 static void
 accept_backoff(rpc_unix_t *u)
 {
-	struct timespec ts = {0, 20 * 1000 * 1000};
+	struct timespec ts = {0, 20 * 1000 * 1000}, now;
 
-	log_warnx("rpc: %s: accept: %s", u->path, strerror(errno));
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (u->logged == 0 || now.tv_sec - u->logged >= 60) {
+		log_warnx("rpc: %s: accept: %s (retrying every 20 ms)", u->path,
+			  strerror(errno));
+		u->logged = now.tv_sec;
+	}
 	nanosleep(&ts, NULL);
 }
 
