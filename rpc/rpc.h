@@ -70,8 +70,18 @@ typedef struct rpc_tls {
 				       the handler binds it to the member) */
 } rpc_tls_t;
 
+/* The process at the other end of a unix socket: SO_PEERCRED when it
+ * connected. */
+typedef struct rpc_peer_cred {
+	int pid;
+	uint32_t uid, gid;
+} rpc_peer_cred_t;
+
 typedef struct rpc_server_opts {
 	const char *listen;    /* "host:port" or "unix:/path" */
+	/* "unix:" only, plaintext: accept the connections here and record
+	 * each one's SO_PEERCRED for rpc_call_peer_cred (rpc_unix.c) */
+	bool peer_cred;
 	size_t max_msg_bytes;  /* 0 = RPC_DEFAULT_MAX_MSG */
 	rpc_tls_t tls;
 	const char *token;     /* bearer token for operator methods; NULL = none */
@@ -133,6 +143,9 @@ bool rpc_call_cancelled(const rpc_call_t *c);
 int64_t rpc_call_ms_left(const rpc_call_t *c);
 /* "ipv4:127.0.0.1:5432" style; valid until the call is answered. */
 const char *rpc_call_peer(const rpc_call_t *c);
+/* The caller's process (a server with opts.peer_cred); false when not
+ * known.  Loop thread, while the call is held. */
+bool rpc_call_peer_cred(const rpc_call_t *c, rpc_peer_cred_t *out);
 /* The refit-session secret the caller presented (NULL: none) and its
  * length; valid until the call is answered. */
 const char *rpc_call_session(const rpc_call_t *c, size_t *len);

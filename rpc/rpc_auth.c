@@ -39,15 +39,32 @@ const rpc_auth_row_t rpc_auth_table[] = {
 	{NODE, "Abort", RPC_CRED_MEMBER, false, "the node's session (the coordinator)"},
 	{NODE, "Publish", RPC_CRED_MEMBER, false, "the node's session (the coordinator)"},
 	{LOCAL, "Hello", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "RegisterClient", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "WeightsReady", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "BeginWrite", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "WaitVersion", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "GetState", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "Unregister", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "Serve", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "Describe", RPC_CRED_NONE, false, "the unix socket's file mode"},
-	{LOCAL, "WaitInstalled", RPC_CRED_NONE, false, "the unix socket's file mode"},
+	{LOCAL, "RegisterClient", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; pid: the caller's (SO_PEERCRED)"},
+	{LOCAL, "WeightsReady", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
+	{LOCAL, "BeginWrite", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
+	{LOCAL, "WaitVersion", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
+	{LOCAL, "GetState", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
+	{LOCAL, "Unregister", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
+	{LOCAL, "Serve", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
+	{LOCAL, "Describe", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
+	{LOCAL, "WaitInstalled", RPC_CRED_NONE, false,
+	 "the unix socket's file mode; client_id: one the calling process registered "
+	 "(SO_PEERCRED)"},
 	{HEALTH, "Check", RPC_CRED_NONE, false, "probes"},
 	{HEALTH, "Watch", RPC_CRED_NONE, false, "probes (not served)"},
 };

@@ -59,6 +59,17 @@ void rpc_tls_peer_fini(rpc_tls_peer_t *p);
  */
 grpc_status_code rpc_tls_check(const rpc_tls_t *tls, bool member, const char *path,
 			       const rpc_tls_peer_t *p, char *msg, size_t n);
+/* rpc_unix.c: a unix socket path's lock ("<path>.lock", held while
+ * serving; nothing for other addresses); the listener that records each
+ * connection's SO_PEERCRED and hands it to srv (started after
+ * grpc_server_start, stopped before its shutdown); a call's credentials
+ * from its peer string ("fd:N"). */
+typedef struct rpc_unix rpc_unix_t;
+refit_status_t rpc_unix_lock(const char *listen, int *lockfd, refit_err_t *err);
+refit_status_t rpc_unix_listen(grpc_server *srv, const char *listen, rpc_unix_t **out,
+			       refit_err_t *err);
+void rpc_unix_stop(rpc_unix_t *u);   /* NULL: no-op */
+bool rpc_unix_peer(rpc_unix_t *u, const char *peer, rpc_peer_cred_t *out);
 
 /* svc's method called name, or NULL (both clients). */
 const ProtobufCMethodDescriptor *rpc_method_of(const ProtobufCServiceDescriptor *svc,

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
@@ -188,6 +187,12 @@ const char *
 rpc_call_peer(const rpc_call_t *c)
 {
 	return c->peer ? c->peer : "?";
+}
+
+bool
+rpc_call_peer_cred(const rpc_call_t *c, rpc_peer_cred_t *out)
+{
+	return rpc_unix_peer(c->srv->ux, c->peer, out);
 }
 
 /* ---- completion-queue thread --------------------------------------------- */
@@ -397,6 +402,11 @@ rpc_server_new(const rpc_server_opts_t *o, uv_loop_t *loop, refit_err_t *err)
 		refit_err_set(err, REFIT_ERR_INVALID_ARG, "rpc: no listen address");
 		return NULL;
 	}
+	if (o->peer_cred && (strncmp(o->listen, "unix:", 5) != 0 || o->tls.cert_file)) {
+		refit_err_set(err, REFIT_ERR_INVALID_ARG, "rpc: %s: peer credentials need a "
+			      "plaintext unix socket", o->listen);
+		return NULL;
+	}
 	grpc_init();
 	s = xcalloc(1, sizeof(*s));
 	s->loop = loop;
@@ -408,6 +418,7 @@ rpc_server_new(const rpc_server_opts_t *o, uv_loop_t *loop, refit_err_t *err)
 	s->max_msg = o->max_msg_bytes ? o->max_msg_bytes : RPC_DEFAULT_MAX_MSG;
 	s->observe = o->observe;
 	s->tls.tls = o->tls;
+	s->peer_cred = o->peer_cred;
 	s->lockfd = -1;
 	s->t_shutdown = (tag_t){NULL, TAG_SHUTDOWN};
 	pthread_mutex_init(&s->mu, NULL);
@@ -452,26 +463,6 @@ rpc_server_add_service(rpc_server_t *s, const ProtobufCServiceDescriptor *svc,
 	return REFIT_OK;
 }
 
-/* Guard a unix socket path: gRPC unlinks an existing socket file, so a
- * second daemon would steal the first one's path without this lock. */
-static refit_status_t
-lock_unix_path(rpc_server_t *s, refit_err_t *err)
-{
-	char lock[4096];
-
-	if (strncmp(s->listen, "unix:", 5) != 0)
-		return REFIT_OK;
-	snprintf(lock, sizeof(lock), "%s.lock", s->listen + 5);
-	s->lockfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (s->lockfd < 0)
-		return refit_err_set(err, REFIT_ERR_SYS, "rpc: %s: %s", lock, strerror(errno));
-	if (flock(s->lockfd, LOCK_EX | LOCK_NB) < 0)
-		return refit_err_set(err, errno == EWOULDBLOCK ? REFIT_ERR_EXISTS : REFIT_ERR_SYS,
-				     "rpc: %s is in use by another process (lock %s held)",
-				     s->listen + 5, lock);
-	return REFIT_OK;
-}
-
 refit_status_t
 rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
 {
@@ -480,7 +471,9 @@ rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
 	grpc_server_credentials *creds;
 	int p;
 
-	CHECK(lock_unix_path(s, err));
+	/* gRPC unlinks an existing socket file: a second daemon would steal
+	 * the first one's path without this lock */
+	CHECK(rpc_unix_lock(s->listen, &s->lockfd, err));
 	args[0] = rpc_arg_int(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)s->max_msg);
 	args[1] = rpc_arg_int(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)s->max_msg);
 	args[2] = rpc_arg_int(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -489,9 +482,9 @@ rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
 	s->srv = grpc_server_create(&ca, NULL);
 	s->cq = grpc_completion_queue_create_for_next(NULL);
 	grpc_server_register_completion_queue(s->srv, s->cq, NULL);
-	p = grpc_server_add_http2_port(s->srv, s->listen, creds);
+	p = s->peer_cred ? 0 : grpc_server_add_http2_port(s->srv, s->listen, creds);
 	grpc_server_credentials_release(creds);
-	if (p == 0)
+	if (p == 0 && !s->peer_cred)
 		return refit_err_set(err, REFIT_ERR_SYS, "rpc: cannot listen on %s (address "
 				     "in use, or not an address)", s->listen);
 	grpc_server_start(s->srv);
@@ -499,6 +492,8 @@ rpc_server_start(rpc_server_t *s, int *port, refit_err_t *err)
 	request_new(s);
 	if (pthread_create(&s->th, NULL, cq_thread, s) != 0)
 		return refit_err_set(err, REFIT_ERR_SYS, "rpc: cannot start a thread");
+	if (s->peer_cred)   /* after the thread: rpc_server_free joins it */
+		CHECK(rpc_unix_listen(s->srv, s->listen, &s->ux, err));
 	if (port)
 		*port = strncmp(s->listen, "unix:", 5) == 0 ? 0 : p;
 	return REFIT_OK;
@@ -546,6 +541,7 @@ rpc_server_free(rpc_server_t *s)
 	if (s == NULL)
 		return;
 	rpc_server_drain(s);
+	rpc_unix_stop(s->ux);   /* no new connections */
 	if (s->started) {
 		grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
 		grpc_server_cancel_all_calls(s->srv);

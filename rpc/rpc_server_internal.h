@@ -69,6 +69,8 @@ struct rpc_server {
 	size_t max_msg;
 	rpc_tls_src_t tls;          /* files, reload generation */
 	int lockfd;
+	bool peer_cred;             /* opts.peer_cred: the listener is ux */
+	rpc_unix_t *ux;
 	tag_t t_shutdown;
 	void (*observe)(const char *method, const char *code, double seconds);
 	void (*refused)(const char *method, const char *reason);

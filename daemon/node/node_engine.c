@@ -65,6 +65,8 @@ client_or_fail(node_t *n, rpc_call_t *call, uint64_t id, int role)
 		rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "node %s: no librefit client %" PRIu64
 			      " (never registered, unregistered, or the node restarted)",
 			      n->node_id, id);
+	else if (!node_client_owned(call, c))
+		;   /* refused: another process's registration */
 	else if (c->role != role)
 		rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "client %" PRIu64 " is %s: this call "
 			      "is for %s clients", id, c->role == REFIT__V1__ROLE__TRAIN ?

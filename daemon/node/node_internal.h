@@ -5,9 +5,11 @@
  * Files, each calling only those after it (no cycles; tests/check-layers.py
  * checks it): node.c (membership, PrepareEpoch, setup, teardown) ->
  * node_run.c (the Node service's RunSlice, Commit, Publish, Abort) ->
- * node_report.c (slice reports: SliceDone, resent), node_local.c (librefit
- * clients and their memory, the Local service, waiters), node_slice.c (a
- * RunSlice's slice, decoded and checked) and slice.c (the executor).  The
+ * node_report.c (slice reports: SliceDone, resent), node_local.c (the
+ * Local service, waiters) -> node_client.c (librefit clients: lookup, drop,
+ * registering again), node_mem.c (the memory socket, clients' memory
+ * checked), node_slice.c (a RunSlice's slice, decoded and checked) and
+ * slice.c (the executor).  The
  * two things a lower file must tell a higher one go up through
  * node_hooks_t, which node.c fills.
  */
@@ -52,7 +54,8 @@ typedef struct client {
 	char *model, *instance;
 	int role;               /* REFIT__V1__ROLE__* */
 	int install;            /* REFIT__V1__INSTALL_MODE__* */
-	int pid, pidfd;
+	int pid, pidfd;         /* the registering process (SO_PEERCRED) */
+	uint32_t uid;           /* its user */
 	uv_poll_t pidpoll;
 	bool polling;
 	plan_layout_set_t layouts;
@@ -267,14 +270,28 @@ node_maybe_free(node_t *n)
 refit_status_t node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err);
 void node_local_stop(node_t *n);
 void node_local_close(node_t *n);   /* close the memory socket's handles */
-/* Joined (again): register every client's layout and ready version with
- * the coordinator, which may not know them (it restarted). */
+/* node_client.c: joined (again): register every client's layout and ready
+ * version with the coordinator, which may not know them (it restarted). */
 void node_local_rejoined(node_t *n);
 client_t *node_client(node_t *n, uint64_t id);
 /* Drop a client (its memory goes when no slice uses it). */
 void node_client_drop(node_t *n, client_t *c, const char *why);
 void node_client_release(node_t *n, client_t *c);
+/* Is the caller the process that registered c (SO_PEERCRED)?  If not, the
+ * call is refused PERMISSION_DENIED naming the client, and false. */
+bool node_client_owned(rpc_call_t *call, const client_t *c);
+/* Free a client not in n->clients (its mappings unmapped). */
+void node_client_free(client_t *c);
+/* node_mem.c: the memory socket <local_socket>.mem, listening; closing its
+ * handles; a registration's memory mapped into c and checked against its
+ * layouts (the error names the tensor, rank and segment). */
+refit_status_t node_mem_listen(node_t *n, const char *local_socket, refit_err_t *err);
+void node_mem_close(node_t *n);
+refit_status_t node_mem_check(node_t *n, client_t *c,
+			      const Refit__V1__LocalRegisterRequest *rq, refit_err_t *err);
 /* The memory of (client tensor, rank, piece), or NULL. */
+const piece_mem_t *node_client_piece(const client_t *c, uint32_t tensor, int32_t rank,
+				     int32_t piece);
 /* node_group.c: the clients holding some of the node's ranks of one trainer
  * or instance */
 bool node_group_same(const client_t *a, const client_t *b);
@@ -283,8 +300,6 @@ bool node_group_complete(node_t *n, const client_t *c);
 void node_group_forwarded(node_t *n, client_t *c, const char *digest, bool on);
 bool node_group_ready(node_t *n, const client_t *c, uint64_t version);
 bool node_group_first(node_t *n, const client_t *c);
-const piece_mem_t *node_client_piece(const client_t *c, uint32_t tensor, int32_t rank,
-				     int32_t piece);
 /* Answer the waiters that can be answered now (and the ones past deadline). */
 void node_waiters_sweep(node_t *n);
 void node_waiters_fail_all(node_t *n, const char *why);

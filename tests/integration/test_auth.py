@@ -32,11 +32,19 @@ a trainer on node 0 and an inference instance on node 1, one refit.
  - a daemon listening beyond loopback without a token refuses to start;
    with "insecure": true it starts and warns;
  - the local sockets are 0660 in local_socket_group; a client id is
-   random, so a process cannot act on another's registration by counting.
+   random, so a process cannot act on another's registration by counting;
+ - a client acts on its own registrations only: another process (uid
+   nobody, in the socket's group) presenting a stolen client id to every
+   Local method that names one is refused PERMISSION_DENIED naming the
+   client, and one registering with another process's pid, or with the
+   key and segments another process passed over the memory socket, is
+   refused (counted in the node's refitd_auth_refused_total); nothing
+   changed (the clients, their state, the model's registrations).
 
 Usage: test_auth.py BUILD_DIR.  Ends with "auth: N passed, N failed".
 """
 import hashlib
+import json
 import os
 import random
 import signal
@@ -532,6 +540,18 @@ def secure_default():
         log.close()
 
 
+def tree_refit():
+    """This tree's refit package, imported once (its shared-memory segment
+    names count per process)."""
+    if "refit.client" not in sys.modules:
+        lib = harness.use_tree_package()
+        if not os.path.exists(lib):  # the ASan build has no librefit: the normal one's
+            os.environ["REFIT_LIBRARY"] = os.path.abspath(
+                f"{os.path.dirname(BUILD.rstrip('/'))}/lib/librefit.so")
+    import refit
+    return refit
+
+
 def local_socket():
     """The local sockets are 0660 in local_socket_group; a client id is a
     capability (random: the next one is not the last plus one); a group
@@ -543,11 +563,7 @@ def local_socket():
         st = os.stat(path)
         assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == 1, (path, oct(st.st_mode),
                                                                        st.st_gid)
-    lib = harness.use_tree_package()
-    if not os.path.exists(lib):  # the ASan build has no librefit: the normal one's
-        os.environ["REFIT_LIBRARY"] = os.path.abspath(
-            f"{os.path.dirname(BUILD.rstrip('/'))}/lib/librefit.so")
-    import refit
+    refit = tree_refit()
     from refit import _lib
     a = refit.Client(cl.sock(0))
     a.register("ls", "train", [refit.layout.placements("w", "fp32", [4], [0], ["Replicate()"])],
@@ -566,6 +582,127 @@ def local_socket():
             "--local-socket", f"{TMP}/lsx.local", "--local-socket-group", "no-such-group"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "no-such-group" in out.stderr, out
+
+
+ROGUE = r"""
+import json, sys, grpc
+sock, calls = json.loads(sys.stdin.read())
+out = []
+with grpc.insecure_channel("unix:" + sock) as ch:
+    for method, req in calls:
+        f = ch.unary_unary("/refit.v1.Local/" + method)
+        try:
+            f(bytes.fromhex(req), timeout=10)
+            out.append([method, "OK", ""])
+        except grpc.RpcError as e:
+            out.append([method, e.code().name, e.details()])
+print(json.dumps(out))
+"""
+
+
+def rogue(sock, calls):
+    """Local calls [(method, request)] from another process, uid nobody in
+    the socket's group (daemon): [(method, code name, details)]."""
+    out = subprocess.run([sys.executable, "-c", ROGUE], user=65534, group=1,
+                         extra_groups=[], capture_output=True, text=True, timeout=60,
+                         input=json.dumps([sock, [(m, r.SerializeToString().hex())
+                                                  for m, r in calls]]))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def local_owner():
+    """A client acts on its own registrations only (SO_PEERCRED): a stolen
+    client id, a registration for another pid, another process's memory."""
+    os.chmod(TMP, 0o711)  # the rogue (nobody) reaches the sockets, lists nothing
+    mport = free_port()
+    cl = Cluster("lo", 1, ["--local-socket-group", "daemon", "--metrics-listen",
+                           f"127.0.0.1:{mport}"])
+    sock = cl.sock(0)
+    refit = tree_refit()
+    a = refit.Client(sock)
+    a.register("lo", "train", [refit.layout.placements("w", "fp32", [4], [0], ["Replicate()"])],
+               {("w", 0): refit.empty([4], "float32")})
+    b = refit.Client(sock)
+    b.register("lo", "infer", [refit.layout.placements("w", "fp32", [4], [1], ["Replicate()"])],
+               {("w", 1): refit.empty([4], "float32", copies=2)}, instance="i")
+    a.weights_ready(1)
+    before = (a.state(), b.state(), cl.stub.GetModel(pb.GetModelRequest(model="lo"), timeout=10))
+    cr = pb.ClientRequest
+    calls = [("WeightsReady", cr(client_id=a.client_id, version=7)),
+             ("BeginWrite", cr(client_id=a.client_id, timeout_ms=100)),
+             ("WaitInstalled", cr(client_id=a.client_id, version=1, timeout_ms=100)),
+             ("GetState", cr(client_id=a.client_id)),
+             ("Unregister", cr(client_id=a.client_id)),
+             ("WaitVersion", cr(client_id=b.client_id, version=1, timeout_ms=100)),
+             ("Serve", cr(client_id=b.client_id, version=1)),
+             ("Describe", cr(client_id=b.client_id, engine=pb.EngineInfo(framework="rogue"))),
+             ("Unregister", cr(client_id=b.client_id))]
+    # the memory socket: segments this process passed, their key stolen
+    fd = harness.memfd("lo-seg", 16)
+    conn, key = harness.mem_pass(sock, {"lo-seg": fd})
+    lay = layout_to_proto({"name": "w", "dtype": "fp32", "shape": [4], "mesh": [0],
+                           "placements": ["Replicate()"]})
+    mem = pb.LocalTensor(layout=lay, memory=[pb.PieceMemory(rank=0, piece=0, shm_name="lo-seg",
+                                                            offsets=[0])])
+    steal = pb.LocalRegisterRequest(model="lo2", role=pb.TRAIN, install=pb.IN_PLACE,
+                                    pid=os.getpid(), tensors=[mem], mem_key=key)
+    calls.append(("RegisterClient", steal))
+    got = rogue(sock, calls)
+    assert len(got) == len(calls), got
+    for (method, req), (m, code, details) in zip(calls, got):
+        cid = getattr(req, "client_id", 0)
+        if method == "RegisterClient":
+            assert code == "PERMISSION_DENIED" and f"pid {os.getpid()} is not the caller's" \
+                in details and "uid 65534" in details, (method, code, details)
+        else:
+            assert code == "PERMISSION_DENIED" and f"client {cid} " in details and \
+                f"registered by pid {os.getpid()}" in details and "uid 65534" in details, \
+                (method, code, details)
+    counted = sum(v for (name, labels), v in harness.scrape_metrics(mport).items()
+                  if name == "refitd_auth_refused_total" and
+                  dict(labels).get("reason") == "identity")
+    assert counted == len(calls), (counted, len(calls))
+    own = rogue_own_pid(sock, steal)
+    assert own[1] == "NOT_FOUND" and "was not passed to this node by this process" in own[2], own
+    after = (a.state(), b.state(), cl.stub.GetModel(pb.GetModelRequest(model="lo"), timeout=10))
+    assert after == before, (before, after)
+    expect_error(lambda: cl.stub.GetModel(pb.GetModelRequest(model="lo2"), timeout=10),
+                 grpc.StatusCode.NOT_FOUND, "lo2")
+    conn.close()
+    os.close(fd)
+    b.close()
+    a.close()
+
+
+def rogue_own_pid(sock, req):
+    """RegisterClient from the rogue naming its own pid (the stolen key):
+    (method, code, details)."""
+    code = r"""
+import json, os, sys, grpc
+sock, req = json.loads(sys.stdin.read())
+raw = bytearray(bytes.fromhex(req))
+with grpc.insecure_channel("unix:" + sock) as ch:
+    f = ch.unary_unary("/refit.v1.Local/RegisterClient")
+    # field 5 (pid, varint) appended: the last value of a field wins
+    pid, tail = os.getpid(), bytearray([0x28])
+    while True:
+        b = pid & 0x7f
+        pid >>= 7
+        tail.append(b | (0x80 if pid else 0))
+        if not pid:
+            break
+    try:
+        f(bytes(raw + tail), timeout=10)
+        print(json.dumps(["RegisterClient", "OK", ""]))
+    except grpc.RpcError as e:
+        print(json.dumps(["RegisterClient", e.code().name, e.details()]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], user=65534, group=1, extra_groups=[],
+                         capture_output=True, text=True, timeout=60,
+                         input=json.dumps([sock, req.SerializeToString().hex()]))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 try:
@@ -590,6 +727,9 @@ try:
           secure_default)
     check("local sockets 0660 in local_socket_group; client ids are capabilities; an "
           "unknown group refuses the start", local_socket)
+    check("a client acts on its own registrations only: a stolen client id, a "
+          "registration for another pid or with another's memory, from uid nobody: "
+          "PERMISSION_DENIED naming the client, nothing changed", local_owner)
 finally:
     if MODEL.get("clients"):
         harness.stop(MODEL["clients"])

@@ -335,6 +335,8 @@ def trainer_restart():
             local.GetState(pb.ClientRequest(client_id=old), timeout=5)
             return False
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.PERMISSION_DENIED:
+                return False  # still there: the dead trainer's, not this process's
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise
             return True
