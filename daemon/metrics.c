@@ -106,6 +106,13 @@ static const family_t families[M_COUNT] = {
 		"Calls refused UNAUTHENTICATED or PERMISSION_DENIED, by method path and reason "
 		"(missing, wrong: a token; session: not this node's coordinator; identity: a "
 		"member acting for another)", NULL, 0},
+	[M_COORD_LEADER] = {"refitd_coordinator_leader", KIND_GAUGE,
+		"1 when this coordinator leads (serves the Coordinator service), 0 when it is "
+		"a standby (state_store etcd: docs/ha.md); coordinator", NULL, 0},
+	[M_STATE_STORE_SECONDS] = {"refitd_state_store_duration_seconds", KIND_HISTOGRAM,
+		"Time a load or save of the coordinator's state took, by store (file, etcd), "
+		"op and outcome (a save precedes every acknowledged change); coordinator",
+		rpc_buckets, NB(rpc_buckets)},
 };
 
 typedef struct series {

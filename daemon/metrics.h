@@ -40,6 +40,8 @@ typedef enum metric_id {
 	M_HEAP_INUSE_BYTES,      /* gauge: malloc'd bytes in use (mallinfo2) */
 	M_HEAP_SYSTEM_BYTES,     /* gauge: bytes malloc holds from the system */
 	M_AUTH_REFUSED_TOTAL,    /* counter {method, reason}: calls refused */
+	M_COORD_LEADER,          /* gauge: 0 or 1 */
+	M_STATE_STORE_SECONDS,   /* histogram {store, op, outcome} */
 	M_COUNT
 } metric_id_t;
 

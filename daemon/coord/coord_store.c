@@ -14,6 +14,7 @@
 #include <inttypes.h>
 
 #include "common/log.h"
+#include "daemon/coord/coord_backend.h"
 #include "daemon/coord/coord_internal.h"
 #include "rpc/rpc_auth.h"
 
@@ -319,7 +320,8 @@ coord_free(coord_t *c)
 	}
 	VEC_FREE(&c->models);
 	refits_free(c);
-	free(c->state_file);
+	if (c->store)
+		c->store->free(c->store_impl);
 	free(c);
 }
 
@@ -329,7 +331,7 @@ coord_maybe_free(coord_t *c)
 	void (*cb)(void *) = c->closed_cb;
 	void *arg = c->closed_arg;
 
-	if (!c->closing || !c->timer_closed || c->inflight != 0)
+	if (!c->closing || !c->timer_closed || c->inflight != 0 || c->leader != NULL)
 		return;
 	coord_free(c);
 	if (cb)

@@ -191,7 +191,10 @@ struct node {
 	const node_hooks_t *hooks;    /* calls up the layers (node.c) */
 	uv_loop_t *loop;
 	uv_timer_t beat, sweep;
-	char *coordinator, *node_id, *advertise, *domain;
+	char *coordinator;          /* the coordinator called now: one of coords */
+	char **coords;              /* the configured coordinators (docs/ha.md) */
+	size_t ncoords, coord_i;    /* ... how many, and coordinator's index */
+	char *node_id, *advertise, *domain;
 	int32_t *ranks;
 	size_t nranks;
 	rpc_client_opts_t client;
