@@ -42,6 +42,10 @@ script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 3
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
 script "faults, ASan + UBSan (5 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
+script "coordinators over etcd (standbys, leader SIGKILLed and SIGSTOPped, etcd stopped; ~15 s)" \
+	/usr/bin/python3 tests/integration/test_ha.py "$BUILD"
+script "coordinators over etcd, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_ha.py "$BUILD/asan"
 script "leases across stalls (coordinator SIGSTOPped for 3 leases, mid-refit too; a stopped node still expires)" \
 	/usr/bin/python3 tests/integration/test_lease.py "$BUILD"
 script "leases across stalls, ASan + UBSan" \

@@ -1,0 +1,328 @@
+"""Coordinators in standby over etcd (docs/ha.md), end to end: an etcd
+member started here on loopback ports in the suite's temporary folder, three
+coordinators with state_store etcd, three node daemons given all three
+coordinator addresses, librefit clients (a trainer, a double-buffered and
+an in-place instance).
+
+Usage: test_ha.py BUILD_DIR.  Checks: one leader, the standbys answer
+UNAVAILABLE "not the leader: ADDR" naming it, refitctl given every
+coordinator (a standby first) follows to it; a refit commits; the leader
+SIGKILLed -> a standby leads, the nodes follow it, the next refit commits
+byte-exact and no instance's version goes back; a leader SIGSTOPped past its
+lease -> another leads, and the old one, SIGCONTed, changes nothing and
+stops with status 75; etcd stopped -> a change is refused UNAVAILABLE naming
+etcd, and is taken once etcd is back.  Prints the fail-over time (leader
+death to the first refit committed under the new leader) and the refit
+latency with etcd against a coordinator with a state file.  Skips (a clear
+message, exit 0) only when etcd is not installed (make deps installs it).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+ETCD = shutil.which("etcd")
+if ETCD is None:
+    print("ha: SKIP: etcd is not installed (make deps installs etcd-server)")
+    print("ha: 0 passed, 0 failed")
+    sys.exit(0)
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-ha-")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grpc  # noqa: E402
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
+import harness  # noqa: E402
+from harness import Client, check, free_port, spawn, wait_for, write  # noqa: E402
+
+harness.init(BUILD, TMP)
+TTL_MS = 2000
+FIG = {}
+
+
+class Etcd:
+    """One etcd member on loopback, its data in TMP/etcd (kept across restarts)."""
+
+    def __init__(self):
+        self.cport, self.pport = free_port(), free_port()
+        self.addr = f"127.0.0.1:{self.cport}"
+        self.log = open(f"{TMP}/etcd.log", "a")
+        self.p = None
+        self.start()
+
+    def start(self):
+        peer = f"http://127.0.0.1:{self.pport}"
+        self.p = spawn([ETCD, "--name", "ha", "--data-dir", f"{TMP}/etcd",
+                        "--listen-client-urls", f"http://{self.addr}",
+                        "--advertise-client-urls", f"http://{self.addr}",
+                        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                        "--initial-cluster", f"ha={peer}", "--log-level", "warn"],
+                       stdout=self.log, stderr=self.log)
+        ch = grpc.insecure_channel(self.addr)
+        grpc.channel_ready_future(ch).result(timeout=20)
+        ch.close()
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(timeout=20)
+
+
+class Coords:
+    """Three coordinators over etcd."""
+
+    def __init__(self, etcd):
+        self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        self.log = open(f"{TMP}/coords.log", "w")
+        self.procs = [None] * 3
+        self.etcd = etcd
+        for k in range(3):
+            self.start(k)
+
+    def start(self, k):
+        a = self.addrs[k]
+        self.procs[k] = spawn(
+            [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", a,
+             "--heartbeat-ms", "100", "--lease-ttl-ms", "1500", "--log-level", "info",
+             "--state-store", "etcd", "--etcd-endpoints", self.etcd.addr,
+             "--etcd-lease-ttl-ms", str(TTL_MS)], stderr=self.log)
+
+    def stub(self, k):
+        return pbg.CoordinatorStub(grpc.insecure_channel(self.addrs[k]))
+
+    def leader(self, skip=()):
+        """The index of the coordinator that answers ListMembers (None: none yet)."""
+        for k in range(3):
+            if k in skip or self.procs[k].poll() is not None:
+                continue
+            try:
+                self.stub(k).ListMembers(pb.ListMembersRequest(), timeout=0.5)
+                return k
+            except grpc.RpcError:
+                pass
+        return None
+
+    def wait_leader(self, skip=(), timeout=30):
+        return wait_for(lambda: (lambda k: (k,) if k is not None else None)(
+            self.leader(skip)), timeout, "a leader")[0]
+
+
+def tensors(ranks, placement):
+    return [{"name": f"w{k}", "dtype": "fp32", "shape": [256, 64], "mesh": ranks,
+             "placements": [placement]} for k in range(8)]
+
+
+E = C = None
+NODES, M = [], {}
+RPN = harness.RPN
+
+
+def sock(k):
+    return f"{TMP}/ha{k}.local"
+
+
+class Shim:
+    """What harness.Client needs of a cluster."""
+
+    def sock(self, k):
+        return sock(k)
+
+    def host(self, k):
+        return f"ha{k}"
+
+
+def setup():
+    global E, C
+    E = Etcd()
+    C = Coords(E)
+    lead = C.wait_leader()
+    coords = ",".join(C.addrs)
+    log = open(f"{TMP}/nodes.log", "w")
+    for k in range(3):
+        NODES.append(spawn([f"{BUILD}/bin/refitd", "--role", "node", "--listen",
+                            f"127.0.0.1:{free_port()}", "--coordinator", coords,
+                            "--node-id", f"ha{k}", "--ranks", f"{k * RPN}-{k * RPN + RPN - 1}",
+                            "--heartbeat-ms", "200", "--local-socket", sock(k),
+                            "--log-level", "info"], stderr=log))
+    wait_members(lead, 3)
+    sh = Shim()
+    M["v"] = 1
+    M["train"] = Client(sh, 0, "m", "train", write(f"{TMP}/t.json",
+                                                     tensors([0, 1], "Shard(0)")))
+    assert M["train"].ok(), M["train"].first
+    M["inst"] = []
+    for node, inst, mode, pl in ((1, "db", "double-buffer", "Shard(1)"),
+                                 (2, "ip", "in-place", "Replicate()")):
+        c = Client(sh, node, "m", "infer", write(f"{TMP}/{inst}.json", tensors(
+            [node * RPN, node * RPN + 1], pl)), instance=inst, install=mode)
+        assert c.ok(), c.first
+        M["inst"].append(c)
+
+
+def wait_members(k, n, timeout=30):
+    return wait_for(lambda: len(C.stub(k).ListMembers(pb.ListMembersRequest(),
+                                                      timeout=2).members) == n,
+                    timeout, f"{n} members on coordinator {k}")
+
+
+def step():
+    M["v"] += 1
+    out = M["train"].cmd(f"next {M['v']}")
+    assert out.startswith("READY"), out
+
+
+def refit(k, timeout=60):
+    """Trigger this version's refit on coordinator k; (final GetRefit, seconds)."""
+    t0 = time.time()
+    st = C.stub(k)
+    r = st.TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]), timeout=10)
+    g = harness.refit_final(st, r.refit_id, timeout)
+    return g, time.time() - t0
+
+
+def installed():
+    for c in M["inst"]:
+        out = c.cmd(f"wait {M['v']} 20000")
+        assert out.startswith(f"INSTALLED {M['v']} ") and "mismatches=0" in out, out
+
+
+def standbys_name_leader():
+    lead = C.wait_leader()
+    for k in range(3):
+        if k == lead:
+            continue
+        e = harness.expect_error(lambda: C.stub(k).ListMembers(pb.ListMembersRequest(),
+                                                                timeout=5),
+                                 grpc.StatusCode.UNAVAILABLE, "not the leader: ")
+        assert C.addrs[lead] in e, e
+    # refitctl given every coordinator, a standby first, follows to the leader
+    order = [C.addrs[k] for k in range(3) if k != lead] + [C.addrs[lead]]
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", ",".join(order),
+                          "members"], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert f"coordinator leading: {C.addrs[lead]}" in out.stdout, out.stdout
+    assert "3 members" in out.stdout, out.stdout
+
+
+def first_refit():
+    lead = C.wait_leader()
+    step()
+    g, took = refit(lead)
+    assert g.state == pb.COMMITTED, g.failure
+    installed()
+    lat = []
+    for _ in range(3):
+        step()
+        g, took = refit(lead)
+        assert g.state == pb.COMMITTED, g.failure
+        lat.append(took)
+    installed()
+    FIG["refit latency, etcd store (3 coordinators), best of 3"] = min(lat)
+
+
+def commit_under(lead, timeout=60):
+    """The next version commits under coordinator lead (retried while the
+    nodes are still joining it); returns when."""
+    wait_members(lead, 3, timeout)
+    step()
+    end = time.time() + timeout
+    while True:
+        try:
+            g, _ = refit(lead)
+            if g.state == pb.COMMITTED:
+                installed()
+                return time.time()
+            failure = g.failure
+        except grpc.RpcError as e:
+            failure = e.details()
+        assert time.time() < end, f"no refit committed under {C.addrs[lead]}: {failure}"
+        time.sleep(0.1)
+
+
+def leader_killed():
+    old = C.wait_leader()
+    C.procs[old].send_signal(signal.SIGKILL)
+    t0 = time.time()
+    lead = C.wait_leader(skip=(old,))
+    assert lead != old
+    done = commit_under(lead)
+    FIG["fail-over: leader SIGKILLed -> first refit committed under the new leader "
+        f"(lease TTL {TTL_MS / 1000:.0f} s)"] = done - t0
+    C.procs[old].wait()
+    C.start(old)  # back as a standby
+    wait_for(lambda: C.leader() == lead, 10, "the restarted one a standby")
+
+
+def leader_stopped():
+    old = C.wait_leader()
+    C.procs[old].send_signal(signal.SIGSTOP)
+    lead = C.wait_leader(skip=(old,), timeout=30)
+    commit_under(lead)
+    v = M["v"]
+    C.procs[old].send_signal(signal.SIGCONT)
+    rc = C.procs[old].wait(timeout=20)
+    assert rc == 75, f"the old leader exited {rc}, not 75 (deposed)"
+    # it changed nothing: the new leader still leads, the versions stand
+    assert C.leader() == lead
+    out = M["inst"][0].cmd("state")
+    assert f"{v}" in out, out
+    C.start(old)
+    commit_under(lead)
+
+
+def etcd_down():
+    lead = C.wait_leader()
+    step()
+    E.stop()
+    e = harness.expect_error(lambda: C.stub(lead).TriggerRefit(pb.TriggerRefitRequest(
+        model="m", version=M["v"]), timeout=10), grpc.StatusCode.UNAVAILABLE, "etcd")
+    assert "cannot be made durable" in e, e
+    E.start()
+    lead = C.wait_leader()
+    M["v"] -= 1
+    commit_under(lead)
+
+
+def file_store_latency():
+    cl = harness.Cluster("hf", 3, lease_ms=1500,
+                         coord_extra=["--state-file", f"{TMP}/state.json"])
+    tr = Client(cl, 0, "f", "train", write(f"{TMP}/ft.json", tensors([0, 1], "Shard(0)")))
+    assert tr.ok(), tr.first
+    ins = Client(cl, 1, "f", "infer", write(f"{TMP}/fi.json", tensors(
+        [RPN, RPN + 1], "Shard(1)")), instance="db", install="double-buffer")
+    assert ins.ok(), ins.first
+    lat = []
+    for v in range(2, 6):
+        assert tr.cmd(f"next {v}").startswith("READY")
+        t0 = time.time()
+        g = cl.refit("f", v)
+        assert g.state == pb.COMMITTED, g.failure
+        lat.append(time.time() - t0)
+    FIG["refit latency, state file (1 coordinator), best of 3"] = min(lat[1:])
+
+
+try:
+    check("etcd, three coordinators, three nodes given all three, a model", setup)
+    if M:
+        check("one leader; the standbys answer UNAVAILABLE \"not the leader: ADDR\" "
+              "naming it", standbys_name_leader)
+        check("refits commit under the leader, byte-exact", first_refit)
+        check("leader SIGKILLed: a standby leads, the nodes follow, the next refit "
+              "commits byte-exact", leader_killed)
+        check("leader SIGSTOPped past its lease: another leads; SIGCONTed it changes "
+              "nothing and stops (status 75)", leader_stopped)
+        check("etcd stopped: a change is refused UNAVAILABLE naming etcd; taken once "
+              "etcd is back", etcd_down)
+    check("the same refits with a state file (for the latency figure)", file_store_latency)
+finally:
+    harness.stop_all()
+    bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
+           if p.returncode not in (0, -9, -15, 75)]
+    if bad:
+        harness.counts["failed"] += 1
+        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+for k, v in FIG.items():
+    print(f"     {k}: {v:.2f} s")
+harness.summary("ha")
