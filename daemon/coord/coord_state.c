@@ -448,7 +448,7 @@ coord_state_load(coord_t *c, refit_err_t *err)
 		free(buf);
 		if (root == NULL || num(root, "version") != STATE_VERSION) {
 			rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "not a version-%d refit "
-					   "state", STATE_VERSION);
+					   "state file", STATE_VERSION);
 		} else if ((rc = want_u64(root, "generation", &gen, "top level", err)) ==
 				   REFIT_OK &&
 			   (rc = want_u64(root, "next_member", &c->next_member, "top level",

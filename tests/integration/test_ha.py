@@ -116,6 +116,13 @@ def tensors(ranks, placement):
 
 E = C = None
 NODES, M = [], {}
+HOLD_MS = 600
+
+
+def HOLD(k):
+    """Node 2 holds each RunSlice HOLD_MS (until an Abort): a refit stays RUNNING
+    long enough to kill its leader then."""
+    return ["--test-hold-run-ms", str(HOLD_MS)] if k == 2 else []
 RPN = harness.RPN
 
 
@@ -145,7 +152,7 @@ def setup():
                             f"127.0.0.1:{free_port()}", "--coordinator", coords,
                             "--node-id", f"ha{k}", "--ranks", f"{k * RPN}-{k * RPN + RPN - 1}",
                             "--heartbeat-ms", "200", "--local-socket", sock(k),
-                            "--log-level", "info"], stderr=log))
+                            "--log-level", "info"] + HOLD(k), stderr=log))
     wait_members(lead, 3)
     sh = Shim()
     M["v"] = 1
@@ -183,9 +190,20 @@ def refit(k, timeout=60):
 
 
 def installed():
+    """This version is installed byte-exact on both instances, and the
+    double-buffered one flipped its buffer once per version since the last
+    look: no version installed twice (a double publish flips it again)."""
     for c in M["inst"]:
         out = c.cmd(f"wait {M['v']} 20000")
         assert out.startswith(f"INSTALLED {M['v']} ") and "mismatches=0" in out, out
+    db = M["inst"][0].cmd("state")
+    act = int(db.split("active=")[1].split()[0])
+    seen = M.get("db")
+    if seen is not None and seen[0] != M["v"]:
+        assert act == (seen[1] + M["v"] - seen[0]) % 2, \
+            f"instance db: active buffer {act} after v{seen[0]} (active {seen[1]}) -> " \
+            f"v{M['v']}: installed other than once per version"
+    M["db"] = (M["v"], act)
 
 
 def standbys_name_leader():
@@ -212,14 +230,11 @@ def first_refit():
     g, took = refit(lead)
     assert g.state == pb.COMMITTED, g.failure
     installed()
-    lat = []
-    for _ in range(3):
+    for _ in range(2):
         step()
         g, took = refit(lead)
         assert g.state == pb.COMMITTED, g.failure
-        lat.append(took)
-    installed()
-    FIG["refit latency, etcd store (3 coordinators), best of 3"] = min(lat)
+        installed()
 
 
 def commit_under(lead, timeout=60):
@@ -255,6 +270,25 @@ def leader_killed():
     wait_for(lambda: C.leader() == lead, 10, "the restarted one a standby")
 
 
+def leader_killed_mid_refit():
+    old = C.wait_leader()
+    step()
+    st = C.stub(old)
+    rid = st.TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]),
+                          timeout=10).refit_id
+    wait_for(lambda: st.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5).state ==
+             pb.RUNNING, 20, f"refit {rid} running", every=0.005)
+    C.procs[old].send_signal(signal.SIGKILL)
+    lead = C.wait_leader(skip=(old,))
+    g = C.stub(lead).GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+    assert g.state == pb.FAILED and "restarted" in g.failure, (g.state, g.failure)
+    M["v"] -= 1  # the same version again, under the new leader
+    commit_under(lead)
+    C.procs[old].wait()
+    C.start(old)
+    wait_for(lambda: C.leader() == lead, 10, "the restarted one a standby")
+
+
 def leader_stopped():
     old = C.wait_leader()
     C.procs[old].send_signal(signal.SIGSTOP)
@@ -267,7 +301,7 @@ def leader_stopped():
     # it changed nothing: the new leader still leads, the versions stand
     assert C.leader() == lead
     out = M["inst"][0].cmd("state")
-    assert f"{v}" in out, out
+    assert out.startswith(f"STATE version={v} "), out
     C.start(old)
     commit_under(lead)
 
@@ -285,22 +319,31 @@ def etcd_down():
     commit_under(lead)
 
 
-def file_store_latency():
-    cl = harness.Cluster("hf", 3, lease_ms=1500,
-                         coord_extra=["--state-file", f"{TMP}/state.json"])
-    tr = Client(cl, 0, "f", "train", write(f"{TMP}/ft.json", tensors([0, 1], "Shard(0)")))
+def latency(tag, coord_extra):
+    """Best refit latency (trigger -> COMMITTED) of 3 on a one-coordinator
+    cluster of 2 nodes with coord_extra (the state file or etcd)."""
+    cl = harness.Cluster(tag, 2, lease_ms=1500, coord_extra=coord_extra)
+    tr = Client(cl, 0, tag, "train", write(f"{TMP}/{tag}t.json", tensors([0, 1], "Shard(0)")))
     assert tr.ok(), tr.first
-    ins = Client(cl, 1, "f", "infer", write(f"{TMP}/fi.json", tensors(
+    ins = Client(cl, 1, tag, "infer", write(f"{TMP}/{tag}i.json", tensors(
         [RPN, RPN + 1], "Shard(1)")), instance="db", install="double-buffer")
     assert ins.ok(), ins.first
     lat = []
     for v in range(2, 6):
         assert tr.cmd(f"next {v}").startswith("READY")
         t0 = time.time()
-        g = cl.refit("f", v)
+        g = cl.refit(tag, v)
         assert g.state == pb.COMMITTED, g.failure
         lat.append(time.time() - t0)
-    FIG["refit latency, state file (1 coordinator), best of 3"] = min(lat[1:])
+    return min(lat[1:])
+
+
+def latencies():
+    FIG["refit latency, state file, best of 3"] = latency(
+        "hf", ["--state-file", f"{TMP}/state.json"])
+    FIG["refit latency, etcd (one coordinator, leader), best of 3"] = latency(
+        "he", ["--state-store", "etcd", "--etcd-endpoints", E.addr, "--etcd-prefix",
+               "/refit-latency"])
 
 
 try:
@@ -311,11 +354,14 @@ try:
         check("refits commit under the leader, byte-exact", first_refit)
         check("leader SIGKILLed: a standby leads, the nodes follow, the next refit "
               "commits byte-exact", leader_killed)
+        check("leader SIGKILLed mid-refit (RUNNING): the new leader has the refit FAILED "
+              "(not lost), the same version commits under it, installed once",
+              leader_killed_mid_refit)
         check("leader SIGSTOPped past its lease: another leads; SIGCONTed it changes "
               "nothing and stops (status 75)", leader_stopped)
         check("etcd stopped: a change is refused UNAVAILABLE naming etcd; taken once "
               "etcd is back", etcd_down)
-    check("the same refits with a state file (for the latency figure)", file_store_latency)
+        check("refit latency: the state file and etcd (figures)", latencies)
 finally:
     harness.stop_all()
     bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
