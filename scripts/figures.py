@@ -46,7 +46,7 @@ import figures_delta  # noqa: E402 - the delta refit's regions, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "docs/performance.md", "docs/dataplane.md", "docs/control-plane.md",
-        "docs/faults.md", "docs/conversion.md", "docs/delta.md"]
+        "docs/faults.md", "docs/conversion.md", "docs/delta.md", "docs/ha.md"]
 
 # NVIDIA's measured figures (NCCL M2N reshard announcement): gather-and-
 # broadcast and M2N refit times; Perplexity's for Kimi-K2.
@@ -460,6 +460,32 @@ def faults_table(out, cmd, date):
                 cmd, date, "\n".join(reversed(rows))))
 
 
+def gen_ha(build, state):
+    """The figures tests/integration/test_ha.py prints (fail-over time, refit
+    latency with the state file and with etcd) as a table."""
+    if shutil.which("etcd") is None:
+        raise Skip("the fail-over figures need etcd (make deps: etcd-server)")
+    for b in ("refitd", "refitctl", "refit-client"):
+        built(build, b)
+    at = load()
+    out = run_cmd("ha", ["/usr/bin/python3", os.path.join(ROOT, "tests", "integration",
+                                                          "test_ha.py"), build], 600)
+    lines = out.rstrip("\n").splitlines()
+    if not lines or not re.match(r"ha: \d+ passed, 0 failed$", lines[-1]):
+        sys.exit("figures: ha: the suite did not end with \"ha: N passed, 0 failed\"")
+    rows = []
+    for line in reversed(lines[:-1]):
+        m = re.match(r"     (\S[^:]*): (.+)$", line)
+        if not m:
+            break
+        rows.append("| %s | %s |" % (m.group(1), m.group(2)))
+    if not rows:
+        sys.exit("figures: ha: the suite printed no figures")
+    return ("`tests/integration/test_ha.py %s` (one etcd member and the daemons on "
+            "loopback, this machine), one run on %s, %s:\n\n| figure | measured |\n"
+            "|---|---|\n%s\n" % (rel(build), state["date"], at, "\n".join(reversed(rows))))
+
+
 FP8_CASES = [
     # label, model, infer, topology
     ("DeepSeek-V3, PP16xEP16 -> TP32xDP8, DGX H100", "deepseek-v3", "tp32,dp8", "dgx-h100"),
@@ -690,6 +716,7 @@ GENERATORS = {
     "coverage-table": (gen_coverage_table, "default"),
     "coverage-large": (gen_coverage_large, "slow"),
     "faults": (gen_faults, "slow"),
+    "ha": (gen_ha, "default"),
     "bench-scale": (gen_bench_scale, "slow"),
     # docs/delta.md (scripts/figures_delta.py); delta-density needs torch
     "delta-density": (lambda b, s: figures_delta.gen_density(sys.modules[__name__], b, s),

@@ -80,6 +80,9 @@ typedef struct model {
 	uint64_t policy_refits;    /* refits the policy started */
 	uint64_t policy_start_ms;  /* when the last of them began (not kept: 0 after
 				      a restart) */
+	uint64_t resume_version;   /* a new leader over etcd: the version of a refit the
+				      old leader had in flight, refit again once the
+				      model's instances are whole (retries > 0; not kept) */
 } model_t;
 
 #define COORD_MAX_INTERVAL_MS 86400000u

@@ -373,6 +373,27 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 }
 
 /*
+ * A new leader over etcd (fail-over): the refit r the old leader had in
+ * flight is refit again under the model's retry policy (retries > 0), as
+ * a new refit once the model's instances are whole again
+ * (coord_refit_api.c); a newer version, or this one installed meanwhile,
+ * makes it moot.  With a state file a restart leaves it FAILED, as before.
+ */
+static void
+resume_later(coord_t *c, const refit_rec_t *r)
+{
+	if (c->leader == NULL || r->only != NULL)
+		return;
+	for (size_t i = 0; i < c->models.n; i++) {
+		model_t *m = &c->models.v[i];
+
+		if (strcmp(m->name, r->model) == 0 && m->retries > 0 &&
+		    r->version > m->installed_version && r->version > m->resume_version)
+			m->resume_version = r->version;
+	}
+}
+
+/*
  * Refit records come back as they were, except that one a crash cut short
  * is FAILED now: it never silently disappears.  A state that is no
  * RefitState is an error.
@@ -418,6 +439,7 @@ load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 			r->fsm.state = REFIT_FSM_FAILED;
 			r->finished_ms = (uint64_t)time(NULL) * 1000;
 			log_warnx("coordinator: refit %" PRIu64 " (%s): %s", r->id, r->model, msg);
+			resume_later(c, r);
 		}
 		VEC_PUSH(&c->refits, r);
 	}

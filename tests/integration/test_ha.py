@@ -6,9 +6,12 @@ an in-place instance).
 
 Usage: test_ha.py BUILD_DIR.  Checks: one leader, the standbys answer
 UNAVAILABLE "not the leader: ADDR" naming it, refitctl given every
-coordinator (a standby first) follows to it; a refit commits; the leader
+coordinator (a standby first) follows to it, /metrics shows who leads and
+the leader's timed saves to etcd; a refit commits; the leader
 SIGKILLed -> a standby leads, the nodes follow it, the next refit commits
-byte-exact and no instance's version goes back; a leader SIGSTOPped past its
+byte-exact and no instance's version goes back; the leader SIGKILLed with
+a refit RUNNING -> the new leader has it FAILED and refits that version
+again by itself (the model's retries), installed once; a leader SIGSTOPped past its
 lease -> another leads, and the old one, SIGCONTed, changes nothing and
 stops with status 75; etcd stopped -> a change is refused UNAVAILABLE naming
 etcd, and is taken once etcd is back.  Prints the fail-over time (leader
@@ -75,6 +78,7 @@ class Coords:
 
     def __init__(self, etcd):
         self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        self.mports = [free_port() for _ in range(3)]
         self.log = open(f"{TMP}/coords.log", "w")
         self.procs = [None] * 3
         self.etcd = etcd
@@ -86,6 +90,7 @@ class Coords:
         self.procs[k] = spawn(
             [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", a,
              "--heartbeat-ms", "100", "--lease-ttl-ms", "1500", "--log-level", "info",
+             "--metrics-listen", f"127.0.0.1:{self.mports[k]}",
              "--state-store", "etcd", "--etcd-endpoints", self.etcd.addr,
              "--etcd-lease-ttl-ms", str(TTL_MS)], stderr=self.log)
 
@@ -166,6 +171,9 @@ def setup():
             [node * RPN, node * RPN + 1], pl)), instance=inst, install=mode)
         assert c.ok(), c.first
         M["inst"].append(c)
+    # retries: a refit cut short by a fail-over is refit again by the new leader
+    C.stub(lead).SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="m", retries=2, retry_backoff_ms=100, catch_up=True)), timeout=5)
 
 
 def wait_members(k, n, timeout=30):
@@ -222,6 +230,14 @@ def standbys_name_leader():
     assert out.returncode == 0, out.stderr
     assert f"coordinator leading: {C.addrs[lead]}" in out.stdout, out.stdout
     assert "3 members" in out.stdout, out.stdout
+    # /metrics: leadership, and the leader's saves to etcd timed
+    for k in range(3):
+        m = harness.scrape_metrics(C.mports[k])
+        assert m[("refitd_coordinator_leader", frozenset())] == (1 if k == lead else 0), k
+    m = harness.scrape_metrics(C.mports[lead])
+    saves = m.get(("refitd_state_store_duration_seconds_count", frozenset(
+        {"store": "etcd", "op": "save", "outcome": "ok"}.items())), 0)
+    assert saves >= 1, [k for k in m if k[0].startswith("refitd_state_store")]
 
 
 def first_refit():
@@ -263,8 +279,8 @@ def leader_killed():
     lead = C.wait_leader(skip=(old,))
     assert lead != old
     done = commit_under(lead)
-    FIG["fail-over: leader SIGKILLed -> first refit committed under the new leader "
-        f"(lease TTL {TTL_MS / 1000:.0f} s)"] = done - t0
+    FIG["fail-over, leader SIGKILLed -> first refit committed under the new leader "
+        f"(etcd_lease_ttl_ms {TTL_MS})"] = f"{done - t0:.2f} s"
     C.procs[old].wait()
     C.start(old)  # back as a standby
     wait_for(lambda: C.leader() == lead, 10, "the restarted one a standby")
@@ -280,9 +296,17 @@ def leader_killed_mid_refit():
              pb.RUNNING, 20, f"refit {rid} running", every=0.005)
     C.procs[old].send_signal(signal.SIGKILL)
     lead = C.wait_leader(skip=(old,))
-    g = C.stub(lead).GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+    st = C.stub(lead)
+    g = st.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
     assert g.state == pb.FAILED and "restarted" in g.failure, (g.state, g.failure)
-    M["v"] -= 1  # the same version again, under the new leader
+    # the new leader refits the same version by itself (the model's retries),
+    # once the nodes joined it and the instances are whole again
+    g = wait_for(lambda: (lambda r: r if r.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED)
+                          else None)(st.GetRefit(pb.GetRefitRequest(refit_id=rid + 1),
+                                                 timeout=5)),
+                 60, f"refit {rid + 1} (the retry) final")
+    assert g.state == pb.COMMITTED and g.version == M["v"], (g.state, g.version, g.failure)
+    installed()
     commit_under(lead)
     C.procs[old].wait()
     C.start(old)
@@ -335,7 +359,22 @@ def latency(tag, coord_extra):
         g = cl.refit(tag, v)
         assert g.state == pb.COMMITTED, g.failure
         lat.append(time.time() - t0)
-    return min(lat[1:])
+    return f"{min(lat[1:]) * 1e3:.1f} ms"
+
+
+def etcd_size():
+    """The keys refit keeps in etcd, and their bytes (etcdctl, where installed)."""
+    ctl = shutil.which("etcdctl")
+    if ctl is None:
+        return
+    out = subprocess.run([ctl, "--endpoints", E.addr, "get", "/refit/", "--prefix"],
+                         capture_output=True, env=dict(os.environ, ETCDCTL_API="3"),
+                         timeout=20, check=True).stdout.split(b"\n")
+    keys = out[0::2][:-1] if out[-1] == b"" else out[0::2]
+    vals = out[1::2]
+    FIG["etcd keys under /refit/ (three coordinators, one model of a trainer and two "
+        "instances, 8 tensors each)"] = (
+        f"{len(keys)} keys, state document {max(len(v) for v in vals)} bytes")
 
 
 def latencies():
@@ -350,18 +389,20 @@ try:
     check("etcd, three coordinators, three nodes given all three, a model", setup)
     if M:
         check("one leader; the standbys answer UNAVAILABLE \"not the leader: ADDR\" "
-              "naming it", standbys_name_leader)
+              "naming it; refitctl follows; /metrics refitd_coordinator_leader",
+              standbys_name_leader)
         check("refits commit under the leader, byte-exact", first_refit)
         check("leader SIGKILLed: a standby leads, the nodes follow, the next refit "
               "commits byte-exact", leader_killed)
-        check("leader SIGKILLed mid-refit (RUNNING): the new leader has the refit FAILED "
-              "(not lost), the same version commits under it, installed once",
+        check("leader SIGKILLed mid-refit (RUNNING): the new leader has it FAILED (not "
+              "lost) and refits the version again by itself (retries 2), installed once",
               leader_killed_mid_refit)
         check("leader SIGSTOPped past its lease: another leads; SIGCONTed it changes "
               "nothing and stops (status 75)", leader_stopped)
         check("etcd stopped: a change is refused UNAVAILABLE naming etcd; taken once "
               "etcd is back", etcd_down)
         check("refit latency: the state file and etcd (figures)", latencies)
+        check("etcd keys and bytes (figure)", etcd_size)
 finally:
     harness.stop_all()
     bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
@@ -370,5 +411,5 @@ finally:
         harness.counts["failed"] += 1
         print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
 for k, v in FIG.items():
-    print(f"     {k}: {v:.2f} s")
+    print(f"     {k}: {v}")
 harness.summary("ha")
