@@ -319,8 +319,11 @@ def leader_stopped():
     lead = C.wait_leader(skip=(old,), timeout=30)
     commit_under(lead)
     v = M["v"]
+    before = state_doc() if shutil.which("etcdctl") else None
     C.procs[old].send_signal(signal.SIGCONT)
     rc = C.procs[old].wait(timeout=20)
+    if before is not None:
+        assert state_doc() == before, "etcd's state changed after the old leader woke up"
     assert rc == 75, f"the old leader exited {rc}, not 75 (deposed)"
     # it changed nothing: the new leader still leads, the versions stand
     assert C.leader() == lead
@@ -377,6 +380,58 @@ def etcd_size():
         f"{len(keys)} keys, state document {max(len(v) for v in vals)} bytes")
 
 
+def state_doc():
+    """What /refit/state in etcd says of the model and its refits (by
+    etcdctl): (latest, installed version), [(refit id, version, state)].  A
+    new leader rewrites the document when it loads it (a new epoch
+    generation), so the document's revision is no witness; these are."""
+    import json
+    out = subprocess.run([shutil.which("etcdctl"), "--endpoints", E.addr, "get",
+                          "/refit/state", "--print-value-only"], capture_output=True,
+                         timeout=20, env=dict(os.environ, ETCDCTL_API="3"), check=True).stdout
+    doc = json.loads(out)
+    m = [(x["latest_version"], x["installed_version"]) for x in doc["models"]
+         if x["name"] == "m"]
+    return m, [(r["id"], r["version"], r["state"]) for r in doc["refits"]]
+
+
+def key_deleted():
+    """The leader's election key deleted (as when its lease expires) while a
+    change arrives: the change is not acknowledged, the leader stops with 75
+    (a fenced write refused, or its election thread saw the key gone,
+    whichever came first), and /refit/state was not written by it."""
+    old = C.wait_leader()
+    step()
+    before = state_doc()
+    out = subprocess.run([shutil.which("etcdctl"), "--endpoints", E.addr, "get",
+                          "/refit/election/", "--prefix", "--keys-only"],
+                         capture_output=True, text=True, timeout=20,
+                         env=dict(os.environ, ETCDCTL_API="3"), check=True).stdout.split()
+    mine = [k for k in out if subprocess.run(
+        [shutil.which("etcdctl"), "--endpoints", E.addr, "get", k, "--print-value-only"],
+        capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3"),
+        timeout=20).stdout.strip() == C.addrs[old]]
+    assert len(mine) == 1, (out, mine)
+    subprocess.run([shutil.which("etcdctl"), "--endpoints", E.addr, "del", mine[0]],
+                   capture_output=True, env=dict(os.environ, ETCDCTL_API="3"),
+                   timeout=20, check=True)
+    try:
+        r = C.stub(old).TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]),
+                                     timeout=5)
+        raise AssertionError(f"a deposed leader acknowledged refit {r.refit_id}")
+    except grpc.RpcError:
+        pass
+    rc = C.procs[old].wait(timeout=20)
+    assert rc == 75, f"the deposed leader exited {rc}, not 75"
+    after = state_doc()
+    assert after[1] == before[1], f"refits in etcd changed: {before[1]} -> {after[1]}"
+    assert after[0][0][1] == before[0][0][1], (before[0], after[0])
+    lead = C.wait_leader(skip=(old,))
+    C.start(old)
+    M["v"] -= 1
+    commit_under(lead)
+
+
 def latencies():
     FIG["refit latency, state file, best of 3"] = latency(
         "hf", ["--state-file", f"{TMP}/state.json"])
@@ -399,6 +454,10 @@ try:
               leader_killed_mid_refit)
         check("leader SIGSTOPped past its lease: another leads; SIGCONTed it changes "
               "nothing and stops (status 75)", leader_stopped)
+        if shutil.which("etcdctl"):
+            check("the leader's election key deleted while a change arrives: not "
+                  "acknowledged, the leader stops (75), etcd's state not written by it",
+                  key_deleted)
         check("etcd stopped: a change is refused UNAVAILABLE naming etcd; taken once "
               "etcd is back", etcd_down)
         check("refit latency: the state file and etcd (figures)", latencies)
