@@ -94,15 +94,6 @@ bool rpc_server_join_required(rpc_server_t *s);
  */
 void rpc_server_set_session(rpc_server_t *s, const char *secret);
 /*
- * A gate before the handlers of one service (its descriptor's name):
- * fn(arg, call, method) runs on the loop thread before each of its calls'
- * handlers; false: fn answered the call (rpc_call_fail) and the handler
- * does not run.  A coordinator in standby answers "not the leader" so.
- * One gate per server; fn NULL removes it.  Loop thread.
- */
-typedef bool (*rpc_gate_fn)(void *arg, rpc_call_t *call, const char *method);
-void rpc_server_set_gate(rpc_server_t *s, const char *service, rpc_gate_fn fn, void *arg);
-/*
  * Stop handing new calls to handlers (they are answered UNAVAILABLE);
  * calls handlers already hold may still be answered.  Loop thread.
  */

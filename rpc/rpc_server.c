@@ -89,9 +89,6 @@ struct rpc_server {
 	void (*observe)(const char *method, const char *code, double seconds);
 	void (*refused)(const char *method, const char *reason);
 	rpc_refusals_t refusals;    /* the refusal log's limiter (own lock) */
-	char *gate_prefix;          /* "/service/": the gated methods' paths (loop thread) */
-	rpc_gate_fn gate;
-	void *gate_arg;
 };
 
 /* ---- calls ---------------------------------------------------------------- */
@@ -581,23 +578,8 @@ on_async(uv_async_t *a)
 			rpc_call_fail(c, REFIT_ERR_ABORTED, "cancelled before it ran");
 			continue;
 		}
-		if (s->gate && strncmp(c->m->path, s->gate_prefix, strlen(s->gate_prefix)) == 0 &&
-		    !s->gate(s->gate_arg, c, c->m->md->name))
-			continue;
 		c->m->fn(c->m->ctx, c, c->req);
 	}
-}
-
-void
-rpc_server_set_gate(rpc_server_t *s, const char *service, rpc_gate_fn fn, void *arg)
-{
-	size_t n = strlen(service) + 3;
-
-	free(s->gate_prefix);
-	s->gate_prefix = xmalloc(n);
-	snprintf(s->gate_prefix, n, "/%s/", service);
-	s->gate = fn;
-	s->gate_arg = arg;
 }
 
 /* ---- setup and teardown -------------------------------------------------- */
@@ -732,7 +714,6 @@ on_closed(uv_handle_t *h)
 	free(s->token);
 	free(s->join_token);
 	free(s->session);
-	free(s->gate_prefix);
 	free(s);
 	grpc_shutdown();
 }

@@ -478,21 +478,46 @@ on_conn(void *arg, const char *target, rpc_conn_t old, rpc_conn_t now, int outag
 }
 
 /*
- * Every Coordinator call passes here first (rpc_server_set_gate): a standby
- * answers UNAVAILABLE "not the leader: ADDR", which nodes and refitctl
- * follow at once (docs/ha.md).
+ * Every Coordinator method is registered through a gate (one per method,
+ * c->gates): a standby answers UNAVAILABLE "not the leader: ADDR", which
+ * nodes and refitctl follow at once (docs/ha.md); the leader (and a
+ * coordinator with a state file, always) runs the handler.
  */
-static bool
-gate(void *arg, rpc_call_t *call, const char *method)
+typedef struct coord_gate {
+	coord_t *c;
+	rpc_handler_fn fn;
+	const char *method;
+} coord_gate_t;
+
+static void
+gated(void *ctx, rpc_call_t *call, const ProtobufCMessage *req)
 {
-	coord_t *c = arg;
+	const coord_gate_t *g = ctx;
 	char who[256];
 
-	if (c->leading)
-		return true;
-	coord_leader_addr(c->leader, who, sizeof(who));
-	rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "%s: not the leader: %s", method, who);
-	return false;
+	if (g->c->leading)
+		return g->fn(g->c, call, req);
+	coord_leader_addr(g->c->leader, who, sizeof(who));
+	rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "%s: not the leader: %s", g->method, who);
+}
+
+/* Register methods[0..n) of the Coordinator service, each behind its gate. */
+static refit_status_t
+add_gated(coord_t *c, const rpc_method_cfg_t *methods, size_t n, refit_err_t *err)
+{
+	coord_gate_t *g = xcalloc(n, sizeof(*g));
+	refit_status_t rc = REFIT_OK;
+
+	c->gates = xreallocarray(c->gates, c->ngates + 1, sizeof(*c->gates));
+	c->gates[c->ngates++] = g;
+	for (size_t i = 0; i < n && rc == REFIT_OK; i++) {
+		rpc_method_cfg_t one = {methods[i].name, gated};
+
+		g[i] = (coord_gate_t){c, methods[i].fn, methods[i].name};
+		rc = rpc_server_add_service(c->srv, &refit__v1__coordinator__descriptor, &one, 1,
+					    &g[i], err);
+	}
+	return rc;
 }
 
 /* The state store of o: the file (or none), read now; or etcd, read once
@@ -525,7 +550,6 @@ store_open(coord_t *c, const coord_opts_t *o, refit_err_t *err)
 	c->leader = coord_leader_start(c, o, c->store_impl, err);
 	if (c->leader == NULL)
 		return err->status;
-	rpc_server_set_gate(c->srv, refit__v1__coordinator__descriptor.name, gate, c);
 	log_info("coordinator: state in etcd (%s, prefix %s): a standby until elected",
 		 o->etcd_endpoints, o->etcd_prefix);
 	return REFIT_OK;
@@ -551,13 +575,9 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	}
 	coord_leader_changed(c);
 	coord_member_ids_from_clock(c);
-	if (rpc_server_add_service(srv, &refit__v1__coordinator__descriptor, methods,
-				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK ||
-	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,
-				   coord_refit_methods, coord_refit_nmethods, c, err) != REFIT_OK ||
-	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,
-				   coord_register_methods, coord_register_nmethods, c,
-				   err) != REFIT_OK) {
+	if (add_gated(c, methods, sizeof(methods) / sizeof(methods[0]), err) != REFIT_OK ||
+	    add_gated(c, coord_refit_methods, coord_refit_nmethods, err) != REFIT_OK ||
+	    add_gated(c, coord_register_methods, coord_register_nmethods, err) != REFIT_OK) {
 		coord_free(c);
 		return NULL;
 	}

@@ -91,6 +91,8 @@ struct coord {
 	void *store_impl;
 	coord_leader_t *leader;   /* etcd: the election (NULL: the state file, always leads) */
 	bool leading;             /* serves the Coordinator service (else: a standby) */
+	struct coord_gate **gates; /* each method's gate (coord.c), one array per table */
+	size_t ngates;
 	uv_loop_t *loop;
 	uv_timer_t lease_timer;
 	uint64_t lease_tick_ms;   /* loop time of the last lease tick (stalls) */

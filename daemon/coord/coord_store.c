@@ -322,6 +322,9 @@ coord_free(coord_t *c)
 	refits_free(c);
 	if (c->store)
 		c->store->free(c->store_impl);
+	for (size_t i = 0; i < c->ngates; i++)
+		free(c->gates[i]);
+	free(c->gates);
 	free(c);
 }
 
