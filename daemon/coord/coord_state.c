@@ -372,24 +372,37 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 	return REFIT_OK;
 }
 
+#define CUT_SHORT "the coordinator restarted while the refit was "
+
 /*
- * A new leader over etcd (fail-over): the refit r the old leader had in
- * flight is refit again under the model's retry policy (retries > 0), as
- * a new refit once the model's instances are whole again
- * (coord_refit_api.c); a newer version, or this one installed meanwhile,
- * makes it moot.  With a state file a restart leaves it FAILED, as before.
+ * A new leader over etcd (fail-over): a model whose newest refit was cut
+ * short by a coordinator's end (its failure says so: this load made it so,
+ * or an earlier leader's, which itself ended before it could redo it) is
+ * refit again under its retry policy (retries > 0), as a new refit once
+ * the model's instances are whole again (coord_refit_api.c); a newer
+ * version, or this one installed meanwhile, makes it moot.  Derived from
+ * the stored records at every load, so a second fail-over does not lose
+ * it.  With a state file a restart leaves it FAILED, as before.
  */
 static void
-resume_later(coord_t *c, const refit_rec_t *r)
+resume_later(coord_t *c)
 {
-	if (c->leader == NULL || r->only != NULL)
+	if (c->leader == NULL)
 		return;
 	for (size_t i = 0; i < c->models.n; i++) {
 		model_t *m = &c->models.v[i];
 
-		if (strcmp(m->name, r->model) == 0 && m->retries > 0 &&
-		    r->version > m->installed_version && r->version > m->resume_version)
-			m->resume_version = r->version;
+		for (size_t k = c->refits.n; k-- > 0;) {
+			const refit_rec_t *r = c->refits.v[k];
+
+			if (strcmp(r->model, m->name) != 0 || r->only != NULL)
+				continue;
+			if (m->retries > 0 && r->fsm.state == REFIT_FSM_FAILED && r->failure &&
+			    strncmp(r->failure, CUT_SHORT, strlen(CUT_SHORT)) == 0 &&
+			    r->version > m->installed_version)
+				m->resume_version = r->version;
+			break;  /* the newest of the model decides */
+		}
 	}
 }
 
@@ -432,14 +445,12 @@ load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 		if (!refit_fsm_is(fs, REFIT_FSM_FINAL)) {
 			char msg[128];
 
-			snprintf(msg, sizeof(msg), "the coordinator restarted while the refit "
-				 "was %s", refit_fsm_public_name(st));
+			snprintf(msg, sizeof(msg), CUT_SHORT "%s", refit_fsm_public_name(st));
 			free(r->failure);
 			r->failure = xstrdup(msg);
 			r->fsm.state = REFIT_FSM_FAILED;
 			r->finished_ms = (uint64_t)time(NULL) * 1000;
 			log_warnx("coordinator: refit %" PRIu64 " (%s): %s", r->id, r->model, msg);
-			resume_later(c, r);
 		}
 		VEC_PUSH(&c->refits, r);
 	}
@@ -491,6 +502,8 @@ coord_state_load(coord_t *c, refit_err_t *err)
 			if (rc == REFIT_OK)
 				rc = load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"),
 						 err);
+			if (rc == REFIT_OK)
+				resume_later(c);
 		}
 		if (rc != REFIT_OK)
 			refit_err_prefix(err, "%s", c->store->where(c->store_impl));

@@ -84,35 +84,45 @@ member_call_settled(node_t *n)
 static void on_tick(uv_timer_t *t);
 
 /*
- * A Join or Heartbeat failed with st, msg.  With several coordinators
- * (docs/ha.md): a standby's UNAVAILABLE "not the leader: ADDR" is followed
- * to ADDR at once, another unreachable one to the next in the list; the
- * next beat (now) joins there (the new leader answers NOT_FOUND to an old
- * member id, then the node joins).
+ * A call to the coordinator failed with st, msg.  With several
+ * coordinators (docs/ha.md): a standby's UNAVAILABLE "not the leader: ADDR"
+ * is followed to ADDR at once, another unreachable one to the next in the
+ * list; the next beat (now) joins there (the new leader answers NOT_FOUND
+ * to an old member id, then the node joins).  True when it moved.
  */
-static void
-follow(node_t *n, refit_status_t st, const char *msg)
+bool
+node_follow(node_t *n, refit_status_t st, const char *msg)
 {
 	const char *p = strstr(msg, "not the leader: ");
 	size_t next = (n->coord_i + 1) % n->ncoords;
 
 	if (n->ncoords < 2 || (st != REFIT_ERR_UNAVAILABLE && st != REFIT_ERR_TIMEOUT))
-		return;
+		return false;
+	if (p == NULL)
+		n->coord_dead = n->coord_i;
 	for (size_t i = 0; p != NULL && i < n->ncoords; i++) {
 		size_t len = strlen(n->coords[i]);
 
-		if (strncmp(p + 16, n->coords[i], len) == 0 &&
-		    (p[16 + len] == '\0' || p[16 + len] == ' ' || p[16 + len] == ')'))
+		if (strncmp(p + 16, n->coords[i], len) != 0 ||
+		    (p[16 + len] != '\0' && p[16 + len] != ' ' && p[16 + len] != ')'))
+			continue;
+		/* a standby's view may lag behind a leader's death: not straight
+		 * back to the one just found unreachable (once; then believed) */
+		if (i == n->coord_dead)
+			n->coord_dead = n->ncoords;
+		else
 			next = i;
 	}
 	if (next == n->coord_i)
-		return;
+		return false;
 	log_info("node %s: coordinator %s %s: trying %s", n->node_id, n->coordinator,
 		 p ? "is a standby" : "unreachable", n->coords[next]);
 	n->coord_i = next;
 	n->coordinator = n->coords[next];
-	n->member_id = 0;
+	if (strstr(msg, "Heartbeat") || strstr(msg, "Join"))
+		n->member_id = 0;  /* else a heartbeat there says whether it knows us */
 	uv_timer_start(&n->beat, on_tick, p ? 0 : 50, uv_timer_get_repeat(&n->beat));
+	return true;
 }
 
 static void
@@ -123,12 +133,13 @@ on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 	if (member_call_settled(n)) {
 		if (st != REFIT_OK) {
 			log_warnx("node %s: Join: %s (retrying)", n->node_id, msg);
-			follow(n, st, msg);
+			node_follow(n, st, msg);
 		} else {
 			const Refit__V1__JoinResponse *r = (const void *)resp;
 
 			n->member_id = r->member_id;
 			n->epoch = r->epoch;
+			n->coord_dead = n->ncoords;
 			log_info("node %s: joined as member %" PRIu64 " at epoch %" PRIu64
 				 " (lease %u ms)", n->node_id, r->member_id, r->epoch,
 				 r->lease_ttl_ms);
@@ -153,7 +164,7 @@ on_beat_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 			n->member_id = 0;
 		} else if (st != REFIT_OK) {
 			log_warnx("node %s: Heartbeat: %s", n->node_id, msg);
-			follow(n, st, msg);
+			node_follow(n, st, msg);
 		} else if (((const Refit__V1__HeartbeatResponse *)resp)->drain) {
 			log_info("node %s: drained by the operator: leaving the membership and "
 				 "staying out until restarted", n->node_id);
@@ -425,6 +436,7 @@ coords_split(node_t *n, const char *list)
 		n->coords[n->ncoords++] = xstrdup(list ? list : "");
 	}
 	n->coord_i = 0;
+	n->coord_dead = n->ncoords;
 	n->coordinator = n->coords[0];
 }
 

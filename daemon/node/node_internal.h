@@ -194,6 +194,7 @@ struct node {
 	char *coordinator;          /* the coordinator called now: one of coords */
 	char **coords;              /* the configured coordinators (docs/ha.md) */
 	size_t ncoords, coord_i;    /* ... how many, and coordinator's index */
+	size_t coord_dead;          /* the last found unreachable (ncoords: none) */
 	char *node_id, *advertise, *domain;
 	int32_t *ranks;
 	size_t nranks;
@@ -317,5 +318,10 @@ refit_status_t node_slice_take(const node_t *n, const Refit__V1__RunSliceRequest
 const char *node_poisoned(node_t *n);
 /* node_run.c: staging reserved by the running slices (metrics) */
 uint64_t node_staging_reserved(const node_t *n);
+
+/* node.c: a call to the coordinator failed (st, msg): follow a standby's
+ * "not the leader: ADDR", or try the next coordinator when it is unreachable
+ * (several configured: docs/ha.md).  True when n->coordinator changed. */
+bool node_follow(node_t *n, refit_status_t st, const char *msg);
 
 #endif
