@@ -7,14 +7,18 @@ an in-place instance).
 Usage: test_ha.py BUILD_DIR.  Checks: one leader, the standbys answer
 UNAVAILABLE "not the leader: ADDR" naming it, refitctl given every
 coordinator (a standby first) follows to it, /metrics shows who leads and
-the leader's timed saves to etcd; a refit commits; the leader
-SIGKILLed -> a standby leads, the nodes follow it, the next refit commits
-byte-exact and no instance's version goes back; the leader SIGKILLed with
-a refit RUNNING -> the new leader has it FAILED and refits that version
-again by itself (the model's retries), installed once; a leader SIGSTOPped past its
-lease -> another leads, and the old one, SIGCONTed, changes nothing and
-stops with status 75; etcd stopped -> a change is refused UNAVAILABLE naming
-etcd, and is taken once etcd is back.  Prints the fail-over time (leader
+the leader's timed saves to etcd; a refit commits; the leader SIGKILLed ->
+a standby leads, the nodes follow it, the next refit commits byte-exact and
+no instance's version goes back; the leader SIGKILLed with a refit RUNNING
+-> the new leader has it FAILED and refits that version again by itself
+(the model's retries), installed once; a leader SIGSTOPped past its lease
+-> another leads, and the old one, SIGCONTed, changes nothing and stops
+with status 75; the leader's election key deleted while a change arrives
+-> the change is not acknowledged, the leader stops (75), etcd's state is
+not written by it; a soak of REFIT_HA_ROUNDS (6) refits with the leader
+SIGKILLed or SIGSTOPped at a random point of each (seed REFIT_HA_SEED) ->
+every version installed once, byte-exact; etcd stopped -> a change is
+refused UNAVAILABLE naming etcd, and is taken once etcd is back.  Prints the fail-over time (leader
 death to the first refit committed under the new leader) and the refit
 latency with etcd against a coordinator with a state file.  Skips (a clear
 message, exit 0) only when etcd is not installed (make deps installs it).
@@ -414,7 +418,7 @@ def soak():
         assert g.state == pb.COMMITTED or (g.state == pb.FAILED and "restarted" in g.failure), \
             (g.state, g.failure)
         kinds["committed before" if g.state == pb.COMMITTED else "cut short, redone"] += 1
-    FIG[f"soak: {SOAK_ROUNDS} refits, the leader killed at a random point of each"] = \
+    FIG[f"soak, {SOAK_ROUNDS} refits, the leader killed at a random point of each"] = \
         ", ".join(f"{k} {v}" for k, v in kinds.items())
 
 
