@@ -280,6 +280,8 @@ include client/librefit.mk
 include python/install.mk
 # operations: health proto, metrics
 include daemon/ops.mk
+# the etcd client: its generated messages
+include rpc/etcd.mk
 
 # the shared CUDA runtime: one runtime (one current device per thread) with refitd's
 # (both kernel libraries: a static cudart would be a second runtime in refitd)

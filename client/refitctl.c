@@ -41,13 +41,72 @@ exit_for(const refit_err_t *e)
 	return e->status == REFIT_ERR_INVALID_ARG ? 2 : 1;
 }
 
+/* The address after i in the list (wrapping), or the one "not the leader:
+ * ADDR" names; NULL when the list has one address. */
+static const char *
+next_addr(const ctl_t *c, const char *msg, char *buf, size_t n)
+{
+	const char *cur = rpc_client_target(c->cli), *p = strstr(msg, "not the leader: ");
+	const char *a = c->addrs, *first = NULL;
+	bool after = false;
+
+	if (p != NULL && strncmp(p + 16, "none", 4) != 0) {
+		snprintf(buf, n, "%.*s", (int)strcspn(p + 16, " ),"), p + 16);
+		return buf;
+	}
+	if (a == NULL || strchr(a, ',') == NULL)
+		return NULL;
+	while (*a) {
+		size_t len = strcspn(a, ",");
+
+		snprintf(buf, n, "%.*s", (int)len, a);
+		if (first == NULL)
+			first = a;
+		if (after)
+			return buf;
+		after = strcmp(buf, cur) == 0;
+		a += len + (a[len] == ',');
+	}
+	snprintf(buf, n, "%.*s", (int)strcspn(first, ","), first);
+	return buf;
+}
+
+/*
+ * Several coordinators (docs/ha.md): a standby's UNAVAILABLE "not the
+ * leader: ADDR" is followed to ADDR at once, an unreachable one to the next
+ * address; each at most twice the list's length.  A refusal that is not
+ * about reaching the leader (etcd unreachable, say) is the answer.
+ */
+static refit_status_t
+call_leader(ctl_t *c, const char *method, const ProtobufCMessage *req, ProtobufCMessage **resp,
+	    refit_err_t *e)
+{
+	char buf[256];
+	refit_status_t rc;
+
+	for (int tries = 0;; tries++) {
+		const char *to;
+		rpc_client_t *nc;
+
+		refit_err_clear(e);
+		rc = rpc_client_call(c->cli, SVC, method, req, resp, c->timeout_ms, e);
+		if (rc != REFIT_ERR_UNAVAILABLE || tries >= 8 || strstr(e->msg, "etcd") != NULL ||
+		    (to = next_addr(c, e->msg, buf, sizeof(buf))) == NULL)
+			return rc;
+		if ((nc = rpc_client_new(to, &c->co, e)) == NULL)
+			return e->status;
+		rpc_client_free(c->cli);
+		c->cli = nc;
+	}
+}
+
 static int
 call(ctl_t *c, const char *method, const ProtobufCMessage *req, ProtobufCMessage **resp)
 {
 	refit_err_t e;
 
 	refit_err_clear(&e);
-	if (rpc_client_call(c->cli, SVC, method, req, resp, c->timeout_ms, &e) != REFIT_OK) {
+	if (call_leader(c, method, req, resp, &e) != REFIT_OK) {
 		fprintf(stderr, "refitctl: %s\n", e.msg);
 		if (e.status == REFIT_ERR_UNAVAILABLE)
 			fprintf(stderr, "refitctl: is a coordinator running at %s? (set "
@@ -437,6 +496,10 @@ run(ctl_t *c, const cmd_t *cmd, int argc, char **argv)
 	if ((rc = build(c, cmd, &a, rq)) == 0 && (rc = call(c, cmd->method, rq, &resp)) == 0) {
 		if (cmd->text != NULL)
 			refitctl_emit(c, cmd, resp, &a);
+		if (cmd->text != NULL && !c->json && strcmp(cmd->method, "ListMembers") == 0 &&
+		    strchr(c->addrs, ',') != NULL)
+			printf("coordinator leading: %s (answered; the others of %s are standbys "
+			       "or unreachable)\n", rpc_client_target(c->cli), c->addrs);
 		rc = cmd->then ? cmd->then(c, &a, resp) : 0;
 		protobuf_c_message_free_unpacked(resp, NULL);
 	}
@@ -447,7 +510,7 @@ run(ctl_t *c, const cmd_t *cmd, int argc, char **argv)
 static void
 usage(FILE *f)
 {
-	fprintf(f, "usage: refitctl [--coordinator ADDR] [--token-file F]\n"
+	fprintf(f, "usage: refitctl [--coordinator ADDR[,ADDR...]] [--token-file F]\n"
 		"                [--tls-ca F [--tls-cert F --tls-key F] [--tls-name N]]\n"
 		"                [--timeout-ms N] [--json] COMMAND [ARGS]\n\n");
 	for (size_t i = 0; i < NCMDS; i++)
@@ -530,7 +593,14 @@ main(int argc, char **argv)
 		free(token);
 		return cmd->local(argc - optind, argv + optind);
 	}
-	c.cli = rpc_client_new(addr ? addr : "127.0.0.1:7070", &co, &e);
+	c.addrs = addr ? addr : "127.0.0.1:7070";
+	c.co = co;
+	{
+		char first[256];
+
+		snprintf(first, sizeof(first), "%.*s", (int)strcspn(c.addrs, ","), c.addrs);
+		c.cli = rpc_client_new(first, &co, &e);
+	}
 	if (c.cli == NULL) {
 		free(token);
 		return bad_input(&e);

@@ -21,6 +21,8 @@
 
 typedef struct ctl {
 	rpc_client_t *cli;
+	const char *addrs;          /* --coordinator: one address or several, commas */
+	rpc_client_opts_t co;       /* to connect to another of them */
 	int json;
 	int64_t timeout_ms;
 } ctl_t;

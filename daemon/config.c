@@ -36,7 +36,8 @@ static const key_t_ keys[] = {
 	{"listen", K_STR, F(listen), "127.0.0.1:7070", 0, 0, NULL, false,
 	 "gRPC address: host:port or unix:/path"},
 	{"coordinator", K_STR, F(coordinator), "127.0.0.1:7070", 0, 0, NULL, false,
-	 "node role: the coordinator's address"},
+	 "node role: the coordinator's address, or several separated by commas "
+	 "(coordinators over etcd: the leader is followed; docs/ha.md)"},
 	{"tls_cert", K_STR, F(tls_cert), NULL, 0, 0, NULL, false,
 	 "PEM certificate: this process's name (refitctl init)"},
 	{"tls_key", K_STR, F(tls_key), NULL, 0, 0, NULL, false, "PEM private key"},
@@ -67,6 +68,18 @@ static const key_t_ keys[] = {
 	 "largest RPC message"},
 	{"state_file", K_STR, F(state_file), NULL, 0, 0, NULL, false,
 	 "coordinator state file"},
+	{"state_store", K_ENUM, F(state_store), "file", 0, 0, "file|etcd", false,
+	 "coordinator: where the state lives: state_file (one coordinator), or etcd "
+	 "(several coordinators, one elected leader, the others standbys); docs/ha.md"},
+	{"etcd_endpoints", K_STR, F(etcd_endpoints), NULL, 0, 0, NULL, false,
+	 "coordinator, state_store etcd: etcd's client endpoints, host:port separated by "
+	 "commas (plaintext gRPC; TLS to etcd is not built yet)"},
+	{"etcd_prefix", K_STR, F(etcd_prefix), "/refit", 0, 0, NULL, false,
+	 "coordinator, state_store etcd: the prefix of refit's keys (one cluster of "
+	 "coordinators per prefix)"},
+	{"etcd_lease_ttl_ms", K_MS, F(etcd_lease_ttl_ms), "5000", 1000, 600000, NULL, false,
+	 "coordinator, state_store etcd: the leader's lease (whole seconds, rounded up): a "
+	 "leader that stops is replaced about this long after"},
 	{"log_level", K_ENUM, F(log_level), "info", 0, 0, "error|warn|info|debug", true,
 	 "log level"},
 	{"node_id", K_STR, F(node_id), NULL, 0, 0, NULL, false,
@@ -76,7 +89,8 @@ static const key_t_ keys[] = {
 	{"domain", K_STR, F(domain), NULL, 0, 0, NULL, false,
 	 "node role: NVLink domain (default: node_id)"},
 	{"advertise", K_STR, F(advertise), NULL, 0, 0, NULL, false,
-	 "node role: address the coordinator calls (default: listen)"},
+	 "node role: address the coordinator calls; coordinator with state_store etcd: the "
+	 "address standbys name as the leader's (default: listen)"},
 	{"data_listen", K_STR, F(data_listen), "127.0.0.1:0", 0, 0, NULL, false,
 	 "node role: tcp data plane host:port (port 0: any free port)"},
 	{"data_advertise", K_STR, F(data_advertise), NULL, 0, 0, NULL, false,
@@ -404,6 +418,55 @@ check_port(const char *key, const char *v, bool allow0, bool unix_ok, refit_err_
 	return REFIT_OK;
 }
 
+/* A comma-separated list of check_port's host:port (or unix:/path), at
+ * least one. */
+static refit_status_t
+check_ports(const char *key, const char *v, refit_err_t *err)
+{
+	char *list, *tok, *save = NULL;
+	refit_status_t rc = REFIT_OK;
+	size_t n = 0;
+
+	if (v == NULL)
+		return REFIT_OK;
+	list = xstrdup(v);
+	for (tok = strtok_r(list, ",", &save); tok && rc == REFIT_OK;
+	     tok = strtok_r(NULL, ",", &save), n++)
+		if ((rc = check_port(key, tok, false, true, err)) != REFIT_OK && strchr(v, ','))
+			refit_err_prefix(err, "in \"%s\"", v);
+	free(list);
+	if (rc == REFIT_OK && n == 0)
+		rc = refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"%s\": \"%s\" names "
+				   "no address", key, v);
+	return rc;
+}
+
+/* state_store etcd: endpoints given, host:port each; a prefix like /refit. */
+static refit_status_t
+check_etcd(const refitd_config_t *c, refit_err_t *err)
+{
+	size_t n = c->etcd_prefix ? strlen(c->etcd_prefix) : 0;
+
+	if (strcmp(c->state_store, "etcd") != 0)
+		return REFIT_OK;
+	if (c->etcd_endpoints == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: state_store \"etcd\" "
+				     "needs etcd_endpoints (host:port,...)");
+	if (strstr(c->etcd_endpoints, "unix:") != NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"etcd_endpoints\": "
+				     "\"%s\": host:port only", c->etcd_endpoints);
+	CHECK(check_ports("etcd_endpoints", c->etcd_endpoints, err));
+	if (n < 2 || c->etcd_prefix[0] != '/' || c->etcd_prefix[n - 1] == '/')
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config key \"etcd_prefix\": "
+				     "\"%s\" must start with / and not end with one, e.g. /refit",
+				     c->etcd_prefix ? c->etcd_prefix : "");
+	if (c->state_file != NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: state_file and "
+				     "state_store \"etcd\" exclude each other (the state is "
+				     "etcd's)");
+	return REFIT_OK;
+}
+
 bool
 config_is_loopback(const char *addr)
 {
@@ -442,8 +505,9 @@ config_check(const refitd_config_t *c, refit_err_t *err)
 	CHECK(check_exposed(c, err));
 	/* metrics: TCP only (metrics.c), port 0 binds any free port */
 	CHECK(check_port("metrics_listen", c->metrics_listen, true, false, err));
+	CHECK(check_etcd(c, err));
 	if (strcmp(c->role, "node") == 0) {
-		CHECK(check_port("coordinator", c->coordinator, false, true, err));
+		CHECK(check_ports("coordinator", c->coordinator, err));
 		CHECK(check_port("advertise", c->advertise, false, true, err));
 		CHECK(check_port("data_listen", c->data_listen, true, true, err));
 		CHECK(check_port("data_advertise", c->data_advertise, false, true, err));

@@ -27,6 +27,10 @@ typedef struct refitd_config {
 	uint64_t staging_bytes;
 	uint64_t max_msg_bytes;
 	char *state_file;
+	char *state_store;    /* coordinator: "file" | "etcd" (docs/ha.md) */
+	char *etcd_endpoints; /* etcd: "host:port,..." */
+	char *etcd_prefix;    /* etcd: the keys' prefix */
+	uint64_t etcd_lease_ttl_ms; /* etcd: the leader's lease */
 	char *log_level;      /* error | warn | info | debug */
 	char *node_id;        /* node role: this node's name (default: hostname) */
 	char *ranks;          /* node role: "0-7" or "0,2,4-5" */

@@ -405,6 +405,11 @@ main(int argc, char **argv)
 	co.lease_ttl_ms = (uint32_t)cfg.lease_ttl_ms;
 	co.heartbeat_ms = (uint32_t)cfg.heartbeat_ms;
 	co.state_file = cfg.state_file;
+	co.state_store = cfg.state_store;
+	co.etcd_endpoints = cfg.etcd_endpoints;
+	co.etcd_prefix = cfg.etcd_prefix;
+	co.etcd_lease_ttl_ms = (uint32_t)cfg.etcd_lease_ttl_ms;
+	co.advertise = cfg.advertise ? cfg.advertise : cfg.listen;
 	co.staging_bytes = cfg.staging_bytes;
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;
 	co.instance_grace_ms = cfg.instance_grace_ms;

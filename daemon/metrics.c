@@ -119,6 +119,13 @@ static const family_t families[M_COUNT] = {
 	[M_DELTA_FALLBACK_TOTAL] = {"refitd_delta_fallback_total", KIND_COUNTER,
 		"Slices offered a delta base that ran dense, by reason (nccl: the transport "
 		"does not encode yet); node", NULL, 0},
+	[M_COORD_LEADER] = {"refitd_coordinator_leader", KIND_GAUGE,
+		"1 when this coordinator leads (serves the Coordinator service), 0 when it is "
+		"a standby (state_store etcd: docs/ha.md); coordinator", NULL, 0},
+	[M_STATE_STORE_SECONDS] = {"refitd_state_store_duration_seconds", KIND_HISTOGRAM,
+		"Time a load or save of the coordinator's state took, by store (file, etcd), "
+		"op and outcome (a save precedes every acknowledged change); coordinator",
+		rpc_buckets, NB(rpc_buckets)},
 };
 
 typedef struct series {

@@ -45,6 +45,8 @@ typedef enum metric_id {
 	M_DELTA_SENT_BYTES_TOTAL,/* counter {kind}: wire bytes of units sent dense or delta */
 	M_DELTA_DENSE_BYTES_TOTAL, /* counter: dense bytes the delta units stood for */
 	M_DELTA_FALLBACK_TOTAL,  /* counter {reason}: slices offered a base that ran dense */
+	M_COORD_LEADER,          /* gauge: 0 or 1 */
+	M_STATE_STORE_SECONDS,   /* histogram {store, op, outcome} */
 	M_COUNT
 } metric_id_t;
 

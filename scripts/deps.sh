@@ -9,7 +9,7 @@ pkgs="gcc make pkg-config check libsubunit-dev libcjson-dev clang libclang-rt-14
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libuv1-dev libssl-dev
       python3 python3-venv python3-grpcio python3-grpc-tools python3-numpy openssl python3-cryptography
       python3-torch python3-setuptools python3-pip libmicrohttpd-dev prometheus
-      python3-prometheus-client iproute2 nftables $*"
+      python3-prometheus-client iproute2 nftables etcd-server etcd-client $*"
 missing=""
 for p in $pkgs; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then

@@ -122,6 +122,7 @@ def tree(rpc_fails=False, delta=False):
         "docs/conversion.md": OUTSIDE + region("bench-scale", "not generated yet\n"),
         "docs/delta.md": OUTSIDE + (region("delta-density") + region("bench-delta") +
                                     region("delta-model") if delta else ""),
+        "docs/ha.md": OUTSIDE + region("ha", "a dated run\n"),
     }
     for name, text in docs.items():
         with open(os.path.join(root, name), "w") as f:

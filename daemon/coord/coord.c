@@ -20,7 +20,9 @@
 #include "rpc/proto_conv.h"
 #include "rpc/rpc_auth.h"
 
+#include "daemon/coord/coord_backend.h"
 #include "daemon/coord/coord_internal.h"
+#include "rpc/etcd.h"
 #include "daemon/coord/coord_rules.h"
 #include "daemon/metrics.h"
 
@@ -482,6 +484,84 @@ on_conn(void *arg, const char *target, rpc_conn_t old, rpc_conn_t now, int outag
 		log_info("coordinator: node %s: channel to %s READY again", node, target);
 }
 
+/*
+ * Every Coordinator method is registered through a gate (one per method,
+ * c->gates): a standby answers UNAVAILABLE "not the leader: ADDR", which
+ * nodes and refitctl follow at once (docs/ha.md); the leader (and a
+ * coordinator with a state file, always) runs the handler.
+ */
+typedef struct coord_gate {
+	coord_t *c;
+	rpc_handler_fn fn;
+	const char *method;
+} coord_gate_t;
+
+static void
+gated(void *ctx, rpc_call_t *call, const ProtobufCMessage *req)
+{
+	const coord_gate_t *g = ctx;
+	char who[256];
+
+	if (g->c->leading)
+		return g->fn(g->c, call, req);
+	coord_leader_addr(g->c->leader, who, sizeof(who));
+	rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "%s: not the leader: %s", g->method, who);
+}
+
+/* Register methods[0..n) of the Coordinator service, each behind its gate. */
+static refit_status_t
+add_gated(coord_t *c, const rpc_method_cfg_t *methods, size_t n, refit_err_t *err)
+{
+	coord_gate_t *g = xcalloc(n, sizeof(*g));
+	refit_status_t rc = REFIT_OK;
+
+	c->gates = xreallocarray(c->gates, c->ngates + 1, sizeof(*c->gates));
+	c->gates[c->ngates++] = g;
+	for (size_t i = 0; i < n && rc == REFIT_OK; i++) {
+		rpc_method_cfg_t one = {methods[i].name, gated};
+
+		g[i] = (coord_gate_t){c, methods[i].fn, methods[i].name};
+		rc = rpc_server_add_service(c->srv, &refit__v1__coordinator__descriptor, &one, 1,
+					    &g[i], err);
+	}
+	return rc;
+}
+
+/* The state store of o: the file (or none), read now; or etcd, read once
+ * this coordinator is elected. */
+static refit_status_t
+store_open(coord_t *c, const coord_opts_t *o, refit_err_t *err)
+{
+	etcd_t *e;
+	size_t n = o->etcd_prefix ? strlen(o->etcd_prefix) : 0;
+
+	if (o->state_store == NULL || strcmp(o->state_store, "file") == 0) {
+		if (o->state_file) {
+			c->store = &coord_backend_file;
+			c->store_impl = coord_backend_file_new(o->state_file);
+		}
+		c->leading = true;
+		return coord_state_load(c, err);
+	}
+	if (strcmp(o->state_store, "etcd") != 0)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "coordinator: state_store "
+				     "\"%s\" is neither file nor etcd", o->state_store);
+	if (n == 0 || o->etcd_prefix[0] != '/' || o->etcd_prefix[n - 1] == '/')
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "coordinator: etcd_prefix "
+				     "\"%s\" must start with / and not end with one",
+				     o->etcd_prefix ? o->etcd_prefix : "");
+	if ((e = etcd_new(o->etcd_endpoints, 2000, err)) == NULL)
+		return err->status;
+	c->store = &coord_backend_etcd;
+	c->store_impl = coord_backend_etcd_new(e, o->etcd_prefix);
+	c->leader = coord_leader_start(c, o, c->store_impl, err);
+	if (c->leader == NULL)
+		return err->status;
+	log_info("coordinator: state in etcd (%s, prefix %s): a standby until elected",
+		 o->etcd_endpoints, o->etcd_prefix);
+	return REFIT_OK;
+}
+
 coord_t *
 coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t *err)
 {
@@ -491,19 +571,20 @@ coord_new(uv_loop_t *loop, rpc_server_t *srv, const coord_opts_t *o, refit_err_t
 	c->o = *o;
 	c->rpc = o->rpc;
 	c->srv = srv;
-	c->state_file = o->state_file ? xstrdup(o->state_file) : NULL;
-	if (coord_state_load(c, err) != REFIT_OK) {
-		coord_free(c);
+	if (store_open(c, o, err) != REFIT_OK) {
+		if (c->leader != NULL) {  /* closed on the loop, then c is freed */
+			c->closing = c->timer_closed = true;
+			coord_leader_stop(c->leader);
+		} else {
+			coord_free(c);
+		}
 		return NULL;
 	}
+	coord_leader_changed(c);
 	coord_member_ids_from_clock(c);
-	if (rpc_server_add_service(srv, &refit__v1__coordinator__descriptor, methods,
-				   sizeof(methods) / sizeof(methods[0]), c, err) != REFIT_OK ||
-	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,
-				   coord_refit_methods, coord_refit_nmethods, c, err) != REFIT_OK ||
-	    rpc_server_add_service(srv, &refit__v1__coordinator__descriptor,
-				   coord_register_methods, coord_register_nmethods, c,
-				   err) != REFIT_OK) {
+	if (add_gated(c, methods, sizeof(methods) / sizeof(methods[0]), err) != REFIT_OK ||
+	    add_gated(c, coord_refit_methods, coord_refit_nmethods, err) != REFIT_OK ||
+	    add_gated(c, coord_register_methods, coord_register_nmethods, err) != REFIT_OK) {
 		coord_free(c);
 		return NULL;
 	}
@@ -536,6 +617,8 @@ coord_close(coord_t *c, void (*done)(void *arg), void *arg)
 	rpc_async_cancel(c->rpc, RPC_GROUP_ALL); /* nodes' answers are not awaited */
 	c->closed_cb = done;
 	c->closed_arg = arg;
+	if (c->leader != NULL)
+		coord_leader_stop(c->leader);
 	uv_timer_stop(&c->lease_timer);
 	uv_close((uv_handle_t *)&c->lease_timer, on_timer_closed);
 }

@@ -13,7 +13,12 @@
 typedef struct coord_opts {
 	uint32_t lease_ttl_ms;  /* a member is removed this long after its last beat */
 	uint32_t heartbeat_ms;  /* what members are told to use */
-	const char *state_file; /* NULL: nothing survives a restart */
+	const char *state_file; /* NULL: nothing survives a restart (state_store file) */
+	const char *state_store; /* "file" (NULL too) or "etcd" (docs/ha.md) */
+	const char *etcd_endpoints; /* etcd: "host:port,..." */
+	const char *etcd_prefix;    /* etcd: the keys' prefix ("/refit") */
+	uint32_t etcd_lease_ttl_ms; /* etcd: the election lease (whole seconds, rounded up) */
+	const char *advertise;      /* etcd: this coordinator's address, as standbys name it */
 	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */
 	bool nic_per_node;      /* plans: one NIC per node, shared by its ranks */
 	rpc_async_t *rpc;       /* the process's client for calls to nodes (not owned) */

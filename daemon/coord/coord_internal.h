@@ -89,8 +89,15 @@ typedef struct plan_cache {
 	uint64_t node_bytes;        /* its busiest node's network bytes (one way) */
 } plan_cache_t;
 
+typedef struct coord_leader coord_leader_t;
+
 struct coord {
-	char *state_file;         /* NULL: state lives in memory only */
+	const struct coord_backend *store; /* NULL: state lives in memory only */
+	void *store_impl;
+	coord_leader_t *leader;   /* etcd: the election (NULL: the state file, always leads) */
+	bool leading;             /* serves the Coordinator service (else: a standby) */
+	struct coord_gate **gates; /* each method's gate (coord.c), one array per table */
+	size_t ngates;
 	uv_loop_t *loop;
 	uv_timer_t lease_timer;
 	uint64_t lease_tick_ms;   /* loop time of the last lease tick (stalls) */
@@ -129,10 +136,27 @@ struct coord {
  * coord_state.c; refit_fsm.c is pure, below them all.
  */
 
-/* coord_state.c: write the state file (when configured); REFIT_OK or err */
+/* coord_leader.c: the election over etcd (state_store "etcd"); store is
+ * the etcd backend it fences.  Loop thread. */
+coord_leader_t *coord_leader_start(coord_t *c, const coord_opts_t *o, void *store,
+				   refit_err_t *err);
+/* Who leads ("none elected yet" when nobody): for "not the leader: ADDR". */
+void coord_leader_addr(coord_leader_t *l, char *buf, size_t n);
+/* Stop the thread, revoke the lease, close; c->leader becomes NULL and
+ * coord_maybe_free runs once closed. */
+void coord_leader_stop(coord_leader_t *l);
+/* coord_metrics.c: /metrics refitd_coordinator_leader follows c->leading */
+void coord_leader_changed(coord_t *c);
+
+/* coord_state.c: write the state (when a store is configured); REFIT_OK or err */
 refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
-/* Read the state file into c (models, versions, epoch, ids). */
+/* Read the state into c (models, versions, epoch, ids). */
 refit_status_t coord_state_load(coord_t *c, refit_err_t *err);
+/* A store operation ("load", "save") took us µs and ended rc:
+ * refitd_state_store_seconds{store, op, outcome}. */
+void coord_store_observe(coord_t *c, const char *op, refit_status_t rc, uint64_t us);
+/* monotonic clock, µs */
+uint64_t coord_mono_us(void);
 /* A zeroed refit record, counted until coord_refit_free calls
  * coord_refit_uncount (every record is made here, so that a record dropped
  * unfreed shows in the counts). */

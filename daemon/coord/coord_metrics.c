@@ -131,3 +131,9 @@ coord_metrics_refit(coord_t *c, const refit_rec_t *r, const plan_t *p)
 	memmove(&tracks.v[i - 1], &tracks.v[i], (tracks.n - i) * sizeof(tracks.v[0]));
 	tracks.n--;
 }
+
+void
+coord_leader_changed(coord_t *c)
+{
+	metrics_set(M_COORD_LEADER, NULL, c->leading ? 1 : 0);
+}

@@ -95,6 +95,9 @@ typedef struct model {
 	uint64_t delta_epoch;      /* ... its epoch */
 	uint64_t *delta_members;   /* ... the members that kept every base of it */
 	size_t ndelta_members;
+	uint64_t resume_version;   /* a new leader over etcd: the version of a refit the
+				      old leader had in flight, refit again once the
+				      model's instances are whole (retries > 0; not kept) */
 } model_t;
 
 #define COORD_MAX_INTERVAL_MS 86400000u

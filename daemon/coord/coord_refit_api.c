@@ -439,6 +439,49 @@ catch_up(coord_t *c, uint64_t now)
 	return false;
 }
 
+/* Every instance of m (trainer included) whole: each of its ranks served
+ * by a member that registered it. */
+static bool
+model_whole(coord_t *c, model_t *m)
+{
+	for (size_t i = 0; i < m->inst.n; i++)
+		if (coord_instance_unheld(c, &m->inst.v[i]) >= 0)
+			return false;
+	return m->inst.n > 0;
+}
+
+/* After a fail-over (resume_version, coord_state.c): the refit the old
+ * leader had in flight, again, once the model is whole.  One per tick;
+ * true when one started. */
+static bool
+resume(coord_t *c)
+{
+	for (size_t k = 0; k < c->models.n; k++) {
+		model_t *m = &c->models.v[k];
+		refit_rec_t *r;
+
+		if (m->resume_version == 0)
+			continue;
+		if (m->resume_version != m->latest_version ||
+		    m->installed_version >= m->resume_version) {
+			m->resume_version = 0;  /* a newer version came, or this one is in */
+			continue;
+		}
+		if (!model_whole(c, m) || model_busy(c, m->name))
+			continue;
+		m->resume_version = 0;
+		r = coord_refit_add(c, m, NULL);
+		coord_refits_trim(c);
+		log_info("coordinator: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " again: "
+			 "the previous leader's refit of it was cut short (retry policy: %u)",
+			 r->id, m->name, r->version, m->retries);
+		coord_save(c);
+		coord_refit_plan(c, r);
+		return true;
+	}
+	return false;
+}
+
 void
 coord_refits_tick(coord_t *c)
 {
@@ -459,6 +502,6 @@ coord_refits_tick(coord_t *c)
 		if (refit_fsm_is(r->fsm.state, REFIT_FSM_WAITS) && now >= r->retry_at_ms)
 			coord_refit_on(c, r, REFIT_FSM_EV_DUE);
 	}
-	if (!coord_trigger_tick(c, now))
+	if (!coord_trigger_tick(c, now) && !resume(c))
 		catch_up(c, now);
 }

@@ -1,29 +1,28 @@
 /*
- * coord_state.c - the coordinator's state file: models (every instance's
- * layouts, digests, and what an inference instance holds), versions,
- * member id counter and the epoch generation, written atomically (temp
- * file, fsync, rename, fsync of the directory) on every change, read back
- * at start.
+ * coord_state.c - the coordinator's durable state: models (every
+ * instance's layouts, digests, and what an inference instance holds),
+ * versions, member id counter and the epoch generation, as one JSON
+ * document written on every change through the state store
+ * (coord_store.h: the state file, or etcd) and read back at start (or,
+ * with etcd, when this coordinator becomes the leader).
  *
  * Members are leases and are not kept: after a restart nodes find their
  * member id unknown on the next heartbeat and join again.  Epochs stay
  * monotonic across restarts: the high 32 bits are a generation counter
  * stored here and bumped at every start.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 #include <cjson/cJSON.h>
 
 #include "codec/json.h"
 #include "common/log.h"
+#include "daemon/coord/coord_backend.h"
 #include "daemon/coord/coord_internal.h"
+#include "daemon/metrics.h"
 #include "rpc/proto_conv.h"
 
 #define STATE_VERSION 1
@@ -51,6 +50,22 @@ coord_refit_counts(uint64_t *live, uint64_t *freed)
 {
 	*live = refits_made - refits_freed;
 	*freed = refits_freed;
+}
+
+uint64_t
+coord_mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void
+coord_store_observe(coord_t *c, const char *op, refit_status_t rc, uint64_t us)
+{
+	metrics_observe(M_STATE_STORE_SECONDS, (const char *[]){"store", c->store->name, "op",
+			op, "outcome", rc == REFIT_OK ? "ok" : "error", NULL}, (double)us / 1e6);
 }
 
 static void
@@ -141,54 +156,19 @@ state_text(const coord_t *c)
 	return text;
 }
 
-static refit_status_t
-write_atomic(const char *path, const char *text, refit_err_t *err)
-{
-	char tmp[4096], dir[4096];
-	size_t len = strlen(text), off = 0;
-	int fd;
-
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return refit_err_set(err, REFIT_ERR_SYS, "state file %s: %s", tmp, strerror(errno));
-	while (off < len) {
-		ssize_t n = write(fd, text + off, len - off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			close(fd);
-			unlink(tmp);
-			return refit_err_set(err, REFIT_ERR_SYS, "state file %s: write: %s", tmp,
-					     strerror(errno));
-		}
-		off += (size_t)n;
-	}
-	if (fsync(fd) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
-		unlink(tmp);
-		return refit_err_set(err, REFIT_ERR_SYS, "state file %s: %s", path,
-				     strerror(errno));
-	}
-	snprintf(dir, sizeof(dir), "%s", path);
-	fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
-	return REFIT_OK;
-}
-
 refit_status_t
 coord_state_save(coord_t *c, refit_err_t *err)
 {
 	char *text;
 	refit_status_t rc;
+	uint64_t t0;
 
-	if (c->state_file == NULL)
+	if (c->store == NULL)
 		return REFIT_OK;
 	text = state_text(c);
-	rc = write_atomic(c->state_file, text, err);
+	t0 = coord_mono_us();
+	rc = c->store->save(c->store_impl, text, strlen(text), err);
+	coord_store_observe(c, "save", rc, coord_mono_us() - t0);
 	cJSON_free(text);
 	return rc;
 }
@@ -407,6 +387,40 @@ load_models(coord_t *c, const cJSON *models, refit_err_t *err)
 	return REFIT_OK;
 }
 
+#define CUT_SHORT "the coordinator restarted while the refit was "
+
+/*
+ * A new leader over etcd (fail-over): a model whose newest refit was cut
+ * short by a coordinator's end (its failure says so: this load made it so,
+ * or an earlier leader's, which itself ended before it could redo it) is
+ * refit again under its retry policy (retries > 0), as a new refit once
+ * the model's instances are whole again (coord_refit_api.c); a newer
+ * version, or this one installed meanwhile, makes it moot.  Derived from
+ * the stored records at every load, so a second fail-over does not lose
+ * it.  With a state file a restart leaves it FAILED, as before.
+ */
+static void
+resume_later(coord_t *c)
+{
+	if (c->leader == NULL)
+		return;
+	for (size_t i = 0; i < c->models.n; i++) {
+		model_t *m = &c->models.v[i];
+
+		for (size_t k = c->refits.n; k-- > 0;) {
+			const refit_rec_t *r = c->refits.v[k];
+
+			if (strcmp(r->model, m->name) != 0 || r->only != NULL)
+				continue;
+			if (m->retries > 0 && r->fsm.state == REFIT_FSM_FAILED && r->failure &&
+			    strncmp(r->failure, CUT_SHORT, strlen(CUT_SHORT)) == 0 &&
+			    r->version > m->installed_version)
+				m->resume_version = r->version;
+			break;  /* the newest of the model decides */
+		}
+	}
+}
+
 /*
  * Refit records come back as they were, except that one a crash cut short
  * is FAILED now: it never silently disappears.  A state that is no
@@ -446,8 +460,7 @@ load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 		if (!refit_fsm_is(fs, REFIT_FSM_FINAL)) {
 			char msg[128];
 
-			snprintf(msg, sizeof(msg), "the coordinator restarted while the refit "
-				 "was %s", refit_fsm_public_name(st));
+			snprintf(msg, sizeof(msg), CUT_SHORT "%s", refit_fsm_public_name(st));
 			free(r->failure);
 			r->failure = xstrdup(msg);
 			r->fsm.state = REFIT_FSM_FAILED;
@@ -466,14 +479,17 @@ coord_state_load(coord_t *c, refit_err_t *err)
 	size_t len;
 	cJSON *root;
 	refit_status_t rc;
-	uint64_t gen = 0;
+	uint64_t gen = 0, t0;
 
-	if (c->state_file == NULL)
+	if (c->store == NULL)
 		return REFIT_OK;
-	rc = codec_read_file(c->state_file, &buf, &len, err);
+	t0 = coord_mono_us();
+	rc = c->store->load(c->store_impl, &buf, &len, err);
+	coord_store_observe(c, "load", rc == REFIT_ERR_NOT_FOUND ? REFIT_OK : rc,
+			    coord_mono_us() - t0);
 	if (rc == REFIT_ERR_NOT_FOUND) {
 		refit_err_clear(err);
-		log_info("coordinator: no state file %s yet: starting empty", c->state_file);
+		log_info("coordinator: no %s yet: starting empty", c->store->where(c->store_impl));
 		rc = REFIT_OK;
 	} else if (rc == REFIT_OK) {
 		root = cJSON_ParseWithLength(buf, len);
@@ -501,9 +517,11 @@ coord_state_load(coord_t *c, refit_err_t *err)
 			if (rc == REFIT_OK)
 				rc = load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"),
 						 err);
+			if (rc == REFIT_OK)
+				resume_later(c);
 		}
 		if (rc != REFIT_OK)
-			refit_err_prefix(err, "state file %s", c->state_file);
+			refit_err_prefix(err, "%s", c->store->where(c->store_impl));
 		cJSON_Delete(root);
 	}
 	if (rc != REFIT_OK)

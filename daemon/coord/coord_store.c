@@ -14,6 +14,7 @@
 #include <inttypes.h>
 
 #include "common/log.h"
+#include "daemon/coord/coord_backend.h"
 #include "daemon/coord/coord_internal.h"
 #include "rpc/rpc_auth.h"
 
@@ -335,7 +336,11 @@ coord_free(coord_t *c)
 	}
 	VEC_FREE(&c->models);
 	refits_free(c);
-	free(c->state_file);
+	if (c->store)
+		c->store->free(c->store_impl);
+	for (size_t i = 0; i < c->ngates; i++)
+		free(c->gates[i]);
+	free(c->gates);
 	free(c);
 }
 
@@ -345,7 +350,7 @@ coord_maybe_free(coord_t *c)
 	void (*cb)(void *) = c->closed_cb;
 	void *arg = c->closed_arg;
 
-	if (!c->closing || !c->timer_closed || c->inflight != 0)
+	if (!c->closing || !c->timer_closed || c->inflight != 0 || c->leader != NULL)
 		return;
 	coord_free(c);
 	if (cb)

@@ -55,7 +55,9 @@ free_if_idle(node_t *n)
 	world_clear(n);
 	VEC_FREE(&n->world);
 	free(n->poisoned);
-	free(n->coordinator);
+	for (size_t i = 0; i < n->ncoords; i++)
+		free(n->coords[i]);
+	free(n->coords);
 	free(n->node_id);
 	free(n->advertise);
 	free(n->domain);
@@ -80,6 +82,50 @@ member_call_settled(node_t *n)
 	return !n->closing;
 }
 
+static void on_tick(uv_timer_t *t);
+
+/*
+ * A call to the coordinator failed with st, msg.  With several
+ * coordinators (docs/ha.md): a standby's UNAVAILABLE "not the leader: ADDR"
+ * is followed to ADDR at once, another unreachable one to the next in the
+ * list; the next beat (now) joins there (the new leader answers NOT_FOUND
+ * to an old member id, then the node joins).  True when it moved.
+ */
+bool
+node_follow(node_t *n, refit_status_t st, const char *msg)
+{
+	const char *p = strstr(msg, "not the leader: ");
+	size_t next = (n->coord_i + 1) % n->ncoords;
+
+	if (n->ncoords < 2 || (st != REFIT_ERR_UNAVAILABLE && st != REFIT_ERR_TIMEOUT))
+		return false;
+	if (p == NULL)
+		n->coord_dead = n->coord_i;
+	for (size_t i = 0; p != NULL && i < n->ncoords; i++) {
+		size_t len = strlen(n->coords[i]);
+
+		if (strncmp(p + 16, n->coords[i], len) != 0 ||
+		    (p[16 + len] != '\0' && p[16 + len] != ' ' && p[16 + len] != ')'))
+			continue;
+		/* a standby's view may lag behind a leader's death: not straight
+		 * back to the one just found unreachable (once; then believed) */
+		if (i == n->coord_dead)
+			n->coord_dead = n->ncoords;
+		else
+			next = i;
+	}
+	if (next == n->coord_i)
+		return false;
+	log_info("node %s: coordinator %s %s: trying %s", n->node_id, n->coordinator,
+		 p ? "is a standby" : "unreachable", n->coords[next]);
+	n->coord_i = next;
+	n->coordinator = n->coords[next];
+	if (strstr(msg, "Heartbeat") || strstr(msg, "Join"))
+		n->member_id = 0;  /* else a heartbeat there says whether it knows us */
+	uv_timer_start(&n->beat, on_tick, p ? 0 : 50, uv_timer_get_repeat(&n->beat));
+	return true;
+}
+
 static void
 on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 {
@@ -88,11 +134,13 @@ on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 	if (member_call_settled(n)) {
 		if (st != REFIT_OK) {
 			log_warnx("node %s: Join: %s (retrying)", n->node_id, msg);
+			node_follow(n, st, msg);
 		} else {
 			const Refit__V1__JoinResponse *r = (const void *)resp;
 
 			n->member_id = r->member_id;
 			n->epoch = r->epoch;
+			n->coord_dead = n->ncoords;
 			log_info("node %s: joined as member %" PRIu64 " at epoch %" PRIu64
 				 " (lease %u ms)", n->node_id, r->member_id, r->epoch,
 				 r->lease_ttl_ms);
@@ -117,6 +165,7 @@ on_beat_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 			n->member_id = 0;
 		} else if (st != REFIT_OK) {
 			log_warnx("node %s: Heartbeat: %s", n->node_id, msg);
+			node_follow(n, st, msg);
 		} else if (((const Refit__V1__HeartbeatResponse *)resp)->drain) {
 			log_info("node %s: drained by the operator: leaving the membership and "
 				 "staying out until restarted", n->node_id);
@@ -364,7 +413,8 @@ session_start(node_t *n, rpc_server_t *srv, bool bound, refit_err_t *err)
 	for (size_t i = 0; i < sizeof(raw); i++)
 		snprintf(n->session + 2 * i, 3, "%02x", raw[i]);
 	n->srv = srv;
-	rpc_async_set_session(n->rpc, n->coordinator, n->session);
+	for (size_t i = 0; i < n->ncoords; i++)
+		rpc_async_set_session(n->rpc, n->coords[i], n->session);
 	node_set_bound(n, bound);
 	return REFIT_OK;
 }
@@ -373,6 +423,27 @@ void
 node_set_bound(node_t *n, bool bound)
 {
 	rpc_server_set_session(n->srv, bound ? n->session : NULL);
+}
+
+/* o->coordinator: one address or several, comma-separated; the first is
+ * called first. */
+static void
+coords_split(node_t *n, const char *list)
+{
+	char *copy = xstrdup(list ? list : ""), *tok, *save = NULL;
+
+	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		n->coords = xreallocarray(n->coords, n->ncoords + 1, sizeof(*n->coords));
+		n->coords[n->ncoords++] = xstrdup(tok);
+	}
+	free(copy);
+	if (n->ncoords == 0) {
+		n->coords = xcalloc(1, sizeof(*n->coords));
+		n->coords[n->ncoords++] = xstrdup(list ? list : "");
+	}
+	n->coord_i = 0;
+	n->coord_dead = n->ncoords;
+	n->coordinator = n->coords[0];
 }
 
 node_t *
@@ -398,7 +469,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n = xcalloc(1, sizeof(*n));
 	n->hooks = &hooks;
 	n->loop = loop;
-	n->coordinator = xstrdup(o->coordinator);
+	coords_split(n, o->coordinator);
 	n->node_id = xstrdup(o->node_id);
 	n->advertise = xstrdup(o->advertise);
 	n->domain = xstrdup(o->domain ? o->domain : o->node_id);

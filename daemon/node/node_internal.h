@@ -205,7 +205,11 @@ struct node {
 	const node_hooks_t *hooks;    /* calls up the layers (node.c) */
 	uv_loop_t *loop;
 	uv_timer_t beat, sweep;
-	char *coordinator, *node_id, *advertise, *domain;
+	char *coordinator;          /* the coordinator called now: one of coords */
+	char **coords;              /* the configured coordinators (docs/ha.md) */
+	size_t ncoords, coord_i;    /* ... how many, and coordinator's index */
+	size_t coord_dead;          /* the last found unreachable (ncoords: none) */
+	char *node_id, *advertise, *domain;
 	int32_t *ranks;
 	size_t nranks;
 	rpc_client_opts_t client;
@@ -373,5 +377,10 @@ void node_delta_job(slice_job_t *j, const Refit__V1__RunSliceRequest *rq);
 void node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc);
 void node_delta_metrics(const slice_job_t *j);
 uint64_t node_delta_base_bytes(const node_t *n, bool limit);
+
+/* node.c: a call to the coordinator failed (st, msg): follow a standby's
+ * "not the leader: ADDR", or try the next coordinator when it is unreachable
+ * (several configured: docs/ha.md).  True when n->coordinator changed. */
+bool node_follow(node_t *n, refit_status_t st, const char *msg);
 
 #endif

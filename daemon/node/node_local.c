@@ -304,7 +304,12 @@ typedef struct readyjob {
 	node_t *n;
 	rpc_call_t *call;
 	uint64_t client_id, version;
+	uint32_t resent;            /* to another coordinator (several: docs/ha.md) */
+	const char *to;             /* the coordinator it went to (one of n->coords) */
 } readyjob_t;
+
+static refit_status_t send_ready(node_t *n, const client_t *c, readyjob_t *j,
+				 refit_err_t *err);
 
 static void
 on_ready_fw(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
@@ -313,8 +318,22 @@ on_ready_fw(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *res
 	node_t *n = j->n;
 	client_t *c = node_client(n, j->client_id);
 
+	refit_err_t err;
+
 	(void)resp;
 	n->inflight--;
+	refit_err_clear(&err);
+	if (c != NULL && !n->closing && j->resent < 2 * n->ncoords &&
+	    (st == REFIT_ERR_UNAVAILABLE || st == REFIT_ERR_TIMEOUT) &&
+	    strstr(msg, "etcd") == NULL &&
+	    (j->to != n->coordinator || node_follow(n, st, msg))) {
+		/* a standby named the leader, or this one is unreachable: there */
+		j->resent++;
+		if (send_ready(n, c, j, &err) == REFIT_OK)
+			return;
+		st = err.status;
+		msg = err.msg;
+	}
 	if (st != REFIT_OK)
 		rpc_call_fail(j->call, st, "weights ready: %s", msg);
 	else if (c == NULL)
@@ -331,7 +350,6 @@ h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	node_t *n = ctx;
 	const Refit__V1__ClientRequest *rq = (const void *)msg;
-	Refit__V1__WeightsReadyRequest fw = REFIT__V1__WEIGHTS_READY_REQUEST__INIT;
 	client_t *c = find_or_fail(n, call, rq->client_id, REFIT__V1__ROLE__TRAIN);
 	readyjob_t *j;
 	refit_err_t err;
@@ -348,19 +366,30 @@ h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		/* the coordinator hears of it when every member of the group holds it */
 		return reply_state(call, c);
 	refit_err_clear(&err);
-	fw.member_id = n->member_id;
-	fw.model = c->model;
-	fw.version = rq->version;
-	fw.layout_digest = c->digest;
 	j = xcalloc(1, sizeof(*j));
-	*j = (readyjob_t){n, call, c->id, rq->version};
-	if (rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
-			   &refit__v1__coordinator__descriptor, "WeightsReady", &fw.base,
-			   CALL_MS, on_ready_fw, j, &err) != REFIT_OK) {
+	*j = (readyjob_t){n, call, c->id, rq->version, 0, NULL};
+	if (send_ready(n, c, j, &err) != REFIT_OK) {
 		free(j);
 		return rpc_call_fail(call, err.status, "weights ready: %s", err.msg);
 	}
+}
+
+/* WeightsReady for j (c's version j->version) to the coordinator. */
+static refit_status_t
+send_ready(node_t *n, const client_t *c, readyjob_t *j, refit_err_t *err)
+{
+	Refit__V1__WeightsReadyRequest fw = REFIT__V1__WEIGHTS_READY_REQUEST__INIT;
+
+	fw.member_id = n->member_id;
+	fw.model = c->model;
+	fw.version = j->version;
+	fw.layout_digest = (char *)c->digest;
+	j->to = n->coordinator;
+	CHECK(rpc_async_call(n->rpc, RPC_GROUP_NONE, n->coordinator,
+			     &refit__v1__coordinator__descriptor, "WeightsReady", &fw.base,
+			     CALL_MS, on_ready_fw, j, err));
 	n->inflight++;
+	return REFIT_OK;
 }
 
 static void

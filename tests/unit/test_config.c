@@ -41,7 +41,8 @@ typedef struct kcase {
 static const kcase_t cases[] = {
 	{"role", "coordinator", "\"coordinator\"", "worker", NULL, 0, 0},
 	{"listen", "unix:/tmp/refit.sock", "\"unix:/tmp/refit.sock\"", "", "127.0.0.1:70000", 0, 0},
-	{"coordinator", "10.0.0.1:7070", "\"10.0.0.1:7070\"", "", "10.0.0.1:0", 0, 0},
+	{"coordinator", "10.0.0.1:7070,10.0.0.2:7070", "\"10.0.0.1:7070,10.0.0.2:7070\"", "",
+	 "10.0.0.1:7070,10.0.0.2:0", 0, 0},
 	{"tls_cert", "/etc/refit/cert.pem", "\"/etc/refit/cert.pem\"", NULL, NULL, 0, 0},
 	{"tls_key", "/etc/refit/key.pem", "\"/etc/refit/key.pem\"", NULL, NULL, 0, 0},
 	{"tls_client_ca", "/etc/refit/ca.pem", "\"/etc/refit/ca.pem\"", NULL, NULL, 0, 0},
@@ -56,6 +57,11 @@ static const kcase_t cases[] = {
 	{"staging_bytes", "1GiB", "1073741824", "1.5G", "4194303", 1 << 20, TIB},
 	{"max_msg_bytes", "16M", "16777216", "64 MiB", NULL, 4096, 1 << 30},
 	{"state_file", "/var/lib/refit/state", "\"/var/lib/refit/state\"", NULL, NULL, 0, 0},
+	{"state_store", "etcd", "\"etcd\"", "zookeeper", NULL, 0, 0},
+	{"etcd_endpoints", "10.0.0.1:2379,10.0.0.2:2379", "\"10.0.0.1:2379,10.0.0.2:2379\"",
+	 NULL, NULL, 0, 0},
+	{"etcd_prefix", "/refit-a", "\"/refit-a\"", NULL, NULL, 0, 0},
+	{"etcd_lease_ttl_ms", "2000", "2000", "2s", NULL, 1000, 600000},
 	{"log_level", "debug", "\"debug\"", "trace", NULL, 0, 0},
 	{"node_id", "gpu-7", "\"gpu-7\"", "", NULL, 0, 0},
 	{"ranks", "0-3,8", "\"0-3,8\"", NULL, "0-3,2", 0, 0},
@@ -543,6 +549,45 @@ START_TEST(cross_checks)
 }
 END_TEST
 
+/* state_store etcd: endpoints, each host:port; a prefix /x; no state_file. */
+START_TEST(etcd_checks)
+{
+	refitd_config_t c;
+
+	coordinator_config(&c);
+	set_ok(&c, "state_store", "etcd");
+	names(check_refused(&c), "etcd_endpoints", NULL);
+	set_ok(&c, "etcd_endpoints", "127.0.0.1:2379,etcd-2");
+	names(check_refused(&c), "etcd_endpoints", "etcd-2");
+	set_ok(&c, "etcd_endpoints", "unix:/run/etcd.sock");
+	names(check_refused(&c), "etcd_endpoints", "unix:/run/etcd.sock");
+	set_ok(&c, "etcd_endpoints", "127.0.0.1:2379,etcd-2:2379");
+	check_ok(&c);
+	set_ok(&c, "etcd_prefix", "refit");
+	names(check_refused(&c), "etcd_prefix", "refit");
+	set_ok(&c, "etcd_prefix", "/refit/");
+	names(check_refused(&c), "etcd_prefix", "/refit/");
+	set_ok(&c, "etcd_prefix", "/refit/a");
+	check_ok(&c);
+	set_ok(&c, "state_file", "/var/lib/refit/state");
+	names(check_refused(&c), "state_file", NULL);
+	/* the state file alone: the etcd keys are not looked at */
+	set_ok(&c, "state_store", "file");
+	set_ok(&c, "etcd_endpoints", "");
+	check_ok(&c);
+	config_fini(&c);
+	/* a node: several coordinators, each host:port */
+	node_config(&c);
+	set_ok(&c, "coordinator", "127.0.0.1:7070,127.0.0.1:7071");
+	check_ok(&c);
+	set_ok(&c, "coordinator", "127.0.0.1:7070,nowhere");
+	names(check_refused(&c), "coordinator", "nowhere");
+	set_ok(&c, "coordinator", ",");
+	names(check_refused(&c), "coordinator", NULL);
+	config_fini(&c);
+}
+END_TEST
+
 /* What config_check asks of a node and not of a coordinator. */
 START_TEST(role_checks)
 {
@@ -966,7 +1011,7 @@ suite_config(void)
 	tcase_add_loop_test(keys, key_values, 0, NCASES);
 	return th_suite("config", keys,
 			th_tcase("config", 0, TH_TESTS(unknown_keys, duplicate_keys, documents,
-				 size_suffixes, durations, cross_checks, role_checks,
+				 size_suffixes, durations, cross_checks, role_checks, etcd_checks,
 				 ranks_lists, reload, docs_table, files, dump_round_trip,
 				 help_lists_every_key)),
 			NULL);

@@ -1,0 +1,64 @@
+/*
+ * etcd.h - a small synchronous etcd v3 client: the KV and Lease calls the
+ * coordinator's state store and leader election need (daemon/coord/
+ * coord_store_etcd.c, coord_leader.c), spoken over gRPC core with the
+ * protobuf-c messages of proto/etcd/ (etcd's own API, a subset).
+ *
+ * Endpoints are a comma-separated list of host:port; a call that finds its
+ * endpoint unreachable (UNAVAILABLE, deadline) is tried on the next one,
+ * each once.  Errors name etcd, the endpoint and the method.  Not TLS yet.
+ * One client per thread (each call blocks its thread until answered or its
+ * deadline passes).
+ */
+#ifndef REFIT_RPC_ETCD_H
+#define REFIT_RPC_ETCD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct etcd etcd_t;
+
+/* A key as read: key NULL when it does not exist. */
+typedef struct etcd_kv {
+	char *key;
+	char *value;             /* NUL-terminated copy */
+	size_t value_len;
+	int64_t create_rev, mod_rev, lease;
+} etcd_kv_t;
+
+/* endpoints "h1:p1,h2:p2"; timeout_ms bounds each call.  NULL on bad input. */
+etcd_t *etcd_new(const char *endpoints, int64_t timeout_ms, refit_err_t *err);
+void etcd_free(etcd_t *e);
+/* The endpoint the last call used. */
+const char *etcd_endpoint(const etcd_t *e);
+void etcd_kv_fini(etcd_kv_t *kv);
+
+/* Read key (out->key NULL: absent). */
+refit_status_t etcd_get(etcd_t *e, const char *key, etcd_kv_t *out, refit_err_t *err);
+/* The key under prefix with the lowest create revision (out->key NULL: none). */
+refit_status_t etcd_first_created(etcd_t *e, const char *prefix, etcd_kv_t *out,
+				  refit_err_t *err);
+/* Create key = value attached to lease unless it exists; *create_rev: its
+ * create revision (made now or earlier). */
+refit_status_t etcd_create(etcd_t *e, const char *key, const char *value, int64_t lease,
+			   int64_t *create_rev, refit_err_t *err);
+/*
+ * Put key = value (len bytes) if guard's create revision is guard_rev, in
+ * one Txn (fencing: guard is the leader's election key).  *ok false: the
+ * guard failed and nothing was written.
+ */
+refit_status_t etcd_put_if(etcd_t *e, const char *guard, int64_t guard_rev, const char *key,
+			   const char *value, size_t len, bool *ok, refit_err_t *err);
+/* Delete key (absent: fine). */
+refit_status_t etcd_delete(etcd_t *e, const char *key, refit_err_t *err);
+
+/* A lease of ttl_s seconds; *id its id. */
+refit_status_t etcd_lease_grant(etcd_t *e, int64_t ttl_s, int64_t *id, refit_err_t *err);
+/* Renew lease id; *ttl_s: the TTL left (0: the lease is gone). */
+refit_status_t etcd_lease_keepalive(etcd_t *e, int64_t id, int64_t *ttl_s, refit_err_t *err);
+refit_status_t etcd_lease_revoke(etcd_t *e, int64_t id, refit_err_t *err);
+
+#endif

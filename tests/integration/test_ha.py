@@ -1,0 +1,518 @@
+"""Coordinators in standby over etcd (docs/ha.md), end to end: an etcd
+member started here on loopback ports in the suite's temporary folder, three
+coordinators with state_store etcd, three node daemons given all three
+coordinator addresses, librefit clients (a trainer, a double-buffered and
+an in-place instance).
+
+Usage: test_ha.py BUILD_DIR.  Checks: one leader, the standbys answer
+UNAVAILABLE "not the leader: ADDR" naming it, refitctl given every
+coordinator (a standby first) follows to it, /metrics shows who leads and
+the leader's timed saves to etcd; a refit commits; the leader SIGKILLed ->
+a standby leads, the nodes follow it, the next refit commits byte-exact and
+no instance's version goes back; the leader SIGKILLed with a refit RUNNING
+-> the new leader has it FAILED and refits that version again by itself
+(the model's retries), installed once; a leader SIGSTOPped past its lease
+-> another leads, and the old one, SIGCONTed, changes nothing and stops
+with status 75; the leader's election key deleted while a change arrives
+-> the change is not acknowledged, the leader stops (75), etcd's state is
+not written by it; a soak of REFIT_HA_ROUNDS (6) refits with the leader
+SIGKILLed or SIGSTOPped at a random point of each (seed REFIT_HA_SEED) ->
+every version installed once, byte-exact; etcd stopped -> a change is
+refused UNAVAILABLE naming etcd, and is taken once etcd is back.  Prints the fail-over time (leader
+death to the first refit committed under the new leader) and the refit
+latency with etcd against a coordinator with a state file.  Skips (a clear
+message, exit 0) only when etcd is not installed (make deps installs it).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+ETCD = shutil.which("etcd")
+if ETCD is None:
+    print("ha: SKIP: etcd is not installed (make deps installs etcd-server)")
+    print("ha: 0 passed, 0 failed")
+    sys.exit(0)
+import protostubs  # noqa: E402  (this folder is first on sys.path)
+TMP = protostubs.generate("refit-ha-")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grpc  # noqa: E402
+from refit.v1 import refit_pb2 as pb  # noqa: E402
+from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
+import harness  # noqa: E402
+from harness import Client, check, free_port, spawn, wait_for, write  # noqa: E402
+
+harness.init(BUILD, TMP)
+TTL_MS = 2000
+FIG = {}
+
+
+class Etcd:
+    """One etcd member on loopback, its data in TMP/etcd (kept across restarts)."""
+
+    def __init__(self):
+        self.cport, self.pport = free_port(), free_port()
+        self.addr = f"127.0.0.1:{self.cport}"
+        self.log = open(f"{TMP}/etcd.log", "a")
+        self.p = None
+        self.start()
+
+    def start(self):
+        peer = f"http://127.0.0.1:{self.pport}"
+        self.p = spawn([ETCD, "--name", "ha", "--data-dir", f"{TMP}/etcd",
+                        "--listen-client-urls", f"http://{self.addr}",
+                        "--advertise-client-urls", f"http://{self.addr}",
+                        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                        "--initial-cluster", f"ha={peer}", "--log-level", "warn"],
+                       stdout=self.log, stderr=self.log)
+        ch = grpc.insecure_channel(self.addr)
+        grpc.channel_ready_future(ch).result(timeout=20)
+        ch.close()
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(timeout=20)
+
+
+class Coords:
+    """Three coordinators over etcd."""
+
+    def __init__(self, etcd):
+        self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        self.mports = [free_port() for _ in range(3)]
+        self.log = open(f"{TMP}/coords.log", "w")
+        self.procs = [None] * 3
+        self.etcd = etcd
+        for k in range(3):
+            self.start(k)
+
+    def start(self, k):
+        a = self.addrs[k]
+        self.procs[k] = spawn(
+            [f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", a,
+             "--heartbeat-ms", "100", "--lease-ttl-ms", "1500", "--log-level", "info",
+             "--metrics-listen", f"127.0.0.1:{self.mports[k]}",
+             "--state-store", "etcd", "--etcd-endpoints", self.etcd.addr,
+             "--etcd-lease-ttl-ms", str(TTL_MS)], stderr=self.log)
+
+    def stub(self, k):
+        return pbg.CoordinatorStub(grpc.insecure_channel(self.addrs[k]))
+
+    def leader(self, skip=()):
+        """The index of the coordinator that answers ListMembers (None: none yet)."""
+        for k in range(3):
+            if k in skip or self.procs[k].poll() is not None:
+                continue
+            try:
+                self.stub(k).ListMembers(pb.ListMembersRequest(), timeout=0.5)
+                return k
+            except grpc.RpcError:
+                pass
+        return None
+
+    def wait_leader(self, skip=(), timeout=30):
+        return wait_for(lambda: (lambda k: (k,) if k is not None else None)(
+            self.leader(skip)), timeout, "a leader")[0]
+
+
+def tensors(ranks, placement):
+    return [{"name": f"w{k}", "dtype": "fp32", "shape": [256, 64], "mesh": ranks,
+             "placements": [placement]} for k in range(8)]
+
+
+E = C = None
+NODES, M = [], {}
+HOLD_MS = 600
+
+
+def HOLD(k):
+    """Node 2 holds each RunSlice HOLD_MS (until an Abort): a refit stays RUNNING
+    long enough to kill its leader then."""
+    return ["--test-hold-run-ms", str(HOLD_MS)] if k == 2 else []
+RPN = harness.RPN
+
+
+def sock(k):
+    return f"{TMP}/ha{k}.local"
+
+
+class Shim:
+    """What harness.Client needs of a cluster."""
+
+    def sock(self, k):
+        return sock(k)
+
+    def host(self, k):
+        return f"ha{k}"
+
+
+def setup():
+    global E, C
+    E = Etcd()
+    C = Coords(E)
+    lead = C.wait_leader()
+    coords = ",".join(C.addrs)
+    log = open(f"{TMP}/nodes.log", "w")
+    for k in range(3):
+        NODES.append(spawn([f"{BUILD}/bin/refitd", "--role", "node", "--listen",
+                            f"127.0.0.1:{free_port()}", "--coordinator", coords,
+                            "--node-id", f"ha{k}", "--ranks", f"{k * RPN}-{k * RPN + RPN - 1}",
+                            "--heartbeat-ms", "200", "--local-socket", sock(k),
+                            "--log-level", "info"] + HOLD(k), stderr=log))
+    wait_members(lead, 3)
+    sh = Shim()
+    M["v"] = 1
+    M["train"] = Client(sh, 0, "m", "train", write(f"{TMP}/t.json",
+                                                     tensors([0, 1], "Shard(0)")))
+    assert M["train"].ok(), M["train"].first
+    M["inst"] = []
+    for node, inst, mode, pl in ((1, "db", "double-buffer", "Shard(1)"),
+                                 (2, "ip", "in-place", "Replicate()")):
+        c = Client(sh, node, "m", "infer", write(f"{TMP}/{inst}.json", tensors(
+            [node * RPN, node * RPN + 1], pl)), instance=inst, install=mode)
+        assert c.ok(), c.first
+        M["inst"].append(c)
+    # retries: a refit cut short by a fail-over is refit again by the new leader
+    C.stub(lead).SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="m", retries=2, retry_backoff_ms=100, catch_up=True)), timeout=5)
+
+
+def wait_members(k, n, timeout=30):
+    return wait_for(lambda: len(C.stub(k).ListMembers(pb.ListMembersRequest(),
+                                                      timeout=2).members) == n,
+                    timeout, f"{n} members on coordinator {k}")
+
+
+def step():
+    M["v"] += 1
+    out = M["train"].cmd(f"next {M['v']}")
+    assert out.startswith("READY"), out
+
+
+def refit(k, timeout=60):
+    """Trigger this version's refit on coordinator k; (final GetRefit, seconds)."""
+    t0 = time.time()
+    st = C.stub(k)
+    r = st.TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]), timeout=10)
+    g = harness.refit_final(st, r.refit_id, timeout)
+    return g, time.time() - t0
+
+
+def installed():
+    """This version is installed byte-exact on both instances, and the
+    double-buffered one flipped its buffer once per version since the last
+    look: no version installed twice (a double publish flips it again)."""
+    for c in M["inst"]:
+        out = c.cmd(f"wait {M['v']} 20000")
+        assert out.startswith(f"INSTALLED {M['v']} ") and "mismatches=0" in out, out
+    db = M["inst"][0].cmd("state")
+    act = int(db.split("active=")[1].split()[0])
+    seen = M.get("db")
+    if seen is not None and seen[0] != M["v"]:
+        assert act == (seen[1] + M["v"] - seen[0]) % 2, \
+            f"instance db: active buffer {act} after v{seen[0]} (active {seen[1]}) -> " \
+            f"v{M['v']}: installed other than once per version"
+    M["db"] = (M["v"], act)
+
+
+def standbys_name_leader():
+    lead = C.wait_leader()
+    for k in range(3):
+        if k == lead:
+            continue
+        e = harness.expect_error(lambda: C.stub(k).ListMembers(pb.ListMembersRequest(),
+                                                                timeout=5),
+                                 grpc.StatusCode.UNAVAILABLE, "not the leader: ")
+        assert C.addrs[lead] in e, e
+    # refitctl given every coordinator, a standby first, follows to the leader
+    order = [C.addrs[k] for k in range(3) if k != lead] + [C.addrs[lead]]
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", ",".join(order),
+                          "members"], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert f"coordinator leading: {C.addrs[lead]}" in out.stdout, out.stdout
+    assert "3 members" in out.stdout, out.stdout
+    # /metrics: leadership, and the leader's saves to etcd timed
+    for k in range(3):
+        m = harness.scrape_metrics(C.mports[k])
+        assert m[("refitd_coordinator_leader", frozenset())] == (1 if k == lead else 0), k
+    m = harness.scrape_metrics(C.mports[lead])
+    saves = m.get(("refitd_state_store_duration_seconds_count", frozenset(
+        {"store": "etcd", "op": "save", "outcome": "ok"}.items())), 0)
+    assert saves >= 1, [k for k in m if k[0].startswith("refitd_state_store")]
+
+
+def first_refit():
+    lead = C.wait_leader()
+    step()
+    g, took = refit(lead)
+    assert g.state == pb.COMMITTED, g.failure
+    installed()
+    for _ in range(2):
+        step()
+        g, took = refit(lead)
+        assert g.state == pb.COMMITTED, g.failure
+        installed()
+
+
+def commit_under(lead, timeout=60):
+    """The next version commits under coordinator lead (retried while the
+    nodes are still joining it); returns when."""
+    wait_members(lead, 3, timeout)
+    step()
+    end = time.time() + timeout
+    while True:
+        try:
+            g, _ = refit(lead)
+            if g.state == pb.COMMITTED:
+                installed()
+                return time.time()
+            failure = g.failure
+        except grpc.RpcError as e:
+            failure = e.details()
+        assert time.time() < end, f"no refit committed under {C.addrs[lead]}: {failure}"
+        time.sleep(0.1)
+
+
+def leader_killed():
+    old = C.wait_leader()
+    C.procs[old].send_signal(signal.SIGKILL)
+    t0 = time.time()
+    lead = C.wait_leader(skip=(old,))
+    assert lead != old
+    done = commit_under(lead)
+    FIG["fail-over, leader SIGKILLed -> first refit committed under the new leader "
+        f"(etcd_lease_ttl_ms {TTL_MS})"] = f"{done - t0:.2f} s"
+    C.procs[old].wait()
+    C.start(old)  # back as a standby
+    wait_for(lambda: C.leader() == lead, 10, "the restarted one a standby")
+
+
+def leader_killed_mid_refit():
+    old = C.wait_leader()
+    step()
+    st = C.stub(old)
+    rid = st.TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]),
+                          timeout=10).refit_id
+    wait_for(lambda: st.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5).state ==
+             pb.RUNNING, 20, f"refit {rid} running", every=0.005)
+    C.procs[old].send_signal(signal.SIGKILL)
+    lead = C.wait_leader(skip=(old,))
+    st = C.stub(lead)
+    g = st.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+    assert g.state == pb.FAILED and "restarted" in g.failure, (g.state, g.failure)
+    # the new leader refits the same version by itself (the model's retries),
+    # once the nodes joined it and the instances are whole again
+    g = wait_for(lambda: (lambda r: r if r.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED)
+                          else None)(st.GetRefit(pb.GetRefitRequest(refit_id=rid + 1),
+                                                 timeout=5)),
+                 60, f"refit {rid + 1} (the retry) final")
+    assert g.state == pb.COMMITTED and g.version == M["v"], (g.state, g.version, g.failure)
+    installed()
+    commit_under(lead)
+    C.procs[old].wait()
+    C.start(old)
+    wait_for(lambda: C.leader() == lead, 10, "the restarted one a standby")
+
+
+def leader_stopped():
+    old = C.wait_leader()
+    C.procs[old].send_signal(signal.SIGSTOP)
+    lead = C.wait_leader(skip=(old,), timeout=30)
+    commit_under(lead)
+    v = M["v"]
+    before = state_doc() if shutil.which("etcdctl") else None
+    C.procs[old].send_signal(signal.SIGCONT)
+    rc = C.procs[old].wait(timeout=20)
+    if before is not None:
+        assert state_doc() == before, "etcd's state changed after the old leader woke up"
+    assert rc == 75, f"the old leader exited {rc}, not 75 (deposed)"
+    # it changed nothing: the new leader still leads, the versions stand
+    assert C.leader() == lead
+    out = M["inst"][0].cmd("state")
+    assert out.startswith(f"STATE version={v} "), out
+    C.start(old)
+    commit_under(lead)
+
+
+def etcd_down():
+    lead = C.wait_leader()
+    step()
+    E.stop()
+    e = harness.expect_error(lambda: C.stub(lead).TriggerRefit(pb.TriggerRefitRequest(
+        model="m", version=M["v"]), timeout=10), grpc.StatusCode.UNAVAILABLE, "etcd")
+    assert "cannot be made durable" in e, e
+    E.start()
+    lead = C.wait_leader()
+    M["v"] -= 1
+    commit_under(lead)
+
+
+def latency(tag, coord_extra):
+    """Best refit latency (trigger -> COMMITTED) of 3 on a one-coordinator
+    cluster of 2 nodes with coord_extra (the state file or etcd)."""
+    cl = harness.Cluster(tag, 2, lease_ms=1500, coord_extra=coord_extra)
+    tr = Client(cl, 0, tag, "train", write(f"{TMP}/{tag}t.json", tensors([0, 1], "Shard(0)")))
+    assert tr.ok(), tr.first
+    ins = Client(cl, 1, tag, "infer", write(f"{TMP}/{tag}i.json", tensors(
+        [RPN, RPN + 1], "Shard(1)")), instance="db", install="double-buffer")
+    assert ins.ok(), ins.first
+    lat = []
+    for v in range(2, 6):
+        assert tr.cmd(f"next {v}").startswith("READY")
+        t0 = time.time()
+        g = cl.refit(tag, v)
+        assert g.state == pb.COMMITTED, g.failure
+        lat.append(time.time() - t0)
+    return f"{min(lat[1:]) * 1e3:.1f} ms"
+
+
+def etcd_size():
+    """The keys refit keeps in etcd, and their bytes (etcdctl, where installed)."""
+    ctl = shutil.which("etcdctl")
+    if ctl is None:
+        return
+    out = subprocess.run([ctl, "--endpoints", E.addr, "get", "/refit/", "--prefix"],
+                         capture_output=True, env=dict(os.environ, ETCDCTL_API="3"),
+                         timeout=20, check=True).stdout.split(b"\n")
+    keys = out[0::2][:-1] if out[-1] == b"" else out[0::2]
+    vals = out[1::2]
+    FIG["etcd keys under /refit/ (three coordinators, one model of a trainer and two "
+        "instances, 8 tensors each)"] = (
+        f"{len(keys)} keys, state document {max(len(v) for v in vals)} bytes")
+
+
+SOAK_ROUNDS = int(os.environ.get("REFIT_HA_ROUNDS", "6"))
+
+
+def soak():
+    """Rounds of: a version ready, its refit triggered on the leader, the
+    leader SIGKILLed or SIGSTOPped 0 to 900 ms later (a refit takes about 650 ms: node 2 holds its slice) (planning, running,
+    committing or done); then that version is installed byte-exact, once, on
+    both instances -- committed before the kill, or refit again by the new
+    leader (retries) -- and a stopped old leader, woken, stops with 75."""
+    import random
+    rng = random.Random(os.environ.get("REFIT_HA_SEED", "27"))
+    kinds = {"SIGKILL": 0, "SIGSTOP": 0, "committed before": 0, "cut short, redone": 0}
+    for _ in range(SOAK_ROUNDS):
+        old = C.wait_leader()
+        step()
+        rid = C.stub(old).TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]),
+                                       timeout=10).refit_id
+        time.sleep(rng.uniform(0, 0.9))
+        kind = rng.choice(["SIGKILL", "SIGSTOP"])
+        kinds[kind] += 1
+        C.procs[old].send_signal(getattr(signal, kind))
+        lead = C.wait_leader(skip=(old,))
+        if kind == "SIGSTOP":
+            C.procs[old].send_signal(signal.SIGCONT)
+            rc = C.procs[old].wait(timeout=20)
+            assert rc == 75, f"the stopped old leader exited {rc}, not 75"
+        else:
+            C.procs[old].wait()
+        C.start(old)
+        installed()
+        g = C.stub(lead).GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+        assert g.state == pb.COMMITTED or (g.state == pb.FAILED and "restarted" in g.failure), \
+            (g.state, g.failure)
+        kinds["committed before" if g.state == pb.COMMITTED else "cut short, redone"] += 1
+    FIG[f"soak, {SOAK_ROUNDS} refits, the leader killed at a random point of each"] = \
+        ", ".join(f"{k} {v}" for k, v in kinds.items())
+
+
+def state_doc():
+    """What /refit/state in etcd says of the model and its refits (by
+    etcdctl): (latest, installed version), [(refit id, version, state)].  A
+    new leader rewrites the document when it loads it (a new epoch
+    generation), so the document's revision is no witness; these are."""
+    import json
+    out = subprocess.run([shutil.which("etcdctl"), "--endpoints", E.addr, "get",
+                          "/refit/state", "--print-value-only"], capture_output=True,
+                         timeout=20, env=dict(os.environ, ETCDCTL_API="3"), check=True).stdout
+    doc = json.loads(out)
+    m = [(x["latest_version"], x["installed_version"]) for x in doc["models"]
+         if x["name"] == "m"]
+    return m, [(r["id"], r["version"], r["state"]) for r in doc["refits"]]
+
+
+def key_deleted():
+    """The leader's election key deleted (as when its lease expires) while a
+    change arrives: the change is not acknowledged, the leader stops with 75
+    (a fenced write refused, or its election thread saw the key gone,
+    whichever came first), and /refit/state was not written by it."""
+    old = C.wait_leader()
+    step()
+    before = state_doc()
+    out = subprocess.run([shutil.which("etcdctl"), "--endpoints", E.addr, "get",
+                          "/refit/election/", "--prefix", "--keys-only"],
+                         capture_output=True, text=True, timeout=20,
+                         env=dict(os.environ, ETCDCTL_API="3"), check=True).stdout.split()
+    mine = [k for k in out if subprocess.run(
+        [shutil.which("etcdctl"), "--endpoints", E.addr, "get", k, "--print-value-only"],
+        capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3"),
+        timeout=20).stdout.strip() == C.addrs[old]]
+    assert len(mine) == 1, (out, mine)
+    subprocess.run([shutil.which("etcdctl"), "--endpoints", E.addr, "del", mine[0]],
+                   capture_output=True, env=dict(os.environ, ETCDCTL_API="3"),
+                   timeout=20, check=True)
+    try:
+        r = C.stub(old).TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]),
+                                     timeout=5)
+        raise AssertionError(f"a deposed leader acknowledged refit {r.refit_id}")
+    except grpc.RpcError:
+        pass
+    rc = C.procs[old].wait(timeout=20)
+    assert rc == 75, f"the deposed leader exited {rc}, not 75"
+    after = state_doc()
+    assert after[1] == before[1], f"refits in etcd changed: {before[1]} -> {after[1]}"
+    assert after[0][0][1] == before[0][0][1], (before[0], after[0])
+    lead = C.wait_leader(skip=(old,))
+    C.start(old)
+    M["v"] -= 1
+    commit_under(lead)
+
+
+def latencies():
+    FIG["refit latency, state file, best of 3"] = latency(
+        "hf", ["--state-file", f"{TMP}/state.json"])
+    FIG["refit latency, etcd (one coordinator, leader), best of 3"] = latency(
+        "he", ["--state-store", "etcd", "--etcd-endpoints", E.addr, "--etcd-prefix",
+               "/refit-latency"])
+
+
+try:
+    check("etcd, three coordinators, three nodes given all three, a model", setup)
+    if M:
+        check("one leader; the standbys answer UNAVAILABLE \"not the leader: ADDR\" "
+              "naming it; refitctl follows; /metrics refitd_coordinator_leader",
+              standbys_name_leader)
+        check("refits commit under the leader, byte-exact", first_refit)
+        check("leader SIGKILLed: a standby leads, the nodes follow, the next refit "
+              "commits byte-exact", leader_killed)
+        check("leader SIGKILLed mid-refit (RUNNING): the new leader has it FAILED (not "
+              "lost) and refits the version again by itself (retries 2), installed once",
+              leader_killed_mid_refit)
+        check("leader SIGSTOPped past its lease: another leads; SIGCONTed it changes "
+              "nothing and stops (status 75)", leader_stopped)
+        if shutil.which("etcdctl"):
+            check("the leader's election key deleted while a change arrives: not "
+                  "acknowledged, the leader stops (75), etcd's state not written by it",
+                  key_deleted)
+        check(f"soak: {SOAK_ROUNDS} refits, the leader SIGKILLed or SIGSTOPped at a random "
+              "point of each: every version installed once, byte-exact", soak)
+        check("etcd stopped: a change is refused UNAVAILABLE naming etcd; taken once "
+              "etcd is back", etcd_down)
+        check("refit latency: the state file and etcd (figures)", latencies)
+        check("etcd keys and bytes (figure)", etcd_size)
+finally:
+    harness.stop_all()
+    bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
+           if p.returncode not in (0, -9, -15, 75)]
+    if bad:
+        harness.counts["failed"] += 1
+        print(f"FAIL processes exited badly (see {TMP}/*.log): {bad}")
+for k, v in FIG.items():
+    print(f"     {k}: {v}")
+harness.summary("ha")
