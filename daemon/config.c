@@ -132,6 +132,11 @@ static const key_t_ keys[] = {
 	 "rank and epoch (ncclMemAlloc, registered with its communicator) for message "
 	 "staging, relays and conversion scratch; a refit that needs more at once fails "
 	 "naming the rank and the budget; docs/gpu.md"},
+	{"data_source_check", K_ENUM, F(data_source_check), "on", 0, 0, "off|on", false,
+	 "node role, tcp: a data connection naming a member must come from the address of "
+	 "the data endpoint it registered (a numeric one), and nodes dial from the address "
+	 "they listen on; off: the token alone (hosts whose traffic leaves from another "
+	 "address, e.g. behind NAT)"},
 	{"data_tls", K_ENUM, F(data_tls), "off", 0, 0, "off|on", false,
 	 "node role, tcp: TLS 1.3 on the data connections with tls_cert, tls_key, tls_ca "
 	 "(each peer's certificate must name it); set the same on every node"},

@@ -48,6 +48,7 @@ typedef struct refitd_config {
 	uint64_t test_fail_commit;    /* tests: refuse the node's Nth Commit */
 	uint64_t test_hold_run_ms;    /* tests: hold RunSlice until its Abort */
 	char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl: what to load */
+	char *data_source_check; /* node, tcp: "on" or "off" */
 	char *data_tls;       /* node, tcp: "off" or "on" (TLS on data connections) */
 	char *poisoned_exit;  /* node: "off" (stay up, report, refuse refits) or "on" (exit 75) */
 	char *gpu_devices;    /* nccl: "0,1,..." local rank i -> CUDA device */

@@ -271,6 +271,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.data_listen = cfg->data_listen;
 	no.data_advertise = cfg->data_advertise;
 	no.data_tls = strcmp(cfg->data_tls, "on") == 0;
+	no.source_check = strcmp(cfg->data_source_check, "on") == 0;
 	no.local_socket = cfg->local_socket;
 	no.local_socket_group = cfg->local_socket_group;
 	no.slice_timeout_ms = cfg->slice_timeout_ms;

@@ -309,14 +309,16 @@ world_tell(node_t *n, const Refit__V1__PrepareEpochRequest *rq)
 	VEC(int32_t) all = {0};
 	const char **peers = xcalloc(n->world.n + 1, sizeof(*peers));
 	uint8_t (*verifiers)[32] = xcalloc(n->world.n + 1, sizeof(*verifiers));
+	const char **eps = xcalloc(n->world.n + 1, sizeof(*eps));
 	xport_world_t w = {rq->epoch, NULL, 0, n->ranks, n->nranks,
 			   rq->nccl_unique_id.data, rq->nccl_unique_id.len, peers,
-			   (const uint8_t (*)[32])verifiers, n->world.n};
+			   (const uint8_t (*)[32])verifiers, eps, n->world.n};
 
 	for (size_t i = 0; i < n->world.n; i++) {
 		for (size_t k = 0; k < n->world.v[i].nranks; k++)
 			VEC_PUSH(&all, n->world.v[i].ranks[k]);
 		peers[i] = n->world.v[i].node_id;
+		eps[i] = n->world.v[i].data_ep;
 		memcpy(verifiers[i], n->world.v[i].verifier, sizeof(verifiers[i]));
 	}
 	xqsort(all.v, all.n, sizeof(int32_t), cmp_i32);
@@ -325,6 +327,7 @@ world_tell(node_t *n, const Refit__V1__PrepareEpochRequest *rq)
 	n->xo->set_world(n->x, &w);
 	VEC_FREE(&all);
 	free(peers);
+	free(eps);
 	free(verifiers);
 }
 
@@ -450,11 +453,12 @@ node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
 {
 	xport_cfg_t xc = {o->data_listen ? o->data_listen : "127.0.0.1:0", o->node_id, o->ranks,
-			  o->nranks, o->gpu_devices, o->gpu_staging_budget, NULL, NULL, NULL};
+			  o->nranks, o->gpu_devices, o->gpu_staging_budget, NULL, NULL, NULL, false};
 	gpu_paths_t gp = {o->cuda_library, o->nccl_library, o->gpu_kernels_library};
 	const char *why;
 	node_t *n;
 
+	xc.source_check = o->source_check;
 	if (o->data_tls) {
 		xc.tls_cert = o->client.tls.cert_file;
 		xc.tls_key = o->client.tls.key_file;

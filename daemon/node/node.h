@@ -20,6 +20,7 @@ typedef struct node_opts {
 	const char *transport;    /* data-plane backend: "tcp" */
 	const char *data_listen;  /* tcp: host:port */
 	const char *data_advertise; /* NULL: the bound data_listen */
+	bool source_check;        /* tcp: data_source_check */
 	bool data_tls;            /* tcp: TLS with client.tls's files */
 	const char *local_socket; /* unix socket path for librefit */
 	const char *local_socket_group; /* the sockets' group (mode 0660); NULL: ours */

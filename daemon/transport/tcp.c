@@ -91,6 +91,8 @@ tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	x = xcalloc(1, sizeof(*x));
 	x->lfd = fd;
 	x->node_id = xstrdup(cfg->node_id);
+	x->source_check = cfg->source_check;
+	tcp_ip_of_sockaddr((struct sockaddr *)&ss, &x->bound);
 	/* advertised as the numeric address bound (peers do not resolve names) */
 	if (getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), NULL, 0,
 			NI_NUMERICHOST) != 0)
@@ -553,9 +555,11 @@ tcp_set_world(xport_t *x, const xport_world_t *w)
 	pthread_mutex_lock(&x->mu);
 	peers_clear(x);
 	for (size_t i = 0; i < w->npeers; i++) {
-		struct peer_verifier pv = {xstrdup(w->peers[i]), {0}};
+		struct peer_verifier pv = {xstrdup(w->peers[i]), {0}, {0, {0}}};
 
 		memcpy(pv.v, w->verifiers[i], sizeof(pv.v));
+		if (w->endpoints != NULL)
+			tcp_ip_of_endpoint(w->endpoints[i], &pv.ip);
 		VEC_PUSH(&x->peers, pv);
 	}
 	pthread_mutex_unlock(&x->mu);

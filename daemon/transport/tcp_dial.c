@@ -111,6 +111,39 @@ dial_fail(xport_session_t *s, dialing_t *d, refit_status_t st, xport_link_fault_
 	return st;
 }
 
+/*
+ * With the source check, a connection leaves from the address this node
+ * listens on (its data endpoint's, when not a wildcard), so a host with
+ * several addresses is seen by its peers where it registered; the port is
+ * picked at connect (IP_BIND_ADDRESS_NO_PORT).  0, or -1 with errno.
+ */
+static int
+bind_source(const xport_t *x, int fd, int fam)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int one = 1;
+
+	if (!x->source_check || x->bound.fam == 0 || x->bound.fam != fam)
+		return 0;
+	memset(&ss, 0, sizeof(ss));
+	if (fam == AF_INET) {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+
+		a->sin_family = AF_INET;
+		memcpy(&a->sin_addr, x->bound.a, 4);
+		sl = sizeof(*a);
+	} else {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+
+		a->sin6_family = AF_INET6;
+		memcpy(&a->sin6_addr, x->bound.a, 16);
+		sl = sizeof(*a);
+	}
+	(void)setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+	return bind(fd, (struct sockaddr *)&ss, sl);
+}
+
 /* Start dialing peer d->peer: a non-blocking connect to its numeric address. */
 static void
 dial_start(xport_session_t *s, dialing_t *d, int64_t now, refit_err_t *err)
@@ -158,6 +191,16 @@ dial_start(xport_session_t *s, dialing_t *d, int64_t now, refit_err_t *err)
 			  strerror(errno));
 		return;
 	}
+	if (bind_source(s->x, d->fd, ai->ai_family) < 0) {
+		int e = errno;
+		char b[64];
+
+		freeaddrinfo(ai);
+		dial_fail(s, d, REFIT_ERR_SYS, XPORT_LINK_OK, NULL, err, "tcp: cannot dial from "
+			  "%s, the data address (data_source_check): %s",
+			  tcp_ip_str(&s->x->bound, b, sizeof(b)), strerror(e));
+		return;
+	}
 	rc = connect(d->fd, ai->ai_addr, ai->ai_addrlen);
 	freeaddrinfo(ai);
 	if (rc == 0)
@@ -191,7 +234,8 @@ static void
 dial_step(xport_session_t *s, dialing_t *d, refit_err_t *err)
 {
 	static const char *const why[] = {"", "it is at another epoch", "wrong token",
-					  "bad handshake", "too many connections"};
+					  "bad handshake", "too many connections",
+					  "not from this node's data address"};
 	const xport_peer_t *p = &s->peers[d->peer];
 	int e = 0, one = 1;
 	socklen_t el = sizeof(e);
@@ -240,10 +284,10 @@ dial_step(xport_session_t *s, dialing_t *d, refit_err_t *err)
 	e = k < 0 ? errno : 0;
 	dial_fail(s, d, REFIT_ERR_UNAVAILABLE, XPORT_LINK_HANDSHAKE,
 		  k < 0 ? strerror(e) : k == 0 ? "closed during the handshake" :
-		  ans < 5 ? why[ans] : "unknown answer", err,
+		  ans < 6 ? why[ans] : "unknown answer", err,
 		  "tcp: node \"%s\" refused the data connection for epoch %" PRIu64 ": %s",
 		  p->node_id, s->cfg.epoch, k < 0 ? strerror(e) : k == 0 ?
-		  "closed during the handshake" : ans < 5 ? why[ans] : "unknown answer");
+		  "closed during the handshake" : ans < 6 ? why[ans] : "unknown answer");
 }
 
 /*

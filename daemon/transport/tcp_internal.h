@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "common/alloc.h"
@@ -31,7 +32,14 @@
 #define PENDING_MAX 256
 #define SLICE_MS 50             /* how often blocking waits look at the abort flag */
 
-enum { HS_OK = 0, HS_BAD_EPOCH = 1, HS_BAD_TOKEN = 2, HS_BAD_MAGIC = 3, HS_FULL = 4 };
+enum { HS_OK = 0, HS_BAD_EPOCH = 1, HS_BAD_TOKEN = 2, HS_BAD_MAGIC = 3, HS_FULL = 4,
+       HS_BAD_SOURCE = 5 };
+
+/* A numeric IPv4 or IPv6 address (v4-mapped v6 kept as v4); fam 0: none. */
+typedef struct tcp_ip {
+	int fam;
+	uint8_t a[16];
+} tcp_ip_t;
 
 typedef struct hs {
 	uint32_t magic, token_len;
@@ -59,7 +67,9 @@ struct xport {
 	size_t token_len;
 	/* the epoch's members: a connection naming one presents the token
 	 * whose SHA-256 is its verifier (none: every peer presents token) */
-	VEC(struct peer_verifier { char *node_id; uint8_t v[32]; }) peers;
+	VEC(struct peer_verifier { char *node_id; uint8_t v[32]; tcp_ip_t ip; }) peers;
+	bool source_check;               /* xport_cfg_t.source_check */
+	tcp_ip_t bound;                  /* the listening address (fam 0: a wildcard) */
 	VEC(parked_t) parked;
 	bool stopping;
 	struct tcp_tls *tls;             /* data_tls (tcp_tls.c); NULL: plain */
@@ -93,6 +103,11 @@ struct xport_session {
 /* tcp_dial.c: ep ("host:port", host maybe [v6]) into host and port; REFIT_OK or err */
 refit_status_t tcp_split_endpoint(const char *ep, char *host, size_t hn, char *port,
 				  size_t pn, refit_err_t *err);
+/* tcp_listen.c: the numeric host of ep ("host:port") as an address (a
+ * name, a wildcard or no host: fam 0); of a socket address; printed */
+void tcp_ip_of_endpoint(const char *ep, tcp_ip_t *ip);
+void tcp_ip_of_sockaddr(const struct sockaddr *sa, tcp_ip_t *ip);
+const char *tcp_ip_str(const tcp_ip_t *ip, char *buf, size_t n);
 /* Note what went wrong with peer i's link (the first thing only). */
 void tcp_link_fault(xport_session_t *s, size_t i, xport_link_fault_t f, const char *what);
 /* Dial every peer s sends to, all at once; s->out[i].fd holds each link made. */

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +35,80 @@ hs_decode(const uint8_t *b, hs_t *h)
 	h->node_id[HS_NODE_ID - 1] = '\0';
 }
 
+/* ---- addresses (the source check) ---------------------------------------- */
+
+static void
+ip_set(tcp_ip_t *ip, int fam, const void *a)
+{
+	static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	static const uint8_t zero[16];
+
+	memset(ip, 0, sizeof(*ip));
+	if (fam == AF_INET6 && memcmp(a, v4mapped, 12) == 0) {
+		fam = AF_INET;
+		a = (const uint8_t *)a + 12;
+	}
+	if (memcmp(a, zero, fam == AF_INET ? 4 : 16) == 0)
+		return; /* a wildcard names no address */
+	ip->fam = fam;
+	memcpy(ip->a, a, fam == AF_INET ? 4 : 16);
+}
+
+void
+tcp_ip_of_endpoint(const char *ep, tcp_ip_t *ip)
+{
+	char host[256], port[32];
+	uint8_t a[16];
+	refit_err_t e;
+
+	memset(ip, 0, sizeof(*ip));
+	if (ep == NULL || tcp_split_endpoint(ep, host, sizeof(host), port, sizeof(port), &e) !=
+	    REFIT_OK)
+		return;
+	if (inet_pton(AF_INET, host, a) == 1)
+		ip_set(ip, AF_INET, a);
+	else if (inet_pton(AF_INET6, host, a) == 1)
+		ip_set(ip, AF_INET6, a);
+}
+
+void
+tcp_ip_of_sockaddr(const struct sockaddr *sa, tcp_ip_t *ip)
+{
+	memset(ip, 0, sizeof(*ip));
+	if (sa->sa_family == AF_INET)
+		ip_set(ip, AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr);
+	else if (sa->sa_family == AF_INET6)
+		ip_set(ip, AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr);
+}
+
+const char *
+tcp_ip_str(const tcp_ip_t *ip, char *buf, size_t n)
+{
+	if (ip->fam == 0 || inet_ntop(ip->fam, ip->a, buf, (socklen_t)n) == NULL)
+		snprintf(buf, n, "%s", "an unknown address");
+	return buf;
+}
+
+/*
+ * With the source check, may a connection from fd speak for member m (its
+ * registered data endpoint's address; none known: yes)?  why: the source,
+ * for the refusal's log line.
+ */
+static bool
+source_ok(const xport_t *x, const struct peer_verifier *m, int fd, tcp_ip_t *src)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	memset(src, 0, sizeof(*src));
+	if (!x->source_check || m == NULL || m->ip.fam == 0)
+		return true;
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl) < 0)
+		return false;
+	tcp_ip_of_sockaddr((struct sockaddr *)&ss, src);
+	return src->fam == m->ip.fam && memcmp(src->a, m->ip.a, src->fam == AF_INET ? 4 : 16) == 0;
+}
+
 /* ---- the listener --------------------------------------------------------- */
 
 /*
@@ -41,7 +117,7 @@ hs_decode(const uint8_t *b, hs_t *h)
  * token?  Compared without an early exit.  Under x->mu.
  */
 static bool
-token_ok(const xport_t *x, const hs_t *h)
+token_ok(const xport_t *x, const hs_t *h, const struct peer_verifier **who)
 {
 	uint8_t d[SHA256_DIGEST_LEN], diff = 0;
 	sha256_ctx_t c;
@@ -58,6 +134,7 @@ token_ok(const xport_t *x, const hs_t *h)
 		sha256_final(&c, d);
 		for (size_t k = 0; k < sizeof(d); k++)
 			diff |= d[k] ^ x->peers.v[i].v[k];
+		*who = &x->peers.v[i];
 		return diff == 0;
 	}
 	return false; /* not a member of the epoch */
@@ -70,6 +147,9 @@ handshake(xport_t *x, int fd, const uint8_t *b)
 	hs_t h;
 	uint8_t ans = HS_OK;
 	uint64_t here;
+	const struct peer_verifier *who = NULL;
+	tcp_ip_t src, reg = {0};
+	char s1[64], s2[64];
 
 	hs_decode(b, &h);
 	pthread_mutex_lock(&x->mu);
@@ -78,8 +158,12 @@ handshake(xport_t *x, int fd, const uint8_t *b)
 		ans = HS_BAD_MAGIC;
 	else if (x->epoch == 0 || x->token_len == 0 || h.epoch != x->epoch)
 		ans = HS_BAD_EPOCH; /* nothing prepared yet, or another epoch */
-	else if (!token_ok(x, &h))
+	else if (!token_ok(x, &h, &who))
 		ans = HS_BAD_TOKEN;
+	else if (!source_ok(x, who, fd, &src)) {
+		ans = HS_BAD_SOURCE;
+		reg = who->ip;
+	}
 	else if (x->parked.n >= PARK_MAX)
 		ans = HS_FULL;
 	if (ans == HS_OK) {
@@ -101,6 +185,10 @@ handshake(xport_t *x, int fd, const uint8_t *b)
 	else if (ans == HS_BAD_EPOCH)
 		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: this "
 			  "node is at epoch %" PRIu64, h.node_id, h.epoch, here);
+	else if (ans == HS_BAD_SOURCE)
+		log_warnx("tcp: connection from node \"%s\" refused: it comes from %s, but the "
+			  "node's data endpoint is at %s (data_source_check)", h.node_id,
+			  tcp_ip_str(&src, s1, sizeof(s1)), tcp_ip_str(&reg, s2, sizeof(s2)));
 	else if (ans == HS_BAD_TOKEN)
 		log_warnx("tcp: connection from node \"%s\" refused: not its token for epoch %"
 			  PRIu64 " (or not a member of it)", h.node_id, h.epoch);

@@ -49,6 +49,9 @@ typedef struct xport_cfg {
 	/* tcp, data_tls: TLS 1.3 on every data connection with this node's
 	 * certificate and key and the cluster CA (PEM files); NULL: plain */
 	const char *tls_cert, *tls_key, *tls_ca;
+	/* tcp: refuse a data connection naming a member from another address
+	 * than its registered data endpoint's; dial from the bound address */
+	bool source_check;
 } xport_cfg_t;
 
 typedef struct xport_peer {
@@ -156,6 +159,10 @@ typedef struct xport_world {
 	 * data-plane token (a connection naming a node presents that token) */
 	const char *const *peers;
 	const uint8_t (*verifiers)[32];
+	/* ... and the data endpoint each registered ("host:port"): with
+	 * source_check, a connection naming a member whose host is a numeric
+	 * address (not a wildcard) must come from that address */
+	const char *const *endpoints;
 	size_t npeers;
 } xport_world_t;
 

@@ -120,7 +120,7 @@ static int64_t session_ms = 120000;   /* a session's deadline */
 static xport_t *
 start(const int32_t *ranks, size_t n, const char *devs, const char *name, refit_err_t *err)
 {
-	xport_cfg_t xc = {"", name, ranks, n, devs, 3ull << 30, NULL, NULL, NULL}; /* big_pitch: 2 GiB */
+	xport_cfg_t xc = {"", name, ranks, n, devs, 3ull << 30, NULL, NULL, NULL, false}; /* big_pitch: 2 GiB */
 	xport_t *x = NULL;
 
 	if (xport_nccl_ops.start(&xc, &x, err) != REFIT_OK)
@@ -134,7 +134,7 @@ static xport_session_t *
 session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 	const int32_t *local, size_t nlocal, const uint8_t *id, size_t idlen, refit_err_t *err)
 {
-	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0, NULL, NULL, 0};
+	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0, NULL, NULL, NULL, 0};
 	xport_peer_t self = {"gpu-test", "nccl", true, true, 1 << 30};
 	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL};
 	xport_session_t *s = NULL;
@@ -820,7 +820,7 @@ static int
 staging_budget(void)
 {
 	int32_t me = 0;
-	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20, NULL, NULL, NULL};
+	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20, NULL, NULL, NULL, false};
 	xport_peer_t self = {"gpu-test-budget", "nccl", true, true, 4 << 20};
 	xport_session_cfg_t sc = {1, 1, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL};
 	xport_t *x = NULL;
@@ -828,7 +828,7 @@ staging_budget(void)
 	const dp_dev_ops_t *dev;
 	uint8_t id[512], *p8, *p9, *p16;
 	size_t idlen = sizeof(id);
-	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, 0};
+	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, NULL, 0};
 	refit_err_t err;
 	int bad = 0;
 
@@ -890,7 +890,7 @@ hang_abort_child(void)
 	atomic_int stop = 0;
 	xport_peer_t self = {"gpu-test-hangabort", "nccl", true, true, 1 << 20};
 	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL};
-	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, 0};
+	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, NULL, 0};
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;
 	gpu_api_t *a;

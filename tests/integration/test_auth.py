@@ -304,11 +304,13 @@ def member_of_its_own():
     assert sorted(i.instance for i in g.instances) == ["", "i0"], g
 
 
-def data_handshake(ep, epoch, token, node):
+def data_handshake(ep, epoch, token, node, source=None):
     """One tcp data-plane handshake to ep (magic, token length, epoch, refit
-    id, 64 token bytes, 128 node id bytes): the node's one-byte answer."""
+    id, 64 token bytes, 128 node id bytes), from the address source (None:
+    the kernel's choice): the node's one-byte answer."""
     host, port = ep.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as s:
+    with socket.create_connection((host, int(port)), timeout=5,
+                                  source_address=(source, 0) if source else None) as s:
         s.sendall((0x31544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") +
                   epoch.to_bytes(8, "little") + (1).to_bytes(8, "little") +
                   token.ljust(64, b"\0") + node.encode().ljust(128, b"\0"))
@@ -370,6 +372,12 @@ def data_token_per_member():
         assert data_handshake(ep, prep.epoch, prep.token, "au0") == b"\x02"
         assert data_handshake(ep, prep.epoch, prep.token, "nobody") == b"\x02"
         assert data_handshake(ep, prep.epoch, prep.token, "fake") == b"\x00"
+        # its own token, from another address than the data endpoint it
+        # registered (127.0.0.1): refused (5), the node logs both addresses
+        assert data_handshake(ep, prep.epoch, prep.token, "fake", "127.0.0.2") == b"\x05"
+        wait_for(lambda: any("comes from 127.0.0.2, but the node's data endpoint is at "
+                             "127.0.0.1" in ln for ln in open(f"{TMP}/{CL.name}.log")),
+                 10, "a node's log naming both addresses")
         # away again: its replica, then itself; the refit of v commits
         st.UnregisterLayout(pb.UnregisterLayoutRequest(
             member_id=j.member_id, model="lm", role=pb.INFER, instance="fake"),
@@ -715,8 +723,8 @@ try:
               member_of_its_own)
         check("the next refit commits byte-exact; refusals logged once per process",
               refit_after)
-        check("data-plane tokens are per member: a token holder's own does not pass it "
-              "for another node", data_token_per_member)
+        check("data-plane tokens are per member, from the member's address: a token "
+              "holder's own does not pass it for another node", data_token_per_member)
         check("SIGHUP rotates the join token: old refused, members stay, refit commits",
               rotate)
     check("a join token added by SIGHUP: checked from then on, the node's service bound "

@@ -80,6 +80,7 @@ static const kcase_t cases[] = {
 	{"gpu_kernels_library", "/opt/refit/k.so", "\"/opt/refit/k.so\"", NULL, NULL, 0, 0},
 	{"gpu_devices", "4-7", "\"4-7\"", NULL, "0,1", 0, 0},
 	{"gpu_staging_budget_bytes", "2GiB", "2147483648", "15MiB", NULL, 16 << 20, TIB},
+	{"data_source_check", "off", "\"off\"", "maybe", NULL, 0, 0},
 	{"data_tls", "on", "\"on\"", "yes", NULL, 0, 0},
 	{"poisoned_exit", "on", "\"on\"", "yes", NULL, 0, 0},
 	{"test_msg_delay_ms", "5", "5", "x", NULL, 0, 10000},
