@@ -18,6 +18,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "daemon/metrics.h"
 #include "daemon/node/node_internal.h"
 #include "daemon/transport/gpu.h"
 #include "refit/v1/refit.pb-c.h"
@@ -39,6 +40,21 @@ world_clear(node_t *n)
 	n->world.n = 0;
 }
 
+/* xport_cfg_t.refused, on the listener's thread: a data connection refused
+ * is counted (refitd_auth_refused_total) and logged once a minute per host. */
+static void
+data_refused(void *ctx, const char *host, const char *reason, const char *msg)
+{
+	node_t *n = ctx;
+	uint64_t quiet = 0;
+
+	metrics_auth_refused("tcp data connection", reason);
+	if (rpc_refusals_note(&n->data_refusals, host, uv_hrtime(), &quiet))
+		log_warnx("tcp: refused a data connection from %s: %s (%" PRIu64 " more from %s "
+			  "since the last line; they are logged once a minute)", host, msg, quiet,
+			  host);
+}
+
 /* node_hooks_t.maybe_free */
 static void
 free_if_idle(node_t *n)
@@ -50,6 +66,7 @@ free_if_idle(node_t *n)
 	node_local_stop(n);
 	if (n->x)
 		n->xo->stop(n->x);
+	rpc_refusals_fini(&n->data_refusals);
 	dp_pool_free(n->pool);
 	delta_store_free(n->delta);
 	world_clear(n);
@@ -453,7 +470,8 @@ node_t *
 node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *err)
 {
 	xport_cfg_t xc = {o->data_listen ? o->data_listen : "127.0.0.1:0", o->node_id, o->ranks,
-			  o->nranks, o->gpu_devices, o->gpu_staging_budget, NULL, NULL, NULL, false};
+			  o->nranks, o->gpu_devices, o->gpu_staging_budget, NULL, NULL, NULL, false,
+			  NULL, NULL};
 	gpu_paths_t gp = {o->cuda_library, o->nccl_library, o->gpu_kernels_library};
 	const char *why;
 	node_t *n;
@@ -471,6 +489,9 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 		return NULL;
 	}
 	n = xcalloc(1, sizeof(*n));
+	rpc_refusals_init(&n->data_refusals);
+	xc.refused = data_refused;
+	xc.refused_ctx = n;
 	n->hooks = &hooks;
 	n->loop = loop;
 	coords_split(n, o->coordinator);

@@ -27,6 +27,7 @@
 #include "plan/convert.h"
 #include "plan/plan.h"
 #include "refit/v1/refit.pb-c.h"
+#include "rpc/rpc_auth.h"
 
 /* One shared-memory segment a client named, mapped here. */
 typedef struct seg {
@@ -238,6 +239,7 @@ struct node {
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
 	rpc_server_t *srv;            /* the Node service's */
+	rpc_refusals_t data_refusals; /* refused data connections' log limiter */
 	char session[65];             /* this process's session secret (hex) */
 	char *local_path;
 	uint64_t slice_timeout_ms, test_msg_delay_ms;  /* slice_timeout_ms 0: the coordinator's */

@@ -92,6 +92,8 @@ tcp_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	x->lfd = fd;
 	x->node_id = xstrdup(cfg->node_id);
 	x->source_check = cfg->source_check;
+	x->refused = cfg->refused;
+	x->refused_ctx = cfg->refused_ctx;
 	tcp_ip_of_sockaddr((struct sockaddr *)&ss, &x->bound);
 	/* advertised as the numeric address bound (peers do not resolve names) */
 	if (getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), NULL, 0,

@@ -69,6 +69,8 @@ struct xport {
 	 * whose SHA-256 is its verifier (none: every peer presents token) */
 	VEC(struct peer_verifier { char *node_id; uint8_t v[32]; tcp_ip_t ip; }) peers;
 	bool source_check;               /* xport_cfg_t.source_check */
+	void (*refused)(void *, const char *, const char *, const char *); /* cfg's */
+	void *refused_ctx;
 	tcp_ip_t bound;                  /* the listening address (fam 0: a wildcard) */
 	VEC(parked_t) parked;
 	bool stopping;

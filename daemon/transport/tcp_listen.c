@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,32 @@ source_ok(const xport_t *x, const struct peer_verifier *m, int fd, tcp_ip_t *src
 /* ---- the listener --------------------------------------------------------- */
 
 /*
+ * A data connection on fd refused for reason (a metric label): handed to
+ * the node's xport_cfg_t.refused with the peer's address (counted, logged
+ * once a minute per host there), else logged.
+ */
+static void __attribute__((format(printf, 4, 5)))
+refuse(const xport_t *x, int fd, const char *reason, const char *fmt, ...)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	tcp_ip_t ip = {0};
+	char msg[512], host[64];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
+		tcp_ip_of_sockaddr((struct sockaddr *)&ss, &ip);
+	tcp_ip_str(&ip, host, sizeof(host));
+	if (x->refused != NULL)
+		x->refused(x->refused_ctx, host, reason, msg);
+	else
+		log_warnx("tcp: refused a data connection from %s: %s", host, msg);
+}
+
+/*
  * Does h carry the token of the node it names (the SHA-256 of it is that
  * member's verifier from PrepareEpoch), or, with no verifiers, this node's
  * token?  Compared without an early exit.  Under x->mu.
@@ -177,24 +204,24 @@ handshake(xport_t *x, int fd, const uint8_t *b)
 	(void)!send(fd, &ans, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 	if (ans == HS_OK)
 		return;
+	h.node_id[sizeof(h.node_id) - 1] = 0;
 	if (ans == HS_BAD_MAGIC)
-		log_warnx("tcp: connection from a peer that does not speak refit tcp: closed");
+		refuse(x, fd, "handshake", "a peer that does not speak refit tcp");
 	else if (ans == HS_BAD_EPOCH && here == 0)
-		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: no "
-			  "epoch is prepared here yet", h.node_id, h.epoch);
+		refuse(x, fd, "epoch", "node \"%s\" for epoch %" PRIu64 ": no epoch is prepared "
+		       "here yet", h.node_id, h.epoch);
 	else if (ans == HS_BAD_EPOCH)
-		log_warnx("tcp: connection from node \"%s\" for epoch %" PRIu64 " refused: this "
-			  "node is at epoch %" PRIu64, h.node_id, h.epoch, here);
+		refuse(x, fd, "epoch", "node \"%s\" for epoch %" PRIu64 ": this node is at epoch %"
+		       PRIu64, h.node_id, h.epoch, here);
 	else if (ans == HS_BAD_SOURCE)
-		log_warnx("tcp: connection from node \"%s\" refused: it comes from %s, but the "
-			  "node's data endpoint is at %s (data_source_check)", h.node_id,
-			  tcp_ip_str(&src, s1, sizeof(s1)), tcp_ip_str(&reg, s2, sizeof(s2)));
+		refuse(x, fd, "source", "node \"%s\": it comes from %s, but the node's data "
+		       "endpoint is at %s (data_source_check)", h.node_id,
+		       tcp_ip_str(&src, s1, sizeof(s1)), tcp_ip_str(&reg, s2, sizeof(s2)));
 	else if (ans == HS_BAD_TOKEN)
-		log_warnx("tcp: connection from node \"%s\" refused: not its token for epoch %"
-			  PRIu64 " (or not a member of it)", h.node_id, h.epoch);
+		refuse(x, fd, "token", "node \"%s\": not its token for epoch %" PRIu64 " (or not a "
+		       "member of it)", h.node_id, h.epoch);
 	else
-		log_warnx("tcp: connection from node \"%s\" refused: %d connections parked",
-			  h.node_id, PARK_MAX);
+		refuse(x, fd, "full", "node \"%s\": %d connections parked", h.node_id, PARK_MAX);
 	close(fd);
 }
 
@@ -209,10 +236,10 @@ typedef struct pending {
 typedef VEC(pending_t) pending_vec_t;
 
 static void
-pending_drop(pending_vec_t *pend, size_t i, const char *why)
+pending_drop(const xport_t *x, pending_vec_t *pend, size_t i, const char *why)
 {
 	if (why)
-		log_warnx("tcp: a peer connected but %s: closed", why);
+		refuse(x, pend->v[i].fd, "handshake", "a peer connected but %s", why);
 	close(pend->v[i].fd);
 	pend->v[i] = pend->v[--pend->n];
 }
@@ -251,7 +278,7 @@ read_pending(xport_t *x, pending_vec_t *pend, const struct pollfd *pf, int64_t n
 			ssize_t k = recv(q->fd, q->hb + q->got, HS_BYTES - q->got, MSG_DONTWAIT);
 
 			if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-				pending_drop(pend, i, "closed before its handshake");
+				pending_drop(x, pend, i, "closed before its handshake");
 				continue;
 			}
 			if (k > 0)
@@ -265,7 +292,7 @@ read_pending(xport_t *x, pending_vec_t *pend, const struct pollfd *pf, int64_t n
 			}
 		}
 		if (now >= q->deadline)
-			pending_drop(pend, i, "sent no complete handshake in time");
+			pending_drop(x, pend, i, "sent no complete handshake in time");
 	}
 }
 
@@ -284,7 +311,7 @@ accept_new(xport_t *x, pending_vec_t *pend, int64_t now)
 			for (size_t i = 1; i < pend->n; i++)
 				if (pend->v[i].deadline < pend->v[old].deadline)
 					old = i;
-			pending_drop(pend, old, "was the oldest of too many handshakes waiting");
+			pending_drop(x, pend, old, "was the oldest of too many handshakes waiting");
 		}
 		VEC_PUSH(pend, q);
 	}

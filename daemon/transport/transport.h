@@ -52,6 +52,11 @@ typedef struct xport_cfg {
 	/* tcp: refuse a data connection naming a member from another address
 	 * than its registered data endpoint's; dial from the bound address */
 	bool source_check;
+	/* tcp: a data connection refused (any thread): the peer's address, a
+	 * reason (token, source, epoch, handshake, full) and what happened;
+	 * NULL: each is logged */
+	void (*refused)(void *ctx, const char *host, const char *reason, const char *msg);
+	void *refused_ctx;
 } xport_cfg_t;
 
 typedef struct xport_peer {

@@ -120,7 +120,8 @@ static int64_t session_ms = 120000;   /* a session's deadline */
 static xport_t *
 start(const int32_t *ranks, size_t n, const char *devs, const char *name, refit_err_t *err)
 {
-	xport_cfg_t xc = {"", name, ranks, n, devs, 3ull << 30, NULL, NULL, NULL, false}; /* big_pitch: 2 GiB */
+	/* 3 GiB of staging: big_pitch needs 2 GiB */
+	xport_cfg_t xc = {"", name, ranks, n, devs, 3ull << 30, NULL, NULL, NULL, false, NULL, NULL};
 	xport_t *x = NULL;
 
 	if (xport_nccl_ops.start(&xc, &x, err) != REFIT_OK)
@@ -820,7 +821,8 @@ static int
 staging_budget(void)
 {
 	int32_t me = 0;
-	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20, NULL, NULL, NULL, false};
+	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20, NULL, NULL, NULL, false,
+			  NULL, NULL};
 	xport_peer_t self = {"gpu-test-budget", "nccl", true, true, 4 << 20};
 	xport_session_cfg_t sc = {1, 1, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL};
 	xport_t *x = NULL;

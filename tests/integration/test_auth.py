@@ -66,6 +66,7 @@ from harness import RPN, Cluster, check, expect_error, free_port, start_model, w
 
 harness.init(BUILD, TMP)
 MPORT = free_port()
+NMPORT = free_port()  # node au1's /metrics
 JOIN = f"{TMP}/join.token"
 CL = None
 MODEL = {}
@@ -150,7 +151,9 @@ def setup():
     write_token("join-" + os.urandom(16).hex())
     CL = Cluster("au", 2, ["--join-token-file", JOIN],
                  coord_extra=["--join-token-file", JOIN, "--metrics-listen",
-                              f"127.0.0.1:{MPORT}"])
+                              f"127.0.0.1:{MPORT}"],
+                 node_extra=lambda k: ["--metrics-listen", f"127.0.0.1:{NMPORT}"] if k == 1
+                 else [])
     train, insts = layouts()
     MODEL["clients"] = start_model(CL, "lm", train, insts, random.Random(5),
                                    installs={"i0": "double-buffer"})
@@ -378,6 +381,20 @@ def data_token_per_member():
         wait_for(lambda: any("comes from 127.0.0.2, but the node's data endpoint is at "
                              "127.0.0.1" in ln for ln in open(f"{TMP}/{CL.name}.log")),
                  10, "a node's log naming both addresses")
+        # a flood of bad data handshakes: each counted, logged once a minute per host
+        for _ in range(20):
+            assert data_handshake(ep, prep.epoch, b"x" * 32, "au0", "127.0.0.3") == b"\x02"
+
+        def counted():
+            s = harness.scrape_metrics(NMPORT)
+            return {dict(lb).get("reason"): v for (name, lb), v in s.items()
+                    if name == "refitd_auth_refused_total" and
+                    dict(lb).get("method") == "tcp data connection"}
+        wait_for(lambda: counted().get("token", 0) >= 20 + 2 and
+                 counted().get("source", 0) >= 1, 10, "the refusals counted")
+        lines = [ln for ln in open(f"{TMP}/{CL.name}.log")
+                 if "refused a data connection from 127.0.0.3" in ln]
+        assert len(lines) == 1, lines
         # away again: its replica, then itself; the refit of v commits
         st.UnregisterLayout(pb.UnregisterLayoutRequest(
             member_id=j.member_id, model="lm", role=pb.INFER, instance="fake"),
