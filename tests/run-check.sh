@@ -81,10 +81,10 @@ script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 3
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
 script "faults, ASan + UBSan (5 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
-script "coordinators over etcd (standbys, leader SIGKILLed and SIGSTOPped, a 6-refit kill soak, etcd stopped; ~45 s)" \
+script "coordinators over a 3-member etcd (standbys, leader SIGKILLed and SIGSTOPped, a 6-refit kill soak, etcd members lost and restarted, etcd stopped; ~65 s)" \
 	/usr/bin/python3 tests/integration/test_ha.py "$BUILD"
-script "coordinators over etcd, ASan + UBSan (2-refit soak)" \
-	env REFIT_HA_ROUNDS=2 /usr/bin/python3 tests/integration/test_ha.py "$BUILD/asan"
+script "coordinators over a 1-member etcd, ASan + UBSan (2-refit soak)" \
+	env REFIT_HA_ROUNDS=2 REFIT_HA_ETCD=1 /usr/bin/python3 tests/integration/test_ha.py "$BUILD/asan"
 script "leases across stalls (coordinator SIGSTOPped for 3 leases, mid-refit too; a stopped node still expires)" \
 	/usr/bin/python3 tests/integration/test_lease.py "$BUILD"
 script "leases across stalls, ASan + UBSan" \

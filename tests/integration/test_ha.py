@@ -1,5 +1,6 @@
 """Coordinators in standby over etcd (docs/ha.md), end to end: an etcd
-member started here on loopback ports in the suite's temporary folder, three
+cluster of REFIT_HA_ETCD members (3; make check's ASan run: 1) started here
+on loopback ports in the suite's temporary folder, three
 coordinators with state_store etcd, three node daemons given all three
 coordinator addresses, librefit clients (a trainer, a double-buffered and
 an in-place instance).
@@ -17,7 +18,10 @@ with status 75; the leader's election key deleted while a change arrives
 -> the change is not acknowledged, the leader stops (75), etcd's state is
 not written by it; a soak of REFIT_HA_ROUNDS (6) refits with the leader
 SIGKILLed or SIGSTOPped at a random point of each (seed REFIT_HA_SEED) ->
-every version installed once, byte-exact; etcd stopped -> a change is
+every version installed once, byte-exact; with three etcd members, one
+SIGKILLed (the coordinators' first endpoint) -> refits commit on the other
+two, restarted it rejoins, another lost -> refits commit; etcd stopped (every
+member) -> a change is
 refused UNAVAILABLE naming etcd, and is taken once etcd is back.  Prints the fail-over time (leader
 death to the first refit committed under the new leader) and the refit
 latency with etcd against a coordinator with a state file.  Skips (a clear
@@ -47,34 +51,52 @@ from harness import Client, check, free_port, spawn, wait_for, write  # noqa: E4
 
 harness.init(BUILD, TMP)
 TTL_MS = 2000
+ETCD_MEMBERS = int(os.environ.get("REFIT_HA_ETCD", "3"))
 FIG = {}
 
 
 class Etcd:
-    """One etcd member on loopback, its data in TMP/etcd (kept across restarts)."""
+    """An etcd cluster of n members (REFIT_HA_ETCD, 3 by default; make check's
+    ASan run uses 1) on loopback, each member's data in TMP/etcdK (kept across
+    restarts); addr: every member's client address, comma-separated."""
 
-    def __init__(self):
-        self.cport, self.pport = free_port(), free_port()
-        self.addr = f"127.0.0.1:{self.cport}"
+    def __init__(self, n):
+        self.n = n
+        self.cports = [free_port() for _ in range(n)]
+        self.pports = [free_port() for _ in range(n)]
+        self.addrs = [f"127.0.0.1:{p}" for p in self.cports]
+        self.addr = ",".join(self.addrs)
+        self.cluster = ",".join(f"ha{k}=http://127.0.0.1:{self.pports[k]}" for k in range(n))
         self.log = open(f"{TMP}/etcd.log", "a")
-        self.p = None
+        self.p = [None] * n
         self.start()
 
-    def start(self):
-        peer = f"http://127.0.0.1:{self.pport}"
-        self.p = spawn([ETCD, "--name", "ha", "--data-dir", f"{TMP}/etcd",
-                        "--listen-client-urls", f"http://{self.addr}",
-                        "--advertise-client-urls", f"http://{self.addr}",
-                        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                        "--initial-cluster", f"ha={peer}", "--log-level", "warn"],
-                       stdout=self.log, stderr=self.log)
-        ch = grpc.insecure_channel(self.addr)
-        grpc.channel_ready_future(ch).result(timeout=20)
+    def spawn(self, k):
+        peer = f"http://127.0.0.1:{self.pports[k]}"
+        self.p[k] = spawn([ETCD, "--name", f"ha{k}", "--data-dir", f"{TMP}/etcd{k}",
+                           "--listen-client-urls", f"http://{self.addrs[k]}",
+                           "--advertise-client-urls", f"http://{self.addrs[k]}",
+                           "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                           "--initial-cluster", self.cluster, "--initial-cluster-state", "new",
+                           "--log-level", "warn"], stdout=self.log, stderr=self.log)
+
+    def ready(self, k):
+        ch = grpc.insecure_channel(self.addrs[k])
+        grpc.channel_ready_future(ch).result(timeout=30)
         ch.close()
 
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        self.p.wait(timeout=20)
+    def start(self, members=None):
+        """Start every member (or those named): all spawned, then each answering."""
+        ks = range(self.n) if members is None else members
+        for k in ks:
+            self.spawn(k)
+        for k in ks:
+            self.ready(k)
+
+    def stop(self, members=None, sig=signal.SIGTERM):
+        for k in range(self.n) if members is None else members:
+            self.p[k].send_signal(sig)
+            self.p[k].wait(timeout=20)
 
 
 class Coords:
@@ -151,7 +173,7 @@ class Shim:
 
 def setup():
     global E, C
-    E = Etcd()
+    E = Etcd(ETCD_MEMBERS)
     C = Coords(E)
     lead = C.wait_leader()
     coords = ",".join(C.addrs)
@@ -350,6 +372,27 @@ def etcd_down():
     commit_under(lead)
 
 
+def etcd_member_lost():
+    """Three etcd members: the first (every coordinator's first endpoint)
+    SIGKILLed -> the next refits commit (quorum 2 of 3); restarted, it
+    rejoins; then the second lost, refits commit; back, all three answer."""
+    lead = C.wait_leader()
+    E.stop([0], signal.SIGKILL)
+    lead = C.wait_leader()
+    commit_under(lead)
+    commit_under(lead)
+    E.start([0])
+    E.stop([1], signal.SIGKILL)
+    lead = C.wait_leader()
+    commit_under(lead)
+    E.start([1])
+    out = subprocess.run([shutil.which("etcdctl") or "true", "--endpoints", E.addr,
+                          "endpoint", "health"], capture_output=True, text=True, timeout=30)
+    assert not shutil.which("etcdctl") or (out.stdout + out.stderr).count("is healthy") == 3, \
+        out.stdout + out.stderr
+    commit_under(C.wait_leader())
+
+
 def latency(tag, coord_extra):
     """Best refit latency (trigger -> COMMITTED) of 3 on a one-coordinator
     cluster of 2 nodes with coord_extra (the state file or etcd)."""
@@ -483,7 +526,8 @@ def latencies():
 
 
 try:
-    check("etcd, three coordinators, three nodes given all three, a model", setup)
+    check(f"etcd ({ETCD_MEMBERS} member(s)), three coordinators, three nodes given all "
+          "three, a model", setup)
     if M:
         check("one leader; the standbys answer UNAVAILABLE \"not the leader: ADDR\" "
               "naming it; refitctl follows; /metrics refitd_coordinator_leader",
@@ -502,8 +546,12 @@ try:
                   key_deleted)
         check(f"soak: {SOAK_ROUNDS} refits, the leader SIGKILLed or SIGSTOPped at a random "
               "point of each: every version installed once, byte-exact", soak)
-        check("etcd stopped: a change is refused UNAVAILABLE naming etcd; taken once "
-              "etcd is back", etcd_down)
+        if E.n == 3:
+            check("an etcd member SIGKILLed (each coordinator's first endpoint): refits "
+                  "commit on the other two; restarted it rejoins; another lost, refits "
+                  "commit", etcd_member_lost)
+        check("etcd stopped (every member): a change is refused UNAVAILABLE naming etcd; "
+              "taken once etcd is back", etcd_down)
         check("refit latency: the state file and etcd (figures)", latencies)
         check("etcd keys and bytes (figure)", etcd_size)
 finally:
