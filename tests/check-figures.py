@@ -123,6 +123,7 @@ def tree(rpc_fails=False, delta=False):
         "docs/delta.md": OUTSIDE + (region("delta-density") + region("bench-delta") +
                                     region("delta-model") if delta else ""),
         "docs/ha.md": OUTSIDE + region("ha", "a dated run\n"),
+        "docs/gpu.md": OUTSIDE + region("gpu-staging"),
     }
     for name, text in docs.items():
         with open(os.path.join(root, name), "w") as f:
