@@ -250,11 +250,14 @@ node_failed(coord_t *c, refit_rec_t *r, const char *node, const char *msg)
 {
 	char extra[128] = "";
 
-	if (r->fsm.state == REFIT_FSM_PUBLISHING)
+	if (r->fsm.state == REFIT_FSM_PUBLISHING) {
 		/* every node had committed: the others publish (the decision
-		 * was taken); this one did not get it (it died or is cut off) */
+		 * was taken); this one did not get it (it died or is cut off):
+		 * Publish is resent to it until it acknowledges (coord_publish.c) */
 		snprintf(extra, sizeof(extra), " (every node had committed; the others "
-			 "published version %" PRIu64 ")", r->version);
+			 "published version %" PRIu64 "; resent to this one)", r->version);
+		coord_publish_failed(c, r->id, node);
+	}
 	else if (r->fsm.state == REFIT_FSM_COMMITTING)
 		/* nothing was published anywhere: the others drop what they committed */
 		snprintf(extra, sizeof(extra), " (nothing was published)");
@@ -278,6 +281,10 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 	const char *node = m ? m->node_id : "?";
 
 	(void)resp;
+	/* a decided Publish acknowledged, even one answered after the refit
+	 * moved on (no other call of a refit is answered after the decision) */
+	if (st == REFIT_OK && m != NULL)
+		coord_publish_acked(c, x->refit_id, m->node_id);
 	if (r == NULL) {
 		/* moved on */
 	} else if (coord_refit_runs_slices(r)) {
@@ -355,6 +362,8 @@ send_install(coord_t *c, refit_rec_t *r)
 	cq.epoch = pq.epoch = r->epoch;
 	cq.model = pq.model = r->model;
 	cq.version = pq.version = r->version;
+	if (r->fsm.state == REFIT_FSM_PUBLISHING)
+		coord_publish_decided(c, r);  /* durable before any Publish leaves */
 	call_nodes(c, r, r->fsm.state == REFIT_FSM_PUBLISHING ? &pq.base : &cq.base, 0);
 }
 

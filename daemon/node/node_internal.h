@@ -125,6 +125,7 @@ typedef struct aborted {
 } aborted_t;
 
 #define NODE_ABORTED_MAX 64
+#define NODE_PUBLISHED_MAX 64
 
 /* tests (test_hold_run_ms): a RunSlice held until its Abort or a deadline */
 typedef struct held_run {
@@ -243,6 +244,11 @@ struct node {
 	uint64_t slice_timeout_ms, test_msg_delay_ms;  /* slice_timeout_ms 0: the coordinator's */
 	uint64_t connect_timeout_ms;
 	uint64_t test_fail_commit, test_hold_run_ms, ncommits;
+	uint64_t test_lose_publish, npublishes, lose_refit;
+	/* ring of the refits published here: a Publish resent for one of
+	 * them is acknowledged again, never installed twice */
+	uint64_t published[NODE_PUBLISHED_MAX];
+	size_t npublished;
 	aborted_t aborted[NODE_ABORTED_MAX];  /* ring, the epoch's aborted refits */
 	size_t naborted;                      /* entries written (mod the size) */
 	VEC(held_run_t) held;                 /* tests: RunSlice calls held back */

@@ -678,9 +678,27 @@ h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				     rq->refit_id, n->test_fail_commit);
 	/* first phase: nothing is shown to clients until Publish */
 	p->committed = true;
+	if (n->test_lose_publish && ++n->npublishes % n->test_lose_publish == 0)
+		n->lose_refit = p->refit_id;
 	log_info("node %s: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " committed, "
 		 "waiting for Publish", n->node_id, p->refit_id, p->model, p->version);
 	rpc_call_reply(call, &rsp.base);
+}
+
+/* test_lose_publish N: the Publish of every Nth refit committed here,
+ * and every resend of it until the node joins a coordinator again, is
+ * lost (as on a cut link). */
+static bool
+publish_lost(node_t *n, rpc_call_t *call, uint64_t refit_id)
+{
+	if (n->lose_refit == 0 || n->lose_refit != refit_id)
+		return false;
+	log_info("node %s: refit %" PRIu64 ": Publish lost (test_lose_publish %" PRIu64 ")",
+		 n->node_id, refit_id, n->test_lose_publish);
+	rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "node %s: refit %" PRIu64 ": Publish lost "
+		      "(test_lose_publish %" PRIu64 ")", n->node_id, refit_id,
+		      n->test_lose_publish);
+	return true;
 }
 
 static void
@@ -691,6 +709,17 @@ h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	Refit__V1__PublishResponse rsp = REFIT__V1__PUBLISH_RESPONSE__INIT;
 	prepared_t *p = find_prepared(n, rq->refit_id);
 
+	if (publish_lost(n, call, rq->refit_id))
+		return;
+	/* a resend (the coordinator, or the next leader, did not see the
+	 * answer): acknowledged again, installed once */
+	for (size_t i = 0; i < NODE_PUBLISHED_MAX && i < n->npublished; i++)
+		if (n->published[i] == rq->refit_id) {
+			log_info("node %s: refit %" PRIu64 ": Publish again: version %" PRIu64
+				 " is installed here already", n->node_id, rq->refit_id,
+				 rq->version);
+			return rpc_call_reply(call, &rsp.base);
+		}
 	if (epoch_refused(n, call, "Publish", rq->refit_id, rq->epoch))
 		return;
 	if (p == NULL || !p->committed)
@@ -712,6 +741,7 @@ h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	}
 	log_info("node %s: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " installed",
 		 n->node_id, p->refit_id, p->model, p->version);
+	n->published[n->npublished++ % NODE_PUBLISHED_MAX] = p->refit_id;
 	drop_prepared(n, p);
 	node_waiters_sweep(n);
 	rpc_call_reply(call, &rsp.base);
