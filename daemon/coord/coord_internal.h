@@ -171,9 +171,9 @@ void coord_leader_changed(coord_t *c);
 refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
 /* coord_publish.c: a decided Publish, durable and resent until every node
  * acknowledged it.  decided: record r's before its Publish leaves (saves
- * the state); acked / failed: node_id answered the refit's own Publish;
+ * the state; when that fails, nothing is recorded: err); acked / failed: node_id answered the refit's own Publish;
  * tick: resend to the members not acknowledged yet (leader only). */
-void coord_publish_decided(coord_t *c, refit_rec_t *r);
+refit_status_t coord_publish_decided(coord_t *c, refit_rec_t *r, refit_err_t *err);
 void coord_publish_acked(coord_t *c, uint64_t refit_id, const char *node_id);
 void coord_publish_failed(coord_t *c, uint64_t refit_id, const char *node_id);
 void coord_publish_tick(coord_t *c);

@@ -59,12 +59,11 @@ drop_node(pub_pending_t *p, pub_node_t *n)
 	*n = p->nodes.v[--p->nodes.n];
 }
 
-void
-coord_publish_decided(coord_t *c, refit_rec_t *r)
+refit_status_t
+coord_publish_decided(coord_t *c, refit_rec_t *r, refit_err_t *err)
 {
 	pub_pending_t *p = xcalloc(1, sizeof(*p));
 	uint64_t first = uv_now(c->loop) + PUB_FIRST_MS;
-	refit_err_t err;
 
 	p->refit_id = r->id;
 	p->epoch = r->epoch;
@@ -81,12 +80,13 @@ coord_publish_decided(coord_t *c, refit_rec_t *r)
 			VEC_PUSH(&p->nodes, ((pub_node_t){xstrdup(m->node_id), false, first}));
 	}
 	VEC_PUSH(&c->pubs, p);
-	refit_err_clear(&err);
-	if (coord_state_save(c, &err) != REFIT_OK)
-		/* Publish goes anyway: the decision stands; a restart before the
-		 * next save leaves a node that misses it to a catch-up refit */
-		log_warnx("coordinator: refit %" PRIu64 ": the Publish decision could not be "
-			  "made durable: %s", r->id, err.msg);
+	if (coord_state_save(c, err) == REFIT_OK)
+		return REFIT_OK;
+	/* not durable: not taken (no Publish leaves; the nodes keep their
+	 * commit unshown, as when the coordinator dies before deciding) */
+	c->pubs.n--;
+	coord_pub_free(p);
+	return err->status;
 }
 
 /* Every node acknowledged p (at): its instances show the version (never
