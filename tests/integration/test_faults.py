@@ -864,7 +864,8 @@ def publish_resent():
     it commits (test_lose_publish 2) until it joins again (as on a link cut
     between Commit and Publish): v2 is FAILED on the coordinator, pr1 keeps
     v1; once pr1 is reachable again (its lease lapsed under SIGSTOP, it
-    joins again) it installs v2 byte-exact, with no new refit.  Then v4 is
+    joins again) it installs v2 byte-exact, with no new refit; a Publish of
+    v2 sent once more is acknowledged, not installed twice.  Then v4 is
     lost the same way, the coordinator is killed and restarted from its
     state file, and the restarted one resends it: pr1 installs v4."""
     rpn = harness.RPN
@@ -908,7 +909,7 @@ def publish_resent():
     g = cl.refit("pm", 1)
     assert g.state == pb.COMMITTED, g.failure
     assert x.cmd("wait 1 20000").startswith("INSTALLED 1 ")
-    lost(2)
+    rid = lost(2)
     # cut off until its lease lapses, then reachable again
     cl.nodes[1].send_signal(signal.SIGSTOP)
     try:
@@ -916,6 +917,13 @@ def publish_resent():
     finally:
         cl.nodes[1].send_signal(signal.SIGCONT)
     installed(2, 2)
+    # a Publish resent once more (its answer lost): acknowledged, not installed
+    # twice (a second flip would show v1's buffer)
+    ep = [m.rpc_endpoint for m in cl.wait_members(2).members if m.node_id == "pr1"][0]
+    pbg.NodeStub(grpc.insecure_channel(ep)).Publish(pb.PublishRequest(
+        refit_id=rid, epoch=1, model="pm", version=2), timeout=5)
+    st = x.cmd("state")
+    assert "version=2 " in st and x.cmd("check 2").endswith("mismatches=0"), st
     out = trainer.cmd("next 3")
     assert out.startswith("READY"), out
     g = cl.refit("pm", 3)
