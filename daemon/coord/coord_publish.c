@@ -214,6 +214,28 @@ resend(coord_t *c, pub_pending_t *p, pub_node_t *n, const member_t *m)
 	n->busy = true;
 }
 
+/* A decision whose refit record went (refit_records keeps the newest):
+ * its nodes have not come back since; they are left to a catch-up. */
+static bool
+pub_expired(coord_t *c, size_t at)
+{
+	pub_pending_t *p = c->pubs.v[at];
+
+	if (coord_find_refit(c, p->refit_id) != NULL)
+		return false;
+	for (size_t k = 0; k < p->nodes.n; k++)
+		if (p->nodes.v[k].busy)
+			return false;  /* its answer first */
+	log_warnx("coordinator: refit %" PRIu64 " (%s, version %" PRIu64 "): its record is "
+		  "gone, Publish no longer resent to %zu nodes (left to a catch-up refit)",
+		  p->refit_id, p->model, p->version, p->nodes.n);
+	p->lost = true;
+	while (p->nodes.n)
+		drop_node(p, &p->nodes.v[0]);
+	pub_done(c, p, at);
+	return true;
+}
+
 void
 coord_publish_tick(coord_t *c)
 {
@@ -224,6 +246,10 @@ coord_publish_tick(coord_t *c)
 	for (size_t i = 0; i < c->pubs.n; i++) {
 		pub_pending_t *p = c->pubs.v[i];
 
+		if (pub_expired(c, i)) {
+			i--;
+			continue;
+		}
 		for (size_t k = 0; k < p->nodes.n; k++) {
 			pub_node_t *n = &p->nodes.v[k];
 			member_t *m = member_named(c, n->node_id);
