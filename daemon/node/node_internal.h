@@ -280,6 +280,16 @@ node_maybe_free(node_t *n)
 refit_status_t node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err);
 void node_local_stop(node_t *n);
 void node_local_close(node_t *n);   /* close the memory socket's handles */
+/* node_install.c: Commit and Publish (the Node service's table is in
+ * node_run.c); a call for another epoch than the one prepared fails
+ * STALE_EPOCH (true when it did); the slices waiting for Publish. */
+bool node_epoch_refused(node_t *n, rpc_call_t *call, const char *method, uint64_t refit_id,
+			uint64_t epoch);
+prepared_t *node_find_prepared(node_t *n, uint64_t id);
+void node_drop_prepared(node_t *n, prepared_t *p);
+void node_h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg);
+void node_h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg);
+
 /* node_client.c: joined (again): register every client's layout and ready
  * version with the coordinator, which may not know them (it restarted). */
 void node_local_rejoined(node_t *n);
