@@ -130,6 +130,12 @@ coord_publish_acked(coord_t *c, uint64_t refit_id, const char *node_id)
 		return;
 	drop_node(p, n);
 	if (p->nodes.n == 0) {
+		refit_rec_t *r = coord_find_refit(c, refit_id);
+
+		if (r == NULL || r->fsm.state != REFIT_FSM_PUBLISHING) {
+			pub_done(c, p, at);  /* a late answer after the refit ended */
+			return;
+		}
 		/* the refit's own round: its end saves the state */
 		c->pubs.v[at] = c->pubs.v[--c->pubs.n];
 		coord_pub_free(p);
