@@ -105,7 +105,8 @@ node_h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	/* a resend (the coordinator, or the next leader, did not see the
 	 * answer): acknowledged again, installed once */
 	for (size_t i = 0; i < NODE_PUBLISHED_MAX && i < n->npublished; i++)
-		if (n->published[i] == rq->refit_id) {
+		if (n->published[i].refit_id == rq->refit_id &&
+		    n->published[i].epoch == rq->epoch) {
 			log_info("node %s: refit %" PRIu64 ": Publish again: version %" PRIu64
 				 " is installed here already", n->node_id, rq->refit_id,
 				 rq->version);
@@ -132,7 +133,8 @@ node_h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	}
 	log_info("node %s: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " installed",
 		 n->node_id, p->refit_id, p->model, p->version);
-	n->published[n->npublished++ % NODE_PUBLISHED_MAX] = p->refit_id;
+	n->published[n->npublished % NODE_PUBLISHED_MAX].refit_id = p->refit_id;
+	n->published[n->npublished++ % NODE_PUBLISHED_MAX].epoch = rq->epoch;
 	node_drop_prepared(n, p);
 	node_waiters_sweep(n);
 	rpc_call_reply(call, &rsp.base);

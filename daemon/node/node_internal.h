@@ -245,9 +245,11 @@ struct node {
 	uint64_t connect_timeout_ms;
 	uint64_t test_fail_commit, test_hold_run_ms, ncommits;
 	uint64_t test_lose_publish, npublishes, lose_refit;
-	/* ring of the refits published here: a Publish resent for one of
-	 * them is acknowledged again, never installed twice */
-	uint64_t published[NODE_PUBLISHED_MAX];
+	/* ring of the refits published here (id and epoch: a coordinator
+	 * restarted without its state counts ids from 1 again, its epochs go
+	 * on): a Publish resent for one of them is acknowledged again, never
+	 * installed twice */
+	struct { uint64_t refit_id, epoch; } published[NODE_PUBLISHED_MAX];
 	size_t npublished;
 	aborted_t aborted[NODE_ABORTED_MAX];  /* ring, the epoch's aborted refits */
 	size_t naborted;                      /* entries written (mod the size) */

@@ -898,7 +898,7 @@ def publish_resent():
         st = x.cmd("state")
         assert f"version={v - 1} " in st and "valid=1" in st, st
         assert x.cmd(f"check {v - 1}").endswith("mismatches=0")
-        return g.id
+        return g
 
     def installed(v, n):
         out = x.cmd(f"wait {v} 20000")
@@ -909,7 +909,7 @@ def publish_resent():
     g = cl.refit("pm", 1)
     assert g.state == pb.COMMITTED, g.failure
     assert x.cmd("wait 1 20000").startswith("INSTALLED 1 ")
-    rid = lost(2)
+    g2 = lost(2)
     # cut off until its lease lapses, then reachable again
     cl.nodes[1].send_signal(signal.SIGSTOP)
     try:
@@ -921,7 +921,7 @@ def publish_resent():
     # twice (a second flip would show v1's buffer)
     ep = [m.rpc_endpoint for m in cl.wait_members(2).members if m.node_id == "pr1"][0]
     pbg.NodeStub(grpc.insecure_channel(ep)).Publish(pb.PublishRequest(
-        refit_id=rid, epoch=1, model="pm", version=2), timeout=5)
+        refit_id=g2.id, epoch=g2.epoch, model="pm", version=2), timeout=5)
     st = x.cmd("state")
     assert "version=2 " in st and x.cmd("check 2").endswith("mismatches=0"), st
     out = trainer.cmd("next 3")
