@@ -148,6 +148,9 @@ static const key_t_ keys[] = {
 	 "tests only: sleep this long before each message a node sends (nccl: each group)"},
 	{"test_fail_commit", K_MS, F(test_fail_commit), "0", 0, 1000000, NULL, false,
 	 "tests only: refuse this node's Nth Commit (counted from 1; 0: none)"},
+	{"test_lose_publish", K_MS, F(test_lose_publish), "0", 0, 1000000, NULL, false,
+	 "tests only: lose the Publish of every Nth refit committed on this node, and every "
+	 "resend of it, until the node joins a coordinator again (0: none)"},
 	{"test_hold_run_ms", K_MS, F(test_hold_run_ms), "0", 0, 60000, NULL, false,
 	 "tests only: hold each RunSlice until an Abort of its refit came or this long passed"},
 	{"instance_grace_ms", K_MS, F(instance_grace_ms), "60000", 100, 86400000, NULL, false,

@@ -46,6 +46,7 @@ typedef struct refitd_config {
 	uint64_t plan_cache_bytes;    /* ignored (nodes keep no plans): older files load */
 	uint64_t test_msg_delay_ms;   /* tests: slow every sent message down */
 	uint64_t test_fail_commit;    /* tests: refuse the node's Nth Commit */
+	uint64_t test_lose_publish;   /* tests: lose every Nth refit's Publish until it joins again */
 	uint64_t test_hold_run_ms;    /* tests: hold RunSlice until its Abort */
 	char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl: what to load */
 	char *data_source_check; /* node, tcp: "on" or "off" */

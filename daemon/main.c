@@ -279,6 +279,7 @@ start_role(daemon_state_t *d, const refitd_config_t *cfg, const coord_opts_t *co
 	no.delta_base_bytes = cfg->delta_base_bytes;
 	no.test_msg_delay_ms = cfg->test_msg_delay_ms;
 	no.test_fail_commit = cfg->test_fail_commit;
+	no.test_lose_publish = cfg->test_lose_publish;
 	no.test_hold_run_ms = cfg->test_hold_run_ms;
 	no.cuda_library = cfg->cuda_library;
 	no.nccl_library = cfg->nccl_library;

@@ -146,6 +146,7 @@ on_lease_timer(uv_timer_t *t)
 	}
 	instances_tick(c, now);
 	coord_refits_tick(c);
+	coord_publish_tick(c);
 }
 
 /* (Re)start the lease tick; stalls are measured from now. */

@@ -91,6 +91,24 @@ typedef struct plan_cache {
 
 typedef struct coord_leader coord_leader_t;
 
+/* A decided Publish (every node committed) some nodes have not
+ * acknowledged yet: kept in the state, resent until they do (docs/ha.md). */
+typedef struct pub_node {
+	char *node_id;
+	bool busy;                /* a Publish to it is out */
+	uint64_t next_ms;         /* loop time of the next resend */
+} pub_node_t;
+
+typedef struct pub_pending {
+	uint64_t refit_id, epoch, version;
+	char *model;
+	bool whole;               /* not a catch-up: moves the model's version */
+	bool lost;                /* a node lost the slice: instances stay behind */
+	char **insts;             /* the inference instances it installs on */
+	size_t ninsts;
+	VEC(pub_node_t) nodes;    /* still to acknowledge */
+} pub_pending_t;
+
 struct coord {
 	const struct coord_backend *store; /* NULL: state lives in memory only */
 	void *store_impl;
@@ -111,6 +129,7 @@ struct coord {
 	rpc_async_t *rpc;           /* calls to nodes (shared with main) */
 	rpc_server_t *srv;          /* its server: is a join token required? */
 	uint32_t inflight;          /* async node calls and plans not yet done */
+	VEC(pub_pending_t *) pubs;  /* decided Publishes not acknowledged everywhere */
 	/* nccl: the unique id of nccl_epoch (len 0: that epoch shrinks the
 	 * communicators of the members nccl_members), and whether the nodes'
 	 * communicators are sound (no nccl refit failed or aborted since) */
@@ -150,6 +169,16 @@ void coord_leader_changed(coord_t *c);
 
 /* coord_state.c: write the state (when a store is configured); REFIT_OK or err */
 refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
+/* coord_publish.c: a decided Publish, durable and resent until every node
+ * acknowledged it.  decided: record r's before its Publish leaves (saves
+ * the state; when that fails, nothing is recorded: err); acked / failed: node_id answered the refit's own Publish;
+ * tick: resend to the members not acknowledged yet (leader only). */
+refit_status_t coord_publish_decided(coord_t *c, refit_rec_t *r, refit_err_t *err);
+void coord_publish_acked(coord_t *c, uint64_t refit_id, const char *node_id);
+void coord_publish_failed(coord_t *c, uint64_t refit_id, const char *node_id);
+void coord_publish_tick(coord_t *c);
+/* Free a decided Publish. */
+void coord_pub_free(pub_pending_t *p);
 /* Read the state into c (models, versions, epoch, ids). */
 refit_status_t coord_state_load(coord_t *c, refit_err_t *err);
 /* A store operation ("load", "save") took us µs and ended rc:

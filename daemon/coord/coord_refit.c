@@ -250,11 +250,13 @@ node_failed(coord_t *c, refit_rec_t *r, const char *node, const char *msg)
 {
 	char extra[128] = "";
 
-	if (r->fsm.state == REFIT_FSM_PUBLISHING)
+	if (r->fsm.state == REFIT_FSM_PUBLISHING) {
 		/* every node had committed: the others publish (the decision
-		 * was taken); this one did not get it (it died or is cut off) */
+		 * was taken); this one did not get it: resent (coord_publish.c) */
 		snprintf(extra, sizeof(extra), " (every node had committed; the others "
-			 "published version %" PRIu64 ")", r->version);
+			 "published version %" PRIu64 "; resent to this one)", r->version);
+		coord_publish_failed(c, r->id, node);
+	}
 	else if (r->fsm.state == REFIT_FSM_COMMITTING)
 		/* nothing was published anywhere: the others drop what they committed */
 		snprintf(extra, sizeof(extra), " (nothing was published)");
@@ -278,6 +280,9 @@ on_node_done(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *re
 	const char *node = m ? m->node_id : "?";
 
 	(void)resp;
+	/* a decided Publish acknowledged, even after the refit moved on */
+	if (st == REFIT_OK && m != NULL)
+		coord_publish_acked(c, x->refit_id, m->node_id);
 	if (r == NULL) {
 		/* moved on */
 	} else if (coord_refit_runs_slices(r)) {
@@ -350,11 +355,18 @@ send_install(coord_t *c, refit_rec_t *r)
 {
 	Refit__V1__CommitRequest cq = REFIT__V1__COMMIT_REQUEST__INIT;
 	Refit__V1__PublishRequest pq = REFIT__V1__PUBLISH_REQUEST__INIT;
+	refit_err_t err;
 
 	cq.refit_id = pq.refit_id = r->id;
 	cq.epoch = pq.epoch = r->epoch;
 	cq.model = pq.model = r->model;
 	cq.version = pq.version = r->version;
+	refit_err_clear(&err);
+	/* the decision is durable before any Publish leaves */
+	if (r->fsm.state == REFIT_FSM_PUBLISHING && coord_publish_decided(c, r, &err) != REFIT_OK)
+		return coord_refit_eventf(c, r, REFIT_FSM_EV_FAIL, "the decision to publish could "
+					  "not be made durable, so nothing was published: %s",
+					  err.msg);
 	call_nodes(c, r, r->fsm.state == REFIT_FSM_PUBLISHING ? &pq.base : &cq.base, 0);
 }
 

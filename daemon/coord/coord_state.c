@@ -94,6 +94,49 @@ refits_json(const coord_t *c, cJSON *arr)
 	}
 }
 
+void
+coord_pub_free(pub_pending_t *p)
+{
+	for (size_t i = 0; i < p->nodes.n; i++)
+		free(p->nodes.v[i].node_id);
+	VEC_FREE(&p->nodes);
+	for (size_t i = 0; i < p->ninsts; i++)
+		free(p->insts[i]);
+	free(p->insts);
+	free(p->model);
+	free(p);
+}
+
+/* The decided Publishes not acknowledged everywhere (only when there are:
+ * older files round-trip). */
+static void
+pubs_json(const coord_t *c, cJSON *root)
+{
+	cJSON *arr;
+
+	if (c->pubs.n == 0)
+		return;
+	arr = cJSON_AddArrayToObject(root, "publishes");
+	for (size_t i = 0; i < c->pubs.n; i++) {
+		const pub_pending_t *p = c->pubs.v[i];
+		cJSON *o = cJSON_CreateObject(), *nodes, *insts;
+
+		cJSON_AddNumberToObject(o, "refit", (double)p->refit_id);
+		cJSON_AddNumberToObject(o, "epoch", (double)p->epoch);
+		cJSON_AddStringToObject(o, "model", p->model);
+		cJSON_AddNumberToObject(o, "version", (double)p->version);
+		cJSON_AddBoolToObject(o, "whole", p->whole);
+		cJSON_AddBoolToObject(o, "lost", p->lost);
+		nodes = cJSON_AddArrayToObject(o, "nodes");
+		for (size_t k = 0; k < p->nodes.n; k++)
+			cJSON_AddItemToArray(nodes, cJSON_CreateString(p->nodes.v[k].node_id));
+		insts = cJSON_AddArrayToObject(o, "instances");
+		for (size_t k = 0; k < p->ninsts; k++)
+			cJSON_AddItemToArray(insts, cJSON_CreateString(p->insts[k]));
+		cJSON_AddItemToArray(arr, o);
+	}
+}
+
 static char *
 state_text(const coord_t *c)
 {
@@ -151,6 +194,7 @@ state_text(const coord_t *c)
 	}
 	refits_json(c, cJSON_AddArrayToObject(root, "refits"));
 	cJSON_AddNumberToObject(root, "next_refit", (double)c->next_refit);
+	pubs_json(c, root);
 	text = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return text;
@@ -421,6 +465,64 @@ resume_later(coord_t *c)
 	}
 }
 
+static char **
+strings(const cJSON *arr, size_t *n)
+{
+	const cJSON *s;
+	char **v = xcalloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof(*v));
+
+	*n = 0;
+	cJSON_ArrayForEach(s, arr)
+		if (cJSON_IsString(s))
+			v[(*n)++] = xstrdup(s->valuestring);
+	return v;
+}
+
+/*
+ * The decided Publishes, resent from now on.  Their refit, cut short by
+ * the restart, was decided: it is not redone (resume_later), its Publish
+ * is resent instead.
+ */
+static void
+load_pubs(coord_t *c, const cJSON *arr)
+{
+	const cJSON *o;
+
+	cJSON_ArrayForEach(o, arr) {
+		pub_pending_t *p = xcalloc(1, sizeof(*p));
+		const char *model = str(o, "model");
+		size_t nn;
+		char **nodes = strings(cJSON_GetObjectItemCaseSensitive(o, "nodes"), &nn);
+
+		p->refit_id = num(o, "refit");
+		p->epoch = num(o, "epoch");
+		p->version = num(o, "version");
+		p->model = xstrdup(model ? model : "");
+		p->whole = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "whole"));
+		p->lost = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "lost"));
+		p->insts = strings(cJSON_GetObjectItemCaseSensitive(o, "instances"), &p->ninsts);
+		for (size_t k = 0; k < nn; k++)
+			VEC_PUSH(&p->nodes, ((pub_node_t){nodes[k], false, 0}));
+		free(nodes);
+		for (size_t k = 0; k < c->refits.n; k++) {
+			refit_rec_t *r = c->refits.v[k];
+
+			if (r->id == p->refit_id && r->failure &&
+			    strncmp(r->failure, CUT_SHORT, strlen(CUT_SHORT)) == 0) {
+				free(r->failure);
+				r->failure = xstrdup("the coordinator restarted after it decided "
+						     "to publish (every node had committed): "
+						     "Publish is resent to the nodes that had not "
+						     "acknowledged it");
+			}
+		}
+		log_info("coordinator: refit %" PRIu64 " (%s, version %" PRIu64 "): Publish "
+			 "decided, %zu nodes still to acknowledge it", p->refit_id, p->model,
+			 p->version, p->nodes.n);
+		VEC_PUSH(&c->pubs, p);
+	}
+}
+
 /*
  * Refit records come back as they were, except that one a crash cut short
  * is FAILED now: it never silently disappears.  A state that is no
@@ -517,6 +619,8 @@ coord_state_load(coord_t *c, refit_err_t *err)
 			if (rc == REFIT_OK)
 				rc = load_refits(c, cJSON_GetObjectItemCaseSensitive(root, "refits"),
 						 err);
+			if (rc == REFIT_OK)
+				load_pubs(c, cJSON_GetObjectItemCaseSensitive(root, "publishes"));
 			if (rc == REFIT_OK)
 				resume_later(c);
 		}

@@ -327,6 +327,9 @@ coord_free(coord_t *c)
 	for (size_t i = 0; i < c->members.n; i++)
 		coord_member_fini(&c->members.v[i]);
 	VEC_FREE(&c->members);
+	for (size_t i = 0; i < c->pubs.n; i++)
+		coord_pub_free(c->pubs.v[i]);
+	VEC_FREE(&c->pubs);
 	for (size_t i = 0; i < c->models.n; i++) {
 		for (size_t k = 0; k < c->models.v[i].inst.n; k++)
 			coord_instance_fini(&c->models.v[i].inst.v[k]);

@@ -116,7 +116,10 @@ enter(refit_fsm_out_t *o, refit_fsm_state_t s, refit_fsm_action_kind_t k)
  * model's backoff while retries are left and no event said that no attempt
  * can succeed (final), else FAILED.  Calls still out
  * are cancelled, but not Publish: every node had committed, the others
- * publish.  On nccl a refit that reached the nodes leaves a new epoch.
+ * publish.  Nor is a refit that failed publishing retried: the decision
+ * was taken, some nodes installed, and the Publish is resent to the others
+ * (coord_publish.c); another attempt would install the version twice.
+ * On nccl a refit that reached the nodes leaves a new epoch.
  */
 static void
 fail(const refit_fsm_t *m, refit_fsm_out_t *o, bool keep, bool abort_nodes)
@@ -126,7 +129,7 @@ fail(const refit_fsm_t *m, refit_fsm_out_t *o, bool keep, bool abort_nodes)
 	if (m->state != REFIT_FSM_PUBLISHING)
 		act(o, REFIT_FSM_ACT_CANCEL_CALLS, 0);
 	o->next.pending = 0;
-	if (m->attempt <= m->retries && !o->next.final) {
+	if (m->attempt <= m->retries && !o->next.final && m->state != REFIT_FSM_PUBLISHING) {
 		uint32_t sh = m->attempt - 1 < 16 ? m->attempt - 1 : 16;
 		uint64_t wait = (uint64_t)m->backoff_ms << sh;
 

@@ -156,6 +156,7 @@ on_join(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *resp)
 			const Refit__V1__JoinResponse *r = (const void *)resp;
 
 			n->member_id = r->member_id;
+			n->lose_refit = 0;  /* test_lose_publish: reachable again */
 			n->epoch = r->epoch;
 			n->coord_dead = n->ncoords;
 			log_info("node %s: joined as member %" PRIu64 " at epoch %" PRIu64
@@ -511,6 +512,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	n->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 5000;
 	n->test_msg_delay_ms = o->test_msg_delay_ms;
 	n->test_fail_commit = o->test_fail_commit;
+	n->test_lose_publish = o->test_lose_publish;
 	n->test_hold_run_ms = o->test_hold_run_ms;
 	n->poisoned_exit = o->poisoned_exit;
 	n->poisoned_exit_arg = o->poisoned_exit_arg;

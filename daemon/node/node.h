@@ -29,6 +29,7 @@ typedef struct node_opts {
 	uint64_t delta_base_bytes;  /* host memory for delta bases (0: none kept) */
 	uint64_t test_msg_delay_ms;
 	uint64_t test_fail_commit;  /* tests: refuse the Nth Commit (0: none) */
+	uint64_t test_lose_publish; /* tests: lose every Nth refit's Publish until joined again */
 	uint64_t test_hold_run_ms;  /* tests: hold RunSlice until its Abort (0: no) */
 	const char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl */
 	const char *gpu_devices;  /* nccl: "0,1,..." (NULL: local rank i -> device i) */

@@ -126,6 +126,7 @@ typedef struct aborted {
 } aborted_t;
 
 #define NODE_ABORTED_MAX 64
+#define NODE_PUBLISHED_MAX 64
 
 /* tests (test_hold_run_ms): a RunSlice held until its Abort or a deadline */
 typedef struct held_run {
@@ -245,6 +246,13 @@ struct node {
 	uint64_t slice_timeout_ms, test_msg_delay_ms;  /* slice_timeout_ms 0: the coordinator's */
 	uint64_t connect_timeout_ms;
 	uint64_t test_fail_commit, test_hold_run_ms, ncommits;
+	uint64_t test_lose_publish, npublishes, lose_refit;
+	/* ring of the refits published here (id and epoch: a coordinator
+	 * restarted without its state counts ids from 1 again, its epochs go
+	 * on): a Publish resent for one of them is acknowledged again, never
+	 * installed twice */
+	struct { uint64_t refit_id, epoch; } published[NODE_PUBLISHED_MAX];
+	size_t npublished;
 	aborted_t aborted[NODE_ABORTED_MAX];  /* ring, the epoch's aborted refits */
 	size_t naborted;                      /* entries written (mod the size) */
 	VEC(held_run_t) held;                 /* tests: RunSlice calls held back */
@@ -276,6 +284,16 @@ node_maybe_free(node_t *n)
 refit_status_t node_local_start(node_t *n, const node_opts_t *o, refit_err_t *err);
 void node_local_stop(node_t *n);
 void node_local_close(node_t *n);   /* close the memory socket's handles */
+/* node_install.c: Commit and Publish (the Node service's table is in
+ * node_run.c); a call for another epoch than the one prepared fails
+ * STALE_EPOCH (true when it did); the slices waiting for Publish. */
+bool node_epoch_refused(node_t *n, rpc_call_t *call, const char *method, uint64_t refit_id,
+			uint64_t epoch);
+prepared_t *node_find_prepared(node_t *n, uint64_t id);
+void node_drop_prepared(node_t *n, prepared_t *p);
+void node_h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg);
+void node_h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg);
+
 /* node_client.c: joined (again): register every client's layout and ready
  * version with the coordinator, which may not know them (it restarted). */
 void node_local_rejoined(node_t *n);

@@ -1,6 +1,7 @@
 /*
- * node_run.c - the Node service's RunSlice, Commit and Abort: a node's
- * slice of a refit, run off the loop, and the install that follows.
+ * node_run.c - the Node service's RunSlice and Abort: a node's slice of a
+ * refit, run off the loop (Commit and Publish, the install that follows:
+ * node_install.c).
  *
  * RunSlice checks on the loop that this node holds what the plan needs:
  * the epoch prepared, a trainer client with memory for every training
@@ -455,7 +456,6 @@ job_setup(slice_job_t *j, const Refit__V1__RunSliceRequest *rq, refit_err_t *err
 	return rc == REFIT_OK ? job_take_slice(j, rq, err) : rc;
 }
 
-static void drop_prepared(node_t *n, prepared_t *p);
 
 /* Was (refit, epoch, attempt) aborted here?  An attempt of 0 in the Abort
  * (an older coordinator) covers every attempt. */
@@ -485,20 +485,6 @@ shares_client(const prepared_t *p, const slice_job_t *j)
 	return false;
 }
 
-/* A call for a refit of another epoch than the one prepared here fails
- * (STALE_EPOCH); true when it did. */
-static bool
-epoch_refused(node_t *n, rpc_call_t *call, const char *method, uint64_t refit_id,
-	      uint64_t epoch)
-{
-	if (epoch == n->prepared_epoch)
-		return false;
-	rpc_call_fail(call, REFIT_ERR_STALE_EPOCH, "node %s: %s for refit %" PRIu64 " carries "
-		      "epoch %" PRIu64 ", this node prepared epoch %" PRIu64, n->node_id, method,
-		      refit_id, epoch, n->prepared_epoch);
-	return true;
-}
-
 static void
 run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -510,7 +496,7 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 	if (n->closing)
 		return rpc_call_fail(call, REFIT_ERR_UNAVAILABLE, "node %s: shutting down",
 				     n->node_id);
-	if (epoch_refused(n, call, "RunSlice", rq->refit_id, rq->epoch))
+	if (node_epoch_refused(n, call, "RunSlice", rq->refit_id, rq->epoch))
 		return;
 	/* refused before any client memory is touched (an in-place instance
 	 * would be marked invalid); the coordinator learns why from the next
@@ -568,7 +554,7 @@ run_slice(node_t *n, rpc_call_t *call, const ProtobufCMessage *msg)
 				 "published here; refit %" PRIu64 " replaces it", n->node_id,
 				 n->prepared.v[i].refit_id, n->prepared.v[i].version,
 				 j->refit_id);
-			drop_prepared(n, &n->prepared.v[i]);
+			node_drop_prepared(n, &n->prepared.v[i]);
 		} else {
 			i++;
 		}
@@ -639,84 +625,6 @@ node_run_held_tick(node_t *n, uint64_t refit_id)
 		VEC_FREE(&n->held);
 }
 
-/* ---- Commit and Abort ---------------------------------------------------------- */
-
-static prepared_t *
-find_prepared(node_t *n, uint64_t id)
-{
-	for (size_t i = 0; i < n->prepared.n; i++)
-		if (n->prepared.v[i].refit_id == id)
-			return &n->prepared.v[i];
-	return NULL;
-}
-
-static void
-drop_prepared(node_t *n, prepared_t *p)
-{
-	free(p->model);
-	free(p->clients);
-	*p = n->prepared.v[--n->prepared.n];
-}
-
-static void
-h_commit(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
-{
-	node_t *n = ctx;
-	const Refit__V1__CommitRequest *rq = (const void *)msg;
-	Refit__V1__CommitResponse rsp = REFIT__V1__COMMIT_RESPONSE__INIT;
-	prepared_t *p = find_prepared(n, rq->refit_id);
-
-	if (epoch_refused(n, call, "Commit", rq->refit_id, rq->epoch))
-		return;
-	if (p == NULL)
-		return rpc_call_fail(call, REFIT_ERR_NOT_FOUND, "node %s: refit %" PRIu64 " has "
-				     "no finished slice here to commit", n->node_id,
-				     rq->refit_id);
-	if (n->test_fail_commit && ++n->ncommits == n->test_fail_commit)
-		return rpc_call_fail(call, REFIT_ERR_SYS, "node %s: refit %" PRIu64 ": Commit "
-				     "refused (test_fail_commit %" PRIu64 ")", n->node_id,
-				     rq->refit_id, n->test_fail_commit);
-	/* first phase: nothing is shown to clients until Publish */
-	p->committed = true;
-	log_info("node %s: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " committed, "
-		 "waiting for Publish", n->node_id, p->refit_id, p->model, p->version);
-	rpc_call_reply(call, &rsp.base);
-}
-
-static void
-h_publish(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
-{
-	node_t *n = ctx;
-	const Refit__V1__PublishRequest *rq = (const void *)msg;
-	Refit__V1__PublishResponse rsp = REFIT__V1__PUBLISH_RESPONSE__INIT;
-	prepared_t *p = find_prepared(n, rq->refit_id);
-
-	if (epoch_refused(n, call, "Publish", rq->refit_id, rq->epoch))
-		return;
-	if (p == NULL || !p->committed)
-		return rpc_call_fail(call, p ? REFIT_ERR_STALE_EPOCH : REFIT_ERR_NOT_FOUND,
-				     "node %s: refit %" PRIu64 " has %s here to publish",
-				     n->node_id, rq->refit_id, p ? "a slice not committed" :
-				     "no committed slice");
-	for (size_t i = 0; i < p->nclients; i++) {
-		client_t *c = node_client(n, p->clients[i]);
-
-		if (c == NULL)
-			continue;
-		if (c->install == REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER)
-			c->active ^= 1;
-		c->valid = true;
-		c->version = p->version;
-		free(c->failure);
-		c->failure = NULL;
-	}
-	log_info("node %s: refit %" PRIu64 ": model \"%s\" version %" PRIu64 " installed",
-		 n->node_id, p->refit_id, p->model, p->version);
-	drop_prepared(n, p);
-	node_waiters_sweep(n);
-	rpc_call_reply(call, &rsp.base);
-}
-
 static void
 abort_job(slice_job_t *j, const char *why)
 {
@@ -738,12 +646,12 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	node_t *n = ctx;
 	const Refit__V1__AbortRequest *rq = (const void *)msg;
 	Refit__V1__AbortResponse rsp = REFIT__V1__ABORT_RESPONSE__INIT;
-	prepared_t *p = find_prepared(n, rq->refit_id);
+	prepared_t *p = node_find_prepared(n, rq->refit_id);
 	aborted_t *a;
 	uint64_t id;
 	char why[300];
 
-	if (epoch_refused(n, call, "Abort", rq->refit_id, rq->epoch))
+	if (node_epoch_refused(n, call, "Abort", rq->refit_id, rq->epoch))
 		return;
 	snprintf(why, sizeof(why), "aborted by the coordinator: %s", nz(rq->reason));
 	/* remembered: a RunSlice that the Abort overtook is refused */
@@ -762,7 +670,7 @@ h_abort(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 				set_failure(c, "refit %" PRIu64 " (version %" PRIu64 ") was not "
 					    "installed: %s", p->refit_id, p->version, why);
 		}
-		drop_prepared(n, p);
+		node_drop_prepared(n, p);
 	}
 	log_info("node %s: refit %" PRIu64 " aborted: %s", n->node_id, rq->refit_id,
 		 nz(rq->reason));
@@ -777,7 +685,7 @@ node_run_abort_all(node_t *n, const char *why)
 	for (size_t i = 0; i < n->jobs.n; i++)
 		abort_job(n->jobs.v[i], why);
 	while (n->prepared.n)
-		drop_prepared(n, &n->prepared.v[0]);
+		node_drop_prepared(n, &n->prepared.v[0]);
 }
 
 void
@@ -801,9 +709,9 @@ node_run_client_gone(node_t *n, uint64_t client_id, const char *why)
 
 const rpc_method_cfg_t node_run_methods[] = {
 	{"RunSlice", h_run},
-	{"Commit", h_commit},
+	{"Commit", node_h_commit},
 	{"Abort", h_abort},
-	{"Publish", h_publish},
+	{"Publish", node_h_publish},
 };
 const size_t node_run_nmethods = sizeof(node_run_methods) / sizeof(node_run_methods[0]);
 

@@ -858,6 +858,87 @@ def prepare_once_per_epoch():
     stop_cluster(cl, [trainer, db])
 
 
+def publish_resent():
+    """Issue 27, item 3: a decided Publish is durable and resent until every
+    node acknowledged it.  Node pr1 loses the Publish of every second refit
+    it commits (test_lose_publish 2) until it joins again (as on a link cut
+    between Commit and Publish): v2 is FAILED on the coordinator, pr1 keeps
+    v1; once pr1 is reachable again (its lease lapsed under SIGSTOP, it
+    joins again) it installs v2 byte-exact, with no new refit; a Publish of
+    v2 sent once more is acknowledged, not installed twice.  Then v4 is
+    lost the same way, the coordinator is killed and restarted from its
+    state file, and the restarted one resends it: pr1 installs v4."""
+    rpn = harness.RPN
+    state = f"{TMP}/pr.state"
+    cl = Cluster("pr", 2, ["--slice-timeout-ms", "30000"], ["--state-file", state],
+                 lease_ms=LEASE_MS, node_extra=lambda k: ["--test-lose-publish", "2",
+                                                          "--log-level", "info"]
+                 if k == 1 else [])
+    trainer = Client(cl, 0, "pm", "train", write(f"{TMP}/pr-t.json",
+                                                 tensors([0], "Shard(0)")))
+    assert trainer.ok(), trainer.first
+    x = Client(cl, 1, "pm", "infer", write(f"{TMP}/pr-x.json", tensors([rpn], "Shard(0)")),
+               instance="x", install="double-buffer")
+    assert x.ok(), x.first
+    cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="pm", retries=0, retry_backoff_ms=0, catch_up=False)), timeout=5)
+
+    def refits():
+        return len(cl.stub.ListRefits(pb.ListRefitsRequest(model="pm"), timeout=5).refits)
+
+    def shown_x():
+        m = cl.stub.GetModel(pb.GetModelRequest(model="pm"), timeout=5)
+        return [i.installed_version for i in m.instances if i.instance == "x"]
+
+    def lost(v):
+        out = trainer.cmd(f"next {v}")
+        assert out.startswith("READY"), out
+        g = cl.refit("pm", v)
+        assert g.state == pb.FAILED and "pr1" in g.failure and "Publish" in g.failure, g
+        st = x.cmd("state")
+        assert f"version={v - 1} " in st and "valid=1" in st, st
+        assert x.cmd(f"check {v - 1}").endswith("mismatches=0")
+        return g
+
+    def installed(v, n):
+        out = x.cmd(f"wait {v} 20000")
+        assert out.startswith(f"INSTALLED {v} ") and "mismatches=0" in out, out
+        harness.wait_for(lambda: shown_x() == [v], what=f"GetModel to show x at v{v}")
+        assert refits() == n, "a new refit was made"
+
+    g = cl.refit("pm", 1)
+    assert g.state == pb.COMMITTED, g.failure
+    assert x.cmd("wait 1 20000").startswith("INSTALLED 1 ")
+    g2 = lost(2)
+    # cut off until its lease lapses, then reachable again
+    cl.nodes[1].send_signal(signal.SIGSTOP)
+    try:
+        cl.wait_members(1)
+    finally:
+        cl.nodes[1].send_signal(signal.SIGCONT)
+    installed(2, 2)
+    # a Publish resent once more (its answer lost): acknowledged, not installed
+    # twice (a second flip would show v1's buffer)
+    ep = [m.rpc_endpoint for m in cl.wait_members(2).members if m.node_id == "pr1"][0]
+    pbg.NodeStub(grpc.insecure_channel(ep)).Publish(pb.PublishRequest(
+        refit_id=g2.id, epoch=g2.epoch, model="pm", version=2), timeout=5)
+    st = x.cmd("state")
+    assert "version=2 " in st and x.cmd("check 2").endswith("mismatches=0"), st
+    out = trainer.cmd("next 3")
+    assert out.startswith("READY"), out
+    g = cl.refit("pm", 3)
+    assert g.state == pb.COMMITTED, g.failure
+    assert x.cmd("wait 3 20000").startswith("INSTALLED 3 ")
+    lost(4)
+    cl.coord.kill()
+    cl.coord.wait()
+    cl.restart_coord()
+    cl.wait_members(2)
+    installed(4, 4)
+    assert json.load(open(state)).get("publishes") is None, "the decision was kept"
+    stop_cluster(cl, [trainer, x])
+
+
 # ---- issue 28, item 1: catch-up after a partition, on every path ----------
 #
 # A trainer on two nodes (cu0, cu1), a single-node replica "r" (cu0), and
@@ -1154,6 +1235,9 @@ try:
           coordinator_restart_without_state)
     check("atomic switch: a Commit refused on one node publishes the version nowhere",
           atomic_switch)
+    check("a Publish lost after every Commit: resent once the node is reachable again, "
+          "and by a restarted coordinator (state file): installed, no new refit",
+          publish_resent)
     check("an Abort that overtakes RunSlice: the RunSlice is refused at once",
           abort_before_run_slice)
     check("two refits in one epoch: one PrepareEpoch per node", prepare_once_per_epoch)

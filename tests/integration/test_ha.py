@@ -525,6 +525,46 @@ def latencies():
                "/refit-latency"])
 
 
+def publish_resent():
+    """A node (ha3, a model of its own: trainer and instance "px") loses its
+    Publish (test_lose_publish 1) until it joins again: the refit is FAILED
+    on the leader, px holds nothing.  The leader is SIGKILLed: the new one
+    loads the decision from etcd and resends it once ha3 joined it; px
+    installs v1 byte-exact, with no new refit."""
+    lead = C.wait_leader()
+    NODES.append(spawn([f"{BUILD}/bin/refitd", "--role", "node", "--listen",
+                        f"127.0.0.1:{free_port()}", "--coordinator", ",".join(C.addrs),
+                        "--node-id", "ha3", "--ranks", f"{3 * RPN}-{3 * RPN + RPN - 1}",
+                        "--heartbeat-ms", "200", "--local-socket", sock(3),
+                        "--log-level", "info", "--test-lose-publish", "1"],
+                       stderr=open(f"{TMP}/ha3.log", "w")))
+    wait_members(lead, 4)
+    sh = Shim()
+    tr = Client(sh, 3, "pl", "train", write(f"{TMP}/pl-t.json", tensors([3 * RPN], "Shard(0)")))
+    assert tr.ok(), tr.first
+    px = Client(sh, 3, "pl", "infer", write(f"{TMP}/pl-x.json",
+                                            tensors([3 * RPN + 1], "Shard(0)")),
+                instance="px", install="double-buffer")
+    assert px.ok(), px.first
+    st = C.stub(lead)
+    st.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="pl", retries=0, retry_backoff_ms=0, catch_up=False)), timeout=5)
+    r = st.TriggerRefit(pb.TriggerRefitRequest(model="pl", version=1), timeout=10)
+    g = harness.refit_final(st, r.refit_id, 60)
+    assert g.state == pb.FAILED and "ha3" in g.failure and "Publish" in g.failure, g
+    assert "version=1 " not in px.cmd("state")
+    C.procs[lead].send_signal(signal.SIGKILL)
+    C.procs[lead].wait()
+    out = px.cmd("wait 1 30000")
+    assert out.startswith("INSTALLED 1 ") and "mismatches=0" in out, out
+    new = C.wait_leader(skip=(lead,))
+    assert len(C.stub(new).ListRefits(pb.ListRefitsRequest(model="pl"),
+                                      timeout=5).refits) == 1, "a new refit was made"
+    C.start(lead)  # back as a standby
+    tr.close()
+    px.close()
+
+
 try:
     check(f"etcd ({ETCD_MEMBERS} member(s)), three coordinators, three nodes given all "
           "three, a model", setup)
@@ -554,6 +594,8 @@ try:
               "taken once etcd is back", etcd_down)
         check("refit latency: the state file and etcd (figures)", latencies)
         check("etcd keys and bytes (figure)", etcd_size)
+        check("a Publish lost, the leader SIGKILLed: the new leader resends it from "
+              "etcd, installed once, no new refit", publish_resent)
 finally:
     harness.stop_all()
     bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS

@@ -85,6 +85,7 @@ static const kcase_t cases[] = {
 	{"poisoned_exit", "on", "\"on\"", "yes", NULL, 0, 0},
 	{"test_msg_delay_ms", "5", "5", "x", NULL, 0, 10000},
 	{"test_fail_commit", "2", "2", "two", NULL, 0, 1000000},
+	{"test_lose_publish", "2", "2", "two", NULL, 0, 1000000},
 	{"test_hold_run_ms", "100", "100", "", NULL, 0, 60000},
 	{"instance_grace_ms", "1000", "1000", "1m", NULL, 100, 86400000},
 	{"refit_records", "1000", "1000", "many", NULL, 1, 100000},

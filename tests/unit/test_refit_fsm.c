@@ -175,8 +175,9 @@ static const row_t ROWS[] = {
 	{ST(PUBLISHING), 2, 1, 0, 0, EV(NODE_OK), ST(PUBLISHING), 1, 1, ""},
 	{ST(PUBLISHING), 1, 1, 0, 0, EV(NODE_OK), ST(COMMITTED), 0, 1, "end"},
 	{ST(PUBLISHING), 2, 1, 0, 0, EV(NODE_FAILED), ST(FAILED), 0, 1, "keep-cause end"},
-	{ST(PUBLISHING), 2, 1, 1, 1, EV(NODE_FAILED), ST(RETRY_WAIT), 0, 2,
-	 "keep-cause retry:100 new-epoch"},
+	/* ... nor retried: the decision stands, the Publish is resent */
+	{ST(PUBLISHING), 2, 1, 1, 1, EV(NODE_FAILED), ST(FAILED), 0, 1,
+	 "keep-cause end new-epoch"},
 	{ST(PUBLISHING), 2, 1, 0, 0, EV(FAIL), ST(FAILED), 0, 1, "keep-cause end"},
 	{ST(PUBLISHING), 2, 1, 0, 0, EV(EPOCH_CHANGED), ST(FAILED), 0, 1,
 	 "keep-cause end abort-nodes"},
