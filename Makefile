@@ -226,7 +226,8 @@ $$(DIR_$(1))/lib/librefit-rpc.a: $$(call objs,$$(DIR_$(1)),$$(DAEMON_SRC)) \
 		$$(DIR_$(1))/obj/gen/refit.pb-c.o
 $(call archive)
 
-$$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c client/refit_plan_fw.c \
+$$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c client/refit_plan_plan.c \
+		client/refit_plan_model.c client/refit_plan_fw.c \
 		client/refit_plan_delta.c) \
 		$$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(LDLIBS))
