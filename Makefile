@@ -102,7 +102,8 @@ UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 # naming the broken data link of a failed refit (test_blame.c)
 UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
-UNIT_DAEMON_SRC += daemon/node/slice.c daemon/node/slice_delta.c daemon/node/delta_base.c
+UNIT_DAEMON_SRC += daemon/node/slice.c daemon/node/slice_build.c daemon/node/slice_group.c \
+	daemon/node/slice_stream.c daemon/node/slice_delta.c daemon/node/delta_base.c
 # the nccl transport's staging arena bookkeeping (test_pool.c)
 UNIT_DAEMON_SRC += daemon/transport/gpu_arena.c
 # the authorization table and the refusal log's limiter (test_auth.c)
@@ -225,7 +226,8 @@ $$(DIR_$(1))/lib/librefit-rpc.a: $$(call objs,$$(DIR_$(1)),$$(DAEMON_SRC)) \
 		$$(DIR_$(1))/obj/gen/refit.pb-c.o
 $(call archive)
 
-$$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c client/refit_plan_fw.c \
+$$(DIR_$(1))/bin/refit-plan: $$(call objs,$$(DIR_$(1)),client/refit_plan.c client/refit_plan_plan.c \
+		client/refit_plan_model.c client/refit_plan_fw.c \
 		client/refit_plan_delta.c) \
 		$$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(LDLIBS))
