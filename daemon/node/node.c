@@ -86,6 +86,7 @@ free_if_idle(node_t *n)
 static const node_hooks_t hooks = {
 	.maybe_free = free_if_idle,
 	.client_gone = node_run_client_gone,
+	.follow = node_follow,
 };
 
 /* ---- membership --------------------------------------------------------- */

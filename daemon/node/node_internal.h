@@ -190,6 +190,9 @@ typedef struct node_hooks {
 	void (*maybe_free)(node_t *n);
 	/* node_run.c: a librefit client went away: abort the slices using it */
 	void (*client_gone)(node_t *n, uint64_t client_id, const char *why);
+	/* node.c: a call to the coordinator failed with st/msg: follow a
+	 * standby's "not the leader: ADDR", or go to the next (node_follow) */
+	bool (*follow)(node_t *n, refit_status_t st, const char *msg);
 } node_hooks_t;
 
 /* A slice's end, sent to the coordinator (SliceDone) until acknowledged. */

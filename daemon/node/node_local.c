@@ -326,7 +326,7 @@ on_ready_fw(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *res
 	if (c != NULL && !n->closing && j->resent < 2 * n->ncoords &&
 	    (st == REFIT_ERR_UNAVAILABLE || st == REFIT_ERR_TIMEOUT) &&
 	    strstr(msg, "etcd") == NULL &&
-	    (j->to != n->coordinator || node_follow(n, st, msg))) {
+	    (j->to != n->coordinator || n->hooks->follow(n, st, msg))) {
 		/* a standby named the leader, or this one is unreachable: there */
 		j->resent++;
 		if (send_ready(n, c, j, &err) == REFIT_OK)

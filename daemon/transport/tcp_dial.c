@@ -36,26 +36,6 @@ hs_encode(const hs_t *h, uint8_t *b)
 	memcpy(b + HS_AT_NODE, h->node_id, HS_NODE_ID);
 }
 
-refit_status_t
-tcp_split_endpoint(const char *ep, char *host, size_t hn, char *port, size_t pn,
-		   refit_err_t *err)
-{
-	const char *c = strrchr(ep, ':');
-
-	if (c == NULL || c == ep || c[1] == '\0' || (size_t)(c - ep) >= hn ||
-	    strlen(c + 1) >= pn)
-		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tcp: endpoint \"%s\" is not "
-				     "host:port", ep);
-	memcpy(host, ep, (size_t)(c - ep));
-	host[c - ep] = '\0';
-	if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-		memmove(host, host + 1, strlen(host));
-		host[strlen(host) - 1] = '\0';
-	}
-	strcpy(port, c + 1);
-	return REFIT_OK;
-}
-
 /* Note what went wrong with peer i's link (the first thing only). */
 void
 tcp_link_fault(xport_session_t *s, size_t i, xport_link_fault_t f, const char *what)

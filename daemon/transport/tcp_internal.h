@@ -102,7 +102,7 @@ struct xport_session {
 	conn_t *out, *in;       /* per peer; fd -1 when unused */
 };
 
-/* tcp_dial.c: ep ("host:port", host maybe [v6]) into host and port; REFIT_OK or err */
+/* tcp_listen.c: ep ("host:port", host maybe [v6]) into host and port; REFIT_OK or err */
 refit_status_t tcp_split_endpoint(const char *ep, char *host, size_t hn, char *port,
 				  size_t pn, refit_err_t *err);
 /* tcp_listen.c: the numeric host of ep ("host:port") as an address (a
