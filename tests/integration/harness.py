@@ -595,6 +595,31 @@ def expect_installed(clients, version):
         assert out.startswith(f"INSTALLED {version} ") and "mismatches=0" in out, out
 
 
+def reshard_layouts(rpn, count=3, shape=(64, 32)):
+    """count fp32 tensors w0..: the trainer on ranks 0..rpn-1 sharded on dim 0,
+    one instance i0 on ranks rpn..2*rpn-1 sharded on dim 1 (a real reshard)."""
+    def lay(ranks, place):
+        return [{"name": f"w{k}", "dtype": "fp32", "shape": list(shape), "mesh": ranks,
+                 "placements": [place]} for k in range(count)]
+    return (lay(list(range(rpn)), "Shard(0)"),
+            [("i0", lay(list(range(rpn, 2 * rpn)), "Shard(1)"))])
+
+
+def step_and_refit(cl, model, version, name="lm", timeout=120):
+    """The trainer (model["clients"]) steps to version (after 1), the refit of
+    model name commits and every instance installs it byte-exact; records
+    model["version"] and returns the refit."""
+    cs = model["clients"]
+    if version > 1:
+        out = cs["train"][0].cmd(f"next {version}")
+        assert out.startswith("READY"), out
+    g = cl.refit(name, version, timeout=timeout)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cs, version)
+    model["version"] = version
+    return g
+
+
 def stop(clients):
     for c in clients["train"] + clients["infer"]:
         c.close()

@@ -95,28 +95,6 @@ def layout_to_proto(t):
                            placements=t["placements"])
 
 
-def layouts():
-    t = list(range(RPN))
-    i = list(range(RPN, 2 * RPN))
-    train = [{"name": f"w{k}", "dtype": "fp32", "shape": [64, 32], "mesh": t,
-              "placements": ["Shard(0)"]} for k in range(3)]
-    inst = [{"name": f"w{k}", "dtype": "fp32", "shape": [64, 32], "mesh": i,
-             "placements": ["Shard(1)"]} for k in range(3)]
-    return train, [("i0", inst)]
-
-
-def refit_commits(version):
-    cs = MODEL["clients"]
-    if version > 1:
-        out = cs["train"][0].cmd(f"next {version}")
-        assert out.startswith("READY"), out
-    g = CL.refit("lm", version, timeout=120)
-    assert g.state == pb.COMMITTED, g.failure
-    harness.expect_installed(cs, version)
-    MODEL["version"] = version
-    return g
-
-
 def snapshot():
     """Everything a rogue must not change: members, epoch, registrations,
     versions, refits."""
@@ -154,10 +132,10 @@ def setup():
                               f"127.0.0.1:{MPORT}"],
                  node_extra=lambda k: ["--metrics-listen", f"127.0.0.1:{NMPORT}"] if k == 1
                  else [])
-    train, insts = layouts()
+    train, insts = harness.reshard_layouts(RPN)
     MODEL["clients"] = start_model(CL, "lm", train, insts, random.Random(5),
                                    installs={"i0": "double-buffer"})
-    refit_commits(1)
+    harness.step_and_refit(CL, MODEL, 1)
 
 
 def coordinator_calls(st, meta, a0, a1, rid):
@@ -412,7 +390,7 @@ def data_token_per_member():
 
 
 def refit_after():
-    refit_commits(MODEL["version"] + 1)
+    harness.step_and_refit(CL, MODEL, MODEL["version"] + 1)
     CL.log.flush()
     with open(f"{TMP}/{CL.name}.log") as f:
         lines = [ln for ln in f if "rpc: refused a call from" in ln]
@@ -442,7 +420,7 @@ def rotate():
     wait_for(lambda: beats() >= ok0 + 6, 20, "heartbeats under the new token")
     after = snapshot()
     assert after["members"] == before["members"], (before, after)
-    refit_commits(MODEL["version"] + 1)
+    harness.step_and_refit(CL, MODEL, MODEL["version"] + 1)
 
 
 def beats():

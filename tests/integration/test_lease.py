@@ -72,42 +72,19 @@ def log_lines(text):
         return [ln for ln in f if text in ln]
 
 
-def layouts():
-    """Trainer on node 0, instance on node 1: 8 tensors, resharded (with the
-    nodes' message delay, a refit runs long enough to stop it midway)."""
-    t = list(range(RPN))
-    i = list(range(RPN, 2 * RPN))
-    train = [{"name": f"w{k}", "dtype": "fp32", "shape": [256, 64], "mesh": t,
-              "placements": ["Shard(0)"]} for k in range(8)]
-    inst = [{"name": f"w{k}", "dtype": "fp32", "shape": [256, 64], "mesh": i,
-             "placements": ["Shard(1)"]} for k in range(8)]
-    return train, [("i0", inst)]
-
-
-def refit_commits(version):
-    """The trainer steps to version (after 1), the refit commits, the instance
-    installs it byte-exact; returns the refit."""
-    cs = MODEL["clients"]
-    if version > 1:
-        out = cs["train"][0].cmd(f"next {version}")
-        assert out.startswith("READY"), out
-    g = CL.refit("lm", version, timeout=120)
-    assert g.state == pb.COMMITTED, g.failure
-    harness.expect_installed(cs, version)
-    return g
-
-
 def setup():
     global CL
     # info: the coordinator logs why each epoch changed ("lease expired: ...")
     CL = Cluster("ls", 3, ["--test-msg-delay-ms", "25"],
                  coord_extra=["--metrics-listen", f"127.0.0.1:{MPORT}", "--log-level", "info"],
                  lease_ms=LEASE_MS)
-    train, insts = layouts()
+    # 8 tensors resharded: with the nodes' message delay a refit runs long
+    # enough to stop it midway
+    train, insts = harness.reshard_layouts(RPN, count=8, shape=(256, 64))
     MODEL["clients"] = start_model(CL, "lm", train, insts, random.Random(7),
                                    installs={"i0": "double-buffer"})
     MODEL["version"] = 1
-    refit_commits(1)
+    harness.step_and_refit(CL, MODEL, 1)
     s = scrape()
     assert val(s, "refitd_coordinator_stalls_total") == 0, ours(s)
 
@@ -143,7 +120,7 @@ def coordinator_stopped():
     stalled = val(s2, "refitd_coordinator_stalled_seconds_total")
     assert stalled >= STOP_S - 0.2, stalled
     MODEL["version"] += 1
-    g = refit_commits(MODEL["version"])
+    g = harness.step_and_refit(CL, MODEL, MODEL["version"])
     assert g.epoch == epoch, ("the refit ran in another epoch", g.epoch, epoch)
 
 
@@ -226,7 +203,7 @@ def node_and_coordinator_stopped():
         CL.nodes[2].send_signal(signal.SIGCONT)
     CL.wait_members(3)
     MODEL["version"] += 1
-    refit_commits(MODEL["version"])
+    harness.step_and_refit(CL, MODEL, MODEL["version"])
 
 
 try:

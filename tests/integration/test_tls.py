@@ -91,27 +91,6 @@ def refitctl_init(*args):
                           text=True, timeout=30)
 
 
-def layouts():
-    t = list(range(RPN))
-    i = list(range(RPN, 2 * RPN))
-    train = [{"name": f"w{k}", "dtype": "fp32", "shape": [64, 32], "mesh": t,
-              "placements": ["Shard(0)"]} for k in range(3)]
-    inst = [{"name": f"w{k}", "dtype": "fp32", "shape": [64, 32], "mesh": i,
-             "placements": ["Shard(1)"]} for k in range(3)]
-    return train, [("i0", inst)]
-
-
-def refit_commits(version):
-    cs = MODEL["clients"]
-    if version > 1:
-        out = cs["train"][0].cmd(f"next {version}")
-        assert out.startswith("READY"), out
-    g = CL.refit("lm", version, timeout=120)
-    assert g.state == pb.COMMITTED, g.failure
-    harness.expect_installed(cs, version)
-    MODEL["version"] = version
-
-
 def snapshot():
     mem = CL.stub.ListMembers(pb.ListMembersRequest(), timeout=10)
     g = CL.stub.GetModel(pb.GetModelRequest(model="lm"), timeout=10)
@@ -155,10 +134,10 @@ def setup():
     global CL
     CL = Cluster("tl", 2, coord_extra=tls_args(f"{D}/coordinator.crt", f"{D}/coordinator.key"),
                  node_extra=lambda k: tls_args(*node_files(k)), channel=op_channel)
-    train, insts = layouts()
+    train, insts = harness.reshard_layouts(RPN)
     MODEL["clients"] = start_model(CL, "lm", train, insts, random.Random(7),
                                    installs={"i0": "double-buffer"})
-    refit_commits(1)
+    harness.step_and_refit(CL, MODEL, 1)
     # refitctl over TLS; without the CA it cannot talk to the coordinator
     ctl = [f"{BUILD}/bin/refitctl", "--coordinator", CL.addr]
     tls = ["--tls-ca", f"{D}/ca.crt"]
@@ -281,7 +260,7 @@ def rogues_refused():
         each(node_calls(nst, ep)[:1], UNAVAIL, "", who)
     after = snapshot()
     assert after == before, ("a refused call changed something", before, after)
-    refit_commits(MODEL["version"] + 1)
+    harness.step_and_refit(CL, MODEL, MODEL["version"] + 1)
 
 
 def served_cert(ep, name):
@@ -318,7 +297,7 @@ def rotate():
     wait_for(lambda: (served_cert(CL.addr, "coordinator.refit"),
                       served_cert(ep0, "tl0.node.refit")) == new, 20,
              "the new certificates served")
-    refit_commits(MODEL["version"] + 1)
+    harness.step_and_refit(CL, MODEL, MODEL["version"] + 1)
 
 
 def data_tls_rotation(cl, cs):
@@ -356,7 +335,7 @@ def data_tls():
     the peer (the bytes did go through TLS)."""
     assert refitctl_init(D, "--nodes", "dt0,dt1,dx0,dx1").returncode == 0
     coord = tls_args(f"{D}/coordinator.crt", f"{D}/coordinator.key")
-    train, insts = layouts()
+    train, insts = harness.reshard_layouts(RPN)
     for name, on, commits in (("dt", (True, True), True), ("dx", (True, False), False)):
         cl = Cluster(name, 2, coord_extra=coord, channel=op_channel, node_extra=lambda k: tls_args(
             f"{D}/node-{name}{k}.crt", f"{D}/node-{name}{k}.key") +
