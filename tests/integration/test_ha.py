@@ -253,13 +253,25 @@ def standbys_name_leader():
                                                                 timeout=5),
                                  grpc.StatusCode.UNAVAILABLE, "not the leader: ")
         assert C.addrs[lead] in e, e
-    # refitctl given every coordinator, a standby first, follows to the leader
-    order = [C.addrs[k] for k in range(3) if k != lead] + [C.addrs[lead]]
+    # refitctl given every coordinator, a standby first (and an address where
+    # none listens), follows to the leader and says what each other answers
+    nobody = f"127.0.0.1:{free_port()}"
+    order = [C.addrs[k] for k in range(3) if k != lead] + [C.addrs[lead], nobody]
     out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", ",".join(order),
                           "members"], capture_output=True, text=True, timeout=20)
     assert out.returncode == 0, out.stderr
-    assert f"coordinator leading: {C.addrs[lead]}" in out.stdout, out.stdout
+    assert f"coordinator leading: {C.addrs[lead]} (answered)" in out.stdout, out.stdout
     assert "3 members" in out.stdout, out.stdout
+    for a in order[:2]:
+        assert f"coordinator {a}: standby (names the leader: {C.addrs[lead]})" in \
+            out.stdout, out.stdout
+    assert f"coordinator {nobody}: unreachable" in out.stdout, out.stdout
+    # given a standby alone: followed, and said so
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", order[0], "members"],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert f"coordinator leading: {C.addrs[lead]} (followed from {order[0]}, a standby)" \
+        in out.stdout, out.stdout
     # /metrics: leadership, and the leader's saves to etcd timed
     for k in range(3):
         m = harness.scrape_metrics(C.mports[k])
@@ -664,7 +676,8 @@ try:
           "three, a model", setup)
     if M:
         check("one leader; the standbys answer UNAVAILABLE \"not the leader: ADDR\" "
-              "naming it; refitctl follows; /metrics refitd_coordinator_leader",
+              "naming it; refitctl follows, members says who leads and what each other "
+              "coordinator answers; /metrics refitd_coordinator_leader",
               standbys_name_leader)
         check("refits commit under the leader, byte-exact", first_refit)
         check("leader SIGKILLed: a standby leads, the nodes follow, the next refit "
