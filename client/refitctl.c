@@ -116,6 +116,64 @@ call(ctl_t *c, const char *method, const ProtobufCMessage *req, ProtobufCMessage
 	return 0;
 }
 
+/* What the coordinator at addr answers ListMembers, in words: a standby
+ * names the leader; into out. */
+static void
+probe(const ctl_t *c, const char *addr, char *out, size_t n)
+{
+	Refit__V1__ListMembersRequest rq = REFIT__V1__LIST_MEMBERS_REQUEST__INIT;
+	ProtobufCMessage *resp = NULL;
+	rpc_client_t *pc;
+	refit_err_t e;
+	const char *p;
+
+	refit_err_clear(&e);
+	if ((pc = rpc_client_new(addr, &c->co, &e)) == NULL) {
+		snprintf(out, n, "cannot be dialled: %s", e.msg);
+		return;
+	}
+	if (rpc_client_call(pc, SVC, "ListMembers", &rq.base, &resp,
+			    c->timeout_ms < 2000 ? c->timeout_ms : 2000, &e) == REFIT_OK) {
+		snprintf(out, n, "answered as well (leading too: not over the same etcd and "
+			 "prefix?)");
+		protobuf_c_message_free_unpacked(resp, NULL);
+	} else if ((p = strstr(e.msg, "not the leader: ")) != NULL) {
+		snprintf(out, n, "standby (names the leader: %s)", p + 16);
+	} else {
+		snprintf(out, n, "unreachable or refusing: %s", e.msg);
+	}
+	rpc_client_free(pc);
+}
+
+/*
+ * members, text, given several coordinators or one that named the leader
+ * (docs/ha.md): which one leads (it answered) and what each other one of
+ * the list answers -- a standby naming the leader, or unreachable.
+ */
+static void
+coordinators_report(const ctl_t *c)
+{
+	const char *lead = rpc_client_target(c->cli), *a = c->addrs;
+	char addr[256], what[REFIT_ERR_MSG_MAX + 64];
+
+	if (strchr(a, ',') == NULL) {
+		if (strcmp(a, lead) != 0)
+			printf("coordinator leading: %s (followed from %s, a standby)\n", lead, a);
+		return;
+	}
+	printf("coordinator leading: %s (answered)\n", lead);
+	while (*a) {
+		size_t len = strcspn(a, ",");
+
+		snprintf(addr, sizeof(addr), "%.*s", (int)len, a);
+		a += len + (a[len] == ',');
+		if (addr[0] == '\0' || strcmp(addr, lead) == 0)
+			continue;
+		probe(c, addr, what, sizeof(what));
+		printf("coordinator %s: %s\n", addr, what);
+	}
+}
+
 static int
 bad_input(const refit_err_t *e)
 {
@@ -496,10 +554,8 @@ run(ctl_t *c, const cmd_t *cmd, int argc, char **argv)
 	if ((rc = build(c, cmd, &a, rq)) == 0 && (rc = call(c, cmd->method, rq, &resp)) == 0) {
 		if (cmd->text != NULL)
 			refitctl_emit(c, cmd, resp, &a);
-		if (cmd->text != NULL && !c->json && strcmp(cmd->method, "ListMembers") == 0 &&
-		    strchr(c->addrs, ',') != NULL)
-			printf("coordinator leading: %s (answered; the others of %s are standbys "
-			       "or unreachable)\n", rpc_client_target(c->cli), c->addrs);
+		if (cmd->text != NULL && !c->json && strcmp(cmd->method, "ListMembers") == 0)
+			coordinators_report(c);
 		rc = cmd->then ? cmd->then(c, &a, resp) : 0;
 		protobuf_c_message_free_unpacked(resp, NULL);
 	}

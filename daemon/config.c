@@ -73,7 +73,15 @@ static const key_t_ keys[] = {
 	 "(several coordinators, one elected leader, the others standbys); docs/ha.md"},
 	{"etcd_endpoints", K_STR, F(etcd_endpoints), NULL, 0, 0, NULL, false,
 	 "coordinator, state_store etcd: etcd's client endpoints, host:port separated by "
-	 "commas (plaintext gRPC; TLS to etcd is not built yet)"},
+	 "commas (plaintext gRPC unless etcd_tls_ca)"},
+	{"etcd_tls_ca", K_STR, F(etcd_tls_ca), NULL, 0, 0, NULL, false,
+	 "coordinator, state_store etcd: PEM CA that verifies etcd's server certificate "
+	 "(its SAN must name each endpoint's host as written): TLS to etcd"},
+	{"etcd_tls_cert", K_STR, F(etcd_tls_cert), NULL, 0, 0, NULL, false,
+	 "coordinator, state_store etcd: PEM client certificate presented to etcd "
+	 "(etcd's --client-cert-auth), with etcd_tls_key; needs etcd_tls_ca"},
+	{"etcd_tls_key", K_STR, F(etcd_tls_key), NULL, 0, 0, NULL, false,
+	 "coordinator, state_store etcd: the key of etcd_tls_cert"},
 	{"etcd_prefix", K_STR, F(etcd_prefix), "/refit", 0, 0, NULL, false,
 	 "coordinator, state_store etcd: the prefix of refit's keys (one cluster of "
 	 "coordinators per prefix)"},
@@ -449,7 +457,27 @@ check_ports(const char *key, const char *v, refit_err_t *err)
 	return rc;
 }
 
-/* state_store etcd: endpoints given, host:port each; a prefix like /refit. */
+/* TLS to etcd: a client certificate with its key, and over TLS (the CA). */
+static refit_status_t
+check_etcd_tls(const refitd_config_t *c, refit_err_t *err)
+{
+	if (c->etcd_tls_key != NULL && c->etcd_tls_cert == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: etcd_tls_key without "
+				     "etcd_tls_cert (etcd's client certificate and its key go "
+				     "together)");
+	if (c->etcd_tls_cert != NULL && c->etcd_tls_key == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: etcd_tls_cert without "
+				     "etcd_tls_key (etcd's client certificate and its key go "
+				     "together)");
+	if (c->etcd_tls_cert != NULL && c->etcd_tls_ca == NULL)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: etcd_tls_cert needs "
+				     "etcd_tls_ca (a client certificate goes over TLS, which the "
+				     "CA that verifies etcd turns on)");
+	return REFIT_OK;
+}
+
+/* state_store etcd: endpoints given, host:port each; a prefix like /refit;
+ * its TLS files paired. */
 static refit_status_t
 check_etcd(const refitd_config_t *c, refit_err_t *err)
 {
@@ -472,7 +500,7 @@ check_etcd(const refitd_config_t *c, refit_err_t *err)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "config: state_file and "
 				     "state_store \"etcd\" exclude each other (the state is "
 				     "etcd's)");
-	return REFIT_OK;
+	return check_etcd_tls(c, err);
 }
 
 bool

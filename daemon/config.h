@@ -30,6 +30,7 @@ typedef struct refitd_config {
 	char *state_store;    /* coordinator: "file" | "etcd" (docs/ha.md) */
 	char *etcd_endpoints; /* etcd: "host:port,..." */
 	char *etcd_prefix;    /* etcd: the keys' prefix */
+	char *etcd_tls_ca, *etcd_tls_cert, *etcd_tls_key; /* etcd over TLS (PEM files) */
 	uint64_t etcd_lease_ttl_ms; /* etcd: the leader's lease */
 	char *log_level;      /* error | warn | info | debug */
 	char *node_id;        /* node role: this node's name (default: hostname) */

@@ -404,12 +404,18 @@ main(int argc, char **argv)
 	so.token = token;
 	so.join_token = join;
 	so.refused = metrics_auth_refused;
+	/* every field not set here is zero: NULL, false (etcd_tls.server_name
+	 * left as stack garbage was the SNI and the "Peer name" gRPC checked) */
+	memset(&co, 0, sizeof(co));
 	co.lease_ttl_ms = (uint32_t)cfg.lease_ttl_ms;
 	co.heartbeat_ms = (uint32_t)cfg.heartbeat_ms;
 	co.state_file = cfg.state_file;
 	co.state_store = cfg.state_store;
 	co.etcd_endpoints = cfg.etcd_endpoints;
 	co.etcd_prefix = cfg.etcd_prefix;
+	co.etcd_tls.ca_file = cfg.etcd_tls_ca;
+	co.etcd_tls.cert_file = cfg.etcd_tls_cert;
+	co.etcd_tls.key_file = cfg.etcd_tls_key;
 	co.etcd_lease_ttl_ms = (uint32_t)cfg.etcd_lease_ttl_ms;
 	co.advertise = cfg.advertise ? cfg.advertise : cfg.listen;
 	co.staging_bytes = cfg.staging_bytes;

@@ -28,11 +28,15 @@ struct etcd {
 	rpc_client_t *cli[ETCD_MAX_ENDPOINTS];
 	size_t n, cur;
 	int64_t timeout_ms;
+	bool tls;  /* a failed call names TLS: a refused handshake reads as
+		      "unreachable" in gRPC's words */
 };
 
 etcd_t *
-etcd_new(const char *endpoints, int64_t timeout_ms, refit_err_t *err)
+etcd_new(const char *endpoints, int64_t timeout_ms, const rpc_tls_t *tls,
+	 refit_err_t *err)
 {
+	rpc_client_opts_t co = {0};
 	etcd_t *e;
 	char *list, *tok, *save = NULL;
 
@@ -64,8 +68,14 @@ etcd_new(const char *endpoints, int64_t timeout_ms, refit_err_t *err)
 		etcd_free(e);
 		return NULL;
 	}
+	/* TLS: gRPC verifies each endpoint by its host (the certificate's SAN
+	 * names it: a DNS name, or an IP address), unless tls->server_name */
+	if (tls != NULL)
+		co.tls = *tls;
+	e->tls = co.tls.ca_file != NULL && co.tls.ca_file[0] != '\0';
 	for (size_t i = 0; i < e->n; i++)
-		if ((e->cli[i] = rpc_client_new(e->eps[i], NULL, err)) == NULL) {
+		if ((e->cli[i] = rpc_client_new(e->eps[i], &co, err)) == NULL) {
+			refit_err_prefix(err, "etcd");
 			etcd_free(e);
 			return NULL;
 		}
@@ -115,7 +125,7 @@ call(etcd_t *e, const ProtobufCServiceDescriptor *svc, const char *method,
 			e->cur = (e->cur + 1) % e->n;
 	}
 	if (rc != REFIT_OK) {
-		refit_err_prefix(err, "etcd");
+		refit_err_prefix(err, e->tls ? "etcd (TLS)" : "etcd");
 		/* etcd down or cut off: the caller's change cannot be made durable */
 		if (rc == REFIT_ERR_TIMEOUT)
 			err->status = rc = REFIT_ERR_UNAVAILABLE;

@@ -30,7 +30,12 @@ typedef struct etcd_kv {
 } etcd_kv_t;
 
 /* endpoints "h1:p1,h2:p2"; timeout_ms bounds each call.  NULL on bad input. */
-etcd_t *etcd_new(const char *endpoints, int64_t timeout_ms, refit_err_t *err);
+struct rpc_tls;
+/* tls: ca_file verifies etcd's certificate (by each endpoint's host, or
+ * tls->server_name), cert_file + key_file for etcd's --client-cert-auth;
+ * NULL or no ca_file: plaintext */
+etcd_t *etcd_new(const char *endpoints, int64_t timeout_ms, const struct rpc_tls *tls,
+		 refit_err_t *err);
 void etcd_free(etcd_t *e);
 /* The endpoint the last call used. */
 const char *etcd_endpoint(const etcd_t *e);

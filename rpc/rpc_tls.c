@@ -32,6 +32,13 @@ read_pem(const char *path, char **out, refit_err_t *err)
 		refit_err_prefix(err, "tls");
 		return REFIT_ERR_INVALID_ARG;
 	}
+	/* gRPC takes any bytes here and fails each handshake later */
+	if (strstr(*out, "-----BEGIN ") == NULL) {
+		free(*out);
+		*out = NULL;
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tls: %s is not PEM (no "
+				     "-----BEGIN line)", path);
+	}
 	return REFIT_OK;
 }
 

@@ -551,7 +551,7 @@ store_open(coord_t *c, const coord_opts_t *o, refit_err_t *err)
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "coordinator: etcd_prefix "
 				     "\"%s\" must start with / and not end with one",
 				     o->etcd_prefix ? o->etcd_prefix : "");
-	if ((e = etcd_new(o->etcd_endpoints, 2000, err)) == NULL)
+	if ((e = etcd_new(o->etcd_endpoints, 2000, &o->etcd_tls, err)) == NULL)
 		return err->status;
 	c->store = &coord_backend_etcd;
 	c->store_impl = coord_backend_etcd_new(e, o->etcd_prefix);

@@ -17,6 +17,7 @@ typedef struct coord_opts {
 	const char *state_store; /* "file" (NULL too) or "etcd" (docs/ha.md) */
 	const char *etcd_endpoints; /* etcd: "host:port,..." */
 	const char *etcd_prefix;    /* etcd: the keys' prefix ("/refit") */
+	rpc_tls_t etcd_tls;         /* etcd: ca_file to verify it, cert + key (none: plain) */
 	uint32_t etcd_lease_ttl_ms; /* etcd: the election lease (whole seconds, rounded up) */
 	const char *advertise;      /* etcd: this coordinator's address, as standbys name it */
 	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */

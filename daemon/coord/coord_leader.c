@@ -248,7 +248,7 @@ coord_leader_start(coord_t *c, const coord_opts_t *o, void *store, refit_err_t *
 	if (l->ttl_s < 1)
 		l->ttl_s = 1;
 	pthread_mutex_init(&l->mu, NULL);
-	if ((l->e = etcd_new(o->etcd_endpoints, ETCD_CALL_MS, err)) == NULL) {
+	if ((l->e = etcd_new(o->etcd_endpoints, ETCD_CALL_MS, &o->etcd_tls, err)) == NULL) {
 		leader_free(l);
 		return NULL;
 	}

@@ -22,7 +22,11 @@ every version installed once, byte-exact; with three etcd members, one
 SIGKILLed (the coordinators' first endpoint) -> refits commit on the other
 two, restarted it rejoins, another lost -> refits commit; etcd stopped (every
 member) -> a change is
-refused UNAVAILABLE naming etcd, and is taken once etcd is back.  Prints the fail-over time (leader
+refused UNAVAILABLE naming etcd, and is taken once etcd is back; an etcd
+member of its own serving TLS with --client-cert-auth -> coordinators given
+another CA, no client certificate, or an endpoint its certificate does not
+name are refused (an error naming etcd and TLS) and never lead, the one
+given etcd_tls_ca/cert/key leads and a refit commits.  Prints the fail-over time (leader
 death to the first refit committed under the new leader) and the refit
 latency with etcd against a coordinator with a state file.  Skips (a clear
 message, exit 0) only when etcd is not installed (make deps installs it).
@@ -249,13 +253,25 @@ def standbys_name_leader():
                                                                 timeout=5),
                                  grpc.StatusCode.UNAVAILABLE, "not the leader: ")
         assert C.addrs[lead] in e, e
-    # refitctl given every coordinator, a standby first, follows to the leader
-    order = [C.addrs[k] for k in range(3) if k != lead] + [C.addrs[lead]]
+    # refitctl given every coordinator, a standby first (and an address where
+    # none listens), follows to the leader and says what each other answers
+    nobody = f"127.0.0.1:{free_port()}"
+    order = [C.addrs[k] for k in range(3) if k != lead] + [C.addrs[lead], nobody]
     out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", ",".join(order),
                           "members"], capture_output=True, text=True, timeout=20)
     assert out.returncode == 0, out.stderr
-    assert f"coordinator leading: {C.addrs[lead]}" in out.stdout, out.stdout
+    assert f"coordinator leading: {C.addrs[lead]} (answered)" in out.stdout, out.stdout
     assert "3 members" in out.stdout, out.stdout
+    for a in order[:2]:
+        assert f"coordinator {a}: standby (names the leader: {C.addrs[lead]})" in \
+            out.stdout, out.stdout
+    assert f"coordinator {nobody}: unreachable" in out.stdout, out.stdout
+    # given a standby alone: followed, and said so
+    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", order[0], "members"],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert f"coordinator leading: {C.addrs[lead]} (followed from {order[0]}, a standby)" \
+        in out.stdout, out.stdout
     # /metrics: leadership, and the leader's saves to etcd timed
     for k in range(3):
         m = harness.scrape_metrics(C.mports[k])
@@ -410,6 +426,96 @@ def latency(tag, coord_extra):
         assert g.state == pb.COMMITTED, g.failure
         lat.append(time.time() - t0)
     return f"{min(lat[1:]) * 1e3:.1f} ms"
+
+
+def tls_files(d):
+    """By openssl in d: a CA, etcd's server certificate (SAN DNS localhost
+    only), a client certificate, and another CA (the wrong one); their paths."""
+    os.makedirs(d, exist_ok=True)
+
+    def ossl(*a):
+        subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d, timeout=60)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    for ca in ("ca", "other-ca"):
+        ossl("req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.crt", "-days", "2",
+             "-subj", f"/CN=refit test etcd {ca}")
+    for name, ext in (("server", "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth"),
+                      ("client", "subjectAltName=DNS:refit-coordinator\n"
+                                 "extendedKeyUsage=clientAuth")):
+        with open(f"{d}/{name}.ext", "w") as fh:
+            fh.write(ext + "\n")
+        ossl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+    return {k: f"{d}/{k}" for k in ("ca.crt", "other-ca.crt", "server.crt", "server.key",
+                                      "client.crt", "client.key")}
+
+
+def etcd_tls():
+    """One etcd member serving TLS only, with --client-cert-auth.  Refused,
+    each never leading and logging an error that names etcd and TLS: a
+    coordinator given another CA, one given no client certificate, one
+    dialling 127.0.0.1 (not a name etcd's certificate carries).  A coordinator
+    given the CA, a client certificate and the endpoint by its name
+    (localhost) leads; a refit commits, installed byte-exact.  A CA file that
+    is not PEM: refitd does not start, naming etcd and the file."""
+    f = tls_files(f"{TMP}/etcd-tls")
+    cport, pport = free_port(), free_port()
+    addr, peer = f"127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
+    etcd = spawn([ETCD, "--name", "tls", "--data-dir", f"{TMP}/etcd-tls/data",
+                  "--listen-client-urls", f"https://{addr}", "--advertise-client-urls",
+                  f"https://localhost:{cport}", "--listen-peer-urls", peer,
+                  "--initial-advertise-peer-urls", peer, "--initial-cluster", f"tls={peer}",
+                  "--cert-file", f["server.crt"], "--key-file", f["server.key"],
+                  "--client-cert-auth", "--trusted-ca-file", f["ca.crt"],
+                  "--log-level", "warn"], stdout=E.log, stderr=E.log)
+    client = ["--etcd-tls-cert", f["client.crt"], "--etcd-tls-key", f["client.key"]]
+    good = ["--state-store", "etcd", "--etcd-endpoints", f"localhost:{cport}",
+            "--etcd-tls-ca", f["ca.crt"]] + client
+    bad = {"other-ca": good[:5] + [f["other-ca.crt"]] + client,
+           "no-cert": good[:6],
+           "by-ip": good[:3] + [addr] + good[4:]}
+    r = subprocess.run([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
+                        f"127.0.0.1:{free_port()}"] + good[:5] + [f"{TMP}/etcd-tls/server.ext"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode != 0 and "etcd: tls: " in r.stderr and "not PEM" in r.stderr, r
+    ok = harness.Cluster("hs", 2, lease_ms=1500, coord_extra=good)
+    tr = Client(ok, 0, "ts", "train", write(f"{TMP}/tst.json", tensors([0, 1], "Shard(0)")))
+    assert tr.ok(), tr.first
+    ins = Client(ok, 1, "ts", "infer", write(f"{TMP}/tsi.json", tensors(
+        [RPN, RPN + 1], "Shard(1)")), instance="db", install="double-buffer")
+    assert ins.ok(), ins.first
+    assert tr.cmd("next 2").startswith("READY")
+    g = ok.refit("ts", 2)
+    assert g.state == pb.COMMITTED, g.failure
+    out = ins.cmd("wait 2 20000")
+    assert out.startswith("INSTALLED 2 ") and "mismatches=0" in out, out
+    # etcd answers (one leads): each of these is refused by the handshake
+    refused = {}
+    for k, args in bad.items():
+        a = f"127.0.0.1:{free_port()}"
+        refused[k] = (a, spawn([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen", a,
+                                "--log-level", "info", "--etcd-lease-ttl-ms", str(TTL_MS)] +
+                               args, stderr=open(f"{TMP}/hs-{k}.log", "w")))
+    why = {"other-ca": "certificate", "by-ip": "Peer name 127.0.0.1", "no-cert": ""}
+    for k, (a, p) in refused.items():
+        def said():
+            with open(f"{TMP}/hs-{k}.log") as fh:
+                return [ln for ln in fh if "etcd (TLS): " in ln] or p.poll() is not None
+        lines = wait_for(said, 30, f"{k}: an error naming etcd and TLS")
+        assert p.poll() is None, f"{k}: exited {p.returncode}"
+        print(f"     {k}: {lines[0].strip()[:300]}")
+        assert why[k] in lines[0], (k, why[k], lines[0])
+        try:
+            pbg.CoordinatorStub(grpc.insecure_channel(a)).ListMembers(
+                pb.ListMembersRequest(), timeout=2)
+            raise AssertionError(f"{k}: a coordinator refused by etcd answered as the leader")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        p.terminate()
+    tr.close()
+    ins.close()
+    etcd.terminate()
 
 
 def etcd_size():
@@ -570,7 +676,8 @@ try:
           "three, a model", setup)
     if M:
         check("one leader; the standbys answer UNAVAILABLE \"not the leader: ADDR\" "
-              "naming it; refitctl follows; /metrics refitd_coordinator_leader",
+              "naming it; refitctl follows, members says who leads and what each other "
+              "coordinator answers; /metrics refitd_coordinator_leader",
               standbys_name_leader)
         check("refits commit under the leader, byte-exact", first_refit)
         check("leader SIGKILLed: a standby leads, the nodes follow, the next refit "
@@ -594,6 +701,10 @@ try:
               "taken once etcd is back", etcd_down)
         check("refit latency: the state file and etcd (figures)", latencies)
         check("etcd keys and bytes (figure)", etcd_size)
+        if shutil.which("openssl"):
+            check("TLS to etcd (client-cert-auth): another CA, no client certificate, an "
+                  "endpoint the certificate does not name: refused naming etcd and TLS, "
+                  "never leading; with etcd_tls_*: leads, a refit commits", etcd_tls)
         check("a Publish lost, the leader SIGKILLed: the new leader resends it from "
               "etcd, installed once, no new refit", publish_resent)
 finally:

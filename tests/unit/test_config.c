@@ -61,6 +61,9 @@ static const kcase_t cases[] = {
 	{"etcd_endpoints", "10.0.0.1:2379,10.0.0.2:2379", "\"10.0.0.1:2379,10.0.0.2:2379\"",
 	 NULL, NULL, 0, 0},
 	{"etcd_prefix", "/refit-a", "\"/refit-a\"", NULL, NULL, 0, 0},
+	{"etcd_tls_ca", "/etc/refit/etcd-ca.crt", "\"/etc/refit/etcd-ca.crt\"", NULL, NULL, 0, 0},
+	{"etcd_tls_cert", "/etc/refit/etcd.crt", "\"/etc/refit/etcd.crt\"", NULL, NULL, 0, 0},
+	{"etcd_tls_key", "/etc/refit/etcd.key", "\"/etc/refit/etcd.key\"", NULL, NULL, 0, 0},
 	{"etcd_lease_ttl_ms", "2000", "2000", "2s", NULL, 1000, 600000},
 	{"log_level", "debug", "\"debug\"", "trace", NULL, 0, 0},
 	{"node_id", "gpu-7", "\"gpu-7\"", "", NULL, 0, 0},
@@ -570,6 +573,21 @@ START_TEST(etcd_checks)
 	set_ok(&c, "etcd_prefix", "/refit/");
 	names(check_refused(&c), "etcd_prefix", "/refit/");
 	set_ok(&c, "etcd_prefix", "/refit/a");
+	check_ok(&c);
+	/* TLS to etcd: the CA alone (no client certificate) is enough; a client
+	 * certificate needs its key and the CA, a key its certificate */
+	set_ok(&c, "etcd_tls_ca", "/etc/refit/etcd-ca.crt");
+	check_ok(&c);
+	set_ok(&c, "etcd_tls_key", "/etc/refit/etcd.key");
+	names(check_refused(&c), "etcd_tls_key without etcd_tls_cert", NULL);
+	set_ok(&c, "etcd_tls_key", "");
+	set_ok(&c, "etcd_tls_cert", "/etc/refit/etcd.crt");
+	names(check_refused(&c), "etcd_tls_cert without etcd_tls_key", NULL);
+	set_ok(&c, "etcd_tls_key", "/etc/refit/etcd.key");
+	check_ok(&c);
+	set_ok(&c, "etcd_tls_ca", "");
+	names(check_refused(&c), "etcd_tls_cert needs etcd_tls_ca", NULL);
+	set_ok(&c, "etcd_tls_ca", "/etc/refit/etcd-ca.crt");
 	check_ok(&c);
 	set_ok(&c, "state_file", "/var/lib/refit/state");
 	names(check_refused(&c), "state_file", NULL);
