@@ -2,12 +2,15 @@
 refit.vllm, driven by tests/integration/test_engine.py over stdin/stdout
 (one JSON object per line each way).  Run in the vllmcpu environment.
 
-Usage: engine_vllm.py MODEL_DIR SOCKET MODEL INSTANCE BASE_RANK SOURCE_DTYPE
+Usage: engine_vllm.py MODEL_DIR SOCKETS MODEL INSTANCE BASE_RANK SOURCE_DTYPE
+(SOCKETS: one local socket, or one per TP rank separated by commas: the
+workers served by different nodes)
 
 Commands (a JSON object with "cmd"):
   update {version, timeout_ms}   Engine.update: {"version", "switch_s"}
   pull                           Engine.update() (the newest installed)
   weight_version                 what the engine itself reports
+  installed                      each worker's node's installed version
   params {hf}                    every worker's parameters, read through the
                                  engine (LLM.apply_model), against the map
                                  filled from the Hugging Face tensors in the
@@ -61,7 +64,8 @@ def main():
     t0 = time.monotonic()
     llm = LLM(model=mdir, dtype="bfloat16", max_model_len=512, tensor_parallel_size=2,
               enforce_eager=True, seed=0, **rv.engine_args())
-    eng = rv.Engine(llm, socket=sock, model=model, instance=inst, base_rank=int(base),
+    eng = rv.Engine(llm, socket=sock.split(",") if "," in sock else sock, model=model,
+                    instance=inst, base_rank=int(base),
                     source_dtype=src if src != "-" else None)
     out({"ready": True, "init_s": time.monotonic() - t0})
     greedy = SamplingParams(temperature=0, max_tokens=8, logprobs=0, detokenize=False)
@@ -78,6 +82,8 @@ def main():
                 out({"version": v, "switch_s": eng.switch_s[-1] if eng.switch_s else 0})
             elif cmd == "weight_version":
                 out({"weight_version": llm.llm_engine.get_weight_version()})
+            elif cmd == "installed":
+                out({"installed": llm.collective_rpc("refit_installed")})
             elif cmd == "params":
                 from safetensors.torch import load_file
                 hf = {k: (v.view(torch.uint16) if v.dtype == torch.bfloat16 else v).numpy()
