@@ -7,7 +7,11 @@ vLLM's weight-transfer interface (docs/vllm.md).
                             instance="serve-a", base_rank=8)
     ...
     eng.update(version)          # the engine serves `version` (or newer) now
-    eng.update()                 # pull: the newest version the node installed
+    eng.update()                 # pull: the newest version every worker's node installed
+
+An AsyncLLM (what `vllm serve` runs): `eng = await AsyncEngine.create(engine,
+...)` with the same arguments, and vLLM's pause modes (keep / wait / abort)
+for the switch: `await eng.update(version)`.
 
 Importing this module registers the "refit" backend with vLLM's
 WeightTransferEngineFactory; engine_args() names it and this module as the
@@ -73,24 +77,20 @@ class Engine:
 
     def __init__(self, llm, socket, model, instance, base_rank=0, timeout_ms=60000,
                  source_dtype=None, pause_mode="wait"):
-        if pause_mode not in PAUSE_MODES:
-            raise ValueError(f"refit.vllm: pause mode {pause_mode!r}: one of "
-                             f"{', '.join(PAUSE_MODES)}")
+        _check_pause(pause_mode)
         if pause_mode != "wait":
             raise ValueError(f"refit.vllm: pause mode {pause_mode!r} needs an AsyncLLM "
-                             "(pause_generation); a vllm.LLM switches between generate() "
-                             "calls, where every request in flight finished: \"wait\"")
+                             "(pause_generation: refit.vllm.AsyncEngine); a vllm.LLM "
+                             "switches between generate() calls, where every request in "
+                             "flight finished: \"wait\"")
         self.pause_mode = pause_mode
         self.llm = llm
         self.model, self.instance = model, instance
         self.timeout_ms = int(timeout_ms)
         self.version = 0
         self.switch_s = []  # seconds of each switch (the engine's own share)
-        llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {
-            "socket": [str(x) for x in socket] if isinstance(socket, (list, tuple))
-            else str(socket), "model": model, "instance": instance,
-            "base_rank": int(base_rank), "timeout_ms": self.timeout_ms,
-            "source_dtype": source_dtype or "", "pause_mode": pause_mode}})
+        llm.collective_rpc("init_weight_transfer_engine", kwargs=_init_kwargs(
+            socket, model, instance, base_rank, self.timeout_ms, source_dtype, pause_mode))
 
     def installed(self):
         """The version every worker's node has installed for this engine
@@ -118,17 +118,103 @@ class Engine:
         self.llm.collective_rpc("update_weights", kwargs={"update_info": {
             "version": want, "timeout_ms": t}})
         self.llm.collective_rpc("finish_weight_update")
-        res = self.llm.collective_rpc("refit_result")
-        got, err = res[0]
-        if err is not None:
-            raise _error(err)
-        if any(r[0] != got for r in res):  # a bug: never shown to requests
-            raise RuntimeError(f"refit.vllm: workers serve versions {[r[0] for r in res]}")
+        got = _served(self.llm.collective_rpc("refit_result"))
         if got != self.version:
             self.llm.llm_engine.set_weight_version(str(got))
         self.version = got
         self.switch_s.append(time.monotonic() - t0)
         return got
+
+
+class AsyncEngine:
+    """The driver's side for a vLLM AsyncLLM (what `vllm serve` runs), made
+    with engine_args(): `eng = await AsyncEngine.create(async_llm, ...)`
+    (the arguments of Engine).  update() waits for the version while the
+    engine generates (it asks every worker's node, a collective that does
+    not block), then pauses generation in the engine's pause mode -- vLLM's
+    pause_generation: "wait" lets the requests in flight finish first,
+    "abort" aborts them (they end with finish_reason "abort"), "keep"
+    freezes them and resume_generation continues them, their next tokens
+    computed with the new weights -- switches every worker, sets the
+    engine's weight_version and resumes."""
+
+    @classmethod
+    async def create(cls, engine, socket, model, instance, base_rank=0, timeout_ms=60000,
+                     source_dtype=None, pause_mode="wait"):
+        _check_pause(pause_mode)
+        self = cls.__new__(cls)
+        self.engine, self.pause_mode = engine, pause_mode
+        self.model, self.instance = model, instance
+        self.timeout_ms = int(timeout_ms)
+        self.version = 0
+        self.switch_s = []   # seconds each switch paused generation
+        await engine.collective_rpc("init_weight_transfer_engine", kwargs=_init_kwargs(
+            socket, model, instance, base_rank, self.timeout_ms, source_dtype, pause_mode))
+        return self
+
+    async def installed(self):
+        """What every worker's node installed (a list, one per TP rank)."""
+        return [v or 0 for v in await self.engine.collective_rpc("refit_installed")]
+
+    async def update(self, version=None, timeout_ms=None):
+        """Engine.update, generation paused only for the switch itself."""
+        import asyncio
+        t = self.timeout_ms if timeout_ms is None else int(timeout_ms)
+        want = 0 if version is None else int(version)
+        if version is not None and want <= self.version:
+            return self.version
+        end = time.monotonic() + t / 1000
+        while want:
+            have = await self.installed()
+            if min(have) >= want:
+                break
+            if time.monotonic() >= end:
+                from .errors import Timeout
+                lack = [i for i, v in enumerate(have) if v < want]
+                raise Timeout(10, "ERR_TIMEOUT", f"refit.vllm: version {want} is not "
+                              f"installed on every worker's node in {t} ms (installed: "
+                              f"{have}; the node of worker {lack[0]} lacks it); the engine "
+                              f"serves {self.version}")
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        await self.engine.pause_generation(mode=self.pause_mode)
+        try:
+            e = self.engine
+            await e.collective_rpc("start_weight_update")
+            await e.collective_rpc("update_weights", kwargs={"update_info": {
+                "version": want, "timeout_ms": max(1, int((end - time.monotonic()) * 1000))}})
+            await e.collective_rpc("finish_weight_update")
+            got = _served(await e.collective_rpc("refit_result"))
+            if got != self.version:
+                await e.update_weight_version(str(got))
+        finally:
+            await self.engine.resume_generation()
+        self.version = got
+        self.switch_s.append(time.monotonic() - t0)
+        return got
+
+
+def _check_pause(mode):
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"refit.vllm: pause mode {mode!r}: one of {', '.join(PAUSE_MODES)}")
+
+
+def _init_kwargs(socket, model, instance, base_rank, timeout_ms, source_dtype, pause_mode):
+    return {"init_info": {
+        "socket": [str(x) for x in socket] if isinstance(socket, (list, tuple))
+        else str(socket), "model": model, "instance": instance,
+        "base_rank": int(base_rank), "timeout_ms": int(timeout_ms),
+        "source_dtype": source_dtype or "", "pause_mode": pause_mode}}
+
+
+def _served(res):
+    """The version every worker serves after a session (raises what failed)."""
+    got, err = res[0]
+    if err is not None:
+        raise _error(err)
+    if any(r[0] != got for r in res):  # a bug: never shown to requests
+        raise RuntimeError(f"refit.vllm: workers serve versions {[r[0] for r in res]}")
+    return got
 
 
 def _error(err):

@@ -13,7 +13,11 @@ After each refit the engine's parameters, read through the engine
 (LLM.apply_model), equal the trainer's full tensors cast to bf16 as vLLM
 lays them out, byte for byte, and the engine's greedy tokens have the
 logprobs transformers gives on the trainer's weights (within LOGPROB_TOL).
-A request in flight while a refit runs completes on the old weights; a
+The engine is an AsyncLLM (as `vllm serve` runs it) driven by
+refit.vllm.AsyncEngine.  A request in flight while a refit runs completes
+on the old weights, also when the update comes while it runs (pause mode
+"wait"); under "keep" it is frozen and resumed after the switch, under
+"abort" it ends with vLLM's "abort"; a
 refit that would overwrite the copy the engine serves is refused and
 retried; an update that cannot come leaves the engine as it was.  A
 Publish lost on one worker's node (ee1 loses the fifth refit's Publish,
@@ -219,22 +223,78 @@ def first_version():
     return f"{n} parameters byte-exact, logprobs within {diff:.4f}; {line[0].strip()}"
 
 
+def long_running():
+    """Start the long request; its progress once it streamed a token."""
+    p = ST["engine"]
+    p.cmd(cmd="long_start")
+    harness.wait_for(lambda: p.cmd(cmd="long_progress")["tokens"] > 0, 60,
+                     "the long request streaming")
+
+
 def in_flight():
-    before = ST["engine"].cmd(cmd="tokens")["tokens"]
-    ST["engine"].cmd(cmd="long_start")
+    """Pause mode "wait" (the default): a refit runs while a request is in
+    flight, and the update asked for meanwhile waits for it (vLLM's
+    pause_generation "wait"): it finishes on version 1's weights."""
+    p = ST["engine"]
+    before = p.cmd(cmd="tokens")["tokens"]
+    long_running()
     ST["v2"] = step(2)
     harness.wait_for(lambda: committed(2), 60, "refit of version 2 committed")
-    during = ST["engine"].cmd(cmd="long_wait")["tokens"]
-    assert len(during) == 400, len(during)
-    assert during == before, "the request in flight did not finish on version 1's weights"
-    params_equal(ST["v1"])  # still serving version 1
-    r = ST["engine"].cmd(cmd="update", version=2, timeout_ms=30000)
+    at = p.cmd(cmd="long_progress")["tokens"]
+    assert at < 400, "the request finished before the update: nothing was in flight"
+    COSTS["wait_update_called_at_token"] = at
+    r = p.cmd(cmd="update", version=2, timeout_ms=30000)
     assert r["version"] == 2, r
     COSTS["switch_s"].append(r["switch_s"])
+    during = p.cmd(cmd="long_wait")
+    assert (len(during["tokens"]), during["finish_reason"]) == (400, "length"), during
+    assert during["tokens"] == before, \
+        "the request in flight did not finish on version 1's weights"
     params_equal(ST["v2"])
     logprobs_match(ST["v2"], other=ST["v1"])
     rs = [x for x in refits() if x.version == 2]
-    return f"400 tokens while refit {rs[0].id} ran; then version 2 byte-exact"
+    return f"400 tokens while refit {rs[0].id} ran and the update waited ({at} at its " \
+        "call); then version 2 byte-exact"
+
+
+def pause_keep_abort():
+    """vLLM's other pause modes, one request in flight under each: "keep"
+    freezes it and resumes it after the switch (it completes, 400 tokens;
+    what it streamed before the update is version 5's, its later tokens
+    version 6's: not version 5's alone), "abort" ends it
+    with vLLM's own finish_reason "abort"; the engine serves the new
+    version after each."""
+    p = ST["engine"]
+    before = p.cmd(cmd="tokens")["tokens"]   # version 5
+    p.cmd(cmd="pause_mode", mode="keep")
+    ST["v6"] = step(6)
+    harness.wait_for(lambda: committed(6), 60, "refit of version 6 committed")
+    long_running()
+    at = p.cmd(cmd="long_progress")["tokens"]
+    r = p.cmd(cmd="update", version=6, timeout_ms=30000)
+    assert r["version"] == 6, r
+    kept = p.cmd(cmd="long_wait")
+    assert (len(kept["tokens"]), kept["finish_reason"]) == (400, "length"), kept
+    assert at < 400 and kept["tokens"][:at] == before[:at], (at, kept["tokens"][:at])
+    # the switch came mid-request: its later tokens are version 6's
+    assert kept["tokens"] != before, "the kept request never saw version 6"
+    params_equal(ST["v6"])
+    COSTS["keep_streamed_before_update"] = at
+    p.cmd(cmd="pause_mode", mode="abort")
+    ST["v7"] = step(7)
+    harness.wait_for(lambda: committed(7), 60, "refit of version 7 committed")
+    long_running()
+    r = p.cmd(cmd="update", version=7, timeout_ms=30000)
+    assert r["version"] == 7, r
+    ab = p.cmd(cmd="long_wait")
+    assert ab["finish_reason"] == "abort" and len(ab["tokens"]) < 400, \
+        (len(ab["tokens"]), ab["finish_reason"])
+    COSTS["abort_tokens"] = len(ab["tokens"])
+    assert p.cmd(cmd="weight_version")["weight_version"] == "7"
+    params_equal(ST["v7"])
+    p.cmd(cmd="pause_mode", mode="wait")
+    return f"keep: 400 tokens, {at} streamed on version 5 before the update, the " \
+        f"rest after it; abort: ended \"abort\" after {len(ab['tokens'])} tokens"
 
 
 def served_copy_protected():
@@ -292,7 +352,7 @@ def publish_lost_on_one_node():
     p.p.stdin.write(json.dumps({"cmd": "update", "version": 5, "timeout_ms": 1500}) + "\n")
     p.p.stdin.flush()
     r = p.read("update 5")
-    assert "error" in r and "worker 1" in r["error"], r
+    assert "error" in r and "[5, 4]" in r["error"] and "worker 1" in r["error"], r
     why = r["error"]
     assert p.cmd(cmd="weight_version")["weight_version"] == "4"
     params_equal(ST["v4"])
@@ -356,6 +416,7 @@ def main():
               update_that_never_comes)
         check("a Publish lost on one worker's node delays the version on the whole "
               "engine, never a mix", publish_lost_on_one_node)
+        check("pause modes keep and abort: a request in flight under each", pause_keep_abort)
         check("costs", costs)
     finally:
         print(f"     costs and differences: {json.dumps(COSTS)}")
