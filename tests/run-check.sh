@@ -47,7 +47,7 @@ framework_suites() {
 		"$BUILD/venv-vllm/bin/python" tests/frameworks/test_discover.py "$BUILD"
 	script "frameworks: maps discovered from SGLang's own loader equal refit's, and pass the C checks" \
 		"$BUILD/venv-sglang/bin/python" tests/frameworks/test_discover.py "$BUILD"
-	script "refit.vllm refuses by name the engines it cannot serve exactly (CUDA workers, quantization, PP/DP, a parameter either side lacks, a shape)" \
+	script "refit.vllm refuses by name the engines it cannot serve exactly (CUDA workers, quantization, PP/DP, a parameter either side lacks, a shape); its switch decided together over two fake nodes, AsyncEngine's pauses" \
 		"$BUILD/venv-vllmcpu/bin/python" tests/frameworks/test_vllm_refusals.py "$BUILD"
 }
 LANE2=$CHECK_DIR/lane2
