@@ -181,7 +181,12 @@ def main():
                 out({"error": f"unknown command {cmd}"})
         except Exception as e:  # noqa: BLE001 - reported to the test
             out({"error": f"{type(e).__name__}: {e}"})
-    os._exit(0)
+    # the engine core and its workers are processes of their own: end them
+    # (os._exit alone leaves them running, 3 GB each)
+    try:
+        llm.shutdown()
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ BUILD/venv-vllmcpu (make deps, python/frameworks.txt).  Prints
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -68,9 +69,25 @@ class Proc:
     """A venv process speaking JSON lines."""
 
     def __init__(self, args, log):
+        # a session of its own: its process group (vLLM's engine core and
+        # workers, the trainer's ranks) is ended with it (end())
         self.p = harness.spawn([PY] + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=open(log, "w"), text=True, bufsize=1, env=ENV)
+                               stderr=open(log, "w"), text=True, bufsize=1, env=ENV,
+                               start_new_session=True)
         self.log = log
+
+    def end(self):
+        """quit, then SIGKILL whatever of its process group is left."""
+        try:
+            self.p.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.p.stdin.flush()
+            self.p.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - it may have ended already
+            pass
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def read(self, what):
         line = self.p.stdout.readline()
@@ -232,29 +249,35 @@ def long_running():
 
 
 def in_flight():
-    """Pause mode "wait" (the default): a refit runs while a request is in
-    flight, and the update asked for meanwhile waits for it (vLLM's
-    pause_generation "wait"): it finishes on version 1's weights."""
+    """Pause mode "wait" (the default): a request in flight while a refit
+    runs finishes on version 1's weights; so does one in flight when the
+    update is asked for (vLLM's pause_generation "wait" lets it drain)."""
     p = ST["engine"]
     before = p.cmd(cmd="tokens")["tokens"]
     long_running()
     ST["v2"] = step(2)
     harness.wait_for(lambda: committed(2), 60, "refit of version 2 committed")
-    at = p.cmd(cmd="long_progress")["tokens"]
-    assert at < 400, "the request finished before the update: nothing was in flight"
-    COSTS["wait_update_called_at_token"] = at
-    r = p.cmd(cmd="update", version=2, timeout_ms=30000)
-    assert r["version"] == 2, r
-    COSTS["switch_s"].append(r["switch_s"])
     during = p.cmd(cmd="long_wait")
     assert (len(during["tokens"]), during["finish_reason"]) == (400, "length"), during
     assert during["tokens"] == before, \
-        "the request in flight did not finish on version 1's weights"
+        "the request in flight during the refit did not finish on version 1's weights"
+    params_equal(ST["v1"])  # still serving version 1
+    long_running()
+    at = p.cmd(cmd="long_progress")["tokens"]
+    r = p.cmd(cmd="update", version=2, timeout_ms=30000)
+    assert r["version"] == 2, r
+    assert at < 400, "the request finished before the update: nothing was in flight"
+    COSTS["wait_update_called_at_token"] = at
+    COSTS["switch_s"].append(r["switch_s"])
+    drained = p.cmd(cmd="long_wait")
+    assert (len(drained["tokens"]), drained["finish_reason"]) == (400, "length"), drained
+    assert drained["tokens"] == before, \
+        "the request in flight at the update did not finish on version 1's weights"
     params_equal(ST["v2"])
     logprobs_match(ST["v2"], other=ST["v1"])
     rs = [x for x in refits() if x.version == 2]
-    return f"400 tokens while refit {rs[0].id} ran and the update waited ({at} at its " \
-        "call); then version 2 byte-exact"
+    return f"400 tokens while refit {rs[0].id} ran; 400 more while the update waited " \
+        f"({at} at its call); then version 2 byte-exact"
 
 
 def pause_keep_abort():
@@ -357,7 +380,6 @@ def publish_lost_on_one_node():
     assert p.cmd(cmd="weight_version")["weight_version"] == "4"
     params_equal(ST["v4"])
     # ee1 cut off until its lease lapses, then reachable again
-    import signal
     ST["ee1"].send_signal(signal.SIGSTOP)
     try:
         ST["cl"].wait_members(NODES - 1)
@@ -422,12 +444,7 @@ def main():
         print(f"     costs and differences: {json.dumps(COSTS)}")
         for p in ("engine", "trainer"):
             if p in ST:
-                try:
-                    ST[p].p.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                    ST[p].p.stdin.flush()
-                    ST[p].p.wait(timeout=30)
-                except Exception:  # noqa: BLE001
-                    pass
+                ST[p].end()
         harness.stop_all()
     print(f"     {time.time() - t0:.0f} s")
     harness.summary("engine")
