@@ -1,6 +1,7 @@
 """A real vLLM engine (vLLM's CPU build, TP 2, an AsyncLLM as `vllm serve`
-runs it) receiving refits through refit.vllm (AsyncEngine), driven by tests/integration/test_engine.py over stdin/stdout
-(one JSON object per line each way).  Run in the vllmcpu environment.
+runs it) receiving refits through refit.vllm (AsyncEngine), driven by
+tests/integration/test_engine.py over stdin/stdout (one JSON object per
+line each way).  Run in the vllmcpu environment.
 
 Usage: engine_vllm.py MODEL_DIR SOCKETS MODEL INSTANCE BASE_RANK SOURCE_DTYPE
 (SOCKETS: one local socket, or one per TP rank separated by commas: the
