@@ -47,7 +47,7 @@ framework_suites() {
 		"$BUILD/venv-vllm/bin/python" tests/frameworks/test_discover.py "$BUILD"
 	script "frameworks: maps discovered from SGLang's own loader equal refit's, and pass the C checks" \
 		"$BUILD/venv-sglang/bin/python" tests/frameworks/test_discover.py "$BUILD"
-	script "refit.vllm refuses by name the engines it cannot serve exactly (CUDA workers, quantization, PP/DP, a parameter either side lacks, a shape)" \
+	script "refit.vllm refuses by name the engines it cannot serve exactly (CUDA workers, quantization, PP/DP, a parameter either side lacks, a shape); its switch decided together over two fake nodes, AsyncEngine's pauses" \
 		"$BUILD/venv-vllmcpu/bin/python" tests/frameworks/test_vllm_refusals.py "$BUILD"
 }
 LANE2=$CHECK_DIR/lane2
@@ -120,7 +120,7 @@ script "conversion end to end, ASan + UBSan" \
 
 script "frameworks end to end (Megatron TP2xPP2 -> vLLM and SGLang TP4 in their own memory, byte for byte against the engines' own loaders and the fp8 quantizer; bad maps refused)" \
 	/usr/bin/python3 tests/integration/test_frameworks.py "$BUILD"
-script "a real engine: vLLM's CPU build (TP 2) serves refits from an FSDP2 + TP trainer (4 gloo processes) through refit.vllm and refit.torch; byte for byte, logprobs vs transformers" \
+script "a real engine: vLLM's CPU build (TP 2, a node per worker) serves refits from an FSDP2 + TP trainer (4 gloo processes) through refit.vllm and refit.torch; byte for byte, logprobs vs transformers; a Publish lost on one worker's node delays the version, never mixes" \
 	/usr/bin/python3 tests/integration/test_engine.py "$BUILD" 4
 # about 30 s (3 processes at most; starts daemons: not in the second lane)
 script "refit.torch.Publisher(framework=\"megatron\"): a Megatron-Core GPTModel's (TP 1, TP 2, PP 2) fused QKV and gate/up refit into Hugging Face tensors byte for byte; publish(wait=...)" \

@@ -165,6 +165,7 @@ job_work(uv_work_t *w)
 	sc.xo = j->n->xo;
 	sc.x = j->n->x;
 	sc.refit_id = j->refit_id;
+	sc.attempt = j->attempt;
 	sc.epoch = j->epoch;
 	sc.deadline_ms = j->deadline_ms;
 	sc.abort = &j->abort;

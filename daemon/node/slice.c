@@ -108,7 +108,7 @@ run_session(slice_t *s, refit_err_t *err)
 	const slice_cfg_t *c = s->c;
 	xport_peer_t *peers = xcalloc(c->nnodes, sizeof(*peers));
 	xport_session_cfg_t sc = {
-		.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers, .npeers = c->nnodes,
+		.refit_id = c->refit_id, .epoch = c->epoch, .attempt = c->attempt, .peers = peers, .npeers = c->nnodes,
 		.max_msg_bytes = c->plan->opts.chunk_bytes + s->trail,
 		.deadline_ms = c->deadline_ms, .abort = c->abort, .pool = c->pool,
 		.connect_ms = c->connect_ms,

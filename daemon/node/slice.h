@@ -36,6 +36,7 @@ typedef struct slice_cfg {
 	const xport_ops_t *xo;
 	xport_t *x;
 	uint64_t refit_id, epoch;
+	uint32_t attempt;
 	int64_t deadline_ms;
 	atomic_int *abort;
 	uint32_t test_delay_ms;   /* tests: sleep before each message sent */

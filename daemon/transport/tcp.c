@@ -199,7 +199,7 @@ collect(xport_session_t *s, refit_err_t *err)
 			parked_t *p = &x->parked.v[k];
 			size_t i = s->cfg.npeers;
 
-			if (p->refit_id == s->cfg.refit_id)
+			if (p->refit_id == s->cfg.refit_id && p->attempt == s->cfg.attempt)
 				for (i = 0; i < s->cfg.npeers; i++)
 					if (s->peers[i].recv_from && s->in[i].fd < 0 &&
 					    strcmp(s->peers[i].node_id, p->node_id) == 0)

@@ -32,6 +32,7 @@ hs_encode(const hs_t *h, uint8_t *b)
 	wire_put_le(b + 4, h->token_len, 4);
 	wire_put_le(b + 8, h->epoch, 8);
 	wire_put_le(b + 16, h->refit_id, 8);
+	wire_put_le(b + 24, h->attempt, 4);
 	memcpy(b + HS_AT_TOKEN, h->token, XPORT_TOKEN_MAX);
 	memcpy(b + HS_AT_NODE, h->node_id, HS_NODE_ID);
 }
@@ -134,7 +135,8 @@ dial_start(xport_session_t *s, dialing_t *d, int64_t now, refit_err_t *err)
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
 				 .ai_flags = AI_NUMERICSERV | AI_NUMERICHOST};
 	struct addrinfo *ai = NULL;
-	hs_t h = {.magic = HS_MAGIC, .epoch = s->cfg.epoch, .refit_id = s->cfg.refit_id};
+	hs_t h = {.magic = HS_MAGIC, .epoch = s->cfg.epoch, .refit_id = s->cfg.refit_id,
+		    .attempt = s->cfg.attempt};
 	refit_err_t e2;
 	int rc;
 

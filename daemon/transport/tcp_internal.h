@@ -18,13 +18,17 @@
 #include "daemon/transport/transport.h"
 
 
-#define HS_MAGIC 0x31544652u    /* "RFT1" */
+#define HS_MAGIC 0x32544652u    /* "RFT2" (RFT1: no attempt) */
 #define FRAME_MAGIC 0x4d544652u /* "RFTM" */
 #define FRAME_BYTES 24          /* magic, length, seq: u64 each */
 #define HS_NODE_ID 128          /* node id bytes in a handshake, NUL-padded */
-/* handshake: magic u32, token length u32, epoch u64, refit id u64 (all
- * little-endian), then the token and the node id at these offsets */
-#define HS_AT_TOKEN (4 + 4 + 8 + 8)
+/* handshake: magic u32, token length u32, epoch u64, refit id u64,
+ * attempt u32 (all little-endian), then the token and the node id at
+ * these offsets.  The attempt: a connection a peer made for an attempt
+ * that was aborted (parked here after this node's session of it ended)
+ * is never taken by the next attempt of the same refit, whose session
+ * would read its close as a broken link */
+#define HS_AT_TOKEN (4 + 4 + 8 + 8 + 4)
 #define HS_AT_NODE (HS_AT_TOKEN + XPORT_TOKEN_MAX)
 #define HS_BYTES (HS_AT_NODE + HS_NODE_ID)
 #define HS_TIMEOUT_MS 5000
@@ -44,6 +48,7 @@ typedef struct tcp_ip {
 typedef struct hs {
 	uint32_t magic, token_len;
 	uint64_t epoch, refit_id;
+	uint32_t attempt;
 	uint8_t token[XPORT_TOKEN_MAX];
 	char node_id[HS_NODE_ID];
 } hs_t;
@@ -51,6 +56,7 @@ typedef struct hs {
 typedef struct parked {
 	int fd;
 	uint64_t refit_id, epoch;
+	uint32_t attempt;
 	char node_id[HS_NODE_ID];
 	int64_t at_ms;
 } parked_t;

@@ -31,6 +31,7 @@ hs_decode(const uint8_t *b, hs_t *h)
 	h->token_len = (uint32_t)wire_get_le(b + 4, 4);
 	h->epoch = wire_get_le(b + 8, 8);
 	h->refit_id = wire_get_le(b + 16, 8);
+	h->attempt = (uint32_t)wire_get_le(b + 24, 4);
 	memcpy(h->token, b + HS_AT_TOKEN, XPORT_TOKEN_MAX);
 	memcpy(h->node_id, b + HS_AT_NODE, HS_NODE_ID);
 	h->node_id[HS_NODE_ID - 1] = '\0';
@@ -215,7 +216,7 @@ handshake(xport_t *x, int fd, const uint8_t *b)
 	else if (x->parked.n >= PARK_MAX)
 		ans = HS_FULL;
 	if (ans == HS_OK) {
-		parked_t p = {fd, h.refit_id, h.epoch, "", xport_now_ms()};
+		parked_t p = {fd, h.refit_id, h.epoch, h.attempt, "", xport_now_ms()};
 
 		memcpy(p.node_id, h.node_id, sizeof(p.node_id));
 		VEC_PUSH(&x->parked, p);

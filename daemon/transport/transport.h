@@ -89,6 +89,8 @@ typedef struct xport_link {
 
 typedef struct xport_session_cfg {
 	uint64_t refit_id, epoch;
+	uint32_t attempt;        /* the coordinator's attempt of the refit: a
+				    connection of another attempt is never taken */
 	const xport_peer_t *peers;
 	size_t npeers;
 	uint64_t max_msg_bytes;  /* a peer announcing more is refused */

@@ -7,48 +7,56 @@ vLLM's weight-transfer interface (docs/vllm.md).
                             instance="serve-a", base_rank=8)
     ...
     eng.update(version)          # the engine serves `version` (or newer) now
-    eng.update()                 # pull: the newest version the node installed
+    eng.update()                 # pull: the newest version every worker's node installed
+
+An AsyncLLM (what `vllm serve` runs): `eng = await AsyncEngine.create(engine,
+...)` with the same arguments, and vLLM's pause modes (keep / wait / abort)
+for the switch: `await eng.update(version)`.
 
 Importing this module registers the "refit" backend with vLLM's
 WeightTransferEngineFactory; engine_args() names it and this module as the
 worker extension, so every worker process imports it too.
 
-At init (Engine(...), vLLM's init_weight_transfer_engine) the workers of one
-engine -- all on one node, one refitd -- lay their parameters out as vLLM
-holds them (refit.frameworks, the C rules of plan/framework.c), in two
-copies in one segment of memory the node maps; worker 0 registers the
-whole instance (a double buffer) with the node and the others map the same
-segment.  A refit writes the copy the engine does not serve while it serves;
-update() switches every worker to the new copy together, between two engine
-steps (vLLM's start/update/finish_weight_update collective), tells the node
+At init (Engine(...), vLLM's init_weight_transfer_engine) every worker
+lays its own parameters out as vLLM holds them (refit.frameworks, the C
+rules of plan/framework.c), in two copies in one segment of memory, and
+registers its rank of the instance (a double buffer) with its own node --
+the refitd on its host, or the socket named for its rank: one engine's
+workers may be served by several nodes.  A refit writes the copy the
+engine does not serve while it serves; update() switches every worker to
+the new copy together, between two engine steps (vLLM's
+start/update/finish_weight_update collective): each worker asks its own
+node which version it installed, the workers gather the answers (a
+collective of the TP group) and switch only to a version every worker's
+node installed -- a version committed everywhere but published on some
+nodes only (a Publish lost on the way, resent until acknowledged) is
+served later, never on some workers only.  Each worker then tells its node
 which copy is served (Client.serve: no refit writes it until the next
 switch), reruns the engine's own post-processing of those weights (vLLM's
-process_weights_after_loading: the CPU backend packs its GEMM weights) and
-sets the engine's weight_version.  A version shows on all workers or none.
-Worker 0 names the engine to its node (Client.describe: "vllm", vLLM's
-version, the pause mode) and every switch the version served
-(Client.serve): `refitctl models` shows both.
+process_weights_after_loading: the CPU backend packs its GEMM weights), and
+the driver sets the engine's weight_version.  Worker 0 names the engine to
+its node (Client.describe: "vllm", vLLM's version, the pause mode) and
+every switch the version served (Client.serve): `refitctl models` shows
+both.
 
 Refused at init, naming what: CUDA workers (the CUDA IPC path is not done
 here yet), quantized engines, pipeline or data parallelism inside the
-engine, workers on several hosts, a parameter the framework map does not
-describe (or the other way round).
+engine, a parameter the framework map does not describe (or the other way
+round).
 """
-import mmap
+import logging
 import os
-import socket as _socket
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import client as _client
 from . import frameworks as _fw
-from . import memory as _memory
 
 BACKEND = "refit"
 PAUSE_MODES = ("keep", "wait", "abort")   # vLLM's (pause_generation)
+logger = logging.getLogger(__name__)
 _TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -60,40 +68,41 @@ def engine_args():
 
 class Engine:
     """The driver's side: one vLLM engine (vllm.LLM made with engine_args())
-    registered as inference instance `instance` of refit model `model` on
-    the node whose local socket is `socket`; its TP rank r is global rank
+    registered as inference instance `instance` of refit model `model`:
+    each worker with the node whose local socket is `socket` on its host
+    (or socket[r] for TP rank r: a list, one per rank); TP rank r is global rank
     base_rank + r of the model's inference layouts.  source_dtype: the
     trainer's dtype when it is not the engine's ("fp32": refit converts on
     the way, docs/conversion.md)."""
 
     def __init__(self, llm, socket, model, instance, base_rank=0, timeout_ms=60000,
                  source_dtype=None, pause_mode="wait"):
-        if pause_mode not in PAUSE_MODES:
-            raise ValueError(f"refit.vllm: pause mode {pause_mode!r}: one of "
-                             f"{', '.join(PAUSE_MODES)}")
+        _check_pause(pause_mode)
         if pause_mode != "wait":
             raise ValueError(f"refit.vllm: pause mode {pause_mode!r} needs an AsyncLLM "
-                             "(pause_generation); a vllm.LLM switches between generate() "
-                             "calls, where every request in flight finished: \"wait\"")
+                             "(pause_generation: refit.vllm.AsyncEngine); a vllm.LLM "
+                             "switches between generate() calls, where every request in "
+                             "flight finished: \"wait\"")
         self.pause_mode = pause_mode
         self.llm = llm
         self.model, self.instance = model, instance
         self.timeout_ms = int(timeout_ms)
         self.version = 0
         self.switch_s = []  # seconds of each switch (the engine's own share)
-        llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {
-            "socket": str(socket), "model": model, "instance": instance,
-            "base_rank": int(base_rank), "timeout_ms": self.timeout_ms,
-            "source_dtype": source_dtype or "", "pause_mode": pause_mode}})
+        llm.collective_rpc("init_weight_transfer_engine", kwargs=_init_kwargs(
+            socket, model, instance, base_rank, self.timeout_ms, source_dtype, pause_mode))
 
     def installed(self):
-        """The version the node has installed for this engine (0: none)."""
-        return self.llm.collective_rpc("refit_installed")[0]
+        """The version every worker's node has installed for this engine
+        (the lowest; 0: none)."""
+        return min(v or 0 for v in self.llm.collective_rpc("refit_installed"))
 
     def update(self, version=None, timeout_ms=None):
-        """Serve `version` or newer: wait (at most timeout_ms) until the node
-        installed it, then switch every worker to it.  version None: the
-        newest installed, without waiting (an idle engine pulling).  Returns
+        """Serve `version` or newer: wait (at most timeout_ms) until every
+        worker's node installed it, then switch every worker to it.
+        version None: the newest installed on every worker's node, without
+        waiting (an idle engine pulling; a version some nodes lack is not
+        served yet).  Returns
         the version served; raises refit.Timeout when it did not come (the
         engine keeps serving what it served).  Call it between generate()
         calls (an AsyncLLM: inside pause_generation / resume_generation)."""
@@ -109,17 +118,103 @@ class Engine:
         self.llm.collective_rpc("update_weights", kwargs={"update_info": {
             "version": want, "timeout_ms": t}})
         self.llm.collective_rpc("finish_weight_update")
-        res = self.llm.collective_rpc("refit_result")
-        got, err = res[0]
-        if err is not None:
-            raise _error(err)
-        if any(r[0] != got for r in res):  # a bug: never shown to requests
-            raise RuntimeError(f"refit.vllm: workers serve versions {[r[0] for r in res]}")
+        got = _served(self.llm.collective_rpc("refit_result"))
         if got != self.version:
             self.llm.llm_engine.set_weight_version(str(got))
         self.version = got
         self.switch_s.append(time.monotonic() - t0)
         return got
+
+
+class AsyncEngine:
+    """The driver's side for a vLLM AsyncLLM (what `vllm serve` runs), made
+    with engine_args(): `eng = await AsyncEngine.create(async_llm, ...)`
+    (the arguments of Engine).  update() waits for the version while the
+    engine generates (it asks every worker's node, a collective that does
+    not block), then pauses generation in the engine's pause mode -- vLLM's
+    pause_generation: "wait" lets the requests in flight finish first,
+    "abort" aborts them (they end with finish_reason "abort"), "keep"
+    freezes them and resume_generation continues them, their next tokens
+    computed with the new weights -- switches every worker, sets the
+    engine's weight_version and resumes."""
+
+    @classmethod
+    async def create(cls, engine, socket, model, instance, base_rank=0, timeout_ms=60000,
+                     source_dtype=None, pause_mode="wait"):
+        _check_pause(pause_mode)
+        self = cls.__new__(cls)
+        self.engine, self.pause_mode = engine, pause_mode
+        self.model, self.instance = model, instance
+        self.timeout_ms = int(timeout_ms)
+        self.version = 0
+        self.switch_s = []   # seconds each switch paused generation
+        await engine.collective_rpc("init_weight_transfer_engine", kwargs=_init_kwargs(
+            socket, model, instance, base_rank, self.timeout_ms, source_dtype, pause_mode))
+        return self
+
+    async def installed(self):
+        """What every worker's node installed (a list, one per TP rank)."""
+        return [v or 0 for v in await self.engine.collective_rpc("refit_installed")]
+
+    async def update(self, version=None, timeout_ms=None):
+        """Engine.update, generation paused only for the switch itself."""
+        import asyncio
+        t = self.timeout_ms if timeout_ms is None else int(timeout_ms)
+        want = 0 if version is None else int(version)
+        if version is not None and want <= self.version:
+            return self.version
+        end = time.monotonic() + t / 1000
+        while want:
+            have = await self.installed()
+            if min(have) >= want:
+                break
+            if time.monotonic() >= end:
+                from .errors import Timeout
+                lack = [i for i, v in enumerate(have) if v < want]
+                raise Timeout(10, "ERR_TIMEOUT", f"refit.vllm: version {want} is not "
+                              f"installed on every worker's node in {t} ms (installed: "
+                              f"{have}; the node of worker {lack[0]} lacks it); the engine "
+                              f"serves {self.version}")
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        await self.engine.pause_generation(mode=self.pause_mode)
+        try:
+            e = self.engine
+            await e.collective_rpc("start_weight_update")
+            await e.collective_rpc("update_weights", kwargs={"update_info": {
+                "version": want, "timeout_ms": max(1, int((end - time.monotonic()) * 1000))}})
+            await e.collective_rpc("finish_weight_update")
+            got = _served(await e.collective_rpc("refit_result"))
+            if got != self.version:
+                await e.update_weight_version(str(got))
+        finally:
+            await self.engine.resume_generation()
+        self.version = got
+        self.switch_s.append(time.monotonic() - t0)
+        return got
+
+
+def _check_pause(mode):
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"refit.vllm: pause mode {mode!r}: one of {', '.join(PAUSE_MODES)}")
+
+
+def _init_kwargs(socket, model, instance, base_rank, timeout_ms, source_dtype, pause_mode):
+    return {"init_info": {
+        "socket": [str(x) for x in socket] if isinstance(socket, (list, tuple))
+        else str(socket), "model": model, "instance": instance,
+        "base_rank": int(base_rank), "timeout_ms": int(timeout_ms),
+        "source_dtype": source_dtype or "", "pause_mode": pause_mode}}
+
+
+def _served(res):
+    """The version every worker serves after a session (raises what failed)."""
+    got, err = res[0]
+    if err is not None:
+        raise _error(err)
+    if any(r[0] != got for r in res):  # a bug: never shown to requests
+        raise RuntimeError(f"refit.vllm: workers serve versions {[r[0] for r in res]}")
+    return got
 
 
 def _error(err):
@@ -148,20 +243,20 @@ class RefitUpdateInfo:
     timeout_ms: int = 60000
 
 
-def _memfd_of(name):
-    """This process's descriptor of refit segment `name` (a memfd)."""
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{name} "):
-                return int(fd)
-        except OSError:
-            continue
-    raise RuntimeError(f"refit.vllm: segment {name} has no descriptor in this process")
-
-
 def _torch_view(arr, dtype):
     t = torch.from_numpy(arr)
     return t.view(_TORCH[dtype]) if dtype in ("bf16",) else t
+
+
+def _socket_of(sock, rank, world):
+    """The local socket of TP rank `rank`'s node: one path (every worker's
+    host runs a node there) or a list, one per rank."""
+    if isinstance(sock, (list, tuple)):
+        if len(sock) != world:
+            raise ValueError(f"refit.vllm: {len(sock)} sockets for {world} workers: one "
+                             "per tensor-parallel rank, or one path for all")
+        return str(sock[rank])
+    return str(sock)
 
 
 def _make_engine_class():
@@ -178,46 +273,31 @@ def _make_engine_class():
             self._check_config()
             tp = ps.get_tp_group()
             self.rank, self.world = tp.rank_in_group, tp.world_size
+            self._group = tp.cpu_group
             cfg = os.path.join(self.model_config.model, "config.json")
             self.map = _fw.framework_map("vllm", cfg, f"tp{self.world}")
             self.client = None
             self.error = None
             self.pending = None   # (version, copy) between update and finish
             self.serving = (0, None)
-            info_obj = None
+            sock = _socket_of(info.socket, self.rank, self.world)
+            # every worker registers its own rank of the instance with the
+            # node of its host (or the socket named for its rank): the
+            # workers of one engine may be served by several nodes
+            params = _fw.allocate(self.map, ranks=[self.rank], copies=2)
+            lays = _fw.layouts(self.map, base=info.base_rank)  # the whole instance
+            for lay in lays:
+                if info.source_dtype and lay["dtype"] != info.source_dtype:
+                    lay["convert"] = {"from": info.source_dtype}
+            cl = _client.Client(sock, timeout_ms=info.timeout_ms)
+            cl.register(info.model, "infer", lays,
+                        _fw.pieces(self.map, params, base=info.base_rank),
+                        instance=info.instance, install="double-buffer")
             if self.rank == 0:
-                params = _fw.allocate(self.map, copies=2)
-                lays = _fw.layouts(self.map, base=info.base_rank)
-                for lay in lays:
-                    if info.source_dtype and lay["dtype"] != info.source_dtype:
-                        lay["convert"] = {"from": info.source_dtype}
-                cl = _client.Client(info.socket, timeout_ms=info.timeout_ms)
-                cl.register(info.model, "infer", lays,
-                            _fw.pieces(self.map, params, base=info.base_rank),
-                            instance=info.instance, install="double-buffer")
                 import vllm
                 cl.describe("vllm", getattr(vllm, "__version__", ""), info.pause_mode)
-                self.client = cl
-                name, off = _memory.find(next(iter(params.values()))[0])
-                seg = [s for s in _memory._segments if s[2] == name][0]
-                info_obj = {"host": _socket.gethostname(), "pid": os.getpid(),
-                            "fd": _memfd_of(name), "bytes": seg[1], "at": off}
-                self.params = params
-            info_obj = tp.broadcast_object(info_obj, src=0)
-            if self.rank != 0:
-                if info_obj["host"] != _socket.gethostname():
-                    raise RuntimeError("refit.vllm: the engine's workers are on several hosts "
-                                       f"({info_obj['host']}, {_socket.gethostname()}): one "
-                                       "node per engine is supported")
-                fd = os.open(f"/proc/{info_obj['pid']}/fd/{info_obj['fd']}", os.O_RDWR)
-                try:
-                    mm = mmap.mmap(fd, info_obj["bytes"])
-                finally:
-                    os.close(fd)
-                self._mm = mm
-                raw = np.frombuffer(mm, dtype=np.uint8)[info_obj["at"]:]
-                half = (info_obj["bytes"] - info_obj["at"]) // 2
-                self.params = _fw.attach(self.map, (raw[:half], raw[half:2 * half]))
+            self.client = cl
+            self.params = params
             self._bind()
 
         def _check_config(self):
@@ -276,23 +356,48 @@ def _make_engine_class():
             self.receive_weights(info)
 
         def receive_weights(self, info):
-            out = None
-            if self.rank == 0:
-                try:
-                    if info.version:
-                        st = self.client.wait_version(info.version, info.timeout_ms)
-                    else:
-                        st = self.client.state()
-                        if st.version == 0 or not st.valid:
-                            raise RuntimeError("no version is installed here yet")
-                    self.client.serve(st.version)
-                    out = (st.version, st.active, None)
-                except Exception as e:  # noqa: BLE001 - told to every worker
-                    out = (0, 0, (getattr(e, "status", 0), getattr(e, "code", ""),
-                                  getattr(e, "message", str(e))))
-            out = ps.get_tp_group().broadcast_object(out, src=0)
-            self.error = out[2]
-            self.pending = out[:2] if out[2] is None else None
+            """The workers agree on a version every one's node installed
+            (each asks its own node, then all gather): a version installed
+            on some nodes only (a Publish lost on one) is not switched to."""
+            deadline = time.monotonic() + info.timeout_ms / 1000
+            want = int(info.version)
+            self.pending = None
+            while True:
+                mine = self._installed(want, deadline)
+                alls = [None] * self.world
+                torch.distributed.all_gather_object(alls, mine, group=self._group)
+                err = next((a[2] for a in alls if a[2] is not None), None)
+                vers = sorted({a[0] for a in alls})
+                if err is None and len(vers) > 1 and want and time.monotonic() < deadline:
+                    want = vers[-1]   # one node is ahead: wait for it on all
+                    continue
+                break
+            self.error = err
+            if err is not None or len(vers) != 1:
+                return  # a version not on every node yet: keep serving
+            try:   # no refit writes this copy until the next switch
+                self.client.serve(vers[0])
+            except Exception as e:  # noqa: BLE001 - the copy is the active one:
+                # no refit writes it either; the node shows the old version
+                logger.warning("refit.vllm: worker %d: Serve %d: %s", self.rank, vers[0], e)
+            self.pending = (vers[0], mine[1])
+
+        def _installed(self, want, deadline):
+            """(version, active copy, failure) of this worker's node."""
+            try:
+                if want:
+                    left = max(1, int((deadline - time.monotonic()) * 1000))
+                    st = self.client.wait_version(want, left)
+                else:
+                    st = self.client.state()
+                    if st.version == 0 or not st.valid:
+                        if self.serving[0]:
+                            return (self.serving[0], self.serving[1], None)
+                        raise RuntimeError("no version is installed here yet")
+                return (st.version, st.active, None)
+            except Exception as e:  # noqa: BLE001 - told to every worker
+                return (0, 0, (getattr(e, "status", 0), getattr(e, "code", ""),
+                               f"worker {self.rank}: " + getattr(e, "message", str(e))))
 
         def finish_weight_update(self):
             if self.pending is None:

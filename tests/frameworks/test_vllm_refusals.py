@@ -4,7 +4,8 @@ parallelism inside an engine, a parameter the framework map does not
 describe or one the model lacks, a shape that differs; a pause mode a
 vllm.LLM does not have (keep, abort) or none of vLLM's.  The checks run on
 the worker engine's own methods with vLLM's classes imported (the vllmcpu
-environment), without starting an engine.
+environment), without starting an engine.  Then vllm_switch.py: the switch
+decided together over two fake nodes, and AsyncEngine's pauses.
 
 Usage: test_vllm_refusals.py BUILD.  Prints "vllm refusals: N passed, N failed".
 """
@@ -22,6 +23,7 @@ import torch  # noqa: E402
 
 import refit.frameworks as fw  # noqa: E402
 import refit.vllm as rv  # noqa: E402
+import vllm_switch  # noqa: E402  (this folder is first on sys.path)
 
 counts = {"passed": 0, "failed": 0}
 CFG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512,
@@ -119,6 +121,7 @@ def main():
         counts["failed"] += 1
         print("FAIL the model as the map describes it")
         traceback.print_exc()
+    vllm_switch.run(counts)
     print(f"vllm refusals: {counts['passed']} passed, {counts['failed']} failed")
     sys.exit(1 if counts["failed"] else 0)
 

@@ -137,7 +137,7 @@ session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 {
 	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0, NULL, NULL, NULL, 0};
 	xport_peer_t self = {"gpu-test", "nccl", true, true, 1 << 30};
-	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL};
+	xport_session_cfg_t sc = {1, epoch, 0, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL};
 	xport_session_t *s = NULL;
 
 	xport_nccl_ops.set_world(x, &w);
@@ -824,7 +824,7 @@ staging_budget(void)
 	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20, NULL, NULL, NULL, false,
 			  NULL, NULL};
 	xport_peer_t self = {"gpu-test-budget", "nccl", true, true, 4 << 20};
-	xport_session_cfg_t sc = {1, 1, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL};
+	xport_session_cfg_t sc = {1, 1, 0, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL};
 	xport_t *x = NULL;
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;
@@ -891,7 +891,7 @@ hang_abort_child(void)
 	size_t idlen = sizeof(id);
 	atomic_int stop = 0;
 	xport_peer_t self = {"gpu-test-hangabort", "nccl", true, true, 1 << 20};
-	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL};
+	xport_session_cfg_t sc = {1, 1, 0, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL};
 	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, NULL, 0};
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;

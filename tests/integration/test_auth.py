@@ -287,13 +287,14 @@ def member_of_its_own():
 
 def data_handshake(ep, epoch, token, node, source=None):
     """One tcp data-plane handshake to ep (magic, token length, epoch, refit
-    id, 64 token bytes, 128 node id bytes), from the address source (None:
+    id, attempt, 64 token bytes, 128 node id bytes), from the address source (None:
     the kernel's choice): the node's one-byte answer."""
     host, port = ep.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5,
                                   source_address=(source, 0) if source else None) as s:
-        s.sendall((0x31544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") +
+        s.sendall((0x32544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") +
                   epoch.to_bytes(8, "little") + (1).to_bytes(8, "little") +
+                  (0).to_bytes(4, "little") +
                   token.ljust(64, b"\0") + node.encode().ljust(128, b"\0"))
         return s.recv(1)
 

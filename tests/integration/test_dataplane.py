@@ -425,9 +425,10 @@ def wrong_token_connection():
     ep = mem.members[0].data_endpoint
     host, port = ep.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=5)
-    # magic, token_len, epoch, refit id, 64 token bytes, 128 node id bytes
-    hs = (0x31544652).to_bytes(4, "little") + (16).to_bytes(4, "little") + \
-        mem.epoch.to_bytes(8, "little") + (1).to_bytes(8, "little") + b"x" * 64 + \
+    # magic, token_len, epoch, refit id, attempt, 64 token bytes, 128 node id bytes
+    hs = (0x32544652).to_bytes(4, "little") + (16).to_bytes(4, "little") + \
+        mem.epoch.to_bytes(8, "little") + (1).to_bytes(8, "little") + \
+        (0).to_bytes(4, "little") + b"x" * 64 + \
         b"intruder".ljust(128, b"\0")
     s.sendall(hs)
     ans = s.recv(1)
@@ -444,8 +445,8 @@ def wrong_token_connection():
 
 
 def handshake(epoch, token, refit=1, node="intruder"):
-    return (0x31544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") + \
-        epoch.to_bytes(8, "little") + refit.to_bytes(8, "little") + \
+    return (0x32544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") + \
+        epoch.to_bytes(8, "little") + refit.to_bytes(8, "little") + (0).to_bytes(4, "little") + \
         token.ljust(64, b"\0") + node.encode().ljust(128, b"\0")
 
 
@@ -513,8 +514,8 @@ def dial_honours_abort():
     conn, _ = hole.accept()  # h0 dialed; its handshake arrives, no answer goes
     conn.settimeout(60)
     got = b""
-    while len(got) < 216:
-        got += conn.recv(216 - len(got))
+    while len(got) < 220:  # HS_BYTES
+        got += conn.recv(220 - len(got))
     cl.stub.AbortRefit(pb.AbortRefitRequest(refit_id=r.refit_id, reason="test"), timeout=5)
     g = cl.wait_final(r.refit_id, timeout=60)
     assert g.state == pb.ABORTED, g

@@ -5,16 +5,26 @@
 torch trainer -- FSDP2 x tensor parallel over gloo, 4 processes -- that
 publishes with refit.torch.Publisher (fp32 DTensors; refit converts to the
 engine's bf16 on the way).  A coordinator (trigger policy on_ready) and
-three node daemons on loopback: the trainer's (its four processes a client
-each), the engine's, and one for a plain client of the same layout.
+five node daemons on loopback: the trainer's (its four processes a client
+each), one per engine worker (ee0, ee1: the engine's two workers served by
+two nodes), and two for a plain client of the same layout (ec0, ec1).
 
 After each refit the engine's parameters, read through the engine
 (LLM.apply_model), equal the trainer's full tensors cast to bf16 as vLLM
 lays them out, byte for byte, and the engine's greedy tokens have the
 logprobs transformers gives on the trainer's weights (within LOGPROB_TOL).
-A request in flight while a refit runs completes on the old weights; a
+The engine is an AsyncLLM (as `vllm serve` runs it) driven by
+refit.vllm.AsyncEngine.  A request in flight while a refit runs completes
+on the old weights, also when the update comes while it runs (pause mode
+"wait"); under "keep" it is frozen and resumed after the switch, under
+"abort" it ends with vLLM's "abort"; a
 refit that would overwrite the copy the engine serves is refused and
-retried; an update that cannot come leaves the engine as it was.
+retried; an update that cannot come leaves the engine as it was.  A
+Publish lost on one worker's node (ee1 loses the fifth refit's Publish,
+test_lose_publish, until it joins again) delays version 5 on the whole
+engine -- both workers keep version 4, byte for byte, and the engine
+reports 4 -- and once ee1 is reachable again (its lease lapsed under
+SIGSTOP; it joins again and the Publish is resent) both switch to 5.
 
 Usage: test_engine.py BUILD_DIR [NPROC].  The environment is
 BUILD/venv-vllmcpu (make deps, python/frameworks.txt).  Prints
@@ -22,6 +32,7 @@ BUILD/venv-vllmcpu (make deps, python/frameworks.txt).  Prints
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +57,8 @@ FW = os.path.abspath("tests/frameworks")
 LOGPROB_TOL = 0.05
 LR = 5e-3  # Adam: every weight moves by about LR a step
 MODEL = "tiny"
+NODES = 5
+LOST = 5  # ee1 loses the Publish of the fifth refit it commits
 ENV = dict(os.environ, PYTHONPATH=os.path.abspath("python") + ":" + FW, REFIT_LIBRARY=LIB,
            OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 ST = {}
@@ -56,9 +69,25 @@ class Proc:
     """A venv process speaking JSON lines."""
 
     def __init__(self, args, log):
+        # a session of its own: its process group (vLLM's engine core and
+        # workers, the trainer's ranks) is ended with it (end())
         self.p = harness.spawn([PY] + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=open(log, "w"), text=True, bufsize=1, env=ENV)
+                               stderr=open(log, "w"), text=True, bufsize=1, env=ENV,
+                               start_new_session=True)
         self.log = log
+
+    def end(self):
+        """quit, then SIGKILL whatever of its process group is left."""
+        try:
+            self.p.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.p.stdin.flush()
+            self.p.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - it may have ended already
+            pass
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def read(self, what):
         line = self.p.stdout.readline()
@@ -143,15 +172,18 @@ def setup():
                                        "--slice-timeout-ms", "60000"])
     ST["cl"] = cl
     # one node daemon for the trainer's processes (a client each, one rank
-    # each), one for the engine, one for the plain client
-    tr = ["0-3"]
+    # each), one per engine worker (ee1 loses the fifth refit's Publish
+    # until it joins again), one per rank of the plain client
     harness.spawn(harness.node_spawn_args(cl, "et0", "0-3"), stderr=cl.log)
-    harness.spawn(harness.node_spawn_args(cl, "ee", "4-5"), stderr=cl.log)
+    harness.spawn(harness.node_spawn_args(cl, "ee0", "4"), stderr=cl.log)
+    ST["ee1"] = harness.spawn(harness.node_spawn_args(cl, "ee1", "5") + [
+        "--test-lose-publish", str(LOST)], stderr=cl.log)
     # the same layout in refit-client memory (the cost comparison)
-    harness.spawn(harness.node_spawn_args(cl, "ec", "6-7"), stderr=cl.log)
-    cl.wait_members(len(tr) + 2)
-    ST["engine"] = Proc([f"{FW}/engine_vllm.py", d, f"{TMP}/ee.local", MODEL, "e1", "4",
-                         "fp32"], f"{TMP}/engine.log")
+    harness.spawn(harness.node_spawn_args(cl, "ec0", "6"), stderr=cl.log)
+    harness.spawn(harness.node_spawn_args(cl, "ec1", "7"), stderr=cl.log)
+    cl.wait_members(NODES)
+    ST["engine"] = Proc([f"{FW}/engine_vllm.py", d, f"{TMP}/ee0.local,{TMP}/ee1.local",
+                         MODEL, "e1", "4", "fp32"], f"{TMP}/engine.log")
     ST["trainer"] = Proc([f"{FW}/trainer_torch.py", d, f"{TMP}/et0.local", MODEL,
                           str(NPROC)], f"{TMP}/trainer.log")
 
@@ -169,12 +201,15 @@ def registered():
     import refit.frameworks as fw
     m = fw.framework_map("vllm", f"{ST['dir']}/config.json", "tp2")
     params = fw.allocate(m, copies=2)
-    lays = fw.layouts(m, base=6)
-    for lay in lays:
-        lay["convert"] = {"from": "fp32"}
-    c = refit.Client(f"{TMP}/ec.local", timeout_ms=30000)
-    c.register(MODEL, "infer", lays, fw.pieces(m, params, base=6), instance="c1")
-    ST["c1"] = (c, params)
+    cs = []
+    for r in (0, 1):   # rank r on node ec<r>, as the engine's workers
+        mine = {k: v for k, v in params.items() if k[0] == r}
+        c = refit.Client(f"{TMP}/ec{r}.local", timeout_ms=30000)
+        lays = [dict(lay, convert={"from": "fp32"})
+                for lay in fw.layouts(m, base=6)]
+        c.register(MODEL, "infer", lays, fw.pieces(m, mine, base=6), instance="c1")
+        cs.append(c)
+    ST["c1"] = (cs, params)
     # a refit refused because the engine still serves the copy it would
     # write is retried (8 times, from 100 ms doubling) until the engine moved
     ST["cl"].stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
@@ -205,22 +240,84 @@ def first_version():
     return f"{n} parameters byte-exact, logprobs within {diff:.4f}; {line[0].strip()}"
 
 
+def long_running():
+    """Start the long request; its progress once it streamed a token."""
+    p = ST["engine"]
+    p.cmd(cmd="long_start")
+    harness.wait_for(lambda: p.cmd(cmd="long_progress")["tokens"] > 0, 60,
+                     "the long request streaming")
+
+
 def in_flight():
-    before = ST["engine"].cmd(cmd="tokens")["tokens"]
-    ST["engine"].cmd(cmd="long_start")
+    """Pause mode "wait" (the default): a request in flight while a refit
+    runs finishes on version 1's weights; so does one in flight when the
+    update is asked for (vLLM's pause_generation "wait" lets it drain)."""
+    p = ST["engine"]
+    before = p.cmd(cmd="tokens")["tokens"]
+    long_running()
     ST["v2"] = step(2)
     harness.wait_for(lambda: committed(2), 60, "refit of version 2 committed")
-    during = ST["engine"].cmd(cmd="long_wait")["tokens"]
-    assert len(during) == 400, len(during)
-    assert during == before, "the request in flight did not finish on version 1's weights"
+    during = p.cmd(cmd="long_wait")
+    assert (len(during["tokens"]), during["finish_reason"]) == (400, "length"), during
+    assert during["tokens"] == before, \
+        "the request in flight during the refit did not finish on version 1's weights"
     params_equal(ST["v1"])  # still serving version 1
-    r = ST["engine"].cmd(cmd="update", version=2, timeout_ms=30000)
+    long_running()
+    at = p.cmd(cmd="long_progress")["tokens"]
+    r = p.cmd(cmd="update", version=2, timeout_ms=30000)
     assert r["version"] == 2, r
+    assert at < 400, "the request finished before the update: nothing was in flight"
+    COSTS["wait_update_called_at_token"] = at
     COSTS["switch_s"].append(r["switch_s"])
+    drained = p.cmd(cmd="long_wait")
+    assert (len(drained["tokens"]), drained["finish_reason"]) == (400, "length"), drained
+    assert drained["tokens"] == before, \
+        "the request in flight at the update did not finish on version 1's weights"
     params_equal(ST["v2"])
     logprobs_match(ST["v2"], other=ST["v1"])
     rs = [x for x in refits() if x.version == 2]
-    return f"400 tokens while refit {rs[0].id} ran; then version 2 byte-exact"
+    return f"400 tokens while refit {rs[0].id} ran; 400 more while the update waited " \
+        f"({at} at its call); then version 2 byte-exact"
+
+
+def pause_keep_abort():
+    """vLLM's other pause modes, one request in flight under each: "keep"
+    freezes it and resumes it after the switch (it completes, 400 tokens;
+    what it streamed before the update is version 5's, its later tokens
+    version 6's: not version 5's alone), "abort" ends it
+    with vLLM's own finish_reason "abort"; the engine serves the new
+    version after each."""
+    p = ST["engine"]
+    before = p.cmd(cmd="tokens")["tokens"]   # version 5
+    p.cmd(cmd="pause_mode", mode="keep")
+    ST["v6"] = step(6)
+    harness.wait_for(lambda: committed(6), 60, "refit of version 6 committed")
+    long_running()
+    at = p.cmd(cmd="long_progress")["tokens"]
+    r = p.cmd(cmd="update", version=6, timeout_ms=30000)
+    assert r["version"] == 6, r
+    kept = p.cmd(cmd="long_wait")
+    assert (len(kept["tokens"]), kept["finish_reason"]) == (400, "length"), kept
+    assert at < 400 and kept["tokens"][:at] == before[:at], (at, kept["tokens"][:at])
+    # the switch came mid-request: its later tokens are version 6's
+    assert kept["tokens"] != before, "the kept request never saw version 6"
+    params_equal(ST["v6"])
+    COSTS["keep_streamed_before_update"] = at
+    p.cmd(cmd="pause_mode", mode="abort")
+    ST["v7"] = step(7)
+    harness.wait_for(lambda: committed(7), 60, "refit of version 7 committed")
+    long_running()
+    r = p.cmd(cmd="update", version=7, timeout_ms=30000)
+    assert r["version"] == 7, r
+    ab = p.cmd(cmd="long_wait")
+    assert ab["finish_reason"] == "abort" and len(ab["tokens"]) < 400, \
+        (len(ab["tokens"]), ab["finish_reason"])
+    COSTS["abort_tokens"] = len(ab["tokens"])
+    assert p.cmd(cmd="weight_version")["weight_version"] == "7"
+    params_equal(ST["v7"])
+    p.cmd(cmd="pause_mode", mode="wait")
+    return f"keep: 400 tokens, {at} streamed on version 5 before the update, the " \
+        f"rest after it; abort: ended \"abort\" after {len(ab['tokens'])} tokens"
 
 
 def served_copy_protected():
@@ -258,6 +355,46 @@ def update_that_never_comes():
     return r.get("error", "") or "timed out; version 4 still served on both workers"
 
 
+def publish_lost_on_one_node():
+    """Item 1: ee1 loses the Publish of version 5 (test_lose_publish) until
+    it joins again: ee0 installed 5, ee1 still holds 4; the engine keeps
+    serving 4 on both workers, byte for byte, whatever it is asked; once
+    ee1 is reachable again (SIGSTOP until its lease lapsed: it joins again,
+    the Publish is resent) the engine switches both workers to 5."""
+    ST["v5"] = step(5)
+    harness.wait_for(lambda: any(r.version == 5 and r.state == pb.FAILED and "ee1" in
+                                 r.failure and "Publish" in r.failure for r in refits()),
+                     60, "version 5's Publish lost on ee1")
+    p = ST["engine"]
+    harness.wait_for(lambda: p.cmd(cmd="installed")["installed"] == [5, 4], 30,
+                     "ee0 installed 5, ee1 still 4")
+    r = p.cmd(cmd="update")  # pull: 5 is not on every worker's node
+    assert r["version"] == 4, r
+    assert p.cmd(cmd="weight_version")["weight_version"] == "4"
+    params_equal(ST["v4"])
+    p.p.stdin.write(json.dumps({"cmd": "update", "version": 5, "timeout_ms": 1500}) + "\n")
+    p.p.stdin.flush()
+    r = p.read("update 5")
+    assert "error" in r and "[5, 4]" in r["error"] and "worker 1" in r["error"], r
+    why = r["error"]
+    assert p.cmd(cmd="weight_version")["weight_version"] == "4"
+    params_equal(ST["v4"])
+    # ee1 cut off until its lease lapses, then reachable again
+    ST["ee1"].send_signal(signal.SIGSTOP)
+    try:
+        ST["cl"].wait_members(NODES - 1)
+    finally:
+        ST["ee1"].send_signal(signal.SIGCONT)
+    r = p.cmd(cmd="update", version=5, timeout_ms=30000)
+    assert r["version"] == 5, r
+    assert p.cmd(cmd="installed")["installed"] == [5, 5]
+    assert p.cmd(cmd="weight_version")["weight_version"] == "5"
+    params_equal(ST["v5"])
+    logprobs_match(ST["v5"], other=ST["v4"])
+    return f"held at 4 on both workers while ee1 lacked 5 ({why}); both switched " \
+        "to 5 once ee1 was back"
+
+
 def costs():
     """Item 6: the engine's node and the plain client's receive the same
     layout (the same bytes by plan); the time each node's slice took in the
@@ -270,13 +407,16 @@ def costs():
     for r in rs:
         full = ST["cl"].stub.GetRefit(pb.GetRefitRequest(refit_id=r.id), timeout=10)
         t = {n.node_id: n.slice_micros for n in full.nodes}
-        if t.get("ee") and t.get("ec"):
-            ratio.append(round(t["ee"] / t["ec"], 3))
+        for k in (0, 1):
+            if t.get(f"ee{k}") and t.get(f"ec{k}"):
+                ratio.append(round(t[f"ee{k}"] / t[f"ec{k}"], 3))
     assert ratio, "no refit reported both nodes' slices"
     COSTS["slice_engine_over_client"] = ratio
     # both instances took every version
-    st = ST["c1"][0].state()
-    assert st.version == max(r.version for r in rs) and st.valid, st
+    last = max(r.version for r in refits())  # 5: committed, published late
+    for c in ST["c1"][0]:
+        st = c.state()
+        assert st.version == last and st.valid, (last, st)
     return json.dumps(COSTS)
 
 
@@ -296,17 +436,15 @@ def main():
         check("a refit never writes the copy the engine serves", served_copy_protected)
         check("an update that does not come leaves the engine as it was",
               update_that_never_comes)
+        check("a Publish lost on one worker's node delays the version on the whole "
+              "engine, never a mix", publish_lost_on_one_node)
+        check("pause modes keep and abort: a request in flight under each", pause_keep_abort)
         check("costs", costs)
     finally:
         print(f"     costs and differences: {json.dumps(COSTS)}")
         for p in ("engine", "trainer"):
             if p in ST:
-                try:
-                    ST[p].p.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                    ST[p].p.stdin.flush()
-                    ST[p].p.wait(timeout=30)
-                except Exception:  # noqa: BLE001
-                    pass
+                ST[p].end()
         harness.stop_all()
     print(f"     {time.time() - t0:.0f} s")
     harness.summary("engine")

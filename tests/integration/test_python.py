@@ -251,6 +251,69 @@ def publisher_and_serve():
     inf.close()
 
 
+def retry_after_refusal():
+    """A refit refused on one node while its reader serves the copy it would
+    write is retried by the policy (same refit, the next attempt) and
+    commits once the reader moved on -- with receivers relaying to each
+    other (a served instance on node 1, a plain one of the same layout on
+    node 2).  On the RFT1 handshake (no attempt) every retry took a
+    connection a peer made for the refused attempt and failed ("closed the
+    connection after 0 messages")."""
+    import refit.torch as rt
+    torch.manual_seed(2)
+    mod = torch.nn.Linear(64, 64)
+    pub = rt.Publisher(mod, CL.sock(0), "rty", rank=0, timeout_ms=20000)
+    opt = torch.optim.SGD(mod.parameters(), lr=0.5)
+    insts = []
+    for node, rank in ((1, RPN), (2, 2 * RPN)):
+        lays = [refit.layout.placements(n, "fp32", list(p.shape), [rank], ["Replicate()"])
+                for n, p in mod.named_parameters()]
+        bufs = {n: refit.empty(list(p.shape), "float32", copies=2, torch=True)
+                for n, p in mod.named_parameters()}
+        c = refit.Client(CL.sock(node), timeout_ms=20000)
+        c.register("rty", "infer", lays, {(n, rank): b for n, b in bufs.items()},
+                   instance=f"i{node}")
+        insts.append((c, bufs))
+    CL.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="rty", retries=8, retry_backoff_ms=100, trigger=pb.TRIGGER_ON_READY)),
+        timeout=10)
+
+    def step(v):
+        mod(torch.ones(2, 64)).sum().backward()
+        with pub.writing():
+            opt.step()
+        opt.zero_grad()
+        pub.publish(v)
+
+    def refits(v):
+        return [r for r in CL.stub.ListRefits(pb.ListRefitsRequest(model="rty"),
+                                              timeout=10).refits if r.version == v]
+    served = insts[0][0]
+    for v in (1, 2):
+        step(v)
+        served.wait_version(v, 20000)
+        if v == 1:
+            served.serve(1)   # version 3 would overwrite version 1's copy
+    step(3)
+    harness.wait_for(lambda: any("still serves copy" in " ".join([r.failure] +
+                                                                 list(r.attempts))
+                                 for r in refits(3)), 30, "version 3 refused on node 1")
+    served.serve(2)
+    harness.wait_for(lambda: any(r.state == pb.COMMITTED for r in refits(3)), 30,
+                     "version 3 committed by a retry")
+    assert len(refits(3)) == 1, "a new refit, not a retry, committed"
+    # every failed attempt was the refusal: none failed on the data plane
+    bad = [a for a in refits(3)[0].attempts if "still serves copy" not in a]
+    assert not bad, bad
+    for c, bufs in insts:
+        st = c.wait_version(3, 20000)
+        for n, p in mod.named_parameters():
+            assert torch.equal(bufs[n][st.active], p.detach()), n
+        c.unregister()
+        c.close()
+    pub.close()
+
+
 def refused(fn, text):
     """fn raises refit.InvalidArgument with text in its message."""
     try:
@@ -540,6 +603,9 @@ try:
           "slices), refit byte for byte", shared_strided)
     check("refit.torch.Publisher in place (no copy at publish); a reader's served copy "
           "(Client.serve) is never overwritten", publisher_and_serve)
+    check("a refit refused while its reader serves that copy commits on a retry once "
+          "it moved on (receivers relaying; the handshake carries the attempt)",
+          retry_after_refusal)
     check("an engine's framework, pause mode and served version shown by refitctl models; "
           "publish(step, wait=...) returns once every instance holds it, a timeout names "
           "the lagging instances", engines_and_wait_installed)
