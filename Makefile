@@ -332,10 +332,10 @@ fuzz: deps
 # real headers where they exist (tests/emu/README.md).
 EMU_DIR      := $(BUILD)/emu
 EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
-		tests/emu/emu_copy.c tests/emu/emu_convert.c
+		tests/emu/emu_copy.c tests/emu/emu_convert.c tests/emu/emu_ipcev.c
 EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c \
 		tests/emu/emu_reg.c
-EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_nccl.o
+EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_cuda_ev.o test_nccl.o
 EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
 EMU_NCCL     := $(EMU_DIR)/libnccl.so.2
 EMU_CFLAGS   := $(CFLAGS_COMMON) $(OPT) -fPIC
