@@ -214,7 +214,7 @@ $(call compile,$(1),$$(CF_$(1)) $$(RPC_CFLAGS) -I$$(GEN))
 $$(DIR_$(1))/obj/tests/unit/%.o: tests/unit/%.c
 $(call compile,$(1),$$(CF_$(1)) $$(CHECK_CFLAGS))
 # GPU tests: compiled in every build (a skip where the headers are missing)
-$$(DIR_$(1))/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $$(PROTO_C)
+$$(DIR_$(1))/obj/tests/gpu/%.o: tests/gpu/%.c $$(PROTO_C)
 $(call compile,$(1),$$(CF_$(1)) $$(GPU_CFLAGS) -I$$(GEN))
 # generated code: warnings are not ours to fix
 $$(DIR_$(1))/obj/gen/refit.pb-c.o: $$(PROTO_C)
@@ -243,7 +243,7 @@ $(call link,$(1),$$(RPC_LIBS) $$(CRYPTO_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refit-client: $$(call objs,$$(DIR_$(1)),client/refit_client.c) \
 		$$(REFITCLI_LIBS_$(1)) $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
-$$(DIR_$(1))/tests/gpu-test: $$(call objs,$$(DIR_$(1)),tests/gpu/gpu_test.c) \
+$$(DIR_$(1))/tests/gpu-test: $$(call objs,$$(DIR_$(1)),tests/gpu/gpu_test.c tests/gpu/gpu_order.c) \
 		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS) -ldl)
 # the conversion kernels against the host (tests/conversion), and the C

@@ -43,6 +43,7 @@ node_client_free(client_t *c)
 	free(c->model);
 	free(c->instance);
 	free(c->failure);
+	free(c->events);
 	free(c);
 }
 

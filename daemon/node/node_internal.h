@@ -49,6 +49,7 @@ typedef struct piece_mem {
 } piece_mem_t;
 
 #define NODE_ENGINE_STR 65  /* an engine's names: 64 bytes and the NUL */
+#define NODE_READY_EVENTS_MAX 16 /* CUDA events one WeightsReady may carry */
 
 typedef struct client {
 	uint64_t id;
@@ -76,6 +77,10 @@ typedef struct client {
 	bool valid;             /* in place: false while being written */
 	bool readable;          /* trainer: buffers hold `version` */
 	uint32_t reading;       /* trainer: slices reading now */
+	/* trainer, GPU memory: the CUDA IPC events its last WeightsReady gave
+	 * (recorded after its writes; a slice's streams wait for them) */
+	xport_event_t *events;
+	size_t nevents;         /* at most NODE_READY_EVENTS_MAX */
 	uint32_t busy;          /* slices using this memory */
 	/* some of the node's ranks only (node_group.c): registered with the
 	 * coordinator once its group holds them all (forwarded) */
@@ -168,6 +173,7 @@ struct slice_job {
 	size_t nnodes, self;
 	slice_peer_t *peers;    /* per node: what the failed slice saw of it */
 	VEC(jclient_t) cl[2];   /* [0] trainers, [1] inference clients */
+	VEC(xport_event_t) events; /* the trainers' ready events (copied at setup) */
 	atomic_int abort;
 	char abort_why[256];
 	int64_t deadline_ms;

@@ -345,6 +345,37 @@ on_ready_fw(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *res
 	node_maybe_free(n);
 }
 
+/* The CUDA events of a WeightsReady (docs/gpu.md, "Stream ordering"):
+ * checked whole, then they replace the client's, or nothing changes. */
+static refit_status_t
+take_events(node_t *n, client_t *c, const Refit__V1__ClientRequest *rq, refit_err_t *err)
+{
+	xport_event_t *ev;
+
+	if (rq->n_cuda_events > NODE_READY_EVENTS_MAX)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%zu CUDA events: at most %d "
+				     "(one per device the trainer wrote on)", rq->n_cuda_events,
+				     NODE_READY_EVENTS_MAX);
+	if (rq->n_cuda_events > 0 && n->xo->memory != XPORT_MEM_DEVICE)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "CUDA events given, but node %s's "
+				     "transport (%s) reads host memory: none is needed",
+				     n->node_id, n->xo->name);
+	for (size_t k = 0; k < rq->n_cuda_events; k++)
+		if (rq->cuda_events[k].len != XPORT_EVENT_BYTES)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "CUDA event %zu has %zu "
+					     "bytes, not %d (a cudaIpcEventHandle_t)", k,
+					     rq->cuda_events[k].len, XPORT_EVENT_BYTES);
+	ev = rq->n_cuda_events ? xcalloc(rq->n_cuda_events, sizeof(*ev)) : NULL;
+	for (size_t k = 0; k < rq->n_cuda_events; k++) {
+		memcpy(ev[k].handle, rq->cuda_events[k].data, XPORT_EVENT_BYTES);
+		ev[k].client = c->id;
+	}
+	free(c->events);
+	c->events = ev;
+	c->nevents = rq->n_cuda_events;
+	return REFIT_OK;
+}
+
 static void
 h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -360,6 +391,9 @@ h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "weights ready: version %"
 				     PRIu64 " is not newer than %" PRIu64, rq->version,
 				     c->version);
+	refit_err_clear(&err);
+	if (take_events(n, c, rq, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "weights ready: %s", err.msg);
 	c->version = rq->version;
 	c->readable = true;
 	if (c->partial && !(c->forwarded && node_group_ready(n, c, rq->version)))

@@ -111,7 +111,7 @@ run_session(slice_t *s, refit_err_t *err)
 		.refit_id = c->refit_id, .epoch = c->epoch, .peers = peers, .npeers = c->nnodes,
 		.max_msg_bytes = c->plan->opts.chunk_bytes + s->trail,
 		.deadline_ms = c->deadline_ms, .abort = c->abort, .pool = c->pool,
-		.connect_ms = c->connect_ms,
+		.connect_ms = c->connect_ms, .events = c->events, .nevents = c->nevents,
 	};
 	xport_link_t *links = xcalloc(c->nnodes, sizeof(*links));
 	xport_io_t io = {s, slice_begin, slice_pull, slice_push, slice_done, slice_peer_done,

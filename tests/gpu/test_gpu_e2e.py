@@ -10,7 +10,10 @@ emulator (there each daemon is an emulated host).
 Usage: test_gpu_e2e.py BUILD_DIR.  Refits with verify on (reshard and
 gather-and-broadcast, strided client memory with a strided innermost dim),
 an abort midway, a node killed mid-refit and the recovery, a fourth node
-joining and leaving (the survivors shrink).  Prints "gpu-e2e: N passed,
+joining and leaving (the survivors shrink), a trainer writing asynchronously
+(--async-write: its copies queued on its own streams, an interprocess event
+passed with weights_ready; on the emulator its streams are held until the
+refit had time to read, REFIT_EMU_HOLD_STREAMS).  Prints "gpu-e2e: N passed,
 N failed" last.
 """
 import os
@@ -164,6 +167,38 @@ def join_leave_shrink():
     assert "communicators shrunk to epoch" in log, log[-3000:]
 
 
+def async_trainer():
+    """The refit waits for the trainer's events: the old bytes are never read."""
+    cl = S["cl"]
+    S["trainer"].close()
+    go = f"{TMP}/async-go"
+    os.environ["REFIT_EMU_HOLD_STREAMS"] = go   # the emulator's; a GPU ignores it
+    try:
+        S["trainer"] = Client(cl, 0, "gm", "train", S["t"], version=S["v"],
+                              extra=["--async-write"])
+    finally:
+        del os.environ["REFIT_EMU_HOLD_STREAMS"]
+    assert S["trainer"].ok(), S["trainer"].first
+    step()   # queued, held
+    rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="gm", version=S["v"]),
+                               timeout=5).refit_id
+    ended = None
+    for _ in range(50):   # 1 s in which a refit that does not wait ends (0.5 s)
+        g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+        if g.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED):
+            ended = g
+            break
+        time.sleep(0.02)
+    with open(go, "w"):
+        pass
+    if not harness.GPU_REAL:
+        assert ended is None, (f"the refit ended ({pb.RefitState.Name(ended.state)}) "
+                               "while the trainer's writes were still queued")
+    g = cl.wait_final(rid, 60)
+    assert g.state == pb.COMMITTED, g.failure
+    installed(S["v"])
+
+
 try:
     check("three node daemons on one GPU (own NCCL_HOSTID each), librefit clients",
           setup)
@@ -173,6 +208,8 @@ try:
         check("abort midway; the next refit commits on fresh communicators", abort_midway)
         check("a node killed mid-refit; restarted, the next refit commits", node_killed)
         check("a fourth node joins, then leaves: the survivors shrink", join_leave_shrink)
+        check("a trainer writing asynchronously: the refit waits for its CUDA events",
+              async_trainer)
 finally:
     for c in S.get("inst", []) + ([S["trainer"]] if "trainer" in S else []):
         c.close()
