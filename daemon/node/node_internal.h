@@ -35,6 +35,14 @@ typedef struct seg {
 	uint8_t *base;
 	uint64_t size;
 	bool cuda;              /* a CUDA IPC mapping, not shared memory */
+	/* cuda, until node_mem_open maps it (a pool thread: no CUDA call on the
+	 * loop): the handle and what the client said of it */
+	uint8_t *ipc;
+	size_t ipc_len;
+	int32_t rank, device;
+	uint8_t uuid[16];
+	bool has_uuid;
+	uint32_t tensor;        /* the first piece in it (errors name it) */
 } seg_t;
 
 /* Memory of one piece of one tensor on one rank. */
@@ -42,6 +50,8 @@ typedef struct piece_mem {
 	uint32_t tensor;        /* index into the client's layouts */
 	int32_t rank, piece;
 	uint8_t *base[2];       /* copy 0, copy 1 (double buffer) */
+	int32_t cseg;           /* its CUDA segment (c->segs), -1: shared memory;
+				   until node_mem_resolve, base[k] holds offsets */
 	int ndim;
 	int64_t shape[PLAN_MAX_DIMS];
 	int64_t stride[PLAN_MAX_DIMS];
@@ -320,6 +330,13 @@ void node_client_free(client_t *c);
  * layouts (the error names the tensor, rank and segment). */
 refit_status_t node_mem_listen(node_t *n, const char *local_socket, refit_err_t *err);
 void node_mem_close(node_t *n);
+/* The registration's CUDA IPC handles opened (any thread: a pool thread
+ * runs it, the client is not shared yet); on failure none stays open. */
+refit_status_t node_mem_open(node_t *n, client_t *c, refit_err_t *err);
+/* Whether c has CUDA handles to open; after node_mem_open: the pieces'
+ * addresses (loop thread). */
+bool node_mem_pending(const client_t *c);
+void node_mem_resolve(client_t *c);
 refit_status_t node_mem_check(node_t *n, client_t *c,
 			      const Refit__V1__LocalRegisterRequest *rq, refit_err_t *err);
 /* The memory of (client tensor, rank, piece), or NULL. */

@@ -147,6 +147,8 @@ EMU_API void emu_ipcev_push_wait(emu_ipcev_t *ev, struct CUstream_st *s);
 /* REFIT_EMU_HOLD_STREAMS: block until its file exists (stream workers of
  * created streams, before each operation). */
 EMU_API void emu_hold_streams(void);
+/* REFIT_EMU_SLOW_IPC_OPEN: cudaIpcOpenMemHandle waits while its file exists. */
+EMU_API void emu_slow_ipc_open(void);
 /* emu_stream.c: an event's shared record (referenced; NULL: not an
  * interprocess event), or cudaErrorInvalidResourceHandle. */
 EMU_API cudaError_t emu_event_ipc(cudaEvent_t h, emu_ipcev_t **ev);

@@ -301,6 +301,21 @@ cudaIpcOpenEventHandle(cudaEvent_t *out, cudaIpcEventHandle_t h)
 	return e;
 }
 
+/* REFIT_EMU_SLOW_IPC_OPEN=PATH: cudaIpcOpenMemHandle blocks while PATH
+ * exists (a driver whose locks other threads hold: the caller's thread
+ * stalls). */
+void
+emu_slow_ipc_open(void)
+{
+	const char *path = getenv("REFIT_EMU_SLOW_IPC_OPEN");
+	struct timespec ts = {0, 1000000};
+
+	if (path == NULL || *path == '\0')
+		return;
+	while (access(path, F_OK) == 0)
+		nanosleep(&ts, NULL);
+}
+
 /* REFIT_EMU_HOLD_STREAMS=PATH: work on the streams this process created
  * (not the NULL streams) runs only once PATH exists: an asynchronous writer
  * whose queued work lands late. */

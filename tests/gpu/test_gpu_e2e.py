@@ -19,6 +19,7 @@ N failed" last.
 import os
 import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("REFIT_TEST_TRANSPORT", "nccl")
@@ -49,6 +50,9 @@ def tensors(ranks, placement, n=6):
 
 
 def setup():
+    # the emulator's cudaIpcOpenMemHandle stalls while this file exists
+    # (slow_open_heartbeats); a GPU ignores it
+    os.environ["REFIT_EMU_SLOW_IPC_OPEN"] = f"{TMP}/slow-open"
     cl = Cluster("g", 3, ["--test-msg-delay-ms", "20", "--slice-timeout-ms", "60000"],
                  lease_ms=LEASE_MS)
     S["cl"] = cl
@@ -167,6 +171,43 @@ def join_leave_shrink():
     assert "communicators shrunk to epoch" in log, log[-3000:]
 
 
+def slow_open_heartbeats():
+    """A registration whose cudaIpcOpenMemHandle stalls (the emulator holds it
+    while a file exists) does not stall the node's loop: while it is pending
+    the coordinator sees fresh heartbeats from the node for more than a
+    lease; then the registration completes."""
+    if harness.GPU_REAL:
+        return
+    cl = S["cl"]
+    slow = os.environ["REFIT_EMU_SLOW_IPC_OPEN"]
+    got = {}
+
+    def register():
+        got["c"] = Client(cl, 1, "gm2", "infer", S["i"], instance="s",
+                          install="double-buffer")
+    with open(slow, "w"):
+        pass
+    th = threading.Thread(target=register)
+    try:
+        th.start()
+        fresh, last, t0 = 0, None, time.time()
+        # the node's lease age falls at each heartbeat it sends meanwhile
+        while time.time() - t0 < 30 and (fresh < 4 or time.time() - t0 < LEASE_MS / 1000):
+            ages = {m.node_id: m.lease_age_ms for m in
+                    cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members}
+            assert "g1" in ages, f"node g1 left the membership: {ages}"
+            fresh += last is not None and ages["g1"] < last
+            last = ages["g1"]
+            time.sleep(0.05)
+        assert th.is_alive() and "c" not in got, "the registration did not stall"
+        assert fresh >= 4, f"{fresh} heartbeats seen while the open was stalled"
+    finally:
+        os.unlink(slow)
+        th.join(60)
+    assert "c" in got and got["c"].ok(), got["c"].first if "c" in got else "no client"
+    got["c"].close()
+
+
 def async_trainer():
     """The refit waits for the trainer's events: the old bytes are never read."""
     cl = S["cl"]
@@ -210,6 +251,8 @@ try:
         check("a fourth node joins, then leaves: the survivors shrink", join_leave_shrink)
         check("a trainer writing asynchronously: the refit waits for its CUDA events",
               async_trainer)
+        check("a registration whose cudaIpcOpenMemHandle stalls: heartbeats go on",
+              slow_open_heartbeats)
 finally:
     for c in S.get("inst", []) + ([S["trainer"]] if "trainer" in S else []):
         c.close()
