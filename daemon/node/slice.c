@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "daemon/node/slice_internal.h"
+#include "plan/gpu_staging.h"
 
 /* ---- one slice ------------------------------------------------------------------ */
 
@@ -130,6 +131,14 @@ run_session(slice_t *s, refit_err_t *err)
 		peers[i].max_in_bytes = peers[i].recv_from ? s->in_max[i] + s->trail : 0;
 	}
 	sc.links = links;
+	if (c->xo->memory == XPORT_MEM_DEVICE) {   /* the whole slice's staging, checked at open */
+		plan_gpu_staging_t gs;
+
+		plan_gpu_staging_ranks(c->plan, s->trail, c->nodes[c->self].ranks,
+				       c->nodes[c->self].nranks, &gs);
+		sc.staging_need = gs.peak;
+		sc.staging_rank = gs.rank;
+	}
 	delta_begin(s);
 	rc = c->xo->open(c->x, &sc, &sess, err);
 	s->st->comm_us = (uint64_t)(slice_now_us() - t0);

@@ -93,6 +93,17 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 				     "(gpu_staging_budget_bytes %" PRIu64 "): it cannot run even one "
 				     "message at a time; raise the budget or lower chunk_bytes",
 				     x->node_id, cfg->max_msg_bytes, x->budget);
+	/* the whole plan, before anything is allocated (docs/gpu.md) */
+	if (cfg->staging_need > x->budget)
+		return refit_err_set(err, REFIT_ERR_LIMIT, "nccl transport: node %s: the plan's "
+				     "groups need %" PRIu64 " bytes of GPU staging at once on rank "
+				     "%d (its messages of one group, sender and receiver sides, "
+				     "256-byte rounded; relays and conversion scratch come on top), "
+				     "more than a rank's GPU staging budget "
+				     "(gpu_staging_budget_bytes %" PRIu64 "): refused before "
+				     "anything was allocated; raise the budget or lower the refit's "
+				     "staging_bytes", x->node_id, cfg->staging_need,
+				     cfg->staging_rank, x->budget);
 	pthread_mutex_lock(&x->mu);
 	while (x->busy) { /* one session at a time */
 		struct timespec ts;

@@ -114,6 +114,12 @@ typedef struct xport_session_cfg {
 	 * land before the first read.  Host transports ignore them. */
 	const xport_event_t *events;
 	size_t nevents;
+	/* device memory: the most GPU staging one of this node's ranks needs at
+	 * once for the session's groups (plan_gpu_staging_ranks), and that
+	 * rank; open refuses more than a rank's budget before anything is
+	 * allocated (0: not said) */
+	uint64_t staging_need;
+	int32_t staging_rank;
 } xport_session_cfg_t;
 
 /* One point-to-point operation of a group (grouped backends). */

@@ -117,7 +117,7 @@ reader(const gpu_api_t *a, int in, bool emu)
 			  false, NULL, NULL};
 	xport_peer_t self = {"gpu-test-order", "nccl", true, true, 1 << 20};
 	xport_event_t ev = {.client = 7};
-	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL, &ev, 1};
+	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL, &ev, 1, 0, 0};
 	uint8_t id[512], mh[64], *host = malloc(ORDER_BYTES);
 	size_t idlen = sizeof(id);
 	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, NULL, 0};

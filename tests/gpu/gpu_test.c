@@ -142,7 +142,7 @@ session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 {
 	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0, NULL, NULL, NULL, 0};
 	xport_peer_t self = {"gpu-test", "nccl", true, true, 1 << 30};
-	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL, NULL, 0};
+	xport_session_cfg_t sc = {1, epoch, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL, NULL, 0, 0, 0};
 	xport_session_t *s = NULL;
 
 	xport_nccl_ops.set_world(x, &w);
@@ -829,7 +829,7 @@ staging_budget(void)
 	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20, NULL, NULL, NULL, false,
 			  NULL, NULL};
 	xport_peer_t self = {"gpu-test-budget", "nccl", true, true, 4 << 20};
-	xport_session_cfg_t sc = {1, 1, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL, NULL, 0};
+	xport_session_cfg_t sc = {1, 1, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL, NULL, 0, 0, 0};
 	xport_t *x = NULL;
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;
@@ -852,6 +852,20 @@ staging_budget(void)
 	refit_err_clear(&err);
 	xport_nccl_ops.set_world(x, &w);
 	sc.deadline_ms = xport_now_ms() + session_ms;
+	/* a plan whose groups need 20 MiB at once on rank 0 (slice.c: the
+	 * whole plan's staging), messages of 4 MiB: refused at open */
+	sc.staging_need = 20u << 20;
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_ERR_LIMIT &&
+	       strstr(err.msg, "need 20971520 bytes of GPU staging at once on rank 0") &&
+	       strstr(err.msg, "gpu_staging_budget_bytes 16777216") &&
+	       strstr(err.msg, "before anything was allocated"),
+	       "a plan needing 20 MiB at once on a 16 MiB budget: %s", s ? "opened" : err.msg);
+	if (s) {
+		xport_nccl_ops.close(s);
+		s = NULL;
+	}
+	sc.staging_need = 16u << 20;   /* exactly the budget: runs */
+	refit_err_clear(&err);
 	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open: %s", err.msg);
 	if (s == NULL)
 		goto out;
@@ -896,7 +910,7 @@ hang_abort_child(void)
 	size_t idlen = sizeof(id);
 	atomic_int stop = 0;
 	xport_peer_t self = {"gpu-test-hangabort", "nccl", true, true, 1 << 20};
-	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL, NULL, 0};
+	xport_session_cfg_t sc = {1, 1, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL, NULL, 0, 0, 0};
 	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, NULL, 0};
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;
@@ -1654,7 +1668,8 @@ main(int argc, char **argv)
 		       copy_error(x, two, nl, id, idlen));
 		xport_nccl_ops.stop(x);
 		result("a rank's staging within gpu_staging_budget_bytes: messages larger than "
-		       "the budget refused at open, what does not fit at once fails naming it",
+		       "the budget refused at open, a plan needing more at once than the "
+		       "budget refused at open, what does not fit at once fails naming it",
 		       staging_budget());
 	}
 
