@@ -338,7 +338,7 @@ map_seg(node_t *n, client_t *c, const char *name, uint64_t key, seg_t **out,
 {
 	memconn_t *mc = NULL;
 	struct stat sb;
-	seg_t s;
+	seg_t s = {0};
 	int fd = -1;
 
 	for (size_t i = 0; i < c->segs.n; i++)
