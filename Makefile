@@ -214,7 +214,7 @@ $(call compile,$(1),$$(CF_$(1)) $$(RPC_CFLAGS) -I$$(GEN))
 $$(DIR_$(1))/obj/tests/unit/%.o: tests/unit/%.c
 $(call compile,$(1),$$(CF_$(1)) $$(CHECK_CFLAGS))
 # GPU tests: compiled in every build (a skip where the headers are missing)
-$$(DIR_$(1))/obj/tests/gpu/gpu_test.o: tests/gpu/gpu_test.c $$(PROTO_C)
+$$(DIR_$(1))/obj/tests/gpu/%.o: tests/gpu/%.c $$(PROTO_C)
 $(call compile,$(1),$$(CF_$(1)) $$(GPU_CFLAGS) -I$$(GEN))
 # generated code: warnings are not ours to fix
 $$(DIR_$(1))/obj/gen/refit.pb-c.o: $$(PROTO_C)
@@ -243,7 +243,7 @@ $(call link,$(1),$$(RPC_LIBS) $$(CRYPTO_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refit-client: $$(call objs,$$(DIR_$(1)),client/refit_client.c) \
 		$$(REFITCLI_LIBS_$(1)) $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
-$$(DIR_$(1))/tests/gpu-test: $$(call objs,$$(DIR_$(1)),tests/gpu/gpu_test.c) \
+$$(DIR_$(1))/tests/gpu-test: $$(call objs,$$(DIR_$(1)),tests/gpu/gpu_test.c tests/gpu/gpu_order.c) \
 		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS) -ldl)
 # the conversion kernels against the host (tests/conversion), and the C
@@ -332,10 +332,10 @@ fuzz: deps
 # real headers where they exist (tests/emu/README.md).
 EMU_DIR      := $(BUILD)/emu
 EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
-		tests/emu/emu_copy.c tests/emu/emu_convert.c
+		tests/emu/emu_copy.c tests/emu/emu_convert.c tests/emu/emu_ipcev.c
 EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c \
 		tests/emu/emu_reg.c
-EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_nccl.o
+EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_cuda_ev.o test_nccl.o
 EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
 EMU_NCCL     := $(EMU_DIR)/libnccl.so.2
 EMU_CFLAGS   := $(CFLAGS_COMMON) $(OPT) -fPIC

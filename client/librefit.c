@@ -388,6 +388,31 @@ refit_weights_ready(refit_t *h, uint64_t client, uint64_t version, int timeout_m
 }
 
 int
+refit_weights_ready_cuda(refit_t *h, uint64_t client, uint64_t version, const void *events,
+			 size_t nevents, int timeout_ms)
+{
+	Refit__V1__ClientRequest rq = REFIT__V1__CLIENT_REQUEST__INIT;
+	ProtobufCBinaryData ev[REFIT_CUDA_EVENTS_MAX];
+
+	if (nevents > REFIT_CUDA_EVENTS_MAX || (nevents > 0 && events == NULL)) {
+		snprintf(h->msg, sizeof(h->msg), "refit_weights_ready_cuda: %zu events%s (at most "
+			 "%d)", nevents, events == NULL ? " and no array" : "",
+			 REFIT_CUDA_EVENTS_MAX);
+		return REFIT_ERR_INVALID_ARG;
+	}
+	for (size_t k = 0; k < nevents; k++) {
+		ev[k].data = (uint8_t *)events + k * REFIT_CUDA_EVENT_BYTES;
+		ev[k].len = REFIT_CUDA_EVENT_BYTES;
+	}
+	(void)timeout_ms;
+	rq.client_id = client;
+	rq.version = version;
+	rq.cuda_events = ev;
+	rq.n_cuda_events = nevents;
+	return client_call_rq(h, "WeightsReady", &rq, 0, NULL);
+}
+
+int
 refit_begin_write(refit_t *h, uint64_t client, int timeout_ms)
 {
 	return client_call(h, "BeginWrite", client, 0, timeout_ms, NULL);

@@ -95,6 +95,23 @@ int refit_unregister(refit_t *h, uint64_t client);
 
 /* Trainer: the buffers now hold version (it must grow). */
 int refit_weights_ready(refit_t *h, uint64_t client, uint64_t version, int timeout_ms);
+/*
+ * Trainer with GPU memory written asynchronously (docs/gpu.md, "Stream
+ * ordering"): as refit_weights_ready, with nevents CUDA IPC event handles
+ * (cudaIpcEventHandle_t, REFIT_CUDA_EVENT_BYTES each, back to back in
+ * events; at most REFIT_CUDA_EVENTS_MAX), each from an event created with
+ * cudaEventInterprocess | cudaEventDisableTiming and recorded with
+ * cudaEventRecord on a stream that wrote the weights, after its writes.
+ * The node daemon's copies of this version wait for them on the GPU
+ * (cudaStreamWaitEvent): no host synchronisation is needed.  Keep each
+ * event alive and do not record it again until refit_begin_write returned.
+ * nevents 0: as refit_weights_ready (then the writes must be complete,
+ * e.g. cudaDeviceSynchronize, before the call).  (since REFIT_1.4)
+ */
+#define REFIT_CUDA_EVENT_BYTES 64
+#define REFIT_CUDA_EVENTS_MAX 16
+int refit_weights_ready_cuda(refit_t *h, uint64_t client, uint64_t version, const void *events,
+			     size_t nevents, int timeout_ms);
 /* Trainer: wait until no refit reads the buffers, then mark them being written
  * (refits of the old version fail cleanly until the next weights_ready). */
 int refit_begin_write(refit_t *h, uint64_t client, int timeout_ms);

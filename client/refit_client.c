@@ -5,7 +5,7 @@
  *   refit-client --socket PATH --model M --role train|infer --layouts FILE
  *                [--instance NAME] [--install double-buffer|in-place]
  *                [--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T]
- *                [--finite] [--sparse PPM] [--cuda [--gpu-devices LIST]]
+ *                [--finite] [--sparse PPM] [--cuda [--gpu-devices LIST] [--async-write]]
  *
  * It asks the node daemon which ranks it serves, puts the pieces of every
  * tensor on those ranks into one POSIX shared-memory segment (two copies
@@ -30,6 +30,11 @@
  *   dump DIR      instance: write every shard box of the active copy, row-major,
  *                 to DIR/<tensor>@<rank>@<shard index>.bin (conversion tests)
  *   quit
+ *
+ * --async-write (--cuda, trainer): `next V` queues its copies to the device
+ * on a stream per rank (cudaMemcpyAsync), records an interprocess event on
+ * each after them and passes the events (refit_weights_ready_cuda): the
+ * node daemon's reads wait for them (docs/gpu.md, "Stream ordering").
  *
  * --finite makes a trainer's bf16, fp16 and fp32 elements finite numbers
  * (sign, an exponent in a middle range and mantissa bits from the same
@@ -74,6 +79,7 @@ typedef struct rank_mem {
 	uint64_t bytes;      /* per copy */
 	uint8_t ipc[64];     /* cudaIpcMemHandle_t */
 	uint8_t uuid[16];    /* its GPU's UUID (cuDeviceGetUuid) */
+	void *st, *ev;       /* --async-write: its stream and interprocess event */
 } rank_mem_t;
 
 static struct {
@@ -82,7 +88,7 @@ static struct {
 	uint64_t version, wait;
 	int64_t pad, istride;
 	int timeout_ms;
-	bool cuda, finite;
+	bool cuda, finite, async;
 	uint64_t sparse;  /* --sparse: elements per million a version changes (0: all) */
 } o = {.instance = "", .timeout_ms = 60000, .version = 1, .istride = 1};
 
@@ -105,6 +111,13 @@ static struct {
 	int (*IpcGetMemHandle)(void *, void *);
 	const char *(*GetErrorString)(int);
 	int (*DeviceGetUuid)(unsigned char *, int);  /* the driver's cuDeviceGetUuid */
+	/* --async-write */
+	int (*MemcpyAsync)(void *, const void *, size_t, int, void *);
+	int (*StreamCreateWithFlags)(void **, unsigned);
+	int (*EventCreateWithFlags)(void **, unsigned);
+	int (*EventRecord)(void *, void *);
+	int (*IpcGetEventHandle)(void *, void *);
+	int (*StreamDestroy)(void *), (*EventDestroy)(void *);
 } cu;
 
 static void
@@ -172,6 +185,45 @@ cuda_load(void)
 		exit(1);
 	}
 	cuda_load_uuid(h);
+	*(void **)&cu.MemcpyAsync = dlsym(h, "cudaMemcpyAsync");
+	*(void **)&cu.StreamCreateWithFlags = dlsym(h, "cudaStreamCreateWithFlags");
+	*(void **)&cu.EventCreateWithFlags = dlsym(h, "cudaEventCreateWithFlags");
+	*(void **)&cu.EventRecord = dlsym(h, "cudaEventRecord");
+	*(void **)&cu.IpcGetEventHandle = dlsym(h, "cudaIpcGetEventHandle");
+	*(void **)&cu.StreamDestroy = dlsym(h, "cudaStreamDestroy");
+	*(void **)&cu.EventDestroy = dlsym(h, "cudaEventDestroy");
+}
+
+/* --async-write: copy 0 of every piece to the device, queued on its rank's
+ * stream; an interprocess event recorded after them on each (their handles
+ * into evh, REFIT_CUDA_EVENT_BYTES each); the number of events. */
+static size_t
+cuda_async_copy(uint8_t *evh)
+{
+	if (!cu.MemcpyAsync || !cu.StreamCreateWithFlags || !cu.EventCreateWithFlags ||
+	    !cu.EventRecord || !cu.IpcGetEventHandle || !cu.StreamDestroy || !cu.EventDestroy) {
+		fprintf(stderr, "refit-client: --async-write: the CUDA runtime lacks a symbol\n");
+		exit(1);
+	}
+	for (size_t i = 0; i < pieces.n; i++) {
+		const piece_t *p = &pieces.v[i];
+		rank_mem_t *r = &rmem.v[p->rm];
+
+		CU(cu.SetDevice(r->dev), "cudaSetDevice");
+		if (r->st == NULL) {   /* cudaStreamNonBlocking; interprocess, no timing */
+			CU(cu.StreamCreateWithFlags(&r->st, 1), "cudaStreamCreateWithFlags");
+			CU(cu.EventCreateWithFlags(&r->ev, 0x04 | 0x02), "cudaEventCreateWithFlags");
+		}
+		CU(cu.MemcpyAsync(r->d + p->roff, mem + p->off, p->bytes, H2D, r->st),
+		   "cudaMemcpyAsync to the device");
+	}
+	for (size_t k = 0; k < rmem.n; k++) {
+		CU(cu.SetDevice(rmem.v[k].dev), "cudaSetDevice");
+		CU(cu.EventRecord(rmem.v[k].ev, rmem.v[k].st), "cudaEventRecord");
+		CU(cu.IpcGetEventHandle(evh + k * REFIT_CUDA_EVENT_BYTES, rmem.v[k].ev),
+		   "cudaIpcGetEventHandle");
+	}
+	return rmem.n;
 }
 
 /* Copy c of every piece: host image -> device (to_dev) or back. */
@@ -201,6 +253,11 @@ cuda_free_all(void)
 
 		if (rmem.v[i].d == NULL)
 			continue;
+		if (rmem.v[i].st) {   /* cudaFree below waits for its copies */
+			cu.SetDevice(rmem.v[i].dev);
+			cu.EventDestroy(rmem.v[i].ev);
+			cu.StreamDestroy(rmem.v[i].st);
+		}
 		if ((e = cu.SetDevice(rmem.v[i].dev)) != 0 || (e = cu.Free(rmem.v[i].d)) != 0)
 			fprintf(stderr, "refit-client: freeing the memory of rank %d: %s\n",
 				rmem.v[i].rank, cu.GetErrorString(e));
@@ -362,7 +419,7 @@ usage(void)
 	fprintf(stderr, "usage: refit-client --socket PATH --model M --role train|infer "
 		"--layouts FILE [--instance NAME] [--install double-buffer|in-place] "
 		"[--version V] [--pad N] [--istride K] [--wait V] [--timeout-ms T] [--finite] "
-		"[--sparse PPM] [--cuda [--gpu-devices LIST]]\n");
+		"[--sparse PPM] [--cuda [--gpu-devices LIST] [--async-write]]\n");
 	return 2;
 }
 
@@ -375,7 +432,7 @@ main(int argc, char **argv)
 		{"version", 1, 0, 'v'}, {"pad", 1, 0, 'p'}, {"wait", 1, 0, 'w'},
 		{"timeout-ms", 1, 0, 't'}, {"cuda", 0, 0, 'C'}, {"gpu-devices", 1, 0, 'G'},
 		{"istride", 1, 0, 'S'}, {"finite", 0, 0, 'f'}, {"sparse", 1, 0, 'D'},
-		{0, 0, 0, 0}};
+		{"async-write", 0, 0, 'A'}, {0, 0, 0, 0}};
 	char errbuf[512], line[256];
 	refit_t *h;
 	const int32_t *ranks;
@@ -404,6 +461,7 @@ main(int argc, char **argv)
 		case 'G': o.gpu_devices = optarg; break;
 		case 'S': o.istride = strtoll(optarg, NULL, 10); break;
 		case 'f': o.finite = true; break;
+		case 'A': o.async = true; break;
 		case 'D': o.sparse = strtoull(optarg, NULL, 10); break;
 		case 'r':
 			o.role = strcmp(optarg, "train") == 0 ? REFIT_ROLE_TRAIN :
@@ -418,7 +476,7 @@ main(int argc, char **argv)
 		}
 	}
 	if (!o.socket || !o.model || !o.layouts || !o.role || o.install < 0 || o.pad < 0 ||
-	    o.istride < 1 || (o.gpu_devices && !o.cuda))
+	    o.istride < 1 || (o.gpu_devices && !o.cuda) || (o.async && !o.cuda))
 		return usage();
 	if (o.cuda)
 		cuda_load();
@@ -616,7 +674,14 @@ main(int argc, char **argv)
 		memset(&st, 0, sizeof(st));
 		if (sscanf(line, "next %" SCNu64, &v) == 1) {
 			rc = refit_begin_write(h, client, o.timeout_ms);
-			if (rc == 0) {
+			if (rc == 0 && o.async && rmem.n <= REFIT_CUDA_EVENTS_MAX) {
+				uint8_t evh[REFIT_CUDA_EVENTS_MAX * REFIT_CUDA_EVENT_BYTES];
+				size_t n;
+
+				walk_all(mem, v, true);
+				n = cuda_async_copy(evh);
+				rc = refit_weights_ready_cuda(h, client, v, evh, n, o.timeout_ms);
+			} else if (rc == 0) {
 				walk_all(mem, v, true);
 				if (o.cuda)
 					cuda_sync_copy(0, true);

@@ -2,6 +2,8 @@
  * gpu_staging.c - a plan's GPU staging per rank (see gpu_staging.h).  The
  * bucket rule is slice.c's bucket_all, restated: keep the two in step.
  */
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -24,8 +26,8 @@ max_rank(const plan_t *p)
 /* Rank r's message buffer of len in bucket k: a later bucket closes its
  * current one (a rank's buckets only grow within a stage). */
 static void
-add(plan_gpu_staging_t *out, uint64_t *acc_k, uint64_t *acc_v, int32_t r, uint64_t k,
-    uint64_t len)
+add(plan_gpu_staging_t *out, uint64_t *acc_k, uint64_t *acc_v, const bool *want, int32_t r,
+    uint64_t k, uint64_t len)
 {
 	if (acc_k[r] != k) {
 		out->groups += acc_v[r] != 0;
@@ -33,14 +35,14 @@ add(plan_gpu_staging_t *out, uint64_t *acc_k, uint64_t *acc_v, int32_t r, uint64
 		acc_v[r] = 0;
 	}
 	acc_v[r] += len;
-	if (acc_v[r] > out->peak) {
+	if ((want == NULL || want[r]) && acc_v[r] > out->peak) {
 		out->peak = acc_v[r];
 		out->rank = r;
 	}
 }
 
-void
-plan_gpu_staging(const plan_t *p, uint64_t trail, plan_gpu_staging_t *out)
+static void
+staging(const plan_t *p, uint64_t trail, const bool *want, plan_gpu_staging_t *out)
 {
 	uint64_t W = p->opts.staging_bytes;
 	size_t nr = (size_t)max_rank(p) + 1;
@@ -79,9 +81,9 @@ plan_gpu_staging(const plan_t *p, uint64_t trail, plan_gpu_staging_t *out)
 		fill[m.from] += m.bytes;
 		if (m.to != m.from)
 			fill[m.to] += m.bytes;
-		add(out, acc_k, acc_v, m.from, k, len);
+		add(out, acc_k, acc_v, want, m.from, k, len);
 		if (m.to != m.from)
-			add(out, acc_k, acc_v, m.to, k, len);
+			add(out, acc_k, acc_v, want, m.to, k, len);
 	}
 	for (size_t r = 0; r < nr; r++)
 		out->groups += acc_v[r] != 0;
@@ -90,4 +92,24 @@ plan_gpu_staging(const plan_t *p, uint64_t trail, plan_gpu_staging_t *out)
 	free(fill);
 	free(acc_k);
 	free(acc_v);
+}
+
+void
+plan_gpu_staging(const plan_t *p, uint64_t trail, plan_gpu_staging_t *out)
+{
+	staging(p, trail, NULL, out);
+}
+
+void
+plan_gpu_staging_ranks(const plan_t *p, uint64_t trail, const int32_t *ranks, size_t n,
+		       plan_gpu_staging_t *out)
+{
+	size_t nr = (size_t)max_rank(p) + 1;
+	bool *want = xcalloc(nr, sizeof(*want));
+
+	for (size_t i = 0; i < n; i++)
+		if (ranks[i] >= 0 && (size_t)ranks[i] < nr)
+			want[ranks[i]] = true;
+	staging(p, trail, want, out);
+	free(want);
 }

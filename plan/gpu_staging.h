@@ -21,5 +21,10 @@ typedef struct plan_gpu_staging {
 
 /* trail: bytes each message carries beyond its payload (4 in verify mode). */
 void plan_gpu_staging(const plan_t *p, uint64_t trail, plan_gpu_staging_t *out);
+/* The same, the peak over ranks[0..n) only (a node's own ranks: what its
+ * arenas must hold; the node checks it against its budget before a slice
+ * allocates anything).  groups counts every rank's. */
+void plan_gpu_staging_ranks(const plan_t *p, uint64_t trail, const int32_t *ranks, size_t n,
+			    plan_gpu_staging_t *out);
 
 #endif

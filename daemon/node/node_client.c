@@ -30,9 +30,10 @@ void
 node_client_free(client_t *c)
 {
 	for (size_t i = 0; i < c->segs.n; i++) {
-		if (c->segs.v[i].cuda)
+		free(c->segs.v[i].ipc);
+		if (c->segs.v[i].cuda && c->segs.v[i].base)
 			c->xo->mem_close(c->x, c->segs.v[i].base);
-		else if (c->segs.v[i].base)
+		else if (!c->segs.v[i].cuda && c->segs.v[i].base)
 			munmap(c->segs.v[i].base, c->segs.v[i].size ? c->segs.v[i].size : 1);
 		free(c->segs.v[i].name);
 	}
@@ -43,6 +44,7 @@ node_client_free(client_t *c)
 	free(c->model);
 	free(c->instance);
 	free(c->failure);
+	free(c->events);
 	free(c);
 }
 

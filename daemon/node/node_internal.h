@@ -35,6 +35,14 @@ typedef struct seg {
 	uint8_t *base;
 	uint64_t size;
 	bool cuda;              /* a CUDA IPC mapping, not shared memory */
+	/* cuda, until node_mem_open maps it (a pool thread: no CUDA call on the
+	 * loop): the handle and what the client said of it */
+	uint8_t *ipc;
+	size_t ipc_len;
+	int32_t rank, device;
+	uint8_t uuid[16];
+	bool has_uuid;
+	uint32_t tensor;        /* the first piece in it (errors name it) */
 } seg_t;
 
 /* Memory of one piece of one tensor on one rank. */
@@ -42,6 +50,8 @@ typedef struct piece_mem {
 	uint32_t tensor;        /* index into the client's layouts */
 	int32_t rank, piece;
 	uint8_t *base[2];       /* copy 0, copy 1 (double buffer) */
+	int32_t cseg;           /* its CUDA segment (c->segs), -1: shared memory;
+				   until node_mem_resolve, base[k] holds offsets */
 	int ndim;
 	int64_t shape[PLAN_MAX_DIMS];
 	int64_t stride[PLAN_MAX_DIMS];
@@ -49,6 +59,7 @@ typedef struct piece_mem {
 } piece_mem_t;
 
 #define NODE_ENGINE_STR 65  /* an engine's names: 64 bytes and the NUL */
+#define NODE_READY_EVENTS_MAX 16 /* CUDA events one WeightsReady may carry */
 
 typedef struct client {
 	uint64_t id;
@@ -76,6 +87,10 @@ typedef struct client {
 	bool valid;             /* in place: false while being written */
 	bool readable;          /* trainer: buffers hold `version` */
 	uint32_t reading;       /* trainer: slices reading now */
+	/* trainer, GPU memory: the CUDA IPC events its last WeightsReady gave
+	 * (recorded after its writes; a slice's streams wait for them) */
+	xport_event_t *events;
+	size_t nevents;         /* at most NODE_READY_EVENTS_MAX */
 	uint32_t busy;          /* slices using this memory */
 	/* some of the node's ranks only (node_group.c): registered with the
 	 * coordinator once its group holds them all (forwarded) */
@@ -168,6 +183,7 @@ struct slice_job {
 	size_t nnodes, self;
 	slice_peer_t *peers;    /* per node: what the failed slice saw of it */
 	VEC(jclient_t) cl[2];   /* [0] trainers, [1] inference clients */
+	VEC(xport_event_t) events; /* the trainers' ready events (copied at setup) */
 	atomic_int abort;
 	char abort_why[256];
 	int64_t deadline_ms;
@@ -314,6 +330,13 @@ void node_client_free(client_t *c);
  * layouts (the error names the tensor, rank and segment). */
 refit_status_t node_mem_listen(node_t *n, const char *local_socket, refit_err_t *err);
 void node_mem_close(node_t *n);
+/* The registration's CUDA IPC handles opened (any thread: a pool thread
+ * runs it, the client is not shared yet); on failure none stays open. */
+refit_status_t node_mem_open(node_t *n, client_t *c, refit_err_t *err);
+/* Whether c has CUDA handles to open; after node_mem_open: the pieces'
+ * addresses (loop thread). */
+bool node_mem_pending(const client_t *c);
+void node_mem_resolve(client_t *c);
 refit_status_t node_mem_check(node_t *n, client_t *c,
 			      const Refit__V1__LocalRegisterRequest *rq, refit_err_t *err);
 /* The memory of (client tensor, rank, piece), or NULL. */

@@ -167,6 +167,73 @@ local_layouts(client_t *c, const Refit__V1__LocalRegisterRequest *rq,
 	return conv_layouts_from_proto(v, rq->n_tensors, &c->layouts, err);
 }
 
+static void reg_continue(node_t *n, rpc_call_t *call, client_t *c,
+			 const Refit__V1__LocalRegisterRequest *rq);
+
+/*
+ * A registration's CUDA IPC handles are opened on a pool thread, not the
+ * loop: cudaSetDevice and cudaIpcOpenMemHandle take the driver's locks,
+ * which other threads' device-wide calls hold, and a stalled loop misses
+ * heartbeats (the coordinator would expire the node).  The client is not
+ * shared until then (not in n->clients); the call (and its request) stay
+ * alive until it is answered.
+ */
+typedef struct openjob {
+	uv_work_t w;
+	node_t *n;
+	rpc_call_t *call;
+	client_t *c;
+	const Refit__V1__LocalRegisterRequest *rq;
+	refit_err_t err;
+} openjob_t;
+
+static void
+open_work(uv_work_t *w)
+{
+	openjob_t *j = w->data;
+
+	refit_err_clear(&j->err);
+	node_mem_open(j->n, j->c, &j->err);
+}
+
+static void
+open_after(uv_work_t *w, int status)
+{
+	openjob_t *j = w->data;
+	node_t *n = j->n;
+
+	n->inflight--;
+	if (j->err.status == REFIT_OK && (status != 0 || n->closing))
+		refit_err_set(&j->err, REFIT_ERR_UNAVAILABLE, "the node daemon is shutting down");
+	if (j->err.status != REFIT_OK) {
+		rpc_call_fail(j->call, j->err.status, "register \"%s\": %s", nz(j->rq->model),
+			      j->err.msg);
+		node_client_free(j->c);
+	} else {
+		node_mem_resolve(j->c);
+		reg_continue(n, j->call, j->c, j->rq);
+	}
+	free(j);
+	node_maybe_free(n);
+}
+
+static void
+open_later(node_t *n, rpc_call_t *call, client_t *c, const Refit__V1__LocalRegisterRequest *rq)
+{
+	openjob_t *j = xcalloc(1, sizeof(*j));
+
+	*j = (openjob_t){.n = n, .call = call, .c = c, .rq = rq};
+	j->w.data = j;
+	if (uv_queue_work(n->loop, &j->w, open_work, open_after) != 0) {
+		rpc_call_fail(call, REFIT_ERR_SYS, "register \"%s\": cannot queue the opening of "
+			      "its CUDA memory", nz(rq->model));
+		node_client_free(c);
+		free(j);
+		return;
+	}
+	n->inflight++;
+}
+
 /*
  * RegisterClient: the node checks what only it can (the install mode, the
  * process, its own ranks' memory), then forwards the layouts as the client
@@ -179,10 +246,8 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	node_t *n = ctx;
 	const Refit__V1__LocalRegisterRequest *rq = (const void *)msg;
-	Refit__V1__RegisterLayoutRequest fw = REFIT__V1__REGISTER_LAYOUT_REQUEST__INIT;
 	Refit__V1__TensorLayout **tl;
 	client_t *c;
-	regjob_t *j;
 	refit_err_t err;
 	rpc_peer_cred_t pc;
 
@@ -225,11 +290,33 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	tl = xcalloc(rq->n_tensors ? rq->n_tensors : 1, sizeof(*tl));
 	if (local_layouts(c, rq, tl, &err) == REFIT_OK)
 		node_mem_check(n, c, rq, &err);
-	if (err.status == REFIT_OK) {
-		conv_layouts_digest(&c->layouts, c->ldigest);
-		node_group_check(n, c, &err);
-	}
+	free(tl);
 	if (err.status != REFIT_OK) {
+		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
+		node_client_free(c);
+		return;
+	}
+	if (node_mem_pending(c))
+		return open_later(n, call, c, rq);
+	reg_continue(n, call, c, rq);
+}
+
+/* The registration once its memory is mapped: the layouts' digest, the
+ * group, then the coordinator (or, for a group not yet whole, the answer). */
+static void
+reg_continue(node_t *n, rpc_call_t *call, client_t *c, const Refit__V1__LocalRegisterRequest *rq)
+{
+	Refit__V1__RegisterLayoutRequest fw = REFIT__V1__REGISTER_LAYOUT_REQUEST__INIT;
+	Refit__V1__TensorLayout **tl;
+	regjob_t *j;
+	refit_err_t err;
+
+	refit_err_clear(&err);
+	tl = xcalloc(rq->n_tensors ? rq->n_tensors : 1, sizeof(*tl));
+	for (size_t i = 0; i < rq->n_tensors; i++)
+		tl[i] = rq->tensors[i]->layout;
+	conv_layouts_digest(&c->layouts, c->ldigest);
+	if (node_group_check(n, c, &err) != REFIT_OK) {
 		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
 		node_client_free(c);
 		free(tl);
@@ -345,6 +432,37 @@ on_ready_fw(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *res
 	node_maybe_free(n);
 }
 
+/* The CUDA events of a WeightsReady (docs/gpu.md, "Stream ordering"):
+ * checked whole, then they replace the client's, or nothing changes. */
+static refit_status_t
+take_events(node_t *n, client_t *c, const Refit__V1__ClientRequest *rq, refit_err_t *err)
+{
+	xport_event_t *ev;
+
+	if (rq->n_cuda_events > NODE_READY_EVENTS_MAX)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "%zu CUDA events: at most %d "
+				     "(one per device the trainer wrote on)", rq->n_cuda_events,
+				     NODE_READY_EVENTS_MAX);
+	if (rq->n_cuda_events > 0 && n->xo->memory != XPORT_MEM_DEVICE)
+		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "CUDA events given, but node %s's "
+				     "transport (%s) reads host memory: none is needed",
+				     n->node_id, n->xo->name);
+	for (size_t k = 0; k < rq->n_cuda_events; k++)
+		if (rq->cuda_events[k].len != XPORT_EVENT_BYTES)
+			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "CUDA event %zu has %zu "
+					     "bytes, not %d (a cudaIpcEventHandle_t)", k,
+					     rq->cuda_events[k].len, XPORT_EVENT_BYTES);
+	ev = rq->n_cuda_events ? xcalloc(rq->n_cuda_events, sizeof(*ev)) : NULL;
+	for (size_t k = 0; k < rq->n_cuda_events; k++) {
+		memcpy(ev[k].handle, rq->cuda_events[k].data, XPORT_EVENT_BYTES);
+		ev[k].client = c->id;
+	}
+	free(c->events);
+	c->events = ev;
+	c->nevents = rq->n_cuda_events;
+	return REFIT_OK;
+}
+
 static void
 h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
@@ -360,6 +478,9 @@ h_ready(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 		return rpc_call_fail(call, REFIT_ERR_INVALID_ARG, "weights ready: version %"
 				     PRIu64 " is not newer than %" PRIu64, rq->version,
 				     c->version);
+	refit_err_clear(&err);
+	if (take_events(n, c, rq, &err) != REFIT_OK)
+		return rpc_call_fail(call, err.status, "weights ready: %s", err.msg);
 	c->version = rq->version;
 	c->readable = true;
 	if (c->partial && !(c->forwarded && node_group_ready(n, c, rq->version)))

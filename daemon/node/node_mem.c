@@ -338,7 +338,7 @@ map_seg(node_t *n, client_t *c, const char *name, uint64_t key, seg_t **out,
 {
 	memconn_t *mc = NULL;
 	struct stat sb;
-	seg_t s;
+	seg_t s = {0};
 	int fd = -1;
 
 	for (size_t i = 0; i < c->segs.n; i++)
@@ -404,7 +404,7 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 	size_t copies = c->role == REFIT__V1__ROLE__INFER &&
 			c->install == REFIT__V1__INSTALL_MODE__DOUBLE_BUFFER ? 2 : 1;
 	piece_mem_t m = {.tensor = t, .rank = pm->rank, .piece = pm->piece, .ndim = l->ndim,
-			 .elem = plan_dtype_size(l->dtype)};
+			 .elem = plan_dtype_size(l->dtype), .cseg = -1};
 	seg_t *seg = NULL;
 	uint64_t need;
 
@@ -432,33 +432,29 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 					     l->name, pm->rank, m.stride[d], d);
 	}
 	if (pm->cuda_ipc.len) {
-		seg_t sg = {xstrdup("(CUDA IPC)"), NULL, pm->cuda_bytes, true};
-		void *b = NULL;
+		seg_t sg = {.size = pm->cuda_bytes, .cuda = true, .rank = pm->rank,
+			    .device = pm->has_cuda_device ? pm->cuda_device : -1, .tensor = t};
 
-		if (n->xo->memory != XPORT_MEM_DEVICE) {
-			free(sg.name);
+		if (n->xo->memory != XPORT_MEM_DEVICE)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
 					     "GPU memory (a CUDA IPC handle) needs the nccl "
 					     "transport; this node uses %s", l->name, pm->rank,
 					     n->xo->name);
-		}
-		if (pm->cuda_uuid.len != 0 && pm->cuda_uuid.len != 16) {
-			free(sg.name);
+		if (pm->cuda_uuid.len != 0 && pm->cuda_uuid.len != 16)
 			return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: "
 					     "cuda_uuid has %zu bytes; a GPU's UUID has 16",
 					     l->name, pm->rank, pm->cuda_uuid.len);
-		}
-		if (n->xo->mem_open(n->x, pm->rank, pm->cuda_ipc.data, pm->cuda_ipc.len,
-				    pm->has_cuda_device ? pm->cuda_device : -1,
-				    pm->cuda_uuid.len ? pm->cuda_uuid.data : NULL, pm->cuda_bytes,
-				    &b, err) != REFIT_OK) {
-			free(sg.name);
-			refit_err_prefix(err, "tensor \"%s\" rank %d", l->name, pm->rank);
-			return err->status;
-		}
-		sg.base = b;
+		/* opened later, off the loop (node_mem_open) */
+		sg.name = xstrdup("(CUDA IPC)");
+		sg.ipc = xmalloc(pm->cuda_ipc.len);
+		memcpy(sg.ipc, pm->cuda_ipc.data, pm->cuda_ipc.len);
+		sg.ipc_len = pm->cuda_ipc.len;
+		sg.has_uuid = pm->cuda_uuid.len == 16;
+		if (sg.has_uuid)
+			memcpy(sg.uuid, pm->cuda_uuid.data, 16);
 		VEC_PUSH(&c->segs, sg);
 		seg = &c->segs.v[c->segs.n - 1];
+		m.cseg = (int32_t)(c->segs.n - 1);
 	} else if (n->xo->memory == XPORT_MEM_DEVICE) {
 		return refit_err_set(err, REFIT_ERR_INVALID_ARG, "tensor \"%s\" rank %d: the %s "
 				     "transport moves GPU memory: give a CUDA IPC handle, not "
@@ -476,12 +472,63 @@ add_piece(node_t *n, client_t *c, const Refit__V1__PieceMemory *pm, uint32_t t,
 					     " bytes, but shared memory \"%s\" has %" PRIu64,
 					     l->name, pm->rank, k, pm->offsets[k], need,
 					     seg->name, seg->size);
-		m.base[k] = seg->base + pm->offsets[k];
+		/* a CUDA segment's base comes later: the offset until then */
+		m.base[k] = m.cseg >= 0 ? (uint8_t *)(uintptr_t)pm->offsets[k] :
+			    seg->base + pm->offsets[k];
 	}
 	if (copies == 1)
 		m.base[1] = m.base[0];
 	VEC_PUSH(&c->mem, m);
 	return REFIT_OK;
+}
+
+bool
+node_mem_pending(const client_t *c)
+{
+	for (size_t i = 0; i < c->segs.n; i++)
+		if (c->segs.v[i].cuda && c->segs.v[i].base == NULL)
+			return true;
+	return false;
+}
+
+refit_status_t
+node_mem_open(node_t *n, client_t *c, refit_err_t *err)
+{
+	for (size_t i = 0; i < c->segs.n; i++) {
+		seg_t *s = &c->segs.v[i];
+		void *b = NULL;
+
+		if (!s->cuda || s->base != NULL)
+			continue;
+		if (n->xo->mem_open(n->x, s->rank, s->ipc, s->ipc_len, s->device,
+				    s->has_uuid ? s->uuid : NULL, s->size, &b, err) == REFIT_OK) {
+			s->base = b;
+			continue;
+		}
+		refit_err_prefix(err, "tensor \"%s\" rank %d", c->layouts.v[s->tensor].name,
+				 s->rank);
+		for (size_t k = 0; k < i; k++)   /* none stays open */
+			if (c->segs.v[k].cuda && c->segs.v[k].base) {
+				n->xo->mem_close(n->x, c->segs.v[k].base);
+				c->segs.v[k].base = NULL;
+			}
+		return err->status;
+	}
+	return REFIT_OK;
+}
+
+void
+node_mem_resolve(client_t *c)
+{
+	for (size_t i = 0; i < c->mem.n; i++) {
+		piece_mem_t *m = &c->mem.v[i];
+
+		if (m->cseg < 0)
+			continue;
+		for (int k = 0; k < 2; k++)
+			m->base[k] = c->segs.v[m->cseg].base + (uintptr_t)m->base[k];
+		m->cseg = -1;
+	}
 }
 
 static bool

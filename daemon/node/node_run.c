@@ -88,6 +88,7 @@ job_free(slice_job_t *j)
 			free(j->cl[s].v[i].tmap);
 		VEC_FREE(&j->cl[s]);
 	}
+	VEC_FREE(&j->events);
 	for (size_t i = 0; i < j->nnodes; i++) {
 		free((void *)j->nodes[i].ranks);
 		free((void *)j->nodes[i].node_id);
@@ -172,6 +173,8 @@ job_work(uv_work_t *w)
 	sc.test_delay_ms = (uint32_t)j->n->test_msg_delay_ms;
 	sc.pool = j->n->pool;
 	sc.connect_ms = j->n->connect_timeout_ms;
+	sc.events = j->events.v;
+	sc.nevents = j->events.n;
 	sc.peers = j->peers;
 	sc.on_open = job_open;
 	sc.on_close = job_close;
@@ -312,6 +315,8 @@ take_client(slice_job_t *j, client_t *c, const char *iname, int role, const char
 				jc.tmap[t] = (int32_t)k;
 	}
 	VEC_PUSH(&j->cl[role == REFIT__V1__ROLE__INFER], jc);
+	for (size_t k = 0; role == REFIT__V1__ROLE__TRAIN && k < c->nevents; k++)
+		VEC_PUSH(&j->events, c->events[k]);
 	return REFIT_OK;
 }
 

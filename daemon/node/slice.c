@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "daemon/node/slice_internal.h"
+#include "plan/gpu_staging.h"
 
 /* ---- one slice ------------------------------------------------------------------ */
 
@@ -108,10 +109,11 @@ run_session(slice_t *s, refit_err_t *err)
 	const slice_cfg_t *c = s->c;
 	xport_peer_t *peers = xcalloc(c->nnodes, sizeof(*peers));
 	xport_session_cfg_t sc = {
-		.refit_id = c->refit_id, .epoch = c->epoch, .attempt = c->attempt, .peers = peers, .npeers = c->nnodes,
+		.refit_id = c->refit_id, .epoch = c->epoch, .attempt = c->attempt,
+		.peers = peers, .npeers = c->nnodes,
 		.max_msg_bytes = c->plan->opts.chunk_bytes + s->trail,
 		.deadline_ms = c->deadline_ms, .abort = c->abort, .pool = c->pool,
-		.connect_ms = c->connect_ms,
+		.connect_ms = c->connect_ms, .events = c->events, .nevents = c->nevents,
 	};
 	xport_link_t *links = xcalloc(c->nnodes, sizeof(*links));
 	xport_io_t io = {s, slice_begin, slice_pull, slice_push, slice_done, slice_peer_done,
@@ -130,6 +132,14 @@ run_session(slice_t *s, refit_err_t *err)
 		peers[i].max_in_bytes = peers[i].recv_from ? s->in_max[i] + s->trail : 0;
 	}
 	sc.links = links;
+	if (c->xo->memory == XPORT_MEM_DEVICE) {   /* the whole slice's staging, checked at open */
+		plan_gpu_staging_t gs;
+
+		plan_gpu_staging_ranks(c->plan, s->trail, c->nodes[c->self].ranks,
+				       c->nodes[c->self].nranks, &gs);
+		sc.staging_need = gs.peak;
+		sc.staging_rank = gs.rank;
+	}
 	delta_begin(s);
 	rc = c->xo->open(c->x, &sc, &sess, err);
 	s->st->comm_us = (uint64_t)(slice_now_us() - t0);

@@ -43,6 +43,10 @@ typedef struct slice_cfg {
 	dp_pool_t *pool;          /* the node's buffer pool (NULL: malloc per refit):
 				     packed messages, receive buffers, relay staging */
 	uint64_t connect_ms;      /* each connection to a peer (tcp): its deadline */
+	/* the trainers' ready events (device memory: the session waits for
+	 * them before reading; transport.h) */
+	const xport_event_t *events;
+	size_t nevents;
 	struct slice_peer *peers; /* per node of nodes: filled when the slice fails
 				     (NULL: not wanted; the caller zeroes it) */
 	/* optional, with hook_ctx: once the session is open, its device (NULL:

@@ -443,6 +443,9 @@ load(void)
 	SYM(cudart, cudaIpcGetMemHandle);
 	SYM(cudart, cudaIpcOpenMemHandle);
 	SYM(cudart, cudaIpcCloseMemHandle);
+	SYM(cudart, cudaIpcOpenEventHandle);
+	SYM(cudart, cudaStreamWaitEvent);
+	SYM(cudart, cudaEventDestroy);
 	SYM(cudart, cudaGetErrorString);
 	SYM(cudart, cudaGetLastError);
 	SYM(cudart, cudaDriverGetVersion);

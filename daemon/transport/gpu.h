@@ -69,6 +69,9 @@ typedef struct gpu_api {
 	GPU_FN(cudaIpcGetMemHandle);
 	GPU_FN(cudaIpcOpenMemHandle);
 	GPU_FN(cudaIpcCloseMemHandle);
+	GPU_FN(cudaIpcOpenEventHandle);  /* a client's ready event (nccl_wait_events) */
+	GPU_FN(cudaStreamWaitEvent);
+	GPU_FN(cudaEventDestroy);
 	GPU_FN(cudaGetErrorString);
 	GPU_FN(cudaGetLastError);
 	GPU_FN(cudaDriverGetVersion);

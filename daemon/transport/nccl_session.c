@@ -28,6 +28,54 @@ release(xport_t *x)
 	pthread_mutex_unlock(&x->mu);
 }
 
+/*
+ * Stream ordering (docs/gpu.md): a trainer writes its weights on its own
+ * streams, asynchronously; WeightsReady carries an interprocess event it
+ * recorded after those writes.  Every local stream waits for each event
+ * before anything of the session is queued on it, so no copy out of a
+ * client's memory runs before the client's writes landed.  The wait covers
+ * the event's most recent record when cudaStreamWaitEvent is called (CUDA);
+ * the client records again only after BeginWrite, which waits until no
+ * slice reads its memory.  The imported handle is destroyed at once: CUDA
+ * keeps a pending wait.
+ */
+static refit_status_t
+wait_events(xport_t *x, const xport_session_cfg_t *cfg, refit_err_t *err)
+{
+	const gpu_api_t *a = x->api;
+	comms_t *cm = &x->cm;
+
+	for (size_t k = 0; k < cfg->nevents; k++) {
+		cudaIpcEventHandle_t h;
+		cudaEvent_t ev;
+		cudaError_t e;
+		char what[160];
+
+		memcpy(h.reserved, cfg->events[k].handle, sizeof(h.reserved));
+		snprintf(what, sizeof(what), "client %" PRIu64 "'s ready event: "
+			 "cudaIpcOpenEventHandle (the client must keep the event until its next "
+			 "weights_ready)", cfg->events[k].client);
+		if (cm->nlocal == 0)
+			break;
+		if ((e = a->cudaSetDevice(cm->dev[0])) != cudaSuccess ||
+		    (e = a->cudaIpcOpenEventHandle(&ev, h)) != cudaSuccess)
+			return nccl_cuda_err(x, e, what, err);
+		for (size_t i = 0; i < cm->nlocal && e == cudaSuccess; i++)
+			if ((e = a->cudaSetDevice(cm->dev[i])) == cudaSuccess)
+				e = a->cudaStreamWaitEvent(cm->stream[i], ev, 0);
+		a->cudaEventDestroy(ev);
+		if (e != cudaSuccess) {
+			snprintf(what, sizeof(what), "client %" PRIu64 "'s ready event: "
+				 "cudaStreamWaitEvent", cfg->events[k].client);
+			return nccl_cuda_err(x, e, what, err);
+		}
+	}
+	if (cfg->nevents > 0)
+		log_debug(LOG_SUB_XPORT, "nccl: node %s: %zu local streams wait for %zu client "
+			  "ready events", x->node_id, cm->nlocal, cfg->nevents);
+	return REFIT_OK;
+}
+
 refit_status_t
 nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	  refit_err_t *err)
@@ -45,6 +93,17 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 				     "(gpu_staging_budget_bytes %" PRIu64 "): it cannot run even one "
 				     "message at a time; raise the budget or lower chunk_bytes",
 				     x->node_id, cfg->max_msg_bytes, x->budget);
+	/* the whole plan, before anything is allocated (docs/gpu.md) */
+	if (cfg->staging_need > x->budget)
+		return refit_err_set(err, REFIT_ERR_LIMIT, "nccl transport: node %s: the plan's "
+				     "groups need %" PRIu64 " bytes of GPU staging at once on rank "
+				     "%d (its messages of one group, sender and receiver sides, "
+				     "256-byte rounded; relays and conversion scratch come on top), "
+				     "more than a rank's GPU staging budget "
+				     "(gpu_staging_budget_bytes %" PRIu64 "): refused before "
+				     "anything was allocated; raise the budget or lower the refit's "
+				     "staging_bytes", x->node_id, cfg->staging_need,
+				     cfg->staging_rank, x->budget);
 	pthread_mutex_lock(&x->mu);
 	while (x->busy) { /* one session at a time */
 		struct timespec ts;
@@ -81,6 +140,11 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	rc = nccl_ensure_comms(x, &w, &s->cfg, err);
 	nccl_world_free(&w);
 	if (rc != REFIT_OK) {
+		free(s);
+		release(x);
+		return rc;
+	}
+	if ((rc = wait_events(x, &s->cfg, err)) != REFIT_OK) {
 		free(s);
 		release(x);
 		return rc;

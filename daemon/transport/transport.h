@@ -87,6 +87,14 @@ typedef struct xport_link {
 	char what[128];          /* the error: "Connection timed out", "wrong token" */
 } xport_link_t;
 
+/* A client's CUDA IPC event (cudaIpcEventHandle_t), recorded on the
+ * stream that wrote its memory, after the writes (WeightsReady). */
+#define XPORT_EVENT_BYTES 64
+typedef struct xport_event {
+	uint8_t handle[XPORT_EVENT_BYTES];
+	uint64_t client;          /* the librefit client that gave it (for errors) */
+} xport_event_t;
+
 typedef struct xport_session_cfg {
 	uint64_t refit_id, epoch;
 	uint32_t attempt;        /* the coordinator's attempt of the refit: a
@@ -102,6 +110,18 @@ typedef struct xport_session_cfg {
 	xport_link_t *links;     /* per peer: what went wrong with its link, set by
 				    open and exchange when they fail (NULL: not wanted;
 				    the caller zeroes it) */
+	/* device memory: the ready events of the clients this refit reads;
+	 * open makes every device operation of the session wait for them (nccl:
+	 * each local stream, cudaStreamWaitEvent) -- their asynchronous writes
+	 * land before the first read.  Host transports ignore them. */
+	const xport_event_t *events;
+	size_t nevents;
+	/* device memory: the most GPU staging one of this node's ranks needs at
+	 * once for the session's groups (plan_gpu_staging_ranks), and that
+	 * rank; open refuses more than a rank's budget before anything is
+	 * allocated (0: not said) */
+	uint64_t staging_need;
+	int32_t staging_rank;
 } xport_session_cfg_t;
 
 /* One point-to-point operation of a group (grouped backends). */

@@ -86,6 +86,8 @@ for name, res, args in [
         ("refit_register", _c.c_int, [_H, _c.POINTER(Registration), _c.POINTER(_c.c_uint64)]),
         ("refit_unregister", _c.c_int, [_H, _c.c_uint64]),
         ("refit_weights_ready", _c.c_int, [_H, _c.c_uint64, _c.c_uint64, _c.c_int]),
+        ("refit_weights_ready_cuda", _c.c_int, [_H, _c.c_uint64, _c.c_uint64, _c.c_void_p,
+                                                _c.c_size_t, _c.c_int]),
         ("refit_begin_write", _c.c_int, [_H, _c.c_uint64, _c.c_int]),
         ("refit_wait_version", _c.c_int, [_H, _c.c_uint64, _c.c_uint64, _c.c_int,
                                           _c.POINTER(State)]),

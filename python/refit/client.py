@@ -141,6 +141,7 @@ class Client:
         pieces = self._pieces(layouts, tensors)
         mems = (_lib.Mem * max(1, len(pieces)))()
         keep = []  # what the C structures point at, alive until register returns
+        cuda_devs = set()
         for i, (name, rank, piece, copies) in enumerate(pieces):
             if len(copies) != (2 if double else 1):
                 raise ValueError(f"refit: tensor \"{name}\" rank {rank}: "
@@ -170,6 +171,7 @@ class Client:
                 m.cuda_ipc_len = len(infos[0]["cuda_ipc"])
                 m.cuda_bytes = max(x["cuda_bytes"] for x in infos)
                 m.has_cuda_device, m.cuda_device = 1, infos[0]["device"]
+                cuda_devs.add(int(infos[0]["device"]))
                 if infos[0]["uuid"]:   # the GPU by UUID: ordinals are per process
                     ub = ctypes.create_string_buffer(infos[0]["uuid"], 16)
                     keep.append(ub)
@@ -192,6 +194,7 @@ class Client:
         self._call(_lib.lib.refit_register, ctypes.byref(reg), ctypes.byref(cid))
         self.client_id = cid.value
         self._keep = tensors  # the memory stays referenced while registered
+        self._cuda_devs = sorted(cuda_devs)
         return self.client_id
 
     def unregister(self):
@@ -201,9 +204,24 @@ class Client:
 
     # ---- trainer -------------------------------------------------------------
     def weights_ready(self, version, timeout_ms=None):
-        """Trainer: the buffers now hold version (it must grow)."""
-        self._call(_lib.lib.refit_weights_ready, self._id(), int(version),
-                   self._timeout(timeout_ms))
+        """Trainer: the buffers now hold version (it must grow).  With torch
+        CUDA tensors registered, an interprocess CUDA event is recorded on
+        the current stream of each of their devices and passed along: the
+        node daemon's copies wait for it on the GPU, so the step's
+        asynchronous writes on those streams land first (docs/gpu.md,
+        "Stream ordering"; writes on other streams: synchronise them with
+        the current stream first)."""
+        devs = getattr(self, "_cuda_devs", None)
+        if not devs:
+            self._call(_lib.lib.refit_weights_ready, self._id(), int(version),
+                       self._timeout(timeout_ms))
+            return
+        if not hasattr(self, "_events"):
+            self._events = {}   # device -> event, alive until the next step's record
+        hs = b"".join(_cuda.ready_events(devs, self._events))
+        buf = ctypes.create_string_buffer(hs, len(hs))
+        self._call(_lib.lib.refit_weights_ready_cuda, self._id(), int(version), buf,
+                   len(devs), self._timeout(timeout_ms))
 
     def begin_write(self, timeout_ms=None):
         """Trainer: wait (at most timeout_ms) until no refit reads the buffers,

@@ -20,6 +20,7 @@ Compiled in and documented; not run in this repository's CPU-only tests
 """
 
 IPC_HANDLE_BYTES = 64
+EVENT_HANDLE_BYTES = 64
 TORCH_HANDLE_VERSION = 2
 
 VMM_REFUSED = ("expandable segments / VMM memory cannot be exported by legacy CUDA IPC; "
@@ -42,6 +43,32 @@ def ipc_handle(h):
     raise ValueError(f"refit: torch's CUDA IPC handle has {len(h)} bytes (starting "
                      f"{h[:2]!r}): neither a cudaIpcMemHandle_t ({IPC_HANDLE_BYTES} bytes) "
                      f"nor a shareable handle of version {TORCH_HANDLE_VERSION}, type 'c'")
+
+
+def ready_events(devices, keep):
+    """The 64-byte IPC handles (cudaIpcEventHandle_t) of one interprocess
+    event per device in `devices`, each recorded now on that device's current
+    stream (after the step's writes queued there), for
+    refit_weights_ready_cuda.  keep: device -> torch.cuda.Event, reused from
+    step to step: an event must live while the node daemon may open it, and
+    it is recorded again only after begin_write (no refit reads then).
+    torch.cuda.Event(interprocess=True) is created without timing, as CUDA
+    requires (cudaEventInterprocess | cudaEventDisableTiming); ipc_handle()
+    is torch's cudaIpcGetEventHandle."""
+    import torch
+    out = []
+    for d in devices:
+        ev = keep.get(d)
+        if ev is None:
+            ev = keep[d] = torch.cuda.Event(interprocess=True)
+        with torch.cuda.device(d):
+            ev.record(torch.cuda.current_stream(d))
+        h = bytes(ev.ipc_handle())
+        if len(h) != EVENT_HANDLE_BYTES:
+            raise ValueError(f"refit: torch's CUDA event handle has {len(h)} bytes, not "
+                             f"{EVENT_HANDLE_BYTES}")
+        out.append(h)
+    return out
 
 
 def device_uuid(device):

@@ -40,7 +40,8 @@ main(void)
 	O(struct cudaMemcpy3DParms, srcPtr); O(struct cudaMemcpy3DParms, dstArray);
 	O(struct cudaMemcpy3DParms, dstPos); O(struct cudaMemcpy3DParms, dstPtr);
 	O(struct cudaMemcpy3DParms, extent); O(struct cudaMemcpy3DParms, kind);
-	S(cudaIpcMemHandle_t); S(cudaStream_t); S(cudaEvent_t);
+	S(cudaIpcMemHandle_t); S(cudaIpcEventHandle_t); S(cudaStream_t); S(cudaEvent_t);
+	V(cudaEventInterprocess); V(cudaEventWaitDefault);
 	V(cudaStreamNonBlocking); V(cudaEventDisableTiming); V(cudaIpcMemLazyEnablePeerAccess);
 	V(cudaDriverEntryPointSuccess); V(cudaDriverEntryPointSymbolNotFound);
 	V(cudaDriverEntryPointVersionNotSufficent); V(cudaEnableDefault);

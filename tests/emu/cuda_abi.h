@@ -105,6 +105,10 @@ typedef struct cudaIpcMemHandle_st {
 	char reserved[CUDA_IPC_HANDLE_SIZE];
 } cudaIpcMemHandle_t;
 
+typedef struct cudaIpcEventHandle_st {
+	char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcEventHandle_t;
+
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
 
@@ -113,6 +117,8 @@ typedef struct CUevent_st *cudaEvent_t;
 #define cudaEventDefault 0x00
 #define cudaEventBlockingSync 0x01
 #define cudaEventDisableTiming 0x02
+#define cudaEventInterprocess 0x04
+#define cudaEventWaitDefault 0x00
 #define cudaIpcMemLazyEnablePeerAccess 0x01
 
 cudaError_t cudaGetDeviceCount(int *count);
@@ -141,6 +147,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event);
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle);
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);
 cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags);
 cudaError_t cudaIpcCloseMemHandle(void *devPtr);

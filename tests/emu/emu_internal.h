@@ -126,4 +126,34 @@ EMU_API void emu_stream_push(struct CUstream_st *s, emu_op_t *op);
 /* Wait until every op queued so far on the streams of dev (-1: all) ran. */
 EMU_API void emu_streams_sync(int dev);
 
+/* ---- interprocess events (emu_ipcev.c) ------------------------------------ */
+
+typedef struct emu_ipcev emu_ipcev_t;
+
+/* An exporter's new shared record (cudaEventInterprocess). */
+EMU_API cudaError_t emu_ipcev_new(emu_ipcev_t **out);
+EMU_API void emu_ipcev_ref(emu_ipcev_t *ev);
+EMU_API void emu_ipcev_unref(emu_ipcev_t *ev);
+/* cudaEventDestroy: the exporter's removes the record's file. */
+EMU_API void emu_ipcev_destroy(emu_ipcev_t *ev);
+EMU_API bool emu_ipcev_imported(const emu_ipcev_t *ev);
+/* A record on s: the next generation, completed when s reaches it. */
+EMU_API void emu_ipcev_record(emu_ipcev_t *ev, struct CUstream_st *s);
+EMU_API uint64_t emu_ipcev_recorded(const emu_ipcev_t *ev);
+EMU_API bool emu_ipcev_done(const emu_ipcev_t *ev, uint64_t gen);
+EMU_API void emu_ipcev_wait(const emu_ipcev_t *ev, uint64_t gen);
+/* cudaStreamWaitEvent: s waits for the generation recorded now. */
+EMU_API void emu_ipcev_push_wait(emu_ipcev_t *ev, struct CUstream_st *s);
+/* REFIT_EMU_HOLD_STREAMS: block until its file exists (stream workers of
+ * created streams, before each operation). */
+EMU_API void emu_hold_streams(void);
+/* REFIT_EMU_SLOW_IPC_OPEN: cudaIpcOpenMemHandle waits while its file exists. */
+EMU_API void emu_slow_ipc_open(void);
+/* emu_stream.c: an event's shared record (referenced; NULL: not an
+ * interprocess event), or cudaErrorInvalidResourceHandle. */
+EMU_API cudaError_t emu_event_ipc(cudaEvent_t h, emu_ipcev_t **ev);
+/* emu_stream.c: a new event of this process for an imported record (its
+ * reference moves to the event). */
+EMU_API cudaError_t emu_event_import(emu_ipcev_t *ev, cudaEvent_t *out);
+
 #endif

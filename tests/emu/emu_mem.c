@@ -669,6 +669,7 @@ cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 		return e;
 	if (p == NULL)
 		return emu_fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle(NULL)");
+	emu_slow_ipc_open();
 	memcpy(&ih, h.reserved, sizeof(ih));
 	if ((e = ipc_check(&ih, flags)) != cudaSuccess)
 		return e;

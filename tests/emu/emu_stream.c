@@ -40,6 +40,7 @@ struct CUevent_st {
 	uint32_t magic;
 	struct CUstream_st *s;    /* referenced; NULL until recorded */
 	uint64_t target;
+	emu_ipcev_t *ipc;         /* interprocess (exported or imported): its record */
 	struct CUevent_st *next;
 };
 
@@ -84,6 +85,8 @@ worker(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		if (woke)
 			emu_delay();
+		if (defaults[s->dev] != s)
+			emu_hold_streams();
 		if (emu_sticky() == cudaSuccess)
 			op->run(op, s);
 		pthread_mutex_lock(&s->mu);
@@ -447,14 +450,24 @@ event_find(cudaEvent_t h)
 cudaError_t
 cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags)
 {
-	cudaError_t e = create_check("cudaEventCreateWithFlags", out, flags, 3u);
+	cudaError_t e = create_check("cudaEventCreateWithFlags", out, flags, 7u);
 	struct CUevent_st *ev;
+	emu_ipcev_t *ipc = NULL;
 
 	if (e)
 		return e;
-	if ((ev = calloc(1, sizeof(*ev))) == NULL)
+	if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
+		return emu_fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags: "
+				"cudaEventInterprocess needs cudaEventDisableTiming");
+	if ((flags & cudaEventInterprocess) && (e = emu_ipcev_new(&ipc)) != cudaSuccess)
+		return e;
+	if ((ev = calloc(1, sizeof(*ev))) == NULL) {
+		if (ipc)
+			emu_ipcev_destroy(ipc);
 		return emu_fail(cudaErrorMemoryAllocation, "cudaEventCreate");
+	}
 	ev->magic = EVENT_MAGIC;
+	ev->ipc = ipc;
 	pthread_mutex_lock(&reg_mu);
 	ev->next = events;
 	events = ev;
@@ -492,25 +505,44 @@ cudaEventRecord(cudaEvent_t h, cudaStream_t sh)
 				"device %d while the current device is %d", s->dev,
 				emu_cur_dev());
 	}
+	if (ev->ipc && emu_ipcev_imported(ev->ipc)) {
+		pthread_mutex_unlock(&reg_mu);
+		return emu_fail(cudaErrorNotSupported, "cudaEventRecord(%p): an event opened "
+				"from another process's handle is only waited on here (a choice; "
+				"CUDA allows recording it)", (void *)h);
+	}
 	old = ev->s;
 	s->refs++;
 	ev->s = s;
+	if (ev->ipc)
+		emu_ipcev_ref(ev->ipc);
 	pthread_mutex_unlock(&reg_mu);
 	ev->target = stream_queued(s);
+	if (ev->ipc) {
+		emu_ipcev_record(ev->ipc, s);
+		emu_ipcev_unref(ev->ipc);
+	}
 	if (old)
 		stream_unref(old);
 	return cudaSuccess;
 }
 
-/* The event's stream (referenced) and target; NULL stream: never recorded. */
+/* The event's stream (referenced) and target; NULL stream: never recorded
+ * here.  An interprocess event: *ipc (referenced) and its generation now. */
 static cudaError_t
-event_get(cudaEvent_t h, struct CUstream_st **s, uint64_t *target)
+event_get(cudaEvent_t h, struct CUstream_st **s, uint64_t *target, emu_ipcev_t **ipc)
 {
 	struct CUevent_st *ev;
 
 	pthread_mutex_lock(&reg_mu);
 	ev = event_find(h);
-	if (ev) {
+	*ipc = NULL;
+	if (ev && ev->ipc) {
+		*s = NULL;
+		*ipc = ev->ipc;
+		emu_ipcev_ref(*ipc);
+		*target = emu_ipcev_recorded(*ipc);
+	} else if (ev) {
 		*s = ev->s;
 		*target = ev->target;
 		if (*s)
@@ -528,9 +560,14 @@ cudaEventQuery(cudaEvent_t h)
 	struct CUstream_st *s;
 	uint64_t target;
 	bool busy = false;
+	emu_ipcev_t *ipc;
 
-	if (e || (e = event_get(h, &s, &target)) != cudaSuccess)
+	if (e || (e = event_get(h, &s, &target, &ipc)) != cudaSuccess)
 		return e;
+	if (ipc) {
+		busy = !emu_ipcev_done(ipc, target);
+		emu_ipcev_unref(ipc);
+	}
 	if (s) {
 		pthread_mutex_lock(&s->mu);
 		busy = s->done < target;
@@ -546,9 +583,14 @@ cudaEventSynchronize(cudaEvent_t h)
 	cudaError_t e = emu_enter();
 	struct CUstream_st *s;
 	uint64_t target;
+	emu_ipcev_t *ipc;
 
-	if (e || (e = event_get(h, &s, &target)) != cudaSuccess)
+	if (e || (e = event_get(h, &s, &target, &ipc)) != cudaSuccess)
 		return e;
+	if (ipc) {
+		emu_ipcev_wait(ipc, target);
+		emu_ipcev_unref(ipc);
+	}
 	if (s) {
 		stream_wait(s, target);
 		stream_unref(s);
@@ -577,7 +619,104 @@ cudaEventDestroy(cudaEvent_t h)
 				"live event", (void *)h);
 	if (ev->s)
 		stream_unref(ev->s);
+	if (ev->ipc)
+		emu_ipcev_destroy(ev->ipc);
 	ev->magic = 0;
 	free(ev);
+	return cudaSuccess;
+}
+
+/* ---- cross-stream and cross-process waits --------------------------------- */
+
+/* What cudaStreamWaitEvent queues for an event of this process. */
+typedef struct evwait {
+	emu_op_t h;
+	struct CUstream_st *s;    /* referenced */
+	uint64_t target;
+} evwait_t;
+
+static void
+evwait_run(emu_op_t *op, struct CUstream_st *s)
+{
+	evwait_t *w = (evwait_t *)op;
+
+	(void)s;
+	stream_wait(w->s, w->target);
+}
+
+static void
+evwait_fini(emu_op_t *op)
+{
+	evwait_t *w = (evwait_t *)op;
+
+	stream_unref(w->s);
+	free(w);
+}
+
+/* As CUDA: later work on the stream waits for the work the event's most
+ * recent record (at this call) captured, on any device, in any process
+ * (interprocess events); an event never recorded: nothing to wait for. */
+cudaError_t
+cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned flags)
+{
+	cudaError_t e = emu_enter();
+	struct CUstream_st *s, *es;
+	uint64_t target;
+	emu_ipcev_t *ipc;
+	evwait_t *w;
+
+	if (e)
+		return e;
+	if (flags != cudaEventWaitDefault)
+		return emu_fail(cudaErrorInvalidValue, "cudaStreamWaitEvent: flags 0x%x", flags);
+	if ((e = emu_stream_get(sh, &s)) != cudaSuccess ||
+	    (e = event_get(h, &es, &target, &ipc)) != cudaSuccess)
+		return e;
+	if (ipc) {
+		emu_ipcev_push_wait(ipc, s);
+		emu_ipcev_unref(ipc);
+		return cudaSuccess;
+	}
+	if (es == NULL)
+		return cudaSuccess;
+	if ((w = calloc(1, sizeof(*w))) == NULL)
+		abort();
+	w->h.run = evwait_run;
+	w->h.fini = evwait_fini;
+	w->s = es;
+	w->target = target;
+	emu_stream_push(s, &w->h);
+	return cudaSuccess;
+}
+
+cudaError_t
+emu_event_ipc(cudaEvent_t h, emu_ipcev_t **out)
+{
+	struct CUevent_st *ev;
+
+	pthread_mutex_lock(&reg_mu);
+	ev = event_find(h);
+	*out = ev ? ev->ipc : NULL;
+	if (*out)
+		emu_ipcev_ref(*out);
+	pthread_mutex_unlock(&reg_mu);
+	return ev ? cudaSuccess : emu_fail(cudaErrorInvalidResourceHandle, "event %p is not "
+					   "a live event", (void *)h);
+}
+
+cudaError_t
+emu_event_import(emu_ipcev_t *ipc, cudaEvent_t *out)
+{
+	struct CUevent_st *ev = calloc(1, sizeof(*ev));
+
+	if (ev == NULL)
+		return emu_fail(cudaErrorMemoryAllocation, "cudaIpcOpenEventHandle");
+	ev->magic = EVENT_MAGIC;
+	ev->ipc = ipc;
+	pthread_mutex_lock(&reg_mu);
+	ev->next = events;
+	events = ev;
+	pthread_mutex_unlock(&reg_mu);
+	*out = ev;
 	return cudaSuccess;
 }

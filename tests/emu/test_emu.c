@@ -233,7 +233,8 @@ main(int argc, char **argv)
 	const struct {
 		const test_t *v;
 		size_t n;
-	} tabs[] = {{cuda_tests, ncuda_tests}, {hw_tests, nhw_tests}, {nccl_tests, nnccl_tests}};
+	} tabs[] = {{cuda_tests, ncuda_tests}, {hw_tests, nhw_tests}, {ev_tests, nev_tests},
+		     {nccl_tests, nnccl_tests}};
 	int pass = 0, fail = 0;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);

@@ -66,8 +66,8 @@ typedef struct test {
 #define TEST(name) {#name, t_##name, NULL}
 #define TEST_ENV(name, env) {#name, t_##name, env}
 
-extern const test_t cuda_tests[], nccl_tests[], hw_tests[];
-extern const size_t ncuda_tests, nnccl_tests, nhw_tests;
+extern const test_t cuda_tests[], nccl_tests[], hw_tests[], ev_tests[];
+extern const size_t ncuda_tests, nnccl_tests, nhw_tests, nev_tests;
 
 /* the test's REFIT_EMU_DIR */
 extern char tdir[200];

@@ -48,7 +48,11 @@
  *  14. (emulator) a kernel library bound to another CUDA runtime than the
  *      one refitd loaded (here: a copy of the emulated runtime as the
  *      runtime, the original as the kernels) is refused at load, naming
- *      both (its launches would use the other runtime's current device).
+ *      both (its launches would use the other runtime's current device);
+ *  15. stream ordering (gpu_order.c): a writer process's queued write, an
+ *      interprocess event recorded after it; a session given the event
+ *      reads the written bytes (the emulator holds the writer's stream
+ *      until the reader's copy could have run).
  * On the emulator each process finally checks the emulator's counters:
  * nothing allocated, mapped, created or left unconsumed.
  *
@@ -76,6 +80,7 @@
 #include "daemon/transport/gpu.h"
 #include "daemon/transport/transport.h"
 #include "dataplane/view.h"
+#include "tests/gpu/gpu_order.h"
 
 #ifndef REFIT_HAVE_NCCL
 int
@@ -137,7 +142,8 @@ session(xport_t *x, uint64_t epoch, const int32_t *world, size_t nworld,
 {
 	xport_world_t w = {epoch, world, nworld, local, nlocal, id, id ? idlen : 0, NULL, NULL, NULL, 0};
 	xport_peer_t self = {"gpu-test", "nccl", true, true, 1 << 30};
-	xport_session_cfg_t sc = {1, epoch, 0, &self, 1, 1 << 30, 0, &no_abort, NULL, 0, NULL};
+	xport_session_cfg_t sc = {.refit_id = 1, .epoch = epoch, .peers = &self, .npeers = 1,
+				  .max_msg_bytes = 1 << 30, .abort = &no_abort};
 	xport_session_t *s = NULL;
 
 	xport_nccl_ops.set_world(x, &w);
@@ -824,7 +830,8 @@ staging_budget(void)
 	xport_cfg_t xc = {"", "gpu-test-budget", &me, 1, "0", 16u << 20, NULL, NULL, NULL, false,
 			  NULL, NULL};
 	xport_peer_t self = {"gpu-test-budget", "nccl", true, true, 4 << 20};
-	xport_session_cfg_t sc = {1, 1, 0, &self, 1, 4 << 20, 0, &no_abort, NULL, 0, NULL};
+	xport_session_cfg_t sc = {.refit_id = 1, .epoch = 1, .peers = &self, .npeers = 1,
+				  .max_msg_bytes = 4 << 20, .abort = &no_abort};
 	xport_t *x = NULL;
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;
@@ -847,6 +854,20 @@ staging_budget(void)
 	refit_err_clear(&err);
 	xport_nccl_ops.set_world(x, &w);
 	sc.deadline_ms = xport_now_ms() + session_ms;
+	/* a plan whose groups need 20 MiB at once on rank 0 (slice.c: the
+	 * whole plan's staging), messages of 4 MiB: refused at open */
+	sc.staging_need = 20u << 20;
+	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_ERR_LIMIT &&
+	       strstr(err.msg, "need 20971520 bytes of GPU staging at once on rank 0") &&
+	       strstr(err.msg, "gpu_staging_budget_bytes 16777216") &&
+	       strstr(err.msg, "before anything was allocated"),
+	       "a plan needing 20 MiB at once on a 16 MiB budget: %s", s ? "opened" : err.msg);
+	if (s) {
+		xport_nccl_ops.close(s);
+		s = NULL;
+	}
+	sc.staging_need = 16u << 20;   /* exactly the budget: runs */
+	refit_err_clear(&err);
 	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_OK, "open: %s", err.msg);
 	if (s == NULL)
 		goto out;
@@ -891,7 +912,8 @@ hang_abort_child(void)
 	size_t idlen = sizeof(id);
 	atomic_int stop = 0;
 	xport_peer_t self = {"gpu-test-hangabort", "nccl", true, true, 1 << 20};
-	xport_session_cfg_t sc = {1, 1, 0, &self, 1, 1 << 20, 0, &stop, NULL, 0, NULL};
+	xport_session_cfg_t sc = {.refit_id = 1, .epoch = 1, .peers = &self, .npeers = 1,
+				  .max_msg_bytes = 1 << 20, .abort = &stop};
 	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, NULL, 0};
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;
@@ -1495,7 +1517,7 @@ main(int argc, char **argv)
 	int ipc[2], idp[2][2], gop[2][2], donep[2], deadp[2];
 	pid_t ipc_pid, rp[3], so12_pid = -1, dead_pid[2] = {-1, -1}, late_pid = -1;
 	pid_t late2276_pid = -1, hang_abort_pid = -1;
-	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1}, rt2_pid = -1;
+	pid_t stuck_pid = -1, sf_pid[2] = {-1, -1}, rt2_pid = -1, order_pid;
 	int sfid[2], sfdone[2];
 	const char *cudart = getenv("REFIT_CUDA_LIBRARY");
 	int32_t two[2] = {0, 1};
@@ -1553,6 +1575,8 @@ main(int argc, char **argv)
 	 * real ncclCommAbort and cudaMallocHost run */
 	if ((stuck_pid = fork()) == 0)
 		_exit(stuck_child());
+	if ((order_pid = fork()) == 0)
+		_exit(order_child(emu));
 	if (pipe(sfid) < 0 || pipe(sfdone) < 0)
 		return 1;
 	for (int k = 0; emu && k < 2; k++)
@@ -1591,6 +1615,10 @@ main(int argc, char **argv)
 		if (stuck_pid > 0) {
 			kill(stuck_pid, SIGKILL);
 			waitpid(stuck_pid, NULL, 0);
+		}
+		if (order_pid > 0) {
+			kill(order_pid, SIGKILL);
+			waitpid(order_pid, NULL, 0);
 		}
 		for (int k = 0; k < 2; k++)
 			if (sf_pid[k] > 0) {
@@ -1643,7 +1671,8 @@ main(int argc, char **argv)
 		       copy_error(x, two, nl, id, idlen));
 		xport_nccl_ops.stop(x);
 		result("a rank's staging within gpu_staging_budget_bytes: messages larger than "
-		       "the budget refused at open, what does not fit at once fails naming it",
+		       "the budget refused at open, a plan needing more at once than the "
+		       "budget refused at open, what does not fit at once fails naming it",
 		       staging_budget());
 	}
 
@@ -1742,6 +1771,10 @@ main(int argc, char **argv)
 			     "it; a copy to the host that never ends: aborted by the deadline, "
 			     "the node poisoned (next refit refused, memory kept), the caller's "
 			     "buffer never written");
+	if (order_pid > 0)
+		child_result(order_pid, 90, "stream ordering: a client's write queued on its own "
+			     "stream, an interprocess event recorded after it; the session given "
+			     "the event reads the written bytes");
 	if (rt2_pid > 0)
 		child_result(rt2_pid, 60, "a kernel library bound to another CUDA runtime than "
 			     "refitd's is refused at load, naming both");

@@ -10,12 +10,16 @@ emulator (there each daemon is an emulated host).
 Usage: test_gpu_e2e.py BUILD_DIR.  Refits with verify on (reshard and
 gather-and-broadcast, strided client memory with a strided innermost dim),
 an abort midway, a node killed mid-refit and the recovery, a fourth node
-joining and leaving (the survivors shrink).  Prints "gpu-e2e: N passed,
+joining and leaving (the survivors shrink), a trainer writing asynchronously
+(--async-write: its copies queued on its own streams, an interprocess event
+passed with weights_ready; on the emulator its streams are held until the
+refit had time to read, REFIT_EMU_HOLD_STREAMS).  Prints "gpu-e2e: N passed,
 N failed" last.
 """
 import os
 import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("REFIT_TEST_TRANSPORT", "nccl")
@@ -46,6 +50,9 @@ def tensors(ranks, placement, n=6):
 
 
 def setup():
+    # the emulator's cudaIpcOpenMemHandle stalls while this file exists
+    # (slow_open_heartbeats); a GPU ignores it
+    os.environ["REFIT_EMU_SLOW_IPC_OPEN"] = f"{TMP}/slow-open"
     cl = Cluster("g", 3, ["--test-msg-delay-ms", "20", "--slice-timeout-ms", "60000"],
                  lease_ms=LEASE_MS)
     S["cl"] = cl
@@ -164,6 +171,76 @@ def join_leave_shrink():
     assert "communicators shrunk to epoch" in log, log[-3000:]
 
 
+def slow_open_heartbeats():
+    """A registration whose cudaIpcOpenMemHandle stalls (the emulator holds it
+    while a file exists) does not stall the node's loop: while it is pending
+    the coordinator sees fresh heartbeats from the node for more than a
+    lease; then the registration completes."""
+    if harness.GPU_REAL:
+        print("     skipped: a GPU's driver cannot be made to stall here")
+        return
+    cl = S["cl"]
+    slow = os.environ["REFIT_EMU_SLOW_IPC_OPEN"]
+    got = {}
+
+    def register():
+        got["c"] = Client(cl, 1, "gm2", "infer", S["i"], instance="s",
+                          install="double-buffer")
+    with open(slow, "w"):
+        pass
+    th = threading.Thread(target=register)
+    try:
+        th.start()
+        fresh, last, t0 = 0, None, time.time()
+        # the node's lease age falls at each heartbeat it sends meanwhile
+        while time.time() - t0 < 30 and (fresh < 4 or time.time() - t0 < LEASE_MS / 1000):
+            ages = {m.node_id: m.lease_age_ms for m in
+                    cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members}
+            assert "g1" in ages, f"node g1 left the membership: {ages}"
+            fresh += last is not None and ages["g1"] < last
+            last = ages["g1"]
+            time.sleep(0.05)
+        assert th.is_alive() and "c" not in got, "the registration did not stall"
+        assert fresh >= 4, f"{fresh} heartbeats seen while the open was stalled"
+    finally:
+        os.unlink(slow)
+        th.join(60)
+    assert "c" in got and got["c"].ok(), got["c"].first if "c" in got else "no client"
+    got["c"].close()
+
+
+def async_trainer():
+    """The refit waits for the trainer's events: the old bytes are never read."""
+    cl = S["cl"]
+    S["trainer"].close()
+    go = f"{TMP}/async-go"
+    os.environ["REFIT_EMU_HOLD_STREAMS"] = go   # the emulator's; a GPU ignores it
+    try:
+        S["trainer"] = Client(cl, 0, "gm", "train", S["t"], version=S["v"],
+                              extra=["--async-write"])
+    finally:
+        del os.environ["REFIT_EMU_HOLD_STREAMS"]
+    assert S["trainer"].ok(), S["trainer"].first
+    step()   # queued, held
+    rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="gm", version=S["v"]),
+                               timeout=5).refit_id
+    ended = None
+    for _ in range(50):   # 1 s in which a refit that does not wait ends (0.5 s)
+        g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+        if g.state in (pb.COMMITTED, pb.FAILED, pb.ABORTED):
+            ended = g
+            break
+        time.sleep(0.02)
+    with open(go, "w"):
+        pass
+    if not harness.GPU_REAL:
+        assert ended is None, (f"the refit ended ({pb.RefitState.Name(ended.state)}) "
+                               "while the trainer's writes were still queued")
+    g = cl.wait_final(rid, 60)
+    assert g.state == pb.COMMITTED, g.failure
+    installed(S["v"])
+
+
 try:
     check("three node daemons on one GPU (own NCCL_HOSTID each), librefit clients",
           setup)
@@ -173,6 +250,10 @@ try:
         check("abort midway; the next refit commits on fresh communicators", abort_midway)
         check("a node killed mid-refit; restarted, the next refit commits", node_killed)
         check("a fourth node joins, then leaves: the survivors shrink", join_leave_shrink)
+        check("a trainer writing asynchronously: the refit waits for its CUDA events",
+              async_trainer)
+        check("a registration whose cudaIpcOpenMemHandle stalls: heartbeats go on",
+              slow_open_heartbeats)
 finally:
     for c in S.get("inst", []) + ([S["trainer"]] if "trainer" in S else []):
         c.close()

@@ -11,6 +11,7 @@ daemon's message; `pip install` of the package from the tree, offline.
 
 Usage: test_python.py BUILD_DIR.  Prints "python: N passed, N failed" last.
 """
+import ctypes
 import hashlib
 import json
 import os
@@ -529,6 +530,14 @@ def typed_errors():
     except refit.Timeout as e:
         assert isinstance(e, TimeoutError) and e.message, e
     assert time.time() - t0 < 60  # bounded (generous: a busy machine)
+    # CUDA events with weights_ready on a host-memory node, too many: refused
+    t = refit.Client(CL.sock(2), timeout_ms=20000)
+    t.register("evm", "train", [lay], {("w", 2 * RPN): refit.empty([4], "float32")})
+    evs = ctypes.create_string_buffer(64 * 17)
+    for n, says in ((1, "reads host memory"), (17, "at most 16")):
+        refused(lambda: t._call(refit._lib.lib.refit_weights_ready_cuda, t._id(), 1, evs, n,
+                                5000), says)
+    t.close()
     c.unregister()
     try:
         c.state()

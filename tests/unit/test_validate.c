@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plan/gpu_staging.h"
 #include "plan/internal.h"
 #include "tests/unit/helpers.h"
 
@@ -279,10 +280,36 @@ START_TEST(index_out_of_range)
 }
 END_TEST
 
+/* A node's own ranks' GPU staging (the whole-plan check at open,
+ * docs/gpu.md): rank 0 sends every message, each receiver holds half. */
+START_TEST(gpu_staging_of_ranks)
+{
+	vx_t x = {0};
+	plan_opts_t o;
+	plan_gpu_staging_t all, r0, r1, none;
+	int32_t zero = 0, one = 1;
+
+	plan_opts_default(&o);
+	o.chunk_bytes = 64 << 10;
+	th_plan_build(&x, W("[1024,64]", "[0]", "[\"Replicate()\"]"),
+		      W("[1024,64]", "[1,2]", "[\"Shard(0)\"]"), "dgx-h100:16", &o);
+	plan_gpu_staging(&x.p, 4, &all);
+	plan_gpu_staging_ranks(&x.p, 4, &zero, 1, &r0);
+	plan_gpu_staging_ranks(&x.p, 4, &one, 1, &r1);
+	plan_gpu_staging_ranks(&x.p, 4, NULL, 0, &none);
+	ck_assert_uint_ge(all.peak, 256u << 10);   /* 256 KiB of fp32 in all */
+	ck_assert(r0.peak == all.peak && r0.rank == 0);
+	ck_assert(r1.rank == 1 && r1.peak > 0 && r1.peak * 2 <= all.peak + 512);
+	ck_assert(none.peak == 0 && none.groups == all.groups);
+	th_plan_fini(&x);
+}
+END_TEST
+
 Suite *
 suite_validate(void)
 {
-	TCase *tc = th_tcase("mutations", 0, TH_TESTS(wrong_tensor_table, index_out_of_range));
+	TCase *tc = th_tcase("mutations", 0, TH_TESTS(wrong_tensor_table, index_out_of_range,
+						       gpu_staging_of_ranks));
 
 	tcase_add_loop_test(tc, mutated_plans, 0, NMUTATIONS);
 	return th_suite("validate", tc, NULL);
