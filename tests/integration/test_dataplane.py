@@ -6,8 +6,9 @@ harness.py), librefit clients (refit-client) as trainers and inference
 instances, weights checked byte by byte.
 
 Usage: test_dataplane.py BUILD_DIR [PAIRS].  PAIRS random layout pairs
-(default 50) are each refit in reshard mode (version 1) and then in
-gather-and-broadcast mode (version 2).  Then: verify mode catching an
+(default 50) are each refit in reshard mode and then in gather-and-broadcast
+mode, each refit followed by one of the next version as delta (tcp; verify
+on, against the version before).  Then: verify mode catching an
 injected corruption, an abort midway (double buffer keeps the old version,
 in-place is marked invalid), a client killed mid-refit, bad registrations,
 and a data connection with a wrong token.  Prints "dataplane: N passed,
@@ -41,10 +42,11 @@ harness.init(BUILD, TMP)
 MAIN = Cluster("n", NODES)
 
 
-# Delta refits (docs/delta.md): the pairs of the first DELTA_PAIRS run each
-# mode's refit a second time, verify on, with versions that change SPARSE
-# elements per million: encoded against the previous version, byte-exact.
-DELTA_PAIRS = int(os.environ.get("REFIT_DELTA_PAIRS", "8"))
+# Delta refits (docs/delta.md): every pair (the first REFIT_DELTA_PAIRS when
+# set) runs each mode's refit a second time, verify on, with versions that
+# change SPARSE elements per million: encoded against the previous version,
+# byte-exact.  In the same daemons and clients, a batch's models at once.
+DELTA_PAIRS = int(os.environ.get("REFIT_DELTA_PAIRS", str(PAIRS)))
 SPARSE = 5000
 
 
