@@ -10,8 +10,9 @@
  * between two of them.  Anything else is dense: a new instance or layout
  * (another plan), a restarted or new node (a new epoch), a failed or
  * aborted refit (the base is forgotten as soon as RunSlice goes out, and
- * only a commit names a new one), a catch-up (its own plan), a coordinator
- * restart (none of this is saved).  Nodes check the tag and a CRC-32C of
+ * only a commit names a new one), a catch-up (its own plan: it keeps no
+ * bases and touches none, so the model's next refit is delta where its
+ * bases allow), a coordinator restart (none of this is saved).  Nodes check the tag and a CRC-32C of
  * the base on every unit, so a wrong offer fails a refit, never a byte.
  */
 #include <stdio.h>
@@ -39,6 +40,13 @@ coord_delta_offer(coord_t *c, refit_rec_t *r, model_t *m, uint64_t *tag, uint64_
 
 	*n = 0;
 	*base = 0;
+	if (r->only != NULL) {
+		/* a catch-up: its own plan, sent once; it keeps no bases and
+		 * leaves the model's plan's alone (its next refit stays delta) */
+		r->delta_tag = r->delta_base = 0;
+		*tag = 0;
+		return ids;
+	}
 	r->delta_tag = m->delta_off ? 0 : r->id << 8 | (r->fsm.attempt & 0xffu);
 	if (r->delta_tag && m->delta_tag && m->delta_epoch == r->epoch &&
 	    strcmp(m->delta_digest, r->plan_digest) == 0) {
