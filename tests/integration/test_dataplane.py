@@ -145,6 +145,31 @@ def random_pairs():
 
 
 
+def delta_partial_room():
+    """A receiving node with room for some of its bases (delta_base_bytes
+    256 KiB of 528 KiB received): it reports the messages it kept none of,
+    and the next refit sends those dense, the others encoded, byte-exact."""
+    cl = Cluster("dl", 2, node_extra=lambda k: ["--delta-base-bytes", "256KiB"] if k else [])
+    t = lambda name, shape, rank: {"name": name, "dtype": "fp32", "shape": shape,  # noqa: E731
+                                   "mesh": [rank], "placements": ["Replicate()"]}
+    cls = start_model(cl, "dl", [t("a", [64, 64], 0), t("b", [256, 512], 1)],
+                      [("i", [t("a", [64, 64], RPN), t("b", [256, 512], RPN + 1)])],
+                      random.Random(5), {"i": "in-place"}, extra=["--sparse", str(SPARSE)])
+    g1 = cl.refit("dl", 1)
+    assert g1.state == pb.COMMITTED and g1.delta_wire_bytes == 0, g1
+    expect_installed(cls, 1)
+    for c in cls["train"]:
+        assert c.cmd("next 2").startswith("READY")
+    g = cl.refit("dl", 2, verify=True)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 2)
+    print(f"     {g.delta_wire_bytes} bytes delta for {g.delta_dense_bytes} dense, "
+          f"{g.dense_wire_bytes} bytes dense (the receiver's lacks)")
+    assert g.delta_base_refit == g1.id and 0 < g.delta_wire_bytes < g.delta_dense_bytes / 10, g
+    assert g.dense_wire_bytes >= 128 << 10, g
+    stop(cls)
+
+
 def verify_catches_corruption():
     rng = random.Random(7)
     train = [dtensor("w", "fp32", [64, 48], [0, 1, 2, 3], rng),
@@ -911,6 +936,8 @@ try:
     check("a librefit client killed mid-refit fails it; daemon keeps serving",
           client_dies_midway)
     if harness.TRANSPORT == "tcp":
+        check("delta: a node with room for some of its bases: only the messages it "
+              "lacks go dense, byte-exact", delta_partial_room)
         check("bad registrations get clear errors", bad_registrations)
         check("memory is sealed memfds only: no truncation under the node, no leak",
               sealed_memory_only)
