@@ -217,8 +217,13 @@ def sigkill_node():
     CL.restart_node(2)
     CL.wait_members(3)
     M.start("ip")
-    M.commits()
+    g = M.commits()   # dense: a new epoch, the restarted node holds no bases
     FIG["SIGKILL recovery (restart node + client, refit)"] = time.time() - t1
+    # the delta chain goes on, to the restarted node too: byte-exact
+    M.step()
+    g2 = M.commits()
+    if harness.TRANSPORT == "tcp":
+        assert g2.delta_base_refit == g.id and g2.delta_wire_bytes > 0, (g.id, g2)
 
 
 def sigstop_node():
@@ -376,6 +381,9 @@ def delta_after_catch_up():
 
 
 def coordinator_restart():
+    # a delta refit of the chain before: its figures are in the state file
+    deltas = [r for r in CL.stub.ListRefits(pb.ListRefitsRequest(
+        model=M.name, limit=20), timeout=5).refits if r.delta_wire_bytes]
     rid = M.running()
     CL.coord.kill()
     CL.coord.wait()
@@ -395,6 +403,12 @@ def coordinator_restart():
     out = subprocess.run(ctl + ["--json", "status", str(rid)], capture_output=True, text=True)
     st = json.loads(out.stdout)
     assert st["state"] == "FAILED" and "restarted" in st["failure"], out
+    if deltas:  # refitctl status shows its dense and delta bytes after the restart
+        d = deltas[0]
+        out = subprocess.run(ctl + ["status", str(d.id)], capture_output=True, text=True)
+        assert f"{d.dense_wire_bytes} bytes dense, {d.delta_wire_bytes} bytes delta for " \
+            f"{d.delta_dense_bytes} dense (base: refit {d.delta_base_refit})" in out.stdout, \
+            (d, out.stdout)
     CL.restart_coord(spawned=True)
 
 
