@@ -113,7 +113,7 @@ script "scale (100 node daemons, every join order, SliceDone, SIGTERM with a sto
 	/usr/bin/python3 tests/integration/test_scale.py "$BUILD" 100
 script "conversion kernels on the GPU vs the host (skipped without one)" \
 	"$BUILD/tests/cvt-gpu-test" "$BUILD/lib/librefit-convert-cuda.so"
-script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy)" \
+script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy; each refit again as delta)" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD"
 script "conversion end to end, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD/asan"
