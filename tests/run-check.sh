@@ -73,9 +73,9 @@ script "mutual TLS (refitctl init's CA and certificates; a refit byte-exact; rog
 	/usr/bin/python3 tests/integration/test_tls.py "$BUILD"
 script "mutual TLS, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_tls.py "$BUILD/asan"
-script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs)" \
+script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs, every refit again as delta)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
-script "data plane, ASan + UBSan (8 layout pairs)" \
+script "data plane, ASan + UBSan (8 layout pairs, every refit again as delta)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD/asan" 8
 script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 30 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
@@ -113,7 +113,7 @@ script "scale (100 node daemons, every join order, SliceDone, SIGTERM with a sto
 	/usr/bin/python3 tests/integration/test_scale.py "$BUILD" 100
 script "conversion kernels on the GPU vs the host (skipped without one)" \
 	"$BUILD/tests/cvt-gpu-test" "$BUILD/lib/librefit-convert-cuda.so"
-script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy)" \
+script "conversion end to end (fp32 -> bf16/fp16, bf16/fp16 -> fp8 with block and tensor scales, vs numpy; each refit again as delta)" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD"
 script "conversion end to end, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_conversion.py "$BUILD/asan"

@@ -78,6 +78,8 @@ typedef struct refit_rec {
 	 * base offered (0: none), and what the nodes sent */
 	uint64_t delta_tag, delta_base;
 	uint64_t delta_wire, delta_dense, dense_wire;
+	coord_lack_t *delta_lacks;  /* this attempt's, from the nodes' SliceDone */
+	size_t ndelta_lacks;
 } refit_rec_t;
 
 /* The last plan built for a model, reused while its inputs stay the same. */
@@ -405,12 +407,17 @@ void coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_
  * catch-up's).  The caller saves (the refit's change of state is saved).
  */
 void coord_refit_instances_end(coord_t *c, refit_rec_t *r, bool committed);
-/* coord_delta.c: RunSlice's delta tag, base and the nodes holding it (the
- * names are the members'; the array is the caller's to free); a committed
- * refit's bases become the model's. */
-char **coord_delta_offer(coord_t *c, refit_rec_t *r, model_t *m, uint64_t *tag,
-			 uint64_t *base, size_t *n);
+/* coord_delta.c: RunSlice's delta tag, base, the nodes holding it and the
+ * messages they lack into rq (coord_delta_offer_free frees what it added);
+ * node k's SliceDone (rs) noted; a committed refit's bases become the
+ * model's. */
+void coord_delta_offer(coord_t *c, refit_rec_t *r, model_t *m,
+		       Refit__V1__RunSliceRequest *rq);
+void coord_delta_offer_free(Refit__V1__RunSliceRequest *rq);
+void coord_delta_note(refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs);
 void coord_delta_committed(coord_t *c, refit_rec_t *r);
+/* coord_store.c: a list of delta lacks freed and emptied. */
+void coord_lacks_free(coord_lack_t **v, size_t *n);
 /* The members' transports: whether any uses nccl, one that does not, and
  * the member holding the lowest rank. */
 void coord_scan_members(coord_t *c, bool *nccl, const member_t **other, const member_t **low);

@@ -68,6 +68,14 @@ typedef struct instance {
 	uint64_t served_version;  /* the version it serves (0: none, or not told) */
 } instance_t;
 
+/* Delta refits: the messages of a plan from one node to another that the
+ * receiver kept no base of (RunSliceResponse.delta_lacks). */
+typedef struct coord_lack {
+	char *from, *to;
+	uint32_t *msgs;
+	size_t n;
+} coord_lack_t;
+
 typedef struct model {
 	char *name;
 	VEC(instance_t) inst;
@@ -93,8 +101,10 @@ typedef struct model {
 	uint64_t delta_tag;        /* the last committed refit's tag (0: no base known) */
 	char delta_digest[SHA256_HEX_LEN]; /* ... its plan */
 	uint64_t delta_epoch;      /* ... its epoch */
-	uint64_t *delta_members;   /* ... the members that kept every base of it */
+	uint64_t *delta_members;   /* ... the members that kept its bases */
 	size_t ndelta_members;
+	coord_lack_t *delta_lacks; /* ... but for these messages (sent dense) */
+	size_t ndelta_lacks;
 	uint64_t resume_version;   /* a new leader over etcd: the version of a refit the
 				      old leader had in flight, refit again once the
 				      model's instances are whole (retries > 0; not kept) */

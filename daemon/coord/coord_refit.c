@@ -339,10 +339,9 @@ send_run(coord_t *c, refit_rec_t *r)
 	rq.attempt = r->fsm.attempt;
 	r->slice_ms = coord_refit_slice_deadline_ms(c, r);
 	rq.timeout_ms = (uint32_t)r->slice_ms;
-	rq.delta_nodes = coord_delta_offer(c, r, m, &rq.delta_tag, &rq.delta_base,
-					   &rq.n_delta_nodes);
+	coord_delta_offer(c, r, m, &rq);
 	call_nodes(c, r, &rq.base, 0);
-	free(rq.delta_nodes);
+	coord_delta_offer_free(&rq);
 	coord_slices_free(r);  /* packed into the calls */
 	coord_free_layouts(iv, rq.instances, rq.n_instances);
 }
@@ -408,8 +407,7 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 		return refit_event(c, r, &ev, buf, NULL);
 	}
 	if (rs != NULL) {
-		if (rs->bases_kept)
-			r->nstate[k] |= NODE_KEPT;
+		coord_delta_note(r, k, rs);
 		r->delta_wire += rs->delta_wire_bytes;
 		r->delta_dense += rs->delta_dense_bytes;
 		r->dense_wire += rs->dense_wire_bytes;

@@ -90,6 +90,13 @@ refits_json(const coord_t *c, cJSON *arr)
 		cJSON_AddStringToObject(o, "key", r->key ? r->key : "");
 		if (r->by_policy)  /* only when set: older files are written back unchanged */
 			cJSON_AddBoolToObject(o, "by_policy", true);
+		if (r->delta_wire || r->delta_dense || r->dense_wire || r->delta_base) {
+			/* docs/delta.md: what the refit sent, shown after a restart */
+			cJSON_AddNumberToObject(o, "delta_wire_bytes", (double)r->delta_wire);
+			cJSON_AddNumberToObject(o, "delta_dense_bytes", (double)r->delta_dense);
+			cJSON_AddNumberToObject(o, "dense_wire_bytes", (double)r->dense_wire);
+			cJSON_AddNumberToObject(o, "delta_base_refit", (double)(r->delta_base >> 8));
+		}
 		cJSON_AddItemToArray(arr, o);
 	}
 }
@@ -555,6 +562,10 @@ load_refits(coord_t *c, const cJSON *arr, refit_err_t *err)
 		r->created_ms = num(o, "created_unix_ms");
 		r->finished_ms = num(o, "finished_unix_ms");
 		r->bytes = num(o, "bytes");
+		r->delta_wire = num(o, "delta_wire_bytes");
+		r->delta_dense = num(o, "delta_dense_bytes");
+		r->dense_wire = num(o, "dense_wire_bytes");
+		r->delta_base = num(o, "delta_base_refit") << 8;  /* the tag's attempt: not kept */
 		snprintf(r->plan_digest, sizeof(r->plan_digest), "%s", dg ? dg : "");
 		r->key = key && key[0] ? xstrdup(key) : NULL;
 		r->failure = failure && failure[0] ? xstrdup(failure) : NULL;

@@ -280,6 +280,20 @@ coord_refit_bytes(const refit_rec_t *r)
 }
 
 /* Free a refit record. */
+/* Delta lacks (coord_records.h), emptied. */
+void
+coord_lacks_free(coord_lack_t **v, size_t *n)
+{
+	for (size_t i = 0; i < *n; i++) {
+		free((*v)[i].from);
+		free((*v)[i].to);
+		free((*v)[i].msgs);
+	}
+	free(*v);
+	*v = NULL;
+	*n = 0;
+}
+
 void
 coord_refit_free(refit_rec_t *r)
 {
@@ -301,6 +315,7 @@ coord_refit_free(refit_rec_t *r)
 	free(r->nodes);
 	free(r->nstate);
 	free(r->ntime);
+	coord_lacks_free(&r->delta_lacks, &r->ndelta_lacks);
 	coord_slices_free(r);
 	free(r);
 }
@@ -336,6 +351,7 @@ coord_free(coord_t *c)
 		VEC_FREE(&c->models.v[i].inst);
 		free(c->models.v[i].name);
 		free(c->models.v[i].delta_members);
+		coord_lacks_free(&c->models.v[i].delta_lacks, &c->models.v[i].ndelta_lacks);
 	}
 	VEC_FREE(&c->models);
 	refits_free(c);

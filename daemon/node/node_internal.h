@@ -190,6 +190,8 @@ struct slice_job {
 	slice_stats_t st;
 	uint64_t delta_tag, delta_base; /* RunSliceRequest's (slice_delta.h) */
 	bool *delta_ok;         /* per node: in its delta_nodes */
+	uint32_t **delta_skip;  /* per node: its delta_lacks from this node, sorted */
+	size_t *delta_nskip;
 	refit_err_t err;
 	refit_status_t rc;
 };
@@ -420,6 +422,11 @@ uint64_t node_staging_reserved(const node_t *n);
  * slice's figures into /metrics, the bases held (limit: their bound,
  * delta_base_bytes). */
 void node_delta_job(slice_job_t *j, const Refit__V1__RunSliceRequest *rq);
+void node_delta_job_free(slice_job_t *j);
+/* The slice's lacks (slice_stats_t) as RunSliceResponse.delta_lacks, one
+ * per peer (freed by node_delta_lacks_free). */
+Refit__V1__DeltaLack **node_delta_lacks(const slice_job_t *j, const char *self, size_t *n);
+void node_delta_lacks_free(Refit__V1__DeltaLack **v, size_t n);
 void node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc);
 void node_delta_metrics(const slice_job_t *j);
 uint64_t node_delta_base_bytes(const node_t *n, bool limit);

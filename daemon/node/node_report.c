@@ -235,6 +235,8 @@ node_report_queue(node_t *n, slice_job_t *j, bool ok)
 	rs.dense_units = j->st.dense_units;
 	rs.dense_wire_bytes = j->st.dense_wire;
 	rs.bases_kept = j->st.bases_kept;
+	if (rs.bases_kept)
+		rs.delta_lacks = node_delta_lacks(j, n->node_id, &rs.n_delta_lacks);
 	if (!ok) {
 		rs.peer_issues = ip;
 		rs.n_peer_issues = peer_issues(j, iv, ip);
@@ -259,6 +261,7 @@ node_report_queue(node_t *n, slice_job_t *j, bool ok)
 	r->len = protobuf_c_message_get_packed_size(&rq.base);
 	r->req = xmalloc(r->len ? r->len : 1);
 	protobuf_c_message_pack(&rq.base, r->req);
+	node_delta_lacks_free(rs.delta_lacks, rs.n_delta_lacks);
 	r->give_up_ms = xport_now_ms() + REPORT_GIVE_UP_MS;
 	VEC_PUSH(&n->reports, r);
 	report_send(n, r);

@@ -96,7 +96,7 @@ job_free(slice_job_t *j)
 	}
 	free(j->nodes);
 	free(j->peers);
-	free(j->delta_ok);
+	node_delta_job_free(j);
 	plan_layout_set_fini(&j->src);
 	plan_layout_set_fini(&j->dst);
 	plan_topo_fini(&j->topo);

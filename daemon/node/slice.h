@@ -59,11 +59,15 @@ typedef struct slice_cfg {
 	/* delta refits (slice_delta.h; stream transports only): the node's
 	 * bases (NULL: delta off, nothing kept), the model and plan digest
 	 * they are kept under, this refit's tag, the base the coordinator
-	 * named (0: none) and per node of nodes whether it holds it too */
+	 * named (0: none) and per node of nodes whether it holds it too;
+	 * per node, the positions of the messages to it that it keeps no
+	 * base of (sorted; those go dense) */
 	struct delta_store *delta;
 	const char *model, *digest;
 	uint64_t delta_tag, delta_base;
 	const bool *delta_ok;
+	uint32_t *const *delta_skip;
+	const size_t *delta_nskip;
 } slice_cfg_t;
 
 /*
@@ -92,9 +96,13 @@ typedef struct slice_stats {
 	uint64_t staged_max;    /* the most relay staging held at once, bytes */
 	/* delta refits: units sent encoded, their bytes on the wire and their
 	 * dense bytes; units sent dense and their bytes (trailers included);
-	 * whether every unit sent and received was kept as a base */
+	 * whether the bases were kept (every table held; the messages received
+	 * without room for a base: lacks, pairs of the peer's index and the
+	 * message's position, owned by the caller, NULL when none) */
 	uint64_t delta_units, delta_wire, delta_dense, dense_units, dense_wire;
 	bool bases_kept;
+	uint32_t *lacks;
+	size_t nlacks;
 } slice_stats_t;
 
 refit_status_t slice_run(const slice_cfg_t *c, slice_stats_t *st, refit_err_t *err);

@@ -30,9 +30,12 @@ sdelta_init(sdelta_t *d, delta_store_t *store, const char *model, const char *di
 	d->out = xcalloc(nnodes ? nnodes : 1, sizeof(*d->out));
 	d->in = xcalloc(nnodes ? nnodes : 1, sizeof(*d->in));
 	d->enc = xcalloc(nnodes ? nnodes : 1, sizeof(*d->enc));
+	d->lack = xcalloc(nnodes ? nnodes : 1, sizeof(*d->lack));
+	d->nin = xcalloc(nnodes ? nnodes : 1, sizeof(*d->nin));
 	for (size_t i = 0; i < nnodes; i++) {
 		if (i == self)
 			continue;
+		d->nin[i] = nin[i];
 		if (nout[i]) {
 			d->out[i] = delta_tab_take(store, model, digest, peers[i], true, nout[i]);
 			d->kept &= d->out[i] != NULL;
@@ -53,10 +56,13 @@ sdelta_fini(sdelta_t *d)
 		delta_tab_release(d->store, d->out[i]);
 		delta_tab_release(d->store, d->in[i]);
 		free(d->enc[i]);
+		free(d->lack[i]);
 	}
 	free(d->out);
 	free(d->in);
 	free(d->enc);
+	free(d->lack);
+	free(d->nin);
 	free(d->dec);
 	d->store = NULL;
 }
@@ -72,7 +78,32 @@ sdelta_begin(sdelta_t *d, const slice_cfg_t *c, const size_t *nout, const size_t
 	sdelta_init(d, c->xo->memory == XPORT_MEM_HOST ? c->delta : NULL, c->model, c->digest,
 		    ids, nout, nin, c->nnodes, c->self, c->delta_tag, c->delta_base, c->delta_ok,
 		    cap);
+	d->skip = c->delta_skip;
+	d->nskip = c->delta_nskip;
 	free(ids);
+}
+
+/* The messages received without room for their base, as (peer, position)
+ * pairs into st; false when more than SDELTA_LACKS_MAX. */
+static bool
+lacks(const sdelta_t *d, slice_stats_t *st)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < d->nnodes; i++)
+		for (size_t k = 0; d->lack[i] && k < d->nin[i]; k++)
+			n += d->lack[i][k / 8] >> (k % 8) & 1;
+	if (n > SDELTA_LACKS_MAX)
+		return false;
+	st->lacks = n ? xcalloc(2 * n, sizeof(*st->lacks)) : NULL;
+	st->nlacks = 0;
+	for (size_t i = 0; i < d->nnodes; i++)
+		for (size_t k = 0; d->lack[i] && k < d->nin[i]; k++)
+			if (d->lack[i][k / 8] >> (k % 8) & 1) {
+				st->lacks[2 * st->nlacks] = (uint32_t)i;
+				st->lacks[2 * st->nlacks++ + 1] = (uint32_t)k;
+			}
+	return true;
 }
 
 void
@@ -83,7 +114,7 @@ sdelta_end(sdelta_t *d, slice_stats_t *st, bool ok)
 	st->delta_dense = d->delta_dense;
 	st->dense_units = d->dense_units;
 	st->dense_wire = d->dense_wire;
-	st->bases_kept = ok && d->store != NULL && d->kept;
+	st->bases_kept = ok && d->store != NULL && d->kept && lacks(d, st);
 	sdelta_fini(d);
 }
 
@@ -99,20 +130,41 @@ holds(const delta_ent_t *e, const plan_msg_t *pm, uint32_t k0, uint32_t n, uint6
 	return true;
 }
 
-/* The unit's bytes become the base of entry e (NULL: no room, not kept). */
-static void
+/* The unit's bytes become the base of entry e; false when not kept (e
+ * NULL: no room).  A sender without room needs no report: its entry is
+ * gone, so its next refit sends the message dense (holds). */
+static bool
 keep(sdelta_t *d, delta_ent_t *e, const plan_msg_t *pm, uint32_t k0, uint32_t n,
      const uint8_t *dense, uint64_t bytes)
 {
 	uint64_t off = pm->parts[k0].off;
 
-	if (e == NULL || off + bytes > e->bytes) {
-		d->kept = false;
-		return;
-	}
+	if (e == NULL || off + bytes > e->bytes)
+		return false;
 	memcpy(e->data + off, dense, bytes);
 	for (uint32_t k = k0; k < k0 + n; k++)
 		e->tags[k] = d->tag;
+	return true;
+}
+
+/* Does peer keep no base of message pos from this node (RunSlice's lacks)? */
+static bool
+skipped(const sdelta_t *d, size_t peer, size_t pos)
+{
+	const uint32_t *v = d->skip ? d->skip[peer] : NULL;
+	size_t lo = 0, hi = v ? d->nskip[peer] : 0;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (v[mid] == pos)
+			return true;
+		if (v[mid] < pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
 }
 
 /*
@@ -154,7 +206,8 @@ sdelta_out(sdelta_t *d, size_t peer, size_t pos, const plan_msg_t *pm, uint32_t 
 	}
 	e = delta_ent_get(d->store, d->out[peer], pos, pm->bytes, pm->nparts);
 	off = pm->parts[k0].off;
-	if (d->ok && d->ok[peer] && holds(e, pm, k0, n, d->base) && bytes > SDELTA_HDR &&
+	if (d->ok && d->ok[peer] && !skipped(d, peer, pos) && holds(e, pm, k0, n, d->base) &&
+	    bytes > SDELTA_HDR &&
 	    off + bytes <= e->bytes && !mostly_changed(e->data + off, dense, bytes, esize)) {
 		uint8_t *b;
 
@@ -241,6 +294,10 @@ sdelta_keep_in(sdelta_t *d, size_t peer, size_t pos, const plan_msg_t *pm, uint3
 {
 	if (d->store == NULL)
 		return;
-	keep(d, delta_ent_get(d->store, d->in[peer], pos, pm->bytes, pm->nparts), pm, k0, n,
-	     dense, bytes);
+	if (!keep(d, delta_ent_get(d->store, d->in[peer], pos, pm->bytes, pm->nparts), pm, k0,
+		  n, dense, bytes) && pos < d->nin[peer]) {
+		if (d->lack[peer] == NULL)
+			d->lack[peer] = xcalloc(d->nin[peer] / 8 + 1, 1);
+		d->lack[peer][pos / 8] |= (uint8_t)(1u << (pos % 8));
+	}
 }

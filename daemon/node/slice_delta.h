@@ -37,7 +37,11 @@ typedef struct sdelta {
 	uint8_t **enc;          /* per node: the encoded unit on the wire */
 	uint8_t *dec;           /* a decoded unit */
 	uint64_t cap;           /* a unit's most bytes, trailer included */
-	bool kept;              /* every unit sent and received is kept as a base */
+	bool kept;              /* every table held (a unit without room: lack) */
+	uint32_t *const *skip;  /* per node: messages it holds no base of (sorted) */
+	const size_t *nskip;
+	uint8_t **lack;         /* per node: bitmap of messages received, no base kept */
+	size_t *nin;
 	uint64_t delta_units, delta_wire, delta_dense, dense_units, dense_wire;
 } sdelta_t;
 
@@ -48,7 +52,10 @@ void sdelta_init(sdelta_t *d, delta_store_t *store, const char *model, const cha
 void sdelta_fini(sdelta_t *d);
 /* sdelta_init for slice c (stream transports only: nccl runs dense), its
  * messages out and in per node; sdelta_end puts the figures into st
- * (bases_kept: ok and every unit kept) and ends it. */
+ * (bases_kept: ok and every table held; lacks: the messages received
+ * without room for their base, at most SDELTA_LACKS_MAX, else none kept)
+ * and ends it. */
+#define SDELTA_LACKS_MAX 4096
 void sdelta_begin(sdelta_t *d, const slice_cfg_t *c, const size_t *nout, const size_t *nin,
 		  uint64_t cap);
 void sdelta_end(sdelta_t *d, slice_stats_t *st, bool ok);
@@ -73,7 +80,8 @@ refit_status_t sdelta_in(sdelta_t *d, size_t peer, const char *peer_id, size_t p
 			 const uint8_t *f, uint64_t flen, uint64_t trail, const uint8_t **dense,
 			 refit_err_t *err);
 
-/* A unit received (dense bytes, trailer not counted) becomes the base. */
+/* A unit received (dense bytes, trailer not counted) becomes the base
+ * (without room: the message is a lack, reported). */
 void sdelta_keep_in(sdelta_t *d, size_t peer, size_t pos, const plan_msg_t *pm, uint32_t k0,
 		    uint32_t n, const uint8_t *dense, uint64_t bytes);
 

@@ -395,10 +395,11 @@ class Client:
     """One refit-client process, driven over its stdin/stdout."""
 
     def __init__(self, cl, node, model, role, layouts, instance="", install=None,
-                 pad=0, version=1, istride=1, extra=(), visible=None):
+                 pad=0, version=1, istride=1, extra=(), visible=None, wait=True):
         """visible (nccl on the emulator): the client runs with
         CUDA_VISIBLE_DEVICES = visible, its ranks on the devices of the node's
-        ranks as it numbers them."""
+        ranks as it numbers them.  wait=False: return once started, its first
+        line (registered or not) read at the first use of first or ok()."""
         args = [f"{BUILD}/bin/refit-client", "--socket", cl.sock(node), "--model", model,
                 "--role", role, "--layouts", layouts, "--timeout-ms", "30000"] + list(extra)
         env = host_env(cl.host(node)) if TRANSPORT == "nccl" else None
@@ -420,7 +421,15 @@ class Client:
             args += ["--version", str(version)]
         self.p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, bufsize=1, env=env)
-        self.first = self.p.stdout.readline().strip()
+        self._first = None
+        if wait:
+            self._first = self.p.stdout.readline().strip()
+
+    @property
+    def first(self):
+        if self._first is None:
+            self._first = self.p.stdout.readline().strip()
+        return self._first
 
     def ok(self):
         return self.first.startswith(("READY", "REGISTERED"))
@@ -432,13 +441,17 @@ class Client:
         assert out, f"client died: {self.p.stderr.read()}"
         return out
 
-    def close(self):
+    def close(self, wait=True):
+        """Tell the client to quit (once), and wait for it unless wait is False."""
         if self.p.poll() is None:
             try:
-                self.p.stdin.write("quit\n")
-                self.p.stdin.close()
+                if not self.p.stdin.closed:
+                    self.p.stdin.write("quit\n")
+                    self.p.stdin.close()
             except BrokenPipeError:
                 pass
+            if not wait:
+                return
             try:
                 self.p.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -569,23 +582,27 @@ def ranks_of(tensors):
 
 
 def start_model(cl, model, train, insts, rng, installs=None, extra=()):
-    """Clients for a model on every node its ranks touch; returns them.
-    extra: more arguments for every client (--sparse PPM)."""
+    """Clients for a model on every node its ranks touch; returns them, each
+    registered.  They start at once and register in any order, as a job's
+    processes do.  extra: more arguments for every client (--sparse PPM)."""
     tp = write(f"{TMP}/{model}-train.json", train)
     clients = {"train": [], "infer": []}
+    what = []
     for node in sorted({cl.node_of(r) for r in ranks_of(train)}):
-        c = Client(cl, node, model, "train", tp, extra=extra)
-        assert c.ok(), f"{model}: trainer on node {node}: {c.first} {c.p.stderr.read()}"
-        clients["train"].append(c)
+        clients["train"].append(Client(cl, node, model, "train", tp, extra=extra,
+                                       wait=False))
+        what.append(f"trainer on node {node}")
     for k, (iname, tensors) in enumerate(insts):
         ip = write(f"{TMP}/{model}-{iname}.json", tensors)
         for node in sorted({cl.node_of(r) for r in ranks_of(tensors)}):
             inst = (installs or {}).get(iname) or rng.choice(["double-buffer", "in-place"])
-            c = Client(cl, node, model, "infer", ip, instance=iname, install=inst,
-                       pad=rng.choice([0, 0, 3]), istride=rng.choice([1, 1, 1, 2]),
-                       extra=extra)
-            assert c.ok(), f"{model}: {iname} on node {node}: {c.first} {c.p.stderr.read()}"
-            clients["infer"].append(c)
+            clients["infer"].append(Client(cl, node, model, "infer", ip, instance=iname,
+                                           install=inst, pad=rng.choice([0, 0, 3]),
+                                           istride=rng.choice([1, 1, 1, 2]), extra=extra,
+                                           wait=False))
+            what.append(f"{iname} on node {node}")
+    for c, w in zip(clients["train"] + clients["infer"], what):
+        assert c.ok(), f"{model}: {w}: {c.first} {c.p.stderr.read()}"
     return clients
 
 
@@ -621,6 +638,9 @@ def step_and_refit(cl, model, version, name="lm", timeout=120):
 
 
 def stop(clients):
+    """Every client told to quit first, then each waited for."""
+    for c in clients["train"] + clients["infer"]:
+        c.close(wait=False)
     for c in clients["train"] + clients["infer"]:
         c.close()
 

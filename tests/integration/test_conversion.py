@@ -4,7 +4,8 @@
 hold fp8e4m3 weights with 128 x 128 block scales (and a tensor scale),
 bf16/fp16 casts and an unconverted tensor, in layouts that split blocks
 (converted on the receivers) and that hold whole blocks (converted on the
-senders).  Every byte of every inference shard, fp8 weights and scale
+senders); versions change 0.5 % of the source elements, each refit is
+followed by one of the next version as delta (tcp).  Every byte of every inference shard, fp8 weights and scale
 tensors included, is compared with the numpy reference
 (tests/conversion/ref.py) applied to the whole source tensor, after a
 reshard refit and after a gather-and-broadcast refit of the next version.
@@ -106,11 +107,27 @@ def mix(x):
     return x ^ (x >> np.uint64(31))
 
 
+# versions change this many elements per million (refit-client --sparse): a
+# refit after a committed one of the same plan goes as delta (docs/delta.md)
+SPARSE = 5000
+
+
+def version_of(g, t_index, version):
+    """refit-client --sparse: the version whose pattern each element holds at
+    version (the last one at or before it that changed the element)."""
+    w = np.full(g.shape, min(version, 1), dtype=np.uint64)
+    for x in range(2, version + 1):
+        hit = mix(g ^ (np.uint64(t_index) << np.uint64(48)) ^ (np.uint64(x) << np.uint64(32)) ^
+                  np.uint64(0xd1b54a32d192ed03)) % np.uint64(1000000) < np.uint64(SPARSE)
+        w[hit] = x
+    return w
+
+
 def source_bits(t_index, tensor, version):
-    """The whole source tensor as refit-client --finite fills it."""
+    """The whole source tensor as refit-client --finite --sparse fills it."""
     shape = tensor["shape"]
     g = np.arange(int(np.prod(shape)) if shape else 1, dtype=np.uint64)
-    v = np.uint64(version)
+    v = version_of(g, t_index, version)
     h = mix(g ^ (np.uint64(t_index) << np.uint64(48)) ^ (v << np.uint64(32)) ^ v)
     one = np.uint64(1)
     sign = (h >> np.uint64(15)) & one
@@ -192,7 +209,8 @@ STATE = {}
 
 def setup():
     tp = write(f"{TMP}/train.json", TRAIN)
-    trainers = [Client(CL, node, "conv", "train", tp, extra=["--finite"]) for node in (0, 1)]
+    trainers = [Client(CL, node, "conv", "train", tp,
+                       extra=["--finite", "--sparse", str(SPARSE)]) for node in (0, 1)]
     for c in trainers:
         assert c.ok(), f"trainer: {c.first} {c.p.stderr.read()}"
     paths = [write(f"{TMP}/i0.json", I0), write(f"{TMP}/i1.json", I1)]
@@ -205,15 +223,19 @@ def setup():
     STATE.update(trainers=trainers, infs=infs, paths=paths)
 
 
-def refit_version(version, mode=pb.RESHARD):
+def refit_version(version, mode=pb.RESHARD, delta=False):
     """The trainers step to version (past the first), it is refitted in mode,
-    every instance installs it, and each equals the numpy reference."""
+    every instance installs it, and each equals the numpy reference.  delta:
+    verify on, encoded against the version before (tcp; else dense)."""
     if version > 1:
         for c in STATE["trainers"]:
             out = c.cmd(f"next {version}")
             assert out.startswith("READY"), out
-    g = CL.refit("conv", version, mode=mode)
+    g = CL.refit("conv", version, mode=mode, verify=delta)
     assert g.state == pb.COMMITTED, g.failure
+    if harness.TRANSPORT == "tcp":
+        assert (g.delta_wire_bytes > 0) == delta and g.delta_wire_bytes < \
+            max(g.delta_dense_bytes, 1) / 4, (delta, g)
     for c in STATE["infs"]:
         out = c.cmd(f"wait {version} 20000")
         assert out.startswith(f"INSTALLED {version} "), out
@@ -224,6 +246,9 @@ def reshard_bit_exact():
     g, n = refit_version(1)
     print(f"     reshard: {n['elements']} elements in {n['shards']} shards equal the "
           f"numpy reference ({g.bytes} bytes over {harness.TRANSPORT})")
+    g, _ = refit_version(2, delta=True)
+    print(f"     again as delta: {g.delta_wire_bytes} bytes for {g.delta_dense_bytes} dense, "
+          f"{g.dense_wire_bytes} bytes dense")
     if harness.TRANSPORT == "nccl":   # the GPU path: its conversion kernels converted
         with open(CL.log.name) as f:
             log = f.read()
@@ -233,9 +258,10 @@ def reshard_bit_exact():
 
 
 def broadcast_bit_exact():
-    _, n = refit_version(2, mode=pb.BROADCAST)
+    _, n = refit_version(3, mode=pb.BROADCAST)
     print(f"     gather-and-broadcast: {n['elements']} elements in {n['shards']} shards "
           f"equal the numpy reference")
+    refit_version(4, mode=pb.BROADCAST, delta=True)
 
 
 def coordinator_restart_keeps_conversions():
@@ -244,7 +270,7 @@ def coordinator_restart_keeps_conversions():
     CL.coord.wait(timeout=20)
     CL.restart_coord()
     CL.wait_members(4, timeout=30)
-    refit_version(3)
+    refit_version(5)  # dense: the bases the coordinator knew are not kept
 
 
 def fp8_crosses_the_wire():
@@ -273,10 +299,10 @@ def bad_conversion_refused():
 try:
     check("trainer and two fp8 instances register", setup)
     if STATE:
-        check("reshard: fp8 weights, scales and casts equal the numpy reference",
-              reshard_bit_exact)
-        check("gather-and-broadcast: the next version equal the numpy reference",
-              broadcast_bit_exact)
+        check("reshard: fp8 weights, scales and casts equal the numpy reference; again "
+              "as delta", reshard_bit_exact)
+        check("gather-and-broadcast: the next version equal the numpy reference; again "
+              "as delta", broadcast_bit_exact)
         check("coordinator restarted from its state file: the next version converts alike",
               coordinator_restart_keeps_conversions)
         check("refit-plan explain shows both conversion sites", fp8_crosses_the_wire)

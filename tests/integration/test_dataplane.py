@@ -6,8 +6,9 @@ harness.py), librefit clients (refit-client) as trainers and inference
 instances, weights checked byte by byte.
 
 Usage: test_dataplane.py BUILD_DIR [PAIRS].  PAIRS random layout pairs
-(default 50) are each refit in reshard mode (version 1) and then in
-gather-and-broadcast mode (version 2).  Then: verify mode catching an
+(default 50) are each refit in reshard mode and then in gather-and-broadcast
+mode, each refit followed by one of the next version as delta (tcp; verify
+on, against the version before).  Then: verify mode catching an
 injected corruption, an abort midway (double buffer keeps the old version,
 in-place is marked invalid), a client killed mid-refit, bad registrations,
 and a data connection with a wrong token.  Prints "dataplane: N passed,
@@ -41,10 +42,11 @@ harness.init(BUILD, TMP)
 MAIN = Cluster("n", NODES)
 
 
-# Delta refits (docs/delta.md): the pairs of the first DELTA_PAIRS run each
-# mode's refit a second time, verify on, with versions that change SPARSE
-# elements per million: encoded against the previous version, byte-exact.
-DELTA_PAIRS = int(os.environ.get("REFIT_DELTA_PAIRS", "8"))
+# Delta refits (docs/delta.md): every pair (the first REFIT_DELTA_PAIRS when
+# set) runs each mode's refit a second time, verify on, with versions that
+# change SPARSE elements per million: encoded against the previous version,
+# byte-exact.  In the same daemons and clients, a batch's models at once.
+DELTA_PAIRS = int(os.environ.get("REFIT_DELTA_PAIRS", str(PAIRS)))
 SPARSE = 5000
 
 
@@ -141,6 +143,31 @@ def random_pairs():
         again = {k: n for k, n in built.items() if n > 1}
         assert built and not again, f"communicators built again within an epoch: {again}"
 
+
+
+def delta_partial_room():
+    """A receiving node with room for some of its bases (delta_base_bytes
+    256 KiB of 528 KiB received): it reports the messages it kept none of,
+    and the next refit sends those dense, the others encoded, byte-exact."""
+    cl = Cluster("dl", 2, node_extra=lambda k: ["--delta-base-bytes", "256KiB"] if k else [])
+    t = lambda name, shape, rank: {"name": name, "dtype": "fp32", "shape": shape,  # noqa: E731
+                                   "mesh": [rank], "placements": ["Replicate()"]}
+    cls = start_model(cl, "dl", [t("a", [64, 64], 0), t("b", [256, 512], 1)],
+                      [("i", [t("a", [64, 64], RPN), t("b", [256, 512], RPN + 1)])],
+                      random.Random(5), {"i": "in-place"}, extra=["--sparse", str(SPARSE)])
+    g1 = cl.refit("dl", 1)
+    assert g1.state == pb.COMMITTED and g1.delta_wire_bytes == 0, g1
+    expect_installed(cls, 1)
+    for c in cls["train"]:
+        assert c.cmd("next 2").startswith("READY")
+    g = cl.refit("dl", 2, verify=True)
+    assert g.state == pb.COMMITTED, g.failure
+    expect_installed(cls, 2)
+    print(f"     {g.delta_wire_bytes} bytes delta for {g.delta_dense_bytes} dense, "
+          f"{g.dense_wire_bytes} bytes dense (the receiver's lacks)")
+    assert g.delta_base_refit == g1.id and 0 < g.delta_wire_bytes < g.delta_dense_bytes / 10, g
+    assert g.dense_wire_bytes >= 128 << 10, g
+    stop(cls)
 
 
 def verify_catches_corruption():
@@ -910,6 +937,8 @@ try:
     check("a librefit client killed mid-refit fails it; daemon keeps serving",
           client_dies_midway)
     if harness.TRANSPORT == "tcp":
+        check("delta: a node with room for some of its bases: only the messages it "
+              "lacks go dense, byte-exact", delta_partial_room)
         check("bad registrations get clear errors", bad_registrations)
         check("memory is sealed memfds only: no truncation under the node, no leak",
               sealed_memory_only)

@@ -100,15 +100,17 @@ class Model:
     def commits(self):
         """Refit this version: it commits, every instance installs it byte-exact.
         After a refit that did not commit (failed, aborted: its nodes may have
-        rewritten their delta bases) or a catch-up (another plan) it is dense.
+        rewritten their delta bases) it is dense; a catch-up is never a base.
         Returns its record."""
         g = self.cl.refit(self.name, self.version)
         assert g.state == pb.COMMITTED, g.failure
         self.installed()
         prev = [r for r in self.cl.stub.ListRefits(pb.ListRefitsRequest(
             model=self.name, limit=2), timeout=5).refits if r.id != g.id]
-        if prev and (prev[0].state != pb.COMMITTED or prev[0].instance):
+        if prev and prev[0].state != pb.COMMITTED:
             assert g.delta_base_refit == 0 and g.delta_wire_bytes == 0, (prev[0], g)
+        if prev and prev[0].instance:
+            assert g.delta_base_refit != prev[0].id, (prev[0], g)
         return g
 
     def state(self, inst):
@@ -215,8 +217,13 @@ def sigkill_node():
     CL.restart_node(2)
     CL.wait_members(3)
     M.start("ip")
-    M.commits()
+    g = M.commits()   # dense: a new epoch, the restarted node holds no bases
     FIG["SIGKILL recovery (restart node + client, refit)"] = time.time() - t1
+    # the delta chain goes on, to the restarted node too: byte-exact
+    M.step()
+    g2 = M.commits()
+    if harness.TRANSPORT == "tcp":
+        assert g2.delta_base_refit == g.id and g2.delta_wire_bytes > 0, (g.id, g2)
 
 
 def sigstop_node():
@@ -348,7 +355,35 @@ def trainer_restart():
     M.commits()
 
 
+def delta_after_catch_up():
+    """An in-place instance's client restarts: its catch-up (another plan)
+    keeps no bases and leaves the model's, so the next refit is delta for
+    every unit, the restarted client's included (bases are the nodes' wire
+    bytes, not its memory), byte-exact."""
+    M.policy(retries=1, retry_backoff_ms=200, catch_up=True)  # as catch_up_late_instance
+    M.step()
+    g0 = M.commits()
+    M.inst["ip"].close()
+    harness.wait_for(lambda: "ip" not in [i.instance for i in CL.stub.GetModel(
+        pb.GetModelRequest(model=M.name), timeout=5).instances],
+        what="instance ip to be unregistered")
+    M.start("ip")
+    M.installed(insts=["ip"])
+    refs = harness.wait_for(lambda: (lambda x: x if x.refits[0].state != pb.RUNNING else None)(
+        CL.stub.ListRefits(pb.ListRefitsRequest(model=M.name, limit=1), timeout=5)),
+        what="the catch-up refit's record to be final")
+    assert refs.refits[0].instance == "ip" and refs.refits[0].state == pb.COMMITTED, refs
+    M.step()
+    g = M.commits()
+    if harness.TRANSPORT == "tcp":
+        assert g.delta_base_refit == g0.id and 0 < g.delta_wire_bytes < \
+            g.delta_dense_bytes / 10, (g0.id, g)
+
+
 def coordinator_restart():
+    # a delta refit of the chain before: its figures are in the state file
+    deltas = [r for r in CL.stub.ListRefits(pb.ListRefitsRequest(
+        model=M.name, limit=20), timeout=5).refits if r.delta_wire_bytes]
     rid = M.running()
     CL.coord.kill()
     CL.coord.wait()
@@ -368,6 +403,12 @@ def coordinator_restart():
     out = subprocess.run(ctl + ["--json", "status", str(rid)], capture_output=True, text=True)
     st = json.loads(out.stdout)
     assert st["state"] == "FAILED" and "restarted" in st["failure"], out
+    if deltas:  # refitctl status shows its dense and delta bytes after the restart
+        d = deltas[0]
+        out = subprocess.run(ctl + ["status", str(d.id)], capture_output=True, text=True)
+        assert f"{d.dense_wire_bytes} bytes dense, {d.delta_wire_bytes} bytes delta for " \
+            f"{d.delta_dense_bytes} dense (base: refit {d.delta_base_refit})" in out.stdout, \
+            (d, out.stdout)
     CL.restart_coord(spawned=True)
 
 
@@ -1223,6 +1264,8 @@ try:
         check("catch-up: a late instance gets the installed version at once",
               catch_up_late_instance)
         check("trainer restart: re-registers, the next WeightsReady works", trainer_restart)
+        check("delta: an instance's client restarted and caught up: the next refit is "
+              "delta, byte-exact", delta_after_catch_up)
         check("coordinator restart mid-refit: reported FAILED, next refit works",
               coordinator_restart)
         check("drain mid-refit: ABORTED, old version kept, node stays out", drain_midway)

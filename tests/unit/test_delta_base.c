@@ -2,7 +2,8 @@
  * test_delta_base.c - a node's delta bases (daemon/node/delta_base.c) and a
  * slice's units encoded against them (slice_delta.c): bounded memory, one
  * slice per table, another plan's bases dropped; a unit round trip byte for
- * byte; a receiver that lacks the named base refuses the unit.
+ * byte; a receiver that lacks the named base refuses the unit; a receiver
+ * without room for some bases reports those messages alone.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -197,11 +198,97 @@ START_TEST(no_room_goes_dense)
 		unit_pair(&tx, &rx, a, b, tag, tag - 1, ok);
 		ck_assert_int_eq(send_unit(&tx, &rx, v, &enc, got, &e), REFIT_OK);
 		ck_assert(!enc);
-		ck_assert(!tx.kept);   /* reported: no base offered next time */
+		/* a sender without room holds no entry: it sends the message
+		 * dense next time by itself, nothing to report */
+		ck_assert(tx.kept);
 		ck_assert_mem_eq(got, v, 108);
 		sdelta_fini(&tx);
 		sdelta_fini(&rx);
 	}
+	delta_store_free(a);
+	delta_store_free(b);
+}
+END_TEST
+
+/* Message pos of two (each as msg) from a to b, dense bytes d: as send_unit. */
+static refit_status_t
+send_pos(sdelta_t *tx, sdelta_t *rx, size_t pos, const uint8_t *d, bool *enc, uint8_t *got,
+	 refit_err_t *err)
+{
+	const uint8_t *w, *dense;
+	uint64_t wl;
+
+	refit_err_clear(err);
+	sdelta_out(tx, 1, pos, &msg, 0, 2, 2, d, 108, 4, &w, &wl, enc);
+	dense = w;
+	if (*enc)
+		CHECK(sdelta_in(rx, 0, "a", pos, &msg, 0, 2, 2, w, wl, 4, &dense, err));
+	memcpy(got, dense, 108);
+	sdelta_keep_in(rx, 0, pos, &msg, 0, 2, dense, 104);
+	return REFIT_OK;
+}
+
+/*
+ * A receiver with room for one message's base of two: it reports the other
+ * one alone (bases kept, one lack), and the next refit, told of it, sends
+ * that one dense and the first encoded, both byte-exact; told of nothing,
+ * the lacking one goes encoded and is refused, never decoded.
+ */
+START_TEST(lacks_go_dense_alone)
+{
+	static const char *const ids[2] = {"a", "b"};
+	static const size_t none[2] = {0, 0}, out[2] = {0, 2}, in[2] = {2, 0};
+	delta_store_t *a = delta_store_new(1 << 20, 10), *b = delta_store_new(150, 10);
+	const bool ok[2] = {true, true};
+	uint32_t skip1[1] = {1}, *skip[2] = {NULL, skip1};
+	const size_t nskip[2] = {0, 1};
+	uint8_t v1[108], v2[108], got[108];
+	slice_stats_t st = {0};
+	sdelta_t tx, rx;
+	refit_err_t e;
+	bool enc;
+
+	for (size_t i = 0; i < sizeof(v1); i++)
+		v1[i] = (uint8_t)(i * 37 + 11);
+	memcpy(v2, v1, sizeof(v2));
+	v2[9] ^= 0x40;
+	/* refit 1: dense; b keeps message 0 and has no room for message 1 */
+	sdelta_init(&tx, a, "m", "dg", ids, out, none, 2, 0, 1, 0, ok, 200);
+	sdelta_init(&rx, b, "m", "dg", ids, none, in, 2, 1, 1, 0, ok, 200);
+	for (size_t pos = 0; pos < 2; pos++) {
+		ck_assert_int_eq(send_pos(&tx, &rx, pos, v1, &enc, got, &e), REFIT_OK);
+		ck_assert(!enc);
+	}
+	sdelta_end(&rx, &st, true);
+	ck_assert(st.bases_kept);
+	ck_assert_uint_eq(st.nlacks, 1);
+	ck_assert_uint_eq(st.lacks[0], 0);      /* from node a (index 0) */
+	ck_assert_uint_eq(st.lacks[1], 1);      /* message 1 */
+	free(st.lacks);
+	st = (slice_stats_t){0};
+	sdelta_end(&tx, &st, true);
+	ck_assert(st.bases_kept && st.nlacks == 0);
+	/* refit 2 against 1, told that b lacks message 1 */
+	sdelta_init(&tx, a, "m", "dg", ids, out, none, 2, 0, 2, 1, ok, 200);
+	sdelta_init(&rx, b, "m", "dg", ids, none, in, 2, 1, 2, 1, ok, 200);
+	tx.skip = skip;
+	tx.nskip = nskip;
+	ck_assert_int_eq(send_pos(&tx, &rx, 0, v2, &enc, got, &e), REFIT_OK);
+	ck_assert(enc);
+	ck_assert_mem_eq(got, v2, 108);
+	ck_assert_int_eq(send_pos(&tx, &rx, 1, v2, &enc, got, &e), REFIT_OK);
+	ck_assert(!enc);
+	ck_assert_mem_eq(got, v2, 108);
+	sdelta_fini(&tx);
+	sdelta_fini(&rx);
+	/* refit 3 against 2, told nothing: message 1 encoded, refused */
+	sdelta_init(&tx, a, "m", "dg", ids, out, none, 2, 0, 3, 2, ok, 200);
+	sdelta_init(&rx, b, "m", "dg", ids, none, in, 2, 1, 3, 2, ok, 200);
+	ck_assert_int_eq(send_pos(&tx, &rx, 1, v1, &enc, got, &e), REFIT_ERR_REMOTE);
+	ck_assert(enc);
+	ck_assert_msg(strstr(e.msg, "does not hold") != NULL, "%s", e.msg);
+	sdelta_fini(&tx);
+	sdelta_fini(&rx);
 	delta_store_free(a);
 	delta_store_free(b);
 }
@@ -261,7 +348,7 @@ suite_delta_base(void)
 			th_tcase("delta_base", 30,
 				 TH_TESTS(store_is_bounded, waits_for_a_held_table,
 					  unit_round_trip_and_refusals,
-					  no_room_goes_dense,
+					  no_room_goes_dense, lacks_go_dense_alone,
 					  damaged_frames_refused_or_contained)),
 			NULL);
 }
