@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build the fuzz harnesses with clang's libFuzzer (+ ASan/UBSan) and run
-# each for SECONDS seconds from its seed corpus; without libFuzzer, replay
+# each for SECONDS seconds from its seed corpus, FUZZ_JOBS (nproc) at once; without libFuzzer, replay
 # the corpus through the same harness.  Prints "fuzz: N passed, N failed".
 # With RUNS (third argument) each harness instead runs exactly RUNS inputs
 # from a fixed seed and an empty work corpus: the same inputs every time,
@@ -36,6 +36,7 @@ fi
 obj() { o=$(echo "$1" | tr / _); echo "$OUT/obj/${o%.c}.o"; }
 FZ_CFLAGS="$CFLAGS -I$BUILD/gen -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all"
 shared_built=0
+torun=""
 if [ $have_fuzzer = 1 ]; then
 	rm -rf "$OUT/obj" && mkdir -p "$OUT/obj"
 	all="$SRC rpc/proto_conv.c dataplane/delta.c"
@@ -69,25 +70,7 @@ for h in layout topo placement arch rpc delta; do
 			echo "fuzz $h: FAILED to build"
 			failed=$((failed + 1)); continue
 		fi
-		if [ -n "$RUNS" ]; then
-			rm -rf "$work" && mkdir -p "$work"
-			limit="-runs=$RUNS -seed=1"
-		else
-			limit="-max_total_time=$SECONDS_EACH"
-		fi
-		if "$OUT/fuzz-$h" $limit -max_len=4096 -artifact_prefix="$OUT/" \
-			-timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
-			"$work" "$corpus" >"$OUT/fuzz-$h.log" 2>&1; then
-			if [ -n "$RUNS" ]; then
-				echo "fuzz $h: ok ($RUNS inputs, seed 1)"
-			else
-				echo "fuzz $h: ok ($SECONDS_EACH s)"
-			fi
-			passed=$((passed + 1))
-		else
-			echo "fuzz $h: FAILED, see $OUT/fuzz-$h.log"; tail -20 "$OUT/fuzz-$h.log"
-			failed=$((failed + 1))
-		fi
+		torun="$torun $h"
 	else
 		if ${CC:-gcc} $CFLAGS -fsanitize=address,undefined -o "$OUT/replay-$h" \
 			tests/fuzz/replay.c tests/fuzz/fuzz_$h.c $SRC $extra_src $extra $LIBS &&
@@ -97,6 +80,37 @@ for h in layout topo placement arch rpc delta; do
 		else
 			failed=$((failed + 1))
 		fi
+	fi
+done
+
+# the built harnesses run JOBS at a time (each on its own work corpus and
+# log), reported in order
+if [ -n "$RUNS" ]; then
+	limit="-runs=$RUNS -seed=1"
+else
+	limit="-max_total_time=$SECONDS_EACH"
+fi
+for h in $torun; do
+	rm -f "$OUT/fuzz-$h.rc"
+	[ -z "$RUNS" ] || { rm -rf "$OUT/corpus-$h" && mkdir -p "$OUT/corpus-$h"; }
+done
+[ -z "$torun" ] || printf '%s\n' $torun |
+	FZ_OUT=$OUT FZ_LIMIT=$limit xargs -P "$JOBS" -n 1 sh -c '
+		"$FZ_OUT/fuzz-$1" $FZ_LIMIT -max_len=4096 -artifact_prefix="$FZ_OUT/" \
+			-timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
+			"$FZ_OUT/corpus-$1" "tests/fuzz/corpus/$1" >"$FZ_OUT/fuzz-$1.log" 2>&1
+		echo $? >"$FZ_OUT/fuzz-$1.rc"' sh
+for h in $torun; do
+	if [ "$(cat "$OUT/fuzz-$h.rc" 2>/dev/null)" = 0 ]; then
+		if [ -n "$RUNS" ]; then
+			echo "fuzz $h: ok ($RUNS inputs, seed 1)"
+		else
+			echo "fuzz $h: ok ($SECONDS_EACH s)"
+		fi
+		passed=$((passed + 1))
+	else
+		echo "fuzz $h: FAILED, see $OUT/fuzz-$h.log"; tail -20 "$OUT/fuzz-$h.log"
+		failed=$((failed + 1))
 	fi
 done
 echo "fuzz: $passed passed, $failed failed"
