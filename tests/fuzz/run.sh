@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build the fuzz harnesses with clang's libFuzzer (+ ASan/UBSan) and run
-# each for SECONDS seconds from its seed corpus, FUZZ_JOBS (nproc) at once; without libFuzzer, replay
-# the corpus through the same harness.  Prints "fuzz: N passed, N failed".
+# each for SECONDS seconds from its seed corpus, FUZZ_JOBS (nproc) at once;
+# without libFuzzer, replay the corpus through the same harness.  Prints "fuzz: N passed, N failed".
 # With RUNS (third argument) each harness instead runs exactly RUNS inputs
 # from a fixed seed and an empty work corpus: the same inputs every time,
 # which is what `make check` uses so CI cannot turn red by chance; open-ended
