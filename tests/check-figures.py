@@ -108,7 +108,7 @@ def tree(rpc_fails=False, delta=False):
     ROOTS.append(root)
     for d in ("scripts", "docs", "bench", "build/bin"):
         os.makedirs(os.path.join(root, d))
-    for f in ("figures.py", "figures_delta.py"):
+    for f in ("figures.py", "figures_delta.py", "figures_slow.py"):
         shutil.copy(os.path.join(HERE, "scripts", f), os.path.join(root, "scripts"))
     docs = {
         "README.md": "# x\n\n" + OUTSIDE + "\n" + region("bench-refit-summary") + "\n" +
@@ -342,14 +342,15 @@ def faults_table():
     out = ("ok   something (1.0 s)\n     SIGKILL detection: 0.02 s\n"
            "     soak: 12 versions, 10 committed first time; fds 15->15\n"
            "faults: 30 passed, 0 failed\n")
-    t = fig.faults_table(out, "tests/integration/test_faults.py build 30", "2026-11-30")
+    t = fig.figures_slow.faults_table(out, "tests/integration/test_faults.py build 30",
+                                      "2026-11-30")
     assert "| SIGKILL detection | 0.02 s |\n| soak | 12 versions, 10 committed first time; " \
            "fds 15->15 |\n" in t, t
     assert "one run on 2026-11-30" in t, t
     for bad in ("     SIGKILL detection: 0.02 s\nfaults: 29 passed, 1 failed\n",
                 "ok   x\nfaults: 30 passed, 0 failed\n"):
         try:
-            fig.faults_table(bad, "cmd", "2026-11-30")
+            fig.figures_slow.faults_table(bad, "cmd", "2026-11-30")
         except SystemExit as e:
             assert "faults" in str(e), e
         else:

@@ -15,10 +15,35 @@
 #      against the host quantizer (cvt-gpu-test) and a converting model over
 #      nccl, every byte against the numpy reference (test_conversion.py);
 # 2 and 3 once with the normal build and once under ASan + UBSan.
+#
+# The suites mostly wait (leases, deadlines, the emulator's delays: under
+# half a core on average), so they run in lanes at once, each lane its
+# suites in order: NCCL_LANES=4 (the default) "rules": 1 with the normal
+# build's poison, conversion and e2e suites; "faults": the normal build's
+# data plane and faults; "faults-asan": the normal build's GPU test
+# program, the ASan build's faults and e2e; "asan": the ASan build's other
+# suites (lanes of about equal length).  NCCL_LANES=3: 1, the normal
+# build's 2 and 3, the ASan build's; 2: 1 with the normal build's, the
+# ASan build's; 1: everything in one process, in order.  Each lane is this script again (--lane NAME
+# SUITE...) with its own per-suite logs (BUILD/check-nccl/NAME/) and
+# counts; its output is printed whole, lane by lane, once all are done.
+# Every suite runs and counts as it did; a lane that ends without its count
+# line is one failure.
 # Ends with "check-nccl: N passed, N failed".
-# Usage: sh tests/run-check-nccl.sh [BUILD_DIR]  (NCCL_PAIRS, NCCL_SOAK, NCCL_ASAN_PAIRS)
+# Usage: sh tests/run-check-nccl.sh [BUILD_DIR]
+#        (NCCL_PAIRS, NCCL_SOAK, NCCL_ASAN_PAIRS, NCCL_LANES)
 set -u
 BUILD=${1:-build}
+LANE=all
+N=normal
+A=asan
+SUITES="rules gpu:$N dataplane:$N faults:$N poison:$N cvt:$N conversion:$N e2e:$N
+	gpu:$A dataplane:$A faults:$A poison:$A conversion:$A e2e:$A"
+if [ "${2:-}" = --lane ]; then
+	LANE=${3:-x}
+	if [ $# -ge 3 ]; then shift 3; else shift $#; fi
+	SUITES=$*
+fi
 PAIRS=${NCCL_PAIRS:-20}
 SOAK=${NCCL_SOAK:-10}
 ASAN_PAIRS=${NCCL_ASAN_PAIRS:-6}
@@ -27,17 +52,83 @@ export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 CHECK_DIR=$BUILD/check-nccl
 CHECK_LOG=$BUILD/check-nccl.log
+if [ "$LANE" != all ]; then
+	CHECK_DIR=$BUILD/check-nccl/$LANE
+	CHECK_LOG=$BUILD/check-nccl/$LANE.log
+fi
 mkdir -p "$CHECK_DIR" && rm -f "$CHECK_DIR"/suite-*.log && : >"$CHECK_LOG" || exit 1
 . tests/check-lib.sh
 
-script "emulator rule tests (tests/run-check-emu.sh)" sh tests/run-check-emu.sh "$BUILD"
+# the lanes (NAME:SUITE,SUITE... each) for NCCL_LANES
+case ${NCCL_LANES:-4} in
+1) LANES="" ;;
+2) LANES="normal:rules,gpu:$N,dataplane:$N,faults:$N,poison:$N,cvt:$N,conversion:$N,e2e:$N
+	asan:gpu:$A,dataplane:$A,faults:$A,poison:$A,conversion:$A,e2e:$A" ;;
+3) LANES="rules:rules
+	normal:gpu:$N,dataplane:$N,faults:$N,poison:$N,cvt:$N,conversion:$N,e2e:$N
+	asan:gpu:$A,dataplane:$A,faults:$A,poison:$A,conversion:$A,e2e:$A" ;;
+*) LANES="rules:rules,poison:$N,cvt:$N,conversion:$N,e2e:$N
+	faults:dataplane:$N,faults:$N
+	faults-asan:gpu:$N,faults:$A,e2e:$A
+	asan:gpu:$A,dataplane:$A,poison:$A,conversion:$A" ;;
+esac
+
+if [ "$LANE" = all ] && [ -n "$LANES" ]; then
+	k=0
+	for spec in $LANES; do
+		k=$((k + 1))
+		l=${spec%%:*}
+		rm -rf "${CHECK_DIR:?}/$l" && mkdir -p "$CHECK_DIR/$l"
+		sh "$0" "$BUILD" --lane "$l" $(echo "${spec#*:}" | tr , ' ') \
+			>"$CHECK_DIR/$l.out" 2>&1 &
+		eval "pid_$k=$!"
+	done
+	k=0
+	for spec in $LANES; do
+		k=$((k + 1))
+		l=${spec%%:*}
+		eval "wait \$pid_$k"
+		rc=$?
+		echo "== lane $l (exit status $rc)"
+		cat "$CHECK_DIR/$l.out"
+		cat "$CHECK_DIR/$l.log" >>"$CHECK_LOG" 2>/dev/null
+		line=$(grep -E "^check-nccl lane [a-z-]+: [0-9]+ passed, [0-9]+ failed$" \
+			"$CHECK_DIR/$l.out" | tail -1)
+		if [ -z "$line" ]; then
+			echo "FAIL lane $l ended without its count line (status $rc)"
+			check_add 0 1
+			continue
+		fi
+		p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')
+		f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
+		check_add "$p" "$f"
+		[ "$rc" -eq 0 ] || [ "$f" -gt 0 ] ||
+			{ echo "FAIL lane $l: exit status $rc with no failure counted"; check_add 0 1; }
+	done
+	echo "check-nccl: $total_pass passed, $total_fail failed"
+	[ "$total_fail" -eq 0 ]
+	exit
+fi
+
+# the end of a lane, or of the whole run
+finish() {
+	if [ "$LANE" = all ]; then
+		echo "check-nccl: $total_pass passed, $total_fail failed"
+	else
+		echo "check-nccl lane $LANE: $total_pass passed, $total_fail failed"
+	fi
+	[ "$total_fail" -eq 0 ]
+	exit
+}
+
 EMU=$(cd "$BUILD/emu" 2>/dev/null && pwd) || EMU=""
-if [ -z "$EMU" ] || [ ! -f "$EMU/libcudart.so.13" ]; then
+# the suites after the rule tests need the emulator
+emu_present() {
+	[ -n "$EMU" ] && [ -f "$EMU/libcudart.so.13" ] && return 0
 	echo "== FAIL no emulator in $BUILD/emu (make emu): the nccl suites cannot run"
 	check_add 0 1
-	echo "check-nccl: $total_pass passed, $total_fail failed"
-	exit 1
-fi
+	finish
+}
 
 # the GPU test program over the emulator: one emulated host per process
 # (its emulated device memory lives in a folder of its own, removed when it passed)
@@ -62,33 +153,48 @@ gputest_lib() {
 	return $rc
 }
 
-for v in normal asan; do
-	if [ $v = normal ]; then b=$BUILD; pairs=$PAIRS; soak=$SOAK; tag=""
+# suite NAME VARIANT: one suite with the normal build (normal) or under
+# ASan + UBSan (asan)
+suite() {
+	case $2 in normal | asan) ;;
+	*) echo "FAIL unknown suite \"$1:$2\""; check_add 0 1; return ;;
+	esac
+	if [ "$2" = normal ]; then b=$BUILD; pairs=$PAIRS; soak=$SOAK; tag=""
 	else b=$BUILD/asan; pairs=$ASAN_PAIRS; soak=5; tag=", ASan + UBSan (no LSan)"
 		# LeakSanitizer's own tracer crashes now and then (ScanRangeForPointers)
 		# when a daemon with the emulator loaded exits: host leaks are checked
 		# by the tcp suites under ASan, device leaks by the emulator's counters
 		export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 	fi
-	script "GPU test program over the emulator$tag" gputest "$b/tests/gpu-test"
-	script "data plane over nccl on the emulator ($pairs layout pairs)$tag" \
+	case $1 in
+	gpu) script "GPU test program over the emulator$tag" gputest "$b/tests/gpu-test" ;;
+	dataplane) script "data plane over nccl on the emulator ($pairs layout pairs)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/integration/test_dataplane.py "$b" "$pairs"
-	script "faults over nccl on the emulator (${soak} s soak)$tag" \
+		/usr/bin/python3 tests/integration/test_dataplane.py "$b" "$pairs" ;;
+	faults) script "faults over nccl on the emulator (${soak} s soak)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak"
-	script "a poisoned node: health, metric, members, refits refused at once, poisoned_exit$tag" \
+		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak" ;;
+	poison) script "a poisoned node: health, metric, members, refits refused at once, poisoned_exit$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/integration/test_poison.py "$b"
-	[ $v = asan ] || script "conversion kernels vs the host quantizer (cvt-gpu-test) on the emulator" \
-		gputest_lib "$b/tests/cvt-gpu-test"
-	script "conversion over nccl (fp32 -> bf16, bf16 -> fp8 + scales) bit for bit$tag" \
+		/usr/bin/python3 tests/integration/test_poison.py "$b" ;;
+	cvt) script "conversion kernels vs the host quantizer (cvt-gpu-test) on the emulator$tag" \
+		gputest_lib "$b/tests/cvt-gpu-test" ;;
+	conversion) script "conversion over nccl (fp32 -> bf16, bf16 -> fp8 + scales) bit for bit$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/integration/test_conversion.py "$b"
-	script "tests/gpu/test_gpu_e2e.py (one rank per daemon) on the emulator$tag" \
+		/usr/bin/python3 tests/integration/test_conversion.py "$b" ;;
+	e2e) script "tests/gpu/test_gpu_e2e.py (one rank per daemon) on the emulator$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/gpu/test_gpu_e2e.py "$b"
-done
+		/usr/bin/python3 tests/gpu/test_gpu_e2e.py "$b" ;;
+	*) echo "FAIL unknown suite \"$1:$2\""; check_add 0 1 ;;
+	esac
+}
 
-echo "check-nccl: $total_pass passed, $total_fail failed"
-[ "$total_fail" -eq 0 ]
+for s in $SUITES; do
+	if [ "$s" = rules ]; then
+		script "emulator rule tests (tests/run-check-emu.sh)" sh tests/run-check-emu.sh "$BUILD"
+	else
+		emu_present
+		suite "${s%%:*}" "${s#*:}"
+	fi
+done
+finish
