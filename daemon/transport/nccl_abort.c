@@ -215,6 +215,7 @@ nccl_drop_comms(xport_t *x, bool abort)
 	comms_t *cm = &x->cm;
 
 	for (size_t i = 0; i < cm->nlocal && cm->comm; i++) {
+		int64_t drain_ms;
 		cudaError_t e;
 
 		if (cm->dev && (e = a->cudaSetDevice(cm->dev[i])) != cudaSuccess)
@@ -226,8 +227,12 @@ nccl_drop_comms(xport_t *x, bool abort)
 			nccl_comm_free(x, cm->comm[i], cm->local[i], abort);
 		/* what the stream still holds (operations of an aborted communicator
 		 * end at once) finishes before its buffers can be freed; a stream
-		 * that does not poisons the node: its buffers are kept */
-		if (cm->stream && cm->stream[i] && !nccl_drained(a, cm->stream[i], DRAIN_MS))
+		 * that does not poisons the node: its buffers are kept.  A node
+		 * already poisoned (an abort that never returned) keeps them
+		 * anyway: no wait, teardown stays bounded by the abort's 10 s */
+		drain_ms = nccl_is_poisoned(x) ? 0 : DRAIN_MS;
+		if (cm->stream && cm->stream[i] && !nccl_drained(a, cm->stream[i], drain_ms) &&
+		    drain_ms > 0)
 			nccl_poison(x, cm->local[i], "its stream did not drain within 10 s of its "
 				    "communicator's end");
 		if (cm->stream && cm->stream[i] &&
