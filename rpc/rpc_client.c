@@ -43,6 +43,13 @@ rpc_channel_args(grpc_arg *args, size_t max_msg)
 	args[2] = rpc_arg_int(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
 	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
 	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+	/* gRPC retries off (refit's callers retry themselves): gRPC 1.51's
+	 * retry filter dereferences the grpc-status of an answer's trailers
+	 * unchecked and aborts the process when a peer ends a call without one
+	 * (seen once as etcd over TLS stopped; grpc/grpc#34683).  Without it
+	 * the call fails UNKNOWN "No status received", an error like any
+	 * other (tests/integration/nostatus_peer.py). */
+	args[5] = rpc_arg_int(GRPC_ARG_ENABLE_RETRIES, 0);
 }
 
 rpc_client_t *
