@@ -191,11 +191,12 @@ rpc_client_call(rpc_client_t *c, const ProtobufCServiceDescriptor *svc,
 	sb = grpc_raw_byte_buffer_create(&sl, 1);
 	grpc_slice_unref(sl);
 	cq = grpc_completion_queue_create_for_pluck(NULL);
-	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-					grpc_slice_from_static_string(path), NULL,
+	sl = grpc_slice_from_copied_string(path); /* gRPC keeps it: path is on this stack */
+	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, sl, NULL,
 					gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
 						     gpr_time_from_millis(timeout_ms, GPR_TIMESPAN)),
 					NULL);
+	grpc_slice_unref(sl);
 	rc = exchange(c, call, cq, sb, &rb, &code, &details, timeout_ms, err);
 	if (rc == REFIT_OK && code != GRPC_STATUS_OK) {
 		char *d = grpc_slice_to_c_string(details);
