@@ -4,8 +4,9 @@ refitd survives it.
 The peer speaks just enough HTTP/2 over plain TCP: its SETTINGS, the
 acknowledgements, and for each request stream one HEADERS frame that ends
 the stream (":status 200", "content-type: application/grpc") and carries
-no grpc-status.  etcd's TLS listener (a Go net/http handler) can end a call
-like that when it stops mid-call.  gRPC 1.51's retry filter, on by default,
+no grpc-status.  etcd serving TLS ends the calls in flight without a status
+when it stops (stress_etcd_stop.py counts them; the frames it sends may
+differ, the missing status is the same).  gRPC 1.51's retry filter, on by default,
 dereferenced that missing status and aborted the process (optional.h:441
 "this->engaged_"; grpc/grpc#34683); refit's channels turn gRPC's retries off,
 so the call fails UNKNOWN "No status received" and the caller goes on.
