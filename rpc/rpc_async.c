@@ -548,12 +548,17 @@ rpc_async_call(rpc_async_t *a, uint64_t group, const char *target,
 	grpc_slice_unref(sl);
 	x->chan = chan_get(a, target);
 	x->chan->calls++;
+	/* a copy: gRPC keeps the method slice (its :path) until the call is sent,
+	 * which may be after this returns (a channel still connecting); path
+	 * is on this stack ("unknown method" with an empty name, seen) */
+	sl = grpc_slice_from_copied_string(path);
 	x->call = grpc_channel_create_call(x->chan->ch, NULL, GRPC_PROPAGATE_DEFAULTS, a->cq,
-					   grpc_slice_from_static_string(path), NULL,
+					   sl, NULL,
 					   gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
 							gpr_time_from_millis(timeout_ms,
 									     GPR_TIMESPAN)),
 					   NULL);
+	grpc_slice_unref(sl);
 	if (x->call == NULL || start_batch(a, x, session_of(a, target)) != GRPC_CALL_OK) {
 		call_free(a, x);
 		return refit_err_set(err, REFIT_ERR_INTERNAL, "rpc: cannot start %s to %s",

@@ -43,6 +43,13 @@ rpc_channel_args(grpc_arg *args, size_t max_msg)
 	args[2] = rpc_arg_int(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
 	args[3] = rpc_arg_int(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
 	args[4] = rpc_arg_int(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+	/* gRPC retries off (refit's callers retry themselves): gRPC 1.51's
+	 * retry filter dereferences the grpc-status of an answer's trailers
+	 * unchecked and aborts the process when a peer ends a call without one
+	 * (seen once as etcd over TLS stopped; grpc/grpc#34683).  Without it
+	 * the call fails UNKNOWN "No status received", an error like any
+	 * other (tests/integration/nostatus_peer.py). */
+	args[5] = rpc_arg_int(GRPC_ARG_ENABLE_RETRIES, 0);
 }
 
 rpc_client_t *
@@ -184,11 +191,12 @@ rpc_client_call(rpc_client_t *c, const ProtobufCServiceDescriptor *svc,
 	sb = grpc_raw_byte_buffer_create(&sl, 1);
 	grpc_slice_unref(sl);
 	cq = grpc_completion_queue_create_for_pluck(NULL);
-	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-					grpc_slice_from_static_string(path), NULL,
+	sl = grpc_slice_from_copied_string(path); /* gRPC keeps it: path is on this stack */
+	call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, sl, NULL,
 					gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
 						     gpr_time_from_millis(timeout_ms, GPR_TIMESPAN)),
 					NULL);
+	grpc_slice_unref(sl);
 	rc = exchange(c, call, cq, sb, &rb, &code, &details, timeout_ms, err);
 	if (rc == REFIT_OK && code != GRPC_STATUS_OK) {
 		char *d = grpc_slice_to_c_string(details);

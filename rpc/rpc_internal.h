@@ -18,8 +18,8 @@
 
 grpc_arg rpc_arg_int(const char *key, int value);
 /* The channel arguments every client here uses (message size, reconnect
- * back-off) into args[0..RPC_CHANNEL_ARGS-1]. */
-#define RPC_CHANNEL_ARGS 5
+ * back-off, gRPC's retries off) into args[0..RPC_CHANNEL_ARGS-1]. */
+#define RPC_CHANNEL_ARGS 6
 void rpc_channel_args(grpc_arg *args, size_t max_msg);
 grpc_arg rpc_arg_str(const char *key, const char *value);
 

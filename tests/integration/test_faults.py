@@ -34,6 +34,7 @@ from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
 import harness  # noqa: E402
 from harness import Client, Cluster, check, spawn, write  # noqa: E402
+from nostatus_peer import survives_no_status  # noqa: E402
 
 harness.init(BUILD, TMP)
 LEASE_MS = 1000
@@ -1309,6 +1310,9 @@ try:
         check("SIGTERM with watched channels, one failing: the coordinator exits 0 at once",
               watched_shutdown)
     check(f"soak: refits with random node kills for {SOAK:.0f} s", soak)
+    check("a peer ending each call without a grpc-status (etcd's TLS listener stopping "
+          "mid-call): the coordinator (etcd) and a node (coordinator) log the call failed "
+          "and live on; SIGTERM: 0", lambda: survives_no_status(BUILD))
 finally:
     harness.stop_all()
     leaked = [p.args[:3] for p in harness.PROCS if p.poll() is None]
