@@ -82,6 +82,8 @@ for v in normal asan; do
 		/usr/bin/python3 tests/integration/test_poison.py "$b"
 	[ $v = asan ] || script "conversion kernels vs the host quantizer (cvt-gpu-test) on the emulator" \
 		gputest_lib "$b/tests/cvt-gpu-test"
+	[ $v = asan ] || script "delta kernels vs the host codec (delta-gpu-test) on the emulator" \
+		gputest_lib "$b/tests/delta-gpu-test"
 	script "conversion over nccl (fp32 -> bf16, bf16 -> fp8 + scales) bit for bit$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/integration/test_conversion.py "$b"
