@@ -75,6 +75,7 @@
 #include "common/clock.h"
 #include "daemon/transport/gpu.h"
 #include "daemon/transport/transport.h"
+#include "dataplane/delta_gpu.h"
 #include "dataplane/view.h"
 
 #ifndef REFIT_HAVE_NCCL
@@ -509,6 +510,106 @@ group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n, int reps)
 	dev->free(dev->ctx, r1, b);
 	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
 	free(h);
+	free(g);
+	return bad;
+}
+
+/*
+ * A delta unit from rank r0's device to rank r1's (issue 26 item 3): n
+ * bf16 bytes, every 97th element changed (-0.0 for 0.0, a NaN's payload,
+ * others), encoded by the kernels on r0 against its base, the size message
+ * (wire bytes, base tag) in one group, the encoding in the next (its size
+ * now known to r1), decoded on r1 in place into its copy of the base:
+ * byte-exact against the new bytes, the wire a fraction of dense.
+ */
+static int
+delta_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	uint64_t wk = dp_gdelta_work(n, 2), len = 0, wire = 0, tag = 0;
+	uint8_t *hb = malloc(n), *hc = malloc(n), *g = malloc(n), szh[DP_GDELTA_SIZE_MSG];
+	uint8_t *b0 = dev->alloc(dev->ctx, r0, n), *c0 = dev->alloc(dev->ctx, r0, n);
+	uint8_t *e0 = dev->alloc(dev->ctx, r0, DP_DELTA_HDR + n), *w0 = dev->alloc(dev->ctx, r0, wk);
+	uint8_t *s0 = dev->alloc(dev->ctx, r0, DP_GDELTA_SIZE_MSG);
+	uint8_t *b1 = dev->alloc(dev->ctx, r1, n), *e1 = NULL, *w1 = dev->alloc(dev->ctx, r1, wk);
+	uint8_t *s1 = dev->alloc(dev->ctx, r1, DP_GDELTA_SIZE_MSG);
+	dp_delta_fmt_t fmt = DP_DELTA_DENSE;
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	EXPECT(dev->delta != NULL, "the transport has no delta kernels");
+	EXPECT(b0 && c0 && e0 && w0 && s0 && b1 && w1 && s1, "cudaMalloc");
+	for (uint64_t i = 0; !bad && i < n; i += 2) {
+		uint16_t v = (uint16_t)(i * 2654435761u >> 7), c = v;
+
+		if (i % 97 == 0)
+			c = v == 0 ? 0x8000 : (v & 0x7f80) == 0x7f80 ? v ^ 1 : (uint16_t)(v + 1);
+		if (i % 1000 == 0)
+			v = 0, c = 0x8000;                /* 0.0 -> -0.0 */
+		if (i % 1500 == 2)
+			v = 0x7fc1, c = 0x7fc3;           /* a NaN's payload */
+		memcpy(hb + i, &v, 2);
+		memcpy(hc + i, &c, 2);
+	}
+	if (!bad) {
+		dev->from_host(dev->ctx, r0, b0, hb, n);
+		dev->from_host(dev->ctx, r0, c0, hc, n);
+		dev->from_host(dev->ctx, r1, b1, hb, n);
+		dp_gdelta_encode(dev, r0, b0, c0, n, 2, e0, w0);
+		EXPECT(dp_gdelta_encode_result(dev, r0, w0, &len, &fmt, &err) == REFIT_OK,
+		       "encode: %s", err.msg);
+	}
+	if (!bad) {
+		xport_op_t so[2] = {{true, r0, r1, s0, DP_GDELTA_SIZE_MSG},
+				    {false, r1, r0, s1, DP_GDELTA_SIZE_MSG}};
+
+		dp_gdelta_size_put(szh, len, 77);
+		dev->from_host(dev->ctx, r0, s0, szh, sizeof(szh));
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+		EXPECT(group_run(s, so, 2, &err) == REFIT_OK, "size group: %s", err.msg);
+		dev->to_host(dev->ctx, r1, szh, s1, sizeof(szh));
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+		dp_gdelta_size_get(szh, &wire, &tag);
+		EXPECT(wire == len && tag == 77, "the size message: %" PRIu64 " bytes, tag %" PRIu64
+		       " (sent %" PRIu64 ", 77)", wire, tag, len);
+	}
+	if (!bad) {
+		e1 = dev->alloc(dev->ctx, r1, wire);
+		EXPECT(e1 != NULL, "cudaMalloc");
+	}
+	if (!bad) {
+		xport_op_t po[2] = {{true, r0, r1, e0, wire}, {false, r1, r0, e1, wire}};
+
+		EXPECT(group_run(s, po, 2, &err) == REFIT_OK, "payload group: %s", err.msg);
+		dp_gdelta_decode(dev, r1, b1, b1, n, 2, e1, wire, w1);
+		EXPECT(dp_gdelta_decode_result(dev, r1, w1, &err) == REFIT_OK, "decode: %s",
+		       err.msg);
+		dev->to_host(dev->ctx, r1, g, b1, n);
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+		EXPECT(memcmp(g, hc, n) == 0, "rank %d's decoded bytes differ from rank %d's new "
+		       "bytes", r1, r0);
+		EXPECT(fmt != DP_DELTA_DENSE && wire * 10 < n, "%" PRIu64 " bytes on the wire "
+		       "(%s) for %" PRIu64 " dense", wire, dp_delta_fmt_str(fmt), n);
+		printf("     delta rank %d -> %d: %" PRIu64 " dense bytes as %" PRIu64 " (%s), "
+		       "decoded in place byte-exact\n", r0, r1, n, wire, dp_delta_fmt_str(fmt));
+	}
+	dev->free(dev->ctx, r0, b0);
+	dev->free(dev->ctx, r0, c0);
+	dev->free(dev->ctx, r0, e0);
+	dev->free(dev->ctx, r0, w0);
+	dev->free(dev->ctx, r0, s0);
+	dev->free(dev->ctx, r1, b1);
+	dev->free(dev->ctx, r1, w1);
+	dev->free(dev->ctx, r1, s1);
+	if (e1)
+		dev->free(dev->ctx, r1, e1);
+	if (dev->sync(dev->ctx, &err) != REFIT_OK) {
+		printf("     sync after the frees: %s\n", err.msg);
+		bad = 1;
+	}
+	free(hb);
+	free(hc);
 	free(g);
 	return bad;
 }
@@ -1631,6 +1732,9 @@ main(int argc, char **argv)
 				       group_two(s, 0, 1, 1 << 20, 0) + group_two(s, 1, 0, 12345, 0));
 			else
 				printf("     skipped: two local ranks on two devices (one device)\n");
+			result("a delta unit between two ranks: encoded by the kernels, its size "
+			       "message, then its bytes, decoded in place byte-exact",
+			       delta_two(s, 0, (int32_t)(nl - 1), 1 << 20));
 			result("loopback communicator: send/recv to itself",
 			       loopback(s, 0));
 			/* last in the session: a failure here stays in its error */
