@@ -9,24 +9,27 @@
  * with the same reasons, before it writes a byte.
  *
  * Encode: E1 (tiles) counts each tile's changes, its last changed and
- * first unchanged element; E2 (one thread) scans those into each tile's
- * context (the end of the run before it, the first unchanged element at or
- * after its end, the changes before it); E3 (tiles) sizes the runs that
- * start in each tile (a run's length may reach past its tile: the context
- * says where it ends); E4 (one thread) places each tile's runs, chooses
- * the format, writes the header and the result (length, format); E5
- * (tiles) writes each tile's part of the body.
- * Decode: D1 (tiles) counts each bitmap tile's bits; D2 (one thread)
- * checks the header, the sizes, the bitmap's counts, or parses every run
- * (checking each) and notes where each tile's first run begins; D3 (tiles)
- * copies base to out (or the dense body) once D2 accepted; D4 (tiles)
- * writes each tile's changed elements.
+ * first unchanged element; E2 scans those into each tile's context (the
+ * end of the run before it, the first unchanged element at or after its
+ * end, the changes before it); E3 (tiles) sizes the runs that start in
+ * each tile (a run's length may reach past its tile: the context says
+ * where it ends); E4 places each tile's runs, chooses the format, writes
+ * the header and the result (length, format); E5 (tiles) writes each
+ * tile's part of the body.  A scan (E2, E4) is three steps: a (nth
+ * threads, each a chunk of tiles) sums, b (one thread) scans the nth sums,
+ * c (nth threads) writes each chunk's tiles.
+ * Decode: D1 (tiles) counts each bitmap tile's bits, D1b sums chunks; D2
+ * (one thread) checks the header, the sizes, the bitmap's counts, or
+ * parses every run (checking each) and notes where each tile's first run
+ * begins; D2c places a bitmap's tiles; D3 (tiles) copies base to out (or
+ * the dense body) once D2 accepted; D4 (tiles) writes each tile's changed
+ * elements.
  *
  * Alignment: base, cur and a decode's out are aligned to esize and read
  * as esize-byte words; the encoding is byte-granular (LEB128 numbers
  * between values) and touched a byte at a time; scratch and result are
- * 8-aligned.  The one-thread phases are O(tiles) (E2, E4) and O(runs) for
- * a runs decode's D2: the first version, not a parallel scan.
+ * 8-aligned.  The one-thread steps are O(nth) (the scans' b) and O(runs)
+ * for a runs decode's D2 (LEB128 numbers are found only in order).
  *
  * Plain C, stdint only: nvcc compiles it too.
  */
@@ -83,6 +86,14 @@ typedef struct dpd_tile {
 	uint64_t runs_off;   /* E4: body offset of its first run; D2: likewise, parsed */
 } dpd_tile_t;
 
+/* the scans: each of nth threads (at most DPD_SCAN_MAX) sums a chunk of
+ * tiles, one thread scans the sums, each thread writes its chunk */
+#define DPD_SCAN_MAX 1024u
+
+typedef struct dpd_agg {
+	uint64_t changed, last_chg, first_unc, runs;
+} dpd_agg_t;
+
 DPD_FN uint64_t
 dp_delta_dev_tiles(uint64_t nbytes, uint32_t esize)
 {
@@ -93,7 +104,8 @@ dp_delta_dev_tiles(uint64_t nbytes, uint32_t esize)
 DPD_FN uint64_t
 dp_delta_dev_scratch(uint64_t nbytes, uint32_t esize)
 {
-	return sizeof(dpd_glob_t) + dp_delta_dev_tiles(nbytes, esize) * sizeof(dpd_tile_t);
+	return sizeof(dpd_glob_t) + DPD_SCAN_MAX * sizeof(dpd_agg_t) +
+	       dp_delta_dev_tiles(nbytes, esize) * sizeof(dpd_tile_t);
 }
 
 DPD_FN dpd_glob_t *
@@ -105,7 +117,24 @@ dpd_glob(const dp_delta_op_t *a)
 DPD_FN dpd_tile_t *
 dpd_tile(const dp_delta_op_t *a, uint64_t t)
 {
-	return (dpd_tile_t *)((uint8_t *)a->scratch + sizeof(dpd_glob_t)) + t;
+	return (dpd_tile_t *)((uint8_t *)a->scratch + sizeof(dpd_glob_t) +
+			      DPD_SCAN_MAX * sizeof(dpd_agg_t)) + t;
+}
+
+DPD_FN dpd_agg_t *
+dpd_agg(const dp_delta_op_t *a, uint32_t th)
+{
+	return (dpd_agg_t *)((uint8_t *)a->scratch + sizeof(dpd_glob_t)) + th;
+}
+
+/* thread th of nth: its chunk of tiles [*t0, *t1) */
+DPD_FN void
+dpd_chunk(const dp_delta_op_t *a, uint32_t th, uint32_t nth, uint64_t *t0, uint64_t *t1)
+{
+	uint64_t nt = dp_delta_dev_tiles(a->nbytes, a->esize), per = (nt + nth - 1) / nth;
+
+	*t0 = th * per < nt ? th * per : nt;
+	*t1 = *t0 + per < nt ? *t0 + per : nt;
 }
 
 /* element i of base and cur differ, compared as esize-byte words */
@@ -210,6 +239,13 @@ dpd_range(const dp_delta_op_t *a, uint64_t t, uint64_t *s, uint64_t *e)
 	*e = *s + DP_DELTA_TILE < n ? *s + DP_DELTA_TILE : n;
 }
 
+DPD_FN void
+dpd_put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int k = 0; k < n; k++)
+		p[k] = (uint8_t)(v >> (8 * k));
+}
+
 /* ---- encode ---------------------------------------------------------------- */
 
 DPD_FN void
@@ -232,13 +268,65 @@ dpd_e1_count(const dp_delta_op_t *a, uint64_t t)
 	T->first_unc = unc;
 }
 
+/* E2a: thread th's chunk summed (changes, last change, first unchanged) */
 DPD_FN void
-dpd_e2_context(const dp_delta_op_t *a)
+dpd_e2a_sum(const dp_delta_op_t *a, uint32_t th, uint32_t nth)
 {
-	uint64_t nt = dp_delta_dev_tiles(a->nbytes, a->esize), n = a->nbytes / a->esize;
-	uint64_t pe = 0, chg = 0, nu = n;
+	uint64_t t0, t1, n = a->nbytes / a->esize;
+	dpd_agg_t g = {0, 0, n, 0};
 
-	for (uint64_t t = 0; t < nt; t++) {
+	dpd_chunk(a, th, nth, &t0, &t1);
+	for (uint64_t t = t0; t < t1; t++) {
+		const dpd_tile_t *T = dpd_tile(a, t);
+
+		g.changed += T->changed;
+		if (T->last_chg)
+			g.last_chg = T->last_chg;
+		if (g.first_unc == n)
+			g.first_unc = T->first_unc;
+	}
+	*dpd_agg(a, th) = g;
+}
+
+/* E2b: the sums scanned into what comes before (changes, the last change)
+ * and after (the first unchanged element) each chunk */
+DPD_FN void
+dpd_e2b_scan(const dp_delta_op_t *a, uint32_t nth)
+{
+	uint64_t n = a->nbytes / a->esize, pe = 0, chg = 0, nu = n;
+
+	for (uint32_t th = 0; th < nth; th++) {
+		dpd_agg_t *g = dpd_agg(a, th);
+		uint64_t c = g->changed, l = g->last_chg;
+
+		g->changed = chg;
+		g->last_chg = pe;
+		chg += c;
+		if (l)
+			pe = l;
+	}
+	for (uint32_t th = nth; th-- > 0;) {
+		dpd_agg_t *g = dpd_agg(a, th);
+		uint64_t f = g->first_unc;
+
+		g->first_unc = nu;
+		if (f < n)
+			nu = f;
+	}
+	dpd_glob(a)->n = n;
+	dpd_glob(a)->changed = chg;
+}
+
+/* E2c: each tile of thread th's chunk gets its context */
+DPD_FN void
+dpd_e2c_context(const dp_delta_op_t *a, uint32_t th, uint32_t nth)
+{
+	const dpd_agg_t *g = dpd_agg(a, th);
+	uint64_t t0, t1, n = a->nbytes / a->esize, pe = g->last_chg, chg = g->changed;
+	uint64_t nu = g->first_unc;
+
+	dpd_chunk(a, th, nth, &t0, &t1);
+	for (uint64_t t = t0; t < t1; t++) {
 		dpd_tile_t *T = dpd_tile(a, t);
 
 		T->prev_end = pe;
@@ -247,15 +335,13 @@ dpd_e2_context(const dp_delta_op_t *a)
 			pe = T->last_chg;
 		chg += T->changed;
 	}
-	for (uint64_t t = nt; t-- > 0;) {
+	for (uint64_t t = t1; t-- > t0;) {
 		dpd_tile_t *T = dpd_tile(a, t);
 
 		T->next_unc = nu;
 		if (T->first_unc < n)
 			nu = T->first_unc;
 	}
-	dpd_glob(a)->n = n;
-	dpd_glob(a)->changed = chg;
 }
 
 /*
@@ -309,24 +395,31 @@ dpd_e3_runs(const dp_delta_op_t *a, uint64_t t)
 	dpd_tile(a, t)->runs_bytes = dpd_tile_runs(a, t, 0);
 }
 
+/* E4a: thread th's chunk's runs bytes */
 DPD_FN void
-dpd_put_le(uint8_t *p, uint64_t v, int n)
+dpd_e4a_sum(const dp_delta_op_t *a, uint32_t th, uint32_t nth)
 {
-	for (int k = 0; k < n; k++)
-		p[k] = (uint8_t)(v >> (8 * k));
+	uint64_t t0, t1, r = 0;
+
+	dpd_chunk(a, th, nth, &t0, &t1);
+	for (uint64_t t = t0; t < t1; t++)
+		r += dpd_tile(a, t)->runs_bytes;
+	dpd_agg(a, th)->runs = r;
 }
 
+/* E4b: the chunks placed, the format chosen, the header and result */
 DPD_FN void
-dpd_e4_choose(const dp_delta_op_t *a)
+dpd_e4b_choose(const dp_delta_op_t *a, uint32_t nth)
 {
 	dpd_glob_t *g = dpd_glob(a);
-	uint64_t nt = dp_delta_dev_tiles(a->nbytes, a->esize), off = 0, size[DPD_NFMT];
+	uint64_t off = 0, size[DPD_NFMT], best = DPD_DENSE;
 	uint8_t *out = (uint8_t *)a->out;
-	uint64_t best = DPD_DENSE;
 
-	for (uint64_t t = 0; t < nt; t++) {
-		dpd_tile(a, t)->runs_off = off;
-		off += dpd_tile(a, t)->runs_bytes;
+	for (uint32_t th = 0; th < nth; th++) {
+		uint64_t r = dpd_agg(a, th)->runs;
+
+		dpd_agg(a, th)->runs = off;
+		off += r;
 	}
 	g->nb = (g->n + 7) / 8;
 	g->runs_body = off;
@@ -344,6 +437,19 @@ dpd_e4_choose(const dp_delta_op_t *a)
 	dpd_put_le(out + 16, g->changed, 8);
 	a->result[0] = size[best];
 	a->result[1] = best;
+}
+
+/* E4c: each tile of thread th's chunk gets its runs' offset */
+DPD_FN void
+dpd_e4c_place(const dp_delta_op_t *a, uint32_t th, uint32_t nth)
+{
+	uint64_t t0, t1, off = dpd_agg(a, th)->runs;
+
+	dpd_chunk(a, th, nth, &t0, &t1);
+	for (uint64_t t = t0; t < t1; t++) {
+		dpd_tile(a, t)->runs_off = off;
+		off += dpd_tile(a, t)->runs_bytes;
+	}
 }
 
 DPD_FN void
@@ -405,6 +511,18 @@ dpd_d1_bits(const dp_delta_op_t *a, uint64_t t)
 	dpd_tile(a, t)->changed = c;
 }
 
+/* D1b: thread th's chunk's bitmap bits */
+DPD_FN void
+dpd_d1b_sum(const dp_delta_op_t *a, uint32_t th, uint32_t nth)
+{
+	uint64_t t0, t1, c = 0;
+
+	dpd_chunk(a, th, nth, &t0, &t1);
+	for (uint64_t t = t0; t < t1; t++)
+		c += dpd_tile(a, t)->changed;
+	dpd_agg(a, th)->changed = c;
+}
+
 DPD_FN int
 dpd_refuse(dpd_glob_t *g, uint64_t why, uint64_t detail)
 {
@@ -454,12 +572,11 @@ dpd_d2_runs(const dp_delta_op_t *a, dpd_glob_t *g, uint64_t changed)
 }
 
 DPD_FN int
-dpd_d2_check(const dp_delta_op_t *a)
+dpd_d2_check(const dp_delta_op_t *a, uint32_t nth)
 {
 	const uint8_t *enc = (const uint8_t *)a->enc;
 	dpd_glob_t *g = dpd_glob(a);
 	uint64_t n = a->nbytes / a->esize, hn, changed, body, set = 0;
-	uint64_t nt = dp_delta_dev_tiles(a->nbytes, a->esize);
 
 	g->err = DPD_OK;
 	g->n = n;
@@ -486,9 +603,11 @@ dpd_d2_check(const dp_delta_op_t *a)
 		return dpd_d2_runs(a, g, changed);
 	if (body < g->nb || body - g->nb != changed * a->esize)
 		return dpd_refuse(g, DPD_E_BITMAP_SIZE, body);
-	for (uint64_t t = 0; t < nt; t++) {
-		dpd_tile(a, t)->chg_before = set;
-		set += dpd_tile(a, t)->changed;
+	for (uint32_t th = 0; th < nth; th++) {
+		uint64_t c = dpd_agg(a, th)->changed;
+
+		dpd_agg(a, th)->changed = set;
+		set += c;
 	}
 	if ((n & 7) && (enc[DPD_HDR + g->nb - 1] >> (n & 7)) != 0)
 		return dpd_refuse(g, DPD_E_BITMAP_TAIL, enc[DPD_HDR + g->nb - 1]);
@@ -498,11 +617,26 @@ dpd_d2_check(const dp_delta_op_t *a)
 }
 
 DPD_FN void
-dpd_d2_result(const dp_delta_op_t *a)
+dpd_d2_result(const dp_delta_op_t *a, uint32_t nth)
 {
-	dpd_d2_check(a);
+	dpd_d2_check(a, nth);
 	a->result[0] = dpd_glob(a)->err;
 	a->result[1] = dpd_glob(a)->detail;
+}
+
+/* D2c: a bitmap's tiles of thread th's chunk get the changes before them */
+DPD_FN void
+dpd_d2c_place(const dp_delta_op_t *a, uint32_t th, uint32_t nth)
+{
+	uint64_t t0, t1, set = dpd_agg(a, th)->changed;
+
+	if (dpd_glob(a)->err != DPD_OK || dpd_glob(a)->fmt != DPD_BITMAP)
+		return;
+	dpd_chunk(a, th, nth, &t0, &t1);
+	for (uint64_t t = t0; t < t1; t++) {
+		dpd_tile(a, t)->chg_before = set;
+		set += dpd_tile(a, t)->changed;
+	}
 }
 
 /* D3: tile t of out from base (or from a dense body), once accepted */

@@ -53,26 +53,43 @@ dev_mem(const void *p, uint64_t len, int sdev, const char *side, void **host,
 	return false;
 }
 
+/* the scans' threads here: few, so chunks of several tiles (and empty
+ * ones) are exercised; the kernels use DPD_SCAN_MAX */
+#define EMU_SCAN_THREADS 3u
+
 static void
 phases(const dp_delta_op_t *h)
 {
 	uint64_t nt = dp_delta_dev_tiles(h->nbytes, h->esize);
+	uint32_t m = EMU_SCAN_THREADS;
 
+	/* a GPU runs the threads of a step in any order: the last first here */
 	if (h->dir == 0) {
-		for (uint64_t t = 0; t < nt; t++)
+		for (uint64_t t = nt; t-- > 0;)
 			dpd_e1_count(h, t);
-		dpd_e2_context(h);
-		for (uint64_t t = 0; t < nt; t++)
+		for (uint32_t th = m; th-- > 0;)
+			dpd_e2a_sum(h, th, m);
+		dpd_e2b_scan(h, m);
+		for (uint32_t th = m; th-- > 0;)
+			dpd_e2c_context(h, th, m);
+		for (uint64_t t = nt; t-- > 0;)
 			dpd_e3_runs(h, t);
-		dpd_e4_choose(h);
-		/* a GPU runs the tiles of a phase in any order: the last first here */
+		for (uint32_t th = m; th-- > 0;)
+			dpd_e4a_sum(h, th, m);
+		dpd_e4b_choose(h, m);
+		for (uint32_t th = m; th-- > 0;)
+			dpd_e4c_place(h, th, m);
 		for (uint64_t t = nt; t-- > 0;)
 			dpd_e5_write(h, t);
 		return;
 	}
-	for (uint64_t t = 0; t < nt; t++)
+	for (uint64_t t = nt; t-- > 0;)
 		dpd_d1_bits(h, t);
-	dpd_d2_result(h);
+	for (uint32_t th = m; th-- > 0;)
+		dpd_d1b_sum(h, th, m);
+	dpd_d2_result(h, m);
+	for (uint32_t th = m; th-- > 0;)
+		dpd_d2c_place(h, th, m);
 	for (uint64_t t = nt; t-- > 0;)
 		dpd_d3_copy(h, t);
 	for (uint64_t t = nt; t-- > 0;)
