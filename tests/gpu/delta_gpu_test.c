@@ -135,6 +135,46 @@ dec_check(const uint8_t *base, const uint8_t *enc, uint64_t len, unsigned es, ui
 	return bad;
 }
 
+/* damaged encodings: a few random bytes changed, cut short, a bitmap's set
+ * bit moved past the last element; the device refuses as the host does */
+static int
+damaged(const uint8_t *base, const uint8_t *henc, uint64_t hlen, unsigned es, uint64_t n,
+	dp_delta_fmt_t fmt, const char *what, int *checks)
+{
+	int bad = 0;
+
+	for (int d = 0; d < 6 && hlen > 0; d++) {
+		uint8_t *bent = malloc(hlen);
+		uint64_t blen = hlen;
+
+		memcpy(bent, henc, hlen);
+		if (d == 5)
+			blen = rnd((unsigned)hlen);
+		else
+			bent[d == 0 ? DP_DELTA_HDR - 1 - rnd(DP_DELTA_HDR) :
+			     rnd((unsigned)hlen)] ^= (uint8_t)(1u << rnd(8));
+		bad |= dec_check(base, bent, blen, es, n, d & 1, what);
+		(*checks)++;
+		free(bent);
+	}
+	if (fmt == DP_DELTA_BITMAP && (n & 7)) {  /* a set bit moved past the last element */
+		uint8_t *bent = malloc(hlen), *last = bent + DP_DELTA_HDR + (n + 7) / 8 - 1;
+		uint64_t i = 0;
+
+		memcpy(bent, henc, hlen);
+		while (i < n && !(bent[DP_DELTA_HDR + i / 8] >> (i & 7) & 1))
+			i++;
+		if (i < n) {
+			bent[DP_DELTA_HDR + i / 8] &= (uint8_t)~(1u << (i & 7));
+			*last |= 0x80;
+			bad |= dec_check(base, bent, hlen, es, n, false, what);
+			(*checks)++;
+		}
+		free(bent);
+	}
+	return bad;
+}
+
 /* encode on the device: the host's bytes, length and format */
 static int
 enc_case(int kind, unsigned es, uint64_t n, int *checks)
@@ -174,36 +214,7 @@ enc_case(int kind, unsigned es, uint64_t n, int *checks)
 	bad |= dec_check(base, henc, hlen, es, n, false, what);
 	bad |= dec_check(base, henc, hlen, es, n, true, what);
 	*checks += 2;
-	/* damaged: a few random bytes changed, or cut short */
-	for (int d = 0; d < 6 && hlen > 0; d++) {
-		uint8_t *bent = malloc(hlen);
-		uint64_t blen = hlen;
-
-		memcpy(bent, henc, hlen);
-		if (d == 5)
-			blen = rnd((unsigned)hlen);
-		else
-			bent[d == 0 ? DP_DELTA_HDR - 1 - rnd(DP_DELTA_HDR) :
-			     rnd((unsigned)hlen)] ^= (uint8_t)(1u << rnd(8));
-		bad |= dec_check(base, bent, blen, es, n, d & 1, what);
-		(*checks)++;
-		free(bent);
-	}
-	if (fmt == DP_DELTA_BITMAP && (n & 7)) {  /* a set bit moved past the last element */
-		uint8_t *bent = malloc(hlen), *last = bent + DP_DELTA_HDR + (n + 7) / 8 - 1;
-		uint64_t i = 0;
-
-		memcpy(bent, henc, hlen);
-		while (i < n && !(bent[DP_DELTA_HDR + i / 8] >> (i & 7) & 1))
-			i++;
-		if (i < n) {
-			bent[DP_DELTA_HDR + i / 8] &= (uint8_t)~(1u << (i & 7));
-			*last |= 0x80;
-			bad |= dec_check(base, bent, hlen, es, n, false, what);
-			(*checks)++;
-		}
-		free(bent);
-	}
+	bad |= damaged(base, henc, hlen, es, n, fmt, what, checks);
 	free(base);
 	free(cur);
 	free(henc);
