@@ -105,7 +105,7 @@ UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 UNIT_DAEMON_SRC += daemon/node/slice.c daemon/node/slice_build.c daemon/node/slice_group.c \
 	daemon/node/slice_stream.c daemon/node/slice_delta.c daemon/node/delta_base.c
 # the nccl slices' delta bases on the devices (test_gdelta_base.c)
-UNIT_DAEMON_SRC += daemon/node/gdelta_base.c
+UNIT_DAEMON_SRC += daemon/node/gdelta_base.c daemon/node/slice_gdelta.c
 # the nccl transport's staging arena bookkeeping (test_pool.c)
 UNIT_DAEMON_SRC += daemon/transport/gpu_arena.c
 # the authorization table and the refusal log's limiter (test_auth.c)

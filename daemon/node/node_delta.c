@@ -29,6 +29,7 @@ node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc)
 	sc->delta_tag = j->delta_tag;
 	sc->delta_base = j->delta_base;
 	sc->delta_ok = j->delta_ok;
+	sc->gdelta = j->delta_tag ? j->n->gdelta : NULL;
 }
 
 void
@@ -39,10 +40,17 @@ node_delta_metrics(const slice_job_t *j)
 	metrics_add(M_DELTA_SENT_BYTES_TOTAL, (const char *[]){"kind", "delta", NULL},
 		    (double)j->st.delta_wire);
 	metrics_add(M_DELTA_DENSE_BYTES_TOTAL, NULL, (double)j->st.delta_dense);
-	/* grouped transports (nccl) run dense: counted when a base was offered */
-	if (j->delta_base && j->n->xo->memory != XPORT_MEM_HOST)
-		metrics_add(M_DELTA_FALLBACK_TOTAL, (const char *[]){"reason", j->n->xo->name,
-								    NULL}, 1);
+}
+
+struct gdelta_store *
+node_gdelta_store(const node_opts_t *o)
+{
+	uint64_t budget = o->gpu_staging_budget ? o->gpu_staging_budget : 1ull << 30;
+
+	if (o->delta_base_bytes == 0)
+		return NULL;
+	return gdelta_store_new(o->delta_base_bytes < budget / 4 ? o->delta_base_bytes
+								: budget / 4);
 }
 
 uint64_t
