@@ -125,6 +125,13 @@ gdelta_begin(gdelta_store_t *st, const dp_dev_ops_t *dev, uint64_t epoch, const 
 	st->have_epoch = true;
 }
 
+void
+gdelta_drop_all(gdelta_store_t *st, const dp_dev_ops_t *dev)
+{
+	while (st->ents.n > 0)
+		remove_at(st, dev, st->ents.n - 1);
+}
+
 static size_t
 index_of(gdelta_store_t *st, const char *model, const char *digest, const char *peer, bool out,
 	 size_t pos)

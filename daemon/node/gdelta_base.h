@@ -60,6 +60,14 @@ size_t gdelta_store_count(gdelta_store_t *st);
 void gdelta_begin(gdelta_store_t *st, const dp_dev_ops_t *dev, uint64_t epoch,
 		  const char *model, const char *digest);
 
+/*
+ * A nccl slice failed: every base is given back to dev and forgotten (dev
+ * NULL: forgotten only -- the session never opened, its memory unknown).
+ * A failed group drops the communicators with their arenas, and the next
+ * session of the same epoch makes new ones: no base may outlive its arena.
+ */
+void gdelta_drop_all(gdelta_store_t *st, const dp_dev_ops_t *dev);
+
 /* The base of (model, digest, peer, out, pos) on rank with bytes, when
  * one is held tagged tag (tag 0: whatever its tag); NULL otherwise. */
 gdelta_ent_t *gdelta_find(gdelta_store_t *st, const char *model, const char *digest,

@@ -29,7 +29,7 @@ node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc)
 	sc->delta_tag = j->delta_tag;
 	sc->delta_base = j->delta_base;
 	sc->delta_ok = j->delta_ok;
-	sc->gdelta = j->delta_tag ? j->n->gdelta : NULL;
+	sc->gdelta = j->n->gdelta;  /* a failed slice drops them, delta on or off */
 }
 
 void

@@ -154,6 +154,8 @@ run_session(slice_t *s, refit_err_t *err)
 	}
 	if (s->dev)
 		slice_group_free(s);
+	if (rc != REFIT_OK)
+		sgd_fail(s);
 	c->xo->close(sess);
 	sdelta_end(&s->d, s->st, rc == REFIT_OK);
 	sgd_end(s, s->st, rc == REFIT_OK);

@@ -59,7 +59,8 @@ typedef struct slice_cfg {
 	const char *model, *digest;
 	uint64_t delta_tag, delta_base;
 	const bool *delta_ok;
-	/* the grouped form's bases on the devices (gdelta_base.h; NULL: none) */
+	/* the grouped form's bases on the devices (gdelta_base.h; NULL: none;
+	 * used when delta_tag is set, dropped when a slice fails) */
 	struct gdelta_store *gdelta;
 } slice_cfg_t;
 

@@ -15,11 +15,18 @@ sgd_begin(slice_t *s)
 	const slice_cfg_t *c = s->c;
 
 	memset(&s->gd, 0, sizeof(s->gd));
-	if (c->gdelta == NULL || s->dev == NULL)
+	if (c->gdelta == NULL || s->dev == NULL || c->delta_tag == 0)
 		return;
 	s->gd.store = c->gdelta;
 	s->gd.kept = true;
 	gdelta_begin(c->gdelta, s->dev, c->epoch, c->model, c->digest);
+}
+
+void
+sgd_fail(slice_t *s)
+{
+	if (s->c->gdelta != NULL && s->c->xo->memory != XPORT_MEM_HOST)
+		gdelta_drop_all(s->c->gdelta, s->dev);
 }
 
 void

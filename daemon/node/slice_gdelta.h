@@ -29,6 +29,10 @@ refit_status_t sgd_sizes_done(slice_t *s, refit_err_t *err);
  * what was sent and received kept; receive ops then point at the dense
  * message. */
 refit_status_t sgd_arrived(slice_t *s, refit_err_t *err);
+/* The slice failed, its session open or not (before it closes): every
+ * base of the node goes (gdelta_drop_all), whether this model's delta is
+ * on or not: the transport may have dropped the arenas. */
+void sgd_fail(slice_t *s);
 /* The slice's figures into st (bases_kept: ok and every message kept). */
 void sgd_end(slice_t *s, slice_stats_t *st, bool ok);
 

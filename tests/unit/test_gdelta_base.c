@@ -124,6 +124,8 @@ START_TEST(epoch_and_plan_drop_bases)
 	fake_dev_t f = {0};
 	dp_dev_ops_t d = fake_ops(&f);
 	gdelta_store_t *st = gdelta_store_new(1000);
+	gdelta_ent_t *e;
+	void *kept;
 
 	gdelta_begin(st, &d, 7, "m", "d1");
 	get(st, &d, "m", "d1", 0, 0, 100)->tag = 1;
@@ -145,6 +147,20 @@ START_TEST(epoch_and_plan_drop_bases)
 	ck_assert_uint_eq(gdelta_store_count(st), 0);
 	ck_assert_uint_eq(gdelta_store_used(st), 0);
 	ck_assert_int_eq(f.frees, f.allocs);
+	/* a failed slice: every base goes, given back or only forgotten */
+	get(st, &d, "m", "d2", 0, 0, 100)->tag = 3;
+	get(st, &d, "n", "e1", 0, 1, 100)->tag = 3;
+	gdelta_drop_all(st, &d);
+	ck_assert_uint_eq(gdelta_store_count(st), 0);
+	ck_assert_int_eq(f.frees, f.allocs);
+	e = get(st, &d, "m", "d2", 0, 0, 100);
+	e->tag = 4;
+	kept = e->data;
+	gdelta_drop_all(st, NULL);
+	ck_assert_uint_eq(gdelta_store_count(st), 0);
+	ck_assert_uint_eq(gdelta_store_used(st), 0);
+	ck_assert_int_eq(f.frees + 1, f.allocs);
+	free(kept);  /* the "arena" went with the transport */
 	gdelta_store_free(st);
 }
 END_TEST
