@@ -104,6 +104,8 @@ UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
 UNIT_DAEMON_SRC += daemon/node/slice.c daemon/node/slice_build.c daemon/node/slice_group.c \
 	daemon/node/slice_stream.c daemon/node/slice_delta.c daemon/node/delta_base.c
+# the nccl slices' delta bases on the devices (test_gdelta_base.c)
+UNIT_DAEMON_SRC += daemon/node/gdelta_base.c daemon/node/slice_gdelta.c
 # the nccl transport's staging arena bookkeeping (test_pool.c)
 UNIT_DAEMON_SRC += daemon/transport/gpu_arena.c
 # the authorization table and the refusal log's limiter (test_auth.c)
@@ -137,7 +139,8 @@ all: $(BIN) $(UNIT) $(BENCH) $(REFITD) $(REFITCTL) $(BUILD)/bin/bench-rpc \
      $(BUILD)/bin/bench-members \
      $(BUILD)/bin/bench-dataplane $(BENCH_DELTA) $(LIBREFIT) $(REFITCLI) $(BUILD)/tests/gpu-test \
      $(if $(HAVE_NVCC),$(GPU_KERNELS)) \
-     $(BUILD)/tests/cvt-tool $(BUILD)/tests/cvt-gpu-test $(CUDA_CONV)
+     $(BUILD)/tests/cvt-tool $(BUILD)/tests/cvt-gpu-test $(BUILD)/tests/delta-gpu-test \
+     $(CUDA_CONV)
 
 deps:
 	$(Q)sh scripts/deps.sh
@@ -251,6 +254,10 @@ $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS) -ldl)
 $$(DIR_$(1))/tests/cvt-gpu-test: $$(DIR_$(1))/obj/tests/conversion/cvt_gpu_test.o \
 		$$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(LDLIBS) -ldl)
+# the delta kernels against the host codec (tests/gpu/delta_gpu_test.c)
+$$(DIR_$(1))/tests/delta-gpu-test: $$(DIR_$(1))/obj/tests/gpu/delta_gpu_test.o \
+		$$(DIR_$(1))/lib/librefit-core.a
+$(call link,$(1),$$(LDLIBS) -ldl)
 $$(DIR_$(1))/tests/cvt-tool: $$(DIR_$(1))/obj/tests/conversion/cvt_tool.o \
 		$$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(LDLIBS))
@@ -290,11 +297,13 @@ include rpc/etcd.mk
 # (the strided copy and the conversion kernels: refitd looks both up in it)
 $(GPU_KERNELS): daemon/transport/kernels.cu daemon/transport/gpu_kernels.h \
 		daemon/transport/convert_kernels.cu daemon/transport/convert_kernels.h \
-		dataplane/convert_elem.h dataplane/cvt_op.h
+		dataplane/convert_elem.h dataplane/cvt_op.h daemon/transport/delta_kernels.cu \
+		daemon/transport/delta_kernels.h dataplane/delta_dev.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) -std=c++14 -O2 -shared -Xcompiler -fPIC -cudart shared -I. $(NVCC_ARCH) \
-		-o $@ daemon/transport/kernels.cu daemon/transport/convert_kernels.cu
+		-o $@ daemon/transport/kernels.cu daemon/transport/convert_kernels.cu \
+		daemon/transport/delta_kernels.cu
 $(BUILD)/lib/librefit-convert-cuda.so: daemon/transport/convert_kernels.cu \
 		daemon/transport/convert_kernels.h dataplane/convert_elem.h dataplane/cvt_op.h
 	@mkdir -p $(dir $@)
@@ -332,7 +341,8 @@ fuzz: deps
 # real headers where they exist (tests/emu/README.md).
 EMU_DIR      := $(BUILD)/emu
 EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
-		tests/emu/emu_copy.c tests/emu/emu_convert.c tests/emu/emu_ipcev.c
+		tests/emu/emu_copy.c tests/emu/emu_convert.c tests/emu/emu_ipcev.c \
+		tests/emu/emu_delta.c
 EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c \
 		tests/emu/emu_reg.c
 EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_cuda_ev.o test_nccl.o

@@ -20,6 +20,7 @@
 #define REFIT_DATAPLANE_EXEC_H
 
 #include "dataplane/cvt_op.h"
+#include "dataplane/delta_dev.h"
 #include "dataplane/pool.h"
 #include "dataplane/view.h"
 #include "plan/plan.h"
@@ -44,6 +45,9 @@ typedef struct dp_dev_ops {
 	/* one conversion launch (dataplane/cvt_op.h) on rank's device; NULL:
 	 * the device cannot convert (dataplane/conv_dev.c drives it) */
 	void (*convert)(void *ctx, int32_t rank, const dp_cvt_op_t *op);
+	/* one delta encode or decode (dataplane/delta_dev.h) on rank's device;
+	 * NULL: the device has no delta kernels (dataplane/delta_gpu.c drives it) */
+	void (*delta)(void *ctx, int32_t rank, const dp_delta_op_t *op);
 	void *ctx;
 } dp_dev_ops_t;
 

@@ -14,6 +14,7 @@
 #      that never ends, REFIT_EMU_HANG_D2H); the conversion kernels' launcher
 #      against the host quantizer (cvt-gpu-test) and a converting model over
 #      nccl, every byte against the numpy reference (test_conversion.py);
+#      the delta kernels against the host codec (delta-gpu-test);
 # 2 and 3 once with the normal build and once under ASan + UBSan.
 #
 # The suites mostly wait (leases, deadlines, the emulator's delays: under
@@ -37,7 +38,7 @@ BUILD=${1:-build}
 LANE=all
 N=normal
 A=asan
-SUITES="rules gpu:$N dataplane:$N faults:$N poison:$N cvt:$N conversion:$N e2e:$N
+SUITES="rules gpu:$N dataplane:$N faults:$N poison:$N cvt:$N delta:$N conversion:$N e2e:$N
 	gpu:$A dataplane:$A faults:$A poison:$A conversion:$A e2e:$A"
 if [ "${2:-}" = --lane ]; then
 	LANE=${3:-x}
@@ -62,12 +63,12 @@ mkdir -p "$CHECK_DIR" && rm -f "$CHECK_DIR"/suite-*.log && : >"$CHECK_LOG" || ex
 # the lanes (NAME:SUITE,SUITE... each) for NCCL_LANES
 case ${NCCL_LANES:-4} in
 1) LANES="" ;;
-2) LANES="normal:rules,gpu:$N,dataplane:$N,faults:$N,poison:$N,cvt:$N,conversion:$N,e2e:$N
+2) LANES="normal:rules,gpu:$N,dataplane:$N,faults:$N,poison:$N,cvt:$N,delta:$N,conversion:$N,e2e:$N
 	asan:gpu:$A,dataplane:$A,faults:$A,poison:$A,conversion:$A,e2e:$A" ;;
 3) LANES="rules:rules
-	normal:gpu:$N,dataplane:$N,faults:$N,poison:$N,cvt:$N,conversion:$N,e2e:$N
+	normal:gpu:$N,dataplane:$N,faults:$N,poison:$N,cvt:$N,delta:$N,conversion:$N,e2e:$N
 	asan:gpu:$A,dataplane:$A,faults:$A,poison:$A,conversion:$A,e2e:$A" ;;
-*) LANES="rules:rules,poison:$N,cvt:$N,conversion:$N,e2e:$N
+*) LANES="rules:rules,poison:$N,cvt:$N,delta:$N,conversion:$N,e2e:$N
 	faults:dataplane:$N,faults:$N
 	faults-asan:gpu:$N,faults:$A,e2e:$A
 	asan:gpu:$A,dataplane:$A,poison:$A,conversion:$A" ;;
@@ -179,6 +180,8 @@ suite() {
 		/usr/bin/python3 tests/integration/test_poison.py "$b" ;;
 	cvt) script "conversion kernels vs the host quantizer (cvt-gpu-test) on the emulator$tag" \
 		gputest_lib "$b/tests/cvt-gpu-test" ;;
+	delta) script "delta kernels vs the host codec (delta-gpu-test) on the emulator$tag" \
+		gputest_lib "$b/tests/delta-gpu-test" ;;
 	conversion) script "conversion over nccl (fp32 -> bf16, bf16 -> fp8 + scales) bit for bit$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/integration/test_conversion.py "$b" ;;

@@ -69,6 +69,7 @@ free_if_idle(node_t *n)
 	rpc_refusals_fini(&n->data_refusals);
 	dp_pool_free(n->pool);
 	delta_store_free(n->delta);
+	gdelta_store_free(n->gdelta);
 	world_clear(n);
 	VEC_FREE(&n->world);
 	free(n->poisoned);
@@ -525,6 +526,7 @@ node_new(uv_loop_t *loop, rpc_server_t *srv, const node_opts_t *o, refit_err_t *
 	 * 64 KiB come from the heap */
 	n->pool = dp_pool_new(0, (uint64_t)64 << 10, DP_POOL_HUGE);
 	n->delta = o->delta_base_bytes ? delta_store_new(o->delta_base_bytes, DELTA_TAB_WAIT_MS) : NULL;
+	n->gdelta = node_gdelta_store(o);
 	n->closing = true; /* until started: node_maybe_free frees */
 	n->xo = xport_lookup(o->transport ? o->transport : "tcp");
 	if (n->xo == NULL) {

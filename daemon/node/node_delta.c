@@ -109,6 +109,7 @@ node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc)
 	sc->delta_ok = j->delta_ok;
 	sc->delta_skip = j->delta_skip;
 	sc->delta_nskip = j->delta_nskip;
+	sc->gdelta = j->n->gdelta;  /* a failed slice drops them, delta on or off */
 }
 
 void
@@ -119,10 +120,17 @@ node_delta_metrics(const slice_job_t *j)
 	metrics_add(M_DELTA_SENT_BYTES_TOTAL, (const char *[]){"kind", "delta", NULL},
 		    (double)j->st.delta_wire);
 	metrics_add(M_DELTA_DENSE_BYTES_TOTAL, NULL, (double)j->st.delta_dense);
-	/* grouped transports (nccl) run dense: counted when a base was offered */
-	if (j->delta_base && j->n->xo->memory != XPORT_MEM_HOST)
-		metrics_add(M_DELTA_FALLBACK_TOTAL, (const char *[]){"reason", j->n->xo->name,
-								    NULL}, 1);
+}
+
+struct gdelta_store *
+node_gdelta_store(const node_opts_t *o)
+{
+	uint64_t budget = o->gpu_staging_budget ? o->gpu_staging_budget : 1ull << 30;
+
+	if (o->delta_base_bytes == 0)
+		return NULL;
+	return gdelta_store_new(o->delta_base_bytes < budget / 4 ? o->delta_base_bytes
+								: budget / 4);
 }
 
 uint64_t

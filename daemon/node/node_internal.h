@@ -22,6 +22,7 @@
 #include "dataplane/conv_exec.h"
 #include "daemon/node/node.h"
 #include "daemon/node/delta_base.h"
+#include "daemon/node/gdelta_base.h"
 #include "daemon/node/slice.h"
 #include "daemon/transport/transport.h"
 #include "plan/convert.h"
@@ -257,6 +258,7 @@ struct node {
 	const xport_ops_t *xo;
 	xport_t *x;
 	struct delta_store *delta;    /* delta bases (delta_base.h); NULL: none kept */
+	struct gdelta_store *gdelta;  /* nccl: bases on the devices (gdelta_base.h) */
 	dp_pool_t *pool;              /* buffers of the tcp slices (dataplane/pool.h) */
 	char *data_ep;                /* advertised data endpoint */
 	rpc_server_t *local;          /* the librefit socket */
@@ -429,6 +431,9 @@ Refit__V1__DeltaLack **node_delta_lacks(const slice_job_t *j, const char *self, 
 void node_delta_lacks_free(Refit__V1__DeltaLack **v, size_t n);
 void node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc);
 void node_delta_metrics(const slice_job_t *j);
+/* The bases on the devices (nccl): each rank's share is a quarter of its
+ * staging arena, at most delta_base_bytes (NULL: delta_base_bytes 0). */
+struct gdelta_store *node_gdelta_store(const node_opts_t *o);
 uint64_t node_delta_base_bytes(const node_t *n, bool limit);
 
 /* node.c: a call to the coordinator failed (st, msg): follow a standby's

@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "daemon/node/slice_gdelta.h"
 #include "daemon/node/slice_internal.h"
 #include "plan/gpu_staging.h"
 
@@ -146,6 +147,7 @@ run_session(slice_t *s, refit_err_t *err)
 	if (rc == REFIT_OK) {
 		s->opened = true;
 		dm.dev = s->dev = c->xo->dev(sess);
+		sgd_begin(s);
 		if (c->on_open)
 			rc = c->on_open(c->hook_ctx, s->dev, err);
 		if (rc == REFIT_OK)
@@ -162,8 +164,11 @@ run_session(slice_t *s, refit_err_t *err)
 	}
 	if (s->dev)
 		slice_group_free(s);
+	if (rc != REFIT_OK)
+		sgd_fail(s);
 	c->xo->close(sess);
 	sdelta_end(&s->d, s->st, rc == REFIT_OK);
+	sgd_end(s, s->st, rc == REFIT_OK);
 	for (size_t i = 0; rc != REFIT_OK && c->peers && i < c->nnodes; i++)
 		c->peers[i].link = links[i];
 	free(links);

@@ -68,6 +68,9 @@ typedef struct slice_cfg {
 	const bool *delta_ok;
 	uint32_t *const *delta_skip;
 	const size_t *delta_nskip;
+	/* the grouped form's bases on the devices (gdelta_base.h; NULL: none;
+	 * used when delta_tag is set, dropped when a slice fails) */
+	struct gdelta_store *gdelta;
 } slice_cfg_t;
 
 /*

@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "daemon/node/slice_gdelta.h"
 #include "daemon/node/slice_internal.h"
 
 /* ---- the grouped form (nccl) ----------------------------------------------------
@@ -199,6 +200,13 @@ slice_next_group(void *arg, const xport_op_t **ops, size_t *n, bool *end, refit_
 	const gmsg_t *g0;
 	uint32_t round;
 
+	if (s->gd.phase == 2) {   /* the bucket's data, its sizes exchanged */
+		s->gd.phase = 3;
+		*end = false;
+		*ops = s->gops.v;
+		*n = s->gops.n;
+		return REFIT_OK;
+	}
 	if (!s->bucketed)
 		bucket_all(s);
 	*end = s->ga >= s->gm.n;
@@ -222,9 +230,8 @@ slice_next_group(void *arg, const xport_op_t **ops, size_t *n, bool *end, refit_
 		for (size_t i = 0; i < s->gops.n && !atomic_load(c->abort); i++)
 			if (s->gops.v[i].send)
 				usleep(c->test_delay_ms * 1000u);
-	*ops = s->gops.v;
-	*n = s->gops.n;
-	return REFIT_OK;
+	/* delta (slice_gdelta.h): the size messages first, when any */
+	return sgd_group(s, ops, n, err);
 }
 
 /* Free the group's device staging (also what a failure left). */
@@ -244,8 +251,11 @@ slice_group_done(void *arg, refit_err_t *err)
 {
 	slice_t *s = arg;
 	const dp_dev_ops_t *dev = s->dev;
-	refit_status_t rc = REFIT_OK;
+	refit_status_t rc;
 
+	if (s->gd.phase == 1) /* sizes exchanged: the data group comes next */
+		return sgd_sizes_done(s, err);
+	rc = sgd_arrived(s, err);
 	for (size_t i = 0; i < s->gops.n && rc == REFIT_OK; i++) {
 		const plan_msg_t *pm;
 

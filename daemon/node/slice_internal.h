@@ -8,6 +8,8 @@
  *   slice.c         one slice: init, the session (stream or grouped) and
  *                   its message loop, slice_run
  *   slice_group.c   the grouped form (nccl): buckets, one NCCL group each
+ *   slice_gdelta.c  the grouped form's delta: size messages, encodings,
+ *                   bases on the devices (called by slice_group.c)
  *   slice_build.c   the slice's messages and parts collected from the
  *                   plan, relay dependencies linked, buffers at begin
  *   slice_stream.c  the stream form's pull and push: parts done, relays
@@ -68,6 +70,25 @@ typedef struct gbuf {
 	int32_t rank;        /* whose device holds it */
 } gbuf_t;
 
+/* A data op of the grouped form's delta (slice_gdelta.c), parallel to gops. */
+typedef struct sgd_op {
+	struct gdelta_ent *base;  /* receive: the base it decodes against */
+	uint8_t *size;            /* its size message's device buffer (NULL: none) */
+	void *dbuf;               /* its dense buffer */
+	uint64_t dense;           /* its dense bytes (trailer included) */
+	bool delta;               /* the wire bytes are an encoding */
+} sgd_op_t;
+
+/* The grouped form's delta (slice_gdelta.h). */
+typedef struct sgd {
+	struct gdelta_store *store; /* NULL: no delta, no bases kept */
+	uint8_t phase;            /* 1: the size group is out; 2: the data group next; 3: out */
+	VEC(xport_op_t) sops;     /* the size group */
+	VEC(sgd_op_t) op;
+	bool kept;
+	uint64_t delta_units, delta_wire, delta_dense, dense_units, dense_wire;
+} sgd_t;
+
 typedef struct slice {
 	const slice_cfg_t *c;
 	dp_exec_t *x;
@@ -101,6 +122,7 @@ typedef struct slice {
 	VEC(size_t) gopmsg;
 	VEC(gbuf_t) gbufs;
 	sdelta_t d;          /* delta refits (stream form) */
+	sgd_t gd;            /* delta refits (grouped form) */
 } slice_t;
 
 /* slice_stream.c */

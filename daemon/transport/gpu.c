@@ -341,6 +341,7 @@ load_kernels(void *cudart)
 			return -1;
 		}
 		*(void **)&api.convert = dlsym(h, "refit_cuda_convert");
+		*(void **)&api.delta = dlsym(h, "refit_cuda_delta");
 		path_of(h, p ? p : "librefit-gpu-kernels.so", api.kernels_path,
 			sizeof(api.kernels_path));
 		/*
@@ -367,6 +368,7 @@ load_kernels(void *cudart)
 	}
 	*(void **)&api.copy_strided = dlsym(cudart, "refitGpuCopyStrided");
 	*(void **)&api.convert = dlsym(cudart, "refit_cuda_convert");
+	*(void **)&api.delta = dlsym(cudart, "refit_cuda_delta");
 	if (api.copy_strided != NULL)
 		snprintf(api.kernels_path, sizeof(api.kernels_path), "%s", api.cuda_path);
 	return 0;
@@ -494,10 +496,11 @@ load(void)
 	if (load_kernels(cudart) != 0 || check_nccl_env() != 0)
 		return -1;
 	log_info("gpu: CUDA runtime %s, NCCL %d.%d.%d from %s, strided-copy kernel: %s, "
-		 "conversion kernels: %s", api.cuda_path, api.nccl_version / 10000,
+		 "conversion kernels: %s, delta kernels: %s", api.cuda_path, api.nccl_version / 10000,
 		 api.nccl_version / 100 % 100, api.nccl_version % 100, api.nccl_path,
 		 api.copy_strided ? api.kernels_path : "none (row-by-row copies)",
-		 api.convert ? api.kernels_path : "none (converting models refused)");
+		 api.convert ? api.kernels_path : "none (converting models refused)",
+		 api.delta ? api.kernels_path : "none (delta refits dense)");
 	return 1;
 }
 

@@ -25,6 +25,7 @@
 #include <stddef.h>
 
 #include "daemon/transport/convert_kernels.h"
+#include "daemon/transport/delta_kernels.h"
 #include "daemon/transport/gpu_kernels.h"
 
 /* The oldest NCCL refit runs on (see gpu.c for why). */
@@ -97,6 +98,7 @@ typedef struct gpu_api {
 	refit_gpu_copy_strided_fn copy_strided; /* NULL: no kernel library */
 	refit_cuda_convert_fn convert;          /* NULL: no conversion kernels (a kernel
 						   library built before them) */
+	refit_cuda_delta_fn delta;              /* NULL: no delta kernels (likewise) */
 	int ndevices;
 	int nccl_version;         /* ncclGetVersion's code, e.g. 22809 */
 	char cuda_path[256], nccl_path[256], kernels_path[256];

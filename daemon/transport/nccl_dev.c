@@ -195,6 +195,22 @@ nccl_dev_convert(void *ctx, int32_t rank, const dp_cvt_op_t *op)
 			   : "refit_cuda_convert (quantize)");
 }
 
+/* One delta encode or decode (dataplane/delta_gpu.c) on rank's stream. */
+void
+nccl_dev_delta(void *ctx, int32_t rank, const dp_delta_op_t *op)
+{
+	xport_t *x = ctx;
+	cudaStream_t st;
+	int rc;
+
+	if (nccl_dfailed(x) || !nccl_on_rank(x, rank, &st))
+		return;
+	(void)x->api->cudaGetLastError();
+	if ((rc = x->api->delta(op, st)) != 0)
+		nccl_dfail(x, (cudaError_t)rc, rank, op->dir ? "refit_cuda_delta (decode)"
+			   : "refit_cuda_delta (encode)");
+}
+
 /*
  * Local rank li's arena, made at its first use in the epoch (its device
  * current, its communicator ready): one ncclMemAlloc of the budget,

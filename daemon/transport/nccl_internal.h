@@ -138,6 +138,7 @@ void nccl_release_roots(xport_t *x, const ncclUniqueId *keep);
 void nccl_dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_shard_t *ss,
 		       const dp_view_t *dv, const plan_shard_t *ds, const plan_box_t *box);
 void nccl_dev_convert(void *ctx, int32_t rank, const dp_cvt_op_t *op);
+void nccl_dev_delta(void *ctx, int32_t rank, const dp_delta_op_t *op);
 void *nccl_dev_alloc(void *ctx, int32_t rank, uint64_t bytes);
 void nccl_dev_free(void *ctx, int32_t rank, void *p);
 void nccl_dev_copy(void *ctx, int32_t rank, void *dst, const void *src, uint64_t n);

@@ -15,6 +15,9 @@
  *      zero pitch, which CUDA refuses without poisoning the context);
  *   3. two local ranks on two devices (where there are two): each one's
  *      staging on its own device, a grouped send/recv between them;
+ *      a delta unit between them (or to itself on one device): encoded
+ *      by the delta kernels, its size message, then its bytes, decoded in
+ *      place, byte-exact (issue 26);
  *   4. CUDA IPC: a child process opens an allocation through the
  *      transport (mem_open) and reads pieces at offsets inside it; wrong
  *      cuda_bytes and a wrong device are refused, also a claim that ends
@@ -79,6 +82,7 @@
 #include "common/clock.h"
 #include "daemon/transport/gpu.h"
 #include "daemon/transport/transport.h"
+#include "dataplane/delta_gpu.h"
 #include "dataplane/view.h"
 #include "tests/gpu/gpu_order.h"
 
@@ -515,6 +519,157 @@ group_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n, int reps)
 	dev->free(dev->ctx, r1, b);
 	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
 	free(h);
+	free(g);
+	return bad;
+}
+
+/*
+ * A delta unit from rank r0's device to rank r1's (issue 26 item 3): n
+ * bf16 bytes, every 97th element changed (-0.0 for 0.0, a NaN's payload,
+ * others), encoded by the kernels on r0 against its base, the size message
+ * (wire bytes, base tag) in one group, the encoding in the next (its size
+ * now known to r1), decoded on r1 in place into its copy of the base:
+ * byte-exact against the new bytes, the wire a fraction of dense.
+ */
+/* bf16 base and new bytes: every 97th element changed, -0.0 for 0.0 and a
+ * NaN's payload among them */
+static void
+delta_fill(uint8_t *hb, uint8_t *hc, uint64_t n)
+{
+	for (uint64_t i = 0; i + 2 <= n; i += 2) {
+		uint16_t v = (uint16_t)(i * 2654435761u >> 7), c = v;
+
+		if (i % 97 == 0)
+			c = v == 0 ? 0x8000 : (v & 0x7f80) == 0x7f80 ? v ^ 1 : (uint16_t)(v + 1);
+		if (i % 1000 == 0)
+			v = 0, c = 0x8000;                /* 0.0 -> -0.0 */
+		if (i % 1500 == 2)
+			v = 0x7fc1, c = 0x7fc3;           /* a NaN's payload */
+		memcpy(hb + i, &v, 2);
+		memcpy(hc + i, &c, 2);
+	}
+}
+
+/* The size message from r0 to r1 in a group of its own: what r1 read. */
+static int
+delta_size(xport_session_t *s, int32_t r0, int32_t r1, uint8_t *s0, uint8_t *s1, uint64_t len,
+	   uint64_t *wire)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	xport_op_t so[2] = {{true, r0, r1, s0, DP_GDELTA_SIZE_MSG},
+			    {false, r1, r0, s1, DP_GDELTA_SIZE_MSG}};
+	uint8_t szh[DP_GDELTA_SIZE_MSG];
+	uint64_t tag = 0;
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	dp_gdelta_size_put(szh, len, 77);
+	dev->from_host(dev->ctx, r0, s0, szh, sizeof(szh));
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	EXPECT(group_run(s, so, 2, &err) == REFIT_OK, "size group: %s", err.msg);
+	dev->to_host(dev->ctx, r1, szh, s1, sizeof(szh));
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	dp_gdelta_size_get(szh, wire, &tag);
+	EXPECT(*wire == len && tag == 77, "the size message: %" PRIu64 " bytes, tag %" PRIu64
+	       " (sent %" PRIu64 ", 77)", *wire, tag, len);
+	return bad;
+}
+
+typedef struct dbufs {
+	uint8_t *b0, *c0, *e0, *w0, *s0, *b1, *e1, *w1, *s1;
+} dbufs_t;
+
+/* The encoding (wire bytes) from r0 to r1, decoded in place into r1's base;
+ * r1's bytes then into got. */
+static int
+delta_payload(xport_session_t *s, int32_t r0, int32_t r1, const dbufs_t *d, uint64_t n,
+	      uint64_t wire, uint8_t *got)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	xport_op_t po[2] = {{true, r0, r1, d->e0, wire}, {false, r1, r0, d->e1, wire}};
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	EXPECT(group_run(s, po, 2, &err) == REFIT_OK, "payload group: %s", err.msg);
+	dp_gdelta_decode(dev, r1, d->b1, d->b1, n, 2, d->e1, wire, d->w1);
+	EXPECT(dp_gdelta_decode_result(dev, r1, d->w1, &err) == REFIT_OK, "decode: %s", err.msg);
+	dev->to_host(dev->ctx, r1, got, d->b1, n);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+	return bad;
+}
+
+static int
+delta_free(const dp_dev_ops_t *dev, int32_t r0, int32_t r1, dbufs_t *d)
+{
+	uint8_t *p0[] = {d->b0, d->c0, d->e0, d->w0, d->s0}, *p1[] = {d->b1, d->e1, d->w1, d->s1};
+	refit_err_t err;
+	int bad = 0;
+
+	for (size_t i = 0; i < sizeof(p0) / sizeof(*p0); i++)
+		if (p0[i])
+			dev->free(dev->ctx, r0, p0[i]);
+	for (size_t i = 0; i < sizeof(p1) / sizeof(*p1); i++)
+		if (p1[i])
+			dev->free(dev->ctx, r1, p1[i]);
+	refit_err_clear(&err);
+	EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync after the frees: %s", err.msg);
+	return bad;
+}
+
+/*
+ * A delta unit from rank r0's device to rank r1's (issue 26 item 3): n
+ * bf16 bytes (delta_fill), encoded by the kernels on r0 against its base,
+ * the size message (wire bytes, base tag) in one group, the encoding in
+ * the next (its size now known to r1), decoded on r1 in place into its
+ * copy of the base: byte-exact against the new bytes, the wire a fraction
+ * of dense.
+ */
+static int
+delta_two(xport_session_t *s, int32_t r0, int32_t r1, uint64_t n)
+{
+	const dp_dev_ops_t *dev = xport_nccl_ops.dev(s);
+	uint64_t wk = dp_gdelta_work(n, 2), len = 0, wire = 0;
+	uint8_t *hb = malloc(n), *hc = malloc(n), *g = malloc(n);
+	dp_delta_fmt_t fmt = DP_DELTA_DENSE;
+	dbufs_t d = {dev->alloc(dev->ctx, r0, n), dev->alloc(dev->ctx, r0, n),
+		     dev->alloc(dev->ctx, r0, DP_DELTA_HDR + n), dev->alloc(dev->ctx, r0, wk),
+		     dev->alloc(dev->ctx, r0, DP_GDELTA_SIZE_MSG), dev->alloc(dev->ctx, r1, n),
+		     NULL, dev->alloc(dev->ctx, r1, wk),
+		     dev->alloc(dev->ctx, r1, DP_GDELTA_SIZE_MSG)};
+	refit_err_t err;
+	int bad = 0;
+
+	refit_err_clear(&err);
+	EXPECT(dev->delta != NULL, "the transport has no delta kernels");
+	EXPECT(d.b0 && d.c0 && d.e0 && d.w0 && d.s0 && d.b1 && d.w1 && d.s1, "cudaMalloc");
+	delta_fill(hb, hc, n);
+	if (!bad) {
+		dev->from_host(dev->ctx, r0, d.b0, hb, n);
+		dev->from_host(dev->ctx, r0, d.c0, hc, n);
+		dev->from_host(dev->ctx, r1, d.b1, hb, n);
+		dp_gdelta_encode(dev, r0, d.b0, d.c0, n, 2, d.e0, d.w0);
+		EXPECT(dp_gdelta_encode_result(dev, r0, d.w0, &len, &fmt, &err) == REFIT_OK,
+		       "encode: %s", err.msg);
+	}
+	if (!bad)
+		bad += delta_size(s, r0, r1, d.s0, d.s1, len, &wire);
+	if (!bad)
+		EXPECT((d.e1 = dev->alloc(dev->ctx, r1, wire)) != NULL, "cudaMalloc");
+	if (!bad)
+		bad += delta_payload(s, r0, r1, &d, n, wire, g);
+	if (!bad) {
+		EXPECT(memcmp(g, hc, n) == 0, "rank %d's decoded bytes differ from rank %d's new "
+		       "bytes", r1, r0);
+		EXPECT(fmt != DP_DELTA_DENSE && wire * 10 < n, "%" PRIu64 " bytes on the wire "
+		       "(%s) for %" PRIu64 " dense", wire, dp_delta_fmt_str(fmt), n);
+		printf("     delta rank %d -> %d: %" PRIu64 " dense bytes as %" PRIu64 " (%s), "
+		       "decoded in place byte-exact\n", r0, r1, n, wire, dp_delta_fmt_str(fmt));
+	}
+	bad += delta_free(dev, r0, r1, &d);
+	free(hb);
+	free(hc);
 	free(g);
 	return bad;
 }
@@ -1659,6 +1814,9 @@ main(int argc, char **argv)
 				       group_two(s, 0, 1, 1 << 20, 0) + group_two(s, 1, 0, 12345, 0));
 			else
 				printf("     skipped: two local ranks on two devices (one device)\n");
+			result("a delta unit between two ranks: encoded by the kernels, its size "
+			       "message, then its bytes, decoded in place byte-exact",
+			       delta_two(s, 0, (int32_t)(nl - 1), 1 << 20));
 			result("loopback communicator: send/recv to itself",
 			       loopback(s, 0));
 			/* last in the session: a failure here stays in its error */

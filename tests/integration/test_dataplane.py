@@ -39,13 +39,17 @@ harness.init(BUILD, TMP)
 
 # ---- tests ----------------------------------------------------------------------
 
-MAIN = Cluster("n", NODES)
+# the nodes' /metrics (the delta pass reads their delta counters)
+MPORTS = [harness.free_port() for _ in range(NODES)]
+MAIN = Cluster("n", NODES, node_extra=lambda k: ["--metrics-listen",
+                                                   f"127.0.0.1:{MPORTS[k]}"])
 
 
 # Delta refits (docs/delta.md): every pair (the first REFIT_DELTA_PAIRS when
 # set) runs each mode's refit a second time, verify on, with versions that
 # change SPARSE elements per million: encoded against the previous version,
-# byte-exact.  In the same daemons and clients, a batch's models at once.
+# byte-exact.  In the same daemons and clients, a batch's models at once
+# (over nccl: the size messages and encodings on the devices).
 DELTA_PAIRS = int(os.environ.get("REFIT_DELTA_PAIRS", str(PAIRS)))
 SPARSE = 5000
 
@@ -79,6 +83,22 @@ def delta_again(live, version, mode, first, dstats):
         expect_installed(clients, version)
 
 
+def delta_metrics():
+    """The nodes' own delta counters: encoded bytes under their dense bytes,
+    no refit fallen back to dense for its transport."""
+    tot = {"delta": 0, "dense": 0, "fallback": {}}
+    for port in MPORTS:
+        for (name, labels), v in harness.scrape_metrics(port).items():
+            if name == "refitd_delta_sent_bytes_total" and ("kind", "delta") in labels:
+                tot["delta"] += v
+            elif name == "refitd_delta_dense_bytes_total":
+                tot["dense"] += v
+            elif name == "refitd_delta_fallback_total" and v:
+                tot["fallback"][tuple(sorted(labels))] = v
+    assert 0 < tot["delta"] < tot["dense"], tot
+    assert not any(("reason", harness.TRANSPORT) in k for k in tot["fallback"]), tot
+
+
 def random_pairs():
     rng = random.Random(20261129)
     stats = {"pairs": 0, "bytes": 0}
@@ -86,7 +106,7 @@ def random_pairs():
     batch = 4
     for b in range(0, PAIRS, batch):
         live = []
-        delta = b < DELTA_PAIRS and harness.TRANSPORT == "tcp"
+        delta = b < DELTA_PAIRS
         for i in range(b, min(PAIRS, b + batch)):
             train, insts = rand_pair(i, rng, NODES * RPN)
             model = f"m{i}"
@@ -126,11 +146,14 @@ def random_pairs():
     print(f"     {stats['pairs']} pairs installed byte-exactly in both modes, "
           f"{stats['bytes']} reshard bytes over {harness.TRANSPORT}")
     for mode, (wire, dense, dw) in dstats.items():
-        if harness.TRANSPORT != "tcp" or DELTA_PAIRS == 0:
+        if DELTA_PAIRS == 0:
             break
         print(f"     delta pass ({pb.Mode.Name(mode).lower()}, {SPARSE / 1e4:g} % of the "
-              f"elements changed): {wire} bytes for {dense} dense, {dw} bytes sent dense")
+              f"elements changed): {wire} bytes for {dense} dense, {dw} bytes sent dense "
+              f"over {harness.TRANSPORT}")
         assert 0 < wire < dense / 10, (mode, wire, dense)
+    if DELTA_PAIRS:
+        delta_metrics()
     if harness.TRANSPORT == "nccl":
         # every refit above ran in one epoch: each node built its
         # communicators once (a unique id only when they are built)

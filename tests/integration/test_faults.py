@@ -183,9 +183,6 @@ def delta_second_refit():
                                  timeout=5).refits[0]
     M.step()
     g = M.commits()
-    if harness.TRANSPORT != "tcp":  # nccl runs dense (docs/delta.md)
-        assert g.delta_wire_bytes == 0, g
-        return
     assert g.delta_base_refit == first.id, (g, first.id)
     assert 0 < g.delta_wire_bytes < g.delta_dense_bytes / 10, g
 
@@ -199,8 +196,7 @@ def delta_after_abort():
     g = M.commits()  # dense: checked there
     M.step()
     g2 = M.commits()
-    if harness.TRANSPORT == "tcp":
-        assert g2.delta_base_refit == g.id and g2.delta_wire_bytes > 0, g2
+    assert g2.delta_base_refit == g.id and g2.delta_wire_bytes > 0, g2
 
 
 def sigkill_node():

@@ -28,6 +28,7 @@ Suite *suite_framework(void);
 Suite *suite_blame(void);
 Suite *suite_delta(void);
 Suite *suite_delta_base(void);
+Suite *suite_gdelta_base(void);
 Suite *suite_auth(void);
 
 #endif

@@ -1,0 +1,206 @@
+/*
+ * gdelta_base.c - a node's delta bases on its devices (see gdelta_base.h).
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "daemon/node/gdelta_base.h"
+
+typedef struct rank_use {
+	int32_t rank;
+	uint64_t used;
+} rank_use_t;
+
+struct gdelta_store {
+	pthread_mutex_t mu;       /* the figures (/metrics reads them) */
+	uint64_t limit;           /* per rank */
+	uint64_t used;            /* every rank's */
+	uint64_t epoch;
+	bool have_epoch;
+	VEC(gdelta_ent_t *) ents;
+	VEC(rank_use_t) ranks;
+};
+
+gdelta_store_t *
+gdelta_store_new(uint64_t limit)
+{
+	gdelta_store_t *st = xcalloc(1, sizeof(*st));
+
+	pthread_mutex_init(&st->mu, NULL);
+	st->limit = limit;
+	return st;
+}
+
+static void
+ent_free(gdelta_ent_t *e)
+{
+	free(e->model);
+	free(e->digest);
+	free(e->peer);
+	free(e);
+}
+
+void
+gdelta_store_free(gdelta_store_t *st)
+{
+	if (st == NULL)
+		return;
+	for (size_t i = 0; i < st->ents.n; i++)
+		ent_free(st->ents.v[i]);
+	VEC_FREE(&st->ents);
+	VEC_FREE(&st->ranks);
+	pthread_mutex_destroy(&st->mu);
+	free(st);
+}
+
+uint64_t
+gdelta_store_used(gdelta_store_t *st)
+{
+	uint64_t u;
+
+	pthread_mutex_lock(&st->mu);
+	u = st->used;
+	pthread_mutex_unlock(&st->mu);
+	return u;
+}
+
+uint64_t
+gdelta_store_limit(gdelta_store_t *st)
+{
+	return st->limit;
+}
+
+size_t
+gdelta_store_count(gdelta_store_t *st)
+{
+	size_t n;
+
+	pthread_mutex_lock(&st->mu);
+	n = st->ents.n;
+	pthread_mutex_unlock(&st->mu);
+	return n;
+}
+
+static rank_use_t *
+use_of(gdelta_store_t *st, int32_t rank)
+{
+	for (size_t i = 0; i < st->ranks.n; i++)
+		if (st->ranks.v[i].rank == rank)
+			return &st->ranks.v[i];
+	VEC_PUSH(&st->ranks, ((rank_use_t){rank, 0}));
+	return &st->ranks.v[st->ranks.n - 1];
+}
+
+/* Entry i given back to dev (NULL: its arena is gone) and forgotten. */
+static void
+remove_at(gdelta_store_t *st, const dp_dev_ops_t *dev, size_t i)
+{
+	gdelta_ent_t *e = st->ents.v[i];
+
+	if (dev != NULL)
+		dev->free(dev->ctx, e->rank, e->data);
+	pthread_mutex_lock(&st->mu);
+	use_of(st, e->rank)->used -= e->bytes;
+	st->used -= e->bytes;
+	st->ents.v[i] = st->ents.v[--st->ents.n];
+	pthread_mutex_unlock(&st->mu);
+	ent_free(e);
+}
+
+void
+gdelta_begin(gdelta_store_t *st, const dp_dev_ops_t *dev, uint64_t epoch, const char *model,
+	     const char *digest)
+{
+	bool stale = st->have_epoch && st->epoch != epoch;
+
+	for (size_t i = st->ents.n; i-- > 0;) {
+		const gdelta_ent_t *e = st->ents.v[i];
+
+		if (stale || (strcmp(e->model, model) == 0 && strcmp(e->digest, digest) != 0))
+			remove_at(st, dev, i);
+	}
+	st->epoch = epoch;
+	st->have_epoch = true;
+}
+
+void
+gdelta_drop_all(gdelta_store_t *st, const dp_dev_ops_t *dev)
+{
+	while (st->ents.n > 0)
+		remove_at(st, dev, st->ents.n - 1);
+}
+
+static size_t
+index_of(gdelta_store_t *st, const char *model, const char *digest, const char *peer, bool out,
+	 size_t pos)
+{
+	for (size_t i = 0; i < st->ents.n; i++) {
+		const gdelta_ent_t *e = st->ents.v[i];
+
+		if (e->out == out && e->pos == pos && strcmp(e->peer, peer) == 0 &&
+		    strcmp(e->model, model) == 0 && strcmp(e->digest, digest) == 0)
+			return i;
+	}
+	return SIZE_MAX;
+}
+
+gdelta_ent_t *
+gdelta_find(gdelta_store_t *st, const char *model, const char *digest, const char *peer,
+	    bool out, size_t pos, int32_t rank, uint64_t bytes, uint64_t tag)
+{
+	size_t i = index_of(st, model, digest, peer, out, pos);
+	gdelta_ent_t *e;
+
+	if (i == SIZE_MAX)
+		return NULL;
+	e = st->ents.v[i];
+	if (e->rank != rank || e->bytes != bytes || e->tag == 0 || (tag && e->tag != tag))
+		return NULL;
+	return e;
+}
+
+gdelta_ent_t *
+gdelta_get(gdelta_store_t *st, const dp_dev_ops_t *dev, const char *model, const char *digest,
+	   const char *peer, bool out, size_t pos, int32_t rank, uint64_t bytes)
+{
+	size_t i = index_of(st, model, digest, peer, out, pos);
+	gdelta_ent_t *e;
+	uint8_t *p;
+
+	if (i != SIZE_MAX) {
+		if (st->ents.v[i]->rank == rank && st->ents.v[i]->bytes == bytes)
+			return st->ents.v[i];
+		remove_at(st, dev, i);
+	}
+	if (bytes == 0 || bytes > st->limit || use_of(st, rank)->used > st->limit - bytes)
+		return NULL;
+	if ((p = dev->alloc(dev->ctx, rank, bytes)) == NULL)
+		return NULL;
+	e = xcalloc(1, sizeof(*e));
+	e->model = xstrdup(model);
+	e->digest = xstrdup(digest);
+	e->peer = xstrdup(peer);
+	e->out = out;
+	e->pos = pos;
+	e->rank = rank;
+	e->bytes = bytes;
+	e->data = p;
+	pthread_mutex_lock(&st->mu);
+	VEC_PUSH(&st->ents, e);
+	use_of(st, rank)->used += bytes;
+	st->used += bytes;
+	pthread_mutex_unlock(&st->mu);
+	return e;
+}
+
+void
+gdelta_drop(gdelta_store_t *st, const dp_dev_ops_t *dev, gdelta_ent_t *e)
+{
+	for (size_t i = 0; i < st->ents.n; i++)
+		if (st->ents.v[i] == e) {
+			remove_at(st, dev, i);
+			return;
+		}
+}
