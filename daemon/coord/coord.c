@@ -44,6 +44,8 @@ remove_member(coord_t *c, size_t i, const char *why)
 
 	snprintf(what, sizeof(what), "%s: member %" PRIu64 " (%s)", why, c->members.v[i].id,
 		 c->members.v[i].node_id);
+	if (c->members.v[i].poisoned != NULL)
+		coord_refits_on_poisoned_leave(c, &c->members.v[i]);
 	rpc_async_forget(c->rpc, c->members.v[i].rpc_ep);
 	if (c->members.v[i].session)
 		rpc_async_set_session(c->rpc, c->members.v[i].rpc_ep, NULL);

@@ -338,6 +338,12 @@ bool coord_trigger_tick(coord_t *c, uint64_t now);
 void coord_bump_epoch(coord_t *c, const char *why);
 /* membership changed (why names the member and the cause): refits in flight fail */
 void coord_refits_on_epoch(coord_t *c, uint64_t old_epoch, const char *why);
+/* r needs poisoned member m: it fails now, final (kind FAIL, or
+ * EPOCH_CHANGED when m leaves during it), naming what m said. */
+void coord_refit_fail_poisoned(coord_t *c, refit_rec_t *r, const member_t *m,
+			       refit_fsm_event_kind_t kind);
+/* Poisoned member m leaves: the refits of the epoch that use it fail so. */
+void coord_refits_on_poisoned_leave(coord_t *c, const member_t *m);
 /* Member m said it is poisoned (why; "" or NULL: it did not): kept with
  * it and logged at ERROR once; every refit needing it fails at once. */
 void coord_member_poisoned(coord_t *c, member_t *m, const char *why);

@@ -42,7 +42,7 @@ cause_of(const refit_rec_t *r)
 		return "aborted";
 	if (strncmp(m, "plan", 4) == 0)
 		return "plan";
-	if (r->fsm.final)   /* a node it needs is poisoned (fail_poisoned, coord_refit_slice_result) */
+	if (r->fsm.final)   /* a node it needs is poisoned (coord_refit_fail_poisoned, its report) */
 		return "poisoned";
 	if (strstr(m, "membership changed") != NULL)
 		return "membership";

@@ -186,12 +186,13 @@ coord_refit_eventf(coord_t *c, refit_rec_t *r, refit_fsm_event_kind_t kind, cons
 	refit_event(c, r, &(refit_fsm_event_t){.kind = kind}, msg, NULL);
 }
 
-/* r needs poisoned member m: it fails now, and is not retried (m refuses
- * every refit until refitd restarts on it). */
-static void
-fail_poisoned(coord_t *c, refit_rec_t *r, const member_t *m)
+/* r needs poisoned member m: it fails now (kind FAIL; EPOCH_CHANGED: m left
+ * during it), not retried (m refuses every refit until refitd restarts). */
+void
+coord_refit_fail_poisoned(coord_t *c, refit_rec_t *r, const member_t *m,
+			  refit_fsm_event_kind_t kind)
 {
-	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_FAIL, .final = true};
+	refit_fsm_event_t ev = {.kind = kind, .final = true};
 	char msg[REFIT_ERR_MSG_MAX];
 
 	snprintf(msg, sizeof(msg), "node %s is poisoned: restart refitd on it (or drain it); "
@@ -538,7 +539,7 @@ prepare(coord_t *c, refit_rec_t *r, const plan_t *p)
 		const member_t *m = coord_find_member(c, r->nodes[i]);
 
 		if (m != NULL && m->poisoned != NULL)
-			return fail_poisoned(c, r, m);
+			return coord_refit_fail_poisoned(c, r, m, REFIT_FSM_EV_FAIL);
 	}
 	if (nccl && r->nnodes > 0)
 		ev.u.planned.need_id = coord_nccl_need_id(c, r);

@@ -354,6 +354,25 @@ coord_refits_abort_member(coord_t *c, uint64_t id, const char *why, uint64_t *id
 	return n;
 }
 
+/* Poisoned member m leaves (refitd exits on a sticky CUDA error, or its
+ * lease lapsed): the refits of the epoch that use it fail now naming its
+ * poison, final, before the epoch's bump would fail them as a membership
+ * change, which is retried (and fails again: "rank N has no node"). */
+void
+coord_refits_on_poisoned_leave(coord_t *c, const member_t *m)
+{
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+		bool uses = false;
+
+		for (size_t k = 0; k < r->nnodes && !uses; k++)
+			uses = r->nodes[k] == m->id;
+		if (uses && refit_fsm_is(r->fsm.state, REFIT_FSM_HOLDS_EPOCH) &&
+		    r->epoch == c->epoch)
+			coord_refit_fail_poisoned(c, r, m, REFIT_FSM_EV_EPOCH_CHANGED);
+	}
+}
+
 /* ---- the timer --------------------------------------------------------------- */
 
 /* A refit of model in flight (one that waits is not in the way). */

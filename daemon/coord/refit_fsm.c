@@ -124,7 +124,10 @@ enter(refit_fsm_out_t *o, refit_fsm_state_t s, refit_fsm_action_kind_t k)
 static void
 fail(const refit_fsm_t *m, refit_fsm_out_t *o, bool keep, bool abort_nodes)
 {
-	if (keep)
+	/* a final cause kept (a poisoned node) is why no attempt follows: no
+	 * later failure replaces it (the membership change when that node
+	 * exits, the deadline) */
+	if (keep && !m->final)
 		act(o, REFIT_FSM_ACT_KEEP_CAUSE, 0);
 	if (m->state != REFIT_FSM_PUBLISHING)
 		act(o, REFIT_FSM_ACT_CANCEL_CALLS, 0);

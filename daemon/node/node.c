@@ -276,10 +276,12 @@ on_sweep(uv_timer_t *t)
 	node_run_held_tick(n, 0);
 	if (node_poisoned(n) && (n->exit_poisoned || n->poison_dead) && n->poisoned_exit &&
 	    !n->exiting && !n->closing && n->jobs.n == 0 && n->reports.n == 0) {
-		/* once the slices have ended (the transport poisons the node
-		 * before the slice that found it returns: its report is queued
-		 * when it does, job_after) and the coordinator has their reports
-		 * (they say so; each is bounded by its give-up time) */
+		/* once every slice has ended (the transport may see the poison
+		 * while a slice job still runs: its report is queued when it
+		 * ends, each job is bounded by its slice deadline) and the
+		 * coordinator has the reports (they say so; each is bounded by
+		 * its give-up time): a node that left first would make its
+		 * refit fail as a membership change, and be retried */
 		n->exiting = true;
 		log_errorx("node %s: %s: stopping with status %d, for systemd to restart refitd "
 			   "(exiting hands the memory the GPU may still write back to the "

@@ -26,7 +26,9 @@ with verify makes (the CRC of each message it receives).
    status 75, for systemd's Restart=on-failure
  - a sticky CUDA error (a third cluster, REFIT_EMU_FAULT_D2D): the device's
    context is dead, the refit fails and the node exits with status 75
-   whatever poisoned_exit says
+   whatever poisoned_exit says; node 0's copies are slow, so node 1's exit
+   (its Leave) comes before node 0's report: the failure still names the
+   poison, and no attempt follows
 
 Usage: test_poison.py BUILD_DIR.  Needs REFIT_TEST_TRANSPORT=nccl and the
 emulator (tests/run-check-nccl.sh runs it); elsewhere it says it skipped.
@@ -234,10 +236,15 @@ def sticky_error_exits():
     """Issue 24, item 4: a sticky CUDA error (REFIT_EMU_FAULT_D2D: node 1's
     first device-to-device copy faults, as a GPU would) kills the device's
     context: the refit fails naming it, and the node exits with status 75
-    for systemd to restart it, poisoned_exit off."""
+    for systemd to restart it, poisoned_exit off.  Node 0's stream work is
+    slow (REFIT_EMU_DELAY_US) and it holds an instance too: node 1 exits
+    (its Leave) while node 0's copies run and its report is still due, and the refit's failure still names the poison
+    (was: "membership changed", retried, then "rank 4 has no node"), not
+    retried on the node that is gone."""
     cl = Cluster("sx", 2, node_extra=lambda k: ["--slice-timeout-ms", str(SLICE_MS)],
-                 node_env=lambda k: {"REFIT_EMU_FAULT_D2D": "1"} if k == 1 else {})
-    trainer, _ = start(cl, "s", [1])
+                 node_env=lambda k: {"REFIT_EMU_FAULT_D2D": "1"} if k == 1 else
+                 {"REFIT_EMU_DELAY_US": "100000"})
+    trainer, _ = start(cl, "s", [0, 1])
     p = cl.nodes[1]
     STATE["dead_pid"] = p.pid
     out = trainer.cmd("next 2")
@@ -245,6 +252,7 @@ def sticky_error_exits():
     g = cl.refit("s", 2, timeout=180)
     assert g.state == pb.FAILED, g
     assert "sticky CUDA error" in g.failure or "is poisoned" in g.failure, g.failure
+    assert g.attempt == 1, g
     wait_for(lambda: p.poll() is not None, 60, "the node with a dead CUDA context to exit")
     assert p.returncode == 75, p.returncode
     harness.PROCS.remove(p)   # exited 75 on purpose: not a crash for check_exits

@@ -414,6 +414,39 @@ START_TEST(final_failure_not_retried)
 }
 END_TEST
 
+/*
+ * A kept final cause (a poisoned node's report) is not replaced by a later
+ * failure of the same attempt: the membership change when that node exits
+ * (refitd exits on a sticky CUDA error) or the deadline, while the others'
+ * reports are still due; without the flag the later one is kept.
+ */
+START_TEST(final_cause_kept)
+{
+	static const refit_fsm_event_kind_t later[] = {REFIT_FSM_EV_EPOCH_CHANGED,
+						       REFIT_FSM_EV_DEADLINE};
+
+	for (int fin = 0; fin < 2; fin++)
+		for (size_t i = 0; i < NELEM(later); i++) {
+			refit_fsm_t m = machine(REFIT_FSM_RUNNING, 2, 1, 5, true);
+			refit_fsm_event_t bad = EV(SLICE_FAILED), ev = {.kind = later[i]};
+			refit_fsm_out_t out;
+			refit_err_t err;
+			bool kept = false;
+
+			refit_err_clear(&err);
+			bad.final = fin;
+			ck_assert_int_eq(refit_fsm_step(&m, &bad, &out, &err), REFIT_OK);
+			m = out.next;
+			ck_assert_int_eq(refit_fsm_step(&m, &ev, &out, &err), REFIT_OK);
+			ck_assert_int_eq(out.next.state, fin ? REFIT_FSM_FAILED :
+							       REFIT_FSM_RETRY_WAIT);
+			for (size_t a = 0; a < out.nact; a++)
+				kept |= out.act[a].kind == REFIT_FSM_ACT_KEEP_CAUSE;
+			ck_assert(kept == !fin);
+		}
+}
+END_TEST
+
 START_TEST(public_states)
 {
 	static const char *const names[] = {"PENDING", "PREPARING", "RUNNING", "COMMITTED",
@@ -496,6 +529,6 @@ suite_refit_fsm(void)
 			th_tcase("core", 0,
 				 TH_TESTS(table_matches_enums, every_pair, rows, planned_sets_nccl,
 					  count_underflow, backoff_doubles_and_is_capped,
-					  final_failure_not_retried, public_states, lifecycles)),
+					  final_failure_not_retried, final_cause_kept, public_states, lifecycles)),
 			NULL);
 }
