@@ -2,11 +2,13 @@
  * node_client.c - the librefit clients a node holds: looking one up by id,
  * dropping one (its registration unregistered with the coordinator when it
  * was the last of its trainer or instance here, the slices using it told
- * through node_hooks_t), freeing one when no slice uses its memory, and
- * registering every client again when the node joins again (a coordinator
- * that restarted learns them); whether a Local call comes from the process
- * that registered a client (node_client_owned, by SO_PEERCRED).  Loop thread only.  Calls nothing in
- * node_local.c (the Local service) or node_mem.c.
+ * through node_hooks_t), freeing one when no slice uses its memory (its
+ * CUDA IPC mappings closed on a pool thread first), and registering every
+ * client again when the node joins again (a coordinator that restarted
+ * learns them); whether a Local call comes from the process that
+ * registered a client (node_client_owned, by SO_PEERCRED).  Loop thread
+ * only, but for the close job.  Calls nothing in node_local.c (the Local
+ * service) or node_mem.c.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -26,14 +28,33 @@ nz(const char *s)
 	return s ? s : "";
 }
 
-void
-node_client_free(client_t *c)
+static bool
+cuda_open(const client_t *c)
+{
+	for (size_t i = 0; i < c->segs.n; i++)
+		if (c->segs.v[i].cuda && c->segs.v[i].base)
+			return true;
+	return false;
+}
+
+/* cudaIpcCloseMemHandle of each mapping (any thread: nothing else reaches
+ * c once its close is queued). */
+static void
+cuda_close(client_t *c)
+{
+	for (size_t i = 0; i < c->segs.n; i++)
+		if (c->segs.v[i].cuda && c->segs.v[i].base) {
+			c->xo->mem_close(c->x, c->segs.v[i].base);
+			c->segs.v[i].base = NULL;
+		}
+}
+
+static void
+free_rest(client_t *c)
 {
 	for (size_t i = 0; i < c->segs.n; i++) {
 		free(c->segs.v[i].ipc);
-		if (c->segs.v[i].cuda && c->segs.v[i].base)
-			c->xo->mem_close(c->x, c->segs.v[i].base);
-		else if (!c->segs.v[i].cuda && c->segs.v[i].base)
+		if (!c->segs.v[i].cuda && c->segs.v[i].base)
 			munmap(c->segs.v[i].base, c->segs.v[i].size ? c->segs.v[i].size : 1);
 		free(c->segs.v[i].name);
 	}
@@ -46,6 +67,61 @@ node_client_free(client_t *c)
 	free(c->failure);
 	free(c->events);
 	free(c);
+}
+
+/*
+ * A client's CUDA mappings are closed on a pool thread, like they were
+ * opened (node_local.c): cudaIpcCloseMemHandle takes the driver's locks,
+ * which other threads' device-wide calls may hold past a lease.  The job
+ * counts in n->inflight, so a closing node waits for it before it stops
+ * its transport.
+ */
+typedef struct closejob {
+	uv_work_t w;
+	node_t *n;
+	client_t *c;
+} closejob_t;
+
+static void
+close_work(uv_work_t *w)
+{
+	cuda_close(((closejob_t *)w->data)->c);
+}
+
+static void
+close_after(uv_work_t *w, int status)
+{
+	closejob_t *j = w->data;
+	node_t *n = j->n;
+
+	(void)status;
+	cuda_close(j->c);   /* cancelled: not run (a no-op when it ran) */
+	free_rest(j->c);
+	free(j);
+	n->inflight--;
+	node_maybe_free(n);
+}
+
+void
+node_client_free(node_t *n, client_t *c)
+{
+	closejob_t *j;
+
+	if (!n->closing && cuda_open(c)) {
+		j = xcalloc(1, sizeof(*j));
+		*j = (closejob_t){.n = n, .c = c};
+		j->w.data = j;
+		if (uv_queue_work(n->loop, &j->w, close_work, close_after) == 0) {
+			n->inflight++;
+			return;
+		}
+		free(j);
+		log_warnx("node %s: cannot queue the closing of client %" PRIu64 "'s CUDA "
+			  "memory: closed here", n->node_id, c->id);
+	}
+	/* a stopping node closes them inline: nothing to keep beating for */
+	cuda_close(c);
+	free_rest(c);
 }
 
 client_t *
@@ -79,11 +155,10 @@ node_client_owned(rpc_call_t *call, const client_t *c)
 void
 node_client_release(node_t *n, client_t *c)
 {
-	(void)n;
 	if (c->busy > 0)
 		c->busy--;
 	if (c->dead && c->busy == 0)
-		node_client_free(c);
+		node_client_free(n, c);
 }
 
 static void

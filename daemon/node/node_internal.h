@@ -327,8 +327,9 @@ void node_client_release(node_t *n, client_t *c);
 /* Is the caller the process that registered c (SO_PEERCRED)?  If not, the
  * call is refused PERMISSION_DENIED naming the client, and false. */
 bool node_client_owned(rpc_call_t *call, const client_t *c);
-/* Free a client not in n->clients (its mappings unmapped). */
-void node_client_free(client_t *c);
+/* Free a client not in n->clients (its mappings unmapped; its CUDA IPC
+ * mappings closed on a pool thread and c freed after, inline when closing). */
+void node_client_free(node_t *n, client_t *c);
 /* node_mem.c: the memory socket <local_socket>.mem, listening; closing its
  * handles; a registration's memory mapped into c and checked against its
  * layouts (the error names the tensor, rank and segment). */

@@ -122,7 +122,7 @@ on_registered(void *arg, refit_status_t st, const char *msg, ProtobufCMessage *r
 		rpc_call_fail(j->call, st != REFIT_OK ? st : REFIT_ERR_UNAVAILABLE,
 			      "register model \"%s\": %s", c->model,
 			      st != REFIT_OK ? msg : "the node daemon is shutting down");
-		node_client_free(c);
+		node_client_free(n, c);
 	} else {
 		Refit__V1__LocalRegisterResponse rsp = REFIT__V1__LOCAL_REGISTER_RESPONSE__INIT;
 		const Refit__V1__RegisterLayoutResponse *r = (const void *)resp;
@@ -208,7 +208,7 @@ open_after(uv_work_t *w, int status)
 	if (j->err.status != REFIT_OK) {
 		rpc_call_fail(j->call, j->err.status, "register \"%s\": %s", nz(j->rq->model),
 			      j->err.msg);
-		node_client_free(j->c);
+		node_client_free(n, j->c);
 	} else {
 		node_mem_resolve(j->c);
 		reg_continue(n, j->call, j->c, j->rq);
@@ -227,7 +227,7 @@ open_later(node_t *n, rpc_call_t *call, client_t *c, const Refit__V1__LocalRegis
 	if (uv_queue_work(n->loop, &j->w, open_work, open_after) != 0) {
 		rpc_call_fail(call, REFIT_ERR_SYS, "register \"%s\": cannot queue the opening of "
 			      "its CUDA memory", nz(rq->model));
-		node_client_free(c);
+		node_client_free(n, c);
 		free(j);
 		return;
 	}
@@ -293,7 +293,7 @@ h_register(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 	free(tl);
 	if (err.status != REFIT_OK) {
 		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
-		node_client_free(c);
+		node_client_free(n, c);
 		return;
 	}
 	if (node_mem_pending(c))
@@ -318,7 +318,7 @@ reg_continue(node_t *n, rpc_call_t *call, client_t *c, const Refit__V1__LocalReg
 	conv_layouts_digest(&c->layouts, c->ldigest);
 	if (node_group_check(n, c, &err) != REFIT_OK) {
 		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
-		node_client_free(c);
+		node_client_free(n, c);
 		free(tl);
 		return;
 	}
@@ -356,7 +356,7 @@ reg_continue(node_t *n, rpc_call_t *call, client_t *c, const Refit__V1__LocalReg
 			   &refit__v1__coordinator__descriptor, "RegisterLayout", &fw.base,
 			   CALL_MS, on_registered, j, &err) != REFIT_OK) {
 		rpc_call_fail(call, err.status, "register \"%s\": %s", nz(rq->model), err.msg);
-		node_client_free(c);
+		node_client_free(n, c);
 		free(j);
 	} else {
 		n->inflight++;

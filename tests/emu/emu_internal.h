@@ -149,6 +149,8 @@ EMU_API void emu_ipcev_push_wait(emu_ipcev_t *ev, struct CUstream_st *s);
 EMU_API void emu_hold_streams(void);
 /* REFIT_EMU_SLOW_IPC_OPEN: cudaIpcOpenMemHandle waits while its file exists. */
 EMU_API void emu_slow_ipc_open(void);
+/* REFIT_EMU_SLOW_IPC_CLOSE: cudaIpcCloseMemHandle waits while its file exists. */
+EMU_API void emu_slow_ipc_close(void);
 /* emu_stream.c: an event's shared record (referenced; NULL: not an
  * interprocess event), or cudaErrorInvalidResourceHandle. */
 EMU_API cudaError_t emu_event_ipc(cudaEvent_t h, emu_ipcev_t **ev);

@@ -301,19 +301,34 @@ cudaIpcOpenEventHandle(cudaEvent_t *out, cudaIpcEventHandle_t h)
 	return e;
 }
 
-/* REFIT_EMU_SLOW_IPC_OPEN=PATH: cudaIpcOpenMemHandle blocks while PATH
- * exists (a driver whose locks other threads hold: the caller's thread
- * stalls). */
-void
-emu_slow_ipc_open(void)
+/* While the file named by `var` exists, block (a driver whose locks other
+ * threads hold: the caller's thread stalls). */
+static void
+slow_while(const char *var)
 {
-	const char *path = getenv("REFIT_EMU_SLOW_IPC_OPEN");
+	const char *path = getenv(var);
 	struct timespec ts = {0, 1000000};
 
 	if (path == NULL || *path == '\0')
 		return;
 	while (access(path, F_OK) == 0)
 		nanosleep(&ts, NULL);
+}
+
+/* REFIT_EMU_SLOW_IPC_OPEN=PATH: cudaIpcOpenMemHandle blocks while PATH
+ * exists. */
+void
+emu_slow_ipc_open(void)
+{
+	slow_while("REFIT_EMU_SLOW_IPC_OPEN");
+}
+
+/* REFIT_EMU_SLOW_IPC_CLOSE=PATH: cudaIpcCloseMemHandle blocks while PATH
+ * exists. */
+void
+emu_slow_ipc_close(void)
+{
+	slow_while("REFIT_EMU_SLOW_IPC_CLOSE");
 }
 
 /* REFIT_EMU_HOLD_STREAMS=PATH: work on the streams this process created

@@ -714,6 +714,7 @@ cudaIpcCloseMemHandle(void *p)
 
 	if (e)
 		return e;
+	emu_slow_ipc_close();
 	pthread_mutex_lock(&mu);
 	a = base_of(p);
 	if (a && !a->ipc)

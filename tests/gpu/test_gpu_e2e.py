@@ -51,8 +51,10 @@ def tensors(ranks, placement, n=6):
 
 def setup():
     # the emulator's cudaIpcOpenMemHandle stalls while this file exists
-    # (slow_open_heartbeats); a GPU ignores it
+    # (slow_open_heartbeats), its cudaIpcCloseMemHandle while the second does
+    # (slow_close_heartbeats); a GPU ignores both
     os.environ["REFIT_EMU_SLOW_IPC_OPEN"] = f"{TMP}/slow-open"
+    os.environ["REFIT_EMU_SLOW_IPC_CLOSE"] = f"{TMP}/slow-close"
     cl = Cluster("g", 3, ["--test-msg-delay-ms", "20", "--slice-timeout-ms", "60000"],
                  lease_ms=LEASE_MS)
     S["cl"] = cl
@@ -191,22 +193,56 @@ def slow_open_heartbeats():
     th = threading.Thread(target=register)
     try:
         th.start()
-        fresh, last, t0 = 0, None, time.time()
-        # the node's lease age falls at each heartbeat it sends meanwhile
-        while time.time() - t0 < 30 and (fresh < 4 or time.time() - t0 < LEASE_MS / 1000):
-            ages = {m.node_id: m.lease_age_ms for m in
-                    cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members}
-            assert "g1" in ages, f"node g1 left the membership: {ages}"
-            fresh += last is not None and ages["g1"] < last
-            last = ages["g1"]
-            time.sleep(0.05)
-        assert th.is_alive() and "c" not in got, "the registration did not stall"
-        assert fresh >= 4, f"{fresh} heartbeats seen while the open was stalled"
+        fresh_beats(cl, "g1", lambda: th.is_alive() and "c" not in got)
     finally:
         os.unlink(slow)
         th.join(60)
     assert "c" in got and got["c"].ok(), got["c"].first if "c" in got else "no client"
     got["c"].close()
+
+
+def fresh_beats(cl, node, stalled):
+    """The coordinator sees fresh heartbeats from `node` for more than a lease
+    while stalled() holds."""
+    fresh, last, t0 = 0, None, time.time()
+    # the node's lease age falls at each heartbeat it sends meanwhile
+    while time.time() - t0 < 30 and (fresh < 4 or time.time() - t0 < LEASE_MS / 1000):
+        ages = {m.node_id: m.lease_age_ms for m in
+                cl.stub.ListMembers(pb.ListMembersRequest(), timeout=5).members}
+        assert node in ages, f"node {node} left the membership: {ages}"
+        fresh += last is not None and ages[node] < last
+        last = ages[node]
+        time.sleep(0.05)
+    assert stalled(), "the CUDA call did not stall"
+    assert fresh >= 4, f"{fresh} heartbeats seen while the CUDA call was stalled"
+
+
+def slow_close_heartbeats():
+    """A client that goes (unregisters, exits) while cudaIpcCloseMemHandle
+    stalls (the emulator holds it while a file exists) does not stall the
+    node's loop: the coordinator sees fresh heartbeats from the node for
+    more than a lease; then the close completes (the counters at the end
+    show no mapping left open)."""
+    if harness.GPU_REAL:
+        print("     skipped: a GPU's driver cannot be made to stall here")
+        return
+    cl = S["cl"]
+    slow = os.environ["REFIT_EMU_SLOW_IPC_CLOSE"]
+    c = Client(cl, 1, "gm3", "infer", S["i"], instance="s", install="double-buffer")
+    assert c.ok(), c.first
+    with open(slow, "w"):
+        pass
+    th = threading.Thread(target=c.close)
+    try:
+        th.start()
+        fresh_beats(cl, "g1", lambda: True)
+        # the client's unregistration was answered while the close stalls
+        th.join(30)
+        assert not th.is_alive(), "the client did not exit while the close stalled"
+    finally:
+        os.unlink(slow)
+        th.join(60)
+    assert not th.is_alive(), "the client did not exit"
 
 
 def async_trainer():
@@ -254,6 +290,8 @@ try:
               async_trainer)
         check("a registration whose cudaIpcOpenMemHandle stalls: heartbeats go on",
               slow_open_heartbeats)
+        check("a client goes while its cudaIpcCloseMemHandle stalls: heartbeats go on",
+              slow_close_heartbeats)
 finally:
     for c in S.get("inst", []) + ([S["trainer"]] if "trainer" in S else []):
         c.close()
