@@ -54,6 +54,10 @@ struct coord_leader {
 	atomic_bool won;            /* the thread saw this key lead */
 	pthread_mutex_t mu;
 	char leader[256];           /* under mu: who leads ("": none) */
+	char seen_key[256];         /* the thread's: the leading key look() saw last */
+	uint64_t seen_ms;           /* when that key was first seen leading */
+	uint64_t read_ms;           /* the last look() etcd answered */
+	unsigned read_fails;        /* look()s failed since */
 	uv_async_t async;
 	uv_timer_t retry;           /* loading the state again after a failure */
 	int open_handles;           /* closing: async and retry not closed yet */
@@ -131,6 +135,52 @@ keep_alive(coord_leader_t *l)
 	return ttl > 0;
 }
 
+/* The leading key changed (key NULL: none): logged with how long the
+ * previous one led as this coordinator saw it -- a dead leader's key kept
+ * past its lease TTL shows here. */
+static void
+seen(coord_leader_t *l, const etcd_kv_t *kv)
+{
+	const char *key = kv->key ? kv->key : "";
+	uint64_t now = mono_ms();
+	char before[320] = "";
+
+	if (strcmp(key, l->seen_key) == 0)
+		return;
+	if (l->seen_ms != 0)
+		snprintf(before, sizeof(before), " (before: %s for %" PRIu64 " ms)",
+			 l->seen_key[0] ? l->seen_key : "no key", now - l->seen_ms);
+	if (kv->key)
+		log_info("coordinator: election: %s leads (etcd key %s, revision %" PRId64
+			 ", lease %016" PRIx64 ")%s", kv->value, kv->key, kv->create_rev,
+			 (uint64_t)kv->lease, before);
+	else
+		log_info("coordinator: election: no election key in etcd%s", before);
+	snprintf(l->seen_key, sizeof(l->seen_key), "%s", key);
+	l->seen_ms = now;
+}
+
+/* look() got no answer: logged once a streak; past the lease TTL a
+ * standby stops naming the leader it saw last (it may be long dead: its
+ * callers try the other coordinators instead of a stale address). */
+static void
+read_failed(coord_leader_t *l, const refit_err_t *err)
+{
+	uint64_t now = mono_ms();
+
+	if (l->read_fails++ == 0)
+		log_warnx("coordinator: election: reading who leads: %s", err->msg);
+	if (atomic_load(&l->won) || l->seen_key[0] == '\0' ||
+	    now - l->read_ms < (uint64_t)l->ttl_s * 1000)
+		return;
+	log_warnx("coordinator: election: etcd unread for %" PRIu64 " ms (%u tries): no longer "
+		  "naming the leader seen last (etcd key %s)", now - l->read_ms, l->read_fails,
+		  l->seen_key);
+	l->seen_key[0] = '\0';
+	l->seen_ms = now;
+	set_leader(l, "");
+}
+
 /* Who leads now: this key (won) or another's address. */
 static void
 look(coord_leader_t *l)
@@ -141,8 +191,16 @@ look(coord_leader_t *l)
 
 	refit_err_clear(&err);
 	snprintf(prefix, sizeof(prefix), "%s/election/", l->prefix);
-	if (etcd_first_created(l->e, prefix, &kv, &err) != REFIT_OK)
+	if (etcd_first_created(l->e, prefix, &kv, &err) != REFIT_OK) {
+		read_failed(l, &err);
 		return;
+	}
+	if (l->read_fails > 0)
+		log_info("coordinator: election: etcd answers again (after %u failed reads)",
+			 l->read_fails);
+	l->read_fails = 0;
+	l->read_ms = mono_ms();
+	seen(l, &kv);
 	if (kv.key != NULL && strcmp(kv.key, l->key) == 0) {
 		if (!atomic_load(&l->won)) {
 			coord_backend_etcd_fence(l->store, l->key, l->rev);

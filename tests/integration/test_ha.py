@@ -31,6 +31,7 @@ death to the first refit committed under the new leader) and the refit
 latency with etcd against a coordinator with a state file.  Skips (a clear
 message, exit 0) only when etcd is not installed (make deps installs it).
 """
+import base64
 import os
 import shutil
 import signal
@@ -554,7 +555,11 @@ def soak():
         kind = rng.choice(["SIGKILL", "SIGSTOP"])
         kinds[kind] += 1
         C.procs[old].send_signal(getattr(signal, kind))
-        lead = C.wait_leader(skip=(old,))
+        try:
+            lead = C.wait_leader(skip=(old,))
+        except AssertionError as e:
+            raise AssertionError(f"{e} ({kind} of coordinator {C.addrs[old]}); etcd now: "
+                                 f"{election_keys()}") from None
         if kind == "SIGSTOP":
             C.procs[old].send_signal(signal.SIGCONT)
             rc = C.procs[old].wait(timeout=20)
@@ -569,6 +574,26 @@ def soak():
         kinds["committed before" if g.state == pb.COMMITTED else "cut short, redone"] += 1
     FIG[f"soak, {SOAK_ROUNDS} refits, the leader killed at a random point of each"] = \
         ", ".join(f"{k} {v}" for k, v in kinds.items())
+
+
+def election_keys():
+    """etcd's election keys, each with its lease's remaining TTL (etcdctl):
+    a failed fail-over says whether etcd still held the dead leader's key."""
+    import json
+    ctl = [shutil.which("etcdctl"), "--endpoints", E.addr]
+    env = dict(os.environ, ETCDCTL_API="3")
+    try:
+        out = subprocess.run(ctl + ["get", "/refit/election/", "--prefix", "-w", "json"],
+                             capture_output=True, timeout=20, env=env, check=True).stdout
+        keys = []
+        for kv in json.loads(out).get("kvs", []):
+            ttl = subprocess.run(ctl + ["lease", "timetolive", f"{int(kv['lease']):x}"],
+                                 capture_output=True, text=True, timeout=20, env=env).stdout
+            keys.append(f"{base64.b64decode(kv['value']).decode()} (create revision "
+                        f"{kv['create_revision']}): {ttl.strip()}")
+        return "; ".join(keys) or "no election key"
+    except (subprocess.SubprocessError, ValueError, KeyError) as e:
+        return f"etcdctl failed: {e}"
 
 
 def state_doc():
