@@ -729,6 +729,16 @@ def idle_reads():
     Polling every 100 ms read 10 a second each."""
     C.wait_leader()
     assert all(p.poll() is None for p in C.procs), "a coordinator is down"
+    # settle: a coordinator restarted by the check before campaigns, and
+    # each reads once on that change; up to 5 s for half a second of none
+    # (never with polling: then the window is measured anyway)
+    end, last = time.time() + 5, etcd_ranges()
+    while time.time() < end:
+        time.sleep(0.5)
+        now = etcd_ranges()
+        if now == last:
+            break
+        last = now
     before, t0 = etcd_ranges(), time.time()
     time.sleep(IDLE_S)  # a window measured, not a condition awaited
     return (etcd_ranges() - before) / (time.time() - t0)
