@@ -77,10 +77,18 @@ script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs, e
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
 script "data plane, ASan + UBSan (8 layout pairs, every refit again as delta)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD/asan" 8
-script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 30 s soak)" \
+script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, a node leaving, 30 s soak, a peer without grpc-status)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
 script "faults, ASan + UBSan (5 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
+script "faults around single calls (no state file, atomic switch, a lost Publish, Abort before RunSlice, PrepareEpoch once, aborts and watched channels under long leases)" \
+	/usr/bin/python3 tests/integration/test_faults_calls.py "$BUILD"
+script "faults around single calls, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_faults_calls.py "$BUILD/asan"
+script "faults: partitions (either node of an instance cut mid-refit, in either order, across a coordinator restart; caught up)" \
+	/usr/bin/python3 tests/integration/test_faults_partition.py "$BUILD"
+script "faults: partitions, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_faults_partition.py "$BUILD/asan"
 script "coordinators over a 3-member etcd (standbys, leader SIGKILLed and SIGSTOPped, a 6-refit kill soak, etcd members lost and restarted, etcd stopped; ~65 s)" \
 	/usr/bin/python3 tests/integration/test_ha.py "$BUILD"
 script "coordinators over a 1-member etcd, ASan + UBSan (2-refit soak)" \

@@ -149,6 +149,10 @@ PROCS = []
 NODES = 6
 RPN = int(os.environ.get("REFIT_TEST_RPN", "4"))  # ranks per node
 DTYPES = ["bf16", "fp32", "u8", "fp64", "fp16"]
+# versions a client steps to change this many elements per million
+# (refit-client --sparse): a refit after a committed one of the same plan
+# goes as delta (docs/delta.md)
+SPARSE = 5000
 
 
 def check_exits():
@@ -285,6 +289,14 @@ def refit_final(stub, rid, timeout, rpc_timeout=10, every=0.02):
             return g
         time.sleep(every)
     raise AssertionError(f"refit {rid} did not finish within {timeout} s")
+
+
+def wait_running(cl, rid):
+    """Poll refit rid on cluster cl until it is RUNNING; its GetRefit answer."""
+    return wait_for(
+        lambda: (lambda g: g if g.state == pb.RUNNING else None)(
+            cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)),
+        what=f"refit {rid} to run", every=0.005)
 
 
 def spawn(args, **kw):
@@ -643,8 +655,6 @@ def stop(clients):
         c.close(wait=False)
     for c in clients["train"] + clients["infer"]:
         c.close()
-
-
 
 
 def node_spawn_args(cl, node_id, ranks):
