@@ -171,7 +171,10 @@ suite() {
 	gpu) script "GPU test program over the emulator$tag" gputest "$b/tests/gpu-test" ;;
 	dataplane) script "data plane over nccl on the emulator ($pairs layout pairs)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/integration/test_dataplane.py "$b" "$pairs" ;;
+		/usr/bin/python3 tests/integration/test_dataplane.py "$b" "$pairs"
+		script "data plane limits over nccl on the emulator$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_dataplane_limits.py "$b" ;;
 	faults) script "faults over nccl on the emulator (${soak} s soak)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak"

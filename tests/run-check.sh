@@ -77,6 +77,10 @@ script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs, e
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
 script "data plane, ASan + UBSan (8 layout pairs, every refit again as delta)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD/asan" 8
+script "data plane limits (aborts, a client killed, dial and epoch deadlines, instance lease, unhealthy instances, delta room, relay staging)" \
+	/usr/bin/python3 tests/integration/test_dataplane_limits.py "$BUILD"
+script "data plane limits, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_dataplane_limits.py "$BUILD/asan"
 script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, a node leaving, 30 s soak, a peer without grpc-status)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
 script "faults, ASan + UBSan (5 s soak)" \

@@ -299,6 +299,19 @@ def wait_running(cl, rid):
         what=f"refit {rid} to run", every=0.005)
 
 
+def instances_of(cl, model):
+    """The instances of model the coordinator of cl shows, sorted ("" first)."""
+    return sorted(i.instance for i in cl.stub.GetModel(pb.GetModelRequest(model=model),
+                                                       timeout=5).instances)
+
+
+def handshake(epoch, token, refit=1, node="intruder"):
+    """A data connection's handshake as a node sends it (dataplane/wire.h)."""
+    return (0x32544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") + \
+        epoch.to_bytes(8, "little") + refit.to_bytes(8, "little") + (0).to_bytes(4, "little") + \
+        token.ljust(64, b"\0") + node.encode().ljust(128, b"\0")
+
+
 def spawn(args, **kw):
     p = subprocess.Popen(args, **kw)
     PROCS.append(p)
