@@ -65,6 +65,10 @@ script "control plane (coordinator + Python gRPC + refitctl)" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD"
 script "control plane, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD/asan"
+script "control plane: the state file and configuration (durable or refused, strict loader, old files, restarts, config files, socket lock)" \
+	/usr/bin/python3 tests/integration/test_control_plane_state.py "$BUILD"
+script "control plane: the state file and configuration, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_control_plane_state.py "$BUILD/asan"
 script "who may call what (a join token; rogues without it and acting for another node refused, nothing changed; SIGHUP rotation; secure by default)" \
 	/usr/bin/python3 tests/integration/test_auth.py "$BUILD"
 script "who may call what, ASan + UBSan" \

@@ -312,6 +312,33 @@ def handshake(epoch, token, refit=1, node="intruder"):
         token.ljust(64, b"\0") + node.encode().ljust(128, b"\0")
 
 
+def layout_to_proto(t):
+    """A layout JSON object (DTensor form) as a TensorLayout message."""
+    mesh, shape = t["mesh"], []
+    m = mesh
+    while isinstance(m, list):
+        shape.append(len(m))
+        m = m[0]
+    flat = []
+
+    def walk(x):
+        if isinstance(x, list):
+            for y in x:
+                walk(y)
+        else:
+            flat.append(x)
+    walk(mesh)
+    return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                           mesh_shape=shape, mesh_ranks=flat,
+                           placements=t["placements"])
+
+
+def infer_instance(t, ranks):
+    return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                           mesh_shape=[len(ranks)], mesh_ranks=ranks,
+                           placements=[t["placements"][1]])
+
+
 def spawn(args, **kw):
     p = subprocess.Popen(args, **kw)
     PROCS.append(p)
@@ -668,6 +695,8 @@ def stop(clients):
         c.close(wait=False)
     for c in clients["train"] + clients["infer"]:
         c.close()
+
+
 
 
 def node_spawn_args(cl, node_id, ranks):
