@@ -20,6 +20,7 @@ Suite *suite_convert(void);
 Suite *suite_conv_exec(void);
 Suite *suite_ops(void);
 Suite *suite_config(void);
+Suite *suite_config_values(void);
 Suite *suite_refit_fsm(void);
 Suite *suite_coord_rules(void);
 Suite *suite_pool(void);
