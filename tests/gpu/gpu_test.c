@@ -1013,7 +1013,7 @@ staging_budget(void)
 	 * whole plan's staging), messages of 4 MiB: refused at open */
 	sc.staging_need = 20u << 20;
 	EXPECT(xport_nccl_ops.open(x, &sc, &s, &err) == REFIT_ERR_LIMIT &&
-	       strstr(err.msg, "need 20971520 bytes of GPU staging at once on rank 0") &&
+	       strstr(err.msg, "needs 20971520 bytes of GPU staging at once on rank 0") &&
 	       strstr(err.msg, "gpu_staging_budget_bytes 16777216") &&
 	       strstr(err.msg, "before anything was allocated"),
 	       "a plan needing 20 MiB at once on a 16 MiB budget: %s", s ? "opened" : err.msg);
