@@ -339,6 +339,7 @@ ncclGetUniqueId(ncclUniqueId *id)
 	if (env == NULL || emu_enter() == cudaErrorInitializationError)
 		return nccl_fail(ncclSystemError, "ncclGetUniqueId: the emulator did not start "
 				 "(or this process was forked after it did)");
+	emu_slow_unique_id();
 	snprintf(w.path, sizeof(w.path), "%s/r.%d.%llu.sock", env->dir, (int)getpid(),
 		 (unsigned long long)atomic_fetch_add(&seq, 1));
 	if (root_start(w.path, true, why, sizeof(why)) == NULL)
