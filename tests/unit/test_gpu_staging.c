@@ -354,10 +354,33 @@ START_TEST(refused_at_open_not_mid_slice)
 }
 END_TEST
 
+/* The arena's two ends: a group's buffers from the bottom, what lives on
+ * from the top (the highest free range that holds it, its high end). */
+START_TEST(arena_two_ends)
+{
+	gpu_arena_t a;
+	uint64_t lo, t1, t2, t3;
+
+	gpu_arena_init(&a, 4096);
+	ck_assert(gpu_arena_get(&a, 100, &lo) && lo == 0);
+	ck_assert(gpu_arena_get_top(&a, 300, &t1) && t1 == 3584);
+	ck_assert(gpu_arena_get_top(&a, 256, &t2) && t2 == 3328);
+	ck_assert(gpu_arena_put(&a, t1));
+	/* free: [256, 3328) and [3584, 4096): 1 KiB only fits the first */
+	ck_assert(gpu_arena_get_top(&a, 1024, &t3) && t3 == 2304);
+	ck_assert(!gpu_arena_get_top(&a, 3000, &t1));
+	ck_assert_uint_eq(a.in_use, 256 + 256 + 1024);
+	ck_assert(gpu_arena_put(&a, lo) && gpu_arena_put(&a, t2) && gpu_arena_put(&a, t3));
+	ck_assert_uint_eq(gpu_arena_largest(&a), 4096);
+	ck_assert_uint_eq(a.peak, 256 + 256 + 1024);
+	gpu_arena_fini(&a);
+}
+END_TEST
+
 Suite *
 suite_gpu_staging(void)
 {
-	TCase *tc = th_tcase("estimate", 60, TH_TESTS(refused_at_open_not_mid_slice));
+	TCase *tc = th_tcase("estimate", 60, TH_TESTS(refused_at_open_not_mid_slice, arena_two_ends));
 
 	tcase_add_loop_test(tc, estimate_covers_arena_peak, 0, 3);
 	return th_suite("gpu_staging", tc, NULL);
