@@ -248,7 +248,8 @@ $(call link,$(1),$$(RPC_LIBS) $$(CRYPTO_LIBS) $$(LDLIBS))
 $$(DIR_$(1))/bin/refit-client: $$(call objs,$$(DIR_$(1)),client/refit_client.c) \
 		$$(REFITCLI_LIBS_$(1)) $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS))
-$$(DIR_$(1))/tests/gpu-test: $$(call objs,$$(DIR_$(1)),tests/gpu/gpu_test.c tests/gpu/gpu_order.c) \
+$$(DIR_$(1))/tests/gpu-test: $$(call objs,$$(DIR_$(1)),tests/gpu/gpu_test.c tests/gpu/gpu_copy.c tests/gpu/gpu_procs.c \
+		tests/gpu/gpu_faults.c tests/gpu/gpu_order.c) \
 		$$(DIR_$(1))/lib/librefit-rpc.a $$(DIR_$(1))/lib/librefit-core.a
 $(call link,$(1),$$(RPC_LIBS) $$(LDLIBS) -ldl)
 # the conversion kernels against the host (tests/conversion), and the C
@@ -345,8 +346,8 @@ EMU_DIR      := $(BUILD)/emu
 EMU_RT_SRC   := tests/emu/emu_core.c tests/emu/emu_mem.c tests/emu/emu_stream.c \
 		tests/emu/emu_copy.c tests/emu/emu_convert.c tests/emu/emu_ipcev.c \
 		tests/emu/emu_delta.c
-EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_boot.c tests/emu/emu_p2p.c \
-		tests/emu/emu_reg.c
+EMU_NCCL_SRC := tests/emu/emu_nccl.c tests/emu/emu_group.c tests/emu/emu_boot.c \
+		tests/emu/emu_p2p.c tests/emu/emu_reg.c
 EMU_TEST_OBJ := test_emu.o test_cuda.o test_cuda_hw.o test_cuda_ev.o test_nccl.o
 EMU_CUDART   := $(EMU_DIR)/libcudart.so.13
 EMU_NCCL     := $(EMU_DIR)/libnccl.so.2

@@ -464,7 +464,7 @@ refit_plan_cmd_model(int argc, char **argv)
 				strbuf_printf(&sb, ", \"gpu_staging\": {\"group_peak_bytes\": %llu, "
 					      "\"group_peak_rank\": %d, \"groups\": %llu, "
 					      "\"relay_peak_bytes\": %llu}",
-					      (unsigned long long)gs.peak, (int)gs.rank,
+					      (unsigned long long)gs.group_peak, (int)gs.rank,
 					      (unsigned long long)gs.groups,
 					      (unsigned long long)(validate ? chk.max_staging : 0));
 			}

@@ -71,7 +71,7 @@ make(dp_conv_t *x, int kind, uint32_t k, int32_t rank, int32_t piece, uint32_t s
      int ndim, const int64_t *shape, uint32_t e, refit_err_t *err)
 {
 	uint64_t n = dp_view_bytes(ndim, shape, e);
-	void *base = x->dev ? x->dev->alloc(x->dev->ctx, rank, n ? n : 1) : xcalloc(1, n ? n : 1);
+	void *base = x->dev ? dp_dev_alloc_top(x->dev, rank, n ? n : 1) : xcalloc(1, n ? n : 1);
 	cbuf_t *b;
 	char key[80];
 
@@ -306,6 +306,26 @@ dp_conv_scratch_bytes(const dp_conv_t *x)
 	return x->bytes;
 }
 
+/* The elements whose scales a receiver's scale shard gs holds (the tensor
+ * scale of a 0-dim layout o: the one block, gs made so). */
+static void
+scale_want(const plan_conv_tensor_t *t, const plan_layout_t *o, plan_shard_t *gs,
+	   plan_box_t *want)
+{
+	if (o->ndim == 0)
+		for (int d = 0; d < t->ndim; d++) {
+			gs->box.off[d] = 0;
+			gs->box.size[d] = 1;
+		}
+	for (int d = 0; d < t->ndim; d++) {
+		int64_t a = gs->box.off[d] * t->block[d];
+		int64_t b = (gs->box.off[d] + gs->box.size[d]) * t->block[d];
+
+		want->off[d] = a;
+		want->size[d] = (b < t->shape[d] ? b : t->shape[d]) - a;
+	}
+}
+
 refit_status_t
 dp_conv_finish(dp_conv_t *x, int32_t rank, refit_err_t *err)
 {
@@ -336,23 +356,90 @@ dp_conv_finish(dp_conv_t *x, int32_t rank, refit_err_t *err)
 					    NULL, NULL, err));
 				continue;
 			}
-			if (o->ndim == 0)   /* the tensor scale: the one block */
-				for (int d = 0; d < t->ndim; d++) {
-					gs.box.off[d] = 0;
-					gs.box.size[d] = 1;
-				}
-			for (int d = 0; d < t->ndim; d++) {
-				int64_t a = gs.box.off[d] * t->block[d];
-				int64_t b = (gs.box.off[d] + gs.box.size[d]) * t->block[d];
-
-				want.off[d] = a;
-				want.size[d] = (b < t->shape[d] ? b : t->shape[d]) - a;
-			}
+			scale_want(t, o, &gs, &want);
 			CHECK(quant(x, (uint32_t)k, rank, &q, &sv, s, &want, NULL, NULL, &rv, &gs,
 				    err));
 		}
 	}
 	return REFIT_OK;
+}
+
+#define RND256(n) ((((n) ? (n) : 1) + 255) / 256 * 256)
+
+/* A sender-side conversion's scratch on rank: converted pieces, scale
+ * shards, and the quantizer's scratch per converted shard. */
+static uint64_t
+need_sender(const dp_conv_t *x, uint32_t k, int32_t rank)
+{
+	const plan_conv_tensor_t *t = &x->c->t[k];
+	const plan_layout_t *sl = &x->src->v[t->src];
+	const plan_layout_t *ss = x->scale_src[k] >= 0 ? &x->c->src.v[x->scale_src[k]] : NULL;
+	uint64_t sum = 0;
+	dp_quant_t q;
+
+	quant_of(t, &q);
+	for (size_t i = 0; i < t->nshards; i++) {
+		const plan_shard_t *s = &sl->shards[t->src_shard[i]];
+		int64_t shape[PLAN_MAX_DIMS];
+		bool first = true;
+		refit_err_t e;
+
+		for (size_t j = 0; j < i; j++)
+			first = first && !(sl->shards[t->src_shard[j]].rank == s->rank &&
+					   sl->shards[t->src_shard[j]].piece == s->piece);
+		if (s->rank == rank && first &&
+		    dp_local_shape(sl, rank, s->piece, shape, &e) == REFIT_OK)
+			sum += RND256(dp_view_bytes(t->ndim, shape, (uint32_t)plan_dtype_size(t->to)));
+		if (t->scale == PLAN_SCALE_NONE)
+			continue;
+		if (ss && i < ss->nshards && ss->shards[i].rank == rank)
+			sum += RND256(dp_view_bytes(ss->ndim, ss->shards[i].box.size,
+						    (uint32_t)plan_dtype_size(ss->dtype)));
+		if (s->rank == rank)
+			sum += RND256(dp_dev_quant_scratch(&q, &s->box));
+	}
+	return sum;
+}
+
+/* A receiver-side conversion's scratch on rank: the receive blocks and
+ * the quantizer's scratch per shard dp_conv_finish quantizes. */
+static uint64_t
+need_receiver(const dp_conv_t *x, uint32_t k, int32_t rank)
+{
+	const plan_conv_tensor_t *t = &x->c->t[k];
+	const plan_layout_t *w = &x->c->dst.v[t->dst2];
+	uint64_t sum = 0;
+	dp_quant_t q;
+
+	quant_of(t, &q);
+	for (size_t i = 0; i < w->nshards; i++) {
+		const plan_shard_t *s = &w->shards[i];
+		const plan_conv_shard_t *e = &t->dst_shard[i];
+		const plan_layout_t *o = &x->dst->v[e->is_scale ? t->scale_dst : t->dst];
+		plan_shard_t gs = o->shards[e->orig];
+		plan_box_t want = gs.box;
+
+		if (s->rank != rank)
+			continue;
+		sum += RND256(dp_view_bytes(w->ndim, s->box.size, (uint32_t)plan_dtype_size(w->dtype)));
+		if (e->is_scale)
+			scale_want(t, o, &gs, &want);
+		sum += RND256(dp_dev_quant_scratch(&q, &want));
+	}
+	return sum;
+}
+
+uint64_t
+dp_conv_scratch_need(const dp_conv_t *x, int32_t rank)
+{
+	uint64_t sum = 0;
+
+	for (size_t k = 0; x && k < x->c->n; k++)
+		if (x->c->t[k].site == PLAN_CONV_SENDER)
+			sum += need_sender(x, (uint32_t)k, rank);
+		else if (x->c->t[k].site == PLAN_CONV_RECEIVER)
+			sum += need_receiver(x, (uint32_t)k, rank);
+	return sum;
 }
 
 refit_status_t

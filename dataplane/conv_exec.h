@@ -46,6 +46,11 @@ refit_status_t dp_conv_set_dev(dp_conv_t *x, const dp_dev_ops_t *dev, refit_err_
 void dp_conv_release(dp_conv_t *x);
 /* Scratch bytes held now (sender-side converted pieces, receiver blocks). */
 uint64_t dp_conv_scratch_bytes(const dp_conv_t *x);
+/* The most scratch rank's device can hold at once during a slice (each
+ * allocation rounded to the GPU arena's 256 bytes): every buffer the
+ * wrapper may make for rank, all held until dp_conv_release.  An upper
+ * bound for the whole-slice staging check (plan/gpu_staging.h). */
+uint64_t dp_conv_scratch_need(const dp_conv_t *x, int32_t rank);
 void dp_conv_free(dp_conv_t *x);
 
 #endif

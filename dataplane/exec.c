@@ -277,7 +277,7 @@ stage_part(dp_exec_t *x, int32_t rank, uint32_t t, uint32_t round, const plan_bo
 	staged_t s = {rank, t, round, *b, NULL};
 
 	if (x->mem.dev) {
-		s.data = x->mem.dev->alloc(x->mem.dev->ctx, rank, bytes ? bytes : 1);
+		s.data = dp_dev_alloc_top(x->mem.dev, rank, bytes ? bytes : 1);
 		if (s.data == NULL)
 			return refit_err_set(err, REFIT_ERR_NOMEM, "executor: cannot allocate "
 					     "%" PRIu64 " bytes of device staging", bytes);

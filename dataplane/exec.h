@@ -49,7 +49,20 @@ typedef struct dp_dev_ops {
 	 * NULL: the device has no delta kernels (dataplane/delta_gpu.c drives it) */
 	void (*delta)(void *ctx, int32_t rank, const dp_delta_op_t *op);
 	void *ctx;
+	/* as alloc, for staging held past its group (relays, conversion
+	 * scratch, delta bases): from the other end of the rank's staging
+	 * (nccl: its arena's top), so it leaves no holes between a group's
+	 * buffers; NULL: alloc (dp_dev_alloc_top) */
+	void *(*alloc_top)(void *ctx, int32_t rank, uint64_t bytes);
 } dp_dev_ops_t;
+
+/* dev's alloc_top, or its alloc when it has none. */
+static inline void *
+dp_dev_alloc_top(const dp_dev_ops_t *dev, int32_t rank, uint64_t bytes)
+{
+	return dev->alloc_top ? dev->alloc_top(dev->ctx, rank, bytes)
+			      : dev->alloc(dev->ctx, rank, bytes);
+}
 
 typedef struct dp_mem_ops {
 	/* The view of rank's piece of tensor (plan index): its training memory

@@ -176,7 +176,7 @@ gdelta_get(gdelta_store_t *st, const dp_dev_ops_t *dev, const char *model, const
 	}
 	if (bytes == 0 || bytes > st->limit || use_of(st, rank)->used > st->limit - bytes)
 		return NULL;
-	if ((p = dev->alloc(dev->ctx, rank, bytes)) == NULL)
+	if ((p = dp_dev_alloc_top(dev, rank, bytes)) == NULL)
 		return NULL;
 	e = xcalloc(1, sizeof(*e));
 	e->model = xstrdup(model);

@@ -306,23 +306,69 @@ cmp_i32(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* NcclId: a fresh communicator id, made here (the node of the lowest rank). */
+/*
+ * NcclId: a fresh communicator id, made here (the node of the lowest rank).
+ * Made on a pool thread, not the loop: the transport starts a root-holder
+ * child that calls ncclGetUniqueId (bounded at 10 s), and a loop waiting
+ * for it would miss heartbeats (the coordinator would expire the node).
+ * The call stays alive until it is answered.
+ */
+typedef struct idjob {
+	uv_work_t w;
+	node_t *n;
+	rpc_call_t *call;
+	uint8_t id[256];
+	size_t len;
+	refit_err_t err;
+} idjob_t;
+
+static void
+id_work(uv_work_t *w)
+{
+	idjob_t *j = w->data;
+
+	refit_err_clear(&j->err);
+	j->len = sizeof(j->id);
+	(void)j->n->xo->unique_id(j->n->x, j->id, &j->len, &j->err);
+}
+
+static void
+id_after(uv_work_t *w, int status)
+{
+	idjob_t *j = w->data;
+	node_t *n = j->n;
+	Refit__V1__NcclIdResponse rsp = REFIT__V1__NCCL_ID_RESPONSE__INIT;
+
+	n->inflight--;
+	if (j->err.status == REFIT_OK && (status != 0 || n->closing))
+		refit_err_set(&j->err, REFIT_ERR_UNAVAILABLE, "the node daemon is shutting down");
+	if (j->err.status != REFIT_OK) {
+		rpc_call_fail(j->call, j->err.status, "node %s: %s", n->node_id, j->err.msg);
+	} else {
+		rsp.nccl_unique_id.data = j->id;
+		rsp.nccl_unique_id.len = j->len;
+		rpc_call_reply(j->call, &rsp.base);
+	}
+	free(j);
+	node_maybe_free(n);
+}
+
 static void
 h_nccl_id(void *ctx, rpc_call_t *call, const ProtobufCMessage *msg)
 {
 	node_t *n = ctx;
-	Refit__V1__NcclIdResponse rsp = REFIT__V1__NCCL_ID_RESPONSE__INIT;
-	uint8_t id[256];
-	size_t len = sizeof(id);
-	refit_err_t err;
+	idjob_t *j = xcalloc(1, sizeof(*j));
 
 	(void)msg;
-	refit_err_clear(&err);
-	if (n->xo->unique_id(n->x, id, &len, &err) != REFIT_OK)
-		return rpc_call_fail(call, err.status, "node %s: %s", n->node_id, err.msg);
-	rsp.nccl_unique_id.data = id;
-	rsp.nccl_unique_id.len = len;
-	rpc_call_reply(call, &rsp.base);
+	j->n = n;
+	j->call = call;
+	j->w.data = j;
+	if (uv_queue_work(n->loop, &j->w, id_work, id_after) != 0) {
+		free(j);
+		return rpc_call_fail(call, REFIT_ERR_SYS, "node %s: cannot queue the making of "
+				     "an NCCL unique id", n->node_id);
+	}
+	n->inflight++;
 }
 
 /* Hand the epoch's world (every member's ranks, sorted, and the NCCL unique id

@@ -36,6 +36,7 @@
 #include "common/log.h"
 #include "dataplane/conv_exec.h"
 #include "plan/convert.h"
+#include "plan/gpu_staging.h"
 #include "daemon/node/node_internal.h"
 #include "rpc/proto_conv.h"
 #include "daemon/node/slice.h"
@@ -143,6 +144,7 @@ job_work(uv_work_t *w)
 {
 	slice_job_t *j = w->data;
 	dp_mem_ops_t mem = {job_view, j, NULL};
+	uint64_t *fixed = NULL;
 	slice_cfg_t sc;
 
 	refit_err_clear(&j->err);
@@ -180,7 +182,21 @@ job_work(uv_work_t *w)
 	sc.on_close = job_close;
 	sc.hook_ctx = j;
 	node_delta_cfg(j, &sc);
+	if (j->cx) {   /* the conversion scratch, counted in the staging estimate */
+		size_t nr = (size_t)plan_max_rank(&j->plan) + 1;
+
+		fixed = xcalloc(nr, sizeof(*fixed));
+		for (size_t i = 0; i < j->nodes[j->self].nranks; i++) {
+			int32_t r = j->nodes[j->self].ranks[i];
+
+			if (r >= 0 && (size_t)r < nr)
+				fixed[r] = dp_conv_scratch_need(j->cx, r);
+		}
+		sc.staging_fixed = fixed;
+		sc.nstaging_fixed = nr;
+	}
 	j->rc = slice_run(&sc, &j->st, &j->err);
+	free(fixed);
 out:
 	log_set_refit(0);
 }

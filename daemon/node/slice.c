@@ -16,7 +16,12 @@
 #include "common/log.h"
 #include "daemon/node/slice_gdelta.h"
 #include "daemon/node/slice_internal.h"
+#include "dataplane/delta.h"
+#include "dataplane/delta_gpu.h"
+#include "daemon/node/gdelta_base.h"
 #include "plan/gpu_staging.h"
+
+#define GROUND(n) ((((n) ? (n) : 1) + PLAN_GPU_ALIGN - 1) / PLAN_GPU_ALIGN * PLAN_GPU_ALIGN)
 
 /* ---- one slice ------------------------------------------------------------------ */
 
@@ -103,6 +108,51 @@ delta_begin(slice_t *s)
 	free(n);
 }
 
+/* Delta refits on the devices (slice_gdelta.c): a message's end holds its
+ * size message, and the sender its encoding, the receiver the wire, each
+ * the codec's work, beyond the message's buffer. */
+static uint64_t
+delta_extra(void *ctx, uint64_t bytes, bool send)
+{
+	const slice_t *s = ctx;
+	uint64_t n = bytes + s->trail + (send ? DP_DELTA_HDR : 0);
+
+	return GROUND(DP_GDELTA_SIZE_MSG) + GROUND(n) +
+	       GROUND(dp_gdelta_work(bytes, bytes % 2 == 0 ? 2 : 1));
+}
+
+/*
+ * The most one of this node's ranks holds of its staging arena at once in
+ * this slice (plan/gpu_staging.h): its groups' buffers, relay data, delta's
+ * encodings, the conversion scratch and the delta bases' share.  The
+ * transport refuses more than a rank's budget at open.
+ */
+static void
+staging_need(slice_t *s, xport_session_cfg_t *sc)
+{
+	const slice_cfg_t *c = s->c;
+	size_t nr = (size_t)plan_max_rank(c->plan) + 1;
+	uint64_t *fixed = xcalloc(nr, sizeof(*fixed));
+	uint64_t bases = c->gdelta && c->delta_tag ? gdelta_store_limit(c->gdelta) : 0;
+	plan_gpu_extra_t ex = {.dst = c->dst, .fixed = fixed, .nfixed = nr};
+	plan_gpu_staging_t gs;
+
+	for (size_t r = 0; r < nr; r++)
+		fixed[r] = (r < c->nstaging_fixed ? c->staging_fixed[r] : 0) + bases;
+	if (bases) {
+		ex.msg_extra = delta_extra;
+		ex.ctx = s;
+	}
+	plan_gpu_staging_ranks(c->plan, s->trail, &ex, c->nodes[c->self].ranks,
+			       c->nodes[c->self].nranks, &gs);
+	sc->staging_need = gs.peak;
+	sc->staging_rank = gs.rank;
+	log_debug(LOG_SUB_NODE, "slice: GPU staging of rank %d at most %" PRIu64 " bytes at "
+		  "once (groups %" PRIu64 ", relays %" PRIu64 ", held all slice %" PRIu64 ")",
+		  gs.rank, gs.peak, gs.group_peak, gs.relay_peak, gs.fixed);
+	free(fixed);
+}
+
 /* Open the session, make the executor on its memory, exchange, close. */
 static refit_status_t
 run_session(slice_t *s, refit_err_t *err)
@@ -133,14 +183,8 @@ run_session(slice_t *s, refit_err_t *err)
 		peers[i].max_in_bytes = peers[i].recv_from ? s->in_max[i] + s->trail : 0;
 	}
 	sc.links = links;
-	if (c->xo->memory == XPORT_MEM_DEVICE) {   /* the whole slice's staging, checked at open */
-		plan_gpu_staging_t gs;
-
-		plan_gpu_staging_ranks(c->plan, s->trail, c->nodes[c->self].ranks,
-				       c->nodes[c->self].nranks, &gs);
-		sc.staging_need = gs.peak;
-		sc.staging_rank = gs.rank;
-	}
+	if (c->xo->memory == XPORT_MEM_DEVICE)   /* the whole slice's staging, checked at open */
+		staging_need(s, &sc);
 	delta_begin(s);
 	rc = c->xo->open(c->x, &sc, &sess, err);
 	s->st->comm_us = (uint64_t)(slice_now_us() - t0);

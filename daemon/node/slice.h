@@ -71,6 +71,11 @@ typedef struct slice_cfg {
 	/* the grouped form's bases on the devices (gdelta_base.h; NULL: none;
 	 * used when delta_tag is set, dropped when a slice fails) */
 	struct gdelta_store *gdelta;
+	/* device memory: per rank (0..nstaging_fixed), the staging held for the
+	 * whole slice beyond the groups and relays (the conversion scratch,
+	 * dp_conv_scratch_need): the whole-slice estimate at open counts it */
+	const uint64_t *staging_fixed;
+	size_t nstaging_fixed;
 } slice_cfg_t;
 
 /*

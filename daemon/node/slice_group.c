@@ -15,13 +15,14 @@
 #include "common/log.h"
 #include "daemon/node/slice_gdelta.h"
 #include "daemon/node/slice_internal.h"
+#include "plan/gpu_staging.h"
 
 /* ---- the grouped form (nccl) ----------------------------------------------------
 
  * Every message gets a bucket, computed identically on every node from the
- * global message order: per stage, each rank fills buckets of at most
- * staging_bytes (one larger message alone); a message goes to the later of
- * its two ranks' current buckets.  Nodes run (stage, bucket) in order, all
+ * global message order (plan/gpu_staging.h, plan_buckets_t): per stage, each
+ * rank fills buckets of at most staging_bytes (one larger message alone); a
+ * message goes to the later of its two ranks' current buckets.  Nodes run (stage, bucket) in order, all
  * their ranks' sends and receives of one bucket in one NCCL group, so both
  * ends of every message sit in the same group and no cycle of waits can form.
  */
@@ -49,65 +50,26 @@ is_local(const slice_cfg_t *c, int32_t r)
 	return false;
 }
 
-/* The highest rank any transfer of the plan names. */
-static int32_t
-max_rank(const plan_t *p)
-{
-	int32_t maxr = 0;
-
-	for (size_t i = 0; i < p->nxfers; i++) {
-		if (p->xfers[i].from > maxr)
-			maxr = p->xfers[i].from;
-		if (p->xfers[i].to > maxr)
-			maxr = p->xfers[i].to;
-	}
-	return maxr;
-}
-
-/* Bucket every message of the plan; keep this node's, sorted by (stage,
+/* Bucket every message of the plan (plan_buckets_t, the rule the
+ * whole-slice estimate replays); keep this node's, sorted by (stage,
  * bucket, plan order). */
 static void
 bucket_all(slice_t *s)
 {
 	const slice_cfg_t *c = s->c;
-	uint64_t W = c->plan->opts.staging_bytes;
-	size_t nr = (size_t)max_rank(c->plan) + 1, order = 0, mi = 0;
-	uint64_t *cur = xcalloc(nr, sizeof(*cur)), *fill = xcalloc(nr, sizeof(*fill));
-	uint32_t stage = UINT32_MAX;
-	plan_msgs_t it;
+	size_t order = 0, mi = 0;
+	plan_buckets_t b;
 	plan_msg_t m;
+	uint64_t k;
 
-	plan_msgs_init(&it, c->plan, 0, c->plan->nxfers);
-	while (plan_msgs_next(&it, &m)) {
-		uint64_t k;
-
-		if (m.stage != stage) {
-			memset(cur, 0, nr * sizeof(*cur));
-			memset(fill, 0, nr * sizeof(*fill));
-			stage = m.stage;
-		}
-		k = cur[m.from] > cur[m.to] ? cur[m.from] : cur[m.to];
-		if (cur[m.from] < k)
-			cur[m.from] = k, fill[m.from] = 0;
-		if (cur[m.to] < k)
-			cur[m.to] = k, fill[m.to] = 0;
-		if ((fill[m.from] || fill[m.to]) &&
-		    (fill[m.from] + m.bytes > W || fill[m.to] + m.bytes > W)) {
-			k++;
-			cur[m.from] = cur[m.to] = k;
-			fill[m.from] = fill[m.to] = 0;
-		}
-		fill[m.from] += m.bytes;
-		if (m.to != m.from)
-			fill[m.to] += m.bytes;
+	plan_buckets_init(&b, c->plan);
+	while (plan_buckets_next(&b, &m, &k)) {
 		/* gm[].idx counts this node's messages in plan order, as slice_collect() kept them */
 		if (is_local(c, m.from) || is_local(c, m.to))
 			VEC_PUSH(&s->gm, ((gmsg_t){mi++, m.stage, k, order}));
 		order++;
 	}
-	plan_msgs_fini(&it);
-	free(cur);
-	free(fill);
+	plan_buckets_fini(&b);
 	xqsort(s->gm.v, s->gm.n, sizeof(*s->gm.v), cmp_gmsg);
 	s->bucketed = true;
 }

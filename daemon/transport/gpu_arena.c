@@ -27,19 +27,16 @@ gpu_arena_fini(gpu_arena_t *a)
 	memset(a, 0, sizeof(*a));
 }
 
-bool
-gpu_arena_get(gpu_arena_t *a, uint64_t bytes, uint64_t *off)
+/* Take n bytes of free range i: its low end (or its high end, top). */
+static void
+take(gpu_arena_t *a, size_t i, uint64_t n, bool top, uint64_t *off)
 {
-	uint64_t n = (bytes ? bytes : 1);
-	size_t i;
-
-	n = (n + GPU_ARENA_ALIGN - 1) / GPU_ARENA_ALIGN * GPU_ARENA_ALIGN;
-	for (i = 0; i < a->nfree && a->free_v[i].len < n; i++)
-		;
-	if (i == a->nfree)
-		return false;
-	*off = a->free_v[i].off;
-	a->free_v[i].off += n;
+	if (top) {
+		*off = a->free_v[i].off + a->free_v[i].len - n;
+	} else {
+		*off = a->free_v[i].off;
+		a->free_v[i].off += n;
+	}
 	a->free_v[i].len -= n;
 	if (a->free_v[i].len == 0) {
 		memmove(&a->free_v[i], &a->free_v[i + 1], (a->nfree - i - 1) * sizeof(*a->free_v));
@@ -53,6 +50,41 @@ gpu_arena_get(gpu_arena_t *a, uint64_t bytes, uint64_t *off)
 	a->in_use += n;
 	if (a->in_use > a->peak)
 		a->peak = a->in_use;
+}
+
+static uint64_t
+units(uint64_t bytes)
+{
+	uint64_t n = (bytes ? bytes : 1);
+
+	return (n + GPU_ARENA_ALIGN - 1) / GPU_ARENA_ALIGN * GPU_ARENA_ALIGN;
+}
+
+bool
+gpu_arena_get(gpu_arena_t *a, uint64_t bytes, uint64_t *off)
+{
+	uint64_t n = units(bytes);
+	size_t i;
+
+	for (i = 0; i < a->nfree && a->free_v[i].len < n; i++)
+		;
+	if (i == a->nfree)
+		return false;
+	take(a, i, n, false, off);
+	return true;
+}
+
+bool
+gpu_arena_get_top(gpu_arena_t *a, uint64_t bytes, uint64_t *off)
+{
+	uint64_t n = units(bytes);
+	size_t i;
+
+	for (i = a->nfree; i > 0 && a->free_v[i - 1].len < n; i--)
+		;
+	if (i == 0)
+		return false;
+	take(a, i - 1, n, true, off);
 	return true;
 }
 

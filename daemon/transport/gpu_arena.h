@@ -1,7 +1,7 @@
 /*
  * gpu_arena.h - the bookkeeping of one rank's GPU staging arena (the nccl
  * transport, docs/gpu.md "Staging arena"): first fit over [0, size) in
- * 256-byte units, freed ranges merged with their neighbours.  Offsets
+ * 256-byte units from either end, freed ranges merged with their neighbours.  Offsets
  * only: the memory itself is the transport's (ncclMemAlloc, registered
  * with the rank's communicator).  Thread: one owner.
  */
@@ -32,6 +32,13 @@ void gpu_arena_fini(gpu_arena_t *a);
 /* The offset of bytes (rounded up to GPU_ARENA_ALIGN) or false when no
  * free range holds them. */
 bool gpu_arena_get(gpu_arena_t *a, uint64_t bytes, uint64_t *off);
+/* The same from the top: the highest free range that holds them, its high
+ * end.  Staging held past its group (relays, conversion scratch, delta
+ * bases) comes from here, a group's buffers from the bottom, so the groups'
+ * buffers, all freed at the group's end, never leave holes between what
+ * lives on, and relays, all freed together at a round's end, none between
+ * the groups' (docs/gpu.md, "Staging arena"). */
+bool gpu_arena_get_top(gpu_arena_t *a, uint64_t bytes, uint64_t *off);
 /* Give back the allocation at off: false when none starts there. */
 bool gpu_arena_put(gpu_arena_t *a, uint64_t off);
 /* The largest free range, bytes. */

@@ -148,7 +148,7 @@ nccl_start(const xport_cfg_t *cfg, xport_t **out, refit_err_t *err)
 	pthread_cond_init(&x->cv, NULL);
 	x->dev = (dp_dev_ops_t){nccl_dev_copy_box, nccl_dev_alloc, nccl_dev_free, nccl_dev_copy, nccl_dev_to_host,
 				nccl_dev_from_host, nccl_dev_sync, a->convert ? nccl_dev_convert : NULL,
-				a->delta ? nccl_dev_delta : NULL, x};
+				a->delta ? nccl_dev_delta : NULL, x, nccl_dev_alloc_top};
 	for (size_t i = 0; i < cfg->nranks; i++)
 		log_info("nccl: node %s: rank %d on CUDA device %d", x->node_id, x->cranks[i],
 			 x->cdevs[i]);

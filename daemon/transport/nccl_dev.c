@@ -247,18 +247,18 @@ arena_of(xport_t *x, int li, int32_t rank)
 	return ar;
 }
 
-/* Staging from the rank's arena (first fit, 256-byte aligned). */
-void *
-nccl_dev_alloc(void *ctx, int32_t rank, uint64_t bytes)
+/* Staging from the rank's arena (first fit from its bottom, or its top;
+ * 256-byte aligned). */
+static void *
+dev_alloc(xport_t *x, int32_t rank, uint64_t bytes, bool top)
 {
-	xport_t *x = ctx;
 	cudaStream_t st;
 	arena_t *ar;
 	uint64_t off;
 
 	if (!nccl_on_rank(x, rank, &st) || (ar = arena_of(x, nccl_local_index(&x->cm, rank), rank)) == NULL)
 		return NULL;
-	if (!gpu_arena_get(&ar->a, bytes, &off)) {
+	if (!(top ? gpu_arena_get_top : gpu_arena_get)(&ar->a, bytes, &off)) {
 		refit_err_set(&x->derr, REFIT_ERR_NOMEM, "nccl transport: rank %d needs %" PRIu64
 			      " more bytes of GPU staging at once than its budget holds: "
 			      "gpu_staging_budget_bytes %" PRIu64 ", %" PRIu64 " in use, the largest "
@@ -268,6 +268,18 @@ nccl_dev_alloc(void *ctx, int32_t rank, uint64_t bytes)
 		return NULL;
 	}
 	return ar->base + off;
+}
+
+void *
+nccl_dev_alloc(void *ctx, int32_t rank, uint64_t bytes)
+{
+	return dev_alloc(ctx, rank, bytes, false);
+}
+
+void *
+nccl_dev_alloc_top(void *ctx, int32_t rank, uint64_t bytes)
+{
+	return dev_alloc(ctx, rank, bytes, true);
 }
 
 void

@@ -140,6 +140,7 @@ void nccl_dev_copy_box(void *ctx, int32_t rank, const dp_view_t *sv, const plan_
 void nccl_dev_convert(void *ctx, int32_t rank, const dp_cvt_op_t *op);
 void nccl_dev_delta(void *ctx, int32_t rank, const dp_delta_op_t *op);
 void *nccl_dev_alloc(void *ctx, int32_t rank, uint64_t bytes);
+void *nccl_dev_alloc_top(void *ctx, int32_t rank, uint64_t bytes);
 void nccl_dev_free(void *ctx, int32_t rank, void *p);
 void nccl_dev_copy(void *ctx, int32_t rank, void *dst, const void *src, uint64_t n);
 void nccl_dev_to_host(void *ctx, int32_t rank, void *host, const void *dev, uint64_t n);

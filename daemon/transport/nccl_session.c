@@ -96,10 +96,10 @@ nccl_open(xport_t *x, const xport_session_cfg_t *cfg, xport_session_t **out,
 	/* the whole plan, before anything is allocated (docs/gpu.md) */
 	if (cfg->staging_need > x->budget)
 		return refit_err_set(err, REFIT_ERR_LIMIT, "nccl transport: node %s: the plan's "
-				     "groups need %" PRIu64 " bytes of GPU staging at once on rank "
-				     "%d (its messages of one group, sender and receiver sides, "
-				     "256-byte rounded; relays and conversion scratch come on top), "
-				     "more than a rank's GPU staging budget "
+				     "slice needs %" PRIu64 " bytes of GPU staging at once on rank "
+				     "%d (a group's messages, sender and receiver sides, with the "
+				     "relay data, conversion scratch and delta encodings and bases "
+				     "held then, 256-byte rounded), more than a rank's GPU staging budget "
 				     "(gpu_staging_budget_bytes %" PRIu64 "): refused before "
 				     "anything was allocated; raise the budget or lower the refit's "
 				     "staging_bytes", x->node_id, cfg->staging_need,

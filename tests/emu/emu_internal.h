@@ -149,6 +149,7 @@ EMU_API void emu_ipcev_push_wait(emu_ipcev_t *ev, struct CUstream_st *s);
 EMU_API void emu_hold_streams(void);
 /* REFIT_EMU_SLOW_IPC_OPEN: cudaIpcOpenMemHandle waits while its file exists. */
 EMU_API void emu_slow_ipc_open(void);
+EMU_API void emu_slow_unique_id(void);
 /* REFIT_EMU_SLOW_IPC_CLOSE: cudaIpcCloseMemHandle waits while its file exists. */
 EMU_API void emu_slow_ipc_close(void);
 /* emu_stream.c: an event's shared record (referenced; NULL: not an

@@ -331,6 +331,14 @@ emu_slow_ipc_close(void)
 	slow_while("REFIT_EMU_SLOW_IPC_CLOSE");
 }
 
+/* REFIT_EMU_SLOW_UNIQUE_ID=PATH: ncclGetUniqueId blocks while PATH exists
+ * (a root that is slow to bind: refitd's holder child makes the id). */
+void
+emu_slow_unique_id(void)
+{
+	slow_while("REFIT_EMU_SLOW_UNIQUE_ID");
+}
+
 /* REFIT_EMU_HOLD_STREAMS=PATH: work on the streams this process created
  * (not the NULL streams) runs only once PATH exists: an asynchronous writer
  * whose queued work lands late. */

@@ -66,6 +66,14 @@ ncclResult_t nccl_fail(ncclResult_t r, const char *fmt, ...) EMU_PRINTF(2, 3);
 /* a live communicator handle; NCCL's ncclCommEnsureReady (emu_nccl.c) */
 ncclResult_t comm_check(ncclComm_t c, const char *what);
 ncclResult_t comm_ready(ncclComm_t c, const char *what);
+/* Wait for c's init or shrink to end: its result. */
+ncclResult_t comm_wait_ready(ncclComm_t c);
+/* emu_group.c: inside a group (this thread), c's init or shrink waits for
+ * ncclGroupEnd (a reference taken): true; outside one, false. */
+bool group_defer_init(ncclComm_t c);
+/* Leave this thread inside one more group (NCCL >= 2.27.6's refused
+ * destroy). */
+void group_leave_open(void);
 /* registrations (emu_reg.c): is [p, p + n) inside one buffer registered with
  * c; free them all (the communicator's end) */
 bool emu_reg_covers(ncclComm_t c, const void *p, size_t n);

@@ -21,23 +21,13 @@
 #include "daemon/transport/gpu.h"
 #include "daemon/transport/transport.h"
 #include "tests/gpu/gpu_order.h"
+#include "tests/gpu/gpu_test.h"
 
 #ifdef REFIT_HAVE_NCCL
 
 #define ORDER_BYTES (2u << 20)
 
 static int bad;
-
-#define OEXPECT(cond, ...)                                                         \
-	do {                                                                       \
-		if (!(cond)) {                                                     \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                \
-			printf(__VA_ARGS__);                                       \
-			printf("\n");                                              \
-			fflush(stdout);                                            \
-			bad++;                                                     \
-		}                                                                  \
-	} while (0)
 
 static void
 go_path(char *buf, size_t n)
@@ -120,9 +110,7 @@ reader(const gpu_api_t *a, int in, bool emu)
 	xport_session_cfg_t sc = {.refit_id = 1, .epoch = 1, .peers = &self, .npeers = 1,
 				  .max_msg_bytes = 1 << 20, .abort = &stop, .events = &ev,
 				  .nevents = 1};
-	uint8_t id[512], mh[64], *host = malloc(ORDER_BYTES);
-	size_t idlen = sizeof(id);
-	xport_world_t w = {1, &me, 1, &me, 1, id, 0, NULL, NULL, NULL, 0};
+	uint8_t mh[64], *host = malloc(ORDER_BYTES);
 	xport_t *x = NULL;
 	xport_session_t *s = NULL;
 	const dp_dev_ops_t *dev;
@@ -132,25 +120,23 @@ reader(const gpu_api_t *a, int in, bool emu)
 	int fd;
 
 	refit_err_clear(&err);
-	OEXPECT(read(in, mh, sizeof(mh)) == (ssize_t)sizeof(mh) &&
+	EXPECT(read(in, mh, sizeof(mh)) == (ssize_t)sizeof(mh) &&
 		read(in, ev.handle, sizeof(ev.handle)) == (ssize_t)sizeof(ev.handle),
 		"no handles from the writer");
-	OEXPECT(o->start(&xc, &x, &err) == REFIT_OK, "start: %s", err.msg);
-	if (bad || o->unique_id(x, id, &idlen, &err) != REFIT_OK ||
+	EXPECT(o->start(&xc, &x, &err) == REFIT_OK, "start: %s", err.msg);
+	if (bad || alone_world(x, &err) != REFIT_OK ||   /* the harness's (gpu_test.h) */
 	    o->mem_open(x, 0, mh, sizeof(mh), 0, NULL, ORDER_BYTES, &base, &err) != REFIT_OK) {
-		OEXPECT(0, "setup: %s", err.msg);
+		EXPECT(0, "setup: %s", err.msg);
 		goto out;
 	}
-	w.id_len = idlen;
-	o->set_world(x, &w);
 	sc.deadline_ms = xport_now_ms() + 60000;
 	if (o->open(x, &sc, &s, &err) != REFIT_OK) {
-		OEXPECT(0, "open with the writer's event: %s", err.msg);
+		EXPECT(0, "open with the writer's event: %s", err.msg);
 		goto out;
 	}
 	dev = o->dev(s);
 	stage = dev->alloc(dev->ctx, 0, ORDER_BYTES);
-	OEXPECT(stage != NULL, "staging");
+	EXPECT(stage != NULL, "staging");
 	if (stage) {
 		dev->copy(dev->ctx, 0, stage, base, ORDER_BYTES);
 		if (emu) {   /* time for a copy that does not wait to run, then release */
@@ -160,12 +146,12 @@ reader(const gpu_api_t *a, int in, bool emu)
 				close(fd);
 		}
 		dev->to_host(dev->ctx, 0, host, stage, ORDER_BYTES);
-		OEXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
-		OEXPECT(host[0] == 0x22 && host[ORDER_BYTES - 1] == 0x22, "the session read "
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+		EXPECT(host[0] == 0x22 && host[ORDER_BYTES - 1] == 0x22, "the session read "
 			"0x%02x, not the writer's 0x22: it did not wait for the writer's event",
 			host[0]);
 		dev->free(dev->ctx, 0, stage);
-		OEXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
+		EXPECT(dev->sync(dev->ctx, &err) == REFIT_OK, "sync: %s", err.msg);
 	}
 	o->close(s);
 out:
@@ -203,7 +189,7 @@ order_child(bool emu)
 	if (write(tw[1], "d", 1) != 1)
 		bad++;
 	waitpid(pid, &st, 0);
-	OEXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the writer exited 0x%x", st);
+	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the writer exited 0x%x", st);
 	return bad ? 1 : 0;
 }
 

@@ -55,6 +55,9 @@ def setup():
     # (slow_close_heartbeats); a GPU ignores both
     os.environ["REFIT_EMU_SLOW_IPC_OPEN"] = f"{TMP}/slow-open"
     os.environ["REFIT_EMU_SLOW_IPC_CLOSE"] = f"{TMP}/slow-close"
+    # ... and its ncclGetUniqueId (in the root-holder child) while this one
+    # does (slow_unique_id_heartbeats)
+    os.environ["REFIT_EMU_SLOW_UNIQUE_ID"] = f"{TMP}/slow-id"
     cl = Cluster("g", 3, ["--test-msg-delay-ms", "20", "--slice-timeout-ms", "60000"],
                  lease_ms=LEASE_MS)
     S["cl"] = cl
@@ -277,6 +280,43 @@ def async_trainer():
     installed(S["v"])
 
 
+def slow_unique_id_heartbeats():
+    """A new epoch's NCCL unique id that is slow to make (the emulator holds
+    ncclGetUniqueId in refitd's root-holder child while a file exists) does
+    not stall the loop of the node making it (g0, the lowest rank's): while
+    the refit waits for the id, the coordinator sees fresh heartbeats from
+    g0 for more than a lease; then the refit commits."""
+    if harness.GPU_REAL:
+        print("     skipped: a GPU's NCCL cannot be made to stall here")
+        return
+    cl = S["cl"]
+    slow = os.environ["REFIT_EMU_SLOW_UNIQUE_ID"]
+    extra = spawn(harness.node_spawn_args(cl, "g8", "8"), stderr=cl.log,
+                  env=harness.host_env("g8"))
+    try:
+        cl.wait_members(4)   # a new epoch: the next refit asks g0 for an id
+        step()
+        with open(slow, "w"):
+            pass
+        try:
+            rid = cl.stub.TriggerRefit(pb.TriggerRefitRequest(model="gm", version=S["v"]),
+                                       timeout=5).refit_id
+
+            def waiting():
+                g = cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+                return g.state not in (pb.RUNNING, pb.COMMITTED, pb.FAILED, pb.ABORTED)
+            fresh_beats(cl, "g0", waiting)
+        finally:
+            os.unlink(slow)
+        g = cl.wait_final(rid, 60)
+        assert g.state == pb.COMMITTED, g.failure
+        installed(S["v"])
+    finally:
+        extra.send_signal(signal.SIGTERM)
+        assert extra.wait(timeout=30) == 0
+        cl.wait_members(3)
+
+
 try:
     check("three node daemons on one GPU (own NCCL_HOSTID each), librefit clients",
           setup)
@@ -292,6 +332,8 @@ try:
               slow_open_heartbeats)
         check("a client goes while its cudaIpcCloseMemHandle stalls: heartbeats go on",
               slow_close_heartbeats)
+        check("a new epoch's ncclGetUniqueId stalls: the node's heartbeats go on",
+              slow_unique_id_heartbeats)
 finally:
     for c in S.get("inst", []) + ([S["trainer"]] if "trainer" in S else []):
         c.close()

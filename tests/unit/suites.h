@@ -13,6 +13,7 @@ Suite *suite_topo(void);
 Suite *suite_codec(void);
 Suite *suite_planner(void);
 Suite *suite_validate(void);
+Suite *suite_gpu_staging(void);
 Suite *suite_property(void);
 Suite *suite_dataplane(void);
 Suite *suite_model(void);

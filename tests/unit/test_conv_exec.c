@@ -352,6 +352,14 @@ START_TEST(random_shardings_bit_exact)
 			ck_assert_msg(dp_exec_local(x, &st, &e) == REFIT_OK, "iteration %d, %s, w on the %s side: %s", iter, plan_mode_name(o.mode), plan_conv_site_name(c.t[0].site), e.msg);
 			for (int32_t r = 0; r < 16; r++)
 				ck_assert_msg(dp_conv_finish(cx, r, &e) == REFIT_OK, "%s", e.msg);
+			{   /* the whole-slice estimate's bound covers what was made */
+				uint64_t need = 0;
+
+				for (int32_t r = 0; r < 16; r++)
+					need += dp_conv_scratch_need(cx, r);
+				ck_assert_uint_ge(need, dp_conv_scratch_bytes(cx));
+				ck_assert_uint_gt(dp_conv_scratch_bytes(cx), 0);
+			}
 			for (size_t k = 0; k < c.n; k++) {
 				const plan_conv_tensor_t *t = &c.t[k];
 				int64_t n = plan_layout_numel(&dst.v[t->dst]);

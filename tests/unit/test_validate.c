@@ -294,9 +294,9 @@ START_TEST(gpu_staging_of_ranks)
 	th_plan_build(&x, W("[1024,64]", "[0]", "[\"Replicate()\"]"),
 		      W("[1024,64]", "[1,2]", "[\"Shard(0)\"]"), "dgx-h100:16", &o);
 	plan_gpu_staging(&x.p, 4, &all);
-	plan_gpu_staging_ranks(&x.p, 4, &zero, 1, &r0);
-	plan_gpu_staging_ranks(&x.p, 4, &one, 1, &r1);
-	plan_gpu_staging_ranks(&x.p, 4, NULL, 0, &none);
+	plan_gpu_staging_ranks(&x.p, 4, NULL, &zero, 1, &r0);
+	plan_gpu_staging_ranks(&x.p, 4, NULL, &one, 1, &r1);
+	plan_gpu_staging_ranks(&x.p, 4, NULL, NULL, 0, &none);
 	ck_assert_uint_ge(all.peak, 256u << 10);   /* 256 KiB of fp32 in all */
 	ck_assert(r0.peak == all.peak && r0.rank == 0);
 	ck_assert(r1.rank == 1 && r1.peak > 0 && r1.peak * 2 <= all.peak + 512);
