@@ -15,6 +15,7 @@ static Suite *(*const suites[])(void) = {
 	suite_convert, suite_conv_exec, suite_ops,      suite_config,
 	suite_refit_fsm, suite_coord_rules, suite_pool,   suite_plansort, suite_framework,
 	suite_blame,     suite_delta,     suite_delta_base, suite_gdelta_base, suite_auth,
+	suite_coord_chunks,
 };
 
 int

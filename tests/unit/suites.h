@@ -30,5 +30,6 @@ Suite *suite_delta(void);
 Suite *suite_delta_base(void);
 Suite *suite_gdelta_base(void);
 Suite *suite_auth(void);
+Suite *suite_coord_chunks(void);
 
 #endif
