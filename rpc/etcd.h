@@ -1,7 +1,7 @@
 /*
  * etcd.h - a small synchronous etcd v3 client: the KV and Lease calls the
  * coordinator's state store and leader election need (daemon/coord/
- * coord_store_etcd.c, coord_leader.c), spoken over gRPC core with the
+ * coord_backend_etcd.c, coord_leader.c), spoken over gRPC core with the
  * protobuf-c messages of proto/etcd/ (etcd's own API, a subset).
  *
  * Endpoints are a comma-separated list of host:port; a call that finds its

@@ -849,6 +849,31 @@ def big_state():
     etcd.terminate()
 
 
+
+def legacy_state():
+    """A plain state document in PREFIX/state (as written before the chunks;
+    here the main cluster's, assembled): a coordinator on that prefix loads it
+    (the model, its instances and policy are there), and its next save (a policy
+    changed) stores it in chunks: a manifest whose document has the change."""
+    import json
+    doc = etcd_doc(E.addr, "/refit")[0]
+    assert doc.startswith(b"{")
+    etcdctl(E.addr, "put", "/legacy/state", data=doc)
+    cl = harness.Cluster("hl", 0, lease_ms=1500, coord_extra=[
+        "--state-store", "etcd", "--etcd-endpoints", E.addr, "--etcd-prefix", "/legacy",
+        "--etcd-lease-ttl-ms", "1000"])
+    was = [x for x in json.loads(doc)["models"] if x["name"] == "m"][0]
+    got = cl.stub.GetModel(pb.GetModelRequest(model="m"), timeout=5)
+    assert (got.latest_version, len(got.instances), got.policy.retries) == (
+        was["latest_version"], len(was["instances"]), was["retries"]), (got, was)
+    cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="m", retries=7, retry_backoff_ms=100, catch_up=True)), timeout=5)
+    new, chunks, man = etcd_doc(E.addr, "/legacy")
+    assert man.startswith(b"refit-state-chunks 1\n") and chunks, man[:80]
+    m = [x for x in json.loads(new)["models"] if x["name"] == "m"]
+    assert m and m[0]["retries"] == 7, m
+    cl.coord.terminate()
+
 try:
     check(f"etcd ({ETCD_MEMBERS} member(s)), three coordinators, three nodes given all "
           "three, a model", setup)
@@ -890,6 +915,8 @@ try:
             check("a state over etcd's request limit: stored in chunks, a refit writes a "
                   "few, a restart loads it, an unnamed chunk deleted, a corrupt or missing "
                   "chunk refused naming its key", big_state)
+            check("a plain state document (written before the chunks) in etcd: loads, the "
+                  "next save stores it in chunks", legacy_state)
 finally:
     harness.stop_all()
     bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS
