@@ -12,9 +12,10 @@
  * anyone anything more.  etcd unreachable: the write is refused
  * UNAVAILABLE, naming etcd, and the change with it.
  *
- * A save puts the chunks not stored yet (batched into Txns of at most
- * chunk_max bytes), then the manifest (the commit point), then deletes the
- * chunks the old manifest named and the new one does not.  A crash anywhere
+ * A save puts the chunks not stored yet, then the manifest (the commit
+ * point), then deletes the chunks the old manifest named and the new one
+ * does not: in this order, in as few Txns of at most chunk_max bytes as
+ * fit (a small document: one Txn).  A crash anywhere
  * leaves the old manifest and every chunk it names in place; chunks a
  * crashed save left unnamed are deleted by the next leader once it loaded
  * the state.  A load verifies each chunk's digest and the whole's, and
@@ -98,13 +99,15 @@ chunk_key(const etcd_store_t *s, const char *hex)
 	return k;
 }
 
-/* Run ops[0..n) in guarded Txns of at most TXN_OPS operations and about
- * chunk_max bytes each (a value alone may reach chunk_max). */
+/* Run ops[0..n) in order, in guarded Txns of at most TXN_OPS operations
+ * and about chunk_max bytes each (a value alone may reach chunk_max);
+ * *done: how many are done (the Txns that succeeded). */
 static refit_status_t
-txns(etcd_store_t *s, const etcd_op_t *ops, size_t n, refit_err_t *err)
+txns(etcd_store_t *s, const etcd_op_t *ops, size_t n, size_t *done, refit_err_t *err)
 {
 	size_t i = 0;
 
+	*done = 0;
 	while (i < n) {
 		size_t j = i, bytes = 0;
 		bool ok = false;
@@ -114,7 +117,7 @@ txns(etcd_store_t *s, const etcd_op_t *ops, size_t n, refit_err_t *err)
 		CHECK(etcd_txn_if(s->e, s->guard, s->guard_rev, ops + i, j - i, &ok, err));
 		if (!ok)
 			deposed(s, ops[i].key);
-		i = j;
+		*done = i = j;
 	}
 	return REFIT_OK;
 }
@@ -134,8 +137,7 @@ delete_unnamed(etcd_store_t *s, const strmap_t *named, char **keys, size_t n, si
 			ops[k].key = keys[i];
 			ops[k++].del = true;
 		}
-	rc = txns(s, ops, k, err);
-	*gone = rc == REFIT_OK ? k : 0;
+	rc = txns(s, ops, k, gone, err);
 	free(ops);
 	return rc;
 }
@@ -305,71 +307,75 @@ new_chunks(etcd_store_t *s, const coord_manifest_t *m, const char *text, etcd_op
 	return n;
 }
 
-/* After the manifest m is committed: the chunks the old one named and m
- * does not are deleted (or every unnamed one, when s->gc). */
-static void
-drop_old(etcd_store_t *s, const coord_manifest_t *m)
+/* The deletes of the chunks stored now that named does not name, from ops[n]
+ * (keys: heap, from keys[n]); returns the new n. */
+static size_t
+old_chunks(const etcd_store_t *s, const strmap_t *named, etcd_op_t *ops, char **keys, size_t n)
 {
-	strmap_t named;
-	char **old = xcalloc(s->stored.n + 1, sizeof(*old));
-	size_t n = 0, gone = 0;
-	refit_err_t err = {0};
-
-	strmap_init(&named);
-	named_set(&named, m);
-	if (!s->gc)
-		for (size_t i = 0; i < s->stored.cap; i++)
-			if (s->stored.keys[i] != NULL && strmap_get(&named, s->stored.keys[i]) < 0)
-				old[n++] = chunk_key(s, s->stored.keys[i]);
-	if (s->gc)
-		collect_logged(s, &named);
-	else if (n > 0 && delete_unnamed(s, &named, old, n, &gone, &err) != REFIT_OK) {
-		log_warnx("coordinator: %s: old chunks not deleted (again later): %s", s->where,
-			  err.msg);
-		s->gc = true;
-	}
-	for (size_t i = 0; i < n; i++)
-		free(old[i]);
-	free(old);
-	strmap_fini(&s->stored);
-	s->stored = named;
+	for (size_t i = 0; i < s->stored.cap; i++)
+		if (s->stored.keys[i] != NULL && strmap_get(named, s->stored.keys[i]) < 0) {
+			keys[n] = chunk_key(s, s->stored.keys[i]);
+			ops[n].key = keys[n];
+			ops[n++].del = true;
+		}
+	return n;
 }
 
+/*
+ * One save, its operations in this order: the chunks not stored yet, the
+ * manifest (the commit point), the deletes of the chunks it no longer
+ * names; as few Txns as the bounds allow (a small document: one), run in
+ * order, so a chunk is never named before it is stored nor deleted before
+ * a manifest that does not name it is committed.
+ */
 static refit_status_t
 etcd_save(void *impl, const char *text, size_t len, refit_err_t *err)
 {
 	etcd_store_t *s = impl;
 	coord_manifest_t m;
+	strmap_t named;
 	etcd_op_t *ops;
 	char **keys, *mtext;
-	size_t n, mlen;
+	size_t n, man, mlen, done = 0;
 	refit_status_t rc;
-	bool ok = false;
 
 	if (s->guard == NULL)
 		return refit_err_set(err, REFIT_ERR_UNAVAILABLE, "%s: this coordinator is not "
 				     "the leader", s->where);
 	coord_manifest_make(text, len, s->chunk_max, &m);
-	ops = xcalloc(m.n + 1, sizeof(*ops));
-	keys = xcalloc(m.n + 1, sizeof(*keys));
-	n = new_chunks(s, &m, text, ops, keys);
-	rc = txns(s, ops, n, err);
+	strmap_init(&named);
+	named_set(&named, &m);
+	ops = xcalloc(m.n + s->stored.n + 1, sizeof(*ops));
+	keys = xcalloc(m.n + s->stored.n + 1, sizeof(*keys));
+	man = new_chunks(s, &m, text, ops, keys);
+	mtext = coord_manifest_text(&m, &mlen);
+	ops[man].key = s->key;
+	ops[man].value = mtext;
+	ops[man].len = mlen;
+	n = s->gc ? man + 1 : old_chunks(s, &named, ops, keys, man + 1);
+	rc = txns(s, ops, n, &done, err);
+	if (done > man) {
+		/* committed: the new document is the state */
+		if (rc != REFIT_OK) {
+			log_warnx("coordinator: %s: saved, but old chunks not deleted (again "
+				  "later): %s", s->where, err->msg);
+			refit_err_clear(err);
+			rc = REFIT_OK;
+			s->gc = true;
+		}
+		if (s->gc)
+			collect_logged(s, &named);
+		strmap_fini(&s->stored);
+		s->stored = named;
+	} else {
+		s->gc = true; /* chunks may be stored that no manifest names */
+		strmap_fini(&named);
+	}
 	for (size_t i = 0; i < n; i++)
 		free(keys[i]);
 	free(keys);
 	free(ops);
-	if (rc == REFIT_OK) {
-		/* the commit point: the new document, whole, or the old one */
-		mtext = coord_manifest_text(&m, &mlen);
-		rc = etcd_put_if(s->e, s->guard, s->guard_rev, s->key, mtext, mlen, &ok, err);
-		free(mtext);
-		if (rc == REFIT_OK && !ok)
-			deposed(s, s->key);
-	}
-	if (rc == REFIT_OK)
-		drop_old(s, &m);
-	else
-		s->gc = true; /* chunks may be stored that no manifest names */
+	free(mtext);
 	coord_manifest_fini(&m);
 	return rc;
 }
