@@ -112,6 +112,8 @@ UNIT_DAEMON_SRC += daemon/node/gdelta_base.c daemon/node/slice_gdelta.c
 UNIT_DAEMON_SRC += daemon/transport/gpu_arena.c
 # the authorization table and the refusal log's limiter (test_auth.c)
 UNIT_DAEMON_SRC += rpc/rpc_auth.c
+# what an etcd Watch answer means (test_etcd_watch.c)
+UNIT_DAEMON_SRC += rpc/etcd_watch_resp.c
 
 # $(call objs,variant-dir,sources)
 objs = $(patsubst %.c,$(1)/obj/%.o,$(2))

@@ -21,12 +21,9 @@ saves here is what a network slower than one core's codec would save more
 of (docs/delta.md reads the figures).
 """
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
+
+from bench_cluster import Testbed
 
 ARGS = sys.argv[1:]
 JSON_OUT = None
@@ -41,36 +38,10 @@ if len(ARGS) > 1:
     raise SystemExit("usage: bench_delta_refit.py BUILD_DIR [--json FILE] "
                      "[--densities D,D,...]")
 BUILD = ARGS[0] if ARGS else "build"
-TMP = tempfile.mkdtemp(prefix="refit-bdelta-")
-PROCS = []
+TB = Testbed(BUILD, "refit-bdelta-")
+TMP, ctl = TB.tmp, TB.ctl
 SHAPE = [1024, 4096]
 NT = 8
-
-
-def spawn(args, **kw):
-    p = subprocess.Popen(args, **kw)
-    PROCS.append(p)
-    return p
-
-
-def ctl(*args):
-    return subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator", f"unix:{TMP}/coord.sock"]
-                          + list(args), capture_output=True, text=True, timeout=600)
-
-
-def cluster():
-    spawn([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
-           f"unix:{TMP}/coord.sock", "--log-level", "warn"])
-    for name, ranks in (("train0", "0-1"), ("infer0", "2-3")):
-        spawn([f"{BUILD}/bin/refitd", "--role", "node", "--node-id", name, "--ranks", ranks,
-               "--listen", f"unix:{TMP}/{name}.sock", "--coordinator",
-               f"unix:{TMP}/coord.sock", "--local-socket", f"{TMP}/{name}.local",
-               "--heartbeat-ms", "200", "--log-level", "warn"])
-    for _ in range(100):
-        if "2 members" in ctl("members").stdout:
-            return
-        time.sleep(0.1)
-    raise SystemExit("bench: nodes did not join")
 
 
 def write(name, ranks, placement):
@@ -83,15 +54,8 @@ def write(name, ranks, placement):
 
 
 def client(node, model, role, layouts, ppm, instance=""):
-    args = [f"{BUILD}/bin/refit-client", "--socket", f"{TMP}/{node}.local", "--model", model,
-            "--role", role, "--layouts", layouts, "--timeout-ms", "600000", "--sparse",
-            str(ppm)]
-    if instance:
-        args += ["--instance", instance, "--install", "double-buffer"]
-    p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-    line = p.stdout.readline()
-    assert line.startswith(("READY", "REGISTERED")), line
-    return p
+    return TB.client(node, model, role, layouts, instance, ["--sparse", str(ppm)] +
+                     (["--install", "double-buffer"] if instance else []))
 
 
 def cmd(p, line):
@@ -140,7 +104,7 @@ def one(d):
 
 
 try:
-    cluster()
+    TB.start([("train0", "0-1"), ("infer0", "2-3")])
     res = []
     print("delta refits vs dense, tcp on loopback, one bf16 model of %d MiB (train0 ranks "
           "0-1 -> infer0 ranks 2-3), best of 2 each" % (NT * SHAPE[0] * SHAPE[1] * 2 >> 20))
@@ -160,18 +124,4 @@ try:
         with open(JSON_OUT, "w") as f:
             json.dump({"runs": res}, f)
 finally:
-    for p in reversed(PROCS[1:]):
-        if p.poll() is None:
-            p.terminate()
-    for p in reversed(PROCS[1:]):
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    PROCS[0].terminate()
-    for p in PROCS:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    shutil.rmtree(TMP, ignore_errors=True)
+    TB.close()

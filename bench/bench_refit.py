@@ -13,12 +13,9 @@ across runs.  --json writes the figures also as one JSON object to FILE
 (scripts/figures.py reads it).
 """
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
+
+from bench_cluster import Testbed
 
 ARGS = sys.argv[1:]
 JSON_OUT = None
@@ -33,47 +30,8 @@ if len(ARGS) > 1:
                      "(usage: bench_refit.py BUILD_DIR [--json FILE])")
 BUILD = ARGS[0] if ARGS else "build"
 FIG = {}
-TMP = tempfile.mkdtemp(prefix="refit-bench-")
-PROCS = []
-
-
-def spawn(args, **kw):
-    p = subprocess.Popen(args, **kw)
-    PROCS.append(p)
-    return p
-
-
-def ctl(*args):
-    out = subprocess.run([f"{BUILD}/bin/refitctl", "--coordinator",
-                          f"unix:{TMP}/coord.sock"] + list(args),
-                         capture_output=True, text=True, timeout=600)
-    return out
-
-
-def cluster(nodes):
-    spawn([f"{BUILD}/bin/refitd", "--role", "coordinator", "--listen",
-           f"unix:{TMP}/coord.sock", "--log-level", "warn"])
-    for name, ranks in nodes:
-        spawn([f"{BUILD}/bin/refitd", "--role", "node", "--node-id", name, "--ranks", ranks,
-               "--listen", f"unix:{TMP}/{name}.sock", "--coordinator",
-               f"unix:{TMP}/coord.sock", "--local-socket", f"{TMP}/{name}.local",
-               "--heartbeat-ms", "200", "--log-level", "warn"])
-    for _ in range(100):
-        if f"{len(nodes)} members" in ctl("members").stdout:
-            return
-        time.sleep(0.1)
-    raise SystemExit("bench: nodes did not join")
-
-
-def client(node, model, role, layouts, instance=""):
-    args = [f"{BUILD}/bin/refit-client", "--socket", f"{TMP}/{node}.local", "--model", model,
-            "--role", role, "--layouts", layouts, "--timeout-ms", "600000"]
-    if instance:
-        args += ["--instance", instance]
-    p = spawn(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-    line = p.stdout.readline()
-    assert line.startswith(("READY", "REGISTERED")), line
-    return p
+TB = Testbed(BUILD, "refit-bench-")
+TMP, ctl, client = TB.tmp, TB.ctl, TB.client
 
 
 def refit(model, version, mode="reshard", verify=False):
@@ -110,7 +68,7 @@ def write(name, tensors):
 
 
 try:
-    cluster([("train0", "0-3"), ("train1", "4-7"), ("infer0", "8-11"), ("infer1", "12-15")])
+    TB.start([("train0", "0-3"), ("train1", "4-7"), ("infer0", "8-11"), ("infer1", "12-15")])
     # 1. one pair, one 256 MiB tensor: rank 0 -> rank 8
     t = write("big-t", [{"name": "w", "dtype": "fp32", "shape": [8192, 8192], "mesh": [0],
                          "placements": ["Replicate()"]}])
@@ -175,18 +133,4 @@ try:
         with open(JSON_OUT, "w") as f:
             json.dump(FIG, f)
 finally:
-    for p in reversed(PROCS[1:]):  # clients and nodes first, the coordinator last
-        if p.poll() is None:
-            p.terminate()
-    for p in reversed(PROCS[1:]):
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    PROCS[0].terminate()
-    for p in PROCS:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    shutil.rmtree(TMP, ignore_errors=True)
+    TB.close()

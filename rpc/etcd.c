@@ -100,6 +100,25 @@ etcd_endpoint(const etcd_t *e)
 	return e->eps[e->cur];
 }
 
+size_t
+etcd_endpoint_count(const etcd_t *e)
+{
+	return e->n;
+}
+
+rpc_client_t *
+etcd_endpoint_client(etcd_t *e, size_t i, const char **addr)
+{
+	*addr = e->eps[i % e->n];
+	return e->cli[i % e->n];
+}
+
+bool
+etcd_tls(const etcd_t *e)
+{
+	return e->tls;
+}
+
 void
 etcd_kv_fini(etcd_kv_t *kv)
 {
@@ -189,6 +208,7 @@ range(etcd_t *e, Etcdserverpb__RangeRequest *rq, etcd_kv_t *out, refit_err_t *er
 
 		if (rr->n_kvs > 0)
 			kv_take(rr->kvs[0], out);
+		out->read_rev = rr->header ? rr->header->revision : 0;
 	}
 	if (resp)
 		protobuf_c_message_free_unpacked(resp, NULL);

@@ -27,6 +27,8 @@ typedef struct etcd_kv {
 	char *value;             /* NUL-terminated copy */
 	size_t value_len;
 	int64_t create_rev, mod_rev, lease;
+	int64_t read_rev;        /* the store's revision when read (etcd_get,
+				    etcd_first_created): watch from read_rev + 1 */
 } etcd_kv_t;
 
 /* endpoints "h1:p1,h2:p2"; timeout_ms bounds each call.  NULL on bad input. */
@@ -83,5 +85,11 @@ refit_status_t etcd_lease_grant(etcd_t *e, int64_t ttl_s, int64_t *id, refit_err
 /* Renew lease id; *ttl_s: the TTL left (0: the lease is gone). */
 refit_status_t etcd_lease_keepalive(etcd_t *e, int64_t id, int64_t *ttl_s, refit_err_t *err);
 refit_status_t etcd_lease_revoke(etcd_t *e, int64_t id, refit_err_t *err);
+
+/* For rpc/etcd_watch.c: the number of endpoints; endpoint i's address and
+ * client (its channel carries the TLS of etcd_new); whether TLS. */
+size_t etcd_endpoint_count(const etcd_t *e);
+struct rpc_client *etcd_endpoint_client(etcd_t *e, size_t i, const char **addr);
+bool etcd_tls(const etcd_t *e);
 
 #endif

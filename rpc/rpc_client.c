@@ -100,6 +100,12 @@ rpc_client_target(const rpc_client_t *c)
 	return c->target;
 }
 
+grpc_channel *
+rpc_client_channel(rpc_client_t *c)
+{
+	return c->ch;
+}
+
 const ProtobufCMethodDescriptor *
 rpc_method_of(const ProtobufCServiceDescriptor *svc, const char *name)
 {

@@ -71,6 +71,10 @@ refit_status_t rpc_unix_listen(grpc_server *srv, const char *listen, rpc_unix_t 
 void rpc_unix_stop(rpc_unix_t *u);   /* NULL: no-op */
 bool rpc_unix_peer(rpc_unix_t *u, const char *peer, rpc_peer_cred_t *out);
 
+/* The channel of a synchronous client, for a streaming call of its own
+ * (rpc/etcd_watch.c); the client outlives the call. */
+grpc_channel *rpc_client_channel(rpc_client_t *c);
+
 /* svc's method called name, or NULL (both clients). */
 const ProtobufCMethodDescriptor *rpc_method_of(const ProtobufCServiceDescriptor *svc,
 					       const char *name);

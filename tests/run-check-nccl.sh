@@ -5,7 +5,7 @@
 #      copies (the strided-copy kernel, size-1 and stride-0 dims), copy
 #      errors surfacing at sync, IPC offsets, per-device staging, grouped
 #      send/recv between processes and a shrink;
-#   3. the data-plane end-to-end suite and the fault suite with
+#   3. the data-plane end-to-end suites and the fault suites with
 #      REFIT_TEST_TRANSPORT=nccl (node daemons on emulated hosts with 4
 #      devices each, clients registering GPU memory by CUDA IPC handle,
 #      the emulator's leak counters checked after each suite), and the
@@ -171,10 +171,19 @@ suite() {
 	gpu) script "GPU test program over the emulator$tag" gputest "$b/tests/gpu-test" ;;
 	dataplane) script "data plane over nccl on the emulator ($pairs layout pairs)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/integration/test_dataplane.py "$b" "$pairs" ;;
+		/usr/bin/python3 tests/integration/test_dataplane.py "$b" "$pairs"
+		script "data plane limits over nccl on the emulator$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_dataplane_limits.py "$b" ;;
 	faults) script "faults over nccl on the emulator (${soak} s soak)$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
-		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak" ;;
+		/usr/bin/python3 tests/integration/test_faults.py "$b" "$soak"
+		script "faults around single calls over nccl on the emulator$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_faults_calls.py "$b"
+		script "faults: partitions over nccl on the emulator$tag" \
+		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
+		/usr/bin/python3 tests/integration/test_faults_partition.py "$b" ;;
 	poison) script "a poisoned node: health, metric, members, refits refused at once, poisoned_exit$tag" \
 		env REFIT_TEST_TRANSPORT=nccl REFIT_EMU_LIB="$EMU" \
 		/usr/bin/python3 tests/integration/test_poison.py "$b" ;;

@@ -17,6 +17,15 @@ CHECK_LOG=$BUILD/check.log
 mkdir -p "$CHECK_DIR" && rm -f "$CHECK_DIR"/suite-*.log && : >"$CHECK_LOG" || exit 1
 . tests/check-lib.sh
 check_start=$(date +%s)
+# The Python stubs of proto/refit/v1 made once for every suite that asks
+# tests/integration/protostubs.py (REFIT_PROTO_STUBS; about 0.6 s a suite);
+# when protoc fails here each suite makes its own, as before.
+if [ -z "${REFIT_PROTO_STUBS:-}" ] && rm -rf "$BUILD/check-stubs" &&
+	mkdir -p "$BUILD/check-stubs" && /usr/bin/python3 -m grpc_tools.protoc -Iproto \
+	--python_out="$BUILD/check-stubs" --grpc_python_out="$BUILD/check-stubs" \
+	proto/refit/v1/refit.proto; then
+	REFIT_PROTO_STUBS=$(cd "$BUILD/check-stubs" && pwd) && export REFIT_PROTO_STUBS
+fi
 
 script "the check runner counts crashes and missing result lines" sh tests/check-selftest.sh
 script "layers: no file-level call cycles in plan, daemon/coord, daemon/node, rpc, daemon/transport" \
@@ -65,6 +74,10 @@ script "control plane (coordinator + Python gRPC + refitctl)" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD"
 script "control plane, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_control_plane.py "$BUILD/asan"
+script "control plane: the state file and configuration (durable or refused, strict loader, old files, restarts, config files, socket lock)" \
+	/usr/bin/python3 tests/integration/test_control_plane_state.py "$BUILD"
+script "control plane: the state file and configuration, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_control_plane_state.py "$BUILD/asan"
 script "who may call what (a join token; rogues without it and acting for another node refused, nothing changed; SIGHUP rotation; secure by default)" \
 	/usr/bin/python3 tests/integration/test_auth.py "$BUILD"
 script "who may call what, ASan + UBSan" \
@@ -77,10 +90,22 @@ script "data plane (coordinator + 6 nodes + librefit clients, 50 layout pairs, e
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD" 50
 script "data plane, ASan + UBSan (8 layout pairs, every refit again as delta)" \
 	/usr/bin/python3 tests/integration/test_dataplane.py "$BUILD/asan" 8
-script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, 30 s soak)" \
+script "data plane limits (aborts, a client killed, dial and epoch deadlines, instance lease, unhealthy instances, delta room, relay staging)" \
+	/usr/bin/python3 tests/integration/test_dataplane_limits.py "$BUILD"
+script "data plane limits, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_dataplane_limits.py "$BUILD/asan"
+script "faults (SIGKILL, SIGSTOP, cut links, retry, catch-up, restarts, drain, a node leaving, 30 s soak, a peer without grpc-status)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD" 30
 script "faults, ASan + UBSan (5 s soak)" \
 	/usr/bin/python3 tests/integration/test_faults.py "$BUILD/asan" 5
+script "faults around single calls (no state file, atomic switch, a lost Publish, Abort before RunSlice, PrepareEpoch once, aborts and watched channels under long leases)" \
+	/usr/bin/python3 tests/integration/test_faults_calls.py "$BUILD"
+script "faults around single calls, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_faults_calls.py "$BUILD/asan"
+script "faults: partitions (either node of an instance cut mid-refit, in either order, across a coordinator restart; caught up)" \
+	/usr/bin/python3 tests/integration/test_faults_partition.py "$BUILD"
+script "faults: partitions, ASan + UBSan" \
+	/usr/bin/python3 tests/integration/test_faults_partition.py "$BUILD/asan"
 script "coordinators over a 3-member etcd (standbys, leader SIGKILLed and SIGSTOPped, a 6-refit kill soak, etcd members lost and restarted, etcd stopped; ~65 s)" \
 	/usr/bin/python3 tests/integration/test_ha.py "$BUILD"
 script "coordinators over a 1-member etcd, ASan + UBSan (2-refit soak)" \

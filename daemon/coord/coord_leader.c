@@ -5,8 +5,18 @@
  * it, the key PREFIX/election/<lease id in hex> whose value is the address
  * it advertises; the key with the lowest create revision leads.  A
  * thread of its own (its own etcd client) keeps the lease alive (every
- * third of the TTL) and looks every 100 ms who leads (a Range sorted by
- * create revision, limit 1; polled, not watched).
+ * third of the TTL) and reads who leads (a Range sorted by create
+ * revision, limit 1) when etcd says something under PREFIX/election/
+ * changed: a Watch (rpc/etcd_watch.c, a gRPC stream on the same client's
+ * channels) from the revision of the Range that read the leader, + 1, so
+ * that no change between the read and the watch is missed.  The thread
+ * waits on the stream between keep-alives, one answer at a time; every
+ * third of the TTL it asks etcd for a progress answer, and a stream that
+ * does not answer within WATCH_ANSWER_MS, ends (an etcd member stopped or
+ * cut off from its cluster: "hasleader"), or is canceled (its revision
+ * compacted away) is lost: who leads is read again and the watch opened
+ * again (on the next endpoint after a failure).  While no watch stands,
+ * the thread reads every 100 ms, as it did before the watch.
  *
  * Becoming the leader: the state store is fenced by this key (every write
  * a Txn guarded by its create revision, coord_backend_etcd.c), then the
@@ -36,14 +46,19 @@
 #include "daemon/coord/coord_backend.h"
 #include "daemon/coord/coord_internal.h"
 #include "rpc/etcd.h"
+#include "rpc/etcd_watch.h"
 
-#define POLL_MS 100
+#define POLL_MS 100            /* reading who leads while no watch stands */
 #define ETCD_CALL_MS 1000
+#define WATCH_ANSWER_MS 2000   /* a watch request unanswered this long: lost */
+#define WATCH_RETRY_MS 1000    /* after a watch that never started */
+#define WAIT_MAX_MS 250        /* the thread looks at stop this often */
 #define COORD_EXIT_LOST 75
 
 struct coord_leader {
 	coord_t *c;
 	etcd_t *e;                  /* the thread's client */
+	etcd_watch_t *w;            /* the thread's watch of PREFIX/election/ */
 	char *prefix, *addr;
 	char key[256];              /* PREFIX/election/<lease> */
 	int64_t ttl_s, lease, rev;
@@ -58,6 +73,11 @@ struct coord_leader {
 	uint64_t seen_ms;           /* when that key was first seen leading */
 	uint64_t read_ms;           /* the last look() etcd answered */
 	unsigned read_fails;        /* look()s failed since */
+	bool reread;                /* the watch said: read who leads again */
+	bool watch_created;         /* the stream open now was taken by etcd */
+	unsigned watch_losses;      /* watches lost since one was taken */
+	uint64_t watch_retry_ms;    /* open a watch again no earlier */
+	uint64_t next_progress;     /* ask the watch for a progress answer then */
 	uv_async_t async;
 	uv_timer_t retry;           /* loading the state again after a failure */
 	int open_handles;           /* closing: async and retry not closed yet */
@@ -181,19 +201,21 @@ read_failed(coord_leader_t *l, const refit_err_t *err)
 	set_leader(l, "");
 }
 
-/* Who leads now: this key (won) or another's address. */
-static void
+/* Who leads now: this key (won) or another's address.  The revision
+ * etcd read it at (0: etcd did not answer). */
+static int64_t
 look(coord_leader_t *l)
 {
 	char prefix[300];
 	etcd_kv_t kv;
 	refit_err_t err;
+	int64_t rev;
 
 	refit_err_clear(&err);
 	snprintf(prefix, sizeof(prefix), "%s/election/", l->prefix);
 	if (etcd_first_created(l->e, prefix, &kv, &err) != REFIT_OK) {
 		read_failed(l, &err);
-		return;
+		return 0;
 	}
 	if (l->read_fails > 0)
 		log_info("coordinator: election: etcd answers again (after %u failed reads)",
@@ -214,7 +236,82 @@ look(coord_leader_t *l)
 			     "this coordinator's election key is gone");
 		set_leader(l, kv.key ? kv.value : "");
 	}
+	rev = kv.read_rev;
 	etcd_kv_fini(&kv);
+	return rev;
+}
+
+/* Read who leads; with no watch standing, open one from the revision read
+ * + 1.  False: no watch stands (the caller reads again in POLL_MS). */
+static bool
+look_and_watch(coord_leader_t *l)
+{
+	char prefix[300];
+	refit_err_t err;
+	int64_t rev = look(l);
+	uint64_t now = mono_ms();
+
+	l->reread = false;
+	if (etcd_watch_up(l->w))
+		return true;
+	if (rev <= 0 || now < l->watch_retry_ms)
+		return false;
+	refit_err_clear(&err);
+	snprintf(prefix, sizeof(prefix), "%s/election/", l->prefix);
+	l->watch_created = false;
+	if (etcd_watch_open(l->w, prefix, rev + 1, WATCH_ANSWER_MS, &err) != REFIT_OK) {
+		log_warnx("coordinator: election: %s (reading every %d ms meanwhile)", err.msg,
+			  POLL_MS);
+		l->watch_retry_ms = now + WATCH_RETRY_MS;
+		return false;
+	}
+	l->next_progress = now + (uint64_t)l->ttl_s * 1000 / 3;
+	return true;
+}
+
+/* The watch ended: read again now (once more at once if it had been
+ * taken, else after WATCH_RETRY_MS), polling meanwhile. */
+static void
+watch_lost(coord_leader_t *l, const refit_err_t *err)
+{
+	if (l->watch_losses++ == 0)
+		log_warnx("coordinator: election: watch lost: %s (reading who leads again; every "
+			  "%d ms until a watch stands)", err->msg, POLL_MS);
+	l->watch_retry_ms = l->watch_created ? 0 : mono_ms() + WATCH_RETRY_MS;
+	l->reread = true;
+}
+
+/* Wait on the watch up to ms (one answer); a change: read again. */
+static void
+watch_wait(coord_leader_t *l, uint64_t ms)
+{
+	refit_err_t err;
+	int64_t rev;
+	uint64_t now;
+	etcd_watch_what_t what;
+
+	refit_err_clear(&err);
+	what = etcd_watch_wait(l->w, (int64_t)ms, &rev, &err);
+	now = mono_ms();
+	if (what == ETCD_WATCH_LOST) {
+		watch_lost(l, &err);
+		return;
+	}
+	l->read_ms = now;  /* etcd answers, or its stream stands */
+	if (what == ETCD_WATCH_CREATED) {
+		if (l->watch_losses > 0 || !l->watch_created)
+			log_info("coordinator: election: watching %s/election/ on %s from revision "
+				 "%" PRId64 "%s", l->prefix, etcd_watch_endpoint(l->w), rev + 1,
+				 l->watch_losses > 0 ? " (a watch stands again)" : "");
+		l->watch_created = true;
+		l->watch_losses = 0;
+	} else if (what == ETCD_WATCH_CHANGED) {
+		l->reread = true;
+	}
+	if (now >= l->next_progress) {
+		etcd_watch_progress(l->w);
+		l->next_progress = now + (uint64_t)l->ttl_s * 1000 / 3;
+	}
 }
 
 static void *
@@ -224,7 +321,7 @@ run(void *arg)
 	uint64_t next_ka = 0;
 
 	while (!atomic_load(&l->stop)) {
-		uint64_t now = mono_ms();
+		uint64_t now = mono_ms(), wait;
 
 		if (l->lease == 0) {
 			if (!campaign(l)) {
@@ -242,9 +339,17 @@ run(void *arg)
 			}
 			next_ka = now + (uint64_t)l->ttl_s * 1000 / 3;
 		}
-		look(l);
-		sleep_ms(POLL_MS);
+		if (!etcd_watch_up(l->w) || l->reread) {
+			if (!look_and_watch(l)) {
+				sleep_ms(POLL_MS);
+				continue;
+			}
+		}
+		now = mono_ms();
+		wait = next_ka > now ? next_ka - now : 0;
+		watch_wait(l, wait < WAIT_MAX_MS ? wait : WAIT_MAX_MS);
 	}
+	etcd_watch_close(l->w);
 	return NULL;
 }
 
@@ -286,6 +391,7 @@ on_retry(uv_timer_t *t)
 static void
 leader_free(coord_leader_t *l)
 {
+	etcd_watch_free(l->w);
 	etcd_free(l->e);
 	pthread_mutex_destroy(&l->mu);
 	free(l->prefix);
@@ -310,6 +416,7 @@ coord_leader_start(coord_t *c, const coord_opts_t *o, void *store, refit_err_t *
 		leader_free(l);
 		return NULL;
 	}
+	l->w = etcd_watch_new(l->e);
 	uv_async_init(c->loop, &l->async, on_won);
 	l->async.data = l;
 	uv_timer_init(c->loop, &l->retry);

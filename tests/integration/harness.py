@@ -149,6 +149,10 @@ PROCS = []
 NODES = 6
 RPN = int(os.environ.get("REFIT_TEST_RPN", "4"))  # ranks per node
 DTYPES = ["bf16", "fp32", "u8", "fp64", "fp16"]
+# versions a client steps to change this many elements per million
+# (refit-client --sparse): a refit after a committed one of the same plan
+# goes as delta (docs/delta.md)
+SPARSE = 5000
 
 
 def check_exits():
@@ -285,6 +289,54 @@ def refit_final(stub, rid, timeout, rpc_timeout=10, every=0.02):
             return g
         time.sleep(every)
     raise AssertionError(f"refit {rid} did not finish within {timeout} s")
+
+
+def wait_running(cl, rid):
+    """Poll refit rid on cluster cl until it is RUNNING; its GetRefit answer."""
+    return wait_for(
+        lambda: (lambda g: g if g.state == pb.RUNNING else None)(
+            cl.stub.GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)),
+        what=f"refit {rid} to run", every=0.005)
+
+
+def instances_of(cl, model):
+    """The instances of model the coordinator of cl shows, sorted ("" first)."""
+    return sorted(i.instance for i in cl.stub.GetModel(pb.GetModelRequest(model=model),
+                                                       timeout=5).instances)
+
+
+def handshake(epoch, token, refit=1, node="intruder"):
+    """A data connection's handshake as a node sends it (dataplane/wire.h)."""
+    return (0x32544652).to_bytes(4, "little") + len(token).to_bytes(4, "little") + \
+        epoch.to_bytes(8, "little") + refit.to_bytes(8, "little") + (0).to_bytes(4, "little") + \
+        token.ljust(64, b"\0") + node.encode().ljust(128, b"\0")
+
+
+def layout_to_proto(t):
+    """A layout JSON object (DTensor form) as a TensorLayout message."""
+    mesh, shape = t["mesh"], []
+    m = mesh
+    while isinstance(m, list):
+        shape.append(len(m))
+        m = m[0]
+    flat = []
+
+    def walk(x):
+        if isinstance(x, list):
+            for y in x:
+                walk(y)
+        else:
+            flat.append(x)
+    walk(mesh)
+    return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                           mesh_shape=shape, mesh_ranks=flat,
+                           placements=t["placements"])
+
+
+def infer_instance(t, ranks):
+    return pb.TensorLayout(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                           mesh_shape=[len(ranks)], mesh_ranks=ranks,
+                           placements=[t["placements"][1]])
 
 
 def spawn(args, **kw):

@@ -12,10 +12,10 @@
 static Suite *(*const suites[])(void) = {
 	suite_common,  suite_box,       suite_layout,   suite_topo,      suite_codec,
 	suite_planner, suite_validate,  suite_property, suite_dataplane, suite_model,
-	suite_convert, suite_conv_exec, suite_ops,      suite_config,
+	suite_convert, suite_conv_exec, suite_ops,      suite_config,    suite_config_values,
 	suite_refit_fsm, suite_coord_rules, suite_pool,   suite_plansort, suite_framework,
 	suite_blame,     suite_delta,     suite_delta_base, suite_gdelta_base, suite_auth,
-	suite_coord_chunks,
+	suite_etcd_watch, suite_coord_chunks,
 };
 
 int

@@ -20,6 +20,7 @@ Suite *suite_convert(void);
 Suite *suite_conv_exec(void);
 Suite *suite_ops(void);
 Suite *suite_config(void);
+Suite *suite_config_values(void);
 Suite *suite_refit_fsm(void);
 Suite *suite_coord_rules(void);
 Suite *suite_pool(void);
@@ -30,6 +31,7 @@ Suite *suite_delta(void);
 Suite *suite_delta_base(void);
 Suite *suite_gdelta_base(void);
 Suite *suite_auth(void);
+Suite *suite_etcd_watch(void);
 Suite *suite_coord_chunks(void);
 
 #endif
