@@ -101,6 +101,8 @@ UNIT_DAEMON_SRC += daemon/config.c
 UNIT_DAEMON_SRC += daemon/coord/refit_fsm.c daemon/coord/coord_rules.c
 # naming the broken data link of a failed refit (test_blame.c)
 UNIT_DAEMON_SRC += daemon/coord/coord_blame.c
+# the etcd state's content-defined chunks and manifest (test_coord_chunks.c)
+UNIT_DAEMON_SRC += daemon/coord/coord_chunks.c
 # the node's slice executor, run over a scripted transport (test_dataplane.c)
 UNIT_DAEMON_SRC += daemon/node/slice.c daemon/node/slice_build.c daemon/node/slice_group.c \
 	daemon/node/slice_stream.c daemon/node/slice_delta.c daemon/node/delta_base.c

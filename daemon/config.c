@@ -88,6 +88,10 @@ static const key_t_ keys[] = {
 	{"etcd_lease_ttl_ms", K_MS, F(etcd_lease_ttl_ms), "5000", 1000, 600000, NULL, false,
 	 "coordinator, state_store etcd: the leader's lease (whole seconds, rounded up): a "
 	 "leader that stops is replaced about this long after"},
+	{"etcd_chunk_bytes", K_SIZE, F(etcd_chunk_bytes), "256KiB", 1024, 1 << 20, NULL, false,
+	 "coordinator, state_store etcd: the largest chunk of the state document (cut by "
+	 "content, about a quarter of this on average); keep it well under etcd's "
+	 "--max-request-bytes"},
 	{"log_level", K_ENUM, F(log_level), "info", 0, 0, "error|warn|info|debug", true,
 	 "log level"},
 	{"node_id", K_STR, F(node_id), NULL, 0, 0, NULL, false,

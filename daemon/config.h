@@ -32,6 +32,7 @@ typedef struct refitd_config {
 	char *etcd_prefix;    /* etcd: the keys' prefix */
 	char *etcd_tls_ca, *etcd_tls_cert, *etcd_tls_key; /* etcd over TLS (PEM files) */
 	uint64_t etcd_lease_ttl_ms; /* etcd: the leader's lease */
+	uint64_t etcd_chunk_bytes;  /* etcd: the state's chunks' maximum size */
 	char *log_level;      /* error | warn | info | debug */
 	char *node_id;        /* node role: this node's name (default: hostname) */
 	char *ranks;          /* node role: "0-7" or "0,2,4-5" */

@@ -417,6 +417,7 @@ main(int argc, char **argv)
 	co.etcd_tls.cert_file = cfg.etcd_tls_cert;
 	co.etcd_tls.key_file = cfg.etcd_tls_key;
 	co.etcd_lease_ttl_ms = (uint32_t)cfg.etcd_lease_ttl_ms;
+	co.etcd_chunk_bytes = (size_t)cfg.etcd_chunk_bytes;
 	co.advertise = cfg.advertise ? cfg.advertise : cfg.listen;
 	co.staging_bytes = cfg.staging_bytes;
 	co.nic_per_node = strcmp(cfg.nic, "node") == 0;

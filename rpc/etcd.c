@@ -329,6 +329,85 @@ etcd_put_if(etcd_t *e, const char *guard, int64_t guard_rev, const char *key, co
 }
 
 refit_status_t
+etcd_txn_if(etcd_t *e, const char *guard, int64_t guard_rev, const etcd_op_t *ops, size_t n,
+	    bool *ok, refit_err_t *err)
+{
+	Etcdserverpb__TxnRequest rq = ETCDSERVERPB__TXN_REQUEST__INIT;
+	Etcdserverpb__Compare cmp = ETCDSERVERPB__COMPARE__INIT;
+	Etcdserverpb__Compare *cp[1] = {&cmp};
+	Etcdserverpb__RequestOp *op = xcalloc(n ? n : 1, sizeof(*op));
+	Etcdserverpb__RequestOp **opp = xcalloc(n ? n : 1, sizeof(*opp));
+	Etcdserverpb__PutRequest *put = xcalloc(n ? n : 1, sizeof(*put));
+	Etcdserverpb__DeleteRangeRequest *del = xcalloc(n ? n : 1, sizeof(*del));
+	Etcdserverpb__TxnResponse *tr = NULL;
+	refit_status_t rc;
+
+	cmp.result = ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL;
+	cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE;
+	cmp.key = bin(guard, strlen(guard));
+	cmp.target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION;
+	cmp.create_revision = guard_rev;
+	for (size_t i = 0; i < n; i++) {
+		etcdserverpb__request_op__init(&op[i]);
+		opp[i] = &op[i];
+		if (ops[i].del) {
+			etcdserverpb__delete_range_request__init(&del[i]);
+			del[i].key = bin(ops[i].key, strlen(ops[i].key));
+			op[i].request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE;
+			op[i].request_delete_range = &del[i];
+		} else {
+			etcdserverpb__put_request__init(&put[i]);
+			put[i].key = bin(ops[i].key, strlen(ops[i].key));
+			put[i].value = bin(ops[i].value, ops[i].len);
+			op[i].request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+			op[i].request_put = &put[i];
+		}
+	}
+	rq.compare = cp;
+	rq.n_compare = 1;
+	rq.success = opp;
+	rq.n_success = n;
+	*ok = false;
+	rc = call(e, &etcdserverpb__kv__descriptor, "Txn", &rq.base, (ProtobufCMessage **)&tr,
+		  err);
+	if (rc == REFIT_OK) {
+		*ok = tr->succeeded;
+		protobuf_c_message_free_unpacked(&tr->base, NULL);
+	}
+	free(op);
+	free(opp);
+	free(put);
+	free(del);
+	return rc;
+}
+
+refit_status_t
+etcd_keys(etcd_t *e, const char *prefix, char ***keys, size_t *n, refit_err_t *err)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__RangeResponse *rr = NULL;
+	char *end = prefix_end(prefix);
+	refit_status_t rc;
+
+	*keys = NULL;
+	*n = 0;
+	rq.key = bin(prefix, strlen(prefix));
+	rq.range_end = bin(end, strlen(end));
+	rq.keys_only = true;
+	rc = call(e, &etcdserverpb__kv__descriptor, "Range", &rq.base, (ProtobufCMessage **)&rr,
+		  err);
+	free(end);
+	if (rc != REFIT_OK)
+		return rc;
+	*keys = xcalloc(rr->n_kvs ? rr->n_kvs : 1, sizeof(**keys));
+	for (size_t i = 0; i < rr->n_kvs; i++)
+		(*keys)[i] = dup_bin(rr->kvs[i]->key);
+	*n = rr->n_kvs;
+	protobuf_c_message_free_unpacked(&rr->base, NULL);
+	return REFIT_OK;
+}
+
+refit_status_t
 etcd_delete(etcd_t *e, const char *key, refit_err_t *err)
 {
 	Etcdserverpb__DeleteRangeRequest rq = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;

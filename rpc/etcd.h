@@ -1,7 +1,7 @@
 /*
  * etcd.h - a small synchronous etcd v3 client: the KV and Lease calls the
  * coordinator's state store and leader election need (daemon/coord/
- * coord_store_etcd.c, coord_leader.c), spoken over gRPC core with the
+ * coord_backend_etcd.c, coord_leader.c), spoken over gRPC core with the
  * protobuf-c messages of proto/etcd/ (etcd's own API, a subset).
  *
  * Endpoints are a comma-separated list of host:port; a call that finds its
@@ -59,6 +59,24 @@ refit_status_t etcd_create(etcd_t *e, const char *key, const char *value, int64_
  */
 refit_status_t etcd_put_if(etcd_t *e, const char *guard, int64_t guard_rev, const char *key,
 			   const char *value, size_t len, bool *ok, refit_err_t *err);
+/* One operation of etcd_txn_if: put key = value (len bytes), or delete key. */
+typedef struct etcd_op {
+	const char *key;
+	const char *value;
+	size_t len;
+	bool del;
+} etcd_op_t;
+/*
+ * The n operations (etcd's --max-txn-ops bounds n, 128 by default) in one
+ * Txn if guard's create revision is guard_rev (as etcd_put_if).  *ok false:
+ * the guard failed and nothing was done.
+ */
+refit_status_t etcd_txn_if(etcd_t *e, const char *guard, int64_t guard_rev,
+			   const etcd_op_t *ops, size_t n, bool *ok, refit_err_t *err);
+/* The keys under prefix, keys only (*keys: heap array of heap strings, the
+ * caller frees each and it; *n how many). */
+refit_status_t etcd_keys(etcd_t *e, const char *prefix, char ***keys, size_t *n,
+			 refit_err_t *err);
 /* Delete key (absent: fine). */
 refit_status_t etcd_delete(etcd_t *e, const char *key, refit_err_t *err);
 

@@ -556,7 +556,7 @@ store_open(coord_t *c, const coord_opts_t *o, refit_err_t *err)
 	if ((e = etcd_new(o->etcd_endpoints, 2000, &o->etcd_tls, err)) == NULL)
 		return err->status;
 	c->store = &coord_backend_etcd;
-	c->store_impl = coord_backend_etcd_new(e, o->etcd_prefix);
+	c->store_impl = coord_backend_etcd_new(e, o->etcd_prefix, o->etcd_chunk_bytes);
 	c->leader = coord_leader_start(c, o, c->store_impl, err);
 	if (c->leader == NULL)
 		return err->status;

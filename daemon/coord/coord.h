@@ -19,6 +19,7 @@ typedef struct coord_opts {
 	const char *etcd_prefix;    /* etcd: the keys' prefix ("/refit") */
 	rpc_tls_t etcd_tls;         /* etcd: ca_file to verify it, cert + key (none: plain) */
 	uint32_t etcd_lease_ttl_ms; /* etcd: the election lease (whole seconds, rounded up) */
+	size_t etcd_chunk_bytes;    /* etcd: the state's chunks' maximum size (0: default) */
 	const char *advertise;      /* etcd: this coordinator's address, as standbys name it */
 	uint64_t staging_bytes; /* plans: relay data a rank holds per round (0: default) */
 	bool nic_per_node;      /* plans: one NIC per node, shared by its ranks */

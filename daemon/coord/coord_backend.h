@@ -5,12 +5,16 @@
  *
  *   "file" (coord_backend_file.c): the state file, written atomically on
  *          every change; the default, one coordinator.
- *   "etcd" (coord_backend_etcd.c): one key under etcd_prefix, written in a
- *          Txn guarded by the leader's election key (coord_leader.c): a
- *          deposed leader's write fails and it steps down.
+ *   "etcd" (coord_backend_etcd.c): under etcd_prefix, the document cut
+ *          into content-defined chunks (PREFIX/chunks/SHA256, immutable,
+ *          each well under etcd's request limit) named by a manifest
+ *          (PREFIX/state, the commit point); only the chunks a change made
+ *          are written, every write a Txn guarded by the leader's election
+ *          key (coord_leader.c): a deposed leader's write fails and it
+ *          steps down.  docs/ha.md.
  *
  * The state is one JSON document (coord_state.c makes and reads it); a
- * backend only stores and returns its bytes.  Loop thread only.
+ * backend only stores and returns its bytes, whole.  Loop thread only.
  */
 #ifndef REFIT_DAEMON_COORD_COORD_BACKEND_H
 #define REFIT_DAEMON_COORD_COORD_BACKEND_H
@@ -39,10 +43,12 @@ extern const coord_backend_t coord_backend_etcd;
 /* The file backend's state (for coord_backend_file.load and the others). */
 void *coord_backend_file_new(const char *path);
 
-/* The etcd backend's: the state under prefix + "/state" through e (owned);
- * every save is refused until coord_backend_etcd_fence names the guard. */
+/* The etcd backend's: the state under prefix + "/state" (the manifest) and
+ * prefix + "/chunks/" through e (owned), chunks of at most chunk_max bytes
+ * (0: COORD_CHUNK_MAX_DEFAULT); every save is refused until
+ * coord_backend_etcd_fence names the guard. */
 struct etcd;
-void *coord_backend_etcd_new(struct etcd *e, const char *prefix);
+void *coord_backend_etcd_new(struct etcd *e, const char *prefix, size_t chunk_max);
 /* Guard every later save by key's create revision being rev (this
  * coordinator's election key): called when it becomes the leader. */
 void coord_backend_etcd_fence(void *impl, const char *key, int64_t rev);

@@ -531,17 +531,14 @@ def etcd_tls():
 
 def etcd_size():
     """The keys refit keeps in etcd, and their bytes (etcdctl, where installed)."""
-    ctl = shutil.which("etcdctl")
-    if ctl is None:
+    if shutil.which("etcdctl") is None:
         return
-    out = subprocess.run([ctl, "--endpoints", E.addr, "get", "/refit/", "--prefix"],
-                         capture_output=True, env=dict(os.environ, ETCDCTL_API="3"),
-                         timeout=20, check=True).stdout.split(b"\n")
-    keys = out[0::2][:-1] if out[-1] == b"" else out[0::2]
-    vals = out[1::2]
+    keys = etcd_kvs(E.addr, "/refit/")
+    doc, chunks, man = etcd_doc(E.addr, "/refit")
     FIG["etcd keys under /refit/ (three coordinators, one model of a trainer and two "
         "instances, 8 tensors each)"] = (
-        f"{len(keys)} keys, state document {max(len(v) for v in vals)} bytes")
+        f"{len(keys)} keys: state document {len(doc)} bytes in {len(chunks)} chunk(s), "
+        f"manifest {len(man)} bytes")
 
 
 SOAK_ROUNDS = int(os.environ.get("REFIT_HA_ROUNDS", "6"))
@@ -608,17 +605,42 @@ def election_keys():
 
 def state_doc():
     """What /refit/state in etcd says of the model and its refits (by
-    etcdctl): (latest, installed version), [(refit id, version, state)].  A
-    new leader rewrites the document when it loads it (a new epoch
-    generation), so the document's revision is no witness; these are."""
+    etcdctl, the manifest's chunks assembled): (latest, installed version),
+    [(refit id, version, state)].  A new leader rewrites the document when it
+    loads it (a new epoch generation), so the document's revision is no
+    witness; these are."""
     import json
-    out = subprocess.run([shutil.which("etcdctl"), "--endpoints", E.addr, "get",
-                          "/refit/state", "--print-value-only"], capture_output=True,
-                         timeout=20, env=dict(os.environ, ETCDCTL_API="3"), check=True).stdout
-    doc = json.loads(out)
+    doc = json.loads(etcd_doc(E.addr, "/refit")[0])
     m = [(x["latest_version"], x["installed_version"]) for x in doc["models"]
          if x["name"] == "m"]
     return m, [(r["id"], r["version"], r["state"]) for r in doc["refits"]]
+
+
+def etcdctl(addr, *a, data=None):
+    return subprocess.run([shutil.which("etcdctl"), "--endpoints", addr, *a], input=data,
+                          capture_output=True, timeout=20, check=True,
+                          env=dict(os.environ, ETCDCTL_API="3")).stdout
+
+
+def etcd_kvs(addr, prefix):
+    """{key: value} under prefix (bytes, exact: etcdctl -w json)."""
+    import json
+    out = json.loads(etcdctl(addr, "get", prefix, "--prefix", "-w", "json"))
+    return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))
+            for kv in out.get("kvs", [])}
+
+
+def etcd_doc(addr, prefix):
+    """The state document under prefix: (its bytes, the manifest's chunk
+    keys in order, the manifest's bytes); a plain document: no chunks."""
+    kvs = etcd_kvs(addr, prefix + "/")
+    man = kvs[prefix + "/state"]
+    if man.startswith(b"{"):
+        return man, [], man
+    lines = man.decode().split("\n")
+    assert lines[0] == "refit-state-chunks 1", lines[0]
+    keys = [f"{prefix}/chunks/{ln.split()[1]}" for ln in lines if ln.startswith("chunk ")]
+    return b"".join(kvs[k] for k in keys), keys, man
 
 
 def key_deleted():
@@ -705,6 +727,158 @@ def publish_resent():
     tr.close()
     px.close()
 
+BIG_TENSORS = 1200
+
+
+def etcd_metric(addr, name):
+    """A counter from etcd's /metrics (summed over its labels)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(ln.split()[-1]) for ln in text.splitlines()
+               if ln.startswith(name + " ") or ln.startswith(name + "{"))
+
+
+def big_state():
+    """A state bigger than etcd's request limit: an etcd member of its own
+    with --max-request-bytes 256 KiB; one coordinator (etcd_chunk_bytes
+    32 KiB) and a model of BIG_TENSORS tensors on a trainer and an instance:
+    registered, a refit commits byte-exact, stored in chunks (none over the
+    limit); a refit puts only a few chunks a save (etcd's put count less the
+    coordinator's saves, and the bytes etcd received, against the document); the coordinator SIGKILLed and
+    started again loads it (the refit is known, the next commits); an
+    unnamed chunk left in etcd is deleted by the next leader; a chunk
+    corrupted, then one missing: the coordinator refuses to load, naming the
+    chunk's key, and leads once they are put back (~16 s, ~30 s under ASan)."""
+    limit = 256 * 1024
+    cport, pport = free_port(), free_port()
+    addr, peer = f"127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
+    etcd = spawn([ETCD, "--name", "big", "--data-dir", f"{TMP}/etcd-big",
+                  "--listen-client-urls", f"http://{addr}", "--advertise-client-urls",
+                  f"http://{addr}", "--listen-peer-urls", peer,
+                  "--initial-advertise-peer-urls", peer, "--initial-cluster", f"big={peer}",
+                  "--max-request-bytes", str(limit), "--log-level", "warn"],
+                 stdout=E.log, stderr=E.log)
+    grpc.channel_ready_future(grpc.insecure_channel(addr)).result(timeout=30)
+    mport = free_port()
+    cl = harness.Cluster("hb", 2, lease_ms=1500, coord_extra=[
+        "--state-store", "etcd", "--etcd-endpoints", addr, "--etcd-prefix", "/big",
+        "--etcd-lease-ttl-ms", "1000", "--etcd-chunk-bytes", "32KiB",
+        "--metrics-listen", f"127.0.0.1:{mport}"])
+
+    def saves():
+        return harness.scrape_metrics(mport).get(("refitd_state_store_duration_seconds_count",
+                                                  frozenset({"store": "etcd", "op": "save",
+                                                             "outcome": "ok"}.items())), 0)
+    big = [{"name": f"layers.{k // 8}.w{k % 8}", "dtype": "fp32", "shape": [8, 8],
+            "mesh": [0, 1], "placements": ["Shard(0)"]} for k in range(BIG_TENSORS)]
+    tr = Client(cl, 0, "big", "train", write(f"{TMP}/bigt.json", big))
+    assert tr.ok(), tr.first
+    for t in big:
+        t["mesh"], t["placements"] = [RPN, RPN + 1], ["Replicate()"]
+    ins = Client(cl, 1, "big", "infer", write(f"{TMP}/bigi.json", big), instance="bi",
+                 install="double-buffer")
+    assert ins.ok(), ins.first
+
+    def refit_ok(v):
+        assert tr.cmd(f"next {v}").startswith("READY")
+        g = cl.refit("big", v)
+        assert g.state == pb.COMMITTED, g.failure
+        out = ins.cmd(f"wait {v} 30000")
+        assert out.startswith(f"INSTALLED {v} ") and "mismatches=0" in out, out
+        return g
+    refit_ok(2)
+    doc, chunks, man = etcd_doc(addr, "/big")
+    assert len(doc) > limit, f"the state is {len(doc)} bytes, not over etcd's limit {limit}"
+    assert len(chunks) > 4, chunks
+    kvs = etcd_kvs(addr, "/big/")
+    assert max(len(kvs[k]) for k in chunks) <= 32 * 1024
+    # one refit: etcd's puts (a manifest and the chunks that changed, each
+    # save) and the bytes it received, against the document
+    puts0, saves0 = etcd_metric(addr, "etcd_mvcc_put_total"), saves()
+    rx0 = etcd_metric(addr, "etcd_network_client_grpc_received_bytes_total")
+    g = refit_ok(3)
+    puts = etcd_metric(addr, "etcd_mvcc_put_total") - puts0
+    rx = etcd_metric(addr, "etcd_network_client_grpc_received_bytes_total") - rx0
+    n = saves() - saves0
+    assert n >= 1 and (puts - n) / n <= len(chunks) / 4, \
+        f"a refit: {n} saves put {puts - n:.0f} chunks; the document has {len(chunks)}"
+    assert rx < len(doc), f"a refit sent etcd {rx:.0f} bytes, the document is {len(doc)}"
+    FIG[f"etcd state over etcd's --max-request-bytes {limit // 1024} KiB (a model of "
+        f"{BIG_TENSORS} tensors on a trainer and an instance, etcd_chunk_bytes 32 KiB)"] = (
+        f"document {len(doc)} bytes in {len(chunks)} chunks, manifest {len(man)} bytes; "
+        f"one refit: {n:.0f} saves, {(puts - n) / n:.1f} chunks put a save, etcd received "
+        f"{rx / 1024:.0f} KiB ({100 * rx / len(doc):.0f}% of one document)")
+    # an unnamed chunk (left by a save cut short): deleted by the next leader
+    orphan = "/big/chunks/" + "0" * 64
+    etcdctl(addr, "put", orphan, "left by a crashed save")
+    # a chunk corrupted, then one missing: refused, naming the key
+    for pick, how, said in ((1, "corrupt", "is corrupt"), (-1, "missing", "is missing")):
+        cl.coord.send_signal(signal.SIGKILL)
+        cl.coord.wait()
+        doc, chunks, man = etcd_doc(addr, "/big")  # as the one that leads left it
+        kvs = etcd_kvs(addr, "/big/")
+        k = chunks[pick]
+        if how == "corrupt":
+            etcdctl(addr, "put", k, data=kvs[k][:-1] + b"x")
+        else:
+            etcdctl(addr, "del", k)
+        pos = os.path.getsize(f"{TMP}/hb.log")
+        cl.coord = spawn(cl.coord_args, stderr=cl.log)
+
+        def refused():
+            with open(f"{TMP}/hb.log", errors="replace") as fh:
+                fh.seek(pos)
+                return [ln for ln in fh if "cannot be loaded" in ln]
+        lines = wait_for(refused, 30, f"the coordinator refusing a {how} chunk")
+        assert f"etcd key {k} " in lines[0] and said in lines[0], lines[0]
+        print(f"     {how}: {lines[0].strip()[:240]}")
+        assert cl.coord.poll() is None
+        try:
+            cl.stub.ListMembers(pb.ListMembersRequest(), timeout=2)
+            raise AssertionError(f"a coordinator with a {how} chunk leads")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        etcdctl(addr, "put", k, data=kvs[k])  # put back: it loads (it retries) and leads
+        cl.restart_coord(spawned=True)
+    # restarted, it loaded the state: the refit is known, the unnamed chunk
+    # gone, and the next refit commits
+    assert cl.stub.GetRefit(pb.GetRefitRequest(refit_id=g.id),
+                            timeout=5).state == pb.COMMITTED
+    wait_for(lambda: orphan not in etcd_kvs(addr, "/big/chunks/"), 20,
+             "the unnamed chunk deleted by the new leader")
+    cl.wait_members(2)
+    refit_ok(4)
+    tr.close()
+    ins.close()
+    cl.coord.terminate()
+    etcd.terminate()
+
+
+
+def legacy_state():
+    """A plain state document in PREFIX/state (as written before the chunks;
+    here the main cluster's, assembled): a coordinator on that prefix loads it
+    (the model, its instances and policy are there), and its next save (a policy
+    changed) stores it in chunks: a manifest whose document has the change."""
+    import json
+    doc = etcd_doc(E.addr, "/refit")[0]
+    assert doc.startswith(b"{")
+    etcdctl(E.addr, "put", "/legacy/state", data=doc)
+    cl = harness.Cluster("hl", 0, lease_ms=1500, coord_extra=[
+        "--state-store", "etcd", "--etcd-endpoints", E.addr, "--etcd-prefix", "/legacy",
+        "--etcd-lease-ttl-ms", "1000"])
+    was = [x for x in json.loads(doc)["models"] if x["name"] == "m"][0]
+    got = cl.stub.GetModel(pb.GetModelRequest(model="m"), timeout=5)
+    assert (got.latest_version, len(got.instances), got.policy.retries) == (
+        was["latest_version"], len(was["instances"]), was["retries"]), (got, was)
+    cl.stub.SetRefitPolicy(pb.SetRefitPolicyRequest(policy=pb.RefitPolicy(
+        model="m", retries=7, retry_backoff_ms=100, catch_up=True)), timeout=5)
+    new, chunks, man = etcd_doc(E.addr, "/legacy")
+    assert man.startswith(b"refit-state-chunks 1\n") and chunks, man[:80]
+    m = [x for x in json.loads(new)["models"] if x["name"] == "m"]
+    assert m and m[0]["retries"] == 7, m
+    cl.coord.terminate()
 
 IDLE_S = 3.0
 
@@ -842,6 +1016,12 @@ try:
             check("etcd compacted, then an etcd member restarted: the watches stand again, "
                   "standbys follow a new leader, idle reads stay under one a second",
                   watch_survives)
+        if shutil.which("etcdctl"):
+            check("a state over etcd's request limit: stored in chunks, a refit writes a "
+                  "few, a restart loads it, an unnamed chunk deleted, a corrupt or missing "
+                  "chunk refused naming its key", big_state)
+            check("a plain state document (written before the chunks) in etcd: loads, the "
+                  "next save stores it in chunks", legacy_state)
 finally:
     harness.stop_all()
     bad = [(p.args[0], p.args[1:3], p.returncode) for p in harness.PROCS

@@ -16,7 +16,7 @@ static Suite *(*const suites[])(void) = {
 	suite_config_values,
 	suite_refit_fsm, suite_coord_rules, suite_pool,   suite_plansort, suite_framework,
 	suite_blame,     suite_delta,     suite_delta_base, suite_gdelta_base, suite_auth,
-	suite_etcd_watch,
+	suite_etcd_watch, suite_coord_chunks,
 };
 
 int

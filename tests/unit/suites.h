@@ -33,5 +33,6 @@ Suite *suite_delta_base(void);
 Suite *suite_gdelta_base(void);
 Suite *suite_auth(void);
 Suite *suite_etcd_watch(void);
+Suite *suite_coord_chunks(void);
 
 #endif

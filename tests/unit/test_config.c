@@ -65,6 +65,7 @@ static const kcase_t cases[] = {
 	{"etcd_tls_cert", "/etc/refit/etcd.crt", "\"/etc/refit/etcd.crt\"", NULL, NULL, 0, 0},
 	{"etcd_tls_key", "/etc/refit/etcd.key", "\"/etc/refit/etcd.key\"", NULL, NULL, 0, 0},
 	{"etcd_lease_ttl_ms", "2000", "2000", "2s", NULL, 1000, 600000},
+	{"etcd_chunk_bytes", "64KiB", "65536", "64 KiB", NULL, 1024, 1 << 20},
 	{"log_level", "debug", "\"debug\"", "trace", NULL, 0, 0},
 	{"node_id", "gpu-7", "\"gpu-7\"", "", NULL, 0, 0},
 	{"ranks", "0-3,8", "\"0-3,8\"", NULL, "0-3,2", 0, 0},
