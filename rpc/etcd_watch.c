@@ -375,16 +375,20 @@ etcd_watch_wait(etcd_watch_t *w, int64_t timeout_ms, int64_t *rev, refit_err_t *
 		return lost(w, true, err, "no watch open");
 	for (;;) {
 		uint64_t now = now_ms(), until = end;
+		/* past the answer's due time: take what already came before
+		 * calling it lost (this thread may have been busy elsewhere) */
+		bool overdue = w->due_ms != 0 && w->due_ms <= now;
 
-		if (w->due_ms != 0 && w->due_ms <= now) {
+		if (w->due_ms != 0 && w->due_ms < until)
+			until = w->due_ms;
+		ev = grpc_completion_queue_next(w->cq, overdue ? gpr_inf_past(GPR_CLOCK_MONOTONIC) :
+						in_ms((int64_t)(until - now)), NULL);
+		if (ev.type == GRPC_QUEUE_TIMEOUT && overdue) {
 			char why[96];
 
 			snprintf(why, sizeof(why), "no answer within %" PRId64 " ms", w->answer_ms);
 			return lost(w, true, err, why);
 		}
-		if (w->due_ms != 0 && w->due_ms < until)
-			until = w->due_ms;
-		ev = grpc_completion_queue_next(w->cq, in_ms((int64_t)(until - now)), NULL);
 		if (ev.type == GRPC_QUEUE_TIMEOUT) {
 			if (now_ms() >= end && (w->due_ms == 0 || now_ms() < w->due_ms))
 				return ETCD_WATCH_NOTHING;

@@ -75,6 +75,7 @@ struct coord_leader {
 	unsigned read_fails;        /* look()s failed since */
 	bool reread;                /* the watch said: read who leads again */
 	bool watch_created;         /* the stream open now was taken by etcd */
+	int64_t watch_from;         /* the revision the open watch starts at */
 	unsigned watch_losses;      /* watches lost since one was taken */
 	uint64_t watch_retry_ms;    /* open a watch again no earlier */
 	uint64_t next_progress;     /* ask the watch for a progress answer then */
@@ -251,10 +252,12 @@ look_and_watch(coord_leader_t *l)
 	int64_t rev = look(l);
 	uint64_t now = mono_ms();
 
+	if (rev <= 0)
+		return false;  /* not read: read again in POLL_MS, watch or not */
 	l->reread = false;
 	if (etcd_watch_up(l->w))
 		return true;
-	if (rev <= 0 || now < l->watch_retry_ms)
+	if (now < l->watch_retry_ms)
 		return false;
 	refit_err_clear(&err);
 	snprintf(prefix, sizeof(prefix), "%s/election/", l->prefix);
@@ -265,6 +268,7 @@ look_and_watch(coord_leader_t *l)
 		l->watch_retry_ms = now + WATCH_RETRY_MS;
 		return false;
 	}
+	l->watch_from = rev + 1;
 	l->next_progress = now + (uint64_t)l->ttl_s * 1000 / 3;
 	return true;
 }
@@ -297,11 +301,12 @@ watch_wait(coord_leader_t *l, uint64_t ms)
 		watch_lost(l, &err);
 		return;
 	}
-	l->read_ms = now;  /* etcd answers, or its stream stands */
+	if (what != ETCD_WATCH_NOTHING)
+		l->read_ms = now;  /* etcd answered (silence is not an answer) */
 	if (what == ETCD_WATCH_CREATED) {
 		if (l->watch_losses > 0 || !l->watch_created)
 			log_info("coordinator: election: watching %s/election/ on %s from revision "
-				 "%" PRId64 "%s", l->prefix, etcd_watch_endpoint(l->w), rev + 1,
+				 "%" PRId64 "%s", l->prefix, etcd_watch_endpoint(l->w), l->watch_from,
 				 l->watch_losses > 0 ? " (a watch stands again)" : "");
 		l->watch_created = true;
 		l->watch_losses = 0;
