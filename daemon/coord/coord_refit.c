@@ -408,7 +408,7 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 		return refit_event(c, r, &ev, buf, NULL);
 	}
 	if (rs != NULL) {
-		coord_delta_note(r, k, rs);
+		coord_delta_note(c, r, k, rs);
 		r->delta_wire += rs->delta_wire_bytes;
 		r->delta_dense += rs->delta_dense_bytes;
 		r->dense_wire += rs->dense_wire_bytes;
