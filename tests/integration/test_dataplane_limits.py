@@ -4,9 +4,9 @@
 in test_dataplane.py): an abort midway (double buffer keeps the old
 version, in place marked invalid), a librefit client killed mid-refit, the
 relay staging of gather-and-broadcast within the plan's bound, delta
-bases evicted for another model's (LRU), and over tcp: delta with room for only some bases, no data connection before an
-epoch, a dial stopped by an abort, the instance lease, a refit that skips
-unhealthy instances.
+bases evicted for another model's (LRU), and over tcp: delta with room for
+only some bases, no data connection before an epoch, a dial stopped by an
+abort, the instance lease, a refit that skips unhealthy instances.
 
 Usage: test_dataplane_limits.py BUILD_DIR.  The random layout pairs and the
 checks on the six-node cluster: test_dataplane.py.  Prints
