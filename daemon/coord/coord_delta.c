@@ -112,10 +112,9 @@ coord_delta_offer_free(Refit__V1__RunSliceRequest *rq)
 	rq->n_delta_lacks = rq->n_delta_nodes = 0;
 }
 
-/* Node k of r evicted received bases of the models rs names: it holds
- * their bases no longer, so it is no longer among their delta nodes. */
-static void
-evicted(coord_t *c, refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs)
+void
+coord_delta_evicted(coord_t *c, const refit_rec_t *r, size_t k,
+		    const Refit__V1__RunSliceResponse *rs)
 {
 	for (size_t i = 0; i < rs->n_delta_evicted; i++) {
 		model_t *m = coord_find_model(c, rs->delta_evicted[i]);
@@ -129,9 +128,8 @@ evicted(coord_t *c, refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse 
 }
 
 void
-coord_delta_note(coord_t *c, refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs)
+coord_delta_note(refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs)
 {
-	evicted(c, r, k, rs);
 	if (!rs->bases_kept)
 		return;
 	r->nstate[k] |= NODE_KEPT;

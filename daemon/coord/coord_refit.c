@@ -392,6 +392,8 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 	char buf[REFIT_ERR_MSG_MAX];
 
 	r->nstate[k] |= NODE_REPORTED;
+	if (rs != NULL)
+		coord_delta_evicted(c, r, k, rs);
 	if (st != REFIT_OK)
 		coord_refit_blame_keep(c, r, k, st, msg, rs);
 	if (st != REFIT_OK) {
@@ -408,7 +410,7 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 		return refit_event(c, r, &ev, buf, NULL);
 	}
 	if (rs != NULL) {
-		coord_delta_note(c, r, k, rs);
+		coord_delta_note(r, k, rs);
 		r->delta_wire += rs->delta_wire_bytes;
 		r->delta_dense += rs->delta_dense_bytes;
 		r->dense_wire += rs->dense_wire_bytes;
