@@ -107,10 +107,16 @@ static const family_t families[M_COUNT] = {
 		"(missing, wrong: a token; session: not this node's coordinator; identity: a "
 		"member acting for another)", NULL, 0},
 	[M_DELTA_BASE_BYTES] = {"refitd_delta_base_bytes", KIND_GAUGE,
-		"Host memory holding delta bases (the bytes of each tcp message last sent and "
-		"received, docs/delta.md); node", NULL, 0},
+		"Memory holding delta bases (the bytes of each message last sent and received, "
+		"docs/delta.md), by store (where: host, the tcp messages'; gpu, the nccl "
+		"messages' in the ranks' staging, every rank's); node", NULL, 0},
 	[M_DELTA_BASE_LIMIT_BYTES] = {"refitd_delta_base_limit_bytes", KIND_GAUGE,
-		"Its bound, delta_base_bytes (a message without room goes dense); node", NULL, 0},
+		"Its bound by store (host: delta_base_bytes; gpu: per rank, the smaller of "
+		"delta_base_bytes and a quarter of gpu_staging_budget_bytes); node", NULL, 0},
+	[M_DELTA_EVICTIONS_TOTAL] = {"refitd_delta_base_evictions_total", KIND_COUNTER,
+		"Delta bases evicted, least recently used first, for another model's base "
+		"(where: host, a table of one peer and direction; gpu, one message's); their "
+		"model's next refit sends those messages dense; node", NULL, 0},
 	[M_DELTA_SENT_BYTES_TOTAL] = {"refitd_delta_sent_bytes_total", KIND_COUNTER,
 		"Bytes of tcp units this node sent, by kind (dense, delta: encoded against the "
 		"base its receiver holds); node", NULL, 0},

@@ -40,8 +40,9 @@ typedef enum metric_id {
 	M_HEAP_INUSE_BYTES,      /* gauge: malloc'd bytes in use (mallinfo2) */
 	M_HEAP_SYSTEM_BYTES,     /* gauge: bytes malloc holds from the system */
 	M_AUTH_REFUSED_TOTAL,    /* counter {method, reason}: calls refused */
-	M_DELTA_BASE_BYTES,      /* gauge: node's delta bases held */
-	M_DELTA_BASE_LIMIT_BYTES,/* gauge: its delta_base_bytes */
+	M_DELTA_BASE_BYTES,      /* gauge {where}: node's delta bases held */
+	M_DELTA_BASE_LIMIT_BYTES,/* gauge {where}: its bound */
+	M_DELTA_EVICTIONS_TOTAL, /* counter {where}: bases evicted for another model's */
 	M_DELTA_SENT_BYTES_TOTAL,/* counter {kind}: wire bytes of units sent dense or delta */
 	M_DELTA_DENSE_BYTES_TOTAL, /* counter: dense bytes the delta units stood for */
 	M_DELTA_FALLBACK_TOTAL,  /* counter {reason}: slices offered a base that ran dense */

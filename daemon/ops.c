@@ -101,8 +101,14 @@ refresh(ops_t *o)
 		metrics_set(M_CLIENTS, (const char *[]){"role", "infer", NULL}, (double)infer);
 		metrics_set(M_SLICES_RUNNING, NULL, (double)n->jobs.n);
 		metrics_set(M_STAGING_BYTES, NULL, (double)node_staging_reserved(n));
-		metrics_set(M_DELTA_BASE_BYTES, NULL, (double)node_delta_base_bytes(n, false));
-		metrics_set(M_DELTA_BASE_LIMIT_BYTES, NULL, (double)node_delta_base_bytes(n, true));
+		for (int g = 0; g < 2; g++) {
+			const char *const w[] = {"where", g ? "gpu" : "host", NULL};
+
+			metrics_set(M_DELTA_BASE_BYTES, w, (double)node_delta_base_bytes(n, false, g));
+			metrics_set(M_DELTA_BASE_LIMIT_BYTES, w,
+				    (double)node_delta_base_bytes(n, true, g));
+			metrics_set(M_DELTA_EVICTIONS_TOTAL, w, (double)node_delta_evictions(n, g));
+		}
 		metrics_set(M_NODE_POISONED, NULL, node_poisoned(n) ? 1 : 0);
 		log_set_epoch(n->epoch);
 	}

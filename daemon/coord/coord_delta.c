@@ -113,6 +113,21 @@ coord_delta_offer_free(Refit__V1__RunSliceRequest *rq)
 }
 
 void
+coord_delta_evicted(coord_t *c, const refit_rec_t *r, size_t k,
+		    const Refit__V1__RunSliceResponse *rs)
+{
+	for (size_t i = 0; i < rs->n_delta_evicted; i++) {
+		model_t *m = coord_find_model(c, rs->delta_evicted[i]);
+
+		for (size_t j = 0; m != NULL && j < m->ndelta_members;)
+			if (m->delta_members[j] == r->nodes[k])
+				m->delta_members[j] = m->delta_members[--m->ndelta_members];
+			else
+				j++;
+	}
+}
+
+void
 coord_delta_note(refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs)
 {
 	if (!rs->bases_kept)

@@ -422,6 +422,11 @@ void coord_delta_offer(coord_t *c, refit_rec_t *r, model_t *m,
 void coord_delta_offer_free(Refit__V1__RunSliceRequest *rq);
 void coord_delta_note(refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs);
 void coord_delta_committed(coord_t *c, refit_rec_t *r);
+/* Node k of r evicted received bases of the models rs names (its slice
+ * failed or not): it holds their bases no longer, so it is no longer among
+ * their delta nodes (their next refit runs dense with it). */
+void coord_delta_evicted(coord_t *c, const refit_rec_t *r, size_t k,
+			 const Refit__V1__RunSliceResponse *rs);
 /* coord_store.c: a list of delta lacks freed and emptied. */
 void coord_lacks_free(coord_lack_t **v, size_t *n);
 /* The members' transports: whether any uses nccl, one that does not, and

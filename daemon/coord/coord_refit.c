@@ -392,6 +392,8 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 	char buf[REFIT_ERR_MSG_MAX];
 
 	r->nstate[k] |= NODE_REPORTED;
+	if (rs != NULL)
+		coord_delta_evicted(c, r, k, rs);
 	if (st != REFIT_OK)
 		coord_refit_blame_keep(c, r, k, st, msg, rs);
 	if (st != REFIT_OK) {

@@ -15,7 +15,10 @@ struct delta_store {
 	pthread_cond_t cv;        /* a table was released */
 	uint64_t limit, used;
 	uint32_t wait_ms;         /* for a table another slice holds */
+	uint64_t clock;           /* ticks at every take: a table's last use */
+	uint64_t evictions;       /* tables evicted for another model's room */
 	VEC(delta_tab_t *) tabs;
+	VEC(char *) evicted;      /* models that lost received bases, unreported */
 };
 
 delta_store_t *
@@ -65,6 +68,9 @@ delta_store_free(delta_store_t *st)
 	for (size_t i = 0; i < st->tabs.n; i++)
 		tab_free(st, st->tabs.v[i]);
 	VEC_FREE(&st->tabs);
+	for (size_t i = 0; i < st->evicted.n; i++)
+		free(st->evicted.v[i]);
+	VEC_FREE(&st->evicted);
 	pthread_mutex_destroy(&st->mu);
 	pthread_cond_destroy(&st->cv);
 	free(st);
@@ -157,6 +163,8 @@ delta_tab_take(delta_store_t *st, const char *model, const char *digest, const c
 		t->busy = true;
 		VEC_PUSH(&st->tabs, t);
 	}
+	if (t != NULL)
+		t->used_at = ++st->clock;
 	pthread_mutex_unlock(&st->mu);
 	return t;
 }
@@ -183,6 +191,89 @@ delta_ent_find(delta_tab_t *t, size_t pos, uint64_t bytes, uint32_t nparts)
 	return e->data && e->bytes == bytes && e->nparts == nparts ? e : NULL;
 }
 
+/* Does t hold any base? */
+static bool
+tab_holds(const delta_tab_t *t)
+{
+	for (size_t i = 0; i < t->nent; i++)
+		if (t->ent[i].data != NULL)
+			return true;
+	return false;
+}
+
+/* Note that model lost received bases (its senders must learn). */
+static void
+note_evicted(delta_store_t *st, const char *model)
+{
+	for (size_t i = 0; i < st->evicted.n; i++)
+		if (strcmp(st->evicted.v[i], model) == 0)
+			return;
+	VEC_PUSH(&st->evicted, xstrdup(model));
+}
+
+size_t
+delta_lru_victim(const delta_tab_t *const *tabs, size_t n, const char *model)
+{
+	size_t best = SIZE_MAX;
+
+	for (size_t i = 0; i < n; i++) {
+		const delta_tab_t *t = tabs[i];
+
+		if (t->busy || strcmp(t->model, model) == 0 || !tab_holds(t))
+			continue;
+		if (best == SIZE_MAX || t->used_at < tabs[best]->used_at)
+			best = i;
+	}
+	return best;
+}
+
+/* Free at least need bytes (st->mu held) by dropping the least recently
+ * used tables of other models that no slice holds; fewer when none is
+ * left.  A table no slice holds has no reader. */
+static void
+evict(delta_store_t *st, const char *model, uint64_t need)
+{
+	uint64_t freed = 0;
+	size_t i;
+
+	while (freed < need && (i = delta_lru_victim((const delta_tab_t *const *)st->tabs.v,
+						     st->tabs.n, model)) != SIZE_MAX) {
+		delta_tab_t *x = st->tabs.v[i];
+		uint64_t before = st->used;
+
+		if (!x->out)
+			note_evicted(st, x->model);
+		tab_free(st, x);
+		st->tabs.v[i] = st->tabs.v[--st->tabs.n];
+		freed += before - st->used;
+		st->evictions++;
+	}
+}
+
+uint64_t
+delta_store_evictions(delta_store_t *st)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&st->mu);
+	n = st->evictions;
+	pthread_mutex_unlock(&st->mu);
+	return n;
+}
+
+char **
+delta_store_take_evicted(delta_store_t *st, size_t *n)
+{
+	char **v;
+
+	pthread_mutex_lock(&st->mu);
+	*n = st->evicted.n;
+	v = st->evicted.v;
+	memset(&st->evicted, 0, sizeof(st->evicted));
+	pthread_mutex_unlock(&st->mu);
+	return v;
+}
+
 delta_ent_t *
 delta_ent_get(delta_store_t *st, delta_tab_t *t, size_t pos, uint64_t bytes, uint32_t nparts)
 {
@@ -194,6 +285,8 @@ delta_ent_get(delta_store_t *st, delta_tab_t *t, size_t pos, uint64_t bytes, uin
 	want = (delta_ent_t){(uint8_t *)1, bytes, NULL, nparts};
 	pthread_mutex_lock(&st->mu);
 	ent_free(st, e);
+	if (st->used + ent_size(&want) > st->limit)
+		evict(st, t->model, st->used + ent_size(&want) - st->limit);
 	if (st->used + ent_size(&want) > st->limit) {
 		pthread_mutex_unlock(&st->mu);
 		return NULL;

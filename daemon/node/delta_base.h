@@ -11,6 +11,15 @@
  * room keeps no base (it goes dense, and the node reports its bases
  * incomplete, so the coordinator offers no base for it next time).
  *
+ * Eviction: a base without room first takes the room of the least
+ * recently used tables of other models that no slice holds (whole
+ * tables, oldest first: an idle or gone model yields, the active one
+ * keeps delta).  A model that lost received bases is noted until the node
+ * reports it (delta_store_take_evicted): its senders' coordinator then
+ * drops this node from the model's delta nodes, and that model's next
+ * refit with this node is dense.  Sent bases need no report: a sender
+ * without its base sends dense.
+ *
  * Threads: slices run on libuv's pool; every function takes the store's
  * lock.  A table is held by one slice at a time: another slice asking for
  * it waits up to DELTA_TAB_WAIT_MS (an aborted slice of the refit before, still ending),
@@ -40,6 +49,7 @@ typedef struct delta_tab {
 	char *model, *digest, *peer;
 	bool out;
 	bool busy;            /* held by a slice */
+	uint64_t used_at;     /* the store's clock when last taken */
 	delta_ent_t *ent;
 	size_t nent;
 } delta_tab_t;
@@ -69,5 +79,15 @@ delta_ent_t *delta_ent_get(delta_store_t *st, delta_tab_t *t, size_t pos, uint64
 			   uint32_t nparts);
 /* Entry pos if it holds one (no allocation). */
 delta_ent_t *delta_ent_find(delta_tab_t *t, size_t pos, uint64_t bytes, uint32_t nparts);
+
+/* Tables evicted since the store was made. */
+uint64_t delta_store_evictions(delta_store_t *st);
+/* The models that lost received bases since the last call (n of them;
+ * the caller frees each and the vector), now forgotten by the store. */
+char **delta_store_take_evicted(delta_store_t *st, size_t *n);
+/* The table to evict first among tabs for a base of model: the least
+ * recently used of another model, held by no slice, holding a base;
+ * SIZE_MAX when none (pure: the LRU order, for the unit tests). */
+size_t delta_lru_victim(const delta_tab_t *const *tabs, size_t n, const char *model);
 
 #endif

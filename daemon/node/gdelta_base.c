@@ -19,7 +19,10 @@ struct gdelta_store {
 	uint64_t used;            /* every rank's */
 	uint64_t epoch;
 	bool have_epoch;
+	uint64_t clock;           /* ticks at every find and get: last use */
+	uint64_t evictions;       /* bases evicted for another model's room */
 	VEC(gdelta_ent_t *) ents;
+	VEC(char *) evicted;      /* models that lost received bases, unreported */
 	VEC(rank_use_t) ranks;
 };
 
@@ -51,6 +54,9 @@ gdelta_store_free(gdelta_store_t *st)
 		ent_free(st->ents.v[i]);
 	VEC_FREE(&st->ents);
 	VEC_FREE(&st->ranks);
+	for (size_t i = 0; i < st->evicted.n; i++)
+		free(st->evicted.v[i]);
+	VEC_FREE(&st->evicted);
 	pthread_mutex_destroy(&st->mu);
 	free(st);
 }
@@ -158,7 +164,73 @@ gdelta_find(gdelta_store_t *st, const char *model, const char *digest, const cha
 	e = st->ents.v[i];
 	if (e->rank != rank || e->bytes != bytes || e->tag == 0 || (tag && e->tag != tag))
 		return NULL;
+	e->used_at = ++st->clock;
 	return e;
+}
+
+size_t
+gdelta_lru_victim(const gdelta_ent_t *const *ents, size_t n, const char *model, int32_t rank)
+{
+	size_t best = SIZE_MAX;
+
+	for (size_t i = 0; i < n; i++) {
+		const gdelta_ent_t *e = ents[i];
+
+		if (e->rank != rank || strcmp(e->model, model) == 0)
+			continue;
+		if (best == SIZE_MAX || e->used_at < ents[best]->used_at)
+			best = i;
+	}
+	return best;
+}
+
+/* Room for bytes on rank by giving back the least recently used bases of
+ * other models there (the running slice's model is never touched). */
+static void
+evict(gdelta_store_t *st, const dp_dev_ops_t *dev, const char *model, int32_t rank,
+      uint64_t bytes)
+{
+	size_t i;
+
+	while (use_of(st, rank)->used > st->limit - bytes &&
+	       (i = gdelta_lru_victim((const gdelta_ent_t *const *)st->ents.v, st->ents.n,
+				      model, rank)) != SIZE_MAX) {
+		const gdelta_ent_t *e = st->ents.v[i];
+		bool seen = false;
+
+		for (size_t k = 0; k < st->evicted.n && !e->out; k++)
+			seen |= strcmp(st->evicted.v[k], e->model) == 0;
+		if (!e->out && !seen)
+			VEC_PUSH(&st->evicted, xstrdup(e->model));
+		remove_at(st, dev, i);
+		pthread_mutex_lock(&st->mu);
+		st->evictions++;
+		pthread_mutex_unlock(&st->mu);
+	}
+}
+
+uint64_t
+gdelta_store_evictions(gdelta_store_t *st)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&st->mu);
+	n = st->evictions;
+	pthread_mutex_unlock(&st->mu);
+	return n;
+}
+
+char **
+gdelta_store_take_evicted(gdelta_store_t *st, size_t *n)
+{
+	char **v;
+
+	pthread_mutex_lock(&st->mu);
+	*n = st->evicted.n;
+	v = st->evicted.v;
+	memset(&st->evicted, 0, sizeof(st->evicted));
+	pthread_mutex_unlock(&st->mu);
+	return v;
 }
 
 gdelta_ent_t *
@@ -170,10 +242,14 @@ gdelta_get(gdelta_store_t *st, const dp_dev_ops_t *dev, const char *model, const
 	uint8_t *p;
 
 	if (i != SIZE_MAX) {
-		if (st->ents.v[i]->rank == rank && st->ents.v[i]->bytes == bytes)
+		if (st->ents.v[i]->rank == rank && st->ents.v[i]->bytes == bytes) {
+			st->ents.v[i]->used_at = ++st->clock;
 			return st->ents.v[i];
+		}
 		remove_at(st, dev, i);
 	}
+	if (bytes != 0 && bytes <= st->limit)
+		evict(st, dev, model, rank, bytes);
 	if (bytes == 0 || bytes > st->limit || use_of(st, rank)->used > st->limit - bytes)
 		return NULL;
 	if ((p = dp_dev_alloc_top(dev, rank, bytes)) == NULL)
@@ -187,6 +263,7 @@ gdelta_get(gdelta_store_t *st, const dp_dev_ops_t *dev, const char *model, const
 	e->rank = rank;
 	e->bytes = bytes;
 	e->data = p;
+	e->used_at = ++st->clock;
 	pthread_mutex_lock(&st->mu);
 	VEC_PUSH(&st->ents, e);
 	use_of(st, rank)->used += bytes;

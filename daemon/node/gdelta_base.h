@@ -16,7 +16,10 @@
  * Bases have their own share of each rank's budget (limit bytes per rank,
  * checked before the arena is asked): a base without room is not kept, so
  * the next refit sends that message dense and the slice reports its bases
- * incomplete; it never fails the refit.
+ * incomplete; it never fails the refit.  Before that, the least recently
+ * used bases of other models on the rank are given back to make room
+ * (the running slice's model is never evicted): a model that lost
+ * received bases is noted until the node reports it (see delta_base.h).
  *
  * Threads: only a slice holding the node's nccl session calls these (one
  * at a time); the lock guards the figures read by /metrics.
@@ -41,6 +44,7 @@ typedef struct gdelta_ent {
 	uint64_t bytes;
 	uint8_t *data;
 	uint64_t tag;             /* 0: allocated, its bytes not a base yet */
+	uint64_t used_at;         /* the store's clock when last found or got */
 } gdelta_ent_t;
 
 /* limit: bytes of bases per rank at most (their share of the budget). */
@@ -87,5 +91,15 @@ gdelta_ent_t *gdelta_get(gdelta_store_t *st, const dp_dev_ops_t *dev, const char
 
 /* Give an entry back (a failed refit's half-written base). */
 void gdelta_drop(gdelta_store_t *st, const dp_dev_ops_t *dev, gdelta_ent_t *e);
+
+/* Bases evicted since the store was made. */
+uint64_t gdelta_store_evictions(gdelta_store_t *st);
+/* The models that lost received bases since the last call (as
+ * delta_store_take_evicted). */
+char **gdelta_store_take_evicted(gdelta_store_t *st, size_t *n);
+/* The entry to evict first among ents for a base of model on rank: the
+ * least recently used of another model on that rank; SIZE_MAX if none. */
+size_t gdelta_lru_victim(const gdelta_ent_t *const *ents, size_t n, const char *model,
+			 int32_t rank);
 
 #endif

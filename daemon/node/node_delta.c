@@ -134,9 +134,43 @@ node_gdelta_store(const node_opts_t *o)
 }
 
 uint64_t
-node_delta_base_bytes(const node_t *n, bool limit)
+node_delta_base_bytes(const node_t *n, bool limit, bool gpu)
 {
+	if (gpu)
+		return n->gdelta == NULL ? 0 : limit ? gdelta_store_limit(n->gdelta)
+						     : gdelta_store_used(n->gdelta);
 	if (n->delta == NULL)
 		return 0;
 	return limit ? delta_store_limit(n->delta) : delta_store_used(n->delta);
+}
+
+uint64_t
+node_delta_evictions(const node_t *n, bool gpu)
+{
+	if (gpu)
+		return n->gdelta ? gdelta_store_evictions(n->gdelta) : 0;
+	return n->delta ? delta_store_evictions(n->delta) : 0;
+}
+
+char **
+node_delta_evicted(node_t *n, size_t *count)
+{
+	size_t nh = 0, ng = 0;
+	char **h = n->delta ? delta_store_take_evicted(n->delta, &nh) : NULL;
+	char **g = n->gdelta ? gdelta_store_take_evicted(n->gdelta, &ng) : NULL;
+
+	h = xrealloc(h, (nh + ng + 1) * sizeof(*h));
+	if (ng)
+		memcpy(h + nh, g, ng * sizeof(*g));
+	free(g);
+	*count = nh + ng;
+	return h;
+}
+
+void
+node_delta_evicted_free(char **v, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		free(v[i]);
+	free(v);
 }

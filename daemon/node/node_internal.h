@@ -430,12 +430,19 @@ void node_delta_job_free(slice_job_t *j);
  * per peer (freed by node_delta_lacks_free). */
 Refit__V1__DeltaLack **node_delta_lacks(const slice_job_t *j, const char *self, size_t *n);
 void node_delta_lacks_free(Refit__V1__DeltaLack **v, size_t n);
+/* The models that lost received bases to eviction since the last report,
+ * both stores (RunSliceResponse.delta_evicted; node_delta_evicted_free). */
+char **node_delta_evicted(node_t *n, size_t *count);
+void node_delta_evicted_free(char **v, size_t count);
 void node_delta_cfg(const slice_job_t *j, slice_cfg_t *sc);
 void node_delta_metrics(const slice_job_t *j);
 /* The bases on the devices (nccl): each rank's share is a quarter of its
  * staging arena, at most delta_base_bytes (NULL: delta_base_bytes 0). */
 struct gdelta_store *node_gdelta_store(const node_opts_t *o);
-uint64_t node_delta_base_bytes(const node_t *n, bool limit);
+/* Bytes of bases held (limit: their bound) in the host store or on the
+ * devices (gpu); bases evicted from either. */
+uint64_t node_delta_base_bytes(const node_t *n, bool limit, bool gpu);
+uint64_t node_delta_evictions(const node_t *n, bool gpu);
 
 /* node.c: a call to the coordinator failed (st, msg): follow a standby's
  * "not the leader: ADDR", or try the next coordinator when it is unreachable

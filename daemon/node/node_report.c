@@ -237,6 +237,7 @@ node_report_queue(node_t *n, slice_job_t *j, bool ok)
 	rs.bases_kept = j->st.bases_kept;
 	if (rs.bases_kept)
 		rs.delta_lacks = node_delta_lacks(j, n->node_id, &rs.n_delta_lacks);
+	rs.delta_evicted = node_delta_evicted(n, &rs.n_delta_evicted);
 	if (!ok) {
 		rs.peer_issues = ip;
 		rs.n_peer_issues = peer_issues(j, iv, ip);
@@ -262,6 +263,7 @@ node_report_queue(node_t *n, slice_job_t *j, bool ok)
 	r->req = xmalloc(r->len ? r->len : 1);
 	protobuf_c_message_pack(&rq.base, r->req);
 	node_delta_lacks_free(rs.delta_lacks, rs.n_delta_lacks);
+	node_delta_evicted_free(rs.delta_evicted, rs.n_delta_evicted);
 	r->give_up_ms = xport_now_ms() + REPORT_GIVE_UP_MS;
 	VEC_PUSH(&n->reports, r);
 	report_send(n, r);

@@ -3,10 +3,10 @@
 (real daemons on loopback, librefit clients; REFIT_TEST_TRANSPORT=nccl as
 in test_dataplane.py): an abort midway (double buffer keeps the old
 version, in place marked invalid), a librefit client killed mid-refit, the
-relay staging of gather-and-broadcast within the plan's bound, and over
-tcp: delta with room for only some bases, no data connection before an
-epoch, a dial stopped by an abort, the instance lease, a refit that skips
-unhealthy instances.
+relay staging of gather-and-broadcast within the plan's bound, delta
+bases evicted for another model's (LRU), and over tcp: delta with room for
+only some bases, no data connection before an epoch, a dial stopped by an
+abort, the instance lease, a refit that skips unhealthy instances.
 
 Usage: test_dataplane_limits.py BUILD_DIR.  The random layout pairs and the
 checks on the six-node cluster: test_dataplane.py.  Prints
@@ -57,6 +57,44 @@ def delta_partial_room():
     assert g.delta_base_refit == g1.id and 0 < g.delta_wire_bytes < g.delta_dense_bytes / 10, g
     assert g.dense_wire_bytes >= 128 << 10, g
     stop(cls)
+
+
+def delta_eviction():
+    """Two models sent from node 0 to node 1, whose delta_base_bytes (384
+    KiB) holds one model's bases (256 KiB): the second model's bases evict
+    the idle first's, least recently used, so the active model stays delta;
+    the first's next refit is dense (node 1 reported the eviction; node 0
+    still holds its sent bases) and keeps bases again (evicting the
+    other's), then delta; byte-exact."""
+    cl = Cluster("de", 2, node_extra=lambda k: ["--delta-base-bytes",
+                                                "384KiB" if k else "64MiB"])
+    lay = lambda rank: [{"name": "w", "dtype": "fp32", "shape": [256, 256],  # noqa: E731
+                         "mesh": [rank], "placements": ["Replicate()"]}]
+    ms = {m: start_model(cl, m, lay(0), [("i", lay(RPN))], random.Random(7),
+                         {"i": "in-place"}, extra=["--sparse", str(SPARSE)]) for m in "ab"}
+    ver = {"a": 0, "b": 0}
+
+    def refit(m, delta):
+        ver[m] += 1
+        for c in ms[m]["train"] if ver[m] > 1 else []:
+            assert c.cmd(f"next {ver[m]}").startswith("READY")
+        g = cl.refit(m, ver[m], verify=True)
+        assert g.state == pb.COMMITTED, g.failure
+        expect_installed(ms[m], ver[m])
+        assert (g.delta_wire_bytes > 0) == delta, (m, ver[m], delta, g)
+        if delta:
+            assert g.delta_wire_bytes < g.delta_dense_bytes / 10, g
+        return g
+
+    refit("b", False)
+    refit("b", True)
+    refit("a", False)          # b's bases evicted for a's
+    for _ in range(2):
+        refit("a", True)       # b idle: a stays delta
+    refit("b", False)          # b's evicted bases: dense, a's evicted now
+    refit("b", True)
+    for k in ms.values():
+        stop(k)
 
 
 def relay_staging_bounded():
@@ -273,6 +311,8 @@ def skip_unhealthy():
 
 
 try:
+    check("delta: two models, room for one's bases: the active one stays delta, the "
+          "idle one's evicted bases go dense once, byte-exact", delta_eviction)
     check("gather-and-broadcast: relay staging held at once stays within the "
           "plan's bound", relay_staging_bounded)
     check("slow cluster starts", slow_cluster)

@@ -203,8 +203,10 @@ def delta_refits():
     assert sent == g.delta_wire_bytes, (sent, g)
     assert val(after, "refitd_delta_dense_bytes_total") - \
         val(before, "refitd_delta_dense_bytes_total") == g.delta_dense_bytes
-    wait_for(lambda: 0 < val(scrape(0), "refitd_delta_base_bytes") <=
-             val(scrape(0), "refitd_delta_base_limit_bytes"), 30, "delta bases held")
+    wait_for(lambda: 0 < val(scrape(0), "refitd_delta_base_bytes", where="host") <=
+             val(scrape(0), "refitd_delta_base_limit_bytes", where="host"), 30,
+             "delta bases held")
+    assert ("refitd_delta_base_evictions_total", frozenset({("where", "gpu")})) in after
     out = ctl("--json", "policy", "d", "--delta", "off")
     assert out.returncode == 0 and json.loads(out.stdout)["policy"]["delta"] == "off", out
     g = step(3, False)

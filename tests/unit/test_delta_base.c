@@ -341,6 +341,83 @@ START_TEST(damaged_frames_refused_or_contained)
 }
 END_TEST
 
+/* Taken, a base of bytes at position 0 made, released: model's table
+ * (peer p, received when !out). */
+static void
+hold_base(delta_store_t *st, const char *model, bool out, uint64_t bytes, bool made)
+{
+	delta_tab_t *t = delta_tab_take(st, model, "d", "p", out, 1);
+
+	ck_assert_ptr_nonnull(t);
+	ck_assert(made == (delta_ent_get(st, t, 0, bytes, 1) != NULL));
+	delta_tab_release(st, t);
+}
+
+/* A base without room takes the room of other models' least recently
+ * used tables, never the asking model's nor a held one; received bases
+ * lost are noted for the coordinator, sent ones are not. */
+START_TEST(evicts_other_models_lru)
+{
+	delta_store_t *st = delta_store_new(1000, 10);
+	delta_tab_t *t, *c;
+	char **ev;
+	size_t n;
+
+	hold_base(st, "a", false, 300, true);
+	hold_base(st, "b", false, 300, true);
+	hold_base(st, "o", true, 300, true);   /* 924 bytes held */
+	t = delta_tab_take(st, "a", "d", "p", false, 1);  /* a used again: b is oldest */
+	delta_tab_release(st, t);
+	hold_base(st, "c", false, 300, true);  /* b goes, a and o stay */
+	ck_assert_uint_eq(delta_store_evictions(st), 1);
+	ck_assert_uint_le(delta_store_used(st), 1000);
+	t = delta_tab_take(st, "a", "d", "p", false, 1);
+	ck_assert_ptr_nonnull(delta_ent_find(t, 0, 300, 1));
+	delta_tab_release(st, t);
+	ev = delta_store_take_evicted(st, &n);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_str_eq(ev[0], "b");
+	free(ev[0]);
+	free(ev);
+	/* o (sent, oldest now) goes next, unreported; c, held, never */
+	c = delta_tab_take(st, "c", "d", "p", false, 1);
+	hold_base(st, "d", false, 300, true);
+	ck_assert_uint_eq(delta_store_evictions(st), 2);
+	ev = delta_store_take_evicted(st, &n);
+	ck_assert_uint_eq(n, 0);
+	free(ev);
+	/* a base that fits only without c (held) or a's own: none, bounded */
+	hold_base(st, "a", false, 700, false);
+	ck_assert_uint_le(delta_store_used(st), 1000);
+	ck_assert_ptr_nonnull(delta_ent_find(c, 0, 300, 1));
+	delta_tab_release(st, c);
+	delta_store_free(st);
+}
+END_TEST
+
+/* The LRU order itself: oldest first among other models' tables that no
+ * slice holds and that hold a base. */
+START_TEST(lru_victim_order)
+{
+	delta_ent_t held = {(uint8_t *)"x", 1, NULL, 0}, none = {0};
+	delta_tab_t t[5] = {
+		{.model = "a", .used_at = 1, .ent = &held, .nent = 1},
+		{.model = "b", .used_at = 2, .ent = &held, .nent = 1, .busy = true},
+		{.model = "b", .used_at = 3, .ent = &none, .nent = 1},
+		{.model = "b", .used_at = 5, .ent = &held, .nent = 1},
+		{.model = "c", .used_at = 4, .ent = &held, .nent = 1},
+	};
+	const delta_tab_t *v[5] = {&t[0], &t[1], &t[2], &t[3], &t[4]};
+
+	ck_assert_uint_eq(delta_lru_victim(v, 5, "z"), 0);
+	ck_assert_uint_eq(delta_lru_victim(v, 5, "a"), 4);  /* 1 held, 2 empty */
+	ck_assert_uint_eq(delta_lru_victim(v, 5, "c"), 0);
+	ck_assert_uint_eq(delta_lru_victim(v + 1, 4, "c"), 2);  /* v[3] = t[3] */
+	ck_assert_uint_eq(delta_lru_victim(v + 1, 3, "b"), SIZE_MAX);
+	ck_assert_uint_eq(delta_lru_victim(v, 0, "a"), SIZE_MAX);
+}
+END_TEST
+
 Suite *
 suite_delta_base(void)
 {
@@ -349,6 +426,7 @@ suite_delta_base(void)
 				 TH_TESTS(store_is_bounded, waits_for_a_held_table,
 					  unit_round_trip_and_refusals,
 					  no_room_goes_dense, lacks_go_dense_alone,
-					  damaged_frames_refused_or_contained)),
+					  damaged_frames_refused_or_contained,
+					  evicts_other_models_lru, lru_victim_order)),
 			NULL);
 }

@@ -165,12 +165,61 @@ START_TEST(epoch_and_plan_drop_bases)
 }
 END_TEST
 
+/* A base without room on its rank gives back the least recently used
+ * bases of other models there, never the asking model's; received bases
+ * lost are noted for the coordinator. */
+START_TEST(evicts_other_models_lru)
+{
+	fake_dev_t f = {0};
+	dp_dev_ops_t d = fake_ops(&f);
+	gdelta_store_t *st = gdelta_store_new(1000);
+	char **ev;
+	size_t n;
+
+	gdelta_begin(st, &d, 7, "m", "d1");
+	gdelta_get(st, &d, "m", "d1", "p", false, 0, 0, 400)->tag = 1;
+	gdelta_get(st, &d, "n", "e1", "p", false, 0, 0, 400)->tag = 1;
+	gdelta_get(st, &d, "n", "e1", "p", false, 1, 1, 400)->tag = 1;
+	ck_assert_ptr_nonnull(gdelta_find(st, "m", "d1", "p", false, 0, 0, 400, 1));
+	/* k on rank 0: n's base there is the oldest (m was just used) */
+	gdelta_begin(st, &d, 7, "k", "f1");
+	ck_assert_ptr_nonnull(gdelta_get(st, &d, "k", "f1", "p", true, 0, 0, 400));
+	ck_assert_uint_eq(gdelta_store_evictions(st), 1);
+	ck_assert_ptr_nonnull(gdelta_find(st, "m", "d1", "p", false, 0, 0, 400, 1));
+	ck_assert_ptr_nonnull(gdelta_find(st, "n", "e1", "p", false, 1, 1, 400, 1));
+	ck_assert_ptr_null(gdelta_find(st, "n", "e1", "p", false, 0, 0, 400, 1));
+	ev = gdelta_store_take_evicted(st, &n);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_str_eq(ev[0], "n");
+	free(ev[0]);
+	free(ev);
+	/* room only without k's own: m goes, then none; bounded */
+	ck_assert_ptr_null(gdelta_get(st, &d, "k", "f1", "p", true, 1, 0, 900));
+	ck_assert_uint_eq(gdelta_store_evictions(st), 2);
+	ck_assert_uint_eq(gdelta_store_used(st), 800);
+	ck_assert_int_eq(f.frees + (int)gdelta_store_count(st), f.allocs);
+	/* the pure order: another model's, on the rank, oldest */
+	{
+		gdelta_ent_t a = {.model = "x", .rank = 0, .used_at = 9},
+			     b = {.model = "y", .rank = 1, .used_at = 1},
+			     c = {.model = "y", .rank = 0, .used_at = 5};
+		const gdelta_ent_t *v[3] = {&a, &b, &c};
+
+		ck_assert_uint_eq(gdelta_lru_victim(v, 3, "z", 0), 2);
+		ck_assert_uint_eq(gdelta_lru_victim(v, 3, "y", 0), 0);
+		ck_assert_uint_eq(gdelta_lru_victim(v, 3, "y", 1), SIZE_MAX);
+	}
+	gdelta_drop_all(st, &d);
+	gdelta_store_free(st);
+}
+END_TEST
+
 Suite *
 suite_gdelta_base(void)
 {
 	return th_suite("gdelta_base",
 			th_tcase("gdelta_base", 10,
 				 TH_TESTS(share_bounds_each_rank, tag_names_the_base,
-					  epoch_and_plan_drop_bases)),
+					  epoch_and_plan_drop_bases, evicts_other_models_lru)),
 			NULL);
 }
