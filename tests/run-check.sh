@@ -84,7 +84,7 @@ script "faults, ASan + UBSan (5 s soak)" \
 script "coordinators over a 3-member etcd (standbys, leader SIGKILLed and SIGSTOPped, a 6-refit kill soak, etcd members lost and restarted, etcd stopped; ~65 s)" \
 	/usr/bin/python3 tests/integration/test_ha.py "$BUILD"
 script "coordinators over a 1-member etcd, ASan + UBSan (2-refit soak)" \
-	env REFIT_HA_ROUNDS=2 REFIT_HA_ETCD=1 /usr/bin/python3 tests/integration/test_ha.py "$BUILD/asan"
+	env REFIT_HA_ROUNDS=3 REFIT_HA_HOLD_PUBLISH_MS=1000 REFIT_HA_ETCD=1 /usr/bin/python3 tests/integration/test_ha.py "$BUILD/asan"
 script "leases across stalls (coordinator SIGSTOPped for 3 leases, mid-refit too; a stopped node still expires)" \
 	/usr/bin/python3 tests/integration/test_lease.py "$BUILD"
 script "leases across stalls, ASan + UBSan" \
