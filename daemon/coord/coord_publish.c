@@ -101,30 +101,6 @@ coord_publish_held(coord_t *c, refit_rec_t *r)
 	return true;
 }
 
-/* A held Publish whose time came leaves (if its refit still publishes;
- * else its durable decision is resent as any other). */
-static void
-held_due(coord_t *c, uint64_t now)
-{
-	for (size_t i = 0; i < c->refits.n; i++) {
-		refit_rec_t *r = c->refits.v[i];
-		Refit__V1__PublishRequest pq = REFIT__V1__PUBLISH_REQUEST__INIT;
-
-		if (r->publish_at_ms == 0 || now < r->publish_at_ms)
-			continue;
-		r->publish_at_ms = 0;
-		if (r->fsm.state != REFIT_FSM_PUBLISHING)
-			continue;
-		log_info("coordinator: refit %" PRIu64 ": the held Publish leaves", r->id);
-		pq.refit_id = r->id;
-		pq.epoch = r->epoch;
-		pq.model = r->model;
-		pq.version = r->version;
-		coord_call_nodes(c, r, &pq.base, 0);
-		return;  /* r may be gone: the rest at the next tick */
-	}
-}
-
 /* Every node acknowledged p (at): its instances show the version (never
  * going back, and not when a node had lost its slice), the record goes. */
 static void
@@ -285,7 +261,6 @@ coord_publish_tick(coord_t *c)
 
 	if (!c->leading || c->closing)
 		return;
-	held_due(c, now);
 	for (size_t i = 0; i < c->pubs.n; i++) {
 		pub_pending_t *p = c->pubs.v[i];
 

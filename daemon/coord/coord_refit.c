@@ -368,7 +368,7 @@ send_install(coord_t *c, refit_rec_t *r)
 					  "not be made durable, so nothing was published: %s",
 					  err.msg);
 	if (r->fsm.state == REFIT_FSM_PUBLISHING && coord_publish_held(c, r))
-		return;  /* tests: test_hold_publish_ms (coord_publish_tick sends it) */
+		return;  /* tests: test_hold_publish_ms (coord_refits_tick sends it) */
 	coord_call_nodes(c, r, r->fsm.state == REFIT_FSM_PUBLISHING ? &pq.base : &cq.base, 0);
 }
 
