@@ -165,6 +165,9 @@ static const key_t_ keys[] = {
 	 "resend of it, until the node joins a coordinator again (0: none)"},
 	{"test_hold_run_ms", K_MS, F(test_hold_run_ms), "0", 0, 60000, NULL, false,
 	 "tests only: hold each RunSlice until an Abort of its refit came or this long passed"},
+	{"test_hold_publish_ms", K_MS, F(test_hold_publish_ms), "0", 0, 60000, NULL, false,
+	 "tests only: coordinator: hold each refit's Publish this long once the decision to "
+	 "publish is durable (every node committed), logging it"},
 	{"instance_grace_ms", K_MS, F(instance_grace_ms), "60000", 100, 86400000, NULL, false,
 	 "coordinator: an instance whose node left is dropped after this long"},
 	{"refit_records", K_MS, F(refit_records), "256", 1, 100000, NULL, false,

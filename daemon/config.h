@@ -50,6 +50,7 @@ typedef struct refitd_config {
 	uint64_t test_fail_commit;    /* tests: refuse the node's Nth Commit */
 	uint64_t test_lose_publish;   /* tests: lose every Nth refit's Publish until it joins again */
 	uint64_t test_hold_run_ms;    /* tests: hold RunSlice until its Abort */
+	uint64_t test_hold_publish_ms; /* tests: coordinator, hold each Publish after its decision is durable */
 	char *cuda_library, *nccl_library, *gpu_kernels_library; /* nccl: what to load */
 	char *data_source_check; /* node, tcp: "on" or "off" */
 	char *data_tls;       /* node, tcp: "off" or "on" (TLS on data connections) */

@@ -426,6 +426,7 @@ main(int argc, char **argv)
 	co.default_on_ready = strcmp(cfg.default_trigger, "on_ready") == 0;
 	co.default_min_interval_ms = (uint32_t)cfg.default_min_interval_ms;
 	co.slice_timeout_ms = cfg.slice_timeout_ms;
+	co.test_hold_publish_ms = (uint32_t)cfg.test_hold_publish_ms;
 	log_init("refitd", (enum log_level)log_level_parse(cfg.log_level), LOG_SUB_ALL);
 	ops_set_log_format(cfg.log_format);
 	signal(SIGPIPE, SIG_IGN);

@@ -18,14 +18,14 @@ Everything between the markers is replaced; text outside them is not
 touched.  `make figures` runs this with the default set (each generator
 under a minute); `make figures FIGURES_SET=slow` runs only the slow ones
 (the fault-injection suite's timings: about a minute here, root, processes
-killed throughout; the coordinators' fail-over over etcd, test_ha.py, about
-45 s, etcd installed; the control-plane curve of bench/bench_scale.py: up to
-256 node daemons), `FIGURES_SET=all` both.  `--only` runs the regions
-named, whatever their set.  A slow generator that cannot run here (a
-missing tool, no root, too little memory) leaves its region as it is and
-says why on stderr; a generator that should run and fails stops the run
-with a non-zero status and no file is written (every region is computed
-first).
+killed throughout; the coordinators' fail-over over etcd, test_ha.py with its
+30-refit soak, about 160 s, etcd installed; the control-plane curve of
+bench/bench_scale.py: up to 256 node daemons), `FIGURES_SET=all` both.
+`--only` runs the regions named, whatever their set.  A slow generator
+that cannot run here (a missing tool, no root, too little memory) leaves
+its region as it is and says why on stderr; a generator that should run
+and fails stops the run with a non-zero status and no file is written
+(every region is computed first).
 `--list` prints each region's name and set.
 
 Figures that are not regenerated (one dated run of a command named beside

@@ -106,10 +106,10 @@ script "faults: partitions (either node of an instance cut mid-refit, in either 
 	/usr/bin/python3 tests/integration/test_faults_partition.py "$BUILD"
 script "faults: partitions, ASan + UBSan" \
 	/usr/bin/python3 tests/integration/test_faults_partition.py "$BUILD/asan"
-script "coordinators over a 3-member etcd (standbys, leader SIGKILLed and SIGSTOPped, a 6-refit kill soak, etcd members lost and restarted, etcd stopped; ~65 s)" \
+script "coordinators over a 3-member etcd (standbys, leader SIGKILLed and SIGSTOPped, a 30-refit soak killing the leader between Commit and Publish, in-refit, at random and idle, etcd members lost and restarted, etcd stopped, the election watched, a state over etcd's request limit in chunks; ~190 s)" \
 	/usr/bin/python3 tests/integration/test_ha.py "$BUILD"
-script "coordinators over a 1-member etcd, ASan + UBSan (2-refit soak)" \
-	env REFIT_HA_ROUNDS=2 REFIT_HA_ETCD=1 /usr/bin/python3 tests/integration/test_ha.py "$BUILD/asan"
+script "coordinators over a 1-member etcd, ASan + UBSan (3-refit soak: the leader killed between Commit and Publish, in-refit, at random)" \
+	env REFIT_HA_ROUNDS=3 REFIT_HA_HOLD_PUBLISH_MS=1000 REFIT_HA_ETCD=1 /usr/bin/python3 tests/integration/test_ha.py "$BUILD/asan"
 script "leases across stalls (coordinator SIGSTOPped for 3 leases, mid-refit too; a stopped node still expires)" \
 	/usr/bin/python3 tests/integration/test_lease.py "$BUILD"
 script "leases across stalls, ASan + UBSan" \

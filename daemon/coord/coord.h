@@ -32,6 +32,7 @@ typedef struct coord_opts {
 				       oldest final ones beyond are freed */
 	bool default_on_ready;      /* a new model's trigger policy: on_ready (else manual) */
 	uint32_t default_min_interval_ms; /* and its min_interval_ms */
+	uint32_t test_hold_publish_ms; /* tests: the decision durable, Publish held this long */
 } coord_opts_t;
 
 typedef struct coord coord_t;

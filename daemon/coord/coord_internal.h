@@ -71,6 +71,8 @@ typedef struct refit_rec {
 	uint64_t node_bytes;        /* the plan's busiest node: bytes it sends or receives */
 	uint64_t slice_ms;          /* the slices' deadline sent (RunSliceRequest.timeout_ms) */
 	uint64_t running_after_ms;  /* trigger -> every slice started */
+	uint64_t publish_at_ms;     /* tests (test_hold_publish_ms): the held Publish
+				       leaves then (0: none held) */
 	coord_slices_t *slices;     /* PREPARING: each node's slice of the plan */
 	uint64_t plan_us, plan_xfers; /* the coordinator's planning time (0: cached), transfers */
 	bool plan_cached;
@@ -176,6 +178,10 @@ refit_status_t coord_state_save(coord_t *c, refit_err_t *err);
  * the state; when that fails, nothing is recorded: err); acked / failed: node_id answered the refit's own Publish;
  * tick: resend to the members not acknowledged yet (leader only). */
 refit_status_t coord_publish_decided(coord_t *c, refit_rec_t *r, refit_err_t *err);
+/* tests (test_hold_publish_ms): hold r's Publish, its decision durable (true: held) */
+bool coord_publish_held(coord_t *c, refit_rec_t *r);
+/* Call the state's node method on every node of r (coord_refit.c) */
+void coord_call_nodes(coord_t *c, refit_rec_t *r, ProtobufCMessage *req, uint64_t skip_epoch);
 void coord_publish_acked(coord_t *c, uint64_t refit_id, const char *node_id);
 void coord_publish_failed(coord_t *c, uint64_t refit_id, const char *node_id);
 void coord_publish_tick(coord_t *c);

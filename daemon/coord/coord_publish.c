@@ -89,6 +89,18 @@ coord_publish_decided(coord_t *c, refit_rec_t *r, refit_err_t *err)
 	return err->status;
 }
 
+bool
+coord_publish_held(coord_t *c, refit_rec_t *r)
+{
+	if (c->o.test_hold_publish_ms == 0)
+		return false;
+	r->publish_at_ms = uv_now(c->loop) + c->o.test_hold_publish_ms;
+	log_info("coordinator: refit %" PRIu64 " (%s v%" PRIu64 "): the decision to publish is "
+		 "durable; Publish held %" PRIu32 " ms (test_hold_publish_ms)", r->id, r->model,
+		 r->version, c->o.test_hold_publish_ms);
+	return true;
+}
+
 /* Every node acknowledged p (at): its instances show the version (never
  * going back, and not when a node had lost its slice), the record goes. */
 static void

@@ -211,8 +211,8 @@ static void on_node_done(void *arg, refit_status_t st, const char *msg,
  * of r but those that acknowledged epoch skip_epoch (when not 0), then
  * count the round (CALLS_SENT); a call that cannot start fails r.
  */
-static void
-call_nodes(coord_t *c, refit_rec_t *r, ProtobufCMessage *req, uint64_t skip_epoch)
+void
+coord_call_nodes(coord_t *c, refit_rec_t *r, ProtobufCMessage *req, uint64_t skip_epoch)
 {
 	const char *method = refit_fsm_info(r->fsm.state)->call;
 	refit_fsm_event_t ev = {.kind = REFIT_FSM_EV_CALLS_SENT};
@@ -341,7 +341,7 @@ send_run(coord_t *c, refit_rec_t *r)
 	r->slice_ms = coord_refit_slice_deadline_ms(c, r);
 	rq.timeout_ms = (uint32_t)r->slice_ms;
 	coord_delta_offer(c, r, m, &rq);
-	call_nodes(c, r, &rq.base, 0);
+	coord_call_nodes(c, r, &rq.base, 0);
 	coord_delta_offer_free(&rq);
 	coord_slices_free(r);  /* packed into the calls */
 	coord_free_layouts(iv, rq.instances, rq.n_instances);
@@ -367,7 +367,9 @@ send_install(coord_t *c, refit_rec_t *r)
 		return coord_refit_eventf(c, r, REFIT_FSM_EV_FAIL, "the decision to publish could "
 					  "not be made durable, so nothing was published: %s",
 					  err.msg);
-	call_nodes(c, r, r->fsm.state == REFIT_FSM_PUBLISHING ? &pq.base : &cq.base, 0);
+	if (r->fsm.state == REFIT_FSM_PUBLISHING && coord_publish_held(c, r))
+		return;  /* tests: test_hold_publish_ms (coord_refits_tick sends it) */
+	coord_call_nodes(c, r, r->fsm.state == REFIT_FSM_PUBLISHING ? &pq.base : &cq.base, 0);
 }
 
 /*
@@ -559,7 +561,7 @@ send_prepare(coord_t *c, refit_rec_t *r)
 	size_t n = c->members.n;
 
 	/* a token per member and epoch (refits of several models share the
-	 * epoch); each node gets its own (call_nodes), the others' hashes */
+	 * epoch); each node gets its own (coord_call_nodes), the others' hashes */
 	coord_data_tokens(c, r->epoch);
 	rq.epoch = r->epoch;
 	if (r->fsm.nccl && r->nccl_id_len) {
@@ -570,7 +572,7 @@ send_prepare(coord_t *c, refit_rec_t *r)
 	rq.n_members = n;
 	/* a node that acknowledged this epoch already (for another refit)
 	 * is not told again: same members, same token, same unique id */
-	call_nodes(c, r, &rq.base, r->epoch);
+	coord_call_nodes(c, r, &rq.base, r->epoch);
 	coord_members_msg_free(mv, rq.members, n);
 }
 

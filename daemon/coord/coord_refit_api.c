@@ -501,6 +501,32 @@ resume(coord_t *c)
 	return false;
 }
 
+/* A held Publish whose time came leaves (if its refit still publishes;
+ * else its durable decision is resent as any other). */
+static void
+held_due(coord_t *c)
+{
+	uint64_t now = uv_now(c->loop);
+
+	for (size_t i = 0; i < c->refits.n; i++) {
+		refit_rec_t *r = c->refits.v[i];
+		Refit__V1__PublishRequest pq = REFIT__V1__PUBLISH_REQUEST__INIT;
+
+		if (r->publish_at_ms == 0 || now < r->publish_at_ms)
+			continue;
+		r->publish_at_ms = 0;
+		if (r->fsm.state != REFIT_FSM_PUBLISHING)
+			continue;
+		log_info("coordinator: refit %" PRIu64 ": the held Publish leaves", r->id);
+		pq.refit_id = r->id;
+		pq.epoch = r->epoch;
+		pq.model = r->model;
+		pq.version = r->version;
+		coord_call_nodes(c, r, &pq.base, 0);
+		return;  /* r may be gone: the rest at the next tick */
+	}
+}
+
 void
 coord_refits_tick(coord_t *c)
 {
@@ -521,6 +547,7 @@ coord_refits_tick(coord_t *c)
 		if (refit_fsm_is(r->fsm.state, REFIT_FSM_WAITS) && now >= r->retry_at_ms)
 			coord_refit_on(c, r, REFIT_FSM_EV_DUE);
 	}
+	held_due(c);
 	if (!coord_trigger_tick(c, now) && !resume(c))
 		catch_up(c, now);
 }

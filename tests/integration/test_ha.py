@@ -16,9 +16,15 @@ no instance's version goes back; the leader SIGKILLed with a refit RUNNING
 -> another leads, and the old one, SIGCONTed, changes nothing and stops
 with status 75; the leader's election key deleted while a change arrives
 -> the change is not acknowledged, the leader stops (75), etcd's state is
-not written by it; a soak of REFIT_HA_ROUNDS (6) refits with the leader
-SIGKILLed or SIGSTOPped at a random point of each (seed REFIT_HA_SEED) ->
-every version installed once, byte-exact; with three etcd members, one
+not written by it; a soak of REFIT_HA_ROUNDS (30) refits in a row, the
+coordinators holding each Publish REFIT_HA_HOLD_PUBLISH_MS (400) after its
+decision is durable (test_hold_publish_ms), the leader SIGKILLed or
+SIGSTOPped (alternating) in that window, RUNNING, at a random time (seed
+REFIT_HA_SEED) or idle, one refit in five left alone -> every version
+installed once on every instance (the nodes' logs), byte-exact, never going
+back, a decided refit resent and not redone, a stopped old leader woken once
+the new one is done stops with 75 and etcd's state and the installs are
+unchanged; with three etcd members, one
 SIGKILLed (the coordinators' first endpoint) -> refits commit on the other
 two, restarted it rejoins, another lost -> refits commit; etcd stopped (every
 member) -> a change is
@@ -51,6 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grpc  # noqa: E402
 from refit.v1 import refit_pb2 as pb  # noqa: E402
 from refit.v1 import refit_pb2_grpc as pbg  # noqa: E402
+import ha_soak  # noqa: E402
 import harness  # noqa: E402
 from harness import Client, check, free_port, spawn, wait_for, write  # noqa: E402
 
@@ -113,6 +120,7 @@ class Coords:
         self.log = open(f"{TMP}/coords.log", "w")
         self.procs = [None] * 3
         self.etcd = etcd
+        self.extra = []  # more flags for each start (the soak's test_hold_publish_ms)
         for k in range(3):
             self.start(k)
 
@@ -123,7 +131,7 @@ class Coords:
              "--heartbeat-ms", "100", "--lease-ttl-ms", "1500", "--log-level", "info",
              "--metrics-listen", f"127.0.0.1:{self.mports[k]}",
              "--state-store", "etcd", "--etcd-endpoints", self.etcd.addr,
-             "--etcd-lease-ttl-ms", str(TTL_MS)], stderr=self.log)
+             "--etcd-lease-ttl-ms", str(TTL_MS)] + self.extra, stderr=self.log)
 
     def stub(self, k):
         return pbg.CoordinatorStub(grpc.insecure_channel(self.addrs[k]))
@@ -541,48 +549,6 @@ def etcd_size():
         f"manifest {len(man)} bytes")
 
 
-SOAK_ROUNDS = int(os.environ.get("REFIT_HA_ROUNDS", "6"))
-
-
-def soak():
-    """Rounds of: a version ready, its refit triggered on the leader, the
-    leader SIGKILLed or SIGSTOPped 0 to 900 ms later (a refit takes about 650 ms: node 2 holds its slice) (planning, running,
-    committing or done); then that version is installed byte-exact, once, on
-    both instances -- committed before the kill, or refit again by the new
-    leader (retries) -- and a stopped old leader, woken, stops with 75."""
-    import random
-    rng = random.Random(os.environ.get("REFIT_HA_SEED", "27"))
-    kinds = {"SIGKILL": 0, "SIGSTOP": 0, "committed before": 0, "cut short, redone": 0}
-    for _ in range(SOAK_ROUNDS):
-        old = C.wait_leader()
-        step()
-        rid = C.stub(old).TriggerRefit(pb.TriggerRefitRequest(model="m", version=M["v"]),
-                                       timeout=10).refit_id
-        time.sleep(rng.uniform(0, 0.9))
-        kind = rng.choice(["SIGKILL", "SIGSTOP"])
-        kinds[kind] += 1
-        C.procs[old].send_signal(getattr(signal, kind))
-        try:
-            lead = C.wait_leader(skip=(old,))
-        except AssertionError as e:
-            raise AssertionError(f"{e} ({kind} of coordinator {C.addrs[old]}); etcd now: "
-                                 f"{election_keys()}") from None
-        if kind == "SIGSTOP":
-            C.procs[old].send_signal(signal.SIGCONT)
-            rc = C.procs[old].wait(timeout=20)
-            assert rc == 75, f"the stopped old leader exited {rc}, not 75"
-        else:
-            C.procs[old].wait()
-        C.start(old)
-        installed()
-        g = C.stub(lead).GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
-        assert g.state == pb.COMMITTED or (g.state == pb.FAILED and "restarted" in g.failure), \
-            (g.state, g.failure)
-        kinds["committed before" if g.state == pb.COMMITTED else "cut short, redone"] += 1
-    FIG[f"soak, {SOAK_ROUNDS} refits, the leader killed at a random point of each"] = \
-        ", ".join(f"{k} {v}" for k, v in kinds.items())
-
-
 def election_keys():
     """etcd's election keys, each with its lease's remaining TTL (etcdctl):
     a failed fail-over says whether etcd still held the dead leader's key."""
@@ -993,8 +959,10 @@ try:
             check("the leader's election key deleted while a change arrives: not "
                   "acknowledged, the leader stops (75), etcd's state not written by it",
                   key_deleted)
-        check(f"soak: {SOAK_ROUNDS} refits, the leader SIGKILLed or SIGSTOPped at a random "
-              "point of each: every version installed once, byte-exact", soak)
+        check(f"soak: {ha_soak.ROUNDS} refits in a row, the leader SIGKILLed or SIGSTOPped "
+              "between Commit and Publish, in-refit, at random and idle: every version "
+              "installed once on every instance, byte-exact, never going back; a stopped "
+              "old leader woken changes nothing", lambda: ha_soak.soak(sys.modules[__name__]))
         if E.n == 3:
             check("an etcd member SIGKILLed (each coordinator's first endpoint): refits "
                   "commit on the other two; restarted it rejoins; another lost, refits "

@@ -97,6 +97,7 @@ static const kcase_t cases[] = {
 	{"default_min_interval_ms", "500", "500", "-1", NULL, 0, 86400000},
 	{"metrics_listen", "127.0.0.1:9100", "\"127.0.0.1:9100\"", NULL, "nonsense", 0, 0},
 	{"log_format", "json", "\"json\"", "xml", NULL, 0, 0},
+	{"test_hold_publish_ms", "800", "800", "1s", NULL, 0, 60000},
 };
 
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
