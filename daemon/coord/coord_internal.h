@@ -7,6 +7,7 @@
 #define REFIT_DAEMON_COORD_COORD_INTERNAL_H
 
 #include "common/alloc.h"
+#include "common/strbuf.h"
 #include "daemon/coord/coord.h"
 #include "daemon/coord/coord_blame.h"
 #include "daemon/coord/coord_records.h"
@@ -391,6 +392,8 @@ refit_rec_t *coord_refit_answer_of(const nctx_t *x, member_t **m);
 void coord_refit_note_retry(refit_rec_t *r, const refit_fsm_t *was, uint64_t wait_ms);
 /* END: a final state; a committed refit moves the model's installed version. */
 void coord_refit_note_end(coord_t *c, refit_rec_t *r);
+/* Node k's slice succeeded: its SliceDone's bytes and times added to r. */
+void coord_refit_note_slice(refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs);
 /* Metrics after every change of r's state (p: a plan just taken), the
  * state file after every change clients can see. */
 void coord_refit_settle(coord_t *c, refit_rec_t *r, const refit_fsm_t *was, const plan_t *p);
@@ -419,6 +422,14 @@ void coord_involved_nodes(coord_t *c, const plan_t *p, const model_t *md, refit_
  * catch-up's).  The caller saves (the refit's change of state is saved).
  */
 void coord_refit_instances_end(coord_t *c, refit_rec_t *r, bool committed);
+/*
+ * Which inference instances r leaves out (in->skip, r->skipped): those not
+ * healthy now (a rank of theirs has no member, or its member has not
+ * registered them since it joined).  A strict model's refit fails instead;
+ * so does one left with none: false, the failure in why (the caller feeds
+ * it to the machine).  Loop thread only.
+ */
+bool coord_refit_choose_instances(coord_t *c, model_t *m, refit_rec_t *r, strbuf_t *why);
 /* coord_delta.c: RunSlice's delta tag, base, the nodes holding it and the
  * messages they lack into rq (coord_delta_offer_free frees what it added);
  * node k's SliceDone (rs) noted; a committed refit's bases become the
@@ -451,6 +462,11 @@ Refit__V1__Member **coord_members_msg(coord_t *c, Refit__V1__Member **mv);
 void coord_data_tokens(coord_t *c, uint64_t epoch);
 void coord_prepare_attach(const member_t *m, ProtobufCMessage *req);
 void coord_members_msg_free(Refit__V1__Member *mv, Refit__V1__Member **mp, size_t n);
+/* RunSlice's request for r's attempt but its deadline and slices: the refit,
+ * its plan, o's sizes, m's instances taking part (*iv; coord_free_layouts). */
+void coord_run_request(const coord_t *c, refit_rec_t *r, const model_t *m,
+		       const plan_opts_t *o, Refit__V1__RunSliceRequest *rq,
+		       Refit__V1__InstanceLayouts **iv);
 /* The RunSlice instances of r, trainer first (*n of them, in *iv; coord_free_layouts). */
 Refit__V1__InstanceLayouts **coord_instance_layouts(const refit_rec_t *r, const model_t *m,
 						    Refit__V1__InstanceLayouts **iv, size_t *n);

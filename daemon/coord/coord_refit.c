@@ -3,9 +3,10 @@
  * events fed to it, the actions carried out, and the node calls those make
  * (NcclId, PrepareEpoch, RunSlice, Commit, Publish, Abort) with their
  * answers.  The Coordinator's refit methods and the timer are in
- * coord_refit_api.c; which nodes take part and the messages they are sent
- * in coord_refit_nodes.c; what the driver notes in a record without an
- * event or a call (retries, ends, blame, the slices' deadline) in
+ * coord_refit_api.c; which instances and nodes take part and the
+ * messages they are sent (RunSlice's request) in coord_refit_nodes.c; what
+ * the driver notes in a record without an event or a call (retries, ends,
+ * blame, the slices' deadline, what a slice reported) in
  * coord_refit_notes.c.  The node calls and the machine feed each other
  * (an action calls nodes, an answer is an event), so they share this file.
  *
@@ -325,19 +326,7 @@ send_run(coord_t *c, refit_rec_t *r)
 	r->running_after_ms = 0;
 	r->run_deadline_ms = coord_now_ms() + SLICE_RUN_MS;
 	coord_plan_opts(c, r->mode, &o);
-	rq.instances = coord_instance_layouts(r, m, &iv, &rq.n_instances);
-	rq.refit_id = r->id;
-	rq.epoch = r->epoch;
-	rq.plan_digest = r->plan_digest;
-	rq.model = r->model;
-	rq.version = r->version;
-	rq.verify = r->verify;
-	rq.mode = (Refit__V1__Mode)r->mode;
-	rq.chunk_bytes = o.chunk_bytes;
-	rq.staging_bytes = o.staging_bytes;
-	rq.corrupt_msg = r->corrupt;
-	rq.nic_per_node = c->o.nic_per_node;
-	rq.attempt = r->fsm.attempt;
+	coord_run_request(c, r, m, &o, &rq, &iv);
 	r->slice_ms = coord_refit_slice_deadline_ms(c, r);
 	rq.timeout_ms = (uint32_t)r->slice_ms;
 	coord_delta_offer(c, r, m, &rq);
@@ -411,24 +400,8 @@ slice_result(coord_t *c, refit_rec_t *r, size_t k, const char *node, refit_statu
 		ev.u.slice.symptom = !poisoned && (symptom || coord_rules_is_symptom(msg));
 		return refit_event(c, r, &ev, buf, NULL);
 	}
-	if (rs != NULL) {
-		coord_delta_note(r, k, rs);
-		r->delta_wire += rs->delta_wire_bytes;
-		r->delta_dense += rs->delta_dense_bytes;
-		r->dense_wire += rs->dense_wire_bytes;
-		r->bytes += rs->bytes;
-		if (rs->comm_micros > r->comm_us)
-			r->comm_us = rs->comm_micros;
-		for (size_t i = 0; i < rs->n_stages; i++) {
-			uint32_t sk = rs->stages[i]->stage < 64 ? rs->stages[i]->stage : 63;
-
-			if (rs->stages[i]->micros > r->stage_us[sk])
-				r->stage_us[sk] = rs->stages[i]->micros;
-			r->stage_bytes[sk] += rs->stages[i]->bytes;
-			if (sk + 1 > r->nstages)
-				r->nstages = sk + 1;
-		}
-	}
+	if (rs != NULL)
+		coord_refit_note_slice(r, k, rs);
 	refit_event(c, r, &ev, NULL, NULL);
 }
 
@@ -607,65 +580,6 @@ on_refit_planned(planjob_t *j)
 	prepare(c, r, &j->plan);
 }
 
-/*
- * Which inference instances this refit leaves out: those not healthy now
- * (a rank of theirs has no member, or its member has not registered them
- * since it joined).  A strict model fails instead; so does one left with none.
- * False when the refit failed here.
- */
-static bool
-choose_instances(coord_t *c, model_t *m, refit_rec_t *r)
-{
-	strbuf_t sb;
-	size_t healthy = 0;
-
-	for (size_t i = 0; i < r->nskipped; i++)
-		free(r->skipped[i]);
-	r->nskipped = 0;
-	strbuf_init(&sb);
-	for (size_t i = 0; i < m->inst.n; i++) {
-		instance_t *in = &m->inst.v[i];
-		int32_t lost, unreg;
-		size_t t;
-
-		in->skip = false;
-		if (in->role != REFIT__V1__ROLE__INFER ||
-		    (r->only && strcmp(r->only, in->name) != 0))
-			continue;
-		lost = coord_rules_unheld_rank(c->members.v, c->members.n, &in->layouts, &t);
-		/* whole: every node of it is a member and registered it (coord_store.c) */
-		unreg = lost < 0 ? coord_instance_unheld(c, in) : lost;
-		if (unreg < 0) {
-			healthy++;
-			continue;
-		}
-		in->skip = true;   /* it is behind now: caught up once whole (coord_refit_api.c) */
-		r->skipped = xreallocarray(r->skipped, r->nskipped + 1, sizeof(char *));
-		r->skipped[r->nskipped++] = xstrdup(in->name);
-		if (lost >= 0)
-			strbuf_printf(&sb, "%s\"%s\" (rank %d has no node)", sb.len ? ", " : "",
-				      in->name, lost);
-		else
-			strbuf_printf(&sb, "%s\"%s\" (its node left; the node of rank %d has "
-				      "not registered it again)", sb.len ? ", " : "", in->name,
-				      unreg);
-	}
-	if (r->nskipped && (m->strict_instances || healthy == 0)) {
-		for (size_t i = 0; i < m->inst.n; i++)
-			m->inst.v[i].skip = false;
-		coord_refit_eventf(c, r, REFIT_FSM_EV_FAIL, "%s: %s", healthy == 0 ?
-				   "no healthy inference instance" : "instances not healthy "
-				   "(strict policy)", sb.s);
-		strbuf_fini(&sb);
-		return false;
-	}
-	if (r->nskipped)
-		log_warnx("coordinator: refit %" PRIu64 " (%s v%" PRIu64 ") skips %s", r->id,
-			  r->model, r->version, sb.s);
-	strbuf_fini(&sb);
-	return true;
-}
-
 /* PLAN: the instances taking part, then the plan: the model's last one when
  * its inputs are unchanged, else one built off the loop. */
 void
@@ -675,13 +589,19 @@ coord_refit_plan(coord_t *c, refit_rec_t *r)
 	plan_cache_t *pc;
 	plan_opts_t o;
 	refit_err_t err;
+	strbuf_t why;
 	char key[SHA256_HEX_LEN];
 
 	if (m == NULL)
 		return coord_refit_eventf(c, r, REFIT_FSM_EV_FAIL, "model \"%s\" went away",
 					  r->model);
-	if (!choose_instances(c, m, r))
+	strbuf_init(&why);
+	if (!coord_refit_choose_instances(c, m, r, &why)) {
+		coord_refit_eventf(c, r, REFIT_FSM_EV_FAIL, "%s", why.s);
+		strbuf_fini(&why);
 		return;
+	}
+	strbuf_fini(&why);
 	pc = r->only ? NULL : coord_plan_cached(c, m->name);
 	coord_plan_opts(c, r->mode, &o);
 	coord_plan_key(c, m, r->only, &o, key);

@@ -1,18 +1,23 @@
 /*
- * coord_refit_nodes.c - which nodes take part in a refit and what they are
- * told, for the driver (coord_refit.c): the members a plan involves, the
- * members' transports, the nccl epoch's unique id (kept, reused, or shrunk
- * to), the member list of PrepareEpoch and the instances of RunSlice.
- * Nothing here feeds the state machine: these read and fill the records
- * and the messages only.  Loop thread only.
+ * coord_refit_nodes.c - which instances and nodes take part in a refit and
+ * what they are told, for the driver (coord_refit.c): the inference
+ * instances a refit leaves out (not healthy: coord_refit_choose_instances,
+ * whose failure the driver feeds to the machine), the members a plan
+ * involves, the members' transports, the nccl epoch's unique id (kept,
+ * reused, or shrunk to), the member list of PrepareEpoch, RunSlice's
+ * request and its instances.  Nothing here feeds the state machine: these
+ * read and fill the records and the messages only.  Loop thread only.
  */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/strbuf.h"
 #include "daemon/coord/coord_internal.h"
+#include "daemon/coord/coord_rules.h"
 #include "rpc/proto_conv.h"
 
 /* Does r's attempt install on inference instance in (md's)? */
@@ -316,4 +321,81 @@ coord_free_layouts(Refit__V1__InstanceLayouts *iv, Refit__V1__InstanceLayouts **
 		conv_layouts_proto_free(iv[i].tensors, iv[i].n_tensors);
 	free(iv);
 	free(ip);
+}
+
+/* RunSlice's request for r's attempt, all but its deadline and each node's
+ * slice: the refit, its plan, o's chunk and staging sizes, and the
+ * instances of m taking part (*iv; coord_free_layouts frees them). */
+void
+coord_run_request(const coord_t *c, refit_rec_t *r, const model_t *m,
+		  const plan_opts_t *o, Refit__V1__RunSliceRequest *rq,
+		  Refit__V1__InstanceLayouts **iv)
+{
+	rq->instances = coord_instance_layouts(r, m, iv, &rq->n_instances);
+	rq->refit_id = r->id;
+	rq->epoch = r->epoch;
+	rq->plan_digest = r->plan_digest;
+	rq->model = r->model;
+	rq->version = r->version;
+	rq->verify = r->verify;
+	rq->mode = (Refit__V1__Mode)r->mode;
+	rq->chunk_bytes = o->chunk_bytes;
+	rq->staging_bytes = o->staging_bytes;
+	rq->corrupt_msg = r->corrupt;
+	rq->nic_per_node = c->o.nic_per_node;
+	rq->attempt = r->fsm.attempt;
+}
+
+/* ---- the instances taking part ------------------------------------------- */
+
+bool
+coord_refit_choose_instances(coord_t *c, model_t *m, refit_rec_t *r, strbuf_t *why)
+{
+	strbuf_t sb;
+	size_t healthy = 0;
+
+	for (size_t i = 0; i < r->nskipped; i++)
+		free(r->skipped[i]);
+	r->nskipped = 0;
+	strbuf_init(&sb);
+	for (size_t i = 0; i < m->inst.n; i++) {
+		instance_t *in = &m->inst.v[i];
+		int32_t lost, unreg;
+		size_t t;
+
+		in->skip = false;
+		if (in->role != REFIT__V1__ROLE__INFER ||
+		    (r->only && strcmp(r->only, in->name) != 0))
+			continue;
+		lost = coord_rules_unheld_rank(c->members.v, c->members.n, &in->layouts, &t);
+		/* whole: every node of it is a member and registered it (coord_store.c) */
+		unreg = lost < 0 ? coord_instance_unheld(c, in) : lost;
+		if (unreg < 0) {
+			healthy++;
+			continue;
+		}
+		in->skip = true;   /* it is behind now: caught up once whole (coord_refit_api.c) */
+		r->skipped = xreallocarray(r->skipped, r->nskipped + 1, sizeof(char *));
+		r->skipped[r->nskipped++] = xstrdup(in->name);
+		if (lost >= 0)
+			strbuf_printf(&sb, "%s\"%s\" (rank %d has no node)", sb.len ? ", " : "",
+				      in->name, lost);
+		else
+			strbuf_printf(&sb, "%s\"%s\" (its node left; the node of rank %d has "
+				      "not registered it again)", sb.len ? ", " : "", in->name,
+				      unreg);
+	}
+	if (r->nskipped && (m->strict_instances || healthy == 0)) {
+		for (size_t i = 0; i < m->inst.n; i++)
+			m->inst.v[i].skip = false;
+		strbuf_printf(why, "%s: %s", healthy == 0 ? "no healthy inference instance" :
+			      "instances not healthy (strict policy)", sb.s);
+		strbuf_fini(&sb);
+		return false;
+	}
+	if (r->nskipped)
+		log_warnx("coordinator: refit %" PRIu64 " (%s v%" PRIu64 ") skips %s", r->id,
+			  r->model, r->version, sb.s);
+	strbuf_fini(&sb);
+	return true;
 }

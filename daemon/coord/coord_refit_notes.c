@@ -3,11 +3,12 @@
  * refit's record, feeding its machine no event and calling no node: the
  * lookups and public names of records, a retry or an end noted, the
  * metrics and state file after a change (coord_refit_settle), the slices'
- * deadline, each node's slice start, what a failed slice saw of its peers and the
+ * deadline, each node's slice start, what a slice that succeeded reported
+ * (its bytes and times), what a failed slice saw of its peers and the
  * broken link those reports name together (coord_blame.c), and a member's
  * poisoning.  Loop thread only; called by coord_refit.c and the files
  * above it, calls only the files below (coord_refit_nodes.c, coord_plan.c,
- * coord_slice.c, coord_metrics.c, coord_store.c).
+ * coord_delta.c, coord_slice.c, coord_metrics.c, coord_store.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -291,4 +292,27 @@ coord_refit_answer_of(const nctx_t *x, member_t **m)
 	c->inflight--;
 	*m = c->closing ? NULL : coord_find_member(c, x->member_id);
 	return r != NULL && r->phase == x->phase && !coord_refit_is_final(r) ? r : NULL;
+}
+
+/* Node k's slice succeeded: what its SliceDone (rs) reports, added to r
+ * (bytes, the delta's, the slowest node's comm and stage times). */
+void
+coord_refit_note_slice(refit_rec_t *r, size_t k, const Refit__V1__RunSliceResponse *rs)
+{
+	coord_delta_note(r, k, rs);
+	r->delta_wire += rs->delta_wire_bytes;
+	r->delta_dense += rs->delta_dense_bytes;
+	r->dense_wire += rs->dense_wire_bytes;
+	r->bytes += rs->bytes;
+	if (rs->comm_micros > r->comm_us)
+		r->comm_us = rs->comm_micros;
+	for (size_t i = 0; i < rs->n_stages; i++) {
+		uint32_t sk = rs->stages[i]->stage < 64 ? rs->stages[i]->stage : 63;
+
+		if (rs->stages[i]->micros > r->stage_us[sk])
+			r->stage_us[sk] = rs->stages[i]->micros;
+		r->stage_bytes[sk] += rs->stages[i]->bytes;
+		if (sk + 1 > r->nstages)
+			r->nstages = sk + 1;
+	}
 }
