@@ -24,7 +24,11 @@
 #include "daemon/node/node.h"
 #include "daemon/metrics.h"
 #include "daemon/ops.h"
+#include "rpc/rpc.h"
 #include "rpc/rpc_auth.h"
+
+/* the most a stopping refitd waits for gRPC's shutdown (wait_grpc) */
+#define GRPC_EXIT_WAIT_MS 2000
 
 typedef struct daemon_state {
 	uv_loop_t loop;
@@ -76,6 +80,21 @@ stop_daemon(daemon_state_t *d)
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sighup, NULL);
+}
+
+/*
+ * Everything of gRPC is freed: let gRPC's shutdown end before exiting, so
+ * that its threads (and the OpenSSL state of their TLS handshakes) are
+ * gone -- a channel destroyed while connecting ends on a thread of gRPC's
+ * own, after main's last call (rpc_exit.c).  Bounded: a SIGTERM exits
+ * promptly whatever gRPC does.
+ */
+static void
+wait_grpc(void)
+{
+	if (!rpc_wait_shutdown(GRPC_EXIT_WAIT_MS))
+		log_info("refitd: gRPC still shutting down after %d ms: exiting anyway",
+			 GRPC_EXIT_WAIT_MS);
 }
 
 static void
@@ -453,6 +472,7 @@ main(int argc, char **argv)
 		rpc_async_close(d.rpc);
 		uv_run(&d.loop, UV_RUN_DEFAULT);
 		uv_loop_close(&d.loop);
+		wait_grpc();
 		free(token);
 		free(join);
 		config_fini(&cfg);
@@ -480,6 +500,7 @@ main(int argc, char **argv)
 	rpc_async_close(d.rpc);  /* idle by now: stop its thread */
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	uv_loop_close(&d.loop);
+	wait_grpc();
 	free(token);
 	free(join);
 	config_fini(&cfg);

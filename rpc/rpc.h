@@ -191,6 +191,15 @@ refit_status_t rpc_client_call(rpc_client_t *c, const ProtobufCServiceDescriptor
 void rpc_client_free(rpc_client_t *c);
 const char *rpc_client_target(const rpc_client_t *c);
 
+/*
+ * A process's last step with gRPC (rpc_exit.c), after every server, client
+ * and async engine is freed: wait at most ms for gRPC's own shutdown to
+ * end (a channel's last reference may go on one of gRPC's threads, which
+ * then cleans up on a detached thread; exiting first leaves its threads
+ * running).  false: still shutting down at the bound.  Thread: main.
+ */
+bool rpc_wait_shutdown(int64_t ms);
+
 /* ---- asynchronous client (rpc_async.c) ------------------------------------ */
 
 /*
