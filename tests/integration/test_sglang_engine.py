@@ -79,7 +79,7 @@ def _engine_cmd(llm, eng, rq, torch):
         v = eng.update(rq.get("version"), rq.get("timeout_ms"))
         return {"version": v, "switch_s": time.monotonic() - t0}
     if c == "weight_version":
-        return {"weight_version": llm.get_server_info().get("weight_version")}
+        return {"weight_version": llm.get_model_info()["weight_version"]}
     if c == "params":
         return _params(llm, rq["hf"], torch)
     if c == "logprobs":
@@ -153,7 +153,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "--engine" and __name__ == "__main__":
     engine_main(sys.argv[2:])
     sys.exit(0)
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
-TPS = [int(x) for x in sys.argv[2:]] or [1, 2]
+TPS = ([int(x) for x in sys.argv[2:]] or [1, 2]) if BUILD != "--engine" else []
 PY = os.path.abspath(f"{BUILD}/venv-sglang/bin/python")
 KDIR = os.path.abspath(os.environ.get("REFIT_SGL_KERNEL_CPU", f"{BUILD}/sgl-kernel-cpu/out"))
 FW = os.path.abspath(os.path.join(HERE, "..", "frameworks"))
@@ -335,7 +335,8 @@ def versions(tp):
         r = ST["engine"].cmd(cmd="update", version=k, timeout_ms=30000)
         assert r["version"] == k, r
         COSTS.setdefault("switch_s", []).append(round(r["switch_s"], 3))
-        assert ST["engine"].cmd(cmd="weight_version")["weight_version"] == str(k)
+        wv = ST["engine"].cmd(cmd="weight_version")["weight_version"]
+        assert wv == str(k), wv
         p = params_equal(d)
         diff = greedy_match(d, other=prev)
         prev = d
