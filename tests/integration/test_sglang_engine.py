@@ -106,12 +106,14 @@ def _params(llm, path, torch):
                                                    want.view(torch.int16)):
             raw += 1
             continue
-        pk = torch.ops.sgl_kernel.convert_weight_packed(want.contiguous()) \
-            if want.dim() == 2 else None
-        if pk is not None and pk.shape == got.shape and \
-                torch.equal(got.view(torch.int16), pk.view(torch.int16)):
-            packed += 1
-            continue
+        if want.dim() == 2:   # the AMX GEMM's weight, packed by SGLang per rank
+            pack = torch.ops.sgl_kernel.convert_weight_packed
+            pk = pack(want.contiguous()) if want is not w else torch.cat(
+                [pack(c.contiguous()) for c in w.chunk(tp, dim=1)], dim=1)
+            if pk.shape == got.shape and torch.equal(got.view(torch.int16),
+                                                     pk.view(torch.int16)):
+                packed += 1
+                continue
         bad.append(f"{name}: {tuple(got.shape)} differs")
     return {"n": len(hf), "raw": raw, "packed": packed, "mismatch": bad}
 
@@ -119,7 +121,8 @@ def _params(llm, path, torch):
 def _rank0(name, w, tp):
     """TP rank 0's part of Hugging Face tensor `w`, as get_weights_by_name
     gives it (column-parallel rows, the vocabulary's first part; row-parallel
-    o_proj / down_proj gathered whole)."""
+    o_proj / down_proj gathered whole: packed, the ranks' packed shards side
+    by side)."""
     if tp == 1 or w.dim() == 1 or "o_proj" in name or "down_proj" in name:
         return w
     return w[: w.shape[0] // tp]
@@ -159,6 +162,13 @@ KDIR = os.path.abspath(os.environ.get("REFIT_SGL_KERNEL_CPU", f"{BUILD}/sgl-kern
 FW = os.path.abspath(os.path.join(HERE, "..", "frameworks"))
 ENV = dict(os.environ, PYTHONPATH=":".join([KDIR, os.path.abspath("python"), FW]),
            SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+
+# the venv's torch is a CUDA build (PyPI's), which brings libnccl: SGLang's
+# TP groups would then start a PyNcclCommunicator on the CPU device and fail
+# ("Expected a cuda device, but got: cpu"); without the library (as with a
+# CPU build of torch) SGLang disables it and reduces over gloo / its shm
+NO_NCCL = {"SGLANG_NCCL_SO_PATH": "/nonexistent/refit-no-nccl/libnccl.so.2"}
 
 
 def _skip(why):
@@ -210,9 +220,9 @@ COSTS = {}
 class Proc:
     """A venv process speaking JSON lines, in a session of its own."""
 
-    def __init__(self, args, log):
+    def __init__(self, args, log, env=None):
         self.p = harness.spawn([PY] + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=open(log, "w"), text=True, bufsize=1, env=ENV,
+                               stderr=open(log, "w"), text=True, bufsize=1, env=env or ENV,
                                start_new_session=True)
         self.log = log
 
@@ -313,8 +323,13 @@ def setup(tp):
         harness.spawn(harness.node_spawn_args(cl, f"ee{r}", str(1 + r)), stderr=cl.log)
     cl.wait_members(1 + tp)
     socks = ",".join(f"{TMP}/ee{r}.local" for r in range(tp))
+    # more TP ranks than NUMA nodes: SGLang's CPU engine wants each rank's
+    # cores named (SGLANG_CPU_OMP_THREADS_BIND), one core a rank here
+    cpus = sorted(os.sched_getaffinity(0))
+    bind = "|".join(str(cpus[r % len(cpus)]) for r in range(tp))
     ST["engine"] = Proc([os.path.abspath(__file__), "--engine", d, socks, model, "s1", "1",
-                         str(tp)], f"{TMP}/engine-tp{tp}.log")
+                         str(tp)], f"{TMP}/engine-tp{tp}.log",
+                        env=dict(ENV, SGLANG_CPU_OMP_THREADS_BIND=bind, **NO_NCCL))
     ST["trainer"] = Proc([f"{FW}/trainer_torch.py", d, f"{TMP}/et0.local", model, "1"],
                          f"{TMP}/trainer-tp{tp}.log")
     COSTS[f"tp{tp}_engine_init_s"] = round(ST["engine"].read("engine start")["init_s"], 2)
