@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """A real SGLang engine receives refits: SGLang's CPU engine (sglang.Engine,
-device "cpu", SGLANG_USE_CPU_ENGINE=1, bf16) serving a tiny Llama (random
+device "cpu", SGLANG_USE_CPU_ENGINE=1, bf16, torch_native attention) serving a tiny Llama (random
 weights generated here from a config.json) through refit.sglang, and a
 torch trainer (tests/frameworks/trainer_torch.py, one process, fp32
 parameters published in place; refit converts to the engine's bf16 on the
