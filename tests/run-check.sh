@@ -147,6 +147,8 @@ script "frameworks end to end (Megatron TP2xPP2 -> vLLM and SGLang TP4 in their 
 	/usr/bin/python3 tests/integration/test_frameworks.py "$BUILD"
 script "a real engine: vLLM's CPU build (TP 2, a node per worker) serves refits from an FSDP2 + TP trainer (4 gloo processes) through refit.vllm and refit.torch; byte for byte, logprobs vs transformers; a Publish lost on one worker's node delays the version, never mixes" \
 	/usr/bin/python3 tests/integration/test_engine.py "$BUILD" 4
+script "a real engine: SGLang's CPU engine (TP 1 and 2) serves refits through refit.sglang; byte for byte through get_weights_by_name, greedy vs transformers (SKIP without sgl_kernel's CPU build, REFIT_SGL_KERNEL_CPU)" \
+	/usr/bin/python3 tests/integration/test_sglang_engine.py "$BUILD"
 # about 30 s (3 processes at most; starts daemons: not in the second lane)
 script "refit.torch.Publisher(framework=\"megatron\"): a Megatron-Core GPTModel's (TP 1, TP 2, PP 2) fused QKV and gate/up refit into Hugging Face tensors byte for byte; publish(wait=...)" \
 	"$BUILD/venv-megatron/bin/python" tests/frameworks/test_megatron_publisher.py "$BUILD"
