@@ -18,9 +18,9 @@ on the trainer's weights (each within LOGPROB_TOL of transformers' best,
 their logprobs within LOGPROB_TOL), far from the previous version's.
 
 SGLang's CPU engine needs sgl_kernel's CPU build (common_ops), which PyPI
-does not have: build it from SGLang's source (sgl-kernel/csrc/cpu; docs/python.md)
-and name the folder holding its sgl_kernel package in REFIT_SGL_KERNEL_CPU (default
-BUILD/sgl-kernel-cpu/out).  Without it this suite prints SKIP and the
+does not have (its sgl-kernel / sglang-kernel wheels are CUDA-only): name a
+folder holding such a build's sgl_kernel package in REFIT_SGL_KERNEL_CPU
+(default BUILD/sgl-kernel-cpu/out).  Without it this suite prints SKIP and the
 reason, and counts nothing.
 
 Usage: test_sglang_engine.py BUILD_DIR [TP ...]  (default: 1 2).
@@ -188,8 +188,7 @@ def _probe():
     if r.returncode:
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
         return ("sgl_kernel's CPU build is not importable from REFIT_SGL_KERNEL_CPU="
-                f"{KDIR} ({last}); PyPI has only its CUDA wheels: build it from SGLang's "
-                "source, sgl-kernel/csrc/cpu (docs/python.md, SGLang)")
+                f"{KDIR} ({last}); PyPI has only its CUDA wheels (docs/python.md, SGLang)")
     return None
 
 
