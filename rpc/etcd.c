@@ -181,9 +181,8 @@ kv_take(const Mvccpb__KeyValue *kv, etcd_kv_t *out)
 	out->lease = kv->lease;
 }
 
-/* The end of the range of keys starting with prefix (prefix + 1 in its last byte). */
-static char *
-prefix_end(const char *prefix)
+char *
+etcd_prefix_end(const char *prefix)
 {
 	char *end = xstrdup(prefix);
 	size_t n = strlen(end);
@@ -228,7 +227,7 @@ refit_status_t
 etcd_first_created(etcd_t *e, const char *prefix, etcd_kv_t *out, refit_err_t *err)
 {
 	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
-	char *end = prefix_end(prefix);
+	char *end = etcd_prefix_end(prefix);
 	refit_status_t rc;
 
 	rq.key = bin(prefix, strlen(prefix));
@@ -386,7 +385,7 @@ etcd_keys(etcd_t *e, const char *prefix, char ***keys, size_t *n, refit_err_t *e
 {
 	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
 	Etcdserverpb__RangeResponse *rr = NULL;
-	char *end = prefix_end(prefix);
+	char *end = etcd_prefix_end(prefix);
 	refit_status_t rc;
 
 	*keys = NULL;

@@ -42,6 +42,10 @@ void etcd_free(etcd_t *e);
 /* The endpoint the last call used. */
 const char *etcd_endpoint(const etcd_t *e);
 void etcd_kv_fini(etcd_kv_t *kv);
+/* The end of the range of keys starting with prefix (prefix + 1 in its
+ * last byte that is not 0xff; heap, the caller frees).  A prefix of only
+ * 0xff bytes has no such end: "" (refit's prefixes end in '/'). */
+char *etcd_prefix_end(const char *prefix);
 
 /* Read key (out->key NULL: absent). */
 refit_status_t etcd_get(etcd_t *e, const char *key, etcd_kv_t *out, refit_err_t *err);

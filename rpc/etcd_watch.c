@@ -208,26 +208,12 @@ arm_status(etcd_watch_t *w)
 	return true;
 }
 
-/* The end of the range of keys starting with prefix (as etcd.c's). */
-static char *
-range_end(const char *prefix)
-{
-	char *end = xstrdup(prefix);
-	size_t n = strlen(end);
-
-	while (n > 0 && (unsigned char)end[n - 1] == 0xff)
-		end[--n] = '\0';
-	if (n > 0)
-		end[n - 1]++;
-	return end;
-}
-
 static refit_status_t
 start_call(etcd_watch_t *w, const char *prefix, refit_err_t *err)
 {
 	Etcdserverpb__WatchRequest rq = ETCDSERVERPB__WATCH_REQUEST__INIT;
 	Etcdserverpb__WatchCreateRequest cr = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
-	char *end = range_end(prefix);
+	char *end = etcd_prefix_end(prefix);
 	grpc_slice path = grpc_slice_from_static_string(WATCH_PATH);
 	bool ok;
 

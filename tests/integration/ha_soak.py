@@ -15,6 +15,7 @@ import shutil
 import signal
 import time
 
+import grpc
 from refit.v1 import refit_pb2 as pb
 import harness
 from harness import wait_for
@@ -132,7 +133,7 @@ def soak_round(i, rng, clog, nlog, tally):
     tally[kind] += 1
     tally[point] += 1
     try:
-        lead = t.C.wait_leader(skip=(old,))
+        t.C.wait_leader(skip=(old,))
     except AssertionError as e:
         raise AssertionError(f"{e} ({kind} of coordinator {t.C.addrs[old]}, {point}); etcd "
                              f"now: {t.election_keys()}") from None
@@ -143,7 +144,7 @@ def soak_round(i, rng, clog, nlog, tally):
         assert not left, f"the {kind} came after refit {rid}'s held Publish left: " \
             f"REFIT_HA_HOLD_PUBLISH_MS ({SOAK_HOLD_MS}) too short for this machine"
     t.installed()
-    g = t.C.stub(lead).GetRefit(pb.GetRefitRequest(refit_id=rid), timeout=5)
+    g = from_leader(rid)
     if g.state == pb.COMMITTED:
         tally["committed before the kill"] += 1
     elif g.state == pb.FAILED and "after it decided to publish" in g.failure:
@@ -164,7 +165,36 @@ def soak_round(i, rng, clog, nlog, tally):
             "etcd's state changed after the old leader woke up"
         assert installs(nlog) == seen, "an install after the old leader woke up"
     t.C.start(old)
+    supervise(tally)
     once(nlog, v)
+
+
+STALLS = "a lease lost to a stall, restarted"
+
+
+def from_leader(rid):
+    """Refit rid's record from the coordinator leading now (the one that
+    took over may itself lose its lease to a stall on a loaded machine and
+    exit 75: then ask the next)."""
+    def ask():
+        try:
+            return t.C.stub(t.C.wait_leader()).GetRefit(pb.GetRefitRequest(refit_id=rid),
+                                                         timeout=5)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return None
+    return wait_for(ask, 60, f"refit {rid}'s record from the leader")
+
+
+def supervise(tally):
+    """What systemd does for a coordinator that exits 75 (a lease lost to a
+    stall, not a kill of the soak's): start it again, and count it."""
+    for k, p in enumerate(t.C.procs):
+        if p.poll() is not None:
+            assert p.returncode == 75, f"coordinator {t.C.addrs[k]} exited {p.returncode}"
+            tally[STALLS] = tally.get(STALLS, 0) + 1
+            t.C.start(k)
 
 
 def soak(test):
@@ -191,4 +221,5 @@ def soak(test):
         + ", ".join(f"{k} {tally[k]}" for k in ("committed before the kill",
                                                "cut short, redone",
                                                "decided before the kill, Publish resent "
-                                               "by the next leader")))
+                                               "by the next leader"))
+        + (f"; leases lost to stalls, restarted {tally[STALLS]}" if tally.get(STALLS) else ""))

@@ -105,21 +105,7 @@ class Proc:
 
 
 def make_model(d):
-    code = f"""
-import torch, transformers
-from tokenizers import Tokenizer, models, pre_tokenizers
-cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=1024, tie_word_embeddings=False, torch_dtype="bfloat16")
-torch.manual_seed(0)
-transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained({d!r})
-vocab = {{f"t{{i}}": i for i in range(512)}}
-tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-tk.pre_tokenizer = pre_tokenizers.Whitespace()
-transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t0", bos_token="t1",
-    eos_token="t2").save_pretrained({d!r})
-"""
-    subprocess.run([PY, "-c", code], check=True, env=ENV, capture_output=True)
+    harness.make_tiny_llama(d, PY, ENV)
 
 
 def model():
